@@ -1,0 +1,98 @@
+//! shoal-api: the HTTP API on axum, talking to the engine through [`shoal_engine::EngineHandle`].
+//!
+//! - [`router`] builds the whole [`axum::Router`] from an [`ApiState`]; [`serve`] runs it on a listener
+//!   until a shutdown future resolves. Tests drive the router with `oneshot`, no sockets.
+//! - [`openai`] holds the OpenAI-compatible routes. A handler parses the body ([`openai::types`]),
+//!   checks it into the engine's validated [`shoal_engine::GenerateRequest`] ([`openai::params`]) and
+//!   submits it; the engine answers with a [`shoal_engine::RequestStream`] of events.
+//! - Non-streaming answers gather the events into one JSON object; streaming answers hand the
+//!   `RequestStream` to an SSE body ([`sse`]). Either way the stream lives exactly as long as the client's
+//!   request: when the client disconnects, axum drops the handler future or the body, the `RequestStream`
+//!   is dropped, and the engine cancels the sequence at its next step.
+//! - [`error::ApiError`] is every failure; its one `IntoResponse` impl writes OpenAI's error shape with
+//!   the right status and hides internal details.
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+//! `GET /v1/models/{id}`, `GET /health`.
+
+pub mod error;
+pub mod openai;
+pub mod sse;
+
+use std::future::Future;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{Method, Uri};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use shoal_engine::EngineHandle;
+use tower_http::cors::CorsLayer;
+use tower_http::trace::TraceLayer;
+
+pub use error::ApiError;
+
+/// The API's default port.
+pub const DEFAULT_PORT: u16 = 52415;
+
+/// Largest accepted request body by default: far above any prompt that fits a context window, small
+/// enough that a flood of huge bodies cannot exhaust memory.
+pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// What every handler can reach. Cheap to clone.
+#[derive(Clone)]
+pub struct ApiState {
+    pub engine: EngineHandle,
+    /// Largest accepted request body in bytes; larger ones get 413.
+    pub body_limit: usize,
+}
+
+impl ApiState {
+    pub fn new(engine: EngineHandle) -> Self {
+        ApiState {
+            engine,
+            body_limit: DEFAULT_BODY_LIMIT,
+        }
+    }
+}
+
+/// All routes, with body limit, CORS (browser clients on other origins) and request tracing.
+pub fn router(state: ApiState) -> Router {
+    let body_limit = state.body_limit;
+    Router::new()
+        .route("/v1/chat/completions", post(openai::chat::chat_completions))
+        .route("/v1/completions", post(openai::completions::completions))
+        .route("/v1/models", get(openai::list_models))
+        .route("/v1/models/{*id}", get(openai::get_model))
+        .route("/health", get(health))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(CorsLayer::permissive())
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` resolves, then lets running requests finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::NotFound(format!("no route for {method} {}", uri.path()))
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::MethodNotAllowed(format!("{method} is not allowed on {}", uri.path()))
+}

@@ -1,0 +1,109 @@
+//! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+//!
+//! Each handler parses its body into [`types`], checks it through [`params`] into a
+//! [`shoal_engine::GenerateRequest`], submits it, and answers either with one JSON object (events
+//! gathered by [`collect`]) or with an SSE stream ([`crate::sse`]).
+
+pub mod chat;
+pub mod completions;
+pub mod params;
+pub mod types;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::{Path, State};
+use shoal_engine::{Event, FinishReason, RequestStream, Usage};
+
+use crate::ApiState;
+use crate::error::ApiError;
+use types::{ModelList, ModelObject};
+
+/// Reported as `system_fingerprint`: which server build produced the output.
+pub const SYSTEM_FINGERPRINT: &str = concat!("shoal-", env!("CARGO_PKG_VERSION"));
+
+/// Unix seconds, for `created`.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A finished generation, for non-streaming answers.
+#[derive(Debug)]
+pub struct Generated {
+    pub text: String,
+    /// Per sampled token: the text it made decodable and its log-probability (only when asked for).
+    pub tokens: Vec<(String, f32)>,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+}
+
+/// Reads a request's events to the end.
+pub async fn collect(stream: &mut RequestStream, keep_tokens: bool) -> Result<Generated, ApiError> {
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    while let Some(event) = stream.next().await {
+        match event {
+            Event::Token {
+                text: piece,
+                logprob,
+                ..
+            } => {
+                text.push_str(&piece);
+                if keep_tokens {
+                    tokens.push((piece, logprob));
+                }
+            }
+            // We still hold the stream, so only the engine can have cancelled (shutdown).
+            Event::Done {
+                finish_reason: FinishReason::Cancelled,
+                ..
+            } => return Err(ApiError::Unavailable),
+            Event::Done {
+                finish_reason,
+                usage,
+            } => {
+                return Ok(Generated {
+                    text,
+                    tokens,
+                    finish_reason,
+                    usage,
+                });
+            }
+            Event::Error(err) => return Err(err.into()),
+        }
+    }
+    Err(ApiError::Internal(
+        "the engine closed the request's stream without finishing".into(),
+    ))
+}
+
+/// `GET /v1/models`.
+pub async fn list_models(State(state): State<ApiState>) -> Json<ModelList> {
+    let data = state
+        .engine
+        .models()
+        .into_iter()
+        .map(ModelObject::from)
+        .collect();
+    Json(ModelList {
+        object: "list",
+        data,
+    })
+}
+
+/// `GET /v1/models/{id}` (ids may contain `/`).
+pub async fn get_model(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelObject>, ApiError> {
+    state
+        .engine
+        .models()
+        .into_iter()
+        .find(|m| m.id == id)
+        .map(|m| Json(ModelObject::from(m)))
+        .ok_or(ApiError::ModelNotFound { model: id })
+}

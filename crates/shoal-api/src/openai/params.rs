@@ -1,0 +1,191 @@
+//! Parameters both OpenAI endpoints share, turned into the engine's validated types.
+//!
+//! [`CommonParams`] gathers the raw fields of either request; [`CommonParams::validate`] checks each one
+//! (naming it in the error) and yields a [`Validated`] with the engine's [`SamplingParams`], the token
+//! budget and the stop sequences, plus how to answer (stream or not, usage chunk or not).
+
+use shoal_engine::{EngineHandle, SamplingParams};
+
+use super::types::{ChatRequest, CompletionRequest, StopInput};
+use crate::error::ApiError;
+
+/// More stop sequences than OpenAI's 4, which some clients exceed; each costs a little per token.
+pub const MAX_STOP_SEQUENCES: usize = 16;
+
+/// The shared raw fields, borrowed out of a request.
+#[derive(Debug, Default)]
+pub struct CommonParams {
+    pub model: Option<String>,
+    pub stream: Option<bool>,
+    pub include_usage: Option<bool>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopInput>,
+    pub ignore_eos: Option<bool>,
+    pub n: Option<i64>,
+}
+
+/// Checked parameters, ready for a [`shoal_engine::GenerateRequest`].
+#[derive(Debug)]
+pub struct Validated {
+    /// A model the engine serves.
+    pub model: String,
+    pub sampling: SamplingParams,
+    pub max_tokens: Option<u32>,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl CommonParams {
+    pub fn validate(self, engine: &EngineHandle) -> Result<Validated, ApiError> {
+        if let Some(n) = self.n
+            && n != 1
+        {
+            return Err(ApiError::invalid(
+                "n",
+                format!("only n=1 is supported, got {n}"),
+            ));
+        }
+        let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(v), _) => Some(token_budget("max_completion_tokens", v)?),
+            (None, Some(v)) => Some(token_budget("max_tokens", v)?),
+            (None, None) => None,
+        };
+        let stop: Vec<String> = self.stop.map(StopInput::into_vec).unwrap_or_default();
+        if stop.len() > MAX_STOP_SEQUENCES {
+            return Err(ApiError::invalid(
+                "stop",
+                format!(
+                    "at most {MAX_STOP_SEQUENCES} stop sequences are supported, got {}",
+                    stop.len()
+                ),
+            ));
+        }
+        // An empty stop string would end every generation at once; clients mean "no stop" by it.
+        let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
+        let defaults = SamplingParams::default();
+        let sampling = SamplingParams {
+            temperature: self.temperature.unwrap_or(defaults.temperature),
+            top_p: self.top_p.unwrap_or(defaults.top_p),
+            // 0 and the -1 some clients send both mean "disabled".
+            top_k: self.top_k.map_or(defaults.top_k, |k| {
+                u32::try_from(k.max(0)).unwrap_or(u32::MAX)
+            }),
+            min_p: self.min_p.unwrap_or(defaults.min_p),
+            repetition_penalty: self
+                .repetition_penalty
+                .unwrap_or(defaults.repetition_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(defaults.frequency_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(defaults.presence_penalty),
+            // Any 64-bit pattern is a fine seed; negative seeds keep their bits.
+            seed: self.seed.map(|s| s as u64),
+        }
+        .validate()?;
+        let model = resolve_model(engine, self.model)?;
+        Ok(Validated {
+            model,
+            sampling,
+            max_tokens,
+            stop,
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            stream: self.stream.unwrap_or(false),
+            include_usage: self.include_usage.unwrap_or(false),
+        })
+    }
+}
+
+/// `max_tokens` must be positive; values beyond `u32` mean "as many as fit" anyway.
+fn token_budget(param: &'static str, value: i64) -> Result<u32, ApiError> {
+    if value <= 0 {
+        return Err(ApiError::invalid(
+            param,
+            format!("{param} must be at least 1, got {value}"),
+        ));
+    }
+    Ok(u32::try_from(value).unwrap_or(u32::MAX))
+}
+
+/// The requested model if the engine serves it; without one, the only model served.
+fn resolve_model(engine: &EngineHandle, requested: Option<String>) -> Result<String, ApiError> {
+    let models = engine.models();
+    match requested {
+        Some(model) if models.iter().any(|m| m.id == model) => Ok(model),
+        Some(model) => Err(ApiError::ModelNotFound { model }),
+        None => match models.as_slice() {
+            [only] => Ok(only.id.clone()),
+            _ => Err(ApiError::invalid(
+                "model",
+                "you must provide a model parameter",
+            )),
+        },
+    }
+}
+
+impl From<&mut ChatRequest> for CommonParams {
+    fn from(r: &mut ChatRequest) -> Self {
+        CommonParams {
+            model: r.model.take(),
+            stream: r.stream,
+            include_usage: r.stream_options.as_ref().and_then(|o| o.include_usage),
+            max_tokens: r.max_tokens,
+            max_completion_tokens: r.max_completion_tokens,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            top_k: r.top_k,
+            min_p: r.min_p,
+            repetition_penalty: r.repetition_penalty,
+            frequency_penalty: r.frequency_penalty,
+            presence_penalty: r.presence_penalty,
+            seed: r.seed,
+            stop: r.stop.take(),
+            ignore_eos: r.ignore_eos,
+            n: r.n,
+        }
+    }
+}
+
+impl From<&mut CompletionRequest> for CommonParams {
+    fn from(r: &mut CompletionRequest) -> Self {
+        CommonParams {
+            model: r.model.take(),
+            stream: r.stream,
+            include_usage: r.stream_options.as_ref().and_then(|o| o.include_usage),
+            max_tokens: r.max_tokens,
+            max_completion_tokens: r.max_completion_tokens,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            top_k: r.top_k,
+            min_p: r.min_p,
+            repetition_penalty: r.repetition_penalty,
+            frequency_penalty: r.frequency_penalty,
+            presence_penalty: r.presence_penalty,
+            seed: r.seed,
+            stop: r.stop.take(),
+            ignore_eos: r.ignore_eos,
+            n: r.n,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_budget_rejects_non_positive() {
+        assert!(token_budget("max_tokens", 0).is_err());
+        assert!(token_budget("max_tokens", -3).is_err());
+        assert_eq!(token_budget("max_tokens", 5).ok(), Some(5));
+        assert_eq!(token_budget("max_tokens", i64::MAX).ok(), Some(u32::MAX));
+    }
+}

@@ -1,0 +1,307 @@
+//! Serde types of the OpenAI API: raw requests as clients send them, responses as clients expect them.
+//!
+//! Requests are lenient on purpose: unknown fields are ignored (clients send many), numbers that have a
+//! range are read wide (`i64`, `f32`) so an out-of-range value is reported by name instead of failing as
+//! a type error, and fields clients often send as `null` are `Option`s. Turning them into the engine's
+//! validated request happens in [`super::params`].
+
+use serde::{Deserialize, Serialize};
+
+/// `POST /v1/chat/completions` body.
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessageIn>,
+    pub model: Option<String>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    #[serde(alias = "repeat_penalty")]
+    pub repetition_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopInput>,
+    /// llama.cpp / vLLM extension: keep generating past end-of-generation tokens.
+    pub ignore_eos: Option<bool>,
+    pub n: Option<i64>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+}
+
+/// `POST /v1/completions` body.
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: PromptInput,
+    pub model: Option<String>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    #[serde(alias = "repeat_penalty")]
+    pub repetition_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopInput>,
+    /// llama.cpp / vLLM extension: keep generating past end-of-generation tokens.
+    pub ignore_eos: Option<bool>,
+    pub n: Option<i64>,
+    pub best_of: Option<i64>,
+    /// Number of top log-probabilities per token; only 0 (the sampled token's own) is supported.
+    pub logprobs: Option<i64>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// `stop`: one string or a list of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "expected a string or an array of strings")]
+pub enum StopInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopInput {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopInput::One(s) => vec![s],
+            StopInput::Many(v) => v,
+        }
+    }
+}
+
+/// `prompt` of `/v1/completions`: text, token ids, or a batch of either (only batches of one are served).
+#[derive(Debug, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "expected a string, an array of strings, an array of token ids or an array of token-id arrays"
+)]
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+    Texts(Vec<String>),
+    TokenBatches(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    /// OpenAI's newer name for the system role.
+    Developer,
+    User,
+    Assistant,
+}
+
+impl Role {
+    /// The role name chat templates know.
+    pub fn template_name(self) -> &'static str {
+        match self {
+            Role::System | Role::Developer => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatMessageIn {
+    pub role: Role,
+    /// `null` is allowed (assistant turns that only carried tool calls) and reads as empty text.
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+}
+
+/// Message content: a string or a list of typed parts.
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "expected a string or an array of content parts")]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Responses
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct UsageOut {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u32,
+}
+
+impl From<shoal_engine::Usage> for UsageOut {
+    fn from(u: shoal_engine::Usage) -> Self {
+        UsageOut {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens.saturating_add(u.completion_tokens),
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: u.cached_tokens,
+            },
+        }
+    }
+}
+
+/// `chat.completion`.
+#[derive(Debug, Serialize)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: &'static str,
+    pub choices: Vec<ChatChoice>,
+    pub usage: UsageOut,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AssistantMessage {
+    pub role: &'static str,
+    pub content: String,
+}
+
+/// `chat.completion.chunk`.
+#[derive(Debug, Serialize)]
+pub struct ChatChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: &'static str,
+    pub choices: Vec<ChatChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageOut>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// Chat log-probabilities: the sampled token's own only (`top_logprobs` stays empty).
+#[derive(Debug, Default, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<TokenLogprob>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TokenLogprob {
+    /// The text this token made decodable (may be empty inside a multi-byte character).
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// `text_completion`, also the shape of its stream chunks.
+#[derive(Debug, Serialize)]
+pub struct TextCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: &'static str,
+    pub choices: Vec<TextChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageOut>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TextChoice {
+    pub index: u32,
+    pub text: String,
+    pub logprobs: Option<TextLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// Legacy completion log-probabilities (the sampled tokens' own; `top_logprobs` is null).
+#[derive(Debug, Default, Serialize)]
+pub struct TextLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Option<Vec<()>>,
+    pub text_offset: Vec<usize>,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Serialize)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelObject>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelObject {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: String,
+    /// Not in OpenAI's schema (clients ignore unknown fields): the context window in tokens.
+    pub context_length: usize,
+}
+
+impl From<shoal_engine::ModelInfo> for ModelObject {
+    fn from(m: shoal_engine::ModelInfo) -> Self {
+        ModelObject {
+            id: m.id,
+            object: "model",
+            created: m.created,
+            owned_by: m.owned_by,
+            context_length: m.context_length,
+        }
+    }
+}

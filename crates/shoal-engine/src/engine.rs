@@ -1,0 +1,544 @@
+//! The engine thread and the shared state behind [`EngineHandle`].
+//!
+//! One engine thread per model instance owns its pipeline stages and every sequence. Each step it drops
+//! cancelled sequences, admits waiting requests, plans the step ([`crate::scheduler::plan_step`]), runs
+//! the batch through the pipeline, samples, and streams events. Handles talk to it through a bounded
+//! queue; results flow back through each request's own channel.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use shoal_kernels::ThreadPool;
+use shoal_model::chat::ChatTemplate;
+use shoal_model::gguf::GgufFile;
+use shoal_model::tokenizer::{StreamDecoder, Tokenizer};
+use shoal_model::{LayerRange, LlamaStage, ModelConfig};
+use tokio::sync::mpsc::{self, UnboundedSender};
+
+use crate::error::EngineError;
+use crate::handle::{ChatMessage, EngineHandle, EngineStats, ModelInfo, RequestStream};
+use crate::request::{Event, FinishReason, GenerateRequest, Prompt, Usage};
+use crate::sampler::{self, Sampler};
+use crate::scheduler::{SeqView, StepBudget, plan_step};
+use crate::stage::{ChunkSpec, LocalStage, Stage, run_pipeline};
+use crate::stop::StopMatcher;
+
+/// Engine tuning.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Compute threads for the CPU kernels.
+    pub threads: usize,
+    /// Tokens per step across all sequences (decodes + prefill chunks).
+    pub max_batch_tokens: usize,
+    /// Sequences holding KV at once; more wait in the queue.
+    pub max_running: usize,
+    /// Requests queued between handles and the engine thread before `Overloaded` (HTTP 503). Bounded so a
+    /// flood of requests cannot grow memory without limit.
+    pub queue_depth: usize,
+    /// Layer ranges to load as separate local stages (a pipeline inside one process); `None` = one stage.
+    pub stages: Option<Vec<LayerRange>>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            threads: default_threads(),
+            max_batch_tokens: 256,
+            max_running: 64,
+            queue_depth: 256,
+            stages: None,
+        }
+    }
+}
+
+/// Physical cores are what matters for memory-bound kernels; fall back to 1.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Counters shared between the engine thread and handles.
+#[derive(Default)]
+pub(crate) struct Counters {
+    active: AtomicUsize,
+    waiting: AtomicUsize,
+    steps: AtomicU64,
+    generated: AtomicU64,
+    prefilled: AtomicU64,
+}
+
+/// A request accepted by a handle, on its way to the engine thread.
+struct Admission {
+    id: u64,
+    tokens: Vec<u32>,
+    request: GenerateRequest,
+    tx: UnboundedSender<Event>,
+    cancel: Arc<AtomicBool>,
+}
+
+struct ModelSlot {
+    info: ModelInfo,
+    config: ModelConfig,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    queue: SyncSender<Admission>,
+}
+
+/// State behind every [`EngineHandle`] clone.
+pub struct Shared {
+    slot: ModelSlot,
+    counters: Arc<Counters>,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    fn slot(&self, model: &str) -> Result<&ModelSlot, EngineError> {
+        if model == self.slot.info.id {
+            Ok(&self.slot)
+        } else {
+            Err(EngineError::ModelNotFound {
+                model: model.to_string(),
+            })
+        }
+    }
+
+    pub(crate) fn models(&self) -> Vec<ModelInfo> {
+        vec![self.slot.info.clone()]
+    }
+
+    pub(crate) fn render_chat(
+        &self,
+        model: &str,
+        messages: &[ChatMessage],
+    ) -> Result<String, EngineError> {
+        let slot = self.slot(model)?;
+        if messages.is_empty() {
+            return Err(EngineError::InvalidParam {
+                param: "messages",
+                message: "messages must not be empty".into(),
+            });
+        }
+        let template = slot.template.as_ref().ok_or_else(|| {
+            EngineError::Template(format!("model '{model}' has no chat template"))
+        })?;
+        template
+            .render(messages, true)
+            .map_err(|e| EngineError::Template(e.to_string()))
+    }
+
+    pub(crate) fn submit(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
+        let slot = self.slot(&request.model)?;
+        let mut tokens = match &request.prompt {
+            Prompt::Text(text) => slot.tokenizer.encode(text, true),
+            Prompt::Tokens(t) => t.clone(),
+        };
+        if request.add_bos && slot.tokenizer.add_bos() {
+            if let Some(bos) = slot.tokenizer.bos_id() {
+                if tokens.first() != Some(&bos) {
+                    tokens.insert(0, bos);
+                }
+            }
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let vocab = slot.config.vocab_size as u32;
+        if let Some(bad) = tokens.iter().find(|&&t| t >= vocab) {
+            return Err(EngineError::InvalidParam {
+                param: "prompt",
+                message: format!("token id {bad} is outside the vocabulary of {vocab}"),
+            });
+        }
+        let context_length = slot.config.context_length;
+        if tokens.len() >= context_length {
+            return Err(EngineError::PromptTooLong {
+                prompt_tokens: tokens.len(),
+                context_length,
+            });
+        }
+        if request.max_tokens == Some(0) {
+            return Err(EngineError::InvalidParam {
+                param: "max_tokens",
+                message: "max_tokens must be at least 1".into(),
+            });
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // The channel exists before the engine knows about the request: nothing it sends can be lost.
+        // Unbounded on purpose: the engine must never block on a slow client, and a sequence sends at
+        // most (context length + 1) events, which bounds it.
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let prompt_tokens = tokens.len();
+        let admission = Admission {
+            id,
+            tokens,
+            request,
+            tx,
+            cancel: cancel.clone(),
+        };
+        match slot.queue.try_send(admission) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(EngineError::Overloaded),
+            Err(TrySendError::Disconnected(_)) => return Err(EngineError::Stopped),
+        }
+        self.counters.waiting.fetch_add(1, Ordering::Relaxed);
+        Ok(RequestStream {
+            id,
+            prompt_tokens,
+            rx,
+            cancel,
+        })
+    }
+
+    pub(crate) fn stats(&self) -> EngineStats {
+        let c = &self.counters;
+        EngineStats {
+            active_sequences: c.active.load(Ordering::Relaxed),
+            waiting: c.waiting.load(Ordering::Relaxed),
+            steps: c.steps.load(Ordering::Relaxed),
+            generated_tokens: c.generated.load(Ordering::Relaxed),
+            prefilled_tokens: c.prefilled.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A model loaded and ready to be driven by an engine thread.
+pub struct LoadedModel {
+    pub id: String,
+    pub config: ModelConfig,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+    pub stages: Vec<Box<dyn Stage>>,
+}
+
+impl LoadedModel {
+    /// Loads a GGUF model as one local stage per range in `ranges` (all layers when `None`).
+    pub fn from_gguf(
+        path: &Path,
+        id: &str,
+        ranges: Option<&[LayerRange]>,
+        pool: &Arc<ThreadPool>,
+    ) -> Result<Self, EngineError> {
+        let err = |e: &dyn std::fmt::Display| {
+            EngineError::Internal(format!("loading {}: {e}", path.display()))
+        };
+        let mut gguf = GgufFile::open(path).map_err(|e| err(&e))?;
+        let config = ModelConfig::from_gguf(&gguf).map_err(|e| err(&e))?;
+        let tokenizer = Tokenizer::from_gguf(gguf.content()).map_err(|e| err(&e))?;
+        let template = match ChatTemplate::from_gguf(gguf.content()) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!("{}: no usable chat template: {e}", path.display());
+                None
+            }
+        };
+        let full = [LayerRange::full(config.n_layers)];
+        let ranges = ranges.unwrap_or(&full);
+        let device = candle_core::Device::Cpu;
+        let mut stages: Vec<Box<dyn Stage>> = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            let stage = LlamaStage::load(&mut gguf, *r, &device, pool).map_err(|e| err(&e))?;
+            stages.push(Box::new(LocalStage::new(stage)));
+        }
+        Ok(Self {
+            id: id.to_string(),
+            config,
+            tokenizer: Arc::new(tokenizer),
+            template,
+            stages,
+        })
+    }
+}
+
+/// Loads `path` and starts its engine thread.
+pub fn spawn_from_gguf(
+    path: &Path,
+    id: &str,
+    config: EngineConfig,
+) -> Result<EngineHandle, EngineError> {
+    let pool = Arc::new(ThreadPool::new(config.threads.max(1)));
+    let model = LoadedModel::from_gguf(path, id, config.stages.as_deref(), &pool)?;
+    spawn(model, config)
+}
+
+/// Starts the engine thread for a loaded model.
+pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, EngineError> {
+    let (queue, rx) = std::sync::mpsc::sync_channel(config.queue_depth.max(1));
+    let counters = Arc::new(Counters::default());
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let info = ModelInfo {
+        id: model.id.clone(),
+        context_length: model.config.context_length,
+        created,
+        owned_by: "shoal".into(),
+    };
+    let slot = ModelSlot {
+        info,
+        config: model.config.clone(),
+        tokenizer: model.tokenizer.clone(),
+        template: model.template,
+        queue,
+    };
+    let mut worker = Worker {
+        stages: model.stages,
+        tokenizer: model.tokenizer,
+        context_length: model.config.context_length,
+        config,
+        counters: counters.clone(),
+        running: Vec::new(),
+        waiting: VecDeque::new(),
+        seed_counter: created,
+    };
+    std::thread::Builder::new()
+        .name(format!("engine-{}", model.id))
+        .spawn(move || worker.run(rx))
+        .map_err(|e| EngineError::Internal(format!("cannot start engine thread: {e}")))?;
+    Ok(EngineHandle {
+        inner: Arc::new(Shared {
+            slot,
+            counters,
+            next_id: AtomicU64::new(1),
+        }),
+    })
+}
+
+/// A sequence owned by the engine thread.
+struct Sequence {
+    id: u64,
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Tokens whose KV is computed on every stage.
+    computed: usize,
+    max_new: usize,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    stop: StopMatcher,
+    tx: UnboundedSender<Event>,
+    cancel: Arc<AtomicBool>,
+    ignore_eos: bool,
+}
+
+impl Sequence {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_len as u32,
+            completion_tokens: self.generated() as u32,
+            cached_tokens: 0,
+        }
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed) || self.tx.is_closed()
+    }
+}
+
+struct Worker {
+    stages: Vec<Box<dyn Stage>>,
+    tokenizer: Arc<Tokenizer>,
+    context_length: usize,
+    config: EngineConfig,
+    counters: Arc<Counters>,
+    running: Vec<Sequence>,
+    waiting: VecDeque<Admission>,
+    seed_counter: u64,
+}
+
+impl Worker {
+    fn run(&mut self, rx: Receiver<Admission>) {
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                match rx.recv() {
+                    Ok(a) => self.waiting.push_back(a),
+                    Err(_) => return, // every handle is gone
+                }
+            }
+            while let Ok(a) = rx.try_recv() {
+                self.waiting.push_back(a);
+            }
+            self.drop_cancelled();
+            self.admit();
+            if !self.running.is_empty() {
+                self.step();
+            }
+        }
+    }
+
+    fn drop_cancelled(&mut self) {
+        let before = self.waiting.len();
+        self.waiting
+            .retain(|a| !(a.cancel.load(Ordering::Relaxed) || a.tx.is_closed()));
+        self.counters
+            .waiting
+            .fetch_sub(before - self.waiting.len(), Ordering::Relaxed);
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].is_cancelled() {
+                self.finish(i, FinishReason::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn admit(&mut self) {
+        while self.running.len() < self.config.max_running {
+            let Some(a) = self.waiting.pop_front() else {
+                break;
+            };
+            self.counters.waiting.fetch_sub(1, Ordering::Relaxed);
+            self.seed_counter = self.seed_counter.wrapping_add(0x9E37_79B9);
+            let room = self.context_length - a.tokens.len();
+            let max_new = a
+                .request
+                .max_tokens
+                .map_or(room, |m| (m as usize).min(room));
+            self.running.push(Sequence {
+                id: a.id,
+                prompt_len: a.tokens.len(),
+                tokens: a.tokens,
+                computed: 0,
+                max_new,
+                sampler: Sampler::new(a.request.sampling.clone(), self.seed_counter),
+                decoder: StreamDecoder::new(),
+                stop: StopMatcher::new(a.request.stop.clone()),
+                tx: a.tx,
+                cancel: a.cancel,
+                ignore_eos: a.request.ignore_eos,
+            });
+            self.counters.active.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Removes sequence `i`, frees its KV everywhere and sends its final event.
+    fn finish(&mut self, i: usize, reason: FinishReason) {
+        let seq = self.running.swap_remove(i);
+        for s in self.stages.iter_mut() {
+            s.release(seq.id);
+        }
+        self.counters.active.fetch_sub(1, Ordering::Relaxed);
+        let _ = seq.tx.send(Event::Done {
+            finish_reason: reason,
+            usage: seq.usage(),
+        });
+    }
+
+    fn fail(&mut self, i: usize, error: EngineError) {
+        let seq = self.running.swap_remove(i);
+        for s in self.stages.iter_mut() {
+            s.release(seq.id);
+        }
+        self.counters.active.fetch_sub(1, Ordering::Relaxed);
+        let _ = seq.tx.send(Event::Error(error));
+    }
+
+    fn step(&mut self) {
+        let views: Vec<SeqView> = self
+            .running
+            .iter()
+            .map(|s| SeqView {
+                pending: s.tokens.len() - s.computed,
+                decoding: s.computed >= s.prompt_len,
+            })
+            .collect();
+        let plan = plan_step(
+            &views,
+            StepBudget {
+                max_tokens: self.config.max_batch_tokens,
+            },
+        );
+        let mut batch = Vec::with_capacity(plan.len());
+        let mut tokens = Vec::new();
+        for &(i, n) in &plan {
+            let s = &self.running[i];
+            tokens.extend_from_slice(&s.tokens[s.computed..s.computed + n]);
+            batch.push(ChunkSpec {
+                seq_id: s.id,
+                len: n,
+                want_logits: s.computed + n == s.tokens.len(),
+            });
+        }
+        let logits = run_pipeline(&mut self.stages, &batch, tokens).and_then(|l| {
+            l.to_vec2::<f32>()
+                .map_err(|e| EngineError::Internal(format!("reading logits: {e}")))
+        });
+        self.counters.steps.fetch_add(1, Ordering::Relaxed);
+        let logits = match logits {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("engine step failed: {e}");
+                let mut ids: Vec<usize> = plan.iter().map(|p| p.0).collect();
+                ids.sort_unstable_by(|a, b| b.cmp(a));
+                for i in ids {
+                    self.fail(i, e.clone());
+                }
+                return;
+            }
+        };
+        let mut rows = logits.into_iter();
+        let mut done = Vec::new();
+        for (&(i, n), spec) in plan.iter().zip(&batch) {
+            let seq = &mut self.running[i];
+            let was_prefill = seq.computed < seq.prompt_len;
+            seq.computed += n;
+            if was_prefill {
+                self.counters
+                    .prefilled
+                    .fetch_add(n as u64, Ordering::Relaxed);
+            }
+            if !spec.want_logits {
+                continue;
+            }
+            let Some(mut row) = rows.next() else { break };
+            let id = seq.sampler.sample(&mut row, &seq.tokens);
+            let logprob = sampler::logprob(&row, id);
+            seq.sampler.accept(id);
+            seq.tokens.push(id);
+            self.counters.generated.fetch_add(1, Ordering::Relaxed);
+            let eog = !seq.ignore_eos && self.tokenizer.is_eog(id);
+            // The end-of-generation token's own text is never shown.
+            let text = if eog {
+                String::new()
+            } else {
+                seq.decoder.push(&self.tokenizer, id)
+            };
+            let fed = seq.stop.feed(&text);
+            let reason = if fed.stopped || eog {
+                Some(FinishReason::Stop)
+            } else if seq.generated() >= seq.max_new || seq.tokens.len() >= self.context_length {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            let mut emit = fed.emit;
+            if reason.is_some() && !fed.stopped {
+                // Ending for another reason than a stop sequence: held-back text is real output.
+                emit.push_str(&seq.stop.flush());
+                emit.push_str(&seq.decoder.finish());
+            }
+            let _ = seq.tx.send(Event::Token {
+                id,
+                text: emit,
+                logprob,
+            });
+            if let Some(reason) = reason {
+                done.push((i, reason));
+            }
+        }
+        done.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        for (i, reason) in done {
+            self.finish(i, reason);
+        }
+    }
+}

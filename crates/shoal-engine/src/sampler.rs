@@ -1,0 +1,319 @@
+//! Token sampling: penalties, then greedy or top-k → top-p → min-p → temperature → draw.
+//!
+//! The order follows llama.cpp's default sampler chain. A [`Sampler`] owns its random generator, so the
+//! same seed over the same logits gives the same tokens.
+
+use std::collections::HashMap;
+
+use crate::request::SamplingParams;
+
+/// Tokens of history the repetition penalty looks at (llama.cpp's `penalty_last_n` default).
+pub const REPETITION_WINDOW: usize = 64;
+
+/// SplitMix64: small, fast and good enough for drawing from a distribution; fully determined by the seed.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+    /// Occurrences of each generated token (frequency / presence penalties).
+    counts: HashMap<u32, u32>,
+}
+
+/// Log-probability of `id` under the softmax of `logits`.
+pub fn logprob(logits: &[f32], id: u32) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let l = logits
+        .get(id as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY);
+    ((l - max) as f64 - sum.ln()) as f32
+}
+
+/// Index of the largest value (first one on ties).
+pub fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+impl Sampler {
+    /// `fallback_seed` is used when the request gave no seed.
+    pub fn new(params: SamplingParams, fallback_seed: u64) -> Self {
+        let seed = params.seed.unwrap_or(fallback_seed);
+        Self {
+            params,
+            rng: Rng::new(seed),
+            counts: HashMap::new(),
+        }
+    }
+
+    /// Records a generated token for the frequency and presence penalties.
+    pub fn accept(&mut self, id: u32) {
+        *self.counts.entry(id).or_default() += 1;
+    }
+
+    /// Picks the next token. `history` is the sequence so far (prompt and generated), used by the
+    /// repetition penalty. `logits` is modified in place by the penalties.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.apply_penalties(logits, history);
+        let p = &self.params;
+        if p.temperature <= 0.0 {
+            return argmax(logits);
+        }
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        let by_logit_desc =
+            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if p.top_k > 0 && (p.top_k as usize) < cand.len() {
+            let k = p.top_k as usize;
+            cand.select_nth_unstable_by(k - 1, by_logit_desc);
+            cand.truncate(k);
+        }
+        cand.sort_unstable_by(by_logit_desc);
+        // Probabilities before temperature decide the nucleus and min-p cut, as in llama.cpp.
+        let probs = softmax(cand.iter().map(|c| c.1), 1.0);
+        let mut keep = cand.len();
+        if p.top_p < 1.0 {
+            let mut cum = 0.0;
+            for (i, &pr) in probs.iter().enumerate() {
+                cum += pr;
+                if cum >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            keep = keep.min(probs.iter().take_while(|&&pr| pr >= floor).count().max(1));
+        }
+        cand.truncate(keep.max(1));
+        let probs = softmax(cand.iter().map(|c| c.1), p.temperature);
+        let r = self.rng.next_f64();
+        let mut cum = 0.0;
+        for (c, pr) in cand.iter().zip(&probs) {
+            cum += pr;
+            if r < cum {
+                return c.0;
+            }
+        }
+        cand.last().map(|c| c.0).unwrap_or(0)
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            let start = history.len().saturating_sub(REPETITION_WINDOW);
+            let mut seen = std::collections::HashSet::new();
+            for &id in &history[start..] {
+                if let Some(l) = logits.get_mut(id as usize)
+                    && seen.insert(id)
+                {
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
+                }
+            }
+        }
+        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            for (&id, &n) in &self.counts {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l -= n as f32 * p.frequency_penalty + p.presence_penalty;
+                }
+            }
+        }
+    }
+}
+
+fn softmax(logits: impl Iterator<Item = f32> + Clone, temperature: f32) -> Vec<f64> {
+    let t = temperature as f64;
+    let max = logits.clone().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let exps: Vec<f64> = logits.map(|l| ((l as f64 - max) / t).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    exps.into_iter().map(|e| e / sum).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> SamplingParams {
+        SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn greedy_picks_the_largest_logit() {
+        let mut s = Sampler::new(
+            SamplingParams {
+                temperature: 0.0,
+                ..params()
+            },
+            1,
+        );
+        let mut logits = vec![0.1, 3.0, 2.9, -1.0];
+        assert_eq!(s.sample(&mut logits, &[]), 1);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_other_seed_differs() {
+        let logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.3).collect();
+        let draw = |seed| {
+            let mut s = Sampler::new(
+                SamplingParams {
+                    seed: Some(seed),
+                    ..params()
+                },
+                0,
+            );
+            (0..50)
+                .map(|_| s.sample(&mut logits.clone(), &[]))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draw(7), draw(7));
+        assert_ne!(draw(7), draw(8));
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let mut s = Sampler::new(
+            SamplingParams {
+                top_k: 1,
+                ..params()
+            },
+            3,
+        );
+        for _ in 0..20 {
+            assert_eq!(s.sample(&mut vec![1.0, 5.0, 4.9, 0.0], &[]), 1);
+        }
+    }
+
+    #[test]
+    fn top_p_cuts_the_tail() {
+        // p ≈ [0.67, 0.24, 0.09, ...]: top_p 0.5 keeps only the first token.
+        let mut s = Sampler::new(
+            SamplingParams {
+                top_p: 0.5,
+                ..params()
+            },
+            11,
+        );
+        for _ in 0..50 {
+            assert_eq!(s.sample(&mut vec![2.0, 1.0, 0.0, -5.0], &[]), 0);
+        }
+    }
+
+    #[test]
+    fn min_p_cuts_unlikely_tokens() {
+        let mut s = Sampler::new(
+            SamplingParams {
+                min_p: 0.5,
+                ..params()
+            },
+            5,
+        );
+        for _ in 0..50 {
+            let t = s.sample(&mut vec![3.0, 2.9, -3.0, -3.0], &[]);
+            assert!(t == 0 || t == 1, "drew {t}");
+        }
+    }
+
+    #[test]
+    fn low_temperature_concentrates_high_temperature_spreads() {
+        let logits = vec![1.0, 0.5, 0.0];
+        let count_top = |temp| {
+            let mut s = Sampler::new(
+                SamplingParams {
+                    temperature: temp,
+                    seed: Some(1),
+                    ..params()
+                },
+                0,
+            );
+            (0..2000)
+                .filter(|_| s.sample(&mut logits.clone(), &[]) == 0)
+                .count()
+        };
+        let (cold, hot) = (count_top(0.1), count_top(2.0));
+        assert!(cold > 1950, "cold {cold}");
+        assert!(hot < 1000, "hot {hot}");
+    }
+
+    #[test]
+    fn repetition_penalty_demotes_seen_tokens() {
+        let mut s = Sampler::new(
+            SamplingParams {
+                temperature: 0.0,
+                repetition_penalty: 2.0,
+                ..params()
+            },
+            0,
+        );
+        // Token 0 leads (2.0) but was seen: 2.0 / 2 = 1.0 < 1.5.
+        assert_eq!(s.sample(&mut vec![2.0, 1.5], &[0]), 1);
+        // Negative logits are pushed further down.
+        let mut l = vec![-1.0, -1.5];
+        s.apply_penalties(&mut l, &[0]);
+        assert_eq!(l[0], -2.0);
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_count_generated_tokens() {
+        let mut s = Sampler::new(
+            SamplingParams {
+                temperature: 0.0,
+                frequency_penalty: 0.5,
+                presence_penalty: 0.25,
+                ..params()
+            },
+            0,
+        );
+        s.accept(0);
+        s.accept(0);
+        let mut l = vec![2.0, 0.9];
+        // 2.0 - (2 * 0.5 + 0.25) = 0.75 < 0.9
+        assert_eq!(s.sample(&mut l, &[]), 1);
+        assert!((l[0] - 0.75).abs() < 1e-6);
+    }
+
+    #[test]
+    fn logprob_matches_log_softmax() {
+        let l = [1.0f32, 2.0, 3.0];
+        let z: f64 = l.iter().map(|&x| (x as f64).exp()).sum();
+        assert!((logprob(&l, 2) as f64 - (3.0 - z.ln())).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,140 @@
+//! The stage seam: one trait for every piece of a pipeline, wherever it runs.
+//!
+//! The engine hands each stage the same batch description ([`ChunkSpec`]s, in batch order) and the
+//! previous stage's output. A stage owns the KV caches of its layers, keyed by sequence id, so a
+//! remote stage keeps its KV on its own node and only activations travel.
+
+use std::collections::HashMap;
+
+use candle_core::Tensor;
+use shoal_model::{KvCache, LlamaStage, SeqChunk, StageInput};
+
+use crate::error::EngineError;
+
+/// One sequence's part of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkSpec {
+    pub seq_id: u64,
+    /// Tokens of this sequence in the batch (1 when decoding).
+    pub len: usize,
+    /// Whether the last stage must return logits for this chunk's last token.
+    pub want_logits: bool,
+}
+
+/// What flows between stages.
+pub enum StageData {
+    Tokens(Vec<u32>),
+    /// `(total tokens, dim)` hidden states.
+    Hidden(Tensor),
+    /// `(chunks wanting logits, vocab)`.
+    Logits(Tensor),
+}
+
+/// A pipeline stage: local layers now, a remote node's layers behind the same trait later.
+pub trait Stage: Send {
+    /// Runs `batch` on `input`; the first stage takes tokens, the last returns logits.
+    fn forward(&mut self, batch: &[ChunkSpec], input: StageData) -> Result<StageData, EngineError>;
+    /// Frees everything held for `seq_id` (its KV cache). Unknown ids are ignored.
+    fn release(&mut self, seq_id: u64);
+    /// Tokens held in this stage's KV cache for `seq_id`.
+    fn cached_len(&self, seq_id: u64) -> usize;
+}
+
+/// Layers running in this process.
+pub struct LocalStage {
+    model: LlamaStage,
+    caches: HashMap<u64, KvCache>,
+}
+
+impl LocalStage {
+    pub fn new(model: LlamaStage) -> Self {
+        Self {
+            model,
+            caches: HashMap::new(),
+        }
+    }
+
+    pub fn model(&self) -> &LlamaStage {
+        &self.model
+    }
+
+    /// Bytes of KV cache allocated across all sequences.
+    pub fn kv_bytes(&self) -> usize {
+        self.caches.values().map(KvCache::allocated_bytes).sum()
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Internal(e.to_string())
+}
+
+impl Stage for LocalStage {
+    fn forward(&mut self, batch: &[ChunkSpec], input: StageData) -> Result<StageData, EngineError> {
+        // Take each sequence's cache out of the map so the model can borrow them all mutably.
+        let mut taken: Vec<KvCache> = batch
+            .iter()
+            .map(|c| {
+                self.caches
+                    .remove(&c.seq_id)
+                    .unwrap_or_else(|| self.model.new_kv_cache())
+            })
+            .collect();
+        let result = {
+            let mut chunks: Vec<SeqChunk<'_>> = taken
+                .iter_mut()
+                .zip(batch)
+                .map(|(kv, c)| SeqChunk {
+                    kv,
+                    len: c.len,
+                    want_logits: c.want_logits,
+                })
+                .collect();
+            let input = match input {
+                StageData::Tokens(ids) => {
+                    let out = self.model.forward(StageInput::Tokens(&ids), &mut chunks);
+                    out
+                }
+                StageData::Hidden(h) => self.model.forward(StageInput::Hidden(h), &mut chunks),
+                StageData::Logits(_) => {
+                    return Err(EngineError::Internal("logits sent into a stage".into()));
+                }
+            };
+            input
+        };
+        for (kv, c) in taken.into_iter().zip(batch) {
+            self.caches.insert(c.seq_id, kv);
+        }
+        let out = result.map_err(internal)?;
+        Ok(if self.model.is_last() {
+            StageData::Logits(out)
+        } else {
+            StageData::Hidden(out)
+        })
+    }
+
+    fn release(&mut self, seq_id: u64) {
+        self.caches.remove(&seq_id);
+    }
+
+    fn cached_len(&self, seq_id: u64) -> usize {
+        self.caches.get(&seq_id).map_or(0, KvCache::len)
+    }
+}
+
+/// Runs a batch through every stage in order and returns the logits.
+pub fn run_pipeline(
+    stages: &mut [Box<dyn Stage>],
+    batch: &[ChunkSpec],
+    tokens: Vec<u32>,
+) -> Result<Tensor, EngineError> {
+    let mut data = StageData::Tokens(tokens);
+    for stage in stages.iter_mut() {
+        data = stage.forward(batch, data)?;
+    }
+    match data {
+        StageData::Logits(l) => Ok(l),
+        _ => Err(EngineError::Internal(
+            "the pipeline's last stage returned no logits".into(),
+        )),
+    }
+}

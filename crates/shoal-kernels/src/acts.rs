@@ -1,0 +1,224 @@
+//! Quantized activations in the packed layout the matmul kernels read.
+//!
+//! For `Q8_1`/`Q8_0` the values are those of ggml's blocks (the same i8 quants, `d` and `s`
+//! rounded to f16), laid out for the kernels:
+//! - `qs`: row `r`, block `b` at `(r · nb + b) · 32`, 32 × i8;
+//! - `sc`: rows in groups of four; group `g`, block `b` holds `[d0, s0, d1, s1, d2, s2, d3, s3]`
+//!   as f32 at `(g · nb + b) · 8`, so one 32-byte load gives the scales of four rows, and the
+//!   f16 → f32 conversion happens once here instead of once per weight row (`s = 0` for `Q8_0`).
+//!
+//! For `F32` the rows are stored as they are.
+
+use std::sync::Mutex;
+
+use crate::backend::Backend;
+use crate::error::{KernelError, check_len};
+use crate::format::{ActType, QK, put_f16};
+use crate::pool::Parallel;
+
+/// `m` activation rows of `k` values, quantized into the format some weights need.
+///
+/// Quantize once and pass to several [`crate::matmul_quantized`] calls that share the input
+/// (Q/K/V, gate/up); [`Activations::quantize_into`] reuses the buffers across calls.
+#[derive(Debug, Clone, Default)]
+pub struct Activations {
+    act: Option<ActType>,
+    m: usize,
+    k: usize,
+    nb: usize,
+    qs: Vec<u8>,
+    sc: Vec<f32>,
+    f: Vec<f32>,
+}
+
+impl Activations {
+    /// Quantizes `x` (`m × k`, row-major) into a new buffer.
+    pub fn quantize(act: ActType, x: &[f32], m: usize, k: usize) -> Result<Self, KernelError> {
+        let mut a = Self::default();
+        a.quantize_into(act, x, m, k)?;
+        Ok(a)
+    }
+
+    /// Quantizes `x` (`m × k`, row-major) into this buffer, replacing its contents.
+    pub fn quantize_into(
+        &mut self,
+        act: ActType,
+        x: &[f32],
+        m: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.prepare(act, x, m, k)?;
+        if m == 0 || k == 0 {
+            return Ok(());
+        }
+        let nb = self.nb;
+        let groups = (self.qs.chunks_mut(4 * nb * QK)).zip(self.sc.chunks_mut(8 * nb));
+        fill(Backend::detect(), act, x, k, nb, &mut self.f, groups);
+        Ok(())
+    }
+
+    /// [`Activations::quantize_into`], splitting groups of four rows over `pool`'s threads.
+    pub fn quantize_into_par<P: Parallel + ?Sized>(
+        &mut self,
+        act: ActType,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        pool: &P,
+    ) -> Result<(), KernelError> {
+        let nt = pool.n_threads();
+        if nt <= 1 || m < 8 * nt || act == ActType::F32 || k == 0 {
+            return self.quantize_into(act, x, m, k);
+        }
+        self.prepare(act, x, m, k)?;
+        let (nb, backend) = (self.nb, Backend::detect());
+        let per = m.div_ceil(4).div_ceil(nt); // groups per part
+        // One part per thread, each owning whole groups of rows (disjoint `&mut` slices).
+        type Part<'a> = (&'a [f32], &'a mut [u8], &'a mut [f32]);
+        let parts: Vec<Mutex<Option<Part<'_>>>> = x
+            .chunks(per * 4 * k)
+            .zip(self.qs.chunks_mut(per * 4 * nb * QK))
+            .zip(self.sc.chunks_mut(per * 8 * nb))
+            .map(|((x, q), s)| Mutex::new(Some((x, q, s))))
+            .collect();
+        pool.run_parts(&|t, n| {
+            for part in parts.iter().skip(t).step_by(n.max(1)) {
+                let taken = part.lock().map(|mut p| p.take()).unwrap_or(None);
+                if let Some((x, q, s)) = taken {
+                    let groups = q.chunks_mut(4 * nb * QK).zip(s.chunks_mut(8 * nb));
+                    fill(backend, act, x, k, nb, &mut [], groups);
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn prepare(&mut self, act: ActType, x: &[f32], m: usize, k: usize) -> Result<(), KernelError> {
+        act.try_row_bytes(k)?;
+        let n = m.checked_mul(k).ok_or(KernelError::Overflow {
+            what: "the activations",
+        })?;
+        check_len("activations (f32 values)", n, x.len())?;
+        let nb = k / act.block_size();
+        self.act = Some(act);
+        (self.m, self.k, self.nb) = (m, k, nb);
+        if act == ActType::F32 {
+            (self.qs.clear(), self.sc.clear());
+            self.f.resize(n, 0.0);
+        } else {
+            self.f.clear();
+            self.qs.resize(n, 0);
+            self.sc.resize(m.div_ceil(4) * nb * 8, 0.0);
+        }
+        Ok(())
+    }
+
+    /// The format, or `None` before the first quantization.
+    pub fn act_type(&self) -> Option<ActType> {
+        self.act
+    }
+
+    /// Number of rows.
+    pub fn m(&self) -> usize {
+        self.m
+    }
+
+    /// Values per row.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Row `r` re-encoded as ggml blocks (`Q8_1`, `Q8_0`, or little-endian `f32`), the input
+    /// [`crate::vec_dot`] takes.
+    pub fn ggml_row(&self, r: usize) -> Result<Vec<u8>, KernelError> {
+        let act = self.act.ok_or(KernelError::FormatMismatch {
+            weights: "any",
+            activations: "unquantized",
+        })?;
+        if r >= self.m {
+            return Err(KernelError::BadSliceLength {
+                what: "activation row index (rows)",
+                expected: self.m,
+                actual: r,
+            });
+        }
+        let mut out = vec![0u8; act.try_row_bytes(self.k)?];
+        if act == ActType::F32 {
+            for (o, v) in out.chunks_exact_mut(4).zip(self.f_row(r)) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+            return Ok(out);
+        }
+        let (qs, sc, lane) = (self.q_row(r), self.sc_group(r / 4), r % 4);
+        let (size, at) = (act.type_size(), if act == ActType::Q8_1 { 4 } else { 2 });
+        for (b, o) in out.chunks_exact_mut(size).enumerate() {
+            put_f16(o, 0, sc[b * 8 + 2 * lane]);
+            if act == ActType::Q8_1 {
+                put_f16(o, 2, sc[b * 8 + 2 * lane + 1]);
+            }
+            o[at..].copy_from_slice(&qs[b * QK..(b + 1) * QK]);
+        }
+        Ok(out)
+    }
+
+    /// Blocks per row.
+    pub(crate) fn nb(&self) -> usize {
+        self.nb
+    }
+
+    /// The quants of row `r` (`nb · 32` bytes).
+    #[inline]
+    pub(crate) fn q_row(&self, r: usize) -> &[u8] {
+        let n = self.nb * QK;
+        &self.qs[r * n..(r + 1) * n]
+    }
+
+    /// The interleaved scales of row group `g` (`nb · 8` floats).
+    #[inline]
+    pub(crate) fn sc_group(&self, g: usize) -> &[f32] {
+        let n = self.nb * 8;
+        &self.sc[g * n..(g + 1) * n]
+    }
+
+    /// Row `r` of `F32` activations.
+    #[inline]
+    pub(crate) fn f_row(&self, r: usize) -> &[f32] {
+        &self.f[r * self.k..(r + 1) * self.k]
+    }
+}
+
+/// Quantizes the rows of `x` into `groups` (quants and scales of four rows each); `F32` rows are
+/// copied into `f` instead.
+fn fill<'a>(
+    backend: Backend,
+    act: ActType,
+    x: &[f32],
+    k: usize,
+    nb: usize,
+    f: &mut [f32],
+    groups: impl Iterator<Item = (&'a mut [u8], &'a mut [f32])>,
+) {
+    if act == ActType::F32 {
+        f.copy_from_slice(x);
+        return;
+    }
+    let mut ds = vec![(0f32, 0i32); nb];
+    for ((qg, sg), xg) in groups.zip(x.chunks(4 * k)) {
+        for (lane, (qr, xr)) in qg
+            .chunks_exact_mut(nb * QK)
+            .zip(xg.chunks_exact(k))
+            .enumerate()
+        {
+            backend.quantize_q8(xr, qr, &mut ds);
+            for (b, &(d, sum)) in ds.iter().enumerate() {
+                let d16 = half::f16::from_f32(d);
+                sg[b * 8 + 2 * lane] = d16.to_f32();
+                sg[b * 8 + 2 * lane + 1] = if act == ActType::Q8_1 {
+                    half::f16::from_f32(sum as f32 * d).to_f32()
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! Instruction-set backends and their one-time runtime detection.
+//!
+//! A NEON backend slots in as another variant with its own module, like `x86`.
+
+use std::sync::OnceLock;
+
+use crate::format::QType;
+use crate::{matmul::Gemm, scalar};
+
+/// An implementation of the kernels for one instruction set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// Portable Rust, the reference.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C (ggml's AVX2 path).
+    Avx2,
+    /// AVX2 plus AVX-VNNI `vpdpbusd` for the 8-bit products.
+    AvxVnni,
+}
+
+/// The cached detection result; the only global state of the crate.
+static DETECTED: OnceLock<Backend> = OnceLock::new();
+
+impl Backend {
+    /// The best backend this CPU supports, detected on first use and cached.
+    ///
+    /// The environment variable `SHOAL_KERNEL_BACKEND` (`scalar`, `avx2`, `avxvnni`), read once,
+    /// can force a slower backend for comparisons; an unsupported choice is ignored.
+    pub fn detect() -> Backend {
+        *DETECTED.get_or_init(|| {
+            let best = Self::all()
+                .into_iter()
+                .rev()
+                .find(|b| b.is_supported())
+                .unwrap_or(Backend::Scalar);
+            let forced =
+                std::env::var("SHOAL_KERNEL_BACKEND")
+                    .ok()
+                    .and_then(|v| match v.as_str() {
+                        "scalar" => Some(Backend::Scalar),
+                        "avx2" => Some(Backend::Avx2),
+                        "avxvnni" => Some(Backend::AvxVnni),
+                        _ => None,
+                    });
+            forced.filter(|b| b.is_supported()).unwrap_or(best)
+        })
+    }
+
+    /// Every backend, slowest first.
+    pub fn all() -> [Backend; 3] {
+        [Backend::Scalar, Backend::Avx2, Backend::AvxVnni]
+    }
+
+    /// The backends this CPU can run.
+    pub fn supported() -> Vec<Backend> {
+        Self::all()
+            .into_iter()
+            .filter(|b| b.is_supported())
+            .collect()
+    }
+
+    /// Whether this CPU can run the backend.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Backend::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 => crate::x86::has_avx2(),
+            #[cfg(target_arch = "x86_64")]
+            Backend::AvxVnni => crate::x86::has_vnni(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Backend::Avx2 | Backend::AvxVnni => false,
+        }
+    }
+
+    /// A short name for logs and benchmarks.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Scalar => "scalar",
+            Backend::Avx2 => "avx2",
+            Backend::AvxVnni => "avxvnni",
+        }
+    }
+
+    /// Falls back to `Scalar` if this CPU cannot run `self`, so callers may pass any variant.
+    fn usable(self) -> Backend {
+        if self.is_supported() {
+            self
+        } else {
+            Backend::Scalar
+        }
+    }
+
+    /// Quantizes `x` (32 · nb values) to i8 quants in `qs` (32 · nb bytes) with the ggml Q8 rule,
+    /// returning each block's unrounded scale `d` and quant sum in `ds` (nb entries).
+    ///
+    /// # Panics
+    /// If the lengths disagree.
+    pub(crate) fn quantize_q8(self, x: &[f32], qs: &mut [u8], ds: &mut [(f32, i32)]) {
+        match self.usable() {
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 | Backend::AvxVnni => crate::x86::quantize_q8(x, qs, ds),
+            _ => scalar::quantize_q8(x, qs, ds),
+        }
+    }
+
+    /// Computes the outputs of weight rows `rows` for every activation row of `g`.
+    pub(crate) fn gemm_rows(self, g: &Gemm<'_>, rows: std::ops::Range<usize>) {
+        match self.usable() {
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 => crate::x86::gemm_rows(false, g, rows),
+            #[cfg(target_arch = "x86_64")]
+            Backend::AvxVnni => crate::x86::gemm_rows(true, g, rows),
+            _ => scalar_gemm_rows(g, rows),
+        }
+    }
+}
+
+/// The scalar row loop over the packed activations.
+fn scalar_gemm_rows(g: &Gemm<'_>, rows: std::ops::Range<usize>) {
+    g.check_rows(&rows);
+    let nb = g.x.nb();
+    for j in rows {
+        let w = g.weight_row(j);
+        for r in 0..g.m {
+            let v = match g.qtype {
+                QType::F32 => scalar::dot_f32_f32(w, g.x.f_row(r)),
+                QType::Q4_1 => {
+                    scalar::dot_q4_1_packed(nb, w, g.x.q_row(r), g.x.sc_group(r / 4), r % 4)
+                }
+                QType::Q8_0 => {
+                    scalar::dot_q8_0_packed(nb, w, g.x.q_row(r), g.x.sc_group(r / 4), r % 4)
+                }
+            };
+            g.store(r, j, v);
+        }
+    }
+}
+
+/// One weight row · one activation row (`x_q` in `qtype.act_type()`), on the detected backend.
+///
+/// # Panics
+/// If `k` is not a multiple of the block size or the slice lengths do not match `k`.
+pub fn vec_dot(qtype: QType, k: usize, w_row: &[u8], x_q: &[u8]) -> f32 {
+    vec_dot_with(Backend::detect(), qtype, k, w_row, x_q)
+}
+
+/// [`vec_dot`] on a chosen backend (`Scalar` if this CPU cannot run it).
+///
+/// # Panics
+/// If `k` is not a multiple of the block size or the slice lengths do not match `k`.
+pub fn vec_dot_with(backend: Backend, qtype: QType, k: usize, w_row: &[u8], x_q: &[u8]) -> f32 {
+    let (wb, xb) = match (qtype.try_row_bytes(k), qtype.act_type().try_row_bytes(k)) {
+        (Ok(w), Ok(x)) => (w, x),
+        (Err(e), _) | (_, Err(e)) => panic!("shoal_kernels::vec_dot: {e}"),
+    };
+    assert!(
+        w_row.len() == wb && x_q.len() == xb,
+        "shoal_kernels::vec_dot: {} {} bytes and {} {} bytes for k = {k}, expected {wb} and {xb}",
+        w_row.len(),
+        qtype.name(),
+        x_q.len(),
+        qtype.act_type().name(),
+    );
+    match backend.usable() {
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => crate::x86::vec_dot(false, qtype, k, w_row, x_q),
+        #[cfg(target_arch = "x86_64")]
+        Backend::AvxVnni => crate::x86::vec_dot(true, qtype, k, w_row, x_q),
+        _ => match qtype {
+            QType::F32 => scalar::vec_dot_f32(k, w_row, x_q),
+            QType::Q4_1 => scalar::vec_dot_q4_1_q8_1(k, w_row, x_q),
+            QType::Q8_0 => scalar::vec_dot_q8_0_q8_0(k, w_row, x_q),
+        },
+    }
+}

@@ -1,0 +1,215 @@
+//! Weight matrices, quantized activations and the threaded matmul driver.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::acts::Activations;
+use crate::backend::Backend;
+use crate::error::{KernelError, check_len};
+use crate::format::{ActType, QType};
+use crate::pool::Parallel;
+
+/// A borrowed weight matrix in a GGML format: `rows` (output features, `n`) rows of `cols` (input
+/// features, `k`) values each, row-major, exactly as stored in a GGUF tensor of dims `[cols, rows]`.
+///
+/// The fields are public so the engine can build one over any byte buffer; every function taking a
+/// `QMatrix` checks them (`cols` a multiple of the block size, `data.len() == rows · row_bytes`).
+#[derive(Debug, Clone, Copy)]
+pub struct QMatrix<'a> {
+    pub qtype: QType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+impl<'a> QMatrix<'a> {
+    /// A checked matrix.
+    pub fn new(
+        qtype: QType,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> Result<Self, KernelError> {
+        let w = Self {
+            qtype,
+            rows,
+            cols,
+            data,
+        };
+        w.row_bytes()?;
+        Ok(w)
+    }
+
+    /// Bytes per row, after checking the shape against `data`.
+    pub fn row_bytes(&self) -> Result<usize, KernelError> {
+        let rb = self.qtype.try_row_bytes(self.cols)?;
+        let total = rb.checked_mul(self.rows).ok_or(KernelError::Overflow {
+            what: "the weight matrix",
+        })?;
+        check_len("weight data (bytes)", total, self.data.len())?;
+        Ok(rb)
+    }
+
+    /// The encoded bytes of row `i`.
+    pub fn row(&self, i: usize) -> Result<&'a [u8], KernelError> {
+        let rb = self.row_bytes()?;
+        if i >= self.rows {
+            return Err(KernelError::BadSliceLength {
+                what: "row index (rows)",
+                expected: self.rows,
+                actual: i,
+            });
+        }
+        Ok(&self.data[i * rb..(i + 1) * rb])
+    }
+
+    /// Dequantizes row `i` into `out` (`cols` values): the embedding lookup of token `i`.
+    pub fn dequantize_row(&self, i: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        crate::quant::dequantize_row(self.qtype, self.row(i)?, out)
+    }
+}
+
+/// `out = x · Wᵀ`: `x` is `m × w.cols` and `out` is `m × w.rows`, both row-major.
+///
+/// Quantizes `x` once (in the format `w.qtype.act_type()`), then runs [`matmul_quantized`].
+/// Results are bitwise identical for every thread count.
+pub fn matmul<P: Parallel + ?Sized>(
+    w: &QMatrix<'_>,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+    pool: &P,
+) -> Result<(), KernelError> {
+    let mut acts = Activations::default();
+    acts.quantize_into_par(w.qtype.act_type(), x, m, w.cols, pool)?;
+    matmul_quantized(w, &acts, out, pool)
+}
+
+/// `out = x · Wᵀ` for activations quantized beforehand; `out` is `x.m() × w.rows`.
+pub fn matmul_quantized<P: Parallel + ?Sized>(
+    w: &QMatrix<'_>,
+    x: &Activations,
+    out: &mut [f32],
+    pool: &P,
+) -> Result<(), KernelError> {
+    matmul_quantized_with(Backend::detect(), w, x, out, pool)
+}
+
+/// [`matmul_quantized`] on a chosen backend (`Scalar` if this CPU cannot run it).
+pub fn matmul_quantized_with<P: Parallel + ?Sized>(
+    backend: Backend,
+    w: &QMatrix<'_>,
+    x: &Activations,
+    out: &mut [f32],
+    pool: &P,
+) -> Result<(), KernelError> {
+    let w_row_bytes = w.row_bytes()?;
+    let act = w.qtype.act_type();
+    match x.act_type() {
+        Some(a) if a == act => {}
+        other => {
+            let activations = other.map_or("unquantized", ActType::name);
+            return Err(KernelError::FormatMismatch {
+                weights: w.qtype.name(),
+                activations,
+            });
+        }
+    }
+    check_len("activation row length (k)", w.cols, x.k())?;
+    let (m, n) = (x.m(), w.rows);
+    let total = m
+        .checked_mul(n)
+        .ok_or(KernelError::Overflow { what: "the output" })?;
+    check_len("output (f32 values)", total, out.len())?;
+    if total == 0 {
+        return Ok(());
+    }
+    let g = Gemm {
+        qtype: w.qtype,
+        k: w.cols,
+        n,
+        m,
+        w: w.data,
+        w_row_bytes,
+        x,
+        out: out.as_mut_ptr(),
+    };
+    let nt = pool.n_threads().max(1);
+    let chunk = chunk_rows(n, nt);
+    let n_chunks = n.div_ceil(chunk);
+    if nt == 1 || n_chunks == 1 {
+        backend.gemm_rows(&g, 0..n);
+        return Ok(());
+    }
+    let next = AtomicUsize::new(0);
+    pool.run_parts(&|_, _| {
+        loop {
+            let c = next.fetch_add(1, Ordering::Relaxed);
+            if c >= n_chunks {
+                break;
+            }
+            backend.gemm_rows(&g, c * chunk..((c + 1) * chunk).min(n));
+        }
+    });
+    Ok(())
+}
+
+/// Weight rows per work item: about four items per thread so a late thread costs little, a
+/// multiple of 16 (whole cache lines of `f32` outputs), at most 256 rows so a chunk's weights stay
+/// in L2 while activation tiles stream past them.
+fn chunk_rows(n: usize, nt: usize) -> usize {
+    let c = n.div_ceil(nt * 4).clamp(16, 256);
+    c.div_ceil(16) * 16
+}
+
+/// One matmul's operands, validated: `w` holds `n` rows of `w_row_bytes` (`k` values each), `x`
+/// holds `m` rows of `k` values in the activation format of `qtype`, and `out` points at `m × n`
+/// writable `f32`s.
+pub(crate) struct Gemm<'a> {
+    pub(crate) qtype: QType,
+    pub(crate) k: usize,
+    pub(crate) n: usize,
+    pub(crate) m: usize,
+    pub(crate) w: &'a [u8],
+    pub(crate) w_row_bytes: usize,
+    pub(crate) x: &'a Activations,
+    out: *mut f32,
+}
+
+// SAFETY: `out` is only written through `store`, and the driver hands each weight row (each
+// output column) to exactly one thread, so no two threads write the same element; the borrowed
+// `&mut [f32]` outlives every thread's use because `Parallel::run_parts` returns only after all
+// parts have finished.
+unsafe impl Sync for Gemm<'_> {}
+
+impl<'a> Gemm<'a> {
+    /// Encoded weight row `j`.
+    #[inline]
+    pub(crate) fn weight_row(&self, j: usize) -> &'a [u8] {
+        &self.w[j * self.w_row_bytes..(j + 1) * self.w_row_bytes]
+    }
+
+    /// Writes output `(r, j)`; panics if out of bounds.
+    #[inline]
+    pub(crate) fn store(&self, r: usize, j: usize, v: f32) {
+        assert!(
+            r < self.m && j < self.n,
+            "output ({r}, {j}) outside {} × {}",
+            self.m,
+            self.n
+        );
+        // SAFETY: in bounds (checked above) of the `m × n` buffer; see the `Sync` impl for why no
+        // other thread writes this element.
+        unsafe { self.out.add(r * self.n + j).write(v) }
+    }
+
+    /// Checks that `rows` lies within the weight matrix.
+    #[inline]
+    pub(crate) fn check_rows(&self, rows: &Range<usize>) {
+        assert!(
+            rows.start <= rows.end && rows.end <= self.n,
+            "weight rows {rows:?} outside 0..{}",
+            self.n
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! Shared helpers for the integration tests: a small deterministic RNG and random matrices.
+#![allow(dead_code)]
+
+use shoal_kernels::{QType, quantize_row_q4_1, quantize_row_q8_0, row_bytes};
+
+/// SplitMix64: deterministic, dependency-free.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    /// Roughly normal with the given scale, plus occasional outliers (like real activations).
+    pub fn activation(&mut self) -> f32 {
+        let v = (0..4).map(|_| self.f32()).sum::<f32>() * 0.5;
+        if self.next_u64() % 97 == 0 {
+            v * 20.0
+        } else {
+            v
+        }
+    }
+
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.activation()).collect()
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+}
+
+/// Encodes `rows × k` floats as `qtype` rows.
+pub fn encode(qtype: QType, w: &[f32], rows: usize, k: usize) -> Vec<u8> {
+    let rb = row_bytes(qtype, k);
+    let mut out = vec![0u8; rows * rb];
+    for (src, dst) in w.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
+        match qtype {
+            QType::F32 => {
+                for (d, v) in dst.chunks_exact_mut(4).zip(src) {
+                    d.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            QType::Q4_1 => quantize_row_q4_1(src, dst).expect("encode Q4_1"),
+            QType::Q8_0 => quantize_row_q8_0(src, dst).expect("encode Q8_0"),
+        }
+    }
+    out
+}
+
+/// A random weight matrix: quantized from random floats of varied per-row scale.
+pub fn random_weights(rng: &mut Rng, qtype: QType, rows: usize, k: usize) -> Vec<u8> {
+    let mut w = Vec::with_capacity(rows * k);
+    for r in 0..rows {
+        let scale = 0.02 * (1 + r % 7) as f32;
+        w.extend((0..k).map(|_| rng.f32() * scale + if r % 3 == 0 { 0.01 } else { 0.0 }));
+    }
+    encode(qtype, &w, rows, k)
+}
+
+/// Random raw blocks: arbitrary nibbles / quants with sane f16 scales (exercises every bit
+/// pattern of the quant bytes, including -128 for Q8_0 weights only where `allow_min` is set).
+pub fn random_raw(rng: &mut Rng, qtype: QType, rows: usize, k: usize) -> Vec<u8> {
+    let rb = row_bytes(qtype, k);
+    let mut out = rng.bytes(rows * rb);
+    let put = |b: &mut [u8], at: usize, v: f32| {
+        b[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes())
+    };
+    match qtype {
+        QType::F32 => {
+            for c in out.chunks_exact_mut(4) {
+                let v = rng.f32();
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        QType::Q4_1 => {
+            for b in out.chunks_exact_mut(20) {
+                let (d, m) = (rng.f32().abs() * 0.01, rng.f32() * 0.05);
+                put(b, 0, d);
+                put(b, 2, m);
+            }
+        }
+        QType::Q8_0 => {
+            for b in out.chunks_exact_mut(34) {
+                let d = rng.f32() * 0.001;
+                put(b, 0, d);
+                for q in &mut b[2..] {
+                    if *q == 0x80 {
+                        *q = 0x81;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Dequantizes a whole matrix.
+pub fn decode(qtype: QType, data: &[u8], rows: usize, k: usize) -> Vec<f32> {
+    let rb = row_bytes(qtype, k);
+    let mut out = vec![0f32; rows * k];
+    for (src, dst) in data.chunks_exact(rb).zip(out.chunks_exact_mut(k)) {
+        shoal_kernels::dequantize_row(qtype, src, dst).expect("decode");
+    }
+    out
+}

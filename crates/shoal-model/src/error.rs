@@ -1,0 +1,44 @@
+//! Errors of model loading and execution.
+
+/// Errors from reading a model file or running it.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("cannot read model file {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid GGUF file {path}: {message}")]
+    InvalidGguf { path: String, message: String },
+    #[error("metadata key '{key}' is missing or has the wrong type")]
+    MissingKey { key: String },
+    #[error("tensor '{name}' is missing from the model file")]
+    MissingTensor { name: String },
+    #[error("tensor '{name}' has unsupported type {dtype}")]
+    UnsupportedTensorType { name: String, dtype: String },
+    #[error("tensor '{name}' has shape {got:?}, expected {expected:?}")]
+    BadShape {
+        name: String,
+        got: Vec<usize>,
+        expected: Vec<usize>,
+    },
+    #[error("unsupported architecture '{0}'")]
+    UnsupportedArchitecture(String),
+    #[error("invalid layer range [{start}, {end}) for a model with {n_layers} layers")]
+    BadLayerRange {
+        start: usize,
+        end: usize,
+        n_layers: usize,
+    },
+    #[error("stage input mismatch: {0}")]
+    BadInput(String),
+    #[error("sequence would exceed the context length ({needed} > {context_length})")]
+    ContextFull {
+        needed: usize,
+        context_length: usize,
+    },
+    #[error("tensor error: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+pub type Result<T> = std::result::Result<T, ModelError>;

@@ -1,0 +1,214 @@
+//! Quantized linear layers and the token embedding.
+//!
+//! On CPU the GGUF block bytes are kept as they are and multiplied by `shoal-kernels` SIMD kernels
+//! (wrapped as a candle custom op); on other devices candle's `QMatMul` runs them.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QMatMul, ggml_file::qtensor_from_ggml};
+use candle_core::{CpuStorage, CustomOp1, Device, Layout, Module, Shape, Tensor};
+use shoal_kernels::{QMatrix, QType, ThreadPool};
+
+use crate::error::{ModelError, Result};
+use crate::gguf::RawTensor;
+
+fn kernel_qtype(dtype: GgmlDType) -> Option<QType> {
+    match dtype {
+        GgmlDType::F32 => Some(QType::F32),
+        GgmlDType::Q4_1 => Some(QType::Q4_1),
+        GgmlDType::Q8_0 => Some(QType::Q8_0),
+        _ => None,
+    }
+}
+
+/// Weights for the CPU kernels: raw GGML rows, `rows × cols`.
+struct CpuWeights {
+    qtype: QType,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+    pool: Arc<ThreadPool>,
+}
+
+impl CustomOp1 for CpuWeights {
+    fn name(&self) -> &'static str {
+        "shoal-qmatmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("shoal-qmatmul needs a contiguous input");
+        };
+        let x = &storage.as_slice::<f32>()?[start..end];
+        let dims = layout.shape().dims();
+        let k = *dims.last().unwrap_or(&0);
+        if k != self.cols {
+            candle_core::bail!(
+                "shoal-qmatmul: input has {k} features, weights expect {}",
+                self.cols
+            );
+        }
+        let m = x.len() / k.max(1);
+        let mut out = vec![0f32; m * self.rows];
+        let w = QMatrix {
+            qtype: self.qtype,
+            rows: self.rows,
+            cols: self.cols,
+            data: &self.data,
+        };
+        shoal_kernels::matmul(&w, x, m, &mut out, &*self.pool)
+            .map_err(|e| candle_core::Error::Msg(format!("shoal-qmatmul: {e}")))?;
+        let mut out_dims = dims.to_vec();
+        if let Some(last) = out_dims.last_mut() {
+            *last = self.rows;
+        }
+        Ok((CpuStorage::F32(out), Shape::from(out_dims)))
+    }
+}
+
+enum Backend {
+    Cpu(CpuWeights),
+    Candle(QMatMul),
+}
+
+/// `y = x · Wᵀ` with `W` quantized, `out_features × in_features`.
+pub struct QLinear {
+    backend: Backend,
+    out_features: usize,
+    in_features: usize,
+}
+
+impl QLinear {
+    pub fn from_raw(
+        name: &str,
+        raw: RawTensor,
+        device: &Device,
+        pool: &Arc<ThreadPool>,
+    ) -> Result<Self> {
+        let [rows, cols] = raw.dims[..] else {
+            return Err(ModelError::BadShape {
+                name: name.into(),
+                got: raw.dims.clone(),
+                expected: vec![0, 0],
+            });
+        };
+        let backend = match (device, kernel_qtype(raw.dtype)) {
+            (Device::Cpu, Some(qtype)) => Backend::Cpu(CpuWeights {
+                qtype,
+                rows,
+                cols,
+                data: raw.data,
+                pool: pool.clone(),
+            }),
+            (_, _) => {
+                let qt = qtensor_from_ggml(raw.dtype, &raw.data, vec![rows, cols], device)?;
+                Backend::Candle(QMatMul::from_qtensor(qt)?)
+            }
+        };
+        Ok(Self {
+            backend,
+            out_features: rows,
+            in_features: cols,
+        })
+    }
+
+    /// Stacks several weight matrices with the same input size and type into one (fused QKV, gate+up).
+    pub fn concat_rows(name: &str, parts: Vec<RawTensor>) -> Result<RawTensor> {
+        let Some(first) = parts.first() else {
+            return Err(ModelError::BadInput(format!(
+                "{name}: nothing to concatenate"
+            )));
+        };
+        let (dtype, cols) = (first.dtype, first.dims.get(1).copied().unwrap_or(0));
+        let mut rows = 0;
+        let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
+        for p in parts {
+            if p.dtype != dtype || p.dims.len() != 2 || p.dims[1] != cols {
+                return Err(ModelError::BadShape {
+                    name: name.into(),
+                    got: p.dims,
+                    expected: vec![0, cols],
+                });
+            }
+            rows += p.dims[0];
+            data.extend_from_slice(&p.data);
+        }
+        Ok(RawTensor {
+            dtype,
+            dims: vec![rows, cols],
+            data,
+        })
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(match &self.backend {
+            Backend::Cpu(w) => x.contiguous()?.apply_op1_no_bwd(w)?,
+            Backend::Candle(m) => m.forward(x)?,
+        })
+    }
+}
+
+/// Token embedding table kept in its GGUF encoding; rows are dequantized on lookup.
+pub struct Embedding {
+    qtype: QType,
+    rows: usize,
+    cols: usize,
+    data: Arc<Vec<u8>>,
+}
+
+impl Embedding {
+    pub fn from_raw(name: &str, raw: &RawTensor) -> Result<Self> {
+        let [rows, cols] = raw.dims[..] else {
+            return Err(ModelError::BadShape {
+                name: name.into(),
+                got: raw.dims.clone(),
+                expected: vec![0, 0],
+            });
+        };
+        let qtype = kernel_qtype(raw.dtype).ok_or_else(|| ModelError::UnsupportedTensorType {
+            name: name.into(),
+            dtype: format!("{:?}", raw.dtype),
+        })?;
+        Ok(Self {
+            qtype,
+            rows,
+            cols,
+            data: Arc::new(raw.data.clone()),
+        })
+    }
+
+    /// Looks up token rows: `(ids.len(), dim)`.
+    pub fn forward(&self, ids: &[u32], device: &Device) -> Result<Tensor> {
+        let row_bytes = shoal_kernels::row_bytes(self.qtype, self.cols);
+        let mut out = vec![0f32; ids.len() * self.cols];
+        for (i, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            if id >= self.rows {
+                return Err(ModelError::BadInput(format!(
+                    "token id {id} outside vocabulary of {}",
+                    self.rows
+                )));
+            }
+            let row = &self.data[id * row_bytes..(id + 1) * row_bytes];
+            shoal_kernels::dequantize_row(
+                self.qtype,
+                row,
+                &mut out[i * self.cols..(i + 1) * self.cols],
+            )
+            .map_err(|e| ModelError::BadInput(format!("embedding: {e}")))?;
+        }
+        Ok(Tensor::from_vec(out, (ids.len(), self.cols), device)?)
+    }
+}

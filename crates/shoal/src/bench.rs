@@ -1,0 +1,154 @@
+//! `shoal bench`: prefill and decode throughput, TTFT and inter-token latency, llama-bench style
+//! (random prompt tokens, `-p` prompt tokens, `-n` generated tokens), medians over repetitions.
+
+use std::time::{Duration, Instant};
+
+use shoal_engine::engine::EngineConfig;
+use shoal_engine::sampler::Rng;
+use shoal_engine::{EngineHandle, Event, GenerateRequest, Prompt, SamplingParams};
+
+use crate::cli::BenchArgs;
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct Row {
+    threads: usize,
+    prompt_tokens: usize,
+    gen_tokens: usize,
+    repetitions: usize,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+    ttft_ms: f64,
+    itl_p50_ms: f64,
+    itl_p99_ms: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+/// Runs one request; returns (time to first token, arrival times of every token).
+async fn timed(
+    engine: &EngineHandle,
+    model: &str,
+    tokens: Vec<u32>,
+    n: usize,
+) -> anyhow::Result<(Duration, Vec<Instant>)> {
+    let start = Instant::now();
+    let mut stream = engine.submit(GenerateRequest {
+        model: model.to_string(),
+        prompt: Prompt::Tokens(tokens),
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        max_tokens: Some(n as u32),
+        stop: Vec::new(),
+        add_bos: false,
+        ignore_eos: true,
+    })?;
+    let mut arrivals = Vec::with_capacity(n);
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Event::Token { .. } => arrivals.push(Instant::now()),
+            Event::Done { .. } => break,
+            Event::Error(e) => anyhow::bail!("benchmark request failed: {e}"),
+        }
+    }
+    let first = arrivals.first().copied().unwrap_or_else(Instant::now);
+    Ok((first - start, arrivals))
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let (id, path) = crate::resolve_model(&args.model)?;
+    let threads: Vec<usize> = args
+        .threads
+        .split(',')
+        .map(|t| t.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("--threads: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut rows = Vec::new();
+    let mut rng = Rng::new(42);
+    for &t in &threads {
+        let config = EngineConfig {
+            threads: t.max(1),
+            max_batch_tokens: args.prompt_tokens.max(1),
+            ..Default::default()
+        };
+        let engine = shoal_engine::engine::spawn_from_gguf(&path, &id, config)?;
+        let vocab = 49_000u64;
+        let row = rt.block_on(async {
+            // Warm-up: touch every weight once.
+            timed(&engine, &id, vec![1, 2, 3], 2).await?;
+            let (mut pp, mut tg, mut ttft, mut itl) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..args.repetitions.max(1) {
+                let prompt: Vec<u32> = (0..args.prompt_tokens)
+                    .map(|_| (rng.next_u64() % vocab) as u32)
+                    .collect();
+                let (first, _) = timed(&engine, &id, prompt, 1).await?;
+                pp.push(args.prompt_tokens as f64 / first.as_secs_f64());
+                ttft.push(first.as_secs_f64() * 1e3);
+                let start_tok = (rng.next_u64() % vocab) as u32;
+                let (_, arrivals) = timed(&engine, &id, vec![start_tok], args.gen_tokens).await?;
+                if arrivals.len() >= 2 {
+                    let span =
+                        (*arrivals.last().unwrap_or(&arrivals[0]) - arrivals[0]).as_secs_f64();
+                    tg.push((arrivals.len() - 1) as f64 / span);
+                    itl.extend(
+                        arrivals
+                            .windows(2)
+                            .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3),
+                    );
+                }
+            }
+            itl.sort_by(f64::total_cmp);
+            anyhow::Ok(Row {
+                threads: t,
+                prompt_tokens: args.prompt_tokens,
+                gen_tokens: args.gen_tokens,
+                repetitions: args.repetitions,
+                prefill_tok_s: median(pp),
+                decode_tok_s: median(tg),
+                ttft_ms: median(ttft),
+                itl_p50_ms: percentile(&itl, 0.5),
+                itl_p99_ms: percentile(&itl, 0.99),
+            })
+        })?;
+        rows.push(row);
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "model": id, "results": rows }))?
+        );
+    } else {
+        println!("model {id}");
+        println!(
+            "threads  pp{:<5} tok/s  tg{:<5} tok/s  TTFT ms  ITL p50 ms  ITL p99 ms",
+            args.prompt_tokens, args.gen_tokens
+        );
+        for r in &rows {
+            println!(
+                "{:>7}  {:>13.1}  {:>13.1}  {:>7.1}  {:>10.2}  {:>10.2}",
+                r.threads, r.prefill_tok_s, r.decode_tok_s, r.ttft_ms, r.itl_p50_ms, r.itl_p99_ms
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! `shoal chat`: one user message, the answer streamed to the terminal.
+
+use std::io::Write;
+
+use anyhow::Context;
+use futures::StreamExt;
+use shoal_engine::{ChatMessage, Event, GenerateRequest, Prompt, SamplingParams};
+
+use crate::cli::ChatArgs;
+
+fn messages(args: &ChatArgs) -> Vec<ChatMessage> {
+    let mut m = Vec::new();
+    if let Some(system) = &args.system {
+        m.push(ChatMessage {
+            role: "system".into(),
+            content: system.clone(),
+        });
+    }
+    m.push(ChatMessage {
+        role: "user".into(),
+        content: args.prompt.clone(),
+    });
+    m
+}
+
+pub fn run(args: ChatArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    match args.url.clone() {
+        Some(url) => rt.block_on(remote(&args, &url)),
+        None => rt.block_on(local(&args)),
+    }
+}
+
+async fn local(args: &ChatArgs) -> anyhow::Result<()> {
+    let (id, path) = crate::resolve_model(&args.model)?;
+    let engine = shoal_engine::engine::spawn_from_gguf(&path, &id, args.engine.config()?)?;
+    let prompt = engine.render_chat(&id, &messages(args))?;
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        seed: args.seed,
+        ..Default::default()
+    }
+    .validate()?;
+    let mut stream = engine.submit(GenerateRequest {
+        model: id,
+        prompt: Prompt::Text(prompt),
+        sampling,
+        max_tokens: Some(args.max_tokens),
+        stop: Vec::new(),
+        add_bos: false,
+        ignore_eos: false,
+    })?;
+    let mut out = std::io::stdout().lock();
+    while let Some(event) = stream.next().await {
+        match event {
+            Event::Token { text, .. } => {
+                out.write_all(text.as_bytes())?;
+                out.flush()?;
+            }
+            Event::Done { .. } => break,
+            Event::Error(e) => anyhow::bail!("generation failed: {e}"),
+        }
+    }
+    writeln!(out)?;
+    Ok(())
+}
+
+async fn remote(args: &ChatArgs, url: &str) -> anyhow::Result<()> {
+    let body = serde_json::json!({
+        "model": args.model.model,
+        "messages": messages(args),
+        "stream": true,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "seed": args.seed,
+    });
+    let endpoint = format!("{}/v1/chat/completions", url.trim_end_matches('/'));
+    let resp = reqwest::Client::new()
+        .post(&endpoint)
+        .json(&body)
+        .send()
+        .await
+        .with_context(|| format!("connecting to {endpoint}"))?;
+    if !resp.status().is_success() {
+        let status = resp.status();
+        anyhow::bail!("{status}: {}", resp.text().await.unwrap_or_default());
+    }
+    let mut bytes = resp.bytes_stream();
+    let mut buf = String::new();
+    let mut out = std::io::stdout().lock();
+    while let Some(chunk) = bytes.next().await {
+        buf.push_str(&String::from_utf8_lossy(&chunk?));
+        while let Some(nl) = buf.find('\n') {
+            let line: String = buf.drain(..=nl).collect();
+            let Some(data) = line.trim().strip_prefix("data:") else {
+                continue;
+            };
+            let data = data.trim();
+            if data == "[DONE]" {
+                writeln!(out)?;
+                return Ok(());
+            }
+            let v: serde_json::Value = serde_json::from_str(data).context("bad SSE chunk")?;
+            if let Some(err) = v.get("error") {
+                anyhow::bail!("server error: {err}");
+            }
+            if let Some(t) = v
+                .pointer("/choices/0/delta/content")
+                .and_then(|t| t.as_str())
+            {
+                out.write_all(t.as_bytes())?;
+                out.flush()?;
+            }
+        }
+    }
+    writeln!(out)?;
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! Command-line arguments.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use shoal_engine::engine::{EngineConfig, default_threads};
+use shoal_model::LayerRange;
+
+#[derive(Parser)]
+#[command(
+    name = "shoal",
+    version,
+    about = "Pool your machines into one AI cluster"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Serve a model over the OpenAI-compatible HTTP API.
+    Serve(ServeArgs),
+    /// Stream an answer to a prompt in the terminal.
+    Chat(ChatArgs),
+    /// Measure prefill and decode speed, TTFT and inter-token latency.
+    Bench(BenchArgs),
+    /// Download a model into the models directory.
+    Pull(ModelArgs),
+    /// List known models and whether they are downloaded.
+    Models(ModelArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// Model id from the catalog, or a path to a .gguf file.
+    #[arg(long, default_value = shoal_store::DEFAULT_MODEL)]
+    pub model: String,
+    /// Where models are stored [default: ~/.cache/shoal/models].
+    #[arg(long, env = "SHOAL_MODELS_DIR")]
+    pub models_dir: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    pub fn models_dir(&self) -> PathBuf {
+        self.models_dir.clone().unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("."));
+            home.join(".cache/shoal/models")
+        })
+    }
+}
+
+#[derive(Args, Clone)]
+pub struct EngineArgs {
+    /// Compute threads [default: all cores].
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Tokens per engine step (decodes plus prefill chunks).
+    #[arg(long, default_value_t = 256)]
+    pub max_batch_tokens: usize,
+    /// Sequences generating at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_running: usize,
+    /// Split the model into local pipeline stages, e.g. "0-10,10-20,20-30".
+    #[arg(long)]
+    pub stages: Option<String>,
+}
+
+impl EngineArgs {
+    pub fn config(&self) -> anyhow::Result<EngineConfig> {
+        let stages = match &self.stages {
+            None => None,
+            Some(spec) => Some(parse_stages(spec)?),
+        };
+        Ok(EngineConfig {
+            threads: self.threads.unwrap_or_else(default_threads).max(1),
+            max_batch_tokens: self.max_batch_tokens.max(1),
+            max_running: self.max_running.max(1),
+            stages,
+            ..EngineConfig::default()
+        })
+    }
+}
+
+fn parse_stages(spec: &str) -> anyhow::Result<Vec<LayerRange>> {
+    spec.split(',')
+        .map(|part| {
+            let (a, b) = part
+                .trim()
+                .split_once('-')
+                .ok_or_else(|| anyhow::anyhow!("stage '{part}' is not START-END"))?;
+            let (start, end): (usize, usize) = (a.trim().parse()?, b.trim().parse()?);
+            anyhow::ensure!(start < end, "stage '{part}' is empty");
+            Ok(LayerRange { start, end })
+        })
+        .collect()
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub api_host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 52415)]
+    pub api_port: u16,
+}
+
+#[derive(Args)]
+pub struct ChatArgs {
+    /// The prompt (a single user message).
+    pub prompt: String,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Ask a running server instead of loading the model here, e.g. http://127.0.0.1:52415.
+    #[arg(long)]
+    pub url: Option<String>,
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: u32,
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// System prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Thread counts to measure, e.g. "1,2".
+    #[arg(long, default_value = "1")]
+    pub threads: String,
+    /// Prompt tokens for the prefill test.
+    #[arg(short = 'p', long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// Tokens generated for the decode test.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Repetitions per thread count (the median is reported).
+    #[arg(short = 'r', long, default_value_t = 3)]
+    pub repetitions: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_specs_parse_and_reject_garbage() {
+        assert_eq!(
+            parse_stages("0-10, 10-30").unwrap(),
+            vec![
+                LayerRange { start: 0, end: 10 },
+                LayerRange { start: 10, end: 30 }
+            ]
+        );
+        assert!(parse_stages("0-0").is_err());
+        assert!(parse_stages("3").is_err());
+        assert!(parse_stages("a-b").is_err());
+    }
+}
