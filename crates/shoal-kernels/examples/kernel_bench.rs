@@ -78,10 +78,26 @@ fn weights(qtype: QType, n: usize, k: usize, seed: u64) -> Vec<u8> {
     data
 }
 
-/// Timing of one call of `f` (which gets the call index), in µs, over `batches` batches of calls
-/// that each last about `batch_s`: (best batch, median batch). On a shared machine the best batch
-/// is the closest to the kernel's own speed; the median shows what neighbours cost.
-fn time_us(batches: usize, batch_s: f64, mut f: impl FnMut(usize)) -> (f64, f64) {
+/// On-CPU nanoseconds of the calling thread so far (Linux `schedstat`), if available: unlike
+/// wall time it excludes time the thread was preempted by other processes.
+fn thread_cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// Per-call timings in µs: best and median wall time over batches, and the best on-CPU time of
+/// the calling thread (NaN where unavailable).
+#[derive(Clone, Copy)]
+struct Timing {
+    best: f64,
+    median: f64,
+    cpu: f64,
+}
+
+/// Times `f` (which gets the call index) over `batches` batches of calls lasting ~`batch_s` each.
+/// On a shared machine the best batch is the closest to the kernel's own speed, and the on-CPU
+/// time of a single-threaded run is closer still; the median shows what neighbours cost.
+fn time_us(batches: usize, batch_s: f64, mut f: impl FnMut(usize)) -> Timing {
     let mut i = 0;
     let start = Instant::now();
     while start.elapsed().as_secs_f64() < batch_s / 2.0 {
@@ -89,26 +105,29 @@ fn time_us(batches: usize, batch_s: f64, mut f: impl FnMut(usize)) -> (f64, f64)
         i += 1;
     }
     let per_batch = (i * 2).max(3);
+    let mut cpu = f64::INFINITY;
     let mut samples: Vec<f64> = (0..batches)
         .map(|_| {
-            let t = Instant::now();
+            let (t, c) = (Instant::now(), thread_cpu_ns());
             for _ in 0..per_batch {
                 f(i);
                 i += 1;
+            }
+            if let (Some(c0), Some(c1)) = (c, thread_cpu_ns()) {
+                cpu = cpu.min((c1 - c0) as f64 / 1e3 / per_batch as f64);
             }
             t.elapsed().as_secs_f64() * 1e6 / per_batch as f64
         })
         .collect();
     samples.sort_by(f64::total_cmp);
-    (samples[0], samples[samples.len() / 2])
+    Timing {
+        best: samples[0],
+        median: samples[samples.len() / 2],
+        cpu: if cpu.is_finite() { cpu } else { f64::NAN },
+    }
 }
 
-fn bench_shape<P: Parallel + ?Sized>(
-    s: &Shape,
-    m: usize,
-    pool: &P,
-    batch_s: f64,
-) -> (f64, f64, f64) {
+fn bench_shape<P: Parallel + ?Sized>(s: &Shape, m: usize, pool: &P, batch_s: f64) -> Timing {
     let bytes = s.n * row_bytes(s.qtype, s.k);
     let copies = (64 << 20) / bytes + 1;
     let mats: Vec<Vec<u8>> = (0..copies)
@@ -118,7 +137,7 @@ fn bench_shape<P: Parallel + ?Sized>(
         .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
         .collect();
     let mut out = vec![0f32; m * s.n];
-    let (best, median) = time_us(9, batch_s, |i| {
+    time_us(9, batch_s, |i| {
         let w = QMatrix {
             qtype: s.qtype,
             rows: s.n,
@@ -127,8 +146,7 @@ fn bench_shape<P: Parallel + ?Sized>(
         };
         matmul(&w, black_box(&x), m, &mut out, pool).expect("matmul");
         black_box(&out);
-    });
-    (best, median, bytes as f64 / best / 1e3)
+    })
 }
 
 /// The matmuls of one decode token of SmolLM2-135M, each layer with its own weights.
@@ -243,24 +261,59 @@ fn main() {
         Backend::detect(),
         Backend::supported()
     );
-    println!(
-        "times: best / median of batches (the machine may be shared; best ≈ the kernel itself)"
-    );
+    println!("times per call: best and median wall time over batches, and the caller's on-CPU");
+    println!("time (on a shared machine the 1-thread on-CPU time is the kernel's own speed;");
+    println!("2-thread runs need two idle cores to mean anything)");
 
-    println!("\n== matmul at m = 1 (weights cycle through ~64 MB of copies) ==");
+    println!("\n== matmul at m = 1, weights cycling through ~64 MB of copies (streamed) ==");
     println!(
-        "{:<24} {:>4} {:>10} {:>10} {:>12}",
-        "shape", "thr", "best µs", "median µs", "GB/s (best)"
+        "{:<22} {:>3} {:>9} {:>9} {:>9} {:>10} {:>9}",
+        "shape", "thr", "best µs", "median", "cpu µs", "GB/s best", "GB/s cpu"
     );
     for s in &SHAPES {
+        let bytes = (s.n * row_bytes(s.qtype, s.k)) as f64;
         for pool in &pools {
-            let (best, median, gbs) = bench_shape(s, 1, pool, batch_s);
+            let t = bench_shape(s, 1, pool, batch_s);
             println!(
-                "{:<24} {:>4} {best:>10.2} {median:>10.2} {gbs:>12.2}",
+                "{:<22} {:>3} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2}",
                 s.name,
-                pool.n_threads()
+                pool.n_threads(),
+                t.best,
+                t.median,
+                t.cpu,
+                bytes / t.best / 1e3,
+                bytes / t.cpu / 1e3
             );
         }
+    }
+
+    println!("\n== compute speed, 1 thread, weights hot in L2 (on-CPU ns per block · row) ==");
+    for s in &SHAPES {
+        let n = s.n.min(1024);
+        let data = weights(s.qtype, n, s.k, 7);
+        let w = QMatrix {
+            qtype: s.qtype,
+            rows: n,
+            cols: s.k,
+            data: &data,
+        };
+        let mut line = format!("{:<22}", s.name);
+        for m in [1, 4, 16] {
+            let x: Vec<f32> = (0..m * s.k).map(|i| (i % 13) as f32 - 6.0).collect();
+            let acts = Activations::quantize(s.qtype.act_type(), &x, m, s.k).expect("acts");
+            let mut out = vec![0f32; m * n];
+            for backend in Backend::supported()
+                .into_iter()
+                .filter(|b| *b != Backend::Scalar)
+            {
+                let t = time_us(5, batch_s, |_| {
+                    matmul_quantized_with(backend, &w, &acts, &mut out, &pools[0]).expect("matmul")
+                });
+                let ns = t.cpu * 1e3 / (n * s.k / 32 * m) as f64;
+                line += &format!("  m={m:<2} {}: {ns:.3}", backend.name());
+            }
+        }
+        println!("{line}");
     }
 
     println!("\n== hand-off cost of an empty job (µs, best / median) ==");
@@ -268,19 +321,30 @@ fn main() {
         black_box(t);
     };
     for pool in &pools {
-        let (b, m) = time_us(9, batch_s, |_| pool.run(noop));
-        println!("ThreadPool({}): {b:.3} / {m:.3}", pool.n_threads());
+        let t = time_us(9, batch_s, |_| pool.run(noop));
+        println!(
+            "ThreadPool({}): {:.3} / {:.3}",
+            pool.n_threads(),
+            t.best,
+            t.median
+        );
     }
     let rayon2 = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .build()
         .expect("rayon");
-    let (b, m) = rayon2.install(|| time_us(9, batch_s, |_| RayonCurrent.run_parts(&noop)));
-    println!("rayon(2), caller inside install: {b:.3} / {m:.3}");
-    let (b, m) = time_us(9, batch_s, |_| {
+    let t = rayon2.install(|| time_us(9, batch_s, |_| RayonCurrent.run_parts(&noop)));
+    println!(
+        "rayon(2), caller inside install: {:.3} / {:.3}",
+        t.best, t.median
+    );
+    let t = time_us(9, batch_s, |_| {
         rayon2.install(|| RayonCurrent.run_parts(&noop))
     });
-    println!("rayon(2), install per call from outside: {b:.3} / {m:.3}");
+    println!(
+        "rayon(2), install per call from outside: {:.3} / {:.3}",
+        t.best, t.median
+    );
 
     let model = Model::new();
     let mb = model.bytes() as f64 / 1e6;
@@ -288,15 +352,16 @@ fn main() {
         "\n== one decode step: 30 × (q k v o gate up down) Q4_1 + Q8_0 head, {mb:.1} MB of weights =="
     );
     println!(
-        "{:<30} {:>4} {:>10} {:>10} {:>8} {:>9}",
-        "pool / backend", "m", "best ms", "median ms", "GB/s", "tok/s"
+        "{:<28} {:>4} {:>9} {:>9} {:>9} {:>9} {:>10}",
+        "pool / backend", "m", "best ms", "median", "cpu ms", "GB/s", "tok/s best"
     );
-    let report = |label: &str, m: usize, (best, median): (f64, f64)| {
-        let (gbs, tps) = (model.bytes() as f64 / best / 1e3, m as f64 * 1e6 / best);
+    let report = |label: &str, m: usize, t: Timing| {
+        let (gbs, tps) = (model.bytes() as f64 / t.best / 1e3, m as f64 * 1e6 / t.best);
         println!(
-            "{label:<30} {m:>4} {:>10.3} {:>10.3} {gbs:>8.2} {tps:>9.1}",
-            best / 1e3,
-            median / 1e3
+            "{label:<28} {m:>4} {:>9.3} {:>9.3} {:>9.3} {gbs:>9.2} {tps:>10.1}",
+            t.best / 1e3,
+            t.median / 1e3,
+            t.cpu / 1e3
         );
     };
     let batches = if quick { 3 } else { 9 };

@@ -12,53 +12,7 @@ use std::sync::Mutex;
 use half::f16;
 use shoal_kernels::ThreadPool;
 
-/// Rotary embedding tables: `cos[pos * half + i]`, `sin[...]`.
-pub struct RopeTable {
-    cos: Vec<f32>,
-    sin: Vec<f32>,
-    half: usize,
-    positions: usize,
-}
-
-impl RopeTable {
-    pub fn new(head_dim: usize, theta: f32, positions: usize) -> Self {
-        let half = head_dim / 2;
-        let mut cos = Vec::with_capacity(positions * half);
-        let mut sin = Vec::with_capacity(positions * half);
-        for p in 0..positions {
-            for i in 0..half {
-                let inv = 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32);
-                let a = p as f32 * inv;
-                cos.push(a.cos());
-                sin.push(a.sin());
-            }
-        }
-        Self {
-            cos,
-            sin,
-            half,
-            positions,
-        }
-    }
-
-    pub fn positions(&self) -> usize {
-        self.positions
-    }
-
-    /// Rotates adjacent pairs `(x[2i], x[2i+1])` of one head vector at position `pos` (GGML's normal mode,
-    /// which GGUF Llama checkpoints are permuted for).
-    fn rotate(&self, x: &mut [f32], pos: usize) {
-        let (c, s) = (
-            &self.cos[pos * self.half..][..self.half],
-            &self.sin[pos * self.half..][..self.half],
-        );
-        for i in 0..self.half {
-            let (a, b) = (x[2 * i], x[2 * i + 1]);
-            x[2 * i] = a * c[i] - b * s[i];
-            x[2 * i + 1] = a * s[i] + b * c[i];
-        }
-    }
-}
+pub use crate::ops::RopeTable;
 
 fn round_f16(x: f32) -> f32 {
     f16::from_f32(x).to_f32()

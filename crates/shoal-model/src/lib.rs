@@ -21,6 +21,7 @@ pub mod gguf;
 pub mod kv;
 pub mod linear;
 pub mod llama;
+pub mod ops;
 pub mod testing;
 pub mod tokenizer;
 

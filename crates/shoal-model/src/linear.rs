@@ -152,6 +152,23 @@ impl QLinear {
         self.in_features
     }
 
+    /// Host path: `x` is `m × in_features` row-major; returns `m × out_features`. CPU weights only.
+    pub fn forward_host(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        let Backend::Cpu(w) = &self.backend else {
+            return Err(ModelError::BadInput("host matmul on device weights".into()));
+        };
+        let mut out = vec![0f32; m * w.rows];
+        let q = QMatrix {
+            qtype: w.qtype,
+            rows: w.rows,
+            cols: w.cols,
+            data: &w.data,
+        };
+        shoal_kernels::matmul(&q, x, m, &mut out, &*w.pool)
+            .map_err(|e| ModelError::BadInput(format!("matmul: {e}")))?;
+        Ok(out)
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match &self.backend {
             Backend::Cpu(w) => x.contiguous()?.apply_op1_no_bwd(w)?,
@@ -191,6 +208,12 @@ impl Embedding {
 
     /// Looks up token rows: `(ids.len(), dim)`.
     pub fn forward(&self, ids: &[u32], device: &Device) -> Result<Tensor> {
+        let out = self.lookup(ids)?;
+        Ok(Tensor::from_vec(out, (ids.len(), self.cols), device)?)
+    }
+
+    /// Looks up token rows into a host buffer `ids.len() × dim`.
+    pub fn lookup(&self, ids: &[u32]) -> Result<Vec<f32>> {
         let row_bytes = shoal_kernels::row_bytes(self.qtype, self.cols);
         let mut out = vec![0f32; ids.len() * self.cols];
         for (i, &id) in ids.iter().enumerate() {
@@ -209,6 +232,6 @@ impl Embedding {
             )
             .map_err(|e| ModelError::BadInput(format!("embedding: {e}")))?;
         }
-        Ok(Tensor::from_vec(out, (ids.len(), self.cols), device)?)
+        Ok(out)
     }
 }

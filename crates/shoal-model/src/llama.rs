@@ -11,12 +11,13 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use shoal_kernels::ThreadPool;
 
-use crate::attention::{self, Heads, RopeTable};
+use crate::attention::{self, Heads};
 use crate::config::{LayerRange, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use crate::kv::KvCache;
 use crate::linear::{Embedding, QLinear};
+use crate::ops::{self, RopeTable};
 
 /// GGUF tensor names of the Llama family.
 mod names {
@@ -43,11 +44,17 @@ pub struct SeqChunk<'a> {
     pub want_logits: bool,
 }
 
+/// An RMS-norm weight, kept for both paths.
+struct Norm {
+    host: Vec<f32>,
+    tensor: Tensor,
+}
+
 struct Block {
-    attn_norm: Tensor,
+    attn_norm: Norm,
     wqkv: QLinear,
     wo: QLinear,
-    ffn_norm: Tensor,
+    ffn_norm: Norm,
     w_gate_up: QLinear,
     w_down: QLinear,
 }
@@ -57,7 +64,7 @@ pub struct LlamaStage {
     range: LayerRange,
     embed: Option<Embedding>,
     blocks: Vec<Block>,
-    output_norm: Option<Tensor>,
+    output_norm: Option<Norm>,
     head: Option<QLinear>,
     cos: Tensor,
     sin: Tensor,
@@ -81,7 +88,7 @@ impl LlamaStage {
     ) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(gguf)?;
         let range = LayerRange::new(range.start, range.end, cfg.n_layers)?;
-        let norm = |g: &mut GgufFile, name: &str| -> Result<Tensor> {
+        let norm = |g: &mut GgufFile, name: &str| -> Result<Norm> {
             let v = g.read_f32_vec(name)?;
             if v.len() != cfg.dim {
                 return Err(ModelError::BadShape {
@@ -90,7 +97,10 @@ impl LlamaStage {
                     expected: vec![cfg.dim],
                 });
             }
-            Ok(Tensor::from_vec(v, cfg.dim, device)?)
+            Ok(Norm {
+                tensor: Tensor::from_vec(v.clone(), cfg.dim, device)?,
+                host: v,
+            })
         };
         let mut blocks = Vec::with_capacity(range.len());
         for i in range.start..range.end {
@@ -211,6 +221,9 @@ impl LlamaStage {
                 });
             }
         }
+        if let Some(host) = &self.host {
+            return self.forward_host(host, input, seqs, total);
+        }
         let mut x = match (input, &self.embed) {
             (StageInput::Tokens(ids), Some(embed)) => {
                 if ids.len() != total {
@@ -241,25 +254,20 @@ impl LlamaStage {
             s.kv.reserve(s.len)?;
         }
         for (li, blk) in self.blocks.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &blk.attn_norm, self.cfg.rms_eps)?;
+            let h = candle_nn::ops::rms_norm(&x, &blk.attn_norm.tensor, self.cfg.rms_eps)?;
             let qkv = blk.wqkv.forward(&h)?;
-            let attn = match &self.host {
-                Some(host) => self.host_attention(host, li, qkv, seqs)?,
-                None => {
-                    let mut outs = Vec::with_capacity(seqs.len());
-                    let mut row = 0;
-                    for s in seqs.iter_mut() {
-                        outs.push(self.attention(li, &qkv.narrow(0, row, s.len)?, s.kv)?);
-                        row += s.len;
-                    }
-                    match outs.len() {
-                        1 => outs.swap_remove(0),
-                        _ => Tensor::cat(&outs, 0)?,
-                    }
-                }
+            let mut outs = Vec::with_capacity(seqs.len());
+            let mut row = 0;
+            for s in seqs.iter_mut() {
+                outs.push(self.attention(li, &qkv.narrow(0, row, s.len)?, s.kv)?);
+                row += s.len;
+            }
+            let attn = match outs.len() {
+                1 => outs.swap_remove(0),
+                _ => Tensor::cat(&outs, 0)?,
             };
             x = (x + blk.wo.forward(&attn)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &blk.ffn_norm, self.cfg.rms_eps)?;
+            let h = candle_nn::ops::rms_norm(&x, &blk.ffn_norm.tensor, self.cfg.rms_eps)?;
             let gu = blk.w_gate_up.forward(&h)?;
             let ffn = self.cfg.ffn_dim;
             let y = (candle_nn::ops::silu(&gu.narrow(1, 0, ffn)?)? * gu.narrow(1, ffn, ffn)?)?;
@@ -285,40 +293,99 @@ impl LlamaStage {
             let idx = Tensor::from_vec(rows.clone(), rows.len(), &self.device)?;
             x.index_select(&idx, 0)?
         };
-        let h = candle_nn::ops::rms_norm(&picked, norm, self.cfg.rms_eps)?;
+        let h = candle_nn::ops::rms_norm(&picked, &norm.tensor, self.cfg.rms_eps)?;
         head.forward(&h)
     }
 
-    /// Host (CPU) attention of every chunk: `qkv` is `(total, q_dim + 2 kv_dim)`, returns `(total, q_dim)`.
-    fn host_attention(
+    /// The CPU path: every operation on host buffers (see [`crate::ops`] and [`crate::attention`]).
+    fn forward_host(
         &self,
         host: &Host,
-        layer: usize,
-        qkv: Tensor,
+        input: StageInput<'_>,
         seqs: &mut [SeqChunk<'_>],
+        total: usize,
     ) -> Result<Tensor> {
         let c = &self.cfg;
-        let total = qkv.dim(0)?;
-        let mut qkv = qkv.flatten_all()?.to_vec1::<f32>()?;
-        let (qd, row) = (c.n_heads * c.head_dim, qkv.len() / total.max(1));
+        let dim = c.dim;
+        let mut x = match (input, &self.embed) {
+            (StageInput::Tokens(ids), Some(embed)) => {
+                if ids.len() != total {
+                    return Err(ModelError::BadInput(format!(
+                        "{} token ids for {total} rows",
+                        ids.len()
+                    )));
+                }
+                embed.lookup(ids)?
+            }
+            (StageInput::Hidden(h), _) => {
+                if h.dims() != [total, dim] {
+                    return Err(ModelError::BadInput(format!(
+                        "hidden state {:?}, expected [{total}, {dim}]",
+                        h.dims()
+                    )));
+                }
+                h.flatten_all()?.to_vec1::<f32>()?
+            }
+            (StageInput::Tokens(_), None) => {
+                return Err(ModelError::BadInput(
+                    "token ids sent to a stage without the embedding".into(),
+                ));
+            }
+        };
+        for s in seqs.iter_mut() {
+            s.kv.reserve(s.len)?;
+        }
         let heads = Heads {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
         };
-        let mut out = vec![0f32; total * qd];
-        let mut start = 0;
-        for s in seqs.iter_mut() {
-            let pos = s.kv.len();
-            let kv = s.kv.host_layer(layer)?;
-            let (q, o) = (
-                &mut qkv[start * row..(start + s.len) * row],
-                &mut out[start * qd..(start + s.len) * qd],
-            );
-            attention::attend(q, s.len, pos, heads, &host.rope, kv, o, &host.pool);
-            start += s.len;
+        let qd = c.n_heads * c.head_dim;
+        let row = qd + 2 * c.n_kv_heads * c.head_dim;
+        let mut h = vec![0f32; total * dim];
+        let mut attn = vec![0f32; total * qd];
+        let mut act = vec![0f32; total * c.ffn_dim];
+        for (li, blk) in self.blocks.iter().enumerate() {
+            ops::rms_norm(&x, &blk.attn_norm.host, c.rms_eps, &mut h);
+            let mut qkv = blk.wqkv.forward_host(&h, total)?;
+            let mut start = 0;
+            for s in seqs.iter_mut() {
+                let pos = s.kv.len();
+                let kv = s.kv.host_layer(li)?;
+                let q = &mut qkv[start * row..(start + s.len) * row];
+                let o = &mut attn[start * qd..(start + s.len) * qd];
+                attention::attend(q, s.len, pos, heads, &host.rope, kv, o, &host.pool);
+                start += s.len;
+            }
+            ops::add_assign(&mut x, &blk.wo.forward_host(&attn, total)?);
+            ops::rms_norm(&x, &blk.ffn_norm.host, c.rms_eps, &mut h);
+            let gu = blk.w_gate_up.forward_host(&h, total)?;
+            ops::swiglu(&gu, c.ffn_dim, &mut act);
+            ops::add_assign(&mut x, &blk.w_down.forward_host(&act, total)?);
         }
-        Ok(Tensor::from_vec(out, (total, qd), &self.device)?)
+        for s in seqs.iter_mut() {
+            s.kv.advance(s.len);
+        }
+        let (Some(norm), Some(head)) = (&self.output_norm, &self.head) else {
+            return Ok(Tensor::from_vec(x, (total, dim), &self.device)?);
+        };
+        let mut picked = Vec::new();
+        let mut end = 0;
+        for s in seqs.iter() {
+            end += s.len;
+            if s.want_logits {
+                picked.extend_from_slice(&x[(end - 1) * dim..end * dim]);
+            }
+        }
+        let rows = picked.len() / dim;
+        let mut normed = vec![0f32; picked.len()];
+        ops::rms_norm(&picked, &norm.host, c.rms_eps, &mut normed);
+        let logits = head.forward_host(&normed, rows)?;
+        Ok(Tensor::from_vec(
+            logits,
+            (rows, head.out_features()),
+            &self.device,
+        )?)
     }
 
     /// Self-attention of one sequence chunk; `qkv` is `(t, q_dim + 2 kv_dim)`, returns `(t, q_dim)`.

@@ -131,6 +131,19 @@ impl ActRow for Packed {
     }
 }
 
+/// How far ahead of the current weight block to prefetch, in bytes. Weight rows are contiguous,
+/// so this runs into the following rows. Without it one thread streams only ~6.5 GB/s from L3
+/// here (too few misses in flight for the hardware prefetchers to cover the latency); with it
+/// ~13 GB/s, as fast as from L2. Measured on the dev VM: 1 KB ahead gives 10.5 GB/s, 2–4 KB
+/// 12–14 GB/s, 8 KB 11 GB/s.
+const PREFETCH_BYTES: usize = 4096;
+
+/// Prefetches the weight bytes `PREFETCH_BYTES` after `p` (no access: any address is fine).
+#[inline(always)]
+unsafe fn prefetch_weights(p: *const u8) {
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES).cast()) }
+}
+
 #[inline(always)]
 unsafe fn rd32(p: *const u8) -> i32 {
     unsafe { p.cast::<i32>().read_unaligned() }
@@ -212,6 +225,7 @@ pub(crate) unsafe fn q4_1_dot1<M: MulSum, A: ActRow>(nb: usize, w: *const u8, a:
         let mut accm = _mm_setzero_ps();
         let (acc0, acc1) = blocks2!(nb, _mm256_setzero_ps(), |b, acc| {
             let wb = w.add(b * Q4_1_BYTES);
+            prefetch_weights(wb);
             // [dw·dx, mw·sx, ·, ·]
             let prod = _mm_mul_ps(weight_scales(wb), a.scales(b));
             accm = _mm_add_ps(accm, prod);
@@ -236,6 +250,7 @@ pub(crate) unsafe fn q4_1_dot4<M: MulSum>(
         let mut accm = z;
         let (e, o) = blocks2!(nb, (z, z, z, z), |b, acc| {
             let wb = w.add(b * Q4_1_BYTES);
+            prefetch_weights(wb);
             let ws = _mm256_cvtph_ps(_mm_set1_epi32(rd32(wb)));
             // [dw·d0, mw·s0, dw·d1, mw·s1, …]
             let prod = _mm256_mul_ps(ws, _mm256_loadu_ps(sc.add(b * 8)));
@@ -283,6 +298,7 @@ pub(crate) unsafe fn q8_0_dot1<M: MulSum, A: ActRow>(nb: usize, w: *const u8, a:
     unsafe {
         let (acc0, acc1) = blocks2!(nb, _mm256_setzero_ps(), |b, acc| {
             let wb = w.add(b * Q8_0_BYTES);
+            prefetch_weights(wb);
             let prod = _mm_mul_ps(weight_scales(wb), a.scales(b));
             let qw = load256(wb.add(2));
             let s = _mm256_cvtepi32_ps(mul_sum_i8::<M>(_mm256_abs_epi8(qw), qw, load256(a.qs(b))));
@@ -304,6 +320,7 @@ pub(crate) unsafe fn q8_0_dot4<M: MulSum>(
         let z = _mm256_setzero_ps();
         let (e, o) = blocks2!(nb, (z, z, z, z), |b, acc| {
             let wb = w.add(b * Q8_0_BYTES);
+            prefetch_weights(wb);
             let dw = _mm256_cvtph_ps(_mm_set1_epi16(wb.cast::<i16>().read_unaligned()));
             // Lane 2r: dw·d_r.
             let prod = _mm256_mul_ps(dw, _mm256_loadu_ps(sc.add(b * 8)));
