@@ -144,6 +144,17 @@ unsafe fn prefetch_weights(p: *const u8) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES).cast()) }
 }
 
+/// Prefetches the first `PREFETCH_BYTES` from `p`, where a chunk of weight rows starts, so the
+/// first rows do not wait for the in-loop prefetches to get ahead.
+#[inline(always)]
+pub(crate) unsafe fn prefetch_start(p: *const u8) {
+    let mut o = 0;
+    while o < PREFETCH_BYTES {
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o).cast()) };
+        o += 64;
+    }
+}
+
 #[inline(always)]
 unsafe fn rd32(p: *const u8) -> i32 {
     unsafe { p.cast::<i32>().read_unaligned() }

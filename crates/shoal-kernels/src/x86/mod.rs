@@ -188,6 +188,10 @@ impl<M: MulSum> QDots for Q80<M> {
 #[inline(always)]
 unsafe fn gemm_q<K: QDots>(g: &Gemm<'_>, rows: Range<usize>) {
     let (nb, m) = (g.x.nb(), g.m);
+    if !rows.is_empty() {
+        // SAFETY: prefetching touches no memory.
+        unsafe { kernels::prefetch_start(g.weight_row(rows.start).as_ptr()) };
+    }
     let mut r0 = 0;
     while r0 < m {
         let r1 = (r0 + ACT_TILE).min(m);

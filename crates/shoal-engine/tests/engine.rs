@@ -1,0 +1,282 @@
+//! The engine on the real model: no token lost, cancellation stops work, stop sequences, seeded
+//! determinism, batching equals running alone, local pipelines equal one stage, and clear errors.
+
+use std::time::{Duration, Instant};
+
+use shoal_engine::engine::{EngineConfig, spawn_from_gguf};
+use shoal_engine::{
+    EngineError, EngineHandle, Event, FinishReason, GenerateRequest, Prompt, SamplingParams,
+};
+use shoal_model::LayerRange;
+use shoal_model::testing::model_path;
+
+const MODEL: &str = "smollm2-135m-instruct-q4_1";
+/// Upper bound for waiting on the engine in these tests (generous for a loaded CI box).
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn engine_with(config: EngineConfig) -> EngineHandle {
+    spawn_from_gguf(&model_path(), MODEL, config).expect("engine")
+}
+
+fn engine() -> EngineHandle {
+    engine_with(EngineConfig {
+        threads: 1,
+        ..Default::default()
+    })
+}
+
+fn request(prompt: &str, max_tokens: u32) -> GenerateRequest {
+    GenerateRequest {
+        model: MODEL.into(),
+        prompt: Prompt::Text(prompt.into()),
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        max_tokens: Some(max_tokens),
+        stop: Vec::new(),
+        add_bos: false,
+        ignore_eos: false,
+    }
+}
+
+struct Output {
+    tokens: Vec<u32>,
+    text: String,
+    finish: FinishReason,
+    completion_tokens: u32,
+}
+
+async fn collect(engine: &EngineHandle, req: GenerateRequest) -> Output {
+    let mut stream = engine.submit(req).expect("submit");
+    let (mut tokens, mut text) = (Vec::new(), String::new());
+    loop {
+        match tokio::time::timeout(PATIENCE, stream.next())
+            .await
+            .expect("engine stalled")
+        {
+            Some(Event::Token { id, text: t, .. }) => {
+                tokens.push(id);
+                text.push_str(&t);
+            }
+            Some(Event::Done {
+                finish_reason,
+                usage,
+            }) => {
+                return Output {
+                    tokens,
+                    text,
+                    finish: finish_reason,
+                    completion_tokens: usage.completion_tokens,
+                };
+            }
+            Some(Event::Error(e)) => panic!("engine error: {e}"),
+            None => panic!("stream ended without Done"),
+        }
+    }
+}
+
+/// Polls `cond` on the engine's stats until it holds (bounded).
+fn wait_for(engine: &EngineHandle, what: &str, cond: impl Fn(&shoal_engine::EngineStats) -> bool) {
+    let start = Instant::now();
+    while !cond(&engine.stats()) {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "timed out waiting for {what}: {:?}",
+            engine.stats()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[tokio::test]
+async fn no_token_lost_when_the_engine_finishes_before_the_first_poll() {
+    let engine = engine();
+    let mut stream = engine
+        .submit(request("The capital of France is", 12))
+        .expect("submit");
+    // The engine runs the whole request before anyone reads the stream.
+    wait_for(&engine, "the request to finish", |s| {
+        s.active_sequences == 0 && s.generated_tokens == 12
+    });
+    let mut n = 0;
+    let mut done = None;
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Event::Token { .. } => n += 1,
+            Event::Done {
+                finish_reason,
+                usage,
+            } => done = Some((finish_reason, usage)),
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+    let (reason, usage) = done.expect("Done event");
+    assert_eq!(
+        (n, reason, usage.completion_tokens),
+        (12, FinishReason::Length, 12)
+    );
+    assert_eq!(usage.prompt_tokens, 5);
+}
+
+#[tokio::test]
+async fn dropping_the_stream_stops_generation_within_a_step() {
+    let engine = engine();
+    let mut req = request("Once upon a time", 5000);
+    req.ignore_eos = true;
+    let mut stream = engine.submit(req).expect("submit");
+    // Read two tokens, then the client goes away.
+    for _ in 0..2 {
+        match stream.next().await {
+            Some(Event::Token { .. }) => {}
+            other => panic!("expected a token, got {other:?}"),
+        }
+    }
+    drop(stream);
+    let at_drop = engine.stats().generated_tokens;
+    wait_for(&engine, "the sequence to be freed", |s| {
+        s.active_sequences == 0
+    });
+    let after = engine.stats();
+    // At most the step in flight when the stream was dropped finishes.
+    assert!(
+        after.generated_tokens <= at_drop + 1,
+        "kept generating: {at_drop} -> {}",
+        after.generated_tokens
+    );
+    let steps = after.steps;
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        engine.stats().steps,
+        steps,
+        "the engine kept stepping with nothing to do"
+    );
+}
+
+#[tokio::test]
+async fn stop_sequences_end_generation_and_are_never_emitted() {
+    let engine = engine();
+    let full = collect(&engine, request("The capital of France is", 16)).await;
+    assert!(
+        full.text.contains("\n\n"),
+        "precondition: greedy text {:?}",
+        full.text
+    );
+    let mut req = request("The capital of France is", 16);
+    req.stop = vec!["\n\n".into()];
+    let cut = collect(&engine, req).await;
+    assert_eq!(cut.finish, FinishReason::Stop);
+    assert_eq!(cut.text, full.text[..full.text.find("\n\n").unwrap_or(0)]);
+    assert!(!cut.text.contains("\n\n"));
+}
+
+#[tokio::test]
+async fn same_seed_same_output_and_concurrent_requests_do_not_cross() {
+    let engine = engine();
+    let seeded = |seed| {
+        let mut r = request("Tell me a story about a fish.", 24);
+        r.sampling = SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            seed: Some(seed),
+            ..Default::default()
+        };
+        r.ignore_eos = true;
+        r
+    };
+    let alone_1 = collect(&engine, seeded(1)).await.tokens;
+    let alone_2 = collect(&engine, seeded(2)).await.tokens;
+    let greedy = collect(&engine, request("1, 2, 3,", 16)).await.tokens;
+    assert_ne!(alone_1, alone_2, "different seeds should differ");
+    // The same three requests at once, batched by the engine.
+    let (a, b, c) = tokio::join!(
+        collect(&engine, seeded(1)),
+        collect(&engine, seeded(2)),
+        collect(&engine, request("1, 2, 3,", 16))
+    );
+    assert_eq!(a.tokens, alone_1);
+    assert_eq!(b.tokens, alone_2);
+    assert_eq!(c.tokens, greedy);
+}
+
+#[tokio::test]
+async fn three_local_stages_generate_what_one_stage_generates() {
+    let one = engine();
+    let three = engine_with(EngineConfig {
+        threads: 1,
+        stages: Some(vec![
+            LayerRange { start: 0, end: 10 },
+            LayerRange { start: 10, end: 20 },
+            LayerRange { start: 20, end: 30 },
+        ]),
+        ..Default::default()
+    });
+    let a = collect(&one, request("def fibonacci(n):", 20)).await;
+    let b = collect(&three, request("def fibonacci(n):", 20)).await;
+    assert_eq!(a.tokens, b.tokens);
+    assert_eq!(a.text, b.text);
+}
+
+#[tokio::test]
+async fn long_prompt_is_prefilled_in_chunks() {
+    // A 64-token step budget forces a ~200-token prompt through several prefill chunks.
+    let small = engine_with(EngineConfig {
+        threads: 1,
+        max_batch_tokens: 64,
+        ..Default::default()
+    });
+    let big = engine();
+    let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(20);
+    let a = collect(&small, request(&prompt, 8)).await;
+    let b = collect(&big, request(&prompt, 8)).await;
+    assert_eq!(a.tokens, b.tokens);
+    assert!(small.stats().steps > big.stats().steps);
+}
+
+#[tokio::test]
+async fn bad_requests_are_clear_errors() {
+    let engine = engine();
+    let mut r = request("hi", 4);
+    r.model = "nope".into();
+    assert!(matches!(
+        engine.submit(r),
+        Err(EngineError::ModelNotFound { .. })
+    ));
+    assert!(matches!(
+        engine.submit(request("", 4)),
+        Err(EngineError::EmptyPrompt)
+    ));
+    let long = "word ".repeat(9000);
+    match engine.submit(request(&long, 4)) {
+        Err(EngineError::PromptTooLong {
+            prompt_tokens,
+            context_length,
+        }) => {
+            assert_eq!(context_length, 8192);
+            assert!(prompt_tokens > 8192);
+        }
+        other => panic!("expected PromptTooLong, got {:?}", other.map(|s| s.id())),
+    }
+    let mut r = request("hi", 4);
+    r.prompt = Prompt::Tokens(vec![1, 49152]);
+    assert!(matches!(
+        engine.submit(r),
+        Err(EngineError::InvalidParam {
+            param: "prompt",
+            ..
+        })
+    ));
+    assert!(
+        SamplingParams {
+            temperature: 2.5,
+            ..Default::default()
+        }
+        .validate()
+        .is_err()
+    );
+    // Still serving.
+    assert_eq!(
+        collect(&engine, request("hi", 3)).await.completion_tokens,
+        3
+    );
+}
