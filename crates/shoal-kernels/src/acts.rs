@@ -103,7 +103,8 @@ impl Activations {
         self.act = Some(act);
         (self.m, self.k, self.nb) = (m, k, nb);
         if act == ActType::F32 {
-            (self.qs.clear(), self.sc.clear());
+            self.qs.clear();
+            self.sc.clear();
             self.f.resize(n, 0.0);
         } else {
             self.f.clear();

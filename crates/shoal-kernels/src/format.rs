@@ -153,7 +153,7 @@ fn row_bytes_of(
     size: usize,
     k: usize,
 ) -> Result<usize, KernelError> {
-    if k % block != 0 {
+    if !k.is_multiple_of(block) {
         return Err(KernelError::BadRowLength { format, k, block });
     }
     (k / block)

@@ -300,7 +300,7 @@ fn wait_for_generation(s: &Shared, seen: usize) -> usize {
         }
         std::hint::spin_loop();
         i = i.wrapping_add(1);
-        if i % 256 == 0 && start.elapsed() >= s.spin {
+        if i.is_multiple_of(256) && start.elapsed() >= s.spin {
             break;
         }
     }

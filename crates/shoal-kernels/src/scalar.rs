@@ -8,7 +8,10 @@
 use crate::format::{Q4_1_BYTES, Q8_0_BYTES, Q8_1_BYTES, QK, f16_at, put_f16};
 
 fn check(what: &str, k: usize, block_bytes: usize, bytes: usize) -> usize {
-    assert!(k % QK == 0, "{what}: k = {k} is not a multiple of {QK}");
+    assert!(
+        k.is_multiple_of(QK),
+        "{what}: k = {k} is not a multiple of {QK}"
+    );
     let nb = k / QK;
     assert!(
         bytes == nb * block_bytes,

