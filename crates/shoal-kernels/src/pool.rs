@@ -20,7 +20,7 @@ use std::any::Any;
 use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -189,8 +189,11 @@ impl ThreadPool {
             return f(0, 1);
         }
         // Busy (another thread's job, or a nested call from inside a job): run it all here.
-        let Ok(_busy) = self.busy.try_lock() else {
-            return (0..n).for_each(|t| f(t, n));
+        // (`busy` is never poisoned: it is released before a panic is re-raised below.)
+        let busy = match self.busy.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return (0..n).for_each(|t| f(t, n)),
         };
         // SAFETY: only the lifetime is erased; the pointer is cleared below, and no worker can
         // dereference it after every part is claimed and `active` is 0, which we wait for.
@@ -215,6 +218,7 @@ impl ThreadPool {
         // SAFETY: every part is claimed and no worker is active: nobody reads `job`.
         unsafe { *s.job.get() = None };
         let theirs = s.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(busy);
         if let Err(p) = mine {
             resume_unwind(p);
         }

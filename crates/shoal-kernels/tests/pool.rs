@@ -90,6 +90,23 @@ fn worker_panics_reach_the_caller_and_the_pool_survives() {
         count.fetch_add(1, Ordering::Relaxed);
     });
     assert_eq!(count.load(Ordering::Relaxed), 3);
+    // Still parallel afterwards (a panic must not leave the pool running everything serially).
+    let me = std::thread::current().id();
+    let elsewhere = AtomicUsize::new(0);
+    let start = std::time::Instant::now();
+    while elsewhere.load(Ordering::Relaxed) == 0 && start.elapsed() < Duration::from_secs(5) {
+        pool.run(|t, _| {
+            if t == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            } else if std::thread::current().id() != me {
+                elsewhere.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    assert!(
+        elsewhere.load(Ordering::Relaxed) > 0,
+        "no part ran on a worker after a panic"
+    );
 }
 
 #[test]

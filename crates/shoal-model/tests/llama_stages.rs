@@ -76,32 +76,76 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
+/// Where llama.cpp's own top-2 candidates are closer than this (in nats), a different but correct kernel
+/// may pick the other one. Measured: llama.cpp built from the golden's own tree on this machine flips at
+/// margins up to 0.26 between its `-fa on` and `-fa off` runs (docs/benchmarks.md, "Correctness").
+const NEAR_TIE: f64 = 0.3;
+
+fn margin(top: &serde_json::Value) -> f64 {
+    top[0]["logprob"].as_f64().expect("logprob") - top[1]["logprob"].as_f64().expect("logprob")
+}
+
 #[test]
-fn greedy_tokens_and_logprobs_match_llama_cpp() {
+fn greedy_tokens_match_llama_cpp_up_to_the_first_near_tie() {
     let stages = load(&[(0, 30)]);
     let cases = golden("smollm2-135m-q4_1.greedy.json");
+    let mut compared = 0;
     for case in cases.as_array().expect("cases") {
         let prompt = ids(&case["prompt_tokens"]);
         let expected = ids(&case["completion_tokens"]);
-        let (got, logits) = greedy(&stages, &prompt, 16);
-        assert_eq!(
-            got[..],
-            expected[..16],
-            "greedy tokens for {:?}",
-            case["prompt"]
-        );
-        for (pos, row) in logits.iter().enumerate() {
-            let top = &case["top_logprobs"][pos][0];
-            let id = top["id"].as_u64().expect("id") as usize;
-            let want = top["logprob"].as_f64().expect("logprob") as f32;
-            let have = log_softmax_at(row, id);
-            assert!(
-                (have - want).abs() <= 0.05,
-                "{:?} position {pos}: top-1 logprob {have} vs llama.cpp {want}",
+        let tops = case["top_logprobs"].as_array().expect("top_logprobs");
+        // llama-server reports one entry per complete UTF-8 piece, not per token, for multi-byte text:
+        // margins are per token only when the lengths agree.
+        let per_token = tops.len() == expected.len();
+        let (got, _) = greedy(&stages, &prompt, 16);
+        for pos in 0..16 {
+            if per_token && margin(&tops[pos]) < NEAR_TIE {
+                break;
+            }
+            assert_eq!(
+                got[pos], expected[pos],
+                "{:?}: token {pos} (ours {got:?}, llama.cpp {expected:?})",
                 case["prompt"]
             );
+            compared += 1;
         }
     }
+    assert!(compared >= 40, "only {compared} tokens compared");
+}
+
+#[test]
+fn logprobs_match_llama_cpp_within_its_own_noise() {
+    let stages = load(&[(0, 30)]);
+    let cases = golden("smollm2-135m-q4_1.greedy.json");
+    let (mut sum, mut n, mut worst) = (0f64, 0usize, 0f64);
+    for case in cases.as_array().expect("cases") {
+        let prompt = ids(&case["prompt_tokens"]);
+        let expected = ids(&case["completion_tokens"]);
+        let tops = case["top_logprobs"].as_array().expect("top_logprobs");
+        if tops.len() != expected.len() {
+            continue; // not per token (see above)
+        }
+        // Teacher forcing: feed llama.cpp's tokens so every position has the same context.
+        let mut kvs = vec![stages[0].new_kv_cache()];
+        let mut logits = step(&stages, &mut kvs, &prompt);
+        for (pos, top) in tops.iter().enumerate() {
+            let id = top[0]["id"].as_u64().expect("id") as usize;
+            let d = (log_softmax_at(&logits, id) as f64
+                - top[0]["logprob"].as_f64().expect("logprob"))
+            .abs();
+            sum += d;
+            n += 1;
+            worst = worst.max(d);
+            logits = step(&stages, &mut kvs, &[expected[pos]]);
+        }
+    }
+    let mean = sum / n as f64;
+    // llama.cpp itself, same file and tree on this machine: mean 0.024, worst 0.21.
+    assert!(
+        mean <= 0.05,
+        "mean |Δ top-1 logprob| {mean:.4} over {n} positions"
+    );
+    assert!(worst <= 0.35, "worst |Δ top-1 logprob| {worst:.4}");
 }
 
 #[test]
@@ -179,7 +223,8 @@ fn chunked_prefill_equals_one_shot_prefill() {
         .zip(&chunked)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0f32, f32::max);
-    assert!(diff <= 1e-3, "max abs difference {diff}");
+    // Every row is computed the same way whatever the chunking: bitwise equal.
+    assert!(diff == 0.0, "max abs difference {diff}");
     assert_eq!(argmax(&one_shot), argmax(&chunked));
 }
 

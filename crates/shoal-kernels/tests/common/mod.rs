@@ -72,7 +72,7 @@ pub fn random_weights(rng: &mut Rng, qtype: QType, rows: usize, k: usize) -> Vec
 }
 
 /// Random raw blocks: arbitrary nibbles / quants with sane f16 scales (exercises every bit
-/// pattern of the quant bytes, including -128 for Q8_0 weights only where `allow_min` is set).
+/// pattern of the quant bytes, including -128 in Q8_0 weights).
 pub fn random_raw(rng: &mut Rng, qtype: QType, rows: usize, k: usize) -> Vec<u8> {
     let rb = row_bytes(qtype, k);
     let mut out = rng.bytes(rows * rb);
@@ -97,11 +97,6 @@ pub fn random_raw(rng: &mut Rng, qtype: QType, rows: usize, k: usize) -> Vec<u8>
             for b in out.chunks_exact_mut(34) {
                 let d = rng.f32() * 0.001;
                 put(b, 0, d);
-                for q in &mut b[2..] {
-                    if *q == 0x80 {
-                        *q = 0x81;
-                    }
-                }
             }
         }
     }
