@@ -1,8 +1,10 @@
 //! Matmul micro-benchmarks at SmolLM2-135M shapes.
 //!
-//! `cargo run -p shoal-kernels --example kernel_bench --release [-- --quick]`
+//! `cargo run -p shoal-kernels --example kernel_bench --release [-- --quick] [--only=SECTION]`
+//! (sections: `shapes`, `hot`, `handoff`, `token`, `prefill`)
 //!
-//! Prints, per shape and thread count, the median µs per call and the GB/s of weight bytes read.
+//! Prints, per shape and thread count, µs per call (best and median wall time, on-CPU time) and
+//! the GB/s of weight bytes read.
 //! Each shape cycles through enough copies of its weights to total ~64 MB (like one decode step
 //! of the model, which does not fit in L2), so weights stream from L3/DRAM as in real decoding.
 //! Then it simulates one decode token (30 layers × q, k, v, o, gate, up, down + the Q8_0 output
@@ -252,9 +254,36 @@ impl Bufs {
     }
 }
 
+/// Command line: `--quick` (shorter batches), `--only=SECTION` (`shapes`, `hot`, `handoff`,
+/// `token`, `prefill`; repeatable).
+struct Args {
+    batch_s: f64,
+    batches: usize,
+    only: Vec<String>,
+}
+
+impl Args {
+    fn parse() -> Self {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let quick = args.iter().any(|a| a == "--quick");
+        let only = args
+            .iter()
+            .filter_map(|a| a.strip_prefix("--only=").map(str::to_owned))
+            .collect();
+        Self {
+            batch_s: if quick { 0.05 } else { 0.2 },
+            batches: if quick { 3 } else { 9 },
+            only,
+        }
+    }
+
+    fn wants(&self, section: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == section)
+    }
+}
+
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let batch_s = if quick { 0.05 } else { 0.2 };
+    let args = Args::parse();
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     println!(
         "backend: {:?} (supported: {:?})",
@@ -264,7 +293,27 @@ fn main() {
     println!("times per call: best and median wall time over batches, and the caller's on-CPU");
     println!("time (on a shared machine the 1-thread on-CPU time is the kernel's own speed;");
     println!("2-thread runs need two idle cores to mean anything)");
+    if args.wants("shapes") {
+        shapes(&args, &pools);
+    }
+    if args.wants("hot") {
+        hot(&args, &pools[0]);
+    }
+    if args.wants("handoff") {
+        handoff(&args, &pools);
+    }
+    if args.wants("token") || args.wants("prefill") {
+        let model = Model::new();
+        if args.wants("token") {
+            token(&args, &pools, &model);
+        }
+        if args.wants("prefill") {
+            prefill(&args, &pools, &model);
+        }
+    }
+}
 
+fn shapes(args: &Args, pools: &[ThreadPool]) {
     println!("\n== matmul at m = 1, weights cycling through ~64 MB of copies (streamed) ==");
     println!(
         "{:<22} {:>3} {:>9} {:>9} {:>9} {:>10} {:>9}",
@@ -272,21 +321,19 @@ fn main() {
     );
     for s in &SHAPES {
         let bytes = (s.n * row_bytes(s.qtype, s.k)) as f64;
-        for pool in &pools {
-            let t = bench_shape(s, 1, pool, batch_s);
+        for pool in pools {
+            let t = bench_shape(s, 1, pool, args.batch_s);
+            let (gb, gc) = (bytes / t.best / 1e3, bytes / t.cpu / 1e3);
+            let (name, nt) = (s.name, pool.n_threads());
             println!(
-                "{:<22} {:>3} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2}",
-                s.name,
-                pool.n_threads(),
-                t.best,
-                t.median,
-                t.cpu,
-                bytes / t.best / 1e3,
-                bytes / t.cpu / 1e3
+                "{name:<22} {nt:>3} {:>9.2} {:>9.2} {:>9.2} {gb:>10.2} {gc:>9.2}",
+                t.best, t.median, t.cpu
             );
         }
     }
+}
 
+fn hot(args: &Args, pool: &ThreadPool) {
     println!("\n== compute speed, 1 thread, weights hot in L2 (on-CPU ns per block · row) ==");
     for s in &SHAPES {
         let n = s.n.min(1024);
@@ -306,8 +353,8 @@ fn main() {
                 .into_iter()
                 .filter(|b| *b != Backend::Scalar)
             {
-                let t = time_us(5, batch_s, |_| {
-                    matmul_quantized_with(backend, &w, &acts, &mut out, &pools[0]).expect("matmul")
+                let t = time_us(5, args.batch_s, |_| {
+                    matmul_quantized_with(backend, &w, &acts, &mut out, pool).expect("matmul")
                 });
                 let ns = t.cpu * 1e3 / (n * s.k / 32 * m) as f64;
                 line += &format!("  m={m:<2} {}: {ns:.3}", backend.name());
@@ -315,13 +362,15 @@ fn main() {
         }
         println!("{line}");
     }
+}
 
+fn handoff(args: &Args, pools: &[ThreadPool]) {
     println!("\n== hand-off cost of an empty job (µs, best / median) ==");
     let noop = |t: usize, _: usize| {
         black_box(t);
     };
-    for pool in &pools {
-        let t = time_us(9, batch_s, |_| pool.run(noop));
+    for pool in pools {
+        let t = time_us(9, args.batch_s, |_| pool.run(noop));
         println!(
             "ThreadPool({}): {:.3} / {:.3}",
             pool.n_threads(),
@@ -333,49 +382,55 @@ fn main() {
         .num_threads(2)
         .build()
         .expect("rayon");
-    let t = rayon2.install(|| time_us(9, batch_s, |_| RayonCurrent.run_parts(&noop)));
+    let t = rayon2.install(|| time_us(9, args.batch_s, |_| RayonCurrent.run_parts(&noop)));
     println!(
         "rayon(2), caller inside install: {:.3} / {:.3}",
         t.best, t.median
     );
-    let t = time_us(9, batch_s, |_| {
+    let t = time_us(9, args.batch_s, |_| {
         rayon2.install(|| RayonCurrent.run_parts(&noop))
     });
     println!(
         "rayon(2), install per call from outside: {:.3} / {:.3}",
         t.best, t.median
     );
+}
 
-    let model = Model::new();
-    let mb = model.bytes() as f64 / 1e6;
-    println!(
-        "\n== one decode step: 30 × (q k v o gate up down) Q4_1 + Q8_0 head, {mb:.1} MB of weights =="
-    );
+fn report_header(title: &str) {
+    println!("\n== {title} ==");
     println!(
         "{:<28} {:>4} {:>9} {:>9} {:>9} {:>9} {:>10}",
         "pool / backend", "m", "best ms", "median", "cpu ms", "GB/s", "tok/s best"
     );
-    let report = |label: &str, m: usize, t: Timing| {
-        let (gbs, tps) = (model.bytes() as f64 / t.best / 1e3, m as f64 * 1e6 / t.best);
-        println!(
-            "{label:<28} {m:>4} {:>9.3} {:>9.3} {:>9.3} {gbs:>9.2} {tps:>10.1}",
-            t.best / 1e3,
-            t.median / 1e3,
-            t.cpu / 1e3
-        );
-    };
-    let batches = if quick { 3 } else { 9 };
+}
+
+fn report(model: &Model, label: &str, m: usize, t: Timing) {
+    let (gbs, tps) = (model.bytes() as f64 / t.best / 1e3, m as f64 * 1e6 / t.best);
+    let (best, median, cpu) = (t.best / 1e3, t.median / 1e3, t.cpu / 1e3);
+    println!("{label:<28} {m:>4} {best:>9.3} {median:>9.3} {cpu:>9.3} {gbs:>9.2} {tps:>10.1}");
+}
+
+fn token(args: &Args, pools: &[ThreadPool], model: &Model) {
+    let mb = model.bytes() as f64 / 1e6;
+    report_header(&format!(
+        "one decode step: 30 × (q k v o gate up down) Q4_1 + Q8_0 head, {mb:.1} MB of weights"
+    ));
+    let rayon2 = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("rayon");
     for m in [1, 4, 16] {
         let mut bufs = Bufs::new(m);
         for backend in Backend::supported().into_iter().rev() {
             if backend == Backend::Scalar && m > 1 {
                 continue;
             }
-            for pool in &pools {
-                let t = time_us(batches, batch_s * 2.0, |_| {
+            for pool in pools {
+                let t = time_us(args.batches, args.batch_s * 2.0, |_| {
                     model.token(backend, pool, m, &mut bufs)
                 });
                 report(
+                    model,
                     &format!("ThreadPool({}) {}", pool.n_threads(), backend.name()),
                     m,
                     t,
@@ -384,24 +439,26 @@ fn main() {
         }
         let best = Backend::detect();
         let t = rayon2.install(|| {
-            time_us(batches, batch_s * 2.0, |_| {
+            time_us(args.batches, args.batch_s * 2.0, |_| {
                 model.token(best, &RayonCurrent, m, &mut bufs)
             })
         });
-        report(&format!("rayon(2) in install {}", best.name()), m, t);
+        report(model, &format!("rayon(2) in install {}", best.name()), m, t);
     }
+}
 
-    println!(
-        "\n== prefill-sized batches ({}) ==",
+fn prefill(args: &Args, pools: &[ThreadPool], model: &Model) {
+    report_header(&format!(
+        "prefill-sized batches ({})",
         Backend::detect().name()
-    );
+    ));
     for m in [64, 256] {
         let mut bufs = Bufs::new(m);
-        for pool in &pools {
-            let t = time_us(3, batch_s, |_| {
+        for pool in pools {
+            let t = time_us(3, args.batch_s, |_| {
                 model.token(Backend::detect(), pool, m, &mut bufs)
             });
-            report(&format!("ThreadPool({})", pool.n_threads()), m, t);
+            report(model, &format!("ThreadPool({})", pool.n_threads()), m, t);
         }
     }
 }

@@ -124,6 +124,10 @@ pub fn matmul_quantized_with<P: Parallel + ?Sized>(
     if total == 0 {
         return Ok(());
     }
+    if w.cols == 0 {
+        out.fill(0.0); // empty dot products
+        return Ok(());
+    }
     let g = Gemm {
         qtype: w.qtype,
         k: w.cols,

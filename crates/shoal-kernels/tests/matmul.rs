@@ -251,6 +251,12 @@ fn empty_shapes_are_fine() {
     let data = vec![0u8; 3 * 68];
     let w = QMatrix::new(QType::Q8_0, 3, 64, &data).expect("matrix");
     matmul(&w, &[], 0, &mut out, &pool).expect("m = 0");
+    for qtype in TYPES {
+        let w = QMatrix::new(qtype, 3, 0, &[]).expect("k = 0");
+        let mut out = vec![f32::NAN; 6];
+        matmul(&w, &[], 2, &mut out, &pool).expect("k = 0");
+        assert_eq!(out, vec![0.0; 6]);
+    }
 }
 
 #[test]

@@ -18,6 +18,25 @@ fn round_f16(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
 }
 
+/// Dot product with eight independent partial sums, so the compiler keeps it in SIMD registers.
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
 /// Head layout of the attention.
 #[derive(Debug, Clone, Copy)]
 pub struct Heads {
@@ -99,7 +118,7 @@ pub fn attend(
                 let mut max = f32::NEG_INFINITY;
                 for j in 0..len {
                     let kj = &kh[j * hd..(j + 1) * hd];
-                    let s = q.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    let s = dot(&q, kj) * scale;
                     max = max.max(s);
                     w.push(s);
                 }

@@ -1,0 +1,185 @@
+//! The `shoal` binary end to end: chat in-process and against a running server, bench's JSON, and
+//! clear errors for bad arguments.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use shoal_model::testing::model_path;
+
+fn shoal() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_shoal"));
+    c.env("SHOAL_LOG", "warn");
+    c
+}
+
+fn model_arg() -> String {
+    model_path().display().to_string()
+}
+
+#[test]
+fn chat_streams_a_greedy_answer() {
+    let out = shoal()
+        .args([
+            "chat",
+            "What is the capital of France?",
+            "--model",
+            &model_arg(),
+        ])
+        .args(["--temperature", "0", "--max-tokens", "12", "--threads", "1"])
+        .output()
+        .expect("run shoal chat");
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    // The golden chat answer for this prompt (llama.cpp, greedy) starts like this.
+    assert!(text.starts_with("L'Étoile"), "got {text:?}");
+}
+
+#[test]
+fn bench_prints_parseable_figures() {
+    let out = shoal()
+        .args([
+            "bench",
+            "--model",
+            &model_arg(),
+            "--threads",
+            "1",
+            "-p",
+            "16",
+            "-n",
+            "8",
+            "-r",
+            "1",
+            "--json",
+        ])
+        .output()
+        .expect("run shoal bench");
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let row = &v["results"][0];
+    assert_eq!(row["threads"], 1);
+    for key in [
+        "prefill_tok_s",
+        "decode_tok_s",
+        "ttft_ms",
+        "itl_p50_ms",
+        "itl_p99_ms",
+    ] {
+        let x = row[key].as_f64().unwrap_or(f64::NAN);
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+    assert!(row["itl_p99_ms"].as_f64() >= row["itl_p50_ms"].as_f64());
+}
+
+#[test]
+fn serve_then_chat_through_the_api() {
+    let mut server = shoal()
+        .args([
+            "serve",
+            "--model",
+            &model_arg(),
+            "--api-port",
+            "0",
+            "--threads",
+            "1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start shoal serve");
+    let stdout = server.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let url = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .expect("no 'listening' line from shoal serve");
+        if let Some(u) = line.strip_prefix("shoal: listening on ") {
+            break u.to_string();
+        }
+    };
+    let out = shoal()
+        .args([
+            "chat",
+            "What is the capital of France?",
+            "--url",
+            &url,
+            "--model",
+            "sm",
+        ])
+        .args(["--temperature", "0", "--max-tokens", "8"])
+        .output()
+        .expect("run shoal chat --url");
+    // The server names the model after the file stem; an unknown model id is a clear error.
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("model_not_found"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = model_path()
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    let out = shoal()
+        .args([
+            "chat",
+            "What is the capital of France?",
+            "--url",
+            &url,
+            "--model",
+            &id,
+        ])
+        .args(["--temperature", "0", "--max-tokens", "8"])
+        .output()
+        .expect("run shoal chat --url");
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("L'Étoile"));
+}
+
+#[test]
+fn bad_arguments_fail_with_a_message() {
+    let out = shoal()
+        .args(["serve", "--stages", "0-0"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let out = shoal()
+        .args(["serve", "--model", "/nonexistent/model.gguf"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+    let out = shoal()
+        .args([
+            "pull",
+            "--model",
+            "no-such-model",
+            "--models-dir",
+            "/tmp/shoal-test-none",
+        ])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown model"));
+}
