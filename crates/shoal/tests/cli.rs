@@ -79,6 +79,16 @@ fn bench_prints_parseable_figures() {
     assert!(row["itl_p99_ms"].as_f64() >= row["itl_p50_ms"].as_f64());
 }
 
+/// Kills the server when the test ends, pass or fail.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn serve_then_chat_through_the_api() {
     let mut server = shoal()
@@ -96,6 +106,7 @@ fn serve_then_chat_through_the_api() {
         .spawn()
         .expect("start shoal serve");
     let stdout = server.stdout.take().expect("stdout");
+    let _server = Killed(server);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -147,8 +158,6 @@ fn serve_then_chat_through_the_api() {
         .args(["--temperature", "0", "--max-tokens", "8"])
         .output()
         .expect("run shoal chat --url");
-    let _ = server.kill();
-    let _ = server.wait();
     assert!(
         out.status.success(),
         "stderr: {}",
