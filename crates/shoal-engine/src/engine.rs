@@ -137,12 +137,12 @@ impl Shared {
             Prompt::Text(text) => slot.tokenizer.encode(text, true),
             Prompt::Tokens(t) => t.clone(),
         };
-        if request.add_bos && slot.tokenizer.add_bos() {
-            if let Some(bos) = slot.tokenizer.bos_id() {
-                if tokens.first() != Some(&bos) {
-                    tokens.insert(0, bos);
-                }
-            }
+        if request.add_bos
+            && slot.tokenizer.add_bos()
+            && let Some(bos) = slot.tokenizer.bos_id()
+            && tokens.first() != Some(&bos)
+        {
+            tokens.insert(0, bos);
         }
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -536,7 +536,7 @@ impl Worker {
                 done.push((i, reason));
             }
         }
-        done.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
         for (i, reason) in done {
             self.finish(i, reason);
         }

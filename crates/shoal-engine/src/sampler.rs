@@ -218,7 +218,7 @@ mod tests {
             3,
         );
         for _ in 0..20 {
-            assert_eq!(s.sample(&mut vec![1.0, 5.0, 4.9, 0.0], &[]), 1);
+            assert_eq!(s.sample(&mut [1.0, 5.0, 4.9, 0.0], &[]), 1);
         }
     }
 
@@ -233,7 +233,7 @@ mod tests {
             11,
         );
         for _ in 0..50 {
-            assert_eq!(s.sample(&mut vec![2.0, 1.0, 0.0, -5.0], &[]), 0);
+            assert_eq!(s.sample(&mut [2.0, 1.0, 0.0, -5.0], &[]), 0);
         }
     }
 
@@ -247,7 +247,7 @@ mod tests {
             5,
         );
         for _ in 0..50 {
-            let t = s.sample(&mut vec![3.0, 2.9, -3.0, -3.0], &[]);
+            let t = s.sample(&mut [3.0, 2.9, -3.0, -3.0], &[]);
             assert!(t == 0 || t == 1, "drew {t}");
         }
     }
@@ -284,7 +284,7 @@ mod tests {
             0,
         );
         // Token 0 leads (2.0) but was seen: 2.0 / 2 = 1.0 < 1.5.
-        assert_eq!(s.sample(&mut vec![2.0, 1.5], &[0]), 1);
+        assert_eq!(s.sample(&mut [2.0, 1.5], &[0]), 1);
         // Negative logits are pushed further down.
         let mut l = vec![-1.0, -1.5];
         s.apply_penalties(&mut l, &[0]);

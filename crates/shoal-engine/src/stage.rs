@@ -89,17 +89,14 @@ impl Stage for LocalStage {
                     want_logits: c.want_logits,
                 })
                 .collect();
-            let input = match input {
-                StageData::Tokens(ids) => {
-                    let out = self.model.forward(StageInput::Tokens(&ids), &mut chunks);
-                    out
-                }
+
+            match input {
+                StageData::Tokens(ids) => self.model.forward(StageInput::Tokens(&ids), &mut chunks),
                 StageData::Hidden(h) => self.model.forward(StageInput::Hidden(h), &mut chunks),
                 StageData::Logits(_) => {
                     return Err(EngineError::Internal("logits sent into a stage".into()));
                 }
-            };
-            input
+            }
         };
         for (kv, c) in taken.into_iter().zip(batch) {
             self.caches.insert(c.seq_id, kv);

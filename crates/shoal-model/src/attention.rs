@@ -56,6 +56,7 @@ pub struct HostKvLayer<'a> {
 ///
 /// `qkv` holds `t` rows of `[q (n_heads·hd) | k (n_kv·hd) | v (n_kv·hd)]`; q and k are rotated in place,
 /// k and v are written to `kv` at `pos..pos+t`, and `out` (`t × n_heads·hd`) receives the result.
+#[allow(clippy::too_many_arguments)] // buffers, shape and helpers of one call, all distinct
 pub fn attend(
     qkv: &mut [f32],
     t: usize,

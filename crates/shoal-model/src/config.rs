@@ -61,7 +61,7 @@ impl ModelConfig {
                 .unwrap_or(1e-5),
             architecture: arch,
         };
-        if cfg.n_heads == 0 || cfg.n_kv_heads == 0 || cfg.n_heads % cfg.n_kv_heads != 0 {
+        if cfg.n_heads == 0 || cfg.n_kv_heads == 0 || !cfg.n_heads.is_multiple_of(cfg.n_kv_heads) {
             return Err(ModelError::InvalidGguf {
                 path: gguf.path().display().to_string(),
                 message: format!("bad head counts {} / {}", cfg.n_heads, cfg.n_kv_heads),

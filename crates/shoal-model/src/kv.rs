@@ -13,8 +13,12 @@ use crate::error::{ModelError, Result};
 pub const KV_GRANULE: usize = 64;
 
 enum Layer {
-    Host { k: Vec<f32>, v: Vec<f32> },
-    Device { k: Tensor, v: Tensor },
+    Host {
+        k: Vec<f32>,
+        v: Vec<f32>,
+    },
+    /// Allocated on the first `reserve`.
+    Device(Option<(Tensor, Tensor)>),
 }
 
 pub struct KvCache {
@@ -27,21 +31,24 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// An empty cache for `n_layers` layers (the layers of one stage).
-    pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize, device: &Device) -> Self {
-        let empty = || match device {
-            Device::Cpu => Ok(Layer::Host {
+    /// An empty cache for `n_layers` layers (the layers of one stage): host buffers when `host`, else
+    /// tensors on `device`.
+    pub fn new(
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        device: &Device,
+        host: bool,
+    ) -> Self {
+        let empty = || match host {
+            true => Layer::Host {
                 k: Vec::new(),
                 v: Vec::new(),
-            }),
-            d => Tensor::zeros((n_kv_heads, 0, head_dim), DType::F32, d)
-                .map(|k| Layer::Device { v: k.clone(), k }),
+            },
+            false => Layer::Device(None),
         };
-        let layers = (0..n_layers)
-            .map(|_| empty())
-            .collect::<candle_core::Result<Vec<_>>>();
         Self {
-            layers: layers.unwrap_or_default(),
+            layers: (0..n_layers).map(|_| empty()).collect(),
             len: 0,
             capacity: 0,
             n_kv_heads,
@@ -88,14 +95,19 @@ impl KvCache {
                         *buf = grown;
                     }
                 }
-                Layer::Device { k, v } => {
-                    for buf in [k, v] {
+                Layer::Device(bufs) => {
+                    let grow = |old: Option<&Tensor>| -> Result<Tensor> {
                         let grown = Tensor::zeros((nkv, new_cap, hd), DType::F32, &self.device)?;
-                        if len > 0 {
-                            grown.slice_set(&buf.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
+                        if let (Some(old), true) = (old, len > 0) {
+                            grown.slice_set(&old.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
                         }
-                        *buf = grown;
-                    }
+                        Ok(grown)
+                    };
+                    let (k, v) = (
+                        grow(bufs.as_ref().map(|b| &b.0))?,
+                        grow(bufs.as_ref().map(|b| &b.1))?,
+                    );
+                    *bufs = Some((k, v));
                 }
             }
         }
@@ -121,7 +133,7 @@ impl KvCache {
     pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let t = k.dim(1)?;
         self.reserve(t)?;
-        let Some(Layer::Device { k: kc, v: vc }) = self.layers.get(layer) else {
+        let Some(Layer::Device(Some((kc, vc)))) = self.layers.get(layer) else {
             return Err(ModelError::BadInput(format!("no device KV layer {layer}")));
         };
         kc.slice_set(&k.contiguous()?, 1, self.len)?;

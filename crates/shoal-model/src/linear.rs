@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, ggml_file::qtensor_from_ggml};
-use candle_core::{CpuStorage, CustomOp1, Device, Layout, Module, Shape, Tensor};
+use candle_core::{Device, Module, Tensor};
 use shoal_kernels::{QMatrix, QType, ThreadPool};
 
 use crate::error::{ModelError, Result};
@@ -30,29 +30,9 @@ struct CpuWeights {
     pool: Arc<ThreadPool>,
 }
 
-impl CustomOp1 for CpuWeights {
-    fn name(&self) -> &'static str {
-        "shoal-qmatmul"
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("shoal-qmatmul needs a contiguous input");
-        };
-        let x = &storage.as_slice::<f32>()?[start..end];
-        let dims = layout.shape().dims();
-        let k = *dims.last().unwrap_or(&0);
-        if k != self.cols {
-            candle_core::bail!(
-                "shoal-qmatmul: input has {k} features, weights expect {}",
-                self.cols
-            );
-        }
-        let m = x.len() / k.max(1);
+impl CpuWeights {
+    /// `x` is `m × cols` row-major; returns `m × rows`.
+    fn matmul(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
         let mut out = vec![0f32; m * self.rows];
         let w = QMatrix {
             qtype: self.qtype,
@@ -61,12 +41,8 @@ impl CustomOp1 for CpuWeights {
             data: &self.data,
         };
         shoal_kernels::matmul(&w, x, m, &mut out, &*self.pool)
-            .map_err(|e| candle_core::Error::Msg(format!("shoal-qmatmul: {e}")))?;
-        let mut out_dims = dims.to_vec();
-        if let Some(last) = out_dims.last_mut() {
-            *last = self.rows;
-        }
-        Ok((CpuStorage::F32(out), Shape::from(out_dims)))
+            .map_err(|e| ModelError::BadInput(format!("matmul: {e}")))?;
+        Ok(out)
     }
 }
 
@@ -154,24 +130,24 @@ impl QLinear {
 
     /// Host path: `x` is `m × in_features` row-major; returns `m × out_features`. CPU weights only.
     pub fn forward_host(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        let Backend::Cpu(w) = &self.backend else {
-            return Err(ModelError::BadInput("host matmul on device weights".into()));
-        };
-        let mut out = vec![0f32; m * w.rows];
-        let q = QMatrix {
-            qtype: w.qtype,
-            rows: w.rows,
-            cols: w.cols,
-            data: &w.data,
-        };
-        shoal_kernels::matmul(&q, x, m, &mut out, &*w.pool)
-            .map_err(|e| ModelError::BadInput(format!("matmul: {e}")))?;
-        Ok(out)
+        match &self.backend {
+            Backend::Cpu(w) => w.matmul(x, m),
+            Backend::Candle(_) => Err(ModelError::BadInput("host matmul on device weights".into())),
+        }
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match &self.backend {
-            Backend::Cpu(w) => x.contiguous()?.apply_op1_no_bwd(w)?,
+            Backend::Cpu(w) => {
+                let dims = x.dims().to_vec();
+                let m = x.elem_count() / self.in_features.max(1);
+                let out = w.matmul(&x.flatten_all()?.to_vec1::<f32>()?, m)?;
+                let mut out_dims = dims;
+                if let Some(last) = out_dims.last_mut() {
+                    *last = self.out_features;
+                }
+                Tensor::from_vec(out, out_dims, x.device())?
+            }
             Backend::Candle(m) => m.forward(x)?,
         })
     }

@@ -175,6 +175,13 @@ impl LlamaStage {
         })
     }
 
+    /// Runs the candle-op path (the one GPU devices use) even on CPU: for tests that keep that path
+    /// honest without a GPU.
+    pub fn with_device_ops(mut self) -> Self {
+        self.host = None;
+        self
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
@@ -202,6 +209,7 @@ impl LlamaStage {
             self.cfg.n_kv_heads,
             self.cfg.head_dim,
             &self.device,
+            self.host.is_some(),
         )
     }
 

@@ -131,6 +131,8 @@ fn resolve_model(engine: &EngineHandle, requested: Option<String>) -> Result<Str
     }
 }
 
+// The two conversions below look alike on purpose: flattening the shared fields into one serde struct
+// would lose the field name in type errors (`param` in the 400 answer), which clients rely on.
 impl From<&mut ChatRequest> for CommonParams {
     fn from(r: &mut ChatRequest) -> Self {
         CommonParams {
