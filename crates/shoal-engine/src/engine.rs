@@ -364,7 +364,10 @@ impl Worker {
                     Err(_) => return, // every handle is gone
                 }
             }
-            while let Ok(a) = rx.try_recv() {
+            // Pull only while the wait list has room: beyond that requests stay in the bounded channel,
+            // which then answers `Overloaded` to new submissions instead of growing without limit.
+            while self.waiting.len() < self.config.queue_depth {
+                let Ok(a) = rx.try_recv() else { break };
                 self.waiting.push_back(a);
             }
             self.drop_cancelled();

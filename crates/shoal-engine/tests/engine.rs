@@ -280,3 +280,37 @@ async fn bad_requests_are_clear_errors() {
         3
     );
 }
+
+#[tokio::test]
+async fn a_full_queue_answers_overloaded_and_recovers() {
+    // Room for one running sequence, one waiting and one in the channel: a fourth request cannot fit.
+    let engine = engine_with(EngineConfig {
+        threads: 1,
+        max_running: 1,
+        queue_depth: 1,
+        ..Default::default()
+    });
+    let mut long = request("Once upon a time", 5000);
+    long.ignore_eos = true;
+    let mut streams = Vec::new();
+    let mut overloaded = 0;
+    for _ in 0..4 {
+        match engine.submit(long.clone()) {
+            Ok(s) => streams.push(s),
+            Err(EngineError::Overloaded) => overloaded += 1,
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert!(
+        overloaded >= 1,
+        "four long requests fit in a capacity of three"
+    );
+    drop(streams);
+    wait_for(&engine, "the cancelled requests to be freed", |s| {
+        s.active_sequences == 0 && s.waiting == 0
+    });
+    assert_eq!(
+        collect(&engine, request("hi", 3)).await.completion_tokens,
+        3
+    );
+}
