@@ -38,6 +38,9 @@ pub enum ApiError {
     /// The route exists but not with this method (405).
     #[error("{0}")]
     MethodNotAllowed(String),
+    /// The request's `timeout` ran out before it finished (408).
+    #[error("the request timed out after {after_ms} ms")]
+    Timeout { after_ms: u64 },
     /// The engine queue is full (503, with Retry-After).
     #[error("the server is overloaded, retry later")]
     Overloaded,
@@ -75,6 +78,7 @@ impl ApiError {
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::ModelNotFound { .. } | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Timeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Overloaded | ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -101,6 +105,7 @@ impl ApiError {
             ApiError::MethodNotAllowed(_) => {
                 ("invalid_request_error", None, Some("method_not_allowed"))
             }
+            ApiError::Timeout { .. } => ("timeout", Some("timeout".into()), Some("timeout")),
             ApiError::Overloaded => ("server_error", None, Some("overloaded")),
             ApiError::Unavailable => ("server_error", None, Some("unavailable")),
             ApiError::Internal(_) => ("server_error", None, None),
@@ -178,6 +183,7 @@ impl ApiError {
             EngineError::Template(message) => {
                 ApiError::bad_request(format!("chat template failed: {message}"))
             }
+            EngineError::Timeout { after_ms } => ApiError::Timeout { after_ms },
             EngineError::Overloaded => ApiError::Overloaded,
             EngineError::Stopped => ApiError::Unavailable,
             EngineError::Internal(detail) => ApiError::Internal(detail),

@@ -5,12 +5,12 @@
 //! the batch through the pipeline, samples, and streams events. Handles talk to it through a bounded
 //! queue; results flow back through each request's own channel.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use shoal_kernels::ThreadPool;
 use shoal_model::chat::ChatTemplate;
@@ -79,6 +79,7 @@ struct Admission {
     request: GenerateRequest,
     tx: UnboundedSender<Event>,
     cancel: Arc<AtomicBool>,
+    deadline: Option<Instant>,
 }
 
 struct ModelSlot {
@@ -94,7 +95,13 @@ pub struct Shared {
     slot: ModelSlot,
     counters: Arc<Counters>,
     next_id: AtomicU64,
+    /// Cancel flags of live requests by id (for `POST /v1/cancel/{id}`); weak, so a finished request's
+    /// entry dies with it and is pruned.
+    cancels: Mutex<HashMap<u64, Weak<AtomicBool>>>,
 }
+
+/// Registry entries kept before dead ones are pruned.
+const CANCEL_PRUNE_AT: usize = 1024;
 
 impl Shared {
     fn slot(&self, model: &str) -> Result<&ModelSlot, EngineError> {
@@ -173,6 +180,7 @@ impl Shared {
         // most (context length + 1) events, which bounds it.
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
+        let deadline = request.timeout.map(|t| Instant::now() + t);
         let prompt_tokens = tokens.len();
         let admission = Admission {
             id,
@@ -180,6 +188,7 @@ impl Shared {
             request,
             tx,
             cancel: cancel.clone(),
+            deadline,
         };
         match slot.queue.try_send(admission) {
             Ok(()) => {}
@@ -187,12 +196,32 @@ impl Shared {
             Err(TrySendError::Disconnected(_)) => return Err(EngineError::Stopped),
         }
         self.counters.waiting.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut map) = self.cancels.lock() {
+            if map.len() >= CANCEL_PRUNE_AT {
+                map.retain(|_, w| w.strong_count() > 0);
+            }
+            map.insert(id, Arc::downgrade(&cancel));
+        }
         Ok(RequestStream {
             id,
             prompt_tokens,
             rx,
             cancel,
         })
+    }
+
+    /// Flags request `id` for cancellation; false when no such request is live.
+    pub(crate) fn cancel(&self, id: u64) -> bool {
+        let Ok(mut map) = self.cancels.lock() else {
+            return false;
+        };
+        match map.remove(&id).and_then(|w| w.upgrade()) {
+            Some(flag) => {
+                flag.store(true, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
     }
 
     pub(crate) fn stats(&self) -> EngineStats {
@@ -306,6 +335,7 @@ pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, E
             slot,
             counters,
             next_id: AtomicU64::new(1),
+            cancels: Mutex::new(HashMap::new()),
         }),
     })
 }
@@ -324,6 +354,8 @@ struct Sequence {
     tx: UnboundedSender<Event>,
     cancel: Arc<AtomicBool>,
     ignore_eos: bool,
+    deadline: Option<Instant>,
+    timeout_ms: u64,
 }
 
 impl Sequence {
@@ -378,17 +410,32 @@ impl Worker {
         }
     }
 
+    /// Frees cancelled requests and fails those past their deadline.
     fn drop_cancelled(&mut self) {
+        let now = Instant::now();
         let before = self.waiting.len();
-        self.waiting
-            .retain(|a| !(a.cancel.load(Ordering::Relaxed) || a.tx.is_closed()));
+        self.waiting.retain(|a| {
+            if a.cancel.load(Ordering::Relaxed) || a.tx.is_closed() {
+                return false;
+            }
+            if a.deadline.is_some_and(|d| now >= d) {
+                let after_ms = a.request.timeout.map_or(0, |t| t.as_millis() as u64);
+                let _ = a.tx.send(Event::Error(EngineError::Timeout { after_ms }));
+                return false;
+            }
+            true
+        });
         self.counters
             .waiting
             .fetch_sub(before - self.waiting.len(), Ordering::Relaxed);
         let mut i = 0;
         while i < self.running.len() {
-            if self.running[i].is_cancelled() {
+            let seq = &self.running[i];
+            if seq.is_cancelled() {
                 self.finish(i, FinishReason::Cancelled);
+            } else if seq.deadline.is_some_and(|d| now >= d) {
+                let after_ms = seq.timeout_ms;
+                self.fail(i, EngineError::Timeout { after_ms });
             } else {
                 i += 1;
             }
@@ -419,6 +466,8 @@ impl Worker {
                 tx: a.tx,
                 cancel: a.cancel,
                 ignore_eos: a.request.ignore_eos,
+                deadline: a.deadline,
+                timeout_ms: a.request.timeout.map_or(0, |t| t.as_millis() as u64),
             });
             self.counters.active.fetch_add(1, Ordering::Relaxed);
         }

@@ -21,6 +21,8 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("chat template failed: {0}")]
     Template(String),
+    #[error("the request timed out after {after_ms} ms")]
+    Timeout { after_ms: u64 },
     #[error("the engine is overloaded, retry later")]
     Overloaded,
     #[error("the engine has stopped")]
@@ -38,6 +40,7 @@ impl EngineError {
             EngineError::PromptTooLong { .. } => "prompt_too_long",
             EngineError::EmptyPrompt => "empty_prompt",
             EngineError::Template(_) => "template",
+            EngineError::Timeout { .. } => "timeout",
             EngineError::Overloaded => "overloaded",
             EngineError::Stopped => "stopped",
             EngineError::Internal(_) => "internal",

@@ -112,4 +112,11 @@ impl EngineHandle {
     pub fn stats(&self) -> EngineStats {
         self.inner.stats()
     }
+
+    /// Cancels request `id` (as returned by [`RequestStream::id`]) wherever it is: queued or running. The
+    /// engine frees it at its next step and its stream ends with `Done { Cancelled }`. Returns false when
+    /// no such request is live.
+    pub fn cancel(&self, id: u64) -> bool {
+        self.inner.cancel(id)
+    }
 }

@@ -125,6 +125,9 @@ pub struct GenerateRequest {
     pub add_bos: bool,
     /// Keep generating past end-of-generation tokens (benchmarks that need exactly `max_tokens`).
     pub ignore_eos: bool,
+    /// Give up (with [`EngineError::Timeout`]) when the request has not finished this long after it was
+    /// submitted, queueing included.
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// Why a sequence finished.

@@ -37,6 +37,7 @@ fn request(prompt: &str, max_tokens: u32) -> GenerateRequest {
         stop: Vec::new(),
         add_bos: false,
         ignore_eos: false,
+        timeout: None,
     }
 }
 
@@ -313,4 +314,50 @@ async fn a_full_queue_answers_overloaded_and_recovers() {
         collect(&engine, request("hi", 3)).await.completion_tokens,
         3
     );
+}
+
+#[tokio::test]
+async fn cancel_by_id_and_timeouts_end_requests() {
+    let engine = engine();
+    let mut long = request("Once upon a time", 5000);
+    long.ignore_eos = true;
+    let mut stream = engine.submit(long.clone()).expect("submit");
+    assert!(matches!(stream.next().await, Some(Event::Token { .. })));
+    assert!(engine.cancel(stream.id()));
+    let mut last = None;
+    while let Some(ev) = tokio::time::timeout(PATIENCE, stream.next())
+        .await
+        .expect("stalled")
+    {
+        last = Some(ev);
+    }
+    assert!(
+        matches!(
+            last,
+            Some(Event::Done {
+                finish_reason: FinishReason::Cancelled,
+                ..
+            })
+        ),
+        "{last:?}"
+    );
+    assert!(!engine.cancel(stream.id()), "already gone");
+    assert!(!engine.cancel(987_654), "never existed");
+
+    long.timeout = Some(Duration::from_millis(200));
+    let mut stream = engine.submit(long).expect("submit");
+    let mut last = None;
+    while let Some(ev) = tokio::time::timeout(PATIENCE, stream.next())
+        .await
+        .expect("stalled")
+    {
+        last = Some(ev);
+    }
+    assert_eq!(
+        last,
+        Some(Event::Error(EngineError::Timeout { after_ms: 200 }))
+    );
+    wait_for(&engine, "the timed-out sequence to be freed", |s| {
+        s.active_sequences == 0
+    });
 }

@@ -58,6 +58,7 @@ async fn timed(
         stop: Vec::new(),
         add_bos: false,
         ignore_eos: true,
+        timeout: None,
     })?;
     let mut arrivals = Vec::with_capacity(n);
     while let Some(ev) = stream.next().await {

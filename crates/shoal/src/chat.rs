@@ -51,6 +51,7 @@ async fn local(args: &ChatArgs) -> anyhow::Result<()> {
         stop: Vec::new(),
         add_bos: false,
         ignore_eos: false,
+        timeout: None,
     })?;
     let mut out = std::io::stdout().lock();
     while let Some(event) = stream.next().await {

@@ -54,6 +54,7 @@ pub async fn chat_completions(
         stop: params.stop,
         add_bos: false,
         ignore_eos: params.ignore_eos,
+        timeout: None,
     };
     let mut stream = state
         .engine

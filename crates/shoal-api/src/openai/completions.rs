@@ -36,6 +36,7 @@ pub async fn completions(
         stop: params.stop,
         add_bos,
         ignore_eos: params.ignore_eos,
+        timeout: None,
     };
     let mut stream = state
         .engine
