@@ -21,6 +21,7 @@ use tokio::sync::mpsc::{self, UnboundedSender};
 
 use crate::error::EngineError;
 use crate::handle::{ChatMessage, EngineHandle, EngineStats, ModelInfo, RequestStream};
+use crate::prefix::PrefixIndex;
 use crate::request::{Event, FinishReason, GenerateRequest, Prompt, Usage};
 use crate::sampler::{self, Sampler};
 use crate::scheduler::{SeqView, StepBudget, plan_step};
@@ -41,6 +42,9 @@ pub struct EngineConfig {
     pub queue_depth: usize,
     /// Layer ranges to load as separate local stages (a pipeline inside one process); `None` = one stage.
     pub stages: Option<Vec<LayerRange>>,
+    /// Tokens of finished sequences whose KV is kept for reuse by later prompts that share a prefix
+    /// (multi-turn chats, shared system prompts); 0 disables the prefix cache.
+    pub prefix_cache_tokens: usize,
 }
 
 impl Default for EngineConfig {
@@ -51,6 +55,7 @@ impl Default for EngineConfig {
             max_running: 64,
             queue_depth: 256,
             stages: None,
+            prefix_cache_tokens: 8192,
         }
     }
 }
@@ -317,6 +322,7 @@ pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, E
         queue,
     };
     let mut worker = Worker {
+        prefix: PrefixIndex::new(config.prefix_cache_tokens),
         stages: model.stages,
         tokenizer: model.tokenizer,
         context_length: model.config.context_length,
@@ -356,6 +362,8 @@ struct Sequence {
     ignore_eos: bool,
     deadline: Option<Instant>,
     timeout_ms: u64,
+    /// Prompt tokens whose KV came from the prefix cache.
+    cached: usize,
 }
 
 impl Sequence {
@@ -367,7 +375,7 @@ impl Sequence {
         Usage {
             prompt_tokens: self.prompt_len as u32,
             completion_tokens: self.generated() as u32,
-            cached_tokens: 0,
+            cached_tokens: self.cached as u32,
         }
     }
 
@@ -378,6 +386,7 @@ impl Sequence {
 
 struct Worker {
     stages: Vec<Box<dyn Stage>>,
+    prefix: PrefixIndex,
     tokenizer: Arc<Tokenizer>,
     context_length: usize,
     config: EngineConfig,
@@ -468,16 +477,72 @@ impl Worker {
                 ignore_eos: a.request.ignore_eos,
                 deadline: a.deadline,
                 timeout_ms: a.request.timeout.map_or(0, |t| t.as_millis() as u64),
+                cached: 0,
             });
+            self.reuse_prefix();
             self.counters.active.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Removes sequence `i`, frees its KV everywhere and sends its final event.
+    /// Starts the newest running sequence from the longest cached prefix of its prompt, if any.
+    fn reuse_prefix(&mut self) {
+        let Some(seq) = self.running.last_mut() else {
+            return;
+        };
+        let Some((prefix_id, n)) = self.prefix.lookup(&seq.tokens[..seq.prompt_len]) else {
+            return;
+        };
+        let id = seq.id;
+        let loaded = self
+            .stages
+            .iter_mut()
+            .try_for_each(|s| s.start_from_prefix(prefix_id, id, n));
+        match loaded {
+            Ok(()) => {
+                seq.computed = n;
+                seq.cached = n;
+            }
+            Err(e) => {
+                // Not fatal: compute the prompt from scratch.
+                tracing::warn!("prefix reuse failed, prefilling in full: {e}");
+                for s in self.stages.iter_mut() {
+                    s.release(id);
+                }
+            }
+        }
+    }
+
+    /// Removes sequence `i`, keeps its KV in the prefix cache when worth it (else frees it everywhere)
+    /// and sends its final event.
     fn finish(&mut self, i: usize, reason: FinishReason) {
         let seq = self.running.swap_remove(i);
-        for s in self.stages.iter_mut() {
-            s.release(seq.id);
+        let offer = match reason {
+            FinishReason::Cancelled => Default::default(),
+            _ => self.prefix.insert(&seq.tokens[..seq.computed]),
+        };
+        for id in offer.evict {
+            for s in self.stages.iter_mut() {
+                s.drop_prefix(id);
+            }
+        }
+        let kept = offer.store.is_some_and(|pid| {
+            let r = self
+                .stages
+                .iter_mut()
+                .try_for_each(|s| s.retain_prefix(seq.id, pid, seq.computed));
+            if let Err(e) = &r {
+                tracing::warn!("cannot keep the prefix of sequence {}: {e}", seq.id);
+                for s in self.stages.iter_mut() {
+                    s.drop_prefix(pid);
+                }
+            }
+            r.is_ok()
+        });
+        if !kept {
+            for s in self.stages.iter_mut() {
+                s.release(seq.id);
+            }
         }
         self.counters.active.fetch_sub(1, Ordering::Relaxed);
         let _ = seq.tx.send(Event::Done {

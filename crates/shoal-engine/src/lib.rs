@@ -9,6 +9,7 @@
 pub mod engine;
 pub mod error;
 pub mod handle;
+pub mod prefix;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;

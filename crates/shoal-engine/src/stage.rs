@@ -38,12 +38,25 @@ pub trait Stage: Send {
     fn release(&mut self, seq_id: u64);
     /// Tokens held in this stage's KV cache for `seq_id`.
     fn cached_len(&self, seq_id: u64) -> usize;
+    /// Keeps the first `len` tokens of `seq_id`'s KV as prefix `prefix_id` and frees the sequence.
+    fn retain_prefix(&mut self, seq_id: u64, prefix_id: u64, len: usize)
+    -> Result<(), EngineError>;
+    /// Starts `seq_id` with a copy of the first `len` tokens of prefix `prefix_id`.
+    fn start_from_prefix(
+        &mut self,
+        prefix_id: u64,
+        seq_id: u64,
+        len: usize,
+    ) -> Result<(), EngineError>;
+    /// Frees prefix `prefix_id`. Unknown ids are ignored.
+    fn drop_prefix(&mut self, prefix_id: u64);
 }
 
 /// Layers running in this process.
 pub struct LocalStage {
     model: LlamaStage,
     caches: HashMap<u64, KvCache>,
+    prefixes: HashMap<u64, KvCache>,
 }
 
 impl LocalStage {
@@ -51,6 +64,7 @@ impl LocalStage {
         Self {
             model,
             caches: HashMap::new(),
+            prefixes: HashMap::new(),
         }
     }
 
@@ -58,9 +72,13 @@ impl LocalStage {
         &self.model
     }
 
-    /// Bytes of KV cache allocated across all sequences.
+    /// Bytes of KV cache allocated across all sequences and kept prefixes.
     pub fn kv_bytes(&self) -> usize {
-        self.caches.values().map(KvCache::allocated_bytes).sum()
+        self.caches
+            .values()
+            .chain(self.prefixes.values())
+            .map(KvCache::allocated_bytes)
+            .sum()
     }
 }
 
@@ -115,6 +133,41 @@ impl Stage for LocalStage {
 
     fn cached_len(&self, seq_id: u64) -> usize {
         self.caches.get(&seq_id).map_or(0, KvCache::len)
+    }
+
+    fn retain_prefix(
+        &mut self,
+        seq_id: u64,
+        prefix_id: u64,
+        len: usize,
+    ) -> Result<(), EngineError> {
+        let kv = self
+            .caches
+            .remove(&seq_id)
+            .ok_or_else(|| EngineError::Internal(format!("no KV for sequence {seq_id}")))?;
+        // A compact copy: the running cache was grown by doubling.
+        self.prefixes
+            .insert(prefix_id, kv.copy_prefix(len).map_err(internal)?);
+        Ok(())
+    }
+
+    fn start_from_prefix(
+        &mut self,
+        prefix_id: u64,
+        seq_id: u64,
+        len: usize,
+    ) -> Result<(), EngineError> {
+        let prefix = self
+            .prefixes
+            .get(&prefix_id)
+            .ok_or_else(|| EngineError::Internal(format!("no prefix {prefix_id}")))?;
+        let kv = prefix.copy_prefix(len).map_err(internal)?;
+        self.caches.insert(seq_id, kv);
+        Ok(())
+    }
+
+    fn drop_prefix(&mut self, prefix_id: u64) {
+        self.prefixes.remove(&prefix_id);
     }
 }
 

@@ -46,6 +46,7 @@ struct Output {
     text: String,
     finish: FinishReason,
     completion_tokens: u32,
+    cached_tokens: u32,
 }
 
 async fn collect(engine: &EngineHandle, req: GenerateRequest) -> Output {
@@ -69,6 +70,7 @@ async fn collect(engine: &EngineHandle, req: GenerateRequest) -> Output {
                     text,
                     finish: finish_reason,
                     completion_tokens: usage.completion_tokens,
+                    cached_tokens: usage.cached_tokens,
                 };
             }
             Some(Event::Error(e)) => panic!("engine error: {e}"),
@@ -360,4 +362,37 @@ async fn cancel_by_id_and_timeouts_end_requests() {
     wait_for(&engine, "the timed-out sequence to be freed", |s| {
         s.active_sequences == 0
     });
+}
+
+#[tokio::test]
+async fn prefix_cache_reuses_a_previous_turn_and_changes_nothing() {
+    let cached = engine();
+    let plain = engine_with(EngineConfig {
+        threads: 1,
+        prefix_cache_tokens: 0,
+        ..Default::default()
+    });
+    let system = "<|im_start|>system\nYou are a helpful assistant who answers briefly.<|im_end|>\n";
+    let turn1 =
+        format!("{system}<|im_start|>user\nName a fish.<|im_end|>\n<|im_start|>assistant\n");
+    let first = collect(&cached, request(&turn1, 8)).await;
+    assert_eq!(first.cached_tokens, 0);
+    // Second turn: the whole first turn is a prefix of the new prompt.
+    let turn2 = format!(
+        "{turn1}{}<|im_end|>\n<|im_start|>user\nAnother one?<|im_end|>\n<|im_start|>assistant\n",
+        first.text
+    );
+    let with = collect(&cached, request(&turn2, 12)).await;
+    let without = collect(&plain, request(&turn2, 12)).await;
+    assert!(
+        with.cached_tokens >= 20,
+        "cached {} tokens",
+        with.cached_tokens
+    );
+    assert_eq!(without.cached_tokens, 0);
+    assert_eq!(with.tokens, without.tokens, "the cache changed the output");
+    // The same prompt again reuses all but its last token.
+    let again = collect(&cached, request(&turn2, 12)).await;
+    assert_eq!(again.tokens, without.tokens);
+    assert!(again.cached_tokens > with.cached_tokens);
 }

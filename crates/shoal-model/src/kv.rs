@@ -153,4 +153,89 @@ impl KvCache {
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
     }
+
+    /// A new cache holding a copy of this one's first `len` tokens (prefix reuse: the KV of a token
+    /// depends only on the tokens before it, so a shared prompt prefix needs computing once).
+    pub fn copy_prefix(&self, len: usize) -> Result<KvCache> {
+        let len = len.min(self.len);
+        let host = matches!(self.layers.first(), Some(Layer::Host { .. }));
+        let mut out = KvCache::new(
+            self.layers.len(),
+            self.n_kv_heads,
+            self.head_dim,
+            &self.device,
+            host,
+        );
+        out.reserve(len)?;
+        let (nkv, hd, src_cap, dst_cap) =
+            (self.n_kv_heads, self.head_dim, self.capacity, out.capacity);
+        for (src, dst) in self.layers.iter().zip(out.layers.iter_mut()) {
+            match (src, dst) {
+                (Layer::Host { k, v }, Layer::Host { k: dk, v: dv }) => {
+                    for (s, d) in [(k, dk), (v, dv)] {
+                        for g in 0..nkv {
+                            d[g * dst_cap * hd..][..len * hd]
+                                .copy_from_slice(&s[g * src_cap * hd..][..len * hd]);
+                        }
+                    }
+                }
+                (Layer::Device(Some((k, v))), Layer::Device(Some((dk, dv)))) => {
+                    if len > 0 {
+                        dk.slice_set(&k.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
+                        dv.slice_set(&v.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
+                    }
+                }
+                _ => {
+                    return Err(ModelError::BadInput(
+                        "KV cache layers of different kinds".into(),
+                    ));
+                }
+            }
+        }
+        out.len = len;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_prefix_keeps_the_first_tokens_of_every_head() {
+        let dev = Device::Cpu;
+        let mut kv = KvCache::new(2, 3, 4, &dev, true);
+        kv.reserve(5).unwrap();
+        for layer in 0..2 {
+            let l = kv.host_layer(layer).unwrap();
+            let cap = l.capacity;
+            for g in 0..3 {
+                for t in 0..5 {
+                    for d in 0..4 {
+                        let x = (layer * 1000 + g * 100 + t * 10 + d) as f32;
+                        l.k[(g * cap + t) * 4 + d] = x;
+                        l.v[(g * cap + t) * 4 + d] = -x;
+                    }
+                }
+            }
+        }
+        kv.advance(5);
+        let mut p = kv.copy_prefix(3).unwrap();
+        assert_eq!(p.len(), 3);
+        for layer in 0..2 {
+            let l = p.host_layer(layer).unwrap();
+            let cap = l.capacity;
+            for g in 0..3 {
+                for t in 0..3 {
+                    for d in 0..4 {
+                        let x = (layer * 1000 + g * 100 + t * 10 + d) as f32;
+                        assert_eq!(l.k[(g * cap + t) * 4 + d], x);
+                        assert_eq!(l.v[(g * cap + t) * 4 + d], -x);
+                    }
+                }
+            }
+        }
+        // Longer than what is stored: clamps.
+        assert_eq!(kv.copy_prefix(99).unwrap().len(), 5);
+    }
 }
