@@ -45,6 +45,9 @@ pub struct EngineConfig {
     /// Tokens of finished sequences whose KV is kept for reuse by later prompts that share a prefix
     /// (multi-turn chats, shared system prompts); 0 disables the prefix cache.
     pub prefix_cache_tokens: usize,
+    /// KV-cache memory this engine may use, all sequences and cached prefixes together. Requests wait
+    /// for room (and newer sequences are preempted and later recomputed) rather than exceeding it.
+    pub kv_budget_bytes: usize,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +59,7 @@ impl Default for EngineConfig {
             queue_depth: 256,
             stages: None,
             prefix_cache_tokens: 8192,
+            kv_budget_bytes: 2 << 30,
         }
     }
 }
@@ -321,7 +325,13 @@ pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, E
         template: model.template,
         queue,
     };
+    let kv_token_bytes = model
+        .config
+        .kv_bytes_per_token(model.config.n_layers)
+        .max(1);
     let mut worker = Worker {
+        kv_budget: (config.kv_budget_bytes / kv_token_bytes).max(1),
+        preempted: VecDeque::new(),
         prefix: PrefixIndex::new(config.prefix_cache_tokens),
         stages: model.stages,
         tokenizer: model.tokenizer,
@@ -387,6 +397,10 @@ impl Sequence {
 struct Worker {
     stages: Vec<Box<dyn Stage>>,
     prefix: PrefixIndex,
+    /// KV budget in tokens (every stage holds the same tokens per sequence).
+    kv_budget: usize,
+    /// Sequences whose KV was dropped to stay in budget; they resume first, recomputing their KV.
+    preempted: VecDeque<Sequence>,
     tokenizer: Arc<Tokenizer>,
     context_length: usize,
     config: EngineConfig,
@@ -399,7 +413,7 @@ struct Worker {
 impl Worker {
     fn run(&mut self, rx: Receiver<Admission>) {
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() {
+            if self.running.is_empty() && self.waiting.is_empty() && self.preempted.is_empty() {
                 match rx.recv() {
                     Ok(a) => self.waiting.push_back(a),
                     Err(_) => return, // every handle is gone
@@ -437,6 +451,24 @@ impl Worker {
         self.counters
             .waiting
             .fetch_sub(before - self.waiting.len(), Ordering::Relaxed);
+        let before = self.preempted.len();
+        self.preempted.retain(|s| {
+            let timed_out = s.deadline.is_some_and(|d| now >= d);
+            if timed_out {
+                let _ = s.tx.send(Event::Error(EngineError::Timeout {
+                    after_ms: s.timeout_ms,
+                }));
+            } else if s.is_cancelled() {
+                let _ = s.tx.send(Event::Done {
+                    finish_reason: FinishReason::Cancelled,
+                    usage: s.usage(),
+                });
+            }
+            !(timed_out || s.is_cancelled())
+        });
+        self.counters
+            .active
+            .fetch_sub(before - self.preempted.len(), Ordering::Relaxed);
         let mut i = 0;
         while i < self.running.len() {
             let seq = &self.running[i];
@@ -451,8 +483,56 @@ impl Worker {
         }
     }
 
+    /// KV tokens held: running sequences plus cached prefixes.
+    fn kv_in_use(&self) -> usize {
+        self.running.iter().map(|s| s.computed).sum::<usize>() + self.prefix.used_tokens()
+    }
+
+    /// Makes `need` KV tokens free if possible, evicting cached prefixes first; true when they are.
+    fn make_room(&mut self, need: usize) -> bool {
+        while self.kv_in_use() + need > self.kv_budget {
+            let Some(id) = self.prefix.pop_lru() else {
+                return false;
+            };
+            for s in self.stages.iter_mut() {
+                s.drop_prefix(id);
+            }
+        }
+        true
+    }
+
     fn admit(&mut self) {
+        // Preempted sequences first, in order; each recomputes all its tokens.
         while self.running.len() < self.config.max_running {
+            let Some(need) = self.preempted.front().map(|s| s.tokens.len()) else {
+                break;
+            };
+            if !self.make_room(need) {
+                return;
+            }
+            if let Some(seq) = self.preempted.pop_front() {
+                self.running.push(seq);
+            }
+        }
+        while self.running.len() < self.config.max_running {
+            let Some(need) = self.waiting.front().map(|a| a.tokens.len() + 1) else {
+                break;
+            };
+            if need > self.kv_budget {
+                if let Some(a) = self.waiting.pop_front() {
+                    self.counters.waiting.fetch_sub(1, Ordering::Relaxed);
+                    let err = EngineError::PromptTooLong {
+                        prompt_tokens: a.tokens.len(),
+                        context_length: self.kv_budget - 1,
+                    };
+                    let _ = a.tx.send(Event::Error(err));
+                }
+                continue;
+            }
+            // First come, first served: a request that does not fit yet waits, and so do those behind it.
+            if !self.make_room(need) {
+                break;
+            }
             let Some(a) = self.waiting.pop_front() else {
                 break;
             };
@@ -560,21 +640,55 @@ impl Worker {
         let _ = seq.tx.send(Event::Error(error));
     }
 
+    /// Drops the KV of the newest running sequence so older ones can go on; it resumes (recomputing
+    /// its KV, which gives the same values) when there is room again.
+    fn preempt_newest(&mut self) {
+        let Some(mut seq) = self.running.pop() else {
+            return;
+        };
+        for s in self.stages.iter_mut() {
+            s.release(seq.id);
+        }
+        seq.computed = 0;
+        seq.cached = 0;
+        self.preempted.push_front(seq);
+    }
+
     fn step(&mut self) {
+        // Every decoding sequence needs one more KV slot; make room or preempt until it fits. A lone
+        // sequence that outgrew the whole budget ends as if it had hit its length limit.
+        loop {
+            let decodes = self
+                .running
+                .iter()
+                .filter(|s| s.tokens.len() - s.computed <= 1)
+                .count();
+            // At least one free slot, so the step always makes progress.
+            if self.make_room(decodes.max(1)) {
+                break;
+            }
+            if self.running.len() == 1 {
+                self.finish(0, FinishReason::Length);
+                return;
+            }
+            self.preempt_newest();
+        }
+        let free = self.kv_budget.saturating_sub(self.kv_in_use());
         let views: Vec<SeqView> = self
             .running
             .iter()
             .map(|s| SeqView {
                 pending: s.tokens.len() - s.computed,
-                decoding: s.computed >= s.prompt_len,
+                decoding: s.tokens.len() - s.computed <= 1,
             })
             .collect();
         let plan = plan_step(
             &views,
             StepBudget {
-                max_tokens: self.config.max_batch_tokens,
+                max_tokens: self.config.max_batch_tokens.min(free),
             },
         );
+
         let mut batch = Vec::with_capacity(plan.len());
         let mut tokens = Vec::new();
         for &(i, n) in &plan {

@@ -72,6 +72,19 @@ impl PrefixIndex {
         Some((self.entries[i].id, n))
     }
 
+    /// Evicts the least recently used entry (to free KV memory for running sequences): its id.
+    pub fn pop_lru(&mut self) -> Option<u64> {
+        let i = self
+            .entries
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, e)| e.last_used)
+            .map(|(i, _)| i)?;
+        let e = self.entries.swap_remove(i);
+        self.used_tokens -= e.tokens.len();
+        Some(e.id)
+    }
+
     /// Offers the computed tokens of a finished sequence.
     pub fn insert(&mut self, tokens: &[u32]) -> Insert {
         let mut out = Insert::default();

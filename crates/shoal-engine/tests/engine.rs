@@ -396,3 +396,47 @@ async fn prefix_cache_reuses_a_previous_turn_and_changes_nothing() {
     assert_eq!(again.tokens, without.tokens);
     assert!(again.cached_tokens > with.cached_tokens);
 }
+
+#[tokio::test]
+async fn a_small_kv_budget_queues_and_preempts_but_every_request_finishes_unchanged() {
+    // Room for ~96 tokens of KV: four requests of ~10 prompt + 40 generated tokens cannot all hold
+    // their KV at once, so some wait and some are preempted and recomputed.
+    let kv_token = 2 * 30 * 3 * 64 * 4;
+    let tight = engine_with(EngineConfig {
+        threads: 1,
+        kv_budget_bytes: 96 * kv_token,
+        prefix_cache_tokens: 0,
+        ..Default::default()
+    });
+    let roomy = engine();
+    let prompts = [
+        "Once upon a time, in a small village,",
+        "1, 2, 3, 4, 5,",
+        "def fibonacci(n):",
+        "The cat sat on",
+    ];
+    let req = |p: &str| {
+        let mut r = request(p, 40);
+        r.ignore_eos = true;
+        r
+    };
+    let (a, b, c, d) = tokio::join!(
+        collect(&tight, req(prompts[0])),
+        collect(&tight, req(prompts[1])),
+        collect(&tight, req(prompts[2])),
+        collect(&tight, req(prompts[3]))
+    );
+    for (out, p) in [a, b, c, d].iter().zip(prompts) {
+        let alone = collect(&roomy, req(p)).await;
+        assert_eq!(out.tokens, alone.tokens, "{p}");
+        assert_eq!(out.finish, FinishReason::Length);
+    }
+    // A prompt larger than the whole budget is refused, not hung.
+    let mut stream = tight
+        .submit(request(&"word ".repeat(200), 4))
+        .expect("submit");
+    assert!(matches!(
+        stream.next().await,
+        Some(Event::Error(EngineError::PromptTooLong { .. }))
+    ));
+}
