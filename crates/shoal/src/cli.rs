@@ -63,6 +63,12 @@ pub struct EngineArgs {
     /// Sequences generating at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
+    /// KV-cache memory for all sequences and cached prefixes, in MiB.
+    #[arg(long, default_value_t = 2048)]
+    pub kv_budget_mib: usize,
+    /// Tokens of finished conversations kept for prefix reuse (0 disables the prefix cache).
+    #[arg(long, default_value_t = 8192)]
+    pub prefix_cache_tokens: usize,
     /// Split the model into local pipeline stages, e.g. "0-10,10-20,20-30".
     #[arg(long)]
     pub stages: Option<String>,
@@ -79,6 +85,8 @@ impl EngineArgs {
             max_batch_tokens: self.max_batch_tokens.max(1),
             max_running: self.max_running.max(1),
             stages,
+            kv_budget_bytes: self.kv_budget_mib.max(1) << 20,
+            prefix_cache_tokens: self.prefix_cache_tokens,
             ..EngineConfig::default()
         })
     }
