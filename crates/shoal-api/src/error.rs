@@ -38,6 +38,12 @@ pub enum ApiError {
     /// The route exists but not with this method (405).
     #[error("{0}")]
     MethodNotAllowed(String),
+    /// No live request has this id (404, code `request_not_found`).
+    #[error("no running or queued request has the id '{id}'")]
+    RequestNotFound { id: String },
+    /// The request was cancelled through `POST /v1/cancel/{id}` before it finished (409).
+    #[error("the request was cancelled")]
+    Cancelled,
     /// The request's `timeout` ran out before it finished (408).
     #[error("the request timed out after {after_ms} ms")]
     Timeout { after_ms: u64 },
@@ -76,8 +82,11 @@ impl ApiError {
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::ModelNotFound { .. } | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound { .. }
+            | ApiError::NotFound(_)
+            | ApiError::RequestNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Cancelled => StatusCode::CONFLICT,
             ApiError::Timeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Overloaded | ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -105,6 +114,10 @@ impl ApiError {
             ApiError::MethodNotAllowed(_) => {
                 ("invalid_request_error", None, Some("method_not_allowed"))
             }
+            ApiError::RequestNotFound { .. } => {
+                ("invalid_request_error", None, Some("request_not_found"))
+            }
+            ApiError::Cancelled => ("cancelled", None, Some("request_cancelled")),
             ApiError::Timeout { .. } => ("timeout", Some("timeout".into()), Some("timeout")),
             ApiError::Overloaded => ("server_error", None, Some("overloaded")),
             ApiError::Unavailable => ("server_error", None, Some("unavailable")),
@@ -289,6 +302,20 @@ mod tests {
             ApiError::from(EngineError::Stopped).status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
+    }
+
+    #[test]
+    fn cancelled_is_409_and_unknown_request_404() {
+        let body = ApiError::Cancelled.body();
+        assert_eq!(ApiError::Cancelled.status(), StatusCode::CONFLICT);
+        assert_eq!(body.error.kind, "cancelled");
+        assert_eq!(body.error.code, Some("request_cancelled"));
+        assert_eq!(body.error.message, "the request was cancelled");
+        let e = ApiError::RequestNotFound {
+            id: "chatcmpl-7".into(),
+        };
+        assert_eq!(e.status(), StatusCode::NOT_FOUND);
+        assert_eq!(e.body().error.code, Some("request_not_found"));
     }
 
     #[test]

@@ -12,14 +12,19 @@
 //! - [`error::ApiError`] is every failure; its one `IntoResponse` impl writes OpenAI's error shape with
 //!   the right status and hides internal details.
 //!
-//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
-//! `GET /v1/models/{id}`, `GET /health`.
+//! - [`cancel`] lets a client stop a request by its response id (`POST /v1/cancel/{id}`); handlers hold
+//!   each request as a [`cancel::LiveRequest`] so they can tell such a cancellation apart.
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/cancel/{id}`,
+//! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`.
 
+pub mod cancel;
 pub mod error;
 pub mod openai;
 pub mod sse;
 
 use std::future::Future;
+use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
@@ -27,10 +32,11 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use shoal_engine::EngineHandle;
+use shoal_engine::{EngineHandle, RequestStream};
 use tower_http::cors::CorsLayer;
 use tower_http::trace::TraceLayer;
 
+use cancel::{Cancellations, LiveRequest};
 pub use error::ApiError;
 
 /// The API's default port.
@@ -46,6 +52,8 @@ pub struct ApiState {
     pub engine: EngineHandle,
     /// Largest accepted request body in bytes; larger ones get 413.
     pub body_limit: usize,
+    /// Requests cancelled through `POST /v1/cancel/{id}` that are still being answered.
+    pub cancellations: Arc<Cancellations>,
 }
 
 impl ApiState {
@@ -53,7 +61,13 @@ impl ApiState {
         ApiState {
             engine,
             body_limit: DEFAULT_BODY_LIMIT,
+            cancellations: Arc::default(),
         }
+    }
+
+    /// Wraps a just-submitted request so its handler can learn whether it was cancelled by id.
+    pub fn track(&self, stream: RequestStream) -> LiveRequest {
+        LiveRequest::new(stream, self.cancellations.clone())
     }
 }
 
@@ -63,6 +77,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(openai::chat::chat_completions))
         .route("/v1/completions", post(openai::completions::completions))
+        .route("/v1/cancel/{id}", post(cancel::cancel_request))
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{*id}", get(openai::get_model))
         .route("/health", get(health))

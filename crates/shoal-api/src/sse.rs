@@ -1,11 +1,14 @@
 //! Server-sent events: turns a request's engine events into an SSE body.
 //!
-//! [`event_stream`] owns the [`RequestStream`]: when the client goes away, axum drops the response body,
+//! [`event_stream`] owns the request's [`LiveRequest`] (and through it the `RequestStream`): when the client goes away, axum drops the response body,
 //! which drops this stream and with it the `RequestStream`, and the engine cancels the sequence at its
 //! next step. Nothing here spawns a task, so nothing keeps a request alive behind the client's back.
 //!
 //! The wire format is OpenAI's: one `data: {json}` event per chunk, a final `data: [DONE]`, and on an
-//! engine error midway a `data: {"error": {...}}` event after which the stream simply ends.
+//! engine error midway (a `timeout` running out included) a `data: {"error": {...}}` event after which the
+//! stream simply ends. A request cancelled through `POST /v1/cancel/{id}` ends with an error event of type
+//! `cancelled` followed by `data: [DONE]` (OpenAI has no `cancelled` finish reason, so clients would not
+//! understand one).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -14,8 +17,9 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use serde::Serialize;
-use shoal_engine::{Event, FinishReason, RequestStream, Usage};
+use shoal_engine::{Event, FinishReason, Usage};
 
+use crate::cancel::LiveRequest;
 use crate::error::ApiError;
 
 /// How one API shapes its stream chunks. Each method returns a serialized chunk, or `None` to send
@@ -48,7 +52,7 @@ fn error_json(err: &ApiError) -> String {
 
 /// The SSE response for a running request.
 pub fn sse_response<F: ChunkFormat>(
-    stream: RequestStream,
+    stream: LiveRequest,
     format: F,
     include_usage: bool,
 ) -> Response {
@@ -58,7 +62,7 @@ pub fn sse_response<F: ChunkFormat>(
 }
 
 struct State<F> {
-    stream: RequestStream,
+    stream: LiveRequest,
     format: F,
     include_usage: bool,
     opened: bool,
@@ -68,7 +72,7 @@ struct State<F> {
 
 /// The SSE events of one request, ending with `[DONE]` (or an error event).
 pub fn event_stream<F: ChunkFormat>(
-    stream: RequestStream,
+    stream: LiveRequest,
     format: F,
     include_usage: bool,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static {
@@ -103,7 +107,7 @@ pub fn event_stream<F: ChunkFormat>(
 impl<F: ChunkFormat> State<F> {
     /// Waits for the next engine event and queues what it turns into.
     async fn step(&mut self) {
-        match self.stream.next().await {
+        match self.stream.stream().next().await {
             Some(Event::Token { text, logprob, .. }) => {
                 if let Some(chunk) = self.format.token(&text, logprob) {
                     self.queue.push_back(data(chunk));
@@ -113,10 +117,8 @@ impl<F: ChunkFormat> State<F> {
                 finish_reason: FinishReason::Cancelled,
                 ..
             }) => {
-                // Only the engine cancels a request whose client is still here (shutdown): say so.
-                self.queue
-                    .push_back(data(error_json(&ApiError::Unavailable)));
-                self.finished = true;
+                // We still hold the stream, so the request was cancelled by id.
+                self.cancelled();
             }
             Some(Event::Done {
                 finish_reason,
@@ -135,6 +137,8 @@ impl<F: ChunkFormat> State<F> {
                 self.queue.push_back(data(error_json(&ApiError::from(err))));
                 self.finished = true;
             }
+            // A request cancelled while still queued is dropped from the queue without a final event.
+            None if self.stream.cancelled_by_id() => self.cancelled(),
             None => {
                 let err = ApiError::Internal(
                     "the engine closed the request's stream without finishing".into(),
@@ -144,6 +148,16 @@ impl<F: ChunkFormat> State<F> {
                 self.finished = true;
             }
         }
+    }
+}
+
+impl<F> State<F> {
+    /// The end of a stream cancelled by id: an error event saying so, then `[DONE]`.
+    fn cancelled(&mut self) {
+        tracing::debug!(request = self.stream.id(), "stream cancelled by id");
+        self.queue.push_back(data(error_json(&ApiError::Cancelled)));
+        self.queue.push_back(data("[DONE]".to_string()));
+        self.finished = true;
     }
 }
 

@@ -79,6 +79,8 @@ pub(crate) struct Counters {
     steps: AtomicU64,
     generated: AtomicU64,
     prefilled: AtomicU64,
+    kv_tokens: AtomicUsize,
+    stage_sequences: AtomicUsize,
 }
 
 /// A request accepted by a handle, on its way to the engine thread.
@@ -241,6 +243,8 @@ impl Shared {
             steps: c.steps.load(Ordering::Relaxed),
             generated_tokens: c.generated.load(Ordering::Relaxed),
             prefilled_tokens: c.prefilled.load(Ordering::Relaxed),
+            kv_tokens: c.kv_tokens.load(Ordering::Relaxed),
+            stage_sequences: c.stage_sequences.load(Ordering::Relaxed),
         }
     }
 }
@@ -430,6 +434,7 @@ impl Worker {
             if !self.running.is_empty() {
                 self.step();
             }
+            self.publish_memory();
         }
     }
 
@@ -438,7 +443,18 @@ impl Worker {
         let now = Instant::now();
         let before = self.waiting.len();
         self.waiting.retain(|a| {
-            if a.cancel.load(Ordering::Relaxed) || a.tx.is_closed() {
+            if a.tx.is_closed() {
+                return false;
+            }
+            if a.cancel.load(Ordering::Relaxed) {
+                let usage = Usage {
+                    prompt_tokens: a.tokens.len() as u32,
+                    ..Usage::default()
+                };
+                let _ = a.tx.send(Event::Done {
+                    finish_reason: FinishReason::Cancelled,
+                    usage,
+                });
                 return false;
             }
             if a.deadline.is_some_and(|d| now >= d) {
@@ -481,6 +497,13 @@ impl Worker {
                 i += 1;
             }
         }
+    }
+
+    fn publish_memory(&self) {
+        let c = &self.counters;
+        c.kv_tokens.store(self.kv_in_use(), Ordering::Relaxed);
+        let held = self.stages.iter().map(|s| s.held_sequences()).sum();
+        c.stage_sequences.store(held, Ordering::Relaxed);
     }
 
     /// KV tokens held: running sequences plus cached prefixes.

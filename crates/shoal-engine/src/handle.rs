@@ -38,6 +38,10 @@ pub struct EngineStats {
     pub generated_tokens: u64,
     /// Prompt tokens prefilled so far.
     pub prefilled_tokens: u64,
+    /// Tokens of KV held: running sequences plus cached prefixes (bounded by the KV budget).
+    pub kv_tokens: usize,
+    /// Sequence KV caches held across all stages (a sequence in an n-stage pipeline holds n).
+    pub stage_sequences: usize,
 }
 
 /// Handle to a running engine. Cheap to clone; all methods are safe to call from async code.

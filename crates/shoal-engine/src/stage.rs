@@ -50,6 +50,8 @@ pub trait Stage: Send {
     ) -> Result<(), EngineError>;
     /// Frees prefix `prefix_id`. Unknown ids are ignored.
     fn drop_prefix(&mut self, prefix_id: u64);
+    /// Sequences whose KV this stage holds now.
+    fn held_sequences(&self) -> usize;
 }
 
 /// Layers running in this process.
@@ -168,6 +170,10 @@ impl Stage for LocalStage {
 
     fn drop_prefix(&mut self, prefix_id: u64) {
         self.prefixes.remove(&prefix_id);
+    }
+
+    fn held_sequences(&self) -> usize {
+        self.caches.len()
     }
 }
 

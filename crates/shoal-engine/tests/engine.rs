@@ -440,3 +440,65 @@ async fn a_small_kv_budget_queues_and_preempts_but_every_request_finishes_unchan
         Some(Event::Error(EngineError::PromptTooLong { .. }))
     ));
 }
+
+#[tokio::test]
+async fn cancelling_in_a_two_stage_pipeline_frees_every_stage() {
+    let engine = engine_with(EngineConfig {
+        threads: 1,
+        stages: Some(vec![
+            LayerRange { start: 0, end: 15 },
+            LayerRange { start: 15, end: 30 },
+        ]),
+        prefix_cache_tokens: 0,
+        ..Default::default()
+    });
+    let mut long = request("Once upon a time", 5000);
+    long.ignore_eos = true;
+    let mut stream = engine.submit(long).expect("submit");
+    assert!(matches!(stream.next().await, Some(Event::Token { .. })));
+    wait_for(&engine, "both stages to hold the sequence", |s| {
+        s.stage_sequences == 2
+    });
+    assert!(engine.cancel(stream.id()));
+    wait_for(&engine, "both stages to free it", |s| {
+        s.stage_sequences == 0 && s.active_sequences == 0
+    });
+    let (steps, generated) = (engine.stats().steps, engine.stats().generated_tokens);
+    std::thread::sleep(Duration::from_millis(50));
+    let after = engine.stats();
+    assert_eq!(
+        (after.steps, after.generated_tokens, after.kv_tokens),
+        (steps, generated, 0),
+        "work after cancel"
+    );
+}
+
+#[tokio::test]
+async fn cancelling_a_queued_request_ends_its_stream_with_cancelled() {
+    let engine = engine_with(EngineConfig {
+        threads: 1,
+        max_running: 1,
+        ..Default::default()
+    });
+    let mut long = request("Once upon a time", 5000);
+    long.ignore_eos = true;
+    let mut running = engine.submit(long).expect("submit");
+    assert!(matches!(running.next().await, Some(Event::Token { .. })));
+    let mut queued = engine.submit(request("hi", 4)).expect("submit");
+    wait_for(&engine, "the second request to queue", |s| s.waiting == 1);
+    assert!(engine.cancel(queued.id()));
+    let ev = tokio::time::timeout(PATIENCE, queued.next())
+        .await
+        .expect("stalled");
+    assert!(
+        matches!(
+            ev,
+            Some(Event::Done {
+                finish_reason: FinishReason::Cancelled,
+                ..
+            })
+        ),
+        "{ev:?}"
+    );
+    drop(running);
+}

@@ -54,12 +54,13 @@ pub async fn chat_completions(
         stop: params.stop,
         add_bos: false,
         ignore_eos: params.ignore_eos,
-        timeout: None,
+        timeout: params.timeout,
     };
-    let mut stream = state
+    let stream = state
         .engine
         .submit(request)
         .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
+    let mut stream = state.track(stream);
     let id = format!("chatcmpl-{}", stream.id());
     let created = unix_now();
     if params.stream {

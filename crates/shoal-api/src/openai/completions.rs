@@ -36,12 +36,13 @@ pub async fn completions(
         stop: params.stop,
         add_bos,
         ignore_eos: params.ignore_eos,
-        timeout: None,
+        timeout: params.timeout,
     };
-    let mut stream = state
+    let stream = state
         .engine
         .submit(request)
         .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
+    let mut stream = state.track(stream);
     let id = format!("cmpl-{}", stream.id());
     let created = unix_now();
     if params.stream {

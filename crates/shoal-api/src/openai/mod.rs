@@ -13,9 +13,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::extract::{Path, State};
-use shoal_engine::{Event, FinishReason, RequestStream, Usage};
+use shoal_engine::{Event, FinishReason, Usage};
 
 use crate::ApiState;
+use crate::cancel::LiveRequest;
 use crate::error::ApiError;
 use types::{ModelList, ModelObject};
 
@@ -40,11 +41,12 @@ pub struct Generated {
     pub usage: Usage,
 }
 
-/// Reads a request's events to the end.
-pub async fn collect(stream: &mut RequestStream, keep_tokens: bool) -> Result<Generated, ApiError> {
+/// Reads a request's events to the end. A request cancelled by id (`POST /v1/cancel/{id}`) answers
+/// [`ApiError::Cancelled`]; one that runs past its `timeout` answers [`ApiError::Timeout`].
+pub async fn collect(request: &mut LiveRequest, keep_tokens: bool) -> Result<Generated, ApiError> {
     let mut text = String::new();
     let mut tokens = Vec::new();
-    while let Some(event) = stream.next().await {
+    while let Some(event) = request.stream().next().await {
         match event {
             Event::Token {
                 text: piece,
@@ -56,11 +58,11 @@ pub async fn collect(stream: &mut RequestStream, keep_tokens: bool) -> Result<Ge
                     tokens.push((piece, logprob));
                 }
             }
-            // We still hold the stream, so only the engine can have cancelled (shutdown).
+            // We still hold the stream, so the request was cancelled by id.
             Event::Done {
                 finish_reason: FinishReason::Cancelled,
                 ..
-            } => return Err(ApiError::Unavailable),
+            } => return Err(ApiError::Cancelled),
             Event::Done {
                 finish_reason,
                 usage,
@@ -74,6 +76,10 @@ pub async fn collect(stream: &mut RequestStream, keep_tokens: bool) -> Result<Ge
             }
             Event::Error(err) => return Err(err.into()),
         }
+    }
+    // A request cancelled while still queued is dropped from the queue without a final event.
+    if request.cancelled_by_id() {
+        return Err(ApiError::Cancelled);
     }
     Err(ApiError::Internal(
         "the engine closed the request's stream without finishing".into(),

@@ -4,6 +4,8 @@
 //! (naming it in the error) and yields a [`Validated`] with the engine's [`SamplingParams`], the token
 //! budget and the stop sequences, plus how to answer (stream or not, usage chunk or not).
 
+use std::time::Duration;
+
 use shoal_engine::{EngineHandle, SamplingParams};
 
 use super::types::{ChatRequest, CompletionRequest, StopInput};
@@ -11,6 +13,10 @@ use crate::error::ApiError;
 
 /// More stop sequences than OpenAI's 4, which some clients exceed; each costs a little per token.
 pub const MAX_STOP_SEQUENCES: usize = 16;
+
+/// Longest accepted `timeout`, in seconds (one day): longer means "no timeout" in practice, and a bound
+/// keeps the deadline arithmetic far from overflow.
+pub const MAX_TIMEOUT_SECS: f64 = 86_400.0;
 
 /// The shared raw fields, borrowed out of a request.
 #[derive(Debug, Default)]
@@ -30,6 +36,7 @@ pub struct CommonParams {
     pub seed: Option<i64>,
     pub stop: Option<StopInput>,
     pub ignore_eos: Option<bool>,
+    pub timeout: Option<f64>,
     pub n: Option<i64>,
 }
 
@@ -42,6 +49,8 @@ pub struct Validated {
     pub max_tokens: Option<u32>,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// Give up after this long (queueing included).
+    pub timeout: Option<Duration>,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -61,6 +70,7 @@ impl CommonParams {
             (None, Some(v)) => Some(token_budget("max_tokens", v)?),
             (None, None) => None,
         };
+        let timeout = self.timeout.map(request_timeout).transpose()?;
         let stop: Vec<String> = self.stop.map(StopInput::into_vec).unwrap_or_default();
         if stop.len() > MAX_STOP_SEQUENCES {
             return Err(ApiError::invalid(
@@ -98,6 +108,7 @@ impl CommonParams {
             max_tokens,
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            timeout,
             stream: self.stream.unwrap_or(false),
             include_usage: self.include_usage.unwrap_or(false),
         })
@@ -113,6 +124,18 @@ fn token_budget(param: &'static str, value: i64) -> Result<u32, ApiError> {
         ));
     }
     Ok(u32::try_from(value).unwrap_or(u32::MAX))
+}
+
+/// `timeout` is in seconds, fractions allowed: more than 0, at most [`MAX_TIMEOUT_SECS`].
+fn request_timeout(secs: f64) -> Result<Duration, ApiError> {
+    if !(secs.is_finite() && secs > 0.0 && secs <= MAX_TIMEOUT_SECS) {
+        return Err(ApiError::invalid(
+            "timeout",
+            format!("timeout must be a number of seconds in (0, {MAX_TIMEOUT_SECS}], got {secs}"),
+        ));
+    }
+    // Below a nanosecond the deadline would be "now"; keep it positive as asked.
+    Ok(Duration::from_secs_f64(secs).max(Duration::from_nanos(1)))
 }
 
 /// The requested model if the engine serves it; without one, the only model served.
@@ -151,6 +174,7 @@ impl From<&mut ChatRequest> for CommonParams {
             seed: r.seed,
             stop: r.stop.take(),
             ignore_eos: r.ignore_eos,
+            timeout: r.timeout,
             n: r.n,
         }
     }
@@ -174,6 +198,7 @@ impl From<&mut CompletionRequest> for CommonParams {
             seed: r.seed,
             stop: r.stop.take(),
             ignore_eos: r.ignore_eos,
+            timeout: r.timeout,
             n: r.n,
         }
     }
@@ -189,5 +214,21 @@ mod tests {
         assert!(token_budget("max_tokens", -3).is_err());
         assert_eq!(token_budget("max_tokens", 5).ok(), Some(5));
         assert_eq!(token_budget("max_tokens", i64::MAX).ok(), Some(u32::MAX));
+    }
+
+    #[test]
+    fn timeout_must_be_positive_and_bounded() {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, MAX_TIMEOUT_SECS + 1.0] {
+            let err = request_timeout(bad).expect_err("must be refused");
+            assert!(
+                matches!(&err, ApiError::InvalidRequest { param: Some(p), .. } if p == "timeout"),
+                "{err:?}"
+            );
+        }
+        assert_eq!(request_timeout(0.25).ok(), Some(Duration::from_millis(250)));
+        assert_eq!(
+            request_timeout(MAX_TIMEOUT_SECS).ok(),
+            Some(Duration::from_secs(86_400))
+        );
     }
 }

@@ -28,6 +28,8 @@ pub struct ChatRequest {
     pub stop: Option<StopInput>,
     /// llama.cpp / vLLM extension: keep generating past end-of-generation tokens.
     pub ignore_eos: Option<bool>,
+    /// shoal extension: give up after this many seconds (queueing included) with 408.
+    pub timeout: Option<f64>,
     pub n: Option<i64>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
@@ -54,6 +56,8 @@ pub struct CompletionRequest {
     pub stop: Option<StopInput>,
     /// llama.cpp / vLLM extension: keep generating past end-of-generation tokens.
     pub ignore_eos: Option<bool>,
+    /// shoal extension: give up after this many seconds (queueing included) with 408.
+    pub timeout: Option<f64>,
     pub n: Option<i64>,
     pub best_of: Option<i64>,
     /// Number of top log-probabilities per token; only 0 (the sampled token's own) is supported.
