@@ -1,32 +1,28 @@
-//! The engine thread and the shared state behind [`EngineHandle`].
+//! Engine configuration, model loading, and the shared state behind [`EngineHandle`].
 //!
-//! One engine thread per model instance owns its pipeline stages and every sequence. Each step it drops
-//! cancelled sequences, admits waiting requests, plans the step ([`crate::scheduler::plan_step`]), runs
-//! the batch through the pipeline, samples, and streams events. Handles talk to it through a bounded
-//! queue; results flow back through each request's own channel.
+//! One engine thread per model instance ([`crate::worker`]) owns its pipeline stages and every sequence.
+//! Handles validate and tokenize requests here, then talk to the thread through a bounded queue; results
+//! flow back through each request's own channel.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use shoal_kernels::ThreadPool;
 use shoal_model::chat::ChatTemplate;
 use shoal_model::gguf::GgufFile;
-use shoal_model::tokenizer::{StreamDecoder, Tokenizer};
+use shoal_model::tokenizer::Tokenizer;
 use shoal_model::{LayerRange, LlamaStage, ModelConfig};
 use tokio::sync::mpsc::{self, UnboundedSender};
 
 use crate::error::EngineError;
 use crate::handle::{ChatMessage, EngineHandle, EngineStats, ModelInfo, RequestStream};
-use crate::prefix::PrefixIndex;
-use crate::request::{Event, FinishReason, GenerateRequest, Prompt, Usage};
-use crate::sampler::{self, Sampler};
-use crate::scheduler::{SeqView, StepBudget, plan_step};
-use crate::stage::{ChunkSpec, LocalStage, Stage, run_pipeline};
-use crate::stop::StopMatcher;
+use crate::request::{Event, GenerateRequest, Prompt};
+use crate::stage::{LocalStage, Stage};
+use crate::worker::Worker;
 
 /// Engine tuning.
 #[derive(Debug, Clone)]
@@ -74,23 +70,23 @@ pub fn default_threads() -> usize {
 /// Counters shared between the engine thread and handles.
 #[derive(Default)]
 pub(crate) struct Counters {
-    active: AtomicUsize,
-    waiting: AtomicUsize,
-    steps: AtomicU64,
-    generated: AtomicU64,
-    prefilled: AtomicU64,
-    kv_tokens: AtomicUsize,
-    stage_sequences: AtomicUsize,
+    pub(crate) active: AtomicUsize,
+    pub(crate) waiting: AtomicUsize,
+    pub(crate) steps: AtomicU64,
+    pub(crate) generated: AtomicU64,
+    pub(crate) prefilled: AtomicU64,
+    pub(crate) kv_tokens: AtomicUsize,
+    pub(crate) stage_sequences: AtomicUsize,
 }
 
 /// A request accepted by a handle, on its way to the engine thread.
-struct Admission {
-    id: u64,
-    tokens: Vec<u32>,
-    request: GenerateRequest,
-    tx: UnboundedSender<Event>,
-    cancel: Arc<AtomicBool>,
-    deadline: Option<Instant>,
+pub(crate) struct Admission {
+    pub(crate) id: u64,
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) request: GenerateRequest,
+    pub(crate) tx: UnboundedSender<Event>,
+    pub(crate) cancel: Arc<AtomicBool>,
+    pub(crate) deadline: Option<Instant>,
 }
 
 struct ModelSlot {
@@ -329,23 +325,14 @@ pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, E
         template: model.template,
         queue,
     };
-    let kv_token_bytes = model
-        .config
-        .kv_bytes_per_token(model.config.n_layers)
-        .max(1);
-    let mut worker = Worker {
-        kv_budget: (config.kv_budget_bytes / kv_token_bytes).max(1),
-        preempted: VecDeque::new(),
-        prefix: PrefixIndex::new(config.prefix_cache_tokens),
-        stages: model.stages,
-        tokenizer: model.tokenizer,
-        context_length: model.config.context_length,
+    let mut worker = Worker::new(
+        model.stages,
+        model.tokenizer,
+        &model.config,
         config,
-        counters: counters.clone(),
-        running: Vec::new(),
-        waiting: VecDeque::new(),
-        seed_counter: created,
-    };
+        counters.clone(),
+        created,
+    );
     std::thread::Builder::new()
         .name(format!("engine-{}", model.id))
         .spawn(move || worker.run(rx))
@@ -358,441 +345,4 @@ pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, E
             cancels: Mutex::new(HashMap::new()),
         }),
     })
-}
-
-/// A sequence owned by the engine thread.
-struct Sequence {
-    id: u64,
-    tokens: Vec<u32>,
-    prompt_len: usize,
-    /// Tokens whose KV is computed on every stage.
-    computed: usize,
-    max_new: usize,
-    sampler: Sampler,
-    decoder: StreamDecoder,
-    stop: StopMatcher,
-    tx: UnboundedSender<Event>,
-    cancel: Arc<AtomicBool>,
-    ignore_eos: bool,
-    deadline: Option<Instant>,
-    timeout_ms: u64,
-    /// Prompt tokens whose KV came from the prefix cache.
-    cached: usize,
-}
-
-impl Sequence {
-    fn generated(&self) -> usize {
-        self.tokens.len() - self.prompt_len
-    }
-
-    fn usage(&self) -> Usage {
-        Usage {
-            prompt_tokens: self.prompt_len as u32,
-            completion_tokens: self.generated() as u32,
-            cached_tokens: self.cached as u32,
-        }
-    }
-
-    fn is_cancelled(&self) -> bool {
-        self.cancel.load(Ordering::Relaxed) || self.tx.is_closed()
-    }
-}
-
-struct Worker {
-    stages: Vec<Box<dyn Stage>>,
-    prefix: PrefixIndex,
-    /// KV budget in tokens (every stage holds the same tokens per sequence).
-    kv_budget: usize,
-    /// Sequences whose KV was dropped to stay in budget; they resume first, recomputing their KV.
-    preempted: VecDeque<Sequence>,
-    tokenizer: Arc<Tokenizer>,
-    context_length: usize,
-    config: EngineConfig,
-    counters: Arc<Counters>,
-    running: Vec<Sequence>,
-    waiting: VecDeque<Admission>,
-    seed_counter: u64,
-}
-
-impl Worker {
-    fn run(&mut self, rx: Receiver<Admission>) {
-        loop {
-            if self.running.is_empty() && self.waiting.is_empty() && self.preempted.is_empty() {
-                match rx.recv() {
-                    Ok(a) => self.waiting.push_back(a),
-                    Err(_) => return, // every handle is gone
-                }
-            }
-            // Pull only while the wait list has room: beyond that requests stay in the bounded channel,
-            // which then answers `Overloaded` to new submissions instead of growing without limit.
-            while self.waiting.len() < self.config.queue_depth {
-                let Ok(a) = rx.try_recv() else { break };
-                self.waiting.push_back(a);
-            }
-            self.drop_cancelled();
-            self.admit();
-            if !self.running.is_empty() {
-                self.step();
-            }
-            self.publish_memory();
-        }
-    }
-
-    /// Frees cancelled requests and fails those past their deadline.
-    fn drop_cancelled(&mut self) {
-        let now = Instant::now();
-        let before = self.waiting.len();
-        self.waiting.retain(|a| {
-            if a.tx.is_closed() {
-                return false;
-            }
-            if a.cancel.load(Ordering::Relaxed) {
-                let usage = Usage {
-                    prompt_tokens: a.tokens.len() as u32,
-                    ..Usage::default()
-                };
-                let _ = a.tx.send(Event::Done {
-                    finish_reason: FinishReason::Cancelled,
-                    usage,
-                });
-                return false;
-            }
-            if a.deadline.is_some_and(|d| now >= d) {
-                let after_ms = a.request.timeout.map_or(0, |t| t.as_millis() as u64);
-                let _ = a.tx.send(Event::Error(EngineError::Timeout { after_ms }));
-                return false;
-            }
-            true
-        });
-        self.counters
-            .waiting
-            .fetch_sub(before - self.waiting.len(), Ordering::Relaxed);
-        let before = self.preempted.len();
-        self.preempted.retain(|s| {
-            let timed_out = s.deadline.is_some_and(|d| now >= d);
-            if timed_out {
-                let _ = s.tx.send(Event::Error(EngineError::Timeout {
-                    after_ms: s.timeout_ms,
-                }));
-            } else if s.is_cancelled() {
-                let _ = s.tx.send(Event::Done {
-                    finish_reason: FinishReason::Cancelled,
-                    usage: s.usage(),
-                });
-            }
-            !(timed_out || s.is_cancelled())
-        });
-        self.counters
-            .active
-            .fetch_sub(before - self.preempted.len(), Ordering::Relaxed);
-        let mut i = 0;
-        while i < self.running.len() {
-            let seq = &self.running[i];
-            if seq.is_cancelled() {
-                self.finish(i, FinishReason::Cancelled);
-            } else if seq.deadline.is_some_and(|d| now >= d) {
-                let after_ms = seq.timeout_ms;
-                self.fail(i, EngineError::Timeout { after_ms });
-            } else {
-                i += 1;
-            }
-        }
-    }
-
-    fn publish_memory(&self) {
-        let c = &self.counters;
-        c.kv_tokens.store(self.kv_in_use(), Ordering::Relaxed);
-        let held = self.stages.iter().map(|s| s.held_sequences()).sum();
-        c.stage_sequences.store(held, Ordering::Relaxed);
-    }
-
-    /// KV tokens held: running sequences plus cached prefixes.
-    fn kv_in_use(&self) -> usize {
-        self.running.iter().map(|s| s.computed).sum::<usize>() + self.prefix.used_tokens()
-    }
-
-    /// Makes `need` KV tokens free if possible, evicting cached prefixes first; true when they are.
-    fn make_room(&mut self, need: usize) -> bool {
-        while self.kv_in_use() + need > self.kv_budget {
-            let Some(id) = self.prefix.pop_lru() else {
-                return false;
-            };
-            for s in self.stages.iter_mut() {
-                s.drop_prefix(id);
-            }
-        }
-        true
-    }
-
-    fn admit(&mut self) {
-        // Preempted sequences first, in order; each recomputes all its tokens.
-        while self.running.len() < self.config.max_running {
-            let Some(need) = self.preempted.front().map(|s| s.tokens.len()) else {
-                break;
-            };
-            if !self.make_room(need) {
-                return;
-            }
-            if let Some(seq) = self.preempted.pop_front() {
-                self.running.push(seq);
-            }
-        }
-        while self.running.len() < self.config.max_running {
-            let Some(need) = self.waiting.front().map(|a| a.tokens.len() + 1) else {
-                break;
-            };
-            if need > self.kv_budget {
-                if let Some(a) = self.waiting.pop_front() {
-                    self.counters.waiting.fetch_sub(1, Ordering::Relaxed);
-                    let err = EngineError::PromptTooLong {
-                        prompt_tokens: a.tokens.len(),
-                        context_length: self.kv_budget - 1,
-                    };
-                    let _ = a.tx.send(Event::Error(err));
-                }
-                continue;
-            }
-            // First come, first served: a request that does not fit yet waits, and so do those behind it.
-            if !self.make_room(need) {
-                break;
-            }
-            let Some(a) = self.waiting.pop_front() else {
-                break;
-            };
-            self.counters.waiting.fetch_sub(1, Ordering::Relaxed);
-            self.seed_counter = self.seed_counter.wrapping_add(0x9E37_79B9);
-            let room = self.context_length - a.tokens.len();
-            let max_new = a
-                .request
-                .max_tokens
-                .map_or(room, |m| (m as usize).min(room));
-            self.running.push(Sequence {
-                id: a.id,
-                prompt_len: a.tokens.len(),
-                tokens: a.tokens,
-                computed: 0,
-                max_new,
-                sampler: Sampler::new(a.request.sampling.clone(), self.seed_counter),
-                decoder: StreamDecoder::new(),
-                stop: StopMatcher::new(a.request.stop.clone()),
-                tx: a.tx,
-                cancel: a.cancel,
-                ignore_eos: a.request.ignore_eos,
-                deadline: a.deadline,
-                timeout_ms: a.request.timeout.map_or(0, |t| t.as_millis() as u64),
-                cached: 0,
-            });
-            self.reuse_prefix();
-            self.counters.active.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Removes sequence `i`, frees its KV everywhere and sends its final event.
-    /// Starts the newest running sequence from the longest cached prefix of its prompt, if any.
-    fn reuse_prefix(&mut self) {
-        let Some(seq) = self.running.last_mut() else {
-            return;
-        };
-        let Some((prefix_id, n)) = self.prefix.lookup(&seq.tokens[..seq.prompt_len]) else {
-            return;
-        };
-        let id = seq.id;
-        let loaded = self
-            .stages
-            .iter_mut()
-            .try_for_each(|s| s.start_from_prefix(prefix_id, id, n));
-        match loaded {
-            Ok(()) => {
-                seq.computed = n;
-                seq.cached = n;
-            }
-            Err(e) => {
-                // Not fatal: compute the prompt from scratch.
-                tracing::warn!("prefix reuse failed, prefilling in full: {e}");
-                for s in self.stages.iter_mut() {
-                    s.release(id);
-                }
-            }
-        }
-    }
-
-    /// Removes sequence `i`, keeps its KV in the prefix cache when worth it (else frees it everywhere)
-    /// and sends its final event.
-    fn finish(&mut self, i: usize, reason: FinishReason) {
-        let seq = self.running.swap_remove(i);
-        let offer = match reason {
-            FinishReason::Cancelled => Default::default(),
-            _ => self.prefix.insert(&seq.tokens[..seq.computed]),
-        };
-        for id in offer.evict {
-            for s in self.stages.iter_mut() {
-                s.drop_prefix(id);
-            }
-        }
-        let kept = offer.store.is_some_and(|pid| {
-            let r = self
-                .stages
-                .iter_mut()
-                .try_for_each(|s| s.retain_prefix(seq.id, pid, seq.computed));
-            if let Err(e) = &r {
-                tracing::warn!("cannot keep the prefix of sequence {}: {e}", seq.id);
-                for s in self.stages.iter_mut() {
-                    s.drop_prefix(pid);
-                }
-            }
-            r.is_ok()
-        });
-        if !kept {
-            for s in self.stages.iter_mut() {
-                s.release(seq.id);
-            }
-        }
-        self.counters.active.fetch_sub(1, Ordering::Relaxed);
-        let _ = seq.tx.send(Event::Done {
-            finish_reason: reason,
-            usage: seq.usage(),
-        });
-    }
-
-    fn fail(&mut self, i: usize, error: EngineError) {
-        let seq = self.running.swap_remove(i);
-        for s in self.stages.iter_mut() {
-            s.release(seq.id);
-        }
-        self.counters.active.fetch_sub(1, Ordering::Relaxed);
-        let _ = seq.tx.send(Event::Error(error));
-    }
-
-    /// Drops the KV of the newest running sequence so older ones can go on; it resumes (recomputing
-    /// its KV, which gives the same values) when there is room again.
-    fn preempt_newest(&mut self) {
-        let Some(mut seq) = self.running.pop() else {
-            return;
-        };
-        for s in self.stages.iter_mut() {
-            s.release(seq.id);
-        }
-        seq.computed = 0;
-        seq.cached = 0;
-        self.preempted.push_front(seq);
-    }
-
-    fn step(&mut self) {
-        // Every decoding sequence needs one more KV slot; make room or preempt until it fits. A lone
-        // sequence that outgrew the whole budget ends as if it had hit its length limit.
-        loop {
-            let decodes = self
-                .running
-                .iter()
-                .filter(|s| s.tokens.len() - s.computed <= 1)
-                .count();
-            // At least one free slot, so the step always makes progress.
-            if self.make_room(decodes.max(1)) {
-                break;
-            }
-            if self.running.len() == 1 {
-                self.finish(0, FinishReason::Length);
-                return;
-            }
-            self.preempt_newest();
-        }
-        let free = self.kv_budget.saturating_sub(self.kv_in_use());
-        let views: Vec<SeqView> = self
-            .running
-            .iter()
-            .map(|s| SeqView {
-                pending: s.tokens.len() - s.computed,
-                decoding: s.tokens.len() - s.computed <= 1,
-            })
-            .collect();
-        let plan = plan_step(
-            &views,
-            StepBudget {
-                max_tokens: self.config.max_batch_tokens.min(free),
-            },
-        );
-
-        let mut batch = Vec::with_capacity(plan.len());
-        let mut tokens = Vec::new();
-        for &(i, n) in &plan {
-            let s = &self.running[i];
-            tokens.extend_from_slice(&s.tokens[s.computed..s.computed + n]);
-            batch.push(ChunkSpec {
-                seq_id: s.id,
-                len: n,
-                want_logits: s.computed + n == s.tokens.len(),
-            });
-        }
-        let logits = run_pipeline(&mut self.stages, &batch, tokens).and_then(|l| {
-            l.to_vec2::<f32>()
-                .map_err(|e| EngineError::Internal(format!("reading logits: {e}")))
-        });
-        self.counters.steps.fetch_add(1, Ordering::Relaxed);
-        let logits = match logits {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!("engine step failed: {e}");
-                let mut ids: Vec<usize> = plan.iter().map(|p| p.0).collect();
-                ids.sort_unstable_by(|a, b| b.cmp(a));
-                for i in ids {
-                    self.fail(i, e.clone());
-                }
-                return;
-            }
-        };
-        let mut rows = logits.into_iter();
-        let mut done = Vec::new();
-        for (&(i, n), spec) in plan.iter().zip(&batch) {
-            let seq = &mut self.running[i];
-            let was_prefill = seq.computed < seq.prompt_len;
-            seq.computed += n;
-            if was_prefill {
-                self.counters
-                    .prefilled
-                    .fetch_add(n as u64, Ordering::Relaxed);
-            }
-            if !spec.want_logits {
-                continue;
-            }
-            let Some(mut row) = rows.next() else { break };
-            let id = seq.sampler.sample(&mut row, &seq.tokens);
-            let logprob = sampler::logprob(&row, id);
-            seq.sampler.accept(id);
-            seq.tokens.push(id);
-            self.counters.generated.fetch_add(1, Ordering::Relaxed);
-            let eog = !seq.ignore_eos && self.tokenizer.is_eog(id);
-            // The end-of-generation token's own text is never shown.
-            let text = if eog {
-                String::new()
-            } else {
-                seq.decoder.push(&self.tokenizer, id)
-            };
-            let fed = seq.stop.feed(&text);
-            let reason = if fed.stopped || eog {
-                Some(FinishReason::Stop)
-            } else if seq.generated() >= seq.max_new || seq.tokens.len() >= self.context_length {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
-            let mut emit = fed.emit;
-            if reason.is_some() && !fed.stopped {
-                // Ending for another reason than a stop sequence: held-back text is real output.
-                emit.push_str(&seq.stop.flush());
-                emit.push_str(&seq.decoder.finish());
-            }
-            let _ = seq.tx.send(Event::Token {
-                id,
-                text: emit,
-                logprob,
-            });
-            if let Some(reason) = reason {
-                done.push((i, reason));
-            }
-        }
-        done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
-        for (i, reason) in done {
-            self.finish(i, reason);
-        }
-    }
 }

@@ -15,6 +15,7 @@ pub mod sampler;
 pub mod scheduler;
 pub mod stage;
 pub mod stop;
+mod worker;
 
 pub use error::EngineError;
 pub use handle::{ChatMessage, EngineHandle, EngineStats, ModelInfo, RequestStream};
