@@ -147,7 +147,7 @@ impl Stage for LocalStage {
             .caches
             .remove(&seq_id)
             .ok_or_else(|| EngineError::Internal(format!("no KV for sequence {seq_id}")))?;
-        // A compact copy: the running cache was grown by doubling.
+        // A compact copy: the running cache grows ahead of its length.
         self.prefixes
             .insert(prefix_id, kv.copy_prefix(len).map_err(internal)?);
         Ok(())

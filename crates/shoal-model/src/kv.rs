@@ -1,8 +1,8 @@
 //! Per-sequence KV cache for the layers of one stage.
 //!
 //! Keys and values live in one contiguous `(n_kv_heads, capacity, head_dim)` buffer per layer — a plain
-//! host buffer on CPU (read by [`crate::attention`]), a tensor on other devices — grown by doubling
-//! (rounded to [`KV_GRANULE`] tokens) so appending a token copies that token only.
+//! host buffer on CPU (read by [`crate::attention`]), a tensor on other devices — grown by a quarter at a
+//! time (rounded to [`KV_GRANULE`] tokens) so appending a token copies that token only.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -81,7 +81,11 @@ impl KvCache {
         if needed <= self.capacity {
             return Ok(());
         }
-        let new_cap = needed.max(self.capacity * 2).div_ceil(KV_GRANULE) * KV_GRANULE;
+        // Grow by a quarter (amortised O(1) appends; at most 25 % + one granule over what is used).
+        let new_cap = needed
+            .max(self.capacity + self.capacity / 4)
+            .div_ceil(KV_GRANULE)
+            * KV_GRANULE;
         let (nkv, hd, old_cap, len) = (self.n_kv_heads, self.head_dim, self.capacity, self.len);
         for layer in self.layers.iter_mut() {
             match layer {
