@@ -31,6 +31,8 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Tokens per step across all sequences (decodes + prefill chunks).
     pub max_batch_tokens: usize,
+    /// Prefill tokens per step while other sequences decode (see [`crate::scheduler::StepBudget`]).
+    pub max_prefill_while_decoding: usize,
     /// Sequences holding KV at once; more wait in the queue.
     pub max_running: usize,
     /// Requests queued between handles and the engine thread before `Overloaded` (HTTP 503). Bounded so a
@@ -51,6 +53,7 @@ impl Default for EngineConfig {
         Self {
             threads: default_threads(),
             max_batch_tokens: 256,
+            max_prefill_while_decoding: 16,
             max_running: 64,
             queue_depth: 256,
             stages: None,

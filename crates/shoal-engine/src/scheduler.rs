@@ -7,6 +7,10 @@
 pub struct StepBudget {
     /// Tokens processed per step, all sequences together.
     pub max_tokens: usize,
+    /// Prefill tokens per step while some sequence is decoding. On a CPU, prefill and decode share the
+    /// same cores, so every prefill token lengthens the running streams' inter-token latency; a small
+    /// chunk keeps them flowing while a long prompt advances.
+    pub max_prefill_while_decoding: usize,
 }
 
 /// What the planner needs to know of a sequence.
@@ -27,6 +31,9 @@ pub fn plan_step(seqs: &[SeqView], budget: StepBudget) -> Vec<(usize, usize)> {
             plan.push((i, 1));
             left -= 1;
         }
+    }
+    if !plan.is_empty() {
+        left = left.min(budget.max_prefill_while_decoding);
     }
     for (i, s) in seqs.iter().enumerate() {
         if left == 0 {
@@ -62,7 +69,13 @@ mod tests {
     fn decodes_come_first_then_prefill_fills_the_budget() {
         let seqs = [pre(100), dec(), dec()];
         assert_eq!(
-            plan_step(&seqs, StepBudget { max_tokens: 50 }),
+            plan_step(
+                &seqs,
+                StepBudget {
+                    max_tokens: 50,
+                    max_prefill_while_decoding: 1000
+                }
+            ),
             vec![(1, 1), (2, 1), (0, 48)]
         );
     }
@@ -72,7 +85,13 @@ mod tests {
         let mut seqs = vec![pre(1000), dec()];
         let mut steps = 0;
         while seqs[0].pending > 0 {
-            let plan = plan_step(&seqs, StepBudget { max_tokens: 64 });
+            let plan = plan_step(
+                &seqs,
+                StepBudget {
+                    max_tokens: 64,
+                    max_prefill_while_decoding: 1000,
+                },
+            );
             assert!(
                 plan.contains(&(1, 1)),
                 "the running stream decodes every step"
@@ -89,10 +108,29 @@ mod tests {
     }
 
     #[test]
+    fn prefill_is_throttled_only_while_something_decodes() {
+        let b = StepBudget {
+            max_tokens: 256,
+            max_prefill_while_decoding: 16,
+        };
+        assert_eq!(plan_step(&[pre(1000)], b), vec![(0, 256)]);
+        assert_eq!(
+            plan_step(&[pre(1000), dec(), dec()], b),
+            vec![(1, 1), (2, 1), (0, 16)]
+        );
+    }
+
+    #[test]
     fn several_prompts_share_the_budget_oldest_first() {
         let seqs = [pre(10), pre(30), pre(5)];
         assert_eq!(
-            plan_step(&seqs, StepBudget { max_tokens: 32 }),
+            plan_step(
+                &seqs,
+                StepBudget {
+                    max_tokens: 32,
+                    max_prefill_while_decoding: 1000
+                }
+            ),
             vec![(0, 10), (1, 22)]
         );
     }
@@ -103,10 +141,16 @@ mod tests {
             .map(|i| if i % 2 == 0 { dec() } else { pre(7) })
             .collect();
         for max in 1..40 {
-            let total: usize = plan_step(&seqs, StepBudget { max_tokens: max })
-                .iter()
-                .map(|p| p.1)
-                .sum();
+            let total: usize = plan_step(
+                &seqs,
+                StepBudget {
+                    max_tokens: max,
+                    max_prefill_while_decoding: 1000,
+                },
+            )
+            .iter()
+            .map(|p| p.1)
+            .sum();
             assert!(total <= max);
         }
     }

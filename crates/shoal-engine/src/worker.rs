@@ -396,6 +396,7 @@ impl Worker {
             &views,
             StepBudget {
                 max_tokens: self.config.max_batch_tokens.min(free),
+                max_prefill_while_decoding: self.config.max_prefill_while_decoding,
             },
         );
 

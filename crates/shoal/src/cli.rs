@@ -60,6 +60,10 @@ pub struct EngineArgs {
     /// Tokens per engine step (decodes plus prefill chunks).
     #[arg(long, default_value_t = 256)]
     pub max_batch_tokens: usize,
+    /// Prefill tokens per step while other sequences decode (smaller: smoother streams, slower TTFT of
+    /// long prompts that arrive meanwhile).
+    #[arg(long, default_value_t = 16)]
+    pub prefill_chunk_while_decoding: usize,
     /// Sequences generating at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
@@ -84,6 +88,7 @@ impl EngineArgs {
             threads: self.threads.unwrap_or_else(default_threads).max(1),
             max_batch_tokens: self.max_batch_tokens.max(1),
             max_running: self.max_running.max(1),
+            max_prefill_while_decoding: self.prefill_chunk_while_decoding.max(1),
             stages,
             kv_budget_bytes: self.kv_budget_mib.max(1) << 20,
             prefix_cache_tokens: self.prefix_cache_tokens,
