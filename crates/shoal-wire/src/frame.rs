@@ -1,0 +1,407 @@
+//! [`Frame`] and its payload types, with encoding and single-frame decoding.
+
+use crate::WireError;
+use crate::cursor::Cursor;
+use crate::f16::{decode_f16_to_f32, decode_f32_le, encode_f32_as_f16, encode_f32_le};
+
+/// Default maximum frame length (bytes after the length prefix): 64 MiB.
+pub const DEFAULT_MAX_FRAME_LEN: u32 = 64 * 1024 * 1024;
+/// Bytes of the length prefix.
+pub const LEN_PREFIX: usize = 4;
+
+/// Frame kind bytes.
+pub mod kind {
+    pub const ACTIVATIONS: u8 = 1;
+    pub const TOKENS: u8 = 2;
+    pub const RELEASE: u8 = 3;
+    pub const PING: u8 = 4;
+    pub const PONG: u8 = 5;
+    pub const ERROR: u8 = 6;
+}
+
+/// Encoded size of one [`ChunkHeader`].
+pub const CHUNK_HEADER_LEN: usize = 17;
+/// Encoded size of one [`TokenItem`].
+pub const TOKEN_ITEM_LEN: usize = 16;
+const FLAG_WANT_LOGITS: u8 = 0x01;
+
+/// Element type of activation data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    F16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 => 2,
+        }
+    }
+
+    /// Tag byte on the wire.
+    pub fn tag(self) -> u8 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+        }
+    }
+
+    /// Parses a tag byte.
+    pub fn from_tag(tag: u8) -> Result<Self, WireError> {
+        match tag {
+            0 => Ok(DType::F32),
+            1 => Ok(DType::F16),
+            other => Err(WireError::UnknownDType(other)),
+        }
+    }
+}
+
+/// One sequence's slice of the rows in an activations frame (chunked prefill or one decode row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkHeader {
+    pub seq_id: u64,
+    /// Position of the chunk's first token in its sequence.
+    pub start_pos: u32,
+    /// Number of rows (tokens) of this chunk.
+    pub len: u32,
+    /// Whether the last stage must compute logits (and sample) for this chunk.
+    pub want_logits: bool,
+}
+
+/// Hidden states of a batch, row-major `[rows, cols]`, rows ordered chunk by chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Activations {
+    pub batch_id: u64,
+    pub chunks: Vec<ChunkHeader>,
+    pub dtype: DType,
+    /// `[rows, cols]`; rows equals the sum of the chunk lengths.
+    pub shape: [u32; 2],
+    /// Little-endian elements of `dtype`, exactly `rows * cols * dtype.size()` bytes.
+    pub data: Vec<u8>,
+}
+
+impl Activations {
+    /// Builds a frame payload from f32 hidden states (`rows * cols` values, rows = sum of chunk
+    /// lengths), stored as `dtype` — use [`DType::F16`] to halve the bytes on the wire.
+    pub fn from_f32(
+        batch_id: u64,
+        chunks: Vec<ChunkHeader>,
+        cols: u32,
+        values: &[f32],
+        dtype: DType,
+    ) -> Result<Self, WireError> {
+        let rows64: u64 = chunks.iter().map(|c| c.len as u64).sum();
+        let rows = u32::try_from(rows64).map_err(|_| WireError::ShapeMismatch {
+            rows: u32::MAX,
+            chunk_rows: rows64,
+        })?;
+        let size = dtype.size() as u64;
+        let expected = rows64 * cols as u64;
+        if values.len() as u64 != expected {
+            return Err(WireError::DataLength {
+                expected: expected.saturating_mul(size),
+                got: (values.len() as u64).saturating_mul(size),
+            });
+        }
+        let data = match dtype {
+            DType::F32 => encode_f32_le(values),
+            DType::F16 => encode_f32_as_f16(values),
+        };
+        Ok(Activations {
+            batch_id,
+            chunks,
+            dtype,
+            shape: [rows, cols],
+            data,
+        })
+    }
+
+    /// The hidden states as f32, whatever the wire dtype.
+    pub fn to_f32(&self) -> Result<Vec<f32>, WireError> {
+        self.validate()?;
+        match self.dtype {
+            DType::F32 => decode_f32_le(&self.data),
+            DType::F16 => decode_f16_to_f32(&self.data),
+        }
+    }
+
+    /// Checks rows = sum of chunk lengths and data length = rows * cols * dtype size.
+    pub fn validate(&self) -> Result<(), WireError> {
+        let [rows, cols] = self.shape;
+        let chunk_rows: u64 = self.chunks.iter().map(|c| c.len as u64).sum();
+        if rows as u64 != chunk_rows {
+            return Err(WireError::ShapeMismatch { rows, chunk_rows });
+        }
+        let expected = data_len(rows, cols, self.dtype);
+        let got = self.data.len() as u64;
+        if expected != Some(got) {
+            return Err(WireError::DataLength {
+                expected: expected.unwrap_or(u64::MAX),
+                got,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A sampled token going back to the node that owns the request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenItem {
+    pub seq_id: u64,
+    pub token: u32,
+    pub logprob: f32,
+}
+
+/// One message on a data-plane connection.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    /// Hidden states from stage N to stage N+1.
+    Activations(Activations),
+    /// Sampled tokens from the last stage to the request owner.
+    Tokens {
+        batch_id: u64,
+        items: Vec<TokenItem>,
+    },
+    /// Sequences cancelled or finished: free their KV cache.
+    Release {
+        seq_ids: Vec<u64>,
+    },
+    Ping {
+        nonce: u64,
+    },
+    Pong {
+        nonce: u64,
+    },
+    /// The peer reports a problem (it usually closes the connection afterwards).
+    Error {
+        code: u16,
+        message: String,
+    },
+}
+
+impl Frame {
+    /// The kind byte of this frame.
+    pub fn kind(&self) -> u8 {
+        match self {
+            Frame::Activations(_) => kind::ACTIVATIONS,
+            Frame::Tokens { .. } => kind::TOKENS,
+            Frame::Release { .. } => kind::RELEASE,
+            Frame::Ping { .. } => kind::PING,
+            Frame::Pong { .. } => kind::PONG,
+            Frame::Error { .. } => kind::ERROR,
+        }
+    }
+
+    /// Encodes with the [`DEFAULT_MAX_FRAME_LEN`] limit.
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        let mut out = Vec::new();
+        self.encode_into(&mut out, DEFAULT_MAX_FRAME_LEN)?;
+        Ok(out)
+    }
+
+    /// Appends the encoded frame (length prefix included) to `out`. Refuses frames the peer
+    /// would reject: invalid activations, or a length over `max_frame_len`. On error `out` is
+    /// left as it was.
+    pub fn encode_into(&self, out: &mut Vec<u8>, max_frame_len: u32) -> Result<(), WireError> {
+        if let Frame::Activations(a) = self {
+            a.validate()?;
+        }
+        let len = self.payload_len() + 1;
+        if len > max_frame_len as u64 {
+            return Err(WireError::FrameTooLarge {
+                len,
+                max: max_frame_len,
+            });
+        }
+        let start = out.len();
+        out.reserve(LEN_PREFIX + len as usize);
+        out.extend_from_slice(&(len as u32).to_le_bytes());
+        out.push(self.kind());
+        self.write_payload(out);
+        debug_assert_eq!((out.len() - start) as u64, LEN_PREFIX as u64 + len);
+        Ok(())
+    }
+
+    fn payload_len(&self) -> u64 {
+        match self {
+            Frame::Activations(a) => {
+                8 + 4 + (a.chunks.len() * CHUNK_HEADER_LEN) as u64 + 1 + 8 + a.data.len() as u64
+            }
+            Frame::Tokens { items, .. } => 8 + 4 + (items.len() * TOKEN_ITEM_LEN) as u64,
+            Frame::Release { seq_ids } => 4 + 8 * seq_ids.len() as u64,
+            Frame::Ping { .. } | Frame::Pong { .. } => 8,
+            Frame::Error { message, .. } => 2 + message.len() as u64,
+        }
+    }
+
+    fn write_payload(&self, out: &mut Vec<u8>) {
+        match self {
+            Frame::Activations(a) => {
+                out.extend_from_slice(&a.batch_id.to_le_bytes());
+                out.extend_from_slice(&(a.chunks.len() as u32).to_le_bytes());
+                for c in &a.chunks {
+                    out.extend_from_slice(&c.seq_id.to_le_bytes());
+                    out.extend_from_slice(&c.start_pos.to_le_bytes());
+                    out.extend_from_slice(&c.len.to_le_bytes());
+                    out.push(if c.want_logits { FLAG_WANT_LOGITS } else { 0 });
+                }
+                out.push(a.dtype.tag());
+                out.extend_from_slice(&a.shape[0].to_le_bytes());
+                out.extend_from_slice(&a.shape[1].to_le_bytes());
+                out.extend_from_slice(&a.data);
+            }
+            Frame::Tokens { batch_id, items } => {
+                out.extend_from_slice(&batch_id.to_le_bytes());
+                out.extend_from_slice(&(items.len() as u32).to_le_bytes());
+                for t in items {
+                    out.extend_from_slice(&t.seq_id.to_le_bytes());
+                    out.extend_from_slice(&t.token.to_le_bytes());
+                    out.extend_from_slice(&t.logprob.to_le_bytes());
+                }
+            }
+            Frame::Release { seq_ids } => {
+                out.extend_from_slice(&(seq_ids.len() as u32).to_le_bytes());
+                for s in seq_ids {
+                    out.extend_from_slice(&s.to_le_bytes());
+                }
+            }
+            Frame::Ping { nonce } | Frame::Pong { nonce } => {
+                out.extend_from_slice(&nonce.to_le_bytes());
+            }
+            Frame::Error { code, message } => {
+                out.extend_from_slice(&code.to_le_bytes());
+                out.extend_from_slice(message.as_bytes());
+            }
+        }
+    }
+
+    /// Decodes one frame body: the kind byte and its payload, without the length prefix.
+    /// Every field is checked; nothing is allocated beyond what `body` already holds.
+    pub fn decode_body(body: &[u8]) -> Result<Frame, WireError> {
+        let mut c = Cursor::new(body);
+        let k = c.u8().map_err(|_| WireError::EmptyFrame)?;
+        let frame = match k {
+            kind::ACTIVATIONS => Frame::Activations(decode_activations(&mut c)?),
+            kind::TOKENS => {
+                let batch_id = c.u64()?;
+                let n = c.count(TOKEN_ITEM_LEN)?;
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(TokenItem {
+                        seq_id: c.u64()?,
+                        token: c.u32()?,
+                        logprob: c.f32()?,
+                    });
+                }
+                Frame::Tokens { batch_id, items }
+            }
+            kind::RELEASE => {
+                let n = c.count(8)?;
+                let mut seq_ids = Vec::with_capacity(n);
+                for _ in 0..n {
+                    seq_ids.push(c.u64()?);
+                }
+                Frame::Release { seq_ids }
+            }
+            kind::PING => Frame::Ping { nonce: c.u64()? },
+            kind::PONG => Frame::Pong { nonce: c.u64()? },
+            kind::ERROR => {
+                let code = c.u16()?;
+                let message = std::str::from_utf8(c.rest())
+                    .map_err(|_| WireError::InvalidUtf8)?
+                    .to_owned();
+                Frame::Error { code, message }
+            }
+            other => return Err(WireError::UnknownKind(other)),
+        };
+        c.finish()?;
+        Ok(frame)
+    }
+
+    /// Decodes one complete frame (length prefix included) from the start of `buf`.
+    /// Returns `Ok(None)` if `buf` does not yet hold the whole frame, else the frame and the
+    /// number of bytes it used. The length prefix is checked against `max_frame_len` first.
+    pub fn decode(buf: &[u8], max_frame_len: u32) -> Result<Option<(Frame, usize)>, WireError> {
+        let Some(len) = check_len_prefix(buf, max_frame_len)? else {
+            return Ok(None);
+        };
+        let total = LEN_PREFIX + len;
+        if buf.len() < total {
+            return Ok(None);
+        }
+        let frame = Frame::decode_body(&buf[LEN_PREFIX..total])?;
+        Ok(Some((frame, total)))
+    }
+}
+
+/// Reads and checks the length prefix at the start of `buf` (`Ok(None)` if under 4 bytes).
+pub(crate) fn check_len_prefix(buf: &[u8], max_frame_len: u32) -> Result<Option<usize>, WireError> {
+    let Some(prefix) = buf.get(..LEN_PREFIX) else {
+        return Ok(None);
+    };
+    let len = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+    if len == 0 {
+        return Err(WireError::EmptyFrame);
+    }
+    if len > max_frame_len {
+        return Err(WireError::FrameTooLarge {
+            len: len as u64,
+            max: max_frame_len,
+        });
+    }
+    Ok(Some(len as usize))
+}
+
+fn decode_activations(c: &mut Cursor<'_>) -> Result<Activations, WireError> {
+    let batch_id = c.u64()?;
+    let n = c.count(CHUNK_HEADER_LEN)?;
+    let mut chunks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let seq_id = c.u64()?;
+        let start_pos = c.u32()?;
+        let len = c.u32()?;
+        let flags = c.u8()?;
+        if flags & !FLAG_WANT_LOGITS != 0 {
+            return Err(WireError::ReservedFlags(flags));
+        }
+        chunks.push(ChunkHeader {
+            seq_id,
+            start_pos,
+            len,
+            want_logits: flags & FLAG_WANT_LOGITS != 0,
+        });
+    }
+    let dtype = DType::from_tag(c.u8()?)?;
+    let rows = c.u32()?;
+    let cols = c.u32()?;
+    let chunk_rows: u64 = chunks.iter().map(|c| c.len as u64).sum();
+    if rows as u64 != chunk_rows {
+        return Err(WireError::ShapeMismatch { rows, chunk_rows });
+    }
+    let expected = data_len(rows, cols, dtype);
+    let got = c.remaining() as u64;
+    if expected != Some(got) {
+        return Err(WireError::DataLength {
+            expected: expected.unwrap_or(u64::MAX),
+            got,
+        });
+    }
+    let data = c.rest().to_vec();
+    Ok(Activations {
+        batch_id,
+        chunks,
+        dtype,
+        shape: [rows, cols],
+        data,
+    })
+}
+
+/// `rows * cols * dtype.size()` in bytes; `None` on u64 overflow (u32 * u32 * 4 can exceed it).
+fn data_len(rows: u32, cols: u32, dtype: DType) -> Option<u64> {
+    (rows as u64)
+        .checked_mul(cols as u64)?
+        .checked_mul(dtype.size() as u64)
+}

@@ -1,0 +1,95 @@
+//! # shoal-wire — the data-plane wire format
+//!
+//! Pure types and codec for the connections between pipeline neighbours (stage N → stage N+1
+//! carries activations; the last stage → the request owner carries sampled tokens). No I/O: the
+//! caller owns the socket, writes what [`Handshake::encode`] / [`Frame::encode`] return, and
+//! feeds what it reads into a [`FrameReader`].
+//!
+//! Main types:
+//! - [`Handshake`] (with [`Role`]): first message on every connection, both directions; check
+//!   the peer's with [`Handshake::check_compatible`].
+//! - [`Frame`]: one message — [`Frame::Activations`] ([`Activations`], [`ChunkHeader`],
+//!   [`DType`]), [`Frame::Tokens`] ([`TokenItem`]), [`Frame::Release`], [`Frame::Ping`],
+//!   [`Frame::Pong`], [`Frame::Error`].
+//! - [`FrameReader`]: push arbitrary byte chunks, pull complete frames; poisoned after an error.
+//! - [`WireError`]: structured errors, labelled by [`WireError::error_type`] for metrics.
+//! - [`encode_f32_as_f16`] / [`decode_f16_to_f32`]: hidden states travel as f16 (half the bytes).
+//!
+//! Flow on a connection: both sides send a handshake, read the peer's
+//! ([`Handshake::wire_len`] says how many bytes once 8 have arrived), call
+//! `peer.check_compatible(&ours)`, then exchange frames. Any error → log it, optionally send a
+//! [`Frame::Error`], close the connection; the node stays up.
+//!
+//! ## Byte layout (version 1)
+//!
+//! All integers are little-endian, floats are IEEE 754 little-endian, no padding anywhere.
+//!
+//! ### Handshake — 91 bytes
+//!
+//! | offset | size | field                                                           |
+//! |-------:|-----:|-----------------------------------------------------------------|
+//! | 0      | 4    | magic `b"SHOL"` (`53 48 4F 4C`)                                 |
+//! | 4      | 2    | version u16 (= 1)                                                |
+//! | 6      | 2    | body length u16 (= 83 in version 1)                              |
+//! | 8      | 32   | node id                                                          |
+//! | 40     | 32   | cluster: hash of the cluster key (never the key)                 |
+//! | 72     | 1    | role: 1 = stage, 2 = request owner                               |
+//! | 73     | 8    | instance id u64                                                  |
+//! | 81     | 2    | stage index u16 (0 for an owner)                                 |
+//! | 83     | 4    | layer start u32, inclusive (0 for an owner)                      |
+//! | 87     | 4    | layer end u32, exclusive, start ≤ end (0 for an owner)           |
+//!
+//! The first 8 bytes are fixed across all versions, so a peer of another version can read the
+//! header, skip `body length` bytes and report a [`WireError::VersionMismatch`] naming both
+//! versions. A receiver rejects a version it does not speak before looking at the body. For an
+//! owner, the stage fields are written as zero and ignored on read.
+//!
+//! ### Frame
+//!
+//! ```text
+//! [ len: u32 ][ kind: u8 ][ payload: len - 1 bytes ]
+//! ```
+//!
+//! `len` counts the bytes after the length prefix (kind + payload), so `len ≥ 1`. A receiver
+//! rejects `len == 0` ([`WireError::EmptyFrame`]) and `len > max` ([`WireError::FrameTooLarge`],
+//! default max [`DEFAULT_MAX_FRAME_LEN`] = 64 MiB) as soon as the 4 prefix bytes arrive, before
+//! allocating anything for the payload. A payload must be consumed exactly; leftover bytes are
+//! [`WireError::TrailingBytes`]. Counts (`n`) are u32 and are checked against the bytes that
+//! remain before any vector is allocated.
+//!
+//! | kind | frame       | payload                                                                     |
+//! |-----:|-------------|-----------------------------------------------------------------------------|
+//! | 1    | Activations | batch_id u64, n u32, n × chunk (17 bytes), dtype u8, rows u32, cols u32, data |
+//! | 2    | Tokens      | batch_id u64, n u32, n × (seq_id u64, token u32, logprob f32) (16 bytes each) |
+//! | 3    | Release     | n u32, n × seq_id u64                                                       |
+//! | 4    | Ping        | nonce u64                                                                   |
+//! | 5    | Pong        | nonce u64 (echoes the ping's)                                              |
+//! | 6    | Error       | code u16, message: the rest of the payload, UTF-8                          |
+//!
+//! Kind 0 and kinds above 6 are [`WireError::UnknownKind`].
+//!
+//! Activations chunk (17 bytes): `seq_id u64, start_pos u32, len u32, flags u8` where flag bit 0
+//! is `want_logits` and the other bits must be zero ([`WireError::ReservedFlags`]).
+//! `dtype`: 0 = f32 (4 bytes/element), 1 = f16 (2 bytes/element, IEEE binary16); anything else
+//! is [`WireError::UnknownDType`]. `data` is the rest of the payload: a row-major
+//! `rows × cols` matrix whose rows follow the chunks in order. The decoder requires
+//! `rows == Σ chunk.len` ([`WireError::ShapeMismatch`]) and
+//! `data.len() == rows × cols × dtype size` ([`WireError::DataLength`]).
+
+mod cursor;
+mod error;
+mod f16;
+mod frame;
+mod handshake;
+mod reader;
+
+pub use error::WireError;
+pub use f16::{decode_f16_to_f32, decode_f32_le, encode_f32_as_f16, encode_f32_le};
+pub use frame::{
+    Activations, CHUNK_HEADER_LEN, ChunkHeader, DEFAULT_MAX_FRAME_LEN, DType, Frame, LEN_PREFIX,
+    TOKEN_ITEM_LEN, TokenItem, kind,
+};
+pub use handshake::{
+    HANDSHAKE_HEADER_LEN, HANDSHAKE_V1_BODY_LEN, Handshake, MAGIC, Role, WIRE_VERSION,
+};
+pub use reader::FrameReader;
