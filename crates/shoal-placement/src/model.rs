@@ -1,0 +1,263 @@
+//! Input and output types of the planner: what the cluster looks like, what the model needs, what the
+//! operator asked for, and the placements that come out.
+
+use serde::{Deserialize, Serialize};
+
+/// One machine that can host a pipeline stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub id: String,
+    /// Bytes of memory the node offers for weights and KV cache.
+    pub mem_available: u64,
+    /// Relative compute speed in **layer-steps per second**: how many single-layer forward passes for one
+    /// decode token the node runs per second. A stage of `n` layers costs `n / speed` seconds per token.
+    /// Must be finite and > 0.
+    pub speed: f64,
+}
+
+/// The physical kind of a link, in preference order (best first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkKind {
+    Loopback,
+    Thunderbolt,
+    Ethernet,
+    Wifi,
+    Unknown,
+}
+
+impl LinkKind {
+    /// All kinds, best first.
+    pub const ALL: [LinkKind; 5] = [
+        LinkKind::Loopback,
+        LinkKind::Thunderbolt,
+        LinkKind::Ethernet,
+        LinkKind::Wifi,
+        LinkKind::Unknown,
+    ];
+
+    /// Preference rank: 0 is best (loopback), 4 is worst (unknown).
+    pub fn rank(self) -> u8 {
+        self as u8
+    }
+
+    /// Round-trip time assumed when none was measured, in microseconds.
+    pub fn default_rtt_us(self) -> f64 {
+        match self {
+            LinkKind::Loopback => 20.0,
+            LinkKind::Thunderbolt => 50.0,
+            LinkKind::Ethernet => 200.0,
+            LinkKind::Wifi => 2_000.0,
+            LinkKind::Unknown => 5_000.0,
+        }
+    }
+
+    /// Bandwidth assumed when none was measured, in bytes per second.
+    pub fn default_bandwidth_bps(self) -> f64 {
+        match self {
+            LinkKind::Loopback => 10e9,
+            LinkKind::Thunderbolt => 2.5e9,
+            LinkKind::Ethernet => 120e6,
+            LinkKind::Wifi => 20e6,
+            LinkKind::Unknown => 10e6,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkKind::Loopback => "loopback",
+            LinkKind::Thunderbolt => "thunderbolt",
+            LinkKind::Ethernet => "ethernet",
+            LinkKind::Wifi => "wifi",
+            LinkKind::Unknown => "unknown link",
+        }
+    }
+}
+
+/// An undirected link between two nodes. A pair with no link cannot talk and is never made adjacent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    pub a: String,
+    pub b: String,
+    pub kind: LinkKind,
+    /// Measured round-trip time in microseconds; the kind's default when `None` (or not finite / < 0).
+    pub rtt_us: Option<f64>,
+    /// Measured bandwidth in **bytes** per second; the kind's default when `None` (or not finite / <= 0).
+    pub bandwidth_bps: Option<f64>,
+}
+
+impl Link {
+    pub fn connects(&self, x: &str, y: &str) -> bool {
+        (self.a == x && self.b == y) || (self.a == y && self.b == x)
+    }
+
+    /// The measured round trip when usable.
+    pub fn measured_rtt_us(&self) -> Option<f64> {
+        self.rtt_us.filter(|r| r.is_finite() && *r >= 0.0)
+    }
+
+    /// The measured bandwidth when usable.
+    pub fn measured_bandwidth_bps(&self) -> Option<f64> {
+        self.bandwidth_bps.filter(|b| b.is_finite() && *b > 0.0)
+    }
+
+    pub fn rtt_us(&self) -> f64 {
+        self.measured_rtt_us()
+            .unwrap_or_else(|| self.kind.default_rtt_us())
+    }
+
+    pub fn bandwidth(&self) -> f64 {
+        self.measured_bandwidth_bps()
+            .unwrap_or_else(|| self.kind.default_bandwidth_bps())
+    }
+
+    /// One-way cost of sending `bytes` over this link, in microseconds: `rtt/2 + bytes/bandwidth`.
+    pub fn hop_us(&self, bytes: u64) -> f64 {
+        self.rtt_us() / 2.0 + bytes as f64 / self.bandwidth() * 1e6
+    }
+}
+
+/// The cluster as the planner sees it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Topology {
+    pub nodes: Vec<NodeInfo>,
+    pub links: Vec<Link>,
+}
+
+impl Topology {
+    pub fn node(&self, id: &str) -> Option<&NodeInfo> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+
+    /// The cheapest link between `x` and `y` for a message of `bytes` (ties: better kind, then first
+    /// listed). `None` when the pair has no link.
+    pub fn best_link(&self, x: &str, y: &str, bytes: u64) -> Option<&Link> {
+        let mut best: Option<&Link> = None;
+        for link in self.links.iter().filter(|l| l.connects(x, y)) {
+            best = match best {
+                Some(b)
+                    if b.hop_us(bytes)
+                        .total_cmp(&link.hop_us(bytes))
+                        .then(b.kind.cmp(&link.kind))
+                        .is_le() =>
+                {
+                    Some(b)
+                }
+                _ => Some(link),
+            };
+        }
+        best
+    }
+}
+
+/// What the planner needs to know about a model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelCard {
+    pub id: String,
+    pub n_layers: usize,
+    /// Weight bytes of one transformer layer.
+    pub layer_bytes: u64,
+    /// Extra bytes on the first stage (token embeddings).
+    pub embed_bytes: u64,
+    /// Extra bytes on the last stage (final norm + lm head).
+    pub head_bytes: u64,
+    /// KV-cache bytes one token occupies in one layer.
+    pub kv_bytes_per_token_per_layer: u64,
+    pub context_length: usize,
+    /// Activation bytes per token sent from one stage to the next (f16 hidden state).
+    pub hidden_bytes_per_token: u64,
+}
+
+impl ModelCard {
+    /// Bytes a stage of `layers` layers needs: weights, the first/last extras, and a KV reserve of
+    /// `kv_tokens` tokens for each of its layers. Saturates instead of overflowing.
+    pub fn stage_bytes(&self, layers: usize, first: bool, last: bool, kv_tokens: usize) -> u64 {
+        let per_layer = self.per_layer_bytes(kv_tokens);
+        let mut total = per_layer.saturating_mul(layers as u64);
+        if first {
+            total = total.saturating_add(self.embed_bytes);
+        }
+        if last {
+            total = total.saturating_add(self.head_bytes);
+        }
+        total
+    }
+
+    /// Weights plus KV reserve of one layer.
+    pub fn per_layer_bytes(&self, kv_tokens: usize) -> u64 {
+        let kv = self
+            .kv_bytes_per_token_per_layer
+            .saturating_mul(kv_tokens as u64);
+        self.layer_bytes.saturating_add(kv)
+    }
+
+    /// Bytes the whole model needs (all layers, both extras, KV reserve).
+    pub fn total_bytes(&self, kv_tokens: usize) -> u64 {
+        self.stage_bytes(self.n_layers, true, true, kv_tokens)
+    }
+}
+
+/// What the operator asked for. `Default` is fully automatic with no KV reserve.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Constraints {
+    /// Use exactly these nodes (all of them).
+    pub pinned_nodes: Option<Vec<String>>,
+    /// With `pinned_nodes`: keep the given order as the stage order instead of searching orders.
+    pub keep_order: bool,
+    /// Manual split: stage order and layer count per node. Counts must be >= 1 and sum to `n_layers`.
+    pub layer_counts: Option<Vec<(String, usize)>>,
+    /// Tokens of KV cache reserved on every node for each of its layers.
+    pub kv_reserve_tokens: usize,
+    /// Upper bound on the number of stages.
+    pub max_stages: Option<usize>,
+}
+
+impl Constraints {
+    /// Automatic placement reserving KV cache for the model's full context.
+    pub fn full_context(card: &ModelCard) -> Self {
+        Constraints {
+            kv_reserve_tokens: card.context_length,
+            ..Constraints::default()
+        }
+    }
+}
+
+/// One pipeline stage: `node` runs layers `start..end` (end exclusive).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Stage {
+    pub node: String,
+    pub start: usize,
+    pub end: usize,
+}
+
+impl Stage {
+    pub fn layers(&self) -> usize {
+        self.end - self.start
+    }
+}
+
+/// A candidate placement with its predicted cost and a human-readable explanation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Placement {
+    pub stages: Vec<Stage>,
+    pub predicted_token_latency_us: f64,
+    pub explanation: String,
+}
+
+/// Turns per-stage layer counts into contiguous stages starting at layer 0.
+pub fn stages_from_counts(nodes: &[&str], counts: &[usize]) -> Vec<Stage> {
+    let mut start = 0;
+    nodes
+        .iter()
+        .zip(counts)
+        .map(|(node, &n)| {
+            let stage = Stage {
+                node: (*node).to_string(),
+                start,
+                end: start + n,
+            };
+            start += n;
+            stage
+        })
+        .collect()
+}

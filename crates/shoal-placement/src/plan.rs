@@ -1,0 +1,259 @@
+//! The entry points: validate the request, pick the search, explain the result.
+
+use std::collections::BTreeSet;
+
+use crate::error::PlacementError;
+use crate::explain::{Mode, SingleNode, explain, single_nodes};
+use crate::model::{Constraints, ModelCard, Placement, Topology};
+use crate::search::{Candidate, Ctx, compare, search_auto, search_orders};
+use crate::split::split_layers;
+
+/// At most this many candidates are returned.
+pub const MAX_CANDIDATES: usize = 32;
+
+/// Candidate placements of `card` on `topology` under `constraints`, best (lowest predicted per-token
+/// latency) first. Deterministic: the same input gives the same output.
+pub fn plan(
+    topology: &Topology,
+    card: &ModelCard,
+    constraints: &Constraints,
+) -> Result<Vec<Placement>, PlacementError> {
+    validate(topology, card)?;
+    if constraints.max_stages == Some(0) {
+        return Err(PlacementError::InvalidConstraints {
+            reason: "max_stages must be at least 1".into(),
+        });
+    }
+    let max_k = constraints.max_stages.unwrap_or(usize::MAX);
+    let ctx = Ctx::new(topology, card, constraints.kv_reserve_tokens);
+    let pinned = match &constraints.pinned_nodes {
+        Some(ids) => Some(resolve(
+            topology,
+            ids.iter().map(String::as_str),
+            "pinned_nodes",
+        )?),
+        None => None,
+    };
+    if let Some(p) = &pinned {
+        if p.is_empty() {
+            return Err(PlacementError::InvalidConstraints {
+                reason: "pinned_nodes is empty".into(),
+            });
+        }
+        if p.len() > max_k {
+            return Err(PlacementError::TooManyStages {
+                requested: p.len(),
+                max: max_k,
+            });
+        }
+    }
+
+    if let Some(counts) = &constraints.layer_counts {
+        let cand = manual(
+            &ctx,
+            counts,
+            pinned.as_deref(),
+            constraints.keep_order,
+            max_k,
+        )?;
+        return Ok(vec![finish(&ctx, cand, Mode::Manual, &[])]);
+    }
+    let (candidates, mode, pool) = match pinned {
+        Some(p) if constraints.keep_order => (vec![ctx.evaluate_strict(&p)?], Mode::Pinned, p),
+        Some(p) => (search_orders(&ctx, &p), Mode::Pinned, p),
+        None => {
+            let pool: Vec<usize> = (0..topology.nodes.len()).collect();
+            (search_auto(&ctx, &pool, max_k), Mode::Auto, pool)
+        }
+    };
+    if candidates.is_empty() {
+        return Err(diagnose(&ctx, &pool, max_k));
+    }
+    let singles = if mode == Mode::Auto {
+        single_nodes(&ctx, &pool)
+    } else {
+        Vec::new()
+    };
+    let mut candidates = candidates;
+    candidates.sort_by(compare);
+    candidates.truncate(MAX_CANDIDATES);
+    Ok(candidates
+        .into_iter()
+        .map(|c| finish(&ctx, c, mode, &singles))
+        .collect())
+}
+
+/// The best placement: the first of [`plan`].
+pub fn best(
+    topology: &Topology,
+    card: &ModelCard,
+    constraints: &Constraints,
+) -> Result<Placement, PlacementError> {
+    let mut all = plan(topology, card, constraints)?;
+    // plan never returns an empty list: it errors instead.
+    Ok(all.swap_remove(0))
+}
+
+fn finish(ctx: &Ctx, cand: Candidate, mode: Mode, singles: &[SingleNode]) -> Placement {
+    let explanation = explain(ctx, &cand, mode, singles);
+    Placement {
+        predicted_token_latency_us: cand.cost.total_us,
+        stages: cand.stages,
+        explanation,
+    }
+}
+
+fn validate(topology: &Topology, card: &ModelCard) -> Result<(), PlacementError> {
+    if card.n_layers == 0 {
+        return Err(PlacementError::EmptyModel {
+            model: card.id.clone(),
+        });
+    }
+    if topology.nodes.is_empty() {
+        return Err(PlacementError::NoNodes);
+    }
+    let mut seen = BTreeSet::new();
+    for node in &topology.nodes {
+        if !seen.insert(node.id.as_str()) {
+            return Err(PlacementError::DuplicateNode {
+                node: node.id.clone(),
+                field: "topology.nodes",
+            });
+        }
+        if !(node.speed.is_finite() && node.speed > 0.0) {
+            return Err(PlacementError::InvalidNode {
+                node: node.id.clone(),
+                reason: format!("speed must be finite and > 0, got {}", node.speed),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Node ids → topology indices, rejecting unknown and repeated ids.
+fn resolve<'a>(
+    topology: &Topology,
+    ids: impl Iterator<Item = &'a str>,
+    field: &'static str,
+) -> Result<Vec<usize>, PlacementError> {
+    let mut out: Vec<usize> = Vec::new();
+    for id in ids {
+        let idx = topology
+            .nodes
+            .iter()
+            .position(|n| n.id == id)
+            .ok_or_else(|| PlacementError::UnknownNode {
+                node: id.to_string(),
+                field,
+            })?;
+        if out.contains(&idx) {
+            return Err(PlacementError::DuplicateNode {
+                node: id.to_string(),
+                field,
+            });
+        }
+        out.push(idx);
+    }
+    Ok(out)
+}
+
+/// A manual split: the list order is the stage order.
+fn manual(
+    ctx: &Ctx,
+    counts: &[(String, usize)],
+    pinned: Option<&[usize]>,
+    keep_order: bool,
+    max_k: usize,
+) -> Result<Candidate, PlacementError> {
+    let card = ctx.card;
+    if counts.is_empty() {
+        return Err(PlacementError::InvalidConstraints {
+            reason: "layer_counts is empty".into(),
+        });
+    }
+    let order = resolve(
+        ctx.topo,
+        counts.iter().map(|(id, _)| id.as_str()),
+        "layer_counts",
+    )?;
+    if let Some((node, _)) = counts.iter().find(|(_, n)| *n == 0) {
+        return Err(PlacementError::ZeroLayers { node: node.clone() });
+    }
+    let sum = counts
+        .iter()
+        .fold(0usize, |acc, (_, n)| acc.saturating_add(*n));
+    if sum != card.n_layers {
+        return Err(PlacementError::LayerCountSum {
+            sum,
+            n_layers: card.n_layers,
+        });
+    }
+    if order.len() > max_k {
+        return Err(PlacementError::TooManyStages {
+            requested: order.len(),
+            max: max_k,
+        });
+    }
+    if let Some(p) = pinned {
+        let same_set = p.iter().collect::<BTreeSet<_>>() == order.iter().collect::<BTreeSet<_>>();
+        if !same_set || (keep_order && p != order.as_slice()) {
+            return Err(PlacementError::InvalidConstraints {
+                reason:
+                    "layer_counts must name the pinned nodes (in the pinned order with keep_order)"
+                        .into(),
+            });
+        }
+    }
+    for pair in order.windows(2) {
+        if !ctx.linked(pair[0], pair[1]) {
+            return Err(PlacementError::NoLink {
+                a: ctx.topo.nodes[pair[0]].id.clone(),
+                b: ctx.topo.nodes[pair[1]].id.clone(),
+            });
+        }
+    }
+    let k = order.len();
+    for (i, (&idx, (_, n))) in order.iter().zip(counts).enumerate() {
+        let node = &ctx.topo.nodes[idx];
+        let needed = card.stage_bytes(*n, i == 0, i + 1 == k, ctx.kv_tokens);
+        if needed > node.mem_available {
+            return Err(PlacementError::NodeDoesNotFit {
+                node: node.id.clone(),
+                needed,
+                available: node.mem_available,
+            });
+        }
+    }
+    let layer_counts: Vec<usize> = counts.iter().map(|(_, n)| *n).collect();
+    ctx.costed(&order, &layer_counts)
+}
+
+/// Why the search found nothing: not enough memory on the best `max_k` nodes, or no linked order.
+fn diagnose(ctx: &Ctx, pool: &[usize], max_k: usize) -> PlacementError {
+    let mut by_mem = pool.to_vec();
+    by_mem.sort_by(|&x, &y| {
+        let (a, b) = (&ctx.topo.nodes[x], &ctx.topo.nodes[y]);
+        b.mem_available.cmp(&a.mem_available).then(x.cmp(&y))
+    });
+    by_mem.truncate(max_k.min(ctx.card.n_layers));
+    let names: Vec<&str> = by_mem
+        .iter()
+        .map(|&i| ctx.topo.nodes[i].id.as_str())
+        .collect();
+    let mems: Vec<u64> = by_mem
+        .iter()
+        .map(|&i| ctx.topo.nodes[i].mem_available)
+        .collect();
+    let fits = (1..=mems.len())
+        .any(|k| split_layers(ctx.card, &names[..k], &mems[..k], ctx.kv_tokens).is_ok());
+    if fits {
+        PlacementError::NoRoute {
+            nodes: pool.iter().map(|&i| ctx.topo.nodes[i].id.clone()).collect(),
+        }
+    } else {
+        PlacementError::DoesNotFit {
+            needed: ctx.card.total_bytes(ctx.kv_tokens),
+            available: mems.iter().fold(0, |a, &m| a.saturating_add(m)),
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! Seeded randomized property tests over random topologies, model cards and constraints.
+
+use shoal_placement::{
+    Constraints, Link, LinkKind, ModelCard, NodeInfo, PlacementError, Topology, plan, predict,
+    split_layers,
+};
+
+/// splitmix64: tiny, seedable, good enough for test inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.range(0, 99) < percent
+    }
+}
+
+fn random_card(rng: &mut Rng) -> ModelCard {
+    ModelCard {
+        id: "random".into(),
+        n_layers: rng.range(1, 48) as usize,
+        layer_bytes: rng.range(1, 1000) * 1_000_000,
+        embed_bytes: rng.range(0, 500) * 1_000_000,
+        head_bytes: rng.range(0, 500) * 1_000_000,
+        kv_bytes_per_token_per_layer: rng.range(0, 4096),
+        context_length: rng.range(128, 8192) as usize,
+        hidden_bytes_per_token: rng.range(256, 16384),
+    }
+}
+
+fn random_topology(rng: &mut Rng, card: &ModelCard) -> Topology {
+    let n = rng.range(1, 9) as usize;
+    let model = card.total_bytes(0).max(1);
+    let nodes: Vec<NodeInfo> = (0..n)
+        .map(|i| NodeInfo {
+            id: format!("node-{i}"),
+            // between 5% and 120% of the model
+            mem_available: model / 100 * rng.range(5, 120),
+            speed: rng.range(10, 5000) as f64,
+        })
+        .collect();
+    let mut links = Vec::new();
+    for i in 0..n {
+        for j in i + 1..n {
+            if rng.chance(35) {
+                continue;
+            }
+            let kind = LinkKind::ALL[rng.range(0, 4) as usize];
+            links.push(Link {
+                a: nodes[i].id.clone(),
+                b: nodes[j].id.clone(),
+                kind,
+                rtt_us: rng.chance(50).then(|| rng.range(10, 5000) as f64),
+                bandwidth_bps: rng.chance(50).then(|| rng.range(1, 10_000) as f64 * 1e6),
+            });
+        }
+    }
+    Topology { nodes, links }
+}
+
+fn random_constraints(rng: &mut Rng, card: &ModelCard) -> Constraints {
+    Constraints {
+        kv_reserve_tokens: if rng.chance(50) {
+            0
+        } else {
+            rng.range(0, card.context_length as u64) as usize
+        },
+        max_stages: rng.chance(30).then(|| rng.range(1, 4) as usize),
+        ..Constraints::default()
+    }
+}
+
+fn linked(topo: &Topology, a: &str, b: &str) -> bool {
+    topo.links.iter().any(|l| l.connects(a, b))
+}
+
+#[test]
+fn placements_are_valid_for_random_inputs() {
+    let mut rng = Rng(0x5EED_0001);
+    let (mut ok, mut multi) = (0, 0);
+    for case in 0..400 {
+        let card = random_card(&mut rng);
+        let topo = random_topology(&mut rng, &card);
+        let cons = random_constraints(&mut rng, &card);
+        let kv = cons.kv_reserve_tokens;
+        let result = plan(&topo, &card, &cons);
+        assert_eq!(
+            result,
+            plan(&topo, &card, &cons),
+            "case {case}: not deterministic"
+        );
+        let single_fits = topo
+            .nodes
+            .iter()
+            .any(|n| card.total_bytes(kv) <= n.mem_available);
+        let all = match result {
+            Ok(all) => all,
+            Err(e) => {
+                assert!(
+                    !single_fits,
+                    "case {case}: a single node fits but plan failed: {e}"
+                );
+                assert!(
+                    matches!(
+                        e,
+                        PlacementError::DoesNotFit { .. } | PlacementError::NoRoute { .. }
+                    ),
+                    "case {case}: unexpected {e}"
+                );
+                continue;
+            }
+        };
+        ok += 1;
+        assert!(!all.is_empty());
+        for p in &all {
+            let stages = &p.stages;
+            // every layer exactly once, contiguous, ordered, >= 1 per stage
+            assert_eq!(stages[0].start, 0, "case {case}");
+            assert_eq!(stages.last().unwrap().end, card.n_layers, "case {case}");
+            for s in stages {
+                assert!(s.end > s.start, "case {case}: empty stage {s:?}");
+            }
+            for w in stages.windows(2) {
+                assert_eq!(w[0].end, w[1].start, "case {case}");
+                assert!(
+                    linked(&topo, &w[0].node, &w[1].node),
+                    "case {case}: unlinked neighbours"
+                );
+            }
+            let mut ids: Vec<&str> = stages.iter().map(|s| s.node.as_str()).collect();
+            ids.sort();
+            ids.dedup();
+            assert_eq!(ids.len(), stages.len(), "case {case}: node used twice");
+            if let Some(max) = cons.max_stages {
+                assert!(stages.len() <= max, "case {case}");
+            }
+            // per-node memory never exceeded
+            let k = stages.len();
+            for (i, s) in stages.iter().enumerate() {
+                let node = topo.node(&s.node).unwrap();
+                let need = card.stage_bytes(s.layers(), i == 0, i + 1 == k, kv);
+                assert!(
+                    need <= node.mem_available,
+                    "case {case}: {} over memory",
+                    s.node
+                );
+            }
+            let cost = predict(&topo, &card, stages).unwrap();
+            assert!((cost.total_us - p.predicted_token_latency_us).abs() < 1e-6);
+            assert!(p.explanation.contains("predicted"));
+            if k > 1 {
+                multi += 1;
+            }
+        }
+        for w in all.windows(2) {
+            assert!(
+                w[0].predicted_token_latency_us <= w[1].predicted_token_latency_us,
+                "case {case}"
+            );
+        }
+        // A single node that fits is always a candidate, so the best is never slower than it.
+        for n in &topo.nodes {
+            if card.total_bytes(kv) <= n.mem_available {
+                let alone = card.n_layers as f64 / n.speed * 1e6;
+                assert!(
+                    all[0].predicted_token_latency_us <= alone + 1e-6,
+                    "case {case}"
+                );
+            }
+        }
+    }
+    assert!(
+        ok > 100 && multi > 50,
+        "too few interesting cases: ok {ok}, multi {multi}"
+    );
+}
+
+#[test]
+fn split_is_exact_and_within_capacity() {
+    let mut rng = Rng(0x5EED_0002);
+    for case in 0..2000 {
+        let card = random_card(&mut rng);
+        let k = rng.range(1, 8) as usize;
+        let kv = rng.range(0, 4096) as usize;
+        let model = card.total_bytes(kv).max(1);
+        let mems: Vec<u64> = (0..k).map(|_| model / 100 * rng.range(1, 100)).collect();
+        let names: Vec<String> = (0..k).map(|i| format!("n{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        match split_layers(&card, &names, &mems, kv) {
+            Ok(counts) => {
+                assert_eq!(counts.iter().sum::<usize>(), card.n_layers, "case {case}");
+                for (i, (&c, &m)) in counts.iter().zip(&mems).enumerate() {
+                    assert!(c >= 1, "case {case}");
+                    assert!(
+                        card.stage_bytes(c, i == 0, i + 1 == k, kv) <= m,
+                        "case {case}"
+                    );
+                }
+                assert_eq!(split_layers(&card, &names, &mems, kv).unwrap(), counts);
+            }
+            Err(PlacementError::TooManyStages { .. }) => assert!(k > card.n_layers),
+            Err(PlacementError::DoesNotFit { needed, available }) => {
+                assert!(needed > available, "case {case}: {needed} <= {available}")
+            }
+            Err(PlacementError::NodeDoesNotFit {
+                needed, available, ..
+            }) => assert!(needed > available),
+            Err(e) => panic!("case {case}: unexpected {e}"),
+        }
+    }
+}
+
+#[test]
+fn split_follows_memory_when_capacity_is_ample() {
+    // With no extras and plenty of room, counts differ from the exact share by less than one layer.
+    let mut rng = Rng(0x5EED_0003);
+    for case in 0..1000 {
+        let n = rng.range(1, 100) as usize;
+        let k = rng.range(1, 6.min(n as u64)) as usize;
+        let card = ModelCard {
+            id: "m".into(),
+            n_layers: n,
+            layer_bytes: 1,
+            embed_bytes: 0,
+            head_bytes: 0,
+            kv_bytes_per_token_per_layer: 0,
+            context_length: 0,
+            hidden_bytes_per_token: 1,
+        };
+        let mems: Vec<u64> = (0..k).map(|_| rng.range(1000, 100_000)).collect();
+        let names = vec!["x"; k];
+        let counts = split_layers(&card, &names, &mems, 0).unwrap();
+        let total: u64 = mems.iter().sum();
+        let shares: Vec<f64> = mems
+            .iter()
+            .map(|&m| n as f64 * m as f64 / total as f64)
+            .collect();
+        // A share below one layer is bumped to 1 at the fullest stage's expense; elsewhere exact rounding.
+        let bumped = shares.iter().any(|&s| s < 1.0);
+        for (&c, &share) in counts.iter().zip(&shares) {
+            let tolerance = if bumped { k as f64 } else { 1.0 };
+            assert!(
+                (c as f64 - share).abs() < tolerance,
+                "case {case}: {c} vs {share}"
+            );
+        }
+    }
+}
+
+#[test]
+fn random_manual_counts_are_taken_verbatim() {
+    let mut rng = Rng(0x5EED_0004);
+    for case in 0..300 {
+        let mut card = random_card(&mut rng);
+        card.n_layers = card.n_layers.max(3);
+        let k = rng.range(1, 3) as usize;
+        let nodes: Vec<NodeInfo> = (0..k)
+            .map(|i| NodeInfo {
+                id: format!("m{i}"),
+                mem_available: u64::MAX / 4,
+                speed: 100.0,
+            })
+            .collect();
+        let links = (1..k)
+            .map(|i| Link {
+                a: format!("m{}", i - 1),
+                b: format!("m{i}"),
+                kind: LinkKind::Ethernet,
+                rtt_us: None,
+                bandwidth_bps: None,
+            })
+            .collect();
+        let topo = Topology { nodes, links };
+        let mut left = card.n_layers;
+        let mut counts = Vec::new();
+        for i in 0..k {
+            let c = if i + 1 == k {
+                left
+            } else {
+                rng.range(1, (left - (k - i - 1)) as u64) as usize
+            };
+            left -= c;
+            counts.push((format!("m{i}"), c));
+        }
+        let cons = Constraints {
+            layer_counts: Some(counts.clone()),
+            ..Constraints::default()
+        };
+        let all = plan(&topo, &card, &cons).unwrap();
+        assert_eq!(all.len(), 1);
+        let got: Vec<(String, usize)> = all[0]
+            .stages
+            .iter()
+            .map(|s| (s.node.clone(), s.layers()))
+            .collect();
+        assert_eq!(got, counts, "case {case}");
+    }
+}
