@@ -1,41 +1,17 @@
 //! Manual control: pinned nodes and per-node layer counts.
 
-use shoal_placement::{
-    Constraints, Link, LinkKind, ModelCard, NodeInfo, PlacementError, Topology, best, plan,
-};
+mod common;
 
-const GB: u64 = 1_000_000_000;
+use common::{GB, card, node};
 
-fn node(id: &str, mem_gb: u64, speed: f64) -> NodeInfo {
-    NodeInfo {
-        id: id.into(),
-        mem_available: mem_gb * GB,
-        speed,
-    }
-}
-
+/// A link with a measured round trip.
 fn link(a: &str, b: &str, kind: LinkKind) -> Link {
     Link {
-        a: a.into(),
-        b: b.into(),
-        kind,
         rtt_us: Some(48.0),
-        bandwidth_bps: None,
+        ..common::link(a, b, kind)
     }
 }
-
-fn card() -> ModelCard {
-    ModelCard {
-        id: "test-30".into(),
-        n_layers: 30,
-        layer_bytes: GB,
-        embed_bytes: 0,
-        head_bytes: 0,
-        kv_bytes_per_token_per_layer: 0,
-        context_length: 2048,
-        hidden_bytes_per_token: 8192,
-    }
-}
+use shoal_placement::{Constraints, Link, LinkKind, PlacementError, Topology, best, plan};
 
 /// a (64 GB) could run everything alone; b and c are small. Full mesh except b–c.
 fn topo() -> Topology {

@@ -1,42 +1,11 @@
 //! Scenario tests of the planner: known inputs, exact outputs.
 
+mod common;
+
+use common::{GB, card, link, node};
 use shoal_placement::{
-    Constraints, Link, LinkKind, ModelCard, NodeInfo, PlacementError, Stage, Topology, best, plan,
+    Constraints, LinkKind, NodeInfo, PlacementError, Stage, Topology, best, plan,
 };
-
-const GB: u64 = 1_000_000_000;
-
-fn node(id: &str, mem_gb: u64, speed: f64) -> NodeInfo {
-    NodeInfo {
-        id: id.into(),
-        mem_available: mem_gb * GB,
-        speed,
-    }
-}
-
-fn link(a: &str, b: &str, kind: LinkKind) -> Link {
-    Link {
-        a: a.into(),
-        b: b.into(),
-        kind,
-        rtt_us: None,
-        bandwidth_bps: None,
-    }
-}
-
-/// 30 layers of 1 GB, no extras, 8 KB activations.
-fn card() -> ModelCard {
-    ModelCard {
-        id: "test-30".into(),
-        n_layers: 30,
-        layer_bytes: GB,
-        embed_bytes: 0,
-        head_bytes: 0,
-        kv_bytes_per_token_per_layer: 0,
-        context_length: 2048,
-        hidden_bytes_per_token: 8192,
-    }
-}
 
 fn counts(stages: &[Stage]) -> Vec<(&str, usize)> {
     stages
