@@ -72,6 +72,123 @@ async fn timed(
     Ok((first - start, arrivals))
 }
 
+#[derive(Debug, Clone, serde::Serialize)]
+struct TurnRow {
+    threads: usize,
+    turn1_tokens: usize,
+    turn2_tokens: usize,
+    repetitions: usize,
+    ttft_turn2_cached_ms: f64,
+    ttft_turn2_uncached_ms: f64,
+    ratio: f64,
+}
+
+/// Turn 1, then turn 2 (turn 1 + its answer + new tokens): turn 2's TTFT.
+async fn second_turn_ttft(
+    engine: &EngineHandle,
+    model: &str,
+    turn1: &[u32],
+    extra: &[u32],
+) -> anyhow::Result<f64> {
+    let answer = answer_tokens(engine, model, turn1).await?;
+    let mut turn2 = turn1.to_vec();
+    turn2.extend_from_slice(&answer);
+    turn2.extend_from_slice(extra);
+    let (ttft, _) = timed(engine, model, turn2, 1).await?;
+    Ok(ttft.as_secs_f64() * 1e3)
+}
+
+async fn answer_tokens(
+    engine: &EngineHandle,
+    model: &str,
+    prompt: &[u32],
+) -> anyhow::Result<Vec<u32>> {
+    let mut stream = engine.submit(GenerateRequest {
+        model: model.to_string(),
+        prompt: Prompt::Tokens(prompt.to_vec()),
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        max_tokens: Some(8),
+        stop: Vec::new(),
+        add_bos: false,
+        ignore_eos: true,
+        timeout: None,
+    })?;
+    let mut ids = Vec::new();
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Event::Token { id, .. } => ids.push(id),
+            Event::Done { .. } => break,
+            Event::Error(e) => anyhow::bail!("benchmark request failed: {e}"),
+        }
+    }
+    Ok(ids)
+}
+
+fn run_second_turn(
+    args: &BenchArgs,
+    path: &std::path::Path,
+    id: &str,
+    threads: &[usize],
+) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut rng = Rng::new(7);
+    let mut rows = Vec::new();
+    for &t in threads {
+        let config = |prefix| EngineConfig {
+            threads: t.max(1),
+            max_batch_tokens: args.prompt_tokens.max(1),
+            prefix_cache_tokens: prefix,
+            ..Default::default()
+        };
+        let cached = shoal_engine::engine::spawn_from_gguf(path, id, config(65_536))?;
+        let plain = shoal_engine::engine::spawn_from_gguf(path, id, config(0))?;
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        for _ in 0..args.repetitions.max(1) {
+            let turn1: Vec<u32> = (0..args.prompt_tokens)
+                .map(|_| (rng.next_u64() % 49_000) as u32)
+                .collect();
+            let extra: Vec<u32> = (0..16).map(|_| (rng.next_u64() % 49_000) as u32).collect();
+            with.push(rt.block_on(second_turn_ttft(&cached, id, &turn1, &extra))?);
+            without.push(rt.block_on(second_turn_ttft(&plain, id, &turn1, &extra))?);
+        }
+        let (c, u) = (median(with), median(without));
+        rows.push(TurnRow {
+            threads: t,
+            turn1_tokens: args.prompt_tokens,
+            turn2_tokens: args.prompt_tokens + 8 + 16,
+            repetitions: args.repetitions,
+            ttft_turn2_cached_ms: c,
+            ttft_turn2_uncached_ms: u,
+            ratio: c / u,
+        });
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "model": id, "second_turn": rows }))?
+        );
+    } else {
+        println!("model {id}: second-turn TTFT, prefix cache on vs off");
+        println!("threads  turn2 tokens  cached ms  uncached ms  cached/uncached");
+        for r in &rows {
+            println!(
+                "{:>7}  {:>12}  {:>9.1}  {:>11.1}  {:>14.2}x",
+                r.threads,
+                r.turn2_tokens,
+                r.ttft_turn2_cached_ms,
+                r.ttft_turn2_uncached_ms,
+                r.ratio
+            );
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let (id, path) = crate::resolve_model(&args.model)?;
     let threads: Vec<usize> = args
@@ -80,6 +197,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .map(|t| t.trim().parse::<usize>())
         .collect::<Result<_, _>>()
         .map_err(|e| anyhow::anyhow!("--threads: {e}"))?;
+    if args.second_turn {
+        return run_second_turn(&args, &path, &id, &threads);
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -166,6 +166,10 @@ pub struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Instead: second-turn TTFT with the prefix cache vs without (turn 1 = `-p` tokens; turn 2 = turn 1,
+    /// its 8-token answer and 16 new tokens).
+    #[arg(long)]
+    pub second_turn: bool,
 }
 
 #[cfg(test)]

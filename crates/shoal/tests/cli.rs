@@ -192,3 +192,35 @@ fn bad_arguments_fail_with_a_message() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown model"));
 }
+
+#[test]
+fn bench_second_turn_reports_both_ttfts() {
+    let out = shoal()
+        .args([
+            "bench",
+            "--model",
+            &model_arg(),
+            "--threads",
+            "1",
+            "-p",
+            "24",
+            "-r",
+            "1",
+            "--json",
+            "--second-turn",
+        ])
+        .output()
+        .expect("run shoal bench --second-turn");
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let row = &v["second_turn"][0];
+    assert_eq!(row["turn2_tokens"], 24 + 8 + 16);
+    for key in ["ttft_turn2_cached_ms", "ttft_turn2_uncached_ms", "ratio"] {
+        let x = row[key].as_f64().unwrap_or(f64::NAN);
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+}
