@@ -229,34 +229,29 @@ impl LlamaStage {
                 });
             }
         }
+        match &input {
+            StageInput::Tokens(ids) if ids.len() != total => {
+                return Err(ModelError::BadInput(format!(
+                    "{} token ids for {total} rows",
+                    ids.len()
+                )));
+            }
+            StageInput::Hidden(h) if h.dims() != [total, self.cfg.dim] => {
+                return Err(ModelError::BadInput(format!(
+                    "hidden state {:?}, expected [{total}, {}]",
+                    h.dims(),
+                    self.cfg.dim
+                )));
+            }
+            _ => {}
+        }
         if let Some(host) = &self.host {
             return self.forward_host(host, input, seqs, total);
         }
         let mut x = match (input, &self.embed) {
-            (StageInput::Tokens(ids), Some(embed)) => {
-                if ids.len() != total {
-                    return Err(ModelError::BadInput(format!(
-                        "{} token ids for {total} rows",
-                        ids.len()
-                    )));
-                }
-                embed.forward(ids, &self.device)?
-            }
-            (StageInput::Hidden(h), _) => {
-                if h.dims() != [total, self.cfg.dim] {
-                    return Err(ModelError::BadInput(format!(
-                        "hidden state {:?}, expected [{total}, {}]",
-                        h.dims(),
-                        self.cfg.dim
-                    )));
-                }
-                h
-            }
-            (StageInput::Tokens(_), None) => {
-                return Err(ModelError::BadInput(
-                    "token ids sent to a stage without the embedding".into(),
-                ));
-            }
+            (StageInput::Tokens(ids), Some(embed)) => embed.forward(ids, &self.device)?,
+            (StageInput::Hidden(h), _) => h,
+            (StageInput::Tokens(_), None) => return Err(no_embedding()),
         };
         for s in seqs.iter_mut() {
             s.kv.reserve(s.len)?;
@@ -316,29 +311,9 @@ impl LlamaStage {
         let c = &self.cfg;
         let dim = c.dim;
         let mut x = match (input, &self.embed) {
-            (StageInput::Tokens(ids), Some(embed)) => {
-                if ids.len() != total {
-                    return Err(ModelError::BadInput(format!(
-                        "{} token ids for {total} rows",
-                        ids.len()
-                    )));
-                }
-                embed.lookup(ids)?
-            }
-            (StageInput::Hidden(h), _) => {
-                if h.dims() != [total, dim] {
-                    return Err(ModelError::BadInput(format!(
-                        "hidden state {:?}, expected [{total}, {dim}]",
-                        h.dims()
-                    )));
-                }
-                h.flatten_all()?.to_vec1::<f32>()?
-            }
-            (StageInput::Tokens(_), None) => {
-                return Err(ModelError::BadInput(
-                    "token ids sent to a stage without the embedding".into(),
-                ));
-            }
+            (StageInput::Tokens(ids), Some(embed)) => embed.lookup(ids)?,
+            (StageInput::Hidden(h), _) => h.flatten_all()?.to_vec1::<f32>()?,
+            (StageInput::Tokens(_), None) => return Err(no_embedding()),
         };
         for s in seqs.iter_mut() {
             s.kv.reserve(s.len)?;
@@ -437,6 +412,10 @@ impl LlamaStage {
         let o = att.matmul(&v_all)?;
         Ok(o.reshape((nh, t, hd))?.transpose(0, 1)?.reshape((t, qd))?)
     }
+}
+
+fn no_embedding() -> ModelError {
+    ModelError::BadInput("token ids sent to a stage without the embedding".into())
 }
 
 fn rope_tables(cfg: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
