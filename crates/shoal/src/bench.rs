@@ -39,13 +39,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-/// Runs one request; returns (time to first token, arrival times of every token).
+/// Runs one greedy request of `n` tokens; returns (time to first token, arrival times, token ids).
 async fn timed(
     engine: &EngineHandle,
     model: &str,
     tokens: Vec<u32>,
     n: usize,
-) -> anyhow::Result<(Duration, Vec<Instant>)> {
+) -> anyhow::Result<(Duration, Vec<Instant>, Vec<u32>)> {
     let start = Instant::now();
     let mut stream = engine.submit(GenerateRequest {
         model: model.to_string(),
@@ -60,16 +60,19 @@ async fn timed(
         ignore_eos: true,
         timeout: None,
     })?;
-    let mut arrivals = Vec::with_capacity(n);
+    let (mut arrivals, mut ids) = (Vec::with_capacity(n), Vec::with_capacity(n));
     while let Some(ev) = stream.next().await {
         match ev {
-            Event::Token { .. } => arrivals.push(Instant::now()),
+            Event::Token { id, .. } => {
+                arrivals.push(Instant::now());
+                ids.push(id);
+            }
             Event::Done { .. } => break,
             Event::Error(e) => anyhow::bail!("benchmark request failed: {e}"),
         }
     }
     let first = arrivals.first().copied().unwrap_or_else(Instant::now);
-    Ok((first - start, arrivals))
+    Ok((first - start, arrivals, ids))
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -90,41 +93,12 @@ async fn second_turn_ttft(
     turn1: &[u32],
     extra: &[u32],
 ) -> anyhow::Result<f64> {
-    let answer = answer_tokens(engine, model, turn1).await?;
+    let (_, _, answer) = timed(engine, model, turn1.to_vec(), 8).await?;
     let mut turn2 = turn1.to_vec();
     turn2.extend_from_slice(&answer);
     turn2.extend_from_slice(extra);
-    let (ttft, _) = timed(engine, model, turn2, 1).await?;
+    let (ttft, _, _) = timed(engine, model, turn2, 1).await?;
     Ok(ttft.as_secs_f64() * 1e3)
-}
-
-async fn answer_tokens(
-    engine: &EngineHandle,
-    model: &str,
-    prompt: &[u32],
-) -> anyhow::Result<Vec<u32>> {
-    let mut stream = engine.submit(GenerateRequest {
-        model: model.to_string(),
-        prompt: Prompt::Tokens(prompt.to_vec()),
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        max_tokens: Some(8),
-        stop: Vec::new(),
-        add_bos: false,
-        ignore_eos: true,
-        timeout: None,
-    })?;
-    let mut ids = Vec::new();
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Event::Token { id, .. } => ids.push(id),
-            Event::Done { .. } => break,
-            Event::Error(e) => anyhow::bail!("benchmark request failed: {e}"),
-        }
-    }
-    Ok(ids)
 }
 
 fn run_second_turn(
@@ -222,11 +196,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 let prompt: Vec<u32> = (0..args.prompt_tokens)
                     .map(|_| (rng.next_u64() % vocab) as u32)
                     .collect();
-                let (first, _) = timed(&engine, &id, prompt, 1).await?;
+                let (first, _, _) = timed(&engine, &id, prompt, 1).await?;
                 pp.push(args.prompt_tokens as f64 / first.as_secs_f64());
                 ttft.push(first.as_secs_f64() * 1e3);
                 let start_tok = (rng.next_u64() % vocab) as u32;
-                let (_, arrivals) = timed(&engine, &id, vec![start_tok], args.gen_tokens).await?;
+                let (_, arrivals, _) =
+                    timed(&engine, &id, vec![start_tok], args.gen_tokens).await?;
                 if arrivals.len() >= 2 {
                     let span =
                         (*arrivals.last().unwrap_or(&arrivals[0]) - arrivals[0]).as_secs_f64();
