@@ -11,6 +11,7 @@ import os
 import queue
 import re
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,35 +43,47 @@ def _pump(stream, lines: "queue.Queue[str | None]") -> None:
     lines.put(None)
 
 
-@pytest.fixture(scope="session")
-def server_url():
-    cmd = [str(_binary()), "serve", "--api-port", "0", "--models-dir", str(_models_dir())]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, cwd=REPO
-    )
-    out: "queue.Queue[str | None]" = queue.Queue()
-    err: "queue.Queue[str | None]" = queue.Queue()
-    threading.Thread(target=_pump, args=(proc.stdout, out), daemon=True).start()
-    threading.Thread(target=_pump, args=(proc.stderr, err), daemon=True).start()
+NODE = re.compile(r"^shoal: node (\S+)\s*$")
+CLUSTER_ADDR = re.compile(r"^shoal: cluster listening on (\S+)\s*$")
 
-    def stderr_tail() -> str:
-        lines = []
-        while not err.empty():
-            line = err.get_nowait()
-            if line is not None:
-                lines.append(line)
-        return "".join(lines[-40:])
 
-    url = None
-    seen = []
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    try:
-        while url is None:
+class ShoalNode:
+    """One `shoal serve` process on ephemeral ports with its own state dir (its identity survives
+    `restart`). `url` is its HTTP API, `id` its node id, `cluster_addr` what other nodes pass to --peer."""
+
+    def __init__(
+        self, *args: str, state_dir: "str | None" = None, key: str = "python-tests", threads: int = 1
+    ):
+        self.args = list(args)
+        self.threads = threads
+        self.key = key
+        self.state_dir = state_dir or tempfile.mkdtemp(prefix="shoal-test-state-")
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        self.cmd = [
+            str(_binary()), "serve", "--api-port", "0", "--models-dir", str(_models_dir()),
+            "--threads", str(self.threads), "--state-dir", self.state_dir, "--cluster-listen", "127.0.0.1:0",
+            "--no-mdns", "--cluster-key", self.key, *self.args,
+        ]
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, cwd=REPO
+        )
+        out: "queue.Queue[str | None]" = queue.Queue()
+        self.err: "queue.Queue[str | None]" = queue.Queue()
+        threading.Thread(target=_pump, args=(self.proc.stdout, out), daemon=True).start()
+        threading.Thread(target=_pump, args=(self.proc.stderr, self.err), daemon=True).start()
+        self.url = self.id = self.cluster_addr = None
+        seen = []
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while self.url is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                self.kill()
                 pytest.fail(
-                    f"`{' '.join(cmd)}` did not print 'shoal: listening on ...' within "
-                    f"{STARTUP_TIMEOUT_S} s.\nstdout:\n{''.join(seen)}\nstderr:\n{stderr_tail()}",
+                    f"`{' '.join(self.cmd)}` did not print 'shoal: listening on ...' within "
+                    f"{STARTUP_TIMEOUT_S} s.\nstdout:\n{''.join(seen)}\nstderr:\n{self.stderr_tail()}",
                     pytrace=False,
                 )
             try:
@@ -78,20 +91,43 @@ def server_url():
             except queue.Empty:
                 continue
             if line is None:
-                proc.wait(timeout=5)
+                self.proc.wait(timeout=5)
                 pytest.fail(
-                    f"`{' '.join(cmd)}` exited with {proc.returncode} before listening.\n"
-                    f"stdout:\n{''.join(seen)}\nstderr:\n{stderr_tail()}",
+                    f"`{' '.join(self.cmd)}` exited with {self.proc.returncode} before listening.\n"
+                    f"stdout:\n{''.join(seen)}\nstderr:\n{self.stderr_tail()}",
                     pytrace=False,
                 )
             seen.append(line)
-            match = LISTENING.match(line)
-            if match:
-                url = match.group(1)
-        yield url
+            for pattern, attr in ((LISTENING, "url"), (NODE, "id"), (CLUSTER_ADDR, "cluster_addr")):
+                m = pattern.match(line)
+                if m and getattr(self, attr) is None:
+                    setattr(self, attr, m.group(1))
+
+    def stderr_tail(self) -> str:
+        lines = []
+        while not self.err.empty():
+            line = self.err.get_nowait()
+            if line is not None:
+                lines.append(line)
+        return "".join(lines[-40:])
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+
+@pytest.fixture(scope="session")
+def server_url():
+    node = ShoalNode(key="python-tests-single-node", threads=os.cpu_count() or 1)
+    try:
+        yield node.url
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
+        node.kill()
 
 
 @pytest.fixture(scope="session")

@@ -53,6 +53,11 @@ pub enum ApiError {
     /// The engine is shutting down or gone (503).
     #[error("the model is not available right now")]
     Unavailable,
+    /// A node running part of the model's pipeline left; the instance is being placed again (503).
+    #[error(
+        "a node running part of this model left the cluster ({0}); the model is being placed again, retry shortly"
+    )]
+    StageLost(String),
     /// Anything that is our fault (500). The detail is logged, never sent.
     #[error("internal error: {0}")]
     Internal(String),
@@ -88,7 +93,9 @@ impl ApiError {
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Cancelled => StatusCode::CONFLICT,
             ApiError::Timeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            ApiError::Overloaded | ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Overloaded | ApiError::Unavailable | ApiError::StageLost(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -121,6 +128,7 @@ impl ApiError {
             ApiError::Timeout { .. } => ("timeout", Some("timeout".into()), Some("timeout")),
             ApiError::Overloaded => ("server_error", None, Some("overloaded")),
             ApiError::Unavailable => ("server_error", None, Some("unavailable")),
+            ApiError::StageLost(_) => ("server_error", None, Some("stage_lost")),
             ApiError::Internal(_) => ("server_error", None, None),
         };
         let message = match self {
@@ -199,6 +207,7 @@ impl ApiError {
             EngineError::Timeout { after_ms } => ApiError::Timeout { after_ms },
             EngineError::Overloaded => ApiError::Overloaded,
             EngineError::Stopped => ApiError::Unavailable,
+            EngineError::StageLost(detail) => ApiError::StageLost(detail),
             EngineError::Internal(detail) => ApiError::Internal(detail),
         }
     }

@@ -15,10 +15,14 @@
 //! - [`cancel`] lets a client stop a request by its response id (`POST /v1/cancel/{id}`); handlers hold
 //!   each request as a [`cancel::LiveRequest`] so they can tell such a cancellation apart.
 //!
+//! - [`cluster`] holds the cluster routes, answered from the node's [`shoal_cluster::ClusterHandle`].
+//!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/cancel/{id}`,
-//! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`.
+//! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, `GET /state`, `GET /instance/previews`,
+//! `POST /instance`, `DELETE /instance/{id}`.
 
 pub mod cancel;
+pub mod cluster;
 pub mod error;
 pub mod openai;
 pub mod sse;
@@ -32,7 +36,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use shoal_engine::{EngineHandle, RequestStream};
+use shoal_engine::{Engines, RequestStream};
 use tower_http::cors::CorsLayer;
 use tower_http::trace::TraceLayer;
 
@@ -49,17 +53,21 @@ pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
 /// What every handler can reach. Cheap to clone.
 #[derive(Clone)]
 pub struct ApiState {
-    pub engine: EngineHandle,
+    /// The engines of the models this node serves.
+    pub engine: Engines,
     /// Largest accepted request body in bytes; larger ones get 413.
     pub body_limit: usize,
     /// Requests cancelled through `POST /v1/cancel/{id}` that are still being answered.
     pub cancellations: Arc<Cancellations>,
+    /// The cluster this node belongs to (`/state`, `/instance…`); `None` for a bare engine.
+    pub cluster: Option<shoal_cluster::ClusterHandle>,
 }
 
 impl ApiState {
-    pub fn new(engine: EngineHandle) -> Self {
+    pub fn new(engine: impl Into<Engines>) -> Self {
         ApiState {
-            engine,
+            engine: engine.into(),
+            cluster: None,
             body_limit: DEFAULT_BODY_LIMIT,
             cancellations: Arc::default(),
         }
@@ -81,6 +89,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{*id}", get(openai::get_model))
         .route("/health", get(health))
+        .route("/state", get(cluster::get_state))
+        .route("/instance/previews", get(cluster::previews))
+        .route("/instance", post(cluster::create))
+        .route("/instance/{id}", axum::routing::delete(cluster::delete))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))

@@ -104,11 +104,13 @@ struct ModelSlot {
 pub struct Shared {
     slot: ModelSlot,
     counters: Arc<Counters>,
-    next_id: AtomicU64,
     /// Cancel flags of live requests by id (for `POST /v1/cancel/{id}`); weak, so a finished request's
     /// entry dies with it and is pruned.
     cancels: Mutex<HashMap<u64, Weak<AtomicBool>>>,
 }
+
+/// Request ids, shared by all engines of the process.
+static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Registry entries kept before dead ones are pruned.
 const CANCEL_PRUNE_AT: usize = 1024;
@@ -184,7 +186,8 @@ impl Shared {
                 message: "max_tokens must be at least 1".into(),
             });
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // Unique across every engine of the process, so a request id names one request on this node.
+        let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
         // The channel exists before the engine knows about the request: nothing it sends can be lost.
         // Unbounded on purpose: the engine must never block on a slow client, and a sequence sends at
         // most (context length + 1) events, which bounds it.
@@ -296,6 +299,21 @@ impl LoadedModel {
     }
 }
 
+/// Loads layers `range` of a GGUF model as a stage (what a node hosting one stage of a pipeline runs).
+pub fn load_local_stage(
+    path: &Path,
+    range: LayerRange,
+    pool: &Arc<ThreadPool>,
+) -> Result<LocalStage, EngineError> {
+    let err = |e: &dyn std::fmt::Display| {
+        EngineError::Internal(format!("loading {}: {e}", path.display()))
+    };
+    let mut gguf = GgufFile::open(path).map_err(|e| err(&e))?;
+    let stage =
+        LlamaStage::load(&mut gguf, range, &candle_core::Device::Cpu, pool).map_err(|e| err(&e))?;
+    Ok(LocalStage::new(stage))
+}
+
 /// Loads `path` and starts its engine thread.
 pub fn spawn_from_gguf(
     path: &Path,
@@ -344,7 +362,6 @@ pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, E
         inner: Arc::new(Shared {
             slot,
             counters,
-            next_id: AtomicU64::new(1),
             cancels: Mutex::new(HashMap::new()),
         }),
     })

@@ -27,6 +27,9 @@ pub enum EngineError {
     Overloaded,
     #[error("the engine has stopped")]
     Stopped,
+    /// A pipeline stage on another node went away (node died, link cut, stage failed).
+    #[error("a pipeline stage was lost: {0}")]
+    StageLost(String),
     #[error("internal engine error: {0}")]
     Internal(String),
 }
@@ -43,6 +46,7 @@ impl EngineError {
             EngineError::Timeout { .. } => "timeout",
             EngineError::Overloaded => "overloaded",
             EngineError::Stopped => "stopped",
+            EngineError::StageLost(_) => "stage_lost",
             EngineError::Internal(_) => "internal",
         }
     }

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod error;
 pub mod handle;
 pub mod prefix;
+pub mod registry;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
@@ -19,4 +20,5 @@ mod worker;
 
 pub use error::EngineError;
 pub use handle::{ChatMessage, EngineHandle, EngineStats, ModelInfo, RequestStream};
+pub use registry::Engines;
 pub use request::{Event, FinishReason, GenerateRequest, Prompt, SamplingParams, Usage};

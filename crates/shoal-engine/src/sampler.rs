@@ -74,9 +74,48 @@ impl Sampler {
         }
     }
 
+    /// A sampler in a given state: what [`Sampler::rng_state`] and [`Sampler::counts`] returned, so
+    /// another node can sample exactly as this one would.
+    pub fn from_state(params: SamplingParams, rng_state: u64, counts: &[(u32, u32)]) -> Self {
+        Self {
+            params,
+            rng: Rng::new(rng_state),
+            counts: counts.iter().copied().collect(),
+        }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The random generator's state.
+    pub fn rng_state(&self) -> u64 {
+        self.rng.0
+    }
+
+    /// Generated-token counts, sorted by token id (the frequency and presence penalties' input).
+    pub fn counts(&self) -> Vec<(u32, u32)> {
+        if self.params.frequency_penalty == 0.0 && self.params.presence_penalty == 0.0 {
+            return Vec::new();
+        }
+        let mut c: Vec<(u32, u32)> = self.counts.iter().map(|(&t, &n)| (t, n)).collect();
+        c.sort_unstable();
+        c
+    }
+
     /// Records a generated token for the frequency and presence penalties.
     pub fn accept(&mut self, id: u32) {
         *self.counts.entry(id).or_default() += 1;
+    }
+
+    /// Brings this sampler to the state it would have after sampling `id` itself: what the request
+    /// owner does when another node (the pipeline's last stage) sampled from the same state.
+    pub fn replay(&mut self, id: u32) {
+        if self.params.temperature > 0.0 {
+            // `sample` draws exactly one number when not greedy.
+            self.rng.next_u64();
+        }
+        self.accept(id);
     }
 
     /// Picks the next token. `history` is the sequence so far (prompt and generated), used by the

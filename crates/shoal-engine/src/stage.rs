@@ -10,6 +10,7 @@ use candle_core::Tensor;
 use shoal_model::{KvCache, LlamaStage, SeqChunk, StageInput};
 
 use crate::error::EngineError;
+use crate::sampler::{self, Sampler};
 
 /// One sequence's part of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +22,22 @@ pub struct ChunkSpec {
     pub want_logits: bool,
 }
 
+/// How to sample one chunk that wants logits: the owner's sampler state and the sequence so far.
+/// A stage that samples (a remote last stage) must draw exactly what `sampler` would.
+#[derive(Clone, Copy)]
+pub struct SampleRef<'a> {
+    pub seq_id: u64,
+    pub sampler: &'a Sampler,
+    pub history: &'a [u32],
+}
+
+/// A token picked by the last stage.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pick {
+    pub id: u32,
+    pub logprob: f32,
+}
+
 /// What flows between stages.
 pub enum StageData {
     Tokens(Vec<u32>),
@@ -28,12 +45,32 @@ pub enum StageData {
     Hidden(Tensor),
     /// `(chunks wanting logits, vocab)`.
     Logits(Tensor),
+    /// Tokens already sampled, one per chunk wanting logits, in batch order (a remote last stage samples
+    /// where the logits are, so only token ids travel back).
+    Sampled(Vec<Pick>),
+}
+
+/// Samples one row of logits as `job` says; what a last stage that samples runs for each chunk.
+pub fn sample_row(job: &SampleRef<'_>, row: &mut [f32]) -> Pick {
+    let mut s = job.sampler.clone();
+    let id = s.sample(row, job.history);
+    Pick {
+        id,
+        logprob: sampler::logprob(row, id),
+    }
 }
 
 /// A pipeline stage: local layers now, a remote node's layers behind the same trait later.
 pub trait Stage: Send {
-    /// Runs `batch` on `input`; the first stage takes tokens, the last returns logits.
-    fn forward(&mut self, batch: &[ChunkSpec], input: StageData) -> Result<StageData, EngineError>;
+    /// Runs `batch` on `input`; the first stage takes tokens, the last returns logits (or, when it
+    /// samples itself, [`StageData::Sampled`] following `sampling`: one entry per chunk that wants
+    /// logits, in batch order).
+    fn forward(
+        &mut self,
+        batch: &[ChunkSpec],
+        input: StageData,
+        sampling: &[SampleRef<'_>],
+    ) -> Result<StageData, EngineError>;
     /// Frees everything held for `seq_id` (its KV cache). Unknown ids are ignored.
     fn release(&mut self, seq_id: u64);
     /// Tokens held in this stage's KV cache for `seq_id`.
@@ -74,6 +111,12 @@ impl LocalStage {
         &self.model
     }
 
+    /// Frees every sequence and prefix (the pipeline that fed this stage is gone).
+    pub fn clear(&mut self) {
+        self.caches.clear();
+        self.prefixes.clear();
+    }
+
     /// Bytes of KV cache allocated across all sequences and kept prefixes.
     pub fn kv_bytes(&self) -> usize {
         self.caches
@@ -89,7 +132,12 @@ fn internal(e: impl std::fmt::Display) -> EngineError {
 }
 
 impl Stage for LocalStage {
-    fn forward(&mut self, batch: &[ChunkSpec], input: StageData) -> Result<StageData, EngineError> {
+    fn forward(
+        &mut self,
+        batch: &[ChunkSpec],
+        input: StageData,
+        _sampling: &[SampleRef<'_>],
+    ) -> Result<StageData, EngineError> {
         // Take each sequence's cache out of the map so the model can borrow them all mutably.
         let mut taken: Vec<KvCache> = batch
             .iter()
@@ -113,7 +161,7 @@ impl Stage for LocalStage {
             match input {
                 StageData::Tokens(ids) => self.model.forward(StageInput::Tokens(&ids), &mut chunks),
                 StageData::Hidden(h) => self.model.forward(StageInput::Hidden(h), &mut chunks),
-                StageData::Logits(_) => {
+                StageData::Logits(_) | StageData::Sampled(_) => {
                     return Err(EngineError::Internal("logits sent into a stage".into()));
                 }
             }
@@ -177,20 +225,41 @@ impl Stage for LocalStage {
     }
 }
 
-/// Runs a batch through every stage in order and returns the logits.
+/// Runs a batch through every stage in order and returns one pick per chunk wanting logits, sampling
+/// here when the last stage returned logits.
 pub fn run_pipeline(
     stages: &mut [Box<dyn Stage>],
     batch: &[ChunkSpec],
     tokens: Vec<u32>,
-) -> Result<Tensor, EngineError> {
+    sampling: &[SampleRef<'_>],
+) -> Result<Vec<Pick>, EngineError> {
     let mut data = StageData::Tokens(tokens);
     for stage in stages.iter_mut() {
-        data = stage.forward(batch, data)?;
+        data = stage.forward(batch, data, sampling)?;
     }
-    match data {
-        StageData::Logits(l) => Ok(l),
-        _ => Err(EngineError::Internal(
-            "the pipeline's last stage returned no logits".into(),
-        )),
+    let picks = match data {
+        StageData::Logits(l) => {
+            let rows = l
+                .to_vec2::<f32>()
+                .map_err(|e| EngineError::Internal(format!("reading logits: {e}")))?;
+            rows.into_iter()
+                .zip(sampling)
+                .map(|(mut row, job)| sample_row(job, &mut row))
+                .collect()
+        }
+        StageData::Sampled(picks) => picks,
+        _ => {
+            return Err(EngineError::Internal(
+                "the pipeline's last stage returned no logits".into(),
+            ));
+        }
+    };
+    if picks.len() != sampling.len() {
+        return Err(EngineError::Internal(format!(
+            "the pipeline returned {} tokens for {} sequences",
+            picks.len(),
+            sampling.len()
+        )));
     }
+    Ok(picks)
 }

@@ -18,9 +18,9 @@ use crate::engine::{Admission, Counters, EngineConfig};
 use crate::error::EngineError;
 use crate::prefix::PrefixIndex;
 use crate::request::{Event, FinishReason, Usage};
-use crate::sampler::{self, Sampler};
+use crate::sampler::Sampler;
 use crate::scheduler::{SeqView, StepBudget, plan_step};
-use crate::stage::{ChunkSpec, Stage, run_pipeline};
+use crate::stage::{ChunkSpec, SampleRef, Stage, run_pipeline};
 use crate::stop::StopMatcher;
 
 /// A sequence owned by the engine thread.
@@ -411,13 +411,21 @@ impl Worker {
                 want_logits: s.computed + n == s.tokens.len(),
             });
         }
-        let logits = run_pipeline(&mut self.stages, &batch, tokens).and_then(|l| {
-            l.to_vec2::<f32>()
-                .map_err(|e| EngineError::Internal(format!("reading logits: {e}")))
-        });
+        let sampling: Vec<SampleRef<'_>> = plan
+            .iter()
+            .zip(&batch)
+            .filter(|(_, spec)| spec.want_logits)
+            .map(|(&(i, _), spec)| SampleRef {
+                seq_id: spec.seq_id,
+                sampler: &self.running[i].sampler,
+                history: &self.running[i].tokens,
+            })
+            .collect();
+        let picks = run_pipeline(&mut self.stages, &batch, tokens, &sampling);
+        drop(sampling);
         self.counters.steps.fetch_add(1, Ordering::Relaxed);
-        let logits = match logits {
-            Ok(l) => l,
+        let picks = match picks {
+            Ok(p) => p,
             Err(e) => {
                 tracing::error!("engine step failed: {e}");
                 let mut ids: Vec<usize> = plan.iter().map(|p| p.0).collect();
@@ -428,7 +436,7 @@ impl Worker {
                 return;
             }
         };
-        let mut rows = logits.into_iter();
+        let mut picks = picks.into_iter();
         let mut done = Vec::new();
         for (&(i, n), spec) in plan.iter().zip(&batch) {
             let seq = &mut self.running[i];
@@ -442,10 +450,10 @@ impl Worker {
             if !spec.want_logits {
                 continue;
             }
-            let Some(mut row) = rows.next() else { break };
-            let id = seq.sampler.sample(&mut row, &seq.tokens);
-            let logprob = sampler::logprob(&row, id);
-            seq.sampler.accept(id);
+            let Some(pick) = picks.next() else { break };
+            let (id, logprob) = (pick.id, pick.logprob);
+            // Sampling happened on a copy of this state (possibly on another node): catch up.
+            seq.sampler.replay(id);
             seq.tokens.push(id);
             self.counters.generated.fetch_add(1, Ordering::Relaxed);
             let eog = !seq.ignore_eos && self.tokenizer.is_eog(id);

@@ -89,6 +89,19 @@ impl GgufFile {
         }
     }
 
+    /// Bytes of tensor `name`'s data in the file (quantized size); `None` if there is no such tensor.
+    pub fn tensor_bytes(&self, name: &str) -> Option<u64> {
+        let info = self.content.tensor_infos.get(name)?;
+        let dtype = info.ggml_dtype;
+        let elems = info.shape.elem_count() as u64;
+        Some(elems / dtype.block_size() as u64 * dtype.type_size() as u64)
+    }
+
+    /// Names of every tensor in the file.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.content.tensor_infos.keys().map(String::as_str)
+    }
+
     pub fn has_tensor(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }

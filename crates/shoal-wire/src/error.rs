@@ -59,6 +59,9 @@ pub enum WireError {
     /// An error frame message that is not UTF-8.
     #[error("error frame message is not valid UTF-8")]
     InvalidUtf8,
+    /// Unknown action tag in a prefix frame.
+    #[error("unknown prefix action {0}")]
+    UnknownPrefixAction(u8),
 }
 
 impl WireError {
@@ -78,6 +81,7 @@ impl WireError {
             WireError::ReservedFlags(_) => "reserved_flags",
             WireError::Truncated { .. } => "truncated",
             WireError::TrailingBytes { .. } => "trailing_bytes",
+            WireError::UnknownPrefixAction(_) => "unknown_prefix_action",
             WireError::ShapeMismatch { .. } => "shape_mismatch",
             WireError::DataLength { .. } => "data_length",
             WireError::OddF16Length { .. } => "odd_f16_length",

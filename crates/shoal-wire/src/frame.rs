@@ -17,12 +17,18 @@ pub mod kind {
     pub const PING: u8 = 4;
     pub const PONG: u8 = 5;
     pub const ERROR: u8 = 6;
+    pub const SAMPLE: u8 = 7;
+    pub const PREFIX: u8 = 8;
 }
 
 /// Encoded size of one [`ChunkHeader`].
 pub const CHUNK_HEADER_LEN: usize = 17;
 /// Encoded size of one [`TokenItem`].
 pub const TOKEN_ITEM_LEN: usize = 16;
+/// Encoded size of a [`SampleJob`] without its history and counts.
+pub const SAMPLE_JOB_FIXED_LEN: usize = 52;
+/// Encoded size of a [`PrefixOp`].
+pub const PREFIX_OP_LEN: usize = 21;
 const FLAG_WANT_LOGITS: u8 = 0x01;
 
 /// Element type of activation data.
@@ -155,6 +161,65 @@ pub struct TokenItem {
     pub logprob: f32,
 }
 
+/// How the last stage must sample one sequence of a batch: the request's sampling parameters and the
+/// sampler's state (random generator, penalty context), so the last stage samples exactly as the
+/// request owner would and keeps no per-sequence state of its own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleJob {
+    pub seq_id: u64,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub rng_state: u64,
+    /// The sequence's last tokens (for the repetition penalty).
+    pub history: Vec<u32>,
+    /// Generated-token counts (for the frequency and presence penalties).
+    pub counts: Vec<(u32, u32)>,
+}
+
+/// What a [`PrefixOp`] does to a stage's KV caches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixAction {
+    /// Keep the first `len` tokens of `seq_id` as prefix `prefix_id`, free the sequence.
+    Retain,
+    /// Start `seq_id` from the first `len` tokens of prefix `prefix_id`.
+    Start,
+    /// Free prefix `prefix_id`.
+    Drop,
+}
+
+impl PrefixAction {
+    fn tag(self) -> u8 {
+        match self {
+            PrefixAction::Retain => 1,
+            PrefixAction::Start => 2,
+            PrefixAction::Drop => 3,
+        }
+    }
+
+    fn from_tag(tag: u8) -> Result<Self, WireError> {
+        match tag {
+            1 => Ok(PrefixAction::Retain),
+            2 => Ok(PrefixAction::Start),
+            3 => Ok(PrefixAction::Drop),
+            other => Err(WireError::UnknownPrefixAction(other)),
+        }
+    }
+}
+
+/// A prefix-cache operation every stage applies to its own KV caches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixOp {
+    pub action: PrefixAction,
+    pub seq_id: u64,
+    pub prefix_id: u64,
+    pub len: u32,
+}
+
 /// One message on a data-plane connection.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Frame {
@@ -180,6 +245,14 @@ pub enum Frame {
         code: u16,
         message: String,
     },
+    /// Sampling instructions for the chunks of batch `batch_id` that want logits, sent ahead of its
+    /// activations and passed along to the last stage.
+    Sample {
+        batch_id: u64,
+        jobs: Vec<SampleJob>,
+    },
+    /// A prefix-cache operation, applied by every stage and passed along.
+    Prefix(PrefixOp),
 }
 
 impl Frame {
@@ -192,6 +265,8 @@ impl Frame {
             Frame::Ping { .. } => kind::PING,
             Frame::Pong { .. } => kind::PONG,
             Frame::Error { .. } => kind::ERROR,
+            Frame::Sample { .. } => kind::SAMPLE,
+            Frame::Prefix(_) => kind::PREFIX,
         }
     }
 
@@ -234,6 +309,16 @@ impl Frame {
             Frame::Release { seq_ids } => 4 + 8 * seq_ids.len() as u64,
             Frame::Ping { .. } | Frame::Pong { .. } => 8,
             Frame::Error { message, .. } => 2 + message.len() as u64,
+            Frame::Sample { jobs, .. } => {
+                8 + 4
+                    + jobs
+                        .iter()
+                        .map(|j| {
+                            (SAMPLE_JOB_FIXED_LEN + 4 * j.history.len() + 8 * j.counts.len()) as u64
+                        })
+                        .sum::<u64>()
+            }
+            Frame::Prefix(_) => PREFIX_OP_LEN as u64,
         }
     }
 
@@ -275,6 +360,41 @@ impl Frame {
                 out.extend_from_slice(&code.to_le_bytes());
                 out.extend_from_slice(message.as_bytes());
             }
+            Frame::Sample { batch_id, jobs } => {
+                out.extend_from_slice(&batch_id.to_le_bytes());
+                out.extend_from_slice(&(jobs.len() as u32).to_le_bytes());
+                for j in jobs {
+                    out.extend_from_slice(&j.seq_id.to_le_bytes());
+                    for f in [j.temperature, j.top_p] {
+                        out.extend_from_slice(&f.to_le_bytes());
+                    }
+                    out.extend_from_slice(&j.top_k.to_le_bytes());
+                    for f in [
+                        j.min_p,
+                        j.repetition_penalty,
+                        j.frequency_penalty,
+                        j.presence_penalty,
+                    ] {
+                        out.extend_from_slice(&f.to_le_bytes());
+                    }
+                    out.extend_from_slice(&j.rng_state.to_le_bytes());
+                    out.extend_from_slice(&(j.history.len() as u32).to_le_bytes());
+                    for t in &j.history {
+                        out.extend_from_slice(&t.to_le_bytes());
+                    }
+                    out.extend_from_slice(&(j.counts.len() as u32).to_le_bytes());
+                    for (t, n) in &j.counts {
+                        out.extend_from_slice(&t.to_le_bytes());
+                        out.extend_from_slice(&n.to_le_bytes());
+                    }
+                }
+            }
+            Frame::Prefix(op) => {
+                out.push(op.action.tag());
+                out.extend_from_slice(&op.seq_id.to_le_bytes());
+                out.extend_from_slice(&op.prefix_id.to_le_bytes());
+                out.extend_from_slice(&op.len.to_le_bytes());
+            }
         }
     }
 
@@ -315,6 +435,21 @@ impl Frame {
                     .to_owned();
                 Frame::Error { code, message }
             }
+            kind::SAMPLE => {
+                let batch_id = c.u64()?;
+                let n = c.count(SAMPLE_JOB_FIXED_LEN)?;
+                let mut jobs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    jobs.push(decode_sample_job(&mut c)?);
+                }
+                Frame::Sample { batch_id, jobs }
+            }
+            kind::PREFIX => Frame::Prefix(PrefixOp {
+                action: PrefixAction::from_tag(c.u8()?)?,
+                seq_id: c.u64()?,
+                prefix_id: c.u64()?,
+                len: c.u32()?,
+            }),
             other => return Err(WireError::UnknownKind(other)),
         };
         c.finish()?;
@@ -353,6 +488,41 @@ pub(crate) fn check_len_prefix(buf: &[u8], max_frame_len: u32) -> Result<Option<
         });
     }
     Ok(Some(len as usize))
+}
+
+fn decode_sample_job(c: &mut Cursor<'_>) -> Result<SampleJob, WireError> {
+    let seq_id = c.u64()?;
+    let temperature = c.f32()?;
+    let top_p = c.f32()?;
+    let top_k = c.u32()?;
+    let min_p = c.f32()?;
+    let repetition_penalty = c.f32()?;
+    let frequency_penalty = c.f32()?;
+    let presence_penalty = c.f32()?;
+    let rng_state = c.u64()?;
+    let n = c.count(4)?;
+    let mut history = Vec::with_capacity(n);
+    for _ in 0..n {
+        history.push(c.u32()?);
+    }
+    let n = c.count(8)?;
+    let mut counts = Vec::with_capacity(n);
+    for _ in 0..n {
+        counts.push((c.u32()?, c.u32()?));
+    }
+    Ok(SampleJob {
+        seq_id,
+        temperature,
+        top_p,
+        top_k,
+        min_p,
+        repetition_penalty,
+        frequency_penalty,
+        presence_penalty,
+        rng_state,
+        history,
+        counts,
+    })
 }
 
 fn decode_activations(c: &mut Cursor<'_>) -> Result<Activations, WireError> {

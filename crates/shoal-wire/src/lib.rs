@@ -65,8 +65,15 @@
 //! | 4    | Ping        | nonce u64                                                                   |
 //! | 5    | Pong        | nonce u64 (echoes the ping's)                                              |
 //! | 6    | Error       | code u16, message: the rest of the payload, UTF-8                          |
+//! | 7    | Sample      | batch_id u64, n u32, n × sample job (52 bytes + 4 per history token + 8 per count) |
+//! | 8    | Prefix      | action u8 (1 retain, 2 start, 3 drop), seq_id u64, prefix_id u64, len u32   |
 //!
-//! Kind 0 and kinds above 6 are [`WireError::UnknownKind`].
+//! Kind 0 and kinds above 8 are [`WireError::UnknownKind`].
+//!
+//! Sample job: `seq_id u64, temperature f32, top_p f32, top_k u32, min_p f32, repetition_penalty f32,
+//! frequency_penalty f32, presence_penalty f32, rng_state u64, n u32, n × history token u32, m u32,
+//! m × (token u32, count u32)`. The last stage samples with exactly this state, so it holds no
+//! per-sequence sampler of its own.
 //!
 //! Activations chunk (17 bytes): `seq_id u64, start_pos u32, len u32, flags u8` where flag bit 0
 //! is `want_logits` and the other bits must be zero ([`WireError::ReservedFlags`]).
@@ -87,7 +94,8 @@ pub use error::WireError;
 pub use f16::{decode_f16_to_f32, decode_f32_le, encode_f32_as_f16, encode_f32_le};
 pub use frame::{
     Activations, CHUNK_HEADER_LEN, ChunkHeader, DEFAULT_MAX_FRAME_LEN, DType, Frame, LEN_PREFIX,
-    TOKEN_ITEM_LEN, TokenItem, kind,
+    PREFIX_OP_LEN, PrefixAction, PrefixOp, SAMPLE_JOB_FIXED_LEN, SampleJob, TOKEN_ITEM_LEN,
+    TokenItem, kind,
 };
 pub use handshake::{
     HANDSHAKE_HEADER_LEN, HANDSHAKE_V1_BODY_LEN, Handshake, MAGIC, Role, WIRE_VERSION,

@@ -82,12 +82,31 @@ fn empty_and_unknown_kinds() {
     assert_eq!(decode_err(&[0, 0, 0, 0]), WireError::EmptyFrame);
     assert_eq!(decode_err(&frame_bytes(0, &[])), WireError::UnknownKind(0));
     assert_eq!(
-        decode_err(&frame_bytes(7, &[1, 2])),
-        WireError::UnknownKind(7)
+        decode_err(&frame_bytes(9, &[1, 2])),
+        WireError::UnknownKind(9)
     );
     assert_eq!(
         decode_err(&frame_bytes(255, &[])),
         WireError::UnknownKind(255)
+    );
+}
+
+#[test]
+fn sample_and_prefix_frames_reject_lies() {
+    // A sample frame claiming a billion jobs in 4 bytes.
+    let mut p = 1u64.to_le_bytes().to_vec();
+    p.extend(1_000_000_000u32.to_le_bytes());
+    p.extend([0; 4]);
+    assert!(matches!(
+        decode_err(&frame_bytes(kind::SAMPLE, &p)),
+        WireError::Truncated { .. }
+    ));
+    // A prefix frame with an unknown action.
+    let mut p = vec![9u8];
+    p.extend([0; 20]);
+    assert_eq!(
+        decode_err(&frame_bytes(kind::PREFIX, &p)),
+        WireError::UnknownPrefixAction(9)
     );
 }
 

@@ -123,6 +123,57 @@ pub struct ServeArgs {
     /// Port to listen on (0 picks a free one).
     #[arg(long, default_value_t = 52415)]
     pub api_port: u16,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+#[derive(Args, Clone)]
+pub struct ClusterArgs {
+    /// Where this node keeps its identity key (a restarted node is the same node)
+    /// [default: ~/.local/share/shoal].
+    #[arg(long, env = "SHOAL_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Shared secret of the cluster: nodes with another key never join (default: a built-in public key).
+    #[arg(long, env = "SHOAL_CLUSTER_KEY", hide_env_values = true)]
+    pub cluster_key: Option<String>,
+    /// Read the cluster key from this file instead.
+    #[arg(long, conflicts_with = "cluster_key")]
+    pub cluster_key_file: Option<PathBuf>,
+    /// Cluster (libp2p) listen address: HOST:PORT or a multiaddr; port 0 picks a free one.
+    #[arg(long, default_value = "0.0.0.0:52416")]
+    pub cluster_listen: String,
+    /// A node to join at HOST:PORT (or a multiaddr), for networks without multicast; repeatable.
+    #[arg(long = "peer")]
+    pub peers: Vec<String>,
+    /// Do not discover peers with mDNS.
+    #[arg(long)]
+    pub no_mdns: bool,
+    /// Do not place the served model on this node at start (create instances through POST /instance).
+    #[arg(long)]
+    pub no_auto_instance: bool,
+    /// Activations on the wire: f16 (half the bytes) or f32 (bit-exact with a single node).
+    #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
+    pub wire_dtype: String,
+}
+
+impl ClusterArgs {
+    pub fn state_dir(&self) -> PathBuf {
+        self.state_dir.clone().unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("."));
+            home.join(".local/share/shoal")
+        })
+    }
+
+    pub fn cluster_key(&self) -> anyhow::Result<String> {
+        Ok(match (&self.cluster_key, &self.cluster_key_file) {
+            (Some(k), _) if !k.is_empty() => k.clone(),
+            (Some(_), _) => anyhow::bail!("--cluster-key must not be empty"),
+            (None, Some(path)) => shoal_cluster::identity::read_key_file(path)?,
+            (None, None) => shoal_cluster::identity::DEFAULT_CLUSTER_KEY.to_string(),
+        })
+    }
 }
 
 #[derive(Args)]

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use shoal_engine::{EngineHandle, SamplingParams};
+use shoal_engine::{Engines, SamplingParams};
 
 use super::types::{ChatRequest, CompletionRequest, StopInput};
 use crate::error::ApiError;
@@ -56,7 +56,7 @@ pub struct Validated {
 }
 
 impl CommonParams {
-    pub fn validate(self, engine: &EngineHandle) -> Result<Validated, ApiError> {
+    pub fn validate(self, engine: &Engines) -> Result<Validated, ApiError> {
         if let Some(n) = self.n
             && n != 1
         {
@@ -139,7 +139,7 @@ fn request_timeout(secs: f64) -> Result<Duration, ApiError> {
 }
 
 /// The requested model if the engine serves it; without one, the only model served.
-fn resolve_model(engine: &EngineHandle, requested: Option<String>) -> Result<String, ApiError> {
+fn resolve_model(engine: &Engines, requested: Option<String>) -> Result<String, ApiError> {
     let models = engine.models();
     match requested {
         Some(model) if models.iter().any(|m| m.id == model) => Ok(model),

@@ -1,7 +1,9 @@
 //! Shared helpers for the integration tests: a tiny seeded RNG and sample frames.
 #![allow(dead_code)]
 
-use shoal_wire::{Activations, ChunkHeader, DType, Frame, TokenItem};
+use shoal_wire::{
+    Activations, ChunkHeader, DType, Frame, PrefixAction, PrefixOp, SampleJob, TokenItem,
+};
 
 /// SplitMix64: deterministic, good enough to drive randomized tests.
 pub struct Rng(u64);
@@ -96,5 +98,52 @@ pub fn sample_frames(rng: &mut Rng) -> Vec<Frame> {
             code: 0,
             message: String::new(),
         },
+        Frame::Sample {
+            batch_id: 4,
+            jobs: vec![
+                SampleJob {
+                    seq_id: 3,
+                    temperature: 0.7,
+                    top_p: 0.9,
+                    top_k: 40,
+                    min_p: 0.05,
+                    repetition_penalty: 1.1,
+                    frequency_penalty: -0.5,
+                    presence_penalty: 2.0,
+                    rng_state: u64::MAX - 1,
+                    history: vec![1, 2, 49151],
+                    counts: vec![(5, 1), (9, 300)],
+                },
+                SampleJob {
+                    seq_id: 4,
+                    temperature: 0.0,
+                    top_p: 1.0,
+                    top_k: 0,
+                    min_p: 0.0,
+                    repetition_penalty: 1.0,
+                    frequency_penalty: 0.0,
+                    presence_penalty: 0.0,
+                    rng_state: 0,
+                    history: vec![],
+                    counts: vec![],
+                },
+            ],
+        },
+        Frame::Sample {
+            batch_id: 5,
+            jobs: vec![],
+        },
+        Frame::Prefix(PrefixOp {
+            action: PrefixAction::Retain,
+            seq_id: 1,
+            prefix_id: u64::MAX,
+            len: 77,
+        }),
+        Frame::Prefix(PrefixOp {
+            action: PrefixAction::Drop,
+            seq_id: 0,
+            prefix_id: 2,
+            len: 0,
+        }),
     ]
 }

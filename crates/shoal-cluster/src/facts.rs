@@ -1,0 +1,288 @@
+//! What a node publishes about itself: resources, models, links, and the instances it runs.
+//!
+//! Each fact has one owner: only node X writes X's [`NodeFacts`]; everyone else keeps the latest copy
+//! it received. Collected from the OS (sysinfo, `/sys/class/net`) and from the local model store.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use shoal_placement::{LinkKind, ModelCard};
+
+/// A node's own facts, as published to every peer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeFacts {
+    pub id: String,
+    /// Host name, for humans.
+    pub name: String,
+    /// Base URL of this node's HTTP API, e.g. `http://10.0.0.2:52415`.
+    pub api_url: Option<String>,
+    /// Addresses other nodes can dial (libp2p multiaddrs with `/p2p/<id>`).
+    pub addrs: Vec<String>,
+    pub memory: MemoryFacts,
+    pub cpu_cores: usize,
+    /// `cpu`, `cuda` or `metal`.
+    pub accelerator: String,
+    /// Compute backend in use, e.g. `cpu-avx2`.
+    pub backend: String,
+    /// Relative compute speed in layer-steps per second for the placement cost model (an estimate).
+    pub speed: f64,
+    /// Models present in this node's store, with what placement needs to know about them.
+    pub models: Vec<ModelCard>,
+    /// This node's links to the peers it is connected to.
+    pub links: Vec<LinkFacts>,
+    /// Load state of the stages this node runs, by instance id.
+    pub instances: BTreeMap<String, InstanceStatus>,
+    /// Increases with every publication, so receivers keep the newest.
+    pub seq: u64,
+    /// Unix seconds when this node process started.
+    pub started: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryFacts {
+    pub total: u64,
+    pub available: u64,
+    /// Used fraction in [0, 1].
+    pub pressure: f32,
+}
+
+/// One direction of a link, as measured by its owner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkFacts {
+    pub peer: String,
+    pub kind: LinkKind,
+    /// Latest ping round trip, microseconds.
+    pub rtt_us: Option<f64>,
+    /// Measured bandwidth (bytes per second) from the last probe.
+    pub bandwidth_bps: Option<f64>,
+    /// Data-plane bytes per second sent to / received from the peer over the last second.
+    pub tx_bytes_per_s: f64,
+    pub rx_bytes_per_s: f64,
+    /// Data-plane bytes sent to / received from the peer since this node started.
+    #[serde(default)]
+    pub tx_bytes: u64,
+    #[serde(default)]
+    pub rx_bytes: u64,
+}
+
+/// Load state of one stage of an instance on its node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "lowercase")]
+pub enum InstanceStatus {
+    Loading,
+    Ready,
+    Failed { error: String },
+}
+
+/// Memory, cores and accelerator of this machine.
+pub fn local_resources() -> (MemoryFacts, usize) {
+    let (total, available) = match sysinfo::System::new() {
+        Ok(mut sys) => {
+            sys.refresh_memory();
+            (sys.total_memory(), sys.available_memory())
+        }
+        Err(_) => (0, 0),
+    };
+    let pressure = if total > 0 {
+        (1.0 - available as f64 / total as f64) as f32
+    } else {
+        0.0
+    };
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    (
+        MemoryFacts {
+            total,
+            available,
+            pressure,
+        },
+        cores,
+    )
+}
+
+/// Layer-steps per second assumed per core: one core of this VM decodes the 30-layer default model at
+/// ~150 tok/s when alone, i.e. ~4,500 layer-steps/s; memory bandwidth caps it near two cores.
+const LAYER_STEPS_PER_CORE: f64 = 4_500.0;
+
+/// A rough compute speed for the placement cost model, from the core count.
+pub fn estimate_speed(cores: usize) -> f64 {
+    LAYER_STEPS_PER_CORE * (cores.clamp(1, 8) as f64).sqrt()
+}
+
+/// What placement needs to know about a GGUF model, read from its header.
+pub fn model_card(path: &Path, id: &str) -> Result<ModelCard, String> {
+    let gguf = shoal_model::gguf::GgufFile::open(path).map_err(|e| e.to_string())?;
+    let cfg = shoal_model::ModelConfig::from_gguf(&gguf).map_err(|e| e.to_string())?;
+    let bytes = |name: &str| gguf.tensor_bytes(name).unwrap_or(0);
+    let layer_bytes: u64 = gguf
+        .tensor_names()
+        .filter(|n| n.starts_with("blk.0."))
+        .map(bytes)
+        .sum();
+    let embed_bytes = bytes("token_embd.weight");
+    // Tied embeddings: the last stage holds its own copy of the embedding matrix as the head.
+    let head_bytes =
+        bytes("output_norm.weight") + gguf.tensor_bytes("output.weight").unwrap_or(embed_bytes);
+    Ok(ModelCard {
+        id: id.to_string(),
+        n_layers: cfg.n_layers,
+        layer_bytes,
+        embed_bytes,
+        head_bytes,
+        kv_bytes_per_token_per_layer: cfg.kv_bytes_per_token(1) as u64,
+        context_length: cfg.context_length,
+        hidden_bytes_per_token: 2 * cfg.dim as u64,
+    })
+}
+
+/// The kind of the link whose local end has address `local`, from the interface that owns it.
+pub fn link_kind(local: IpAddr) -> LinkKind {
+    if local.is_loopback() {
+        return LinkKind::Loopback;
+    }
+    let Ok(networks) = sysinfo::Networks::new_with_refreshed_list() else {
+        return LinkKind::Unknown;
+    };
+    for (name, data) in &networks {
+        if data.ip_networks().iter().any(|n| n.addr == local) {
+            return interface_kind(&name.to_string_lossy());
+        }
+    }
+    LinkKind::Unknown
+}
+
+#[cfg(target_os = "linux")]
+fn interface_kind(name: &str) -> LinkKind {
+    let dir = Path::new("/sys/class/net").join(name);
+    let driver = std::fs::read_link(dir.join("device/driver"))
+        .ok()
+        .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    let arp_type = std::fs::read_to_string(dir.join("type"))
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok());
+    kind_from_sysfs(
+        dir.join("wireless").exists() || dir.join("phy80211").exists(),
+        &driver,
+        arp_type,
+    )
+}
+
+/// Linux rule: wireless → wifi; the thunderbolt-net driver → thunderbolt; ARP type 772 → loopback;
+/// ARP type 1 (ethernet, veth, bridges) → ethernet; anything else → unknown.
+pub fn kind_from_sysfs(wireless: bool, driver: &str, arp_type: Option<u32>) -> LinkKind {
+    if wireless {
+        LinkKind::Wifi
+    } else if driver.contains("thunderbolt") {
+        LinkKind::Thunderbolt
+    } else {
+        match arp_type {
+            Some(772) => LinkKind::Loopback,
+            Some(1) => LinkKind::Ethernet,
+            _ => LinkKind::Unknown,
+        }
+    }
+}
+
+#[cfg(target_os = "macos")]
+fn interface_kind(name: &str) -> LinkKind {
+    let out = std::process::Command::new("networksetup")
+        .arg("-listallhardwareports")
+        .output();
+    match out {
+        Ok(o) => kind_from_networksetup(&String::from_utf8_lossy(&o.stdout), name),
+        Err(_) => LinkKind::Unknown,
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+fn interface_kind(_name: &str) -> LinkKind {
+    LinkKind::Unknown
+}
+
+/// macOS rule, from `networksetup -listallhardwareports`: the port whose `Device:` is `device`.
+pub fn kind_from_networksetup(listing: &str, device: &str) -> LinkKind {
+    let mut port = "";
+    for line in listing.lines() {
+        if let Some(p) = line.strip_prefix("Hardware Port: ") {
+            port = p.trim();
+        } else if line.strip_prefix("Device: ").map(str::trim) == Some(device) {
+            let p = port.to_lowercase();
+            return if p.contains("wi-fi") || p.contains("airport") {
+                LinkKind::Wifi
+            } else if p.contains("thunderbolt") {
+                LinkKind::Thunderbolt
+            } else if p.contains("ethernet") || p.contains("lan") {
+                LinkKind::Ethernet
+            } else {
+                LinkKind::Unknown
+            };
+        }
+    }
+    LinkKind::Unknown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sysfs_rules() {
+        assert_eq!(kind_from_sysfs(true, "iwlwifi", Some(1)), LinkKind::Wifi);
+        assert_eq!(
+            kind_from_sysfs(false, "thunderbolt-net", Some(1)),
+            LinkKind::Thunderbolt
+        );
+        assert_eq!(
+            kind_from_sysfs(false, "e1000e", Some(1)),
+            LinkKind::Ethernet
+        );
+        assert_eq!(kind_from_sysfs(false, "", Some(772)), LinkKind::Loopback);
+        assert_eq!(kind_from_sysfs(false, "", Some(65534)), LinkKind::Unknown);
+        assert_eq!(kind_from_sysfs(false, "", None), LinkKind::Unknown);
+    }
+
+    #[test]
+    fn networksetup_rules() {
+        let listing = "Hardware Port: Wi-Fi\nDevice: en0\nEthernet Address: a\n\n\
+                       Hardware Port: Thunderbolt Bridge\nDevice: bridge0\n\n\
+                       Hardware Port: USB 10/100/1000 LAN\nDevice: en5\n";
+        assert_eq!(kind_from_networksetup(listing, "en0"), LinkKind::Wifi);
+        assert_eq!(
+            kind_from_networksetup(listing, "bridge0"),
+            LinkKind::Thunderbolt
+        );
+        assert_eq!(kind_from_networksetup(listing, "en5"), LinkKind::Ethernet);
+        assert_eq!(kind_from_networksetup(listing, "en9"), LinkKind::Unknown);
+    }
+
+    #[test]
+    fn loopback_addresses_are_loopback_links() {
+        assert_eq!(link_kind("127.0.0.1".parse().unwrap()), LinkKind::Loopback);
+        assert_eq!(link_kind("::1".parse().unwrap()), LinkKind::Loopback);
+    }
+
+    #[test]
+    fn resources_are_plausible() {
+        let (mem, cores) = local_resources();
+        assert!(mem.total > 0 && mem.available <= mem.total);
+        assert!((0.0..=1.0).contains(&mem.pressure));
+        assert!(cores >= 1);
+    }
+
+    #[test]
+    fn default_model_card_matches_the_gguf() {
+        let path = shoal_model::testing::model_path();
+        let card = model_card(&path, "m").unwrap();
+        assert_eq!(card.n_layers, 30);
+        assert_eq!(card.hidden_bytes_per_token, 2 * 576);
+        // 3 KV heads × 64 dims × K and V × f32.
+        assert_eq!(card.kv_bytes_per_token_per_layer, 3 * 64 * 2 * 4);
+        let total = card.embed_bytes + 30 * card.layer_bytes;
+        let file = std::fs::metadata(&path).unwrap().len();
+        assert!(total < file && total > file / 2, "{total} vs file {file}");
+    }
+}

@@ -1,0 +1,133 @@
+//! Persistent node identity and the cluster key.
+//!
+//! A node's identity is an ed25519 key kept in `<state-dir>/node.key`: a restarted node is the same
+//! node (same id), never a ghost. The cluster key is a shared secret; nodes derive libp2p's private-network
+//! key (pnet, XSalsa20 on every connection) from it, so nodes with different keys cannot even complete a
+//! protocol negotiation with each other.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use libp2p::identity::Keypair;
+use libp2p::pnet::PreSharedKey;
+use sha2::{Digest, Sha256};
+
+use crate::ClusterError;
+
+/// File name of the node key inside the state directory.
+pub const NODE_KEY_FILE: &str = "node.key";
+
+/// Used when no cluster key is configured: such nodes join each other (and only each other).
+pub const DEFAULT_CLUSTER_KEY: &str = "shoal-default-cluster-key";
+
+/// Loads the node key from `state_dir`, creating the directory and a fresh key on first start.
+pub fn load_or_create(state_dir: &Path) -> Result<Keypair, ClusterError> {
+    let path = state_dir.join(NODE_KEY_FILE);
+    let io = |e: std::io::Error| ClusterError::Identity {
+        path: path.clone(),
+        message: e.to_string(),
+    };
+    match std::fs::read(&path) {
+        Ok(bytes) => Keypair::from_protobuf_encoding(&bytes).map_err(|e| ClusterError::Identity {
+            path: path.clone(),
+            message: format!("not a node key: {e}"),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(state_dir).map_err(io)?;
+            let key = Keypair::generate_ed25519();
+            let bytes = key
+                .to_protobuf_encoding()
+                .map_err(|e| ClusterError::Identity {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+            write_private(&path, &bytes).map_err(io)?;
+            Ok(key)
+        }
+        Err(e) => Err(io(e)),
+    }
+}
+
+fn write_private(path: &PathBuf, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The private-network key derived from a cluster key (any length, any bytes).
+pub fn cluster_psk(cluster_key: &str) -> PreSharedKey {
+    let mut h = Sha256::new();
+    h.update(b"shoal cluster key v1\0");
+    h.update(cluster_key.as_bytes());
+    PreSharedKey::new(h.finalize().into())
+}
+
+/// A hash that names the cluster without revealing its key (the data-plane handshake carries it).
+pub fn cluster_hash(cluster_key: &str) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"shoal cluster hash v1\0");
+    h.update(cluster_key.as_bytes());
+    h.finalize().into()
+}
+
+/// Reads a cluster key file: its content without surrounding whitespace, which must not be empty.
+pub fn read_key_file(path: &Path) -> Result<String, ClusterError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ClusterError::Identity {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let key = text.trim();
+    if key.is_empty() {
+        return Err(ClusterError::Identity {
+            path: path.to_path_buf(),
+            message: "the cluster key file is empty".into(),
+        });
+    }
+    Ok(key.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = load_or_create(dir.path()).unwrap();
+        let b = load_or_create(dir.path()).unwrap();
+        assert_eq!(a.public().to_peer_id(), b.public().to_peer_id());
+        let other = tempfile::tempdir().unwrap();
+        let c = load_or_create(other.path()).unwrap();
+        assert_ne!(a.public().to_peer_id(), c.public().to_peer_id());
+    }
+
+    #[test]
+    fn a_corrupt_key_file_is_an_error_not_a_new_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(NODE_KEY_FILE), b"garbage").unwrap();
+        let err = load_or_create(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("not a node key"), "{err}");
+    }
+
+    #[test]
+    fn keys_give_distinct_psks_and_hashes() {
+        assert_eq!(
+            cluster_psk("a").fingerprint().to_string(),
+            cluster_psk("a").fingerprint().to_string()
+        );
+        assert_ne!(
+            cluster_psk("a").fingerprint().to_string(),
+            cluster_psk("b").fingerprint().to_string()
+        );
+        assert_ne!(cluster_hash("a"), cluster_hash("b"));
+    }
+}

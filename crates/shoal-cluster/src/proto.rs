@@ -1,0 +1,82 @@
+//! Control-plane messages (JSON over libp2p request-response) and the instance table they carry.
+//!
+//! Each request names its reply: [`ControlMsg::Facts`] and [`ControlMsg::Table`] → [`ControlReply::Ack`];
+//! [`ControlMsg::Place`] → [`ControlReply::Placed`]; [`ControlMsg::Remove`] → [`ControlReply::Removed`].
+
+use serde::{Deserialize, Serialize};
+use shoal_placement::Stage;
+
+use crate::facts::NodeFacts;
+
+/// libp2p protocol name of the control messages.
+pub const CONTROL_PROTOCOL: &str = "/shoal/control/1";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ControlMsg {
+    /// The sender's own facts (periodic and on change).
+    Facts(Box<NodeFacts>),
+    /// The coordinator's instance table (on change, and periodically so late joiners converge).
+    Table(InstanceTable),
+    /// Asks the coordinator to place an instance.
+    Place(PlaceRequest),
+    /// Asks the coordinator to remove instance `id`.
+    Remove { id: String },
+    /// The sender's members and their addresses, so every node connects to every other (full mesh).
+    Members(Vec<(String, Vec<String>)>),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ControlReply {
+    Ack,
+    Placed(Result<InstanceRecord, String>),
+    /// `Ok(false)`: no such instance.
+    Removed(Result<bool, String>),
+}
+
+/// What a client asks for when creating an instance (the body of `POST /instance`, and the query of
+/// `GET /instance/previews`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlaceRequest {
+    pub model: String,
+    /// Use exactly these nodes (in this order when `layers` is given).
+    #[serde(default)]
+    pub nodes: Option<Vec<String>>,
+    /// Layer count per node, in stage order (manual split).
+    #[serde(default)]
+    pub layers: Option<Vec<usize>>,
+    /// Upper bound on the number of stages.
+    #[serde(default)]
+    pub max_stages: Option<usize>,
+    /// Tokens of KV cache to reserve per layer on each node (default: 4096 or the context length).
+    #[serde(default)]
+    pub kv_reserve_tokens: Option<usize>,
+}
+
+/// A placed model: its pipeline stages, in order. The first stage's node runs the request scheduler.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceRecord {
+    pub id: String,
+    pub model: String,
+    pub stages: Vec<Stage>,
+    pub predicted_token_latency_us: f64,
+    pub explanation: String,
+}
+
+impl InstanceRecord {
+    /// The node that owns the instance's requests (runs the scheduler and stage 0).
+    pub fn driver(&self) -> Option<&str> {
+        self.stages.first().map(|s| s.node.as_str())
+    }
+
+    pub fn uses(&self, node: &str) -> bool {
+        self.stages.iter().any(|s| s.node == node)
+    }
+}
+
+/// Every instance of the cluster. Only the coordinator changes it; `version` grows with each change.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct InstanceTable {
+    pub version: u64,
+    pub instances: Vec<InstanceRecord>,
+}

@@ -1,0 +1,229 @@
+//! Turns the cluster's instance table into what runs on this node.
+//!
+//! For each instance that uses this node: stage 0 → load its layers, wait until every other stage
+//! reports `ready`, connect a [`RemoteChain`] and start an engine serving the model (registered in
+//! [`Engines`] for the API); any other stage → load its layers and host them ([`Hosts`]). Load state is
+//! published in this node's facts. An instance that leaves the table is torn down (its engine's
+//! requests end, its memory is freed).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_engine::Engines;
+use shoal_engine::engine::{EngineConfig, LoadedModel, load_local_stage, spawn};
+use shoal_kernels::ThreadPool;
+use shoal_model::LayerRange;
+use shoal_wire::DType;
+
+use crate::dataplane::{HostedStage, Hosts, RemoteChain, serve_stages};
+use crate::facts::InstanceStatus;
+use crate::node::{ClusterHandle, Snapshot};
+use crate::proto::InstanceRecord;
+
+/// How long a driver waits for the other stages of its instance to load.
+const STAGES_READY_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Finds the local GGUF file of a model id.
+pub type ModelLocator = Arc<dyn Fn(&str) -> Option<PathBuf> + Send + Sync>;
+
+/// What the runtime needs from the rest of the node.
+#[derive(Clone)]
+pub struct RuntimeConfig {
+    pub engine: EngineConfig,
+    /// Dtype of activations on the wire (f16 halves the bytes).
+    pub wire_dtype: DType,
+    /// The local GGUF file of a model id, if present.
+    pub model_path: ModelLocator,
+}
+
+/// Starts the data-plane listener and the task that follows the instance table.
+pub fn start(
+    cluster: ClusterHandle,
+    engines: Engines,
+    config: RuntimeConfig,
+) -> Result<(), String> {
+    let hosts = Hosts::default();
+    serve_stages(cluster.clone(), hosts.clone())?;
+    let pool = Arc::new(ThreadPool::new(config.engine.threads.max(1)));
+    tokio::spawn(follow_table(cluster, engines, hosts, config, pool));
+    Ok(())
+}
+
+/// What this node runs for one instance.
+enum Running {
+    /// Stage 0: the engine is registered under this model id.
+    Driver {
+        model: String,
+    },
+    Host,
+}
+
+async fn follow_table(
+    cluster: ClusterHandle,
+    engines: Engines,
+    hosts: Hosts,
+    config: RuntimeConfig,
+    pool: Arc<ThreadPool>,
+) {
+    let me = cluster.id().to_string();
+    let mut rx = cluster.subscribe();
+    let mut running: HashMap<String, (InstanceRecord, Running)> = HashMap::new();
+    loop {
+        let snap: Arc<Snapshot> = rx.borrow_and_update().clone();
+        let mine: Vec<InstanceRecord> = snap
+            .state
+            .table()
+            .instances
+            .iter()
+            .filter(|i| i.uses(&me))
+            .cloned()
+            .collect();
+        // Tear down what left the table (or changed shape).
+        let stale: Vec<String> = running
+            .iter()
+            .filter(|(id, (rec, _))| !mine.iter().any(|m| m.id == **id && m == rec))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in stale {
+            if let Some((rec, what)) = running.remove(&id) {
+                tracing::info!(instance = %id, model = %rec.model, "instance removed here");
+                match what {
+                    Running::Driver { model } => {
+                        engines.remove(&model);
+                    }
+                    Running::Host => hosts.remove(&id),
+                }
+                cluster.set_status(id, None).await;
+            }
+        }
+        for rec in mine {
+            if running.contains_key(&rec.id) {
+                continue;
+            }
+            let Some(index) = rec.stages.iter().position(|s| s.node == me) else {
+                continue;
+            };
+            let what = if index == 0 {
+                Running::Driver {
+                    model: rec.model.clone(),
+                }
+            } else {
+                Running::Host
+            };
+            running.insert(rec.id.clone(), (rec.clone(), what));
+            let (cluster, engines, hosts, config, pool) = (
+                cluster.clone(),
+                engines.clone(),
+                hosts.clone(),
+                config.clone(),
+                pool.clone(),
+            );
+            tokio::spawn(async move {
+                let id = rec.id.clone();
+                cluster
+                    .set_status(id.clone(), Some(InstanceStatus::Loading))
+                    .await;
+                let result =
+                    bring_up(&cluster, &engines, &hosts, &config, &pool, &rec, index).await;
+                let status = match result {
+                    Ok(()) => {
+                        tracing::info!(instance = %id, model = %rec.model, stage = index, "stage ready");
+                        InstanceStatus::Ready
+                    }
+                    Err(error) => {
+                        tracing::error!(instance = %id, model = %rec.model, stage = index, "stage failed: {error}");
+                        InstanceStatus::Failed { error }
+                    }
+                };
+                // Only if the instance is still ours (it may have been removed while loading).
+                let still = cluster
+                    .snapshot()
+                    .state
+                    .table()
+                    .instances
+                    .iter()
+                    .any(|i| i.id == id);
+                if still {
+                    cluster.set_status(id, Some(status)).await;
+                }
+            });
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn bring_up(
+    cluster: &ClusterHandle,
+    engines: &Engines,
+    hosts: &Hosts,
+    config: &RuntimeConfig,
+    pool: &Arc<ThreadPool>,
+    rec: &InstanceRecord,
+    index: usize,
+) -> Result<(), String> {
+    let path = (config.model_path)(&rec.model)
+        .ok_or_else(|| format!("model '{}' is not present on this node", rec.model))?;
+    let stage = &rec.stages[index];
+    let n_layers = rec.stages.last().map_or(0, |s| s.end);
+    let range = LayerRange::new(stage.start, stage.end, n_layers).map_err(|e| e.to_string())?;
+    if index > 0 {
+        let pool = pool.clone();
+        let local = tokio::task::spawn_blocking(move || load_local_stage(&path, range, &pool))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let next = match rec.stages.get(index + 1) {
+            Some(s) => Some(
+                s.node
+                    .parse()
+                    .map_err(|e| format!("node id {}: {e}", s.node))?,
+            ),
+            None => None,
+        };
+        hosts.insert(HostedStage::new(
+            rec.id.clone(),
+            index,
+            (stage.start, stage.end),
+            next,
+            local,
+        ));
+        return Ok(());
+    }
+    let (pool2, model) = (pool.clone(), rec.model.clone());
+    let mut loaded = tokio::task::spawn_blocking(move || {
+        LoadedModel::from_gguf(&path, &model, Some(&[range]), &pool2)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    if rec.stages.len() > 1 {
+        let others: Vec<String> = rec.stages[1..].iter().map(|s| s.node.clone()).collect();
+        let id = rec.id.clone();
+        let snap = cluster
+            .wait_for(STAGES_READY_TIMEOUT, |s| {
+                let gone = !s.state.table().instances.iter().any(|i| i.id == id);
+                gone || others.iter().all(|n| {
+                    s.state
+                        .facts_of(n)
+                        .and_then(|f| f.instances.get(&id))
+                        .is_some_and(|st| *st == InstanceStatus::Ready)
+                })
+            })
+            .await;
+        if !snap.state.table().instances.iter().any(|i| i.id == rec.id) {
+            return Err("removed while loading".into());
+        }
+        let layers: Vec<(usize, usize)> = rec.stages.iter().map(|s| (s.start, s.end)).collect();
+        let chain = RemoteChain::connect(cluster, &rec.id, &layers, &others, config.wire_dtype)
+            .await
+            .map_err(|e| format!("connecting the pipeline: {e}"))?;
+        loaded.stages.push(Box::new(chain));
+    }
+    let engine = spawn(loaded, config.engine.clone()).map_err(|e| e.to_string())?;
+    engines.insert(engine);
+    Ok(())
+}
