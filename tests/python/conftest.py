@@ -52,10 +52,12 @@ class ShoalNode:
     `restart`). `url` is its HTTP API, `id` its node id, `cluster_addr` what other nodes pass to --peer."""
 
     def __init__(
-        self, *args: str, state_dir: "str | None" = None, key: str = "python-tests", threads: int = 1
+        self, *args: str, state_dir: "str | None" = None, key: str = "python-tests", threads: int = 1,
+        host: str = "127.0.0.1", netns: "str | None" = None, mdns: bool = False,
     ):
         self.args = list(args)
         self.threads = threads
+        self.host, self.netns, self.mdns = host, netns, mdns
         self.key = key
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="shoal-test-state-")
         self.proc = None
@@ -63,10 +65,13 @@ class ShoalNode:
 
     def start(self) -> None:
         self.cmd = [
-            str(_binary()), "serve", "--api-port", "0", "--models-dir", str(_models_dir()),
-            "--threads", str(self.threads), "--state-dir", self.state_dir, "--cluster-listen", "127.0.0.1:0",
-            "--no-mdns", "--cluster-key", self.key, *self.args,
+            str(_binary()), "serve", "--api-host", self.host, "--api-port", "0",
+            "--models-dir", str(_models_dir()), "--threads", str(self.threads),
+            "--state-dir", self.state_dir, "--cluster-listen", f"{self.host}:0",
+            "--cluster-key", self.key, *([] if self.mdns else ["--no-mdns"]), *self.args,
         ]
+        if self.netns:
+            self.cmd = ["ip", "netns", "exec", self.netns, *self.cmd]
         self.proc = subprocess.Popen(
             self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, cwd=REPO
         )

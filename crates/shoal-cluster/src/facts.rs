@@ -138,20 +138,41 @@ pub fn model_card(path: &Path, id: &str) -> Result<ModelCard, String> {
     })
 }
 
-/// The kind of the link whose local end has address `local`, from the interface that owns it.
-pub fn link_kind(local: IpAddr) -> LinkKind {
-    if local.is_loopback() {
+/// The kind of the link to a peer at `remote`: loopback for this machine's own addresses, else the kind
+/// of the interface whose subnet holds the peer.
+pub fn link_kind(remote: IpAddr) -> LinkKind {
+    if remote.is_loopback() {
         return LinkKind::Loopback;
     }
     let Ok(networks) = sysinfo::Networks::new_with_refreshed_list() else {
         return LinkKind::Unknown;
     };
+    let mut found = None;
     for (name, data) in &networks {
-        if data.ip_networks().iter().any(|n| n.addr == local) {
-            return interface_kind(&name.to_string_lossy());
+        for n in data.ip_networks() {
+            if n.addr == remote {
+                return LinkKind::Loopback;
+            }
+            if found.is_none() && same_subnet(n.addr, remote, n.prefix) {
+                found = Some(name.to_string_lossy().into_owned());
+            }
         }
     }
-    LinkKind::Unknown
+    found.map_or(LinkKind::Unknown, |name| interface_kind(&name))
+}
+
+/// Whether `a` and `b` share their first `prefix` bits (same address family only).
+pub fn same_subnet(a: IpAddr, b: IpAddr, prefix: u8) -> bool {
+    let (a, b, bits): (u128, u128, u32) = match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => (u32::from(a).into(), u32::from(b).into(), 32),
+        (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a), u128::from(b), 128),
+        _ => return false,
+    };
+    let prefix = u32::from(prefix).min(bits);
+    if prefix == 0 {
+        return false; // a default route is not a shared link
+    }
+    (a ^ b) >> (bits - prefix) == 0
 }
 
 #[cfg(target_os = "linux")]
@@ -257,6 +278,17 @@ mod tests {
         );
         assert_eq!(kind_from_networksetup(listing, "en5"), LinkKind::Ethernet);
         assert_eq!(kind_from_networksetup(listing, "en9"), LinkKind::Unknown);
+    }
+
+    #[test]
+    fn subnets() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(same_subnet(ip("10.77.0.10"), ip("10.77.0.11"), 24));
+        assert!(!same_subnet(ip("10.77.0.10"), ip("10.77.1.11"), 24));
+        assert!(same_subnet(ip("10.77.0.10"), ip("10.77.1.11"), 16));
+        assert!(!same_subnet(ip("10.0.0.1"), ip("::1"), 8));
+        assert!(same_subnet(ip("fe80::1"), ip("fe80::2"), 64));
+        assert!(!same_subnet(ip("1.2.3.4"), ip("1.2.3.4"), 0));
     }
 
     #[test]

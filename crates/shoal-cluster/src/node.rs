@@ -32,9 +32,14 @@ use crate::identity;
 use crate::proto::{CONTROL_PROTOCOL, ControlMsg, ControlReply, InstanceRecord, PlaceRequest};
 use crate::state::{ClusterState, ClusterView};
 
-/// Ping period; with [`PING_TIMEOUT`] a silent peer is dropped within 1.5 s (the issue asks ≤ 2 s).
-pub const PING_INTERVAL: Duration = Duration::from_millis(500);
+/// Ping period (libp2p ping). A peer whose last pong is older than [`SILENT_FOR`] is dropped; the check
+/// runs every [`LIVENESS_CHECK`], so a hung peer or a cut link is noticed within ~1.7 s (≤ 2 s asked). A
+/// killed peer is noticed at once: its sockets close. (libp2p ping alone reports a failure only at the
+/// second consecutive one, and a new ping stream on a dead link waits 10 s for negotiation.)
+pub const PING_INTERVAL: Duration = Duration::from_millis(400);
 pub const PING_TIMEOUT: Duration = Duration::from_secs(1);
+pub const SILENT_FOR: Duration = Duration::from_millis(1600);
+const LIVENESS_CHECK: Duration = Duration::from_millis(100);
 /// Facts are pushed to every peer this often (and at once when they change).
 const FACTS_PERIOD: Duration = Duration::from_secs(1);
 /// Static peers and recently lost members are redialed this often.
@@ -413,7 +418,9 @@ pub async fn start(config: ClusterConfig) -> Result<ClusterHandle, ClusterError>
         lost: HashMap::new(),
         known_addrs: HashMap::new(),
         remote_addr: HashMap::new(),
+        link_kinds: HashMap::new(),
         rtt: HashMap::new(),
+        last_pong: HashMap::new(),
         bandwidth: HashMap::new(),
         pending: HashMap::new(),
         traffic: traffic.clone(),
@@ -501,7 +508,11 @@ struct NetTask {
     lost: HashMap<PeerId, Instant>,
     known_addrs: HashMap<PeerId, Vec<Multiaddr>>,
     remote_addr: HashMap<PeerId, Multiaddr>,
+    /// Kind of each peer's link, found once per connection (it enumerates interfaces).
+    link_kinds: HashMap<PeerId, LinkKind>,
     rtt: HashMap<PeerId, Duration>,
+    /// When each connected peer last answered a ping (or connected).
+    last_pong: HashMap<PeerId, Instant>,
     bandwidth: HashMap<PeerId, f64>,
     pending: HashMap<OutboundRequestId, Pending>,
     traffic: Arc<Traffic>,
@@ -549,6 +560,7 @@ impl NetTask {
         self.probe_tx = Some(probe_tx);
         let mut facts_tick = tokio::time::interval(FACTS_PERIOD);
         let mut redial_tick = tokio::time::interval(REDIAL_PERIOD);
+        let mut liveness_tick = tokio::time::interval(LIVENESS_CHECK);
         self.redial();
         loop {
             tokio::select! {
@@ -575,6 +587,7 @@ impl NetTask {
                     }
                 }
                 _ = redial_tick.tick() => self.redial(),
+                _ = liveness_tick.tick() => self.drop_silent_peers(),
             }
             let next = Arc::new(self.snapshot());
             snap.send_if_modified(|cur| {
@@ -610,9 +623,13 @@ impl NetTask {
         self.last_traffic = (Instant::now(), totals);
         let links = self
             .remote_addr
-            .iter()
-            .map(|(peer, addr)| {
-                let kind = ip_of(addr).map_or(LinkKind::Unknown, facts::link_kind);
+            .keys()
+            .map(|peer| {
+                let kind = self
+                    .link_kinds
+                    .get(peer)
+                    .copied()
+                    .unwrap_or(LinkKind::Unknown);
                 let (tx, rx) = self.rates.get(peer).copied().unwrap_or_default();
                 let (tx_total, rx_total) =
                     self.last_traffic.1.get(peer).copied().unwrap_or_default();
@@ -766,8 +783,11 @@ impl NetTask {
                     }
                     ConnectedPoint::Listener { send_back_addr, .. } => send_back_addr.clone(),
                 };
+                let kind = ip_of(&remote).map_or(LinkKind::Unknown, facts::link_kind);
+                self.link_kinds.insert(peer_id, kind);
                 self.remote_addr.insert(peer_id, strip_p2p(&remote));
                 self.lost.remove(&peer_id);
+                self.last_pong.insert(peer_id, Instant::now());
                 self.state.peer_connected(&peer_id.to_string());
                 tracing::debug!(peer = %peer_id, %remote, "connected");
                 self.send_facts_to(peer_id);
@@ -809,6 +829,7 @@ impl NetTask {
                 match result {
                     Ok(rtt) => {
                         self.rtt.insert(peer, rtt);
+                        self.last_pong.insert(peer, Instant::now());
                     }
                     Err(e) => {
                         tracing::warn!(%peer, "ping failed ({e}): dropping the peer");
@@ -831,10 +852,26 @@ impl NetTask {
         }
     }
 
+    fn drop_silent_peers(&mut self) {
+        let silent: Vec<PeerId> = self
+            .last_pong
+            .iter()
+            .filter(|(_, t)| t.elapsed() > SILENT_FOR)
+            .map(|(p, _)| *p)
+            .collect();
+        for peer in silent {
+            tracing::warn!(%peer, "no pong for {SILENT_FOR:?}: dropping the peer");
+            let _ = self.swarm.disconnect_peer_id(peer);
+            self.forget(peer, "silent");
+        }
+    }
+
     /// A peer is gone: drop it from membership and let the coordinator re-place its instances.
     fn forget(&mut self, peer: PeerId, why: &str) {
+        self.last_pong.remove(&peer);
         let id = peer.to_string();
         self.remote_addr.remove(&peer);
+        self.link_kinds.remove(&peer);
         self.rtt.remove(&peer);
         if self.state.peer_gone(&id) {
             tracing::warn!(%peer, "member left: {why}");
