@@ -1,0 +1,165 @@
+//! Two real nodes in this process, talking over real sockets on 127.0.0.1: the data plane refuses
+//! malformed input without going down, and a pipeline across the two nodes samples what one node would.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{AsyncReadExt, AsyncWriteExt};
+use shoal_cluster::dataplane::{
+    HostedStage, Hosts, RemoteChain, STAGE_PROTOCOL, serve_stages, wire_instance_id, wire_node_id,
+};
+use shoal_cluster::{ClusterConfig, ClusterHandle};
+use shoal_engine::SamplingParams;
+use shoal_engine::engine::load_local_stage;
+use shoal_engine::sampler::Sampler;
+use shoal_engine::stage::{ChunkSpec, SampleRef, Stage, StageData};
+use shoal_kernels::ThreadPool;
+use shoal_model::LayerRange;
+use shoal_wire::{DType, Handshake, Role};
+
+const INSTANCE: &str = "00000000000000aa";
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn node(dir: &tempfile::TempDir, peers: Vec<libp2p::Multiaddr>) -> ClusterHandle {
+    shoal_cluster::start(ClusterConfig {
+        state_dir: dir.path().to_path_buf(),
+        cluster_key: "dataplane-test".into(),
+        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
+        peers,
+        mdns: false,
+        api_url: None,
+        models: vec![],
+        backend: "test".into(),
+    })
+    .await
+    .unwrap()
+}
+
+/// Reads until the peer closes the stream; true if it did within the timeout.
+async fn closed_by_peer(stream: &mut libp2p::Stream) -> bool {
+    let mut buf = [0u8; 4096];
+    let work = async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(TIMEOUT, work).await.unwrap_or(false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = node(&da, vec![]).await;
+    let a_addr: libp2p::Multiaddr = a.snapshot().listen_addrs[0].parse().unwrap();
+    let b = node(&db, vec![a_addr]).await;
+    let met = a.wait_for(TIMEOUT, |s| s.state.members().len() == 2).await;
+    assert_eq!(met.state.members().len(), 2, "the nodes never met");
+
+    // b hosts the last 15 layers of the model as stage 1 of INSTANCE.
+    let path = shoal_model::testing::model_path();
+    let pool = Arc::new(ThreadPool::new(1));
+    let hosts = Hosts::default();
+    serve_stages(b.clone(), hosts.clone()).unwrap();
+    let tail = load_local_stage(&path, LayerRange { start: 15, end: 30 }, &pool).unwrap();
+    hosts.insert(HostedStage::new(INSTANCE.into(), 1, (15, 30), None, tail));
+
+    // 1. Garbage instead of a handshake: refused, stream closed.
+    let mut s = a
+        .streams()
+        .open_stream(b.id(), STAGE_PROTOCOL)
+        .await
+        .unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    s.flush().await.unwrap();
+    assert!(
+        closed_by_peer(&mut s).await,
+        "garbage handshake not refused"
+    );
+
+    // 2. A valid handshake, then a frame with an unknown kind: the stage drops the stream.
+    let mut s = a
+        .streams()
+        .open_stream(b.id(), STAGE_PROTOCOL)
+        .await
+        .unwrap();
+    let hs = Handshake::new(
+        wire_node_id(&a.id()),
+        a.cluster_hash(),
+        Role::Stage {
+            instance_id: wire_instance_id(INSTANCE),
+            stage_index: 0,
+            layer_start: 0,
+            layer_end: 15,
+        },
+    );
+    s.write_all(&hs.encode()).await.unwrap();
+    s.write_all(&[5, 0, 0, 0, 0xEE, 1, 2, 3, 4]).await.unwrap();
+    // A 4 GiB length prefix would be refused just the same; the unknown kind is enough here.
+    s.flush().await.unwrap();
+    assert!(closed_by_peer(&mut s).await, "malformed frame not refused");
+
+    // 3. The node is still up and serves a real pipeline: tokens 0..15 here, 15..30 on b, sampled there,
+    //    equal to the whole model run here.
+    let tokens: Vec<u32> = vec![1, 504, 3458, 282, 4193, 30, 2];
+    let head = load_local_stage(&path, LayerRange { start: 0, end: 15 }, &pool).unwrap();
+    let whole = load_local_stage(&path, LayerRange { start: 0, end: 30 }, &pool).unwrap();
+    let chain = RemoteChain::connect(
+        &a,
+        INSTANCE,
+        &[(0, 15), (15, 30)],
+        &[b.id().to_string()],
+        DType::F32,
+    )
+    .await
+    .unwrap();
+    let (remote_pick, local_pick) = tokio::task::spawn_blocking(move || {
+        let (mut head, mut whole, mut chain) = (head, whole, chain);
+        let batch = [ChunkSpec {
+            seq_id: 7,
+            len: tokens.len(),
+            want_logits: true,
+        }];
+        let sampler = Sampler::new(
+            SamplingParams {
+                temperature: 0.0,
+                ..Default::default()
+            },
+            1,
+        );
+        let job = [SampleRef {
+            seq_id: 7,
+            sampler: &sampler,
+            history: &tokens,
+        }];
+        let StageData::Hidden(h) = head
+            .forward(&batch, StageData::Tokens(tokens.clone()), &job)
+            .unwrap()
+        else {
+            panic!("the head stage must return hidden states");
+        };
+        let StageData::Sampled(remote) = chain.forward(&batch, StageData::Hidden(h), &job).unwrap()
+        else {
+            panic!("a remote chain returns sampled tokens");
+        };
+        let StageData::Logits(l) = whole
+            .forward(&batch, StageData::Tokens(tokens.clone()), &job)
+            .unwrap()
+        else {
+            panic!("the whole model returns logits");
+        };
+        let mut row = l.to_vec2::<f32>().unwrap().remove(0);
+        let local = shoal_engine::stage::sample_row(&job[0], &mut row);
+        assert_eq!(chain.cached_len(7), tokens.len());
+        chain.release(7);
+        (remote[0], local)
+    })
+    .await
+    .unwrap();
+    assert_eq!(remote_pick.id, local_pick.id);
+    assert!((remote_pick.logprob - local_pick.logprob).abs() < 1e-5);
+}
