@@ -54,9 +54,16 @@ def node_ids(node: ShoalNode) -> list:
 
 
 def wait_members(nodes, expected):
+    """Until every node in `nodes` lists exactly `expected`, with a link between every pair."""
     want = sorted(n.id for n in expected)
+    pairs = len(want) * (len(want) - 1) // 2
+
+    def done(n):
+        c = state(n)["cluster"]
+        return [x["id"] for x in c["nodes"]] == want and len(c["links"]) == pairs
+
     for n in nodes:
-        wait_until(f"{n.id} to see {want}", lambda n=n: node_ids(n) == want)
+        wait_until(f"{n.id} to see {want}", lambda n=n: done(n))
 
 
 def place(node: ShoalNode, stages) -> str:
@@ -192,6 +199,13 @@ def test_every_node_reports_the_same_cluster(trio):
         # Every node published its resources.
         for f in state(trio[1])["cluster"]["nodes"]:
             assert f["memory"]["total"] > 0 and f["cpu_cores"] >= 1 and f["models"][0]["id"] == MODEL_ID
+        # Any member answers: a drives nothing and forwards to b, which drives the instance.
+        assert [m.id for m in client(trio[0]).models.list().data] == [MODEL_ID]
+        assert greedy(trio[0], PROMPTS[0]) == greedy(trio[1], PROMPTS[0])
+        chunks = client(trio[0]).chat.completions.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=8, stream=True,
+            temperature=0)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     finally:
         remove(trio[0], iid)
 
@@ -270,6 +284,7 @@ def test_killed_node_ends_requests_then_the_instance_is_replaced_and_rejoin(trio
         )
 
     wait_until("the instance to be placed again on a and b", replaced)
+    print(f"instance ready again on the remaining nodes {(time.monotonic() - killed_at) * 1000:.0f} ms after the kill")
     text = greedy(a, PROMPTS[0])[0]
     assert text
     # The killed node restarts with its state dir: same id, a member again, usable again.

@@ -50,8 +50,9 @@ def test_mdns_discovery_link_kind_and_a_cut_link(lab):
         for n in nodes:
             wait_until(f"{n.id} to see both nodes by mDNS",
                        lambda n=n: sorted(x["id"] for x in cluster(n)["nodes"]) == sorted([a.id, b.id]))
-        # Links are published with the facts, once a second.
-        links = wait_until("the link to be published", lambda: cluster(a)["links"])
+        # Links are published at connection time and refreshed every second (with the ping RTT).
+        links = wait_until("the link's RTT to be published",
+                           lambda: [l for l in cluster(a)["links"] if l["rtt_us"] is not None])
         assert len(links) == 1 and links[0]["kind"] == "ethernet", links
         assert links[0]["rtt_us"] is not None and links[0]["rtt_us"] > 0, links
         subprocess.run(["ip", "-n", lab[1], "link", "set", "eth0", "down"], check=True)

@@ -118,3 +118,112 @@ pub async fn delete(
         Err(e) => Err(ApiError::Internal(e)),
     }
 }
+
+/// The API of the node driving a ready instance of `model`, when it is another node.
+fn remote_driver(cluster: &ClusterHandle, model: &str) -> Option<String> {
+    let snap = cluster.snapshot();
+    let me = cluster.id().to_string();
+    snap.state
+        .view()
+        .instances
+        .iter()
+        .filter(|i| i.record.model == model && i.status == "ready")
+        .filter_map(|i| i.record.driver().map(str::to_string))
+        .find(|d| *d != me)
+        .and_then(|d| snap.state.facts_of(&d).and_then(|f| f.api_url.clone()))
+}
+
+/// Middleware on the generation routes: a request for a model that no engine of this node serves, but
+/// that another node drives, is forwarded to that node's API and its answer (streamed or not) relayed
+/// as it comes. The client may talk to any member.
+pub async fn forward_to_driver(
+    State(state): State<ApiState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let Some(cluster) = state.cluster.clone() else {
+        return next.run(req).await;
+    };
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, state.body_limit).await {
+        Ok(b) => b,
+        Err(_) => return ApiError::PayloadTooLarge.into_response(),
+    };
+    let model = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("model")?.as_str().map(str::to_string));
+    if let Some(model) = model
+        && state.engine.get(&model).is_err()
+        && let Some(base) = remote_driver(&cluster, &model)
+    {
+        return relay(format!("{base}{}", parts.uri.path()), bytes).await;
+    }
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+    .await
+}
+
+async fn relay(url: String, body: axum::body::Bytes) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let client = reqwest::Client::new();
+    let resp = match client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(%url, "forwarding to the driving node failed: {e}");
+            return ApiError::Unavailable.into_response();
+        }
+    };
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string();
+    let mut out = axum::response::Response::new(axum::body::Body::from_stream(resp.bytes_stream()));
+    *out.status_mut() = status;
+    if let Ok(v) = axum::http::HeaderValue::from_str(&content_type) {
+        out.headers_mut()
+            .insert(axum::http::header::CONTENT_TYPE, v);
+    }
+    out
+}
+
+/// Models this node answers for: its own engines' and those other members drive (forwarded).
+pub fn served_models(state: &ApiState) -> Vec<shoal_engine::ModelInfo> {
+    let mut models = state.engine.models();
+    let Some(cluster) = &state.cluster else {
+        return models;
+    };
+    let snap = cluster.snapshot();
+    for inst in snap.state.view().instances {
+        let id = &inst.record.model;
+        if inst.status != "ready" || models.iter().any(|m| &m.id == id) {
+            continue;
+        }
+        let card = snap
+            .state
+            .member_facts()
+            .iter()
+            .find_map(|f| f.models.iter().find(|c| &c.id == id).cloned());
+        if let Some(card) = card {
+            models.push(shoal_engine::ModelInfo {
+                id: id.clone(),
+                context_length: card.context_length,
+                created: 0,
+                owned_by: "shoal".into(),
+            });
+        }
+    }
+    models.sort_by(|a, b| a.id.cmp(&b.id));
+    models
+}

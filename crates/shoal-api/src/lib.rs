@@ -82,9 +82,15 @@ impl ApiState {
 /// All routes, with body limit, CORS (browser clients on other origins) and request tracing.
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.body_limit;
-    Router::new()
+    let generation = Router::new()
         .route("/v1/chat/completions", post(openai::chat::chat_completions))
         .route("/v1/completions", post(openai::completions::completions))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            cluster::forward_to_driver,
+        ));
+    Router::new()
+        .merge(generation)
         .route("/v1/cancel/{id}", post(cancel::cancel_request))
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{*id}", get(openai::get_model))

@@ -790,6 +790,9 @@ impl NetTask {
                 self.last_pong.insert(peer_id, Instant::now());
                 self.state.peer_connected(&peer_id.to_string());
                 tracing::debug!(peer = %peer_id, %remote, "connected");
+                // Publish the new link at once (placement needs it), then greet the peer.
+                self.refresh_own_facts();
+                self.push_facts();
                 self.send_facts_to(peer_id);
                 if let Some(tx) = &self.probe_tx {
                     let tx = tx.clone();

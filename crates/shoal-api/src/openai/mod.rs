@@ -88,9 +88,7 @@ pub async fn collect(request: &mut LiveRequest, keep_tokens: bool) -> Result<Gen
 
 /// `GET /v1/models`.
 pub async fn list_models(State(state): State<ApiState>) -> Json<ModelList> {
-    let data = state
-        .engine
-        .models()
+    let data = crate::cluster::served_models(&state)
         .into_iter()
         .map(ModelObject::from)
         .collect();
@@ -105,9 +103,7 @@ pub async fn get_model(
     State(state): State<ApiState>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelObject>, ApiError> {
-    state
-        .engine
-        .models()
+    crate::cluster::served_models(&state)
         .into_iter()
         .find(|m| m.id == id)
         .map(|m| Json(ModelObject::from(m)))
