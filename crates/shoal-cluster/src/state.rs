@@ -131,10 +131,15 @@ impl ClusterState {
         self.coordinator() == self.me.id
     }
 
-    /// A table from `from`. Members adopt the coordinator's table; the coordinator merges a newer one
-    /// (two clusters joining: keep every instance) and returns true when its table changed.
+    /// A table from `from`. Members adopt the coordinator's table unless theirs is newer (a node with a
+    /// smaller id just joined and became coordinator with an older or empty table); the coordinator
+    /// merges a newer one (two clusters joining: keep every instance). True when this node should send
+    /// its table to everyone: the coordinator's changed, or a member holds a newer one to merge.
     pub fn on_table(&mut self, from: &str, table: InstanceTable) -> bool {
         if from == self.coordinator() {
+            if table.version < self.table.version {
+                return true;
+            }
             if self.table != table {
                 self.table = table;
             }
@@ -582,6 +587,9 @@ mod tests {
             !member.on_table("c", InstanceTable::default()),
             "not from the coordinator"
         );
+        assert_eq!(member.table().version, 7);
+        // A new coordinator with an older table is not adopted: the member offers its own instead.
+        assert!(member.on_table("a", InstanceTable::default()));
         assert_eq!(member.table().version, 7);
 
         let mut coord = cluster("a", &["b"]);
