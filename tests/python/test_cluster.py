@@ -297,3 +297,20 @@ def test_killed_node_ends_requests_then_the_instance_is_replaced_and_rejoin(trio
     place(a, [(a, 10), (c, 20)])
     text2 = greedy(a, PROMPTS[0])[0]
     assert text2 == text
+
+
+def test_a_request_for_a_model_without_an_instance_places_one(trio):
+    a = trio[0]
+    for i in state(a)["cluster"]["instances"]:
+        remove(a, i["id"])
+    # Ask b, a node that drives nothing: the request waits while the planner places the model, then answers.
+    text = client(trio[1]).chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=8, temperature=0,
+    ).choices[0].message.content
+    assert text
+    insts = state(a)["cluster"]["instances"]
+    assert len(insts) == 1 and insts[0]["status"] == "ready" and insts[0]["model"] == MODEL_ID
+    # A model no node has is still a plain 404.
+    with pytest.raises(openai.NotFoundError):
+        client(trio[1]).chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "hi"}], max_tokens=1)

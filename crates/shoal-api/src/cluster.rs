@@ -155,15 +155,87 @@ pub async fn forward_to_driver(
         .and_then(|v| v.get("model")?.as_str().map(str::to_string));
     if let Some(model) = model
         && state.engine.get(&model).is_err()
-        && let Some(base) = remote_driver(&cluster, &model)
     {
-        return relay(format!("{base}{}", parts.uri.path()), bytes).await;
+        if let Err(e) = ensure_instance(&state, &cluster, &model).await {
+            return e.into_response();
+        }
+        if state.engine.get(&model).is_err()
+            && let Some(base) = remote_driver(&cluster, &model)
+        {
+            return relay(format!("{base}{}", parts.uri.path()), bytes).await;
+        }
     }
     next.run(axum::extract::Request::from_parts(
         parts,
         axum::body::Body::from(bytes),
     ))
     .await
+}
+
+/// How long a request for a model without a ready instance waits for one to be placed and loaded.
+const PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// A request for a model that some member has but no instance serves places one (the planner's best)
+/// and waits until it is loaded; one that is already loading is waited for. Models no member has are
+/// left to the handler (404).
+async fn ensure_instance(
+    state: &ApiState,
+    cluster: &ClusterHandle,
+    model: &str,
+) -> Result<(), ApiError> {
+    let usable = |s: &shoal_cluster::Snapshot| {
+        s.state
+            .view()
+            .instances
+            .iter()
+            .any(|i| i.record.model == model && i.status != "failed")
+    };
+    {
+        // One automatic placement at a time on this node, so a burst of requests places one instance.
+        let _guard = state.placing.lock().await;
+        let snap = cluster.snapshot();
+        if !usable(&snap) {
+            let present = snap
+                .state
+                .member_facts()
+                .iter()
+                .any(|f| f.models.iter().any(|c| c.id == model));
+            if !present {
+                return Ok(());
+            }
+            tracing::info!(model, "no instance serves this model: placing one");
+            let req = PlaceRequest {
+                model: model.to_string(),
+                ..PlaceRequest::default()
+            };
+            let record = cluster
+                .place(req)
+                .await
+                .map_err(|e| ApiError::invalid("model", e))?;
+            tracing::info!(model, instance = %record.id, "placed: {}", record.explanation);
+        }
+    }
+    let snap = cluster
+        .wait_for(PLACEMENT_WAIT, |s| {
+            s.state
+                .view()
+                .instances
+                .iter()
+                .any(|i| i.record.model == model && i.status != "loading")
+        })
+        .await;
+    let view = snap.state.view();
+    let mine = || view.instances.iter().filter(|i| i.record.model == model);
+    if mine().any(|i| i.status == "ready") {
+        return Ok(());
+    }
+    match mine().find(|i| i.status == "failed") {
+        Some(i) => Err(ApiError::Internal(format!(
+            "instance {} of {model} did not load: {:?}",
+            i.record.id, i.stage_status
+        ))),
+        None => Err(ApiError::Unavailable),
+    }
 }
 
 async fn relay(url: String, body: axum::body::Bytes) -> axum::response::Response {

@@ -61,6 +61,8 @@ pub struct ApiState {
     pub cancellations: Arc<Cancellations>,
     /// The cluster this node belongs to (`/state`, `/instance…`); `None` for a bare engine.
     pub cluster: Option<shoal_cluster::ClusterHandle>,
+    /// Held while this node places an instance for a request (see [`cluster::forward_to_driver`]).
+    pub placing: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl ApiState {
@@ -68,6 +70,7 @@ impl ApiState {
         ApiState {
             engine: engine.into(),
             cluster: None,
+            placing: Arc::default(),
             body_limit: DEFAULT_BODY_LIMIT,
             cancellations: Arc::default(),
         }
