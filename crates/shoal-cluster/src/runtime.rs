@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use shoal_engine::Engines;
 use shoal_engine::engine::{EngineConfig, LoadedModel, load_local_stage, spawn};
+use shoal_engine::kvpool::KvPool;
 use shoal_kernels::ThreadPool;
 use shoal_model::LayerRange;
 use shoal_wire::DType;
@@ -42,8 +43,13 @@ pub struct RuntimeConfig {
 pub fn start(
     cluster: ClusterHandle,
     engines: Engines,
-    config: RuntimeConfig,
+    mut config: RuntimeConfig,
 ) -> Result<(), String> {
+    // Every engine on this node draws KV memory from one pool of the configured size, so several models
+    // share the budget instead of each getting all of it.
+    if config.engine.kv_pool.is_none() {
+        config.engine.kv_pool = Some(Arc::new(KvPool::new(config.engine.kv_budget_bytes)));
+    }
     let hosts = Hosts::default();
     serve_stages(cluster.clone(), hosts.clone())?;
     let pool = Arc::new(ThreadPool::new(config.engine.threads.max(1)));

@@ -20,6 +20,7 @@ use tokio::sync::mpsc::{self, UnboundedSender};
 
 use crate::error::EngineError;
 use crate::handle::{ChatMessage, EngineHandle, EngineStats, ModelInfo, RequestStream};
+use crate::kvpool::KvPool;
 use crate::request::{Event, GenerateRequest, Prompt};
 use crate::stage::{LocalStage, Stage};
 use crate::worker::Worker;
@@ -45,7 +46,11 @@ pub struct EngineConfig {
     pub prefix_cache_tokens: usize,
     /// KV-cache memory this engine may use, all sequences and cached prefixes together. Requests wait
     /// for room (and newer sequences are preempted and later recomputed) rather than exceeding it.
+    /// Ignored when `kv_pool` is set.
     pub kv_budget_bytes: usize,
+    /// The node's KV memory shared with the other engines on it; `None` = a pool of `kv_budget_bytes`
+    /// for this engine alone.
+    pub kv_pool: Option<Arc<KvPool>>,
 }
 
 impl Default for EngineConfig {
@@ -59,6 +64,7 @@ impl Default for EngineConfig {
             stages: None,
             prefix_cache_tokens: 8192,
             kv_budget_bytes: 2 << 30,
+            kv_pool: None,
         }
     }
 }

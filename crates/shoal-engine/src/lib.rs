@@ -9,6 +9,7 @@
 pub mod engine;
 pub mod error;
 pub mod handle;
+pub mod kvpool;
 pub mod prefix;
 pub mod registry;
 pub mod request;

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Instant;
 
 use shoal_model::ModelConfig;
@@ -16,12 +16,16 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::engine::{Admission, Counters, EngineConfig};
 use crate::error::EngineError;
+use crate::kvpool::KvPool;
 use crate::prefix::PrefixIndex;
 use crate::request::{Event, FinishReason, Usage};
 use crate::sampler::Sampler;
 use crate::scheduler::{SeqView, StepBudget, plan_step};
 use crate::stage::{ChunkSpec, SampleRef, Stage, run_pipeline};
 use crate::stop::StopMatcher;
+
+/// How often an engine with nothing it can run checks whether KV memory came free.
+const WAIT_FOR_MEMORY: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// A sequence owned by the engine thread.
 struct Sequence {
@@ -64,8 +68,12 @@ impl Sequence {
 pub(crate) struct Worker {
     stages: Vec<Box<dyn Stage>>,
     prefix: PrefixIndex,
-    /// KV budget in tokens (every stage holds the same tokens per sequence).
-    kv_budget: usize,
+    /// The node's KV memory, shared with other engines.
+    pool: Arc<KvPool>,
+    /// KV bytes one token takes across all stages.
+    token_bytes: usize,
+    /// Tokens of KV this engine has reserved in the pool (≥ what it holds).
+    reserved: usize,
     /// Sequences whose KV was dropped to stay in budget; they resume first, recomputing their KV.
     preempted: VecDeque<Sequence>,
     tokenizer: Arc<Tokenizer>,
@@ -77,6 +85,13 @@ pub(crate) struct Worker {
     seed_counter: u64,
 }
 
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // The engine is gone: its KV memory is the other engines' now.
+        self.pool.release(self.reserved * self.token_bytes);
+    }
+}
+
 impl Worker {
     pub(crate) fn new(
         stages: Vec<Box<dyn Stage>>,
@@ -86,9 +101,15 @@ impl Worker {
         counters: Arc<Counters>,
         seed: u64,
     ) -> Self {
-        let kv_token_bytes = model.kv_bytes_per_token(model.n_layers).max(1);
+        let token_bytes = model.kv_bytes_per_token(model.n_layers).max(1);
+        let pool = config
+            .kv_pool
+            .clone()
+            .unwrap_or_else(|| Arc::new(KvPool::new(config.kv_budget_bytes)));
         Self {
-            kv_budget: (config.kv_budget_bytes / kv_token_bytes).max(1),
+            pool,
+            token_bytes,
+            reserved: 0,
             preempted: VecDeque::new(),
             prefix: PrefixIndex::new(config.prefix_cache_tokens),
             stages,
@@ -120,6 +141,14 @@ impl Worker {
             self.admit();
             if !self.running.is_empty() {
                 self.step();
+            } else if !(self.waiting.is_empty() && self.preempted.is_empty()) {
+                // Work waits for KV memory that other engines on the node hold: poll for it (and for new
+                // requests) instead of spinning.
+                match rx.recv_timeout(WAIT_FOR_MEMORY) {
+                    Ok(a) => self.waiting.push_back(a),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
             }
             self.publish_memory();
         }
@@ -186,7 +215,8 @@ impl Worker {
         }
     }
 
-    fn publish_memory(&self) {
+    fn publish_memory(&mut self) {
+        self.trim_reservation();
         let c = &self.counters;
         c.kv_tokens.store(self.kv_in_use(), Ordering::Relaxed);
         let held = self.stages.iter().map(|s| s.held_sequences()).sum();
@@ -198,17 +228,50 @@ impl Worker {
         self.running.iter().map(|s| s.computed).sum::<usize>() + self.prefix.used_tokens()
     }
 
+    /// Tokens of KV the whole node budget holds (the most one engine could ever get).
+    fn max_kv_tokens(&self) -> usize {
+        (self.pool.budget() / self.token_bytes).max(1)
+    }
+
+    /// Grows this engine's reservation to `tokens` if the pool has room; true when it holds that much.
+    fn reserve(&mut self, tokens: usize) -> bool {
+        if tokens <= self.reserved {
+            return true;
+        }
+        if self
+            .pool
+            .try_reserve((tokens - self.reserved) * self.token_bytes)
+        {
+            self.reserved = tokens;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Gives back reserved KV this engine no longer holds.
+    fn trim_reservation(&mut self) {
+        let held = self.kv_in_use();
+        if self.reserved > held {
+            self.pool.release((self.reserved - held) * self.token_bytes);
+            self.reserved = held;
+        }
+    }
+
     /// Makes `need` KV tokens free if possible, evicting cached prefixes first; true when they are.
     fn make_room(&mut self, need: usize) -> bool {
-        while self.kv_in_use() + need > self.kv_budget {
+        loop {
+            if self.reserve(self.kv_in_use() + need) {
+                return true;
+            }
             let Some(id) = self.prefix.pop_lru() else {
                 return false;
             };
             for s in self.stages.iter_mut() {
                 s.drop_prefix(id);
             }
+            // The prefix's tokens are no longer held; what was reserved for them stays reserved here.
         }
-        true
     }
 
     fn admit(&mut self) {
@@ -228,12 +291,12 @@ impl Worker {
             let Some(need) = self.waiting.front().map(|a| a.tokens.len() + 1) else {
                 break;
             };
-            if need > self.kv_budget {
+            if need > self.max_kv_tokens() {
                 if let Some(a) = self.waiting.pop_front() {
                     self.counters.waiting.fetch_sub(1, Ordering::Relaxed);
                     let err = EngineError::PromptTooLong {
                         prompt_tokens: a.tokens.len(),
-                        context_length: self.kv_budget - 1,
+                        context_length: self.max_kv_tokens() - 1,
                     };
                     let _ = a.tx.send(Event::Error(err));
                 }
@@ -366,7 +429,8 @@ impl Worker {
 
     fn step(&mut self) {
         // Every decoding sequence needs one more KV slot; make room or preempt until it fits. A lone
-        // sequence that outgrew the whole budget ends as if it had hit its length limit.
+        // sequence that outgrew the whole node budget ends as if it had hit its length limit; one that
+        // only lacks room other engines hold steps aside until they free it.
         loop {
             let decodes = self
                 .running
@@ -378,12 +442,24 @@ impl Worker {
                 break;
             }
             if self.running.len() == 1 {
-                self.finish(0, FinishReason::Length);
+                if self.running[0].tokens.len() + 1 > self.max_kv_tokens() {
+                    self.finish(0, FinishReason::Length);
+                } else {
+                    self.preempt_newest();
+                }
                 return;
             }
             self.preempt_newest();
         }
-        let free = self.kv_budget.saturating_sub(self.kv_in_use());
+        // Take what the pool can give for this step (up to a full batch); unused room goes back after it.
+        let want = self.config.max_batch_tokens * self.token_bytes;
+        let extra = (self.kv_in_use() + self.config.max_batch_tokens).saturating_sub(self.reserved);
+        let granted = self
+            .pool
+            .reserve_up_to((extra * self.token_bytes).min(want));
+        self.reserved += granted / self.token_bytes;
+        self.pool.release(granted % self.token_bytes);
+        let free = self.reserved.saturating_sub(self.kv_in_use());
         let views: Vec<SeqView> = self
             .running
             .iter()

@@ -442,6 +442,53 @@ async fn a_small_kv_budget_queues_and_preempts_but_every_request_finishes_unchan
 }
 
 #[tokio::test]
+async fn two_models_share_the_node_kv_pool_and_both_finish_unchanged() {
+    // Two engines (two "models") on one pool with room for ~80 tokens of KV: each request needs ~60, so
+    // they cannot both hold their KV at once; the second waits for the first instead of overflowing.
+    let kv_token = 2 * 30 * 3 * 64 * 4;
+    let pool = std::sync::Arc::new(shoal_engine::kvpool::KvPool::new(80 * kv_token));
+    let shared = || EngineConfig {
+        threads: 1,
+        kv_pool: Some(pool.clone()),
+        prefix_cache_tokens: 0,
+        ..Default::default()
+    };
+    let (first, second) = (engine_with(shared()), engine_with(shared()));
+    let req = |p: &str| {
+        let mut r = request(p, 50);
+        r.ignore_eos = true;
+        r
+    };
+    let (x, y) = tokio::join!(
+        collect(&first, req("Once upon a time, in a small village,")),
+        collect(&second, req("The cat sat on"))
+    );
+    let roomy = engine();
+    assert_eq!(
+        x.tokens,
+        collect(&roomy, req("Once upon a time, in a small village,"))
+            .await
+            .tokens
+    );
+    assert_eq!(
+        y.tokens,
+        collect(&roomy, req("The cat sat on")).await.tokens
+    );
+    assert_eq!((x.completion_tokens, y.completion_tokens), (50, 50));
+    // Everything reserved is given back once both are done (no prefix cache here).
+    let deadline = Instant::now() + PATIENCE;
+    while pool.reserved() != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} bytes still reserved",
+            pool.reserved()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(first.stats().kv_tokens == 0 && second.stats().kv_tokens == 0);
+}
+
+#[tokio::test]
 async fn cancelling_in_a_two_stage_pipeline_frees_every_stage() {
     let engine = engine_with(EngineConfig {
         threads: 1,

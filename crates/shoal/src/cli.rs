@@ -67,7 +67,7 @@ pub struct EngineArgs {
     /// Sequences generating at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
-    /// KV-cache memory for all sequences and cached prefixes, in MiB.
+    /// KV-cache memory for all sequences and cached prefixes of every model on this node, in MiB.
     #[arg(long, default_value_t = 2048)]
     pub kv_budget_mib: usize,
     /// Tokens of finished conversations kept for prefix reuse (0 disables the prefix cache).
