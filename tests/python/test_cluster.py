@@ -3,6 +3,7 @@ output identical on 1, 2 and 3 nodes, the same /state everywhere, a stranger ref
 (requests end with an error, the instance is placed again, the next request succeeds), and a restarted node
 that rejoins as itself. Every wait polls real state against a deadline; nothing sleeps to synchronise."""
 
+import concurrent.futures
 import json
 import time
 import urllib.error
@@ -159,6 +160,21 @@ def test_greedy_output_is_identical_on_1_2_and_3_nodes(trio):
     outputs = run_on_1_2_3_nodes(*trio)
     for n in (2, 3):
         assert outputs[n] == outputs[1], f"{n} nodes differ from 1 node"
+
+
+def test_concurrent_streams_through_a_pipeline_match_their_lone_runs(trio):
+    """Many requests at once through 3 nodes: the driver keeps several micro-batches in flight (one per
+    stage); every request's tokens must equal the same request run alone."""
+    a, b, c = trio
+    iid = place(a, [(a, 10), (b, 10), (c, 10)])
+    prompts = [f"Tell me something about the number {k}." for k in range(8)]
+    try:
+        alone = [greedy(a, p) for p in prompts]
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(lambda p: greedy(a, p), prompts))
+        assert together == alone
+    finally:
+        remove(a, iid)
 
 
 def test_f16_activations_agree_up_to_near_ties(trio):

@@ -24,7 +24,9 @@ use sha2::{Digest, Sha256};
 use shoal_engine::SamplingParams;
 use shoal_engine::error::EngineError;
 use shoal_engine::sampler::{REPETITION_WINDOW, Sampler};
-use shoal_engine::stage::{ChunkSpec, LocalStage, Pick, SampleRef, Stage, StageData, sample_row};
+use shoal_engine::stage::{
+    ChunkSpec, Launched, LocalStage, Pick, SampleRef, Stage, StageData, sample_row,
+};
 use shoal_wire::{
     Activations, ChunkHeader, DEFAULT_MAX_FRAME_LEN, DType, Frame, FrameReader,
     HANDSHAKE_HEADER_LEN, Handshake, PrefixAction, PrefixOp, Role, SampleJob, TokenItem,
@@ -212,6 +214,8 @@ pub struct RemoteChain {
     nodes: Vec<String>,
     members: tokio::sync::watch::Receiver<Arc<Snapshot>>,
     broken: Option<String>,
+    /// Batches sent and not yet answered, oldest first, with the sequences whose tokens they owe.
+    pending: std::collections::VecDeque<(u64, Vec<u64>)>,
     /// Kept so the owner stream stays open as long as the chain lives.
     _owner: mpsc::Sender<Vec<u8>>,
 }
@@ -297,6 +301,7 @@ impl RemoteChain {
             nodes: nodes.to_vec(),
             members: cluster.subscribe(),
             broken: None,
+            pending: std::collections::VecDeque::new(),
             _owner: owner_tx,
         })
     }
@@ -368,6 +373,18 @@ impl Stage for RemoteChain {
         input: StageData,
         sampling: &[SampleRef<'_>],
     ) -> Result<StageData, EngineError> {
+        match self.launch(batch, input, sampling)? {
+            Launched::Pending(ticket) => self.complete(ticket),
+            Launched::Ready(data) => Ok(data),
+        }
+    }
+
+    fn launch(
+        &mut self,
+        batch: &[ChunkSpec],
+        input: StageData,
+        sampling: &[SampleRef<'_>],
+    ) -> Result<Launched, EngineError> {
         let StageData::Hidden(h) = input else {
             return Err(EngineError::Internal(
                 "a remote chain takes hidden states".into(),
@@ -401,12 +418,22 @@ impl Stage for RemoteChain {
         for c in batch {
             *self.lens.entry(c.seq_id).or_default() += c.len;
         }
+        self.pending
+            .push_back((batch_id, sampling.iter().map(|s| s.seq_id).collect()));
+        Ok(Launched::Pending(batch_id))
+    }
+
+    fn complete(&mut self, ticket: u64) -> Result<StageData, EngineError> {
+        let Some((batch_id, expected)) = self.pending.pop_front() else {
+            return Err(EngineError::Internal("no batch in flight".into()));
+        };
+        if batch_id != ticket {
+            return Err(EngineError::Internal(format!(
+                "batch {ticket} completed out of order (oldest in flight: {batch_id})"
+            )));
+        }
         let items = self.wait_tokens(batch_id)?;
-        if items.len() != sampling.len()
-            || items
-                .iter()
-                .zip(sampling)
-                .any(|(i, s)| i.seq_id != s.seq_id)
+        if items.len() != expected.len() || items.iter().zip(&expected).any(|(i, s)| i.seq_id != *s)
         {
             return Err(self.lost("the last stage answered for other sequences".into()));
         }
@@ -474,6 +501,10 @@ impl Stage for RemoteChain {
 
     fn held_sequences(&self) -> usize {
         self.lens.len()
+    }
+
+    fn concurrent_stages(&self) -> usize {
+        self.nodes.len()
     }
 }
 

@@ -24,9 +24,23 @@ pub struct SeqView {
 
 /// Plans one step: `(index into seqs, tokens to feed)`, decodes first, in `seqs` order within each kind.
 pub fn plan_step(seqs: &[SeqView], budget: StepBudget) -> Vec<(usize, usize)> {
+    plan_micro_batch(seqs, budget, usize::MAX)
+}
+
+/// [`plan_step`] for one micro-batch of a pipeline: at most `max_seqs` sequences, so the others can form
+/// the next micro-batch while this one is on a later stage.
+pub fn plan_micro_batch(
+    seqs: &[SeqView],
+    budget: StepBudget,
+    max_seqs: usize,
+) -> Vec<(usize, usize)> {
     let mut left = budget.max_tokens.max(1);
     let mut plan = Vec::new();
+    let max_seqs = max_seqs.max(1);
     for (i, s) in seqs.iter().enumerate() {
+        if plan.len() == max_seqs {
+            return plan;
+        }
         if s.decoding && s.pending > 0 && left > 0 {
             plan.push((i, 1));
             left -= 1;
@@ -36,7 +50,7 @@ pub fn plan_step(seqs: &[SeqView], budget: StepBudget) -> Vec<(usize, usize)> {
         left = left.min(budget.max_prefill_while_decoding);
     }
     for (i, s) in seqs.iter().enumerate() {
-        if left == 0 {
+        if left == 0 || plan.len() == max_seqs {
             break;
         }
         if !s.decoding && s.pending > 0 {
@@ -51,6 +65,37 @@ pub fn plan_step(seqs: &[SeqView], budget: StepBudget) -> Vec<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn micro_batches_take_at_most_max_seqs_decodes_first() {
+        let budget = StepBudget {
+            max_tokens: 256,
+            max_prefill_while_decoding: 16,
+        };
+        let pre = SeqView {
+            pending: 40,
+            decoding: false,
+        };
+        let idle = SeqView {
+            pending: 0,
+            decoding: true,
+        };
+        let seqs = [pre, dec(), idle, dec(), dec()];
+        assert_eq!(plan_micro_batch(&seqs, budget, 2), vec![(1, 1), (3, 1)]);
+        assert_eq!(
+            plan_micro_batch(&seqs, budget, 4),
+            vec![(1, 1), (3, 1), (4, 1), (0, 16)]
+        );
+        assert_eq!(
+            plan_micro_batch(&seqs, budget, 0),
+            vec![(1, 1)],
+            "at least one"
+        );
+        assert_eq!(
+            plan_step(&seqs, budget),
+            plan_micro_batch(&seqs, budget, 99)
+        );
+    }
 
     fn dec() -> SeqView {
         SeqView {

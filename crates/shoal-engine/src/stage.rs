@@ -60,7 +60,15 @@ pub fn sample_row(job: &SampleRef<'_>, row: &mut [f32]) -> Pick {
     }
 }
 
-/// A pipeline stage: local layers now, a remote node's layers behind the same trait later.
+/// What [`Stage::launch`] did with a batch.
+pub enum Launched {
+    /// Computed already.
+    Ready(StageData),
+    /// On its way (to other nodes); [`Stage::complete`] with this ticket waits for the result.
+    Pending(u64),
+}
+
+/// A pipeline stage: layers in this process, or the stages on other nodes behind the same trait.
 pub trait Stage: Send {
     /// Runs `batch` on `input`; the first stage takes tokens, the last returns logits (or, when it
     /// samples itself, [`StageData::Sampled`] following `sampling`: one entry per chunk that wants
@@ -89,6 +97,27 @@ pub trait Stage: Send {
     fn drop_prefix(&mut self, prefix_id: u64);
     /// Sequences whose KV this stage holds now.
     fn held_sequences(&self) -> usize;
+    /// Starts `batch` without waiting for its result when the stage can (stages on other nodes), so the
+    /// engine can compute another micro-batch meanwhile. Computes it right away otherwise.
+    fn launch(
+        &mut self,
+        batch: &[ChunkSpec],
+        input: StageData,
+        sampling: &[SampleRef<'_>],
+    ) -> Result<Launched, EngineError> {
+        self.forward(batch, input, sampling).map(Launched::Ready)
+    }
+    /// The result of a batch [`Stage::launch`] left pending, oldest first.
+    fn complete(&mut self, ticket: u64) -> Result<StageData, EngineError> {
+        Err(EngineError::Internal(format!(
+            "batch {ticket} was never left pending by this stage"
+        )))
+    }
+    /// Pipeline stages behind this one that compute concurrently with this process (0 for local
+    /// layers): how many micro-batches may be in flight at once beyond the first.
+    fn concurrent_stages(&self) -> usize {
+        0
+    }
 }
 
 /// Layers running in this process.
@@ -225,6 +254,13 @@ impl Stage for LocalStage {
     }
 }
 
+/// The result of [`launch_pipeline`].
+pub enum PipelineLaunch {
+    Done(Vec<Pick>),
+    /// Pass to [`complete_pipeline`].
+    Pending(u64),
+}
+
 /// Runs a batch through every stage in order and returns one pick per chunk wanting logits, sampling
 /// here when the last stage returned logits.
 pub fn run_pipeline(
@@ -237,6 +273,56 @@ pub fn run_pipeline(
     for stage in stages.iter_mut() {
         data = stage.forward(batch, data, sampling)?;
     }
+    into_picks(data, sampling)
+}
+
+/// Like [`run_pipeline`], but leaves the batch in flight when the last stage is on other nodes.
+pub fn launch_pipeline(
+    stages: &mut [Box<dyn Stage>],
+    batch: &[ChunkSpec],
+    tokens: Vec<u32>,
+    sampling: &[SampleRef<'_>],
+) -> Result<PipelineLaunch, EngineError> {
+    let Some((last, head)) = stages.split_last_mut() else {
+        return Err(EngineError::Internal("a pipeline without stages".into()));
+    };
+    let mut data = StageData::Tokens(tokens);
+    for stage in head.iter_mut() {
+        data = stage.forward(batch, data, sampling)?;
+    }
+    match last.launch(batch, data, sampling)? {
+        Launched::Ready(data) => into_picks(data, sampling).map(PipelineLaunch::Done),
+        Launched::Pending(ticket) => Ok(PipelineLaunch::Pending(ticket)),
+    }
+}
+
+/// Waits for a batch [`launch_pipeline`] left pending; `wanted` = chunks of it that want logits.
+pub fn complete_pipeline(
+    stages: &mut [Box<dyn Stage>],
+    ticket: u64,
+    wanted: usize,
+) -> Result<Vec<Pick>, EngineError> {
+    let last = stages
+        .last_mut()
+        .ok_or_else(|| EngineError::Internal("a pipeline without stages".into()))?;
+    match last.complete(ticket)? {
+        StageData::Sampled(picks) if picks.len() == wanted => Ok(picks),
+        StageData::Sampled(picks) => Err(EngineError::Internal(format!(
+            "the pipeline returned {} tokens for {wanted} sequences",
+            picks.len()
+        ))),
+        _ => Err(EngineError::Internal(
+            "a pending batch must come back sampled".into(),
+        )),
+    }
+}
+
+/// Micro-batches that may be in flight at once in this pipeline.
+pub fn pipeline_depth(stages: &[Box<dyn Stage>]) -> usize {
+    1 + stages.iter().map(|s| s.concurrent_stages()).sum::<usize>()
+}
+
+fn into_picks(data: StageData, sampling: &[SampleRef<'_>]) -> Result<Vec<Pick>, EngineError> {
     let picks = match data {
         StageData::Logits(l) => {
             let rows = l

@@ -20,8 +20,11 @@ use crate::kvpool::KvPool;
 use crate::prefix::PrefixIndex;
 use crate::request::{Event, FinishReason, Usage};
 use crate::sampler::Sampler;
-use crate::scheduler::{SeqView, StepBudget, plan_step};
-use crate::stage::{ChunkSpec, SampleRef, Stage, run_pipeline};
+use crate::scheduler::{SeqView, StepBudget, plan_micro_batch};
+use crate::stage::{
+    ChunkSpec, Pick, PipelineLaunch, SampleRef, Stage, complete_pipeline, launch_pipeline,
+    pipeline_depth,
+};
 use crate::stop::StopMatcher;
 
 /// How often an engine with nothing it can run checks whether KV memory came free.
@@ -83,6 +86,15 @@ pub(crate) struct Worker {
     running: Vec<Sequence>,
     waiting: VecDeque<Admission>,
     seed_counter: u64,
+    /// Micro-batches launched into a pipeline with stages on other nodes and not yet answered, oldest
+    /// first.
+    flights: VecDeque<Flight>,
+}
+
+/// A micro-batch in flight.
+struct Flight {
+    ticket: u64,
+    batch: Vec<ChunkSpec>,
 }
 
 impl Drop for Worker {
@@ -120,12 +132,17 @@ impl Worker {
             running: Vec::new(),
             waiting: VecDeque::new(),
             seed_counter: seed,
+            flights: VecDeque::new(),
         }
     }
 
     pub(crate) fn run(&mut self, rx: Receiver<Admission>) {
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() && self.preempted.is_empty() {
+            if self.running.is_empty()
+                && self.waiting.is_empty()
+                && self.preempted.is_empty()
+                && self.flights.is_empty()
+            {
                 match rx.recv() {
                     Ok(a) => self.waiting.push_back(a),
                     Err(_) => return, // every handle is gone
@@ -139,7 +156,8 @@ impl Worker {
             }
             self.drop_cancelled();
             self.admit();
-            if !self.running.is_empty() {
+            if !self.running.is_empty() || !self.flights.is_empty() {
+                // (Batches of sequences that ended meanwhile still land, in order.)
                 self.step();
             } else if !(self.waiting.is_empty() && self.preempted.is_empty()) {
                 // Work waits for KV memory that other engines on the node hold: poll for it (and for new
@@ -427,7 +445,28 @@ impl Worker {
         self.preempted.push_front(seq);
     }
 
+    /// Whether sequence `id` is part of a batch still in flight.
+    fn in_flight(&self, id: u64) -> bool {
+        self.flights
+            .iter()
+            .any(|f| f.batch.iter().any(|c| c.seq_id == id))
+    }
+
+    /// One engine step: launch a micro-batch of the sequences that are not in flight, or, when the
+    /// pipeline is full (or nothing is ready), wait for the oldest batch in flight. With only local stages
+    /// every batch completes at once; with stages on other nodes up to [`pipeline_depth`] micro-batches
+    /// are in different stages at the same time.
     fn step(&mut self) {
+        let depth = pipeline_depth(&self.stages);
+        let ready: Vec<bool> = self
+            .running
+            .iter()
+            .map(|s| s.tokens.len() > s.computed && !self.in_flight(s.id))
+            .collect();
+        if !ready.contains(&true) || self.flights.len() >= depth {
+            self.complete_oldest();
+            return;
+        }
         // Every decoding sequence needs one more KV slot; make room or preempt until it fits. A lone
         // sequence that outgrew the whole node budget ends as if it had hit its length limit; one that
         // only lacks room other engines hold steps aside until they free it.
@@ -435,11 +474,17 @@ impl Worker {
             let decodes = self
                 .running
                 .iter()
-                .filter(|s| s.tokens.len() - s.computed <= 1)
+                .zip(&ready)
+                .filter(|(s, r)| **r && s.tokens.len() - s.computed <= 1)
                 .count();
             // At least one free slot, so the step always makes progress.
             if self.make_room(decodes.max(1)) {
                 break;
+            }
+            if !self.flights.is_empty() {
+                // Batches in flight may finish sequences and free memory: let them land first.
+                self.complete_oldest();
+                return;
             }
             if self.running.len() == 1 {
                 if self.running[0].tokens.len() + 1 > self.max_kv_tokens() {
@@ -463,18 +508,28 @@ impl Worker {
         let views: Vec<SeqView> = self
             .running
             .iter()
-            .map(|s| SeqView {
-                pending: s.tokens.len() - s.computed,
-                decoding: s.tokens.len() - s.computed <= 1,
+            .map(|s| {
+                let busy = self.in_flight(s.id);
+                SeqView {
+                    pending: if busy { 0 } else { s.tokens.len() - s.computed },
+                    decoding: s.tokens.len() - s.computed <= 1,
+                }
             })
             .collect();
-        let plan = plan_step(
+        // Split the running sequences evenly over the micro-batches the pipeline can hold.
+        let per_batch = self.running.len().div_ceil(depth);
+        let plan = plan_micro_batch(
             &views,
             StepBudget {
                 max_tokens: self.config.max_batch_tokens.min(free),
                 max_prefill_while_decoding: self.config.max_prefill_while_decoding,
             },
+            per_batch,
         );
+        if plan.is_empty() {
+            self.complete_oldest();
+            return;
+        }
 
         let mut batch = Vec::with_capacity(plan.len());
         let mut tokens = Vec::new();
@@ -497,36 +552,65 @@ impl Worker {
                 history: &self.running[i].tokens,
             })
             .collect();
-        let picks = run_pipeline(&mut self.stages, &batch, tokens, &sampling);
+        let launched = launch_pipeline(&mut self.stages, &batch, tokens, &sampling);
         drop(sampling);
         self.counters.steps.fetch_add(1, Ordering::Relaxed);
-        let picks = match picks {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!("engine step failed: {e}");
-                let mut ids: Vec<usize> = plan.iter().map(|p| p.0).collect();
-                ids.sort_unstable_by(|a, b| b.cmp(a));
-                for i in ids {
-                    self.fail(i, e.clone());
-                }
-                return;
-            }
-        };
-        let mut picks = picks.into_iter();
-        let mut done = Vec::new();
-        for (&(i, n), spec) in plan.iter().zip(&batch) {
+        // The stages hold (or are computing) this KV now.
+        for &(i, n) in &plan {
             let seq = &mut self.running[i];
-            let was_prefill = seq.computed < seq.prompt_len;
-            seq.computed += n;
-            if was_prefill {
+            if seq.computed < seq.prompt_len {
                 self.counters
                     .prefilled
                     .fetch_add(n as u64, Ordering::Relaxed);
             }
-            if !spec.want_logits {
-                continue;
-            }
+            seq.computed += n;
+        }
+        match launched {
+            Ok(PipelineLaunch::Done(picks)) => self.apply(&batch, picks),
+            Ok(PipelineLaunch::Pending(ticket)) => self.flights.push_back(Flight { ticket, batch }),
+            Err(e) => self.fail_batch(&batch, e),
+        }
+    }
+
+    /// Waits for the oldest batch in flight and delivers its tokens.
+    fn complete_oldest(&mut self) {
+        let Some(flight) = self.flights.pop_front() else {
+            return;
+        };
+        let wanted = flight.batch.iter().filter(|c| c.want_logits).count();
+        match complete_pipeline(&mut self.stages, flight.ticket, wanted) {
+            Ok(picks) => self.apply(&flight.batch, picks),
+            Err(e) => self.fail_batch(&flight.batch, e),
+        }
+    }
+
+    /// Fails every still-running sequence of `batch`.
+    fn fail_batch(&mut self, batch: &[ChunkSpec], e: EngineError) {
+        tracing::error!("engine step failed: {e}");
+        let mut ids: Vec<usize> = self
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| batch.iter().any(|c| c.seq_id == s.id))
+            .map(|(i, _)| i)
+            .collect();
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        for i in ids {
+            self.fail(i, e.clone());
+        }
+    }
+
+    /// Streams the tokens picked for `batch` (one per chunk wanting logits, in order) and ends the
+    /// sequences that are done. Sequences that ended while the batch was in flight are skipped.
+    fn apply(&mut self, batch: &[ChunkSpec], picks: Vec<Pick>) {
+        let mut picks = picks.into_iter();
+        let mut done = Vec::new();
+        for spec in batch.iter().filter(|c| c.want_logits) {
             let Some(pick) = picks.next() else { break };
+            let Some(i) = self.running.iter().position(|s| s.id == spec.seq_id) else {
+                continue;
+            };
+            let seq = &mut self.running[i];
             let (id, logprob) = (pick.id, pick.logprob);
             // Sampling happened on a copy of this state (possibly on another node): catch up.
             seq.sampler.replay(id);
