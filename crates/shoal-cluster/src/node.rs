@@ -20,7 +20,8 @@ use libp2p::multiaddr::Protocol;
 use libp2p::pnet::PnetConfig;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport, ResponseChannel};
 use libp2p::swarm::behaviour::toggle::Toggle;
-use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::swarm::dial_opts::DialOpts;
+use libp2p::swarm::{ConnectionId, NetworkBehaviour, SwarmEvent};
 use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm, Transport, mdns, noise, ping, tcp, yamux};
 use serde::Serialize;
 use shoal_placement::{LinkKind, ModelCard, Placement};
@@ -415,6 +416,7 @@ pub async fn start(config: ClusterConfig) -> Result<ClusterHandle, ClusterError>
         static_peers,
         static_addrs: config.peers.clone(),
         dialing: HashMap::new(),
+        dial_addrs: HashMap::new(),
         lost: HashMap::new(),
         known_addrs: HashMap::new(),
         remote_addr: HashMap::new(),
@@ -504,6 +506,8 @@ struct NetTask {
     static_addrs: Vec<Multiaddr>,
     /// Dials in flight, by address.
     dialing: HashMap<Multiaddr, Instant>,
+    /// Address of each outgoing connection attempt, so a failure names the address that failed.
+    dial_addrs: HashMap<ConnectionId, Multiaddr>,
     /// Members whose connection closed: redialed at their known addresses for a while.
     lost: HashMap<PeerId, Instant>,
     known_addrs: HashMap<PeerId, Vec<Multiaddr>>,
@@ -714,9 +718,12 @@ impl NetTask {
         {
             return;
         }
-        match self.swarm.dial(addr.clone()) {
+        let opts = DialOpts::unknown_peer_id().address(addr.clone()).build();
+        let connection = opts.connection_id();
+        match self.swarm.dial(opts) {
             Ok(()) => {
-                self.dialing.insert(addr, Instant::now());
+                self.dialing.insert(addr.clone(), Instant::now());
+                self.dial_addrs.insert(connection, addr);
             }
             Err(e) => self.dial_failed(&addr, e.to_string()),
         }
@@ -766,8 +773,12 @@ impl NetTask {
                 self.listen_addrs.push(address);
             }
             SwarmEvent::ConnectionEstablished {
-                peer_id, endpoint, ..
+                peer_id,
+                endpoint,
+                connection_id,
+                ..
             } => {
+                self.dial_addrs.remove(&connection_id);
                 let remote = match &endpoint {
                     ConnectedPoint::Dialer { address, .. } => {
                         self.dialing.remove(address);
@@ -808,23 +819,14 @@ impl NetTask {
                 cause,
                 ..
             } => self.forget(peer_id, &format!("connection closed: {cause:?}")),
-            SwarmEvent::OutgoingConnectionError { error, .. } => {
+            SwarmEvent::OutgoingConnectionError {
+                error,
+                connection_id,
+                ..
+            } => {
                 let msg = error.to_string();
-                let addrs: Vec<Multiaddr> = self.dialing.keys().cloned().collect();
-                // The error does not say which address failed when no peer id was known: every
-                // attempt older than a moment is done.
-                for a in addrs {
-                    if self
-                        .dialing
-                        .get(&a)
-                        .is_some_and(|t| t.elapsed() > Duration::from_millis(1))
-                        && !self
-                            .swarm
-                            .connected_peers()
-                            .any(|p| self.remote_addr.get(p).is_some_and(|r| *r == strip_p2p(&a)))
-                    {
-                        self.dial_failed(&a, msg.clone());
-                    }
+                if let Some(addr) = self.dial_addrs.remove(&connection_id) {
+                    self.dial_failed(&addr, msg.clone());
                 }
                 tracing::debug!("dial failed: {msg}");
             }

@@ -32,8 +32,14 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Tokens per step across all sequences (decodes + prefill chunks).
     pub max_batch_tokens: usize,
-    /// Prefill tokens per step while other sequences decode (see [`crate::scheduler::StepBudget`]).
+    /// Prefill tokens per step while other sequences decode, at most (see
+    /// [`crate::scheduler::StepBudget`]).
     pub max_prefill_while_decoding: usize,
+    /// While streams decode and a long prompt (over 256 tokens left) is prefilled, take only as many of
+    /// its tokens per step as keep the step within this many times a decode-only step (measured), so it
+    /// raises running streams' inter-token latency by at most this factor; `None` = always
+    /// `max_prefill_while_decoding`.
+    pub itl_slack: Option<f64>,
     /// Sequences holding KV at once; more wait in the queue.
     pub max_running: usize,
     /// Requests queued between handles and the engine thread before `Overloaded` (HTTP 503). Bounded so a
@@ -59,6 +65,7 @@ impl Default for EngineConfig {
             threads: default_threads(),
             max_batch_tokens: 256,
             max_prefill_while_decoding: 16,
+            itl_slack: Some(2.0),
             max_running: 64,
             queue_depth: 256,
             stages: None,

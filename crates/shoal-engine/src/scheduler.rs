@@ -62,9 +62,79 @@ pub fn plan_micro_batch(
     plan
 }
 
+/// Step timings, as exponential moving averages, that size the prefill chunk taken while streams decode.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    /// Seconds of a step that only decodes (what an idle stream's inter-token latency is made of).
+    pub decode_step: Option<f64>,
+    /// Seconds per prefilled token.
+    pub prefill_token: Option<f64>,
+}
+
+/// Weight of a new observation in the moving averages.
+const EMA_WEIGHT: f64 = 0.2;
+
+fn ema(old: Option<f64>, new: f64) -> Option<f64> {
+    Some(old.map_or(new, |o| o + EMA_WEIGHT * (new - o)))
+}
+
+impl StepTimes {
+    /// Records a step of `decodes` decode tokens and `prefill` prompt tokens that took `secs`.
+    pub fn record(&mut self, decodes: usize, prefill: usize, secs: f64) {
+        if !(secs.is_finite() && secs > 0.0) {
+            return;
+        }
+        match (decodes, prefill) {
+            (0, 0) => {}
+            (_, 0) => self.decode_step = ema(self.decode_step, secs),
+            (0, p) => self.prefill_token = ema(self.prefill_token, secs / p as f64),
+            (_, p) => {
+                if let Some(d) = self.decode_step {
+                    let per = (secs - d).max(0.0) / p as f64;
+                    self.prefill_token = ema(self.prefill_token, per);
+                }
+            }
+        }
+    }
+
+    /// Prefill tokens a step may add to running decodes so it lasts at most `slack` times a decode-only
+    /// step (the inter-token latency streams see while a long prompt is prefilled), capped at `max`.
+    /// `None` slack, or no timings yet: `max`.
+    pub fn prefill_chunk(&self, slack: Option<f64>, max: usize) -> usize {
+        let (Some(slack), Some(d), Some(p)) = (slack, self.decode_step, self.prefill_token) else {
+            return max;
+        };
+        if p <= 0.0 {
+            return max;
+        }
+        let fits = ((slack - 1.0).max(0.0) * d / p).floor() as usize;
+        fits.clamp(1, max.max(1))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_prefill_chunk_keeps_steps_within_the_slack() {
+        let mut t = StepTimes::default();
+        assert_eq!(t.prefill_chunk(Some(2.0), 16), 16, "no timings yet");
+        t.record(4, 0, 0.020); // decode-only step: 20 ms
+        t.record(0, 100, 0.500); // 5 ms per prompt token
+        // 2x slack leaves 20 ms of prefill per step: 4 tokens.
+        assert_eq!(t.prefill_chunk(Some(2.0), 16), 4);
+        assert_eq!(t.prefill_chunk(Some(3.0), 16), 8);
+        assert_eq!(t.prefill_chunk(Some(100.0), 16), 16, "capped");
+        assert_eq!(t.prefill_chunk(Some(1.0), 16), 1, "always progress");
+        assert_eq!(t.prefill_chunk(None, 16), 16, "off");
+        // Mixed steps refine the per-token cost with the decode part taken out.
+        t.record(4, 10, 0.020 + 10.0 * 0.010);
+        assert!(t.prefill_token.unwrap() > 0.005);
+        t.record(0, 0, 1.0);
+        t.record(1, 0, f64::NAN);
+        assert!(t.decode_step.unwrap() > 0.019 && t.decode_step.unwrap() < 0.021);
+    }
 
     #[test]
     fn micro_batches_take_at_most_max_seqs_decodes_first() {

@@ -20,12 +20,15 @@ use crate::kvpool::KvPool;
 use crate::prefix::PrefixIndex;
 use crate::request::{Event, FinishReason, Usage};
 use crate::sampler::Sampler;
-use crate::scheduler::{SeqView, StepBudget, plan_micro_batch};
+use crate::scheduler::{SeqView, StepBudget, StepTimes, plan_micro_batch};
 use crate::stage::{
     ChunkSpec, Pick, PipelineLaunch, SampleRef, Stage, complete_pipeline, launch_pipeline,
     pipeline_depth,
 };
 use crate::stop::StopMatcher;
+
+/// Prompts with more tokens still to prefill than this are "long": their chunks obey the ITL slack.
+const LONG_PROMPT_TOKENS: usize = 256;
 
 /// How often an engine with nothing it can run checks whether KV memory came free.
 const WAIT_FOR_MEMORY: std::time::Duration = std::time::Duration::from_millis(2);
@@ -89,6 +92,8 @@ pub(crate) struct Worker {
     /// Micro-batches launched into a pipeline with stages on other nodes and not yet answered, oldest
     /// first.
     flights: VecDeque<Flight>,
+    /// Measured step times, which size the prefill chunk taken while streams decode.
+    times: StepTimes,
 }
 
 /// A micro-batch in flight.
@@ -133,6 +138,7 @@ impl Worker {
             waiting: VecDeque::new(),
             seed_counter: seed,
             flights: VecDeque::new(),
+            times: StepTimes::default(),
         }
     }
 
@@ -518,11 +524,24 @@ impl Worker {
             .collect();
         // Split the running sequences evenly over the micro-batches the pipeline can hold.
         let per_batch = self.running.len().div_ceil(depth);
+        // A long prompt is prefilled in chunks sized so running streams' steps stay within the ITL slack;
+        // short prompts (a burst of chat turns) take the full chunk, or their TTFT would suffer for little.
+        let long_prompt = views
+            .iter()
+            .any(|v| !v.decoding && v.pending > LONG_PROMPT_TOKENS);
+        let chunk = if long_prompt {
+            self.times.prefill_chunk(
+                self.config.itl_slack,
+                self.config.max_prefill_while_decoding,
+            )
+        } else {
+            self.config.max_prefill_while_decoding
+        };
         let plan = plan_micro_batch(
             &views,
             StepBudget {
                 max_tokens: self.config.max_batch_tokens.min(free),
-                max_prefill_while_decoding: self.config.max_prefill_while_decoding,
+                max_prefill_while_decoding: chunk,
             },
             per_batch,
         );
@@ -552,8 +571,20 @@ impl Worker {
                 history: &self.running[i].tokens,
             })
             .collect();
+        let decodes = plan.iter().filter(|&&(i, _)| views[i].decoding).count();
+        let prefill: usize = plan
+            .iter()
+            .filter(|&&(i, _)| !views[i].decoding)
+            .map(|&(_, n)| n)
+            .sum();
+        let started = Instant::now();
         let launched = launch_pipeline(&mut self.stages, &batch, tokens, &sampling);
         drop(sampling);
+        if let Ok(PipelineLaunch::Done(_)) = &launched {
+            // Only a batch computed here says how long this engine's steps take.
+            self.times
+                .record(decodes, prefill, started.elapsed().as_secs_f64());
+        }
         self.counters.steps.fetch_add(1, Ordering::Relaxed);
         // The stages hold (or are computing) this KV now.
         for &(i, n) in &plan {

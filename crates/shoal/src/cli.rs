@@ -64,6 +64,10 @@ pub struct EngineArgs {
     /// long prompts that arrive meanwhile).
     #[arg(long, default_value_t = 16)]
     pub prefill_chunk_while_decoding: usize,
+    /// While streams decode, take only as many tokens of a long prompt (over 256 left) per step as keep a
+    /// step within this many times a decode-only step (measured); 0 = always the full chunk.
+    #[arg(long, default_value_t = 2.0)]
+    pub itl_slack: f64,
     /// Sequences generating at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
@@ -89,6 +93,7 @@ impl EngineArgs {
             max_batch_tokens: self.max_batch_tokens.max(1),
             max_running: self.max_running.max(1),
             max_prefill_while_decoding: self.prefill_chunk_while_decoding.max(1),
+            itl_slack: (self.itl_slack > 0.0).then_some(self.itl_slack),
             stages,
             kv_budget_bytes: self.kv_budget_mib.max(1) << 20,
             prefix_cache_tokens: self.prefix_cache_tokens,
