@@ -212,6 +212,11 @@ def test_every_node_reports_the_same_cluster(trio):
         coord, ids, insts, links = summary(trio[0])
         assert list(ids) == sorted(n.id for n in trio) and insts == (iid,) and links == 3
         assert coord == min(ids)
+        # Bandwidth is probed at connection time and again on demand.
+        status, body = http("POST", f"{trio[0].url}/links/probe")
+        assert status == 202 and body["probing"] == 2, body
+        wait_until("every link's bandwidth", lambda: all(
+            l["bandwidth_bps"] and l["bandwidth_bps"] > 0 for l in state(trio[0])["cluster"]["links"]))
         # Every node published its resources.
         for f in state(trio[1])["cluster"]["nodes"]:
             assert f["memory"]["total"] > 0 and f["cpu_cores"] >= 1 and f["models"][0]["id"] == MODEL_ID

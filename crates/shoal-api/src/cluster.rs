@@ -106,6 +106,17 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(body)))
 }
 
+/// `POST /links/probe`: measures the bandwidth to every connected peer again (results appear in
+/// `/state` → `links[].bandwidth_bps` within a few seconds).
+pub async fn probe_links(
+    State(state): State<ApiState>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let c = cluster(&state)?;
+    let peers = c.snapshot().state.members().len().saturating_sub(1);
+    c.probe_links().await;
+    Ok((StatusCode::ACCEPTED, Json(json!({ "probing": peers }))))
+}
+
 /// `DELETE /instance/{id}`.
 pub async fn delete(
     State(state): State<ApiState>,

@@ -19,7 +19,7 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/cancel/{id}`,
 //! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, `GET /state`, `GET /instance/previews`,
-//! `POST /instance`, `DELETE /instance/{id}`.
+//! `POST /instance`, `DELETE /instance/{id}`, `POST /links/probe`.
 
 pub mod cancel;
 pub mod cluster;
@@ -102,6 +102,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/instance/previews", get(cluster::previews))
         .route("/instance", post(cluster::create))
         .route("/instance/{id}", axum::routing::delete(cluster::delete))
+        .route("/links/probe", post(cluster::probe_links))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
