@@ -248,6 +248,19 @@ def test_previews_explain_candidates_and_bad_requests_are_clear(trio):
     assert status == 404
 
 
+def test_two_instances_of_a_model_on_one_driver_and_removing_one(trio):
+    """A node driving its own replica and a pipeline of the same model keeps serving when either goes."""
+    a, b, _ = trio
+    replica = place(a, [(a, 30)])
+    pipeline = place(a, [(a, 15), (b, 15)])
+    expected = greedy(a, PROMPTS[0])
+    remove(a, pipeline)
+    # Served by the replica again, without any new placement.
+    assert greedy(a, PROMPTS[0]) == expected
+    assert [i["id"] for i in state(a)["cluster"]["instances"]] == [replica]
+    remove(a, replica)
+
+
 def test_a_stranger_with_another_key_is_refused(trio):
     a = trio[0]
     stranger = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr, key="some-other-cluster")

@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shoal_engine::Engines;
 use shoal_engine::engine::{EngineConfig, LoadedModel, load_local_stage, spawn};
 use shoal_engine::kvpool::KvPool;
+use shoal_engine::{EngineHandle, Engines};
 use shoal_kernels::ThreadPool;
 use shoal_model::LayerRange;
 use shoal_wire::DType;
@@ -57,6 +57,9 @@ pub fn start(
     Ok(())
 }
 
+/// Engines registered by the instances this node drives, by instance id.
+type Driven = Arc<std::sync::Mutex<HashMap<String, EngineHandle>>>;
+
 /// What this node runs for one instance.
 enum Running {
     /// Stage 0: the engine is registered under this model id.
@@ -76,6 +79,8 @@ async fn follow_table(
     let me = cluster.id().to_string();
     let mut rx = cluster.subscribe();
     let mut running: HashMap<String, (InstanceRecord, Running)> = HashMap::new();
+    // The engine each instance driven here registered, by instance id (set once it is loaded).
+    let driven: Driven = Arc::default();
     loop {
         let snap: Arc<Snapshot> = rx.borrow_and_update().clone();
         let mine: Vec<InstanceRecord> = snap
@@ -97,7 +102,19 @@ async fn follow_table(
                 tracing::info!(instance = %id, model = %rec.model, "instance removed here");
                 match what {
                     Running::Driver { model } => {
-                        engines.remove(&model);
+                        let mut map = driven.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(engine) = map.remove(&id)
+                            && engines.remove_engine(&model, &engine)
+                        {
+                            // Another instance of the model driven here serves it again.
+                            if let Some(other) = running.iter().find_map(|(other, (r, _))| {
+                                (r.model == model)
+                                    .then(|| map.get(other).cloned())
+                                    .flatten()
+                            }) {
+                                engines.insert(other);
+                            }
+                        }
                     }
                     Running::Host => hosts.remove(&id),
                 }
@@ -119,20 +136,41 @@ async fn follow_table(
                 Running::Host
             };
             running.insert(rec.id.clone(), (rec.clone(), what));
-            let (cluster, engines, hosts, config, pool) = (
+            let (cluster, engines, hosts, config, pool, driven) = (
                 cluster.clone(),
                 engines.clone(),
                 hosts.clone(),
                 config.clone(),
                 pool.clone(),
+                driven.clone(),
             );
             tokio::spawn(async move {
                 let id = rec.id.clone();
                 cluster
                     .set_status(id.clone(), Some(InstanceStatus::Loading))
                     .await;
-                let result =
-                    bring_up(&cluster, &engines, &hosts, &config, &pool, &rec, index).await;
+                let result = bring_up(&cluster, &hosts, &config, &pool, &rec, index)
+                    .await
+                    .map(|engine| {
+                        let listed = |c: &ClusterHandle| {
+                            c.snapshot()
+                                .state
+                                .table()
+                                .instances
+                                .iter()
+                                .any(|i| i.id == id)
+                        };
+                        // Removed while loading: the engine is dropped here and its thread ends.
+                        if let Some(engine) = engine
+                            && listed(&cluster)
+                        {
+                            driven
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .insert(id.clone(), engine.clone());
+                            engines.insert(engine);
+                        }
+                    });
                 let status = match result {
                     Ok(()) => {
                         tracing::info!(instance = %id, model = %rec.model, stage = index, "stage ready");
@@ -162,15 +200,15 @@ async fn follow_table(
     }
 }
 
+/// Loads this node's part of `rec`; for stage 0 returns the started engine (to register).
 async fn bring_up(
     cluster: &ClusterHandle,
-    engines: &Engines,
     hosts: &Hosts,
     config: &RuntimeConfig,
     pool: &Arc<ThreadPool>,
     rec: &InstanceRecord,
     index: usize,
-) -> Result<(), String> {
+) -> Result<Option<EngineHandle>, String> {
     let path = (config.model_path)(&rec.model)
         .ok_or_else(|| format!("model '{}' is not present on this node", rec.model))?;
     let stage = &rec.stages[index];
@@ -197,7 +235,7 @@ async fn bring_up(
             next,
             local,
         ));
-        return Ok(());
+        return Ok(None);
     }
     let (pool2, model) = (pool.clone(), rec.model.clone());
     let mut loaded = tokio::task::spawn_blocking(move || {
@@ -229,7 +267,7 @@ async fn bring_up(
             .map_err(|e| format!("connecting the pipeline: {e}"))?;
         loaded.stages.push(Box::new(chain));
     }
-    let engine = spawn(loaded, config.engine.clone()).map_err(|e| e.to_string())?;
-    engines.insert(engine);
-    Ok(())
+    spawn(loaded, config.engine.clone())
+        .map(Some)
+        .map_err(|e| e.to_string())
 }

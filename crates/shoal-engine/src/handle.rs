@@ -112,6 +112,11 @@ impl EngineHandle {
         self.inner.submit(request)
     }
 
+    /// Whether `other` is a handle to this same engine.
+    pub fn same_engine(&self, other: &EngineHandle) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Current counters.
     pub fn stats(&self) -> EngineStats {
         self.inner.stats()

@@ -40,6 +40,20 @@ impl Engines {
         self.inner.write().ok()?.remove(model)
     }
 
+    /// Stops `engine` serving `model` if it is the one serving it (a newer instance of the same model may
+    /// have taken over); true when it was.
+    pub fn remove_engine(&self, model: &str, engine: &EngineHandle) -> bool {
+        let Ok(mut map) = self.inner.write() else {
+            return false;
+        };
+        if map.get(model).is_some_and(|e| e.same_engine(engine)) {
+            map.remove(model);
+            true
+        } else {
+            false
+        }
+    }
+
     /// The engine serving `model`.
     pub fn get(&self, model: &str) -> Result<EngineHandle, EngineError> {
         self.inner
