@@ -48,8 +48,13 @@ def test_mdns_discovery_link_kind_and_a_cut_link(lab):
     try:
         # No --peer anywhere: only multicast DNS can bring them together.
         for n in nodes:
-            wait_until(f"{n.id} to see both nodes by mDNS",
-                       lambda n=n: sorted(x["id"] for x in cluster(n)["nodes"]) == sorted([a.id, b.id]))
+            try:
+                wait_until(f"{n.id} to see both nodes by mDNS",
+                           lambda n=n: sorted(x["id"] for x in cluster(n)["nodes"]) == sorted([a.id, b.id]))
+            except BaseException:
+                for m in nodes:
+                    print(f"--- {m.id} stderr:\n{m.stderr_tail()}")
+                raise
         # Links are published at connection time and refreshed every second (with the ping RTT).
         links = wait_until("the link's RTT to be published",
                            lambda: [l for l in cluster(a)["links"] if l["rtt_us"] is not None])

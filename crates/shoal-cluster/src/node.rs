@@ -718,7 +718,13 @@ impl NetTask {
         {
             return;
         }
-        let opts = DialOpts::unknown_peer_id().address(addr.clone()).build();
+        // A fresh local port: dialing from the listen port (libp2p's default) lets two nodes that dial each
+        // other at the same moment (both found by mDNS) meet in one TCP simultaneous open where both act as
+        // the initiator, and the handshake fails on both sides.
+        let opts = DialOpts::unknown_peer_id()
+            .address(addr.clone())
+            .allocate_new_port()
+            .build();
         let connection = opts.connection_id();
         match self.swarm.dial(opts) {
             Ok(()) => {
@@ -846,8 +852,13 @@ impl NetTask {
             SwarmEvent::Behaviour(BehaviourEvent::Mdns(mdns::Event::Discovered(list))) => {
                 for (peer, addr) in list {
                     if peer != self.id && !self.swarm.is_connected(&peer) {
-                        self.known_addrs.entry(peer).or_default().push(addr.clone());
-                        self.dial(addr.with(Protocol::P2p(peer)));
+                        let known = self.known_addrs.entry(peer).or_default();
+                        if !known.contains(&addr) {
+                            known.push(addr.clone());
+                        }
+                        // Keep redialing until connected (a lost first packet must not strand it).
+                        self.lost.entry(peer).or_insert_with(Instant::now);
+                        self.dial(addr);
                     }
                 }
             }
