@@ -10,28 +10,35 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
+use futures::StreamExt;
 use libp2p::core::ConnectedPoint;
 use libp2p::core::transport::upgrade::Version;
 use libp2p::multiaddr::Protocol;
 use libp2p::pnet::PnetConfig;
-use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport, ResponseChannel};
+use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::DialOpts;
 use libp2p::swarm::{ConnectionId, NetworkBehaviour, SwarmEvent};
 use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm, Transport, mdns, noise, ping, tcp, yamux};
-use serde::Serialize;
-use shoal_placement::{LinkKind, ModelCard, Placement};
+use shoal_placement::{LinkKind, ModelCard};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::ClusterError;
-use crate::facts::{self, InstanceStatus, LinkFacts, NodeFacts};
+use crate::facts::{self, LinkFacts, NodeFacts};
 use crate::identity;
-use crate::proto::{CONTROL_PROTOCOL, ControlMsg, ControlReply, InstanceRecord, PlaceRequest};
-use crate::state::{ClusterState, ClusterView};
+use crate::proto::{CONTROL_PROTOCOL, ControlMsg, ControlReply, InstanceRecord};
+use crate::state::ClusterState;
+
+mod control;
+mod handle;
+mod probe;
+
+use handle::Command;
+pub use handle::{ClusterHandle, Snapshot, StateJson, StaticPeer, Traffic};
+use probe::{answer_probes, probe};
 
 /// Ping period (libp2p ping). A peer whose last pong is older than [`SILENT_FOR`] is dropped; the check
 /// runs every [`LIVENESS_CHECK`], so a hung peer or a cut link is noticed within ~1.7 s (≤ 2 s asked). A
@@ -112,184 +119,6 @@ struct Behaviour {
     mdns: Toggle<mdns::tokio::Behaviour>,
     control: request_response::json::Behaviour<ControlMsg, ControlReply>,
     streams: libp2p_stream::Behaviour,
-}
-
-/// A static peer and how dialing it goes.
-#[derive(Debug, Clone, Serialize)]
-pub struct StaticPeer {
-    pub addr: String,
-    pub peer: Option<String>,
-    pub connected: bool,
-    pub failed_dials: u64,
-    pub last_error: Option<String>,
-}
-
-/// What the network task publishes after every change.
-#[derive(Debug, Clone)]
-pub struct Snapshot {
-    pub state: ClusterState,
-    pub listen_addrs: Vec<String>,
-    pub static_peers: Vec<StaticPeer>,
-}
-
-impl Snapshot {
-    /// The body of `GET /state`.
-    pub fn state_json(&self) -> StateJson {
-        StateJson {
-            node: self.state.me().id.clone(),
-            cluster: self.state.view(),
-            listen_addrs: self.listen_addrs.clone(),
-            static_peers: self.static_peers.clone(),
-        }
-    }
-}
-
-/// `GET /state`: `cluster` is the same on every member; the rest is this node's own.
-#[derive(Debug, Clone, Serialize)]
-pub struct StateJson {
-    pub node: String,
-    pub cluster: ClusterView,
-    pub listen_addrs: Vec<String>,
-    pub static_peers: Vec<StaticPeer>,
-}
-
-enum Command {
-    Place(
-        PlaceRequest,
-        oneshot::Sender<Result<InstanceRecord, String>>,
-    ),
-    Remove(String, oneshot::Sender<Result<bool, String>>),
-    SetStatus(String, Option<InstanceStatus>),
-    Probe,
-}
-
-/// Data-plane byte counters per peer (written by the data plane, read by the network task).
-#[derive(Default)]
-pub struct Traffic {
-    bytes: Mutex<HashMap<PeerId, (u64, u64)>>,
-}
-
-impl Traffic {
-    pub fn add(&self, peer: PeerId, tx: u64, rx: u64) {
-        if let Ok(mut m) = self.bytes.lock() {
-            let e = m.entry(peer).or_default();
-            e.0 += tx;
-            e.1 += rx;
-        }
-    }
-
-    fn totals(&self) -> HashMap<PeerId, (u64, u64)> {
-        self.bytes.lock().map(|m| m.clone()).unwrap_or_default()
-    }
-}
-
-/// Handle to the network task. Cheap to clone.
-#[derive(Clone)]
-pub struct ClusterHandle {
-    id: PeerId,
-    commands: mpsc::Sender<Command>,
-    snapshot: watch::Receiver<Arc<Snapshot>>,
-    streams: libp2p_stream::Control,
-    traffic: Arc<Traffic>,
-    cluster_hash: [u8; 32],
-}
-
-impl ClusterHandle {
-    pub fn id(&self) -> PeerId {
-        self.id
-    }
-
-    pub fn cluster_hash(&self) -> [u8; 32] {
-        self.cluster_hash
-    }
-
-    pub fn snapshot(&self) -> Arc<Snapshot> {
-        self.snapshot.borrow().clone()
-    }
-
-    /// A receiver that sees every new snapshot.
-    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
-        self.snapshot.clone()
-    }
-
-    pub fn streams(&self) -> libp2p_stream::Control {
-        self.streams.clone()
-    }
-
-    pub fn traffic(&self) -> Arc<Traffic> {
-        self.traffic.clone()
-    }
-
-    /// Candidate placements on the current members, best first.
-    pub fn previews(&self, req: &PlaceRequest) -> Result<Vec<Placement>, String> {
-        self.snapshot().state.previews(req)
-    }
-
-    /// Places an instance (through the coordinator). Returns once this node's table has it too, so a
-    /// caller reading `/state` next sees it.
-    pub async fn place(&self, req: PlaceRequest) -> Result<InstanceRecord, String> {
-        let (tx, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Place(req, tx))
-            .await
-            .map_err(|_| ClusterError::Stopped.to_string())?;
-        let record = rx.await.map_err(|_| ClusterError::Stopped.to_string())??;
-        let id = record.id.clone();
-        self.wait_for(TABLE_PROPAGATION, |s| {
-            s.state.table().instances.iter().any(|i| i.id == id)
-        })
-        .await;
-        Ok(record)
-    }
-
-    /// Removes an instance (through the coordinator); `Ok(false)` when there is none. Returns once this
-    /// node's table no longer has it.
-    pub async fn remove(&self, id: String) -> Result<bool, String> {
-        let (tx, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Remove(id.clone(), tx))
-            .await
-            .map_err(|_| ClusterError::Stopped.to_string())?;
-        let removed = rx.await.map_err(|_| ClusterError::Stopped.to_string())??;
-        self.wait_for(TABLE_PROPAGATION, |s| {
-            s.state.table().instances.iter().all(|i| i.id != id)
-        })
-        .await;
-        Ok(removed)
-    }
-
-    /// Publishes this node's load state for one instance (`None`: no longer part of it).
-    pub async fn set_status(&self, instance: String, status: Option<InstanceStatus>) {
-        let _ = self
-            .commands
-            .send(Command::SetStatus(instance, status))
-            .await;
-    }
-
-    /// Measures the bandwidth to every connected peer again.
-    pub async fn probe_links(&self) {
-        let _ = self.commands.send(Command::Probe).await;
-    }
-
-    /// Waits until `done` holds for the snapshot, or `timeout` passes; the last snapshot either way.
-    pub async fn wait_for(
-        &self,
-        timeout: Duration,
-        mut done: impl FnMut(&Snapshot) -> bool,
-    ) -> Arc<Snapshot> {
-        let mut rx = self.subscribe();
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let snap = rx.borrow_and_update().clone();
-            if done(&snap) {
-                return snap;
-            }
-            match tokio::time::timeout_at(deadline, rx.changed()).await {
-                Ok(Ok(())) => {}
-                _ => return self.snapshot(),
-            }
-        }
-    }
 }
 
 fn unix_now() -> u64 {
@@ -444,57 +273,6 @@ pub async fn start(config: ClusterConfig) -> Result<ClusterHandle, ClusterError>
         traffic,
         cluster_hash: identity::cluster_hash(&config.cluster_key),
     })
-}
-
-/// Receiver side of a bandwidth probe: counts bytes until the sender closes, answers the microseconds
-/// from the first to the last byte.
-async fn answer_probes(mut incoming: libp2p_stream::IncomingStreams) {
-    while let Some((_peer, mut stream)) = incoming.next().await {
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 64 << 10];
-            let mut first = None;
-            let mut total = 0usize;
-            let work = async {
-                loop {
-                    let n = stream.read(&mut buf).await?;
-                    if n == 0 {
-                        break;
-                    }
-                    first.get_or_insert_with(Instant::now);
-                    total += n;
-                    if total >= PROBE_BYTES {
-                        break;
-                    }
-                }
-                let us = first.map_or(0, |f: Instant| f.elapsed().as_micros() as u64);
-                stream.write_all(&us.to_le_bytes()).await?;
-                stream.close().await
-            };
-            let _ = tokio::time::timeout(PROBE_TIMEOUT, work).await;
-        });
-    }
-}
-
-/// Sender side: bytes per second to `peer`, or `None` if the probe failed.
-async fn probe(mut control: libp2p_stream::Control, peer: PeerId) -> Option<f64> {
-    let work = async {
-        let mut stream = control.open_stream(peer, PROBE_PROTOCOL).await.ok()?;
-        let chunk = vec![0x5Au8; 64 << 10];
-        let mut sent = 0;
-        while sent < PROBE_BYTES {
-            stream.write_all(&chunk).await.ok()?;
-            sent += chunk.len();
-        }
-        stream.flush().await.ok()?;
-        let mut us = [0u8; 8];
-        stream.read_exact(&mut us).await.ok()?;
-        let us = u64::from_le_bytes(us).max(1);
-        Some(sent as f64 / (us as f64 / 1e6))
-    };
-    tokio::time::timeout(PROBE_TIMEOUT, work)
-        .await
-        .ok()
-        .flatten()
 }
 
 struct NetTask {
@@ -904,196 +682,6 @@ impl NetTask {
     fn reconcile(&mut self) {
         if self.state.reconcile(random_id) {
             self.broadcast_table();
-        }
-    }
-
-    fn on_control(&mut self, event: request_response::Event<ControlMsg, ControlReply>) {
-        use request_response::{Event, Message};
-        match event {
-            Event::Message {
-                peer,
-                message:
-                    Message::Request {
-                        request, channel, ..
-                    },
-                ..
-            } => self.on_request(peer, request, channel),
-            Event::Message {
-                message:
-                    Message::Response {
-                        request_id,
-                        response,
-                    },
-                ..
-            } => match (self.pending.remove(&request_id), response) {
-                (Some(Pending::Place(tx)), ControlReply::Placed(r)) => {
-                    let _ = tx.send(r);
-                }
-                (Some(Pending::Remove(tx)), ControlReply::Removed(r)) => {
-                    let _ = tx.send(r);
-                }
-                (Some(Pending::Place(tx)), other) => {
-                    let _ = tx.send(Err(format!("unexpected reply {other:?}")));
-                }
-                (Some(Pending::Remove(tx)), other) => {
-                    let _ = tx.send(Err(format!("unexpected reply {other:?}")));
-                }
-                (None, _) => {}
-            },
-            Event::OutboundFailure {
-                request_id, error, ..
-            } => match self.pending.remove(&request_id) {
-                Some(Pending::Place(tx)) => {
-                    let _ = tx.send(Err(format!("the coordinator did not answer: {error}")));
-                }
-                Some(Pending::Remove(tx)) => {
-                    let _ = tx.send(Err(format!("the coordinator did not answer: {error}")));
-                }
-                None => {}
-            },
-            _ => {}
-        }
-    }
-
-    fn on_request(
-        &mut self,
-        peer: PeerId,
-        msg: ControlMsg,
-        channel: ResponseChannel<ControlReply>,
-    ) {
-        let reply = match msg {
-            ControlMsg::Facts(facts) => {
-                if facts.id != peer.to_string() {
-                    tracing::warn!(%peer, claimed = %facts.id, "facts about another node ignored");
-                } else {
-                    for a in &facts.addrs {
-                        if let Ok(m) = a.parse::<Multiaddr>() {
-                            let known = self.known_addrs.entry(peer).or_default();
-                            if !known.contains(&m) && !is_unspecified(&m) {
-                                known.push(m);
-                            }
-                        }
-                    }
-                    if self.state.on_facts(*facts) {
-                        tracing::info!(%peer, "member joined");
-                        if self.state.is_coordinator() {
-                            self.broadcast_table();
-                        }
-                        // A node whose members changed may have instances to re-place.
-                        self.reconcile();
-                    }
-                }
-                ControlReply::Ack
-            }
-            ControlMsg::Members(list) => {
-                for (id, addrs) in list {
-                    let Ok(pid) = id.parse::<PeerId>() else {
-                        continue;
-                    };
-                    if pid == self.id || self.swarm.is_connected(&pid) {
-                        continue;
-                    }
-                    let addrs: Vec<Multiaddr> = addrs
-                        .iter()
-                        .filter_map(|a| a.parse().ok())
-                        .filter(|a| !is_unspecified(a))
-                        .collect();
-                    self.known_addrs.insert(pid, addrs.clone());
-                    for a in addrs {
-                        self.dial(a);
-                    }
-                }
-                ControlReply::Ack
-            }
-            ControlMsg::Table(table) => {
-                if self.state.on_table(&peer.to_string(), table) {
-                    self.broadcast_table();
-                }
-                ControlReply::Ack
-            }
-            ControlMsg::Place(req) => {
-                let r = self.state.place(&req, random_id());
-                if r.is_ok() {
-                    self.broadcast_table();
-                }
-                ControlReply::Placed(r)
-            }
-            ControlMsg::Remove { id } => {
-                let r = self.state.remove(&id);
-                if r == Ok(true) {
-                    self.broadcast_table();
-                }
-                ControlReply::Removed(r)
-            }
-        };
-        let _ = self
-            .swarm
-            .behaviour_mut()
-            .control
-            .send_response(channel, reply);
-    }
-
-    fn coordinator_peer(&self) -> Option<PeerId> {
-        self.state.coordinator().parse().ok()
-    }
-
-    fn on_command(&mut self, cmd: Command) {
-        match cmd {
-            Command::Place(req, tx) => {
-                if self.state.is_coordinator() {
-                    let r = self.state.place(&req, random_id());
-                    if r.is_ok() {
-                        self.broadcast_table();
-                    }
-                    let _ = tx.send(r);
-                } else if let Some(c) = self.coordinator_peer() {
-                    let id = self
-                        .swarm
-                        .behaviour_mut()
-                        .control
-                        .send_request(&c, ControlMsg::Place(req));
-                    self.pending.insert(id, Pending::Place(tx));
-                }
-            }
-            Command::Remove(id, tx) => {
-                if self.state.is_coordinator() {
-                    let r = self.state.remove(&id);
-                    if r == Ok(true) {
-                        self.broadcast_table();
-                    }
-                    let _ = tx.send(r);
-                } else if let Some(c) = self.coordinator_peer() {
-                    let rid = self
-                        .swarm
-                        .behaviour_mut()
-                        .control
-                        .send_request(&c, ControlMsg::Remove { id });
-                    self.pending.insert(rid, Pending::Remove(tx));
-                }
-            }
-            Command::SetStatus(instance, status) => {
-                let me = self.state.me_mut();
-                let changed = match status {
-                    Some(s) => me.instances.insert(instance, s.clone()) != Some(s),
-                    None => me.instances.remove(&instance).is_some(),
-                };
-                if changed {
-                    self.refresh_own_facts();
-                    self.push_facts();
-                }
-            }
-            Command::Probe => {
-                let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
-                if let Some(tx) = &self.probe_tx {
-                    for peer in peers {
-                        let tx = tx.clone();
-                        let control = self.streams.clone();
-                        tokio::spawn(async move {
-                            let _ = tx.send((peer, probe(control, peer).await));
-                        });
-                    }
-                }
-            }
         }
     }
 }

@@ -1,0 +1,359 @@
+//! The stage side: [`HostedStage`]s served to the upstream node of their pipeline.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use candle_core::{Device, Tensor};
+use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
+use libp2p::{PeerId, Stream};
+use shoal_engine::stage::{ChunkSpec, LocalStage, SampleRef, Stage, StageData, sample_row};
+use shoal_wire::{Activations, Frame, Handshake, PrefixAction, Role, SampleJob, TokenItem};
+use tokio::sync::mpsc;
+
+use crate::node::ClusterHandle;
+
+use super::{
+    READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, handshake, job_sampler, read_handshake,
+    spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
+};
+
+/// A stage this node hosts for an instance, and where its output goes.
+pub struct HostedStage {
+    pub instance: String,
+    pub index: usize,
+    pub layers: (usize, usize),
+    /// The next stage's node; `None` for the last stage.
+    pub next: Option<PeerId>,
+    /// The layers; `None` while a pipeline is using them.
+    stage: Mutex<Option<LocalStage>>,
+    /// Where the last stage sends tokens (the driver's owner stream).
+    owner: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
+}
+
+impl HostedStage {
+    pub fn new(
+        instance: String,
+        index: usize,
+        layers: (usize, usize),
+        next: Option<PeerId>,
+        stage: LocalStage,
+    ) -> Self {
+        Self {
+            instance,
+            index,
+            layers,
+            next,
+            stage: Mutex::new(Some(stage)),
+            owner: Mutex::new(None),
+        }
+    }
+}
+
+/// Stages hosted on this node, by wire instance id.
+#[derive(Clone, Default)]
+pub struct Hosts {
+    inner: Arc<Mutex<HashMap<u64, Arc<HostedStage>>>>,
+}
+
+impl Hosts {
+    pub fn insert(&self, host: HostedStage) {
+        if let Ok(mut m) = self.inner.lock() {
+            m.insert(wire_instance_id(&host.instance), Arc::new(host));
+        }
+    }
+
+    pub fn remove(&self, instance: &str) {
+        if let Ok(mut m) = self.inner.lock() {
+            m.remove(&wire_instance_id(instance));
+        }
+    }
+
+    fn get(&self, id: u64) -> Option<Arc<HostedStage>> {
+        self.inner.lock().ok()?.get(&id).cloned()
+    }
+}
+
+/// Accepts data-plane streams for the stages in `hosts` until the node shuts down.
+pub fn serve_stages(cluster: ClusterHandle, hosts: Hosts) -> Result<(), String> {
+    let mut control = cluster.streams();
+    let mut incoming = control
+        .accept(STAGE_PROTOCOL)
+        .map_err(|e| format!("{e:?}"))?;
+    tokio::spawn(async move {
+        while let Some((peer, stream)) = incoming.next().await {
+            let cluster = cluster.clone();
+            let hosts = hosts.clone();
+            tokio::spawn(async move {
+                if let Err(e) = accept_stream(&cluster, &hosts, peer, stream).await {
+                    tracing::warn!(%peer, "data-plane stream refused: {e}");
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+async fn accept_stream(
+    cluster: &ClusterHandle,
+    hosts: &Hosts,
+    peer: PeerId,
+    mut stream: Stream,
+) -> Result<(), String> {
+    // Read the peer's handshake first to learn which of our stages it wants.
+    let theirs = read_handshake(&mut stream).await?;
+    let inst = theirs.role.instance_id();
+    let host = hosts
+        .get(inst)
+        .ok_or_else(|| format!("no stage of instance {inst:016x} here"))?;
+    let ours = Handshake::new(
+        wire_node_id(&cluster.id()),
+        cluster.cluster_hash(),
+        Role::Stage {
+            instance_id: inst,
+            stage_index: host.index as u16,
+            layer_start: host.layers.0 as u32,
+            layer_end: host.layers.1 as u32,
+        },
+    );
+    theirs.check_compatible(&ours).map_err(|e| e.to_string())?;
+    let traffic = cluster.traffic();
+    match theirs.role {
+        Role::Owner { .. } => {
+            if host.next.is_some() {
+                return Err("tokens come from the last stage only".into());
+            }
+            let (r, w) = stream.split();
+            let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+            // Our handshake goes out first, and the token route exists before the driver can send a batch.
+            tx.try_send(ours.encode())
+                .map_err(|_| "token queue full at start".to_string())?;
+            spawn_writer(w, rx, traffic.clone(), peer);
+            if let Ok(mut o) = host.owner.lock() {
+                *o = Some(tx);
+            }
+            // Nothing is expected on this stream; reading it notices the driver going away.
+            let (tx, mut rx) = mpsc::channel(1);
+            spawn_reader(r, tx, traffic, peer);
+            tokio::spawn(async move { while rx.recv().await.is_some() {} });
+            Ok(())
+        }
+        Role::Stage { stage_index, .. } => {
+            if stage_index as usize + 1 != host.index {
+                return Err(format!(
+                    "stage {stage_index} cannot feed stage {}",
+                    host.index
+                ));
+            }
+            let next = match host.next {
+                Some(next) => {
+                    let mut control = cluster.streams();
+                    let mut s = control
+                        .open_stream(next, STAGE_PROTOCOL)
+                        .await
+                        .map_err(|e| format!("opening the stream to {next}: {e}"))?;
+                    handshake(&mut s, &ours).await?;
+                    let (r, w) = s.split();
+                    drop(r);
+                    let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+                    spawn_writer(w, rx, traffic.clone(), next);
+                    Some(tx)
+                }
+                None => None,
+            };
+            stream
+                .write_all(&ours.encode())
+                .await
+                .map_err(|e| e.to_string())?;
+            stream.flush().await.map_err(|e| e.to_string())?;
+            let (r, _w) = stream.split();
+            let (in_tx, in_rx) = mpsc::channel(READ_QUEUE);
+            spawn_reader(r, in_tx, traffic, peer);
+            let host = host.clone();
+            std::thread::Builder::new()
+                .name(format!("stage-{}-{}", host.instance, host.index))
+                .spawn(move || run_stage(&host, in_rx, next))
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        }
+    }
+}
+
+/// Serves one upstream connection: every frame in order, until the upstream closes or a step fails.
+fn run_stage(
+    host: &HostedStage,
+    mut input: mpsc::Receiver<Result<Frame, String>>,
+    next: Option<mpsc::Sender<Vec<u8>>>,
+) {
+    let Some(mut stage) = host.stage.lock().ok().and_then(|mut s| s.take()) else {
+        tracing::warn!(instance = %host.instance, "stage busy with another pipeline");
+        return;
+    };
+    let mut jobs: HashMap<u64, Vec<SampleJob>> = HashMap::new();
+    let send = |bytes: Vec<u8>| -> bool {
+        match &next {
+            Some(tx) => tx.blocking_send(bytes).is_ok(),
+            None => match host.owner.lock().ok().and_then(|o| o.clone()) {
+                Some(tx) => tx.blocking_send(bytes).is_ok(),
+                None => false,
+            },
+        }
+    };
+    while let Some(frame) = input.blocking_recv() {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(instance = %host.instance, "upstream failed: {e}");
+                let _ = encode(&Frame::Error {
+                    code: 502,
+                    message: e,
+                })
+                .map(send);
+                break;
+            }
+        };
+        let out = match step(&mut stage, host, &mut jobs, frame, next.is_none()) {
+            Ok(Some(f)) => encode(&f),
+            Ok(None) => continue,
+            Err(e) => Err(e),
+        };
+        match out {
+            Ok(bytes) => {
+                if !send(bytes) {
+                    tracing::warn!(instance = %host.instance, "downstream closed");
+                    break;
+                }
+            }
+            Err(e) => {
+                tracing::error!(instance = %host.instance, "stage step failed: {e}");
+                let _ = encode(&Frame::Error {
+                    code: 500,
+                    message: e,
+                })
+                .map(send);
+                break;
+            }
+        }
+    }
+    // The pipeline that fed us is gone: its sequences are too.
+    stage.clear();
+    if let Ok(mut s) = host.stage.lock() {
+        *s = Some(stage);
+    }
+}
+
+/// Applies one frame; returns the frame to pass on (to the next stage, or tokens to the driver).
+fn step(
+    stage: &mut LocalStage,
+    host: &HostedStage,
+    jobs: &mut HashMap<u64, Vec<SampleJob>>,
+    frame: Frame,
+    last: bool,
+) -> Result<Option<Frame>, String> {
+    match frame {
+        Frame::Sample { batch_id, jobs: j } if last => {
+            jobs.insert(batch_id, j);
+            Ok(None)
+        }
+        Frame::Activations(a) => {
+            for c in &a.chunks {
+                let have = stage.cached_len(c.seq_id);
+                if have != c.start_pos as usize {
+                    return Err(format!(
+                        "sequence {} starts at {} but this stage holds {have} tokens",
+                        c.seq_id, c.start_pos
+                    ));
+                }
+            }
+            let [rows, cols] = a.shape;
+            let values = a.to_f32().map_err(|e| e.to_string())?;
+            let hidden = Tensor::from_vec(values, (rows as usize, cols as usize), &Device::Cpu)
+                .map_err(|e| e.to_string())?;
+            let batch: Vec<ChunkSpec> = a
+                .chunks
+                .iter()
+                .map(|c| ChunkSpec {
+                    seq_id: c.seq_id,
+                    len: c.len as usize,
+                    want_logits: c.want_logits,
+                })
+                .collect();
+            let out = stage
+                .forward(&batch, StageData::Hidden(hidden), &[])
+                .map_err(|e| e.to_string())?;
+            match out {
+                StageData::Hidden(h) => {
+                    let values: Vec<f32> = h
+                        .flatten_all()
+                        .and_then(|t| t.to_vec1())
+                        .map_err(|e| e.to_string())?;
+                    let (_, cols) = h.dims2().map_err(|e| e.to_string())?;
+                    Activations::from_f32(a.batch_id, a.chunks, cols as u32, &values, a.dtype)
+                        .map(|x| Some(Frame::Activations(x)))
+                        .map_err(|e| e.to_string())
+                }
+                StageData::Logits(l) => {
+                    let rows = l.to_vec2::<f32>().map_err(|e| e.to_string())?;
+                    let batch_jobs = jobs.remove(&a.batch_id).unwrap_or_default();
+                    if batch_jobs.len() != rows.len() {
+                        return Err(format!(
+                            "batch {} has {} rows of logits but {} sampling jobs",
+                            a.batch_id,
+                            rows.len(),
+                            batch_jobs.len()
+                        ));
+                    }
+                    let items = rows
+                        .into_iter()
+                        .zip(&batch_jobs)
+                        .map(|(mut row, job)| {
+                            let sampler = job_sampler(job);
+                            let pick = sample_row(
+                                &SampleRef {
+                                    seq_id: job.seq_id,
+                                    sampler: &sampler,
+                                    history: &job.history,
+                                },
+                                &mut row,
+                            );
+                            TokenItem {
+                                seq_id: job.seq_id,
+                                token: pick.id,
+                                logprob: pick.logprob,
+                            }
+                        })
+                        .collect();
+                    Ok(Some(Frame::Tokens {
+                        batch_id: a.batch_id,
+                        items,
+                    }))
+                }
+                _ => Err(format!("stage {} produced no output", host.index)),
+            }
+        }
+        Frame::Release { seq_ids } => {
+            for s in &seq_ids {
+                stage.release(*s);
+            }
+            Ok((!last).then_some(Frame::Release { seq_ids }))
+        }
+        Frame::Prefix(op) => {
+            match op.action {
+                PrefixAction::Retain => {
+                    stage.retain_prefix(op.seq_id, op.prefix_id, op.len as usize)
+                }
+                PrefixAction::Start => {
+                    stage.start_from_prefix(op.prefix_id, op.seq_id, op.len as usize)
+                }
+                PrefixAction::Drop => {
+                    stage.drop_prefix(op.prefix_id);
+                    Ok(())
+                }
+            }
+            .map_err(|e| e.to_string())?;
+            Ok((!last).then_some(Frame::Prefix(op)))
+        }
+        Frame::Error { code, message } => Err(format!("upstream error {code}: {message}")),
+        other @ Frame::Sample { .. } => Ok(Some(other)),
+        Frame::Ping { .. } | Frame::Pong { .. } | Frame::Tokens { .. } => Ok(None),
+    }
+}

@@ -1,0 +1,203 @@
+//! The data plane: `shoal-wire` frames on dedicated libp2p streams between pipeline neighbours.
+//!
+//! Each instance of `n` stages uses `n` streams: stage k → stage k+1 for `k < n-1` (activations, sampling
+//! jobs, releases, prefix operations, in that order), and one from the driver to the last stage on which
+//! the last stage sends sampled tokens back. The streams ride on the nodes' libp2p connections, so they
+//! are encrypted and authenticated like everything else (pnet + noise), and a dead peer closes them.
+//!
+//! - [`RemoteChain`] is the driver's [`Stage`] for all stages after its own: it sends a batch and waits for
+//!   its tokens, failing fast (as [`EngineError::StageLost`]) when a stream closes or a stage node leaves.
+//! - [`serve_stages`] accepts inbound streams for the stages this node hosts ([`Hosts`]) and runs each on its
+//!   own thread: read → compute → write to the next stage (or tokens to the driver), so sending one batch
+//!   overlaps with computing the next.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::io::{ReadHalf, WriteHalf};
+use futures::{AsyncReadExt, AsyncWriteExt};
+use libp2p::{PeerId, Stream, StreamProtocol};
+use sha2::{Digest, Sha256};
+use shoal_engine::SamplingParams;
+use shoal_engine::sampler::{REPETITION_WINDOW, Sampler};
+use shoal_engine::stage::SampleRef;
+use shoal_wire::{
+    DEFAULT_MAX_FRAME_LEN, Frame, FrameReader, HANDSHAKE_HEADER_LEN, Handshake, SampleJob,
+};
+use tokio::sync::mpsc;
+
+use crate::node::Traffic;
+
+mod chain;
+mod host;
+
+pub use chain::RemoteChain;
+pub use host::{HostedStage, Hosts, serve_stages};
+
+pub const STAGE_PROTOCOL: StreamProtocol = StreamProtocol::new("/shoal/stage/1");
+/// Encoded frames queued to a stream's writer task. A stage is at most a few batches ahead of its
+/// neighbour (the driver waits for each batch's tokens), so this never fills in normal operation; when a
+/// peer stops reading it makes the sender wait instead of buffering without limit.
+const WRITE_QUEUE: usize = 64;
+/// Frames read from a stream and not yet processed (same reasoning).
+const READ_QUEUE: usize = 64;
+/// How often a driver waiting for tokens checks that every stage node is still a member.
+const LIVENESS_POLL: Duration = Duration::from_millis(100);
+/// A batch that produced no tokens for this long fails even if every node still looks alive.
+const BATCH_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A 32-byte node id for the wire handshake.
+pub fn wire_node_id(peer: &PeerId) -> [u8; 32] {
+    Sha256::digest(peer.to_bytes()).into()
+}
+
+/// The u64 form of an instance id (16 hex digits).
+pub fn wire_instance_id(id: &str) -> u64 {
+    u64::from_str_radix(id, 16).unwrap_or_else(|_| {
+        let h: [u8; 32] = Sha256::digest(id.as_bytes()).into();
+        u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
+    })
+}
+
+/// Sends our handshake, reads and checks the peer's.
+async fn handshake(stream: &mut Stream, ours: &Handshake) -> Result<Handshake, String> {
+    stream
+        .write_all(&ours.encode())
+        .await
+        .map_err(|e| e.to_string())?;
+    stream.flush().await.map_err(|e| e.to_string())?;
+    let peer = read_handshake(stream).await?;
+    peer.check_compatible(ours).map_err(|e| e.to_string())?;
+    Ok(peer)
+}
+
+/// Reads the peer's handshake (not yet checked against ours).
+async fn read_handshake(stream: &mut Stream) -> Result<Handshake, String> {
+    let mut buf = vec![0u8; HANDSHAKE_HEADER_LEN];
+    stream
+        .read_exact(&mut buf)
+        .await
+        .map_err(|e| e.to_string())?;
+    let total = Handshake::wire_len(&buf)
+        .map_err(|e| e.to_string())?
+        .ok_or("short handshake")?;
+    buf.resize(total, 0);
+    stream
+        .read_exact(&mut buf[HANDSHAKE_HEADER_LEN..])
+        .await
+        .map_err(|e| e.to_string())?;
+    Handshake::decode(&buf)
+        .map(|(h, _)| h)
+        .map_err(|e| e.to_string())
+}
+
+/// Writes queued frames to the stream until the queue closes or a write fails; closes the stream after.
+fn spawn_writer(
+    mut w: WriteHalf<Stream>,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    traffic: Arc<Traffic>,
+    peer: PeerId,
+) {
+    tokio::spawn(async move {
+        while let Some(bytes) = rx.recv().await {
+            if w.write_all(&bytes).await.is_err() {
+                break;
+            }
+            // Drain what is already queued before flushing: fewer, larger writes.
+            let mut n = bytes.len() as u64;
+            while let Ok(more) = rx.try_recv() {
+                if w.write_all(&more).await.is_err() {
+                    return;
+                }
+                n += more.len() as u64;
+            }
+            if w.flush().await.is_err() {
+                break;
+            }
+            traffic.add(peer, n, 0);
+        }
+        let _ = w.close().await;
+    });
+}
+
+/// Reads frames into `tx` until the stream ends or breaks; a malformed frame is logged and ends it.
+fn spawn_reader(
+    mut r: ReadHalf<Stream>,
+    tx: mpsc::Sender<Result<Frame, String>>,
+    traffic: Arc<Traffic>,
+    peer: PeerId,
+) {
+    tokio::spawn(async move {
+        let mut reader = FrameReader::new(DEFAULT_MAX_FRAME_LEN);
+        let mut buf = vec![0u8; 256 << 10];
+        loop {
+            let n = match r.read(&mut buf).await {
+                Ok(0) => return,
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = tx.send(Err(format!("stream from {peer} broke: {e}"))).await;
+                    return;
+                }
+            };
+            traffic.add(peer, 0, n as u64);
+            reader.push(&buf[..n]);
+            loop {
+                match reader.next_frame() {
+                    Ok(Some(f)) => {
+                        if tx.send(Ok(f)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(%peer, kind = e.error_type(), "malformed frame, closing the stream: {e}");
+                        let _ = tx
+                            .send(Err(format!("malformed frame from {peer}: {e}")))
+                            .await;
+                        return;
+                    }
+                }
+            }
+        }
+    });
+}
+
+fn encode(frame: &Frame) -> Result<Vec<u8>, String> {
+    frame.encode().map_err(|e| e.to_string())
+}
+
+fn sample_job(r: &SampleRef<'_>) -> SampleJob {
+    let p = r.sampler.params();
+    let history = if p.repetition_penalty != 1.0 {
+        r.history[r.history.len().saturating_sub(REPETITION_WINDOW)..].to_vec()
+    } else {
+        Vec::new()
+    };
+    SampleJob {
+        seq_id: r.seq_id,
+        temperature: p.temperature,
+        top_p: p.top_p,
+        top_k: p.top_k,
+        min_p: p.min_p,
+        repetition_penalty: p.repetition_penalty,
+        frequency_penalty: p.frequency_penalty,
+        presence_penalty: p.presence_penalty,
+        rng_state: r.sampler.rng_state(),
+        history,
+        counts: r.sampler.counts(),
+    }
+}
+
+fn job_sampler(j: &SampleJob) -> Sampler {
+    let params = SamplingParams {
+        temperature: j.temperature,
+        top_p: j.top_p,
+        top_k: j.top_k,
+        min_p: j.min_p,
+        repetition_penalty: j.repetition_penalty,
+        frequency_penalty: j.frequency_penalty,
+        presence_penalty: j.presence_penalty,
+        seed: None,
+    };
+    Sampler::from_state(params, j.rng_state, &j.counts)
+}

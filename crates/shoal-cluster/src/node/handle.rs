@@ -1,0 +1,195 @@
+//! [`ClusterHandle`]: how the rest of the node talks to the network task, and the [`Snapshot`] of the
+//! cluster it publishes after every change.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use libp2p::PeerId;
+use serde::Serialize;
+use shoal_placement::Placement;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::TABLE_PROPAGATION;
+use crate::ClusterError;
+use crate::facts::InstanceStatus;
+use crate::proto::{InstanceRecord, PlaceRequest};
+use crate::state::{ClusterState, ClusterView};
+
+/// A static peer and how dialing it goes.
+#[derive(Debug, Clone, Serialize)]
+pub struct StaticPeer {
+    pub addr: String,
+    pub peer: Option<String>,
+    pub connected: bool,
+    pub failed_dials: u64,
+    pub last_error: Option<String>,
+}
+
+/// What the network task publishes after every change.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub state: ClusterState,
+    pub listen_addrs: Vec<String>,
+    pub static_peers: Vec<StaticPeer>,
+}
+
+impl Snapshot {
+    /// The body of `GET /state`.
+    pub fn state_json(&self) -> StateJson {
+        StateJson {
+            node: self.state.me().id.clone(),
+            cluster: self.state.view(),
+            listen_addrs: self.listen_addrs.clone(),
+            static_peers: self.static_peers.clone(),
+        }
+    }
+}
+
+/// `GET /state`: `cluster` is the same on every member; the rest is this node's own.
+#[derive(Debug, Clone, Serialize)]
+pub struct StateJson {
+    pub node: String,
+    pub cluster: ClusterView,
+    pub listen_addrs: Vec<String>,
+    pub static_peers: Vec<StaticPeer>,
+}
+
+pub(super) enum Command {
+    Place(
+        PlaceRequest,
+        oneshot::Sender<Result<InstanceRecord, String>>,
+    ),
+    Remove(String, oneshot::Sender<Result<bool, String>>),
+    SetStatus(String, Option<InstanceStatus>),
+    Probe,
+}
+
+/// Data-plane byte counters per peer (written by the data plane, read by the network task).
+#[derive(Default)]
+pub struct Traffic {
+    bytes: Mutex<HashMap<PeerId, (u64, u64)>>,
+}
+
+impl Traffic {
+    pub fn add(&self, peer: PeerId, tx: u64, rx: u64) {
+        if let Ok(mut m) = self.bytes.lock() {
+            let e = m.entry(peer).or_default();
+            e.0 += tx;
+            e.1 += rx;
+        }
+    }
+
+    pub(super) fn totals(&self) -> HashMap<PeerId, (u64, u64)> {
+        self.bytes.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+}
+
+/// Handle to the network task. Cheap to clone.
+#[derive(Clone)]
+pub struct ClusterHandle {
+    pub(super) id: PeerId,
+    pub(super) commands: mpsc::Sender<Command>,
+    pub(super) snapshot: watch::Receiver<Arc<Snapshot>>,
+    pub(super) streams: libp2p_stream::Control,
+    pub(super) traffic: Arc<Traffic>,
+    pub(super) cluster_hash: [u8; 32],
+}
+
+impl ClusterHandle {
+    pub fn id(&self) -> PeerId {
+        self.id
+    }
+
+    pub fn cluster_hash(&self) -> [u8; 32] {
+        self.cluster_hash
+    }
+
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.borrow().clone()
+    }
+
+    /// A receiver that sees every new snapshot.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.snapshot.clone()
+    }
+
+    pub fn streams(&self) -> libp2p_stream::Control {
+        self.streams.clone()
+    }
+
+    pub fn traffic(&self) -> Arc<Traffic> {
+        self.traffic.clone()
+    }
+
+    /// Candidate placements on the current members, best first.
+    pub fn previews(&self, req: &PlaceRequest) -> Result<Vec<Placement>, String> {
+        self.snapshot().state.previews(req)
+    }
+
+    /// Places an instance (through the coordinator). Returns once this node's table has it too, so a
+    /// caller reading `/state` next sees it.
+    pub async fn place(&self, req: PlaceRequest) -> Result<InstanceRecord, String> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Place(req, tx))
+            .await
+            .map_err(|_| ClusterError::Stopped.to_string())?;
+        let record = rx.await.map_err(|_| ClusterError::Stopped.to_string())??;
+        let id = record.id.clone();
+        self.wait_for(TABLE_PROPAGATION, |s| {
+            s.state.table().instances.iter().any(|i| i.id == id)
+        })
+        .await;
+        Ok(record)
+    }
+
+    /// Removes an instance (through the coordinator); `Ok(false)` when there is none. Returns once this
+    /// node's table no longer has it.
+    pub async fn remove(&self, id: String) -> Result<bool, String> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Remove(id.clone(), tx))
+            .await
+            .map_err(|_| ClusterError::Stopped.to_string())?;
+        let removed = rx.await.map_err(|_| ClusterError::Stopped.to_string())??;
+        self.wait_for(TABLE_PROPAGATION, |s| {
+            s.state.table().instances.iter().all(|i| i.id != id)
+        })
+        .await;
+        Ok(removed)
+    }
+
+    /// Publishes this node's load state for one instance (`None`: no longer part of it).
+    pub async fn set_status(&self, instance: String, status: Option<InstanceStatus>) {
+        let _ = self
+            .commands
+            .send(Command::SetStatus(instance, status))
+            .await;
+    }
+
+    /// Measures the bandwidth to every connected peer again.
+    pub async fn probe_links(&self) {
+        let _ = self.commands.send(Command::Probe).await;
+    }
+
+    /// Waits until `done` holds for the snapshot, or `timeout` passes; the last snapshot either way.
+    pub async fn wait_for(
+        &self,
+        timeout: Duration,
+        mut done: impl FnMut(&Snapshot) -> bool,
+    ) -> Arc<Snapshot> {
+        let mut rx = self.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let snap = rx.borrow_and_update().clone();
+            if done(&snap) {
+                return snap;
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return self.snapshot(),
+            }
+        }
+    }
+}
