@@ -261,22 +261,9 @@ pub enum PipelineLaunch {
     Pending(u64),
 }
 
-/// Runs a batch through every stage in order and returns one pick per chunk wanting logits, sampling
-/// here when the last stage returned logits.
-pub fn run_pipeline(
-    stages: &mut [Box<dyn Stage>],
-    batch: &[ChunkSpec],
-    tokens: Vec<u32>,
-    sampling: &[SampleRef<'_>],
-) -> Result<Vec<Pick>, EngineError> {
-    let mut data = StageData::Tokens(tokens);
-    for stage in stages.iter_mut() {
-        data = stage.forward(batch, data, sampling)?;
-    }
-    into_picks(data, sampling)
-}
-
-/// Like [`run_pipeline`], but leaves the batch in flight when the last stage is on other nodes.
+/// Runs a batch through every stage in order and returns one pick per chunk wanting logits (sampling
+/// here when the last stage returned logits), or leaves it in flight when the last stage is on other
+/// nodes.
 pub fn launch_pipeline(
     stages: &mut [Box<dyn Stage>],
     batch: &[ChunkSpec],
