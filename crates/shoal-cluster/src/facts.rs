@@ -132,7 +132,8 @@ pub fn model_card(path: &Path, id: &str) -> Result<ModelCard, String> {
         layer_bytes,
         embed_bytes,
         head_bytes,
-        kv_bytes_per_token_per_layer: cfg.kv_bytes_per_token(1) as u64,
+        kv_bytes_per_token_per_layer: cfg.kv_bytes_per_token(1, shoal_model::kv::value_bytes(true))
+            as u64,
         context_length: cfg.context_length,
         hidden_bytes_per_token: 2 * cfg.dim as u64,
     })
@@ -312,7 +313,7 @@ mod tests {
         assert_eq!(card.n_layers, 30);
         assert_eq!(card.hidden_bytes_per_token, 2 * 576);
         // 3 KV heads × 64 dims × K and V × f32.
-        assert_eq!(card.kv_bytes_per_token_per_layer, 3 * 64 * 2 * 4);
+        assert_eq!(card.kv_bytes_per_token_per_layer, 3 * 64 * 2 * 2);
         let total = card.embed_bytes + 30 * card.layer_bytes;
         let file = std::fs::metadata(&path).unwrap().len();
         assert!(total < file && total > file / 2, "{total} vs file {file}");

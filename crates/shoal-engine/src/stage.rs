@@ -118,6 +118,10 @@ pub trait Stage: Send {
     fn concurrent_stages(&self) -> usize {
         0
     }
+    /// Bytes per stored key or value in this stage's KV caches (f16 on CPU hosts, the default).
+    fn kv_value_bytes(&self) -> usize {
+        shoal_model::kv::value_bytes(true)
+    }
 }
 
 /// Layers running in this process.
@@ -161,6 +165,10 @@ fn internal(e: impl std::fmt::Display) -> EngineError {
 }
 
 impl Stage for LocalStage {
+    fn kv_value_bytes(&self) -> usize {
+        self.model.kv_value_bytes()
+    }
+
     fn forward(
         &mut self,
         batch: &[ChunkSpec],

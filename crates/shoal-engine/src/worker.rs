@@ -118,7 +118,9 @@ impl Worker {
         counters: Arc<Counters>,
         seed: u64,
     ) -> Self {
-        let token_bytes = model.kv_bytes_per_token(model.n_layers).max(1);
+        // The driver budgets the KV of every layer of the pipeline, at the first stage's value size.
+        let value_bytes = stages.first().map_or(2, |s| s.kv_value_bytes());
+        let token_bytes = model.kv_bytes_per_token(model.n_layers, value_bytes).max(1);
         let pool = config
             .kv_pool
             .clone()

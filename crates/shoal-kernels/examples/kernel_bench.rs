@@ -14,7 +14,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use shoal_kernels::{
-    Activations, Backend, Parallel, QMatrix, QType, RayonCurrent, ThreadPool, matmul,
+    Activations, Backend, PackedMatrix, Parallel, QMatrix, QType, RayonCurrent, ThreadPool, matmul,
     matmul_quantized_with, row_bytes,
 };
 
@@ -184,45 +184,61 @@ impl Model {
         self.layers.iter().flatten().map(Vec::len).sum::<usize>() + self.head.len()
     }
 
+    /// The weights laid out for `backend` (16-row groups for AVX-512 VNNI, rows otherwise).
+    fn packed(&self, backend: Backend) -> PackedModel {
+        let pack = |qtype, rows, cols, data: &[u8]| {
+            let w = QMatrix::new(qtype, rows, cols, data).expect("matrix");
+            PackedMatrix::with_backend(&w, backend).expect("pack")
+        };
+        PackedModel {
+            layers: self
+                .layers
+                .iter()
+                .map(|l| {
+                    std::array::from_fn(|i| {
+                        let (n, k) = LAYER_SHAPES[i];
+                        pack(QType::Q4_1, n, k, &l[i])
+                    })
+                })
+                .collect(),
+            head: pack(QType::Q8_0, 49152, 576, &self.head),
+        }
+    }
+}
+
+struct PackedModel {
+    layers: Vec<[PackedMatrix; 7]>,
+    head: PackedMatrix,
+}
+
+impl PackedModel {
     /// One token; `acts` per input width, quantized once per distinct input as the engine does.
-    fn token<P: Parallel + ?Sized>(&self, backend: Backend, pool: &P, m: usize, bufs: &mut Bufs) {
-        let mm = |w: &QMatrix<'_>, a: &Activations, out: &mut Vec<f32>| {
-            out.resize(a.m() * w.rows, 0.0);
-            matmul_quantized_with(backend, w, a, out, pool).expect("matmul");
+    fn token<P: Parallel + ?Sized>(&self, pool: &P, m: usize, bufs: &mut Bufs) {
+        let mm = |w: &PackedMatrix, a: &Activations, out: &mut Vec<f32>| {
+            out.resize(a.m() * w.rows(), 0.0);
+            w.matmul_quantized(a, out, pool).expect("matmul");
         };
         for l in &self.layers {
             bufs.a576
                 .quantize_into(QType::Q4_1.act_type(), &bufs.x576, m, 576)
                 .expect("q");
-            for (i, (n, k)) in LAYER_SHAPES.iter().enumerate() {
-                let w = QMatrix {
-                    qtype: QType::Q4_1,
-                    rows: *n,
-                    cols: *k,
-                    data: &l[i],
-                };
+            for (i, w) in l.iter().enumerate() {
                 match i {
-                    3 => mm(&w, &bufs.a576, &mut bufs.out), // o: input is the attention output
+                    3 => mm(w, &bufs.a576, &mut bufs.out), // o: input is the attention output
                     6 => {
                         bufs.a1536
                             .quantize_into(QType::Q4_1.act_type(), &bufs.x1536, m, 1536)
                             .expect("q");
-                        mm(&w, &bufs.a1536, &mut bufs.out)
+                        mm(w, &bufs.a1536, &mut bufs.out)
                     }
-                    _ => mm(&w, &bufs.a576, &mut bufs.out),
+                    _ => mm(w, &bufs.a576, &mut bufs.out),
                 }
             }
         }
-        let head = QMatrix {
-            qtype: QType::Q8_0,
-            rows: 49152,
-            cols: 576,
-            data: &self.head,
-        };
         bufs.h576
             .quantize_into(QType::Q8_0.act_type(), &bufs.x576, m, 576)
             .expect("q");
-        mm(&head, &bufs.h576, &mut bufs.out);
+        mm(&self.head, &bufs.h576, &mut bufs.out);
         black_box(&bufs.out);
     }
 }
@@ -419,15 +435,22 @@ fn token(args: &Args, pools: &[ThreadPool], model: &Model) {
         .num_threads(2)
         .build()
         .expect("rayon");
+    let packed: Vec<(Backend, PackedModel)> = Backend::supported()
+        .into_iter()
+        .rev()
+        .map(|b| (b, model.packed(b)))
+        .collect();
+    let best = &packed[0].1;
     for m in [1, 4, 16] {
         let mut bufs = Bufs::new(m);
-        for backend in Backend::supported().into_iter().rev() {
+        for (backend, pm) in &packed {
+            let backend = *backend;
             if backend == Backend::Scalar && m > 1 {
                 continue;
             }
             for pool in pools {
                 let t = time_us(args.batches, args.batch_s * 2.0, |_| {
-                    model.token(backend, pool, m, &mut bufs)
+                    pm.token(pool, m, &mut bufs)
                 });
                 report(
                     model,
@@ -437,28 +460,35 @@ fn token(args: &Args, pools: &[ThreadPool], model: &Model) {
                 );
             }
         }
-        let best = Backend::detect();
         let t = rayon2.install(|| {
             time_us(args.batches, args.batch_s * 2.0, |_| {
-                model.token(best, &RayonCurrent, m, &mut bufs)
+                best.token(&RayonCurrent, m, &mut bufs)
             })
         });
-        report(model, &format!("rayon(2) in install {}", best.name()), m, t);
+        let name = packed[0].0.name();
+        report(model, &format!("rayon(2) in install {name}"), m, t);
     }
 }
 
 fn prefill(args: &Args, pools: &[ThreadPool], model: &Model) {
     report_header(&format!(
-        "prefill-sized batches ({})",
+        "batches of 16 to prefill-sized, 256-bit VNNI vs the best backend ({})",
         Backend::detect().name()
     ));
-    for m in [64, 256] {
+    let backends = [Backend::AvxVnni, Backend::detect()];
+    let packed: Vec<(Backend, PackedModel)> = Backend::supported()
+        .into_iter()
+        .filter(|b| backends.contains(b))
+        .map(|b| (b, model.packed(b)))
+        .collect();
+    for m in [16, 64, 256] {
         let mut bufs = Bufs::new(m);
-        for pool in pools {
-            let t = time_us(3, args.batch_s, |_| {
-                model.token(Backend::detect(), pool, m, &mut bufs)
-            });
-            report(model, &format!("ThreadPool({})", pool.n_threads()), m, t);
+        for (backend, pm) in &packed {
+            for pool in pools {
+                let t = time_us(3, args.batch_s, |_| pm.token(pool, m, &mut bufs));
+                let label = format!("ThreadPool({}) {}", pool.n_threads(), backend.name());
+                report(model, &label, m, t);
+            }
         }
     }
 }

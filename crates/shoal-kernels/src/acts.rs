@@ -5,7 +5,8 @@
 //! - `qs`: row `r`, block `b` at `(r · nb + b) · 32`, 32 × i8;
 //! - `sc`: rows in groups of four; group `g`, block `b` holds `[d0, s0, d1, s1, d2, s2, d3, s3]`
 //!   as f32 at `(g · nb + b) · 8`, so one 32-byte load gives the scales of four rows, and the
-//!   f16 → f32 conversion happens once here instead of once per weight row (`s = 0` for `Q8_0`).
+//!   f16 → f32 conversion happens once here instead of once per weight row (for `Q8_0`, `s` is
+//!   `128 · Σq`, exact, which the AVX-512 kernel needs for its unsigned weights).
 //!
 //! For `F32` the rows are stored as they are.
 
@@ -217,7 +218,7 @@ fn fill<'a>(
                 sg[b * 8 + 2 * lane + 1] = if act == ActType::Q8_1 {
                     half::f16::from_f32(sum as f32 * d).to_f32()
                 } else {
-                    0.0
+                    128.0 * sum as f32 // exact; the AVX-512 kernel's offset correction
                 };
             }
         }

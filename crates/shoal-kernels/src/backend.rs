@@ -5,6 +5,7 @@
 use std::sync::OnceLock;
 
 use crate::format::QType;
+use crate::packed::Layout;
 use crate::{matmul::Gemm, scalar};
 
 /// An implementation of the kernels for one instruction set.
@@ -16,6 +17,9 @@ pub enum Backend {
     Avx2,
     /// AVX2 plus AVX-VNNI `vpdpbusd` for the 8-bit products.
     AvxVnni,
+    /// AVX-512 VNNI on weights repacked into 16-row groups ([`crate::PackedMatrix`]); plain GGML
+    /// rows and single dot products run the `AvxVnni` kernels.
+    Avx512Vnni,
 }
 
 /// The cached detection result; the only global state of the crate.
@@ -40,6 +44,7 @@ impl Backend {
                         "scalar" => Some(Backend::Scalar),
                         "avx2" => Some(Backend::Avx2),
                         "avxvnni" => Some(Backend::AvxVnni),
+                        "avx512vnni" => Some(Backend::Avx512Vnni),
                         _ => None,
                     });
             forced.filter(|b| b.is_supported()).unwrap_or(best)
@@ -47,8 +52,13 @@ impl Backend {
     }
 
     /// Every backend, slowest first.
-    pub fn all() -> [Backend; 3] {
-        [Backend::Scalar, Backend::Avx2, Backend::AvxVnni]
+    pub fn all() -> [Backend; 4] {
+        [
+            Backend::Scalar,
+            Backend::Avx2,
+            Backend::AvxVnni,
+            Backend::Avx512Vnni,
+        ]
     }
 
     /// The backends this CPU can run.
@@ -67,8 +77,10 @@ impl Backend {
             Backend::Avx2 => crate::x86::has_avx2(),
             #[cfg(target_arch = "x86_64")]
             Backend::AvxVnni => crate::x86::has_vnni(),
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512Vnni => crate::x86::avx512::has_avx512_vnni(),
             #[cfg(not(target_arch = "x86_64"))]
-            Backend::Avx2 | Backend::AvxVnni => false,
+            Backend::Avx2 | Backend::AvxVnni | Backend::Avx512Vnni => false,
         }
     }
 
@@ -78,11 +90,12 @@ impl Backend {
             Backend::Scalar => "scalar",
             Backend::Avx2 => "avx2",
             Backend::AvxVnni => "avxvnni",
+            Backend::Avx512Vnni => "avx512vnni",
         }
     }
 
     /// Falls back to `Scalar` if this CPU cannot run `self`, so callers may pass any variant.
-    fn usable(self) -> Backend {
+    pub(crate) fn usable(self) -> Backend {
         if self.is_supported() {
             self
         } else {
@@ -98,18 +111,27 @@ impl Backend {
     pub(crate) fn quantize_q8(self, x: &[f32], qs: &mut [u8], ds: &mut [(f32, i32)]) {
         match self.usable() {
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx2 | Backend::AvxVnni => crate::x86::quantize_q8(x, qs, ds),
+            Backend::Avx2 | Backend::AvxVnni | Backend::Avx512Vnni => {
+                crate::x86::quantize_q8(x, qs, ds)
+            }
             _ => scalar::quantize_q8(x, qs, ds),
         }
     }
 
     /// Computes the outputs of weight rows `rows` for every activation row of `g`.
+    ///
+    /// # Panics
+    /// If `g` is in the 16-row layout and this backend is not AVX-512 VNNI (a [`crate::PackedMatrix`]
+    /// only uses that layout with it).
     pub(crate) fn gemm_rows(self, g: &Gemm<'_>, rows: std::ops::Range<usize>) {
-        match self.usable() {
+        match (self.usable(), g.layout) {
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx2 => crate::x86::gemm_rows(false, g, rows),
+            (Backend::Avx512Vnni, Layout::Rows16) => crate::x86::avx512::gemm_rows(g, rows),
+            (_, Layout::Rows16) => panic!("16-row weight groups need the AVX-512 VNNI backend"),
             #[cfg(target_arch = "x86_64")]
-            Backend::AvxVnni => crate::x86::gemm_rows(true, g, rows),
+            (Backend::Avx2, _) => crate::x86::gemm_rows(false, g, rows),
+            #[cfg(target_arch = "x86_64")]
+            (Backend::AvxVnni | Backend::Avx512Vnni, _) => crate::x86::gemm_rows(true, g, rows),
             _ => scalar_gemm_rows(g, rows),
         }
     }
@@ -165,7 +187,7 @@ pub fn vec_dot_with(backend: Backend, qtype: QType, k: usize, w_row: &[u8], x_q:
         #[cfg(target_arch = "x86_64")]
         Backend::Avx2 => crate::x86::vec_dot(false, qtype, k, w_row, x_q),
         #[cfg(target_arch = "x86_64")]
-        Backend::AvxVnni => crate::x86::vec_dot(true, qtype, k, w_row, x_q),
+        Backend::AvxVnni | Backend::Avx512Vnni => crate::x86::vec_dot(true, qtype, k, w_row, x_q),
         _ => match qtype {
             QType::F32 => scalar::vec_dot_f32(k, w_row, x_q),
             QType::Q4_1 => scalar::vec_dot_q4_1_q8_1(k, w_row, x_q),

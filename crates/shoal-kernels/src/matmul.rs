@@ -7,6 +7,7 @@ use crate::acts::Activations;
 use crate::backend::Backend;
 use crate::error::{KernelError, check_len};
 use crate::format::{ActType, QType};
+use crate::packed::Layout;
 use crate::pool::Parallel;
 
 /// A borrowed weight matrix in a GGML format: `rows` (output features, `n`) rows of `cols` (input
@@ -103,20 +104,47 @@ pub fn matmul_quantized_with<P: Parallel + ?Sized>(
     out: &mut [f32],
     pool: &P,
 ) -> Result<(), KernelError> {
-    let w_row_bytes = w.row_bytes()?;
-    let act = w.qtype.act_type();
+    w.row_bytes()?; // checks the shape against the bytes
+    run_gemm(
+        backend,
+        w.qtype,
+        w.rows,
+        w.cols,
+        w.data,
+        Layout::Rows,
+        x,
+        out,
+        pool,
+    )
+}
+
+/// Checks the activations and output against an `n × k` matrix of `qtype` stored in `layout`
+/// (its bytes already checked by the caller) and runs the matmul on `backend`, split over `pool`.
+#[allow(clippy::too_many_arguments)] // one matrix's description plus operands
+pub(crate) fn run_gemm<P: Parallel + ?Sized>(
+    backend: Backend,
+    qtype: QType,
+    n: usize,
+    k: usize,
+    data: &[u8],
+    layout: Layout,
+    x: &Activations,
+    out: &mut [f32],
+    pool: &P,
+) -> Result<(), KernelError> {
+    let act = qtype.act_type();
     match x.act_type() {
         Some(a) if a == act => {}
         other => {
             let activations = other.map_or("unquantized", ActType::name);
             return Err(KernelError::FormatMismatch {
-                weights: w.qtype.name(),
+                weights: qtype.name(),
                 activations,
             });
         }
     }
-    check_len("activation row length (k)", w.cols, x.k())?;
-    let (m, n) = (x.m(), w.rows);
+    check_len("activation row length (k)", k, x.k())?;
+    let m = x.m();
     let total = m
         .checked_mul(n)
         .ok_or(KernelError::Overflow { what: "the output" })?;
@@ -124,17 +152,18 @@ pub fn matmul_quantized_with<P: Parallel + ?Sized>(
     if total == 0 {
         return Ok(());
     }
-    if w.cols == 0 {
+    if k == 0 {
         out.fill(0.0); // empty dot products
         return Ok(());
     }
     let g = Gemm {
-        qtype: w.qtype,
-        k: w.cols,
+        qtype,
+        k,
         n,
         m,
-        w: w.data,
-        w_row_bytes,
+        w: data,
+        w_row_bytes: qtype.try_row_bytes(k)?,
+        layout,
         x,
         out: out.as_mut_ptr(),
     };
@@ -176,6 +205,7 @@ pub(crate) struct Gemm<'a> {
     pub(crate) m: usize,
     pub(crate) w: &'a [u8],
     pub(crate) w_row_bytes: usize,
+    pub(crate) layout: Layout,
     pub(crate) x: &'a Activations,
     out: *mut f32,
 }
@@ -205,6 +235,21 @@ impl<'a> Gemm<'a> {
         // SAFETY: in bounds (checked above) of the `m × n` buffer; see the `Sync` impl for why no
         // other thread writes this element.
         unsafe { self.out.add(r * self.n + j).write(v) }
+    }
+
+    /// Writes outputs `(r, j0..)` from `vals`, dropping those past the last column.
+    #[inline]
+    pub(crate) fn store_run(&self, r: usize, j0: usize, vals: &[f32]) {
+        assert!(
+            r < self.m && j0 < self.n,
+            "output ({r}, {j0}) outside {} × {}",
+            self.m,
+            self.n
+        );
+        let len = vals.len().min(self.n - j0);
+        // SAFETY: `(r, j0..j0+len)` lies in row `r` of the `m × n` buffer (checked above); see the
+        // `Sync` impl for why no other thread writes these elements.
+        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), self.out.add(r * self.n + j0), len) }
     }
 
     /// Checks that `rows` lies within the weight matrix.

@@ -2,54 +2,15 @@
 
 mod common;
 
-use common::{Rng, decode, random_raw, random_weights};
+use common::{
+    Rng, assert_near_reference, decode, dequantize_acts, random_raw, random_weights, reference,
+};
 use shoal_kernels::{
     ActType, Activations, Backend, KernelError, QMatrix, QType, RayonCurrent, ThreadPool, matmul,
     matmul_quantized, matmul_quantized_with, scalar, vec_dot_with,
 };
 
 const TYPES: [QType; 3] = [QType::F32, QType::Q4_1, QType::Q8_0];
-
-fn dequantize_acts(acts: &Activations, m: usize, k: usize) -> Vec<f32> {
-    let mut out = vec![0f32; m * k];
-    for (r, dst) in out.chunks_exact_mut(k.max(1)).enumerate() {
-        let src = acts.ggml_row(r).expect("row");
-        match acts.act_type() {
-            Some(ActType::Q8_1) => scalar::dequantize_row_q8_1(&src, dst),
-            Some(ActType::Q8_0) => scalar::dequantize_row_q8_0(&src, dst),
-            _ => scalar::dequantize_row_f32(&src, dst),
-        }
-    }
-    out
-}
-
-/// Each weight replaced by its block's minimum `m` (zeros for formats without one).
-fn block_mins(qtype: QType, data: &[u8], n: usize, k: usize) -> Vec<f32> {
-    if qtype != QType::Q4_1 {
-        return vec![0.0; n * k];
-    }
-    data.chunks_exact(20)
-        .flat_map(|b| [half::f16::from_le_bytes([b[2], b[3]]).to_f32(); 32])
-        .collect()
-}
-
-/// `x · Wᵀ` in f64 from f32 operands, plus Σ|terms| per output.
-fn reference(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
-    let mut out = vec![0f32; m * n];
-    let mut mag = vec![0f32; m * n];
-    for r in 0..m {
-        for j in 0..n {
-            let (wr, xr) = (&w[j * k..(j + 1) * k], &x[r * k..(r + 1) * k]);
-            out[r * n + j] = wr
-                .iter()
-                .zip(xr)
-                .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                .sum::<f64>() as f32;
-            mag[r * n + j] = wr.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
-        }
-    }
-    (out, mag)
-}
 
 #[test]
 fn matmul_matches_naive_reference() {
@@ -64,23 +25,7 @@ fn matmul_matches_naive_reference() {
                 let mut out = vec![f32::NAN; m * n];
                 matmul(&w, &x, m, &mut out, &pool).expect("matmul");
 
-                // Exact operands of the kernel (dequantized weights and activations): only f32
-                // rounding and the f16 rounding of Q8_1's `s` separate the results.
-                let wf = decode(qtype, &data, n, k);
-                let acts = Activations::quantize(qtype.act_type(), &x, m, k).expect("acts");
-                let xq = dequantize_acts(&acts, m, k);
-                let (want, mag) = reference(&wf, &xq, m, n, k);
-                // Q8_1 stores `s = d·Σq` as f16 (relative error ≤ 2⁻¹¹), which enters as `m·s`.
-                let (_, mag_min) = reference(&block_mins(qtype, &data, n, k), &xq, m, n, k);
-                for i in 0..m * n {
-                    let tol = 1e-4 * mag[i] + 1e-3 * mag_min[i] + 1e-5;
-                    assert!(
-                        (out[i] - want[i]).abs() <= tol,
-                        "{qtype:?} m={m} n={n} k={k} out[{i}] = {} vs {} (tol {tol})",
-                        out[i],
-                        want[i]
-                    );
-                }
+                let wf = assert_near_reference(&format!("{qtype:?}"), qtype, &data, n, k, &x, &out);
 
                 // Against unquantized activations: the error of Q8 activation quantization.
                 let (exact, _) = reference(&wf, &x, m, n, k);

@@ -1,22 +1,20 @@
-//! Self-attention on the host (CPU): rotary embedding, KV-cache append and causal attention over plain
-//! `f32` buffers, parallel over heads.
+//! Self-attention on the host (CPU): rotary embedding, KV-cache append (f16) and causal attention for a
+//! whole batch of sequence chunks, parallel over (chunk, KV head).
 //!
-//! Numerics follow llama.cpp's CPU path: keys and values are stored at f16 precision (llama.cpp's
-//! default cache type), queries are rounded to f16 for the `q·k` products and attention weights are
+//! Numerics follow llama.cpp's CPU path: keys and values are stored as f16 (llama.cpp's default
+//! cache type), queries are rounded to f16 for the `q·k` products and attention weights are
 //! rounded to f16 before weighting the values. Every output row is computed the same way whatever the
 //! chunking or batching, so chunked prefill and batched decode give bitwise the same results as one
 //! sequence run alone.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use shoal_kernels::ThreadPool;
 
 pub use crate::ops::RopeTable;
-
-fn round_f16(x: f32) -> f32 {
-    f16::from_f32(x).to_f32()
-}
 
 /// Dot product with eight independent partial sums, so the compiler keeps it in SIMD registers.
 #[inline]
@@ -45,25 +43,38 @@ pub struct Heads {
     pub head_dim: usize,
 }
 
-/// One layer's host KV storage: `[kv head][capacity][head_dim]` for keys and values.
+/// One layer's host KV storage: `[kv head][capacity][head_dim]` f16 keys and values.
 pub struct HostKvLayer<'a> {
-    pub k: &'a mut [f32],
-    pub v: &'a mut [f32],
+    pub k: &'a mut [f16],
+    pub v: &'a mut [f16],
     pub capacity: usize,
 }
 
-/// Attention of one sequence chunk of `t` tokens starting at position `pos`.
+/// One sequence's chunk in a batched [`attend`]: `t` tokens from position `pos`, and its KV layer.
+pub struct SeqChunk<'a> {
+    pub t: usize,
+    pub pos: usize,
+    pub kv: HostKvLayer<'a>,
+}
+
+/// Rounds every value to f16 precision (vectorized conversions), through `tmp`.
+fn round_f16_slice(x: &mut [f32], tmp: &mut Vec<f16>) {
+    tmp.resize(x.len(), f16::ZERO);
+    tmp.convert_from_f32_slice(x);
+    tmp.convert_to_f32_slice(x);
+}
+
+/// Attention of a batch of sequence chunks, in batch order.
 ///
-/// `qkv` holds `t` rows of `[q (n_heads·hd) | k (n_kv·hd) | v (n_kv·hd)]`; q and k are rotated in place,
-/// k and v are written to `kv` at `pos..pos+t`, and `out` (`t × n_heads·hd`) receives the result.
-#[allow(clippy::too_many_arguments)] // buffers, shape and helpers of one call, all distinct
+/// `qkv` holds, for every chunk, `t` rows of `[q (n_heads·hd) | k (n_kv·hd) | v (n_kv·hd)]`; q and k
+/// are rotated in place, k and v are stored in each chunk's KV layer at `pos..pos+t`, and `out`
+/// (`Σt × n_heads·hd`) receives the result. The work is split over `pool` by (chunk, KV head), one
+/// job for the whole batch.
 pub fn attend(
     qkv: &mut [f32],
-    t: usize,
-    pos: usize,
+    chunks: &mut [SeqChunk<'_>],
     heads: Heads,
     rope: &RopeTable,
-    kv: HostKvLayer<'_>,
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
@@ -74,77 +85,106 @@ pub fn attend(
     } = heads;
     let (qd, kvd) = (nh * hd, nkv * hd);
     let row = qd + 2 * kvd;
+    let total: usize = chunks.iter().map(|c| c.t).sum();
     assert!(
-        qkv.len() == t * row && out.len() == t * qd,
+        qkv.len() == total * row && out.len() == total * qd,
         "attend: buffer sizes do not match the heads"
     );
-    assert!(
-        pos + t <= kv.capacity && pos + t <= rope.positions(),
-        "attend: KV capacity or positions exceeded"
-    );
-    for i in 0..t {
-        let r = &mut qkv[i * row..(i + 1) * row];
-        for h in 0..nh + nkv {
-            rope.rotate(&mut r[h * hd..(h + 1) * hd], pos + i);
-        }
-        for g in 0..nkv {
-            let dst = (g * kv.capacity + pos + i) * hd;
-            for d in 0..hd {
-                kv.k[dst + d] = round_f16(r[qd + g * hd + d]);
-                kv.v[dst + d] = round_f16(r[qd + kvd + g * hd + d]);
+    let mut tmp = Vec::new();
+    let mut starts = Vec::with_capacity(chunks.len());
+    let mut start = 0;
+    for c in chunks.iter_mut() {
+        let (t, pos, cap) = (c.t, c.pos, c.kv.capacity);
+        assert!(
+            pos + t <= cap && pos + t <= rope.positions(),
+            "attend: KV capacity or positions exceeded"
+        );
+        for i in 0..t {
+            let r = &mut qkv[(start + i) * row..(start + i + 1) * row];
+            for h in 0..nh + nkv {
+                rope.rotate(&mut r[h * hd..(h + 1) * hd], pos + i);
             }
+            for g in 0..nkv {
+                let dst = (g * cap + pos + i) * hd;
+                c.kv.k[dst..dst + hd].convert_from_f32_slice(&r[qd + g * hd..qd + (g + 1) * hd]);
+                c.kv.v[dst..dst + hd]
+                    .convert_from_f32_slice(&r[qd + kvd + g * hd..qd + kvd + (g + 1) * hd]);
+            }
+            // Queries enter the q·k products at f16 precision, as in llama.cpp.
+            round_f16_slice(&mut r[..qd], &mut tmp);
         }
+        starts.push(start);
+        start += t;
     }
-    let (k, v, cap) = (&*kv.k, &*kv.v, kv.capacity);
     let qkv = &*qkv;
     let scale = 1.0 / (hd as f32).sqrt();
     let group = nh / nkv;
-    // Per-head outputs `[t][hd]`, each written by exactly one thread.
-    let per_head: Vec<Mutex<Vec<f32>>> = (0..nh).map(|_| Mutex::new(vec![0f32; t * hd])).collect();
-    pool.run(|ti, n| {
-        let mut q = vec![0f32; hd];
-        let mut w = Vec::with_capacity(pos + t);
-        for h in (ti..nh).step_by(n) {
-            let g = h / group;
-            let (kh, vh) = (&k[g * cap * hd..], &v[g * cap * hd..]);
-            let Ok(mut o) = per_head[h].lock() else {
+    // One item per (chunk, KV head): its `group` query heads, output `[t][group · hd]`.
+    let items: Vec<Mutex<Vec<f32>>> = (0..chunks.len() * nkv)
+        .map(|_| Mutex::new(Vec::new()))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let chunks = &*chunks;
+    pool.run(|_, _| {
+        let (mut kf, mut vf, mut w, mut tmp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        loop {
+            let item = next.fetch_add(1, Ordering::Relaxed);
+            if item >= items.len() {
+                break;
+            }
+            let (ci, g) = (item / nkv, item % nkv);
+            let c = &chunks[ci];
+            let (t, pos, cap) = (c.t, c.pos, c.kv.capacity);
+            let len_all = pos + t;
+            kf.resize(len_all * hd, 0.0);
+            vf.resize(len_all * hd, 0.0);
+            c.kv.k[g * cap * hd..][..len_all * hd].convert_to_f32_slice(&mut kf);
+            c.kv.v[g * cap * hd..][..len_all * hd].convert_to_f32_slice(&mut vf);
+            let Ok(mut o) = items[item].lock() else {
                 continue;
             };
+            o.resize(t * group * hd, 0.0);
             for i in 0..t {
                 let len = pos + i + 1;
-                for d in 0..hd {
-                    q[d] = round_f16(qkv[i * row + h * hd + d]);
-                }
-                w.clear();
-                let mut max = f32::NEG_INFINITY;
-                for j in 0..len {
-                    let kj = &kh[j * hd..(j + 1) * hd];
-                    let s = dot(&q, kj) * scale;
-                    max = max.max(s);
-                    w.push(s);
-                }
-                let mut sum = 0f32;
-                for s in w.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let inv = 1.0 / sum;
-                let oi = &mut o[i * hd..(i + 1) * hd];
-                oi.fill(0.0);
-                for (j, s) in w.iter().enumerate() {
-                    let p = round_f16(s * inv);
-                    let vj = &vh[j * hd..(j + 1) * hd];
-                    for d in 0..hd {
-                        oi[d] += p * vj[d];
+                let qrow = &qkv[(starts[ci] + i) * row..];
+                for gh in 0..group {
+                    let h = g * group + gh;
+                    let q = &qrow[h * hd..(h + 1) * hd];
+                    w.clear();
+                    let mut max = f32::NEG_INFINITY;
+                    for kj in kf[..len * hd].chunks_exact(hd) {
+                        let s = dot(q, kj) * scale;
+                        max = max.max(s);
+                        w.push(s);
+                    }
+                    let mut sum = 0f32;
+                    for s in w.iter_mut() {
+                        *s = (*s - max).exp();
+                        sum += *s;
+                    }
+                    let inv = 1.0 / sum;
+                    for s in w.iter_mut() {
+                        *s *= inv;
+                    }
+                    // Attention weights enter the value sum at f16 precision.
+                    round_f16_slice(&mut w, &mut tmp);
+                    let oi = &mut o[(i * group + gh) * hd..(i * group + gh + 1) * hd];
+                    oi.fill(0.0);
+                    for (p, vj) in w.iter().zip(vf.chunks_exact(hd)) {
+                        for d in 0..hd {
+                            oi[d] += p * vj[d];
+                        }
                     }
                 }
             }
         }
     });
-    for (h, o) in per_head.into_iter().enumerate() {
+    for (item, o) in items.into_iter().enumerate() {
         let o = o.into_inner().unwrap_or_else(|e| e.into_inner());
-        for i in 0..t {
-            out[i * qd + h * hd..i * qd + (h + 1) * hd].copy_from_slice(&o[i * hd..(i + 1) * hd]);
+        let (ci, g) = (item / nkv, item % nkv);
+        for i in 0..chunks[ci].t {
+            let at = (starts[ci] + i) * qd + g * group * hd;
+            out[at..at + group * hd].copy_from_slice(&o[i * group * hd..(i + 1) * group * hd]);
         }
     }
 }

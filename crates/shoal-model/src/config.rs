@@ -70,9 +70,10 @@ impl ModelConfig {
         Ok(cfg)
     }
 
-    /// KV-cache bytes per token for the given number of layers (f32 K and V).
-    pub fn kv_bytes_per_token(&self, layers: usize) -> usize {
-        2 * layers * self.n_kv_heads * self.head_dim * std::mem::size_of::<f32>()
+    /// KV-cache bytes per token for the given number of layers, `value_bytes` per stored key or value
+    /// ([`crate::kv::value_bytes`]: 2 in host caches, 4 on devices).
+    pub fn kv_bytes_per_token(&self, layers: usize, value_bytes: usize) -> usize {
+        2 * layers * self.n_kv_heads * self.head_dim * value_bytes
     }
 }
 

@@ -1,10 +1,11 @@
 //! Per-sequence KV cache for the layers of one stage.
 //!
 //! Keys and values live in one contiguous `(n_kv_heads, capacity, head_dim)` buffer per layer — a plain
-//! host buffer on CPU (read by [`crate::attention`]), a tensor on other devices — grown by a quarter at a
+//! f16 host buffer on CPU (read by [`crate::attention`]), a tensor on other devices — grown by a quarter at a
 //! time (rounded to [`KV_GRANULE`] tokens) so appending a token copies that token only.
 
 use candle_core::{DType, Device, Tensor};
+use half::f16;
 
 use crate::attention::HostKvLayer;
 use crate::error::{ModelError, Result};
@@ -12,10 +13,15 @@ use crate::error::{ModelError, Result};
 /// Capacity grows in multiples of this many tokens.
 pub const KV_GRANULE: usize = 64;
 
+/// Bytes per stored key or value: f16 in host caches (what the CPU attention reads), f32 on devices.
+pub fn value_bytes(host: bool) -> usize {
+    if host { 2 } else { 4 }
+}
+
 enum Layer {
     Host {
-        k: Vec<f32>,
-        v: Vec<f32>,
+        k: Vec<f16>,
+        v: Vec<f16>,
     },
     /// Allocated on the first `reserve`.
     Device(Option<(Tensor, Tensor)>),
@@ -72,7 +78,8 @@ impl KvCache {
 
     /// Bytes currently allocated.
     pub fn allocated_bytes(&self) -> usize {
-        2 * self.layers.len() * self.n_kv_heads * self.capacity * self.head_dim * 4
+        let host = matches!(self.layers.first(), Some(Layer::Host { .. }));
+        2 * self.layers.len() * self.n_kv_heads * self.capacity * self.head_dim * value_bytes(host)
     }
 
     /// Makes room for `extra` more tokens in every layer.
@@ -91,7 +98,7 @@ impl KvCache {
             match layer {
                 Layer::Host { k, v } => {
                     for buf in [k, v] {
-                        let mut grown = vec![0f32; nkv * new_cap * hd];
+                        let mut grown = vec![f16::ZERO; nkv * new_cap * hd];
                         for g in 0..nkv {
                             let src = &buf[g * old_cap * hd..][..len * hd];
                             grown[g * new_cap * hd..][..len * hd].copy_from_slice(src);
@@ -217,8 +224,8 @@ mod tests {
                 for t in 0..5 {
                     for d in 0..4 {
                         let x = (layer * 1000 + g * 100 + t * 10 + d) as f32;
-                        l.k[(g * cap + t) * 4 + d] = x;
-                        l.v[(g * cap + t) * 4 + d] = -x;
+                        l.k[(g * cap + t) * 4 + d] = f16::from_f32(x);
+                        l.v[(g * cap + t) * 4 + d] = f16::from_f32(-x);
                     }
                 }
             }
@@ -233,8 +240,8 @@ mod tests {
                 for t in 0..3 {
                     for d in 0..4 {
                         let x = (layer * 1000 + g * 100 + t * 10 + d) as f32;
-                        assert_eq!(l.k[(g * cap + t) * 4 + d], x);
-                        assert_eq!(l.v[(g * cap + t) * 4 + d], -x);
+                        assert_eq!(l.k[(g * cap + t) * 4 + d].to_f32(), x);
+                        assert_eq!(l.v[(g * cap + t) * 4 + d].to_f32(), -x);
                     }
                 }
             }

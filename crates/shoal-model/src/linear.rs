@@ -1,13 +1,14 @@
 //! Quantized linear layers and the token embedding.
 //!
-//! On CPU the GGUF block bytes are kept as they are and multiplied by `shoal-kernels` SIMD kernels
-//! (wrapped as a candle custom op); on other devices candle's `QMatMul` runs them.
+//! On CPU the GGUF block bytes are copied once into the layout of this CPU's best `shoal-kernels`
+//! backend (as they are, or in 16-row groups for AVX-512 VNNI) and multiplied by its SIMD kernels;
+//! on other devices candle's `QMatMul` runs them.
 
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, ggml_file::qtensor_from_ggml};
 use candle_core::{Device, Module, Tensor};
-use shoal_kernels::{QMatrix, QType, ThreadPool};
+use shoal_kernels::{PackedMatrix, QMatrix, QType, ThreadPool};
 
 use crate::error::{ModelError, Result};
 use crate::gguf::RawTensor;
@@ -21,26 +22,18 @@ fn kernel_qtype(dtype: GgmlDType) -> Option<QType> {
     }
 }
 
-/// Weights for the CPU kernels: raw GGML rows, `rows × cols`.
+/// Weights for the CPU kernels, laid out for this CPU's best backend (`rows × cols`).
 struct CpuWeights {
-    qtype: QType,
-    rows: usize,
-    cols: usize,
-    data: Vec<u8>,
+    w: PackedMatrix,
     pool: Arc<ThreadPool>,
 }
 
 impl CpuWeights {
     /// `x` is `m × cols` row-major; returns `m × rows`.
     fn matmul(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        let mut out = vec![0f32; m * self.rows];
-        let w = QMatrix {
-            qtype: self.qtype,
-            rows: self.rows,
-            cols: self.cols,
-            data: &self.data,
-        };
-        shoal_kernels::matmul(&w, x, m, &mut out, &*self.pool)
+        let mut out = vec![0f32; m * self.w.rows()];
+        self.w
+            .matmul(x, m, &mut out, &*self.pool)
             .map_err(|e| ModelError::BadInput(format!("matmul: {e}")))?;
         Ok(out)
     }
@@ -73,13 +66,15 @@ impl QLinear {
             });
         };
         let backend = match (device, kernel_qtype(raw.dtype)) {
-            (Device::Cpu, Some(qtype)) => Backend::Cpu(CpuWeights {
-                qtype,
-                rows,
-                cols,
-                data: raw.data,
-                pool: pool.clone(),
-            }),
+            (Device::Cpu, Some(qtype)) => {
+                let bad =
+                    |e: shoal_kernels::KernelError| ModelError::BadInput(format!("{name}: {e}"));
+                let w = QMatrix::new(qtype, rows, cols, &raw.data).map_err(bad)?;
+                Backend::Cpu(CpuWeights {
+                    w: PackedMatrix::new(&w).map_err(bad)?,
+                    pool: pool.clone(),
+                })
+            }
             (_, _) => {
                 let qt = qtensor_from_ggml(raw.dtype, &raw.data, vec![rows, cols], device)?;
                 Backend::Candle(QMatMul::from_qtensor(qt)?)

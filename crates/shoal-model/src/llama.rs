@@ -202,6 +202,11 @@ impl LlamaStage {
         &self.device
     }
 
+    /// Bytes per stored key or value in this stage's KV caches.
+    pub fn kv_value_bytes(&self) -> usize {
+        crate::kv::value_bytes(self.host.is_some())
+    }
+
     /// A fresh KV cache for this stage's layers.
     pub fn new_kv_cache(&self) -> KvCache {
         KvCache::new(
@@ -324,22 +329,31 @@ impl LlamaStage {
             head_dim: c.head_dim,
         };
         let qd = c.n_heads * c.head_dim;
-        let row = qd + 2 * c.n_kv_heads * c.head_dim;
         let mut h = vec![0f32; total * dim];
         let mut attn = vec![0f32; total * qd];
         let mut act = vec![0f32; total * c.ffn_dim];
         for (li, blk) in self.blocks.iter().enumerate() {
             ops::rms_norm(&x, &blk.attn_norm.host, c.rms_eps, &mut h);
             let mut qkv = blk.wqkv.forward_host(&h, total)?;
-            let mut start = 0;
-            for s in seqs.iter_mut() {
-                let pos = s.kv.len();
-                let kv = s.kv.host_layer(li)?;
-                let q = &mut qkv[start * row..(start + s.len) * row];
-                let o = &mut attn[start * qd..(start + s.len) * qd];
-                attention::attend(q, s.len, pos, heads, &host.rope, kv, o, &host.pool);
-                start += s.len;
-            }
+            let mut chunks = seqs
+                .iter_mut()
+                .map(|s| {
+                    let (t, pos) = (s.len, s.kv.len());
+                    Ok(attention::SeqChunk {
+                        t,
+                        pos,
+                        kv: s.kv.host_layer(li)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            attention::attend(
+                &mut qkv,
+                &mut chunks,
+                heads,
+                &host.rope,
+                &mut attn,
+                &host.pool,
+            );
             ops::add_assign(&mut x, &blk.wo.forward_host(&attn, total)?);
             ops::rms_norm(&x, &blk.ffn_norm.host, c.rms_eps, &mut h);
             let gu = blk.w_gate_up.forward_host(&h, total)?;

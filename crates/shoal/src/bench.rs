@@ -163,16 +163,125 @@ fn run_second_turn(
     Ok(())
 }
 
-pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let (id, path) = crate::resolve_model(&args.model)?;
-    let threads: Vec<usize> = args
-        .threads
-        .split(',')
+fn parse_list(s: &str, flag: &str) -> anyhow::Result<Vec<usize>> {
+    s.split(',')
         .map(|t| t.trim().parse::<usize>())
         .collect::<Result<_, _>>()
-        .map_err(|e| anyhow::anyhow!("--threads: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct StreamsRow {
+    threads: usize,
+    streams: usize,
+    prompt_tokens: usize,
+    gen_tokens: usize,
+    repetitions: usize,
+    /// Generated tokens of all streams / wall time from launch to the last token.
+    aggregate_tok_s: f64,
+    /// Generated tokens after each stream's first / time from the last first token to the last token.
+    decode_tok_s: f64,
+    itl_p50_ms: f64,
+    itl_p99_ms: f64,
+}
+
+/// N concurrent greedy sequences per repetition; aggregate and steady-state decode throughput.
+fn run_streams(
+    args: &BenchArgs,
+    path: &std::path::Path,
+    id: &str,
+    threads: &[usize],
+    streams: &[usize],
+) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut rng = Rng::new(11);
+    let mut rows = Vec::new();
+    for &t in threads {
+        let config = EngineConfig {
+            threads: t.max(1),
+            max_running: streams.iter().copied().max().unwrap_or(1).max(1),
+            ..Default::default()
+        };
+        let engine = shoal_engine::engine::spawn_from_gguf(path, id, config)?;
+        rt.block_on(timed(&engine, id, vec![1, 2, 3], 2))?;
+        for &n in streams {
+            let (mut agg, mut dec, mut itl) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..args.repetitions.max(1) {
+                let prompts: Vec<Vec<u32>> = (0..n.max(1))
+                    .map(|_| {
+                        (0..args.prompt_tokens.max(1))
+                            .map(|_| (rng.next_u64() % 49_000) as u32)
+                            .collect()
+                    })
+                    .collect();
+                let start = Instant::now();
+                let runs = rt.block_on(futures::future::try_join_all(
+                    prompts
+                        .into_iter()
+                        .map(|p| timed(&engine, id, p, args.gen_tokens)),
+                ))?;
+                let all: Vec<&Vec<Instant>> = runs.iter().map(|(_, a, _)| a).collect();
+                let last = all.iter().filter_map(|a| a.last()).max().copied();
+                let last_first = all.iter().filter_map(|a| a.first()).max().copied();
+                let total: usize = all.iter().map(|a| a.len()).sum();
+                if let (Some(last), Some(last_first)) = (last, last_first) {
+                    agg.push(total as f64 / (last - start).as_secs_f64());
+                    let after: usize = all
+                        .iter()
+                        .map(|a| a.iter().filter(|&&x| x > last_first).count())
+                        .sum();
+                    dec.push(after as f64 / (last - last_first).as_secs_f64().max(1e-9));
+                }
+                for a in &all {
+                    itl.extend(a.windows(2).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3));
+                }
+            }
+            itl.sort_by(f64::total_cmp);
+            rows.push(StreamsRow {
+                threads: t,
+                streams: n,
+                prompt_tokens: args.prompt_tokens,
+                gen_tokens: args.gen_tokens,
+                repetitions: args.repetitions,
+                aggregate_tok_s: median(agg),
+                decode_tok_s: median(dec),
+                itl_p50_ms: percentile(&itl, 0.5),
+                itl_p99_ms: percentile(&itl, 0.99),
+            });
+        }
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "model": id, "streams": rows }))?
+        );
+    } else {
+        println!(
+            "model {id}: N concurrent sequences, -p {} -n {}",
+            args.prompt_tokens, args.gen_tokens
+        );
+        println!("threads  streams  aggregate tok/s  decode tok/s  ITL p50 ms  ITL p99 ms");
+        for r in &rows {
+            println!(
+                "{:>7}  {:>7}  {:>15.1}  {:>12.1}  {:>10.2}  {:>10.2}",
+                r.threads, r.streams, r.aggregate_tok_s, r.decode_tok_s, r.itl_p50_ms, r.itl_p99_ms
+            );
+        }
+    }
+    Ok(())
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let (id, path) = crate::resolve_model(&args.model)?;
+    let threads = parse_list(&args.threads, "--threads")?;
     if args.second_turn {
         return run_second_turn(&args, &path, &id, &threads);
+    }
+    if let Some(streams) = &args.streams {
+        let streams = parse_list(streams, "--streams")?;
+        return run_streams(&args, &path, &id, &threads, &streams);
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -226,6 +226,10 @@ pub struct BenchArgs {
     /// its 8-token answer and 16 new tokens).
     #[arg(long)]
     pub second_turn: bool,
+    /// Instead: aggregate decode tok/s of N concurrent greedy sequences (`-p` random prompt tokens,
+    /// `-n` generated each), e.g. "1,4,16", like llama.cpp's batched-bench.
+    #[arg(long)]
+    pub streams: Option<String>,
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! slices have the lengths the kernels read, then enters a `#[target_feature]` function in which
 //! the generic `#[inline(always)]` kernels of [`kernels`] are compiled.
 
+pub(crate) mod avx512;
 mod kernels;
 
 use std::arch::is_x86_feature_detected;

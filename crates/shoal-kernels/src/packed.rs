@@ -1,0 +1,181 @@
+//! Weight matrices owned by the kernels, in the layout the best backend of this CPU reads fastest.
+//!
+//! [`PackedMatrix::new`] copies a [`QMatrix`]'s GGUF rows once at load time. On CPUs with AVX-512
+//! VNNI, `Q4_1` and `Q8_0` weights are repacked into groups of 16 rows ([`Layout::Rows16`]: per
+//! block, the 16 rows' scales and then their quants interleaved four bytes at a time, the layout one
+//! 512-bit `vpdpbusd` consumes; see `x86::avx512`). Everywhere else the rows stay as they are
+//! ([`Layout::Rows`]) and the 256-bit or scalar kernels run. Repacking keeps the byte count (except
+//! the padding of a last partial group) and is exact: the same quants and f16 scales.
+
+use crate::acts::Activations;
+use crate::backend::Backend;
+use crate::error::KernelError;
+use crate::format::{Q4_1_BYTES, Q8_0_BYTES, QK, QType};
+use crate::matmul::{QMatrix, run_gemm};
+use crate::pool::Parallel;
+
+/// Rows per group in [`Layout::Rows16`].
+pub(crate) const GROUP: usize = 16;
+/// Bytes of one block of 16 `Q4_1` rows: 16 `d`, 16 `m` (f16), 16 × 16 nibble bytes.
+pub(crate) const Q4_1_GROUP_BYTES: usize = GROUP * Q4_1_BYTES;
+/// Bytes of one block of 16 `Q8_0` rows: 16 `d` (f16), 16 × 32 quants.
+pub(crate) const Q8_0_GROUP_BYTES: usize = GROUP * Q8_0_BYTES;
+
+/// How a [`PackedMatrix`] stores its weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// GGML rows, as in the GGUF file.
+    Rows,
+    /// Groups of 16 rows interleaved per block (AVX-512 VNNI).
+    Rows16,
+}
+
+/// An owned weight matrix (`rows` output features × `cols` input features) laid out for a backend.
+#[derive(Debug, Clone)]
+pub struct PackedMatrix {
+    qtype: QType,
+    rows: usize,
+    cols: usize,
+    layout: Layout,
+    backend: Backend,
+    data: Vec<u8>,
+}
+
+impl PackedMatrix {
+    /// Copies `w` into the layout of the detected backend.
+    pub fn new(w: &QMatrix<'_>) -> Result<Self, KernelError> {
+        Self::with_backend(w, Backend::detect())
+    }
+
+    /// Copies `w` into the layout `backend` reads (`Rows` unless it is AVX-512 VNNI on this CPU).
+    pub fn with_backend(w: &QMatrix<'_>, backend: Backend) -> Result<Self, KernelError> {
+        let row_bytes = w.row_bytes()?;
+        let backend = backend.usable();
+        let quantized = matches!(w.qtype, QType::Q4_1 | QType::Q8_0);
+        let (layout, data) = if backend == Backend::Avx512Vnni && quantized && w.cols > 0 {
+            (Layout::Rows16, repack16(w, row_bytes))
+        } else {
+            (Layout::Rows, w.data.to_vec())
+        };
+        Ok(Self {
+            qtype: w.qtype,
+            rows: w.rows,
+            cols: w.cols,
+            layout,
+            backend,
+            data,
+        })
+    }
+
+    pub fn qtype(&self) -> QType {
+        self.qtype
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The backend the matrix was laid out for (the one its matmuls run on).
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// `out = x · Wᵀ`: `x` is `m × cols`, `out` is `m × rows`, both row-major.
+    ///
+    /// Results are bitwise identical for every thread count and do not depend on `m` or on a
+    /// row's position among the `m` rows.
+    pub fn matmul<P: Parallel + ?Sized>(
+        &self,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+        pool: &P,
+    ) -> Result<(), KernelError> {
+        let mut acts = Activations::default();
+        acts.quantize_into_par(self.qtype.act_type(), x, m, self.cols, pool)?;
+        self.matmul_quantized(&acts, out, pool)
+    }
+
+    /// [`PackedMatrix::matmul`] for activations quantized beforehand.
+    pub fn matmul_quantized<P: Parallel + ?Sized>(
+        &self,
+        x: &Activations,
+        out: &mut [f32],
+        pool: &P,
+    ) -> Result<(), KernelError> {
+        match self.layout {
+            Layout::Rows => {
+                let w = QMatrix::new(self.qtype, self.rows, self.cols, &self.data)?;
+                crate::matmul_quantized_with(self.backend, &w, x, out, pool)
+            }
+            Layout::Rows16 => run_gemm(
+                self.backend,
+                self.qtype,
+                self.rows,
+                self.cols,
+                &self.data,
+                Layout::Rows16,
+                x,
+                out,
+                pool,
+            ),
+        }
+    }
+}
+
+/// Repacks GGML rows into 16-row groups (the last group padded with zero rows).
+fn repack16(w: &QMatrix<'_>, row_bytes: usize) -> Vec<u8> {
+    let nb = w.cols / QK;
+    let (block, group_bytes) = match w.qtype {
+        QType::Q4_1 => (Q4_1_BYTES, Q4_1_GROUP_BYTES),
+        _ => (Q8_0_BYTES, Q8_0_GROUP_BYTES),
+    };
+    let groups = w.rows.div_ceil(GROUP);
+    let mut out = vec![0u8; groups * nb * group_bytes];
+    for (g, dst) in out.chunks_exact_mut(nb * group_bytes).enumerate() {
+        for (b, gb) in dst.chunks_exact_mut(group_bytes).enumerate() {
+            for l in 0..GROUP {
+                let r = g * GROUP + l;
+                if r >= w.rows {
+                    continue; // padding: scales 0, outputs never stored
+                }
+                let src = &w.data[r * row_bytes + b * block..r * row_bytes + (b + 1) * block];
+                match w.qtype {
+                    QType::Q4_1 => {
+                        gb[2 * l..2 * l + 2].copy_from_slice(&src[0..2]);
+                        gb[32 + 2 * l..32 + 2 * l + 2].copy_from_slice(&src[2..4]);
+                        for c in 0..4 {
+                            let at = 64 + 64 * c + 4 * l;
+                            gb[at..at + 4].copy_from_slice(&src[4 + 4 * c..8 + 4 * c]);
+                        }
+                    }
+                    _ => {
+                        gb[2 * l..2 * l + 2].copy_from_slice(&src[0..2]);
+                        for j in 0..8 {
+                            let at = 32 + 64 * j + 4 * l;
+                            for t in 0..4 {
+                                gb[at + t] = src[2 + 4 * j + t] ^ 0x80;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,123 @@
+//! `PackedMatrix`: the 16-row AVX-512 layout (where the CPU has it) and the plain-row layout give
+//! the naive reference's results, bitwise independent of the batch and the thread count.
+
+mod common;
+
+use common::{Rng, assert_near_reference, random_raw, random_weights};
+use shoal_kernels::{Activations, Backend, Layout, PackedMatrix, QMatrix, QType, ThreadPool};
+
+const TYPES: [QType; 3] = [QType::F32, QType::Q4_1, QType::Q8_0];
+
+#[test]
+fn layout_follows_the_backend() {
+    let mut rng = Rng::new(1);
+    for backend in Backend::supported() {
+        for qtype in TYPES {
+            let data = random_weights(&mut rng, qtype, 20, 64);
+            let w = QMatrix::new(qtype, 20, 64, &data).expect("matrix");
+            let p = PackedMatrix::with_backend(&w, backend).expect("pack");
+            let want = if backend == Backend::Avx512Vnni && qtype != QType::F32 {
+                Layout::Rows16
+            } else {
+                Layout::Rows
+            };
+            assert_eq!(p.layout(), want, "{backend:?} {qtype:?}");
+            assert_eq!(p.backend(), backend);
+            assert_eq!((p.rows(), p.cols(), p.qtype()), (20, 64, qtype));
+            // Repacking keeps the bytes, plus the padding of the last group of 16 rows.
+            let padded = if want == Layout::Rows16 { 32 } else { 20 };
+            assert_eq!(p.bytes(), data.len() / 20 * padded, "{backend:?} {qtype:?}");
+        }
+    }
+}
+
+#[test]
+fn packed_matmul_matches_naive_reference_on_every_backend() {
+    let mut rng = Rng::new(77);
+    let pool = ThreadPool::new(2);
+    for backend in Backend::supported() {
+        for qtype in TYPES {
+            for (n, k) in [(16, 32), (40, 96), (300, 576), (19, 1536)] {
+                for m in [1, 7, 8, 9, 17] {
+                    let data = if m == 7 {
+                        random_raw(&mut rng, qtype, n, k) // every quant bit pattern, -128 included
+                    } else {
+                        random_weights(&mut rng, qtype, n, k)
+                    };
+                    let w = QMatrix::new(qtype, n, k, &data).expect("matrix");
+                    let p = PackedMatrix::with_backend(&w, backend).expect("pack");
+                    let x = rng.vec(m * k);
+                    let mut out = vec![f32::NAN; m * n];
+                    p.matmul(&x, m, &mut out, &pool).expect("matmul");
+                    let label = format!("{backend:?} {qtype:?}");
+                    assert_near_reference(&label, qtype, &data, n, k, &x, &out);
+                }
+            }
+        }
+    }
+}
+
+/// A row's outputs do not depend on how many rows share the call, where the row sits among them,
+/// or how many threads run it: batched decoding gives each sequence its lone-run logits.
+#[test]
+fn packed_results_are_bitwise_independent_of_batch_and_threads() {
+    let mut rng = Rng::new(5);
+    let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
+    for backend in Backend::supported() {
+        for qtype in TYPES {
+            let (n, k, m) = (72, 192, 19);
+            let data = random_raw(&mut rng, qtype, n, k);
+            let w = QMatrix::new(qtype, n, k, &data).expect("matrix");
+            let p = PackedMatrix::with_backend(&w, backend).expect("pack");
+            let x = rng.vec(m * k);
+            let mut all = vec![0f32; m * n];
+            p.matmul(&x, m, &mut all, &pools[1]).expect("matmul");
+            for r in 0..m {
+                let mut one = vec![0f32; n];
+                p.matmul(&x[r * k..(r + 1) * k], 1, &mut one, &pools[r % 3])
+                    .expect("matmul");
+                let same = one
+                    .iter()
+                    .zip(&all[r * n..(r + 1) * n])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{backend:?} {qtype:?}: row {r} alone differs");
+            }
+            for pool in [&pools[0], &pools[2]] {
+                let mut out = vec![0f32; m * n];
+                p.matmul(&x, m, &mut out, pool).expect("matmul");
+                assert!(
+                    out.iter()
+                        .zip(&all)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{backend:?} {qtype:?}: {} threads differ",
+                    pool.n_threads()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_matmul_rejects_mismatched_operands() {
+    let mut rng = Rng::new(3);
+    let pool = ThreadPool::new(1);
+    let data = random_weights(&mut rng, QType::Q4_1, 16, 64);
+    let w = QMatrix::new(QType::Q4_1, 16, 64, &data).expect("matrix");
+    let p = PackedMatrix::new(&w).expect("pack");
+    let x = rng.vec(2 * 64);
+    let mut short = vec![0f32; 16];
+    assert!(
+        p.matmul(&x, 2, &mut short, &pool).is_err(),
+        "output too short"
+    );
+    let mut out = vec![0f32; 32];
+    assert!(
+        p.matmul(&x[..100], 2, &mut out, &pool).is_err(),
+        "input too short"
+    );
+    let wrong = Activations::quantize(QType::Q8_0.act_type(), &x, 2, 64).expect("acts");
+    assert!(
+        p.matmul_quantized(&wrong, &mut out, &pool).is_err(),
+        "wrong activation format"
+    );
+}
