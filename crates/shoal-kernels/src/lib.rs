@@ -51,6 +51,7 @@ mod acts;
 mod backend;
 mod error;
 mod format;
+pub mod math;
 mod matmul;
 mod packed;
 mod pool;

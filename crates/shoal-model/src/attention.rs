@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 use shoal_kernels::ThreadPool;
+use shoal_kernels::math::{exp_in_place, f16_to_f32, f32_to_f16, round_to_f16};
 
 pub use crate::ops::RopeTable;
 
@@ -57,13 +57,6 @@ pub struct SeqChunk<'a> {
     pub kv: HostKvLayer<'a>,
 }
 
-/// Rounds every value to f16 precision (vectorized conversions), through `tmp`.
-fn round_f16_slice(x: &mut [f32], tmp: &mut Vec<f16>) {
-    tmp.resize(x.len(), f16::ZERO);
-    tmp.convert_from_f32_slice(x);
-    tmp.convert_to_f32_slice(x);
-}
-
 /// Attention of a batch of sequence chunks, in batch order.
 ///
 /// `qkv` holds, for every chunk, `t` rows of `[q (n_heads·hd) | k (n_kv·hd) | v (n_kv·hd)]`; q and k
@@ -90,7 +83,6 @@ pub fn attend(
         qkv.len() == total * row && out.len() == total * qd,
         "attend: buffer sizes do not match the heads"
     );
-    let mut tmp = Vec::new();
     let mut starts = Vec::with_capacity(chunks.len());
     let mut start = 0;
     for c in chunks.iter_mut() {
@@ -106,12 +98,12 @@ pub fn attend(
             }
             for g in 0..nkv {
                 let dst = (g * cap + pos + i) * hd;
-                c.kv.k[dst..dst + hd].convert_from_f32_slice(&r[qd + g * hd..qd + (g + 1) * hd]);
-                c.kv.v[dst..dst + hd]
-                    .convert_from_f32_slice(&r[qd + kvd + g * hd..qd + kvd + (g + 1) * hd]);
+                let (k, v) = r[qd..].split_at(kvd);
+                f32_to_f16(&k[g * hd..(g + 1) * hd], &mut c.kv.k[dst..dst + hd]);
+                f32_to_f16(&v[g * hd..(g + 1) * hd], &mut c.kv.v[dst..dst + hd]);
             }
             // Queries enter the q·k products at f16 precision, as in llama.cpp.
-            round_f16_slice(&mut r[..qd], &mut tmp);
+            round_to_f16(&mut r[..qd]);
         }
         starts.push(start);
         start += t;
@@ -126,7 +118,7 @@ pub fn attend(
     let next = AtomicUsize::new(0);
     let chunks = &*chunks;
     pool.run(|_, _| {
-        let (mut kf, mut vf, mut w, mut tmp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut kf, mut vf, mut w) = (Vec::new(), Vec::new(), Vec::new());
         loop {
             let item = next.fetch_add(1, Ordering::Relaxed);
             if item >= items.len() {
@@ -138,8 +130,8 @@ pub fn attend(
             let len_all = pos + t;
             kf.resize(len_all * hd, 0.0);
             vf.resize(len_all * hd, 0.0);
-            c.kv.k[g * cap * hd..][..len_all * hd].convert_to_f32_slice(&mut kf);
-            c.kv.v[g * cap * hd..][..len_all * hd].convert_to_f32_slice(&mut vf);
+            f16_to_f32(&c.kv.k[g * cap * hd..][..len_all * hd], &mut kf);
+            f16_to_f32(&c.kv.v[g * cap * hd..][..len_all * hd], &mut vf);
             let Ok(mut o) = items[item].lock() else {
                 continue;
             };
@@ -157,17 +149,16 @@ pub fn attend(
                         max = max.max(s);
                         w.push(s);
                     }
-                    let mut sum = 0f32;
                     for s in w.iter_mut() {
-                        *s = (*s - max).exp();
-                        sum += *s;
+                        *s -= max;
                     }
-                    let inv = 1.0 / sum;
+                    exp_in_place(&mut w);
+                    let inv = 1.0 / w.iter().sum::<f32>();
                     for s in w.iter_mut() {
                         *s *= inv;
                     }
                     // Attention weights enter the value sum at f16 precision.
-                    round_f16_slice(&mut w, &mut tmp);
+                    round_to_f16(&mut w);
                     let oi = &mut o[(i * group + gh) * hd..(i * group + gh + 1) * hd];
                     oi.fill(0.0);
                     for (p, vj) in w.iter().zip(vf.chunks_exact(hd)) {

@@ -20,8 +20,12 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 pub fn swiglu(gate_up: &[f32], n: usize, out: &mut [f32]) {
     for (gu, o) in gate_up.chunks_exact(2 * n).zip(out.chunks_exact_mut(n)) {
         let (g, u) = gu.split_at(n);
+        for (o, &g) in o.iter_mut().zip(g) {
+            *o = -g;
+        }
+        shoal_kernels::math::exp_in_place(o);
         for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-            *o = g / (1.0 + (-g).exp()) * u;
+            *o = g / (1.0 + *o) * u;
         }
     }
 }
