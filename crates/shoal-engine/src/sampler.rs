@@ -44,7 +44,17 @@ pub struct Sampler {
 /// Log-probability of `id` under the softmax of `logits`.
 pub fn logprob(logits: &[f32], id: u32) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    // Vectorized f32 exponentials (every token pays this over the whole vocabulary), summed in f64.
+    let mut buf = [0f32; 256];
+    let mut sum = 0f64;
+    for chunk in logits.chunks(buf.len()) {
+        let b = &mut buf[..chunk.len()];
+        for (d, &l) in b.iter_mut().zip(chunk) {
+            *d = l - max;
+        }
+        shoal_kernels::math::exp_in_place(b);
+        sum += b.iter().map(|&v| f64::from(v)).sum::<f64>();
+    }
     let l = logits
         .get(id as usize)
         .copied()
@@ -354,5 +364,20 @@ mod tests {
         let l = [1.0f32, 2.0, 3.0];
         let z: f64 = l.iter().map(|&x| (x as f64).exp()).sum();
         assert!((logprob(&l, 2) as f64 - (3.0 - z.ln())).abs() < 1e-5);
+        // A vocabulary-sized row (several chunks and a partial one) with a wide spread of values.
+        let l: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 1000) as f32 * 0.037 - 20.0)
+            .collect();
+        let max = l.iter().copied().fold(f32::MIN, f32::max) as f64;
+        let z: f64 = l.iter().map(|&x| (x as f64 - max).exp()).sum();
+        for id in [0u32, 1, 500, 999] {
+            let want = l[id as usize] as f64 - max - z.ln();
+            assert!((logprob(&l, id) as f64 - want).abs() < 1e-5, "id {id}");
+        }
+        assert_eq!(
+            logprob(&l, 5000),
+            f32::NEG_INFINITY,
+            "unknown ids are impossible"
+        );
     }
 }
