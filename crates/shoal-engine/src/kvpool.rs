@@ -3,6 +3,11 @@
 //! Each engine reserves bytes before its sequences grow and gives them back when they shrink, so several
 //! models loaded at once share one budget: memory one model frees is there for the next, and no engine's
 //! limit depends on which model loaded last. Reservations are atomic, so the sum never exceeds the budget.
+//!
+//! Cached prefixes are the only memory an engine holds that it does not need: an engine that cannot grow
+//! even after evicting its own asks the pool ([`KvPool::request`]), and every engine holding cached
+//! prefixes evicts its least recently used ones until the request is met ([`KvPool::wanted`]); running
+//! sequences are never taken from another engine.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -10,6 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub struct KvPool {
     budget: usize,
     reserved: AtomicUsize,
+    /// Bytes an engine is waiting for (0 when none); lowered by every release.
+    wanted: AtomicUsize,
 }
 
 impl KvPool {
@@ -17,6 +24,7 @@ impl KvPool {
         Self {
             budget: budget_bytes,
             reserved: AtomicUsize::new(0),
+            wanted: AtomicUsize::new(0),
         }
     }
 
@@ -50,19 +58,52 @@ impl KvPool {
         granted
     }
 
-    /// Gives back `bytes` reserved earlier.
+    /// Gives back `bytes` reserved earlier (which also counts towards a pending request).
     pub fn release(&self, bytes: usize) {
-        let _ = self
-            .reserved
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+        for counter in [&self.reserved, &self.wanted] {
+            let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
                 Some(r.saturating_sub(bytes))
             });
+        }
+    }
+
+    /// Asks the engines holding cached prefixes to free `bytes` (the largest pending request wins; an
+    /// engine still short after its next try asks again).
+    pub fn request(&self, bytes: usize) {
+        self.wanted.fetch_max(bytes, Ordering::AcqRel);
+    }
+
+    /// Withdraws the pending request (its engine got the memory; another still waiting asks again).
+    pub fn clear_request(&self) {
+        self.wanted.store(0, Ordering::Release);
+    }
+
+    /// Bytes some engine is waiting for (0 when none).
+    pub fn wanted(&self) -> usize {
+        self.wanted.load(Ordering::Acquire)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_for_memory_is_lowered_by_releases_and_withdrawn() {
+        let pool = KvPool::new(100);
+        assert_eq!(pool.wanted(), 0);
+        pool.request(30);
+        pool.request(10); // the largest pending request wins
+        assert_eq!(pool.wanted(), 30);
+        assert!(pool.try_reserve(50));
+        pool.release(20);
+        assert_eq!((pool.wanted(), pool.reserved()), (10, 30));
+        pool.release(20);
+        assert_eq!((pool.wanted(), pool.reserved()), (0, 10));
+        pool.request(5);
+        pool.clear_request();
+        assert_eq!(pool.wanted(), 0);
+    }
 
     #[test]
     fn reservations_never_exceed_the_budget() {

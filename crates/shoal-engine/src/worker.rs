@@ -32,6 +32,8 @@ const LONG_PROMPT_TOKENS: usize = 256;
 
 /// How often an engine with nothing it can run checks whether KV memory came free.
 const WAIT_FOR_MEMORY: std::time::Duration = std::time::Duration::from_millis(2);
+/// How often an idle engine holding cached prefixes checks whether another engine needs the memory.
+const IDLE_MEMORY_CHECK: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// A sequence owned by the engine thread.
 struct Sequence {
@@ -80,6 +82,8 @@ pub(crate) struct Worker {
     token_bytes: usize,
     /// Tokens of KV this engine has reserved in the pool (≥ what it holds).
     reserved: usize,
+    /// Whether this engine has asked the others for memory (and should withdraw the request once served).
+    asked_others: bool,
     /// Sequences whose KV was dropped to stay in budget; they resume first, recomputing their KV.
     preempted: VecDeque<Sequence>,
     tokenizer: Arc<Tokenizer>,
@@ -129,6 +133,7 @@ impl Worker {
             pool,
             token_bytes,
             reserved: 0,
+            asked_others: false,
             preempted: VecDeque::new(),
             prefix: PrefixIndex::new(config.prefix_cache_tokens),
             stages,
@@ -151,9 +156,19 @@ impl Worker {
                 && self.preempted.is_empty()
                 && self.flights.is_empty()
             {
-                match rx.recv() {
-                    Ok(a) => self.waiting.push_back(a),
-                    Err(_) => return, // every handle is gone
+                if self.prefix.used_tokens() == 0 {
+                    match rx.recv() {
+                        Ok(a) => self.waiting.push_back(a),
+                        Err(_) => return, // every handle is gone
+                    }
+                } else {
+                    // Idle but holding cached prefixes: wake up now and then in case another engine
+                    // on the node needs the memory.
+                    match rx.recv_timeout(IDLE_MEMORY_CHECK) {
+                        Ok(a) => self.waiting.push_back(a),
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
                 }
             }
             // Pull only while the wait list has room: beyond that requests stay in the bounded channel,
@@ -242,6 +257,7 @@ impl Worker {
     }
 
     fn publish_memory(&mut self) {
+        self.yield_memory();
         self.trim_reservation();
         let c = &self.counters;
         c.kv_tokens.store(self.kv_in_use(), Ordering::Relaxed);
@@ -284,13 +300,39 @@ impl Worker {
         }
     }
 
-    /// Makes `need` KV tokens free if possible, evicting cached prefixes first; true when they are.
+    /// Evicts cached prefixes (least recently used first) while another engine on the node waits for
+    /// memory; [`Worker::trim_reservation`] then hands the bytes back to the pool.
+    fn yield_memory(&mut self) {
+        let want = self.pool.wanted();
+        let mut freed = 0;
+        while freed < want {
+            let before = self.prefix.used_tokens();
+            let Some(id) = self.prefix.pop_lru() else {
+                break;
+            };
+            for s in self.stages.iter_mut() {
+                s.drop_prefix(id);
+            }
+            freed += (before - self.prefix.used_tokens()) * self.token_bytes;
+        }
+    }
+
+    /// Makes `need` KV tokens free if possible, evicting cached prefixes first (this engine's, then
+    /// asking the others for theirs); true when they are.
     fn make_room(&mut self, need: usize) -> bool {
         loop {
             if self.reserve(self.kv_in_use() + need) {
+                if std::mem::take(&mut self.asked_others) {
+                    self.pool.clear_request();
+                }
                 return true;
             }
             let Some(id) = self.prefix.pop_lru() else {
+                self.asked_others = true;
+                let short = (self.kv_in_use() + need).saturating_sub(self.reserved);
+                let free = self.pool.budget().saturating_sub(self.pool.reserved());
+                self.pool
+                    .request((short * self.token_bytes).saturating_sub(free));
                 return false;
             };
             for s in self.stages.iter_mut() {

@@ -12,6 +12,8 @@ use shoal_model::testing::model_path;
 
 const MODEL: &str = "smollm2-135m-instruct-q4_1";
 /// Upper bound for waiting on the engine in these tests (generous for a loaded CI box).
+/// KV bytes per token of the test model: K and V × 30 layers × 3 KV heads × 64 values, f16 on CPU.
+const KV_TOKEN: usize = 2 * 30 * 3 * 64 * 2;
 const PATIENCE: Duration = Duration::from_secs(60);
 
 fn engine_with(config: EngineConfig) -> EngineHandle {
@@ -401,7 +403,7 @@ async fn prefix_cache_reuses_a_previous_turn_and_changes_nothing() {
 async fn a_small_kv_budget_queues_and_preempts_but_every_request_finishes_unchanged() {
     // Room for ~96 tokens of KV: four requests of ~10 prompt + 40 generated tokens cannot all hold
     // their KV at once, so some wait and some are preempted and recomputed.
-    let kv_token = 2 * 30 * 3 * 64 * 4;
+    let kv_token = KV_TOKEN;
     let tight = engine_with(EngineConfig {
         threads: 1,
         kv_budget_bytes: 96 * kv_token,
@@ -445,7 +447,7 @@ async fn a_small_kv_budget_queues_and_preempts_but_every_request_finishes_unchan
 async fn two_models_share_the_node_kv_pool_and_both_finish_unchanged() {
     // Two engines (two "models") on one pool with room for ~80 tokens of KV: each request needs ~60, so
     // they cannot both hold their KV at once; the second waits for the first instead of overflowing.
-    let kv_token = 2 * 30 * 3 * 64 * 4;
+    let kv_token = KV_TOKEN;
     let pool = std::sync::Arc::new(shoal_engine::kvpool::KvPool::new(80 * kv_token));
     let shared = || EngineConfig {
         threads: 1,
@@ -486,6 +488,47 @@ async fn two_models_share_the_node_kv_pool_and_both_finish_unchanged() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(first.stats().kv_tokens == 0 && second.stats().kv_tokens == 0);
+}
+
+#[tokio::test]
+async fn an_idle_engine_evicts_its_cached_prefixes_for_another_engine_short_of_memory() {
+    // Room for 100 tokens of KV. The first engine's finished request leaves ~70 tokens in its prefix
+    // cache; the second engine's request needs ~70 more, so it can only finish if the first one, idle,
+    // gives up its cached prefix.
+    let pool = std::sync::Arc::new(shoal_engine::kvpool::KvPool::new(100 * KV_TOKEN));
+    let shared = |prefix_cache_tokens| EngineConfig {
+        threads: 1,
+        kv_pool: Some(pool.clone()),
+        prefix_cache_tokens,
+        ..Default::default()
+    };
+    let (holder, needy) = (engine_with(shared(4096)), engine_with(shared(0)));
+    let req = |p: &str, n| {
+        let mut r = request(p, n);
+        r.ignore_eos = true;
+        r
+    };
+    collect(&holder, req("Once upon a time, in a small village,", 60)).await;
+    wait_for(
+        &holder,
+        "the finished request's prefix to stay cached",
+        |s| s.kv_tokens > 60,
+    );
+    let held = holder.stats().kv_tokens;
+    let out = tokio::time::timeout(PATIENCE, collect(&needy, req("The cat sat on", 65)))
+        .await
+        .expect("the second engine never got the memory the idle one caches");
+    assert_eq!(out.completion_tokens, 65);
+    assert_eq!(
+        out.tokens,
+        collect(&engine(), req("The cat sat on", 65)).await.tokens
+    );
+    let after = holder.stats().kv_tokens;
+    assert!(
+        after < held,
+        "the cached prefix was kept: {after} of {held} tokens"
+    );
+    assert!(pool.reserved() <= pool.budget());
 }
 
 #[tokio::test]
