@@ -49,13 +49,38 @@ impl PackedMatrix {
 
     /// Copies `w` into the layout `backend` reads (`Rows` unless it is AVX-512 VNNI on this CPU).
     pub fn with_backend(w: &QMatrix<'_>, backend: Backend) -> Result<Self, KernelError> {
+        Self::build(w, backend, || w.data.to_vec())
+    }
+
+    /// [`PackedMatrix::new`] taking the GGUF rows by value: kept as they are (no copy) when the
+    /// detected backend reads rows.
+    pub fn from_rows(
+        qtype: QType,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+    ) -> Result<Self, KernelError> {
+        let w = QMatrix::new(qtype, rows, cols, &data)?;
+        let packed = Self::build(&w, Backend::detect(), Vec::new)?;
+        Ok(match packed.layout {
+            Layout::Rows => Self { data, ..packed },
+            Layout::Rows16 => packed,
+        })
+    }
+
+    /// The matrix in `backend`'s layout; `rows_copy` gives the bytes when that layout is `Rows`.
+    fn build(
+        w: &QMatrix<'_>,
+        backend: Backend,
+        rows_copy: impl FnOnce() -> Vec<u8>,
+    ) -> Result<Self, KernelError> {
         let row_bytes = w.row_bytes()?;
         let backend = backend.usable();
         let quantized = matches!(w.qtype, QType::Q4_1 | QType::Q8_0);
         let (layout, data) = if backend == Backend::Avx512Vnni && quantized && w.cols > 0 {
             (Layout::Rows16, repack16(w, row_bytes))
         } else {
-            (Layout::Rows, w.data.to_vec())
+            (Layout::Rows, rows_copy())
         };
         Ok(Self {
             qtype: w.qtype,
@@ -118,23 +143,18 @@ impl PackedMatrix {
         out: &mut [f32],
         pool: &P,
     ) -> Result<(), KernelError> {
-        match self.layout {
-            Layout::Rows => {
-                let w = QMatrix::new(self.qtype, self.rows, self.cols, &self.data)?;
-                crate::matmul_quantized_with(self.backend, &w, x, out, pool)
-            }
-            Layout::Rows16 => run_gemm(
-                self.backend,
-                self.qtype,
-                self.rows,
-                self.cols,
-                &self.data,
-                Layout::Rows16,
-                x,
-                out,
-                pool,
-            ),
-        }
+        // (The bytes were checked against the shape when the matrix was built.)
+        run_gemm(
+            self.backend,
+            self.qtype,
+            self.rows,
+            self.cols,
+            &self.data,
+            self.layout,
+            x,
+            out,
+            pool,
+        )
     }
 }
 

@@ -24,6 +24,10 @@ fn layout_follows_the_backend() {
             assert_eq!(p.layout(), want, "{backend:?} {qtype:?}");
             assert_eq!(p.backend(), backend);
             assert_eq!((p.rows(), p.cols(), p.qtype()), (20, 64, qtype));
+            if backend == Backend::detect() {
+                let owned = PackedMatrix::from_rows(qtype, 20, 64, data.clone()).expect("pack");
+                assert_eq!((owned.layout(), owned.bytes()), (p.layout(), p.bytes()));
+            }
             // Repacking keeps the bytes, plus the padding of the last group of 16 rows.
             let padded = if want == Layout::Rows16 { 32 } else { 20 };
             assert_eq!(p.bytes(), data.len() / 20 * padded, "{backend:?} {qtype:?}");

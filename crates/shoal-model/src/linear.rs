@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, ggml_file::qtensor_from_ggml};
 use candle_core::{Device, Module, Tensor};
-use shoal_kernels::{PackedMatrix, QMatrix, QType, ThreadPool};
+use shoal_kernels::{PackedMatrix, QType, ThreadPool};
 
 use crate::error::{ModelError, Result};
 use crate::gguf::RawTensor;
@@ -69,9 +69,8 @@ impl QLinear {
             (Device::Cpu, Some(qtype)) => {
                 let bad =
                     |e: shoal_kernels::KernelError| ModelError::BadInput(format!("{name}: {e}"));
-                let w = QMatrix::new(qtype, rows, cols, &raw.data).map_err(bad)?;
                 Backend::Cpu(CpuWeights {
-                    w: PackedMatrix::new(&w).map_err(bad)?,
+                    w: PackedMatrix::from_rows(qtype, rows, cols, raw.data).map_err(bad)?,
                     pool: pool.clone(),
                 })
             }
