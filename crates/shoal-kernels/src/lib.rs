@@ -38,6 +38,10 @@
 //!   server burns no CPU; with one thread it is a plain call. Any [`Parallel`] implementation
 //!   works with [`matmul`]; [`RayonCurrent`] runs on the caller's rayon pool.
 //!
+//! - [`attn::attend_f16`]: attention of the query heads sharing one KV head against its f16 cache
+//!   (scores, softmax, weighted values) converting each cached row once; AVX2 and portable paths are
+//!   bitwise equal, like the helpers of [`math`].
+//!
 //! Typical use by a model: one `Arc<ThreadPool>` per stage, a `PackedMatrix` per GGUF weight tensor,
 //! `w.matmul(x, m, &mut out, &pool)` per linear layer (or `Activations::quantize_into`
 //! once plus `matmul_quantized` per matrix sharing the input), and
@@ -48,6 +52,7 @@
 //! checks, and the crate's only global state is the cached CPU-feature detection.
 
 mod acts;
+pub mod attn;
 mod backend;
 mod error;
 mod format;

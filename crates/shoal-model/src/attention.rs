@@ -12,28 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::f16;
 use shoal_kernels::ThreadPool;
-use shoal_kernels::math::{exp_in_place, f16_to_f32, f32_to_f16, round_to_f16};
+use shoal_kernels::attn::attend_f16;
+use shoal_kernels::math::{f32_to_f16, round_to_f16};
 
 pub use crate::ops::RopeTable;
-
-/// Dot product with eight independent partial sums, so the compiler keeps it in SIMD registers.
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
 
 /// Head layout of the attention.
 #[derive(Debug, Clone, Copy)]
@@ -118,7 +100,7 @@ pub fn attend(
     let next = AtomicUsize::new(0);
     let chunks = &*chunks;
     pool.run(|_, _| {
-        let (mut kf, mut vf, mut w) = (Vec::new(), Vec::new(), Vec::new());
+        let mut scratch = Vec::new();
         loop {
             let item = next.fetch_add(1, Ordering::Relaxed);
             if item >= items.len() {
@@ -127,46 +109,24 @@ pub fn attend(
             let (ci, g) = (item / nkv, item % nkv);
             let c = &chunks[ci];
             let (t, pos, cap) = (c.t, c.pos, c.kv.capacity);
-            let len_all = pos + t;
-            kf.resize(len_all * hd, 0.0);
-            vf.resize(len_all * hd, 0.0);
-            f16_to_f32(&c.kv.k[g * cap * hd..][..len_all * hd], &mut kf);
-            f16_to_f32(&c.kv.v[g * cap * hd..][..len_all * hd], &mut vf);
             let Ok(mut o) = items[item].lock() else {
                 continue;
             };
             o.resize(t * group * hd, 0.0);
+            let (k, v) = (&c.kv.k[g * cap * hd..], &c.kv.v[g * cap * hd..]);
             for i in 0..t {
                 let len = pos + i + 1;
-                let qrow = &qkv[(starts[ci] + i) * row..];
-                for gh in 0..group {
-                    let h = g * group + gh;
-                    let q = &qrow[h * hd..(h + 1) * hd];
-                    w.clear();
-                    let mut max = f32::NEG_INFINITY;
-                    for kj in kf[..len * hd].chunks_exact(hd) {
-                        let s = dot(q, kj) * scale;
-                        max = max.max(s);
-                        w.push(s);
-                    }
-                    for s in w.iter_mut() {
-                        *s -= max;
-                    }
-                    exp_in_place(&mut w);
-                    let inv = 1.0 / w.iter().sum::<f32>();
-                    for s in w.iter_mut() {
-                        *s *= inv;
-                    }
-                    // Attention weights enter the value sum at f16 precision.
-                    round_to_f16(&mut w);
-                    let oi = &mut o[(i * group + gh) * hd..(i * group + gh + 1) * hd];
-                    oi.fill(0.0);
-                    for (p, vj) in w.iter().zip(vf.chunks_exact(hd)) {
-                        for d in 0..hd {
-                            oi[d] += p * vj[d];
-                        }
-                    }
-                }
+                let q = &qkv[(starts[ci] + i) * row + g * group * hd..][..group * hd];
+                attend_f16(
+                    q,
+                    group,
+                    &k[..len * hd],
+                    &v[..len * hd],
+                    hd,
+                    scale,
+                    &mut scratch,
+                    &mut o[i * group * hd..(i + 1) * group * hd],
+                );
             }
         }
     });

@@ -1,0 +1,469 @@
+//! Attention of a few query heads against one KV head's f16 cache: scores, softmax, weighted sum of
+//! values, in one pass that converts each cached key and value to f32 once for all the heads.
+//!
+//! Numerics follow llama.cpp's CPU path: the caller passes queries already rounded to f16 precision,
+//! keys and values are f16, and the attention weights are rounded to f16 before weighting the values.
+//! Like [`crate::math`], the AVX2 path and the portable path perform the same IEEE operations in the
+//! same order (8-lane partial sums, fused multiply-adds, a fixed reduction tree), so results are bitwise
+//! the same whichever runs, and one head's output never depends on the other heads passed with it.
+
+use half::f16;
+
+use crate::math::{exp_in_place, round_to_f16};
+
+/// Lanes of the partial sums (one 256-bit register of f32).
+const L: usize = 8;
+
+/// Attention of `n_q` query heads sharing one KV head, over its first `len` cached positions.
+///
+/// `q` holds the heads one after another (`n_q · hd`), `keys` and `values` hold `len` rows of `hd`
+/// f16 each, `out` receives `n_q · hd` values. Scores are `q·k · scale`; `scratch` is reused between
+/// calls to avoid allocating.
+///
+/// # Panics
+/// If a slice length does not match `n_q`, `len` and `hd`, or `len` is 0.
+#[allow(clippy::too_many_arguments)] // the operands of one attention
+pub fn attend_f16(
+    q: &[f32],
+    n_q: usize,
+    keys: &[f16],
+    values: &[f16],
+    hd: usize,
+    scale: f32,
+    scratch: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    assert!(hd > 0, "attend_f16: head_dim is 0");
+    let len = keys.len() / hd;
+    assert!(
+        len > 0
+            && keys.len() == len * hd
+            && values.len() == keys.len()
+            && q.len() == n_q * hd
+            && out.len() == n_q * hd,
+        "attend_f16: slice lengths do not match the heads"
+    );
+    scratch.clear();
+    scratch.resize(n_q * len + L * hd, 0.0);
+    let (w, kf) = scratch.split_at_mut(n_q * len);
+    let fast = simd_available();
+    scores(fast, q, keys, hd, scale, w, kf);
+    for w in w.chunks_exact_mut(len) {
+        softmax_to_f16(fast, w);
+    }
+    weighted_sum(fast, w, values, hd, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+fn simd_available() -> bool {
+    crate::x86::has_avx2()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn simd_available() -> bool {
+    false
+}
+
+/// `s[h·len + j] = dot(q_h, k_j) · scale`; `kf` (8 · hd values) is room for 8 keys in f32.
+fn scores(
+    fast: bool,
+    q: &[f32],
+    keys: &[f16],
+    hd: usize,
+    scale: f32,
+    s: &mut [f32],
+    kf: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if fast {
+        // SAFETY: the features were checked by the caller; lengths are consistent (checked above).
+        return unsafe { x86::scores(q, keys, hd, scale, s, kf) };
+    }
+    let _ = (fast, kf);
+    let len = keys.len() / hd;
+    for (j, k) in keys.chunks_exact(hd).enumerate() {
+        for (h, qh) in q.chunks_exact(hd).enumerate() {
+            s[h * len + j] = dot(qh, k) * scale;
+        }
+    }
+}
+
+/// The portable dot product, in ggml's order (`ggml_vec_dot_f16` on AVX2): chunk `c` of 8 lanes
+/// into accumulator `c % 4` by fused multiply-adds, accumulators reduced `(0+2)+(1+3)`, lanes by the
+/// tree of [`hsum`], then the tail.
+fn dot(q: &[f32], k: &[f16]) -> f32 {
+    let mut acc = [[0f32; L]; 4];
+    let (qc, kc) = (q.chunks_exact(L), k.chunks_exact(L));
+    let (qt, kt) = (qc.remainder(), kc.remainder());
+    for (c, (qv, kv)) in qc.zip(kc).enumerate() {
+        let a = &mut acc[c % 4];
+        for l in 0..L {
+            a[l] = qv[l].mul_add(kv[l].to_f32(), a[l]);
+        }
+    }
+    let mut v = [0f32; L];
+    for l in 0..L {
+        v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut r = hsum(v);
+    for (a, b) in qt.iter().zip(kt) {
+        r = a.mul_add(b.to_f32(), r);
+    }
+    r
+}
+
+/// The lane reduction of the vector path (ggml's): `l + (l+4)`, then `((0+1) + (2+3))`.
+fn hsum(v: [f32; L]) -> f32 {
+    let a = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
+    (a[0] + a[1]) + (a[2] + a[3])
+}
+
+/// `w = round_f16(softmax(w))`.
+fn softmax_to_f16(fast: bool, w: &mut [f32]) {
+    let max = w.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    w.iter_mut().for_each(|x| *x -= max);
+    exp_in_place(w);
+    let inv = 1.0 / sum(fast, w);
+    w.iter_mut().for_each(|x| *x *= inv);
+    round_to_f16(w);
+}
+
+/// Sum with 8 lane accumulators (element `j` into lane `j % 8`), the tree of [`hsum`], then the tail.
+fn sum(fast: bool, w: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if fast {
+        // SAFETY: the features were checked by the caller.
+        return unsafe { x86::sum(w) };
+    }
+    let _ = fast;
+    let chunks = w.chunks_exact(L);
+    let tail = chunks.remainder();
+    let mut acc = [0f32; L];
+    for c in chunks {
+        for l in 0..L {
+            acc[l] += c[l];
+        }
+    }
+    tail.iter().fold(hsum(acc), |r, &x| r + x)
+}
+
+/// `out_h = Σ_j w[h·len + j] · v_j`, each output a chain of fused multiply-adds in `j` order from 0.
+fn weighted_sum(fast: bool, w: &[f32], values: &[f16], hd: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if fast && hd.is_multiple_of(L) {
+        // SAFETY: the features were checked by the caller; lengths are consistent.
+        return unsafe { x86::weighted_sum(w, values, hd, out) };
+    }
+    let _ = fast;
+    let len = values.len() / hd;
+    out.fill(0.0);
+    for (j, v) in values.chunks_exact(hd).enumerate() {
+        for (h, o) in out.chunks_exact_mut(hd).enumerate() {
+            let p = w[h * len + j];
+            for (o, v) in o.iter_mut().zip(v) {
+                *o = p.mul_add(v.to_f32(), *o);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::L;
+
+    /// Converts 8 f16 at `p` to f32.
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> __m256 {
+        // SAFETY: the caller guarantees 8 readable values; f16 is a transparent u16.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+
+    /// The reduction of [`super::hsum`] on a register.
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        // SAFETY: register arithmetic; the caller runs with AVX enabled.
+        unsafe {
+            let a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let b = _mm_hadd_ps(a, a); // a0+a1, a2+a3, ..
+            _mm_cvtss_f32(_mm_hadd_ps(b, b))
+        }
+    }
+
+    /// The reduction of [`super::hsum`] on eight registers at once: lane `i` of the result is
+    /// `hsum(v[ORDER[i]])`.
+    #[inline(always)]
+    unsafe fn hsum8(v: &[__m256; L]) -> __m256 {
+        // SAFETY: register arithmetic; the caller runs with AVX enabled.
+        unsafe {
+            // [lo(a) + hi(a) | lo(b) + hi(b)]: lanes l + (l+4) of two rows.
+            let fold = |a: __m256, b: __m256| {
+                _mm256_add_ps(
+                    _mm256_permute2f128_ps::<0x20>(a, b),
+                    _mm256_permute2f128_ps::<0x31>(a, b),
+                )
+            };
+            let (a, b) = (fold(v[0], v[1]), fold(v[2], v[3]));
+            let (c, d) = (fold(v[4], v[5]), fold(v[6], v[7]));
+            let ab = _mm256_hadd_ps(a, b); // [0: 01 23, 2: 01 23 | 1: .., 3: ..]
+            let cd = _mm256_hadd_ps(c, d);
+            _mm256_hadd_ps(ab, cd) // [0, 2, 4, 6 | 1, 3, 5, 7]
+        }
+    }
+
+    /// Row of each lane of [`hsum8`]'s result.
+    const ORDER: [usize; L] = [0, 2, 4, 6, 1, 3, 5, 7];
+
+    /// The products of one row pair in [`super::dot`]'s order, before the lane reduction.
+    #[inline(always)]
+    unsafe fn dot_lanes(q: *const f32, k: *const f32, nc: usize) -> __m256 {
+        // SAFETY: the caller guarantees `nc · 8` readable values behind both pointers.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for c in 0..nc {
+                let (qv, kv) = (_mm256_loadu_ps(q.add(c * L)), _mm256_loadu_ps(k.add(c * L)));
+                acc[c % 4] = _mm256_fmadd_ps(qv, kv, acc[c % 4]);
+            }
+            _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]))
+        }
+    }
+
+    /// The vector form of [`super::scores`]: keys in blocks of 8, converted once to f32 (in L1) for
+    /// all the heads, their lane sums reduced together.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scores(
+        q: &[f32],
+        keys: &[f16],
+        hd: usize,
+        scale: f32,
+        s: &mut [f32],
+        kf: &mut [f32],
+    ) {
+        let len = keys.len() / hd;
+        let n_q = q.len() / hd;
+        let nc = hd / L;
+        let tail = nc * L;
+        let mut j0 = 0;
+        while j0 + L <= len {
+            crate::math::f16_to_f32(&keys[j0 * hd..(j0 + L) * hd], &mut kf[..L * hd]);
+            for h in 0..n_q {
+                let qh = &q[h * hd..(h + 1) * hd];
+                let mut lanes = [_mm256_setzero_ps(); L];
+                for (r, v) in lanes.iter_mut().enumerate() {
+                    // SAFETY: rows of `hd ≥ nc · 8` values.
+                    *v = unsafe { dot_lanes(qh.as_ptr(), kf.as_ptr().add(r * hd), nc) };
+                }
+                let mut sums = [0f32; L];
+                // SAFETY: register arithmetic and an 8-value store.
+                unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), hsum8(&lanes)) };
+                for (i, &row) in ORDER.iter().enumerate() {
+                    let kr = &kf[row * hd..(row + 1) * hd];
+                    let mut r = sums[i];
+                    for d in tail..hd {
+                        r = qh[d].mul_add(kr[d], r);
+                    }
+                    s[h * len + j0 + row] = r * scale;
+                }
+            }
+            j0 += L;
+        }
+        for j in j0..len {
+            crate::math::f16_to_f32(&keys[j * hd..(j + 1) * hd], &mut kf[..hd]);
+            for h in 0..n_q {
+                let qh = &q[h * hd..(h + 1) * hd];
+                // SAFETY: rows of `hd ≥ nc · 8` values; register arithmetic.
+                let mut r = unsafe { hsum(dot_lanes(qh.as_ptr(), kf.as_ptr(), nc)) };
+                for d in tail..hd {
+                    r = qh[d].mul_add(kf[d], r);
+                }
+                s[h * len + j] = r * scale;
+            }
+        }
+    }
+
+    /// The vector form of [`super::sum`].
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn sum(w: &[f32]) -> f32 {
+        let n8 = w.len() / L * L;
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: `i + 8 ≤ len`.
+            acc = _mm256_add_ps(acc, unsafe { _mm256_loadu_ps(w.as_ptr().add(i)) });
+            i += L;
+        }
+        // SAFETY: plain register arithmetic.
+        let r = unsafe { hsum(acc) };
+        w[n8..].iter().fold(r, |r, &x| r + x)
+    }
+
+    /// Heads whose accumulators stay in registers together (with 32 values of `hd` at a time).
+    const HEADS: usize = 3;
+    /// Output values per head and register block.
+    const BLOCK: usize = 4 * L;
+
+    /// The vector form of [`super::weighted_sum`]; `hd` is a multiple of 8.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn weighted_sum(w: &[f32], values: &[f16], hd: usize, out: &mut [f32]) {
+        let len = values.len() / hd;
+        let n_q = out.len() / hd;
+        let mut h0 = 0;
+        while h0 < n_q {
+            let nh = (n_q - h0).min(HEADS);
+            let mut d0 = 0;
+            while d0 < hd {
+                let nd = ((hd - d0) / L).min(BLOCK / L); // registers of this block
+                let mut acc = [[_mm256_setzero_ps(); BLOCK / L]; HEADS];
+                for j in 0..len {
+                    let vrow = values[j * hd + d0..].as_ptr();
+                    let mut v = [_mm256_setzero_ps(); BLOCK / L];
+                    for (c, v) in v.iter_mut().enumerate().take(nd) {
+                        // SAFETY: `d0 + c · 8 + 8 ≤ hd` within row `j`.
+                        *v = unsafe { load_f16(vrow.add(c * L)) };
+                    }
+                    for (h, acc) in acc.iter_mut().enumerate().take(nh) {
+                        let p = _mm256_set1_ps(w[(h0 + h) * len + j]);
+                        for c in 0..nd {
+                            acc[c] = _mm256_fmadd_ps(p, v[c], acc[c]);
+                        }
+                    }
+                }
+                for (h, acc) in acc.iter().enumerate().take(nh) {
+                    let o = &mut out[(h0 + h) * hd + d0..];
+                    for (c, a) in acc.iter().enumerate().take(nd) {
+                        // SAFETY: `d0 + c · 8 + 8 ≤ hd` within head `h0 + h`'s output.
+                        unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(c * L), *a) };
+                    }
+                }
+                d0 += nd * L;
+            }
+            h0 += nh;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs(n_q: usize, len: usize, hd: usize, seed: u32) -> (Vec<f32>, Vec<f16>, Vec<f16>) {
+        let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x as f32 / u32::MAX as f32) * 2.0 - 1.0
+        };
+        let mut q: Vec<f32> = (0..n_q * hd).map(|_| next() * 3.0).collect();
+        round_to_f16(&mut q);
+        let k = (0..len * hd).map(|_| f16::from_f32(next() * 2.0)).collect();
+        let v = (0..len * hd).map(|_| f16::from_f32(next())).collect();
+        (q, k, v)
+    }
+
+    /// The same attention in f64, for the accuracy check.
+    fn reference(q: &[f32], k: &[f16], v: &[f16], hd: usize, scale: f32) -> Vec<f32> {
+        let len = k.len() / hd;
+        let mut out = Vec::new();
+        for qh in q.chunks_exact(hd) {
+            let s: Vec<f64> = k
+                .chunks_exact(hd)
+                .map(|kj| {
+                    let d: f64 = qh
+                        .iter()
+                        .zip(kj)
+                        .map(|(a, b)| f64::from(*a) * f64::from(b.to_f32()))
+                        .sum();
+                    d * f64::from(scale)
+                })
+                .collect();
+            let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+            let total: f64 = e.iter().sum();
+            for d in 0..hd {
+                let o: f64 = (0..len)
+                    .map(|j| e[j] / total * f64::from(v[j * hd + d].to_f32()))
+                    .sum();
+                out.push(o as f32);
+            }
+        }
+        out
+    }
+
+    fn run(fast: bool, q: &[f32], n_q: usize, k: &[f16], v: &[f16], hd: usize) -> Vec<f32> {
+        let len = k.len() / hd;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut s = vec![0f32; n_q * len];
+        scores(fast, q, k, hd, scale, &mut s, &mut vec![0f32; L * hd]);
+        for w in s.chunks_exact_mut(len) {
+            softmax_to_f16(fast, w);
+        }
+        let mut out = vec![0f32; n_q * hd];
+        weighted_sum(fast, &s, v, hd, &mut out);
+        out
+    }
+
+    #[test]
+    fn vector_and_portable_paths_agree_bitwise_and_match_an_f64_reference() {
+        for (n_q, hd) in [(1, 64), (3, 64), (4, 128), (5, 8), (2, 12), (7, 80), (1, 3)] {
+            for len in [1, 2, 7, 8, 9, 33, 130] {
+                let (q, k, v) = inputs(n_q, len, hd, (n_q * 1000 + len * 7 + hd) as u32);
+                let portable = run(false, &q, n_q, &k, &v, hd);
+                let fast = run(simd_available(), &q, n_q, &k, &v, hd);
+                for (i, (a, b)) in portable.iter().zip(&fast).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "n_q {n_q} hd {hd} len {len} at {i}"
+                    );
+                }
+                let mut via_api = vec![0f32; n_q * hd];
+                let scale = 1.0 / (hd as f32).sqrt();
+                attend_f16(&q, n_q, &k, &v, hd, scale, &mut Vec::new(), &mut via_api);
+                assert_eq!(via_api, fast);
+                let want = reference(&q, &k, &v, hd, scale);
+                for (i, (g, w)) in fast.iter().zip(&want).enumerate() {
+                    // Weights are rounded to f16 (11 significant bits) before the value sum.
+                    assert!(
+                        (g - w).abs() <= 2e-3 * (1.0 + w.abs()),
+                        "n_q {n_q} hd {hd} len {len} at {i}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_head_gives_the_same_output_alone_or_with_others() {
+        let (hd, len) = (64, 50);
+        let (q, k, v) = inputs(4, len, hd, 9);
+        let scale = 0.125;
+        let mut all = vec![0f32; 4 * hd];
+        attend_f16(&q, 4, &k, &v, hd, scale, &mut Vec::new(), &mut all);
+        for h in 0..4 {
+            let mut one = vec![0f32; hd];
+            let qh = &q[h * hd..(h + 1) * hd];
+            attend_f16(qh, 1, &k, &v, hd, scale, &mut Vec::new(), &mut one);
+            assert_eq!(one, all[h * hd..(h + 1) * hd], "head {h}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "slice lengths")]
+    fn mismatched_lengths_panic_with_a_clear_message() {
+        let k = vec![f16::ZERO; 64];
+        attend_f16(
+            &[0.0; 64],
+            1,
+            &k,
+            &k[..32],
+            64,
+            1.0,
+            &mut Vec::new(),
+            &mut [0.0; 64],
+        );
+    }
+}
