@@ -88,24 +88,18 @@ fn scores(
     }
 }
 
-/// The portable dot product, in ggml's order (`ggml_vec_dot_f16` on AVX2): chunk `c` of 8 lanes
-/// into accumulator `c % 4` by fused multiply-adds, accumulators reduced `(0+2)+(1+3)`, lanes by the
-/// tree of [`hsum`], then the tail.
+/// The portable dot product: one 8-lane accumulator taking the chunks of 8 in order by fused
+/// multiply-adds, the lane reduction of [`hsum`], then the tail.
 fn dot(q: &[f32], k: &[f16]) -> f32 {
-    let mut acc = [[0f32; L]; 4];
+    let mut acc = [0f32; L];
     let (qc, kc) = (q.chunks_exact(L), k.chunks_exact(L));
     let (qt, kt) = (qc.remainder(), kc.remainder());
-    for (c, (qv, kv)) in qc.zip(kc).enumerate() {
-        let a = &mut acc[c % 4];
+    for (qv, kv) in qc.zip(kc) {
         for l in 0..L {
-            a[l] = qv[l].mul_add(kv[l].to_f32(), a[l]);
+            acc[l] = qv[l].mul_add(kv[l].to_f32(), acc[l]);
         }
     }
-    let mut v = [0f32; L];
-    for l in 0..L {
-        v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    }
-    let mut r = hsum(v);
+    let mut r = hsum(acc);
     for (a, b) in qt.iter().zip(kt) {
         r = a.mul_add(b.to_f32(), r);
     }
@@ -217,22 +211,22 @@ mod x86 {
     /// Row of each lane of [`hsum8`]'s result.
     const ORDER: [usize; L] = [0, 2, 4, 6, 1, 3, 5, 7];
 
-    /// The products of one row pair in [`super::dot`]'s order, before the lane reduction.
+    /// One row pair in [`super::dot`]'s order, before the lane reduction.
     #[inline(always)]
     unsafe fn dot_lanes(q: *const f32, k: *const f32, nc: usize) -> __m256 {
         // SAFETY: the caller guarantees `nc · 8` readable values behind both pointers.
         unsafe {
-            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut acc = _mm256_setzero_ps();
             for c in 0..nc {
                 let (qv, kv) = (_mm256_loadu_ps(q.add(c * L)), _mm256_loadu_ps(k.add(c * L)));
-                acc[c % 4] = _mm256_fmadd_ps(qv, kv, acc[c % 4]);
+                acc = _mm256_fmadd_ps(qv, kv, acc);
             }
-            _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]))
+            acc
         }
     }
 
     /// The vector form of [`super::scores`]: keys in blocks of 8, converted once to f32 (in L1) for
-    /// all the heads, their lane sums reduced together.
+    /// all the heads, one accumulator chain per key, the eight reduced together.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn scores(
         q: &[f32],
@@ -248,13 +242,24 @@ mod x86 {
         let tail = nc * L;
         let mut j0 = 0;
         while j0 + L <= len {
-            crate::math::f16_to_f32(&keys[j0 * hd..(j0 + L) * hd], &mut kf[..L * hd]);
+            let block = &keys[j0 * hd..(j0 + L) * hd];
+            for (i, f) in kf[..L * hd].chunks_exact_mut(L).enumerate() {
+                // SAFETY: 8 values of the block, 8 of `kf`.
+                unsafe { _mm256_storeu_ps(f.as_mut_ptr(), load_f16(block.as_ptr().add(i * L))) };
+            }
             for h in 0..n_q {
                 let qh = &q[h * hd..(h + 1) * hd];
+                // Eight independent chains, one per key; each query chunk is loaded once.
                 let mut lanes = [_mm256_setzero_ps(); L];
-                for (r, v) in lanes.iter_mut().enumerate() {
-                    // SAFETY: rows of `hd ≥ nc · 8` values.
-                    *v = unsafe { dot_lanes(qh.as_ptr(), kf.as_ptr().add(r * hd), nc) };
+                for c in 0..nc {
+                    // SAFETY: `c · 8 + 8 ≤ hd` within each row.
+                    unsafe {
+                        let qv = _mm256_loadu_ps(qh.as_ptr().add(c * L));
+                        for (r, a) in lanes.iter_mut().enumerate() {
+                            let kv = _mm256_loadu_ps(kf.as_ptr().add(r * hd + c * L));
+                            *a = _mm256_fmadd_ps(qv, kv, *a);
+                        }
+                    }
                 }
                 let mut sums = [0f32; L];
                 // SAFETY: register arithmetic and an 8-value store.
@@ -300,42 +305,63 @@ mod x86 {
         w[n8..].iter().fold(r, |r, &x| r + x)
     }
 
-    /// Heads whose accumulators stay in registers together (with 32 values of `hd` at a time).
-    const HEADS: usize = 3;
-    /// Output values per head and register block.
-    const BLOCK: usize = 4 * L;
+    /// One register block of [`weighted_sum`]: `NH` heads × `ND` registers of 8 outputs, the
+    /// accumulators held in registers over the whole `j` loop. `w` points at the first head's weights
+    /// (`len` per head), `values` at column `d0` of row 0, `out` at column `d0` of the first head.
+    #[inline(always)]
+    unsafe fn weighted_block<const NH: usize, const ND: usize>(
+        w: *const f32,
+        len: usize,
+        values: *const f16,
+        hd: usize,
+        out: *mut f32,
+    ) {
+        // SAFETY: the caller guarantees `NH` heads of `len` weights, `len` rows of `hd` values with
+        // `ND · 8` readable from `values`, and `NH` output rows of `hd` with `ND · 8` writable.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); ND]; NH];
+            for j in 0..len {
+                let row = values.add(j * hd);
+                let v: [__m256; ND] = std::array::from_fn(|c| load_f16(row.add(c * L)));
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let p = _mm256_broadcast_ss(&*w.add(h * len + j));
+                    for c in 0..ND {
+                        acc[c] = _mm256_fmadd_ps(p, v[c], acc[c]);
+                    }
+                }
+            }
+            for (h, acc) in acc.iter().enumerate() {
+                for (c, a) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(out.add(h * hd + c * L), *a);
+                }
+            }
+        }
+    }
 
-    /// The vector form of [`super::weighted_sum`]; `hd` is a multiple of 8.
+    /// The vector form of [`super::weighted_sum`]; `hd` is a multiple of 8. Heads go three at a time
+    /// and outputs 32 at a time (12 accumulators and 4 values in the 16 registers), then 8 at a time.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn weighted_sum(w: &[f32], values: &[f16], hd: usize, out: &mut [f32]) {
         let len = values.len() / hd;
         let n_q = out.len() / hd;
         let mut h0 = 0;
         while h0 < n_q {
-            let nh = (n_q - h0).min(HEADS);
+            let nh = (n_q - h0).min(3);
             let mut d0 = 0;
             while d0 < hd {
-                let nd = ((hd - d0) / L).min(BLOCK / L); // registers of this block
-                let mut acc = [[_mm256_setzero_ps(); BLOCK / L]; HEADS];
-                for j in 0..len {
-                    let vrow = values[j * hd + d0..].as_ptr();
-                    let mut v = [_mm256_setzero_ps(); BLOCK / L];
-                    for (c, v) in v.iter_mut().enumerate().take(nd) {
-                        // SAFETY: `d0 + c · 8 + 8 ≤ hd` within row `j`.
-                        *v = unsafe { load_f16(vrow.add(c * L)) };
-                    }
-                    for (h, acc) in acc.iter_mut().enumerate().take(nh) {
-                        let p = _mm256_set1_ps(w[(h0 + h) * len + j]);
-                        for c in 0..nd {
-                            acc[c] = _mm256_fmadd_ps(p, v[c], acc[c]);
-                        }
-                    }
-                }
-                for (h, acc) in acc.iter().enumerate().take(nh) {
-                    let o = &mut out[(h0 + h) * hd + d0..];
-                    for (c, a) in acc.iter().enumerate().take(nd) {
-                        // SAFETY: `d0 + c · 8 + 8 ≤ hd` within head `h0 + h`'s output.
-                        unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(c * L), *a) };
+                let nd = if hd - d0 >= 4 * L { 4 } else { 1 };
+                let (wp, vp) = (w[h0 * len..].as_ptr(), values[d0..].as_ptr());
+                let op = out[h0 * hd + d0..].as_mut_ptr();
+                // SAFETY: heads `h0..h0 + nh` exist in `w` and `out`; columns `d0..d0 + nd · 8` lie
+                // within every row (`hd` is a multiple of 8).
+                unsafe {
+                    match (nh, nd) {
+                        (3, 4) => weighted_block::<3, 4>(wp, len, vp, hd, op),
+                        (2, 4) => weighted_block::<2, 4>(wp, len, vp, hd, op),
+                        (1, 4) => weighted_block::<1, 4>(wp, len, vp, hd, op),
+                        (3, _) => weighted_block::<3, 1>(wp, len, vp, hd, op),
+                        (2, _) => weighted_block::<2, 1>(wp, len, vp, hd, op),
+                        _ => weighted_block::<1, 1>(wp, len, vp, hd, op),
                     }
                 }
                 d0 += nd * L;
