@@ -220,6 +220,10 @@ def test_every_node_reports_the_same_cluster(trio):
         # Every node published its resources.
         for f in state(trio[1])["cluster"]["nodes"]:
             assert f["memory"]["total"] > 0 and f["cpu_cores"] >= 1 and f["models"][0]["id"] == MODEL_ID
+        # c set KV memory aside for the stage it hosts (the driver b never holds more); b pays its own.
+        facts = {f["id"]: f for f in state(trio[1])["cluster"]["nodes"]}
+        assert facts[trio[2].id]["kv_capacity"].get(iid, 0) > 0, facts[trio[2].id]["kv_capacity"]
+        assert iid not in facts[trio[1].id]["kv_capacity"]
         # Any member answers: a drives nothing and forwards to b, which drives the instance.
         assert [m.id for m in client(trio[0]).models.list().data] == [MODEL_ID]
         assert greedy(trio[0], PROMPTS[0]) == greedy(trio[1], PROMPTS[0])
@@ -229,6 +233,9 @@ def test_every_node_reports_the_same_cluster(trio):
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     finally:
         remove(trio[0], iid)
+    # The share goes with the instance.
+    wait_until("c to give its KV share back", lambda: iid not in next(
+        f for f in state(trio[0])["cluster"]["nodes"] if f["id"] == trio[2].id)["kv_capacity"])
 
 
 def test_previews_explain_candidates_and_bad_requests_are_clear(trio):

@@ -34,6 +34,10 @@ pub struct NodeFacts {
     pub links: Vec<LinkFacts>,
     /// Load state of the stages this node runs, by instance id.
     pub instances: BTreeMap<String, InstanceStatus>,
+    /// Tokens of KV the stages this node hosts for other nodes' instances have room for (reserved from
+    /// this node's budget), by instance id; the driver never holds more.
+    #[serde(default)]
+    pub kv_capacity: BTreeMap<String, u64>,
     /// Increases with every publication, so receivers keep the newest.
     pub seq: u64,
     /// Unix seconds when this node process started.

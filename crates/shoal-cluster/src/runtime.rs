@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_engine::engine::{EngineConfig, LoadedModel, load_local_stage, spawn};
-use shoal_engine::kvpool::KvPool;
+use shoal_engine::kvpool::{KvPool, KvShare};
 use shoal_engine::{EngineHandle, Engines};
 use shoal_kernels::ThreadPool;
 use shoal_model::LayerRange;
@@ -220,6 +220,21 @@ async fn bring_up(
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
+        // The driver cannot draw on this node's pool as its sequences grow: set this stage's share
+        // aside now (as many tokens as the budget holds for the whole model, or what is left).
+        let kv_pool = config
+            .engine
+            .kv_pool
+            .clone()
+            .ok_or("the runtime has no KV pool")?;
+        let m = local.model();
+        let model_token_bytes = m
+            .config()
+            .kv_bytes_per_token(m.config().n_layers, m.kv_value_bytes());
+        let kv = KvShare::reserve(&kv_pool, local.kv_bytes_per_token(), model_token_bytes)?;
+        cluster
+            .set_kv_capacity(rec.id.clone(), kv.tokens() as u64)
+            .await;
         let next = match rec.stages.get(index + 1) {
             Some(s) => Some(
                 s.node
@@ -234,6 +249,7 @@ async fn bring_up(
             (stage.start, stage.end),
             next,
             local,
+            kv,
         ));
         return Ok(None);
     }
@@ -262,9 +278,21 @@ async fn bring_up(
             return Err("removed while loading".into());
         }
         let layers: Vec<(usize, usize)> = rec.stages.iter().map(|s| (s.start, s.end)).collect();
+        // Published with (before) each stage's `ready`: the least of them bounds the engine's KV.
+        let capacity = others
+            .iter()
+            .map(|n| {
+                snap.state
+                    .facts_of(n)
+                    .and_then(|f| f.kv_capacity.get(&rec.id))
+                    .map(|&t| t as usize)
+            })
+            .collect::<Option<Vec<_>>>()
+            .and_then(|c| c.into_iter().min());
         let chain = RemoteChain::connect(cluster, &rec.id, &layers, &others, config.wire_dtype)
             .await
-            .map_err(|e| format!("connecting the pipeline: {e}"))?;
+            .map_err(|e| format!("connecting the pipeline: {e}"))?
+            .with_kv_capacity(capacity);
         loaded.stages.push(Box::new(chain));
     }
     spawn(loaded, config.engine.clone())

@@ -422,6 +422,7 @@ mod tests {
             models: vec![card()],
             links: vec![],
             instances: BTreeMap::new(),
+            kv_capacity: BTreeMap::new(),
             seq,
             started: 1,
         }

@@ -11,6 +11,7 @@ use shoal_cluster::dataplane::{
 use shoal_cluster::{ClusterConfig, ClusterHandle};
 use shoal_engine::SamplingParams;
 use shoal_engine::engine::load_local_stage;
+use shoal_engine::kvpool::{KvPool, KvShare};
 use shoal_engine::sampler::Sampler;
 use shoal_engine::stage::{ChunkSpec, SampleRef, Stage, StageData};
 use shoal_kernels::ThreadPool;
@@ -64,7 +65,19 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
     let hosts = Hosts::default();
     serve_stages(b.clone(), hosts.clone()).unwrap();
     let tail = load_local_stage(&path, LayerRange { start: 15, end: 30 }, &pool).unwrap();
-    hosts.insert(HostedStage::new(INSTANCE.into(), 1, (15, 30), None, tail));
+    // b's KV budget holds 8 tokens of the whole model (16 of these 15 layers): the stage sets them aside.
+    let stage_bytes = tail.kv_bytes_per_token();
+    let kv_pool = Arc::new(KvPool::new(16 * stage_bytes));
+    let share = KvShare::reserve(&kv_pool, stage_bytes, 2 * stage_bytes).unwrap();
+    assert_eq!((share.tokens(), kv_pool.reserved()), (8, 8 * stage_bytes));
+    hosts.insert(HostedStage::new(
+        INSTANCE.into(),
+        1,
+        (15, 30),
+        None,
+        tail,
+        share,
+    ));
 
     // 1. Garbage instead of a handshake: refused, stream closed.
     let mut s = a
@@ -156,6 +169,29 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
         let local = shoal_engine::stage::sample_row(&job[0], &mut row);
         assert_eq!(chain.cached_len(7), tokens.len());
         chain.release(7);
+        // 4. A batch past the KV b set aside is refused with an error, not allocated.
+        let long: Vec<u32> = (300..309).collect();
+        let batch = [ChunkSpec {
+            seq_id: 8,
+            len: long.len(),
+            want_logits: true,
+        }];
+        let job = [SampleRef {
+            seq_id: 8,
+            sampler: &sampler,
+            history: &long,
+        }];
+        let StageData::Hidden(h) = head
+            .forward(&batch, StageData::Tokens(long.clone()), &job)
+            .unwrap()
+        else {
+            panic!("the head stage must return hidden states");
+        };
+        let err = match chain.forward(&batch, StageData::Hidden(h), &job) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("a batch past the stage's KV share was computed"),
+        };
+        assert!(err.contains("reserved"), "{err}");
         (remote[0], local)
     })
     .await

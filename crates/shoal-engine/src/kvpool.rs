@@ -9,6 +9,7 @@
 //! prefixes evicts its least recently used ones until the request is met ([`KvPool::wanted`]); running
 //! sequences are never taken from another engine.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 #[derive(Debug)]
@@ -84,9 +85,79 @@ impl KvPool {
     }
 }
 
+/// KV memory held for a pipeline stage this node hosts for another node's engine, from the moment the
+/// stage loads until it goes (dropped): that engine cannot ask this node's pool as it grows, so the
+/// stage's share is set aside up front and the engine is told how many tokens it holds.
+#[derive(Debug)]
+pub struct KvShare {
+    pool: Arc<KvPool>,
+    bytes: usize,
+    tokens: usize,
+}
+
+impl KvShare {
+    /// Reserves room for as many tokens as the whole budget of `pool` holds for the whole model
+    /// (`model_token_bytes` per token), or for as many as the unreserved rest holds if fewer;
+    /// `stage_token_bytes` is what a token takes in the stage's layers. An error if not even one token
+    /// fits.
+    pub fn reserve(
+        pool: &Arc<KvPool>,
+        stage_token_bytes: usize,
+        model_token_bytes: usize,
+    ) -> Result<Self, String> {
+        let stage = stage_token_bytes.max(1);
+        let want = pool.budget() / model_token_bytes.max(1);
+        let granted = pool.reserve_up_to(want.saturating_mul(stage));
+        let tokens = granted / stage;
+        pool.release(granted - tokens * stage);
+        let share = Self {
+            pool: pool.clone(),
+            bytes: tokens * stage,
+            tokens,
+        };
+        if tokens == 0 {
+            return Err(format!(
+                "no KV memory left on this node: {} of {} bytes reserved",
+                pool.reserved(),
+                pool.budget()
+            ));
+        }
+        Ok(share)
+    }
+
+    /// Tokens of KV the share holds room for.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+}
+
+impl Drop for KvShare {
+    fn drop(&mut self) {
+        self.pool.release(self.bytes);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hosted_stage_share_holds_what_the_budget_holds_for_the_whole_model_and_returns_it() {
+        let pool = Arc::new(KvPool::new(1000));
+        // A stage of a quarter of the layers: 10 bytes a token, 40 for the whole model.
+        let share = KvShare::reserve(&pool, 10, 40).expect("room");
+        assert_eq!((share.tokens(), pool.reserved()), (25, 250));
+        // What is left goes to the next one, then nothing.
+        assert!(pool.try_reserve(700));
+        let small = KvShare::reserve(&pool, 10, 40).expect("room");
+        assert_eq!((small.tokens(), pool.reserved()), (5, 1000));
+        let err = KvShare::reserve(&pool, 10, 40).expect_err("full");
+        assert!(err.contains("no KV memory left"), "{err}");
+        assert_eq!(pool.reserved(), 1000);
+        drop(share);
+        drop(small);
+        assert_eq!(pool.reserved(), 700);
+    }
 
     #[test]
     fn a_request_for_memory_is_lowered_by_releases_and_withdrawn() {

@@ -122,6 +122,16 @@ pub trait Stage: Send {
     fn kv_value_bytes(&self) -> usize {
         shoal_model::kv::value_bytes(true)
     }
+    /// Layers whose KV cache this stage keeps in this process, paid from the engine's node budget
+    /// (0 for stages on other nodes: their node budgets them).
+    fn local_kv_layers(&self) -> usize {
+        0
+    }
+    /// Tokens of KV per sequence set this stage can hold when its node budgets it (stages on other
+    /// nodes); the engine never holds more. `None`: budgeted by the engine's own pool.
+    fn kv_token_capacity(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Layers running in this process.
@@ -150,6 +160,22 @@ impl LocalStage {
         self.prefixes.clear();
     }
 
+    /// Tokens of KV held: every sequence's and every kept prefix's.
+    pub fn held_tokens(&self) -> usize {
+        self.caches
+            .values()
+            .chain(self.prefixes.values())
+            .map(KvCache::len)
+            .sum()
+    }
+
+    /// Bytes one token of KV takes in this stage's layers.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let m = &self.model;
+        m.config()
+            .kv_bytes_per_token(m.range().len(), m.kv_value_bytes())
+    }
+
     /// Bytes of KV cache allocated across all sequences and kept prefixes.
     pub fn kv_bytes(&self) -> usize {
         self.caches
@@ -167,6 +193,10 @@ fn internal(e: impl std::fmt::Display) -> EngineError {
 impl Stage for LocalStage {
     fn kv_value_bytes(&self) -> usize {
         self.model.kv_value_bytes()
+    }
+
+    fn local_kv_layers(&self) -> usize {
+        self.model.range().len()
     }
 
     fn forward(

@@ -78,8 +78,10 @@ pub(crate) struct Worker {
     prefix: PrefixIndex,
     /// The node's KV memory, shared with other engines.
     pool: Arc<KvPool>,
-    /// KV bytes one token takes across all stages.
+    /// KV bytes one token takes in the layers of this process (what the node's pool pays).
     token_bytes: usize,
+    /// Tokens of KV the stages on other nodes can hold (`usize::MAX` when there are none).
+    token_cap: usize,
     /// Tokens of KV this engine has reserved in the pool (≥ what it holds).
     reserved: usize,
     /// Whether this engine has asked the others for memory (and should withdraw the request once served).
@@ -122,9 +124,18 @@ impl Worker {
         counters: Arc<Counters>,
         seed: u64,
     ) -> Self {
-        // The driver budgets the KV of every layer of the pipeline, at the first stage's value size.
+        // The node's pool pays for the KV of the layers in this process; stages on other nodes are
+        // budgeted there and bound how many tokens this engine may hold in all.
         let value_bytes = stages.first().map_or(2, |s| s.kv_value_bytes());
-        let token_bytes = model.kv_bytes_per_token(model.n_layers, value_bytes).max(1);
+        let local_layers = stages.iter().map(|s| s.local_kv_layers()).sum::<usize>();
+        let token_bytes = model
+            .kv_bytes_per_token(local_layers.max(1), value_bytes)
+            .max(1);
+        let token_cap = stages
+            .iter()
+            .filter_map(|s| s.kv_token_capacity())
+            .min()
+            .unwrap_or(usize::MAX);
         let pool = config
             .kv_pool
             .clone()
@@ -132,6 +143,7 @@ impl Worker {
         Self {
             pool,
             token_bytes,
+            token_cap,
             reserved: 0,
             asked_others: false,
             preempted: VecDeque::new(),
@@ -270,15 +282,22 @@ impl Worker {
         self.running.iter().map(|s| s.computed).sum::<usize>() + self.prefix.used_tokens()
     }
 
-    /// Tokens of KV the whole node budget holds (the most one engine could ever get).
+    /// Tokens of KV the whole node budget holds, or the remote stages can hold if fewer (the most this
+    /// engine could ever get).
     fn max_kv_tokens(&self) -> usize {
-        (self.pool.budget() / self.token_bytes).max(1)
+        (self.pool.budget() / self.token_bytes)
+            .min(self.token_cap)
+            .max(1)
     }
 
-    /// Grows this engine's reservation to `tokens` if the pool has room; true when it holds that much.
+    /// Grows this engine's reservation to `tokens` if the pool and the remote stages have room; true
+    /// when it holds that much.
     fn reserve(&mut self, tokens: usize) -> bool {
         if tokens <= self.reserved {
             return true;
+        }
+        if tokens > self.token_cap {
+            return false;
         }
         if self
             .pool
@@ -328,6 +347,10 @@ impl Worker {
                 return true;
             }
             let Some(id) = self.prefix.pop_lru() else {
+                if self.kv_in_use() + need > self.token_cap {
+                    // Short on the remote stages' memory: other engines here cannot help.
+                    return false;
+                }
                 self.asked_others = true;
                 let short = (self.kv_in_use() + need).saturating_sub(self.reserved);
                 let free = self.pool.budget().saturating_sub(self.pool.reserved());
@@ -548,7 +571,9 @@ impl Worker {
         }
         // Take what the pool can give for this step (up to a full batch); unused room goes back after it.
         let want = self.config.max_batch_tokens * self.token_bytes;
-        let extra = (self.kv_in_use() + self.config.max_batch_tokens).saturating_sub(self.reserved);
+        let extra = (self.kv_in_use() + self.config.max_batch_tokens)
+            .min(self.token_cap)
+            .saturating_sub(self.reserved);
         let granted = self
             .pool
             .reserve_up_to((extra * self.token_bytes).min(want));

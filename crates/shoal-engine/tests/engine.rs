@@ -410,6 +410,12 @@ async fn a_small_kv_budget_queues_and_preempts_but_every_request_finishes_unchan
         prefix_cache_tokens: 0,
         ..Default::default()
     });
+    four_requests_finish_as_alone_and_a_huge_prompt_is_refused(&tight).await;
+}
+
+/// Four concurrent requests of ~10 prompt + 40 generated tokens on `tight` (room for about 96 tokens
+/// of KV) give what each gives alone on a roomy engine; a 200-word prompt is refused, not hung.
+async fn four_requests_finish_as_alone_and_a_huge_prompt_is_refused(tight: &EngineHandle) {
     let roomy = engine();
     let prompts = [
         "Once upon a time, in a small village,",
@@ -423,17 +429,16 @@ async fn a_small_kv_budget_queues_and_preempts_but_every_request_finishes_unchan
         r
     };
     let (a, b, c, d) = tokio::join!(
-        collect(&tight, req(prompts[0])),
-        collect(&tight, req(prompts[1])),
-        collect(&tight, req(prompts[2])),
-        collect(&tight, req(prompts[3]))
+        collect(tight, req(prompts[0])),
+        collect(tight, req(prompts[1])),
+        collect(tight, req(prompts[2])),
+        collect(tight, req(prompts[3]))
     );
     for (out, p) in [a, b, c, d].iter().zip(prompts) {
         let alone = collect(&roomy, req(p)).await;
         assert_eq!(out.tokens, alone.tokens, "{p}");
         assert_eq!(out.finish, FinishReason::Length);
     }
-    // A prompt larger than the whole budget is refused, not hung.
     let mut stream = tight
         .submit(request(&"word ".repeat(200), 4))
         .expect("submit");
@@ -591,4 +596,109 @@ async fn cancelling_a_queued_request_ends_its_stream_with_cancelled() {
         "{ev:?}"
     );
     drop(running);
+}
+
+/// Layers standing in for a stage on another node: its KV is not paid from the engine's pool, and its
+/// node set aside room for `cap` tokens. Records the most KV it ever held.
+struct HostedElsewhere {
+    stage: shoal_engine::stage::LocalStage,
+    cap: usize,
+    most: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl HostedElsewhere {
+    fn record(&self) {
+        self.most.fetch_max(
+            self.stage.held_tokens(),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+}
+
+impl shoal_engine::stage::Stage for HostedElsewhere {
+    fn forward(
+        &mut self,
+        batch: &[shoal_engine::stage::ChunkSpec],
+        input: shoal_engine::stage::StageData,
+        sampling: &[shoal_engine::stage::SampleRef<'_>],
+    ) -> Result<shoal_engine::stage::StageData, EngineError> {
+        let out = self.stage.forward(batch, input, sampling);
+        self.record();
+        out
+    }
+    fn release(&mut self, seq_id: u64) {
+        self.stage.release(seq_id)
+    }
+    fn cached_len(&self, seq_id: u64) -> usize {
+        self.stage.cached_len(seq_id)
+    }
+    fn retain_prefix(
+        &mut self,
+        seq_id: u64,
+        prefix_id: u64,
+        len: usize,
+    ) -> Result<(), EngineError> {
+        self.stage.retain_prefix(seq_id, prefix_id, len)
+    }
+    fn start_from_prefix(
+        &mut self,
+        prefix_id: u64,
+        seq_id: u64,
+        len: usize,
+    ) -> Result<(), EngineError> {
+        let r = self.stage.start_from_prefix(prefix_id, seq_id, len);
+        self.record();
+        r
+    }
+    fn drop_prefix(&mut self, prefix_id: u64) {
+        self.stage.drop_prefix(prefix_id)
+    }
+    fn held_sequences(&self) -> usize {
+        self.stage.held_sequences()
+    }
+    fn kv_token_capacity(&self) -> Option<usize> {
+        Some(self.cap)
+    }
+}
+
+#[tokio::test]
+async fn a_remote_stage_kv_capacity_bounds_the_engine_and_every_request_finishes_unchanged() {
+    // The driver's own pool is roomy, but the second stage's node set aside room for 96 tokens only:
+    // four requests of ~10 prompt + 40 generated tokens must wait or be preempted, never overflow it.
+    let pool = std::sync::Arc::new(shoal_kernels::ThreadPool::new(1));
+    let mut model = shoal_engine::engine::LoadedModel::from_gguf(
+        &model_path(),
+        MODEL,
+        Some(&[LayerRange { start: 0, end: 15 }]),
+        &pool,
+    )
+    .expect("first stage");
+    let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let second = shoal_engine::engine::load_local_stage(
+        &model_path(),
+        LayerRange { start: 15, end: 30 },
+        &pool,
+    )
+    .expect("second stage");
+    model.stages.push(Box::new(HostedElsewhere {
+        stage: second,
+        cap: 96,
+        most: most.clone(),
+    }));
+    let capped = shoal_engine::engine::spawn(
+        model,
+        EngineConfig {
+            threads: 1,
+            prefix_cache_tokens: 0,
+            ..Default::default()
+        },
+    )
+    .expect("engine");
+    four_requests_finish_as_alone_and_a_huge_prompt_is_refused(&capped).await;
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    // The four together need ~200 tokens: the cap was reached, and never passed.
+    assert!(
+        most > 48 && most <= 96,
+        "the remote stage held {most} tokens"
+    );
 }

@@ -34,11 +34,19 @@ pub struct RemoteChain {
     broken: Option<String>,
     /// Batches sent and not yet answered, oldest first, with the sequences whose tokens they owe.
     pending: std::collections::VecDeque<(u64, Vec<u64>)>,
+    /// Tokens of KV the remote stages have room for (the least of them), when they said.
+    kv_capacity: Option<usize>,
     /// Kept so the owner stream stays open as long as the chain lives.
     _owner: mpsc::Sender<Vec<u8>>,
 }
 
 impl RemoteChain {
+    /// Bounds the KV tokens the engine may hold to what the remote stages reserved.
+    pub fn with_kv_capacity(mut self, tokens: Option<usize>) -> Self {
+        self.kv_capacity = tokens;
+        self
+    }
+
     /// Connects the driver (`stage 0`, this node) to `nodes` (stages 1.., in order) of `instance`.
     pub async fn connect(
         cluster: &ClusterHandle,
@@ -119,6 +127,7 @@ impl RemoteChain {
             nodes: nodes.to_vec(),
             members: cluster.subscribe(),
             broken: None,
+            kv_capacity: None,
             pending: std::collections::VecDeque::new(),
             _owner: owner_tx,
         })
@@ -323,5 +332,9 @@ impl Stage for RemoteChain {
 
     fn concurrent_stages(&self) -> usize {
         self.nodes.len()
+    }
+
+    fn kv_token_capacity(&self) -> Option<usize> {
+        self.kv_capacity
     }
 }

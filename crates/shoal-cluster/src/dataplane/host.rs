@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::{Device, Tensor};
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use libp2p::{PeerId, Stream};
+use shoal_engine::kvpool::KvShare;
 use shoal_engine::stage::{ChunkSpec, LocalStage, SampleRef, Stage, StageData, sample_row};
 use shoal_wire::{Activations, Frame, Handshake, PrefixAction, Role, SampleJob, TokenItem};
 use tokio::sync::mpsc;
@@ -28,6 +29,8 @@ pub struct HostedStage {
     stage: Mutex<Option<LocalStage>>,
     /// Where the last stage sends tokens (the driver's owner stream).
     owner: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
+    /// This node's KV memory set aside for the stage; the driver holds at most its tokens.
+    kv: KvShare,
 }
 
 impl HostedStage {
@@ -37,6 +40,7 @@ impl HostedStage {
         layers: (usize, usize),
         next: Option<PeerId>,
         stage: LocalStage,
+        kv: KvShare,
     ) -> Self {
         Self {
             instance,
@@ -45,7 +49,24 @@ impl HostedStage {
             next,
             stage: Mutex::new(Some(stage)),
             owner: Mutex::new(None),
+            kv,
         }
+    }
+
+    /// Errs if adding `tokens` of KV would take the stage past what its node reserved for it (the
+    /// driver budgets against that, so only a driver bug gets here: an error, never an allocation
+    /// beyond the node's budget).
+    fn check_room(&self, stage: &LocalStage, tokens: usize) -> Result<(), String> {
+        let held = stage.held_tokens();
+        if held + tokens > self.kv.tokens() {
+            return Err(format!(
+                "stage {} of {}: {held} + {tokens} KV tokens exceed the {} this node reserved",
+                self.index,
+                self.instance,
+                self.kv.tokens()
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -255,6 +276,7 @@ fn step(
             Ok(None)
         }
         Frame::Activations(a) => {
+            host.check_room(stage, a.chunks.iter().map(|c| c.len as usize).sum())?;
             for c in &a.chunks {
                 let have = stage.cached_len(c.seq_id);
                 if have != c.start_pos as usize {
@@ -341,9 +363,12 @@ fn step(
                 PrefixAction::Retain => {
                     stage.retain_prefix(op.seq_id, op.prefix_id, op.len as usize)
                 }
-                PrefixAction::Start => {
-                    stage.start_from_prefix(op.prefix_id, op.seq_id, op.len as usize)
-                }
+                PrefixAction::Start => host
+                    .check_room(stage, op.len as usize)
+                    .map_err(shoal_engine::EngineError::Internal)
+                    .and_then(|()| {
+                        stage.start_from_prefix(op.prefix_id, op.seq_id, op.len as usize)
+                    }),
                 PrefixAction::Drop => {
                     stage.drop_prefix(op.prefix_id);
                     Ok(())

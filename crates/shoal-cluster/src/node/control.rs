@@ -176,9 +176,19 @@ impl NetTask {
                 let me = self.state.me_mut();
                 let changed = match status {
                     Some(s) => me.instances.insert(instance, s.clone()) != Some(s),
-                    None => me.instances.remove(&instance).is_some(),
+                    None => {
+                        me.kv_capacity.remove(&instance);
+                        me.instances.remove(&instance).is_some()
+                    }
                 };
                 if changed {
+                    self.refresh_own_facts();
+                    self.push_facts();
+                }
+            }
+            Command::SetKvCapacity(instance, tokens) => {
+                let me = self.state.me_mut();
+                if me.kv_capacity.insert(instance, tokens) != Some(tokens) {
                     self.refresh_own_facts();
                     self.push_facts();
                 }

@@ -62,6 +62,7 @@ pub(super) enum Command {
     ),
     Remove(String, oneshot::Sender<Result<bool, String>>),
     SetStatus(String, Option<InstanceStatus>),
+    SetKvCapacity(String, u64),
     Probe,
 }
 
@@ -165,6 +166,14 @@ impl ClusterHandle {
         let _ = self
             .commands
             .send(Command::SetStatus(instance, status))
+            .await;
+    }
+
+    /// Publishes the KV tokens a stage hosted here has room for (cleared with the instance's status).
+    pub async fn set_kv_capacity(&self, instance: String, tokens: u64) {
+        let _ = self
+            .commands
+            .send(Command::SetKvCapacity(instance, tokens))
             .await;
     }
 

@@ -220,6 +220,7 @@ pub async fn start(config: ClusterConfig) -> Result<ClusterHandle, ClusterError>
         models: config.models.clone(),
         links: Vec::new(),
         instances: BTreeMap::new(),
+        kv_capacity: BTreeMap::new(),
         seq: 0,
         started: unix_now(),
     };
