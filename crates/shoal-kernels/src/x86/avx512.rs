@@ -224,11 +224,13 @@ unsafe fn tile<G: Group, const T: usize>(g: &Gemm<'_>, w: *const u8, grp: usize,
             let (wq, dw, mw) = G::decode(wb);
             for i in 0..T {
                 let xq = qs[i].add(b * 32);
-                let mut sum = _mm512_setzero_si512();
+                // Two chains (even and odd weight vectors): integer sums, so exact in any order.
+                let mut s2 = [_mm512_setzero_si512(); 2];
                 for (j, wj) in wq.iter().enumerate() {
                     let a = _mm512_set1_epi32(xq.add(4 * j).cast::<i32>().read_unaligned());
-                    sum = _mm512_dpbusd_epi32(sum, *wj, a);
+                    s2[j % 2] = _mm512_dpbusd_epi32(s2[j % 2], *wj, a);
                 }
+                let sum = _mm512_add_epi32(s2[0], s2[1]);
                 let (d, s) = (sc[i].add(b * 8).read(), sc[i].add(b * 8 + 1).read());
                 acc[i] = G::accumulate(acc[i], sum, dw, mw, d, s);
             }
