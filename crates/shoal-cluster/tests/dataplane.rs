@@ -159,14 +159,13 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
         else {
             panic!("a remote chain returns sampled tokens");
         };
-        let StageData::Logits(l) = whole
+        let StageData::Sampled(local) = whole
             .forward(&batch, StageData::Tokens(tokens.clone()), &job)
             .unwrap()
         else {
-            panic!("the whole model returns logits");
+            panic!("the whole model samples when given jobs");
         };
-        let mut row = l.to_vec2::<f32>().unwrap().remove(0);
-        let local = shoal_engine::stage::sample_row(&job[0], &mut row);
+        let local = local[0];
         assert_eq!(chain.cached_len(7), tokens.len());
         chain.release(7);
         // 4. A batch past the KV b set aside is refused with an error, not allocated.

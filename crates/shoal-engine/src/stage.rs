@@ -5,8 +5,11 @@
 //! remote stage keeps its KV on its own node and only activations travel.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use candle_core::Tensor;
+use shoal_kernels::ThreadPool;
 use shoal_model::{KvCache, LlamaStage, SeqChunk, StageInput};
 
 use crate::error::EngineError;
@@ -58,6 +61,62 @@ pub fn sample_row(job: &SampleRef<'_>, row: &mut [f32]) -> Pick {
         id,
         logprob: sampler::logprob(row, id),
     }
+}
+
+/// Samples every row of `logits` (`(sampling.len(), vocab)`) as its job says, the rows split over
+/// `pool`'s threads when there is one (each row's pick is independent of the others and of the split).
+pub fn sample_rows(
+    logits: &Tensor,
+    sampling: &[SampleRef<'_>],
+    pool: Option<&ThreadPool>,
+) -> Result<Vec<Pick>, EngineError> {
+    let (rows, vocab) = logits
+        .dims2()
+        .map_err(|e| EngineError::Internal(format!("logits: {e}")))?;
+    if rows != sampling.len() {
+        return Err(EngineError::Internal(format!(
+            "{rows} rows of logits for {} sequences",
+            sampling.len()
+        )));
+    }
+    let mut values = logits
+        .flatten_all()
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(|e| EngineError::Internal(format!("reading logits: {e}")))?;
+    /// A row not yet sampled, then its pick.
+    type Slot<'a> = Mutex<(Option<&'a mut [f32]>, Option<Pick>)>;
+    let slots: Vec<Slot<'_>> = values
+        .chunks_mut(vocab.max(1))
+        .map(|row| Mutex::new((Some(row), None)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let work = |_: usize, _: usize| {
+        loop {
+            let r = next.fetch_add(1, Ordering::Relaxed);
+            let (Some(slot), Some(job)) = (slots.get(r), sampling.get(r)) else {
+                break;
+            };
+            let Ok(mut slot) = slot.lock() else {
+                continue;
+            };
+            if let Some(row) = slot.0.take() {
+                slot.1 = Some(sample_row(job, row));
+            }
+        }
+    };
+    match pool {
+        Some(p) if rows > 1 => p.run(work),
+        _ => work(0, 1),
+    }
+    slots
+        .into_iter()
+        .map(|s| {
+            s.into_inner()
+                .ok()
+                .and_then(|(_, pick)| pick)
+                .ok_or_else(|| EngineError::Internal("a row was not sampled".into()))
+        })
+        .collect()
 }
 
 /// What [`Stage::launch`] did with a batch.
@@ -203,7 +262,7 @@ impl Stage for LocalStage {
         &mut self,
         batch: &[ChunkSpec],
         input: StageData,
-        _sampling: &[SampleRef<'_>],
+        sampling: &[SampleRef<'_>],
     ) -> Result<StageData, EngineError> {
         // Take each sequence's cache out of the map so the model can borrow them all mutably.
         let mut taken: Vec<KvCache> = batch
@@ -237,10 +296,15 @@ impl Stage for LocalStage {
             self.caches.insert(c.seq_id, kv);
         }
         let out = result.map_err(internal)?;
-        Ok(if self.model.is_last() {
-            StageData::Logits(out)
-        } else {
-            StageData::Hidden(out)
+        Ok(match (self.model.is_last(), sampling.is_empty()) {
+            // Sampled here, on this stage's threads.
+            (true, false) => StageData::Sampled(sample_rows(
+                &out,
+                sampling,
+                self.model.pool().map(|p| &**p),
+            )?),
+            (true, true) => StageData::Logits(out),
+            (false, _) => StageData::Hidden(out),
         })
     }
 
@@ -349,15 +413,7 @@ pub fn pipeline_depth(stages: &[Box<dyn Stage>]) -> usize {
 
 fn into_picks(data: StageData, sampling: &[SampleRef<'_>]) -> Result<Vec<Pick>, EngineError> {
     let picks = match data {
-        StageData::Logits(l) => {
-            let rows = l
-                .to_vec2::<f32>()
-                .map_err(|e| EngineError::Internal(format!("reading logits: {e}")))?;
-            rows.into_iter()
-                .zip(sampling)
-                .map(|(mut row, job)| sample_row(job, &mut row))
-                .collect()
-        }
+        StageData::Logits(l) => sample_rows(&l, sampling, None)?,
         StageData::Sampled(picks) => picks,
         _ => {
             return Err(EngineError::Internal(

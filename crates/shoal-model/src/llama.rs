@@ -202,6 +202,11 @@ impl LlamaStage {
         &self.device
     }
 
+    /// The thread pool of the CPU path (`None` on other devices).
+    pub fn pool(&self) -> Option<&Arc<ThreadPool>> {
+        self.host.as_ref().map(|h| &h.pool)
+    }
+
     /// Bytes per stored key or value in this stage's KV caches.
     pub fn kv_value_bytes(&self) -> usize {
         crate::kv::value_bytes(self.host.is_some())

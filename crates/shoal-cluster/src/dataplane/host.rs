@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use libp2p::{PeerId, Stream};
 use shoal_engine::kvpool::KvShare;
-use shoal_engine::stage::{ChunkSpec, LocalStage, SampleRef, Stage, StageData, sample_row};
+use shoal_engine::stage::{ChunkSpec, LocalStage, SampleRef, Stage, StageData};
 use shoal_wire::{Activations, Frame, Handshake, PrefixAction, Role, SampleJob, TokenItem};
 use tokio::sync::mpsc;
 
@@ -299,8 +299,32 @@ fn step(
                     want_logits: c.want_logits,
                 })
                 .collect();
+            // The last stage samples (on its threads) as the driver's jobs for this batch say.
+            let batch_jobs = if last {
+                jobs.remove(&a.batch_id).unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let samplers: Vec<_> = batch_jobs.iter().map(job_sampler).collect();
+            let refs: Vec<SampleRef<'_>> = batch_jobs
+                .iter()
+                .zip(&samplers)
+                .map(|(job, sampler)| SampleRef {
+                    seq_id: job.seq_id,
+                    sampler,
+                    history: &job.history,
+                })
+                .collect();
+            let wanted = a.chunks.iter().filter(|c| c.want_logits).count();
+            if last && refs.len() != wanted {
+                return Err(format!(
+                    "batch {} wants {wanted} tokens but has {} sampling jobs",
+                    a.batch_id,
+                    refs.len()
+                ));
+            }
             let out = stage
-                .forward(&batch, StageData::Hidden(hidden), &[])
+                .forward(&batch, StageData::Hidden(hidden), &refs)
                 .map_err(|e| e.to_string())?;
             match out {
                 StageData::Hidden(h) => {
@@ -313,42 +337,18 @@ fn step(
                         .map(|x| Some(Frame::Activations(x)))
                         .map_err(|e| e.to_string())
                 }
-                StageData::Logits(l) => {
-                    let rows = l.to_vec2::<f32>().map_err(|e| e.to_string())?;
-                    let batch_jobs = jobs.remove(&a.batch_id).unwrap_or_default();
-                    if batch_jobs.len() != rows.len() {
-                        return Err(format!(
-                            "batch {} has {} rows of logits but {} sampling jobs",
-                            a.batch_id,
-                            rows.len(),
-                            batch_jobs.len()
-                        ));
-                    }
-                    let items = rows
-                        .into_iter()
+                StageData::Sampled(picks) => Ok(Some(Frame::Tokens {
+                    batch_id: a.batch_id,
+                    items: picks
+                        .iter()
                         .zip(&batch_jobs)
-                        .map(|(mut row, job)| {
-                            let sampler = job_sampler(job);
-                            let pick = sample_row(
-                                &SampleRef {
-                                    seq_id: job.seq_id,
-                                    sampler: &sampler,
-                                    history: &job.history,
-                                },
-                                &mut row,
-                            );
-                            TokenItem {
-                                seq_id: job.seq_id,
-                                token: pick.id,
-                                logprob: pick.logprob,
-                            }
+                        .map(|(pick, job)| TokenItem {
+                            seq_id: job.seq_id,
+                            token: pick.id,
+                            logprob: pick.logprob,
                         })
-                        .collect();
-                    Ok(Some(Frame::Tokens {
-                        batch_id: a.batch_id,
-                        items,
-                    }))
-                }
+                        .collect(),
+                })),
                 _ => Err(format!("stage {} produced no output", host.index)),
             }
         }
