@@ -239,17 +239,22 @@ impl<'a> Gemm<'a> {
 
     /// Writes outputs `(r, j0..)` from `vals`, dropping those past the last column.
     #[inline]
-    pub(crate) fn store_run(&self, r: usize, j0: usize, vals: &[f32]) {
+    pub(crate) fn store_run<const N: usize>(&self, r: usize, j0: usize, vals: &[f32; N]) {
         assert!(
             r < self.m && j0 < self.n,
             "output ({r}, {j0}) outside {} × {}",
             self.m,
             self.n
         );
-        let len = vals.len().min(self.n - j0);
-        // SAFETY: `(r, j0..j0+len)` lies in row `r` of the `m × n` buffer (checked above); see the
-        // `Sync` impl for why no other thread writes these elements.
-        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), self.out.add(r * self.n + j0), len) }
+        // SAFETY (both writes): `(r, j0..j0+len)` lies in row `r` of the `m × n` buffer (checked
+        // above); see the `Sync` impl for why no other thread writes these elements.
+        let dst = unsafe { self.out.add(r * self.n + j0) };
+        if j0 + N <= self.n {
+            // The whole run: a fixed-size copy the compiler turns into vector moves.
+            unsafe { dst.cast::<[f32; N]>().write_unaligned(*vals) }
+        } else {
+            unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), dst, self.n - j0) }
+        }
     }
 
     /// Checks that `rows` lies within the weight matrix.

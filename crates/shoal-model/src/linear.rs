@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, ggml_file::qtensor_from_ggml};
 use candle_core::{Device, Module, Tensor};
-use shoal_kernels::{PackedMatrix, QType, ThreadPool};
+use shoal_kernels::{Activations, PackedMatrix, QType, ThreadPool};
 
 use crate::error::{ModelError, Result};
 use crate::gguf::RawTensor;
@@ -29,12 +29,26 @@ struct CpuWeights {
 }
 
 impl CpuWeights {
+    /// `x` is `m × cols` row-major; `out` becomes `m × rows` (every value written, so a buffer reused
+    /// between calls is never cleared); `acts` is room for the quantized `x`.
+    fn matmul_into(
+        &self,
+        x: &[f32],
+        m: usize,
+        out: &mut Vec<f32>,
+        acts: &mut Activations,
+    ) -> Result<()> {
+        let err = |e: shoal_kernels::KernelError| ModelError::BadInput(format!("matmul: {e}"));
+        acts.quantize_into_par(self.w.qtype().act_type(), x, m, self.w.cols(), &*self.pool)
+            .map_err(err)?;
+        out.resize(m * self.w.rows(), 0.0);
+        self.w.matmul_quantized(acts, out, &*self.pool).map_err(err)
+    }
+
     /// `x` is `m × cols` row-major; returns `m × rows`.
     fn matmul(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        let mut out = vec![0f32; m * self.w.rows()];
-        self.w
-            .matmul(x, m, &mut out, &*self.pool)
-            .map_err(|e| ModelError::BadInput(format!("matmul: {e}")))?;
+        let mut out = Vec::new();
+        self.matmul_into(x, m, &mut out, &mut Activations::default())?;
         Ok(out)
     }
 }
@@ -124,8 +138,22 @@ impl QLinear {
 
     /// Host path: `x` is `m × in_features` row-major; returns `m × out_features`. CPU weights only.
     pub fn forward_host(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        self.forward_host_into(x, m, &mut out, &mut Activations::default())?;
+        Ok(out)
+    }
+
+    /// [`QLinear::forward_host`] into buffers kept between calls: `out` becomes `m × out_features`,
+    /// `acts` holds the quantized input.
+    pub fn forward_host_into(
+        &self,
+        x: &[f32],
+        m: usize,
+        out: &mut Vec<f32>,
+        acts: &mut Activations,
+    ) -> Result<()> {
         match &self.backend {
-            Backend::Cpu(w) => w.matmul(x, m),
+            Backend::Cpu(w) => w.matmul_into(x, m, out, acts),
             Backend::Candle(_) => Err(ModelError::BadInput("host matmul on device weights".into())),
         }
     }

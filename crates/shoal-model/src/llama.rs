@@ -337,9 +337,12 @@ impl LlamaStage {
         let mut h = vec![0f32; total * dim];
         let mut attn = vec![0f32; total * qd];
         let mut act = vec![0f32; total * c.ffn_dim];
+        // Matmul outputs and quantized inputs, reused by every layer.
+        let (mut qkv, mut o, mut gu, mut down) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut acts = shoal_kernels::Activations::default();
         for (li, blk) in self.blocks.iter().enumerate() {
             ops::rms_norm(&x, &blk.attn_norm.host, c.rms_eps, &mut h);
-            let mut qkv = blk.wqkv.forward_host(&h, total)?;
+            blk.wqkv.forward_host_into(&h, total, &mut qkv, &mut acts)?;
             let mut chunks = seqs
                 .iter_mut()
                 .map(|s| {
@@ -359,11 +362,15 @@ impl LlamaStage {
                 &mut attn,
                 &host.pool,
             );
-            ops::add_assign(&mut x, &blk.wo.forward_host(&attn, total)?);
+            blk.wo.forward_host_into(&attn, total, &mut o, &mut acts)?;
+            ops::add_assign(&mut x, &o);
             ops::rms_norm(&x, &blk.ffn_norm.host, c.rms_eps, &mut h);
-            let gu = blk.w_gate_up.forward_host(&h, total)?;
+            blk.w_gate_up
+                .forward_host_into(&h, total, &mut gu, &mut acts)?;
             ops::swiglu(&gu, c.ffn_dim, &mut act);
-            ops::add_assign(&mut x, &blk.w_down.forward_host(&act, total)?);
+            blk.w_down
+                .forward_host_into(&act, total, &mut down, &mut acts)?;
+            ops::add_assign(&mut x, &down);
         }
         for s in seqs.iter_mut() {
             s.kv.advance(s.len);
