@@ -44,13 +44,6 @@ impl CpuWeights {
         out.resize(m * self.w.rows(), 0.0);
         self.w.matmul_quantized(acts, out, &*self.pool).map_err(err)
     }
-
-    /// `x` is `m × cols` row-major; returns `m × rows`.
-    fn matmul(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        let mut out = Vec::new();
-        self.matmul_into(x, m, &mut out, &mut Activations::default())?;
-        Ok(out)
-    }
 }
 
 enum Backend {
@@ -160,10 +153,10 @@ impl QLinear {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match &self.backend {
-            Backend::Cpu(w) => {
+            Backend::Cpu(_) => {
                 let dims = x.dims().to_vec();
                 let m = x.elem_count() / self.in_features.max(1);
-                let out = w.matmul(&x.flatten_all()?.to_vec1::<f32>()?, m)?;
+                let out = self.forward_host(&x.flatten_all()?.to_vec1::<f32>()?, m)?;
                 let mut out_dims = dims;
                 if let Some(last) = out_dims.last_mut() {
                     *last = self.out_features;
