@@ -266,16 +266,27 @@ async fn bring_up(
         let snap = cluster
             .wait_for(STAGES_READY_TIMEOUT, |s| {
                 let gone = !s.state.table().instances.iter().any(|i| i.id == id);
-                gone || others.iter().all(|n| {
-                    s.state
-                        .facts_of(n)
-                        .and_then(|f| f.instances.get(&id))
-                        .is_some_and(|st| *st == InstanceStatus::Ready)
-                })
+                let status = |n: &String| s.state.facts_of(n).and_then(|f| f.instances.get(&id));
+                gone || others
+                    .iter()
+                    .all(|n| status(n) == Some(&InstanceStatus::Ready))
+                    || others
+                        .iter()
+                        .any(|n| matches!(status(n), Some(InstanceStatus::Failed { .. })))
             })
             .await;
         if !snap.state.table().instances.iter().any(|i| i.id == rec.id) {
             return Err("removed while loading".into());
+        }
+        // A stage that failed to load (no memory, no model file) fails the instance now, not at the timeout.
+        for n in &others {
+            if let Some(InstanceStatus::Failed { error }) = snap
+                .state
+                .facts_of(n)
+                .and_then(|f| f.instances.get(&rec.id))
+            {
+                return Err(format!("the stage on node {n} failed: {error}"));
+            }
         }
         let layers: Vec<(usize, usize)> = rec.stages.iter().map(|s| (s.start, s.end)).collect();
         // Published with (before) each stage's `ready`: the least of them bounds the engine's KV.
