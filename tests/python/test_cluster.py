@@ -193,8 +193,9 @@ def test_f16_activations_agree_up_to_near_ties(trio):
             i = next((k for k, (x, y) in enumerate(zip(ref, got)) if x != y), None)
             same = len(ref) if i is None else i
             for k in range(same):
-                # f16 rounding of the residual stream moves log-probabilities by up to ~0.12 nats here.
-                assert abs(ref_lp[k] - got_lp[k]) < 0.3, (n, k, ref_lp[k], got_lp[k])
+                # f16 rounding of the residual stream at each hop moves log-probabilities: measured up to
+                # 0.20 nats at 2 nodes and 0.40 at 3 (one position of ~80 compared; the rest below 0.23).
+                assert abs(ref_lp[k] - got_lp[k]) < 0.5, (n, k, ref_lp[k], got_lp[k])
             if i is not None:
                 # Where they part, both picks were about equally likely.
                 assert abs(ref_lp[i] - got_lp[i]) < 0.5, (n, i, ref[i], got[i], ref_lp[i], got_lp[i])
@@ -266,6 +267,34 @@ def test_two_instances_of_a_model_on_one_driver_and_removing_one(trio):
     assert greedy(a, PROMPTS[0]) == expected
     assert [i["id"] for i in state(a)["cluster"]["instances"]] == [replica]
     remove(a, replica)
+
+
+def test_a_small_hosting_node_bounds_the_pipeline_kv(trio):
+    """d hosts the second half with a 1 MiB KV budget: room for 45 tokens of the whole model, which it
+    sets aside and publishes; the driver never holds more, so a long prompt is a clear 400 and a long
+    generation stops at the limit ("length") instead of overflowing d's memory."""
+    a = trio[0]
+    d = ShoalNode("--no-auto-instance", "--kv-budget-mib", "1", "--peer", a.cluster_addr)
+    try:
+        wait_members([a], trio + [d])
+        iid = place(a, [(a, 15), (d, 15)])
+        facts = {f["id"]: f for f in state(a)["cluster"]["nodes"]}
+        # 1 MiB / (2 · 30 layers · 3 KV heads · 64 · 2 bytes) = 45 tokens of the whole model.
+        assert facts[d.id]["kv_capacity"][iid] == 45, facts[d.id]["kv_capacity"]
+        c = client(a)
+        with pytest.raises(openai.BadRequestError):
+            c.completions.create(model=MODEL_ID, prompt="word " * 60, max_tokens=4)
+        r = c.completions.create(model=MODEL_ID, prompt="The cat sat on", max_tokens=200, temperature=0,
+                                 extra_body={"ignore_eos": True})
+        assert r.choices[0].finish_reason == "length"
+        # Stopped at the limit: 45 tokens in the KV, plus the last one sampled (never fed back).
+        assert r.usage.prompt_tokens + r.usage.completion_tokens == 46, r.usage
+        # Still serving after both.
+        assert greedy(a, PROMPTS[0])[0]
+        remove(a, iid)
+    finally:
+        d.kill()
+        wait_members([a], trio)
 
 
 def test_a_stranger_with_another_key_is_refused(trio):
