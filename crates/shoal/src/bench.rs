@@ -22,7 +22,7 @@ struct Row {
     itl_p99_ms: f64,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
         f64::NAN
@@ -31,7 +31,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -274,6 +274,10 @@ fn run_streams(
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(url) = &args.url {
+        let levels = parse_list(&args.concurrency, "--concurrency")?;
+        return crate::load::run(&args, url, &levels);
+    }
     let (id, path) = crate::resolve_model(&args.model)?;
     let threads = parse_list(&args.threads, "--threads")?;
     if args.second_turn {

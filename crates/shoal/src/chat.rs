@@ -89,21 +89,16 @@ async fn remote(args: &ChatArgs, url: &str) -> anyhow::Result<()> {
         anyhow::bail!("{status}: {}", resp.text().await.unwrap_or_default());
     }
     let mut bytes = resp.bytes_stream();
-    let mut buf = String::new();
+    let mut buf = Vec::new();
     let mut out = std::io::stdout().lock();
     while let Some(chunk) = bytes.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk?));
-        while let Some(nl) = buf.find('\n') {
-            let line: String = buf.drain(..=nl).collect();
-            let Some(data) = line.trim().strip_prefix("data:") else {
-                continue;
-            };
-            let data = data.trim();
+        buf.extend_from_slice(&chunk?);
+        for data in crate::load::drain_sse_data(&mut buf) {
             if data == "[DONE]" {
                 writeln!(out)?;
                 return Ok(());
             }
-            let v: serde_json::Value = serde_json::from_str(data).context("bad SSE chunk")?;
+            let v: serde_json::Value = serde_json::from_str(&data).context("bad SSE chunk")?;
             if let Some(err) = v.get("error") {
                 anyhow::bail!("server error: {err}");
             }

@@ -230,6 +230,20 @@ pub struct BenchArgs {
     /// `-n` generated each), e.g. "1,4,16", like llama.cpp's batched-bench.
     #[arg(long)]
     pub streams: Option<String>,
+    /// Instead: the serving benchmark against a running OpenAI-compatible server at this URL (shoal,
+    /// llama-server, vLLM): bursts of concurrent streaming completions of `-n` tokens, `-r` times.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Concurrency levels of `--url`, e.g. "1,4,16,64".
+    #[arg(long, default_value = "1,4,16,64")]
+    pub concurrency: String,
+    /// With `--url`: a JSON object merged into every request body, e.g. '{"cache_prompt":false}'.
+    #[arg(long)]
+    pub extra: Option<String>,
+    /// With `--url`: index of the first prompt, so several runs against one server never repeat a prompt
+    /// (which its prefix cache would serve).
+    #[arg(long, default_value_t = 0)]
+    pub prompt_offset: usize,
 }
 
 #[cfg(test)]

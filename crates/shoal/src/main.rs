@@ -8,6 +8,7 @@
 mod bench;
 mod chat;
 mod cli;
+mod load;
 
 use anyhow::Context;
 use clap::Parser;

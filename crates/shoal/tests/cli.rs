@@ -123,25 +123,17 @@ fn serve_then_chat_through_the_api() {
             break u.to_string();
         }
     };
-    let out = shoal()
-        .args([
-            "chat",
-            "What is the capital of France?",
-            "--url",
-            &url,
-            "--model",
-            "sm",
-        ])
-        .args(["--temperature", "0", "--max-tokens", "8"])
-        .output()
-        .expect("run shoal chat --url");
     // The server names the model after the file stem; an unknown model id is a clear error.
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("model_not_found"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    fails_with_model_not_found(&[
+        "chat",
+        "What is the capital of France?",
+        "--url",
+        &url,
+        "--model",
+        "sm",
+        "--max-tokens",
+        "8",
+    ]);
     let id = model_path()
         .file_stem()
         .map(|s| s.to_string_lossy().to_lowercase())
@@ -164,6 +156,58 @@ fn serve_then_chat_through_the_api() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("L'Étoile"));
+
+    // The serving benchmark against the same server: every request streams exactly `-n` tokens.
+    let out = shoal()
+        .args([
+            "bench",
+            "--url",
+            &url,
+            "--model",
+            &id,
+            "--concurrency",
+            "1,3",
+        ])
+        .args(["-n", "5", "-r", "1", "--json"])
+        .output()
+        .expect("run shoal bench --url");
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench JSON");
+    let results = v["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2);
+    for (r, c) in results.iter().zip([1u64, 3]) {
+        assert_eq!(r["concurrency"], c);
+        let rep = &r["repetitions"][0];
+        assert_eq!(rep["tokens"], c * 5, "{rep}");
+        assert_eq!(rep["short_or_mismatched"], 0, "{rep}");
+        assert!(rep["prompt_tokens"].as_f64().unwrap_or(0.0) > 20.0, "{rep}");
+        assert!(r["tok_s"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
+    }
+    // A model the server does not have: the server's error, and a failed run.
+    fails_with_model_not_found(&[
+        "bench",
+        "--url",
+        &url,
+        "--model",
+        "sm",
+        "--concurrency",
+        "1",
+    ]);
+}
+
+/// Runs `shoal args`; it must fail, naming the server's `model_not_found` error.
+fn fails_with_model_not_found(args: &[&str]) {
+    let out = shoal().args(args).output().expect("run shoal");
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("model_not_found"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

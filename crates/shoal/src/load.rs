@@ -1,0 +1,350 @@
+//! `shoal bench --url`: the serving benchmark, like vLLM's `benchmark_serving`: bursts of C concurrent
+//! streaming `/v1/completions` requests against any OpenAI-compatible server (shoal, llama-server, vLLM),
+//! with time to first token, inter-token latency and aggregate throughput per concurrency level.
+//!
+//! Every request of a run has a distinct prompt of about 32 tokens (the first words differ, so no prefix
+//! cache helps), is greedy and ignores end-of-sequence so it streams exactly `-n` tokens. A token is a
+//! streamed chunk with text and no finish reason; the server's `usage.completion_tokens` is checked against
+//! that count.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::StreamExt;
+
+use crate::cli::BenchArgs;
+
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+const ADJ: [&str; 16] = [
+    "quiet", "bright", "ancient", "curious", "gentle", "restless", "hidden", "golden", "stubborn",
+    "tiny", "clever", "silent", "wild", "patient", "lonely", "brave",
+];
+const NOUN: [&str; 16] = [
+    "fox",
+    "engineer",
+    "lighthouse",
+    "river",
+    "painter",
+    "robot",
+    "garden",
+    "sailor",
+    "library",
+    "violin",
+    "mountain",
+    "baker",
+    "comet",
+    "village",
+    "teacher",
+    "owl",
+];
+const PLACE: [&str; 8] = [
+    "a northern harbor town",
+    "the edge of a desert",
+    "a crowded city market",
+    "a small island",
+    "an old mountain valley",
+    "a forest near the sea",
+    "a busy train station",
+    "a snowy village",
+];
+const VERB: [&str; 8] = [
+    "build bridges",
+    "paint the sky",
+    "count the stars",
+    "grow strange plants",
+    "repair old clocks",
+    "write long letters",
+    "sing at night",
+    "map the rivers",
+];
+
+/// The `i`-th prompt of a run: about 32 tokens, its first words differ from every other's.
+pub fn prompt(i: usize) -> String {
+    let cap = |s: &str| {
+        let mut c = s.chars();
+        c.next()
+            .map(|f| f.to_uppercase().chain(c).collect::<String>())
+            .unwrap_or_default()
+    };
+    format!(
+        "{} {} number {}. Write a short story about a {} {} who lives in {} and learns to {} with friends.",
+        cap(ADJ[i % 16]),
+        NOUN[(i / 16) % 16],
+        i % 997,
+        ADJ[(i % 16) * 7 % 16],
+        NOUN[(i % 16) * 5 % 16],
+        PLACE[i % 8],
+        VERB[(i % 8) * 3 % 8]
+    )
+}
+
+/// Splits the complete lines off `buf` and returns the payloads of its `data:` lines (server-sent
+/// events), in order; an incomplete last line stays in `buf`.
+pub fn drain_sse_data(buf: &mut Vec<u8>) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+        let line: Vec<u8> = buf.drain(..=nl).collect();
+        let line = String::from_utf8_lossy(&line);
+        if let Some(data) = line.trim().strip_prefix("data:") {
+            out.push(data.trim().to_string());
+        }
+    }
+    out
+}
+
+/// One streamed request: when it was sent, when each token arrived, and the server's usage.
+struct Timed {
+    sent: Instant,
+    tokens: Vec<Instant>,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+}
+
+async fn stream_one(
+    client: &reqwest::Client,
+    url: &str,
+    body: serde_json::Value,
+) -> anyhow::Result<Timed> {
+    let sent = Instant::now();
+    let resp = client
+        .post(url)
+        .json(&body)
+        .timeout(REQUEST_TIMEOUT)
+        .send()
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    if !resp.status().is_success() {
+        let status = resp.status();
+        anyhow::bail!("{status}: {}", resp.text().await.unwrap_or_default());
+    }
+    let mut timed = Timed {
+        sent,
+        tokens: Vec::new(),
+        prompt_tokens: None,
+        completion_tokens: None,
+    };
+    let mut bytes = resp.bytes_stream();
+    let mut buf = Vec::new();
+    while let Some(chunk) = bytes.next().await {
+        buf.extend_from_slice(&chunk?);
+        let now = Instant::now();
+        for data in drain_sse_data(&mut buf) {
+            if data == "[DONE]" {
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(&data).context("bad SSE chunk")?;
+            if let Some(err) = v.get("error") {
+                anyhow::bail!("server error: {err}");
+            }
+            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+                timed.prompt_tokens = u["prompt_tokens"].as_u64();
+                timed.completion_tokens = u["completion_tokens"].as_u64();
+            }
+            for c in v["choices"].as_array().into_iter().flatten() {
+                if c["finish_reason"].is_null() && c["text"].is_string() {
+                    timed.tokens.push(now);
+                }
+            }
+        }
+    }
+    Ok(timed)
+}
+
+/// Figures of one burst of `c` concurrent requests.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Burst {
+    concurrency: usize,
+    tokens: usize,
+    /// Requests that streamed another number of tokens than asked, or than their usage says.
+    short_or_mismatched: usize,
+    prompt_tokens: f64,
+    tok_s: f64,
+    ttft_p50_ms: f64,
+    ttft_p99_ms: f64,
+    itl_p50_ms: f64,
+    itl_p99_ms: f64,
+}
+
+async fn burst(
+    client: &reqwest::Client,
+    url: &str,
+    args: &BenchArgs,
+    extra: &serde_json::Map<String, serde_json::Value>,
+    c: usize,
+    first_prompt: usize,
+) -> anyhow::Result<Burst> {
+    let n = args.gen_tokens;
+    let start = Instant::now();
+    let runs = futures::future::join_all((0..c).map(|k| {
+        let mut body = serde_json::json!({
+            "model": args.model.model,
+            "prompt": prompt(first_prompt + k),
+            "max_tokens": n,
+            "temperature": 0,
+            "stream": true,
+            "ignore_eos": true,
+            "stream_options": {"include_usage": true},
+        });
+        if let Some(obj) = body.as_object_mut() {
+            obj.extend(extra.clone());
+        }
+        stream_one(client, url, body)
+    }))
+    .await
+    .into_iter()
+    .collect::<anyhow::Result<Vec<Timed>>>()?;
+    let end = runs
+        .iter()
+        .filter_map(|r| r.tokens.last())
+        .max()
+        .copied()
+        .unwrap_or(start);
+    let tokens: usize = runs.iter().map(|r| r.tokens.len()).sum();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut ttft: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.tokens.first().map(|t| ms(*t - r.sent)))
+        .collect();
+    let mut itl: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| r.tokens.windows(2).map(|w| ms(w[1] - w[0])))
+        .collect();
+    ttft.sort_by(f64::total_cmp);
+    itl.sort_by(f64::total_cmp);
+    let prompt_tokens: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.prompt_tokens.map(|p| p as f64))
+        .collect();
+    Ok(Burst {
+        concurrency: c,
+        tokens,
+        short_or_mismatched: runs
+            .iter()
+            .filter(|r| {
+                r.tokens.len() != n
+                    || r.completion_tokens
+                        .is_some_and(|u| u as usize != r.tokens.len())
+            })
+            .count(),
+        prompt_tokens: crate::bench::median(prompt_tokens),
+        tok_s: tokens as f64 / (end - start).as_secs_f64().max(1e-9),
+        ttft_p50_ms: crate::bench::percentile(&ttft, 0.5),
+        ttft_p99_ms: crate::bench::percentile(&ttft, 0.99),
+        itl_p50_ms: crate::bench::percentile(&itl, 0.5),
+        itl_p99_ms: crate::bench::percentile(&itl, 0.99),
+    })
+}
+
+/// Runs the serving benchmark against `url` at every level of `levels`, `-r` times, and prints the
+/// medians (a table, or JSON with every repetition).
+pub fn run(args: &BenchArgs, url: &str, levels: &[usize]) -> anyhow::Result<()> {
+    let extra = match &args.extra {
+        Some(s) => match serde_json::from_str::<serde_json::Value>(s).context("--extra")? {
+            serde_json::Value::Object(m) => m,
+            _ => anyhow::bail!("--extra must be a JSON object"),
+        },
+        None => serde_json::Map::new(),
+    };
+    let endpoint = format!("{}/v1/completions", url.trim_end_matches('/'));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()?;
+    let reps = args.repetitions.max(1);
+    let mut all: Vec<Vec<Burst>> = vec![Vec::new(); levels.len()];
+    let mut next_prompt = args.prompt_offset;
+    rt.block_on(async {
+        // Warm-up: one request (the server may still be bringing weights into its caches); its prompt
+        // is never one a measured request uses.
+        burst(&client, &endpoint, args, &extra, 1, usize::MAX >> 8).await?;
+        for _ in 0..reps {
+            for (i, &c) in levels.iter().enumerate() {
+                all[i].push(burst(&client, &endpoint, args, &extra, c, next_prompt).await?);
+                next_prompt += c;
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    let med = |bs: &[Burst], f: fn(&Burst) -> f64| crate::bench::median(bs.iter().map(f).collect());
+    let single = levels
+        .iter()
+        .position(|&c| c == 1)
+        .map(|i| med(&all[i], |b| b.tok_s));
+    if args.json {
+        let rows: Vec<_> = levels
+            .iter()
+            .zip(&all)
+            .map(|(&c, bs)| {
+                serde_json::json!({
+                    "concurrency": c,
+                    "tok_s": med(bs, |b| b.tok_s),
+                    "ttft_p50_ms": med(bs, |b| b.ttft_p50_ms),
+                    "ttft_p99_ms": med(bs, |b| b.ttft_p99_ms),
+                    "itl_p50_ms": med(bs, |b| b.itl_p50_ms),
+                    "itl_p99_ms": med(bs, |b| b.itl_p99_ms),
+                    "prompt_tokens": med(bs, |b| b.prompt_tokens),
+                    "repetitions": bs,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({ "url": url, "gen_tokens": args.gen_tokens, "results": rows })
+            )?
+        );
+    } else {
+        println!(
+            "{url}: C concurrent streams of {} tokens, median of {reps}",
+            args.gen_tokens
+        );
+        println!(
+            "    C  prompt tok    tok/s  vs C=1  TTFT p50 ms  TTFT p99 ms  ITL p50 ms  ITL p99 ms  short"
+        );
+        for (&c, bs) in levels.iter().zip(&all) {
+            let tok_s = med(bs, |b| b.tok_s);
+            let ratio = single.map_or(f64::NAN, |s| tok_s / s);
+            println!(
+                "{c:>5}  {:>10.0}  {tok_s:>7.1}  {ratio:>5.2}x  {:>11.1}  {:>11.1}  {:>10.2}  {:>10.2}  {:>5}",
+                med(bs, |b| b.prompt_tokens),
+                med(bs, |b| b.ttft_p50_ms),
+                med(bs, |b| b.ttft_p99_ms),
+                med(bs, |b| b.itl_p50_ms),
+                med(bs, |b| b.itl_p99_ms),
+                bs.iter().map(|b| b.short_or_mismatched).sum::<usize>()
+            );
+        }
+    }
+    let short: usize = all.iter().flatten().map(|b| b.short_or_mismatched).sum();
+    anyhow::ensure!(
+        short == 0,
+        "{short} requests streamed another number of tokens than asked (or than their usage says)"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_differ_from_the_first_words() {
+        let firsts: std::collections::HashSet<String> = (0..256)
+            .map(|i| prompt(i).split(' ').take(4).collect::<Vec<_>>().join(" "))
+            .collect();
+        assert_eq!(firsts.len(), 256);
+    }
+
+    #[test]
+    fn sse_data_lines_are_split_across_chunks() {
+        let mut buf = b"data: {\"a\":1}\n\nda".to_vec();
+        assert_eq!(drain_sse_data(&mut buf), vec!["{\"a\":1}"]);
+        buf.extend_from_slice(b"ta: [DONE]\r\n\r\n: comment\n");
+        assert_eq!(drain_sse_data(&mut buf), vec!["[DONE]"]);
+        assert!(buf.is_empty());
+    }
+}
