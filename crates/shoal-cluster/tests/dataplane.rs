@@ -132,9 +132,16 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
     .unwrap();
     let (remote_pick, local_pick) = tokio::task::spawn_blocking(move || {
         let (mut head, mut whole, mut chain) = (head, whole, chain);
+        // The prompt in two chunks, as a chunked prefill sends it: the first wants no token.
+        let split = 3;
+        let first = [ChunkSpec {
+            seq_id: 7,
+            len: split,
+            want_logits: false,
+        }];
         let batch = [ChunkSpec {
             seq_id: 7,
-            len: tokens.len(),
+            len: tokens.len() - split,
             want_logits: true,
         }];
         let sampler = Sampler::new(
@@ -150,7 +157,17 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
             history: &tokens,
         }];
         let StageData::Hidden(h) = head
-            .forward(&batch, StageData::Tokens(tokens.clone()), &job)
+            .forward(&first, StageData::Tokens(tokens[..split].to_vec()), &[])
+            .unwrap()
+        else {
+            panic!("the head stage must return hidden states");
+        };
+        match chain.forward(&first, StageData::Hidden(h), &[]).unwrap() {
+            StageData::Sampled(none) => assert!(none.is_empty()),
+            _ => panic!("a remote chain answers every batch with sampled tokens"),
+        }
+        let StageData::Hidden(h) = head
+            .forward(&batch, StageData::Tokens(tokens[split..].to_vec()), &job)
             .unwrap()
         else {
             panic!("the head stage must return hidden states");
@@ -159,8 +176,13 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
         else {
             panic!("a remote chain returns sampled tokens");
         };
+        let whole_batch = [ChunkSpec {
+            seq_id: 7,
+            len: tokens.len(),
+            want_logits: true,
+        }];
         let StageData::Sampled(local) = whole
-            .forward(&batch, StageData::Tokens(tokens.clone()), &job)
+            .forward(&whole_batch, StageData::Tokens(tokens.clone()), &job)
             .unwrap()
         else {
             panic!("the whole model samples when given jobs");

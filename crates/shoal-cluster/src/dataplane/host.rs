@@ -337,6 +337,12 @@ fn step(
                         .map(|x| Some(Frame::Activations(x)))
                         .map_err(|e| e.to_string())
                 }
+                // No chunk of this batch wants a token (a prompt's middle chunk): an empty answer, so
+                // the driver still hears back about the batch.
+                StageData::Logits(_) if last && wanted == 0 => Ok(Some(Frame::Tokens {
+                    batch_id: a.batch_id,
+                    items: Vec::new(),
+                })),
                 StageData::Sampled(picks) => Ok(Some(Frame::Tokens {
                     batch_id: a.batch_id,
                     items: picks
