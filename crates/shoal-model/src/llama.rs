@@ -367,7 +367,7 @@ impl LlamaStage {
             ops::rms_norm(&x, &blk.ffn_norm.host, c.rms_eps, &mut h);
             blk.w_gate_up
                 .forward_host_into(&h, total, &mut gu, &mut acts)?;
-            ops::swiglu(&gu, c.ffn_dim, &mut act);
+            ops::swiglu_par(&gu, c.ffn_dim, &mut act, &host.pool);
             blk.w_down
                 .forward_host_into(&act, total, &mut down, &mut acts)?;
             ops::add_assign(&mut x, &down);
