@@ -240,10 +240,15 @@ pub struct BenchArgs {
     /// With `--url`: a JSON object merged into every request body, e.g. '{"cache_prompt":false}'.
     #[arg(long)]
     pub extra: Option<String>,
-    /// With `--url`: index of the first prompt, so several runs against one server never repeat a prompt
-    /// (which its prefix cache would serve).
-    #[arg(long, default_value_t = 0)]
-    pub prompt_offset: usize,
+    /// With `--url`: index of the first prompt (default: from the clock), so runs against one server
+    /// never repeat a prompt its prefix cache would serve.
+    #[arg(long)]
+    pub prompt_offset: Option<usize>,
+    /// With `--url`, instead of the bursts: 4 streams of `-n` tokens, alone and then with a prompt of
+    /// this many words (max 4 tokens) arriving once every stream has 16 tokens; their inter-token
+    /// latency both ways, and the long prompt's time to first token (1870 words ≈ 2000 tokens).
+    #[arg(long)]
+    pub long_prompt: Option<usize>,
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@
 //! streamed chunk with text and no finish reason; the server's `usage.completion_tokens` is checked against
 //! that count.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -79,6 +81,48 @@ pub fn prompt(i: usize) -> String {
     )
 }
 
+/// The `i`-th long prompt: sentences of the same vocabulary up to `words` words, then a request to
+/// summarize them.
+pub fn long_prompt(i: usize, words: usize) -> String {
+    let mut out = vec![format!(
+        "{} {} report {i}.",
+        ADJ[i % 16],
+        NOUN[(i / 16) % 16]
+    )];
+    let mut count = 3;
+    let mut k = 0;
+    while count < words {
+        let s = format!(
+            "The {} {} from {} wanted to {} before the {} {} arrived.",
+            ADJ[(k + i) % 16],
+            NOUN[(k % 16 * 3 + i) % 16],
+            PLACE[k % 8],
+            VERB[k % 8 * 5 % 8],
+            ADJ[k % 16 * 7 % 16],
+            NOUN[k % 16 * 11 % 16]
+        );
+        count += s.split(' ').count();
+        out.push(s);
+        k += 1;
+    }
+    out.push("Summarize the story above in one sentence.".into());
+    out.join(" ")
+}
+
+/// Prompts repeat their first words after this many (16 adjectives × 16 nouns, numbers mod 997).
+const PROMPT_CYCLE: usize = 256 * 997;
+
+/// `--prompt-offset`, or a position in the prompt cycle taken from the clock (another run against the
+/// same server then starts elsewhere).
+fn first_prompt(args: &BenchArgs) -> usize {
+    args.prompt_offset.unwrap_or_else(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        (now.as_millis() % PROMPT_CYCLE as u128) as usize
+    })
+}
+
 /// Splits the complete lines off `buf` and returns the payloads of its `data:` lines (server-sent
 /// events), in order; an incomplete last line stays in `buf`.
 pub fn drain_sse_data(buf: &mut Vec<u8>) -> Vec<String> {
@@ -101,10 +145,72 @@ struct Timed {
     completion_tokens: Option<u64>,
 }
 
+/// Counts each stream's tokens so far; wakes whoever waits for them.
+#[derive(Default)]
+struct Progress {
+    tokens: Vec<AtomicUsize>,
+    changed: tokio::sync::Notify,
+}
+
+impl Progress {
+    fn new(streams: usize) -> Arc<Self> {
+        Arc::new(Self {
+            tokens: (0..streams).map(|_| AtomicUsize::new(0)).collect(),
+            changed: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Waits until every stream has at least `n` tokens.
+    async fn all_reach(&self, n: usize) {
+        loop {
+            let woken = self.changed.notified();
+            if self.tokens.iter().all(|t| t.load(Ordering::Acquire) >= n) {
+                return;
+            }
+            woken.await;
+        }
+    }
+}
+
+/// The server under test and what every request to it carries.
+struct Target<'a> {
+    client: reqwest::Client,
+    /// `.../v1/completions`.
+    url: String,
+    model: &'a str,
+    /// Merged into every request body (`--extra`).
+    extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Target<'_> {
+    /// A greedy streaming completion of exactly `max_tokens` tokens.
+    async fn stream(
+        &self,
+        prompt: String,
+        max_tokens: usize,
+        progress: Option<(&Progress, usize)>,
+    ) -> anyhow::Result<Timed> {
+        let mut body = serde_json::json!({
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": true,
+            "ignore_eos": true,
+            "stream_options": {"include_usage": true},
+        });
+        if let Some(obj) = body.as_object_mut() {
+            obj.extend(self.extra.clone());
+        }
+        stream_one(&self.client, &self.url, body, progress).await
+    }
+}
+
 async fn stream_one(
     client: &reqwest::Client,
     url: &str,
     body: serde_json::Value,
+    progress: Option<(&Progress, usize)>,
 ) -> anyhow::Result<Timed> {
     let sent = Instant::now();
     let resp = client
@@ -144,6 +250,10 @@ async fn stream_one(
             for c in v["choices"].as_array().into_iter().flatten() {
                 if c["finish_reason"].is_null() && c["text"].is_string() {
                     timed.tokens.push(now);
+                    if let Some((p, i)) = progress {
+                        p.tokens[i].fetch_add(1, Ordering::AcqRel);
+                        p.changed.notify_waiters();
+                    }
                 }
             }
         }
@@ -167,33 +277,17 @@ struct Burst {
 }
 
 async fn burst(
-    client: &reqwest::Client,
-    url: &str,
-    args: &BenchArgs,
-    extra: &serde_json::Map<String, serde_json::Value>,
+    target: &Target<'_>,
+    n: usize,
     c: usize,
     first_prompt: usize,
 ) -> anyhow::Result<Burst> {
-    let n = args.gen_tokens;
     let start = Instant::now();
-    let runs = futures::future::join_all((0..c).map(|k| {
-        let mut body = serde_json::json!({
-            "model": args.model.model,
-            "prompt": prompt(first_prompt + k),
-            "max_tokens": n,
-            "temperature": 0,
-            "stream": true,
-            "ignore_eos": true,
-            "stream_options": {"include_usage": true},
-        });
-        if let Some(obj) = body.as_object_mut() {
-            obj.extend(extra.clone());
-        }
-        stream_one(client, url, body)
-    }))
-    .await
-    .into_iter()
-    .collect::<anyhow::Result<Vec<Timed>>>()?;
+    let runs =
+        futures::future::join_all((0..c).map(|k| target.stream(prompt(first_prompt + k), n, None)))
+            .await
+            .into_iter()
+            .collect::<anyhow::Result<Vec<Timed>>>()?;
     let end = runs
         .iter()
         .filter_map(|r| r.tokens.last())
@@ -246,24 +340,31 @@ pub fn run(args: &BenchArgs, url: &str, levels: &[usize]) -> anyhow::Result<()> 
         },
         None => serde_json::Map::new(),
     };
-    let endpoint = format!("{}/v1/completions", url.trim_end_matches('/'));
+    let target = Target {
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()?,
+        url: format!("{}/v1/completions", url.trim_end_matches('/')),
+        model: &args.model.model,
+        extra,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .build()?;
     let reps = args.repetitions.max(1);
+    // Warm-up: one request (the server may still be bringing weights into its caches); its prompt is
+    // never one a measured request uses.
+    rt.block_on(burst(&target, args.gen_tokens.min(8), 1, usize::MAX >> 8))?;
+    if let Some(words) = args.long_prompt {
+        return rt.block_on(run_long(&target, args, url, words, reps));
+    }
     let mut all: Vec<Vec<Burst>> = vec![Vec::new(); levels.len()];
-    let mut next_prompt = args.prompt_offset;
+    let mut next_prompt = first_prompt(args);
     rt.block_on(async {
-        // Warm-up: one request (the server may still be bringing weights into its caches); its prompt
-        // is never one a measured request uses.
-        burst(&client, &endpoint, args, &extra, 1, usize::MAX >> 8).await?;
         for _ in 0..reps {
             for (i, &c) in levels.iter().enumerate() {
-                all[i].push(burst(&client, &endpoint, args, &extra, c, next_prompt).await?);
+                all[i].push(burst(&target, args.gen_tokens, c, next_prompt).await?);
                 next_prompt += c;
             }
         }
@@ -323,6 +424,139 @@ pub fn run(args: &BenchArgs, url: &str, levels: &[usize]) -> anyhow::Result<()> 
     anyhow::ensure!(
         short == 0,
         "{short} requests streamed another number of tokens than asked (or than their usage says)"
+    );
+    Ok(())
+}
+
+/// Streams of the long-prompt scenario, and the tokens each has before the long prompt is sent.
+const LONG_STREAMS: usize = 4;
+const LONG_AFTER: usize = 16;
+
+/// One run of the long-prompt scenario.
+#[derive(Debug, Clone, serde::Serialize)]
+struct LongRun {
+    /// Whether the long prompt was sent (`false`: the streams alone).
+    with_long: bool,
+    itl_p50_ms: f64,
+    itl_p99_ms: f64,
+    itl_max_ms: f64,
+    long_ttft_ms: Option<f64>,
+    long_prompt_tokens: Option<u64>,
+    /// Streams that did not stream exactly `-n` tokens.
+    short: usize,
+}
+
+async fn long_once(
+    target: &Target<'_>,
+    n: usize,
+    words: usize,
+    with_long: bool,
+    first_prompt: usize,
+) -> anyhow::Result<LongRun> {
+    let progress = Progress::new(LONG_STREAMS);
+    let streams = futures::future::join_all(
+        (0..LONG_STREAMS).map(|i| target.stream(prompt(first_prompt + i), n, Some((&progress, i)))),
+    );
+    let long = async {
+        if !with_long {
+            return anyhow::Ok(None);
+        }
+        tokio::time::timeout(REQUEST_TIMEOUT, progress.all_reach(LONG_AFTER))
+            .await
+            .context("the streams never reached their 16th token")?;
+        target
+            .stream(long_prompt(first_prompt, words), 4, None)
+            .await
+            .map(Some)
+    };
+    let (runs, long) = tokio::join!(streams, long);
+    let runs = runs.into_iter().collect::<anyhow::Result<Vec<Timed>>>()?;
+    let long = long?;
+    let mut itl: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| {
+            r.tokens
+                .windows(2)
+                .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+        })
+        .collect();
+    itl.sort_by(f64::total_cmp);
+    Ok(LongRun {
+        with_long,
+        itl_p50_ms: crate::bench::percentile(&itl, 0.5),
+        itl_p99_ms: crate::bench::percentile(&itl, 0.99),
+        itl_max_ms: itl.last().copied().unwrap_or(f64::NAN),
+        long_ttft_ms: long
+            .as_ref()
+            .and_then(|l| l.tokens.first().map(|t| (*t - l.sent).as_secs_f64() * 1e3)),
+        long_prompt_tokens: long.as_ref().and_then(|l| l.prompt_tokens),
+        short: runs.iter().filter(|r| r.tokens.len() != n).count(),
+    })
+}
+
+/// The long-prompt scenario, `reps` times (streams alone, then with the long prompt); prints medians.
+async fn run_long(
+    target: &Target<'_>,
+    args: &BenchArgs,
+    url: &str,
+    words: usize,
+    reps: usize,
+) -> anyhow::Result<()> {
+    let n = args.gen_tokens;
+    anyhow::ensure!(
+        n >= 2 * LONG_AFTER,
+        "--long-prompt needs -n of at least {} (the long prompt arrives after {LONG_AFTER} tokens)",
+        2 * LONG_AFTER
+    );
+    let (mut idle, mut busy) = (Vec::new(), Vec::new());
+    let mut next_prompt = first_prompt(args);
+    for _ in 0..reps {
+        for with_long in [false, true] {
+            let r = long_once(target, n, words, with_long, next_prompt).await?;
+            next_prompt += LONG_STREAMS + 1;
+            if with_long { &mut busy } else { &mut idle }.push(r);
+        }
+    }
+    let med =
+        |rs: &[LongRun], f: fn(&LongRun) -> f64| crate::bench::median(rs.iter().map(f).collect());
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "url": url,
+                "gen_tokens": n,
+                "long_prompt_words": words,
+                "long_prompt_tokens": med(&busy, |r| r.long_prompt_tokens.map_or(f64::NAN, |t| t as f64)),
+                "long_ttft_ms": med(&busy, |r| r.long_ttft_ms.unwrap_or(f64::NAN)),
+                "idle": {"itl_p50_ms": med(&idle, |r| r.itl_p50_ms), "itl_p99_ms": med(&idle, |r| r.itl_p99_ms),
+                         "itl_max_ms": med(&idle, |r| r.itl_max_ms)},
+                "with_long": {"itl_p50_ms": med(&busy, |r| r.itl_p50_ms), "itl_p99_ms": med(&busy, |r| r.itl_p99_ms),
+                              "itl_max_ms": med(&busy, |r| r.itl_max_ms)},
+                "repetitions": idle.iter().chain(&busy).collect::<Vec<_>>(),
+            }))?
+        );
+    } else {
+        println!(
+            "{url}: {LONG_STREAMS} streams of {n} tokens; a {words}-word prompt ({:.0} tokens) after {LONG_AFTER} tokens each, median of {reps}",
+            med(&busy, |r| r
+                .long_prompt_tokens
+                .map_or(f64::NAN, |t| t as f64))
+        );
+        println!("             ITL p50 ms  ITL p99 ms  ITL max ms  long TTFT ms");
+        for (name, rs) in [("alone", &idle), ("+long", &busy)] {
+            println!(
+                "  {name:<9}  {:>10.2}  {:>10.2}  {:>10.2}  {:>12.0}",
+                med(rs, |r| r.itl_p50_ms),
+                med(rs, |r| r.itl_p99_ms),
+                med(rs, |r| r.itl_max_ms),
+                med(rs, |r| r.long_ttft_ms.unwrap_or(f64::NAN))
+            );
+        }
+    }
+    let short: usize = idle.iter().chain(&busy).map(|r| r.short).sum();
+    anyhow::ensure!(
+        short == 0,
+        "{short} streams streamed another number of tokens than asked"
     );
     Ok(())
 }

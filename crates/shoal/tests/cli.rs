@@ -158,25 +158,20 @@ fn serve_then_chat_through_the_api() {
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("L'Étoile"));
 
     // The serving benchmark against the same server: every request streams exactly `-n` tokens.
-    let out = shoal()
-        .args([
-            "bench",
-            "--url",
-            &url,
-            "--model",
-            &id,
-            "--concurrency",
-            "1,3",
-        ])
-        .args(["-n", "5", "-r", "1", "--json"])
-        .output()
-        .expect("run shoal bench --url");
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench JSON");
+    let bench = |extra: &[&str]| -> serde_json::Value {
+        let out = shoal()
+            .args(["bench", "--url", &url, "--model", &id, "-r", "1", "--json"])
+            .args(extra)
+            .output()
+            .expect("run shoal bench --url");
+        assert!(
+            out.status.success(),
+            "stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("bench JSON")
+    };
+    let v = bench(&["--concurrency", "1,3", "-n", "5"]);
     let results = v["results"].as_array().expect("results");
     assert_eq!(results.len(), 2);
     for (r, c) in results.iter().zip([1u64, 3]) {
@@ -187,6 +182,24 @@ fn serve_then_chat_through_the_api() {
         assert!(rep["prompt_tokens"].as_f64().unwrap_or(0.0) > 20.0, "{rep}");
         assert!(r["tok_s"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
     }
+    // The long-prompt scenario: 4 streams alone, then with a long prompt arriving mid-way.
+    let v = bench(&["--long-prompt", "60", "-n", "32"]);
+    let reps = v["repetitions"].as_array().expect("repetitions");
+    assert_eq!(reps.len(), 2, "{v}");
+    assert_eq!(
+        (
+            reps[0]["with_long"].as_bool(),
+            reps[1]["with_long"].as_bool()
+        ),
+        (Some(false), Some(true))
+    );
+    assert!(reps[0]["long_ttft_ms"].is_null(), "{v}");
+    assert!(
+        reps[1]["long_prompt_tokens"].as_u64().unwrap_or(0) > 60,
+        "{v}"
+    );
+    assert!(reps[1]["long_ttft_ms"].as_f64().unwrap_or(0.0) > 0.0, "{v}");
+    assert!(reps.iter().all(|r| r["short"] == 0), "{v}");
     // A model the server does not have: the server's error, and a failed run.
     fails_with_model_not_found(&[
         "bench",
