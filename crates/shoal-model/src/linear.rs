@@ -28,24 +28,6 @@ struct CpuWeights {
     pool: Arc<ThreadPool>,
 }
 
-impl CpuWeights {
-    /// `x` is `m × cols` row-major; `out` becomes `m × rows` (every value written, so a buffer reused
-    /// between calls is never cleared); `acts` is room for the quantized `x`.
-    fn matmul_into(
-        &self,
-        x: &[f32],
-        m: usize,
-        out: &mut Vec<f32>,
-        acts: &mut Activations,
-    ) -> Result<()> {
-        let err = |e: shoal_kernels::KernelError| ModelError::BadInput(format!("matmul: {e}"));
-        acts.quantize_into_par(self.w.qtype().act_type(), x, m, self.w.cols(), &*self.pool)
-            .map_err(err)?;
-        out.resize(m * self.w.rows(), 0.0);
-        self.w.matmul_quantized(acts, out, &*self.pool).map_err(err)
-    }
-}
-
 enum Backend {
     Cpu(CpuWeights),
     Candle(QMatMul),
@@ -145,10 +127,15 @@ impl QLinear {
         out: &mut Vec<f32>,
         acts: &mut Activations,
     ) -> Result<()> {
-        match &self.backend {
-            Backend::Cpu(w) => w.matmul_into(x, m, out, acts),
-            Backend::Candle(_) => Err(ModelError::BadInput("host matmul on device weights".into())),
-        }
+        let Backend::Cpu(CpuWeights { w, pool }) = &self.backend else {
+            return Err(ModelError::BadInput("host matmul on device weights".into()));
+        };
+        let err = |e: shoal_kernels::KernelError| ModelError::BadInput(format!("matmul: {e}"));
+        acts.quantize_into_par(w.qtype().act_type(), x, m, w.cols(), &**pool)
+            .map_err(err)?;
+        // Every value is written, so a buffer reused between calls is never cleared.
+        out.resize(m * w.rows(), 0.0);
+        w.matmul_quantized(acts, out, &**pool).map_err(err)
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
