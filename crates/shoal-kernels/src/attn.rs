@@ -3,9 +3,10 @@
 //!
 //! Numerics follow llama.cpp's CPU path: the caller passes queries already rounded to f16 precision,
 //! keys and values are f16, and the attention weights are rounded to f16 before weighting the values.
-//! Like [`crate::math`], the AVX2 path and the portable path perform the same IEEE operations in the
-//! same order (8-lane partial sums, fused multiply-adds, a fixed reduction tree), so results are bitwise
-//! the same whichever runs, and one head's output never depends on the other heads passed with it.
+//! Like [`crate::math`], the AVX-512, AVX2 and portable paths perform the same IEEE operations in the
+//! same order (8-lane partial sums, fused multiply-adds, a fixed reduction tree; with AVX-512 a register
+//! carries the same chunk of two keys, or 16 outputs' independent chains), so results are bitwise the
+//! same whichever runs, and one head's output never depends on the other heads passed with it.
 
 use half::f16;
 
@@ -74,6 +75,11 @@ fn scores(
     s: &mut [f32],
     kf: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if fast && hd.is_multiple_of(L) && crate::x86::avx512::has_avx512dq() {
+        // SAFETY: the features were just checked; lengths are consistent (checked above).
+        return unsafe { x86::scores_512(q, keys, hd, scale, s, kf) };
+    }
     #[cfg(target_arch = "x86_64")]
     if fast {
         // SAFETY: the features were checked by the caller; lengths are consistent (checked above).
@@ -144,6 +150,12 @@ fn sum(fast: bool, w: &[f32]) -> f32 {
 /// `out_h = Σ_j w[h·len + j] · v_j`, each output a chain of fused multiply-adds in `j` order from 0.
 fn weighted_sum(fast: bool, w: &[f32], values: &[f16], hd: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
+    if fast && hd.is_multiple_of(2 * L) && crate::x86::avx512::has_avx512f() {
+        // SAFETY: the features were just checked; lengths are consistent. Every output is the same
+        // chain of FMAs as below, 16 of them per instruction.
+        return unsafe { x86::weighted_sum_512(w, values, hd, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if fast && hd.is_multiple_of(L) {
         // SAFETY: the features were checked by the caller; lengths are consistent.
         return unsafe { x86::weighted_sum(w, values, hd, out) };
@@ -211,6 +223,20 @@ mod x86 {
     /// Row of each lane of [`hsum8`]'s result.
     const ORDER: [usize; L] = [0, 2, 4, 6, 1, 3, 5, 7];
 
+    /// Lane of [`hsum8`]'s result holding row `r` (the inverse of [`ORDER`]).
+    const ROW_LANE: [i32; L] = [0, 4, 1, 5, 2, 6, 3, 7];
+
+    /// Stores the scaled sums of eight rows' `lanes` at `dst[0..8]`, in row order.
+    #[inline(always)]
+    unsafe fn store_scores(lanes: &[__m256; L], scale: f32, dst: *mut f32) {
+        // SAFETY: register arithmetic; the caller guarantees 8 writable values at `dst`.
+        unsafe {
+            let v = _mm256_mul_ps(hsum8(lanes), _mm256_set1_ps(scale));
+            let idx = _mm256_loadu_si256(ROW_LANE.as_ptr().cast());
+            _mm256_storeu_ps(dst, _mm256_permutevar8x32_ps(v, idx));
+        }
+    }
+
     /// One row pair in [`super::dot`]'s order, before the lane reduction.
     #[inline(always)]
     unsafe fn dot_lanes(q: *const f32, k: *const f32, nc: usize) -> __m256 {
@@ -261,6 +287,11 @@ mod x86 {
                         }
                     }
                 }
+                if tail == hd {
+                    // SAFETY: register arithmetic and 8 values of `s` (keys `j0..j0 + 8` of head `h`).
+                    unsafe { store_scores(&lanes, scale, s[h * len + j0..][..L].as_mut_ptr()) };
+                    continue;
+                }
                 let mut sums = [0f32; L];
                 // SAFETY: register arithmetic and an 8-value store.
                 unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), hsum8(&lanes)) };
@@ -275,18 +306,98 @@ mod x86 {
             }
             j0 += L;
         }
+        // SAFETY: features enabled here; the same operands.
+        unsafe { last_keys(q, keys, hd, scale, s, kf, j0) };
+    }
+
+    /// Scores of keys `j0..` one at a time (those after the last whole block of 8).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn last_keys(
+        q: &[f32],
+        keys: &[f16],
+        hd: usize,
+        scale: f32,
+        s: &mut [f32],
+        kf: &mut [f32],
+        j0: usize,
+    ) {
+        let (len, n_q, nc) = (keys.len() / hd, q.len() / hd, hd / L);
         for j in j0..len {
             crate::math::f16_to_f32(&keys[j * hd..(j + 1) * hd], &mut kf[..hd]);
             for h in 0..n_q {
                 let qh = &q[h * hd..(h + 1) * hd];
                 // SAFETY: rows of `hd ≥ nc · 8` values; register arithmetic.
                 let mut r = unsafe { hsum(dot_lanes(qh.as_ptr(), kf.as_ptr(), nc)) };
-                for d in tail..hd {
+                for d in nc * L..hd {
                     r = qh[d].mul_add(kf[d], r);
                 }
                 s[h * len + j] = r * scale;
             }
         }
+    }
+
+    /// [`scores`] on 512-bit registers for `hd` a multiple of 8: each register holds the same chunk of
+    /// two keys (lanes 0–7 and 8–15), so every key's lanes go through exactly the FMA chain of the
+    /// 256-bit path with half the instructions. The block is converted into that pairwise layout:
+    /// chunk `c` of keys `2p, 2p+1` at `kf[(c·4 + p)·16..]`.
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    pub(super) unsafe fn scores_512(
+        q: &[f32],
+        keys: &[f16],
+        hd: usize,
+        scale: f32,
+        s: &mut [f32],
+        kf: &mut [f32],
+    ) {
+        let len = keys.len() / hd;
+        let n_q = q.len() / hd;
+        let nc = hd / L;
+        let mut j0 = 0;
+        while j0 + L <= len {
+            let block = keys[j0 * hd..(j0 + L) * hd].as_ptr();
+            for c in 0..nc {
+                for p in 0..L / 2 {
+                    // SAFETY: chunk `c` of keys `2p` and `2p + 1` of the block (8 f16 each), and 16
+                    // values of `kf` (`(c·4 + p)·16 + 16 ≤ 8·hd`).
+                    unsafe {
+                        let lo = _mm_loadu_si128(block.add(2 * p * hd + c * L).cast());
+                        let hi = _mm_loadu_si128(block.add((2 * p + 1) * hd + c * L).cast());
+                        let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi);
+                        _mm512_storeu_ps(
+                            kf.as_mut_ptr().add((c * 4 + p) * 2 * L),
+                            _mm512_cvtph_ps(both),
+                        );
+                    }
+                }
+            }
+            for h in 0..n_q {
+                let qh = &q[h * hd..(h + 1) * hd];
+                let mut acc = [_mm512_setzero_ps(); L / 2];
+                for c in 0..nc {
+                    // SAFETY: `c · 8 + 8 ≤ hd`; `kf` holds `nc · 4` registers of pairs.
+                    unsafe {
+                        let qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(qh.as_ptr().add(c * L)));
+                        for (p, a) in acc.iter_mut().enumerate() {
+                            let kv = _mm512_loadu_ps(kf.as_ptr().add((c * 4 + p) * 2 * L));
+                            *a = _mm512_fmadd_ps(qv, kv, *a);
+                        }
+                    }
+                }
+                let lanes: [__m256; L] = std::array::from_fn(|r| {
+                    let a = acc[r / 2];
+                    if r % 2 == 0 {
+                        _mm512_castps512_ps256(a)
+                    } else {
+                        _mm512_extractf32x8_ps::<1>(a)
+                    }
+                });
+                // SAFETY: register arithmetic and 8 values of `s` (keys `j0..j0 + 8` of head `h`).
+                unsafe { store_scores(&lanes, scale, s[h * len + j0..][..L].as_mut_ptr()) };
+            }
+            j0 += L;
+        }
+        // SAFETY: features enabled here; the same operands.
+        unsafe { last_keys(q, keys, hd, scale, s, kf, j0) };
     }
 
     /// The vector form of [`super::sum`].
@@ -338,10 +449,18 @@ mod x86 {
         }
     }
 
-    /// The vector form of [`super::weighted_sum`]; `hd` is a multiple of 8. Heads go three at a time
-    /// and outputs 32 at a time (12 accumulators and 4 values in the 16 registers), then 8 at a time.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn weighted_sum(w: &[f32], values: &[f16], hd: usize, out: &mut [f32]) {
+    /// Walks the outputs in register blocks — up to 3 heads × 4 registers of `width` values, then 1
+    /// register — and calls `block(heads, registers, weights, values, outputs)` with pointers to the
+    /// block's first head and column.
+    #[inline(always)]
+    unsafe fn weighted_blocks(
+        w: &[f32],
+        values: &[f16],
+        hd: usize,
+        out: &mut [f32],
+        width: usize,
+        block: impl Fn(usize, usize, *const f32, *const f16, *mut f32),
+    ) {
         let len = values.len() / hd;
         let n_q = out.len() / hd;
         let mut h0 = 0;
@@ -349,24 +468,82 @@ mod x86 {
             let nh = (n_q - h0).min(3);
             let mut d0 = 0;
             while d0 < hd {
-                let nd = if hd - d0 >= 4 * L { 4 } else { 1 };
+                let nd = if hd - d0 >= 4 * width { 4 } else { 1 };
                 let (wp, vp) = (w[h0 * len..].as_ptr(), values[d0..].as_ptr());
-                let op = out[h0 * hd + d0..].as_mut_ptr();
-                // SAFETY: heads `h0..h0 + nh` exist in `w` and `out`; columns `d0..d0 + nd · 8` lie
-                // within every row (`hd` is a multiple of 8).
-                unsafe {
-                    match (nh, nd) {
-                        (3, 4) => weighted_block::<3, 4>(wp, len, vp, hd, op),
-                        (2, 4) => weighted_block::<2, 4>(wp, len, vp, hd, op),
-                        (1, 4) => weighted_block::<1, 4>(wp, len, vp, hd, op),
-                        (3, _) => weighted_block::<3, 1>(wp, len, vp, hd, op),
-                        (2, _) => weighted_block::<2, 1>(wp, len, vp, hd, op),
-                        _ => weighted_block::<1, 1>(wp, len, vp, hd, op),
-                    }
-                }
-                d0 += nd * L;
+                block(nh, nd, wp, vp, out[h0 * hd + d0..].as_mut_ptr());
+                d0 += nd * width;
             }
             h0 += nh;
+        }
+    }
+
+    /// The vector form of [`super::weighted_sum`]; `hd` is a multiple of 8. Heads go three at a time
+    /// and outputs 32 at a time (12 accumulators and 4 values in the 16 registers), then 8 at a time.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn weighted_sum(w: &[f32], values: &[f16], hd: usize, out: &mut [f32]) {
+        let len = values.len() / hd;
+        // SAFETY: `weighted_blocks` hands out heads that exist and columns within every row.
+        unsafe {
+            weighted_blocks(w, values, hd, out, L, |nh, nd, wp, vp, op| match (nh, nd) {
+                (3, 4) => weighted_block::<3, 4>(wp, len, vp, hd, op),
+                (2, 4) => weighted_block::<2, 4>(wp, len, vp, hd, op),
+                (1, 4) => weighted_block::<1, 4>(wp, len, vp, hd, op),
+                (3, _) => weighted_block::<3, 1>(wp, len, vp, hd, op),
+                (2, _) => weighted_block::<2, 1>(wp, len, vp, hd, op),
+                _ => weighted_block::<1, 1>(wp, len, vp, hd, op),
+            })
+        }
+    }
+
+    /// One register block of [`weighted_sum_512`]: as [`weighted_block`] with 16 outputs per register.
+    #[inline(always)]
+    unsafe fn weighted_block_512<const NH: usize, const ND: usize>(
+        w: *const f32,
+        len: usize,
+        values: *const f16,
+        hd: usize,
+        out: *mut f32,
+    ) {
+        // SAFETY: as in `weighted_block`, with `ND · 16` values per row and output.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); ND]; NH];
+            for j in 0..len {
+                let row = values.add(j * hd);
+                let v: [__m512; ND] = std::array::from_fn(|c| {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(row.add(c * 2 * L).cast()))
+                });
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let p = _mm512_set1_ps(*w.add(h * len + j));
+                    for c in 0..ND {
+                        acc[c] = _mm512_fmadd_ps(p, v[c], acc[c]);
+                    }
+                }
+            }
+            for (h, acc) in acc.iter().enumerate() {
+                for (c, a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(out.add(h * hd + c * 2 * L), *a);
+                }
+            }
+        }
+    }
+
+    /// [`weighted_sum`] on 512-bit registers; `hd` is a multiple of 16. Three heads × 64 outputs at a
+    /// time (12 accumulators), then 16 at a time.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn weighted_sum_512(w: &[f32], values: &[f16], hd: usize, out: &mut [f32]) {
+        let len = values.len() / hd;
+        // SAFETY: `weighted_blocks` hands out heads that exist and columns within every row.
+        unsafe {
+            weighted_blocks(w, values, hd, out, 2 * L, |nh, nd, wp, vp, op| {
+                match (nh, nd) {
+                    (3, 4) => weighted_block_512::<3, 4>(wp, len, vp, hd, op),
+                    (2, 4) => weighted_block_512::<2, 4>(wp, len, vp, hd, op),
+                    (1, 4) => weighted_block_512::<1, 4>(wp, len, vp, hd, op),
+                    (3, _) => weighted_block_512::<3, 1>(wp, len, vp, hd, op),
+                    (2, _) => weighted_block_512::<2, 1>(wp, len, vp, hd, op),
+                    _ => weighted_block_512::<1, 1>(wp, len, vp, hd, op),
+                }
+            })
         }
     }
 }

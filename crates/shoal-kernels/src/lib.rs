@@ -39,8 +39,8 @@
 //!   works with [`matmul`]; [`RayonCurrent`] runs on the caller's rayon pool.
 //!
 //! - [`attn::attend_f16`]: attention of the query heads sharing one KV head against its f16 cache
-//!   (scores, softmax, weighted values) converting each cached row once; AVX2 and portable paths are
-//!   bitwise equal, like the helpers of [`math`].
+//!   (scores, softmax, weighted values) converting each cached row once; AVX-512, AVX2 and portable
+//!   paths are bitwise equal, like the helpers of [`math`].
 //!
 //! Typical use by a model: one `Arc<ThreadPool>` per stage, a `PackedMatrix` per GGUF weight tensor,
 //! `w.matmul(x, m, &mut out, &pool)` per linear layer (or `Activations::quantize_into`

@@ -31,6 +31,16 @@ const TILE: usize = 8;
 /// How far ahead in the weight stream to prefetch (bytes); as in the 256-bit kernels.
 const PREFETCH_BYTES: usize = 4096;
 
+/// Whether the CPU has AVX-512F next to AVX2, FMA and F16C (the attention's value sums).
+pub(crate) fn has_avx512f() -> bool {
+    super::has_avx2() && is_x86_feature_detected!("avx512f")
+}
+
+/// Whether the CPU also has AVX-512DQ (the attention's scores, two keys per register).
+pub(crate) fn has_avx512dq() -> bool {
+    has_avx512f() && is_x86_feature_detected!("avx512dq")
+}
+
 /// Whether the CPU has the AVX-512 subsets the kernels use.
 pub(crate) fn has_avx512_vnni() -> bool {
     super::has_vnni()
