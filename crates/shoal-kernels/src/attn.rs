@@ -416,11 +416,73 @@ mod x86 {
         w[n8..].iter().fold(r, |r, &x| r + x)
     }
 
-    /// One register block of [`weighted_sum`]: `NH` heads × `ND` registers of 8 outputs, the
-    /// accumulators held in registers over the whole `j` loop. `w` points at the first head's weights
-    /// (`len` per head), `values` at column `d0` of row 0, `out` at column `d0` of the first head.
+    /// A register of f32 lanes for the value sums: 256-bit ([`__m256`]) or 512-bit ([`__m512`]).
+    trait Reg: Copy {
+        /// f32 lanes per register.
+        const WIDTH: usize;
+        unsafe fn zero() -> Self;
+        /// `WIDTH` f16 values at `p`, as f32.
+        unsafe fn load_f16(p: *const f16) -> Self;
+        /// `*p` in every lane.
+        unsafe fn splat(p: *const f32) -> Self;
+        /// `a · b + self`, one rounding per lane.
+        unsafe fn fma(self, a: Self, b: Self) -> Self;
+        unsafe fn store(self, p: *mut f32);
+    }
+
+    impl Reg for __m256 {
+        const WIDTH: usize = L;
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const f16) -> Self {
+            unsafe { load_f16(p) }
+        }
+        #[inline(always)]
+        unsafe fn splat(p: *const f32) -> Self {
+            unsafe { _mm256_broadcast_ss(&*p) }
+        }
+        #[inline(always)]
+        unsafe fn fma(self, a: Self, b: Self) -> Self {
+            unsafe { _mm256_fmadd_ps(a, b, self) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            unsafe { _mm256_storeu_ps(p, self) }
+        }
+    }
+
+    impl Reg for __m512 {
+        const WIDTH: usize = 2 * L;
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            unsafe { _mm512_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const f16) -> Self {
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn splat(p: *const f32) -> Self {
+            unsafe { _mm512_set1_ps(*p) }
+        }
+        #[inline(always)]
+        unsafe fn fma(self, a: Self, b: Self) -> Self {
+            unsafe { _mm512_fmadd_ps(a, b, self) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            unsafe { _mm512_storeu_ps(p, self) }
+        }
+    }
+
+    /// One register block of [`weighted`]: `NH` heads × `ND` registers of outputs, the accumulators
+    /// held in registers over the whole `j` loop. `w` points at the first head's weights (`len` per
+    /// head), `values` at column `d0` of row 0, `out` at column `d0` of the first head.
     #[inline(always)]
-    unsafe fn weighted_block<const NH: usize, const ND: usize>(
+    unsafe fn weighted_block<V: Reg, const NH: usize, const ND: usize>(
         w: *const f32,
         len: usize,
         values: *const f16,
@@ -428,39 +490,31 @@ mod x86 {
         out: *mut f32,
     ) {
         // SAFETY: the caller guarantees `NH` heads of `len` weights, `len` rows of `hd` values with
-        // `ND · 8` readable from `values`, and `NH` output rows of `hd` with `ND · 8` writable.
+        // `ND · WIDTH` readable from `values`, and `NH` output rows of `hd` with `ND · WIDTH` writable.
         unsafe {
-            let mut acc = [[_mm256_setzero_ps(); ND]; NH];
+            let mut acc = [[V::zero(); ND]; NH];
             for j in 0..len {
                 let row = values.add(j * hd);
-                let v: [__m256; ND] = std::array::from_fn(|c| load_f16(row.add(c * L)));
+                let v: [V; ND] = std::array::from_fn(|c| V::load_f16(row.add(c * V::WIDTH)));
                 for (h, acc) in acc.iter_mut().enumerate() {
-                    let p = _mm256_broadcast_ss(&*w.add(h * len + j));
+                    let p = V::splat(w.add(h * len + j));
                     for c in 0..ND {
-                        acc[c] = _mm256_fmadd_ps(p, v[c], acc[c]);
+                        acc[c] = acc[c].fma(p, v[c]);
                     }
                 }
             }
             for (h, acc) in acc.iter().enumerate() {
                 for (c, a) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(out.add(h * hd + c * L), *a);
+                    a.store(out.add(h * hd + c * V::WIDTH));
                 }
             }
         }
     }
 
-    /// Walks the outputs in register blocks — up to 3 heads × 4 registers of `width` values, then 1
-    /// register — and calls `block(heads, registers, weights, values, outputs)` with pointers to the
-    /// block's first head and column.
+    /// [`super::weighted_sum`] on registers `V`; `hd` is a multiple of `V::WIDTH`. Heads go three at a
+    /// time and outputs four registers at a time (12 accumulators and 4 values), then one register.
     #[inline(always)]
-    unsafe fn weighted_blocks(
-        w: &[f32],
-        values: &[f16],
-        hd: usize,
-        out: &mut [f32],
-        width: usize,
-        block: impl Fn(usize, usize, *const f32, *const f16, *mut f32),
-    ) {
+    unsafe fn weighted<V: Reg>(w: &[f32], values: &[f16], hd: usize, out: &mut [f32]) {
         let len = values.len() / hd;
         let n_q = out.len() / hd;
         let mut h0 = 0;
@@ -468,83 +522,40 @@ mod x86 {
             let nh = (n_q - h0).min(3);
             let mut d0 = 0;
             while d0 < hd {
-                let nd = if hd - d0 >= 4 * width { 4 } else { 1 };
+                let nd = if hd - d0 >= 4 * V::WIDTH { 4 } else { 1 };
                 let (wp, vp) = (w[h0 * len..].as_ptr(), values[d0..].as_ptr());
-                block(nh, nd, wp, vp, out[h0 * hd + d0..].as_mut_ptr());
-                d0 += nd * width;
+                let op = out[h0 * hd + d0..].as_mut_ptr();
+                // SAFETY: heads `h0..h0 + nh` exist in `w` and `out`; columns `d0..d0 + nd · WIDTH`
+                // lie within every row (`hd` is a multiple of the width).
+                unsafe {
+                    match (nh, nd) {
+                        (3, 4) => weighted_block::<V, 3, 4>(wp, len, vp, hd, op),
+                        (2, 4) => weighted_block::<V, 2, 4>(wp, len, vp, hd, op),
+                        (1, 4) => weighted_block::<V, 1, 4>(wp, len, vp, hd, op),
+                        (3, _) => weighted_block::<V, 3, 1>(wp, len, vp, hd, op),
+                        (2, _) => weighted_block::<V, 2, 1>(wp, len, vp, hd, op),
+                        _ => weighted_block::<V, 1, 1>(wp, len, vp, hd, op),
+                    }
+                }
+                d0 += nd * V::WIDTH;
             }
             h0 += nh;
         }
     }
 
-    /// The vector form of [`super::weighted_sum`]; `hd` is a multiple of 8. Heads go three at a time
-    /// and outputs 32 at a time (12 accumulators and 4 values in the 16 registers), then 8 at a time.
+    /// The vector form of [`super::weighted_sum`]; `hd` is a multiple of 8.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn weighted_sum(w: &[f32], values: &[f16], hd: usize, out: &mut [f32]) {
-        let len = values.len() / hd;
-        // SAFETY: `weighted_blocks` hands out heads that exist and columns within every row.
-        unsafe {
-            weighted_blocks(w, values, hd, out, L, |nh, nd, wp, vp, op| match (nh, nd) {
-                (3, 4) => weighted_block::<3, 4>(wp, len, vp, hd, op),
-                (2, 4) => weighted_block::<2, 4>(wp, len, vp, hd, op),
-                (1, 4) => weighted_block::<1, 4>(wp, len, vp, hd, op),
-                (3, _) => weighted_block::<3, 1>(wp, len, vp, hd, op),
-                (2, _) => weighted_block::<2, 1>(wp, len, vp, hd, op),
-                _ => weighted_block::<1, 1>(wp, len, vp, hd, op),
-            })
-        }
+        // SAFETY: the features the 256-bit registers need are enabled here.
+        unsafe { weighted::<__m256>(w, values, hd, out) }
     }
 
-    /// One register block of [`weighted_sum_512`]: as [`weighted_block`] with 16 outputs per register.
-    #[inline(always)]
-    unsafe fn weighted_block_512<const NH: usize, const ND: usize>(
-        w: *const f32,
-        len: usize,
-        values: *const f16,
-        hd: usize,
-        out: *mut f32,
-    ) {
-        // SAFETY: as in `weighted_block`, with `ND · 16` values per row and output.
-        unsafe {
-            let mut acc = [[_mm512_setzero_ps(); ND]; NH];
-            for j in 0..len {
-                let row = values.add(j * hd);
-                let v: [__m512; ND] = std::array::from_fn(|c| {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(row.add(c * 2 * L).cast()))
-                });
-                for (h, acc) in acc.iter_mut().enumerate() {
-                    let p = _mm512_set1_ps(*w.add(h * len + j));
-                    for c in 0..ND {
-                        acc[c] = _mm512_fmadd_ps(p, v[c], acc[c]);
-                    }
-                }
-            }
-            for (h, acc) in acc.iter().enumerate() {
-                for (c, a) in acc.iter().enumerate() {
-                    _mm512_storeu_ps(out.add(h * hd + c * 2 * L), *a);
-                }
-            }
-        }
-    }
-
-    /// [`weighted_sum`] on 512-bit registers; `hd` is a multiple of 16. Three heads × 64 outputs at a
-    /// time (12 accumulators), then 16 at a time.
+    /// [`weighted_sum`] on 512-bit registers (16 outputs each, the same FMA chains); `hd` is a multiple
+    /// of 16.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) unsafe fn weighted_sum_512(w: &[f32], values: &[f16], hd: usize, out: &mut [f32]) {
-        let len = values.len() / hd;
-        // SAFETY: `weighted_blocks` hands out heads that exist and columns within every row.
-        unsafe {
-            weighted_blocks(w, values, hd, out, 2 * L, |nh, nd, wp, vp, op| {
-                match (nh, nd) {
-                    (3, 4) => weighted_block_512::<3, 4>(wp, len, vp, hd, op),
-                    (2, 4) => weighted_block_512::<2, 4>(wp, len, vp, hd, op),
-                    (1, 4) => weighted_block_512::<1, 4>(wp, len, vp, hd, op),
-                    (3, _) => weighted_block_512::<3, 1>(wp, len, vp, hd, op),
-                    (2, _) => weighted_block_512::<2, 1>(wp, len, vp, hd, op),
-                    _ => weighted_block_512::<1, 1>(wp, len, vp, hd, op),
-                }
-            })
-        }
+        // SAFETY: the features the 512-bit registers need are enabled here.
+        unsafe { weighted::<__m512>(w, values, hd, out) }
     }
 }
 
