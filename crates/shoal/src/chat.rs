@@ -78,16 +78,8 @@ async fn remote(args: &ChatArgs, url: &str) -> anyhow::Result<()> {
         "seed": args.seed,
     });
     let endpoint = format!("{}/v1/chat/completions", url.trim_end_matches('/'));
-    let resp = reqwest::Client::new()
-        .post(&endpoint)
-        .json(&body)
-        .send()
-        .await
-        .with_context(|| format!("connecting to {endpoint}"))?;
-    if !resp.status().is_success() {
-        let status = resp.status();
-        anyhow::bail!("{status}: {}", resp.text().await.unwrap_or_default());
-    }
+    let req = reqwest::Client::new().post(&endpoint);
+    let resp = crate::load::post_json(req, &endpoint, &body).await?;
     let mut bytes = resp.bytes_stream();
     let mut buf = Vec::new();
     let mut out = std::io::stdout().lock();

@@ -123,6 +123,25 @@ fn first_prompt(args: &BenchArgs) -> usize {
     })
 }
 
+/// Sends `body` as JSON with `req` (a POST to `url`); the response if it succeeded, else the server's
+/// status and error body as the error.
+pub async fn post_json(
+    req: reqwest::RequestBuilder,
+    url: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<reqwest::Response> {
+    let resp = req
+        .json(body)
+        .send()
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    if !resp.status().is_success() {
+        let status = resp.status();
+        anyhow::bail!("{status}: {}", resp.text().await.unwrap_or_default());
+    }
+    Ok(resp)
+}
+
 /// Splits the complete lines off `buf` and returns the payloads of its `data:` lines (server-sent
 /// events), in order; an incomplete last line stays in `buf`.
 pub fn drain_sse_data(buf: &mut Vec<u8>) -> Vec<String> {
@@ -213,17 +232,7 @@ async fn stream_one(
     progress: Option<(&Progress, usize)>,
 ) -> anyhow::Result<Timed> {
     let sent = Instant::now();
-    let resp = client
-        .post(url)
-        .json(&body)
-        .timeout(REQUEST_TIMEOUT)
-        .send()
-        .await
-        .with_context(|| format!("connecting to {url}"))?;
-    if !resp.status().is_success() {
-        let status = resp.status();
-        anyhow::bail!("{status}: {}", resp.text().await.unwrap_or_default());
-    }
+    let resp = post_json(client.post(url).timeout(REQUEST_TIMEOUT), url, &body).await?;
     let mut timed = Timed {
         sent,
         tokens: Vec::new(),
