@@ -116,33 +116,6 @@ pub fn estimate_speed(cores: usize) -> f64 {
     LAYER_STEPS_PER_CORE * (cores.clamp(1, 8) as f64).sqrt()
 }
 
-/// What placement needs to know about a GGUF model, read from its header.
-pub fn model_card(path: &Path, id: &str) -> Result<ModelCard, String> {
-    let gguf = shoal_model::gguf::GgufFile::open(path).map_err(|e| e.to_string())?;
-    let cfg = shoal_model::ModelConfig::from_gguf(&gguf).map_err(|e| e.to_string())?;
-    let bytes = |name: &str| gguf.tensor_bytes(name).unwrap_or(0);
-    let layer_bytes: u64 = gguf
-        .tensor_names()
-        .filter(|n| n.starts_with("blk.0."))
-        .map(bytes)
-        .sum();
-    let embed_bytes = bytes("token_embd.weight");
-    // Tied embeddings: the last stage holds its own copy of the embedding matrix as the head.
-    let head_bytes =
-        bytes("output_norm.weight") + gguf.tensor_bytes("output.weight").unwrap_or(embed_bytes);
-    Ok(ModelCard {
-        id: id.to_string(),
-        n_layers: cfg.n_layers,
-        layer_bytes,
-        embed_bytes,
-        head_bytes,
-        kv_bytes_per_token_per_layer: cfg.kv_bytes_per_token(1, shoal_model::kv::value_bytes(true))
-            as u64,
-        context_length: cfg.context_length,
-        hidden_bytes_per_token: 2 * cfg.dim as u64,
-    })
-}
-
 /// The kind of the link to a peer at `remote`: loopback for this machine's own addresses, else the kind
 /// of the interface whose subnet holds the peer.
 pub fn link_kind(remote: IpAddr) -> LinkKind {
@@ -308,18 +281,5 @@ mod tests {
         assert!(mem.total > 0 && mem.available <= mem.total);
         assert!((0.0..=1.0).contains(&mem.pressure));
         assert!(cores >= 1);
-    }
-
-    #[test]
-    fn default_model_card_matches_the_gguf() {
-        let path = shoal_model::testing::model_path();
-        let card = model_card(&path, "m").unwrap();
-        assert_eq!(card.n_layers, 30);
-        assert_eq!(card.hidden_bytes_per_token, 2 * 576);
-        // 3 KV heads × 64 dims × K and V × f32.
-        assert_eq!(card.kv_bytes_per_token_per_layer, 3 * 64 * 2 * 2);
-        let total = card.embed_bytes + 30 * card.layer_bytes;
-        let file = std::fs::metadata(&path).unwrap().len();
-        assert!(total < file && total > file / 2, "{total} vs file {file}");
     }
 }

@@ -127,69 +127,90 @@ pub enum Launched {
     Pending(u64),
 }
 
-/// A pipeline stage: layers in this process, or the stages on other nodes behind the same trait.
-pub trait Stage: Send {
-    /// Runs `batch` on `input`; the first stage takes tokens, the last returns logits (or, when it
-    /// samples itself, [`StageData::Sampled`] following `sampling`: one entry per chunk that wants
-    /// logits, in batch order).
-    fn forward(
-        &mut self,
-        batch: &[ChunkSpec],
-        input: StageData,
-        sampling: &[SampleRef<'_>],
-    ) -> Result<StageData, EngineError>;
-    /// Frees everything held for `seq_id` (its KV cache). Unknown ids are ignored.
-    fn release(&mut self, seq_id: u64);
-    /// Tokens held in this stage's KV cache for `seq_id`.
-    fn cached_len(&self, seq_id: u64) -> usize;
-    /// Keeps the first `len` tokens of `seq_id`'s KV as prefix `prefix_id` and frees the sequence.
-    fn retain_prefix(&mut self, seq_id: u64, prefix_id: u64, len: usize)
-    -> Result<(), EngineError>;
-    /// Starts `seq_id` with a copy of the first `len` tokens of prefix `prefix_id`.
-    fn start_from_prefix(
-        &mut self,
+/// An operation on the KV a stage keeps for sequences and cached prefixes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvOp {
+    /// Free everything held for the sequence (unknown ids are ignored).
+    Release { seq_id: u64 },
+    /// Keep the first `len` tokens of the sequence's KV as prefix `prefix_id` and free the sequence.
+    Retain {
+        seq_id: u64,
+        prefix_id: u64,
+        len: usize,
+    },
+    /// Start the sequence with a copy of the first `len` tokens of prefix `prefix_id`.
+    Start {
         prefix_id: u64,
         seq_id: u64,
         len: usize,
-    ) -> Result<(), EngineError>;
-    /// Frees prefix `prefix_id`. Unknown ids are ignored.
-    fn drop_prefix(&mut self, prefix_id: u64);
-    /// Sequences whose KV this stage holds now.
-    fn held_sequences(&self) -> usize;
-    /// Starts `batch` without waiting for its result when the stage can (stages on other nodes), so the
-    /// engine can compute another micro-batch meanwhile. Computes it right away otherwise.
+    },
+    /// Free the prefix (unknown ids are ignored).
+    DropPrefix { prefix_id: u64 },
+}
+
+/// What a stage is, fixed when it is built: what the engine needs to budget and pipeline it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageInfo {
+    /// Pipeline stages behind this one that compute concurrently with this process (0 for local
+    /// layers): how many micro-batches may be in flight at once beyond the first.
+    pub concurrent_stages: usize,
+    /// Bytes per stored key or value in this stage's KV caches.
+    pub kv_value_bytes: usize,
+    /// Layers whose KV cache this stage keeps in this process, paid from the engine's node budget
+    /// (0 for stages on other nodes: their node budgets them).
+    pub local_kv_layers: usize,
+    /// Tokens of KV per sequence set this stage can hold when its node budgets it (stages on other
+    /// nodes); the engine never holds more. `None`: budgeted by the engine's own pool.
+    pub kv_token_capacity: Option<usize>,
+}
+
+/// A pipeline stage: layers in this process, or the stages on other nodes behind the same trait.
+pub trait Stage: Send {
+    /// What this stage is (constant over its life).
+    fn info(&self) -> StageInfo;
+    /// Starts `batch` on `input`: the first stage takes tokens, the last returns logits (or, when it
+    /// samples itself, [`StageData::Sampled`] following `sampling`: one entry per chunk that wants
+    /// logits, in batch order). Stages on other nodes leave it [`Launched::Pending`] so the engine can
+    /// compute another micro-batch meanwhile; local layers compute it at once.
     fn launch(
         &mut self,
         batch: &[ChunkSpec],
         input: StageData,
         sampling: &[SampleRef<'_>],
-    ) -> Result<Launched, EngineError> {
-        self.forward(batch, input, sampling).map(Launched::Ready)
-    }
+    ) -> Result<Launched, EngineError>;
     /// The result of a batch [`Stage::launch`] left pending, oldest first.
-    fn complete(&mut self, ticket: u64) -> Result<StageData, EngineError> {
-        Err(EngineError::Internal(format!(
-            "batch {ticket} was never left pending by this stage"
-        )))
+    fn complete(&mut self, ticket: u64) -> Result<StageData, EngineError>;
+    /// Applies `op` to the KV this stage keeps.
+    fn kv(&mut self, op: KvOp) -> Result<(), EngineError>;
+    /// Sequences whose KV this stage holds now.
+    fn held_sequences(&self) -> usize;
+}
+
+/// Runs `batch` through `stage` and waits for its result.
+pub fn forward(
+    stage: &mut dyn Stage,
+    batch: &[ChunkSpec],
+    input: StageData,
+    sampling: &[SampleRef<'_>],
+) -> Result<StageData, EngineError> {
+    match stage.launch(batch, input, sampling)? {
+        Launched::Ready(data) => Ok(data),
+        Launched::Pending(ticket) => stage.complete(ticket),
     }
-    /// Pipeline stages behind this one that compute concurrently with this process (0 for local
-    /// layers): how many micro-batches may be in flight at once beyond the first.
-    fn concurrent_stages(&self) -> usize {
-        0
-    }
-    /// Bytes per stored key or value in this stage's KV caches (f16 on CPU hosts, the default).
-    fn kv_value_bytes(&self) -> usize {
-        shoal_model::kv::value_bytes(true)
-    }
-    /// Layers whose KV cache this stage keeps in this process, paid from the engine's node budget
-    /// (0 for stages on other nodes: their node budgets them).
-    fn local_kv_layers(&self) -> usize {
-        0
-    }
-    /// Tokens of KV per sequence set this stage can hold when its node budgets it (stages on other
-    /// nodes); the engine never holds more. `None`: budgeted by the engine's own pool.
-    fn kv_token_capacity(&self) -> Option<usize> {
-        None
+}
+
+/// Applies `op` on every stage of a pipeline, stopping at the first error.
+pub fn kv_all(stages: &mut [Box<dyn Stage>], op: KvOp) -> Result<(), EngineError> {
+    stages.iter_mut().try_for_each(|s| s.kv(op))
+}
+
+/// Applies `op` on every stage of a pipeline whatever happens (freeing: a stage that cannot is gone
+/// and holds nothing any more).
+pub fn kv_all_lossy(stages: &mut [Box<dyn Stage>], op: KvOp) {
+    for s in stages.iter_mut() {
+        if let Err(e) = s.kv(op) {
+            tracing::debug!("{op:?} on a stage: {e}");
+        }
     }
 }
 
@@ -249,16 +270,9 @@ fn internal(e: impl std::fmt::Display) -> EngineError {
     EngineError::Internal(e.to_string())
 }
 
-impl Stage for LocalStage {
-    fn kv_value_bytes(&self) -> usize {
-        self.model.kv_value_bytes()
-    }
-
-    fn local_kv_layers(&self) -> usize {
-        self.model.range().len()
-    }
-
-    fn forward(
+impl LocalStage {
+    /// Runs `batch` on these layers now.
+    pub fn forward(
         &mut self,
         batch: &[ChunkSpec],
         input: StageData,
@@ -308,47 +322,72 @@ impl Stage for LocalStage {
         })
     }
 
-    fn release(&mut self, seq_id: u64) {
-        self.caches.remove(&seq_id);
-    }
-
-    fn cached_len(&self, seq_id: u64) -> usize {
+    /// Tokens held in this stage's KV cache for `seq_id`.
+    pub fn cached_len(&self, seq_id: u64) -> usize {
         self.caches.get(&seq_id).map_or(0, KvCache::len)
     }
+}
 
-    fn retain_prefix(
-        &mut self,
-        seq_id: u64,
-        prefix_id: u64,
-        len: usize,
-    ) -> Result<(), EngineError> {
-        let kv = self
-            .caches
-            .remove(&seq_id)
-            .ok_or_else(|| EngineError::Internal(format!("no KV for sequence {seq_id}")))?;
-        // A compact copy: the running cache grows ahead of its length.
-        self.prefixes
-            .insert(prefix_id, kv.copy_prefix(len).map_err(internal)?);
-        Ok(())
+impl Stage for LocalStage {
+    fn info(&self) -> StageInfo {
+        StageInfo {
+            concurrent_stages: 0,
+            kv_value_bytes: self.model.kv_value_bytes(),
+            local_kv_layers: self.model.range().len(),
+            kv_token_capacity: None,
+        }
     }
 
-    fn start_from_prefix(
+    fn launch(
         &mut self,
-        prefix_id: u64,
-        seq_id: u64,
-        len: usize,
-    ) -> Result<(), EngineError> {
-        let prefix = self
-            .prefixes
-            .get(&prefix_id)
-            .ok_or_else(|| EngineError::Internal(format!("no prefix {prefix_id}")))?;
-        let kv = prefix.copy_prefix(len).map_err(internal)?;
-        self.caches.insert(seq_id, kv);
-        Ok(())
+        batch: &[ChunkSpec],
+        input: StageData,
+        sampling: &[SampleRef<'_>],
+    ) -> Result<Launched, EngineError> {
+        self.forward(batch, input, sampling).map(Launched::Ready)
     }
 
-    fn drop_prefix(&mut self, prefix_id: u64) {
-        self.prefixes.remove(&prefix_id);
+    fn complete(&mut self, ticket: u64) -> Result<StageData, EngineError> {
+        Err(EngineError::Internal(format!(
+            "batch {ticket}: local layers never leave a batch pending"
+        )))
+    }
+
+    fn kv(&mut self, op: KvOp) -> Result<(), EngineError> {
+        match op {
+            KvOp::Release { seq_id } => {
+                self.caches.remove(&seq_id);
+            }
+            KvOp::Retain {
+                seq_id,
+                prefix_id,
+                len,
+            } => {
+                let kv = self
+                    .caches
+                    .remove(&seq_id)
+                    .ok_or_else(|| EngineError::Internal(format!("no KV for sequence {seq_id}")))?;
+                // A compact copy: the running cache grows ahead of its length.
+                self.prefixes
+                    .insert(prefix_id, kv.copy_prefix(len).map_err(internal)?);
+            }
+            KvOp::Start {
+                prefix_id,
+                seq_id,
+                len,
+            } => {
+                let prefix = self
+                    .prefixes
+                    .get(&prefix_id)
+                    .ok_or_else(|| EngineError::Internal(format!("no prefix {prefix_id}")))?;
+                let kv = prefix.copy_prefix(len).map_err(internal)?;
+                self.caches.insert(seq_id, kv);
+            }
+            KvOp::DropPrefix { prefix_id } => {
+                self.prefixes.remove(&prefix_id);
+            }
+        }
+        Ok(())
     }
 
     fn held_sequences(&self) -> usize {
@@ -377,7 +416,7 @@ pub fn launch_pipeline(
     };
     let mut data = StageData::Tokens(tokens);
     for stage in head.iter_mut() {
-        data = stage.forward(batch, data, sampling)?;
+        data = forward(stage.as_mut(), batch, data, sampling)?;
     }
     match last.launch(batch, data, sampling)? {
         Launched::Ready(data) => into_picks(data, sampling).map(PipelineLaunch::Done),
@@ -408,7 +447,10 @@ pub fn complete_pipeline(
 
 /// Micro-batches that may be in flight at once in this pipeline.
 pub fn pipeline_depth(stages: &[Box<dyn Stage>]) -> usize {
-    1 + stages.iter().map(|s| s.concurrent_stages()).sum::<usize>()
+    1 + stages
+        .iter()
+        .map(|s| s.info().concurrent_stages)
+        .sum::<usize>()
 }
 
 fn into_picks(data: StageData, sampling: &[SampleRef<'_>]) -> Result<Vec<Pick>, EngineError> {

@@ -22,8 +22,8 @@ use crate::request::{Event, FinishReason, Usage};
 use crate::sampler::Sampler;
 use crate::scheduler::{SeqView, StepBudget, StepTimes, plan_micro_batch};
 use crate::stage::{
-    ChunkSpec, Pick, PipelineLaunch, SampleRef, Stage, complete_pipeline, launch_pipeline,
-    pipeline_depth,
+    ChunkSpec, KvOp, Pick, PipelineLaunch, SampleRef, Stage, complete_pipeline, kv_all,
+    kv_all_lossy, launch_pipeline, pipeline_depth,
 };
 use crate::stop::StopMatcher;
 
@@ -126,14 +126,17 @@ impl Worker {
     ) -> Self {
         // The node's pool pays for the KV of the layers in this process; stages on other nodes are
         // budgeted there and bound how many tokens this engine may hold in all.
-        let value_bytes = stages.first().map_or(2, |s| s.kv_value_bytes());
-        let local_layers = stages.iter().map(|s| s.local_kv_layers()).sum::<usize>();
+        let value_bytes = stages.first().map_or(2, |s| s.info().kv_value_bytes);
+        let local_layers = stages
+            .iter()
+            .map(|s| s.info().local_kv_layers)
+            .sum::<usize>();
         let token_bytes = model
             .kv_bytes_per_token(local_layers.max(1), value_bytes)
             .max(1);
         let token_cap = stages
             .iter()
-            .filter_map(|s| s.kv_token_capacity())
+            .filter_map(|s| s.info().kv_token_capacity)
             .min()
             .unwrap_or(usize::MAX);
         let pool = config
@@ -329,9 +332,7 @@ impl Worker {
             let Some(id) = self.prefix.pop_lru() else {
                 break;
             };
-            for s in self.stages.iter_mut() {
-                s.drop_prefix(id);
-            }
+            kv_all_lossy(&mut self.stages, KvOp::DropPrefix { prefix_id: id });
             freed += (before - self.prefix.used_tokens()) * self.token_bytes;
         }
     }
@@ -358,9 +359,7 @@ impl Worker {
                     .request((short * self.token_bytes).saturating_sub(free));
                 return false;
             };
-            for s in self.stages.iter_mut() {
-                s.drop_prefix(id);
-            }
+            kv_all_lossy(&mut self.stages, KvOp::DropPrefix { prefix_id: id });
             // The prefix's tokens are no longer held; what was reserved for them stays reserved here.
         }
     }
@@ -438,10 +437,14 @@ impl Worker {
             return;
         };
         let id = seq.id;
-        let loaded = self
-            .stages
-            .iter_mut()
-            .try_for_each(|s| s.start_from_prefix(prefix_id, id, n));
+        let loaded = kv_all(
+            &mut self.stages,
+            KvOp::Start {
+                prefix_id,
+                seq_id: id,
+                len: n,
+            },
+        );
         match loaded {
             Ok(()) => {
                 seq.computed = n;
@@ -450,9 +453,7 @@ impl Worker {
             Err(e) => {
                 // Not fatal: compute the prompt from scratch.
                 tracing::warn!("prefix reuse failed, prefilling in full: {e}");
-                for s in self.stages.iter_mut() {
-                    s.release(id);
-                }
+                kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: id });
             }
         }
     }
@@ -466,27 +467,25 @@ impl Worker {
             _ => self.prefix.insert(&seq.tokens[..seq.computed]),
         };
         for id in offer.evict {
-            for s in self.stages.iter_mut() {
-                s.drop_prefix(id);
-            }
+            kv_all_lossy(&mut self.stages, KvOp::DropPrefix { prefix_id: id });
         }
         let kept = offer.store.is_some_and(|pid| {
-            let r = self
-                .stages
-                .iter_mut()
-                .try_for_each(|s| s.retain_prefix(seq.id, pid, seq.computed));
+            let r = kv_all(
+                &mut self.stages,
+                KvOp::Retain {
+                    seq_id: seq.id,
+                    prefix_id: pid,
+                    len: seq.computed,
+                },
+            );
             if let Err(e) = &r {
                 tracing::warn!("cannot keep the prefix of sequence {}: {e}", seq.id);
-                for s in self.stages.iter_mut() {
-                    s.drop_prefix(pid);
-                }
+                kv_all_lossy(&mut self.stages, KvOp::DropPrefix { prefix_id: pid });
             }
             r.is_ok()
         });
         if !kept {
-            for s in self.stages.iter_mut() {
-                s.release(seq.id);
-            }
+            kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
         }
         self.counters.active.fetch_sub(1, Ordering::Relaxed);
         let _ = seq.tx.send(Event::Done {
@@ -497,9 +496,7 @@ impl Worker {
 
     fn fail(&mut self, i: usize, error: EngineError) {
         let seq = self.running.swap_remove(i);
-        for s in self.stages.iter_mut() {
-            s.release(seq.id);
-        }
+        kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
         self.counters.active.fetch_sub(1, Ordering::Relaxed);
         let _ = seq.tx.send(Event::Error(error));
     }
@@ -510,9 +507,7 @@ impl Worker {
         let Some(mut seq) = self.running.pop() else {
             return;
         };
-        for s in self.stages.iter_mut() {
-            s.release(seq.id);
-        }
+        kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
         seq.computed = 0;
         seq.cached = 0;
         self.preempted.push_front(seq);

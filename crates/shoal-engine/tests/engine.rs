@@ -616,48 +616,33 @@ impl HostedElsewhere {
 }
 
 impl shoal_engine::stage::Stage for HostedElsewhere {
-    fn forward(
+    fn info(&self) -> shoal_engine::stage::StageInfo {
+        shoal_engine::stage::StageInfo {
+            kv_token_capacity: Some(self.cap),
+            local_kv_layers: 0,
+            ..self.stage.info()
+        }
+    }
+    fn launch(
         &mut self,
         batch: &[shoal_engine::stage::ChunkSpec],
         input: shoal_engine::stage::StageData,
         sampling: &[shoal_engine::stage::SampleRef<'_>],
-    ) -> Result<shoal_engine::stage::StageData, EngineError> {
-        let out = self.stage.forward(batch, input, sampling);
+    ) -> Result<shoal_engine::stage::Launched, EngineError> {
+        let out = self.stage.launch(batch, input, sampling);
         self.record();
         out
     }
-    fn release(&mut self, seq_id: u64) {
-        self.stage.release(seq_id)
+    fn complete(&mut self, ticket: u64) -> Result<shoal_engine::stage::StageData, EngineError> {
+        self.stage.complete(ticket)
     }
-    fn cached_len(&self, seq_id: u64) -> usize {
-        self.stage.cached_len(seq_id)
-    }
-    fn retain_prefix(
-        &mut self,
-        seq_id: u64,
-        prefix_id: u64,
-        len: usize,
-    ) -> Result<(), EngineError> {
-        self.stage.retain_prefix(seq_id, prefix_id, len)
-    }
-    fn start_from_prefix(
-        &mut self,
-        prefix_id: u64,
-        seq_id: u64,
-        len: usize,
-    ) -> Result<(), EngineError> {
-        let r = self.stage.start_from_prefix(prefix_id, seq_id, len);
+    fn kv(&mut self, op: shoal_engine::stage::KvOp) -> Result<(), EngineError> {
+        let r = self.stage.kv(op);
         self.record();
         r
     }
-    fn drop_prefix(&mut self, prefix_id: u64) {
-        self.stage.drop_prefix(prefix_id)
-    }
     fn held_sequences(&self) -> usize {
         self.stage.held_sequences()
-    }
-    fn kv_token_capacity(&self) -> Option<usize> {
-        Some(self.cap)
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! - [`gguf::GgufFile`] opens a GGUF file and reads metadata and single tensors by name, so a stage
 //!   reads only the tensors of its own layers.
-//! - [`config::ModelConfig`] is the architecture-independent shape of a model (layers, dims, heads).
+//! - [`config::ModelConfig`] is the architecture-independent shape of a model (layers, dims, heads);
+//!   [`Footprint`] is what it costs to hold (bytes per layer, embeddings, head, KV per token), for placement.
 //! - [`tokenizer::Tokenizer`] and [`chat::ChatTemplate`] come from the GGUF metadata.
 //! - [`llama::LlamaStage`] is one pipeline stage of a Llama-family model: layers `[start, end)`, plus the
 //!   token embedding on the first stage and the final norm and output head on the last. Its `forward`
@@ -17,6 +18,7 @@ pub mod attention;
 pub mod chat;
 pub mod config;
 pub mod error;
+pub mod footprint;
 pub mod gguf;
 pub mod kv;
 pub mod linear;
@@ -27,5 +29,6 @@ pub mod tokenizer;
 
 pub use config::{LayerRange, ModelConfig};
 pub use error::ModelError;
+pub use footprint::Footprint;
 pub use kv::KvCache;
 pub use llama::{LlamaStage, SeqChunk, StageInput};

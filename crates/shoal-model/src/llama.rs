@@ -20,12 +20,16 @@ use crate::linear::{Embedding, QLinear};
 use crate::ops::{self, RopeTable};
 
 /// GGUF tensor names of the Llama family.
-mod names {
+pub(crate) mod names {
     pub const TOKEN_EMBD: &str = "token_embd.weight";
     pub const OUTPUT_NORM: &str = "output_norm.weight";
     pub const OUTPUT: &str = "output.weight";
+    /// The prefix every tensor name of layer `i` starts with.
+    pub fn blk_prefix(i: usize) -> String {
+        format!("blk.{i}.")
+    }
     pub fn blk(i: usize, part: &str) -> String {
-        format!("blk.{i}.{part}.weight")
+        format!("{}{part}.weight", blk_prefix(i))
     }
 }
 

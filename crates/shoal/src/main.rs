@@ -76,7 +76,7 @@ fn main() -> anyhow::Result<()> {
 fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {
     let (id, path) = resolve_model(&args.model)?;
     let engine_config = args.engine.config()?;
-    let card = shoal_cluster::facts::model_card(&path, &id)
+    let card = shoal_pipeline::model_card(&path, &id)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
     let cargs = args.cluster.clone();
     let cluster_key = cargs.cluster_key()?;
@@ -127,10 +127,10 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {
                 .model_file(m)
                 .ok()
         });
-        shoal_cluster::runtime::start(
+        shoal_pipeline::start(
             cluster.clone(),
             engines.clone(),
-            shoal_cluster::runtime::RuntimeConfig {
+            shoal_pipeline::RuntimeConfig {
                 engine: engine_config.clone(),
                 wire_dtype,
                 model_path,

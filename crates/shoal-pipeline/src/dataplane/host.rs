@@ -7,11 +7,11 @@ use candle_core::{Device, Tensor};
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use libp2p::{PeerId, Stream};
 use shoal_engine::kvpool::KvShare;
-use shoal_engine::stage::{ChunkSpec, LocalStage, SampleRef, Stage, StageData};
+use shoal_engine::stage::{ChunkSpec, KvOp, LocalStage, SampleRef, Stage, StageData};
 use shoal_wire::{Activations, Frame, Handshake, PrefixAction, Role, SampleJob, TokenItem};
 use tokio::sync::mpsc;
 
-use crate::node::ClusterHandle;
+use shoal_cluster::ClusterHandle;
 
 use super::{
     READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, handshake, job_sampler, read_handshake,
@@ -359,26 +359,32 @@ fn step(
             }
         }
         Frame::Release { seq_ids } => {
-            for s in &seq_ids {
-                stage.release(*s);
+            for &seq_id in &seq_ids {
+                stage
+                    .kv(KvOp::Release { seq_id })
+                    .map_err(|e| e.to_string())?;
             }
             Ok((!last).then_some(Frame::Release { seq_ids }))
         }
         Frame::Prefix(op) => {
+            let (seq_id, prefix_id, len) = (op.seq_id, op.prefix_id, op.len as usize);
             match op.action {
-                PrefixAction::Retain => {
-                    stage.retain_prefix(op.seq_id, op.prefix_id, op.len as usize)
-                }
+                PrefixAction::Retain => stage.kv(KvOp::Retain {
+                    seq_id,
+                    prefix_id,
+                    len,
+                }),
                 PrefixAction::Start => host
-                    .check_room(stage, op.len as usize)
+                    .check_room(stage, len)
                     .map_err(shoal_engine::EngineError::Internal)
                     .and_then(|()| {
-                        stage.start_from_prefix(op.prefix_id, op.seq_id, op.len as usize)
+                        stage.kv(KvOp::Start {
+                            prefix_id,
+                            seq_id,
+                            len,
+                        })
                     }),
-                PrefixAction::Drop => {
-                    stage.drop_prefix(op.prefix_id);
-                    Ok(())
-                }
+                PrefixAction::Drop => stage.kv(KvOp::DropPrefix { prefix_id }),
             }
             .map_err(|e| e.to_string())?;
             Ok((!last).then_some(Frame::Prefix(op)))

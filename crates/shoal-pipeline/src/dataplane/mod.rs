@@ -26,7 +26,7 @@ use shoal_wire::{
 };
 use tokio::sync::mpsc;
 
-use crate::node::Traffic;
+use shoal_cluster::Traffic;
 
 mod chain;
 mod host;

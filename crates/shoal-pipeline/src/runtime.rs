@@ -7,7 +7,7 @@
 //! requests end, its memory is freed).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,12 +16,13 @@ use shoal_engine::kvpool::{KvPool, KvShare};
 use shoal_engine::{EngineHandle, Engines};
 use shoal_kernels::ThreadPool;
 use shoal_model::LayerRange;
+use shoal_placement::ModelCard;
 use shoal_wire::DType;
 
 use crate::dataplane::{HostedStage, Hosts, RemoteChain, serve_stages};
-use crate::facts::InstanceStatus;
-use crate::node::{ClusterHandle, Snapshot};
-use crate::proto::InstanceRecord;
+use shoal_cluster::InstanceRecord;
+use shoal_cluster::facts::InstanceStatus;
+use shoal_cluster::{ClusterHandle, Snapshot};
 
 /// How long a driver waits for the other stages of its instance to load.
 const STAGES_READY_TIMEOUT: Duration = Duration::from_secs(600);
@@ -37,6 +38,22 @@ pub struct RuntimeConfig {
     pub wire_dtype: DType,
     /// The local GGUF file of a model id, if present.
     pub model_path: ModelLocator,
+}
+
+/// What placement needs to know about the GGUF model at `path` (read from its header only).
+pub fn model_card(path: &Path, id: &str) -> Result<ModelCard, shoal_model::ModelError> {
+    let gguf = shoal_model::gguf::GgufFile::open(path)?;
+    let f = shoal_model::Footprint::from_gguf(&gguf)?;
+    Ok(ModelCard {
+        id: id.to_string(),
+        n_layers: f.n_layers,
+        layer_bytes: f.layer_bytes,
+        embed_bytes: f.embed_bytes,
+        head_bytes: f.head_bytes,
+        kv_bytes_per_token_per_layer: f.kv_bytes_per_token_per_layer,
+        context_length: f.context_length,
+        hidden_bytes_per_token: f.hidden_bytes_per_token,
+    })
 }
 
 /// Starts the data-plane listener and the task that follows the instance table.
@@ -309,4 +326,22 @@ async fn bring_up(
     spawn(loaded, config.engine.clone())
         .map(Some)
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_model_card_matches_the_gguf() {
+        let path = shoal_model::testing::model_path();
+        let card = model_card(&path, "m").unwrap();
+        assert_eq!(card.n_layers, 30);
+        assert_eq!(card.hidden_bytes_per_token, 2 * 576);
+        // 3 KV heads × 64 dims × K and V × f16.
+        assert_eq!(card.kv_bytes_per_token_per_layer, 3 * 64 * 2 * 2);
+        let total = card.embed_bytes + 30 * card.layer_bytes;
+        let file = std::fs::metadata(&path).unwrap().len();
+        assert!(total < file && total > file / 2, "{total} vs file {file}");
+    }
 }

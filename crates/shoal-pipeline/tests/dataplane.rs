@@ -5,17 +5,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{AsyncReadExt, AsyncWriteExt};
-use shoal_cluster::dataplane::{
-    HostedStage, Hosts, RemoteChain, STAGE_PROTOCOL, serve_stages, wire_instance_id, wire_node_id,
-};
 use shoal_cluster::{ClusterConfig, ClusterHandle};
 use shoal_engine::SamplingParams;
 use shoal_engine::engine::load_local_stage;
 use shoal_engine::kvpool::{KvPool, KvShare};
 use shoal_engine::sampler::Sampler;
-use shoal_engine::stage::{ChunkSpec, SampleRef, Stage, StageData};
+use shoal_engine::stage::{ChunkSpec, KvOp, SampleRef, Stage, StageData, forward};
 use shoal_kernels::ThreadPool;
 use shoal_model::LayerRange;
+use shoal_pipeline::dataplane::{
+    HostedStage, Hosts, RemoteChain, STAGE_PROTOCOL, serve_stages, wire_instance_id, wire_node_id,
+};
 use shoal_wire::{DType, Handshake, Role};
 
 const INSTANCE: &str = "00000000000000aa";
@@ -162,7 +162,7 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
         else {
             panic!("the head stage must return hidden states");
         };
-        match chain.forward(&first, StageData::Hidden(h), &[]).unwrap() {
+        match forward(&mut chain, &first, StageData::Hidden(h), &[]).unwrap() {
             StageData::Sampled(none) => assert!(none.is_empty()),
             _ => panic!("a remote chain answers every batch with sampled tokens"),
         }
@@ -172,7 +172,8 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
         else {
             panic!("the head stage must return hidden states");
         };
-        let StageData::Sampled(remote) = chain.forward(&batch, StageData::Hidden(h), &job).unwrap()
+        let StageData::Sampled(remote) =
+            forward(&mut chain, &batch, StageData::Hidden(h), &job).unwrap()
         else {
             panic!("a remote chain returns sampled tokens");
         };
@@ -189,7 +190,7 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
         };
         let local = local[0];
         assert_eq!(chain.cached_len(7), tokens.len());
-        chain.release(7);
+        chain.kv(KvOp::Release { seq_id: 7 }).unwrap();
         // 4. A batch past the KV b set aside is refused with an error, not allocated.
         let long: Vec<u32> = (300..309).collect();
         let batch = [ChunkSpec {
@@ -208,7 +209,7 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
         else {
             panic!("the head stage must return hidden states");
         };
-        let err = match chain.forward(&batch, StageData::Hidden(h), &job) {
+        let err = match forward(&mut chain, &batch, StageData::Hidden(h), &job) {
             Err(e) => e.to_string(),
             Ok(_) => panic!("a batch past the stage's KV share was computed"),
         };

@@ -8,13 +8,15 @@ use std::time::Instant;
 use futures::AsyncReadExt;
 use libp2p::PeerId;
 use shoal_engine::error::EngineError;
-use shoal_engine::stage::{ChunkSpec, Launched, Pick, SampleRef, Stage, StageData};
+use shoal_engine::stage::{
+    ChunkSpec, KvOp, Launched, Pick, SampleRef, Stage, StageData, StageInfo,
+};
 use shoal_wire::{
     Activations, ChunkHeader, DType, Frame, Handshake, PrefixAction, PrefixOp, Role, TokenItem,
 };
 use tokio::sync::mpsc;
 
-use crate::node::{ClusterHandle, Snapshot};
+use shoal_cluster::{ClusterHandle, Snapshot};
 
 use super::{
     BATCH_TIMEOUT, LIVENESS_POLL, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, handshake,
@@ -193,16 +195,20 @@ impl RemoteChain {
     }
 }
 
+impl RemoteChain {
+    /// Tokens of KV `seq_id` holds on the remote stages (as sent).
+    pub fn cached_len(&self, seq_id: u64) -> usize {
+        self.lens.get(&seq_id).copied().unwrap_or(0)
+    }
+}
+
 impl Stage for RemoteChain {
-    fn forward(
-        &mut self,
-        batch: &[ChunkSpec],
-        input: StageData,
-        sampling: &[SampleRef<'_>],
-    ) -> Result<StageData, EngineError> {
-        match self.launch(batch, input, sampling)? {
-            Launched::Pending(ticket) => self.complete(ticket),
-            Launched::Ready(data) => Ok(data),
+    fn info(&self) -> StageInfo {
+        StageInfo {
+            concurrent_stages: self.nodes.len(),
+            kv_value_bytes: shoal_model::kv::value_bytes(true),
+            local_kv_layers: 0,
+            kv_token_capacity: self.kv_capacity,
         }
     }
 
@@ -275,66 +281,51 @@ impl Stage for RemoteChain {
         ))
     }
 
-    fn release(&mut self, seq_id: u64) {
-        self.lens.remove(&seq_id);
-        let _ = self.send(&Frame::Release {
-            seq_ids: vec![seq_id],
-        });
-    }
-
-    fn cached_len(&self, seq_id: u64) -> usize {
-        self.lens.get(&seq_id).copied().unwrap_or(0)
-    }
-
-    fn retain_prefix(
-        &mut self,
-        seq_id: u64,
-        prefix_id: u64,
-        len: usize,
-    ) -> Result<(), EngineError> {
-        self.lens.remove(&seq_id);
-        self.send(&Frame::Prefix(PrefixOp {
-            action: PrefixAction::Retain,
-            seq_id,
-            prefix_id,
-            len: len as u32,
-        }))
-    }
-
-    fn start_from_prefix(
-        &mut self,
-        prefix_id: u64,
-        seq_id: u64,
-        len: usize,
-    ) -> Result<(), EngineError> {
-        self.send(&Frame::Prefix(PrefixOp {
-            action: PrefixAction::Start,
-            seq_id,
-            prefix_id,
-            len: len as u32,
-        }))?;
-        self.lens.insert(seq_id, len);
-        Ok(())
-    }
-
-    fn drop_prefix(&mut self, prefix_id: u64) {
-        let _ = self.send(&Frame::Prefix(PrefixOp {
-            action: PrefixAction::Drop,
-            seq_id: 0,
-            prefix_id,
-            len: 0,
-        }));
+    fn kv(&mut self, op: KvOp) -> Result<(), EngineError> {
+        match op {
+            KvOp::Release { seq_id } => {
+                self.lens.remove(&seq_id);
+                self.send(&Frame::Release {
+                    seq_ids: vec![seq_id],
+                })
+            }
+            KvOp::Retain {
+                seq_id,
+                prefix_id,
+                len,
+            } => {
+                self.lens.remove(&seq_id);
+                self.send(&Frame::Prefix(PrefixOp {
+                    action: PrefixAction::Retain,
+                    seq_id,
+                    prefix_id,
+                    len: len as u32,
+                }))
+            }
+            KvOp::Start {
+                prefix_id,
+                seq_id,
+                len,
+            } => {
+                self.send(&Frame::Prefix(PrefixOp {
+                    action: PrefixAction::Start,
+                    seq_id,
+                    prefix_id,
+                    len: len as u32,
+                }))?;
+                self.lens.insert(seq_id, len);
+                Ok(())
+            }
+            KvOp::DropPrefix { prefix_id } => self.send(&Frame::Prefix(PrefixOp {
+                action: PrefixAction::Drop,
+                seq_id: 0,
+                prefix_id,
+                len: 0,
+            })),
+        }
     }
 
     fn held_sequences(&self) -> usize {
         self.lens.len()
-    }
-
-    fn concurrent_stages(&self) -> usize {
-        self.nodes.len()
-    }
-
-    fn kv_token_capacity(&self) -> Option<usize> {
-        self.kv_capacity
     }
 }

@@ -1,0 +1,52 @@
+//! [`Footprint`]: what a model costs to hold, read from its GGUF header alone (no tensor data): the
+//! figures the placement planner needs for every architecture this crate loads.
+
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::gguf::GgufFile;
+use crate::kv;
+use crate::llama::names;
+
+/// Bytes and shapes of a model, per part a pipeline stage may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Footprint {
+    pub n_layers: usize,
+    /// Weight bytes of one transformer layer (layer 0's tensors).
+    pub layer_bytes: u64,
+    /// Extra bytes on the first stage: the token embeddings.
+    pub embed_bytes: u64,
+    /// Extra bytes on the last stage: the final norm and the output head (with tied embeddings the last
+    /// stage holds its own copy of the embedding matrix as the head).
+    pub head_bytes: u64,
+    /// KV-cache bytes one token takes in one layer (f16 values, as the CPU stages store them).
+    pub kv_bytes_per_token_per_layer: u64,
+    pub context_length: usize,
+    /// Activation bytes per token between two stages (an f16 hidden state).
+    pub hidden_bytes_per_token: u64,
+}
+
+impl Footprint {
+    /// Reads the footprint of the model in `gguf`.
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
+        let cfg = ModelConfig::from_gguf(gguf)?;
+        let bytes = |name: &str| gguf.tensor_bytes(name).unwrap_or(0);
+        let layer0 = names::blk_prefix(0);
+        let layer_bytes = gguf
+            .tensor_names()
+            .filter(|n| n.starts_with(&layer0))
+            .map(bytes)
+            .sum();
+        let embed_bytes = bytes(names::TOKEN_EMBD);
+        let head_bytes =
+            bytes(names::OUTPUT_NORM) + gguf.tensor_bytes(names::OUTPUT).unwrap_or(embed_bytes);
+        Ok(Self {
+            n_layers: cfg.n_layers,
+            layer_bytes,
+            embed_bytes,
+            head_bytes,
+            kv_bytes_per_token_per_layer: cfg.kv_bytes_per_token(1, kv::value_bytes(true)) as u64,
+            context_length: cfg.context_length,
+            hidden_bytes_per_token: 2 * cfg.dim as u64,
+        })
+    }
+}
