@@ -4,7 +4,7 @@ use libp2p::request_response::{self, ResponseChannel};
 use libp2p::{Multiaddr, PeerId};
 
 use super::handle::Command;
-use super::{NetTask, Pending, is_unspecified, probe::probe, random_id};
+use super::{NetTask, Pending, is_unspecified, random_id};
 use crate::proto::{ControlMsg, ControlReply};
 
 impl NetTask {
@@ -68,11 +68,10 @@ impl NetTask {
                     tracing::warn!(%peer, claimed = %facts.id, "facts about another node ignored");
                 } else {
                     for a in &facts.addrs {
-                        if let Ok(m) = a.parse::<Multiaddr>() {
-                            let known = self.known_addrs.entry(peer).or_default();
-                            if !known.contains(&m) && !is_unspecified(&m) {
-                                known.push(m);
-                            }
+                        if let Ok(m) = a.parse::<Multiaddr>()
+                            && !is_unspecified(&m)
+                        {
+                            self.peers.learn_addr(peer, m);
                         }
                     }
                     if self.state.on_facts(*facts) {
@@ -99,7 +98,7 @@ impl NetTask {
                         .filter_map(|a| a.parse().ok())
                         .filter(|a| !is_unspecified(a))
                         .collect();
-                    self.known_addrs.insert(pid, addrs.clone());
+                    self.peers.set_addrs(pid, addrs.clone());
                     for a in addrs {
                         self.dial(a);
                     }
@@ -195,14 +194,8 @@ impl NetTask {
             }
             Command::Probe => {
                 let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
-                if let Some(tx) = &self.probe_tx {
-                    for peer in peers {
-                        let tx = tx.clone();
-                        let control = self.streams.clone();
-                        tokio::spawn(async move {
-                            let _ = tx.send((peer, probe(control, peer).await));
-                        });
-                    }
+                for peer in peers {
+                    self.spawn_probe(peer);
                 }
             }
         }

@@ -20,25 +20,28 @@ use libp2p::multiaddr::Protocol;
 use libp2p::pnet::PnetConfig;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
-use libp2p::swarm::dial_opts::DialOpts;
-use libp2p::swarm::{ConnectionId, NetworkBehaviour, SwarmEvent};
+use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
 use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm, Transport, mdns, noise, ping, tcp, yamux};
 use shoal_placement::{LinkKind, ModelCard};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::ClusterError;
-use crate::facts::{self, LinkFacts, NodeFacts};
+use crate::facts::{self, NodeFacts};
 use crate::identity;
 use crate::proto::{CONTROL_PROTOCOL, ControlMsg, ControlReply, InstanceRecord};
 use crate::state::ClusterState;
 
 mod control;
+mod dial;
 mod handle;
+mod peer;
 mod probe;
 
+use dial::Dials;
 use handle::Command;
 pub use handle::{ClusterHandle, Snapshot, StateJson, StaticPeer, Traffic};
-use probe::{answer_probes, probe};
+use peer::Peers;
+use probe::answer_probes;
 
 /// Ping period (libp2p ping). A peer whose last pong is older than [`SILENT_FOR`] is dropped; the check
 /// runs every [`LIVENESS_CHECK`], so a hung peer or a cut link is noticed within ~1.7 s (≤ 2 s asked). A
@@ -224,18 +227,6 @@ pub async fn start(config: ClusterConfig) -> Result<ClusterHandle, ClusterError>
         seq: 0,
         started: unix_now(),
     };
-    let static_peers = config
-        .peers
-        .iter()
-        .map(|a| StaticPeer {
-            // Compared with dialed addresses, which libp2p reports without the `/p2p/` suffix.
-            addr: strip_p2p(a).to_string(),
-            peer: None,
-            connected: false,
-            failed_dials: 0,
-            last_error: None,
-        })
-        .collect();
     let state = ClusterState::new(me);
     let traffic = Arc::new(Traffic::default());
     let mut task = NetTask {
@@ -243,21 +234,11 @@ pub async fn start(config: ClusterConfig) -> Result<ClusterHandle, ClusterError>
         id,
         state,
         listen_addrs,
-        static_peers,
-        static_addrs: config.peers.clone(),
-        dialing: HashMap::new(),
-        dial_addrs: HashMap::new(),
-        lost: HashMap::new(),
-        known_addrs: HashMap::new(),
-        remote_addr: HashMap::new(),
-        link_kinds: HashMap::new(),
-        rtt: HashMap::new(),
-        last_pong: HashMap::new(),
-        bandwidth: HashMap::new(),
+        dials: Dials::new(config.peers.clone()),
+        peers: Peers::default(),
         pending: HashMap::new(),
         traffic: traffic.clone(),
-        last_traffic: (Instant::now(), HashMap::new()),
-        rates: HashMap::new(),
+        traffic_at: Instant::now(),
         probe_tx: None,
         streams: streams.clone(),
         published: None,
@@ -281,26 +262,13 @@ struct NetTask {
     id: PeerId,
     state: ClusterState,
     listen_addrs: Vec<Multiaddr>,
-    static_peers: Vec<StaticPeer>,
-    static_addrs: Vec<Multiaddr>,
-    /// Dials in flight, by address.
-    dialing: HashMap<Multiaddr, Instant>,
-    /// Address of each outgoing connection attempt, so a failure names the address that failed.
-    dial_addrs: HashMap<ConnectionId, Multiaddr>,
-    /// Members whose connection closed: redialed at their known addresses for a while.
-    lost: HashMap<PeerId, Instant>,
-    known_addrs: HashMap<PeerId, Vec<Multiaddr>>,
-    remote_addr: HashMap<PeerId, Multiaddr>,
-    /// Kind of each peer's link, found once per connection (it enumerates interfaces).
-    link_kinds: HashMap<PeerId, LinkKind>,
-    rtt: HashMap<PeerId, Duration>,
-    /// When each connected peer last answered a ping (or connected).
-    last_pong: HashMap<PeerId, Instant>,
-    bandwidth: HashMap<PeerId, f64>,
+    dials: Dials,
+    /// Everything known about every other node, one entry each.
+    peers: Peers,
     pending: HashMap<OutboundRequestId, Pending>,
     traffic: Arc<Traffic>,
-    last_traffic: (Instant, HashMap<PeerId, (u64, u64)>),
-    rates: HashMap<PeerId, (f64, f64)>,
+    /// When the traffic counters were last read into `peers`.
+    traffic_at: Instant,
     probe_tx: Option<mpsc::UnboundedSender<(PeerId, Option<f64>)>>,
     streams: libp2p_stream::Control,
     /// Facts as last published (what peers see; `GET /state` shows this copy too).
@@ -321,7 +289,7 @@ impl NetTask {
         Snapshot {
             state,
             listen_addrs: self.own_addrs(),
-            static_peers: self.static_peers.clone(),
+            static_peers: self.dials.static_peers().to_vec(),
         }
     }
 
@@ -354,7 +322,7 @@ impl NetTask {
                 },
                 Some((peer, bps)) = probe_rx.recv() => {
                     if let Some(b) = bps {
-                        self.bandwidth.insert(peer, b);
+                        self.peers.set_bandwidth(peer, b);
                     }
                 }
                 _ = facts_tick.tick() => {
@@ -395,44 +363,14 @@ impl NetTask {
 
     fn refresh_own_facts(&mut self) {
         let (mem, _) = facts::local_resources();
-        let totals = self.traffic.totals();
-        let (then, last) = &self.last_traffic;
-        let secs = then.elapsed().as_secs_f64().max(1e-3);
-        for (peer, (tx, rx)) in &totals {
-            let (ptx, prx) = last.get(peer).copied().unwrap_or_default();
-            self.rates
-                .insert(*peer, ((tx - ptx) as f64 / secs, (rx - prx) as f64 / secs));
-        }
-        self.last_traffic = (Instant::now(), totals);
-        let links = self
-            .remote_addr
-            .keys()
-            .map(|peer| {
-                let kind = self
-                    .link_kinds
-                    .get(peer)
-                    .copied()
-                    .unwrap_or(LinkKind::Unknown);
-                let (tx, rx) = self.rates.get(peer).copied().unwrap_or_default();
-                let (tx_total, rx_total) =
-                    self.last_traffic.1.get(peer).copied().unwrap_or_default();
-                LinkFacts {
-                    tx_bytes: tx_total,
-                    rx_bytes: rx_total,
-                    peer: peer.to_string(),
-                    kind,
-                    rtt_us: self.rtt.get(peer).map(|d| d.as_secs_f64() * 1e6),
-                    bandwidth_bps: self.bandwidth.get(peer).copied(),
-                    tx_bytes_per_s: tx,
-                    rx_bytes_per_s: rx,
-                }
-            })
-            .collect::<Vec<_>>();
+        let secs = self.traffic_at.elapsed().as_secs_f64().max(1e-3);
+        self.peers.record_traffic(self.traffic.totals(), secs);
+        self.traffic_at = Instant::now();
+        let links = self.peers.link_facts();
         let addrs = self.own_addrs();
         let me = self.state.me_mut();
         me.memory = mem;
         me.links = links;
-        me.links.sort_by(|a, b| a.peer.cmp(&b.peer));
         me.addrs = addrs;
         me.seq += 1;
     }
@@ -491,67 +429,6 @@ impl NetTask {
         }
     }
 
-    fn dial(&mut self, addr: Multiaddr) {
-        if let Some(t) = self.dialing.get(&addr)
-            && t.elapsed() < Duration::from_secs(10)
-        {
-            return;
-        }
-        // A fresh local port: dialing from the listen port (libp2p's default) lets two nodes that dial each
-        // other at the same moment (both found by mDNS) meet in one TCP simultaneous open where both act as
-        // the initiator, and the handshake fails on both sides.
-        let opts = DialOpts::unknown_peer_id()
-            .address(addr.clone())
-            .allocate_new_port()
-            .build();
-        let connection = opts.connection_id();
-        match self.swarm.dial(opts) {
-            Ok(()) => {
-                self.dialing.insert(addr.clone(), Instant::now());
-                self.dial_addrs.insert(connection, addr);
-            }
-            Err(e) => self.dial_failed(&addr, e.to_string()),
-        }
-    }
-
-    fn dial_failed(&mut self, addr: &Multiaddr, error: String) {
-        self.dialing.remove(addr);
-        let plain = strip_p2p(addr);
-        for sp in &mut self.static_peers {
-            if sp.addr == plain.to_string() {
-                sp.failed_dials += 1;
-                sp.last_error = Some(error.clone());
-                sp.connected = false;
-            }
-        }
-    }
-
-    fn redial(&mut self) {
-        let connected: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
-        for (i, addr) in self.static_addrs.clone().into_iter().enumerate() {
-            let up = self.static_peers[i]
-                .peer
-                .as_ref()
-                .is_some_and(|p| connected.iter().any(|c| c.to_string() == *p));
-            self.static_peers[i].connected = up;
-            if !up {
-                self.dial(addr);
-            }
-        }
-        self.lost
-            .retain(|_, since| since.elapsed() < REDIAL_LOST_FOR);
-        let lost: Vec<PeerId> = self.lost.keys().copied().collect();
-        for peer in lost {
-            if connected.contains(&peer) {
-                self.lost.remove(&peer);
-                continue;
-            }
-            for addr in self.known_addrs.get(&peer).cloned().unwrap_or_default() {
-                self.dial(addr);
-            }
-        }
-    }
-
     fn on_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
         match event {
             SwarmEvent::NewListenAddr { address, .. } if !self.listen_addrs.contains(&address) => {
@@ -563,40 +440,20 @@ impl NetTask {
                 connection_id,
                 ..
             } => {
-                self.dial_addrs.remove(&connection_id);
-                let remote = match &endpoint {
-                    ConnectedPoint::Dialer { address, .. } => {
-                        self.dialing.remove(address);
-                        self.dialing.remove(&strip_p2p(address));
-                        let plain = strip_p2p(address).to_string();
-                        for sp in &mut self.static_peers {
-                            if sp.addr == plain {
-                                sp.peer = Some(peer_id.to_string());
-                                sp.connected = true;
-                            }
-                        }
-                        address.clone()
-                    }
-                    ConnectedPoint::Listener { send_back_addr, .. } => send_back_addr.clone(),
+                let (remote, dialed) = match &endpoint {
+                    ConnectedPoint::Dialer { address, .. } => (address, Some(address)),
+                    ConnectedPoint::Listener { send_back_addr, .. } => (send_back_addr, None),
                 };
-                let kind = ip_of(&remote).map_or(LinkKind::Unknown, facts::link_kind);
-                self.link_kinds.insert(peer_id, kind);
-                self.remote_addr.insert(peer_id, strip_p2p(&remote));
-                self.lost.remove(&peer_id);
-                self.last_pong.insert(peer_id, Instant::now());
+                self.dials.established(connection_id, peer_id, dialed);
+                let kind = ip_of(remote).map_or(LinkKind::Unknown, facts::link_kind);
+                self.peers.connected(peer_id, kind, Instant::now());
                 self.state.peer_connected(&peer_id.to_string());
                 tracing::debug!(peer = %peer_id, %remote, "connected");
                 // Publish the new link at once (placement needs it), then greet the peer.
                 self.refresh_own_facts();
                 self.push_facts();
                 self.send_facts_to(peer_id);
-                if let Some(tx) = &self.probe_tx {
-                    let tx = tx.clone();
-                    let control = self.streams.clone();
-                    tokio::spawn(async move {
-                        let _ = tx.send((peer_id, probe(control, peer_id).await));
-                    });
-                }
+                self.spawn_probe(peer_id);
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
@@ -609,18 +466,14 @@ impl NetTask {
                 connection_id,
                 ..
             } => {
-                let msg = error.to_string();
-                if let Some(addr) = self.dial_addrs.remove(&connection_id) {
-                    self.dial_failed(&addr, msg.clone());
+                if let Some(addr) = self.dials.connection_failed(connection_id) {
+                    self.dials.failed(&addr, &error);
                 }
-                tracing::debug!("dial failed: {msg}");
+                tracing::debug!("dial failed: {error}");
             }
             SwarmEvent::Behaviour(BehaviourEvent::Ping(ping::Event { peer, result, .. })) => {
                 match result {
-                    Ok(rtt) => {
-                        self.rtt.insert(peer, rtt);
-                        self.last_pong.insert(peer, Instant::now());
-                    }
+                    Ok(rtt) => self.peers.pong(&peer, rtt, Instant::now()),
                     Err(e) => {
                         tracing::warn!(%peer, "ping failed ({e}): dropping the peer");
                         let _ = self.swarm.disconnect_peer_id(peer);
@@ -631,12 +484,9 @@ impl NetTask {
             SwarmEvent::Behaviour(BehaviourEvent::Mdns(mdns::Event::Discovered(list))) => {
                 for (peer, addr) in list {
                     if peer != self.id && !self.swarm.is_connected(&peer) {
-                        let known = self.known_addrs.entry(peer).or_default();
-                        if !known.contains(&addr) {
-                            known.push(addr.clone());
-                        }
+                        self.peers.learn_addr(peer, addr.clone());
                         // Keep redialing until connected (a lost first packet must not strand it).
-                        self.lost.entry(peer).or_insert_with(Instant::now);
+                        self.peers.lost_unless_already(peer, Instant::now());
                         self.dial(addr);
                     }
                 }
@@ -648,13 +498,7 @@ impl NetTask {
     }
 
     fn drop_silent_peers(&mut self) {
-        let silent: Vec<PeerId> = self
-            .last_pong
-            .iter()
-            .filter(|(_, t)| t.elapsed() > SILENT_FOR)
-            .map(|(p, _)| *p)
-            .collect();
-        for peer in silent {
+        for peer in self.peers.silent(SILENT_FOR) {
             tracing::warn!(%peer, "no pong for {SILENT_FOR:?}: dropping the peer");
             let _ = self.swarm.disconnect_peer_id(peer);
             self.forget(peer, "silent");
@@ -663,20 +507,13 @@ impl NetTask {
 
     /// A peer is gone: drop it from membership and let the coordinator re-place its instances.
     fn forget(&mut self, peer: PeerId, why: &str) {
-        self.last_pong.remove(&peer);
+        self.peers.disconnected(&peer);
         let id = peer.to_string();
-        self.remote_addr.remove(&peer);
-        self.link_kinds.remove(&peer);
-        self.rtt.remove(&peer);
         if self.state.peer_gone(&id) {
             tracing::warn!(%peer, "member left: {why}");
-            self.lost.insert(peer, Instant::now());
+            self.peers.lost(peer, Instant::now());
         }
-        for sp in &mut self.static_peers {
-            if sp.peer.as_deref() == Some(id.as_str()) {
-                sp.connected = false;
-            }
-        }
+        self.dials.disconnected(&id);
         self.reconcile();
     }
 

@@ -5,7 +5,20 @@ use std::time::Instant;
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use libp2p::PeerId;
 
-use super::{PROBE_BYTES, PROBE_PROTOCOL, PROBE_TIMEOUT};
+use super::{NetTask, PROBE_BYTES, PROBE_PROTOCOL, PROBE_TIMEOUT};
+
+impl NetTask {
+    /// Measures the bandwidth to `peer` in the background; the result comes back to the task's loop.
+    pub(super) fn spawn_probe(&self, peer: PeerId) {
+        if let Some(tx) = &self.probe_tx {
+            let tx = tx.clone();
+            let control = self.streams.clone();
+            tokio::spawn(async move {
+                let _ = tx.send((peer, probe(control, peer).await));
+            });
+        }
+    }
+}
 
 /// Receiver side of a bandwidth probe: counts bytes until the sender closes, answers the microseconds
 /// from the first to the last byte.
@@ -37,7 +50,7 @@ pub(super) async fn answer_probes(mut incoming: libp2p_stream::IncomingStreams) 
 }
 
 /// Sender side: bytes per second to `peer`, or `None` if the probe failed.
-pub(super) async fn probe(mut control: libp2p_stream::Control, peer: PeerId) -> Option<f64> {
+async fn probe(mut control: libp2p_stream::Control, peer: PeerId) -> Option<f64> {
     let work = async {
         let mut stream = control.open_stream(peer, PROBE_PROTOCOL).await.ok()?;
         let chunk = vec![0x5Au8; 64 << 10];

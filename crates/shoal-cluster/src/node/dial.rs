@@ -1,0 +1,201 @@
+//! Dialing: outgoing connection attempts by address ([`Dials`], peer ids are not known before the
+//! handshake), the static peers given with `--peer` and how dialing them goes, and the periodic redial of
+//! static peers and lost members.
+
+use std::collections::HashMap;
+use std::fmt::Display;
+use std::time::{Duration, Instant};
+
+use libp2p::swarm::ConnectionId;
+use libp2p::swarm::dial_opts::DialOpts;
+use libp2p::{Multiaddr, PeerId};
+
+use super::handle::StaticPeer;
+use super::{NetTask, REDIAL_LOST_FOR, strip_p2p};
+
+/// A dial of the same address is not repeated while the previous one may still be under way.
+const DIAL_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Connection attempts in flight and the static peers.
+#[derive(Debug, Default)]
+pub(super) struct Dials {
+    /// Dials in flight, by address.
+    in_flight: HashMap<Multiaddr, Instant>,
+    /// Address of each outgoing connection attempt, so a failure names the address that failed.
+    by_connection: HashMap<ConnectionId, Multiaddr>,
+    /// Static peers (`--peer`), as given and as published in `GET /state`.
+    static_addrs: Vec<Multiaddr>,
+    static_peers: Vec<StaticPeer>,
+}
+
+impl Dials {
+    pub fn new(static_addrs: Vec<Multiaddr>) -> Self {
+        let static_peers = static_addrs
+            .iter()
+            .map(|a| StaticPeer {
+                // Compared with dialed addresses, which libp2p reports without the `/p2p/` suffix.
+                addr: strip_p2p(a).to_string(),
+                peer: None,
+                connected: false,
+                failed_dials: 0,
+                last_error: None,
+            })
+            .collect();
+        Self {
+            static_addrs,
+            static_peers,
+            ..Self::default()
+        }
+    }
+
+    pub fn static_peers(&self) -> &[StaticPeer] {
+        &self.static_peers
+    }
+
+    /// False while a dial of `addr` started less than [`DIAL_PATIENCE`] ago.
+    fn may_dial(&self, addr: &Multiaddr) -> bool {
+        self.in_flight
+            .get(addr)
+            .is_none_or(|t| t.elapsed() >= DIAL_PATIENCE)
+    }
+
+    fn started(&mut self, addr: Multiaddr, connection: ConnectionId) {
+        self.in_flight.insert(addr.clone(), Instant::now());
+        self.by_connection.insert(connection, addr);
+    }
+
+    /// A dial of `addr` failed: a static peer at that address counts it.
+    pub fn failed(&mut self, addr: &Multiaddr, error: &dyn Display) {
+        self.in_flight.remove(addr);
+        let plain = strip_p2p(addr).to_string();
+        for sp in self.static_peers.iter_mut().filter(|sp| sp.addr == plain) {
+            sp.failed_dials += 1;
+            sp.last_error = Some(error.to_string());
+            sp.connected = false;
+        }
+    }
+
+    /// The outgoing attempt `connection` failed: the address it dialed, if it was ours.
+    pub fn connection_failed(&mut self, connection: ConnectionId) -> Option<Multiaddr> {
+        self.by_connection.remove(&connection)
+    }
+
+    /// Connection `connection` to `peer` is up; `dialed` is the address when this node dialed it.
+    pub fn established(
+        &mut self,
+        connection: ConnectionId,
+        peer: PeerId,
+        dialed: Option<&Multiaddr>,
+    ) {
+        self.by_connection.remove(&connection);
+        let Some(address) = dialed else { return };
+        let plain = strip_p2p(address);
+        self.in_flight.remove(address);
+        self.in_flight.remove(&plain);
+        let plain = plain.to_string();
+        for sp in self.static_peers.iter_mut().filter(|sp| sp.addr == plain) {
+            sp.peer = Some(peer.to_string());
+            sp.connected = true;
+        }
+    }
+
+    /// The last connection to `peer` closed.
+    pub fn disconnected(&mut self, peer: &str) {
+        for sp in &mut self.static_peers {
+            if sp.peer.as_deref() == Some(peer) {
+                sp.connected = false;
+            }
+        }
+    }
+
+    /// Marks each static peer connected or not (by the peer id it answered with last) and returns the
+    /// addresses of those that are not, to dial again.
+    fn static_to_redial(&mut self, connected: &[PeerId]) -> Vec<Multiaddr> {
+        let mut out = Vec::new();
+        for (sp, addr) in self.static_peers.iter_mut().zip(&self.static_addrs) {
+            let up = sp
+                .peer
+                .as_ref()
+                .is_some_and(|p| connected.iter().any(|c| c.to_string() == *p));
+            sp.connected = up;
+            if !up {
+                out.push(addr.clone());
+            }
+        }
+        out
+    }
+}
+
+impl NetTask {
+    pub(super) fn dial(&mut self, addr: Multiaddr) {
+        if !self.dials.may_dial(&addr) {
+            return;
+        }
+        // A fresh local port: dialing from the listen port (libp2p's default) lets two nodes that dial each
+        // other at the same moment (both found by mDNS) meet in one TCP simultaneous open where both act as
+        // the initiator, and the handshake fails on both sides.
+        let opts = DialOpts::unknown_peer_id()
+            .address(addr.clone())
+            .allocate_new_port()
+            .build();
+        let connection = opts.connection_id();
+        match self.swarm.dial(opts) {
+            Ok(()) => self.dials.started(addr, connection),
+            Err(e) => self.dials.failed(&addr, &e),
+        }
+    }
+
+    /// Dials the static peers that are not connected and the lost members at their known addresses.
+    pub(super) fn redial(&mut self) {
+        let connected: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+        for addr in self.dials.static_to_redial(&connected) {
+            self.dial(addr);
+        }
+        for addr in self
+            .peers
+            .to_redial(REDIAL_LOST_FOR, |p| connected.contains(p))
+        {
+            self.dial(addr);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_static_peer_counts_failures_and_knows_its_peer_once_connected() {
+        let addr: Multiaddr = "/ip4/10.0.0.9/tcp/7".parse().unwrap();
+        let mut dials = Dials::new(vec![addr.clone()]);
+        dials.failed(&addr, &"refused");
+        dials.failed(&addr, &"refused again");
+        let sp = &dials.static_peers()[0];
+        assert_eq!(
+            (sp.failed_dials, sp.last_error.as_deref()),
+            (2, Some("refused again"))
+        );
+
+        let peer = PeerId::random();
+        assert_eq!(dials.static_to_redial(&[]), [addr.clone()]);
+        dials.established(ConnectionId::new_unchecked(1), peer, Some(&addr));
+        assert!(dials.static_peers()[0].connected);
+        assert!(dials.static_to_redial(&[peer]).is_empty());
+        dials.disconnected(&peer.to_string());
+        assert!(!dials.static_peers()[0].connected);
+        assert_eq!(dials.static_to_redial(&[]), [addr]);
+    }
+
+    #[test]
+    fn an_address_is_not_dialed_twice_while_a_dial_is_in_flight() {
+        let addr: Multiaddr = "/ip4/10.0.0.9/tcp/7".parse().unwrap();
+        let mut dials = Dials::new(Vec::new());
+        let connection = ConnectionId::new_unchecked(3);
+        assert!(dials.may_dial(&addr));
+        dials.started(addr.clone(), connection);
+        assert!(!dials.may_dial(&addr));
+        assert_eq!(dials.connection_failed(connection), Some(addr.clone()));
+        dials.failed(&addr, &"timeout");
+        assert!(dials.may_dial(&addr));
+    }
+}
