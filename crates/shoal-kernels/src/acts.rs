@@ -9,13 +9,13 @@
 //!   `128 · Σq`, exact, which the AVX-512 kernel needs for its unsigned weights).
 //!
 //! For `F32` the rows are stored as they are.
+//!
+//! This module holds the buffer and its layout only (the kernels read it through `gemm`); the
+//! methods that fill it, [`Activations::quantize`] and friends, are in `quant`, above the backend
+//! dispatch.
 
-use std::sync::Mutex;
-
-use crate::backend::Backend;
 use crate::error::{KernelError, check_len};
 use crate::format::{ActType, QK, put_f16};
-use crate::pool::Parallel;
 
 /// `m` activation rows of `k` values, quantized into the format some weights need.
 ///
@@ -33,68 +33,15 @@ pub struct Activations {
 }
 
 impl Activations {
-    /// Quantizes `x` (`m × k`, row-major) into a new buffer.
-    pub fn quantize(act: ActType, x: &[f32], m: usize, k: usize) -> Result<Self, KernelError> {
-        let mut a = Self::default();
-        a.quantize_into(act, x, m, k)?;
-        Ok(a)
-    }
-
-    /// Quantizes `x` (`m × k`, row-major) into this buffer, replacing its contents.
-    pub fn quantize_into(
+    /// Sets the format and shape for `x` (`m × k` values of `act`, length checked) and sizes the
+    /// buffers; the quantizer (`quant`) then fills them through [`Activations::bufs_mut`].
+    pub(crate) fn prepare(
         &mut self,
         act: ActType,
         x: &[f32],
         m: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        self.prepare(act, x, m, k)?;
-        if m == 0 || k == 0 {
-            return Ok(());
-        }
-        let nb = self.nb;
-        let groups = (self.qs.chunks_mut(4 * nb * QK)).zip(self.sc.chunks_mut(8 * nb));
-        fill(Backend::detect(), act, x, k, nb, &mut self.f, groups);
-        Ok(())
-    }
-
-    /// [`Activations::quantize_into`], splitting groups of four rows over `pool`'s threads.
-    pub fn quantize_into_par<P: Parallel + ?Sized>(
-        &mut self,
-        act: ActType,
-        x: &[f32],
-        m: usize,
-        k: usize,
-        pool: &P,
-    ) -> Result<(), KernelError> {
-        let nt = pool.n_threads();
-        if nt <= 1 || m < 8 * nt || act == ActType::F32 || k == 0 {
-            return self.quantize_into(act, x, m, k);
-        }
-        self.prepare(act, x, m, k)?;
-        let (nb, backend) = (self.nb, Backend::detect());
-        let per = m.div_ceil(4).div_ceil(nt); // groups per part
-        // One part per thread, each owning whole groups of rows (disjoint `&mut` slices).
-        type Part<'a> = (&'a [f32], &'a mut [u8], &'a mut [f32]);
-        let parts: Vec<Mutex<Option<Part<'_>>>> = x
-            .chunks(per * 4 * k)
-            .zip(self.qs.chunks_mut(per * 4 * nb * QK))
-            .zip(self.sc.chunks_mut(per * 8 * nb))
-            .map(|((x, q), s)| Mutex::new(Some((x, q, s))))
-            .collect();
-        pool.run_parts(&|t, n| {
-            for part in parts.iter().skip(t).step_by(n.max(1)) {
-                let taken = part.lock().map(|mut p| p.take()).unwrap_or(None);
-                if let Some((x, q, s)) = taken {
-                    let groups = q.chunks_mut(4 * nb * QK).zip(s.chunks_mut(8 * nb));
-                    fill(backend, act, x, k, nb, &mut [], groups);
-                }
-            }
-        });
-        Ok(())
-    }
-
-    fn prepare(&mut self, act: ActType, x: &[f32], m: usize, k: usize) -> Result<(), KernelError> {
         act.try_row_bytes(k)?;
         let n = m.checked_mul(k).ok_or(KernelError::Overflow {
             what: "the activations",
@@ -168,6 +115,12 @@ impl Activations {
         self.nb
     }
 
+    /// The buffers sized by [`Activations::prepare`], to be filled: the quants (`m · nb · 32`
+    /// bytes), the interleaved scales (`⌈m/4⌉ · nb · 8` floats) and, for `F32`, the values.
+    pub(crate) fn bufs_mut(&mut self) -> (&mut [u8], &mut [f32], &mut [f32]) {
+        (&mut self.qs, &mut self.sc, &mut self.f)
+    }
+
     /// The quants of row `r` (`nb · 32` bytes).
     #[inline]
     pub(crate) fn q_row(&self, r: usize) -> &[u8] {
@@ -186,41 +139,5 @@ impl Activations {
     #[inline]
     pub(crate) fn f_row(&self, r: usize) -> &[f32] {
         &self.f[r * self.k..(r + 1) * self.k]
-    }
-}
-
-/// Quantizes the rows of `x` into `groups` (quants and scales of four rows each); `F32` rows are
-/// copied into `f` instead.
-fn fill<'a>(
-    backend: Backend,
-    act: ActType,
-    x: &[f32],
-    k: usize,
-    nb: usize,
-    f: &mut [f32],
-    groups: impl Iterator<Item = (&'a mut [u8], &'a mut [f32])>,
-) {
-    if act == ActType::F32 {
-        f.copy_from_slice(x);
-        return;
-    }
-    let mut ds = vec![(0f32, 0i32); nb];
-    for ((qg, sg), xg) in groups.zip(x.chunks(4 * k)) {
-        for (lane, (qr, xr)) in qg
-            .chunks_exact_mut(nb * QK)
-            .zip(xg.chunks_exact(k))
-            .enumerate()
-        {
-            backend.quantize_q8(xr, qr, &mut ds);
-            for (b, &(d, sum)) in ds.iter().enumerate() {
-                let d16 = half::f16::from_f32(d);
-                sg[b * 8 + 2 * lane] = d16.to_f32();
-                sg[b * 8 + 2 * lane + 1] = if act == ActType::Q8_1 {
-                    half::f16::from_f32(sum as f32 * d).to_f32()
-                } else {
-                    128.0 * sum as f32 // exact; the AVX-512 kernel's offset correction
-                };
-            }
-        }
     }
 }

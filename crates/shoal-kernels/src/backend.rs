@@ -1,12 +1,14 @@
-//! Instruction-set backends and their one-time runtime detection.
+//! Instruction-set backends, their one-time runtime detection, and the dispatch to them.
 //!
-//! A NEON backend slots in as another variant with its own module, like `x86`.
+//! This is the top of the kernel layers: [`Backend`]'s methods and [`vec_dot`] call down into
+//! `x86` (and `x86::avx512`) or `scalar`, which never call back up. A NEON backend slots in as
+//! another variant with its own module, like `x86`.
 
 use std::sync::OnceLock;
 
-use crate::format::QType;
-use crate::packed::Layout;
-use crate::{matmul::Gemm, scalar};
+use crate::format::{Layout, QType};
+use crate::gemm::Gemm;
+use crate::scalar;
 
 /// An implementation of the kernels for one instruction set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -132,28 +134,7 @@ impl Backend {
             (Backend::Avx2, _) => crate::x86::gemm_rows(false, g, rows),
             #[cfg(target_arch = "x86_64")]
             (Backend::AvxVnni | Backend::Avx512Vnni, _) => crate::x86::gemm_rows(true, g, rows),
-            _ => scalar_gemm_rows(g, rows),
-        }
-    }
-}
-
-/// The scalar row loop over the packed activations.
-fn scalar_gemm_rows(g: &Gemm<'_>, rows: std::ops::Range<usize>) {
-    g.check_rows(&rows);
-    let nb = g.x.nb();
-    for j in rows {
-        let w = g.weight_row(j);
-        for r in 0..g.m {
-            let v = match g.qtype {
-                QType::F32 => scalar::dot_f32_f32(w, g.x.f_row(r)),
-                QType::Q4_1 => {
-                    scalar::dot_q4_1_packed(nb, w, g.x.q_row(r), g.x.sc_group(r / 4), r % 4)
-                }
-                QType::Q8_0 => {
-                    scalar::dot_q8_0_packed(nb, w, g.x.q_row(r), g.x.sc_group(r / 4), r % 4)
-                }
-            };
-            g.store(r, j, v);
+            _ => scalar::gemm_rows(g, rows),
         }
     }
 }

@@ -7,6 +7,12 @@
 //! - `Q8_1` (activations only), 36 bytes: f16 `d`, f16 `s = d · Σ qs`, 32 × i8 `qs`.
 //!
 //! All multi-byte fields are little-endian, as in GGUF files.
+//!
+//! [`Layout`] says how a matrix's blocks are stored: GGML rows as in the file, or groups of
+//! [`GROUP`] = 16 rows interleaved per block for the AVX-512 VNNI kernels (the byte layout of a
+//! group block is described in `x86::avx512`; `packed` builds it).
+//!
+//! This module is the bottom of the crate: every other module may use it, it uses only `error`.
 
 use crate::error::KernelError;
 
@@ -19,6 +25,22 @@ pub(crate) const Q4_1_BYTES: usize = 20;
 pub(crate) const Q8_0_BYTES: usize = 34;
 /// Bytes per `Q8_1` block.
 pub(crate) const Q8_1_BYTES: usize = 36;
+
+/// Rows per group in [`Layout::Rows16`].
+pub(crate) const GROUP: usize = 16;
+/// Bytes of one block of 16 `Q4_1` rows: 16 `d`, 16 `m` (f16), 16 × 16 nibble bytes.
+pub(crate) const Q4_1_GROUP_BYTES: usize = GROUP * Q4_1_BYTES;
+/// Bytes of one block of 16 `Q8_0` rows: 16 `d` (f16), 16 × 32 quants.
+pub(crate) const Q8_0_GROUP_BYTES: usize = GROUP * Q8_0_BYTES;
+
+/// How a [`crate::PackedMatrix`] stores its weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// GGML rows, as in the GGUF file.
+    Rows,
+    /// Groups of 16 rows interleaved per block (AVX-512 VNNI).
+    Rows16,
+}
 
 /// Weight storage formats the kernels multiply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -47,6 +47,18 @@
 //! once plus `matmul_quantized` per matrix sharing the input), and
 //! [`QMatrix::dequantize_row`] for embedding lookups.
 //!
+//! Module layers, each calling only the ones below it (no module calls back up):
+//! 1. `error`, `format` (block formats, [`Layout`], f16 helpers) and `pool` — the shared types;
+//! 2. `acts` (the [`Activations`] buffer and its layout) and `gemm` (one matmul's checked operands,
+//!    which the row kernels read and write through);
+//! 3. the kernels: [`scalar`] (the reference, also the scalar matmul rows) and `x86` (AVX2/AVX-VNNI,
+//!    and `x86::avx512` for 16-row groups), plus [`math`] and [`attn`] on top of `x86`;
+//! 4. `backend`: [`Backend`] detection and the dispatch (`quantize_q8`, `gemm_rows`, [`vec_dot`])
+//!    down into `x86` or `scalar`;
+//! 5. the entry points over the dispatch: `quant` (quantizing [`Activations`] and single rows),
+//!    `matmul` ([`QMatrix`] and the threaded driver that splits a `gemm` over a pool), and
+//!    `packed` ([`PackedMatrix`], which repacks and then runs the `matmul` driver).
+//!
 //! Everything at the public boundary checks slice lengths and returns [`KernelError`] (or panics
 //! with a clear message where documented); the `unsafe` SIMD code is only reached after those
 //! checks, and the crate's only global state is the cached CPU-feature detection.
@@ -56,6 +68,7 @@ pub mod attn;
 mod backend;
 mod error;
 mod format;
+mod gemm;
 pub mod math;
 mod matmul;
 mod packed;
@@ -68,8 +81,8 @@ mod x86;
 pub use acts::Activations;
 pub use backend::{Backend, vec_dot, vec_dot_with};
 pub use error::KernelError;
-pub use format::{ActType, QK, QType, row_bytes};
+pub use format::{ActType, Layout, QK, QType, row_bytes};
 pub use matmul::{QMatrix, matmul, matmul_quantized, matmul_quantized_with};
-pub use packed::{Layout, PackedMatrix};
+pub use packed::PackedMatrix;
 pub use pool::{Parallel, RayonCurrent, ThreadPool};
 pub use quant::{dequantize_row, quantize_row_q4_1, quantize_row_q8_0, quantize_row_q8_1};

@@ -1,13 +1,12 @@
 //! Weight matrices, quantized activations and the threaded matmul driver.
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::acts::Activations;
 use crate::backend::Backend;
 use crate::error::{KernelError, check_len};
-use crate::format::{ActType, QType};
-use crate::packed::Layout;
+use crate::format::{ActType, Layout, QType};
+use crate::gemm::Gemm;
 use crate::pool::Parallel;
 
 /// A borrowed weight matrix in a GGML format: `rows` (output features, `n`) rows of `cols` (input
@@ -156,17 +155,8 @@ pub(crate) fn run_gemm<P: Parallel + ?Sized>(
         out.fill(0.0); // empty dot products
         return Ok(());
     }
-    let g = Gemm {
-        qtype,
-        k,
-        n,
-        m,
-        w: data,
-        w_row_bytes: qtype.try_row_bytes(k)?,
-        layout,
-        x,
-        out: out.as_mut_ptr(),
-    };
+    let w_row_bytes = qtype.try_row_bytes(k)?;
+    let g = Gemm::new(qtype, k, n, data, w_row_bytes, layout, x, out);
     let nt = pool.n_threads().max(1);
     let chunk = chunk_rows(n, nt);
     let n_chunks = n.div_ceil(chunk);
@@ -193,77 +183,4 @@ pub(crate) fn run_gemm<P: Parallel + ?Sized>(
 fn chunk_rows(n: usize, nt: usize) -> usize {
     let c = n.div_ceil(nt * 4).clamp(16, 256);
     c.div_ceil(16) * 16
-}
-
-/// One matmul's operands, validated: `w` holds `n` rows of `w_row_bytes` (`k` values each), `x`
-/// holds `m` rows of `k` values in the activation format of `qtype`, and `out` points at `m × n`
-/// writable `f32`s.
-pub(crate) struct Gemm<'a> {
-    pub(crate) qtype: QType,
-    pub(crate) k: usize,
-    pub(crate) n: usize,
-    pub(crate) m: usize,
-    pub(crate) w: &'a [u8],
-    pub(crate) w_row_bytes: usize,
-    pub(crate) layout: Layout,
-    pub(crate) x: &'a Activations,
-    out: *mut f32,
-}
-
-// SAFETY: `out` is only written through `store`, and the driver hands each weight row (each
-// output column) to exactly one thread, so no two threads write the same element; the borrowed
-// `&mut [f32]` outlives every thread's use because `Parallel::run_parts` returns only after all
-// parts have finished.
-unsafe impl Sync for Gemm<'_> {}
-
-impl<'a> Gemm<'a> {
-    /// Encoded weight row `j`.
-    #[inline]
-    pub(crate) fn weight_row(&self, j: usize) -> &'a [u8] {
-        &self.w[j * self.w_row_bytes..(j + 1) * self.w_row_bytes]
-    }
-
-    /// Writes output `(r, j)`; panics if out of bounds.
-    #[inline]
-    pub(crate) fn store(&self, r: usize, j: usize, v: f32) {
-        assert!(
-            r < self.m && j < self.n,
-            "output ({r}, {j}) outside {} × {}",
-            self.m,
-            self.n
-        );
-        // SAFETY: in bounds (checked above) of the `m × n` buffer; see the `Sync` impl for why no
-        // other thread writes this element.
-        unsafe { self.out.add(r * self.n + j).write(v) }
-    }
-
-    /// Writes outputs `(r, j0..)` from `vals`, dropping those past the last column.
-    #[inline]
-    pub(crate) fn store_run<const N: usize>(&self, r: usize, j0: usize, vals: &[f32; N]) {
-        assert!(
-            r < self.m && j0 < self.n,
-            "output ({r}, {j0}) outside {} × {}",
-            self.m,
-            self.n
-        );
-        // SAFETY (both writes): `(r, j0..j0+len)` lies in row `r` of the `m × n` buffer (checked
-        // above); see the `Sync` impl for why no other thread writes these elements.
-        let dst = unsafe { self.out.add(r * self.n + j0) };
-        if j0 + N <= self.n {
-            // The whole run: a fixed-size copy the compiler turns into vector moves.
-            unsafe { dst.cast::<[f32; N]>().write_unaligned(*vals) }
-        } else {
-            unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), dst, self.n - j0) }
-        }
-    }
-
-    /// Checks that `rows` lies within the weight matrix.
-    #[inline]
-    pub(crate) fn check_rows(&self, rows: &Range<usize>) {
-        assert!(
-            rows.start <= rows.end && rows.end <= self.n,
-            "weight rows {rows:?} outside 0..{}",
-            self.n
-        );
-    }
 }

@@ -10,25 +10,11 @@
 use crate::acts::Activations;
 use crate::backend::Backend;
 use crate::error::KernelError;
-use crate::format::{Q4_1_BYTES, Q8_0_BYTES, QK, QType};
+use crate::format::{
+    GROUP, Layout, Q4_1_BYTES, Q4_1_GROUP_BYTES, Q8_0_BYTES, Q8_0_GROUP_BYTES, QK, QType,
+};
 use crate::matmul::{QMatrix, run_gemm};
 use crate::pool::Parallel;
-
-/// Rows per group in [`Layout::Rows16`].
-pub(crate) const GROUP: usize = 16;
-/// Bytes of one block of 16 `Q4_1` rows: 16 `d`, 16 `m` (f16), 16 × 16 nibble bytes.
-pub(crate) const Q4_1_GROUP_BYTES: usize = GROUP * Q4_1_BYTES;
-/// Bytes of one block of 16 `Q8_0` rows: 16 `d` (f16), 16 × 32 quants.
-pub(crate) const Q8_0_GROUP_BYTES: usize = GROUP * Q8_0_BYTES;
-
-/// How a [`PackedMatrix`] stores its weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layout {
-    /// GGML rows, as in the GGUF file.
-    Rows,
-    /// Groups of 16 rows interleaved per block (AVX-512 VNNI).
-    Rows16,
-}
 
 /// An owned weight matrix (`rows` output features × `cols` input features) laid out for a backend.
 #[derive(Debug, Clone)]

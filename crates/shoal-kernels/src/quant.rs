@@ -1,9 +1,119 @@
-//! Checked public entry points for quantizing and dequantizing single rows.
+//! Quantizing activations on the detected backend, and checked public entry points for
+//! quantizing and dequantizing single rows.
+//!
+//! The quantizing methods of [`Activations`] live here rather than in `acts` (which holds only the
+//! buffer and its layout, read by the kernels) because they call the `backend` dispatch, which sits
+//! above the kernels.
 
+use std::sync::Mutex;
+
+use crate::acts::Activations;
 use crate::backend::Backend;
 use crate::error::{KernelError, check_len};
 use crate::format::{ActType, QK, QType, put_f16};
+use crate::pool::Parallel;
 use crate::scalar;
+
+impl Activations {
+    /// Quantizes `x` (`m × k`, row-major) into a new buffer.
+    pub fn quantize(act: ActType, x: &[f32], m: usize, k: usize) -> Result<Self, KernelError> {
+        let mut a = Self::default();
+        a.quantize_into(act, x, m, k)?;
+        Ok(a)
+    }
+
+    /// Quantizes `x` (`m × k`, row-major) into this buffer, replacing its contents.
+    pub fn quantize_into(
+        &mut self,
+        act: ActType,
+        x: &[f32],
+        m: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.prepare(act, x, m, k)?;
+        if m == 0 || k == 0 {
+            return Ok(());
+        }
+        let nb = self.nb();
+        let (qs, sc, f) = self.bufs_mut();
+        let groups = (qs.chunks_mut(4 * nb * QK)).zip(sc.chunks_mut(8 * nb));
+        fill(Backend::detect(), act, x, k, nb, f, groups);
+        Ok(())
+    }
+
+    /// [`Activations::quantize_into`], splitting groups of four rows over `pool`'s threads.
+    pub fn quantize_into_par<P: Parallel + ?Sized>(
+        &mut self,
+        act: ActType,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        pool: &P,
+    ) -> Result<(), KernelError> {
+        let nt = pool.n_threads();
+        if nt <= 1 || m < 8 * nt || act == ActType::F32 || k == 0 {
+            return self.quantize_into(act, x, m, k);
+        }
+        self.prepare(act, x, m, k)?;
+        let (nb, backend) = (self.nb(), Backend::detect());
+        let per = m.div_ceil(4).div_ceil(nt); // groups per part
+        // One part per thread, each owning whole groups of rows (disjoint `&mut` slices).
+        type Part<'a> = (&'a [f32], &'a mut [u8], &'a mut [f32]);
+        let (qs, sc, _) = self.bufs_mut();
+        let parts: Vec<Mutex<Option<Part<'_>>>> = x
+            .chunks(per * 4 * k)
+            .zip(qs.chunks_mut(per * 4 * nb * QK))
+            .zip(sc.chunks_mut(per * 8 * nb))
+            .map(|((x, q), s)| Mutex::new(Some((x, q, s))))
+            .collect();
+        pool.run_parts(&|t, n| {
+            for part in parts.iter().skip(t).step_by(n.max(1)) {
+                let taken = part.lock().map(|mut p| p.take()).unwrap_or(None);
+                if let Some((x, q, s)) = taken {
+                    let groups = q.chunks_mut(4 * nb * QK).zip(s.chunks_mut(8 * nb));
+                    fill(backend, act, x, k, nb, &mut [], groups);
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+/// Quantizes the rows of `x` into `groups` (quants and scales of four rows each); `F32` rows are
+/// copied into `f` instead.
+fn fill<'a>(
+    backend: Backend,
+    act: ActType,
+    x: &[f32],
+    k: usize,
+    nb: usize,
+    f: &mut [f32],
+    groups: impl Iterator<Item = (&'a mut [u8], &'a mut [f32])>,
+) {
+    if act == ActType::F32 {
+        f.copy_from_slice(x);
+        return;
+    }
+    let mut ds = vec![(0f32, 0i32); nb];
+    for ((qg, sg), xg) in groups.zip(x.chunks(4 * k)) {
+        for (lane, (qr, xr)) in qg
+            .chunks_exact_mut(nb * QK)
+            .zip(xg.chunks_exact(k))
+            .enumerate()
+        {
+            backend.quantize_q8(xr, qr, &mut ds);
+            for (b, &(d, sum)) in ds.iter().enumerate() {
+                let d16 = half::f16::from_f32(d);
+                sg[b * 8 + 2 * lane] = d16.to_f32();
+                sg[b * 8 + 2 * lane + 1] = if act == ActType::Q8_1 {
+                    half::f16::from_f32(sum as f32 * d).to_f32()
+                } else {
+                    128.0 * sum as f32 // exact; the AVX-512 kernel's offset correction
+                };
+            }
+        }
+    }
+}
 
 /// Checks `x.len()` (a multiple of the block size) against `out.len()` for format `rb`.
 fn check_row(

@@ -1,11 +1,13 @@
-//! Portable reference kernels: quantization, dequantization and dot products.
+//! Portable reference kernels: quantization, dequantization, dot products, and the `Scalar`
+//! backend's matmul rows.
 //!
 //! These are the semantics every SIMD path must reproduce (quantization bitwise, dot products to
 //! rounding). They follow ggml's CPU kernels, with activation quantization rounding to nearest,
 //! ties to even, as ggml's AVX2 path does. The row-level functions take slices whose lengths they
 //! check, so they are safe to call directly.
 
-use crate::format::{Q4_1_BYTES, Q8_0_BYTES, Q8_1_BYTES, QK, f16_at, put_f16};
+use crate::format::{Q4_1_BYTES, Q8_0_BYTES, Q8_1_BYTES, QK, QType, f16_at, put_f16};
+use crate::gemm::Gemm;
 
 fn check(what: &str, k: usize, block_bytes: usize, bytes: usize) -> usize {
     assert!(
@@ -271,4 +273,25 @@ pub(crate) fn dot_q8_0_packed(nb: usize, w: &[u8], qs: &[u8], sc: &[f32], lane: 
         sum += f16_at(wb, 0) * sc[b * 8 + 2 * lane] * sumi as f32;
     }
     sum
+}
+
+/// Weight rows `rows` of `g` against all its activation rows: the portable row loop over the
+/// packed activations (the `Scalar` backend's matmul).
+///
+/// # Panics
+/// If `rows` lies outside the matrix.
+pub(crate) fn gemm_rows(g: &Gemm<'_>, rows: std::ops::Range<usize>) {
+    g.check_rows(&rows);
+    let nb = g.x.nb();
+    for j in rows {
+        let w = g.weight_row(j);
+        for r in 0..g.m {
+            let v = match g.qtype {
+                QType::F32 => dot_f32_f32(w, g.x.f_row(r)),
+                QType::Q4_1 => dot_q4_1_packed(nb, w, g.x.q_row(r), g.x.sc_group(r / 4), r % 4),
+                QType::Q8_0 => dot_q8_0_packed(nb, w, g.x.q_row(r), g.x.sc_group(r / 4), r % 4),
+            };
+            g.store(r, j, v);
+        }
+    }
 }

@@ -9,7 +9,7 @@
 //! Every output `(row, j)` goes through the same instructions whatever the tile it falls in, so
 //! results do not depend on the batch size, a row's position in it, or the thread count.
 //!
-//! Group-block layouts (see `crate::packed`):
+//! Group-block layouts ([`crate::Layout::Rows16`]; `crate::packed` builds them):
 //! - `Q4_1`, 320 bytes: `d` of the 16 rows (16 × f16), `m` (16 × f16), then 4 chunks of 64 bytes:
 //!   chunk `c`, lane `L` = bytes `4c..4c+4` of row `L`'s nibbles — low nibbles are values
 //!   `4c..4c+4`, high nibbles values `16+4c..16+4c+4`.
@@ -20,9 +20,8 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use crate::format::QType;
-use crate::matmul::Gemm;
-use crate::packed::{GROUP, Q4_1_GROUP_BYTES, Q8_0_GROUP_BYTES};
+use crate::format::{GROUP, Q4_1_GROUP_BYTES, Q8_0_GROUP_BYTES, QType};
+use crate::gemm::Gemm;
 
 /// Activation rows per tile: 8 float accumulators, 8 integer sums and 8 decoded weight vectors fit
 /// in the 32 vector registers with room for the scales.

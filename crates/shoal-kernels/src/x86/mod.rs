@@ -13,7 +13,7 @@ use std::ops::Range;
 use kernels::{GgmlQ80, GgmlQ81, Madd, MulSum, Packed, Vnni};
 
 use crate::format::{Q4_1_BYTES, Q8_0_BYTES, QK, QType};
-use crate::matmul::Gemm;
+use crate::gemm::Gemm;
 
 /// Activation rows per tile: a tile of quantized activations (≤ 32 × 1.5 KB for k = 1536) stays
 /// in L1/L2 while a chunk of weight rows is multiplied against it. A multiple of 4.
