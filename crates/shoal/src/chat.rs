@@ -2,8 +2,7 @@
 
 use std::io::Write;
 
-use anyhow::Context;
-use futures::StreamExt;
+use shoal_bench::sse::{SseReader, parse_chunk, post_json};
 use shoal_engine::{ChatMessage, Event, GenerateRequest, Prompt, SamplingParams};
 
 use crate::cli::ChatArgs;
@@ -79,22 +78,15 @@ async fn remote(args: &ChatArgs, url: &str) -> anyhow::Result<()> {
     });
     let endpoint = format!("{}/v1/chat/completions", url.trim_end_matches('/'));
     let req = reqwest::Client::new().post(&endpoint);
-    let resp = crate::load::post_json(req, &endpoint, &body).await?;
-    let mut bytes = resp.bytes_stream();
-    let mut buf = Vec::new();
+    let mut events = SseReader::new(post_json(req, &endpoint, &body).await?);
     let mut out = std::io::stdout().lock();
-    while let Some(chunk) = bytes.next().await {
-        buf.extend_from_slice(&chunk?);
-        for data in crate::load::drain_sse_data(&mut buf) {
+    while let Some(payloads) = events.next_chunk().await? {
+        for data in payloads {
             if data == "[DONE]" {
                 writeln!(out)?;
                 return Ok(());
             }
-            let v: serde_json::Value = serde_json::from_str(&data).context("bad SSE chunk")?;
-            if let Some(err) = v.get("error") {
-                anyhow::bail!("server error: {err}");
-            }
-            if let Some(t) = v
+            if let Some(t) = parse_chunk(&data)?
                 .pointer("/choices/0/delta/content")
                 .and_then(|t| t.as_str())
             {

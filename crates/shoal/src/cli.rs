@@ -24,7 +24,7 @@ pub enum Command {
     /// Stream an answer to a prompt in the terminal.
     Chat(ChatArgs),
     /// Measure prefill and decode speed, TTFT and inter-token latency.
-    Bench(BenchArgs),
+    Bench(BenchCommand),
     /// Download a model into the models directory.
     Pull(ModelArgs),
     /// List known models and whether they are downloaded.
@@ -203,52 +203,13 @@ pub struct ChatArgs {
     pub system: Option<String>,
 }
 
+/// `shoal bench`: the model to measure (or to name in requests to `--url`), then what to measure.
 #[derive(Args)]
-pub struct BenchArgs {
+pub struct BenchCommand {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Thread counts to measure, e.g. "1,2".
-    #[arg(long, default_value = "1")]
-    pub threads: String,
-    /// Prompt tokens for the prefill test.
-    #[arg(short = 'p', long, default_value_t = 128)]
-    pub prompt_tokens: usize,
-    /// Tokens generated for the decode test.
-    #[arg(short = 'n', long, default_value_t = 128)]
-    pub gen_tokens: usize,
-    /// Repetitions per thread count (the median is reported).
-    #[arg(short = 'r', long, default_value_t = 3)]
-    pub repetitions: usize,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// Instead: second-turn TTFT with the prefix cache vs without (turn 1 = `-p` tokens; turn 2 = turn 1,
-    /// its 8-token answer and 16 new tokens).
-    #[arg(long)]
-    pub second_turn: bool,
-    /// Instead: aggregate decode tok/s of N concurrent greedy sequences (`-p` random prompt tokens,
-    /// `-n` generated each), e.g. "1,4,16", like llama.cpp's batched-bench.
-    #[arg(long)]
-    pub streams: Option<String>,
-    /// Instead: the serving benchmark against a running OpenAI-compatible server at this URL (shoal,
-    /// llama-server, vLLM): bursts of concurrent streaming completions of `-n` tokens, `-r` times.
-    #[arg(long)]
-    pub url: Option<String>,
-    /// Concurrency levels of `--url`, e.g. "1,4,16,64".
-    #[arg(long, default_value = "1,4,16,64")]
-    pub concurrency: String,
-    /// With `--url`: a JSON object merged into every request body, e.g. '{"cache_prompt":false}'.
-    #[arg(long)]
-    pub extra: Option<String>,
-    /// With `--url`: index of the first prompt (default: from the clock), so runs against one server
-    /// never repeat a prompt its prefix cache would serve.
-    #[arg(long)]
-    pub prompt_offset: Option<usize>,
-    /// With `--url`, instead of the bursts: 4 streams of `-n` tokens, alone and then with a prompt of
-    /// this many words (max 4 tokens) arriving once every stream has 16 tokens; their inter-token
-    /// latency both ways, and the long prompt's time to first token (1870 words ≈ 2000 tokens).
-    #[arg(long)]
-    pub long_prompt: Option<usize>,
+    #[command(flatten)]
+    pub bench: shoal_bench::BenchArgs,
 }
 
 #[cfg(test)]

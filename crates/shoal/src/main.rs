@@ -2,13 +2,11 @@
 //!
 //! - `shoal serve`: fetch the model if needed, load it, serve the HTTP API.
 //! - `shoal chat "prompt"`: stream an answer in the terminal (in-process, or from a server with `--url`).
-//! - `shoal bench`: prefill / decode throughput, TTFT and inter-token latency.
+//! - `shoal bench`: prefill / decode throughput, TTFT and inter-token latency (run by `shoal-bench`).
 //! - `shoal pull` / `shoal models`: fetch and list models.
 
-mod bench;
 mod chat;
 mod cli;
-mod load;
 
 use anyhow::Context;
 use clap::Parser;
@@ -52,7 +50,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Chat(args) => chat::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench(args),
         Command::Pull(args) => {
             let (id, path) = resolve_model(&args)?;
             println!("{id}: {}", path.display());
@@ -71,6 +69,20 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `shoal bench`: the serving benchmark against `--url` (the model is only named there), else the
+/// in-process benchmarks on the resolved model.
+fn bench(args: cli::BenchCommand) -> anyhow::Result<()> {
+    if let Some(url) = &args.bench.url {
+        return Ok(shoal_bench::run_serving(
+            &args.bench,
+            url,
+            &args.model.model,
+        )?);
+    }
+    let (id, path) = resolve_model(&args.model)?;
+    Ok(shoal_bench::run_in_process(&args.bench, &id, &path)?)
 }
 
 fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {

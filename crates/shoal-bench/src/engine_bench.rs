@@ -1,13 +1,18 @@
-//! `shoal bench`: prefill and decode throughput, TTFT and inter-token latency, llama-bench style
-//! (random prompt tokens, `-p` prompt tokens, `-n` generated tokens), medians over repetitions.
+//! `shoal bench` in process: prefill and decode throughput, TTFT and inter-token latency, llama-bench
+//! style (random prompt tokens, `-p` prompt tokens, `-n` generated tokens), medians over repetitions;
+//! or the second turn's TTFT with and without the prefix cache (`--second-turn`); or N concurrent
+//! greedy sequences (`--streams`).
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use shoal_engine::engine::EngineConfig;
 use shoal_engine::sampler::Rng;
 use shoal_engine::{EngineHandle, Event, GenerateRequest, Prompt, SamplingParams};
 
-use crate::cli::BenchArgs;
+use crate::args::{BenchArgs, parse_list};
+use crate::error::BenchError;
+use crate::stats::{median, percentile};
 
 #[derive(Debug, Clone, serde::Serialize)]
 struct Row {
@@ -22,30 +27,13 @@ struct Row {
     itl_p99_ms: f64,
 }
 
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v[v.len() / 2]
-    }
-}
-
-pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
-
 /// Runs one greedy request of `n` tokens; returns (time to first token, arrival times, token ids).
 async fn timed(
     engine: &EngineHandle,
     model: &str,
     tokens: Vec<u32>,
     n: usize,
-) -> anyhow::Result<(Duration, Vec<Instant>, Vec<u32>)> {
+) -> Result<(Duration, Vec<Instant>, Vec<u32>), BenchError> {
     let start = Instant::now();
     let mut stream = engine.submit(GenerateRequest {
         model: model.to_string(),
@@ -68,7 +56,7 @@ async fn timed(
                 ids.push(id);
             }
             Event::Done { .. } => break,
-            Event::Error(e) => anyhow::bail!("benchmark request failed: {e}"),
+            Event::Error(e) => return Err(BenchError::RequestFailed(e)),
         }
     }
     let first = arrivals.first().copied().unwrap_or_else(Instant::now);
@@ -92,7 +80,7 @@ async fn second_turn_ttft(
     model: &str,
     turn1: &[u32],
     extra: &[u32],
-) -> anyhow::Result<f64> {
+) -> Result<f64, BenchError> {
     let (_, _, answer) = timed(engine, model, turn1.to_vec(), 8).await?;
     let mut turn2 = turn1.to_vec();
     turn2.extend_from_slice(&answer);
@@ -103,10 +91,10 @@ async fn second_turn_ttft(
 
 fn run_second_turn(
     args: &BenchArgs,
-    path: &std::path::Path,
+    path: &Path,
     id: &str,
     threads: &[usize],
-) -> anyhow::Result<()> {
+) -> Result<(), BenchError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -163,13 +151,6 @@ fn run_second_turn(
     Ok(())
 }
 
-fn parse_list(s: &str, flag: &str) -> anyhow::Result<Vec<usize>> {
-    s.split(',')
-        .map(|t| t.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
-}
-
 #[derive(Debug, Clone, serde::Serialize)]
 struct StreamsRow {
     threads: usize,
@@ -188,11 +169,11 @@ struct StreamsRow {
 /// N concurrent greedy sequences per repetition; aggregate and steady-state decode throughput.
 fn run_streams(
     args: &BenchArgs,
-    path: &std::path::Path,
+    path: &Path,
     id: &str,
     threads: &[usize],
     streams: &[usize],
-) -> anyhow::Result<()> {
+) -> Result<(), BenchError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -273,19 +254,16 @@ fn run_streams(
     Ok(())
 }
 
-pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if let Some(url) = &args.url {
-        let levels = parse_list(&args.concurrency, "--concurrency")?;
-        return crate::load::run(&args, url, &levels);
-    }
-    let (id, path) = crate::resolve_model(&args.model)?;
+/// Benchmarks the model `id` at `path` in engines started here: `--second-turn`, `--streams`, or by
+/// default prefill and decode of one sequence, at every `--threads` count; prints a table or JSON.
+pub fn run(args: &BenchArgs, id: &str, path: &Path) -> Result<(), BenchError> {
     let threads = parse_list(&args.threads, "--threads")?;
     if args.second_turn {
-        return run_second_turn(&args, &path, &id, &threads);
+        return run_second_turn(args, path, id, &threads);
     }
     if let Some(streams) = &args.streams {
         let streams = parse_list(streams, "--streams")?;
-        return run_streams(&args, &path, &id, &threads, &streams);
+        return run_streams(args, path, id, &threads, &streams);
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -298,23 +276,22 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             max_batch_tokens: args.prompt_tokens.max(1),
             ..Default::default()
         };
-        let engine = shoal_engine::engine::spawn_from_gguf(&path, &id, config)?;
+        let engine = shoal_engine::engine::spawn_from_gguf(path, id, config)?;
         let vocab = 49_000u64;
         let row = rt.block_on(async {
             // Warm-up: touch every weight once.
-            timed(&engine, &id, vec![1, 2, 3], 2).await?;
+            timed(&engine, id, vec![1, 2, 3], 2).await?;
             let (mut pp, mut tg, mut ttft, mut itl) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for _ in 0..args.repetitions.max(1) {
                 let prompt: Vec<u32> = (0..args.prompt_tokens)
                     .map(|_| (rng.next_u64() % vocab) as u32)
                     .collect();
-                let (first, _, _) = timed(&engine, &id, prompt, 1).await?;
+                let (first, _, _) = timed(&engine, id, prompt, 1).await?;
                 pp.push(args.prompt_tokens as f64 / first.as_secs_f64());
                 ttft.push(first.as_secs_f64() * 1e3);
                 let start_tok = (rng.next_u64() % vocab) as u32;
-                let (_, arrivals, _) =
-                    timed(&engine, &id, vec![start_tok], args.gen_tokens).await?;
+                let (_, arrivals, _) = timed(&engine, id, vec![start_tok], args.gen_tokens).await?;
                 if arrivals.len() >= 2 {
                     let span =
                         (*arrivals.last().unwrap_or(&arrivals[0]) - arrivals[0]).as_secs_f64();
@@ -327,7 +304,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 }
             }
             itl.sort_by(f64::total_cmp);
-            anyhow::Ok(Row {
+            Ok::<_, BenchError>(Row {
                 threads: t,
                 prompt_tokens: args.prompt_tokens,
                 gen_tokens: args.gen_tokens,
