@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use shoal_engine::engine::EngineConfig;
-use shoal_engine::sampler::Rng;
 use shoal_engine::{EngineHandle, Event, GenerateRequest, Prompt, SamplingParams};
+use shoal_kernels::rng::SplitMix64;
 
 use crate::args::{BenchArgs, parse_list};
 use crate::error::BenchError;
@@ -98,7 +98,7 @@ fn run_second_turn(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let mut rng = Rng::new(7);
+    let mut rng = SplitMix64::new(7);
     let mut rows = Vec::new();
     for &t in threads {
         let config = |prefix| EngineConfig {
@@ -177,7 +177,7 @@ fn run_streams(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let mut rng = Rng::new(11);
+    let mut rng = SplitMix64::new(11);
     let mut rows = Vec::new();
     for &t in threads {
         let config = EngineConfig {
@@ -269,7 +269,7 @@ pub fn run(args: &BenchArgs, id: &str, path: &Path) -> Result<(), BenchError> {
         .enable_all()
         .build()?;
     let mut rows = Vec::new();
-    let mut rng = Rng::new(42);
+    let mut rng = SplitMix64::new(42);
     for &t in &threads {
         let config = EngineConfig {
             threads: t.max(1),

@@ -5,33 +5,12 @@
 
 use std::collections::HashMap;
 
+use shoal_kernels::rng::SplitMix64 as Rng;
+
 use crate::request::SamplingParams;
 
 /// Tokens of history the repetition penalty looks at (llama.cpp's `penalty_last_n` default).
 pub const REPETITION_WINDOW: usize = 64;
-
-/// SplitMix64: small, fast and good enough for drawing from a distribution; fully determined by the seed.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct Sampler {
@@ -100,7 +79,7 @@ impl Sampler {
 
     /// The random generator's state.
     pub fn rng_state(&self) -> u64 {
-        self.rng.0
+        self.rng.state()
     }
 
     /// Generated-token counts, sorted by token id (the frequency and presence penalties' input).

@@ -17,6 +17,7 @@ use shoal_kernels::{
     Activations, Backend, PackedMatrix, Parallel, QMatrix, QType, RayonCurrent, ThreadPool, matmul,
     matmul_quantized_with, row_bytes,
 };
+use shoal_testkit::rng::{Draw, SplitMix64};
 
 struct Shape {
     name: &'static str,
@@ -60,15 +61,7 @@ const SHAPES: [Shape; 5] = [
 
 /// Random but valid block bytes (f16 scales kept small and finite).
 fn weights(qtype: QType, n: usize, k: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut data: Vec<u8> = (0..n * row_bytes(qtype, k))
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
+    let mut data = SplitMix64::new(seed).bytes(n * row_bytes(qtype, k));
     let block = qtype.type_size();
     let scale = half::f16::from_f32(0.01).to_le_bytes();
     for b in data.chunks_exact_mut(block) {

@@ -74,6 +74,7 @@ mod matmul;
 mod packed;
 mod pool;
 mod quant;
+pub mod rng;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;

@@ -3,7 +3,8 @@
 mod common;
 
 use common::{
-    Rng, assert_near_reference, decode, dequantize_acts, random_raw, random_weights, reference,
+    Rng, activations, assert_near_reference, decode, dequantize_acts, random_raw, random_weights,
+    reference,
 };
 use shoal_kernels::{
     ActType, Activations, Backend, KernelError, QMatrix, QType, RayonCurrent, ThreadPool, matmul,
@@ -21,7 +22,7 @@ fn matmul_matches_naive_reference() {
             for m in [1, 3, 17, 40] {
                 let data = random_weights(&mut rng, qtype, n, k);
                 let w = QMatrix::new(qtype, n, k, &data).expect("matrix");
-                let x = rng.vec(m * k);
+                let x = activations(&mut rng, m * k);
                 let mut out = vec![f32::NAN; m * n];
                 matmul(&w, &x, m, &mut out, &pool).expect("matmul");
 
@@ -65,7 +66,7 @@ fn results_are_bitwise_independent_of_thread_count() {
                 cols: k,
                 data: &data,
             };
-            let x = rng.vec(m * k);
+            let x = activations(&mut rng, m * k);
             let mut first = vec![0f32; m * n];
             matmul(&w, &x, m, &mut first, &pools[0]).expect("matmul");
             for pool in &pools[1..] {
@@ -110,7 +111,7 @@ fn batched_rows_equal_single_row_dots_bitwise() {
             let (n, k, m) = (23, 320, 39);
             let data = random_raw(&mut rng, qtype, n, k);
             let w = QMatrix::new(qtype, n, k, &data).expect("matrix");
-            let x = rng.vec(m * k);
+            let x = activations(&mut rng, m * k);
             let acts = Activations::quantize(qtype.act_type(), &x, m, k).expect("acts");
             let mut out = vec![0f32; m * n];
             matmul_quantized_with(backend, &w, &acts, &mut out, &pool).expect("matmul");
@@ -137,7 +138,7 @@ fn simd_matmul_matches_scalar_matmul() {
         let (n, k, m) = (130, 576, 17);
         let data = random_weights(&mut rng, qtype, n, k);
         let w = QMatrix::new(qtype, n, k, &data).expect("matrix");
-        let x = rng.vec(m * k);
+        let x = activations(&mut rng, m * k);
         let acts = Activations::quantize(qtype.act_type(), &x, m, k).expect("acts");
         let mut want = vec![0f32; m * n];
         matmul_quantized_with(Backend::Scalar, &w, &acts, &mut want, &pool).expect("scalar");
@@ -167,7 +168,7 @@ fn quantized_activations_can_be_reused_and_requantized() {
     let mut acts = Activations::default();
     // 37 rows take the parallel quantization path (≥ 8 rows per thread).
     for m in [3, 1, 9, 37] {
-        let x = rng.vec(m * k);
+        let x = activations(&mut rng, m * k);
         acts.quantize_into_par(ActType::Q8_1, &x, m, k, &pool)
             .expect("quantize");
         assert_eq!((acts.m(), acts.k()), (m, k));

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Rng, assert_near_reference, random_raw, random_weights};
+use common::{Rng, activations, assert_near_reference, random_raw, random_weights};
 use shoal_kernels::{Activations, Backend, Layout, PackedMatrix, QMatrix, QType, ThreadPool};
 
 const TYPES: [QType; 3] = [QType::F32, QType::Q4_1, QType::Q8_0];
@@ -50,7 +50,7 @@ fn packed_matmul_matches_naive_reference_on_every_backend() {
                     };
                     let w = QMatrix::new(qtype, n, k, &data).expect("matrix");
                     let p = PackedMatrix::with_backend(&w, backend).expect("pack");
-                    let x = rng.vec(m * k);
+                    let x = activations(&mut rng, m * k);
                     let mut out = vec![f32::NAN; m * n];
                     p.matmul(&x, m, &mut out, &pool).expect("matmul");
                     let label = format!("{backend:?} {qtype:?}");
@@ -73,7 +73,7 @@ fn packed_results_are_bitwise_independent_of_batch_and_threads() {
             let data = random_raw(&mut rng, qtype, n, k);
             let w = QMatrix::new(qtype, n, k, &data).expect("matrix");
             let p = PackedMatrix::with_backend(&w, backend).expect("pack");
-            let x = rng.vec(m * k);
+            let x = activations(&mut rng, m * k);
             let mut all = vec![0f32; m * n];
             p.matmul(&x, m, &mut all, &pools[1]).expect("matmul");
             for r in 0..m {
@@ -108,7 +108,7 @@ fn packed_matmul_rejects_mismatched_operands() {
     let data = random_weights(&mut rng, QType::Q4_1, 16, 64);
     let w = QMatrix::new(QType::Q4_1, 16, 64, &data).expect("matrix");
     let p = PackedMatrix::new(&w).expect("pack");
-    let x = rng.vec(2 * 64);
+    let x = activations(&mut rng, 2 * 64);
     let mut short = vec![0f32; 16];
     assert!(
         p.matmul(&x, 2, &mut short, &pool).is_err(),

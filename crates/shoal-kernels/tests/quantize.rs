@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::Rng;
+use common::{Rng, activations};
 use shoal_kernels::{
     ActType, KernelError, QK, QType, dequantize_row, quantize_row_q4_1, quantize_row_q8_0,
     quantize_row_q8_1, row_bytes, scalar,
@@ -37,7 +37,7 @@ fn block_layouts_match_ggml() {
 fn roundtrip_error_is_within_half_a_step() {
     let mut rng = Rng::new(5);
     for k in [32, 96, 576] {
-        let x = rng.vec(k);
+        let x = activations(&mut rng, k);
         let mut q8 = vec![0u8; k / QK * 34];
         quantize_row_q8_0(&x, &mut q8).expect("q8_0");
         let mut y = vec![0f32; k];

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{Rng, random_raw, random_weights};
+use common::{Rng, activations, random_raw, random_weights};
 use shoal_kernels::{ActType, Backend, QType, row_bytes, scalar, vec_dot_with};
 
 const KS: [usize; 7] = [32, 64, 96, 160, 576, 1536, 2080];
@@ -45,7 +45,7 @@ fn check_backend(backend: Backend, raw: bool) {
                 } else {
                     random_weights(&mut rng, qtype, 1, k)
                 };
-                let x = rng.vec(k);
+                let x = activations(&mut rng, k);
                 let xq = quantize_acts(qtype, &x);
                 let want = vec_dot_with(Backend::Scalar, qtype, k, &w, &xq);
                 let got = vec_dot_with(backend, qtype, k, &w, &xq);
@@ -78,8 +78,14 @@ fn vec_dot_matches_scalar_on_arbitrary_block_bytes() {
 fn f32_dot_handles_lengths_that_are_not_multiples_of_eight() {
     let mut rng = Rng::new(3);
     for k in [1, 7, 9, 31, 33, 100] {
-        let w: Vec<u8> = rng.vec(k).iter().flat_map(|v| v.to_le_bytes()).collect();
-        let x: Vec<u8> = rng.vec(k).iter().flat_map(|v| v.to_le_bytes()).collect();
+        let w: Vec<u8> = activations(&mut rng, k)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let x: Vec<u8> = activations(&mut rng, k)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         let want = scalar::vec_dot_f32(k, &w, &x);
         for b in Backend::supported() {
             let got = vec_dot_with(b, QType::F32, k, &w, &x);
@@ -95,7 +101,7 @@ fn f32_dot_handles_lengths_that_are_not_multiples_of_eight() {
 fn simd_activation_quantization_is_bitwise_equal_to_scalar() {
     let mut rng = Rng::new(11);
     for k in KS {
-        let mut x = rng.vec(k);
+        let mut x = activations(&mut rng, k);
         // Exact ties and zeros: a zero block, values that land on .5 after scaling.
         x[..32].iter_mut().for_each(|v| *v = 0.0);
         if k >= 64 {

@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 
 use candle_core::quantized::gguf_file::Content;
 use shoal_model::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
-use shoal_model::testing::{golden_dir, model_path};
 use shoal_model::tokenizer::Tokenizer;
+use shoal_testkit::fixtures::{golden_dir, model_path};
 
 fn content() -> &'static Content {
     static CONTENT: OnceLock<Content> = OnceLock::new();

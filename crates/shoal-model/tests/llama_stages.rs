@@ -6,8 +6,8 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 use shoal_kernels::ThreadPool;
 use shoal_model::gguf::GgufFile;
-use shoal_model::testing::{golden, model_path};
 use shoal_model::{LayerRange, LlamaStage, SeqChunk, StageInput};
+use shoal_testkit::fixtures::{golden, model_path};
 
 fn load(ranges: &[(usize, usize)]) -> Vec<LlamaStage> {
     let pool = Arc::new(ThreadPool::new(1));

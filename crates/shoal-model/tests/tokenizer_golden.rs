@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use candle_core::quantized::gguf_file::{Content, Value};
-use shoal_model::testing::{golden_dir, model_path};
 use shoal_model::tokenizer::{PreTokenizerKind, StreamDecoder, Tokenizer, TokenizerError};
+use shoal_testkit::fixtures::{golden_dir, model_path};
 
 fn content() -> &'static Content {
     static CONTENT: OnceLock<Content> = OnceLock::new();

@@ -60,7 +60,7 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
     assert_eq!(met.state.members().len(), 2, "the nodes never met");
 
     // b hosts the last 15 layers of the model as stage 1 of INSTANCE.
-    let path = shoal_model::testing::model_path();
+    let path = shoal_testkit::fixtures::model_path();
     let pool = Arc::new(ThreadPool::new(1));
     let hosts = Hosts::default();
     serve_stages(b.clone(), hosts.clone()).unwrap();

@@ -4,28 +4,7 @@ use shoal_placement::{
     Constraints, Link, LinkKind, ModelCard, NodeInfo, PlacementError, Topology, plan, predict,
     split_layers,
 };
-
-/// splitmix64: tiny, seedable, good enough for test inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.range(0, 99) < percent
-    }
-}
+use shoal_testkit::rng::{Draw, SplitMix64 as Rng};
 
 fn random_card(rng: &mut Rng) -> ModelCard {
     ModelCard {
@@ -88,7 +67,7 @@ fn linked(topo: &Topology, a: &str, b: &str) -> bool {
 
 #[test]
 fn placements_are_valid_for_random_inputs() {
-    let mut rng = Rng(0x5EED_0001);
+    let mut rng = Rng::new(0x5EED_0001);
     let (mut ok, mut multi) = (0, 0);
     for case in 0..400 {
         let card = random_card(&mut rng);
@@ -189,7 +168,7 @@ fn placements_are_valid_for_random_inputs() {
 
 #[test]
 fn split_is_exact_and_within_capacity() {
-    let mut rng = Rng(0x5EED_0002);
+    let mut rng = Rng::new(0x5EED_0002);
     for case in 0..2000 {
         let card = random_card(&mut rng);
         let k = rng.range(1, 8) as usize;
@@ -225,7 +204,7 @@ fn split_is_exact_and_within_capacity() {
 #[test]
 fn split_follows_memory_when_capacity_is_ample() {
     // With no extras and plenty of room, counts differ from the exact share by less than one layer.
-    let mut rng = Rng(0x5EED_0003);
+    let mut rng = Rng::new(0x5EED_0003);
     for case in 0..1000 {
         let n = rng.range(1, 100) as usize;
         let k = rng.range(1, 6.min(n as u64)) as usize;
@@ -261,7 +240,7 @@ fn split_follows_memory_when_capacity_is_ample() {
 
 #[test]
 fn random_manual_counts_are_taken_verbatim() {
-    let mut rng = Rng(0x5EED_0004);
+    let mut rng = Rng::new(0x5EED_0004);
     for case in 0..300 {
         let mut card = random_card(&mut rng);
         card.n_layers = card.n_layers.max(3);

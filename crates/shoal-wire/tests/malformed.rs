@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Rng, chunks, sample_frames};
+use common::{Draw, Rng, chunks, sample_frames};
 use shoal_wire::{
     Activations, DEFAULT_MAX_FRAME_LEN, DType, Frame, FrameReader, Handshake, Role, WireError, kind,
 };

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{Rng, chunks, sample_frames};
+use common::{Draw, Rng, chunks, sample_frames};
 use shoal_wire::{
     Activations, DEFAULT_MAX_FRAME_LEN, DType, Frame, FrameReader, HANDSHAKE_HEADER_LEN,
     HANDSHAKE_V1_BODY_LEN, Handshake, Role, WIRE_VERSION, WireError, decode_f16_to_f32,
@@ -60,7 +60,7 @@ fn exact_bytes_of_a_ping_and_a_small_activations_frame() {
 fn f16_halves_the_payload_and_roundtrips_within_precision() {
     let mut rng = Rng::new(2);
     let cols = 576u32;
-    let values: Vec<f32> = (0..4 * cols).map(|_| rng.f32()).collect();
+    let values: Vec<f32> = (0..4 * cols).map(|_| rng.f32_in(-4.0, 4.0)).collect();
     let f32_frame =
         Frame::Activations(Activations::from_f32(1, chunks(), cols, &values, DType::F32).unwrap());
     let f16_frame =

@@ -1,11 +1,11 @@
 //! The `shoal` binary end to end: chat in-process and against a running server, bench's JSON, and
 //! clear errors for bad arguments.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use shoal_model::testing::model_path;
+use shoal_testkit::fixtures::model_path;
+use shoal_testkit::process::{KillOnDrop, line_starting_with};
 
 fn shoal() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_shoal"));
@@ -79,16 +79,6 @@ fn bench_prints_parseable_figures() {
     assert!(row["itl_p99_ms"].as_f64() >= row["itl_p50_ms"].as_f64());
 }
 
-/// Kills the server when the test ends, pass or fail.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn serve_then_chat_through_the_api() {
     let mut server = shoal()
@@ -106,23 +96,10 @@ fn serve_then_chat_through_the_api() {
         .spawn()
         .expect("start shoal serve");
     let stdout = server.stdout.take().expect("stdout");
-    let _server = Killed(server);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let url = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = rx
-            .recv_timeout(left)
-            .expect("no 'listening' line from shoal serve");
-        if let Some(u) = line.strip_prefix("shoal: listening on ") {
-            break u.to_string();
-        }
-    };
+    // Killed when the test ends, pass or fail.
+    let _server = KillOnDrop(server);
+    let url = line_starting_with(stdout, "shoal: listening on ", Duration::from_secs(60))
+        .expect("no 'listening' line from shoal serve");
     // The server names the model after the file stem; an unknown model id is a clear error.
     fails_with_model_not_found(&[
         "chat",

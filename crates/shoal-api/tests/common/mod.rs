@@ -15,7 +15,7 @@ use tower::ServiceExt;
 /// The id the test engine serves its model under.
 pub const MODEL_ID: &str = "smollm2-135m-instruct-q4_1";
 
-pub use shoal_model::testing::model_path;
+pub use shoal_testkit::fixtures::model_path;
 
 /// The engine shared by every test of this binary (loaded once).
 pub fn engine() -> EngineHandle {
@@ -143,5 +143,5 @@ pub fn merge(body: &mut Value, extra: Value) {
 
 /// The golden chat generations made with llama.cpp.
 pub fn golden_chat() -> Value {
-    shoal_model::testing::golden("smollm2-135m-q4_1.chat.json")
+    shoal_testkit::fixtures::golden("smollm2-135m-q4_1.chat.json")
 }

@@ -1,48 +1,26 @@
-//! Shared helpers for the integration tests: a small deterministic RNG and random matrices.
+//! Shared helpers for the integration tests: random activations and matrices (from the testkit's seeded
+//! generator), encoding, decoding and the reference product.
 #![allow(dead_code)]
 
 use shoal_kernels::{
     ActType, Activations, QType, quantize_row_q4_1, quantize_row_q8_0, row_bytes, scalar,
 };
 
-/// SplitMix64: deterministic, dependency-free.
-pub struct Rng(u64);
+pub use shoal_testkit::rng::{Draw, SplitMix64 as Rng};
 
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
+/// Roughly normal with the given scale, plus occasional outliers (like real activations).
+pub fn activation(rng: &mut Rng) -> f32 {
+    let v = (0..4).map(|_| rng.f32_in(-1.0, 1.0)).sum::<f32>() * 0.5;
+    if rng.next_u64().is_multiple_of(97) {
+        v * 20.0
+    } else {
+        v
     }
+}
 
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1).
-    pub fn f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    /// Roughly normal with the given scale, plus occasional outliers (like real activations).
-    pub fn activation(&mut self) -> f32 {
-        let v = (0..4).map(|_| self.f32()).sum::<f32>() * 0.5;
-        if self.next_u64().is_multiple_of(97) {
-            v * 20.0
-        } else {
-            v
-        }
-    }
-
-    pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.activation()).collect()
-    }
-
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next_u64() as u8).collect()
-    }
+/// `n` random activations.
+pub fn activations(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| activation(rng)).collect()
 }
 
 /// Encodes `rows × k` floats as `qtype` rows.
@@ -68,7 +46,9 @@ pub fn random_weights(rng: &mut Rng, qtype: QType, rows: usize, k: usize) -> Vec
     let mut w = Vec::with_capacity(rows * k);
     for r in 0..rows {
         let scale = 0.02 * (1 + r % 7) as f32;
-        w.extend((0..k).map(|_| rng.f32() * scale + if r % 3 == 0 { 0.01 } else { 0.0 }));
+        w.extend(
+            (0..k).map(|_| rng.f32_in(-1.0, 1.0) * scale + if r % 3 == 0 { 0.01 } else { 0.0 }),
+        );
     }
     encode(qtype, &w, rows, k)
 }
@@ -84,20 +64,23 @@ pub fn random_raw(rng: &mut Rng, qtype: QType, rows: usize, k: usize) -> Vec<u8>
     match qtype {
         QType::F32 => {
             for c in out.chunks_exact_mut(4) {
-                let v = rng.f32();
+                let v = rng.f32_in(-1.0, 1.0);
                 c.copy_from_slice(&v.to_le_bytes());
             }
         }
         QType::Q4_1 => {
             for b in out.chunks_exact_mut(20) {
-                let (d, m) = (rng.f32().abs() * 0.01, rng.f32() * 0.05);
+                let (d, m) = (
+                    rng.f32_in(-1.0, 1.0).abs() * 0.01,
+                    rng.f32_in(-1.0, 1.0) * 0.05,
+                );
                 put(b, 0, d);
                 put(b, 2, m);
             }
         }
         QType::Q8_0 => {
             for b in out.chunks_exact_mut(34) {
-                let d = rng.f32() * 0.001;
+                let d = rng.f32_in(-1.0, 1.0) * 0.001;
                 put(b, 0, d);
             }
         }

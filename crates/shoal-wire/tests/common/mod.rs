@@ -1,40 +1,11 @@
-//! Shared helpers for the integration tests: a tiny seeded RNG and sample frames.
+//! Shared helpers for the integration tests: sample frames (and the testkit's seeded generator).
 #![allow(dead_code)]
 
 use shoal_wire::{
     Activations, ChunkHeader, DType, Frame, PrefixAction, PrefixOp, SampleJob, TokenItem,
 };
 
-/// SplitMix64: deterministic, good enough to drive randomized tests.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
-        (0..len).map(|_| self.next_u64() as u8).collect()
-    }
-
-    /// Roughly N(0, 1)-ish values in [-4, 4], like hidden states.
-    pub fn f32(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
-    }
-}
+pub use shoal_testkit::rng::{Draw, SplitMix64 as Rng};
 
 pub fn chunks() -> Vec<ChunkHeader> {
     vec![
@@ -56,7 +27,7 @@ pub fn chunks() -> Vec<ChunkHeader> {
 /// One frame of every kind.
 pub fn sample_frames(rng: &mut Rng) -> Vec<Frame> {
     let cols = 5;
-    let values: Vec<f32> = (0..4 * cols).map(|_| rng.f32()).collect();
+    let values: Vec<f32> = (0..4 * cols).map(|_| rng.f32_in(-4.0, 4.0)).collect();
     vec![
         Frame::Activations(
             Activations::from_f32(1, chunks(), cols as u32, &values, DType::F16).unwrap(),
