@@ -16,96 +16,15 @@ pub enum Prompt {
     Tokens(Vec<u32>),
 }
 
-/// Sampling knobs, validated. Defaults are the OpenAI defaults (temperature 1, top_p 1, no penalties).
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    /// 0 means greedy.
-    pub temperature: f32,
-    /// Nucleus sampling mass in (0, 1].
-    pub top_p: f32,
-    /// 0 disables top-k.
-    pub top_k: u32,
-    /// Drop tokens whose probability is below `min_p * p_max`; 0 disables.
-    pub min_p: f32,
-    /// Multiplicative penalty (llama.cpp style) on tokens already seen; 1 disables.
-    pub repetition_penalty: f32,
-    /// OpenAI frequency penalty in [-2, 2].
-    pub frequency_penalty: f32,
-    /// OpenAI presence penalty in [-2, 2].
-    pub presence_penalty: f32,
-    /// Same seed and same request give the same output.
-    pub seed: Option<u64>,
-}
+/// Sampling knobs live in `shoal-wire`, which carries them to a remote last stage.
+pub use shoal_wire::sampling::{SamplingError, SamplingParams};
 
-impl Default for SamplingParams {
-    fn default() -> Self {
-        Self {
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            seed: None,
+impl From<SamplingError> for EngineError {
+    fn from(e: SamplingError) -> Self {
+        EngineError::InvalidParam {
+            param: e.param,
+            message: e.message,
         }
-    }
-}
-
-impl SamplingParams {
-    /// Checks every field's range; the error names the offending parameter.
-    pub fn validate(self) -> Result<Self, EngineError> {
-        fn check(ok: bool, param: &'static str, msg: String) -> Result<(), EngineError> {
-            if ok {
-                Ok(())
-            } else {
-                Err(EngineError::InvalidParam {
-                    param,
-                    message: msg,
-                })
-            }
-        }
-        let s = &self;
-        check(
-            s.temperature.is_finite() && (0.0..=2.0).contains(&s.temperature),
-            "temperature",
-            format!("temperature must be between 0 and 2, got {}", s.temperature),
-        )?;
-        check(
-            s.top_p.is_finite() && s.top_p > 0.0 && s.top_p <= 1.0,
-            "top_p",
-            format!("top_p must be in (0, 1], got {}", s.top_p),
-        )?;
-        check(
-            s.min_p.is_finite() && (0.0..=1.0).contains(&s.min_p),
-            "min_p",
-            format!("min_p must be in [0, 1], got {}", s.min_p),
-        )?;
-        check(
-            s.repetition_penalty.is_finite() && s.repetition_penalty > 0.0,
-            "repetition_penalty",
-            format!(
-                "repetition_penalty must be > 0, got {}",
-                s.repetition_penalty
-            ),
-        )?;
-        check(
-            s.frequency_penalty.is_finite() && (-2.0..=2.0).contains(&s.frequency_penalty),
-            "frequency_penalty",
-            format!(
-                "frequency_penalty must be between -2 and 2, got {}",
-                s.frequency_penalty
-            ),
-        )?;
-        check(
-            s.presence_penalty.is_finite() && (-2.0..=2.0).contains(&s.presence_penalty),
-            "presence_penalty",
-            format!(
-                "presence_penalty must be between -2 and 2, got {}",
-                s.presence_penalty
-            ),
-        )?;
-        Ok(self)
     }
 }
 

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 
 use shoal_kernels::rng::SplitMix64 as Rng;
 
+use shoal_wire::SampleJob;
+
 use crate::request::SamplingParams;
 
 /// Tokens of history the repetition penalty looks at (llama.cpp's `penalty_last_n` default).
@@ -63,13 +65,31 @@ impl Sampler {
         }
     }
 
-    /// A sampler in a given state: what [`Sampler::rng_state`] and [`Sampler::counts`] returned, so
-    /// another node can sample exactly as this one would.
-    pub fn from_state(params: SamplingParams, rng_state: u64, counts: &[(u32, u32)]) -> Self {
+    /// What a remote last stage needs to sample sequence `seq_id` exactly as this sampler would next:
+    /// the parameters, the random generator's state, the penalties' context (the last
+    /// [`REPETITION_WINDOW`] tokens of `history` when the repetition penalty is on, the generated-token
+    /// counts when the frequency or presence penalty is).
+    pub fn job(&self, seq_id: u64, history: &[u32]) -> SampleJob {
+        let history = if self.params.repetition_penalty != 1.0 {
+            history[history.len().saturating_sub(REPETITION_WINDOW)..].to_vec()
+        } else {
+            Vec::new()
+        };
+        SampleJob {
+            seq_id,
+            params: self.params.clone(),
+            rng_state: self.rng_state(),
+            history,
+            counts: self.counts(),
+        }
+    }
+
+    /// The sampler a [`SampleJob`] describes (its history is passed to [`Sampler::sample`]).
+    pub fn from_job(job: &SampleJob) -> Self {
         Self {
-            params,
-            rng: Rng::new(rng_state),
-            counts: counts.iter().copied().collect(),
+            params: job.params.clone(),
+            rng: Rng::new(job.rng_state),
+            counts: job.counts.iter().copied().collect(),
         }
     }
 
@@ -336,6 +356,37 @@ mod tests {
         // 2.0 - (2 * 0.5 + 0.25) = 0.75 < 0.9
         assert_eq!(s.sample(&mut l, &[]), 1);
         assert!((l[0] - 0.75).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_sampler_rebuilt_from_its_job_draws_the_same_tokens() {
+        let mut s = Sampler::new(
+            SamplingParams {
+                seed: Some(9),
+                repetition_penalty: 1.3,
+                presence_penalty: 0.5,
+                ..params()
+            },
+            0,
+        );
+        s.accept(2);
+        let history: Vec<u32> = (0..100).collect();
+        let job = s.job(4, &history);
+        assert_eq!(job.seq_id, 4);
+        assert_eq!(job.history, history[100 - REPETITION_WINDOW..]);
+        assert_eq!(job.counts, [(2, 1)]);
+        let logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.3).collect();
+        let mut remote = Sampler::from_job(&job);
+        for _ in 0..20 {
+            let a = s.sample(&mut logits.clone(), &job.history);
+            let b = remote.sample(&mut logits.clone(), &job.history);
+            assert_eq!(a, b);
+            s.accept(a);
+            remote.accept(b);
+        }
+        // Without the penalties, no context travels.
+        let plain = Sampler::new(params(), 0).job(1, &history);
+        assert!(plain.history.is_empty() && plain.counts.is_empty());
     }
 
     #[test]

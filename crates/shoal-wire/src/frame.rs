@@ -3,6 +3,7 @@
 use crate::WireError;
 use crate::cursor::Cursor;
 use crate::f16::{decode_f16_to_f32, decode_f32_le, encode_f32_as_f16, encode_f32_le};
+use crate::sampling::SamplingParams;
 
 /// Default maximum frame length (bytes after the length prefix): 64 MiB.
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 64 * 1024 * 1024;
@@ -167,13 +168,9 @@ pub struct TokenItem {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SampleJob {
     pub seq_id: u64,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: u32,
-    pub min_p: f32,
-    pub repetition_penalty: f32,
-    pub frequency_penalty: f32,
-    pub presence_penalty: f32,
+    /// The request's knobs; `seed` does not travel (`rng_state` does), so it decodes as `None`.
+    pub params: SamplingParams,
+    /// The random generator's state.
     pub rng_state: u64,
     /// The sequence's last tokens (for the repetition penalty).
     pub history: Vec<u32>,
@@ -364,16 +361,17 @@ impl Frame {
                 out.extend_from_slice(&batch_id.to_le_bytes());
                 out.extend_from_slice(&(jobs.len() as u32).to_le_bytes());
                 for j in jobs {
+                    let p = &j.params;
                     out.extend_from_slice(&j.seq_id.to_le_bytes());
-                    for f in [j.temperature, j.top_p] {
+                    for f in [p.temperature, p.top_p] {
                         out.extend_from_slice(&f.to_le_bytes());
                     }
-                    out.extend_from_slice(&j.top_k.to_le_bytes());
+                    out.extend_from_slice(&p.top_k.to_le_bytes());
                     for f in [
-                        j.min_p,
-                        j.repetition_penalty,
-                        j.frequency_penalty,
-                        j.presence_penalty,
+                        p.min_p,
+                        p.repetition_penalty,
+                        p.frequency_penalty,
+                        p.presence_penalty,
                     ] {
                         out.extend_from_slice(&f.to_le_bytes());
                     }
@@ -492,13 +490,16 @@ pub(crate) fn check_len_prefix(buf: &[u8], max_frame_len: u32) -> Result<Option<
 
 fn decode_sample_job(c: &mut Cursor<'_>) -> Result<SampleJob, WireError> {
     let seq_id = c.u64()?;
-    let temperature = c.f32()?;
-    let top_p = c.f32()?;
-    let top_k = c.u32()?;
-    let min_p = c.f32()?;
-    let repetition_penalty = c.f32()?;
-    let frequency_penalty = c.f32()?;
-    let presence_penalty = c.f32()?;
+    let params = SamplingParams {
+        temperature: c.f32()?,
+        top_p: c.f32()?,
+        top_k: c.u32()?,
+        min_p: c.f32()?,
+        repetition_penalty: c.f32()?,
+        frequency_penalty: c.f32()?,
+        presence_penalty: c.f32()?,
+        seed: None,
+    };
     let rng_state = c.u64()?;
     let n = c.count(4)?;
     let mut history = Vec::with_capacity(n);
@@ -512,13 +513,7 @@ fn decode_sample_job(c: &mut Cursor<'_>) -> Result<SampleJob, WireError> {
     }
     Ok(SampleJob {
         seq_id,
-        temperature,
-        top_p,
-        top_k,
-        min_p,
-        repetition_penalty,
-        frequency_penalty,
-        presence_penalty,
+        params,
         rng_state,
         history,
         counts,

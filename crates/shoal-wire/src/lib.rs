@@ -10,7 +10,10 @@
 //!   the peer's with [`Handshake::check_compatible`].
 //! - [`Frame`]: one message — [`Frame::Activations`] ([`Activations`], [`ChunkHeader`],
 //!   [`DType`]), [`Frame::Tokens`] ([`TokenItem`]), [`Frame::Release`], [`Frame::Ping`],
-//!   [`Frame::Pong`], [`Frame::Error`].
+//!   [`Frame::Pong`], [`Frame::Error`], [`Frame::Sample`] ([`SampleJob`]), [`Frame::Prefix`]
+//!   ([`PrefixOp`]).
+//! - [`SamplingParams`]: a request's sampling knobs, shared with the engine (it re-exports them as
+//!   `shoal_engine::SamplingParams`); [`SamplingParams::validate`] fails with a [`SamplingError`].
 //! - [`FrameReader`]: push arbitrary byte chunks, pull complete frames; poisoned after an error.
 //! - [`WireError`]: structured errors, labelled by [`WireError::error_type`] for metrics.
 //! - [`encode_f32_as_f16`] / [`decode_f16_to_f32`]: hidden states travel as f16 (half the bytes).
@@ -89,6 +92,7 @@ mod f16;
 mod frame;
 mod handshake;
 mod reader;
+pub mod sampling;
 
 pub use error::WireError;
 pub use f16::{decode_f16_to_f32, decode_f32_le, encode_f32_as_f16, encode_f32_le};
@@ -101,3 +105,4 @@ pub use handshake::{
     HANDSHAKE_HEADER_LEN, HANDSHAKE_V1_BODY_LEN, Handshake, MAGIC, Role, WIRE_VERSION,
 };
 pub use reader::FrameReader;
+pub use sampling::{SamplingError, SamplingParams};

@@ -5,8 +5,8 @@ mod common;
 use common::{Draw, Rng, chunks, sample_frames};
 use shoal_wire::{
     Activations, DEFAULT_MAX_FRAME_LEN, DType, Frame, FrameReader, HANDSHAKE_HEADER_LEN,
-    HANDSHAKE_V1_BODY_LEN, Handshake, Role, WIRE_VERSION, WireError, decode_f16_to_f32,
-    encode_f32_as_f16,
+    HANDSHAKE_V1_BODY_LEN, Handshake, Role, SampleJob, SamplingParams, WIRE_VERSION, WireError,
+    decode_f16_to_f32, encode_f32_as_f16,
 };
 
 #[test]
@@ -54,6 +54,64 @@ fn exact_bytes_of_a_ping_and_a_small_activations_frame() {
     ]
     .concat();
     assert_eq!(bytes, expected);
+}
+
+#[test]
+fn exact_bytes_of_a_sample_frame() {
+    let job = SampleJob {
+        seq_id: 9,
+        params: SamplingParams {
+            temperature: 0.5,
+            top_p: 0.25,
+            top_k: 7,
+            min_p: 0.125,
+            repetition_penalty: 1.5,
+            frequency_penalty: -1.0,
+            presence_penalty: 2.0,
+            // Not on the wire: the generator's state travels instead.
+            seed: Some(3),
+        },
+        rng_state: 0xABCD,
+        history: vec![4, 5],
+        counts: vec![(6, 2)],
+    };
+    let bytes = Frame::Sample {
+        batch_id: 1,
+        jobs: vec![job.clone()],
+    }
+    .encode()
+    .unwrap();
+    #[rustfmt::skip]
+    let expected: Vec<u8> = [
+        &[81u8, 0, 0, 0, 7][..], // len = 1 + 8 + 4 + 52 + 2 * 4 + 1 * 8, kind 7
+        &1u64.to_le_bytes(), &1u32.to_le_bytes(), // batch_id, n jobs
+        &9u64.to_le_bytes(),                      // seq_id
+        &0.5f32.to_le_bytes(), &0.25f32.to_le_bytes(), &7u32.to_le_bytes(), &0.125f32.to_le_bytes(),
+        &1.5f32.to_le_bytes(), &(-1.0f32).to_le_bytes(), &2.0f32.to_le_bytes(),
+        &0xABCDu64.to_le_bytes(),                 // rng_state
+        &2u32.to_le_bytes(), &4u32.to_le_bytes(), &5u32.to_le_bytes(), // history
+        &1u32.to_le_bytes(), &6u32.to_le_bytes(), &2u32.to_le_bytes(), // counts
+    ]
+    .concat();
+    assert_eq!(bytes, expected);
+    let (decoded, used) = Frame::decode(&bytes, DEFAULT_MAX_FRAME_LEN)
+        .unwrap()
+        .unwrap();
+    assert_eq!(used, bytes.len());
+    let want = SampleJob {
+        params: SamplingParams {
+            seed: None,
+            ..job.params
+        },
+        ..job
+    };
+    assert_eq!(
+        decoded,
+        Frame::Sample {
+            batch_id: 1,
+            jobs: vec![want]
+        }
+    );
 }
 
 #[test]

@@ -100,7 +100,8 @@ impl CommonParams {
             // Any 64-bit pattern is a fine seed; negative seeds keep their bits.
             seed: self.seed.map(|s| s as u64),
         }
-        .validate()?;
+        .validate()
+        .map_err(shoal_engine::EngineError::from)?;
         let model = resolve_model(engine, self.model)?;
         Ok(Validated {
             model,

@@ -20,7 +20,7 @@ use shoal_cluster::{ClusterHandle, Snapshot};
 
 use super::{
     BATCH_TIMEOUT, LIVENESS_POLL, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, handshake,
-    sample_job, spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
+    spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
 };
 
 /// The stages after the driver's own, on other nodes, seen as one [`Stage`].
@@ -244,7 +244,10 @@ impl Stage for RemoteChain {
         let acts = Activations::from_f32(batch_id, chunks, cols as u32, &values, self.dtype)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
         if !sampling.is_empty() {
-            let jobs = sampling.iter().map(sample_job).collect();
+            let jobs = sampling
+                .iter()
+                .map(|s| s.sampler.job(s.seq_id, s.history))
+                .collect();
             self.send(&Frame::Sample { batch_id, jobs })?;
         }
         self.send(&Frame::Activations(acts))?;

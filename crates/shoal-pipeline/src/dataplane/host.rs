@@ -7,6 +7,7 @@ use candle_core::{Device, Tensor};
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use libp2p::{PeerId, Stream};
 use shoal_engine::kvpool::KvShare;
+use shoal_engine::sampler::Sampler;
 use shoal_engine::stage::{ChunkSpec, KvOp, LocalStage, SampleRef, Stage, StageData};
 use shoal_wire::{Activations, Frame, Handshake, PrefixAction, Role, SampleJob, TokenItem};
 use tokio::sync::mpsc;
@@ -14,8 +15,8 @@ use tokio::sync::mpsc;
 use shoal_cluster::ClusterHandle;
 
 use super::{
-    READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, handshake, job_sampler, read_handshake,
-    spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
+    READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, handshake, read_handshake, spawn_reader,
+    spawn_writer, wire_instance_id, wire_node_id,
 };
 
 /// A stage this node hosts for an instance, and where its output goes.
@@ -305,7 +306,7 @@ fn step(
             } else {
                 Vec::new()
             };
-            let samplers: Vec<_> = batch_jobs.iter().map(job_sampler).collect();
+            let samplers: Vec<_> = batch_jobs.iter().map(Sampler::from_job).collect();
             let refs: Vec<SampleRef<'_>> = batch_jobs
                 .iter()
                 .zip(&samplers)

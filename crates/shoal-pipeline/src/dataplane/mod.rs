@@ -18,12 +18,7 @@ use futures::io::{ReadHalf, WriteHalf};
 use futures::{AsyncReadExt, AsyncWriteExt};
 use libp2p::{PeerId, Stream, StreamProtocol};
 use sha2::{Digest, Sha256};
-use shoal_engine::SamplingParams;
-use shoal_engine::sampler::{REPETITION_WINDOW, Sampler};
-use shoal_engine::stage::SampleRef;
-use shoal_wire::{
-    DEFAULT_MAX_FRAME_LEN, Frame, FrameReader, HANDSHAKE_HEADER_LEN, Handshake, SampleJob,
-};
+use shoal_wire::{DEFAULT_MAX_FRAME_LEN, Frame, FrameReader, HANDSHAKE_HEADER_LEN, Handshake};
 use tokio::sync::mpsc;
 
 use shoal_cluster::Traffic;
@@ -164,40 +159,4 @@ fn spawn_reader(
 
 fn encode(frame: &Frame) -> Result<Vec<u8>, String> {
     frame.encode().map_err(|e| e.to_string())
-}
-
-fn sample_job(r: &SampleRef<'_>) -> SampleJob {
-    let p = r.sampler.params();
-    let history = if p.repetition_penalty != 1.0 {
-        r.history[r.history.len().saturating_sub(REPETITION_WINDOW)..].to_vec()
-    } else {
-        Vec::new()
-    };
-    SampleJob {
-        seq_id: r.seq_id,
-        temperature: p.temperature,
-        top_p: p.top_p,
-        top_k: p.top_k,
-        min_p: p.min_p,
-        repetition_penalty: p.repetition_penalty,
-        frequency_penalty: p.frequency_penalty,
-        presence_penalty: p.presence_penalty,
-        rng_state: r.sampler.rng_state(),
-        history,
-        counts: r.sampler.counts(),
-    }
-}
-
-fn job_sampler(j: &SampleJob) -> Sampler {
-    let params = SamplingParams {
-        temperature: j.temperature,
-        top_p: j.top_p,
-        top_k: j.top_k,
-        min_p: j.min_p,
-        repetition_penalty: j.repetition_penalty,
-        frequency_penalty: j.frequency_penalty,
-        presence_penalty: j.presence_penalty,
-        seed: None,
-    };
-    Sampler::from_state(params, j.rng_state, &j.counts)
 }

@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use shoal_wire::{
-    Activations, ChunkHeader, DType, Frame, PrefixAction, PrefixOp, SampleJob, TokenItem,
+    Activations, ChunkHeader, DType, Frame, PrefixAction, PrefixOp, SampleJob, SamplingParams,
+    TokenItem,
 };
 
 pub use shoal_testkit::rng::{Draw, SplitMix64 as Rng};
@@ -74,26 +75,26 @@ pub fn sample_frames(rng: &mut Rng) -> Vec<Frame> {
             jobs: vec![
                 SampleJob {
                     seq_id: 3,
-                    temperature: 0.7,
-                    top_p: 0.9,
-                    top_k: 40,
-                    min_p: 0.05,
-                    repetition_penalty: 1.1,
-                    frequency_penalty: -0.5,
-                    presence_penalty: 2.0,
+                    params: SamplingParams {
+                        temperature: 0.7,
+                        top_p: 0.9,
+                        top_k: 40,
+                        min_p: 0.05,
+                        repetition_penalty: 1.1,
+                        frequency_penalty: -0.5,
+                        presence_penalty: 2.0,
+                        seed: None,
+                    },
                     rng_state: u64::MAX - 1,
                     history: vec![1, 2, 49151],
                     counts: vec![(5, 1), (9, 300)],
                 },
                 SampleJob {
                     seq_id: 4,
-                    temperature: 0.0,
-                    top_p: 1.0,
-                    top_k: 0,
-                    min_p: 0.0,
-                    repetition_penalty: 1.0,
-                    frequency_penalty: 0.0,
-                    presence_penalty: 0.0,
+                    params: SamplingParams {
+                        temperature: 0.0,
+                        ..SamplingParams::default()
+                    },
                     rng_state: 0,
                     history: vec![],
                     counts: vec![],
