@@ -82,9 +82,7 @@ pub async fn previews(
     let c = cluster(&state)?;
     let Query(q) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
     let req = q.into_request()?;
-    let placements = c
-        .previews(&req)
-        .map_err(|e| ApiError::invalid("model", e))?;
+    let placements = c.previews(&req)?;
     Ok(Json(json!({ "model": req.model, "previews": placements })))
 }
 
@@ -98,10 +96,7 @@ pub async fn create(
     if req.model.is_empty() {
         return Err(ApiError::invalid("model", "'model' must not be empty"));
     }
-    let record = c
-        .place(req)
-        .await
-        .map_err(|e| ApiError::invalid("model", e))?;
+    let record = c.place(req).await?;
     let body = serde_json::to_value(record).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok((StatusCode::CREATED, Json(body)))
 }
@@ -126,7 +121,7 @@ pub async fn delete(
     match c.remove(id.clone()).await {
         Ok(true) => Ok(Json(json!({ "id": id, "deleted": true }))),
         Ok(false) => Err(ApiError::NotFound(format!("no instance '{id}'"))),
-        Err(e) => Err(ApiError::Internal(e)),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -219,10 +214,7 @@ async fn ensure_instance(
                 model: model.to_string(),
                 ..PlaceRequest::default()
             };
-            let record = cluster
-                .place(req)
-                .await
-                .map_err(|e| ApiError::invalid("model", e))?;
+            let record = cluster.place(req).await?;
             tracing::info!(model, instance = %record.id, "placed: {}", record.explanation);
         }
     }

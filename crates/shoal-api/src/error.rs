@@ -8,6 +8,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use shoal_cluster::ClusterError;
 use shoal_engine::EngineError;
 
 /// Seconds a client should wait before retrying when the engine is overloaded.
@@ -213,6 +214,28 @@ impl ApiError {
     }
 }
 
+impl From<ClusterError> for ApiError {
+    /// The one mapping of cluster failures: a placement the cluster cannot make (or cannot ask its
+    /// coordinator about) is a 400 on `model` with the reason; a failed removal, or anything of the
+    /// node's own cluster setup, is ours (500).
+    fn from(err: ClusterError) -> Self {
+        match err {
+            e @ (ClusterError::Place(_)
+            | ClusterError::NotCoordinator { .. }
+            | ClusterError::NoCoordinator { .. }
+            | ClusterError::CoordinatorSilent { .. }
+            | ClusterError::UnexpectedReply { .. }
+            | ClusterError::Refused { .. }
+            | ClusterError::Stopped) => ApiError::invalid("model", e.to_string()),
+            e @ (ClusterError::Remove { .. }
+            | ClusterError::Identity { .. }
+            | ClusterError::Network { .. }
+            | ClusterError::ListenTimeout
+            | ClusterError::Address { .. }) => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> Self {
         match rejection {
@@ -325,6 +348,29 @@ mod tests {
         };
         assert_eq!(e.status(), StatusCode::NOT_FOUND);
         assert_eq!(e.body().error.code, Some("request_not_found"));
+    }
+
+    #[test]
+    fn cluster_errors_are_400_on_model_when_placing_and_500_when_removing() {
+        let e = ApiError::from(ClusterError::from(
+            shoal_cluster::PlaceError::LayersWithoutNodes,
+        ));
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        let body = e.body();
+        assert_eq!(body.error.param.as_deref(), Some("model"));
+        assert_eq!(
+            body.error.message,
+            "'layers' needs 'nodes' (one count per node)"
+        );
+        let refused = ApiError::from(ClusterError::Refused {
+            message: "no member has model 'x'".into(),
+        });
+        assert_eq!(refused.body().error.message, "no member has model 'x'");
+        let e = ApiError::from(ClusterError::Remove {
+            id: "i".into(),
+            reason: Box::new(ClusterError::Stopped),
+        });
+        assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 
     #[test]

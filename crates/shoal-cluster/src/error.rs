@@ -1,21 +1,54 @@
-//! [`ClusterError`]: failures of the cluster layer.
+//! [`ClusterError`]: failures of the cluster layer, each with a stable [`ClusterError::error_type`] label;
+//! [`PlaceError`]: why a request cannot be placed on the current members; [`IdentityProblem`]: what is
+//! wrong with a key file.
 
+use std::fmt::Display;
 use std::path::PathBuf;
+
+use libp2p::identity::DecodingError;
+use shoal_placement::PlacementError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    #[error("node identity {path}: {message}")]
-    Identity { path: PathBuf, message: String },
-    #[error("cluster network: {0}")]
-    Network(String),
+    #[error("node identity {path}: {reason}")]
+    Identity {
+        path: PathBuf,
+        reason: IdentityProblem,
+    },
+    /// Building the transport, listening, or a listener failing.
+    #[error("cluster network: {during}: {message}")]
+    Network {
+        during: &'static str,
+        message: String,
+    },
+    #[error("cluster network: listening timed out")]
+    ListenTimeout,
     #[error("invalid address '{addr}': {message}")]
     Address { addr: String, message: String },
-    #[error("no node reachable for the coordinator's decision: {0}")]
-    NoCoordinator(String),
-    #[error("placement: {0}")]
-    Placement(String),
-    #[error("{0}")]
-    NotFound(String),
+    /// The request cannot be placed on the current members.
+    #[error(transparent)]
+    Place(#[from] PlaceError),
+    /// Only the coordinator changes the instance table, and it is another node (it changed meanwhile).
+    #[error("{coordinator} is the coordinator")]
+    NotCoordinator { coordinator: String },
+    /// The coordinator's id names no peer this node can ask.
+    #[error("no node reachable for the coordinator's decision: {coordinator}")]
+    NoCoordinator { coordinator: String },
+    /// The request to the coordinator failed (timeout, connection closed, …).
+    #[error("the coordinator did not answer: {message}")]
+    CoordinatorSilent { message: String },
+    /// The coordinator answered a request with the reply of another one.
+    #[error("unexpected reply {reply}")]
+    UnexpectedReply { reply: String },
+    /// The coordinator refused the request; `message` is its error as it sent it.
+    #[error("{message}")]
+    Refused { message: String },
+    /// Removing instance `id` failed (never the request's fault).
+    #[error("removing instance {id}: {reason}")]
+    Remove {
+        id: String,
+        reason: Box<ClusterError>,
+    },
     #[error("the cluster task has stopped")]
     Stopped,
 }
@@ -25,12 +58,96 @@ impl ClusterError {
     pub fn error_type(&self) -> &'static str {
         match self {
             ClusterError::Identity { .. } => "identity",
-            ClusterError::Network(_) => "network",
+            ClusterError::Network { .. } => "network",
+            ClusterError::ListenTimeout => "listen_timeout",
             ClusterError::Address { .. } => "address",
-            ClusterError::NoCoordinator(_) => "no_coordinator",
-            ClusterError::Placement(_) => "placement",
-            ClusterError::NotFound(_) => "not_found",
+            ClusterError::Place(_) => "placement",
+            ClusterError::NotCoordinator { .. } => "not_coordinator",
+            ClusterError::NoCoordinator { .. } => "no_coordinator",
+            ClusterError::CoordinatorSilent { .. } => "coordinator_silent",
+            ClusterError::UnexpectedReply { .. } => "unexpected_reply",
+            ClusterError::Refused { .. } => "refused",
+            ClusterError::Remove { .. } => "remove",
             ClusterError::Stopped => "stopped",
         }
+    }
+
+    /// A network failure while doing `during`.
+    pub(crate) fn network(during: &'static str, error: &dyn Display) -> Self {
+        ClusterError::Network {
+            during,
+            message: error.to_string(),
+        }
+    }
+}
+
+/// Why a request cannot be placed on the current members.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlaceError {
+    #[error("no member has model '{model}'")]
+    UnknownModel { model: String },
+    #[error("'layers' has {counts} counts for {nodes} nodes")]
+    LayerCounts { counts: usize, nodes: usize },
+    #[error("'layers' needs 'nodes' (one count per node)")]
+    LayersWithoutNodes,
+    /// The planner found no placement that satisfies the request.
+    #[error(transparent)]
+    Plan(#[from] PlacementError),
+    /// The planner returned no candidate.
+    #[error("no placement")]
+    NoCandidate,
+}
+
+impl PlaceError {
+    /// A short, stable label for metrics and logs.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            PlaceError::UnknownModel { .. } => "unknown_model",
+            PlaceError::LayerCounts { .. } => "layer_counts",
+            PlaceError::LayersWithoutNodes => "layers_without_nodes",
+            PlaceError::Plan(e) => e.error_type(),
+            PlaceError::NoCandidate => "no_candidate",
+        }
+    }
+}
+
+/// What is wrong with a node key or cluster key file.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityProblem {
+    #[error("{0}")]
+    Io(std::io::Error),
+    #[error("not a node key: {0}")]
+    NotANodeKey(DecodingError),
+    #[error("{0}")]
+    Encoding(DecodingError),
+    #[error("the cluster key file is empty")]
+    EmptyKeyFile,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn place_errors_read_as_before_and_keep_their_labels() {
+        let e = ClusterError::from(PlaceError::LayerCounts {
+            counts: 1,
+            nodes: 2,
+        });
+        assert_eq!(e.to_string(), "'layers' has 1 counts for 2 nodes");
+        assert_eq!(e.error_type(), "placement");
+        let e = ClusterError::Refused {
+            message: "no member has model 'x'".into(),
+        };
+        assert_eq!(e.to_string(), "no member has model 'x'");
+        let e = ClusterError::Remove {
+            id: "i".into(),
+            reason: Box::new(ClusterError::Stopped),
+        };
+        assert_eq!(
+            e.to_string(),
+            "removing instance i: the cluster task has stopped"
+        );
+        assert_eq!(e.error_type(), "remove");
     }
 }

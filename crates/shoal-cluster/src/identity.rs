@@ -13,6 +13,7 @@ use libp2p::pnet::PreSharedKey;
 use sha2::{Digest, Sha256};
 
 use crate::ClusterError;
+use crate::error::IdentityProblem;
 
 /// File name of the node key inside the state directory.
 pub const NODE_KEY_FILE: &str = "node.key";
@@ -23,28 +24,23 @@ pub const DEFAULT_CLUSTER_KEY: &str = "shoal-default-cluster-key";
 /// Loads the node key from `state_dir`, creating the directory and a fresh key on first start.
 pub fn load_or_create(state_dir: &Path) -> Result<Keypair, ClusterError> {
     let path = state_dir.join(NODE_KEY_FILE);
-    let io = |e: std::io::Error| ClusterError::Identity {
+    let fail = |reason| ClusterError::Identity {
         path: path.clone(),
-        message: e.to_string(),
+        reason,
     };
     match std::fs::read(&path) {
-        Ok(bytes) => Keypair::from_protobuf_encoding(&bytes).map_err(|e| ClusterError::Identity {
-            path: path.clone(),
-            message: format!("not a node key: {e}"),
-        }),
+        Ok(bytes) => Keypair::from_protobuf_encoding(&bytes)
+            .map_err(|e| fail(IdentityProblem::NotANodeKey(e))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(state_dir).map_err(io)?;
+            std::fs::create_dir_all(state_dir).map_err(|e| fail(IdentityProblem::Io(e)))?;
             let key = Keypair::generate_ed25519();
             let bytes = key
                 .to_protobuf_encoding()
-                .map_err(|e| ClusterError::Identity {
-                    path: path.clone(),
-                    message: e.to_string(),
-                })?;
-            write_private(&path, &bytes).map_err(io)?;
+                .map_err(|e| fail(IdentityProblem::Encoding(e)))?;
+            write_private(&path, &bytes).map_err(|e| fail(IdentityProblem::Io(e)))?;
             Ok(key)
         }
-        Err(e) => Err(io(e)),
+        Err(e) => Err(fail(IdentityProblem::Io(e))),
     }
 }
 
@@ -81,18 +77,16 @@ pub fn cluster_hash(cluster_key: &str) -> [u8; 32] {
 
 /// Reads a cluster key file: its content without surrounding whitespace, which must not be empty.
 pub fn read_key_file(path: &Path) -> Result<String, ClusterError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ClusterError::Identity {
+    let fail = |reason| ClusterError::Identity {
         path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| fail(IdentityProblem::Io(e)))?;
     let key = text.trim();
     if key.is_empty() {
-        return Err(ClusterError::Identity {
-            path: path.to_path_buf(),
-            message: "the cluster key file is empty".into(),
-        });
+        return Err(fail(IdentityProblem::EmptyKeyFile));
     }
-    Ok(key.to_string())
+    Ok(key.to_owned())
 }
 
 #[cfg(test)]

@@ -23,6 +23,6 @@ pub mod node;
 pub mod proto;
 pub mod state;
 
-pub use error::ClusterError;
+pub use error::{ClusterError, IdentityProblem, PlaceError};
 pub use node::{ClusterConfig, ClusterHandle, Snapshot, StateJson, Traffic, parse_peer, start};
 pub use proto::{InstanceRecord, InstanceTable, PlaceRequest};

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 use shoal_placement::Stage;
 
+use crate::ClusterError;
 use crate::facts::NodeFacts;
 
 /// libp2p protocol name of the control messages.
@@ -28,9 +29,33 @@ pub enum ControlMsg {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ControlReply {
     Ack,
-    Placed(Result<InstanceRecord, String>),
+    Placed(Result<InstanceRecord, Refusal>),
     /// `Ok(false)`: no such instance.
-    Removed(Result<bool, String>),
+    Removed(Result<bool, Refusal>),
+}
+
+/// Why the coordinator refused a request: the text of its error (a plain JSON string on the wire).
+/// The asking node turns it into [`ClusterError::Refused`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Refusal {
+    pub message: String,
+}
+
+impl From<ClusterError> for Refusal {
+    fn from(err: ClusterError) -> Self {
+        Refusal {
+            message: err.to_string(),
+        }
+    }
+}
+
+impl From<Refusal> for ClusterError {
+    fn from(refusal: Refusal) -> Self {
+        ClusterError::Refused {
+            message: refusal.message,
+        }
+    }
 }
 
 /// What a client asks for when creating an instance (the body of `POST /instance`, and the query of
@@ -79,4 +104,26 @@ impl InstanceRecord {
 pub struct InstanceTable {
     pub version: u64,
     pub instances: Vec<InstanceRecord>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_is_a_plain_string_on_the_wire() {
+        let reply = ControlReply::Removed(Err(Refusal::from(ClusterError::NotCoordinator {
+            coordinator: "a".into(),
+        })));
+        let json = serde_json::to_string(&reply).unwrap();
+        assert_eq!(json, r#"{"Removed":{"Err":"a is the coordinator"}}"#);
+        let back: ControlReply =
+            serde_json::from_str(r#"{"Placed":{"Err":"no placement"}}"#).unwrap();
+        let ControlReply::Placed(Err(refusal)) = back else {
+            panic!("{back:?}")
+        };
+        let err = ClusterError::from(refusal);
+        assert!(matches!(err, ClusterError::Refused { .. }));
+        assert_eq!(err.to_string(), "no placement");
+    }
 }

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use shoal_placement::{Constraints, Link, ModelCard, NodeInfo, Placement, Topology};
 
+use crate::ClusterError;
+use crate::error::PlaceError;
 use crate::facts::{InstanceStatus, NodeFacts};
 use crate::proto::{InstanceRecord, InstanceTable, PlaceRequest};
 
@@ -64,7 +66,7 @@ impl ClusterState {
     }
 
     pub fn peer_connected(&mut self, id: &str) {
-        self.peers.entry(id.to_string()).or_insert(None);
+        self.peers.entry(id.to_owned()).or_insert(None);
     }
 
     /// Forgets a peer whose last connection closed; true if it was a member.
@@ -220,23 +222,38 @@ impl ClusterState {
     }
 
     /// Candidate placements for `req` on the current members, best first.
-    pub fn previews(&self, req: &PlaceRequest) -> Result<Vec<Placement>, String> {
+    pub fn previews(&self, req: &PlaceRequest) -> Result<Vec<Placement>, PlaceError> {
         let (topology, card) = self.topology(&req.model);
-        let card = card.ok_or_else(|| format!("no member has model '{}'", req.model))?;
+        let card = card.ok_or_else(|| PlaceError::UnknownModel {
+            model: req.model.clone(),
+        })?;
         let constraints = constraints(req, &card)?;
-        shoal_placement::plan(&topology, &card, &constraints).map_err(|e| e.to_string())
+        Ok(shoal_placement::plan(&topology, &card, &constraints)?)
+    }
+
+    /// Changing the table is the coordinator's job alone.
+    fn check_coordinator(&self) -> Result<(), ClusterError> {
+        if self.is_coordinator() {
+            Ok(())
+        } else {
+            Err(ClusterError::NotCoordinator {
+                coordinator: self.coordinator().to_string(),
+            })
+        }
     }
 
     /// Places `req` as instance `id` and adds it to the table (coordinator only).
-    pub fn place(&mut self, req: &PlaceRequest, id: String) -> Result<InstanceRecord, String> {
-        if !self.is_coordinator() {
-            return Err(format!("{} is the coordinator", self.coordinator()));
-        }
+    pub fn place(
+        &mut self,
+        req: &PlaceRequest,
+        id: String,
+    ) -> Result<InstanceRecord, ClusterError> {
+        self.check_coordinator()?;
         let best = self
             .previews(req)?
             .into_iter()
             .next()
-            .ok_or("no placement")?;
+            .ok_or(PlaceError::NoCandidate)?;
         let record = InstanceRecord {
             id,
             model: req.model.clone(),
@@ -250,10 +267,8 @@ impl ClusterState {
     }
 
     /// Removes instance `id` (coordinator only); false when there is none.
-    pub fn remove(&mut self, id: &str) -> Result<bool, String> {
-        if !self.is_coordinator() {
-            return Err(format!("{} is the coordinator", self.coordinator()));
-        }
+    pub fn remove(&mut self, id: &str) -> Result<bool, ClusterError> {
+        self.check_coordinator()?;
         let before = self.table.instances.len();
         self.table.instances.retain(|i| i.id != id);
         let removed = self.table.instances.len() != before;
@@ -270,7 +285,7 @@ impl ClusterState {
         if !self.is_coordinator() {
             return false;
         }
-        let members: Vec<String> = self.members().iter().map(|s| s.to_string()).collect();
+        let members: Vec<String> = self.members().into_iter().map(String::from).collect();
         let broken: Vec<InstanceRecord> = self
             .table
             .instances
@@ -330,19 +345,18 @@ impl ClusterState {
                             .unwrap_or(InstanceStatus::Loading)
                     })
                     .collect();
-                let status = if stage_status
-                    .iter()
-                    .any(|s| matches!(s, InstanceStatus::Failed { .. }))
-                {
-                    "failed"
-                } else if stage_status.iter().all(|s| *s == InstanceStatus::Ready) {
-                    "ready"
-                } else {
-                    "loading"
-                };
                 InstanceView {
                     record: r.clone(),
-                    status,
+                    status: if stage_status
+                        .iter()
+                        .any(|s| matches!(s, InstanceStatus::Failed { .. }))
+                    {
+                        "failed"
+                    } else if stage_status.iter().all(|s| *s == InstanceStatus::Ready) {
+                        "ready"
+                    } else {
+                        "loading"
+                    },
                     stage_status,
                 }
             })
@@ -358,22 +372,21 @@ impl ClusterState {
 }
 
 /// Planner constraints for a request.
-pub fn constraints(req: &PlaceRequest, card: &ModelCard) -> Result<Constraints, String> {
+pub fn constraints(req: &PlaceRequest, card: &ModelCard) -> Result<Constraints, PlaceError> {
     let kv = req
         .kv_reserve_tokens
         .unwrap_or(DEFAULT_KV_RESERVE_TOKENS.min(card.context_length));
     let layer_counts = match (&req.layers, &req.nodes) {
         (Some(counts), Some(nodes)) => {
             if counts.len() != nodes.len() {
-                return Err(format!(
-                    "'layers' has {} counts for {} nodes",
-                    counts.len(),
-                    nodes.len()
-                ));
+                return Err(PlaceError::LayerCounts {
+                    counts: counts.len(),
+                    nodes: nodes.len(),
+                });
             }
             Some(nodes.iter().cloned().zip(counts.iter().copied()).collect())
         }
-        (Some(_), None) => return Err("'layers' needs 'nodes' (one count per node)".into()),
+        (Some(_), None) => return Err(PlaceError::LayersWithoutNodes),
         (None, _) => None,
     };
     Ok(Constraints {
@@ -460,7 +473,7 @@ mod tests {
     fn manual(nodes: &[&str], layers: &[usize]) -> PlaceRequest {
         PlaceRequest {
             model: "m".into(),
-            nodes: Some(nodes.iter().map(|s| s.to_string()).collect()),
+            nodes: Some(nodes.iter().map(|s| String::from(*s)).collect()),
             layers: Some(layers.to_vec()),
             ..PlaceRequest::default()
         }
@@ -515,8 +528,8 @@ mod tests {
         assert_eq!(got, [("a", 0, 10), ("b", 10, 20), ("c", 20, 30)]);
         assert_eq!(r.driver(), Some("a"));
         assert_eq!(s.table().version, 1);
-        assert_eq!(s.remove("i1"), Ok(true));
-        assert_eq!(s.remove("i1"), Ok(false));
+        assert!(s.remove("i1").unwrap());
+        assert!(!s.remove("i1").unwrap());
         assert_eq!(s.table().version, 2);
     }
 
@@ -526,29 +539,37 @@ mod tests {
         let err = s
             .place(&manual(&["a", "b"], &[15, 15]), "x".into())
             .unwrap_err();
-        assert!(err.contains("a is the coordinator"), "{err}");
+        assert!(
+            matches!(&err, ClusterError::NotCoordinator { coordinator } if coordinator == "a"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("a is the coordinator"), "{err}");
     }
 
     #[test]
     fn bad_manual_requests_are_explained() {
         let s = cluster("a", &["b"]);
         let mut req = manual(&["a", "b"], &[10]);
-        assert!(
-            s.previews(&req)
-                .unwrap_err()
-                .contains("1 counts for 2 nodes")
+        let err = s.previews(&req).unwrap_err();
+        assert_eq!(
+            err,
+            PlaceError::LayerCounts {
+                counts: 1,
+                nodes: 2
+            }
         );
+        assert!(err.to_string().contains("1 counts for 2 nodes"));
         req.nodes = None;
-        assert!(s.previews(&req).unwrap_err().contains("needs 'nodes'"));
+        let err = s.previews(&req).unwrap_err();
+        assert_eq!(err, PlaceError::LayersWithoutNodes);
+        assert!(err.to_string().contains("needs 'nodes'"));
         let unknown = PlaceRequest {
             model: "nope".into(),
             ..PlaceRequest::default()
         };
-        assert!(
-            s.previews(&unknown)
-                .unwrap_err()
-                .contains("no member has model")
-        );
+        let err = s.previews(&unknown).unwrap_err();
+        assert!(matches!(err, PlaceError::UnknownModel { .. }));
+        assert!(err.to_string().contains("no member has model"));
     }
 
     #[test]
@@ -561,7 +582,7 @@ mod tests {
             "nothing to do while all are members"
         );
         s.peer_gone("c");
-        assert!(s.reconcile(|| "i2".to_string()));
+        assert!(s.reconcile(|| "i2".into()));
         let t = s.table();
         assert_eq!(t.instances.len(), 1);
         let inst = &t.instances[0];

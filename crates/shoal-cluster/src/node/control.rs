@@ -1,11 +1,13 @@
 //! Control messages of the network task: requests from peers, replies to ours, commands from handles.
 
-use libp2p::request_response::{self, ResponseChannel};
+use libp2p::request_response::{self, OutboundFailure, OutboundRequestId, ResponseChannel};
 use libp2p::{Multiaddr, PeerId};
 
 use super::handle::Command;
 use super::{NetTask, Pending, is_unspecified, random_id};
-use crate::proto::{ControlMsg, ControlReply};
+use crate::ClusterError;
+use crate::facts::{InstanceStatus, NodeFacts};
+use crate::proto::{ControlMsg, ControlReply, InstanceRecord, PlaceRequest};
 
 impl NetTask {
     pub(super) fn on_control(&mut self, event: request_response::Event<ControlMsg, ControlReply>) {
@@ -26,33 +28,38 @@ impl NetTask {
                         response,
                     },
                 ..
-            } => match (self.pending.remove(&request_id), response) {
-                (Some(Pending::Place(tx)), ControlReply::Placed(r)) => {
-                    let _ = tx.send(r);
-                }
-                (Some(Pending::Remove(tx)), ControlReply::Removed(r)) => {
-                    let _ = tx.send(r);
-                }
-                (Some(Pending::Place(tx)), other) => {
-                    let _ = tx.send(Err(format!("unexpected reply {other:?}")));
-                }
-                (Some(Pending::Remove(tx)), other) => {
-                    let _ = tx.send(Err(format!("unexpected reply {other:?}")));
-                }
-                (None, _) => {}
-            },
+            } => self.on_reply(request_id, response),
             Event::OutboundFailure {
                 request_id, error, ..
-            } => match self.pending.remove(&request_id) {
-                Some(Pending::Place(tx)) => {
-                    let _ = tx.send(Err(format!("the coordinator did not answer: {error}")));
-                }
-                Some(Pending::Remove(tx)) => {
-                    let _ = tx.send(Err(format!("the coordinator did not answer: {error}")));
-                }
-                None => {}
-            },
+            } => self.on_no_reply(request_id, &error),
             _ => {}
+        }
+    }
+
+    /// The coordinator answered a place or remove request of ours.
+    fn on_reply(&mut self, request: OutboundRequestId, reply: ControlReply) {
+        let Some(pending) = self.pending.remove(&request) else {
+            return;
+        };
+        match (pending, reply) {
+            (Pending::Place(tx), ControlReply::Placed(r)) => {
+                let _ = tx.send(r.map_err(ClusterError::from));
+            }
+            (Pending::Remove(tx), ControlReply::Removed(r)) => {
+                let _ = tx.send(r.map_err(ClusterError::from));
+            }
+            (pending, other) => pending.fail(ClusterError::UnexpectedReply {
+                reply: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// A place or remove request of ours got no answer.
+    fn on_no_reply(&mut self, request: OutboundRequestId, error: &OutboundFailure) {
+        if let Some(pending) = self.pending.remove(&request) {
+            pending.fail(ClusterError::CoordinatorSilent {
+                message: error.to_string(),
+            });
         }
     }
 
@@ -64,45 +71,11 @@ impl NetTask {
     ) {
         let reply = match msg {
             ControlMsg::Facts(facts) => {
-                if facts.id != peer.to_string() {
-                    tracing::warn!(%peer, claimed = %facts.id, "facts about another node ignored");
-                } else {
-                    for a in &facts.addrs {
-                        if let Ok(m) = a.parse::<Multiaddr>()
-                            && !is_unspecified(&m)
-                        {
-                            self.peers.learn_addr(peer, m);
-                        }
-                    }
-                    if self.state.on_facts(*facts) {
-                        tracing::info!(%peer, "member joined");
-                        if self.state.is_coordinator() {
-                            self.broadcast_table();
-                        }
-                        // A node whose members changed may have instances to re-place.
-                        self.reconcile();
-                    }
-                }
+                self.on_peer_facts(peer, *facts);
                 ControlReply::Ack
             }
             ControlMsg::Members(list) => {
-                for (id, addrs) in list {
-                    let Ok(pid) = id.parse::<PeerId>() else {
-                        continue;
-                    };
-                    if pid == self.id || self.swarm.is_connected(&pid) {
-                        continue;
-                    }
-                    let addrs: Vec<Multiaddr> = addrs
-                        .iter()
-                        .filter_map(|a| a.parse().ok())
-                        .filter(|a| !is_unspecified(a))
-                        .collect();
-                    self.peers.set_addrs(pid, addrs.clone());
-                    for a in addrs {
-                        self.dial(a);
-                    }
-                }
+                self.on_members(list);
                 ControlReply::Ack
             }
             ControlMsg::Table(table) => {
@@ -112,18 +85,10 @@ impl NetTask {
                 ControlReply::Ack
             }
             ControlMsg::Place(req) => {
-                let r = self.state.place(&req, random_id());
-                if r.is_ok() {
-                    self.broadcast_table();
-                }
-                ControlReply::Placed(r)
+                ControlReply::Placed(self.place_here(&req).map_err(Into::into))
             }
             ControlMsg::Remove { id } => {
-                let r = self.state.remove(&id);
-                if r == Ok(true) {
-                    self.broadcast_table();
-                }
-                ControlReply::Removed(r)
+                ControlReply::Removed(self.remove_here(&id).map_err(Into::into))
             }
         };
         let _ = self
@@ -133,58 +98,99 @@ impl NetTask {
             .send_response(channel, reply);
     }
 
-    fn coordinator_peer(&self) -> Option<PeerId> {
-        self.state.coordinator().parse().ok()
+    /// A peer's own facts: its addresses are remembered for redialing; a new member may need instances
+    /// re-placed.
+    fn on_peer_facts(&mut self, peer: PeerId, facts: NodeFacts) {
+        if facts.id != peer.to_string() {
+            tracing::warn!(%peer, claimed = %facts.id, "facts about another node ignored");
+            return;
+        }
+        for a in &facts.addrs {
+            if let Ok(m) = a.parse::<Multiaddr>()
+                && !is_unspecified(&m)
+            {
+                self.peers.learn_addr(peer, m);
+            }
+        }
+        if self.state.on_facts(facts) {
+            tracing::info!(%peer, "member joined");
+            if self.state.is_coordinator() {
+                self.broadcast_table();
+            }
+            // A node whose members changed may have instances to re-place.
+            self.reconcile();
+        }
+    }
+
+    /// A peer's member list: dials the members this node is not connected to.
+    fn on_members(&mut self, list: Vec<(String, Vec<String>)>) {
+        for (id, addrs) in list {
+            let Ok(pid) = id.parse::<PeerId>() else {
+                continue;
+            };
+            if pid == self.id || self.swarm.is_connected(&pid) {
+                continue;
+            }
+            let addrs: Vec<Multiaddr> = addrs
+                .iter()
+                .filter_map(|a| a.parse().ok())
+                .filter(|a| !is_unspecified(a))
+                .collect();
+            self.peers.set_addrs(pid, addrs.clone());
+            for a in addrs {
+                self.dial(a);
+            }
+        }
+    }
+
+    /// Places `req` in this node's table (as the coordinator) and tells everyone.
+    fn place_here(&mut self, req: &PlaceRequest) -> Result<InstanceRecord, ClusterError> {
+        let record = self.state.place(req, random_id())?;
+        self.broadcast_table();
+        Ok(record)
+    }
+
+    /// Removes instance `id` from this node's table (as the coordinator) and tells everyone if it was
+    /// there.
+    fn remove_here(&mut self, id: &str) -> Result<bool, ClusterError> {
+        let removed = self.state.remove(id)?;
+        if removed {
+            self.broadcast_table();
+        }
+        Ok(removed)
+    }
+
+    /// Sends `msg` to the coordinator, whose reply will go to `pending`.
+    fn ask_coordinator(&mut self, msg: ControlMsg, pending: Pending) {
+        let coordinator = self.state.coordinator();
+        match coordinator.parse::<PeerId>() {
+            Ok(c) => {
+                let request = self.swarm.behaviour_mut().control.send_request(&c, msg);
+                self.pending.insert(request, pending);
+            }
+            Err(_) => pending.fail(ClusterError::NoCoordinator {
+                coordinator: coordinator.to_string(),
+            }),
+        }
     }
 
     pub(super) fn on_command(&mut self, cmd: Command) {
         match cmd {
             Command::Place(req, tx) => {
                 if self.state.is_coordinator() {
-                    let r = self.state.place(&req, random_id());
-                    if r.is_ok() {
-                        self.broadcast_table();
-                    }
-                    let _ = tx.send(r);
-                } else if let Some(c) = self.coordinator_peer() {
-                    let id = self
-                        .swarm
-                        .behaviour_mut()
-                        .control
-                        .send_request(&c, ControlMsg::Place(req));
-                    self.pending.insert(id, Pending::Place(tx));
+                    let _ = tx.send(self.place_here(&req));
+                } else {
+                    self.ask_coordinator(ControlMsg::Place(req), Pending::Place(tx));
                 }
             }
             Command::Remove(id, tx) => {
                 if self.state.is_coordinator() {
-                    let r = self.state.remove(&id);
-                    if r == Ok(true) {
-                        self.broadcast_table();
-                    }
-                    let _ = tx.send(r);
-                } else if let Some(c) = self.coordinator_peer() {
-                    let rid = self
-                        .swarm
-                        .behaviour_mut()
-                        .control
-                        .send_request(&c, ControlMsg::Remove { id });
-                    self.pending.insert(rid, Pending::Remove(tx));
+                    let _ = tx.send(self.remove_here(&id));
+                } else {
+                    self.ask_coordinator(ControlMsg::Remove { id }, Pending::Remove(tx));
                 }
             }
-            Command::SetStatus(instance, status) => {
-                let me = self.state.me_mut();
-                let changed = match status {
-                    Some(s) => me.instances.insert(instance, s.clone()) != Some(s),
-                    None => {
-                        me.kv_capacity.remove(&instance);
-                        me.instances.remove(&instance).is_some()
-                    }
-                };
-                if changed {
-                    self.refresh_own_facts();
-                    self.push_facts();
-                }
-            }
+            Command::SetStatus(instance, status) => self.set_status(instance, status),
             Command::SetKvCapacity(instance, tokens) => {
                 let me = self.state.me_mut();
                 if me.kv_capacity.insert(instance, tokens) != Some(tokens) {
@@ -197,6 +203,36 @@ impl NetTask {
                 for peer in peers {
                     self.spawn_probe(peer);
                 }
+            }
+        }
+    }
+
+    /// This node's load state for one instance (`None`: no longer part of it), published on change.
+    fn set_status(&mut self, instance: String, status: Option<InstanceStatus>) {
+        let me = self.state.me_mut();
+        let changed = match status {
+            Some(s) => me.instances.insert(instance, s.clone()) != Some(s),
+            None => {
+                me.kv_capacity.remove(&instance);
+                me.instances.remove(&instance).is_some()
+            }
+        };
+        if changed {
+            self.refresh_own_facts();
+            self.push_facts();
+        }
+    }
+}
+
+impl Pending {
+    /// Answers the waiting handle with `err`.
+    fn fail(self, err: ClusterError) {
+        match self {
+            Pending::Place(tx) => {
+                let _ = tx.send(Err(err));
+            }
+            Pending::Remove(tx) => {
+                let _ = tx.send(Err(err));
             }
         }
     }

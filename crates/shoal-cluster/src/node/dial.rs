@@ -68,9 +68,10 @@ impl Dials {
     pub fn failed(&mut self, addr: &Multiaddr, error: &dyn Display) {
         self.in_flight.remove(addr);
         let plain = strip_p2p(addr).to_string();
+        let error = error.to_string();
         for sp in self.static_peers.iter_mut().filter(|sp| sp.addr == plain) {
             sp.failed_dials += 1;
-            sp.last_error = Some(error.to_string());
+            sp.last_error = Some(error.clone());
             sp.connected = false;
         }
     }
@@ -93,8 +94,9 @@ impl Dials {
         self.in_flight.remove(address);
         self.in_flight.remove(&plain);
         let plain = plain.to_string();
+        let peer = peer.to_string();
         for sp in self.static_peers.iter_mut().filter(|sp| sp.addr == plain) {
-            sp.peer = Some(peer.to_string());
+            sp.peer = Some(peer.clone());
             sp.connected = true;
         }
     }
@@ -153,7 +155,7 @@ impl NetTask {
         }
         for addr in self
             .peers
-            .to_redial(REDIAL_LOST_FOR, |p| connected.contains(p))
+            .redial_addrs(REDIAL_LOST_FOR, |p| connected.contains(p))
         {
             self.dial(addr);
         }
@@ -177,11 +179,12 @@ mod tests {
         );
 
         let peer = PeerId::random();
-        assert_eq!(dials.static_to_redial(&[]), [addr.clone()]);
+        assert_eq!(dials.static_to_redial(&[]), vec![addr.clone()]);
         dials.established(ConnectionId::new_unchecked(1), peer, Some(&addr));
         assert!(dials.static_peers()[0].connected);
         assert!(dials.static_to_redial(&[peer]).is_empty());
-        dials.disconnected(&peer.to_string());
+        let id = peer.to_string();
+        dials.disconnected(&id);
         assert!(!dials.static_peers()[0].connected);
         assert_eq!(dials.static_to_redial(&[]), [addr]);
     }

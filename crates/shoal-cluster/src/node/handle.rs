@@ -55,12 +55,12 @@ pub struct StateJson {
     pub static_peers: Vec<StaticPeer>,
 }
 
+/// Where the network task answers a command.
+pub(super) type Reply<T> = oneshot::Sender<Result<T, ClusterError>>;
+
 pub(super) enum Command {
-    Place(
-        PlaceRequest,
-        oneshot::Sender<Result<InstanceRecord, String>>,
-    ),
-    Remove(String, oneshot::Sender<Result<bool, String>>),
+    Place(PlaceRequest, Reply<InstanceRecord>),
+    Remove(String, Reply<bool>),
     SetStatus(String, Option<InstanceStatus>),
     SetKvCapacity(String, u64),
     Probe,
@@ -124,19 +124,24 @@ impl ClusterHandle {
     }
 
     /// Candidate placements on the current members, best first.
-    pub fn previews(&self, req: &PlaceRequest) -> Result<Vec<Placement>, String> {
-        self.snapshot().state.previews(req)
+    pub fn previews(&self, req: &PlaceRequest) -> Result<Vec<Placement>, ClusterError> {
+        Ok(self.snapshot().state.previews(req)?)
+    }
+
+    /// Sends a command and waits for the task's answer.
+    async fn ask<T>(&self, command: impl FnOnce(Reply<T>) -> Command) -> Result<T, ClusterError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(command(tx))
+            .await
+            .map_err(|_| ClusterError::Stopped)?;
+        rx.await.map_err(|_| ClusterError::Stopped)?
     }
 
     /// Places an instance (through the coordinator). Returns once this node's table has it too, so a
     /// caller reading `/state` next sees it.
-    pub async fn place(&self, req: PlaceRequest) -> Result<InstanceRecord, String> {
-        let (tx, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Place(req, tx))
-            .await
-            .map_err(|_| ClusterError::Stopped.to_string())?;
-        let record = rx.await.map_err(|_| ClusterError::Stopped.to_string())??;
+    pub async fn place(&self, req: PlaceRequest) -> Result<InstanceRecord, ClusterError> {
+        let record = self.ask(|tx| Command::Place(req, tx)).await?;
         let id = record.id.clone();
         self.wait_for(TABLE_PROPAGATION, |s| {
             s.state.table().instances.iter().any(|i| i.id == id)
@@ -146,14 +151,15 @@ impl ClusterHandle {
     }
 
     /// Removes an instance (through the coordinator); `Ok(false)` when there is none. Returns once this
-    /// node's table no longer has it.
-    pub async fn remove(&self, id: String) -> Result<bool, String> {
-        let (tx, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Remove(id.clone(), tx))
+    /// node's table no longer has it. A failure is a [`ClusterError::Remove`].
+    pub async fn remove(&self, id: String) -> Result<bool, ClusterError> {
+        let removed = self
+            .ask(|tx| Command::Remove(id.clone(), tx))
             .await
-            .map_err(|_| ClusterError::Stopped.to_string())?;
-        let removed = rx.await.map_err(|_| ClusterError::Stopped.to_string())??;
+            .map_err(|reason| ClusterError::Remove {
+                id: id.clone(),
+                reason: Box::new(reason),
+            })?;
         self.wait_for(TABLE_PROPAGATION, |s| {
             s.state.table().instances.iter().all(|i| i.id != id)
         })

@@ -77,7 +77,7 @@ impl Peers {
         }
     }
 
-    /// Redial `peer` from now on (until it connects or [`Peers::expire_lost`] gives up).
+    /// Redial `peer` from now on (until it connects or [`Peers::redial_addrs`] gives up).
     pub fn lost(&mut self, peer: PeerId, now: Instant) {
         self.entry(peer).lost_since = Some(now);
     }
@@ -127,7 +127,7 @@ impl Peers {
 
     /// Stops redialing peers lost for `give_up_after` or more, and those connected again
     /// (`is_connected`); returns the addresses of the others, to dial now.
-    pub fn to_redial(
+    pub fn redial_addrs(
         &mut self,
         give_up_after: Duration,
         is_connected: impl Fn(&PeerId) -> bool,
@@ -220,7 +220,7 @@ mod tests {
             "a late pong connects nothing"
         );
         assert_eq!(
-            peers.to_redial(Duration::from_secs(600), |_| false),
+            peers.redial_addrs(Duration::from_secs(600), |_| false),
             [addr(1)]
         );
 
@@ -230,7 +230,7 @@ mod tests {
         assert_eq!((link.rtt_us, link.bandwidth_bps), (None, Some(1e9)));
         assert!(
             peers
-                .to_redial(Duration::from_secs(600), |_| false)
+                .redial_addrs(Duration::from_secs(600), |_| false)
                 .is_empty()
         );
     }
@@ -243,11 +243,11 @@ mod tests {
         peers.set_addrs(b, vec![addr(3)]);
         peers.lost(a, Instant::now());
         peers.lost_unless_already(b, Instant::now());
-        let mut got = peers.to_redial(Duration::from_secs(600), |p| *p == b);
+        let mut got = peers.redial_addrs(Duration::from_secs(600), |p| *p == b);
         got.sort();
         assert_eq!(got, [addr(1), addr(2)]);
         assert!(peers.get(&b).unwrap().lost_since.is_none());
-        assert!(peers.to_redial(Duration::ZERO, |_| false).is_empty());
+        assert!(peers.redial_addrs(Duration::ZERO, |_| false).is_empty());
         assert!(peers.get(&a).unwrap().lost_since.is_none());
     }
 

@@ -6,23 +6,31 @@ use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use libp2p::PeerId;
 
 use super::{NetTask, PROBE_BYTES, PROBE_PROTOCOL, PROBE_TIMEOUT};
+use crate::ClusterError;
 
 impl NetTask {
     /// Measures the bandwidth to `peer` in the background; the result comes back to the task's loop.
     pub(super) fn spawn_probe(&self, peer: PeerId) {
-        if let Some(tx) = &self.probe_tx {
-            let tx = tx.clone();
-            let control = self.streams.clone();
-            tokio::spawn(async move {
-                let _ = tx.send((peer, probe(control, peer).await));
-            });
-        }
+        let tx = self.probe_tx.clone();
+        let control = self.streams.clone();
+        tokio::spawn(async move {
+            let _ = tx.send((peer, probe(control, peer).await)).await;
+        });
     }
+}
+
+/// Answers the bandwidth probes of other nodes (in the background, for the life of the runtime).
+pub(super) fn serve(control: &mut libp2p_stream::Control) -> Result<(), ClusterError> {
+    let incoming = control
+        .accept(PROBE_PROTOCOL)
+        .map_err(|e| ClusterError::network("accepting bandwidth probes", &e))?;
+    tokio::spawn(answer_probes(incoming));
+    Ok(())
 }
 
 /// Receiver side of a bandwidth probe: counts bytes until the sender closes, answers the microseconds
 /// from the first to the last byte.
-pub(super) async fn answer_probes(mut incoming: libp2p_stream::IncomingStreams) {
+async fn answer_probes(mut incoming: libp2p_stream::IncomingStreams) {
     while let Some((_peer, mut stream)) = incoming.next().await {
         tokio::spawn(async move {
             let mut buf = vec![0u8; 64 << 10];
