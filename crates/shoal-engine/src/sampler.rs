@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 
 use shoal_kernels::rng::SplitMix64 as Rng;
-
 use shoal_wire::SampleJob;
 
 use crate::request::SamplingParams;

@@ -8,9 +8,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use candle_core::Tensor;
 use shoal_kernels::ThreadPool;
-use shoal_model::{KvCache, LlamaStage, SeqChunk, StageInput};
+use shoal_model::{HostMatrix, KvCache, LlamaStage, SeqChunk, StageInput};
 
 use crate::error::EngineError;
 use crate::sampler::{self, Sampler};
@@ -41,13 +40,14 @@ pub struct Pick {
     pub logprob: f32,
 }
 
-/// What flows between stages.
+/// What flows between stages (activations in host memory: a stage on another node sends them as they
+/// are, local layers compute in them).
 pub enum StageData {
     Tokens(Vec<u32>),
     /// `(total tokens, dim)` hidden states.
-    Hidden(Tensor),
+    Hidden(HostMatrix),
     /// `(chunks wanting logits, vocab)`.
-    Logits(Tensor),
+    Logits(HostMatrix),
     /// Tokens already sampled, one per chunk wanting logits, in batch order (a remote last stage samples
     /// where the logits are, so only token ids travel back).
     Sampled(Vec<Pick>),
@@ -63,30 +63,25 @@ pub fn sample_row(job: &SampleRef<'_>, row: &mut [f32]) -> Pick {
     }
 }
 
-/// Samples every row of `logits` (`(sampling.len(), vocab)`) as its job says, the rows split over
-/// `pool`'s threads when there is one (each row's pick is independent of the others and of the split).
+/// Samples every row of `logits` (`(sampling.len(), vocab)`) in place (the penalties change it) as its
+/// job says, the rows split over `pool`'s threads when there is one (each row's pick is independent of
+/// the others and of the split).
 pub fn sample_rows(
-    logits: &Tensor,
+    logits: &mut HostMatrix,
     sampling: &[SampleRef<'_>],
     pool: Option<&ThreadPool>,
 ) -> Result<Vec<Pick>, EngineError> {
-    let (rows, vocab) = logits
-        .dims2()
-        .map_err(|e| EngineError::Internal(format!("logits: {e}")))?;
+    let rows = logits.rows();
     if rows != sampling.len() {
         return Err(EngineError::Internal(format!(
             "{rows} rows of logits for {} sequences",
             sampling.len()
         )));
     }
-    let mut values = logits
-        .flatten_all()
-        .and_then(|t| t.to_vec1::<f32>())
-        .map_err(|e| EngineError::Internal(format!("reading logits: {e}")))?;
     /// A row not yet sampled, then its pick.
     type Slot<'a> = Mutex<(Option<&'a mut [f32]>, Option<Pick>)>;
-    let slots: Vec<Slot<'_>> = values
-        .chunks_mut(vocab.max(1))
+    let slots: Vec<Slot<'_>> = logits
+        .rows_mut()
         .map(|row| Mutex::new((Some(row), None)))
         .collect();
     let next = AtomicUsize::new(0);
@@ -309,11 +304,11 @@ impl LocalStage {
         for (kv, c) in taken.into_iter().zip(batch) {
             self.caches.insert(c.seq_id, kv);
         }
-        let out = result.map_err(internal)?;
+        let mut out = result.map_err(internal)?;
         Ok(match (self.model.is_last(), sampling.is_empty()) {
             // Sampled here, on this stage's threads.
             (true, false) => StageData::Sampled(sample_rows(
-                &out,
+                &mut out,
                 sampling,
                 self.model.pool().map(|p| &**p),
             )?),
@@ -455,7 +450,7 @@ pub fn pipeline_depth(stages: &[Box<dyn Stage>]) -> usize {
 
 fn into_picks(data: StageData, sampling: &[SampleRef<'_>]) -> Result<Vec<Pick>, EngineError> {
     let picks = match data {
-        StageData::Logits(l) => sample_rows(&l, sampling, None)?,
+        StageData::Logits(mut l) => sample_rows(&mut l, sampling, None)?,
         StageData::Sampled(picks) => picks,
         _ => {
             return Err(EngineError::Internal(

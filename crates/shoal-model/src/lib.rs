@@ -23,6 +23,7 @@ pub mod gguf;
 pub mod kv;
 pub mod linear;
 pub mod llama;
+pub mod matrix;
 pub mod ops;
 /// Transitional: the engine's tests still read the model path here; every other test uses
 /// `shoal_testkit::fixtures` (remove this module once those switch).
@@ -35,3 +36,4 @@ pub use error::ModelError;
 pub use footprint::Footprint;
 pub use kv::KvCache;
 pub use llama::{LlamaStage, SeqChunk, StageInput};
+pub use matrix::HostMatrix;

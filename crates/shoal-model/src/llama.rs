@@ -17,6 +17,7 @@ use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use crate::kv::KvCache;
 use crate::linear::{Embedding, QLinear};
+use crate::matrix::HostMatrix;
 use crate::ops::{self, RopeTable};
 
 /// GGUF tensor names of the Llama family.
@@ -36,7 +37,7 @@ pub(crate) mod names {
 /// Input of a stage: token ids on the first stage, hidden states `(tokens, dim)` on the others.
 pub enum StageInput<'a> {
     Tokens(&'a [u32]),
-    Hidden(Tensor),
+    Hidden(HostMatrix),
 }
 
 /// One sequence's share of a batch: its next `len` tokens (rows of the input, in batch order) start at
@@ -229,7 +230,7 @@ impl LlamaStage {
 
     /// Runs the batch. Returns hidden states `(total_tokens, dim)`, or on the last stage the logits
     /// `(chunks wanting logits, vocab)` in batch order.
-    pub fn forward(&self, input: StageInput<'_>, seqs: &mut [SeqChunk<'_>]) -> Result<Tensor> {
+    pub fn forward(&self, input: StageInput<'_>, seqs: &mut [SeqChunk<'_>]) -> Result<HostMatrix> {
         let total: usize = seqs.iter().map(|s| s.len).sum();
         if seqs.iter().any(|s| s.len == 0) {
             return Err(ModelError::BadInput("empty sequence chunk".into()));
@@ -250,21 +251,35 @@ impl LlamaStage {
                     ids.len()
                 )));
             }
-            StageInput::Hidden(h) if h.dims() != [total, self.cfg.dim] => {
+            StageInput::Hidden(h) if h.shape() != [total, self.cfg.dim] => {
                 return Err(ModelError::BadInput(format!(
                     "hidden state {:?}, expected [{total}, {}]",
-                    h.dims(),
+                    h.shape(),
                     self.cfg.dim
                 )));
             }
             _ => {}
         }
-        if let Some(host) = &self.host {
-            return self.forward_host(host, input, seqs, total);
+        match &self.host {
+            Some(host) => self.forward_host(host, input, seqs, total),
+            // Candle ops on the device, between host matrices.
+            None => host_matrix(&self.forward_device(input, seqs, total)?),
         }
+    }
+
+    /// The candle-op path (what GPU devices would run): hidden states `(total_tokens, dim)` or logits.
+    fn forward_device(
+        &self,
+        input: StageInput<'_>,
+        seqs: &mut [SeqChunk<'_>],
+        total: usize,
+    ) -> Result<Tensor> {
         let mut x = match (input, &self.embed) {
             (StageInput::Tokens(ids), Some(embed)) => embed.forward(ids, &self.device)?,
-            (StageInput::Hidden(h), _) => h,
+            (StageInput::Hidden(h), _) => {
+                let shape = (h.rows(), h.cols());
+                Tensor::from_vec(h.into_data(), shape, &self.device)?
+            }
             (StageInput::Tokens(_), None) => return Err(no_embedding()),
         };
         for s in seqs.iter_mut() {
@@ -321,12 +336,12 @@ impl LlamaStage {
         input: StageInput<'_>,
         seqs: &mut [SeqChunk<'_>],
         total: usize,
-    ) -> Result<Tensor> {
+    ) -> Result<HostMatrix> {
         let c = &self.cfg;
         let dim = c.dim;
         let mut x = match (input, &self.embed) {
             (StageInput::Tokens(ids), Some(embed)) => embed.lookup(ids)?,
-            (StageInput::Hidden(h), _) => h.flatten_all()?.to_vec1::<f32>()?,
+            (StageInput::Hidden(h), _) => h.into_data(),
             (StageInput::Tokens(_), None) => return Err(no_embedding()),
         };
         for s in seqs.iter_mut() {
@@ -380,7 +395,7 @@ impl LlamaStage {
             s.kv.advance(s.len);
         }
         let (Some(norm), Some(head)) = (&self.output_norm, &self.head) else {
-            return Ok(Tensor::from_vec(x, (total, dim), &self.device)?);
+            return HostMatrix::new(total, dim, x);
         };
         let mut picked = Vec::new();
         let mut end = 0;
@@ -394,11 +409,7 @@ impl LlamaStage {
         let mut normed = vec![0f32; picked.len()];
         ops::rms_norm(&picked, &norm.host, c.rms_eps, &mut normed);
         let logits = head.forward_host(&normed, rows)?;
-        Ok(Tensor::from_vec(
-            logits,
-            (rows, head.out_features()),
-            &self.device,
-        )?)
+        HostMatrix::new(rows, head.out_features(), logits)
     }
 
     /// Self-attention of one sequence chunk; `qkv` is `(t, q_dim + 2 kv_dim)`, returns `(t, q_dim)`.
@@ -442,6 +453,12 @@ impl LlamaStage {
         let o = att.matmul(&v_all)?;
         Ok(o.reshape((nh, t, hd))?.transpose(0, 1)?.reshape((t, qd))?)
     }
+}
+
+/// A `(rows, cols)` tensor copied into host memory.
+fn host_matrix(t: &Tensor) -> Result<HostMatrix> {
+    let (rows, cols) = t.dims2()?;
+    HostMatrix::new(rows, cols, t.flatten_all()?.to_vec1::<f32>()?)
 }
 
 fn no_embedding() -> ModelError {

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 use shoal_kernels::ThreadPool;
 use shoal_model::gguf::GgufFile;
-use shoal_model::{LayerRange, LlamaStage, SeqChunk, StageInput};
+use shoal_model::{HostMatrix, LayerRange, LlamaStage, SeqChunk, StageInput};
 use shoal_testkit::fixtures::{golden, model_path};
 
 fn load(ranges: &[(usize, usize)]) -> Vec<LlamaStage> {
@@ -35,11 +35,9 @@ fn step(stages: &[LlamaStage], kvs: &mut [shoal_model::KvCache], tokens: &[u32])
         input = StageInput::Hidden(t.clone());
         out = Some(t);
     }
-    out.expect("stages")
-        .squeeze(0)
-        .expect("squeeze")
-        .to_vec1::<f32>()
-        .expect("logits")
+    let logits = out.expect("stages");
+    assert_eq!(logits.rows(), 1);
+    logits.into_data()
 }
 
 fn greedy(stages: &[LlamaStage], prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
@@ -206,10 +204,10 @@ fn batched_sequences_equal_sequences_run_alone() {
                 want_logits: true,
             })
             .collect();
-        let logits: Tensor = s
+        let logits: HostMatrix = s
             .forward(StageInput::Tokens(&flat), &mut chunks)
             .expect("forward");
-        let rows = logits.to_vec2::<f32>().expect("rows");
+        let rows: Vec<&[f32]> = logits.data().chunks(logits.cols()).collect();
         assert_eq!(rows.len(), 3);
         for (i, row) in rows.iter().enumerate() {
             let t = argmax(row);
@@ -252,7 +250,7 @@ fn bad_inputs_are_errors() {
     }];
     assert!(stages[1].forward(StageInput::Tokens(&[1]), &mut c).is_err());
     // Hidden state of the wrong width.
-    let h = Tensor::zeros((1, 7), candle_core::DType::F32, &Device::Cpu).expect("zeros");
+    let h = HostMatrix::zeros(1, 7);
     assert!(stages[1].forward(StageInput::Hidden(h), &mut c).is_err());
     // Token outside the vocabulary.
     let mut kv0 = stages[0].new_kv_cache();

@@ -13,6 +13,13 @@ const BLOCK: usize = 1024;
 /// Converts f32 values to f16 and returns their little-endian bytes (2 bytes per value).
 pub fn encode_f32_as_f16(values: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * 2);
+    encode_f32_as_f16_into(values, &mut out);
+    out
+}
+
+/// [`encode_f32_as_f16`] appending to `out`.
+pub(crate) fn encode_f32_as_f16_into(values: &[f32], out: &mut Vec<u8>) {
+    out.reserve(values.len() * 2);
     let mut tmp = [f16::ZERO; BLOCK];
     for chunk in values.chunks(BLOCK) {
         let halves = &mut tmp[..chunk.len()];
@@ -21,7 +28,6 @@ pub fn encode_f32_as_f16(values: &[f32]) -> Vec<u8> {
             out.extend_from_slice(&h.to_le_bytes());
         }
     }
-    out
 }
 
 /// Decodes little-endian f16 bytes to f32 values; fails on an odd byte length.
@@ -45,10 +51,16 @@ pub fn decode_f16_to_f32(bytes: &[u8]) -> Result<Vec<f32>, WireError> {
 /// f32 values as little-endian bytes (4 bytes per value).
 pub fn encode_f32_le(values: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * 4);
+    encode_f32_le_into(values, &mut out);
+    out
+}
+
+/// [`encode_f32_le`] appending to `out`.
+pub(crate) fn encode_f32_le_into(values: &[f32], out: &mut Vec<u8>) {
+    out.reserve(values.len() * 4);
     for v in values {
         out.extend_from_slice(&v.to_le_bytes());
     }
-    out
 }
 
 /// Little-endian f32 bytes to values; fails unless the length is a multiple of 4.

@@ -2,7 +2,10 @@
 
 use crate::WireError;
 use crate::cursor::Cursor;
-use crate::f16::{decode_f16_to_f32, decode_f32_le, encode_f32_as_f16, encode_f32_le};
+use crate::f16::{
+    decode_f16_to_f32, decode_f32_le, encode_f32_as_f16, encode_f32_as_f16_into, encode_f32_le,
+    encode_f32_le_into,
+};
 use crate::sampling::SamplingParams;
 
 /// Default maximum frame length (bytes after the length prefix): 64 MiB.
@@ -100,19 +103,7 @@ impl Activations {
         values: &[f32],
         dtype: DType,
     ) -> Result<Self, WireError> {
-        let rows64: u64 = chunks.iter().map(|c| c.len as u64).sum();
-        let rows = u32::try_from(rows64).map_err(|_| WireError::ShapeMismatch {
-            rows: u32::MAX,
-            chunk_rows: rows64,
-        })?;
-        let size = dtype.size() as u64;
-        let expected = rows64 * cols as u64;
-        if values.len() as u64 != expected {
-            return Err(WireError::DataLength {
-                expected: expected.saturating_mul(size),
-                got: (values.len() as u64).saturating_mul(size),
-            });
-        }
+        let rows = f32_rows(&chunks, cols, values, dtype)?;
         let data = match dtype {
             DType::F32 => encode_f32_le(values),
             DType::F16 => encode_f32_as_f16(values),
@@ -124,6 +115,37 @@ impl Activations {
             shape: [rows, cols],
             data,
         })
+    }
+
+    /// The encoded [`Frame::Activations`] of f32 hidden states, written straight from `values`: byte
+    /// for byte what `Frame::Activations(Activations::from_f32(..)?).encode()` returns, without the
+    /// intermediate copy (the [`DEFAULT_MAX_FRAME_LEN`] limit applies).
+    pub fn encode_f32(
+        batch_id: u64,
+        chunks: &[ChunkHeader],
+        cols: u32,
+        values: &[f32],
+        dtype: DType,
+    ) -> Result<Vec<u8>, WireError> {
+        let rows = f32_rows(chunks, cols, values, dtype)?;
+        let len =
+            activations_payload_len(chunks.len(), values.len() as u64 * dtype.size() as u64) + 1;
+        if len > DEFAULT_MAX_FRAME_LEN as u64 {
+            return Err(WireError::FrameTooLarge {
+                len,
+                max: DEFAULT_MAX_FRAME_LEN,
+            });
+        }
+        let mut out = Vec::with_capacity(LEN_PREFIX + len as usize);
+        out.extend_from_slice(&(len as u32).to_le_bytes());
+        out.push(kind::ACTIVATIONS);
+        write_activations_head(&mut out, batch_id, chunks, dtype, [rows, cols]);
+        match dtype {
+            DType::F32 => encode_f32_le_into(values, &mut out),
+            DType::F16 => encode_f32_as_f16_into(values, &mut out),
+        }
+        debug_assert_eq!(out.len() as u64, LEN_PREFIX as u64 + len);
+        Ok(out)
     }
 
     /// The hidden states as f32, whatever the wire dtype.
@@ -299,9 +321,7 @@ impl Frame {
 
     fn payload_len(&self) -> u64 {
         match self {
-            Frame::Activations(a) => {
-                8 + 4 + (a.chunks.len() * CHUNK_HEADER_LEN) as u64 + 1 + 8 + a.data.len() as u64
-            }
+            Frame::Activations(a) => activations_payload_len(a.chunks.len(), a.data.len() as u64),
             Frame::Tokens { items, .. } => 8 + 4 + (items.len() * TOKEN_ITEM_LEN) as u64,
             Frame::Release { seq_ids } => 4 + 8 * seq_ids.len() as u64,
             Frame::Ping { .. } | Frame::Pong { .. } => 8,
@@ -322,17 +342,7 @@ impl Frame {
     fn write_payload(&self, out: &mut Vec<u8>) {
         match self {
             Frame::Activations(a) => {
-                out.extend_from_slice(&a.batch_id.to_le_bytes());
-                out.extend_from_slice(&(a.chunks.len() as u32).to_le_bytes());
-                for c in &a.chunks {
-                    out.extend_from_slice(&c.seq_id.to_le_bytes());
-                    out.extend_from_slice(&c.start_pos.to_le_bytes());
-                    out.extend_from_slice(&c.len.to_le_bytes());
-                    out.push(if c.want_logits { FLAG_WANT_LOGITS } else { 0 });
-                }
-                out.push(a.dtype.tag());
-                out.extend_from_slice(&a.shape[0].to_le_bytes());
-                out.extend_from_slice(&a.shape[1].to_le_bytes());
+                write_activations_head(out, a.batch_id, &a.chunks, a.dtype, a.shape);
                 out.extend_from_slice(&a.data);
             }
             Frame::Tokens { batch_id, items } => {
@@ -562,6 +572,55 @@ fn decode_activations(c: &mut Cursor<'_>) -> Result<Activations, WireError> {
         shape: [rows, cols],
         data,
     })
+}
+
+/// Rows of f32 activations for `chunks` (their summed lengths), checked against `values`.
+fn f32_rows(
+    chunks: &[ChunkHeader],
+    cols: u32,
+    values: &[f32],
+    dtype: DType,
+) -> Result<u32, WireError> {
+    let rows64: u64 = chunks.iter().map(|c| c.len as u64).sum();
+    let rows = u32::try_from(rows64).map_err(|_| WireError::ShapeMismatch {
+        rows: u32::MAX,
+        chunk_rows: rows64,
+    })?;
+    let size = dtype.size() as u64;
+    let expected = rows64 * cols as u64;
+    if values.len() as u64 != expected {
+        return Err(WireError::DataLength {
+            expected: expected.saturating_mul(size),
+            got: (values.len() as u64).saturating_mul(size),
+        });
+    }
+    Ok(rows)
+}
+
+/// Payload bytes of an activations frame: batch id, chunk count and headers, dtype, shape, data.
+fn activations_payload_len(n_chunks: usize, data_len: u64) -> u64 {
+    8 + 4 + (n_chunks * CHUNK_HEADER_LEN) as u64 + 1 + 8 + data_len
+}
+
+/// An activations payload up to its data.
+fn write_activations_head(
+    out: &mut Vec<u8>,
+    batch_id: u64,
+    chunks: &[ChunkHeader],
+    dtype: DType,
+    shape: [u32; 2],
+) {
+    out.extend_from_slice(&batch_id.to_le_bytes());
+    out.extend_from_slice(&(chunks.len() as u32).to_le_bytes());
+    for c in chunks {
+        out.extend_from_slice(&c.seq_id.to_le_bytes());
+        out.extend_from_slice(&c.start_pos.to_le_bytes());
+        out.extend_from_slice(&c.len.to_le_bytes());
+        out.push(if c.want_logits { FLAG_WANT_LOGITS } else { 0 });
+    }
+    out.push(dtype.tag());
+    out.extend_from_slice(&shape[0].to_le_bytes());
+    out.extend_from_slice(&shape[1].to_le_bytes());
 }
 
 /// `rows * cols * dtype.size()` in bytes; `None` on u64 overflow (u32 * u32 * 4 can exceed it).

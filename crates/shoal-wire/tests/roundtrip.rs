@@ -115,6 +115,42 @@ fn exact_bytes_of_a_sample_frame() {
 }
 
 #[test]
+fn activations_encoded_straight_from_f32_equal_the_frame_encoding() {
+    let mut rng = Rng::new(5);
+    let values: Vec<f32> = (0..4 * 576).map(|_| rng.f32_in(-4.0, 4.0)).collect();
+    for dtype in [DType::F32, DType::F16] {
+        let direct = Activations::encode_f32(7, &chunks(), 576, &values, dtype).unwrap();
+        let framed =
+            Frame::Activations(Activations::from_f32(7, chunks(), 576, &values, dtype).unwrap())
+                .encode()
+                .unwrap();
+        assert_eq!(direct, framed, "{dtype:?}");
+        let empty = Activations::encode_f32(8, &[], 576, &[], dtype).unwrap();
+        let framed = Frame::Activations(Activations::from_f32(8, vec![], 576, &[], dtype).unwrap())
+            .encode()
+            .unwrap();
+        assert_eq!(empty, framed);
+        // The same refusal for values that do not fill the shape.
+        assert_eq!(
+            Activations::encode_f32(7, &chunks(), 576, &values[1..], dtype),
+            Activations::from_f32(7, chunks(), 576, &values[1..], dtype).map(|_| Vec::new())
+        );
+    }
+    // Too large for a frame: refused, as the frame encoder refuses it.
+    let big = vec![0f32; (DEFAULT_MAX_FRAME_LEN / 4) as usize];
+    let one = [shoal_wire::ChunkHeader {
+        seq_id: 1,
+        start_pos: 0,
+        len: 1,
+        want_logits: false,
+    }];
+    assert!(matches!(
+        Activations::encode_f32(1, &one, big.len() as u32, &big, DType::F32),
+        Err(WireError::FrameTooLarge { .. })
+    ));
+}
+
+#[test]
 fn f16_halves_the_payload_and_roundtrips_within_precision() {
     let mut rng = Rng::new(2);
     let cols = 576u32;

@@ -148,6 +148,13 @@ impl RemoteChain {
             return Err(EngineError::StageLost(b.clone()));
         }
         let bytes = encode(frame).map_err(EngineError::Internal)?;
+        self.send_bytes(bytes)
+    }
+
+    fn send_bytes(&mut self, bytes: Vec<u8>) -> Result<(), EngineError> {
+        if let Some(b) = &self.broken {
+            return Err(EngineError::StageLost(b.clone()));
+        }
         if self.down.blocking_send(bytes).is_err() {
             return Err(self.lost("the stream to the next stage closed".into()));
         }
@@ -225,13 +232,6 @@ impl Stage for RemoteChain {
         };
         let batch_id = self.next_batch;
         self.next_batch += 1;
-        let (_, cols) = h
-            .dims2()
-            .map_err(|e| EngineError::Internal(e.to_string()))?;
-        let values: Vec<f32> = h
-            .flatten_all()
-            .and_then(|t| t.to_vec1())
-            .map_err(|e| EngineError::Internal(e.to_string()))?;
         let chunks: Vec<ChunkHeader> = batch
             .iter()
             .map(|c| ChunkHeader {
@@ -241,8 +241,10 @@ impl Stage for RemoteChain {
                 want_logits: c.want_logits,
             })
             .collect();
-        let acts = Activations::from_f32(batch_id, chunks, cols as u32, &values, self.dtype)
-            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        // Encoded straight from the hidden states.
+        let acts =
+            Activations::encode_f32(batch_id, &chunks, h.cols() as u32, h.data(), self.dtype)
+                .map_err(|e| EngineError::Internal(e.to_string()))?;
         if !sampling.is_empty() {
             let jobs = sampling
                 .iter()
@@ -250,7 +252,7 @@ impl Stage for RemoteChain {
                 .collect();
             self.send(&Frame::Sample { batch_id, jobs })?;
         }
-        self.send(&Frame::Activations(acts))?;
+        self.send_bytes(acts)?;
         for c in batch {
             *self.lens.entry(c.seq_id).or_default() += c.len;
         }

@@ -3,12 +3,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use candle_core::{Device, Tensor};
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use libp2p::{PeerId, Stream};
 use shoal_engine::kvpool::KvShare;
 use shoal_engine::sampler::Sampler;
 use shoal_engine::stage::{ChunkSpec, KvOp, LocalStage, SampleRef, Stage, StageData};
+use shoal_model::HostMatrix;
 use shoal_wire::{Activations, Frame, Handshake, PrefixAction, Role, SampleJob, TokenItem};
 use tokio::sync::mpsc;
 
@@ -233,13 +233,9 @@ fn run_stage(
                 break;
             }
         };
-        let out = match step(&mut stage, host, &mut jobs, frame, next.is_none()) {
-            Ok(Some(f)) => encode(&f),
+        match step(&mut stage, host, &mut jobs, frame, next.is_none()) {
             Ok(None) => continue,
-            Err(e) => Err(e),
-        };
-        match out {
-            Ok(bytes) => {
+            Ok(Some(bytes)) => {
                 if !send(bytes) {
                     tracing::warn!(instance = %host.instance, "downstream closed");
                     break;
@@ -263,18 +259,18 @@ fn run_stage(
     }
 }
 
-/// Applies one frame; returns the frame to pass on (to the next stage, or tokens to the driver).
+/// Applies one frame; returns the encoded frame to pass on (to the next stage, or tokens to the driver).
 fn step(
     stage: &mut LocalStage,
     host: &HostedStage,
     jobs: &mut HashMap<u64, Vec<SampleJob>>,
     frame: Frame,
     last: bool,
-) -> Result<Option<Frame>, String> {
-    match frame {
+) -> Result<Option<Vec<u8>>, String> {
+    let out = match frame {
         Frame::Sample { batch_id, jobs: j } if last => {
             jobs.insert(batch_id, j);
-            Ok(None)
+            None
         }
         Frame::Activations(a) => {
             host.check_room(stage, a.chunks.iter().map(|c| c.len as usize).sum())?;
@@ -289,8 +285,8 @@ fn step(
             }
             let [rows, cols] = a.shape;
             let values = a.to_f32().map_err(|e| e.to_string())?;
-            let hidden = Tensor::from_vec(values, (rows as usize, cols as usize), &Device::Cpu)
-                .map_err(|e| e.to_string())?;
+            let hidden =
+                HostMatrix::new(rows as usize, cols as usize, values).map_err(|e| e.to_string())?;
             let batch: Vec<ChunkSpec> = a
                 .chunks
                 .iter()
@@ -328,23 +324,25 @@ fn step(
                 .forward(&batch, StageData::Hidden(hidden), &refs)
                 .map_err(|e| e.to_string())?;
             match out {
+                // Encoded straight from the stage's output.
                 StageData::Hidden(h) => {
-                    let values: Vec<f32> = h
-                        .flatten_all()
-                        .and_then(|t| t.to_vec1())
-                        .map_err(|e| e.to_string())?;
-                    let (_, cols) = h.dims2().map_err(|e| e.to_string())?;
-                    Activations::from_f32(a.batch_id, a.chunks, cols as u32, &values, a.dtype)
-                        .map(|x| Some(Frame::Activations(x)))
-                        .map_err(|e| e.to_string())
+                    return Activations::encode_f32(
+                        a.batch_id,
+                        &a.chunks,
+                        h.cols() as u32,
+                        h.data(),
+                        a.dtype,
+                    )
+                    .map(Some)
+                    .map_err(|e| e.to_string());
                 }
                 // No chunk of this batch wants a token (a prompt's middle chunk): an empty answer, so
                 // the driver still hears back about the batch.
-                StageData::Logits(_) if last && wanted == 0 => Ok(Some(Frame::Tokens {
+                StageData::Logits(_) if last && wanted == 0 => Some(Frame::Tokens {
                     batch_id: a.batch_id,
                     items: Vec::new(),
-                })),
-                StageData::Sampled(picks) => Ok(Some(Frame::Tokens {
+                }),
+                StageData::Sampled(picks) => Some(Frame::Tokens {
                     batch_id: a.batch_id,
                     items: picks
                         .iter()
@@ -355,8 +353,8 @@ fn step(
                             logprob: pick.logprob,
                         })
                         .collect(),
-                })),
-                _ => Err(format!("stage {} produced no output", host.index)),
+                }),
+                _ => return Err(format!("stage {} produced no output", host.index)),
             }
         }
         Frame::Release { seq_ids } => {
@@ -365,7 +363,7 @@ fn step(
                     .kv(KvOp::Release { seq_id })
                     .map_err(|e| e.to_string())?;
             }
-            Ok((!last).then_some(Frame::Release { seq_ids }))
+            (!last).then_some(Frame::Release { seq_ids })
         }
         Frame::Prefix(op) => {
             let (seq_id, prefix_id, len) = (op.seq_id, op.prefix_id, op.len as usize);
@@ -388,10 +386,11 @@ fn step(
                 PrefixAction::Drop => stage.kv(KvOp::DropPrefix { prefix_id }),
             }
             .map_err(|e| e.to_string())?;
-            Ok((!last).then_some(Frame::Prefix(op)))
+            (!last).then_some(Frame::Prefix(op))
         }
-        Frame::Error { code, message } => Err(format!("upstream error {code}: {message}")),
-        other @ Frame::Sample { .. } => Ok(Some(other)),
-        Frame::Ping { .. } | Frame::Pong { .. } | Frame::Tokens { .. } => Ok(None),
-    }
+        Frame::Error { code, message } => return Err(format!("upstream error {code}: {message}")),
+        other @ Frame::Sample { .. } => Some(other),
+        Frame::Ping { .. } | Frame::Pong { .. } | Frame::Tokens { .. } => None,
+    };
+    out.as_ref().map(encode).transpose()
 }
