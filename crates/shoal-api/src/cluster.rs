@@ -131,12 +131,17 @@ fn remote_driver(cluster: &ClusterHandle, model: &str) -> Option<String> {
     let me = cluster.id().to_string();
     snap.state
         .view()
-        .instances
-        .iter()
-        .filter(|i| i.record.model == model && i.status == "ready")
+        .instances_of(model)
+        .filter(|i| i.is_ready())
         .filter_map(|i| i.record.driver().map(str::to_string))
         .find(|d| *d != me)
         .and_then(|d| snap.state.facts_of(&d).and_then(|f| f.api_url.clone()))
+}
+
+/// The one field of a generation request the middleware reads (serde skips the others).
+#[derive(Deserialize)]
+struct ModelOf {
+    model: String,
 }
 
 /// Middleware on the generation routes: a request for a model that no engine of this node serves, but
@@ -156,9 +161,9 @@ pub async fn forward_to_driver(
         Ok(b) => b,
         Err(_) => return ApiError::PayloadTooLarge.into_response(),
     };
-    let model = serde_json::from_slice::<Value>(&bytes)
+    let model = serde_json::from_slice::<ModelOf>(&bytes)
         .ok()
-        .and_then(|v| v.get("model")?.as_str().map(str::to_string));
+        .map(|m| m.model);
     if let Some(model) = model
         && state.engine.get(&model).is_err()
     {
@@ -189,13 +194,8 @@ async fn ensure_instance(
     cluster: &ClusterHandle,
     model: &str,
 ) -> Result<(), ApiError> {
-    let usable = |s: &shoal_cluster::Snapshot| {
-        s.state
-            .view()
-            .instances
-            .iter()
-            .any(|i| i.record.model == model && i.status != "failed")
-    };
+    let usable =
+        |s: &shoal_cluster::Snapshot| s.state.view().instances_of(model).any(|i| !i.is_failed());
     {
         // One automatic placement at a time on this node, so a burst of requests places one instance.
         let _guard = state.placing.lock().await;
@@ -220,19 +220,14 @@ async fn ensure_instance(
     }
     let snap = cluster
         .wait_for(PLACEMENT_WAIT, |s| {
-            s.state
-                .view()
-                .instances
-                .iter()
-                .any(|i| i.record.model == model && i.status != "loading")
+            s.state.view().instances_of(model).any(|i| !i.is_loading())
         })
         .await;
     let view = snap.state.view();
-    let mine = || view.instances.iter().filter(|i| i.record.model == model);
-    if mine().any(|i| i.status == "ready") {
+    if view.instances_of(model).any(|i| i.is_ready()) {
         return Ok(());
     }
-    match mine().find(|i| i.status == "failed") {
+    match view.instances_of(model).find(|i| i.is_failed()) {
         Some(i) => Err(ApiError::Internal(format!(
             "instance {} of {model} did not load: {:?}",
             i.record.id, i.stage_status
@@ -282,7 +277,7 @@ pub fn served_models(state: &ApiState) -> Vec<shoal_engine::ModelInfo> {
     let snap = cluster.snapshot();
     for inst in snap.state.view().instances {
         let id = &inst.record.model;
-        if inst.status != "ready" || models.iter().any(|m| &m.id == id) {
+        if !inst.is_ready() || models.iter().any(|m| &m.id == id) {
             continue;
         }
         let card = snap

@@ -38,10 +38,57 @@ pub struct ClusterView {
 pub struct InstanceView {
     #[serde(flatten)]
     pub record: InstanceRecord,
-    /// `ready` when every stage is loaded, `failed` when one failed, else `loading`.
-    pub status: &'static str,
+    pub status: InstanceState,
     /// Load state of each stage, in stage order.
     pub stage_status: Vec<InstanceStatus>,
+}
+
+impl InstanceView {
+    pub fn is_ready(&self) -> bool {
+        self.status == InstanceState::Ready
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.status == InstanceState::Failed
+    }
+
+    pub fn is_loading(&self) -> bool {
+        self.status == InstanceState::Loading
+    }
+}
+
+/// Load state of an instance as a whole, from its stages' [`InstanceStatus`]: `ready` when every stage
+/// is loaded, `failed` when one failed, else `loading` (a JSON string in `GET /state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InstanceState {
+    Loading,
+    Ready,
+    Failed,
+}
+
+impl InstanceState {
+    pub fn of(stages: &[InstanceStatus]) -> Self {
+        if stages
+            .iter()
+            .any(|s| matches!(s, InstanceStatus::Failed { .. }))
+        {
+            InstanceState::Failed
+        } else if stages.iter().all(|s| *s == InstanceStatus::Ready) {
+            InstanceState::Ready
+        } else {
+            InstanceState::Loading
+        }
+    }
+}
+
+impl ClusterView {
+    /// The instances of `model`, in table order.
+    pub fn instances_of<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a InstanceView> {
+        self.instances
+            .iter()
+            .filter(move |i| i.record.model == model)
+    }
 }
 
 impl ClusterState {
@@ -347,16 +394,7 @@ impl ClusterState {
                     .collect();
                 InstanceView {
                     record: r.clone(),
-                    status: if stage_status
-                        .iter()
-                        .any(|s| matches!(s, InstanceStatus::Failed { .. }))
-                    {
-                        "failed"
-                    } else if stage_status.iter().all(|s| *s == InstanceStatus::Ready) {
-                        "ready"
-                    } else {
-                        "loading"
-                    },
+                    status: InstanceState::of(&stage_status),
                     stage_status,
                 }
             })
@@ -664,14 +702,16 @@ mod tests {
         let mut s = cluster("a", &["b"]);
         s.place(&manual(&["a", "b"], &[15, 15]), "i".into())
             .unwrap();
-        assert_eq!(s.view().instances[0].status, "loading");
+        assert_eq!(s.view().instances[0].status, InstanceState::Loading);
+        assert!(s.view().instances[0].is_loading());
         s.me_mut()
             .instances
             .insert("i".into(), InstanceStatus::Ready);
         let mut b = facts("b", 2);
         b.instances.insert("i".into(), InstanceStatus::Ready);
         s.on_facts(b);
-        assert_eq!(s.view().instances[0].status, "ready");
+        assert_eq!(s.view().instances[0].status, InstanceState::Ready);
+        assert!(s.view().instances[0].is_ready());
         let mut b = facts("b", 3);
         b.instances.insert(
             "i".into(),
@@ -680,6 +720,12 @@ mod tests {
             },
         );
         s.on_facts(b);
-        assert_eq!(s.view().instances[0].status, "failed");
+        assert_eq!(s.view().instances[0].status, InstanceState::Failed);
+        assert!(s.view().instances[0].is_failed());
+        let json = serde_json::to_value(&s.view().instances[0]).unwrap();
+        assert_eq!(json["status"], "failed", "a plain string in GET /state");
+        assert_eq!(json["stage_status"][0]["state"], "ready");
+        assert_eq!(s.view().instances_of("m").count(), 1);
+        assert_eq!(s.view().instances_of("other").count(), 0);
     }
 }

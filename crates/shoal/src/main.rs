@@ -195,12 +195,12 @@ async fn place_here(
                 .view()
                 .instances
                 .iter()
-                .any(|i| i.record.id == id && i.status != "loading")
+                .any(|i| i.record.id == id && !i.is_loading())
         })
         .await;
     let view = snap.state.view();
     match view.instances.iter().find(|i| i.record.id == id) {
-        Some(i) if i.status == "ready" && engines.get(model).is_ok() => Ok(()),
+        Some(i) if i.is_ready() && engines.get(model).is_ok() => Ok(()),
         Some(i) => anyhow::bail!("loading {model} failed: {:?}", i.stage_status),
         None => anyhow::bail!("the instance of {model} was removed while loading"),
     }
