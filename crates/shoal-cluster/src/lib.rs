@@ -6,11 +6,15 @@
 //!   (libp2p private network: nodes with another key cannot connect).
 //! - [`node`]: the libp2p swarm task (TCP + pnet + noise + yamux; ping for failure detection, mDNS and
 //!   static peers for discovery, JSON request-response for control messages) and its [`ClusterHandle`],
-//!   which also hands out libp2p streams to the data plane of `shoal-pipeline`.
+//!   which also hands out libp2p streams to the data plane of `shoal-pipeline`. The task keeps one
+//!   entry per other node (its addresses, live link, measurements) and answers the handle's commands.
 //! - [`state`]: the plain [`state::ClusterState`] the task owns — members, their [`facts::NodeFacts`],
-//!   links, the coordinator (smallest member id) and the instance table it alone changes.
+//!   links, the coordinator (smallest member id) and the instance table it alone changes; its
+//!   [`state::ClusterView`] (`GET /state`) gives each instance a typed [`state::InstanceState`].
 //! - [`facts`]: what a node publishes about itself (memory, cores, models, links, instance load state).
 //! - [`proto`]: control messages and the instance table.
+//! - Errors: [`ClusterError`] (one `error_type()` label per variant), with [`PlaceError`] for requests
+//!   that cannot be placed and [`IdentityProblem`] for key files.
 //!
 //! Flow: each node publishes its own facts; every change of membership or facts reaches the coordinator,
 //! which places instances (`shoal-placement`) and broadcasts the instance table; every node's

@@ -2,15 +2,15 @@
 //! [`ClusterState`]. Everything else talks to it through a [`ClusterHandle`] (commands with oneshot
 //! replies, and a `watch` channel carrying the latest [`Snapshot`]).
 //!
-//! - [`swarm`]: transport (TCP without Nagle → private network (pnet, key from the cluster key) → noise
+//! - `swarm`: transport (TCP without Nagle → private network (pnet, key from the cluster key) → noise
 //!   → yamux) and behaviours: ping (every [`PING_INTERVAL`]; a peer silent for [`SILENT_FOR`] is dropped,
 //!   a killed one as soon as its socket closes), mDNS, JSON request-response for control messages, and
 //!   raw streams for the data plane and link probes.
-//! - [`peer`]: everything known about each other node, in one map; [`dial`]: dials by address, static
+//! - `peer`: everything known about each other node, in one map; `dial`: dials by address, static
 //!   peers and the redial loop.
-//! - [`events`]: swarm events and failure detection; [`control`]: control requests, replies and handle
-//!   commands; [`gossip`]: facts, members and table sent unasked; [`probe`]: bandwidth probes.
-//! - [`handle`]: the [`ClusterHandle`] and the [`Snapshot`] it reads.
+//! - `events`: swarm events and failure detection; `control`: control requests, replies and handle
+//!   commands; `gossip`: facts, members and table sent unasked; `probe`: bandwidth probes.
+//! - `handle`: the [`ClusterHandle`] and the [`Snapshot`] it reads.
 //!
 //! [`start`] builds the swarm, binds the listeners, gathers this node's facts ([`local_facts`]) and
 //! spawns the task.
@@ -51,9 +51,9 @@ use peer::Peers;
 use swarm::Behaviour;
 
 /// Ping period (libp2p ping). A peer whose last pong is older than [`SILENT_FOR`] is dropped; the check
-/// runs every [`LIVENESS_CHECK`], so a hung peer or a cut link is noticed within ~1.7 s (≤ 2 s asked). A
-/// killed peer is noticed at once: its sockets close. (libp2p ping alone reports a failure only at the
-/// second consecutive one, and a new ping stream on a dead link waits 10 s for negotiation.)
+/// runs every 100 ms, so a hung peer or a cut link is noticed within ~1.7 s (≤ 2 s asked). A killed peer
+/// is noticed at once: its sockets close. (libp2p ping alone reports a failure only at the second
+/// consecutive one, and a new ping stream on a dead link waits 10 s for negotiation.)
 pub const PING_INTERVAL: Duration = Duration::from_millis(400);
 pub const PING_TIMEOUT: Duration = Duration::from_secs(1);
 pub const SILENT_FOR: Duration = Duration::from_millis(1600);
