@@ -18,6 +18,8 @@
 //! driver, whose engine streams the tokens to the clients.
 
 pub mod dataplane;
+pub mod error;
 pub mod runtime;
 
+pub use error::PipelineError;
 pub use runtime::{ModelLocator, RuntimeConfig, model_card, start};

@@ -20,6 +20,7 @@ use shoal_placement::ModelCard;
 use shoal_wire::DType;
 
 use crate::dataplane::{HostedStage, Hosts, RemoteChain, serve_stages};
+use crate::error::PipelineError;
 use shoal_cluster::InstanceRecord;
 use shoal_cluster::facts::InstanceStatus;
 use shoal_cluster::{ClusterHandle, Snapshot};
@@ -61,7 +62,7 @@ pub fn start(
     cluster: ClusterHandle,
     engines: Engines,
     mut config: RuntimeConfig,
-) -> Result<(), String> {
+) -> Result<(), PipelineError> {
     // Every engine on this node draws KV memory from one pool of the configured size, so several models
     // share the budget instead of each getting all of it.
     if config.engine.kv_pool.is_none() {
@@ -194,8 +195,11 @@ async fn follow_table(
                         InstanceStatus::Ready
                     }
                     Err(error) => {
-                        tracing::error!(instance = %id, model = %rec.model, stage = index, "stage failed: {error}");
-                        InstanceStatus::Failed { error }
+                        tracing::error!(instance = %id, model = %rec.model, stage = index, kind = error.error_type(), "stage failed: {error}");
+                        // Published with its message.
+                        InstanceStatus::Failed {
+                            error: error.to_string(),
+                        }
                     }
                 };
                 // Only if the instance is still ours (it may have been removed while loading).
@@ -225,39 +229,38 @@ async fn bring_up(
     pool: &Arc<ThreadPool>,
     rec: &InstanceRecord,
     index: usize,
-) -> Result<Option<EngineHandle>, String> {
-    let path = (config.model_path)(&rec.model)
-        .ok_or_else(|| format!("model '{}' is not present on this node", rec.model))?;
+) -> Result<Option<EngineHandle>, PipelineError> {
+    let path = (config.model_path)(&rec.model).ok_or_else(|| PipelineError::ModelMissing {
+        model: rec.model.clone(),
+    })?;
     let stage = &rec.stages[index];
     let n_layers = rec.stages.last().map_or(0, |s| s.end);
-    let range = LayerRange::new(stage.start, stage.end, n_layers).map_err(|e| e.to_string())?;
+    let range = LayerRange::new(stage.start, stage.end, n_layers)?;
     if index > 0 {
         let pool = pool.clone();
-        let local = tokio::task::spawn_blocking(move || load_local_stage(&path, range, &pool))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        let local =
+            tokio::task::spawn_blocking(move || load_local_stage(&path, range, &pool)).await??;
         // The driver cannot draw on this node's pool as its sequences grow: set this stage's share
         // aside now (as many tokens as the budget holds for the whole model, or what is left).
         let kv_pool = config
             .engine
             .kv_pool
             .clone()
-            .ok_or("the runtime has no KV pool")?;
+            .ok_or(PipelineError::NoKvPool)?;
         let m = local.model();
         let model_token_bytes = m
             .config()
             .kv_bytes_per_token(m.config().n_layers, m.kv_value_bytes());
-        let kv = KvShare::reserve(&kv_pool, local.kv_bytes_per_token(), model_token_bytes)?;
+        let kv = KvShare::reserve(&kv_pool, local.kv_bytes_per_token(), model_token_bytes)
+            .map_err(|reason| PipelineError::KvReserve { reason })?;
         cluster
             .set_kv_capacity(rec.id.clone(), kv.tokens() as u64)
             .await;
         let next = match rec.stages.get(index + 1) {
-            Some(s) => Some(
-                s.node
-                    .parse()
-                    .map_err(|e| format!("node id {}: {e}", s.node))?,
-            ),
+            Some(s) => Some(s.node.parse().map_err(|source| PipelineError::BadNodeId {
+                node: s.node.clone(),
+                source,
+            })?),
             None => None,
         };
         hosts.insert(HostedStage::new(
@@ -274,9 +277,7 @@ async fn bring_up(
     let mut loaded = tokio::task::spawn_blocking(move || {
         LoadedModel::from_gguf(&path, &model, Some(&[range]), &pool2)
     })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| e.to_string())?;
+    .await??;
     if rec.stages.len() > 1 {
         let others: Vec<String> = rec.stages[1..].iter().map(|s| s.node.clone()).collect();
         let id = rec.id.clone();
@@ -293,7 +294,7 @@ async fn bring_up(
             })
             .await;
         if !snap.state.table().instances.iter().any(|i| i.id == rec.id) {
-            return Err("removed while loading".into());
+            return Err(PipelineError::RemovedWhileLoading);
         }
         // A stage that failed to load (no memory, no model file) fails the instance now, not at the timeout.
         for n in &others {
@@ -302,7 +303,10 @@ async fn bring_up(
                 .facts_of(n)
                 .and_then(|f| f.instances.get(&rec.id))
             {
-                return Err(format!("the stage on node {n} failed: {error}"));
+                return Err(PipelineError::StageLoadFailed {
+                    node: n.clone(),
+                    error: error.clone(),
+                });
             }
         }
         let layers: Vec<(usize, usize)> = rec.stages.iter().map(|s| (s.start, s.end)).collect();
@@ -319,13 +323,11 @@ async fn bring_up(
             .and_then(|c| c.into_iter().min());
         let chain = RemoteChain::connect(cluster, &rec.id, &layers, &others, config.wire_dtype)
             .await
-            .map_err(|e| format!("connecting the pipeline: {e}"))?
+            .map_err(|e| PipelineError::Connect(Box::new(e)))?
             .with_kv_capacity(capacity);
         loaded.stages.push(Box::new(chain));
     }
-    spawn(loaded, config.engine.clone())
-        .map(Some)
-        .map_err(|e| e.to_string())
+    Ok(Some(spawn(loaded, config.engine.clone())?))
 }
 
 #[cfg(test)]

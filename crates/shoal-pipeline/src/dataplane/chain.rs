@@ -18,15 +18,17 @@ use tokio::sync::mpsc;
 
 use shoal_cluster::{ClusterHandle, Snapshot};
 
+use crate::error::PipelineError;
+
 use super::{
-    BATCH_TIMEOUT, LIVENESS_POLL, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, handshake,
+    BATCH_TIMEOUT, Inbound, LIVENESS_POLL, READ_QUEUE, WRITE_QUEUE, encode, handshake, open_stream,
     spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
 };
 
 /// The stages after the driver's own, on other nodes, seen as one [`Stage`].
 pub struct RemoteChain {
     down: mpsc::Sender<Vec<u8>>,
-    tokens: std_mpsc::Receiver<Result<Frame, String>>,
+    tokens: std_mpsc::Receiver<Inbound>,
     /// Tokens of KV each sequence holds on the remote stages (mirrors what was sent).
     lens: HashMap<u64, usize>,
     next_batch: u64,
@@ -56,24 +58,25 @@ impl RemoteChain {
         layers: &[(usize, usize)],
         nodes: &[String],
         dtype: DType,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, PipelineError> {
         let peers: Vec<PeerId> = nodes
             .iter()
-            .map(|n| n.parse().map_err(|e| format!("node id {n}: {e}")))
+            .map(|n| {
+                n.parse().map_err(|source| PipelineError::BadNodeId {
+                    node: n.clone(),
+                    source,
+                })
+            })
             .collect::<Result<_, _>>()?;
         let (first, last) = match (peers.first(), peers.last()) {
             (Some(f), Some(l)) => (*f, *l),
-            _ => return Err("a remote chain needs at least one node".into()),
+            _ => return Err(PipelineError::NoRemoteStages),
         };
         let me = wire_node_id(&cluster.id());
         let inst = wire_instance_id(instance);
-        let mut control = cluster.streams();
         let traffic = cluster.traffic();
         // Owner stream first: the last stage must know where tokens go before any batch arrives.
-        let mut owner = control
-            .open_stream(last, STAGE_PROTOCOL)
-            .await
-            .map_err(|e| format!("opening the token stream to {last}: {e}"))?;
+        let mut owner = open_stream(cluster, last, "token stream").await?;
         handshake(
             &mut owner,
             &Handshake::new(
@@ -83,10 +86,7 @@ impl RemoteChain {
             ),
         )
         .await?;
-        let mut down = control
-            .open_stream(first, STAGE_PROTOCOL)
-            .await
-            .map_err(|e| format!("opening the activation stream to {first}: {e}"))?;
+        let mut down = open_stream(cluster, first, "activation stream").await?;
         let (l0, l1) = layers.first().copied().unwrap_or((0, 0));
         handshake(
             &mut down,
@@ -135,28 +135,36 @@ impl RemoteChain {
         })
     }
 
-    fn lost(&mut self, why: String) -> EngineError {
+    /// Marks the pipeline broken by `why` (the first reason is kept for every later call).
+    fn lost(&mut self, why: PipelineError) -> PipelineError {
         if self.broken.is_none() {
-            tracing::error!("pipeline broken: {why}");
-            self.broken = Some(why.clone());
+            tracing::error!(kind = why.error_type(), "pipeline broken: {why}");
+            self.broken = Some(why.to_string());
         }
-        EngineError::StageLost(why)
+        why
     }
 
-    fn send(&mut self, frame: &Frame) -> Result<(), EngineError> {
-        if let Some(b) = &self.broken {
-            return Err(EngineError::StageLost(b.clone()));
+    fn check_broken(&self) -> Result<(), PipelineError> {
+        match &self.broken {
+            Some(reason) => Err(PipelineError::Broken {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
         }
-        let bytes = encode(frame).map_err(EngineError::Internal)?;
+    }
+
+    fn send(&mut self, frame: &Frame) -> Result<(), PipelineError> {
+        self.check_broken()?;
+        let bytes = encode(frame)?;
         self.send_bytes(bytes)
     }
 
-    fn send_bytes(&mut self, bytes: Vec<u8>) -> Result<(), EngineError> {
-        if let Some(b) = &self.broken {
-            return Err(EngineError::StageLost(b.clone()));
-        }
+    fn send_bytes(&mut self, bytes: Vec<u8>) -> Result<(), PipelineError> {
+        self.check_broken()?;
         if self.down.blocking_send(bytes).is_err() {
-            return Err(self.lost("the stream to the next stage closed".into()));
+            return Err(self.lost(PipelineError::StreamClosed {
+                what: "stream to the next stage",
+            }));
         }
         Ok(())
     }
@@ -171,30 +179,33 @@ impl RemoteChain {
             .cloned()
     }
 
-    fn wait_tokens(&mut self, batch_id: u64) -> Result<Vec<TokenItem>, EngineError> {
+    fn wait_tokens(&mut self, batch_id: u64) -> Result<Vec<TokenItem>, PipelineError> {
         let start = Instant::now();
         loop {
             match self.tokens.recv_timeout(LIVENESS_POLL) {
                 Ok(Ok(Frame::Tokens { batch_id: b, items })) if b == batch_id => return Ok(items),
-                Ok(Ok(Frame::Tokens { batch_id: b, .. })) => {
-                    return Err(
-                        self.lost(format!("tokens of batch {b} while waiting for {batch_id}"))
-                    );
+                Ok(Ok(Frame::Tokens { batch_id: got, .. })) => {
+                    return Err(self.lost(PipelineError::OtherBatch {
+                        got,
+                        want: batch_id,
+                    }));
                 }
                 Ok(Ok(Frame::Error { code, message })) => {
-                    return Err(self.lost(format!("a stage failed ({code}): {message}")));
+                    return Err(self.lost(PipelineError::StageFailed { code, message }));
                 }
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(self.lost(e)),
                 Err(std_mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(self.lost("the token stream from the last stage closed".into()));
+                    return Err(self.lost(PipelineError::StreamClosed {
+                        what: "token stream from the last stage",
+                    }));
                 }
                 Err(std_mpsc::RecvTimeoutError::Timeout) => {
-                    if let Some(n) = self.missing_node() {
-                        return Err(self.lost(format!("node {n} left the cluster")));
+                    if let Some(node) = self.missing_node() {
+                        return Err(self.lost(PipelineError::NodeLeft { node }));
                     }
                     if start.elapsed() > BATCH_TIMEOUT {
-                        return Err(self.lost("no tokens from the last stage in time".into()));
+                        return Err(self.lost(PipelineError::NoTokensInTime));
                     }
                 }
             }
@@ -207,28 +218,16 @@ impl RemoteChain {
     pub fn cached_len(&self, seq_id: u64) -> usize {
         self.lens.get(&seq_id).copied().unwrap_or(0)
     }
-}
 
-impl Stage for RemoteChain {
-    fn info(&self) -> StageInfo {
-        StageInfo {
-            concurrent_stages: self.nodes.len(),
-            kv_value_bytes: shoal_model::kv::value_bytes(true),
-            local_kv_layers: 0,
-            kv_token_capacity: self.kv_capacity,
-        }
-    }
-
-    fn launch(
+    /// Sends a batch's sampling jobs and hidden states to the next stage.
+    fn send_batch(
         &mut self,
         batch: &[ChunkSpec],
         input: StageData,
         sampling: &[SampleRef<'_>],
-    ) -> Result<Launched, EngineError> {
+    ) -> Result<Launched, PipelineError> {
         let StageData::Hidden(h) = input else {
-            return Err(EngineError::Internal(
-                "a remote chain takes hidden states".into(),
-            ));
+            return Err(PipelineError::NotHidden);
         };
         let batch_id = self.next_batch;
         self.next_batch += 1;
@@ -243,8 +242,7 @@ impl Stage for RemoteChain {
             .collect();
         // Encoded straight from the hidden states.
         let acts =
-            Activations::encode_f32(batch_id, &chunks, h.cols() as u32, h.data(), self.dtype)
-                .map_err(|e| EngineError::Internal(e.to_string()))?;
+            Activations::encode_f32(batch_id, &chunks, h.cols() as u32, h.data(), self.dtype)?;
         if !sampling.is_empty() {
             let jobs = sampling
                 .iter()
@@ -261,19 +259,21 @@ impl Stage for RemoteChain {
         Ok(Launched::Pending(batch_id))
     }
 
-    fn complete(&mut self, ticket: u64) -> Result<StageData, EngineError> {
+    /// Waits for the tokens of the oldest batch in flight, which must be `ticket`.
+    fn receive_batch(&mut self, ticket: u64) -> Result<StageData, PipelineError> {
         let Some((batch_id, expected)) = self.pending.pop_front() else {
-            return Err(EngineError::Internal("no batch in flight".into()));
+            return Err(PipelineError::NothingInFlight);
         };
         if batch_id != ticket {
-            return Err(EngineError::Internal(format!(
-                "batch {ticket} completed out of order (oldest in flight: {batch_id})"
-            )));
+            return Err(PipelineError::OutOfOrder {
+                ticket,
+                oldest: batch_id,
+            });
         }
         let items = self.wait_tokens(batch_id)?;
         if items.len() != expected.len() || items.iter().zip(&expected).any(|(i, s)| i.seq_id != *s)
         {
-            return Err(self.lost("the last stage answered for other sequences".into()));
+            return Err(self.lost(PipelineError::OtherSequences));
         }
         Ok(StageData::Sampled(
             items
@@ -286,7 +286,8 @@ impl Stage for RemoteChain {
         ))
     }
 
-    fn kv(&mut self, op: KvOp) -> Result<(), EngineError> {
+    /// Sends a KV operation down the pipeline (every stage applies it).
+    fn send_kv(&mut self, op: KvOp) -> Result<(), PipelineError> {
         match op {
             KvOp::Release { seq_id } => {
                 self.lens.remove(&seq_id);
@@ -328,6 +329,34 @@ impl Stage for RemoteChain {
                 len: 0,
             })),
         }
+    }
+}
+
+impl Stage for RemoteChain {
+    fn info(&self) -> StageInfo {
+        StageInfo {
+            concurrent_stages: self.nodes.len(),
+            kv_value_bytes: shoal_model::kv::value_bytes(true),
+            local_kv_layers: 0,
+            kv_token_capacity: self.kv_capacity,
+        }
+    }
+
+    fn launch(
+        &mut self,
+        batch: &[ChunkSpec],
+        input: StageData,
+        sampling: &[SampleRef<'_>],
+    ) -> Result<Launched, EngineError> {
+        Ok(self.send_batch(batch, input, sampling)?)
+    }
+
+    fn complete(&mut self, ticket: u64) -> Result<StageData, EngineError> {
+        Ok(self.receive_batch(ticket)?)
+    }
+
+    fn kv(&mut self, op: KvOp) -> Result<(), EngineError> {
+        Ok(self.send_kv(op)?)
     }
 
     fn held_sequences(&self) -> usize {

@@ -14,9 +14,11 @@ use tokio::sync::mpsc;
 
 use shoal_cluster::ClusterHandle;
 
+use crate::error::PipelineError;
+
 use super::{
-    READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, handshake, read_handshake, spawn_reader,
-    spawn_writer, wire_instance_id, wire_node_id,
+    Inbound, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, handshake, open_stream,
+    read_handshake, spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
 };
 
 /// A stage this node hosts for an instance, and where its output goes.
@@ -57,15 +59,16 @@ impl HostedStage {
     /// Errs if adding `tokens` of KV would take the stage past what its node reserved for it (the
     /// driver budgets against that, so only a driver bug gets here: an error, never an allocation
     /// beyond the node's budget).
-    fn check_room(&self, stage: &LocalStage, tokens: usize) -> Result<(), String> {
+    fn check_room(&self, stage: &LocalStage, tokens: usize) -> Result<(), PipelineError> {
         let held = stage.held_tokens();
         if held + tokens > self.kv.tokens() {
-            return Err(format!(
-                "stage {} of {}: {held} + {tokens} KV tokens exceed the {} this node reserved",
-                self.index,
-                self.instance,
-                self.kv.tokens()
-            ));
+            return Err(PipelineError::KvFull {
+                stage: self.index,
+                instance: self.instance.clone(),
+                held,
+                tokens,
+                reserved: self.kv.tokens(),
+            });
         }
         Ok(())
     }
@@ -96,18 +99,18 @@ impl Hosts {
 }
 
 /// Accepts data-plane streams for the stages in `hosts` until the node shuts down.
-pub fn serve_stages(cluster: ClusterHandle, hosts: Hosts) -> Result<(), String> {
+pub fn serve_stages(cluster: ClusterHandle, hosts: Hosts) -> Result<(), PipelineError> {
     let mut control = cluster.streams();
     let mut incoming = control
         .accept(STAGE_PROTOCOL)
-        .map_err(|e| format!("{e:?}"))?;
+        .map_err(PipelineError::AcceptStreams)?;
     tokio::spawn(async move {
         while let Some((peer, stream)) = incoming.next().await {
             let cluster = cluster.clone();
             let hosts = hosts.clone();
             tokio::spawn(async move {
                 if let Err(e) = accept_stream(&cluster, &hosts, peer, stream).await {
-                    tracing::warn!(%peer, "data-plane stream refused: {e}");
+                    tracing::warn!(%peer, kind = e.error_type(), "data-plane stream refused: {e}");
                 }
             });
         }
@@ -120,13 +123,13 @@ async fn accept_stream(
     hosts: &Hosts,
     peer: PeerId,
     mut stream: Stream,
-) -> Result<(), String> {
+) -> Result<(), PipelineError> {
     // Read the peer's handshake first to learn which of our stages it wants.
     let theirs = read_handshake(&mut stream).await?;
     let inst = theirs.role.instance_id();
     let host = hosts
         .get(inst)
-        .ok_or_else(|| format!("no stage of instance {inst:016x} here"))?;
+        .ok_or(PipelineError::NoSuchStage { instance: inst })?;
     let ours = Handshake::new(
         wire_node_id(&cluster.id()),
         cluster.cluster_hash(),
@@ -137,18 +140,18 @@ async fn accept_stream(
             layer_end: host.layers.1 as u32,
         },
     );
-    theirs.check_compatible(&ours).map_err(|e| e.to_string())?;
+    theirs.check_compatible(&ours)?;
     let traffic = cluster.traffic();
     match theirs.role {
         Role::Owner { .. } => {
             if host.next.is_some() {
-                return Err("tokens come from the last stage only".into());
+                return Err(PipelineError::NotLastStage);
             }
             let (r, w) = stream.split();
             let (tx, rx) = mpsc::channel(WRITE_QUEUE);
             // Our handshake goes out first, and the token route exists before the driver can send a batch.
             tx.try_send(ours.encode())
-                .map_err(|_| "token queue full at start".to_string())?;
+                .map_err(|_| PipelineError::TokenQueueFull)?;
             spawn_writer(w, rx, traffic.clone(), peer);
             if let Ok(mut o) = host.owner.lock() {
                 *o = Some(tx);
@@ -161,18 +164,14 @@ async fn accept_stream(
         }
         Role::Stage { stage_index, .. } => {
             if stage_index as usize + 1 != host.index {
-                return Err(format!(
-                    "stage {stage_index} cannot feed stage {}",
-                    host.index
-                ));
+                return Err(PipelineError::WrongUpstream {
+                    from: stage_index,
+                    to: host.index,
+                });
             }
             let next = match host.next {
                 Some(next) => {
-                    let mut control = cluster.streams();
-                    let mut s = control
-                        .open_stream(next, STAGE_PROTOCOL)
-                        .await
-                        .map_err(|e| format!("opening the stream to {next}: {e}"))?;
+                    let mut s = open_stream(cluster, next, "stream").await?;
                     handshake(&mut s, &ours).await?;
                     let (r, w) = s.split();
                     drop(r);
@@ -182,19 +181,15 @@ async fn accept_stream(
                 }
                 None => None,
             };
-            stream
-                .write_all(&ours.encode())
-                .await
-                .map_err(|e| e.to_string())?;
-            stream.flush().await.map_err(|e| e.to_string())?;
+            stream.write_all(&ours.encode()).await?;
+            stream.flush().await?;
             let (r, _w) = stream.split();
             let (in_tx, in_rx) = mpsc::channel(READ_QUEUE);
             spawn_reader(r, in_tx, traffic, peer);
             let host = host.clone();
             std::thread::Builder::new()
                 .name(format!("stage-{}-{}", host.instance, host.index))
-                .spawn(move || run_stage(&host, in_rx, next))
-                .map_err(|e| e.to_string())?;
+                .spawn(move || run_stage(&host, in_rx, next))?;
             Ok(())
         }
     }
@@ -203,7 +198,7 @@ async fn accept_stream(
 /// Serves one upstream connection: every frame in order, until the upstream closes or a step fails.
 fn run_stage(
     host: &HostedStage,
-    mut input: mpsc::Receiver<Result<Frame, String>>,
+    mut input: mpsc::Receiver<Inbound>,
     next: Option<mpsc::Sender<Vec<u8>>>,
 ) {
     let Some(mut stage) = host.stage.lock().ok().and_then(|mut s| s.take()) else {
@@ -224,10 +219,10 @@ fn run_stage(
         let frame = match frame {
             Ok(f) => f,
             Err(e) => {
-                tracing::warn!(instance = %host.instance, "upstream failed: {e}");
+                tracing::warn!(instance = %host.instance, kind = e.error_type(), "upstream failed: {e}");
                 let _ = encode(&Frame::Error {
                     code: 502,
-                    message: e,
+                    message: e.to_string(),
                 })
                 .map(send);
                 break;
@@ -242,10 +237,10 @@ fn run_stage(
                 }
             }
             Err(e) => {
-                tracing::error!(instance = %host.instance, "stage step failed: {e}");
+                tracing::error!(instance = %host.instance, kind = e.error_type(), "stage step failed: {e}");
                 let _ = encode(&Frame::Error {
                     code: 500,
-                    message: e,
+                    message: e.to_string(),
                 })
                 .map(send);
                 break;
@@ -266,7 +261,7 @@ fn step(
     jobs: &mut HashMap<u64, Vec<SampleJob>>,
     frame: Frame,
     last: bool,
-) -> Result<Option<Vec<u8>>, String> {
+) -> Result<Option<Vec<u8>>, PipelineError> {
     let out = match frame {
         Frame::Sample { batch_id, jobs: j } if last => {
             jobs.insert(batch_id, j);
@@ -275,18 +270,17 @@ fn step(
         Frame::Activations(a) => {
             host.check_room(stage, a.chunks.iter().map(|c| c.len as usize).sum())?;
             for c in &a.chunks {
-                let have = stage.cached_len(c.seq_id);
-                if have != c.start_pos as usize {
-                    return Err(format!(
-                        "sequence {} starts at {} but this stage holds {have} tokens",
-                        c.seq_id, c.start_pos
-                    ));
+                let held = stage.cached_len(c.seq_id);
+                if held != c.start_pos as usize {
+                    return Err(PipelineError::StartMismatch {
+                        seq_id: c.seq_id,
+                        start: c.start_pos,
+                        held,
+                    });
                 }
             }
             let [rows, cols] = a.shape;
-            let values = a.to_f32().map_err(|e| e.to_string())?;
-            let hidden =
-                HostMatrix::new(rows as usize, cols as usize, values).map_err(|e| e.to_string())?;
+            let hidden = HostMatrix::new(rows as usize, cols as usize, a.to_f32()?)?;
             let batch: Vec<ChunkSpec> = a
                 .chunks
                 .iter()
@@ -314,15 +308,13 @@ fn step(
                 .collect();
             let wanted = a.chunks.iter().filter(|c| c.want_logits).count();
             if last && refs.len() != wanted {
-                return Err(format!(
-                    "batch {} wants {wanted} tokens but has {} sampling jobs",
-                    a.batch_id,
-                    refs.len()
-                ));
+                return Err(PipelineError::JobsMismatch {
+                    batch_id: a.batch_id,
+                    wanted,
+                    jobs: refs.len(),
+                });
             }
-            let out = stage
-                .forward(&batch, StageData::Hidden(hidden), &refs)
-                .map_err(|e| e.to_string())?;
+            let out = stage.forward(&batch, StageData::Hidden(hidden), &refs)?;
             match out {
                 // Encoded straight from the stage's output.
                 StageData::Hidden(h) => {
@@ -334,7 +326,7 @@ fn step(
                         a.dtype,
                     )
                     .map(Some)
-                    .map_err(|e| e.to_string());
+                    .map_err(PipelineError::from);
                 }
                 // No chunk of this batch wants a token (a prompt's middle chunk): an empty answer, so
                 // the driver still hears back about the batch.
@@ -354,14 +346,12 @@ fn step(
                         })
                         .collect(),
                 }),
-                _ => return Err(format!("stage {} produced no output", host.index)),
+                _ => return Err(PipelineError::NoOutput { stage: host.index }),
             }
         }
         Frame::Release { seq_ids } => {
             for &seq_id in &seq_ids {
-                stage
-                    .kv(KvOp::Release { seq_id })
-                    .map_err(|e| e.to_string())?;
+                stage.kv(KvOp::Release { seq_id })?;
             }
             (!last).then_some(Frame::Release { seq_ids })
         }
@@ -372,23 +362,20 @@ fn step(
                     seq_id,
                     prefix_id,
                     len,
-                }),
-                PrefixAction::Start => host
-                    .check_room(stage, len)
-                    .map_err(shoal_engine::EngineError::Internal)
-                    .and_then(|()| {
-                        stage.kv(KvOp::Start {
-                            prefix_id,
-                            seq_id,
-                            len,
-                        })
-                    }),
-                PrefixAction::Drop => stage.kv(KvOp::DropPrefix { prefix_id }),
+                })?,
+                PrefixAction::Start => {
+                    host.check_room(stage, len)?;
+                    stage.kv(KvOp::Start {
+                        prefix_id,
+                        seq_id,
+                        len,
+                    })?
+                }
+                PrefixAction::Drop => stage.kv(KvOp::DropPrefix { prefix_id })?,
             }
-            .map_err(|e| e.to_string())?;
             (!last).then_some(Frame::Prefix(op))
         }
-        Frame::Error { code, message } => return Err(format!("upstream error {code}: {message}")),
+        Frame::Error { code, message } => return Err(PipelineError::Upstream { code, message }),
         other @ Frame::Sample { .. } => Some(other),
         Frame::Ping { .. } | Frame::Pong { .. } | Frame::Tokens { .. } => None,
     };

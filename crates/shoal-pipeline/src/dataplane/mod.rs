@@ -21,7 +21,9 @@ use sha2::{Digest, Sha256};
 use shoal_wire::{DEFAULT_MAX_FRAME_LEN, Frame, FrameReader, HANDSHAKE_HEADER_LEN, Handshake};
 use tokio::sync::mpsc;
 
-use shoal_cluster::Traffic;
+use shoal_cluster::{ClusterHandle, Traffic};
+
+use crate::error::PipelineError;
 
 mod chain;
 mod host;
@@ -54,36 +56,36 @@ pub fn wire_instance_id(id: &str) -> u64 {
     })
 }
 
-/// Sends our handshake, reads and checks the peer's.
-async fn handshake(stream: &mut Stream, ours: &Handshake) -> Result<Handshake, String> {
-    stream
-        .write_all(&ours.encode())
+/// Opens a data-plane stream to `peer` (`what` names it in the error).
+async fn open_stream(
+    cluster: &ClusterHandle,
+    peer: PeerId,
+    what: &'static str,
+) -> Result<Stream, PipelineError> {
+    cluster
+        .streams()
+        .open_stream(peer, STAGE_PROTOCOL)
         .await
-        .map_err(|e| e.to_string())?;
-    stream.flush().await.map_err(|e| e.to_string())?;
+        .map_err(|source| PipelineError::OpenStream { what, peer, source })
+}
+
+/// Sends our handshake, reads and checks the peer's.
+async fn handshake(stream: &mut Stream, ours: &Handshake) -> Result<Handshake, PipelineError> {
+    stream.write_all(&ours.encode()).await?;
+    stream.flush().await?;
     let peer = read_handshake(stream).await?;
-    peer.check_compatible(ours).map_err(|e| e.to_string())?;
+    peer.check_compatible(ours)?;
     Ok(peer)
 }
 
 /// Reads the peer's handshake (not yet checked against ours).
-async fn read_handshake(stream: &mut Stream) -> Result<Handshake, String> {
+async fn read_handshake(stream: &mut Stream) -> Result<Handshake, PipelineError> {
     let mut buf = vec![0u8; HANDSHAKE_HEADER_LEN];
-    stream
-        .read_exact(&mut buf)
-        .await
-        .map_err(|e| e.to_string())?;
-    let total = Handshake::wire_len(&buf)
-        .map_err(|e| e.to_string())?
-        .ok_or("short handshake")?;
+    stream.read_exact(&mut buf).await?;
+    let total = Handshake::wire_len(&buf)?.ok_or(PipelineError::ShortHandshake)?;
     buf.resize(total, 0);
-    stream
-        .read_exact(&mut buf[HANDSHAKE_HEADER_LEN..])
-        .await
-        .map_err(|e| e.to_string())?;
-    Handshake::decode(&buf)
-        .map(|(h, _)| h)
-        .map_err(|e| e.to_string())
+    stream.read_exact(&mut buf[HANDSHAKE_HEADER_LEN..]).await?;
+    Ok(Handshake::decode(&buf).map(|(h, _)| h)?)
 }
 
 /// Writes queued frames to the stream until the queue closes or a write fails; closes the stream after.
@@ -115,10 +117,13 @@ fn spawn_writer(
     });
 }
 
+/// What a stream's reader task hands on: a frame, or why the stream ended badly.
+type Inbound = Result<Frame, PipelineError>;
+
 /// Reads frames into `tx` until the stream ends or breaks; a malformed frame is logged and ends it.
 fn spawn_reader(
     mut r: ReadHalf<Stream>,
-    tx: mpsc::Sender<Result<Frame, String>>,
+    tx: mpsc::Sender<Inbound>,
     traffic: Arc<Traffic>,
     peer: PeerId,
 ) {
@@ -129,8 +134,10 @@ fn spawn_reader(
             let n = match r.read(&mut buf).await {
                 Ok(0) => return,
                 Ok(n) => n,
-                Err(e) => {
-                    let _ = tx.send(Err(format!("stream from {peer} broke: {e}"))).await;
+                Err(source) => {
+                    let _ = tx
+                        .send(Err(PipelineError::StreamBroke { peer, source }))
+                        .await;
                     return;
                 }
             };
@@ -144,10 +151,10 @@ fn spawn_reader(
                         }
                     }
                     Ok(None) => break,
-                    Err(e) => {
-                        tracing::warn!(%peer, kind = e.error_type(), "malformed frame, closing the stream: {e}");
+                    Err(source) => {
+                        tracing::warn!(%peer, kind = source.error_type(), "malformed frame, closing the stream: {source}");
                         let _ = tx
-                            .send(Err(format!("malformed frame from {peer}: {e}")))
+                            .send(Err(PipelineError::Malformed { peer, source }))
                             .await;
                         return;
                     }
@@ -157,6 +164,6 @@ fn spawn_reader(
     });
 }
 
-fn encode(frame: &Frame) -> Result<Vec<u8>, String> {
-    frame.encode().map_err(|e| e.to_string())
+fn encode(frame: &Frame) -> Result<Vec<u8>, PipelineError> {
+    Ok(frame.encode()?)
 }
