@@ -12,10 +12,18 @@
 //!   libp2p connections: [`dataplane::RemoteChain`] is the driver's `shoal_engine::stage::Stage` for every
 //!   stage on other nodes; [`dataplane::serve_stages`] runs the stages this node hosts.
 //!
-//! Data flow of one step of a 3-stage instance: the driver (stage 0's node) runs its layers, sends a
-//! `Sample` and an `Activations` frame to stage 1; stage 1 computes and passes both on to stage 2; stage 2
-//! computes logits, samples with the owner's sampler state and sends a `Tokens` frame straight back to the
-//! driver, whose engine streams the tokens to the clients.
+//! - [`PipelineError`]: what goes wrong on the way (structured, labelled by `error_type()`); it becomes
+//!   an `EngineError` (`StageLost` or `Internal`) once, where a [`dataplane::RemoteChain`] answers the
+//!   engine, and an instance's published `Failed` status keeps its message.
+//!
+//! Data flow of one step of a 3-stage instance: the driver (stage 0's node) runs its layers into a
+//! `shoal_model::HostMatrix`, encodes it straight into an `Activations` frame and sends it after a
+//! `Sample` frame (the sampling parameters and sampler state of each sequence wanting a token) to stage
+//! 1; stage 1 decodes the frame into a `HostMatrix`, computes in it and passes both frames on to stage 2;
+//! stage 2 computes logits, samples their rows in place with the owner's sampler state and sends a
+//! `Tokens` frame straight back to the driver. There the token stream's reader task puts the frame on
+//! the one channel the engine thread waits on (a task watching the cluster membership puts "node left"
+//! on it too), and the engine streams the tokens to the clients.
 
 pub mod dataplane;
 pub mod error;

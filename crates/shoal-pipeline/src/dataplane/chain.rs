@@ -2,8 +2,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::mpsc as std_mpsc;
-use std::time::Instant;
 
 use futures::AsyncReadExt;
 use libp2p::PeerId;
@@ -14,27 +12,34 @@ use shoal_engine::stage::{
 use shoal_wire::{
     Activations, ChunkHeader, DType, Frame, Handshake, PrefixAction, PrefixOp, Role, TokenItem,
 };
-use tokio::sync::mpsc;
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, oneshot, watch};
 
 use shoal_cluster::{ClusterHandle, Snapshot};
 
 use crate::error::PipelineError;
 
 use super::{
-    BATCH_TIMEOUT, Inbound, LIVENESS_POLL, READ_QUEUE, WRITE_QUEUE, encode, handshake, open_stream,
-    spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
+    BATCH_TIMEOUT, Inbound, READ_QUEUE, WRITE_QUEUE, encode, handshake, open_stream, spawn_reader,
+    spawn_writer, wire_instance_id, wire_node_id,
 };
 
 /// The stages after the driver's own, on other nodes, seen as one [`Stage`].
 pub struct RemoteChain {
     down: mpsc::Sender<Vec<u8>>,
-    tokens: std_mpsc::Receiver<Inbound>,
+    /// What the engine thread waits on, and only this: token frames straight from the token stream's
+    /// reader task, and [`PipelineError::NodeLeft`] from the task watching the membership. Bounded by
+    /// the reader's [`READ_QUEUE`]: the driver reads every batch's tokens before it sends more than
+    /// [`RemoteChain::info`]'s depth of batches, so it never fills; a stalled engine thread would make
+    /// the reader wait rather than buffer.
+    events: mpsc::Receiver<Inbound>,
+    /// The runtime the reader runs on, whose timer bounds a wait ([`BATCH_TIMEOUT`]).
+    rt: Handle,
     /// Tokens of KV each sequence holds on the remote stages (mirrors what was sent).
     lens: HashMap<u64, usize>,
     next_batch: u64,
     dtype: DType,
     nodes: Vec<String>,
-    members: tokio::sync::watch::Receiver<Arc<Snapshot>>,
     broken: Option<String>,
     /// Batches sent and not yet answered, oldest first, with the sequences whose tokens they owe.
     pending: std::collections::VecDeque<(u64, Vec<u64>)>,
@@ -42,6 +47,8 @@ pub struct RemoteChain {
     kv_capacity: Option<usize>,
     /// Kept so the owner stream stays open as long as the chain lives.
     _owner: mpsc::Sender<Vec<u8>>,
+    /// Dropped with the chain, which stops the membership watch.
+    _stop_watch: oneshot::Sender<()>,
 }
 
 impl RemoteChain {
@@ -102,18 +109,26 @@ impl RemoteChain {
             ),
         )
         .await?;
-        let (tok_tx, tok_rx) = std_mpsc::channel();
         let (or, ow) = owner.split();
-        let (frames_tx, mut frames_rx) = mpsc::channel(READ_QUEUE);
-        spawn_reader(or, frames_tx, traffic.clone(), last);
-        // The engine thread waits with a timeout (to notice a node leaving), which a std channel offers.
-        tokio::spawn(async move {
-            while let Some(f) = frames_rx.recv().await {
-                if tok_tx.send(f).is_err() {
-                    return;
-                }
-            }
-        });
+        let (events_tx, events) = mpsc::channel(READ_QUEUE);
+        // The watch only holds a weak sender: the channel closes when the reader ends (the token
+        // stream closed), which the engine thread sees at once.
+        let (stop_watch, stop) = oneshot::channel();
+        let stage_nodes = nodes.to_vec();
+        watch_nodes(
+            cluster.subscribe(),
+            move |snap: &Arc<Snapshot>| {
+                let members = snap.state.members();
+                stage_nodes
+                    .iter()
+                    .find(|n| !members.contains(&n.as_str()))
+                    .cloned()
+            },
+            events_tx.downgrade(),
+            stop,
+        );
+        spawn_reader(or, events_tx, traffic.clone(), last);
+        // Nothing is sent on the owner stream but the handshake: one slot is enough.
         let (owner_tx, owner_rx) = mpsc::channel(1);
         spawn_writer(ow, owner_rx, traffic.clone(), last);
         let (dr, dw) = down.split();
@@ -122,16 +137,17 @@ impl RemoteChain {
         spawn_writer(dw, down_rx, traffic, first);
         Ok(Self {
             down: down_tx,
-            tokens: tok_rx,
+            events,
+            rt: Handle::current(),
             lens: HashMap::new(),
             next_batch: 1,
             dtype,
             nodes: nodes.to_vec(),
-            members: cluster.subscribe(),
             broken: None,
             kv_capacity: None,
             pending: std::collections::VecDeque::new(),
             _owner: owner_tx,
+            _stop_watch: stop_watch,
         })
     }
 
@@ -169,48 +185,69 @@ impl RemoteChain {
         Ok(())
     }
 
-    /// The first stage node that is no longer a member, if any.
-    fn missing_node(&self) -> Option<String> {
-        let snap = self.members.borrow().clone();
-        let members = snap.state.members();
-        self.nodes
-            .iter()
-            .find(|n| !members.contains(&n.as_str()))
-            .cloned()
-    }
-
+    /// Blocks the engine thread until the tokens of `batch_id` arrive, the pipeline breaks (a stream
+    /// closes, a stage fails, a stage node leaves the cluster: each noticed as it happens), or
+    /// [`BATCH_TIMEOUT`] passes.
     fn wait_tokens(&mut self, batch_id: u64) -> Result<Vec<TokenItem>, PipelineError> {
-        let start = Instant::now();
+        let deadline = tokio::time::Instant::now() + BATCH_TIMEOUT;
         loop {
-            match self.tokens.recv_timeout(LIVENESS_POLL) {
-                Ok(Ok(Frame::Tokens { batch_id: b, items })) if b == batch_id => return Ok(items),
-                Ok(Ok(Frame::Tokens { batch_id: got, .. })) => {
+            let next = self
+                .rt
+                .block_on(tokio::time::timeout_at(deadline, self.events.recv()));
+            match next {
+                Ok(Some(Ok(Frame::Tokens { batch_id: b, items }))) if b == batch_id => {
+                    return Ok(items);
+                }
+                Ok(Some(Ok(Frame::Tokens { batch_id: got, .. }))) => {
                     return Err(self.lost(PipelineError::OtherBatch {
                         got,
                         want: batch_id,
                     }));
                 }
-                Ok(Ok(Frame::Error { code, message })) => {
+                Ok(Some(Ok(Frame::Error { code, message }))) => {
                     return Err(self.lost(PipelineError::StageFailed { code, message }));
                 }
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(self.lost(e)),
-                Err(std_mpsc::RecvTimeoutError::Disconnected) => {
+                Ok(Some(Ok(_))) => {}
+                Ok(Some(Err(e))) => return Err(self.lost(e)),
+                Ok(None) => {
                     return Err(self.lost(PipelineError::StreamClosed {
                         what: "token stream from the last stage",
                     }));
                 }
-                Err(std_mpsc::RecvTimeoutError::Timeout) => {
-                    if let Some(node) = self.missing_node() {
-                        return Err(self.lost(PipelineError::NodeLeft { node }));
-                    }
-                    if start.elapsed() > BATCH_TIMEOUT {
-                        return Err(self.lost(PipelineError::NoTokensInTime));
+                Err(_) => return Err(self.lost(PipelineError::NoTokensInTime)),
+            }
+        }
+    }
+}
+
+/// Watches the cluster membership (`members`) and sends [`PipelineError::NodeLeft`] into `events` as
+/// soon as `missing` names a node of the pipeline gone, then ends; it also ends when `stop` fires (the
+/// chain is dropped) or the membership feed closes.
+fn watch_nodes<T: Send + Sync + 'static>(
+    mut members: watch::Receiver<T>,
+    missing: impl Fn(&T) -> Option<String> + Send + 'static,
+    events: mpsc::WeakSender<Inbound>,
+    mut stop: oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let gone = missing(&members.borrow_and_update());
+            if let Some(node) = gone {
+                if let Some(tx) = events.upgrade() {
+                    let _ = tx.send(Err(PipelineError::NodeLeft { node })).await;
+                }
+                return;
+            }
+            tokio::select! {
+                _ = &mut stop => return,
+                changed = members.changed() => {
+                    if changed.is_err() {
+                        return;
                     }
                 }
             }
         }
-    }
+    })
 }
 
 impl RemoteChain {
@@ -361,5 +398,73 @@ impl Stage for RemoteChain {
 
     fn held_sequences(&self) -> usize {
         self.lens.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The membership as a list of node ids, and what the chain's watch looks for in it.
+    fn gone_from(nodes: &'static [&'static str]) -> impl Fn(&Vec<String>) -> Option<String> {
+        move |members: &Vec<String>| {
+            nodes
+                .iter()
+                .find(|n| !members.iter().any(|m| m == *n))
+                .map(|n| n.to_string())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_node_leaving_is_an_event_on_the_chains_channel() {
+        let (set, members) = watch::channel(vec!["a".to_string(), "b".into(), "c".into()]);
+        let (tx, mut events) = mpsc::channel(READ_QUEUE);
+        let (_stop, stop) = oneshot::channel();
+        let task = watch_nodes(members, gone_from(&["b", "c"]), tx.downgrade(), stop);
+        // Another node coming and going is no event (each change is seen: the test runs the watch
+        // between them).
+        for members in [vec!["b", "c"], vec!["b", "c", "d"]] {
+            set.send_replace(members.into_iter().map(String::from).collect());
+            tokio::task::yield_now().await;
+            assert!(events.try_recv().is_err(), "no node of the chain left");
+        }
+        set.send_replace(vec!["a".into(), "b".into()]);
+        match events.recv().await {
+            Some(Err(PipelineError::NodeLeft { node })) => assert_eq!(node, "c"),
+            other => panic!("expected node c to leave, got {other:?}"),
+        }
+        task.await.unwrap();
+        drop(tx);
+        assert!(
+            events.recv().await.is_none(),
+            "one event, then the watch ends"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_watch_ends_with_its_chain_and_never_keeps_the_channel_open() {
+        let (_set, members) = watch::channel(vec!["b".to_string()]);
+        let (tx, mut events) = mpsc::channel(READ_QUEUE);
+        let (stop_tx, stop) = oneshot::channel::<()>();
+        let task = watch_nodes(members, gone_from(&["b"]), tx.downgrade(), stop);
+        // The reader ending (its sender dropped) closes the channel although the watch still runs.
+        drop(tx);
+        assert!(events.recv().await.is_none());
+        drop(stop_tx);
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_node_already_gone_is_reported_at_once() {
+        let (_set, members) = watch::channel(vec!["a".to_string()]);
+        let (tx, mut events) = mpsc::channel(READ_QUEUE);
+        let (_stop, stop) = oneshot::channel();
+        watch_nodes(members, gone_from(&["b"]), tx.downgrade(), stop)
+            .await
+            .unwrap();
+        assert!(matches!(
+            events.recv().await,
+            Some(Err(PipelineError::NodeLeft { .. }))
+        ));
     }
 }

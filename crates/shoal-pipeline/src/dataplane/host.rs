@@ -156,7 +156,8 @@ async fn accept_stream(
             if let Ok(mut o) = host.owner.lock() {
                 *o = Some(tx);
             }
-            // Nothing is expected on this stream; reading it notices the driver going away.
+            // Nothing is expected on this stream; reading it notices the driver going away (one slot:
+            // whatever arrives is dropped as it is read).
             let (tx, mut rx) = mpsc::channel(1);
             spawn_reader(r, tx, traffic, peer);
             tokio::spawn(async move { while rx.recv().await.is_some() {} });

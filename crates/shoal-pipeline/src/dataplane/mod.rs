@@ -5,8 +5,10 @@
 //! the last stage sends sampled tokens back. The streams ride on the nodes' libp2p connections, so they
 //! are encrypted and authenticated like everything else (pnet + noise), and a dead peer closes them.
 //!
-//! - [`RemoteChain`] is the driver's [`Stage`] for all stages after its own: it sends a batch and waits for
-//!   its tokens, failing fast (as [`EngineError::StageLost`]) when a stream closes or a stage node leaves.
+//! - [`RemoteChain`] is the driver's [`Stage`](shoal_engine::stage::Stage) for all stages after its
+//!   own: it sends a batch and waits for its tokens on one channel fed by the token stream's reader and a
+//!   membership watch, failing at once (as [`StageLost`](shoal_engine::EngineError::StageLost)) when a
+//!   stream closes or a stage node leaves.
 //! - [`serve_stages`] accepts inbound streams for the stages this node hosts ([`Hosts`]) and runs each on its
 //!   own thread: read → compute → write to the next stage (or tokens to the driver), so sending one batch
 //!   overlaps with computing the next.
@@ -38,9 +40,8 @@ pub const STAGE_PROTOCOL: StreamProtocol = StreamProtocol::new("/shoal/stage/1")
 const WRITE_QUEUE: usize = 64;
 /// Frames read from a stream and not yet processed (same reasoning).
 const READ_QUEUE: usize = 64;
-/// How often a driver waiting for tokens checks that every stage node is still a member.
-const LIVENESS_POLL: Duration = Duration::from_millis(100);
-/// A batch that produced no tokens for this long fails even if every node still looks alive.
+/// A batch that produced no tokens for this long fails even if every node still looks alive (a lost
+/// stream or node fails it at once).
 const BATCH_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A 32-byte node id for the wire handshake.
