@@ -9,6 +9,8 @@
 //!   token embedding on the first stage and the final norm and output head on the last. Its `forward`
 //!   takes a batch of sequence chunks (several sequences decoding one token each, or prompts being
 //!   prefilled in chunks) with one [`kv::KvCache`] per sequence.
+//! - [`HostMatrix`] is what stages hand each other (hidden states in, hidden states or logits out): a
+//!   row-major f32 buffer the CPU path computes in, the wire encodes from and the sampler samples in place.
 //! - [`linear::QLinear`] keeps quantized weights quantized and runs them through `shoal-kernels` SIMD
 //!   kernels on CPU (candle's `QMatMul` on GPU devices).
 //!

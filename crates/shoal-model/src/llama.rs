@@ -2,9 +2,12 @@
 //!
 //! A [`LlamaStage`] holds layers `[start, end)`; the first stage also holds the token embedding, the last
 //! the final norm and the output head (tied to the embedding when the file has no `output.weight`).
-//! Checkpoint tensor names live in [`names`]. `forward` runs a batch of sequence chunks: rows of the
+//! Checkpoint tensor names live in `names`. `forward` runs a batch of sequence chunks: rows of the
 //! hidden state are the concatenation of every chunk's tokens, so all matrix multiplications are
 //! batched across sequences and only attention runs per sequence, against that sequence's KV cache.
+//! Hidden states come in and go out (logits on the last stage) as [`HostMatrix`]: the CPU path computes
+//! in its buffer, the candle-op path (GPU devices, [`LlamaStage::with_device_ops`]) converts at its start
+//! and end.
 
 use std::sync::Arc;
 
