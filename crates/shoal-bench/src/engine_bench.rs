@@ -42,11 +42,12 @@ async fn timed(
             temperature: 0.0,
             ..Default::default()
         },
-        max_tokens: Some(n as u32),
+        max_tokens: Some(shoal_engine::request::max_tokens(n as u32)?),
         stop: Vec::new(),
         add_bos: false,
         ignore_eos: true,
         timeout: None,
+        logits_processor: None,
     })?;
     let (mut arrivals, mut ids) = (Vec::with_capacity(n), Vec::with_capacity(n));
     while let Some(ev) = stream.next().await {

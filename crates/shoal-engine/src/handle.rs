@@ -1,15 +1,26 @@
-//! The clonable handle API adapters use to reach the engine, and the per-request event stream.
+//! [`EngineHandle`]: one model instance as callers see it — its info, tokenizer, chat template and the
+//! bounded queue to its engine thread — and [`RequestStream`], one request's events.
 //!
-//! (Interface first; the implementation lands with the engine loop.)
+//! The handle does the checks that need the model (tokenize, vocabulary range, context length), creates
+//! the request's event channel and only then queues it, so nothing the engine sends can be lost. What
+//! needs no model (parameter ranges, a positive token budget) is already settled by the
+//! [`GenerateRequest`] type the adapter built.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
+use std::time::Instant;
 
+use shoal_model::chat::ChatTemplate;
+use shoal_model::tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
+use crate::admission::Admission;
 use crate::error::EngineError;
-use crate::request::{Event, GenerateRequest};
+use crate::request::{Event, GenerateRequest, Prompt};
+use crate::stats::{Counters, EngineStats};
 
 /// One chat message, as adapters pass them to the model's chat template.
 pub use shoal_model::chat::ChatMessage;
@@ -25,38 +36,203 @@ pub struct ModelInfo {
     pub owned_by: String,
 }
 
-/// Live counters of the engine, for tests, metrics and the dashboard.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct EngineStats {
-    /// Sequences currently holding KV (prefilling or decoding).
-    pub active_sequences: usize,
-    /// Requests waiting for admission.
-    pub waiting: usize,
-    /// Engine steps run so far.
-    pub steps: u64,
-    /// Tokens sampled so far, all sequences.
-    pub generated_tokens: u64,
-    /// Prompt tokens prefilled so far.
-    pub prefilled_tokens: u64,
-    /// Tokens of KV held: running sequences plus cached prefixes (bounded by the KV budget).
-    pub kv_tokens: usize,
-    /// Sequence KV caches held across all stages (a sequence in an n-stage pipeline holds n).
-    pub stage_sequences: usize,
-}
-
-/// Handle to a running engine. Cheap to clone; all methods are safe to call from async code.
+/// Handle to one running model instance. Cheap to clone; all methods are safe to call from async code.
 #[derive(Clone)]
 pub struct EngineHandle {
-    pub(crate) inner: Arc<crate::engine::Shared>,
+    inner: Arc<Instance>,
+}
+
+/// What every clone of one [`EngineHandle`] shares.
+struct Instance {
+    info: ModelInfo,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    vocab_size: usize,
+    queue: SyncSender<Admission>,
+    counters: Arc<Counters>,
+    /// Cancel flags of live requests by id (for `POST /v1/cancel/{id}`); weak, so a finished request's
+    /// entry dies with it and is pruned.
+    cancels: Mutex<HashMap<u64, Weak<AtomicBool>>>,
+}
+
+/// Request ids, shared by all engines of the process.
+static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Registry entries kept before dead ones are pruned.
+const CANCEL_PRUNE_AT: usize = 1024;
+
+impl EngineHandle {
+    /// The handle of a model whose engine thread takes requests from `queue`.
+    pub(crate) fn new(
+        info: ModelInfo,
+        tokenizer: Arc<Tokenizer>,
+        template: Option<ChatTemplate>,
+        vocab_size: usize,
+        queue: SyncSender<Admission>,
+        counters: Arc<Counters>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Instance {
+                info,
+                tokenizer,
+                template,
+                vocab_size,
+                queue,
+                counters,
+                cancels: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The model this engine serves.
+    pub fn info(&self) -> &ModelInfo {
+        &self.inner.info
+    }
+
+    /// Renders chat messages with the model's own chat template, generation prompt appended.
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
+        if messages.is_empty() {
+            return Err(EngineError::InvalidParam {
+                param: "messages",
+                message: "messages must not be empty".into(),
+            });
+        }
+        let template = self.inner.template.as_ref().ok_or_else(|| {
+            EngineError::Template(format!("model '{}' has no chat template", self.info().id))
+        })?;
+        template
+            .render(messages, true)
+            .map_err(|e| EngineError::Template(e.to_string()))
+    }
+
+    /// Tokenizes and checks the request for `request.model` (this engine's model), then queues it. The
+    /// event channel exists before the engine sees the request, so no token can be lost however fast
+    /// the engine is.
+    pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
+        if request.model != self.info().id {
+            return Err(EngineError::ModelNotFound {
+                model: request.model,
+            });
+        }
+        self.enqueue(request)
+    }
+
+    /// [`EngineHandle::submit`] for a request already routed to this engine by its model id.
+    pub(crate) fn enqueue(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
+        if request.logits_processor.is_some() {
+            // The sampler does not call processors yet (see `crate::logits`): refuse rather than ignore.
+            return Err(EngineError::InvalidParam {
+                param: "logits_processor",
+                message: "logits processors are not supported by this engine yet".into(),
+            });
+        }
+        let tokens = self.prompt_tokens(&request)?;
+        // Unique across every engine of the process, so a request id names one request on this node.
+        let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
+        // The channel exists before the engine knows about the request: nothing it sends can be lost.
+        // Unbounded on purpose: the engine must never block on a slow client, and a sequence sends at
+        // most (context length + 1) events, which bounds it.
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let deadline = request.timeout.map(|t| Instant::now() + t);
+        let prompt_tokens = tokens.len();
+        let admission = Admission {
+            id,
+            tokens,
+            request,
+            tx,
+            cancel: cancel.clone(),
+            deadline,
+        };
+        match self.inner.queue.try_send(admission) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(EngineError::Overloaded),
+            Err(TrySendError::Disconnected(_)) => return Err(EngineError::Stopped),
+        }
+        self.inner.counters.queued();
+        if let Ok(mut map) = self.inner.cancels.lock() {
+            if map.len() >= CANCEL_PRUNE_AT {
+                map.retain(|_, w| w.strong_count() > 0);
+            }
+            map.insert(id, Arc::downgrade(&cancel));
+        }
+        Ok(RequestStream {
+            id,
+            prompt_tokens,
+            rx,
+            cancel,
+        })
+    }
+
+    /// The prompt's tokens (BOS added when asked and the model wants it), checked against the model:
+    /// not empty, every id in the vocabulary, room left in the context.
+    fn prompt_tokens(&self, request: &GenerateRequest) -> Result<Vec<u32>, EngineError> {
+        let tokenizer = &self.inner.tokenizer;
+        let mut tokens = match &request.prompt {
+            Prompt::Text(text) => tokenizer.encode(text, true),
+            Prompt::Tokens(t) => t.clone(),
+        };
+        if request.add_bos
+            && tokenizer.add_bos()
+            && let Some(bos) = tokenizer.bos_id()
+            && tokens.first() != Some(&bos)
+        {
+            tokens.insert(0, bos);
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let vocab = self.inner.vocab_size as u32;
+        if let Some(bad) = tokens.iter().find(|&&t| t >= vocab) {
+            return Err(EngineError::InvalidParam {
+                param: "prompt",
+                message: format!("token id {bad} is outside the vocabulary of {vocab}"),
+            });
+        }
+        let context_length = self.info().context_length;
+        if tokens.len() >= context_length {
+            return Err(EngineError::PromptTooLong {
+                prompt_tokens: tokens.len(),
+                context_length,
+            });
+        }
+        Ok(tokens)
+    }
+
+    /// Whether `other` is a handle to this same engine.
+    pub fn same_engine(&self, other: &EngineHandle) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> EngineStats {
+        self.inner.counters.snapshot()
+    }
+
+    /// Cancels request `id` (as returned by [`RequestStream::id`]) wherever it is: queued or running. The
+    /// engine frees it at its next step and its stream ends with `Done { Cancelled }`. Returns false when
+    /// no such request is live.
+    pub fn cancel(&self, id: u64) -> bool {
+        let Ok(mut map) = self.inner.cancels.lock() else {
+            return false;
+        };
+        match map.remove(&id).and_then(|w| w.upgrade()) {
+            Some(flag) => {
+                flag.store(true, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// The stream of one request's events. Dropping it cancels the request: the engine frees the sequence
 /// at its next step.
 pub struct RequestStream {
-    pub(crate) id: u64,
-    pub(crate) prompt_tokens: usize,
-    pub(crate) rx: mpsc::UnboundedReceiver<Event>,
-    pub(crate) cancel: Arc<AtomicBool>,
+    id: u64,
+    prompt_tokens: usize,
+    rx: mpsc::UnboundedReceiver<Event>,
+    cancel: Arc<AtomicBool>,
 }
 
 impl RequestStream {
@@ -88,44 +264,5 @@ impl RequestStream {
 impl Drop for RequestStream {
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::Relaxed);
-    }
-}
-
-impl EngineHandle {
-    /// Models this engine serves.
-    pub fn models(&self) -> Vec<ModelInfo> {
-        self.inner.models()
-    }
-
-    /// Renders chat messages with the model's own chat template, generation prompt appended.
-    pub fn render_chat(
-        &self,
-        model: &str,
-        messages: &[ChatMessage],
-    ) -> Result<String, EngineError> {
-        self.inner.render_chat(model, messages)
-    }
-
-    /// Tokenizes and checks the request, then queues it. The event channel exists before the engine
-    /// sees the request, so no token can be lost however fast the engine is.
-    pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
-        self.inner.submit(request)
-    }
-
-    /// Whether `other` is a handle to this same engine.
-    pub fn same_engine(&self, other: &EngineHandle) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
-    }
-
-    /// Current counters.
-    pub fn stats(&self) -> EngineStats {
-        self.inner.stats()
-    }
-
-    /// Cancels request `id` (as returned by [`RequestStream::id`]) wherever it is: queued or running. The
-    /// engine frees it at its next step and its stream ends with `Done { Cancelled }`. Returns false when
-    /// no such request is live.
-    pub fn cancel(&self, id: u64) -> bool {
-        self.inner.cancel(id)
     }
 }

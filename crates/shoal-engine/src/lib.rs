@@ -1,25 +1,42 @@
 //! shoal-engine: sequences, KV cache, sampler, scheduler and the stage seam.
 //!
-//! Data flow: an API adapter builds a validated [`GenerateRequest`] and calls [`EngineHandle::submit`],
-//! which tokenizes it, checks it against the context length, creates the request's event channel and
-//! only then queues it for the engine thread. The engine thread owns the model stages and all KV caches;
-//! every step it decodes one token for each running sequence (batched) and prefills waiting prompts in
-//! chunks, samples, detokenizes (stop sequences, UTF-8 boundaries) and sends [`Event`]s back.
+//! Main types: [`Engines`] (the node's models by id — what every API adapter calls), [`EngineHandle`]
+//! (one model instance: its info, tokenizer, chat template and the bounded queue to its engine thread),
+//! [`GenerateRequest`] (the validated request an adapter builds) and [`RequestStream`] (its
+//! [`Event`]s); inside, the engine thread's `Worker` with its `KvAccount` (KV memory against the node's
+//! [`kvpool::KvPool`]), the pure step planner ([`scheduler`]), the prefix cache index ([`prefix`]) and
+//! the pipeline [`stage::Stage`]s it drives, local or on other nodes.
+//!
+//! Data flow: an adapter builds a [`GenerateRequest`] and calls [`Engines::submit`], which finds the
+//! model's [`EngineHandle`]; the handle tokenizes the prompt, checks it against the model (vocabulary,
+//! context length), creates the request's event channel and only then queues it for the engine
+//! thread ([`engine::spawn`]). The engine thread owns the stages and all KV caches; every step it
+//! admits waiting requests within the KV budget, decodes one token for each running sequence
+//! (batched) and prefills waiting prompts in chunks, samples, detokenizes (stop sequences, UTF-8
+//! boundaries) and sends [`Event`]s back; [`EngineStats`] counts what happened.
 
+mod admission;
+mod config;
 pub mod engine;
 pub mod error;
 pub mod handle;
+mod kv_account;
 pub mod kvpool;
+pub mod logits;
 pub mod prefix;
 pub mod registry;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
+mod sequence;
 pub mod stage;
+mod stats;
 pub mod stop;
 mod worker;
 
 pub use error::EngineError;
-pub use handle::{ChatMessage, EngineHandle, EngineStats, ModelInfo, RequestStream};
+pub use handle::{ChatMessage, EngineHandle, ModelInfo, RequestStream};
+pub use logits::LogitsProcessor;
 pub use registry::Engines;
 pub use request::{Event, FinishReason, GenerateRequest, Prompt, SamplingParams, Usage};
+pub use stats::EngineStats;

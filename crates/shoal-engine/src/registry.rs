@@ -1,14 +1,16 @@
 //! [`Engines`]: every model this node serves, by id — what the API talks to.
 //!
 //! One [`EngineHandle`] per model instance driven from this node. The cluster adds and removes them as
-//! instances are placed and torn down; API handlers only read. Cheap to clone.
+//! instances are placed and torn down; API handlers only read. Cheap to clone. A request's model id is
+//! looked up here, once: the handle found serves it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use crate::error::EngineError;
-use crate::handle::{ChatMessage, EngineHandle, EngineStats, ModelInfo, RequestStream};
+use crate::handle::{ChatMessage, EngineHandle, ModelInfo, RequestStream};
 use crate::request::GenerateRequest;
+use crate::stats::EngineStats;
 
 /// The engines of this node, by model id.
 #[derive(Clone, Default)]
@@ -25,12 +27,10 @@ impl From<EngineHandle> for Engines {
 }
 
 impl Engines {
-    /// Adds (or replaces) the engine serving each of `engine`'s models.
+    /// Adds (or replaces) the engine serving `engine`'s model.
     pub fn insert(&self, engine: EngineHandle) {
         if let Ok(mut map) = self.inner.write() {
-            for m in engine.models() {
-                map.insert(m.id, engine.clone());
-            }
+            map.insert(engine.info().id.clone(), engine);
         }
     }
 
@@ -74,22 +74,25 @@ impl Engines {
 
     /// Every model served, sorted by id.
     pub fn models(&self) -> Vec<ModelInfo> {
-        let mut v: Vec<ModelInfo> = self.all().iter().flat_map(|e| e.models()).collect();
-        v.sort_by(|a, b| a.id.cmp(&b.id));
-        v.dedup_by(|a, b| a.id == b.id);
-        v
+        // Keyed by model id: sorted, without duplicates.
+        self.inner
+            .read()
+            .map(|m| m.values().map(|e| e.info().clone()).collect())
+            .unwrap_or_default()
     }
 
+    /// Renders `messages` with `model`'s chat template ([`EngineHandle::render_chat`]).
     pub fn render_chat(
         &self,
         model: &str,
         messages: &[ChatMessage],
     ) -> Result<String, EngineError> {
-        self.get(model)?.render_chat(model, messages)
+        self.get(model)?.render_chat(messages)
     }
 
+    /// Queues `request` on the engine serving `request.model` ([`EngineHandle::submit`]).
     pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
-        self.get(&request.model)?.submit(request)
+        self.get(&request.model)?.enqueue(request)
     }
 
     /// Cancels request `id` on whichever engine runs it (ids are unique per process).
@@ -102,14 +105,6 @@ impl Engines {
         self.all()
             .iter()
             .map(|e| e.stats())
-            .fold(EngineStats::default(), |a, b| EngineStats {
-                active_sequences: a.active_sequences + b.active_sequences,
-                waiting: a.waiting + b.waiting,
-                steps: a.steps + b.steps,
-                generated_tokens: a.generated_tokens + b.generated_tokens,
-                prefilled_tokens: a.prefilled_tokens + b.prefilled_tokens,
-                kv_tokens: a.kv_tokens + b.kv_tokens,
-                stage_sequences: a.stage_sequences + b.stage_sequences,
-            })
+            .fold(EngineStats::default(), EngineStats::plus)
     }
 }

@@ -1,7 +1,7 @@
 //! The engine's validated request type and the events it streams back.
 //!
-//! Every API adapter (OpenAI, Anthropic, Ollama) converts its raw input into a [`GenerateRequest`];
-//! the engine never sees unvalidated input. Construct [`SamplingParams`] through
+//! Every API adapter (today the OpenAI one in `shoal-api`) converts its raw input into a
+//! [`GenerateRequest`]; the engine never sees unvalidated input. Construct [`SamplingParams`] through
 //! [`SamplingParams::validate`] so out-of-range values are rejected with a clear error.
 
 use serde::Serialize;
@@ -35,8 +35,8 @@ pub struct GenerateRequest {
     pub model: String,
     pub prompt: Prompt,
     pub sampling: SamplingParams,
-    /// Upper bound on generated tokens; `None` means "until the context is full".
-    pub max_tokens: Option<u32>,
+    /// Upper bound on generated tokens (at least one); `None` means "until the context is full".
+    pub max_tokens: Option<std::num::NonZeroU32>,
     /// Stop sequences: generation ends before any of them and they are never emitted.
     pub stop: Vec<String>,
     /// Add the model's BOS token in front of a text prompt when the model asks for it
@@ -47,6 +47,17 @@ pub struct GenerateRequest {
     /// Give up (with [`EngineError::Timeout`]) when the request has not finished this long after it was
     /// submitted, queueing included.
     pub timeout: Option<std::time::Duration>,
+    /// Code that masks or adjusts each row of logits before it is sampled (constrained decoding).
+    pub logits_processor: Option<Box<dyn crate::logits::LogitsProcessor>>,
+}
+
+/// `n` as a [`GenerateRequest::max_tokens`], for callers outside the HTTP API (the CLI, benchmarks):
+/// 0 is refused.
+pub fn max_tokens(n: u32) -> Result<std::num::NonZeroU32, EngineError> {
+    std::num::NonZeroU32::new(n).ok_or_else(|| EngineError::InvalidParam {
+        param: "max_tokens",
+        message: "max_tokens must be at least 1".into(),
+    })
 }
 
 /// Why a sequence finished.

@@ -1,6 +1,7 @@
 //! The engine on the real model: no token lost, cancellation stops work, stop sequences, seeded
 //! determinism, batching equals running alone, local pipelines equal one stage, and clear errors.
 
+use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use shoal_engine::engine::{EngineConfig, spawn_from_gguf};
@@ -10,11 +11,12 @@ use shoal_engine::{
 use shoal_model::LayerRange;
 use shoal_model::testing::model_path;
 
+mod common;
+use common::{PATIENCE, wait_for};
+
 const MODEL: &str = "smollm2-135m-instruct-q4_1";
-/// Upper bound for waiting on the engine in these tests (generous for a loaded CI box).
 /// KV bytes per token of the test model: K and V × 30 layers × 3 KV heads × 64 values, f16 on CPU.
 const KV_TOKEN: usize = 2 * 30 * 3 * 64 * 2;
-const PATIENCE: Duration = Duration::from_secs(60);
 
 fn engine_with(config: EngineConfig) -> EngineHandle {
     spawn_from_gguf(&model_path(), MODEL, config).expect("engine")
@@ -35,11 +37,12 @@ fn request(prompt: &str, max_tokens: u32) -> GenerateRequest {
             temperature: 0.0,
             ..Default::default()
         },
-        max_tokens: Some(max_tokens),
+        max_tokens: NonZeroU32::new(max_tokens),
         stop: Vec::new(),
         add_bos: false,
         ignore_eos: false,
         timeout: None,
+        logits_processor: None,
     }
 }
 
@@ -78,19 +81,6 @@ async fn collect(engine: &EngineHandle, req: GenerateRequest) -> Output {
             Some(Event::Error(e)) => panic!("engine error: {e}"),
             None => panic!("stream ended without Done"),
         }
-    }
-}
-
-/// Polls `cond` on the engine's stats until it holds (bounded).
-fn wait_for(engine: &EngineHandle, what: &str, cond: impl Fn(&shoal_engine::EngineStats) -> bool) {
-    let start = Instant::now();
-    while !cond(&engine.stats()) {
-        assert!(
-            start.elapsed() < PATIENCE,
-            "timed out waiting for {what}: {:?}",
-            engine.stats()
-        );
-        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

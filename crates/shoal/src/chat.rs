@@ -35,7 +35,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
 async fn local(args: &ChatArgs) -> anyhow::Result<()> {
     let (id, path) = crate::resolve_model(&args.model)?;
     let engine = shoal_engine::engine::spawn_from_gguf(&path, &id, args.engine.config()?)?;
-    let prompt = engine.render_chat(&id, &messages(args))?;
+    let prompt = engine.render_chat(&messages(args))?;
     let sampling = SamplingParams {
         temperature: args.temperature,
         seed: args.seed,
@@ -46,11 +46,12 @@ async fn local(args: &ChatArgs) -> anyhow::Result<()> {
         model: id,
         prompt: Prompt::Text(prompt),
         sampling,
-        max_tokens: Some(args.max_tokens),
+        max_tokens: Some(shoal_engine::request::max_tokens(args.max_tokens)?),
         stop: Vec::new(),
         add_bos: false,
         ignore_eos: false,
         timeout: None,
+        logits_processor: None,
     })?;
     let mut out = std::io::stdout().lock();
     while let Some(event) = stream.next().await {

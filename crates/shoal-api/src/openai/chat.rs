@@ -55,6 +55,7 @@ pub async fn chat_completions(
         add_bos: false,
         ignore_eos: params.ignore_eos,
         timeout: params.timeout,
+        logits_processor: None,
     };
     let stream = state
         .engine

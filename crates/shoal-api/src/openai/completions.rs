@@ -37,6 +37,7 @@ pub async fn completions(
         add_bos,
         ignore_eos: params.ignore_eos,
         timeout: params.timeout,
+        logits_processor: None,
     };
     let stream = state
         .engine

@@ -4,6 +4,7 @@
 //! (naming it in the error) and yields a [`Validated`] with the engine's [`SamplingParams`], the token
 //! budget and the stop sequences, plus how to answer (stream or not, usage chunk or not).
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use shoal_engine::{Engines, SamplingParams};
@@ -46,7 +47,7 @@ pub struct Validated {
     /// A model the engine serves.
     pub model: String,
     pub sampling: SamplingParams,
-    pub max_tokens: Option<u32>,
+    pub max_tokens: Option<NonZeroU32>,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
     /// Give up after this long (queueing included).
@@ -117,14 +118,15 @@ impl CommonParams {
 }
 
 /// `max_tokens` must be positive; values beyond `u32` mean "as many as fit" anyway.
-fn token_budget(param: &'static str, value: i64) -> Result<u32, ApiError> {
+fn token_budget(param: &'static str, value: i64) -> Result<NonZeroU32, ApiError> {
     if value <= 0 {
         return Err(ApiError::invalid(
             param,
             format!("{param} must be at least 1, got {value}"),
         ));
     }
-    Ok(u32::try_from(value).unwrap_or(u32::MAX))
+    let value = u32::try_from(value).unwrap_or(u32::MAX);
+    Ok(NonZeroU32::new(value).unwrap_or(NonZeroU32::MAX))
 }
 
 /// `timeout` is in seconds, fractions allowed: more than 0, at most [`MAX_TIMEOUT_SECS`].
@@ -213,8 +215,8 @@ mod tests {
     fn token_budget_rejects_non_positive() {
         assert!(token_budget("max_tokens", 0).is_err());
         assert!(token_budget("max_tokens", -3).is_err());
-        assert_eq!(token_budget("max_tokens", 5).ok(), Some(5));
-        assert_eq!(token_budget("max_tokens", i64::MAX).ok(), Some(u32::MAX));
+        assert_eq!(token_budget("max_tokens", 5).ok(), NonZeroU32::new(5));
+        assert_eq!(token_budget("max_tokens", i64::MAX).ok(), Some(NonZeroU32::MAX));
     }
 
     #[test]

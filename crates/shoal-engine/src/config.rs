@@ -1,0 +1,65 @@
+//! [`EngineConfig`]: how one engine batches, queues, caches prefixes and budgets KV memory.
+
+use std::sync::Arc;
+
+use shoal_model::LayerRange;
+
+use crate::kvpool::KvPool;
+
+/// Engine tuning.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Compute threads for the CPU kernels.
+    pub threads: usize,
+    /// Tokens per step across all sequences (decodes + prefill chunks).
+    pub max_batch_tokens: usize,
+    /// Prefill tokens per step while other sequences decode, at most (see
+    /// [`crate::scheduler::StepBudget`]).
+    pub max_prefill_while_decoding: usize,
+    /// While streams decode and a long prompt (over 256 tokens left) is prefilled, take only as many of
+    /// its tokens per step as keep the step within this many times a decode-only step (measured), so it
+    /// raises running streams' inter-token latency by at most this factor; `None` = always
+    /// `max_prefill_while_decoding`.
+    pub itl_slack: Option<f64>,
+    /// Sequences holding KV at once; more wait in the queue.
+    pub max_running: usize,
+    /// Requests queued between handles and the engine thread before `Overloaded` (HTTP 503). Bounded so a
+    /// flood of requests cannot grow memory without limit.
+    pub queue_depth: usize,
+    /// Layer ranges to load as separate local stages (a pipeline inside one process); `None` = one stage.
+    pub stages: Option<Vec<LayerRange>>,
+    /// Tokens of finished sequences whose KV is kept for reuse by later prompts that share a prefix
+    /// (multi-turn chats, shared system prompts); 0 disables the prefix cache.
+    pub prefix_cache_tokens: usize,
+    /// KV-cache memory this engine may use, all sequences and cached prefixes together. Requests wait
+    /// for room (and newer sequences are preempted and later recomputed) rather than exceeding it.
+    /// Ignored when `kv_pool` is set.
+    pub kv_budget_bytes: usize,
+    /// The node's KV memory shared with the other engines on it; `None` = a pool of `kv_budget_bytes`
+    /// for this engine alone.
+    pub kv_pool: Option<Arc<KvPool>>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            threads: default_threads(),
+            max_batch_tokens: 256,
+            max_prefill_while_decoding: 16,
+            itl_slack: Some(2.0),
+            max_running: 64,
+            queue_depth: 256,
+            stages: None,
+            prefix_cache_tokens: 8192,
+            kv_budget_bytes: 2 << 30,
+            kv_pool: None,
+        }
+    }
+}
+
+/// Physical cores are what matters for memory-bound kernels; fall back to 1.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}

@@ -1,0 +1,171 @@
+//! [`Sequence`]: a request the engine thread runs, with its tokens, sampler state, detokenizer, stop
+//! matcher and the events it streams to its client.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use shoal_model::tokenizer::{StreamDecoder, Tokenizer};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::admission::Admission;
+use crate::error::EngineError;
+use crate::logits::LogitsProcessor;
+use crate::request::{Event, FinishReason, Usage};
+use crate::sampler::Sampler;
+use crate::stage::Pick;
+use crate::stop::StopMatcher;
+
+/// A sequence owned by the engine thread.
+pub(crate) struct Sequence {
+    pub(crate) id: u64,
+    /// Prompt then generated tokens.
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) prompt_len: usize,
+    /// Tokens whose KV is computed on every stage.
+    pub(crate) computed: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub(crate) cached: usize,
+    pub(crate) sampler: Sampler,
+    max_new: usize,
+    decoder: StreamDecoder,
+    stop: StopMatcher,
+    processor: Option<Box<dyn LogitsProcessor>>,
+    tx: UnboundedSender<Event>,
+    cancel: Arc<AtomicBool>,
+    ignore_eos: bool,
+    deadline: Option<Instant>,
+    timeout_ms: u64,
+}
+
+impl Sequence {
+    /// Starts admitted request `a` with room for `context_length` tokens in all, its sampler seeded
+    /// with `seed` unless the request names a seed.
+    pub(crate) fn start(a: Admission, context_length: usize, seed: u64) -> Self {
+        let timeout_ms = a.timeout_ms();
+        let room = context_length - a.tokens.len();
+        let request = a.request;
+        let max_new = request
+            .max_tokens
+            .map_or(room, |m| (m.get() as usize).min(room));
+        Self {
+            id: a.id,
+            prompt_len: a.tokens.len(),
+            tokens: a.tokens,
+            computed: 0,
+            cached: 0,
+            sampler: Sampler::new(request.sampling, seed),
+            max_new,
+            decoder: StreamDecoder::new(),
+            stop: StopMatcher::new(request.stop),
+            processor: request.logits_processor,
+            tx: a.tx,
+            cancel: a.cancel,
+            ignore_eos: request.ignore_eos,
+            deadline: a.deadline,
+            timeout_ms,
+        }
+    }
+
+    pub(crate) fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Tokens not yet computed on the stages (the rest of the prompt, or the one token to decode).
+    pub(crate) fn pending(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+
+    /// Prompt fully computed: each step feeds one token.
+    pub(crate) fn decoding(&self) -> bool {
+        self.pending() <= 1
+    }
+
+    pub(crate) fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_len as u32,
+            completion_tokens: self.generated() as u32,
+            cached_tokens: self.cached as u32,
+        }
+    }
+
+    /// The client cancelled the request or went away.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed) || self.tx.is_closed()
+    }
+
+    pub(crate) fn timed_out(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|d| now >= d)
+    }
+
+    /// The error a sequence past its deadline ends with.
+    pub(crate) fn timeout_error(&self) -> EngineError {
+        EngineError::Timeout {
+            after_ms: self.timeout_ms,
+        }
+    }
+
+    /// Forgets the sequence's KV (it was released on every stage): it resumes by recomputing all its
+    /// tokens, which gives the same values.
+    pub(crate) fn forget_kv(&mut self) {
+        self.computed = 0;
+        self.cached = 0;
+    }
+
+    /// Appends the token `pick` picked for this sequence and streams its text; returns why the sequence
+    /// ends, if it does.
+    pub(crate) fn push(
+        &mut self,
+        pick: Pick,
+        tokenizer: &Tokenizer,
+        context_length: usize,
+    ) -> Option<FinishReason> {
+        let (id, logprob) = (pick.id, pick.logprob);
+        // Sampling happened on a copy of this state (possibly on another node): catch up.
+        self.sampler.replay(id);
+        if let Some(p) = self.processor.as_mut() {
+            p.accept(id);
+        }
+        self.tokens.push(id);
+        let eog = !self.ignore_eos && tokenizer.is_eog(id);
+        // The end-of-generation token's own text is never shown.
+        let text = if eog {
+            String::new()
+        } else {
+            self.decoder.push(tokenizer, id)
+        };
+        let fed = self.stop.feed(&text);
+        let reason = if fed.stopped || eog {
+            Some(FinishReason::Stop)
+        } else if self.generated() >= self.max_new || self.tokens.len() >= context_length {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        let mut emit = fed.emit;
+        if reason.is_some() && !fed.stopped {
+            // Ending for another reason than a stop sequence: held-back text is real output.
+            emit.push_str(&self.stop.flush());
+            emit.push_str(&self.decoder.finish());
+        }
+        let _ = self.tx.send(Event::Token {
+            id,
+            text: emit,
+            logprob,
+        });
+        reason
+    }
+
+    /// Sends the final `Done` event.
+    pub(crate) fn send_done(&self, reason: FinishReason) {
+        let _ = self.tx.send(Event::Done {
+            finish_reason: reason,
+            usage: self.usage(),
+        });
+    }
+
+    /// Sends the final `Error` event.
+    pub(crate) fn send_error(&self, error: EngineError) {
+        let _ = self.tx.send(Event::Error(error));
+    }
+}

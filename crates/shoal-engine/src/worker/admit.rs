@@ -1,0 +1,170 @@
+//! A sequence's life outside the step: admission within the KV budget (preempted sequences first,
+//! then waiting requests in order), prefix reuse, and the ends — finished (KV kept as a cached prefix
+//! when worth it), failed, cancelled, timed out or preempted.
+
+use std::time::Instant;
+
+use super::Worker;
+use crate::error::EngineError;
+use crate::request::FinishReason;
+use crate::sequence::Sequence;
+use crate::stage::{KvOp, kv_all, kv_all_lossy};
+
+impl Worker {
+    /// Frees cancelled requests and fails those past their deadline.
+    pub(super) fn drop_cancelled(&mut self) {
+        let now = Instant::now();
+        let before = self.waiting.len();
+        self.waiting.retain(|a| a.still_wanted(now));
+        self.counters.dequeued(before - self.waiting.len());
+        let before = self.preempted.len();
+        self.preempted.retain(|s| {
+            let timed_out = s.timed_out(now);
+            if timed_out {
+                s.send_error(s.timeout_error());
+            } else if s.is_cancelled() {
+                s.send_done(FinishReason::Cancelled);
+            }
+            !(timed_out || s.is_cancelled())
+        });
+        self.counters.ended(before - self.preempted.len());
+        let mut i = 0;
+        while i < self.running.len() {
+            let seq = &self.running[i];
+            if seq.is_cancelled() {
+                self.finish(i, FinishReason::Cancelled);
+            } else if seq.timed_out(now) {
+                let error = seq.timeout_error();
+                self.fail(i, error);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    pub(super) fn admit(&mut self) {
+        // Preempted sequences first, in order; each recomputes all its tokens.
+        while self.running.len() < self.config.max_running {
+            let Some(need) = self.preempted.front().map(|s| s.tokens.len()) else {
+                break;
+            };
+            if !self.make_room(need) {
+                return;
+            }
+            if let Some(seq) = self.preempted.pop_front() {
+                self.running.push(seq);
+            }
+        }
+        while self.running.len() < self.config.max_running {
+            let Some(need) = self.waiting.front().map(|a| a.tokens.len() + 1) else {
+                break;
+            };
+            if need > self.kv.max_tokens() {
+                if let Some(a) = self.waiting.pop_front() {
+                    self.counters.dequeued(1);
+                    let error = EngineError::PromptTooLong {
+                        prompt_tokens: a.tokens.len(),
+                        context_length: self.kv.max_tokens() - 1,
+                    };
+                    a.refuse(error);
+                }
+                continue;
+            }
+            // First come, first served: a request that does not fit yet waits, and so do those behind it.
+            if !self.make_room(need) {
+                break;
+            }
+            let Some(a) = self.waiting.pop_front() else {
+                break;
+            };
+            self.counters.dequeued(1);
+            self.seed_counter = self.seed_counter.wrapping_add(0x9E37_79B9);
+            self.running
+                .push(Sequence::start(a, self.context_length, self.seed_counter));
+            self.reuse_prefix();
+            self.counters.started();
+        }
+    }
+
+    /// Starts the newest running sequence from the longest cached prefix of its prompt, if any.
+    fn reuse_prefix(&mut self) {
+        let Some(seq) = self.running.last_mut() else {
+            return;
+        };
+        let Some((prefix_id, n)) = self.prefix.lookup(&seq.tokens[..seq.prompt_len]) else {
+            return;
+        };
+        let id = seq.id;
+        let loaded = kv_all(
+            &mut self.stages,
+            KvOp::Start {
+                prefix_id,
+                seq_id: id,
+                len: n,
+            },
+        );
+        match loaded {
+            Ok(()) => {
+                seq.computed = n;
+                seq.cached = n;
+            }
+            Err(e) => {
+                // Not fatal: compute the prompt from scratch.
+                tracing::warn!("prefix reuse failed, prefilling in full: {e}");
+                kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: id });
+            }
+        }
+    }
+
+    /// Removes sequence `i`, keeps its KV in the prefix cache when worth it (else frees it everywhere)
+    /// and sends its final event.
+    pub(super) fn finish(&mut self, i: usize, reason: FinishReason) {
+        let seq = self.running.swap_remove(i);
+        let offer = match reason {
+            FinishReason::Cancelled => Default::default(),
+            _ => self.prefix.insert(&seq.tokens[..seq.computed]),
+        };
+        for id in offer.evict {
+            kv_all_lossy(&mut self.stages, KvOp::DropPrefix { prefix_id: id });
+        }
+        let kept = offer.store.is_some_and(|pid| {
+            let r = kv_all(
+                &mut self.stages,
+                KvOp::Retain {
+                    seq_id: seq.id,
+                    prefix_id: pid,
+                    len: seq.computed,
+                },
+            );
+            if let Err(e) = &r {
+                tracing::warn!("cannot keep the prefix of sequence {}: {e}", seq.id);
+                kv_all_lossy(&mut self.stages, KvOp::DropPrefix { prefix_id: pid });
+            }
+            r.is_ok()
+        });
+        if !kept {
+            kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
+        }
+        self.counters.ended(1);
+        seq.send_done(reason);
+    }
+
+    /// Removes sequence `i`, frees its KV everywhere and sends `error` as its final event.
+    pub(super) fn fail(&mut self, i: usize, error: EngineError) {
+        let seq = self.running.swap_remove(i);
+        kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
+        self.counters.ended(1);
+        seq.send_error(error);
+    }
+
+    /// Drops the KV of the newest running sequence so older ones can go on; it resumes (recomputing
+    /// its KV, which gives the same values) when there is room again.
+    pub(super) fn preempt_newest(&mut self) {
+        let Some(mut seq) = self.running.pop() else {
+            return;
+        };
+        kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
+        seq.forget_kv();
+        self.preempted.push_front(seq);
+    }
+}

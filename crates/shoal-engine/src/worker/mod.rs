@@ -1,0 +1,193 @@
+//! The engine thread: owns the pipeline stages and every sequence.
+//!
+//! [`Worker::run`] loops: take new requests from the bounded queue, free cancelled and timed-out ones,
+//! admit waiting ones within the KV budget ([`admit`]), run one step ([`step`]: launch a micro-batch or
+//! land one in flight, stream the sampled tokens), and publish what it holds. What KV memory it may
+//! hold is the [`KvAccount`]'s business; the worker decides what to evict (cached prefixes, least
+//! recently used first) and whom to preempt (the newest sequence).
+
+mod admit;
+mod step;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+
+use shoal_model::ModelConfig;
+use shoal_model::tokenizer::Tokenizer;
+
+use crate::admission::Admission;
+use crate::config::EngineConfig;
+use crate::kv_account::KvAccount;
+use crate::kvpool::KvPool;
+use crate::prefix::PrefixIndex;
+use crate::scheduler::StepTimes;
+use crate::sequence::Sequence;
+use crate::stage::{ChunkSpec, KvOp, Stage, kv_all_lossy};
+use crate::stats::Counters;
+
+/// How often an engine with nothing it can run checks whether KV memory came free.
+const WAIT_FOR_MEMORY: std::time::Duration = std::time::Duration::from_millis(2);
+/// How often an idle engine holding cached prefixes checks whether another engine needs the memory.
+const IDLE_MEMORY_CHECK: std::time::Duration = std::time::Duration::from_millis(10);
+
+pub(crate) struct Worker {
+    stages: Vec<Box<dyn Stage>>,
+    prefix: PrefixIndex,
+    /// The KV memory this engine holds and may hold.
+    kv: KvAccount,
+    /// Sequences whose KV was dropped to stay in budget; they resume first, recomputing their KV.
+    preempted: VecDeque<Sequence>,
+    tokenizer: Arc<Tokenizer>,
+    context_length: usize,
+    config: EngineConfig,
+    counters: Arc<Counters>,
+    running: Vec<Sequence>,
+    waiting: VecDeque<Admission>,
+    seed_counter: u64,
+    /// Micro-batches launched into a pipeline with stages on other nodes and not yet answered, oldest
+    /// first.
+    flights: VecDeque<Flight>,
+    /// Measured step times, which size the prefill chunk taken while streams decode.
+    times: StepTimes,
+}
+
+/// A micro-batch in flight.
+struct Flight {
+    ticket: u64,
+    batch: Vec<ChunkSpec>,
+}
+
+impl Worker {
+    pub(crate) fn new(
+        stages: Vec<Box<dyn Stage>>,
+        tokenizer: Arc<Tokenizer>,
+        model: &ModelConfig,
+        config: EngineConfig,
+        counters: Arc<Counters>,
+        seed: u64,
+    ) -> Self {
+        // The node's pool pays for the KV of the layers in this process; stages on other nodes are
+        // budgeted there and bound how many tokens this engine may hold in all.
+        let value_bytes = stages.first().map_or(2, |s| s.info().kv_value_bytes);
+        let local_layers = stages
+            .iter()
+            .map(|s| s.info().local_kv_layers)
+            .sum::<usize>();
+        let token_bytes = model.kv_bytes_per_token(local_layers.max(1), value_bytes);
+        let token_cap = stages
+            .iter()
+            .filter_map(|s| s.info().kv_token_capacity)
+            .min()
+            .unwrap_or(usize::MAX);
+        let pool = config
+            .kv_pool
+            .clone()
+            .unwrap_or_else(|| Arc::new(KvPool::new(config.kv_budget_bytes)));
+        Self {
+            kv: KvAccount::new(pool, token_bytes, token_cap),
+            preempted: VecDeque::new(),
+            prefix: PrefixIndex::new(config.prefix_cache_tokens),
+            stages,
+            tokenizer,
+            context_length: model.context_length,
+            config,
+            counters,
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            seed_counter: seed,
+            flights: VecDeque::new(),
+            times: StepTimes::default(),
+        }
+    }
+
+    pub(crate) fn run(&mut self, rx: Receiver<Admission>) {
+        loop {
+            if self.running.is_empty()
+                && self.waiting.is_empty()
+                && self.preempted.is_empty()
+                && self.flights.is_empty()
+            {
+                if self.prefix.used_tokens() == 0 {
+                    match rx.recv() {
+                        Ok(a) => self.waiting.push_back(a),
+                        Err(_) => return, // every handle is gone
+                    }
+                } else {
+                    // Idle but holding cached prefixes: wake up now and then in case another engine
+                    // on the node needs the memory.
+                    match rx.recv_timeout(IDLE_MEMORY_CHECK) {
+                        Ok(a) => self.waiting.push_back(a),
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+            }
+            // Pull only while the wait list has room: beyond that requests stay in the bounded channel,
+            // which then answers `Overloaded` to new submissions instead of growing without limit.
+            while self.waiting.len() < self.config.queue_depth {
+                let Ok(a) = rx.try_recv() else { break };
+                self.waiting.push_back(a);
+            }
+            self.drop_cancelled();
+            self.admit();
+            if !self.running.is_empty() || !self.flights.is_empty() {
+                // (Batches of sequences that ended meanwhile still land, in order.)
+                self.step();
+            } else if !(self.waiting.is_empty() && self.preempted.is_empty()) {
+                // Work waits for KV memory that other engines on the node hold: poll for it (and for new
+                // requests) instead of spinning.
+                match rx.recv_timeout(WAIT_FOR_MEMORY) {
+                    Ok(a) => self.waiting.push_back(a),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            self.publish_memory();
+        }
+    }
+
+    /// Frees cached prefixes other engines wait for, gives back what is not held, and publishes it.
+    fn publish_memory(&mut self) {
+        self.yield_memory();
+        self.kv.trim(self.kv_in_use());
+        let held = self.stages.iter().map(|s| s.held_sequences()).sum();
+        self.counters.holding(self.kv_in_use(), held);
+    }
+
+    /// KV tokens held: running sequences plus cached prefixes.
+    fn kv_in_use(&self) -> usize {
+        self.running.iter().map(|s| s.computed).sum::<usize>() + self.prefix.used_tokens()
+    }
+
+    /// Evicts cached prefixes (least recently used first) while another engine on the node waits for
+    /// memory; [`KvAccount::trim`] then hands the bytes back to the pool.
+    fn yield_memory(&mut self) {
+        let want = self.kv.wanted_by_others();
+        let mut freed = 0;
+        while freed < want {
+            let before = self.prefix.used_tokens();
+            let Some(id) = self.prefix.pop_lru() else {
+                break;
+            };
+            kv_all_lossy(&mut self.stages, KvOp::DropPrefix { prefix_id: id });
+            freed += before - self.prefix.used_tokens();
+        }
+    }
+
+    /// Makes `need` KV tokens free if possible, evicting cached prefixes first (this engine's, then
+    /// asking the others for theirs); true when they are.
+    fn make_room(&mut self, need: usize) -> bool {
+        loop {
+            if self.kv.hold(self.kv_in_use() + need) {
+                return true;
+            }
+            let Some(id) = self.prefix.pop_lru() else {
+                self.kv.ask_others(self.kv_in_use() + need);
+                return false;
+            };
+            kv_all_lossy(&mut self.stages, KvOp::DropPrefix { prefix_id: id });
+            // The prefix's tokens are no longer held; what was reserved for them stays reserved here.
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! One engine step, in phases: [`Worker::ready_sequences`] → [`Worker::ensure_decode_room`] (make room,
+//! preempt, or end a lone oversize sequence) → the KV grant → [`Worker::plan`] (views, the ITL-slack
+//! prefill chunk, the micro-batch) → [`Worker::build_batch`] → [`Worker::launch`] (timing, counters) →
+//! [`Worker::deliver`] the picks, or keep the batch in flight and land it later
+//! ([`Worker::complete_oldest`]).
+
+use std::time::Instant;
+
+use super::{Flight, Worker};
+use crate::error::EngineError;
+use crate::request::FinishReason;
+use crate::scheduler::{SeqView, StepBudget, plan_micro_batch};
+use crate::sequence::Sequence;
+use crate::stage::{
+    ChunkSpec, Pick, PipelineLaunch, SampleRef, complete_pipeline, launch_pipeline, pipeline_depth,
+};
+
+/// Prompts with more tokens still to prefill than this are "long": their chunks obey the ITL slack.
+const LONG_PROMPT_TOKENS: usize = 256;
+
+/// What one step computes: `(index into running, tokens to feed)`, decodes first.
+type Plan = Vec<(usize, usize)>;
+
+impl Worker {
+    /// One engine step: launch a micro-batch of the sequences that are not in flight, or, when the
+    /// pipeline is full (or nothing is ready), wait for the oldest batch in flight. With only local stages
+    /// every batch completes at once; with stages on other nodes up to [`pipeline_depth`] micro-batches
+    /// are in different stages at the same time.
+    pub(super) fn step(&mut self) {
+        let depth = pipeline_depth(&self.stages);
+        let ready = self.ready_sequences();
+        if !ready.contains(&true) || self.flights.len() >= depth {
+            self.complete_oldest();
+            return;
+        }
+        if !self.ensure_decode_room(&ready) {
+            return;
+        }
+        // Take what the pool can give for this step (up to a full batch); unused room goes back after it.
+        let free = self
+            .kv
+            .grant_step(self.kv_in_use(), self.config.max_batch_tokens);
+        let (views, plan) = self.plan(depth, free);
+        if plan.is_empty() {
+            self.complete_oldest();
+            return;
+        }
+        let (batch, tokens) = self.build_batch(&plan);
+        match self.launch(&plan, &views, &batch, tokens) {
+            Ok(PipelineLaunch::Done(picks)) => self.deliver(&batch, picks),
+            Ok(PipelineLaunch::Pending(ticket)) => self.flights.push_back(Flight { ticket, batch }),
+            Err(e) => self.fail_batch(&batch, e),
+        }
+    }
+
+    /// Which running sequences have tokens to compute and are not part of a batch in flight.
+    fn ready_sequences(&self) -> Vec<bool> {
+        self.running
+            .iter()
+            .map(|s| s.pending() > 0 && !self.in_flight(s.id))
+            .collect()
+    }
+
+    /// Whether sequence `id` is part of a batch still in flight.
+    fn in_flight(&self, id: u64) -> bool {
+        self.flights
+            .iter()
+            .any(|f| f.batch.iter().any(|c| c.seq_id == id))
+    }
+
+    /// Every decoding sequence needs one more KV slot: makes room, or preempts until it fits; true when
+    /// the step can go on. A lone sequence that outgrew the whole node budget ends as if it had hit its
+    /// length limit; one that only lacks room other engines hold steps aside until they free it.
+    fn ensure_decode_room(&mut self, ready: &[bool]) -> bool {
+        loop {
+            let decodes = self
+                .running
+                .iter()
+                .zip(ready)
+                .filter(|(s, r)| **r && s.decoding())
+                .count();
+            // At least one free slot, so the step always makes progress.
+            if self.make_room(decodes.max(1)) {
+                return true;
+            }
+            if !self.flights.is_empty() {
+                // Batches in flight may finish sequences and free memory: let them land first.
+                self.complete_oldest();
+                return false;
+            }
+            if self.running.len() == 1 {
+                if self.running[0].tokens.len() + 1 > self.kv.max_tokens() {
+                    self.finish(0, FinishReason::Length);
+                } else {
+                    self.preempt_newest();
+                }
+                return false;
+            }
+            self.preempt_newest();
+        }
+    }
+
+    /// What the planner sees of each running sequence, and the micro-batch to launch with `free` KV
+    /// tokens: the running sequences split evenly over the micro-batches a pipeline `depth` deep holds.
+    fn plan(&self, depth: usize, free: usize) -> (Vec<SeqView>, Plan) {
+        let views: Vec<SeqView> = self
+            .running
+            .iter()
+            .map(|s| SeqView {
+                pending: if self.in_flight(s.id) { 0 } else { s.pending() },
+                decoding: s.decoding(),
+            })
+            .collect();
+        let per_batch = self.running.len().div_ceil(depth);
+        // A long prompt is prefilled in chunks sized so running streams' steps stay within the ITL slack;
+        // short prompts (a burst of chat turns) take the full chunk, or their TTFT would suffer for little.
+        let long_prompt = views
+            .iter()
+            .any(|v| !v.decoding && v.pending > LONG_PROMPT_TOKENS);
+        let chunk = if long_prompt {
+            self.times.prefill_chunk(
+                self.config.itl_slack,
+                self.config.max_prefill_while_decoding,
+            )
+        } else {
+            self.config.max_prefill_while_decoding
+        };
+        let plan = plan_micro_batch(
+            &views,
+            StepBudget {
+                max_tokens: self.config.max_batch_tokens.min(free),
+                max_prefill_while_decoding: chunk,
+            },
+            per_batch,
+        );
+        (views, plan)
+    }
+
+    /// The batch description every stage gets, and the tokens the first stage takes.
+    fn build_batch(&self, plan: &Plan) -> (Vec<ChunkSpec>, Vec<u32>) {
+        let mut batch = Vec::with_capacity(plan.len());
+        let mut tokens = Vec::new();
+        for &(i, n) in plan {
+            let s = &self.running[i];
+            tokens.extend_from_slice(&s.tokens[s.computed..s.computed + n]);
+            batch.push(ChunkSpec {
+                seq_id: s.id,
+                len: n,
+                want_logits: s.computed + n == s.tokens.len(),
+            });
+        }
+        (batch, tokens)
+    }
+
+    /// Runs `batch` into the pipeline, records how long a batch computed here took, and counts the
+    /// step; the stages hold (or are computing) its KV from now on.
+    fn launch(
+        &mut self,
+        plan: &Plan,
+        views: &[SeqView],
+        batch: &[ChunkSpec],
+        tokens: Vec<u32>,
+    ) -> Result<PipelineLaunch, EngineError> {
+        let sampling = sample_refs(&self.running, plan, batch);
+        let started = Instant::now();
+        let launched = launch_pipeline(&mut self.stages, batch, tokens, &sampling);
+        drop(sampling);
+        if let Ok(PipelineLaunch::Done(_)) = &launched {
+            // Only a batch computed here says how long this engine's steps take.
+            let decodes = plan.iter().filter(|&&(i, _)| views[i].decoding).count();
+            let prefill: usize = plan
+                .iter()
+                .filter(|&&(i, _)| !views[i].decoding)
+                .map(|&(_, n)| n)
+                .sum();
+            self.times
+                .record(decodes, prefill, started.elapsed().as_secs_f64());
+        }
+        self.counters.stepped();
+        for &(i, n) in plan {
+            let seq = &mut self.running[i];
+            if seq.computed < seq.prompt_len {
+                self.counters.prefilled(n);
+            }
+            seq.computed += n;
+        }
+        launched
+    }
+
+    /// Waits for the oldest batch in flight and delivers its tokens.
+    pub(super) fn complete_oldest(&mut self) {
+        let Some(flight) = self.flights.pop_front() else {
+            return;
+        };
+        let wanted = flight.batch.iter().filter(|c| c.want_logits).count();
+        match complete_pipeline(&mut self.stages, flight.ticket, wanted) {
+            Ok(picks) => self.deliver(&flight.batch, picks),
+            Err(e) => self.fail_batch(&flight.batch, e),
+        }
+    }
+
+    /// Fails every still-running sequence of `batch`.
+    fn fail_batch(&mut self, batch: &[ChunkSpec], e: EngineError) {
+        tracing::error!("engine step failed: {e}");
+        let mut ids: Vec<usize> = self
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| batch.iter().any(|c| c.seq_id == s.id))
+            .map(|(i, _)| i)
+            .collect();
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        for i in ids {
+            self.fail(i, e.clone());
+        }
+    }
+
+    /// Streams the tokens picked for `batch` (one per chunk wanting logits, in order) and ends the
+    /// sequences that are done. Sequences that ended while the batch was in flight are skipped.
+    fn deliver(&mut self, batch: &[ChunkSpec], picks: Vec<Pick>) {
+        let mut picks = picks.into_iter();
+        let mut done = Vec::new();
+        for spec in batch.iter().filter(|c| c.want_logits) {
+            let Some(pick) = picks.next() else { break };
+            let Some(i) = self.running.iter().position(|s| s.id == spec.seq_id) else {
+                continue;
+            };
+            self.counters.generated();
+            let reason = self.running[i].push(pick, &self.tokenizer, self.context_length);
+            if let Some(reason) = reason {
+                done.push((i, reason));
+            }
+        }
+        done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
+        for (i, reason) in done {
+            self.finish(i, reason);
+        }
+    }
+}
+
+/// How to sample each chunk of `batch` that wants logits: its sequence's sampler and tokens so far.
+fn sample_refs<'a>(
+    running: &'a [Sequence],
+    plan: &Plan,
+    batch: &[ChunkSpec],
+) -> Vec<SampleRef<'a>> {
+    plan.iter()
+        .zip(batch)
+        .filter(|(_, spec)| spec.want_logits)
+        .map(|(&(i, _), spec)| SampleRef {
+            seq_id: spec.seq_id,
+            sampler: &running[i].sampler,
+            history: &running[i].tokens,
+        })
+        .collect()
+}

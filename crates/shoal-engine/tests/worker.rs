@@ -1,0 +1,628 @@
+//! The real engine thread, started through `engine::spawn`, driving a scripted stage instead of a model:
+//! admission within the KV budget, preemption and resumption, cancellation (queued and running) and
+//! stage errors. No GGUF: the model config and a sixteen-token vocabulary are built here.
+//!
+//! The scripted stage is the pipeline's last stage: it "samples" the token after the last one of each
+//! sequence (1 → 2 → … → 15 → 1, never the end-of-generation token 0), so every output is known in
+//! advance and does not depend on batching. A gate lets a test hold the engine inside a launch while
+//! it submits or cancels, so each scenario runs the same way every time.
+
+use std::collections::{HashMap, VecDeque};
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
+use shoal_engine::engine::{EngineConfig, LoadedModel, spawn};
+use shoal_engine::stage::{
+    ChunkSpec, KvOp, Launched, Pick, SampleRef, Stage, StageData, StageInfo,
+};
+use shoal_engine::{
+    EngineError, EngineHandle, Event, FinishReason, GenerateRequest, Prompt, RequestStream,
+    SamplingParams,
+};
+use shoal_model::ModelConfig;
+use shoal_model::tokenizer::Tokenizer;
+
+mod common;
+use common::{PATIENCE, wait_for};
+
+const MODEL: &str = "scripted";
+/// Tokens 1..=15 are letters; 0 ends a generation.
+const VOCAB: usize = 16;
+/// KV bytes per token of the model below: K and V × 1 layer × 1 head × 1 value × 1 byte.
+const KV_TOKEN: usize = 2;
+
+/// What the scripted stage saw, in order.
+#[derive(Debug, Clone, PartialEq)]
+enum Seen {
+    /// A launched batch: each chunk's sequence and tokens.
+    Launch(Vec<(u64, Vec<u32>)>),
+    Kv(KvOp),
+}
+
+/// State shared by the test and its scripted stage.
+#[derive(Default)]
+struct Script {
+    seen: Mutex<Vec<Seen>>,
+    /// KV tokens held per sequence.
+    held: Mutex<HashMap<u64, usize>>,
+    /// The most KV tokens held at once.
+    most: AtomicUsize,
+    /// Launches that may still start (`None`: any number).
+    permits: Mutex<Option<usize>>,
+    /// Launches entered so far (counted before waiting for a permit).
+    entered: Mutex<usize>,
+    changed: Condvar,
+    /// The first batch holding this sequence fails.
+    fail: Mutex<Option<u64>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Script {
+    fn closed() -> Arc<Self> {
+        let s = Script::default();
+        *lock(&s.permits) = Some(0);
+        Arc::new(s)
+    }
+
+    /// Lets `n` more launches start (`None`: every launch from now on).
+    fn allow(&self, n: Option<usize>) {
+        let mut p = lock(&self.permits);
+        *p = match (*p, n) {
+            (Some(have), Some(more)) => Some(have + more),
+            _ => None,
+        };
+        self.changed.notify_all();
+    }
+
+    /// Waits until `n` launches have been entered (the engine is then inside launch `n`, or past it).
+    fn wait_entered(&self, n: usize) {
+        let start = Instant::now();
+        let mut entered = lock(&self.entered);
+        while *entered < n {
+            assert!(
+                start.elapsed() < PATIENCE,
+                "the engine never launched {n} batches"
+            );
+            entered = self
+                .changed
+                .wait_timeout(entered, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// The engine thread's side of the gate.
+    fn pass_gate(&self) {
+        *lock(&self.entered) += 1;
+        self.changed.notify_all();
+        let mut p = lock(&self.permits);
+        loop {
+            match *p {
+                None => return,
+                Some(n) if n > 0 => {
+                    *p = Some(n - 1);
+                    return;
+                }
+                Some(_) => p = self.changed.wait(p).unwrap_or_else(|e| e.into_inner()),
+            }
+        }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        lock(&self.seen).clone()
+    }
+
+    /// Index of the first entry that `pred` matches.
+    fn first(&self, pred: impl Fn(&Seen) -> bool) -> Option<usize> {
+        self.seen().iter().position(pred)
+    }
+
+    /// Whether the stage ever saw sequence `seq` (in a batch or a KV operation).
+    fn touched(&self, seq: u64) -> bool {
+        self.seen().iter().any(|s| match s {
+            Seen::Launch(chunks) => chunks.iter().any(|c| c.0 == seq),
+            Seen::Kv(KvOp::Release { seq_id } | KvOp::Retain { seq_id, .. }) => *seq_id == seq,
+            Seen::Kv(KvOp::Start { seq_id, .. }) => *seq_id == seq,
+            Seen::Kv(KvOp::DropPrefix { .. }) => false,
+        })
+    }
+
+    /// The tokens of every chunk of sequence `seq` launched, in order.
+    fn launched(&self, seq: u64) -> Vec<Vec<u32>> {
+        self.seen()
+            .into_iter()
+            .filter_map(|s| match s {
+                Seen::Launch(chunks) => chunks.into_iter().find(|c| c.0 == seq).map(|c| c.1),
+                Seen::Kv(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// The scripted last stage. With `in_flight`, it stands for stages on another node: a batch stays
+/// pending until [`Stage::complete`], so two micro-batches can be in flight at once.
+struct Scripted {
+    script: Arc<Script>,
+    in_flight: bool,
+    pending: VecDeque<(u64, Result<Vec<Pick>, EngineError>)>,
+    next_ticket: u64,
+}
+
+/// The token the script picks after `history`.
+fn next_token(history: &[u32]) -> u32 {
+    history.last().map_or(1, |&t| t % 15 + 1)
+}
+
+impl Stage for Scripted {
+    fn info(&self) -> StageInfo {
+        StageInfo {
+            concurrent_stages: usize::from(self.in_flight),
+            kv_value_bytes: 1,
+            local_kv_layers: 1,
+            kv_token_capacity: None,
+        }
+    }
+
+    fn launch(
+        &mut self,
+        batch: &[ChunkSpec],
+        input: StageData,
+        sampling: &[SampleRef<'_>],
+    ) -> Result<Launched, EngineError> {
+        self.script.pass_gate();
+        let StageData::Tokens(tokens) = input else {
+            return Err(EngineError::Internal("the first stage takes tokens".into()));
+        };
+        let mut chunks = Vec::new();
+        let mut at = 0;
+        for c in batch {
+            chunks.push((c.seq_id, tokens[at..at + c.len].to_vec()));
+            at += c.len;
+        }
+        lock(&self.script.seen).push(Seen::Launch(chunks));
+        let fail = lock(&self.script.fail).is_some_and(|f| batch.iter().any(|c| c.seq_id == f));
+        let result = if fail {
+            *lock(&self.script.fail) = None;
+            Err(EngineError::StageLost("scripted failure".into()))
+        } else {
+            let mut held = lock(&self.script.held);
+            for c in batch {
+                *held.entry(c.seq_id).or_default() += c.len;
+            }
+            self.script
+                .most
+                .fetch_max(held.values().sum(), Ordering::SeqCst);
+            Ok(sampling
+                .iter()
+                .map(|s| Pick {
+                    id: next_token(s.history),
+                    logprob: -0.5,
+                })
+                .collect())
+        };
+        if !self.in_flight {
+            return result.map(|picks| Launched::Ready(StageData::Sampled(picks)));
+        }
+        self.next_ticket += 1;
+        self.pending.push_back((self.next_ticket, result));
+        Ok(Launched::Pending(self.next_ticket))
+    }
+
+    fn complete(&mut self, ticket: u64) -> Result<StageData, EngineError> {
+        match self.pending.pop_front() {
+            Some((t, result)) if t == ticket => result.map(StageData::Sampled),
+            _ => Err(EngineError::Internal(format!(
+                "no batch {ticket} in flight"
+            ))),
+        }
+    }
+
+    fn kv(&mut self, op: KvOp) -> Result<(), EngineError> {
+        lock(&self.script.seen).push(Seen::Kv(op));
+        let mut held = lock(&self.script.held);
+        match op {
+            KvOp::Release { seq_id } | KvOp::Retain { seq_id, .. } => {
+                held.remove(&seq_id);
+            }
+            KvOp::Start { seq_id, len, .. } => {
+                held.insert(seq_id, len);
+            }
+            KvOp::DropPrefix { .. } => {}
+        }
+        Ok(())
+    }
+
+    fn held_sequences(&self) -> usize {
+        lock(&self.script.held).len()
+    }
+}
+
+/// Sixteen tokens: `<eos>` (0, control) and the letters a..o (1..=15).
+fn tokenizer() -> Tokenizer {
+    let mut tokens = vec![Value::String("<eos>".into())];
+    tokens.extend((b'a'..=b'o').map(|c| Value::String((c as char).to_string())));
+    let types = (0..VOCAB)
+        .map(|i| Value::I32(if i == 0 { 3 } else { 1 }))
+        .collect();
+    let metadata = HashMap::from([
+        (
+            "tokenizer.ggml.model".to_string(),
+            Value::String("gpt2".into()),
+        ),
+        (
+            "tokenizer.ggml.pre".to_string(),
+            Value::String("gpt2".into()),
+        ),
+        ("tokenizer.ggml.tokens".to_string(), Value::Array(tokens)),
+        ("tokenizer.ggml.token_type".to_string(), Value::Array(types)),
+        ("tokenizer.ggml.eos_token_id".to_string(), Value::U32(0)),
+    ]);
+    let content = Content {
+        magic: VersionedMagic::GgufV3,
+        metadata,
+        tensor_infos: HashMap::new(),
+        tensor_data_offset: 0,
+    };
+    Tokenizer::from_gguf(&content).expect("tokenizer")
+}
+
+/// An engine on a scripted stage with room for `kv_tokens` tokens of KV.
+fn engine(
+    script: &Arc<Script>,
+    in_flight: bool,
+    kv_tokens: usize,
+    max_running: usize,
+) -> EngineHandle {
+    let config = ModelConfig {
+        architecture: "llama".into(),
+        n_layers: 1,
+        dim: 1,
+        n_heads: 1,
+        n_kv_heads: 1,
+        head_dim: 1,
+        ffn_dim: 1,
+        vocab_size: VOCAB,
+        context_length: 64,
+        rope_theta: 10_000.0,
+        rms_eps: 1e-5,
+    };
+    assert_eq!(config.kv_bytes_per_token(1, 1), KV_TOKEN);
+    let stage = Scripted {
+        script: script.clone(),
+        in_flight,
+        pending: VecDeque::new(),
+        next_ticket: 0,
+    };
+    let model = LoadedModel {
+        id: MODEL.into(),
+        config,
+        tokenizer: Arc::new(tokenizer()),
+        template: None,
+        stages: vec![Box::new(stage)],
+    };
+    let config = EngineConfig {
+        threads: 1,
+        max_running,
+        prefix_cache_tokens: 0,
+        kv_budget_bytes: kv_tokens * KV_TOKEN,
+        ..Default::default()
+    };
+    spawn(model, config).expect("engine")
+}
+
+fn request(prompt: &[u32], max_tokens: u32) -> GenerateRequest {
+    GenerateRequest {
+        model: MODEL.into(),
+        prompt: Prompt::Tokens(prompt.to_vec()),
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        max_tokens: NonZeroU32::new(max_tokens),
+        stop: Vec::new(),
+        add_bos: false,
+        ignore_eos: false,
+        timeout: None,
+        logits_processor: None,
+    }
+}
+
+/// What the script generates after `prompt`, `n` tokens.
+fn expected(prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut seq = prompt.to_vec();
+    for _ in 0..n {
+        seq.push(next_token(&seq));
+    }
+    seq.split_off(prompt.len())
+}
+
+/// Reads `stream` to its end: the tokens and the last event.
+async fn finish(stream: &mut RequestStream) -> (Vec<u32>, Event) {
+    let mut tokens = Vec::new();
+    loop {
+        let event = tokio::time::timeout(PATIENCE, stream.next())
+            .await
+            .expect("engine stalled")
+            .expect("stream ended without a final event");
+        match event {
+            Event::Token { id, .. } => tokens.push(id),
+            last => return (tokens, last),
+        }
+    }
+}
+
+fn length(n: u32, prompt: u32) -> Event {
+    Event::Done {
+        finish_reason: FinishReason::Length,
+        usage: shoal_engine::Usage {
+            prompt_tokens: prompt,
+            completion_tokens: n,
+            cached_tokens: 0,
+        },
+    }
+}
+
+#[tokio::test]
+async fn a_request_that_does_not_fit_waits_until_another_finishes() {
+    // Room for 8 tokens: A (4 prompt + 4 generated) holds 4 to 7 of them, B needs 5 to start.
+    let script = Script::closed();
+    let engine = engine(&script, false, 8, 64);
+    let (pa, pb) = ([1, 2, 3, 4], [5, 6, 7, 8]);
+    let mut a = engine.submit(request(&pa, 4)).expect("submit");
+    script.wait_entered(1);
+    let mut b = engine.submit(request(&pb, 4)).expect("submit");
+    assert_eq!(engine.stats().waiting, 1);
+    script.allow(None);
+    assert_eq!(finish(&mut a).await, (expected(&pa, 4), length(4, 4)));
+    assert_eq!(finish(&mut b).await, (expected(&pb, 4), length(4, 4)));
+    let a_freed = script
+        .first(|s| *s == Seen::Kv(KvOp::Release { seq_id: a.id() }))
+        .expect("A's KV released");
+    let b_starts = script
+        .first(|s| matches!(s, Seen::Launch(c) if c.iter().any(|c| c.0 == b.id())))
+        .expect("B launched");
+    assert!(
+        b_starts > a_freed,
+        "B ran before A gave its KV back: {:?}",
+        script.seen()
+    );
+    assert_eq!(script.launched(b.id())[0], pb, "B prefilled once, in full");
+    assert!(script.most.load(Ordering::SeqCst) <= 8);
+    wait_for(&engine, "everything to be freed", |s| {
+        s.active_sequences == 0 && s.waiting == 0 && s.kv_tokens == 0
+    });
+}
+
+#[tokio::test]
+async fn decodes_that_no_longer_fit_preempt_the_newest_which_resumes_with_the_same_tokens() {
+    // Room for 8 tokens: A (3 + 4) and B (3 + 3) both start, but cannot both decode for long.
+    let script = Script::closed();
+    let engine = engine(&script, false, 8, 64);
+    let (pa, pb) = ([1, 2, 3], [9, 10, 11]);
+    let mut a = engine.submit(request(&pa, 4)).expect("submit");
+    script.wait_entered(1);
+    let mut b = engine.submit(request(&pb, 3)).expect("submit");
+    script.allow(None);
+    // Every token exactly once, as if each ran alone.
+    assert_eq!(finish(&mut a).await, (expected(&pa, 4), length(4, 3)));
+    assert_eq!(finish(&mut b).await, (expected(&pb, 3), length(3, 3)));
+    let preempted = script
+        .first(|s| *s == Seen::Kv(KvOp::Release { seq_id: b.id() }))
+        .expect("B preempted");
+    let a_done = script
+        .first(|s| *s == Seen::Kv(KvOp::Release { seq_id: a.id() }))
+        .expect("A released");
+    assert!(
+        preempted < a_done,
+        "B was preempted while A ran: {:?}",
+        script.seen()
+    );
+    // B started with its prompt, then after A finished recomputed its prompt and its first token.
+    let b_chunks = script.launched(b.id());
+    assert_eq!(b_chunks[0], pb);
+    let mut resumed = pb.to_vec();
+    resumed.push(expected(&pb, 1)[0]);
+    assert_eq!(b_chunks[1], resumed, "{b_chunks:?}");
+    assert!(script.most.load(Ordering::SeqCst) <= 8);
+}
+
+#[tokio::test]
+async fn cancelling_a_queued_and_a_running_request_frees_their_kv() {
+    let script = Script::closed();
+    let engine = engine(&script, false, 64, 1);
+    let prompt = [1, 2, 3];
+    let mut running = engine.submit(request(&prompt, 40)).expect("submit");
+    script.wait_entered(1);
+    script.allow(Some(2));
+    // Prefill and one decode step ran; the engine waits inside its third launch.
+    for want in expected(&prompt, 2) {
+        match finish_one(&mut running).await {
+            Event::Token { id, .. } => assert_eq!(id, want),
+            other => panic!("expected a token, got {other:?}"),
+        }
+    }
+    script.wait_entered(3);
+    // Only one sequence may run: the second request waits in the queue.
+    let mut queued = engine.submit(request(&[4, 5], 4)).expect("submit");
+    assert!(engine.cancel(queued.id()));
+    assert!(engine.cancel(running.id()));
+    script.allow(None);
+    let (tokens, last) = finish(&mut queued).await;
+    assert!(tokens.is_empty());
+    assert_eq!(
+        last,
+        Event::Done {
+            finish_reason: FinishReason::Cancelled,
+            usage: shoal_engine::Usage {
+                prompt_tokens: 2,
+                ..Default::default()
+            },
+        }
+    );
+    let (_, last) = finish(&mut running).await;
+    assert!(
+        matches!(
+            last,
+            Event::Done {
+                finish_reason: FinishReason::Cancelled,
+                ..
+            }
+        ),
+        "{last:?}"
+    );
+    wait_for(&engine, "both to be freed", |s| {
+        s.active_sequences == 0 && s.waiting == 0 && s.kv_tokens == 0 && s.stage_sequences == 0
+    });
+    assert!(script.seen().contains(&Seen::Kv(KvOp::Release {
+        seq_id: running.id()
+    })));
+    assert!(lock(&script.held).is_empty());
+    // The queued request never reached the stage.
+    assert!(script.launched(queued.id()).is_empty());
+    assert!(!script.touched(queued.id()));
+}
+
+/// The next event of `stream` (bounded wait).
+async fn finish_one(stream: &mut RequestStream) -> Event {
+    tokio::time::timeout(PATIENCE, stream.next())
+        .await
+        .expect("engine stalled")
+        .expect("stream ended")
+}
+
+#[tokio::test]
+async fn a_stage_error_fails_its_batch_and_the_next_request_is_served() {
+    // One sequence at a time: the failing batch holds A only; B waits, then runs normally.
+    let script = Script::closed();
+    let engine = engine(&script, false, 64, 1);
+    let mut a = engine.submit(request(&[1, 2, 3], 5)).expect("submit");
+    script.wait_entered(1);
+    let mut b = engine.submit(request(&[6, 7], 3)).expect("submit");
+    *lock(&script.fail) = Some(a.id());
+    script.allow(None);
+    let (tokens, last) = finish(&mut a).await;
+    assert!(tokens.is_empty());
+    assert_eq!(
+        last,
+        Event::Error(EngineError::StageLost("scripted failure".into()))
+    );
+    assert_eq!(finish(&mut b).await, (expected(&[6, 7], 3), length(3, 2)));
+    assert!(
+        script
+            .seen()
+            .contains(&Seen::Kv(KvOp::Release { seq_id: a.id() }))
+    );
+    wait_for(&engine, "everything to be freed", |s| {
+        s.active_sequences == 0 && s.kv_tokens == 0 && s.stage_sequences == 0
+    });
+}
+
+#[tokio::test]
+async fn a_lost_batch_in_flight_fails_only_its_own_sequences() {
+    // Stages on "another node": A and B go in separate micro-batches, both in flight; B's is lost.
+    let script = Script::closed();
+    let engine = engine(&script, true, 64, 64);
+    let pa = [1, 2, 3];
+    let mut a = engine.submit(request(&pa, 6)).expect("submit");
+    script.wait_entered(1);
+    let mut b = engine.submit(request(&[8, 9], 6)).expect("submit");
+    *lock(&script.fail) = Some(b.id());
+    script.allow(None);
+    let (tokens, last) = finish(&mut b).await;
+    assert!(tokens.is_empty());
+    assert_eq!(
+        last,
+        Event::Error(EngineError::StageLost("scripted failure".into()))
+    );
+    assert_eq!(finish(&mut a).await, (expected(&pa, 6), length(6, 3)));
+    assert!(
+        script
+            .first(|s| matches!(s, Seen::Launch(c) if c.len() > 1))
+            .is_none(),
+        "A and B shared a micro-batch: {:?}",
+        script.seen()
+    );
+    let mut c = engine.submit(request(&[4], 2)).expect("submit");
+    assert_eq!(finish(&mut c).await, (expected(&[4], 2), length(2, 1)));
+    wait_for(&engine, "everything to be freed", |s| {
+        s.active_sequences == 0 && s.kv_tokens == 0 && s.stage_sequences == 0
+    });
+}
+
+#[tokio::test]
+async fn the_front_door_checks_each_thing_once_and_routes_by_model() {
+    let script = Script::closed();
+    script.allow(None);
+    let engine = engine(&script, false, 64, 64);
+    let engines = shoal_engine::Engines::from(engine.clone());
+    let mut other = request(&[1], 2);
+    other.model = "nope".into();
+    assert!(matches!(
+        engines.submit(other.clone()),
+        Err(EngineError::ModelNotFound { model }) if model == "nope"
+    ));
+    assert!(matches!(
+        engine.submit(other),
+        Err(EngineError::ModelNotFound { .. })
+    ));
+    assert!(matches!(
+        engines.submit(request(&[1, VOCAB as u32], 2)),
+        Err(EngineError::InvalidParam {
+            param: "prompt",
+            ..
+        })
+    ));
+    assert!(matches!(
+        engines.submit(request(&[1; 64], 2)),
+        Err(EngineError::PromptTooLong {
+            prompt_tokens: 64,
+            context_length: 64
+        })
+    ));
+    assert!(matches!(
+        engines.submit(request(&[], 2)),
+        Err(EngineError::EmptyPrompt)
+    ));
+    assert_eq!(
+        shoal_engine::request::max_tokens(0),
+        Err(EngineError::InvalidParam {
+            param: "max_tokens",
+            message: "max_tokens must be at least 1".into()
+        })
+    );
+    assert!(matches!(
+        engines.render_chat(MODEL, &[shoal_engine::ChatMessage::new("user", "hi")]),
+        Err(EngineError::Template(_))
+    ));
+    // Not applied by the sampler yet: refused, not ignored.
+    let mut constrained = request(&[1], 2);
+    constrained.logits_processor = Some(Box::new(BanNothing));
+    assert!(matches!(
+        engines.submit(constrained),
+        Err(EngineError::InvalidParam {
+            param: "logits_processor",
+            ..
+        })
+    ));
+    let mut s = engines.submit(request(&[2, 3], 2)).expect("submit");
+    assert_eq!(finish(&mut s).await, (expected(&[2, 3], 2), length(2, 2)));
+    assert_eq!(engines.models().len(), 1);
+    assert_eq!(engines.stats(), engine.stats());
+}
+
+#[derive(Debug, Clone)]
+struct BanNothing;
+
+impl shoal_engine::LogitsProcessor for BanNothing {
+    fn process(&self, _history: &[u32], _logits: &mut [f32]) {}
+    fn accept(&mut self, _token: u32) {}
+    fn clone_box(&self) -> Box<dyn shoal_engine::LogitsProcessor> {
+        Box::new(self.clone())
+    }
+}
