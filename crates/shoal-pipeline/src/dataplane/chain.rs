@@ -191,10 +191,7 @@ impl RemoteChain {
     fn wait_tokens(&mut self, batch_id: u64) -> Result<Vec<TokenItem>, PipelineError> {
         let deadline = tokio::time::Instant::now() + BATCH_TIMEOUT;
         loop {
-            let next = self
-                .rt
-                .block_on(tokio::time::timeout_at(deadline, self.events.recv()));
-            match next {
+            match recv_by(&self.rt, &mut self.events, deadline) {
                 Ok(Some(Ok(Frame::Tokens { batch_id: b, items }))) if b == batch_id => {
                     return Ok(items);
                 }
@@ -218,6 +215,17 @@ impl RemoteChain {
             }
         }
     }
+}
+
+/// Waits for the next item of `rx` until `deadline`, blocking a thread outside the runtime `rt` (the
+/// engine thread); `Err` once the deadline passed, `Ok(None)` when the channel closed.
+fn recv_by<T>(
+    rt: &Handle,
+    rx: &mut mpsc::Receiver<T>,
+    deadline: tokio::time::Instant,
+) -> Result<Option<T>, tokio::time::error::Elapsed> {
+    // The timer is made inside the future: this thread has no runtime context of its own.
+    rt.block_on(async { tokio::time::timeout_at(deadline, rx.recv()).await })
 }
 
 /// Watches the cluster membership (`members`) and sends [`PipelineError::NodeLeft`] into `events` as
@@ -452,6 +460,28 @@ mod tests {
         assert!(events.recv().await.is_none());
         drop(stop_tx);
         task.await.unwrap();
+    }
+
+    /// Regression: the engine thread is no runtime thread, and making the wait's timer outside the
+    /// runtime's context panicked (the first pipeline request of a real server failed).
+    #[test]
+    fn the_engine_thread_waits_for_tokens_from_outside_the_runtime() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let handle = rt.handle().clone();
+        let (tx, mut rx) = mpsc::channel::<u32>(1);
+        let engine_thread = std::thread::spawn(move || {
+            let soon = || tokio::time::Instant::now() + std::time::Duration::from_millis(20);
+            let timed_out = recv_by(&handle, &mut rx, soon()).is_err();
+            handle.spawn(async move {
+                let _ = tx.send(7).await;
+            });
+            let got = recv_by(&handle, &mut rx, soon() + BATCH_TIMEOUT)
+                .ok()
+                .flatten();
+            let closed = recv_by(&handle, &mut rx, soon() + BATCH_TIMEOUT).ok();
+            (timed_out, got, closed)
+        });
+        assert_eq!(engine_thread.join().unwrap(), (true, Some(7), Some(None)));
     }
 
     #[tokio::test]
