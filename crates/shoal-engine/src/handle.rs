@@ -50,6 +50,9 @@ struct Instance {
     vocab_size: usize,
     queue: SyncSender<Admission>,
     counters: Arc<Counters>,
+    /// Whether the pipeline's last stage samples on another node, where a request's logits processor
+    /// (code in this process) cannot run.
+    samples_remotely: bool,
     /// Cancel flags of live requests by id (for `POST /v1/cancel/{id}`); weak, so a finished request's
     /// entry dies with it and is pruned.
     cancels: Mutex<HashMap<u64, Weak<AtomicBool>>>,
@@ -70,6 +73,7 @@ impl EngineHandle {
         vocab_size: usize,
         queue: SyncSender<Admission>,
         counters: Arc<Counters>,
+        samples_remotely: bool,
     ) -> Self {
         Self {
             inner: Arc::new(Instance {
@@ -79,6 +83,7 @@ impl EngineHandle {
                 vocab_size,
                 queue,
                 counters,
+                samples_remotely,
                 cancels: Mutex::new(HashMap::new()),
             }),
         }
@@ -119,11 +124,13 @@ impl EngineHandle {
 
     /// [`EngineHandle::submit`] for a request already routed to this engine by its model id.
     pub(crate) fn enqueue(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
-        if request.logits_processor.is_some() {
-            // The sampler does not call processors yet (see `crate::logits`): refuse rather than ignore.
+        if request.logits_processor.is_some() && self.inner.samples_remotely {
+            // The processor is code in this process; the last stage samples on another node. Refused, not
+            // ignored (see `crate::logits`).
             return Err(EngineError::InvalidParam {
                 param: "logits_processor",
-                message: "logits processors are not supported by this engine yet".into(),
+                message: "constrained decoding needs the pipeline's last stage on the node that drives it"
+                    .into(),
             });
         }
         let tokens = self.prompt_tokens(&request)?;

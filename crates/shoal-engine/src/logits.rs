@@ -4,9 +4,10 @@
 //!
 //! The engine owns one processor per sequence: it tells it every token the sequence accepts
 //! ([`LogitsProcessor::accept`], in `Sequence::push`), and the sampling path calls
-//! [`LogitsProcessor::process`] on the sequence's row just before drawing from it. A processor is plain
-//! code, so it runs where the sampler of the pipeline's last stage runs in this process; a request that
-//! carries one is refused until that call is wired in (see `EngineHandle::submit`).
+//! [`LogitsProcessor::process`] on the sequence's row just before drawing from it
+//! ([`crate::stage::sample_row`], through the sequence's [`crate::stage::SampleRef`]). A processor is
+//! plain code, so it runs only where the engine that owns it runs: an engine whose pipeline samples on
+//! another node refuses a request that carries one (`EngineHandle::submit`), never ignores it.
 
 use std::fmt::Debug;
 

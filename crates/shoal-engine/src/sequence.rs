@@ -112,6 +112,11 @@ impl Sequence {
         self.cached = 0;
     }
 
+    /// The request's logits processor, applied to this sequence's rows before each draw.
+    pub(crate) fn processor(&self) -> Option<&dyn LogitsProcessor> {
+        self.processor.as_deref()
+    }
+
     /// Appends the token `pick` picked for this sequence and streams its text; returns why the sequence
     /// ends, if it does.
     pub(crate) fn push(

@@ -12,6 +12,7 @@ use shoal_kernels::ThreadPool;
 use shoal_model::{HostMatrix, KvCache, LlamaStage, SeqChunk, StageInput};
 
 use crate::error::EngineError;
+use crate::logits::LogitsProcessor;
 use crate::sampler::{self, Sampler};
 
 /// One sequence's part of a batch.
@@ -24,13 +25,15 @@ pub struct ChunkSpec {
     pub want_logits: bool,
 }
 
-/// How to sample one chunk that wants logits: the owner's sampler state and the sequence so far.
-/// A stage that samples (a remote last stage) must draw exactly what `sampler` would.
+/// How to sample one chunk that wants logits: the owner's sampler state, the sequence so far and its
+/// logits processor (constrained decoding), if any. A stage that samples (a remote last stage) must draw
+/// exactly what `sampler` would; a processor runs only where the engine that owns it runs.
 #[derive(Clone, Copy)]
 pub struct SampleRef<'a> {
     pub seq_id: u64,
     pub sampler: &'a Sampler,
     pub history: &'a [u32],
+    pub processor: Option<&'a dyn LogitsProcessor>,
 }
 
 /// A token picked by the last stage.
@@ -55,6 +58,9 @@ pub enum StageData {
 
 /// Samples one row of logits as `job` says; what a last stage that samples runs for each chunk.
 pub fn sample_row(job: &SampleRef<'_>, row: &mut [f32]) -> Pick {
+    if let Some(p) = job.processor {
+        p.process(job.history, row);
+    }
     let mut s = job.sampler.clone();
     let id = s.sample(row, job.history);
     Pick {

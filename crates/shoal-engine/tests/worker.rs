@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
 use shoal_engine::engine::{EngineConfig, LoadedModel, spawn};
 use shoal_engine::stage::{
-    ChunkSpec, KvOp, Launched, Pick, SampleRef, Stage, StageData, StageInfo,
+    ChunkSpec, KvOp, Launched, Pick, SampleRef, Stage, StageData, StageInfo, sample_row,
 };
 use shoal_engine::{
     EngineError, EngineHandle, Event, FinishReason, GenerateRequest, Prompt, RequestStream,
@@ -198,11 +198,14 @@ impl Stage for Scripted {
             self.script
                 .most
                 .fetch_max(held.values().sum(), Ordering::SeqCst);
+            // Logits that favour the scripted token, sampled by the engine's own path (a request's
+            // logits processor applies there).
             Ok(sampling
                 .iter()
-                .map(|s| Pick {
-                    id: next_token(s.history),
-                    logprob: -0.5,
+                .map(|s| {
+                    let mut row = vec![0.0f32; VOCAB];
+                    row[next_token(s.history) as usize] = 10.0;
+                    sample_row(s, &mut row)
                 })
                 .collect())
         };
@@ -600,29 +603,70 @@ async fn the_front_door_checks_each_thing_once_and_routes_by_model() {
         engines.render_chat(MODEL, &[shoal_engine::ChatMessage::new("user", "hi")]),
         Err(EngineError::Template(_))
     ));
-    // Not applied by the sampler yet: refused, not ignored.
-    let mut constrained = request(&[1], 2);
-    constrained.logits_processor = Some(Box::new(BanNothing));
-    assert!(matches!(
-        engines.submit(constrained),
-        Err(EngineError::InvalidParam {
-            param: "logits_processor",
-            ..
-        })
-    ));
     let mut s = engines.submit(request(&[2, 3], 2)).expect("submit");
     assert_eq!(finish(&mut s).await, (expected(&[2, 3], 2), length(2, 2)));
     assert_eq!(engines.models().len(), 1);
     assert_eq!(engines.stats(), engine.stats());
 }
 
+/// Bans one token and records every token its sequence accepts.
 #[derive(Debug, Clone)]
-struct BanNothing;
+struct Ban {
+    token: u32,
+    accepted: Arc<Mutex<Vec<u32>>>,
+}
 
-impl shoal_engine::LogitsProcessor for BanNothing {
-    fn process(&self, _history: &[u32], _logits: &mut [f32]) {}
-    fn accept(&mut self, _token: u32) {}
+impl shoal_engine::LogitsProcessor for Ban {
+    fn process(&self, _history: &[u32], logits: &mut [f32]) {
+        logits[self.token as usize] = f32::NEG_INFINITY;
+    }
+    fn accept(&mut self, token: u32) {
+        lock(&self.accepted).push(token);
+    }
     fn clone_box(&self) -> Box<dyn shoal_engine::LogitsProcessor> {
         Box::new(self.clone())
     }
+}
+
+#[tokio::test]
+async fn a_logits_processor_shapes_every_pick_and_hears_every_token() {
+    let script = Script::closed();
+    script.allow(None);
+    let engine = engine(&script, false, 64, 64);
+    // Unconstrained, the script continues [3] with 4, 5, 6.
+    let mut plain = engine.submit(request(&[3], 3)).expect("submit");
+    assert_eq!(finish(&mut plain).await.0, expected(&[3], 3));
+    // Banning 5: the pick after 4 is another token, and the processor hears each token taken.
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let mut constrained = request(&[3], 3);
+    constrained.logits_processor = Some(Box::new(Ban {
+        token: 5,
+        accepted: accepted.clone(),
+    }));
+    let mut s = engine.submit(constrained).expect("submit");
+    let (tokens, _) = finish(&mut s).await;
+    assert_eq!(tokens.first(), Some(&4));
+    assert!(!tokens.contains(&5), "{tokens:?}");
+    assert_eq!(*lock(&accepted), tokens);
+}
+
+#[tokio::test]
+async fn a_pipeline_that_samples_on_another_node_refuses_a_logits_processor() {
+    let script = Script::closed();
+    script.allow(None);
+    let engine = engine(&script, true, 64, 64);
+    let mut constrained = request(&[1], 2);
+    constrained.logits_processor = Some(Box::new(Ban {
+        token: 2,
+        accepted: Arc::default(),
+    }));
+    assert!(matches!(
+        engine.submit(constrained),
+        Err(EngineError::InvalidParam {
+            param: "logits_processor",
+            ..
+        })
+    ));
+    let mut s = engine.submit(request(&[2, 3], 2)).expect("submit");
+    assert_eq!(finish(&mut s).await, (expected(&[2, 3], 2), length(2, 2)));
 }

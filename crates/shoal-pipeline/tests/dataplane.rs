@@ -155,6 +155,7 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
             seq_id: 7,
             sampler: &sampler,
             history: &tokens,
+            processor: None,
         }];
         let StageData::Hidden(h) = head
             .forward(&first, StageData::Tokens(tokens[..split].to_vec()), &[])
@@ -202,6 +203,7 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
             seq_id: 8,
             sampler: &sampler,
             history: &long,
+            processor: None,
         }];
         let StageData::Hidden(h) = head
             .forward(&batch, StageData::Tokens(long.clone()), &job)

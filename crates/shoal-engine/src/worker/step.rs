@@ -251,6 +251,7 @@ fn sample_refs<'a>(
             seq_id: spec.seq_id,
             sampler: &running[i].sampler,
             history: &running[i].tokens,
+            processor: running[i].processor(),
         })
         .collect()
 }

@@ -393,6 +393,12 @@ impl Stage for RemoteChain {
         input: StageData,
         sampling: &[SampleRef<'_>],
     ) -> Result<Launched, EngineError> {
+        if sampling.iter().any(|s| s.processor.is_some()) {
+            // The engine refuses such requests at submit; a processor cannot travel to the last stage.
+            return Err(EngineError::Internal(
+                "a logits processor reached a pipeline that samples on another node".into(),
+            ));
+        }
         Ok(self.send_batch(batch, input, sampling)?)
     }
 

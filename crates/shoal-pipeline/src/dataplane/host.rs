@@ -305,6 +305,7 @@ fn step(
                     seq_id: job.seq_id,
                     sampler,
                     history: &job.history,
+                    processor: None,
                 })
                 .collect();
             let wanted = a.chunks.iter().filter(|c| c.want_logits).count();
