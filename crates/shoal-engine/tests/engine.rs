@@ -9,7 +9,7 @@ use shoal_engine::{
     EngineError, EngineHandle, Event, FinishReason, GenerateRequest, Prompt, SamplingParams,
 };
 use shoal_model::LayerRange;
-use shoal_model::testing::model_path;
+use shoal_testkit::fixtures::model_path;
 
 mod common;
 use common::{PATIENCE, wait_for};

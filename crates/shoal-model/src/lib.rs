@@ -27,10 +27,6 @@ pub mod linear;
 pub mod llama;
 pub mod matrix;
 pub mod ops;
-/// Transitional: the engine's tests still read the model path here; every other test uses
-/// `shoal_testkit::fixtures` (remove this module once those switch).
-#[doc(hidden)]
-pub mod testing;
 pub mod tokenizer;
 
 pub use config::{LayerRange, ModelConfig};

@@ -336,7 +336,7 @@ mod tests {
 
     #[test]
     fn default_model_card_matches_the_gguf() {
-        let path = shoal_model::testing::model_path();
+        let path = shoal_testkit::fixtures::model_path();
         let card = model_card(&path, "m").unwrap();
         assert_eq!(card.n_layers, 30);
         assert_eq!(card.hidden_bytes_per_token, 2 * 576);
