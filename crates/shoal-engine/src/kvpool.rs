@@ -95,6 +95,14 @@ pub struct KvShare {
     tokens: usize,
 }
 
+/// Not even one token of a stage's KV fits in what is left of the node's budget.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no KV memory left on this node: {reserved} of {budget} bytes reserved")]
+pub struct NoKvMemory {
+    pub reserved: usize,
+    pub budget: usize,
+}
+
 impl KvShare {
     /// Reserves room for as many tokens as the whole budget of `pool` holds for the whole model
     /// (`model_token_bytes` per token), or for as many as the unreserved rest holds if fewer;
@@ -104,7 +112,7 @@ impl KvShare {
         pool: &Arc<KvPool>,
         stage_token_bytes: usize,
         model_token_bytes: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, NoKvMemory> {
         let stage = stage_token_bytes.max(1);
         let want = pool.budget() / model_token_bytes.max(1);
         let granted = pool.reserve_up_to(want.saturating_mul(stage));
@@ -116,11 +124,10 @@ impl KvShare {
             tokens,
         };
         if tokens == 0 {
-            return Err(format!(
-                "no KV memory left on this node: {} of {} bytes reserved",
-                pool.reserved(),
-                pool.budget()
-            ));
+            return Err(NoKvMemory {
+                reserved: pool.reserved(),
+                budget: pool.budget(),
+            });
         }
         Ok(share)
     }
@@ -152,7 +159,7 @@ mod tests {
         let small = KvShare::reserve(&pool, 10, 40).expect("room");
         assert_eq!((small.tokens(), pool.reserved()), (5, 1000));
         let err = KvShare::reserve(&pool, 10, 40).expect_err("full");
-        assert!(err.contains("no KV memory left"), "{err}");
+        assert!(err.to_string().contains("no KV memory left"), "{err}");
         assert_eq!(pool.reserved(), 1000);
         drop(share);
         drop(small);

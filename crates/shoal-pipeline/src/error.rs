@@ -144,8 +144,8 @@ pub enum PipelineError {
     #[error("the runtime has no KV pool")]
     NoKvPool,
     /// This node could not set KV memory aside for a stage.
-    #[error("{reason}")]
-    KvReserve { reason: String },
+    #[error(transparent)]
+    KvReserve(#[from] shoal_engine::kvpool::NoKvMemory),
     /// The instance left the table while this node loaded its part.
     #[error("removed while loading")]
     RemovedWhileLoading,
@@ -200,7 +200,7 @@ impl PipelineError {
             PipelineError::OutOfOrder { .. } => "out_of_order",
             PipelineError::ModelMissing { .. } => "model_missing",
             PipelineError::NoKvPool => "no_kv_pool",
-            PipelineError::KvReserve { .. } => "kv_reserve",
+            PipelineError::KvReserve(_) => "kv_reserve",
             PipelineError::RemovedWhileLoading => "removed_while_loading",
             PipelineError::StageLoadFailed { .. } => "stage_load_failed",
             PipelineError::Connect(_) => "connect",

@@ -251,8 +251,7 @@ async fn bring_up(
         let model_token_bytes = m
             .config()
             .kv_bytes_per_token(m.config().n_layers, m.kv_value_bytes());
-        let kv = KvShare::reserve(&kv_pool, local.kv_bytes_per_token(), model_token_bytes)
-            .map_err(|reason| PipelineError::KvReserve { reason })?;
+        let kv = KvShare::reserve(&kv_pool, local.kv_bytes_per_token(), model_token_bytes)?;
         cluster
             .set_kv_capacity(rec.id.clone(), kv.tokens() as u64)
             .await;
