@@ -1,7 +1,6 @@
 //! The engine on the real model: no token lost, cancellation stops work, stop sequences, seeded
 //! determinism, batching equals running alone, local pipelines equal one stage, and clear errors.
 
-use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use shoal_engine::engine::{EngineConfig, spawn_from_gguf};
@@ -30,20 +29,7 @@ fn engine() -> EngineHandle {
 }
 
 fn request(prompt: &str, max_tokens: u32) -> GenerateRequest {
-    GenerateRequest {
-        model: MODEL.into(),
-        prompt: Prompt::Text(prompt.into()),
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        max_tokens: NonZeroU32::new(max_tokens),
-        stop: Vec::new(),
-        add_bos: false,
-        ignore_eos: false,
-        timeout: None,
-        logits_processor: None,
-    }
+    common::greedy(MODEL, Prompt::Text(prompt.into()), max_tokens)
 }
 
 struct Output {

@@ -8,7 +8,6 @@
 //! it submits or cancels, so each scenario runs the same way every time.
 
 use std::collections::{HashMap, VecDeque};
-use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -20,7 +19,6 @@ use shoal_engine::stage::{
 };
 use shoal_engine::{
     EngineError, EngineHandle, Event, FinishReason, GenerateRequest, Prompt, RequestStream,
-    SamplingParams,
 };
 use shoal_model::ModelConfig;
 use shoal_model::tokenizer::Tokenizer;
@@ -320,20 +318,7 @@ fn engine(
 }
 
 fn request(prompt: &[u32], max_tokens: u32) -> GenerateRequest {
-    GenerateRequest {
-        model: MODEL.into(),
-        prompt: Prompt::Tokens(prompt.to_vec()),
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        max_tokens: NonZeroU32::new(max_tokens),
-        stop: Vec::new(),
-        add_bos: false,
-        ignore_eos: false,
-        timeout: None,
-        logits_processor: None,
-    }
+    common::greedy(MODEL, Prompt::Tokens(prompt.to_vec()), max_tokens)
 }
 
 /// What the script generates after `prompt`, `n` tokens.
