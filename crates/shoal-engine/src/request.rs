@@ -31,7 +31,7 @@ impl From<SamplingError> for EngineError {
 /// A validated generation request.
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
-    /// Model id as listed by [`crate::EngineHandle::models`].
+    /// Model id as listed by [`crate::Engines::models`] (one [`crate::EngineHandle`] serves it).
     pub model: String,
     pub prompt: Prompt,
     pub sampling: SamplingParams,
