@@ -9,10 +9,12 @@ use shoal_engine::kvpool::KvShare;
 use shoal_engine::sampler::Sampler;
 use shoal_engine::stage::{ChunkSpec, KvOp, LocalStage, SampleRef, Stage, StageData};
 use shoal_model::HostMatrix;
-use shoal_wire::{Activations, Frame, Handshake, PrefixAction, Role, SampleJob, TokenItem};
+use shoal_wire::{
+    Activations, Frame, Handshake, PrefixAction, PrefixOp, Role, SampleJob, TokenItem,
+};
 use tokio::sync::mpsc;
 
-use shoal_cluster::ClusterHandle;
+use shoal_cluster::{ClusterHandle, Traffic};
 
 use crate::error::PipelineError;
 
@@ -118,6 +120,7 @@ pub fn serve_stages(cluster: ClusterHandle, hosts: Hosts) -> Result<(), Pipeline
     Ok(())
 }
 
+/// Answers one data-plane stream: the driver's token route, or the previous stage's frames.
 async fn accept_stream(
     cluster: &ClusterHandle,
     hosts: &Hosts,
@@ -143,26 +146,7 @@ async fn accept_stream(
     theirs.check_compatible(&ours)?;
     let traffic = cluster.traffic();
     match theirs.role {
-        Role::Owner { .. } => {
-            if host.next.is_some() {
-                return Err(PipelineError::NotLastStage);
-            }
-            let (r, w) = stream.split();
-            let (tx, rx) = mpsc::channel(WRITE_QUEUE);
-            // Our handshake goes out first, and the token route exists before the driver can send a batch.
-            tx.try_send(ours.encode())
-                .map_err(|_| PipelineError::TokenQueueFull)?;
-            spawn_writer(w, rx, traffic.clone(), peer);
-            if let Ok(mut o) = host.owner.lock() {
-                *o = Some(tx);
-            }
-            // Nothing is expected on this stream; reading it notices the driver going away (one slot:
-            // whatever arrives is dropped as it is read).
-            let (tx, mut rx) = mpsc::channel(1);
-            spawn_reader(r, tx, traffic, peer);
-            tokio::spawn(async move { while rx.recv().await.is_some() {} });
-            Ok(())
-        }
+        Role::Owner { .. } => route_tokens(&host, stream, &ours, traffic, peer),
         Role::Stage { stage_index, .. } => {
             if stage_index as usize + 1 != host.index {
                 return Err(PipelineError::WrongUpstream {
@@ -170,30 +154,71 @@ async fn accept_stream(
                     to: host.index,
                 });
             }
-            let next = match host.next {
-                Some(next) => {
-                    let mut s = open_stream(cluster, next, "stream").await?;
-                    handshake(&mut s, &ours).await?;
-                    let (r, w) = s.split();
-                    drop(r);
-                    let (tx, rx) = mpsc::channel(WRITE_QUEUE);
-                    spawn_writer(w, rx, traffic.clone(), next);
-                    Some(tx)
-                }
-                None => None,
-            };
-            stream.write_all(&ours.encode()).await?;
-            stream.flush().await?;
-            let (r, _w) = stream.split();
-            let (in_tx, in_rx) = mpsc::channel(READ_QUEUE);
-            spawn_reader(r, in_tx, traffic, peer);
-            let host = host.clone();
-            std::thread::Builder::new()
-                .name(format!("stage-{}-{}", host.instance, host.index))
-                .spawn(move || run_stage(&host, in_rx, next))?;
-            Ok(())
+            serve_upstream(cluster, &host, stream, &ours, traffic, peer).await
         }
     }
+}
+
+/// The driver's owner stream to the last stage: the route its tokens go back on.
+fn route_tokens(
+    host: &HostedStage,
+    stream: Stream,
+    ours: &Handshake,
+    traffic: Arc<Traffic>,
+    peer: PeerId,
+) -> Result<(), PipelineError> {
+    if host.next.is_some() {
+        return Err(PipelineError::NotLastStage);
+    }
+    let (r, w) = stream.split();
+    let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+    // Our handshake goes out first, and the token route exists before the driver can send a batch.
+    tx.try_send(ours.encode())
+        .map_err(|_| PipelineError::TokenQueueFull)?;
+    spawn_writer(w, rx, traffic.clone(), peer);
+    if let Ok(mut o) = host.owner.lock() {
+        *o = Some(tx);
+    }
+    // Nothing is expected on this stream; reading it notices the driver going away (one slot:
+    // whatever arrives is dropped as it is read).
+    let (tx, mut rx) = mpsc::channel(1);
+    spawn_reader(r, tx, traffic, peer);
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    Ok(())
+}
+
+/// The previous stage's stream: connects on to the next stage (if any), answers the handshake and
+/// runs the stage on its own thread.
+async fn serve_upstream(
+    cluster: &ClusterHandle,
+    host: &Arc<HostedStage>,
+    mut stream: Stream,
+    ours: &Handshake,
+    traffic: Arc<Traffic>,
+    peer: PeerId,
+) -> Result<(), PipelineError> {
+    let next = match host.next {
+        Some(next) => {
+            let mut s = open_stream(cluster, next, "stream").await?;
+            handshake(&mut s, ours).await?;
+            let (r, w) = s.split();
+            drop(r);
+            let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+            spawn_writer(w, rx, traffic.clone(), next);
+            Some(tx)
+        }
+        None => None,
+    };
+    stream.write_all(&ours.encode()).await?;
+    stream.flush().await?;
+    let (r, _w) = stream.split();
+    let (in_tx, in_rx) = mpsc::channel(READ_QUEUE);
+    spawn_reader(r, in_tx, traffic, peer);
+    let host = host.clone();
+    std::thread::Builder::new()
+        .name(format!("stage-{}-{}", host.instance, host.index))
+        .spawn(move || run_stage(&host, in_rx, next))?;
+    Ok(())
 }
 
 /// Serves one upstream connection: every frame in order, until the upstream closes or a step fails.
@@ -268,89 +293,7 @@ fn step(
             jobs.insert(batch_id, j);
             None
         }
-        Frame::Activations(a) => {
-            host.check_room(stage, a.chunks.iter().map(|c| c.len as usize).sum())?;
-            for c in &a.chunks {
-                let held = stage.cached_len(c.seq_id);
-                if held != c.start_pos as usize {
-                    return Err(PipelineError::StartMismatch {
-                        seq_id: c.seq_id,
-                        start: c.start_pos,
-                        held,
-                    });
-                }
-            }
-            let [rows, cols] = a.shape;
-            let hidden = HostMatrix::new(rows as usize, cols as usize, a.to_f32()?)?;
-            let batch: Vec<ChunkSpec> = a
-                .chunks
-                .iter()
-                .map(|c| ChunkSpec {
-                    seq_id: c.seq_id,
-                    len: c.len as usize,
-                    want_logits: c.want_logits,
-                })
-                .collect();
-            // The last stage samples (on its threads) as the driver's jobs for this batch say.
-            let batch_jobs = if last {
-                jobs.remove(&a.batch_id).unwrap_or_default()
-            } else {
-                Vec::new()
-            };
-            let samplers: Vec<_> = batch_jobs.iter().map(Sampler::from_job).collect();
-            let refs: Vec<SampleRef<'_>> = batch_jobs
-                .iter()
-                .zip(&samplers)
-                .map(|(job, sampler)| SampleRef {
-                    seq_id: job.seq_id,
-                    sampler,
-                    history: &job.history,
-                    processor: None,
-                })
-                .collect();
-            let wanted = a.chunks.iter().filter(|c| c.want_logits).count();
-            if last && refs.len() != wanted {
-                return Err(PipelineError::JobsMismatch {
-                    batch_id: a.batch_id,
-                    wanted,
-                    jobs: refs.len(),
-                });
-            }
-            let out = stage.forward(&batch, StageData::Hidden(hidden), &refs)?;
-            match out {
-                // Encoded straight from the stage's output.
-                StageData::Hidden(h) => {
-                    return Activations::encode_f32(
-                        a.batch_id,
-                        &a.chunks,
-                        h.cols() as u32,
-                        h.data(),
-                        a.dtype,
-                    )
-                    .map(Some)
-                    .map_err(PipelineError::from);
-                }
-                // No chunk of this batch wants a token (a prompt's middle chunk): an empty answer, so
-                // the driver still hears back about the batch.
-                StageData::Logits(_) if last && wanted == 0 => Some(Frame::Tokens {
-                    batch_id: a.batch_id,
-                    items: Vec::new(),
-                }),
-                StageData::Sampled(picks) => Some(Frame::Tokens {
-                    batch_id: a.batch_id,
-                    items: picks
-                        .iter()
-                        .zip(&batch_jobs)
-                        .map(|(pick, job)| TokenItem {
-                            seq_id: job.seq_id,
-                            token: pick.id,
-                            logprob: pick.logprob,
-                        })
-                        .collect(),
-                }),
-                _ => return Err(PipelineError::NoOutput { stage: host.index }),
-            }
-        }
+        Frame::Activations(a) => return forward(stage, host, jobs, &a, last),
         Frame::Release { seq_ids } => {
             for &seq_id in &seq_ids {
                 stage.kv(KvOp::Release { seq_id })?;
@@ -358,23 +301,7 @@ fn step(
             (!last).then_some(Frame::Release { seq_ids })
         }
         Frame::Prefix(op) => {
-            let (seq_id, prefix_id, len) = (op.seq_id, op.prefix_id, op.len as usize);
-            match op.action {
-                PrefixAction::Retain => stage.kv(KvOp::Retain {
-                    seq_id,
-                    prefix_id,
-                    len,
-                })?,
-                PrefixAction::Start => {
-                    host.check_room(stage, len)?;
-                    stage.kv(KvOp::Start {
-                        prefix_id,
-                        seq_id,
-                        len,
-                    })?
-                }
-                PrefixAction::Drop => stage.kv(KvOp::DropPrefix { prefix_id })?,
-            }
+            apply_prefix(stage, host, &op)?;
             (!last).then_some(Frame::Prefix(op))
         }
         Frame::Error { code, message } => return Err(PipelineError::Upstream { code, message }),
@@ -382,4 +309,146 @@ fn step(
         Frame::Ping { .. } | Frame::Pong { .. } | Frame::Tokens { .. } => None,
     };
     out.as_ref().map(encode).transpose()
+}
+
+/// Runs one batch of activations through the stage; returns the encoded answer (activations for the
+/// next stage, or the last stage's tokens).
+fn forward(
+    stage: &mut LocalStage,
+    host: &HostedStage,
+    jobs: &mut HashMap<u64, Vec<SampleJob>>,
+    a: &Activations,
+    last: bool,
+) -> Result<Option<Vec<u8>>, PipelineError> {
+    check_batch(stage, host, a)?;
+    let [rows, cols] = a.shape;
+    let hidden = HostMatrix::new(rows as usize, cols as usize, a.to_f32()?)?;
+    let batch: Vec<ChunkSpec> = a
+        .chunks
+        .iter()
+        .map(|c| ChunkSpec {
+            seq_id: c.seq_id,
+            len: c.len as usize,
+            want_logits: c.want_logits,
+        })
+        .collect();
+    // The last stage samples (on its threads) as the driver's jobs for this batch say.
+    let batch_jobs = if last {
+        jobs.remove(&a.batch_id).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let samplers: Vec<_> = batch_jobs.iter().map(Sampler::from_job).collect();
+    let refs: Vec<SampleRef<'_>> = batch_jobs
+        .iter()
+        .zip(&samplers)
+        .map(|(job, sampler)| SampleRef {
+            seq_id: job.seq_id,
+            sampler,
+            history: &job.history,
+            processor: None,
+        })
+        .collect();
+    let wanted = a.chunks.iter().filter(|c| c.want_logits).count();
+    if last && refs.len() != wanted {
+        return Err(PipelineError::JobsMismatch {
+            batch_id: a.batch_id,
+            wanted,
+            jobs: refs.len(),
+        });
+    }
+    let out = stage.forward(&batch, StageData::Hidden(hidden), &refs)?;
+    answer(host, a, out, &batch_jobs, wanted, last)
+}
+
+/// Errs if the batch would take the stage past its KV share, or a chunk does not start where its
+/// sequence's cache ends.
+fn check_batch(
+    stage: &LocalStage,
+    host: &HostedStage,
+    a: &Activations,
+) -> Result<(), PipelineError> {
+    host.check_room(stage, a.chunks.iter().map(|c| c.len as usize).sum())?;
+    for c in &a.chunks {
+        let held = stage.cached_len(c.seq_id);
+        if held != c.start_pos as usize {
+            return Err(PipelineError::StartMismatch {
+                seq_id: c.seq_id,
+                start: c.start_pos,
+                held,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Encodes what the stage made of batch `a`: activations to pass on, or the last stage's tokens.
+fn answer(
+    host: &HostedStage,
+    a: &Activations,
+    out: StageData,
+    batch_jobs: &[SampleJob],
+    wanted: usize,
+    last: bool,
+) -> Result<Option<Vec<u8>>, PipelineError> {
+    let frame = match out {
+        // Encoded straight from the stage's output.
+        StageData::Hidden(h) => {
+            return Activations::encode_f32(
+                a.batch_id,
+                &a.chunks,
+                h.cols() as u32,
+                h.data(),
+                a.dtype,
+            )
+            .map(Some)
+            .map_err(PipelineError::from);
+        }
+        // No chunk of this batch wants a token (a prompt's middle chunk): an empty answer, so
+        // the driver still hears back about the batch.
+        StageData::Logits(_) if last && wanted == 0 => Frame::Tokens {
+            batch_id: a.batch_id,
+            items: Vec::new(),
+        },
+        StageData::Sampled(picks) => Frame::Tokens {
+            batch_id: a.batch_id,
+            items: picks
+                .iter()
+                .zip(batch_jobs)
+                .map(|(pick, job)| TokenItem {
+                    seq_id: job.seq_id,
+                    token: pick.id,
+                    logprob: pick.logprob,
+                })
+                .collect(),
+        },
+        _ => return Err(PipelineError::NoOutput { stage: host.index }),
+    };
+    encode(&frame).map(Some)
+}
+
+/// Applies one prefix-cache operation to the stage's KV (a started sequence must fit its KV share).
+fn apply_prefix(
+    stage: &mut LocalStage,
+    host: &HostedStage,
+    op: &PrefixOp,
+) -> Result<(), PipelineError> {
+    let (seq_id, prefix_id, len) = (op.seq_id, op.prefix_id, op.len as usize);
+    match op.action {
+        PrefixAction::Retain => stage.kv(KvOp::Retain {
+            seq_id,
+            prefix_id,
+            len,
+        })?,
+        PrefixAction::Start => {
+            host.check_room(stage, len)?;
+            stage.kv(KvOp::Start {
+                prefix_id,
+                seq_id,
+                len,
+            })?
+        }
+        PrefixAction::Drop => stage.kv(KvOp::DropPrefix { prefix_id })?,
+    }
+    Ok(())
 }
