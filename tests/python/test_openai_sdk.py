@@ -3,6 +3,7 @@
 The server fixture lives in conftest.py (shared with the other SDK suites).
 """
 
+import math
 import openai
 import pytest
 
@@ -106,12 +107,37 @@ def test_server_still_serves_after_errors(client):
     assert _chat(client, max_tokens=2).usage.completion_tokens == 2
 
 
+# A greedy pick's probability above which no rival can be within 0.3 nats of it (two candidates that close
+# each have p < 1 / (1 + e^-0.3) ~ 0.574): where shoal was that sure, it must agree with llama.cpp.
+NEAR_TIE_MAX_P = 0.6
+
+
 def test_golden_chat_prompt(client, golden_chat):
+    """The chat path gives llama.cpp's greedy answer up to the first near tie: kernels that round
+    differently (AVX2 vs AVX-512) may flip a token whose rival is within a hair (llama.cpp itself has
+    " Mar" -2.638 vs " Cit" -2.743 after "L'Étoile, la"); a divergence is accepted only where shoal's own
+    pick had p < 0.6, and never before the answer's first two words."""
     case = next(c for c in golden_chat if c["messages"][0]["content"] == "What is the capital of France?")
     resp = client.chat.completions.create(
-        model=MODEL_ID, messages=case["messages"], temperature=0, max_tokens=16
+        model=MODEL_ID, messages=case["messages"], temperature=0, max_tokens=16, logprobs=True
     )
-    first_words = " ".join(case["completion_text"].split(" ")[:3])
-    content = resp.choices[0].message.content
-    assert content.startswith(first_words), f"{content!r} does not start with golden {first_words!r}"
     assert resp.usage.prompt_tokens == case["usage"]["prompt_tokens"]
+    expected = case["completion_text"]
+    tokens = resp.choices[0].logprobs.content
+    assert tokens, "no tokens generated"
+    offset = 0
+    for t in tokens:
+        if expected[offset:].startswith(t.token):
+            offset += len(t.token)
+            continue
+        p = math.exp(t.logprob)
+        assert p < NEAR_TIE_MAX_P, (
+            f"shoal was sure of {t.token!r} (p = {p:.3f}) after {expected[:offset]!r}, "
+            f"llama.cpp went on {expected[offset:]!r}"
+        )
+        break
+    content = resp.choices[0].message.content
+    assert content.startswith(expected[:offset])
+    # The old check up to the measured near tie: llama.cpp's first two words, exactly.
+    first_words = " ".join(expected.split(" ")[:2])
+    assert content.startswith(first_words), f"{content!r} does not start with golden {first_words!r}"

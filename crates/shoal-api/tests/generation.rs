@@ -101,7 +101,8 @@ const NEAR_TIE_MAX_P: f64 = 0.6;
 /// tie. Kernels that round differently (AVX2 vs AVX-512, llama.cpp's own builds) may flip a token where two
 /// candidates are within a hair: on this prompt llama.cpp itself has " Mar" at -2.638 and " Cit" at -2.743
 /// after "L'Étoile, la" (and "L" vs "The" 0.095 nats apart at the first token). A divergence is accepted
-/// only at a token shoal itself was unsure of (p < 0.6), never where it was confident.
+/// only at a token shoal itself was unsure of (p < 0.6), never where it was confident, and never before the
+/// answer's first two words ("L'Étoile, la"), which every build has given.
 #[tokio::test]
 async fn golden_chat_prompt_matches_llama_cpp() {
     let golden = golden_chat();
@@ -144,11 +145,16 @@ async fn golden_chat_prompt_matches_llama_cpp() {
         );
         break;
     }
+    // The old check up to the measured near tie: llama.cpp's first two words, exactly.
+    let first_words: String = expected.split(' ').take(2).collect::<Vec<_>>().join(" ");
     assert!(
-        got.starts_with(&expected[..offset]),
+        got.starts_with(&expected[..offset]) && got.starts_with(&first_words),
         "got {got:?}, golden {expected:?}"
     );
-    eprintln!("agreed with llama.cpp for {agreed} of {} tokens: {got:?}", tokens.len());
+    eprintln!(
+        "agreed with llama.cpp for {agreed} of {} tokens: {got:?}",
+        tokens.len()
+    );
 }
 
 #[tokio::test]

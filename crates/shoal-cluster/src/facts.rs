@@ -22,7 +22,7 @@ pub struct NodeFacts {
     pub addrs: Vec<String>,
     pub memory: MemoryFacts,
     pub cpu_cores: usize,
-    /// `cpu`, `cuda` or `metal`.
+    /// The accelerator that runs the model: `cpu` (the only backend shoal builds today).
     pub accelerator: String,
     /// Compute backend in use, e.g. `cpu-avx2`.
     pub backend: String,

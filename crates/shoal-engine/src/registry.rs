@@ -90,7 +90,8 @@ impl Engines {
         self.get(model)?.render_chat(messages)
     }
 
-    /// Queues `request` on the engine serving `request.model` ([`EngineHandle::submit`]).
+    /// Queues `request` on the engine serving `request.model` (what [`EngineHandle::submit`] does, without
+    /// checking the model id again).
     pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
         self.get(&request.model)?.enqueue(request)
     }

@@ -92,10 +92,6 @@ impl Sampler {
         }
     }
 
-    pub fn params(&self) -> &SamplingParams {
-        &self.params
-    }
-
     /// The random generator's state.
     pub fn rng_state(&self) -> u64 {
         self.rng.state()

@@ -202,7 +202,10 @@ impl Stage for Scripted {
                 .iter()
                 .map(|s| {
                     let mut row = vec![0.0f32; VOCAB];
-                    row[next_token(s.history) as usize] = 10.0;
+                    let next = next_token(s.history);
+                    row[next as usize] = 10.0;
+                    // The runner-up: the token the script would pick after `next`.
+                    row[next_token(&[next]) as usize] = 5.0;
                     sample_row(s, &mut row)
                 })
                 .collect())
@@ -629,9 +632,10 @@ async fn a_logits_processor_shapes_every_pick_and_hears_every_token() {
         accepted: accepted.clone(),
     }));
     let mut s = engine.submit(constrained).expect("submit");
-    let (tokens, _) = finish(&mut s).await;
-    assert_eq!(tokens.first(), Some(&4));
-    assert!(!tokens.contains(&5), "{tokens:?}");
+    let (tokens, last) = finish(&mut s).await;
+    // After 4 the banned 5 gives way to its runner-up 6, then the script goes on from 6.
+    assert_eq!(tokens, vec![4, 6, 7]);
+    assert_eq!(last, length(3, 1));
     assert_eq!(*lock(&accepted), tokens);
 }
 

@@ -51,11 +51,6 @@ impl HostMatrix {
         &self.data
     }
 
-    /// All values, row after row, to change in place (the shape stays).
-    pub fn data_mut(&mut self) -> &mut [f32] {
-        &mut self.data
-    }
-
     /// The values, row after row, without a copy.
     pub fn into_data(self) -> Vec<f32> {
         self.data

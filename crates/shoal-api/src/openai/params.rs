@@ -216,7 +216,10 @@ mod tests {
         assert!(token_budget("max_tokens", 0).is_err());
         assert!(token_budget("max_tokens", -3).is_err());
         assert_eq!(token_budget("max_tokens", 5).ok(), NonZeroU32::new(5));
-        assert_eq!(token_budget("max_tokens", i64::MAX).ok(), Some(NonZeroU32::MAX));
+        assert_eq!(
+            token_budget("max_tokens", i64::MAX).ok(),
+            Some(NonZeroU32::MAX)
+        );
     }
 
     #[test]
