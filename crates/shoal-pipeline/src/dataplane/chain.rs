@@ -9,9 +9,7 @@ use shoal_engine::error::EngineError;
 use shoal_engine::stage::{
     ChunkSpec, KvOp, Launched, Pick, SampleRef, Stage, StageData, StageInfo,
 };
-use shoal_wire::{
-    Activations, ChunkHeader, DType, Frame, Handshake, PrefixAction, PrefixOp, Role, TokenItem,
-};
+use shoal_wire::{Activations, ChunkHeader, DType, Frame, Handshake, Role, TokenItem};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -20,8 +18,8 @@ use shoal_cluster::{ClusterHandle, Snapshot};
 use crate::error::PipelineError;
 
 use super::{
-    BATCH_TIMEOUT, Inbound, READ_QUEUE, WRITE_QUEUE, encode, handshake, open_stream, spawn_reader,
-    spawn_writer, wire_instance_id, wire_node_id,
+    BATCH_TIMEOUT, Inbound, READ_QUEUE, WRITE_QUEUE, encode, handshake, kv_frame, open_stream,
+    spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
 };
 
 /// The stages after the driver's own, on other nodes, seen as one [`Stage`].
@@ -280,7 +278,7 @@ impl RemoteChain {
             .iter()
             .map(|c| ChunkHeader {
                 seq_id: c.seq_id,
-                start_pos: self.lens.get(&c.seq_id).copied().unwrap_or(0) as u32,
+                start_pos: self.cached_len(c.seq_id) as u32,
                 len: c.len as u32,
                 want_logits: c.want_logits,
             })
@@ -334,46 +332,16 @@ impl RemoteChain {
     /// Sends a KV operation down the pipeline (every stage applies it).
     fn send_kv(&mut self, op: KvOp) -> Result<(), PipelineError> {
         match op {
-            KvOp::Release { seq_id } => {
+            KvOp::Release { seq_id } | KvOp::Retain { seq_id, .. } => {
                 self.lens.remove(&seq_id);
-                self.send(&Frame::Release {
-                    seq_ids: vec![seq_id],
-                })
             }
-            KvOp::Retain {
-                seq_id,
-                prefix_id,
-                len,
-            } => {
-                self.lens.remove(&seq_id);
-                self.send(&Frame::Prefix(PrefixOp {
-                    action: PrefixAction::Retain,
-                    seq_id,
-                    prefix_id,
-                    len: len as u32,
-                }))
-            }
-            KvOp::Start {
-                prefix_id,
-                seq_id,
-                len,
-            } => {
-                self.send(&Frame::Prefix(PrefixOp {
-                    action: PrefixAction::Start,
-                    seq_id,
-                    prefix_id,
-                    len: len as u32,
-                }))?;
-                self.lens.insert(seq_id, len);
-                Ok(())
-            }
-            KvOp::DropPrefix { prefix_id } => self.send(&Frame::Prefix(PrefixOp {
-                action: PrefixAction::Drop,
-                seq_id: 0,
-                prefix_id,
-                len: 0,
-            })),
+            KvOp::Start { .. } | KvOp::DropPrefix { .. } => {}
         }
+        self.send(&kv_frame(op))?;
+        if let KvOp::Start { seq_id, len, .. } = op {
+            self.lens.insert(seq_id, len);
+        }
+        Ok(())
     }
 }
 

@@ -9,9 +9,7 @@ use shoal_engine::kvpool::KvShare;
 use shoal_engine::sampler::Sampler;
 use shoal_engine::stage::{ChunkSpec, KvOp, LocalStage, SampleRef, Stage, StageData};
 use shoal_model::HostMatrix;
-use shoal_wire::{
-    Activations, Frame, Handshake, PrefixAction, PrefixOp, Role, SampleJob, TokenItem,
-};
+use shoal_wire::{Activations, Frame, Handshake, PrefixOp, Role, SampleJob, TokenItem};
 use tokio::sync::mpsc;
 
 use shoal_cluster::{ClusterHandle, Traffic};
@@ -19,7 +17,7 @@ use shoal_cluster::{ClusterHandle, Traffic};
 use crate::error::PipelineError;
 
 use super::{
-    Inbound, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, handshake, open_stream,
+    Inbound, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, handshake, open_stream, prefix_kv_op,
     read_handshake, spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
 };
 
@@ -433,22 +431,10 @@ fn apply_prefix(
     host: &HostedStage,
     op: &PrefixOp,
 ) -> Result<(), PipelineError> {
-    let (seq_id, prefix_id, len) = (op.seq_id, op.prefix_id, op.len as usize);
-    match op.action {
-        PrefixAction::Retain => stage.kv(KvOp::Retain {
-            seq_id,
-            prefix_id,
-            len,
-        })?,
-        PrefixAction::Start => {
-            host.check_room(stage, len)?;
-            stage.kv(KvOp::Start {
-                prefix_id,
-                seq_id,
-                len,
-            })?
-        }
-        PrefixAction::Drop => stage.kv(KvOp::DropPrefix { prefix_id })?,
+    let kv = prefix_kv_op(op);
+    if let KvOp::Start { len, .. } = kv {
+        host.check_room(stage, len)?;
     }
+    stage.kv(kv)?;
     Ok(())
 }

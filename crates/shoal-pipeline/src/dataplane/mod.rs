@@ -20,7 +20,11 @@ use futures::io::{ReadHalf, WriteHalf};
 use futures::{AsyncReadExt, AsyncWriteExt};
 use libp2p::{PeerId, Stream, StreamProtocol};
 use sha2::{Digest, Sha256};
-use shoal_wire::{DEFAULT_MAX_FRAME_LEN, Frame, FrameReader, HANDSHAKE_HEADER_LEN, Handshake};
+use shoal_engine::stage::KvOp;
+use shoal_wire::{
+    DEFAULT_MAX_FRAME_LEN, Frame, FrameReader, HANDSHAKE_HEADER_LEN, Handshake, PrefixAction,
+    PrefixOp,
+};
 use tokio::sync::mpsc;
 
 use shoal_cluster::{ClusterHandle, Traffic};
@@ -163,6 +167,52 @@ fn spawn_reader(
             }
         }
     });
+}
+
+/// The frame that carries a KV operation down a pipeline: `Release` or `Prefix`.
+fn kv_frame(op: KvOp) -> Frame {
+    let prefix = |action, seq_id, prefix_id, len: usize| {
+        Frame::Prefix(PrefixOp {
+            action,
+            seq_id,
+            prefix_id,
+            len: len as u32,
+        })
+    };
+    match op {
+        KvOp::Release { seq_id } => Frame::Release {
+            seq_ids: vec![seq_id],
+        },
+        KvOp::Retain {
+            seq_id,
+            prefix_id,
+            len,
+        } => prefix(PrefixAction::Retain, seq_id, prefix_id, len),
+        KvOp::Start {
+            prefix_id,
+            seq_id,
+            len,
+        } => prefix(PrefixAction::Start, seq_id, prefix_id, len),
+        KvOp::DropPrefix { prefix_id } => prefix(PrefixAction::Drop, 0, prefix_id, 0),
+    }
+}
+
+/// The KV operation a `Prefix` frame carries ([`kv_frame`]'s inverse).
+fn prefix_kv_op(op: &PrefixOp) -> KvOp {
+    let (seq_id, prefix_id, len) = (op.seq_id, op.prefix_id, op.len as usize);
+    match op.action {
+        PrefixAction::Retain => KvOp::Retain {
+            seq_id,
+            prefix_id,
+            len,
+        },
+        PrefixAction::Start => KvOp::Start {
+            prefix_id,
+            seq_id,
+            len,
+        },
+        PrefixAction::Drop => KvOp::DropPrefix { prefix_id },
+    }
 }
 
 fn encode(frame: &Frame) -> Result<Vec<u8>, PipelineError> {
