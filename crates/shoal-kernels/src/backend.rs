@@ -120,6 +120,15 @@ impl Backend {
         }
     }
 
+    /// Quantizes `x` (256 · nb values) into `Q8_K` blocks: quants in `qs`, each block's scale in
+    /// `d` (nb entries) and its 16 sums of 16 quants in `bsums` (16 · nb entries).
+    ///
+    /// # Panics
+    /// If the lengths disagree.
+    pub(crate) fn quantize_q8k(self, x: &[f32], qs: &mut [u8], d: &mut [f32], bsums: &mut [i16]) {
+        scalar::quantize_q8k(x, qs, d, bsums)
+    }
+
     /// Computes the outputs of weight rows `rows` for every activation row of `g`.
     ///
     /// # Panics
@@ -169,10 +178,6 @@ pub fn vec_dot_with(backend: Backend, qtype: QType, k: usize, w_row: &[u8], x_q:
         Backend::Avx2 => crate::x86::vec_dot(false, qtype, k, w_row, x_q),
         #[cfg(target_arch = "x86_64")]
         Backend::AvxVnni | Backend::Avx512Vnni => crate::x86::vec_dot(true, qtype, k, w_row, x_q),
-        _ => match qtype {
-            QType::F32 => scalar::vec_dot_f32(k, w_row, x_q),
-            QType::Q4_1 => scalar::vec_dot_q4_1_q8_1(k, w_row, x_q),
-            QType::Q8_0 => scalar::vec_dot_q8_0_q8_0(k, w_row, x_q),
-        },
+        _ => scalar::vec_dot(qtype, k, w_row, x_q),
     }
 }

@@ -3,10 +3,13 @@
 //! The engine keeps GGUF weight bytes exactly as they are in the file and multiplies them here.
 //!
 //! Main types and data flow:
-//! - [`QType`]: weight formats — `F32`, `Q4_1` (20-byte blocks of 32: f16 `d`, f16 `m`, 16 nibble
-//!   bytes) and `Q8_0` (34-byte blocks: f16 `d`, 32 × i8). [`ActType`] is the matching activation
-//!   format: `Q8_1` (36-byte blocks: f16 `d`, f16 `s = d·Σq`, 32 × i8) for `Q4_1` weights, `Q8_0`
-//!   for `Q8_0` weights, `F32` for `F32` weights — the same pairing ggml uses.
+//! - [`QType`]: weight formats, with ggml's type ids and block layouts (described in `format`):
+//!   `F32`, `F16`, `BF16`; the 32-value formats `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`; the
+//!   K-quants `Q2_K`, `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K` (256-value super-blocks: a row's length
+//!   must be a multiple of 256, else [`KernelError::BadRowLength`]). [`ActType`] is the matching
+//!   activation format, paired as ggml pairs them: `Q8_0` (f16 `d`, 32 × i8) for `Q4_0`, `Q5_0`,
+//!   `Q8_0`; `Q8_1` (plus f16 `s = d·Σq`) for `Q4_1`, `Q5_1`; `Q8_K` (f32 `d` per 256 values,
+//!   sums of 16 quants) for the K-quants; `F32` (the input as it is) for `F32`, `F16`, `BF16`.
 //! - [`QMatrix`]: a borrowed `rows × cols` weight matrix (`rows` = output features `n`, `cols` =
 //!   input features `k`), row-major GGML rows.
 //! - [`Activations`]: `m` activation rows quantized once into the format the weights need (the
@@ -45,7 +48,8 @@
 //! Typical use by a model: one `Arc<ThreadPool>` per stage, a `PackedMatrix` per GGUF weight tensor,
 //! `w.matmul(x, m, &mut out, &pool)` per linear layer (or `Activations::quantize_into`
 //! once plus `matmul_quantized` per matrix sharing the input), and
-//! [`QMatrix::dequantize_row`] for embedding lookups.
+//! [`QMatrix::dequantize_row`] for embedding lookups ([`dequantize_row`] decodes every format
+//! bitwise as ggml and the `gguf` Python package do; tests/dequant.rs checks it on fixtures).
 //!
 //! Module layers, each calling only the ones below it (no module calls back up):
 //! 1. `error`, `format` (block formats, [`Layout`], f16 helpers) and `pool` — the shared types;
@@ -82,8 +86,10 @@ mod x86;
 pub use acts::Activations;
 pub use backend::{Backend, vec_dot, vec_dot_with};
 pub use error::KernelError;
-pub use format::{ActType, Layout, QK, QType, row_bytes};
+pub use format::{ActType, Layout, QK, QK_K, QType, row_bytes};
 pub use matmul::{QMatrix, matmul, matmul_quantized, matmul_quantized_with};
 pub use packed::PackedMatrix;
 pub use pool::{Parallel, RayonCurrent, ThreadPool};
-pub use quant::{dequantize_row, quantize_row_q4_1, quantize_row_q8_0, quantize_row_q8_1};
+pub use quant::{
+    dequantize_row, quantize_row_q4_1, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k,
+};

@@ -7,10 +7,10 @@
 
 use std::sync::Mutex;
 
-use crate::acts::Activations;
+use crate::acts::{Activations, Bufs};
 use crate::backend::Backend;
 use crate::error::{KernelError, check_len};
-use crate::format::{ActType, QK, QType, put_f16};
+use crate::format::{ActType, QK, QK_K, QType, put_f16};
 use crate::pool::Parallel;
 use crate::scalar;
 
@@ -35,9 +35,19 @@ impl Activations {
             return Ok(());
         }
         let nb = self.nb();
-        let (qs, sc, f) = self.bufs_mut();
-        let groups = (qs.chunks_mut(4 * nb * QK)).zip(sc.chunks_mut(8 * nb));
-        fill(Backend::detect(), act, x, k, nb, f, groups);
+        let Bufs { qs, sc, bs, f } = self.bufs_mut();
+        if act == ActType::F32 {
+            f.copy_from_slice(x);
+            return Ok(());
+        }
+        fill(
+            Backend::detect(),
+            act,
+            x,
+            k,
+            nb,
+            groups(qs, sc, bs, k, nb, 1),
+        );
         Ok(())
     }
 
@@ -58,20 +68,18 @@ impl Activations {
         let (nb, backend) = (self.nb(), Backend::detect());
         let per = m.div_ceil(4).div_ceil(nt); // groups per part
         // One part per thread, each owning whole groups of rows (disjoint `&mut` slices).
-        type Part<'a> = (&'a [f32], &'a mut [u8], &'a mut [f32]);
-        let (qs, sc, _) = self.bufs_mut();
+        type Part<'a> = (&'a [f32], Group<'a>);
+        let Bufs { qs, sc, bs, .. } = self.bufs_mut();
         let parts: Vec<Mutex<Option<Part<'_>>>> = x
             .chunks(per * 4 * k)
-            .zip(qs.chunks_mut(per * 4 * nb * QK))
-            .zip(sc.chunks_mut(per * 8 * nb))
-            .map(|((x, q), s)| Mutex::new(Some((x, q, s))))
+            .zip(groups(qs, sc, bs, k, nb, per))
+            .map(|(x, g)| Mutex::new(Some((x, g))))
             .collect();
         pool.run_parts(&|t, n| {
             for part in parts.iter().skip(t).step_by(n.max(1)) {
                 let taken = part.lock().map(|mut p| p.take()).unwrap_or(None);
-                if let Some((x, q, s)) = taken {
-                    let groups = q.chunks_mut(4 * nb * QK).zip(s.chunks_mut(8 * nb));
-                    fill(backend, act, x, k, nb, &mut [], groups);
+                if let Some((x, (q, s, b))) = taken {
+                    fill(backend, act, x, k, nb, groups(q, s, b, k, nb, 1));
                 }
             }
         });
@@ -79,28 +87,51 @@ impl Activations {
     }
 }
 
-/// Quantizes the rows of `x` into `groups` (quants and scales of four rows each); `F32` rows are
-/// copied into `f` instead.
+/// The buffers of some groups of four rows: quants, interleaved scales and (`Q8_K`) sums.
+type Group<'a> = (&'a mut [u8], &'a mut [f32], &'a mut [i16]);
+
+/// Splits the buffers into parts of `per` groups of four rows each (the last may be shorter).
+fn groups<'a>(
+    qs: &'a mut [u8],
+    sc: &'a mut [f32],
+    bs: &'a mut [i16],
+    k: usize,
+    nb: usize,
+    per: usize,
+) -> impl Iterator<Item = Group<'a>> {
+    let bs_rows = if bs.is_empty() { 0 } else { 16 * nb };
+    let n_parts = sc.len().div_ceil((8 * nb * per).max(1));
+    let bs_chunk = (per * 4 * bs_rows).max(1);
+    let mut bs_parts: Vec<&'a mut [i16]> = bs.chunks_mut(bs_chunk).collect();
+    bs_parts.resize_with(n_parts, Default::default);
+    qs.chunks_mut(per * 4 * k)
+        .zip(sc.chunks_mut(per * 8 * nb))
+        .zip(bs_parts)
+        .map(|((q, s), b)| (q, s, b))
+}
+
+/// Quantizes the rows of `x` into `groups` (quants, scales and `Q8_K` sums of four rows each).
 fn fill<'a>(
     backend: Backend,
     act: ActType,
     x: &[f32],
     k: usize,
     nb: usize,
-    f: &mut [f32],
-    groups: impl Iterator<Item = (&'a mut [u8], &'a mut [f32])>,
+    groups: impl Iterator<Item = Group<'a>>,
 ) {
-    if act == ActType::F32 {
-        f.copy_from_slice(x);
-        return;
-    }
-    let mut ds = vec![(0f32, 0i32); nb];
-    for ((qg, sg), xg) in groups.zip(x.chunks(4 * k)) {
-        for (lane, (qr, xr)) in qg
-            .chunks_exact_mut(nb * QK)
-            .zip(xg.chunks_exact(k))
-            .enumerate()
-        {
+    let mut ds = vec![(0f32, 0i32); if act == ActType::Q8_K { 0 } else { nb }];
+    let mut dk = vec![0f32; if act == ActType::Q8_K { nb } else { 0 }];
+    for ((qg, sg, bg), xg) in groups.zip(x.chunks(4 * k)) {
+        for (lane, (qr, xr)) in qg.chunks_exact_mut(k).zip(xg.chunks_exact(k)).enumerate() {
+            if act == ActType::Q8_K {
+                let sums = &mut bg[lane * 16 * nb..(lane + 1) * 16 * nb];
+                backend.quantize_q8k(xr, qr, &mut dk, sums);
+                for (b, &d) in dk.iter().enumerate() {
+                    sg[b * 8 + 2 * lane] = d;
+                    sg[b * 8 + 2 * lane + 1] = 0.0;
+                }
+                continue;
+            }
             backend.quantize_q8(xr, qr, &mut ds);
             for (b, &(d, sum)) in ds.iter().enumerate() {
                 let d16 = half::f16::from_f32(d);
@@ -178,17 +209,30 @@ pub fn quantize_row_q4_1(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
     Ok(())
 }
 
-/// Decodes one row of `qtype` (`bytes`) into `out.len()` values, e.g. a token's embedding row.
+/// Quantizes activations `x` (length a multiple of 256) into ggml `Q8_K` blocks (for K-quant
+/// weights: the input of [`crate::vec_dot`]).
+pub fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    check_row(
+        "Q8_K output (bytes)",
+        ActType::Q8_K.try_row_bytes(x.len()),
+        out.len(),
+    )?;
+    let nb = x.len() / QK_K;
+    let mut qs = vec![0u8; x.len()];
+    let (mut d, mut sums) = (vec![0f32; nb], vec![0i16; 16 * nb]);
+    Backend::detect().quantize_q8k(x, &mut qs, &mut d, &mut sums);
+    scalar::write_q8k(&qs, &d, &sums, out);
+    Ok(())
+}
+
+/// Decodes one row of `qtype` (`bytes`) into `out.len()` values, e.g. a token's embedding row;
+/// bitwise ggml's `dequantize_row_*`.
 pub fn dequantize_row(qtype: QType, bytes: &[u8], out: &mut [f32]) -> Result<(), KernelError> {
     check_row(
         "encoded row (bytes)",
         qtype.try_row_bytes(out.len()),
         bytes.len(),
     )?;
-    match qtype {
-        QType::F32 => scalar::dequantize_row_f32(bytes, out),
-        QType::Q4_1 => scalar::dequantize_row_q4_1(bytes, out),
-        QType::Q8_0 => scalar::dequantize_row_q8_0(bytes, out),
-    }
+    scalar::dequantize_blocks(qtype, bytes, out);
     Ok(())
 }

@@ -3,15 +3,13 @@
 mod common;
 
 use common::{
-    Rng, activations, assert_near_reference, decode, dequantize_acts, random_raw, random_weights,
-    reference,
+    Rng, TYPES, activations, assert_near_reference, decode, dequantize_acts, fit_k, has_encoder,
+    random_raw, random_weights, reference,
 };
 use shoal_kernels::{
     ActType, Activations, Backend, KernelError, QMatrix, QType, RayonCurrent, ThreadPool, matmul,
     matmul_quantized, matmul_quantized_with, scalar, vec_dot_with,
 };
-
-const TYPES: [QType; 3] = [QType::F32, QType::Q4_1, QType::Q8_0];
 
 #[test]
 fn matmul_matches_naive_reference() {
@@ -19,6 +17,7 @@ fn matmul_matches_naive_reference() {
     let pool = ThreadPool::new(2);
     for qtype in TYPES {
         for (n, k) in [(1, 32), (5, 64), (37, 96), (300, 576), (19, 1536)] {
+            let k = fit_k(qtype, k);
             for m in [1, 3, 17, 40] {
                 let data = random_weights(&mut rng, qtype, n, k);
                 let w = QMatrix::new(qtype, n, k, &data).expect("matrix");
@@ -29,19 +28,27 @@ fn matmul_matches_naive_reference() {
                 let wf = assert_near_reference(&format!("{qtype:?}"), qtype, &data, n, k, &x, &out);
 
                 // Against unquantized activations: the error of Q8 activation quantization.
-                let (exact, _) = reference(&wf, &x, m, n, k);
+                let (exact, mag) = reference(&wf, &x, m, n, k);
                 let err: f64 = out
                     .iter()
                     .zip(&exact)
                     .map(|(a, b)| f64::from(a - b).powi(2))
                     .sum::<f64>()
                     .sqrt();
-                let norm: f64 = exact
+                // Random blocks (formats the tests cannot encode) are symmetric, so a small
+                // product may cancel to near zero: judge those against Σ|w·x| instead.
+                let scale = if has_encoder(qtype) { &exact } else { &mag };
+                let norm: f64 = scale
                     .iter()
                     .map(|&b| f64::from(b).powi(2))
                     .sum::<f64>()
                     .sqrt();
-                let bound = if qtype == QType::F32 { 1e-5 } else { 2e-2 };
+                // Q8_K scales 256 values at once, so an outlier coarsens more of its neighbours.
+                let bound = match qtype.act_type() {
+                    ActType::F32 => 1e-5,
+                    ActType::Q8_K => 6e-2,
+                    _ => 2e-2,
+                };
                 assert!(
                     err <= bound * norm + 1e-6,
                     "{qtype:?} m={m} n={n} k={k}: rel err {}",
@@ -58,7 +65,7 @@ fn results_are_bitwise_independent_of_thread_count() {
     let pools: Vec<ThreadPool> = [1, 2, 3, 4].into_iter().map(ThreadPool::new).collect();
     for qtype in TYPES {
         for (n, m) in [(1000, 1), (333, 17), (49, 5)] {
-            let k = 192;
+            let k = fit_k(qtype, 192);
             let data = random_weights(&mut rng, qtype, n, k);
             let w = QMatrix {
                 qtype,
@@ -108,7 +115,7 @@ fn batched_rows_equal_single_row_dots_bitwise() {
     let pool = ThreadPool::new(2);
     for backend in Backend::supported() {
         for qtype in TYPES {
-            let (n, k, m) = (23, 320, 39);
+            let (n, k, m) = (23, fit_k(qtype, 320), 39);
             let data = random_raw(&mut rng, qtype, n, k);
             let w = QMatrix::new(qtype, n, k, &data).expect("matrix");
             let x = activations(&mut rng, m * k);
@@ -135,7 +142,7 @@ fn simd_matmul_matches_scalar_matmul() {
     let mut rng = Rng::new(33);
     let pool = ThreadPool::new(2);
     for qtype in TYPES {
-        let (n, k, m) = (130, 576, 17);
+        let (n, k, m) = (130, fit_k(qtype, 576), 17);
         let data = random_weights(&mut rng, qtype, n, k);
         let w = QMatrix::new(qtype, n, k, &data).expect("matrix");
         let x = activations(&mut rng, m * k);

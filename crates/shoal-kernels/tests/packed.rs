@@ -3,29 +3,29 @@
 
 mod common;
 
-use common::{Rng, activations, assert_near_reference, random_raw, random_weights};
+use common::{Rng, TYPES, activations, assert_near_reference, fit_k, random_raw, random_weights};
 use shoal_kernels::{Activations, Backend, Layout, PackedMatrix, QMatrix, QType, ThreadPool};
-
-const TYPES: [QType; 3] = [QType::F32, QType::Q4_1, QType::Q8_0];
 
 #[test]
 fn layout_follows_the_backend() {
     let mut rng = Rng::new(1);
     for backend in Backend::supported() {
         for qtype in TYPES {
-            let data = random_weights(&mut rng, qtype, 20, 64);
-            let w = QMatrix::new(qtype, 20, 64, &data).expect("matrix");
+            let k = fit_k(qtype, 64);
+            let data = random_weights(&mut rng, qtype, 20, k);
+            let w = QMatrix::new(qtype, 20, k, &data).expect("matrix");
             let p = PackedMatrix::with_backend(&w, backend).expect("pack");
-            let want = if backend == Backend::Avx512Vnni && qtype != QType::F32 {
+            let repacked = matches!(qtype, QType::Q4_1 | QType::Q8_0);
+            let want = if backend == Backend::Avx512Vnni && repacked {
                 Layout::Rows16
             } else {
                 Layout::Rows
             };
             assert_eq!(p.layout(), want, "{backend:?} {qtype:?}");
             assert_eq!(p.backend(), backend);
-            assert_eq!((p.rows(), p.cols(), p.qtype()), (20, 64, qtype));
+            assert_eq!((p.rows(), p.cols(), p.qtype()), (20, k, qtype));
             if backend == Backend::detect() {
-                let owned = PackedMatrix::from_rows(qtype, 20, 64, data.clone()).expect("pack");
+                let owned = PackedMatrix::from_rows(qtype, 20, k, data.clone()).expect("pack");
                 assert_eq!((owned.layout(), owned.bytes()), (p.layout(), p.bytes()));
             }
             // Repacking keeps the bytes, plus the padding of the last group of 16 rows.
@@ -42,6 +42,7 @@ fn packed_matmul_matches_naive_reference_on_every_backend() {
     for backend in Backend::supported() {
         for qtype in TYPES {
             for (n, k) in [(16, 32), (40, 96), (300, 576), (19, 1536)] {
+                let k = fit_k(qtype, k);
                 for m in [1, 7, 8, 9, 17] {
                     let data = if m == 7 {
                         random_raw(&mut rng, qtype, n, k) // every quant bit pattern, -128 included
@@ -69,7 +70,7 @@ fn packed_results_are_bitwise_independent_of_batch_and_threads() {
     let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
     for backend in Backend::supported() {
         for qtype in TYPES {
-            let (n, k, m) = (72, 192, 19);
+            let (n, k, m) = (72, fit_k(qtype, 192), 19);
             let data = random_raw(&mut rng, qtype, n, k);
             let w = QMatrix::new(qtype, n, k, &data).expect("matrix");
             let p = PackedMatrix::with_backend(&w, backend).expect("pack");

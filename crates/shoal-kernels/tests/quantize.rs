@@ -26,10 +26,10 @@ fn block_layouts_match_ggml() {
     assert_eq!(row_bytes(QType::Q4_1, 576), 18 * 20);
     assert_eq!(row_bytes(QType::Q8_0, 576), 18 * 34);
     assert_eq!(row_bytes(QType::F32, 5), 20);
-    for t in [QType::F32, QType::Q4_1, QType::Q8_0] {
+    for t in QType::ALL {
         assert_eq!(QType::from_ggml_type_id(t.ggml_type_id()), Some(t));
     }
-    assert_eq!(QType::from_ggml_type_id(2), None);
+    assert_eq!(QType::from_ggml_type_id(4), None);
 }
 
 /// Max error per block: Q8 ≤ d/2 (+ f16 rounding of d), Q4_1 ≤ d/2 (+ f16 rounding of d, m).

@@ -2,12 +2,10 @@
 
 mod common;
 
-use common::{Rng, activations, random_raw, random_weights};
+use common::{Rng, TYPES, activations, fit_k, random_raw, random_weights};
 use shoal_kernels::{ActType, Backend, QType, row_bytes, scalar, vec_dot_with};
 
 const KS: [usize; 7] = [32, 64, 96, 160, 576, 1536, 2080];
-const TYPES: [QType; 3] = [QType::F32, QType::Q4_1, QType::Q8_0];
-
 fn quantize_acts(qtype: QType, x: &[f32]) -> Vec<u8> {
     let act = qtype.act_type();
     let mut out = vec![0u8; act.try_row_bytes(x.len()).expect("k")];
@@ -18,6 +16,7 @@ fn quantize_acts(qtype: QType, x: &[f32]) -> Vec<u8> {
             .for_each(|(o, b)| *o = b),
         ActType::Q8_1 => scalar::quantize_row_q8_1(x, &mut out),
         ActType::Q8_0 => scalar::quantize_row_q8_0(x, &mut out),
+        ActType::Q8_K => scalar::quantize_row_q8_k(x, &mut out),
     }
     out
 }
@@ -31,6 +30,7 @@ fn abs_dot(qtype: QType, k: usize, w: &[u8], xq: &[u8]) -> f32 {
         ActType::F32 => scalar::dequantize_row_f32(xq, &mut xf),
         ActType::Q8_1 => scalar::dequantize_row_q8_1(xq, &mut xf),
         ActType::Q8_0 => scalar::dequantize_row_q8_0(xq, &mut xf),
+        ActType::Q8_K => scalar::dequantize_row_q8_k(xq, &mut xf),
     }
     wf.iter().zip(&xf).map(|(a, b)| (a * b).abs()).sum()
 }
@@ -39,6 +39,7 @@ fn check_backend(backend: Backend, raw: bool) {
     let mut rng = Rng::new(7 + raw as u64);
     for qtype in TYPES {
         for k in KS {
+            let k = fit_k(qtype, k);
             for row in 0..8 {
                 let w = if raw {
                     random_raw(&mut rng, qtype, 1, k)

@@ -63,7 +63,10 @@ pub(crate) fn gemm_rows(g: &Gemm<'_>, rows: Range<usize>) {
     let group_bytes = match g.qtype {
         QType::Q4_1 => Q4_1_GROUP_BYTES,
         QType::Q8_0 => Q8_0_GROUP_BYTES,
-        QType::F32 => panic!("gemm (16-row groups): F32 weights are never repacked"),
+        other => panic!(
+            "gemm (16-row groups): {} weights are never repacked",
+            other.name()
+        ),
     };
     assert!(
         nb * crate::format::QK == g.k && g.w.len() == g.n.div_ceil(GROUP) * nb * group_bytes,

@@ -44,6 +44,9 @@ pub(crate) fn vec_dot(vnni: bool, qtype: QType, k: usize, w: &[u8], x: &[u8]) ->
         w.len() == wb && x.len() == xb,
         "vec_dot: slice lengths do not match k = {k}"
     );
+    if !matches!(qtype, QType::F32 | QType::Q4_1 | QType::Q8_0) {
+        return crate::scalar::vec_dot(qtype, k, w, x);
+    }
     if vnni {
         assert!(
             has_vnni(),
@@ -79,6 +82,7 @@ unsafe fn dot_ggml<M: MulSum>(qtype: QType, k: usize, w: &[u8], x: &[u8]) -> f32
             QType::Q4_1 => kernels::q4_1_dot1::<M, _>(nb, w, GgmlQ81(x)),
             QType::Q8_0 => kernels::q8_0_dot1::<M, _>(nb, w, GgmlQ80(x)),
             QType::F32 => kernels::f32_dot(k, w, x.cast::<f32>()),
+            _ => unreachable!("no SIMD kernel yet"),
         }
     }
 }
@@ -89,11 +93,15 @@ unsafe fn dot_ggml<M: MulSum>(qtype: QType, k: usize, w: &[u8], x: &[u8]) -> f32
 /// If the CPU lacks the features or the operands are inconsistent.
 pub(crate) fn gemm_rows(vnni: bool, g: &Gemm<'_>, rows: Range<usize>) {
     g.check_rows(&rows);
+    if !matches!(g.qtype, QType::F32 | QType::Q4_1 | QType::Q8_0) {
+        return crate::scalar::gemm_rows(g, rows);
+    }
     let nb = g.x.nb();
     let block_bytes = match g.qtype {
         QType::Q4_1 => Q4_1_BYTES,
         QType::Q8_0 => Q8_0_BYTES,
         QType::F32 => 4,
+        _ => unreachable!("no SIMD kernel yet"),
     };
     let blocks_ok = if g.qtype == QType::F32 {
         nb == g.k
@@ -152,6 +160,7 @@ unsafe fn gemm<M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
                 }
             }
         }
+        _ => unreachable!("no SIMD kernel yet"),
     }
 }
 

@@ -8,6 +8,14 @@ use shoal_kernels::{
 
 pub use shoal_testkit::rng::{Draw, SplitMix64 as Rng};
 
+/// Every weight format.
+pub const TYPES: [QType; 13] = QType::ALL;
+
+/// `k` rounded up to whole blocks of `qtype` (the K-quants need multiples of 256).
+pub fn fit_k(qtype: QType, k: usize) -> usize {
+    k.next_multiple_of(qtype.block_size())
+}
+
 /// Roughly normal with the given scale, plus occasional outliers (like real activations).
 pub fn activation(rng: &mut Rng) -> f32 {
     let v = (0..4).map(|_| rng.f32_in(-1.0, 1.0)).sum::<f32>() * 0.5;
@@ -23,7 +31,18 @@ pub fn activations(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| activation(rng)).collect()
 }
 
+/// Whether [`encode`] can quantize floats to `qtype` (the others get [`random_raw`] blocks).
+pub fn has_encoder(qtype: QType) -> bool {
+    matches!(
+        qtype,
+        QType::F32 | QType::F16 | QType::BF16 | QType::Q4_1 | QType::Q8_0
+    )
+}
+
 /// Encodes `rows × k` floats as `qtype` rows.
+///
+/// # Panics
+/// If [`has_encoder`] is false for `qtype`.
 pub fn encode(qtype: QType, w: &[f32], rows: usize, k: usize) -> Vec<u8> {
     let rb = row_bytes(qtype, k);
     let mut out = vec![0u8; rows * rb];
@@ -34,15 +53,30 @@ pub fn encode(qtype: QType, w: &[f32], rows: usize, k: usize) -> Vec<u8> {
                     d.copy_from_slice(&v.to_le_bytes());
                 }
             }
+            QType::F16 => {
+                for (d, v) in dst.chunks_exact_mut(2).zip(src) {
+                    d.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+                }
+            }
+            QType::BF16 => {
+                for (d, v) in dst.chunks_exact_mut(2).zip(src) {
+                    d.copy_from_slice(&half::bf16::from_f32(*v).to_le_bytes());
+                }
+            }
             QType::Q4_1 => quantize_row_q4_1(src, dst).expect("encode Q4_1"),
             QType::Q8_0 => quantize_row_q8_0(src, dst).expect("encode Q8_0"),
+            other => panic!("no test encoder for {other:?}"),
         }
     }
     out
 }
 
-/// A random weight matrix: quantized from random floats of varied per-row scale.
+/// A random weight matrix: quantized from random floats of varied per-row scale where the
+/// tests can encode `qtype`, random blocks with sane scales otherwise.
 pub fn random_weights(rng: &mut Rng, qtype: QType, rows: usize, k: usize) -> Vec<u8> {
+    if !has_encoder(qtype) {
+        return random_raw(rng, qtype, rows, k);
+    }
     let mut w = Vec::with_capacity(rows * k);
     for r in 0..rows {
         let scale = 0.02 * (1 + r % 7) as f32;
@@ -53,36 +87,34 @@ pub fn random_weights(rng: &mut Rng, qtype: QType, rows: usize, k: usize) -> Vec
     encode(qtype, &w, rows, k)
 }
 
-/// Random raw blocks: arbitrary nibbles / quants with sane f16 scales (exercises every bit
-/// pattern of the quant bytes, including -128 in Q8_0 weights).
+/// Random raw blocks: arbitrary quant bytes (every bit pattern, including -128 in Q8_0 weights
+/// and every 6-bit K-quant scale) with sane f16 scales.
 pub fn random_raw(rng: &mut Rng, qtype: QType, rows: usize, k: usize) -> Vec<u8> {
     let rb = row_bytes(qtype, k);
     let mut out = rng.bytes(rows * rb);
     let put = |b: &mut [u8], at: usize, v: f32| {
         b[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes())
     };
-    match qtype {
-        QType::F32 => {
-            for c in out.chunks_exact_mut(4) {
-                let v = rng.f32_in(-1.0, 1.0);
-                c.copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        QType::Q4_1 => {
-            for b in out.chunks_exact_mut(20) {
-                let (d, m) = (
-                    rng.f32_in(-1.0, 1.0).abs() * 0.01,
-                    rng.f32_in(-1.0, 1.0) * 0.05,
-                );
-                put(b, 0, d);
-                put(b, 2, m);
-            }
-        }
-        QType::Q8_0 => {
-            for b in out.chunks_exact_mut(34) {
-                let d = rng.f32_in(-1.0, 1.0) * 0.001;
-                put(b, 0, d);
-            }
+    if matches!(qtype, QType::F32 | QType::F16 | QType::BF16) {
+        let floats: Vec<f32> = (0..rows * k).map(|_| rng.f32_in(-1.0, 1.0)).collect();
+        return encode(qtype, &floats, rows, k);
+    }
+    // (offset of d, offset of a second f16 (m or dmin) if any, scale of d)
+    let (d_at, m_at, d_scale) = match qtype {
+        QType::Q4_0 | QType::Q5_0 => (0, None, 0.01),
+        QType::Q4_1 | QType::Q5_1 => (0, Some(2), 0.01),
+        QType::Q8_0 => (0, None, 0.001),
+        QType::Q2_K => (80, Some(82), 0.01),
+        QType::Q3_K => (108, None, 0.01),
+        QType::Q4_K | QType::Q5_K => (0, Some(2), 0.001),
+        QType::Q6_K => (208, None, 0.0001),
+        _ => unreachable!("plain formats handled above"),
+    };
+    for b in out.chunks_exact_mut(qtype.type_size()) {
+        let d = rng.f32_in(-1.0, 1.0) * d_scale;
+        put(b, d_at, if m_at.is_some() { d.abs() } else { d });
+        if let Some(at) = m_at {
+            put(b, at, rng.f32_in(-1.0, 1.0) * 5.0 * d_scale);
         }
     }
     out
@@ -105,18 +137,20 @@ pub fn dequantize_acts(acts: &Activations, m: usize, k: usize) -> Vec<f32> {
         match acts.act_type() {
             Some(ActType::Q8_1) => scalar::dequantize_row_q8_1(&src, dst),
             Some(ActType::Q8_0) => scalar::dequantize_row_q8_0(&src, dst),
+            Some(ActType::Q8_K) => scalar::dequantize_row_q8_k(&src, dst),
             _ => scalar::dequantize_row_f32(&src, dst),
         }
     }
     out
 }
 
-/// Each weight replaced by its block's minimum `m` (zeros for formats without one).
+/// Each weight replaced by its block's minimum `m` for the formats multiplied with `Q8_1`
+/// activations (whose `s` is rounded to f16), zeros for the others.
 pub fn block_mins(qtype: QType, data: &[u8], n: usize, k: usize) -> Vec<f32> {
-    if qtype != QType::Q4_1 {
+    if qtype.act_type() != ActType::Q8_1 {
         return vec![0.0; n * k];
     }
-    data.chunks_exact(20)
+    data.chunks_exact(qtype.type_size())
         .flat_map(|b| [half::f16::from_le_bytes([b[2], b[3]]).to_f32(); 32])
         .collect()
 }
