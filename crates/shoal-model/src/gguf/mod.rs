@@ -1,11 +1,21 @@
 //! GGUF access: metadata getters and reading single tensors by name (raw bytes or candle tensors).
+//!
+//! [`GgufFile::open`] parses the header with our own bounds-checked reader ([`header`]) into candle's
+//! [`Content`] (metadata [`Value`]s and the tensor directory), then keeps the file open; [`GgufFile::read_raw`]
+//! reads one tensor's bytes into a [`RawTensor`] (checking again that they are inside the file), so a stage
+//! reads only its own layers. [`types`] names every ggml type id, so an unloadable tensor type is reported by
+//! name. A damaged or hostile file is an error naming what is wrong, never a panic or a huge allocation.
+
+mod header;
+pub mod types;
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::ggml_file::qtensor_from_ggml;
+use candle_core::quantized::gguf_file::{Content, TensorInfo, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 
 use crate::error::{ModelError, Result};
@@ -32,10 +42,7 @@ impl GgufFile {
             source,
         };
         let mut file = File::open(path).map_err(io)?;
-        let content = Content::read(&mut file).map_err(|e| ModelError::InvalidGguf {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
+        let content = header::read(&mut file, path)?;
         Ok(Self {
             path: path.to_path_buf(),
             file,
@@ -91,10 +98,7 @@ impl GgufFile {
 
     /// Bytes of tensor `name`'s data in the file (quantized size); `None` if there is no such tensor.
     pub fn tensor_bytes(&self, name: &str) -> Option<u64> {
-        let info = self.content.tensor_infos.get(name)?;
-        let dtype = info.ggml_dtype;
-        let elems = info.shape.elem_count() as u64;
-        Some(elems / dtype.block_size() as u64 * dtype.type_size() as u64)
+        self.content.tensor_infos.get(name).map(data_bytes)
     }
 
     /// Names of every tensor in the file.
@@ -106,7 +110,8 @@ impl GgufFile {
         self.content.tensor_infos.contains_key(name)
     }
 
-    /// Reads one tensor's raw bytes (only that tensor's bytes are read from disk).
+    /// Reads one tensor's raw bytes (only that tensor's bytes are read from disk). The file's size is checked
+    /// again first: it may have shrunk since it was opened.
     pub fn read_raw(&mut self, name: &str) -> Result<RawTensor> {
         let info =
             self.content
@@ -115,24 +120,31 @@ impl GgufFile {
                 .ok_or_else(|| ModelError::MissingTensor {
                     name: name.to_string(),
                 })?;
-        let elems = info.shape.elem_count();
-        let bs = info.ggml_dtype.block_size();
-        if elems % bs != 0 {
-            return Err(ModelError::InvalidGguf {
-                path: self.path.display().to_string(),
-                message: format!("tensor {name}: {elems} elements not a multiple of block {bs}"),
-            });
-        }
-        let size = elems / bs * info.ggml_dtype.type_size();
-        let start = self.content.tensor_data_offset + info.offset;
-        let mut data = vec![0u8; size];
+        let path = self.path.display().to_string();
         let io = |source| ModelError::Io {
-            path: self.path.display().to_string(),
+            path: path.clone(),
             source,
         };
+        let size = data_bytes(info);
+        let start = self.content.tensor_data_offset.saturating_add(info.offset);
+        let file_len = self.file.metadata().map_err(io)?.len();
+        if start.saturating_add(size) > file_len {
+            return Err(ModelError::InvalidGguf {
+                path: path.clone(),
+                message: format!(
+                    "tensor {name}: its {size} bytes at {start} run past the end of the file ({file_len} \
+                     bytes); has it shrunk since it was opened?"
+                ),
+            });
+        }
+        let len = usize::try_from(size).map_err(|_| ModelError::InvalidGguf {
+            path: path.clone(),
+            message: format!("tensor {name}: {size} bytes do not fit this machine's memory"),
+        })?;
+        let mut data = vec![0u8; len];
         self.file.seek(SeekFrom::Start(start)).map_err(io)?;
         self.file.read_exact(&mut data).map_err(io)?;
-        // candle already stores GGUF dims in row-major order (outermost first).
+        // candle's shapes (and ours) are row-major, outermost first.
         let dims = info.shape.dims().to_vec();
         Ok(RawTensor {
             dtype: info.ggml_dtype,
@@ -143,12 +155,8 @@ impl GgufFile {
 
     /// Reads one tensor as a candle quantized tensor on `device`.
     pub fn read_qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
-        if !self.has_tensor(name) {
-            return Err(ModelError::MissingTensor {
-                name: name.to_string(),
-            });
-        }
-        Ok(self.content.tensor(&mut self.file, name, device)?)
+        let raw = self.read_raw(name)?;
+        Ok(qtensor_from_ggml(raw.dtype, &raw.data, raw.dims, device)?)
     }
 
     /// Reads an F32 vector tensor (norm weights).
@@ -166,4 +174,11 @@ impl GgufFile {
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
     }
+}
+
+/// Bytes of a tensor's data. The header reader checked at open that this neither overflows nor runs past the
+/// file, so the plain arithmetic here cannot overflow.
+fn data_bytes(info: &TensorInfo) -> u64 {
+    let dtype = info.ggml_dtype;
+    info.shape.elem_count() as u64 / dtype.block_size() as u64 * dtype.type_size() as u64
 }

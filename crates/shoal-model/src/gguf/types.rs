@@ -1,0 +1,105 @@
+//! The ggml tensor type ids a GGUF file may name: each id's name (as llama.cpp prints it) and the candle
+//! [`GgmlDType`] shoal loads it as, if any. The header reader looks every tensor's type up here, so a file
+//! with a type shoal cannot load fails at open with the type's name ("IQ4_XS (id 23)"), not a number.
+
+use candle_core::quantized::GgmlDType;
+
+/// One ggml tensor type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GgmlType {
+    /// The id stored in a GGUF tensor info.
+    pub id: u32,
+    /// llama.cpp's name for it (`Q4_K`, `IQ4_XS`, ...).
+    pub name: &'static str,
+    /// How shoal loads it; `None` for types shoal cannot load (IQ types, integer tensors, removed types).
+    pub dtype: Option<GgmlDType>,
+}
+
+const fn t(id: u32, name: &'static str, dtype: Option<GgmlDType>) -> GgmlType {
+    GgmlType { id, name, dtype }
+}
+
+/// Every type id ggml has defined, in id order (ids 4, 5, 31-33 and 36-38 are types ggml has since removed).
+static TYPES: &[GgmlType] = &[
+    t(0, "F32", Some(GgmlDType::F32)),
+    t(1, "F16", Some(GgmlDType::F16)),
+    t(2, "Q4_0", Some(GgmlDType::Q4_0)),
+    t(3, "Q4_1", Some(GgmlDType::Q4_1)),
+    t(4, "Q4_2", None),
+    t(5, "Q4_3", None),
+    t(6, "Q5_0", Some(GgmlDType::Q5_0)),
+    t(7, "Q5_1", Some(GgmlDType::Q5_1)),
+    t(8, "Q8_0", Some(GgmlDType::Q8_0)),
+    t(9, "Q8_1", Some(GgmlDType::Q8_1)),
+    t(10, "Q2_K", Some(GgmlDType::Q2K)),
+    t(11, "Q3_K", Some(GgmlDType::Q3K)),
+    t(12, "Q4_K", Some(GgmlDType::Q4K)),
+    t(13, "Q5_K", Some(GgmlDType::Q5K)),
+    t(14, "Q6_K", Some(GgmlDType::Q6K)),
+    t(15, "Q8_K", Some(GgmlDType::Q8K)),
+    t(16, "IQ2_XXS", None),
+    t(17, "IQ2_XS", None),
+    t(18, "IQ3_XXS", None),
+    t(19, "IQ1_S", None),
+    t(20, "IQ4_NL", None),
+    t(21, "IQ3_S", None),
+    t(22, "IQ2_S", None),
+    t(23, "IQ4_XS", None),
+    t(24, "I8", None),
+    t(25, "I16", None),
+    t(26, "I32", None),
+    t(27, "I64", None),
+    t(28, "F64", None),
+    t(29, "IQ1_M", None),
+    t(30, "BF16", Some(GgmlDType::BF16)),
+    t(31, "Q4_0_4_4", None),
+    t(32, "Q4_0_4_8", None),
+    t(33, "Q4_0_8_8", None),
+    t(34, "TQ1_0", None),
+    t(35, "TQ2_0", None),
+    t(36, "IQ4_NL_4_4", None),
+    t(37, "IQ4_NL_4_8", None),
+    t(38, "IQ4_NL_8_8", None),
+    t(39, "MXFP4", None),
+    t(40, "NVFP4", None),
+    t(41, "Q1_0", None),
+    t(42, "Q2_0", None),
+];
+
+/// The type with GGUF id `id`, `None` for an id ggml never defined.
+pub fn ggml_type(id: u32) -> Option<&'static GgmlType> {
+    TYPES.get(usize::try_from(id).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_match_positions_and_names_are_unique() {
+        for (i, t) in TYPES.iter().enumerate() {
+            assert_eq!(t.id as usize, i, "{}", t.name);
+            assert_eq!(TYPES.iter().filter(|u| u.name == t.name).count(), 1);
+        }
+        assert_eq!(ggml_type(23).map(|t| t.name), Some("IQ4_XS"));
+        assert_eq!(ggml_type(12).and_then(|t| t.dtype), Some(GgmlDType::Q4K));
+        assert!(ggml_type(43).is_none());
+        assert!(ggml_type(u32::MAX).is_none());
+    }
+
+    #[test]
+    fn every_candle_dtype_has_its_ggml_id() {
+        use GgmlDType::*;
+        let all = [
+            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K,
+        ];
+        for d in all {
+            let ids: Vec<u32> = TYPES
+                .iter()
+                .filter(|t| t.dtype == Some(d))
+                .map(|t| t.id)
+                .collect();
+            assert_eq!(ids.len(), 1, "{d:?} has ids {ids:?}");
+        }
+    }
+}
