@@ -205,6 +205,11 @@ impl ApiError {
             EngineError::Template(message) => {
                 ApiError::bad_request(format!("chat template failed: {message}"))
             }
+            e @ EngineError::NoChatTemplate { .. } => ApiError::InvalidRequest {
+                message: e.to_string(),
+                param: Some("messages".into()),
+                code: Some("no_chat_template"),
+            },
             EngineError::Timeout { after_ms } => ApiError::Timeout { after_ms },
             EngineError::Overloaded => ApiError::Overloaded,
             EngineError::Stopped => ApiError::Unavailable,

@@ -10,7 +10,7 @@ use shoal_kernels::ThreadPool;
 use shoal_model::chat::ChatTemplate;
 use shoal_model::gguf::GgufFile;
 use shoal_model::tokenizer::Tokenizer;
-use shoal_model::{LayerRange, LlamaStage, ModelConfig};
+use shoal_model::{DecoderStage, LayerRange, ModelConfig};
 
 pub use crate::config::{EngineConfig, default_threads};
 use crate::error::EngineError;
@@ -51,10 +51,9 @@ impl LoadedModel {
         };
         let full = [LayerRange::full(config.n_layers)];
         let ranges = ranges.unwrap_or(&full);
-        let device = candle_core::Device::Cpu;
         let mut stages: Vec<Box<dyn Stage>> = Vec::with_capacity(ranges.len());
         for r in ranges {
-            let stage = LlamaStage::load(&mut gguf, *r, &device, pool).map_err(|e| err(&e))?;
+            let stage = DecoderStage::load(&mut gguf, *r, pool).map_err(|e| err(&e))?;
             stages.push(Box::new(LocalStage::new(stage)));
         }
         Ok(Self {
@@ -77,8 +76,7 @@ pub fn load_local_stage(
         EngineError::Internal(format!("loading {}: {e}", path.display()))
     };
     let mut gguf = GgufFile::open(path).map_err(|e| err(&e))?;
-    let stage =
-        LlamaStage::load(&mut gguf, range, &candle_core::Device::Cpu, pool).map_err(|e| err(&e))?;
+    let stage = DecoderStage::load(&mut gguf, range, pool).map_err(|e| err(&e))?;
     Ok(LocalStage::new(stage))
 }
 

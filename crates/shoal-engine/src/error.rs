@@ -21,6 +21,11 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("chat template failed: {0}")]
     Template(String),
+    /// A base model (its GGUF has no `tokenizer.chat_template`): it serves completions only.
+    #[error(
+        "model '{model}' has no chat template (it is a base model): send a raw prompt to /v1/completions instead"
+    )]
+    NoChatTemplate { model: String },
     #[error("the request timed out after {after_ms} ms")]
     Timeout { after_ms: u64 },
     #[error("the engine is overloaded, retry later")]
@@ -43,6 +48,7 @@ impl EngineError {
             EngineError::PromptTooLong { .. } => "prompt_too_long",
             EngineError::EmptyPrompt => "empty_prompt",
             EngineError::Template(_) => "template",
+            EngineError::NoChatTemplate { .. } => "no_chat_template",
             EngineError::Timeout { .. } => "timeout",
             EngineError::Overloaded => "overloaded",
             EngineError::Stopped => "stopped",
@@ -60,6 +66,7 @@ impl EngineError {
                 | EngineError::PromptTooLong { .. }
                 | EngineError::EmptyPrompt
                 | EngineError::Template(_)
+                | EngineError::NoChatTemplate { .. }
         )
     }
 }

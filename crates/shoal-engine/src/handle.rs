@@ -102,9 +102,13 @@ impl EngineHandle {
                 message: "messages must not be empty".into(),
             });
         }
-        let template = self.inner.template.as_ref().ok_or_else(|| {
-            EngineError::Template(format!("model '{}' has no chat template", self.info().id))
-        })?;
+        let template = self
+            .inner
+            .template
+            .as_ref()
+            .ok_or_else(|| EngineError::NoChatTemplate {
+                model: self.info().id.clone(),
+            })?;
         template
             .render(messages, true)
             .map_err(|e| EngineError::Template(e.to_string()))

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use shoal_kernels::ThreadPool;
-use shoal_model::{HostMatrix, KvCache, LlamaStage, SeqChunk, StageInput};
+use shoal_model::{DecoderStage, HostMatrix, KvCache, SeqChunk, StageInput};
 
 use crate::error::EngineError;
 use crate::logits::LogitsProcessor;
@@ -217,13 +217,13 @@ pub fn kv_all_lossy(stages: &mut [Box<dyn Stage>], op: KvOp) {
 
 /// Layers running in this process.
 pub struct LocalStage {
-    model: LlamaStage,
+    model: DecoderStage,
     caches: HashMap<u64, KvCache>,
     prefixes: HashMap<u64, KvCache>,
 }
 
 impl LocalStage {
-    pub fn new(model: LlamaStage) -> Self {
+    pub fn new(model: DecoderStage) -> Self {
         Self {
             model,
             caches: HashMap::new(),
@@ -231,7 +231,7 @@ impl LocalStage {
         }
     }
 
-    pub fn model(&self) -> &LlamaStage {
+    pub fn model(&self) -> &DecoderStage {
         &self.model
     }
 
@@ -313,11 +313,9 @@ impl LocalStage {
         let mut out = result.map_err(internal)?;
         Ok(match (self.model.is_last(), sampling.is_empty()) {
             // Sampled here, on this stage's threads.
-            (true, false) => StageData::Sampled(sample_rows(
-                &mut out,
-                sampling,
-                self.model.pool().map(|p| &**p),
-            )?),
+            (true, false) => {
+                StageData::Sampled(sample_rows(&mut out, sampling, Some(&**self.model.pool()))?)
+            }
             (true, true) => StageData::Logits(out),
             (false, _) => StageData::Hidden(out),
         })

@@ -295,6 +295,7 @@ fn engine(
         context_length: 64,
         rope_theta: 10_000.0,
         rms_eps: 1e-5,
+        arch: shoal_model::ArchParams::llama(1, 1),
     };
     assert_eq!(config.kv_bytes_per_token(1, 1), KV_TOKEN);
     let stage = Scripted {
@@ -589,7 +590,7 @@ async fn the_front_door_checks_each_thing_once_and_routes_by_model() {
     );
     assert!(matches!(
         engines.render_chat(MODEL, &[shoal_engine::ChatMessage::new("user", "hi")]),
-        Err(EngineError::Template(_))
+        Err(EngineError::NoChatTemplate { model }) if model == MODEL
     ));
     let mut s = engines.submit(request(&[2, 3], 2)).expect("submit");
     assert_eq!(finish(&mut s).await, (expected(&[2, 3], 2), length(2, 2)));

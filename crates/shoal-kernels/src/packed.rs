@@ -106,6 +106,29 @@ impl PackedMatrix {
         self.data.len()
     }
 
+    /// Decodes row `i` into `out` (`cols` values), whatever the layout: an embedding lookup from the
+    /// matrix that also serves as the tied output head.
+    pub fn dequantize_row(&self, i: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        let row_bytes = self.qtype.try_row_bytes(self.cols)?;
+        if i >= self.rows {
+            return Err(KernelError::BadSliceLength {
+                what: "row index (rows)",
+                expected: self.rows,
+                actual: i,
+            });
+        }
+        match self.layout {
+            Layout::Rows => crate::quant::dequantize_row(
+                self.qtype,
+                &self.data[i * row_bytes..(i + 1) * row_bytes],
+                out,
+            ),
+            Layout::Rows16 => {
+                crate::quant::dequantize_row(self.qtype, &unpack16_row(self, i, row_bytes), out)
+            }
+        }
+    }
+
     /// `out = x · Wᵀ`: `x` is `m × cols`, `out` is `m × rows`, both row-major.
     ///
     /// Results are bitwise identical for every thread count and do not depend on `m` or on a
@@ -184,4 +207,41 @@ fn repack16(w: &QMatrix<'_>, row_bytes: usize) -> Vec<u8> {
         }
     }
     out
+}
+
+/// Row `i` of a 16-row-group matrix back in GGML's row encoding (the inverse of [`repack16`]).
+fn unpack16_row(w: &PackedMatrix, i: usize, row_bytes: usize) -> Vec<u8> {
+    let nb = w.cols / QK;
+    let (block, group_bytes) = match w.qtype {
+        QType::Q4_1 => (Q4_1_BYTES, Q4_1_GROUP_BYTES),
+        _ => (Q8_0_BYTES, Q8_0_GROUP_BYTES),
+    };
+    let (g, l) = (i / GROUP, i % GROUP);
+    let mut row = vec![0u8; row_bytes];
+    let groups = &w.data[g * nb * group_bytes..(g + 1) * nb * group_bytes];
+    for (gb, dst) in groups
+        .chunks_exact(group_bytes)
+        .zip(row.chunks_exact_mut(block))
+    {
+        match w.qtype {
+            QType::Q4_1 => {
+                dst[0..2].copy_from_slice(&gb[2 * l..2 * l + 2]);
+                dst[2..4].copy_from_slice(&gb[32 + 2 * l..32 + 2 * l + 2]);
+                for c in 0..4 {
+                    let at = 64 + 64 * c + 4 * l;
+                    dst[4 + 4 * c..8 + 4 * c].copy_from_slice(&gb[at..at + 4]);
+                }
+            }
+            _ => {
+                dst[0..2].copy_from_slice(&gb[2 * l..2 * l + 2]);
+                for j in 0..8 {
+                    let at = 32 + 64 * j + 4 * l;
+                    for t in 0..4 {
+                        dst[2 + 4 * j + t] = gb[at + t] ^ 0x80;
+                    }
+                }
+            }
+        }
+    }
+    row
 }

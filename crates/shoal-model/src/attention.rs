@@ -15,7 +15,7 @@ use shoal_kernels::ThreadPool;
 use shoal_kernels::attn::attend_f16;
 use shoal_kernels::math::{f32_to_f16, round_to_f16};
 
-pub use crate::ops::RopeTable;
+pub use crate::ops::RopeRows;
 
 /// Head layout of the attention.
 #[derive(Debug, Clone, Copy)]
@@ -23,6 +23,17 @@ pub struct Heads {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+}
+
+/// How one layer attends.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnSpec {
+    pub heads: Heads,
+    /// Keys a query sees, counting itself (0: all earlier positions).
+    pub window: usize,
+    /// Queries are multiplied by this before the `q·k` products (and the scores are not scaled);
+    /// `None`: scores are scaled by `1 / sqrt(head_dim)`.
+    pub query_scale: Option<f32>,
 }
 
 /// One layer's host KV storage: `[kv head][capacity][head_dim]` f16 keys and values.
@@ -48,8 +59,8 @@ pub struct SeqChunk<'a> {
 pub fn attend(
     qkv: &mut [f32],
     chunks: &mut [SeqChunk<'_>],
-    heads: Heads,
-    rope: &RopeTable,
+    spec: AttnSpec,
+    rope: &RopeRows,
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
@@ -57,7 +68,7 @@ pub fn attend(
         n_heads: nh,
         n_kv_heads: nkv,
         head_dim: hd,
-    } = heads;
+    } = spec.heads;
     let (qd, kvd) = (nh * hd, nkv * hd);
     let row = qd + 2 * kvd;
     let total: usize = chunks.iter().map(|c| c.t).sum();
@@ -70,13 +81,16 @@ pub fn attend(
     for c in chunks.iter_mut() {
         let (t, pos, cap) = (c.t, c.pos, c.kv.capacity);
         assert!(
-            pos + t <= cap && pos + t <= rope.positions(),
-            "attend: KV capacity or positions exceeded"
+            pos + t <= cap && start + t <= rope.rows(),
+            "attend: KV capacity or rope rows exceeded"
         );
         for i in 0..t {
             let r = &mut qkv[(start + i) * row..(start + i + 1) * row];
             for h in 0..nh + nkv {
-                rope.rotate(&mut r[h * hd..(h + 1) * hd], pos + i);
+                rope.rotate(&mut r[h * hd..(h + 1) * hd], start + i);
+            }
+            if let Some(s) = spec.query_scale {
+                r[..qd].iter_mut().for_each(|v| *v *= s);
             }
             for g in 0..nkv {
                 let dst = (g * cap + pos + i) * hd;
@@ -91,7 +105,10 @@ pub fn attend(
         start += t;
     }
     let qkv = &*qkv;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = match spec.query_scale {
+        Some(_) => 1.0,
+        None => 1.0 / (hd as f32).sqrt(),
+    };
     let group = nh / nkv;
     // One item per (chunk, KV head): its `group` query heads, output `[t][group · hd]`.
     let items: Vec<Mutex<Vec<f32>>> = (0..chunks.len() * nkv)
@@ -116,12 +133,16 @@ pub fn attend(
             let (k, v) = (&c.kv.k[g * cap * hd..], &c.kv.v[g * cap * hd..]);
             for i in 0..t {
                 let len = pos + i + 1;
+                let first = match spec.window {
+                    0 => 0,
+                    w => len.saturating_sub(w),
+                };
                 let q = &qkv[(starts[ci] + i) * row + g * group * hd..][..group * hd];
                 attend_f16(
                     q,
                     group,
-                    &k[..len * hd],
-                    &v[..len * hd],
+                    &k[first * hd..len * hd],
+                    &v[first * hd..len * hd],
                     hd,
                     scale,
                     &mut scratch,

@@ -1,9 +1,11 @@
 //! Architecture-independent model shape, read from GGUF metadata.
 
+use crate::arch::{Activation, Arch, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
-/// The shape of a decoder-only transformer, as much as placement and the engine need.
+/// The shape of a decoder-only transformer, as much as placement and the engine need; the
+/// per-architecture details are in [`ArchParams`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ModelConfig {
     pub architecture: String,
@@ -17,24 +19,93 @@ pub struct ModelConfig {
     pub context_length: usize,
     pub rope_theta: f32,
     pub rms_eps: f32,
+    pub arch: ArchParams,
+}
+
+/// What the forward pass does differently per family (see [`crate::arch`]), resolved from the family
+/// and the GGUF metadata.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ArchParams {
+    pub arch: Arch,
+    pub rope: RopeStyle,
+    /// Values of each head that are rotated (the first `rope_dims`; `head_dim` for full rotary).
+    pub rope_dims: usize,
+    /// Linear rope scaling: positions are multiplied by this (`1 / rope.scaling.factor`).
+    pub rope_freq_scale: f32,
+    /// Rope base of the sliding-window layers.
+    pub local_rope_theta: f32,
+    /// Keys a sliding-window layer attends to (0: no sliding window).
+    pub sliding_window: usize,
+    /// Per layer: whether it is a sliding-window layer.
+    pub local_layers: Vec<bool>,
+    /// Multiply queries by this before the `q·k` products (Gemma 3, Phi-3); `None`: scale the scores by
+    /// `1 / sqrt(head_dim)` instead (Llama, Qwen).
+    pub query_scale: Option<f32>,
+    /// Token embeddings are multiplied by this (Gemma: `sqrt(dim)`).
+    pub embed_scale: f32,
+    pub activation: Activation,
+}
+
+impl ArchParams {
+    /// A plain Llama with full rotary over `head_dim` and no sliding window, for tests and tools.
+    pub fn llama(head_dim: usize, n_layers: usize) -> Self {
+        Self {
+            arch: Arch::Llama,
+            rope: RopeStyle::Interleaved,
+            rope_dims: head_dim,
+            rope_freq_scale: 1.0,
+            local_rope_theta: 10_000.0,
+            sliding_window: 0,
+            local_layers: vec![false; n_layers],
+            query_scale: None,
+            embed_scale: 1.0,
+            activation: Activation::Silu,
+        }
+    }
 }
 
 impl ModelConfig {
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
-        let arch = gguf.get_str("general.architecture")?.to_string();
-        if !matches!(arch.as_str(), "llama" | "mistral") {
-            return Err(ModelError::UnsupportedArchitecture(arch));
-        }
-        let k = |s: &str| format!("{arch}.{s}");
+        let name = gguf.get_str("general.architecture")?.to_string();
+        let arch = Arch::from_name(&name)?;
+        let family = arch.family();
+        let k = |s: &str| format!("{name}.{s}");
+        let bad = |message: String| ModelError::InvalidGguf {
+            path: gguf.path().display().to_string(),
+            message,
+        };
         let dim = gguf.get_u32(&k("embedding_length"))? as usize;
         let n_heads = gguf.get_u32(&k("attention.head_count"))? as usize;
         let n_kv_heads = gguf
             .get_u32(&k("attention.head_count_kv"))
             .unwrap_or(n_heads as u32) as usize;
-        let head_dim = gguf
+        if n_heads == 0 || n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
+            return Err(bad(format!("bad head counts {n_heads} / {n_kv_heads}")));
+        }
+        let head_dim = match gguf.get_u32(&k("attention.key_length")) {
+            Ok(d) => d as usize,
+            Err(_) => dim / n_heads,
+        };
+        let value_dim = gguf
+            .get_u32(&k("attention.value_length"))
+            .map_or(head_dim, |d| d as usize);
+        if value_dim != head_dim {
+            return Err(ModelError::Unsupported(format!(
+                "key length {head_dim} differs from value length {value_dim}"
+            )));
+        }
+        let rope_dims = gguf
             .get_u32(&k("rope.dimension_count"))
-            .map(|d| d as usize)
-            .unwrap_or(dim / n_heads.max(1));
+            .map_or(head_dim, |d| d as usize);
+        if head_dim == 0
+            || !head_dim.is_multiple_of(2)
+            || rope_dims > head_dim
+            || rope_dims % 2 != 0
+        {
+            return Err(bad(format!(
+                "bad head size {head_dim} / rotary dims {rope_dims}"
+            )));
+        }
         let vocab_size = match gguf.get_u32(&k("vocab_size")) {
             Ok(v) => v as usize,
             Err(_) => match gguf.value("tokenizer.ggml.tokens") {
@@ -46,34 +117,123 @@ impl ModelConfig {
                 }
             },
         };
+        let n_layers = gguf.get_u32(&k("block_count"))? as usize;
+        let rope_freq_scale = rope_scaling(gguf, &k)?;
+        let window = gguf
+            .get_u32(&k("attention.sliding_window"))
+            .map_or(0, |w| w as usize);
+        let sliding_window = if family.uses_sliding_window {
+            window
+        } else {
+            0
+        };
+        let local_layers = local_layers(gguf, &k, n_layers, sliding_window, family.swa_pattern)?;
+        let query_scale = match arch {
+            Arch::Gemma3 | Arch::Phi3 => Some(1.0 / (head_dim as f32).sqrt()),
+            _ => None,
+        };
         let cfg = Self {
-            n_layers: gguf.get_u32(&k("block_count"))? as usize,
+            n_layers,
             dim,
             n_heads,
             n_kv_heads,
             head_dim,
             ffn_dim: gguf.get_u32(&k("feed_forward_length"))? as usize,
             vocab_size,
-            context_length: gguf.get_u32(&k("context_length")).unwrap_or(2048) as usize,
+            context_length: context_length(gguf, &k),
             rope_theta: gguf.get_f32(&k("rope.freq_base")).unwrap_or(10_000.0),
             rms_eps: gguf
                 .get_f32(&k("attention.layer_norm_rms_epsilon"))
                 .unwrap_or(1e-5),
-            architecture: arch,
+            arch: ArchParams {
+                arch,
+                rope: family.rope,
+                rope_dims,
+                rope_freq_scale,
+                local_rope_theta: gguf
+                    .get_f32(&k("rope.freq_base_swa"))
+                    .unwrap_or(family.local_rope_base),
+                sliding_window,
+                local_layers,
+                query_scale,
+                embed_scale: if family.scale_embeddings {
+                    (dim as f32).sqrt()
+                } else {
+                    1.0
+                },
+                activation: family.activation,
+            },
+            architecture: name,
         };
-        if cfg.n_heads == 0 || cfg.n_kv_heads == 0 || !cfg.n_heads.is_multiple_of(cfg.n_kv_heads) {
-            return Err(ModelError::InvalidGguf {
-                path: gguf.path().display().to_string(),
-                message: format!("bad head counts {} / {}", cfg.n_heads, cfg.n_kv_heads),
-            });
+        if cfg.n_layers == 0 || cfg.dim == 0 || cfg.ffn_dim == 0 || cfg.vocab_size == 0 {
+            return Err(bad("a model dimension is 0".into()));
         }
         Ok(cfg)
     }
 
     /// KV-cache bytes per token for the given number of layers, `value_bytes` per stored key or value
-    /// ([`crate::kv::value_bytes`]: 2 in host caches, 4 on devices).
+    /// ([`crate::kv::VALUE_BYTES`] in the CPU caches).
     pub fn kv_bytes_per_token(&self, layers: usize, value_bytes: usize) -> usize {
         2 * layers * self.n_kv_heads * self.head_dim * value_bytes
+    }
+}
+
+/// The trained context length; Phi-3's long-context (`longrope`) files serve their original context with
+/// the short rope factors (the long factors and their attention factor are not implemented).
+fn context_length(gguf: &GgufFile, k: &dyn Fn(&str) -> String) -> usize {
+    let n = gguf.get_u32(&k("context_length")).unwrap_or(2048) as usize;
+    match gguf.get_str(&k("rope.scaling.type")) {
+        Ok("longrope") => gguf
+            .get_u32(&k("rope.scaling.original_context_length"))
+            .map_or(n, |o| n.min(o as usize)),
+        _ => n,
+    }
+}
+
+/// Which layers use the sliding window: `attention.sliding_window_pattern` as a per-layer array of
+/// booleans, or as a period `n` (layers `n-1, 2n-1, …` are global), or the family's period.
+fn local_layers(
+    gguf: &GgufFile,
+    k: &dyn Fn(&str) -> String,
+    n_layers: usize,
+    window: usize,
+    family_pattern: usize,
+) -> Result<Vec<bool>> {
+    use candle_core::quantized::gguf_file::Value;
+    if window == 0 {
+        return Ok(vec![false; n_layers]);
+    }
+    let key = k("attention.sliding_window_pattern");
+    if let Some(Value::Array(flags)) = gguf.value(&key) {
+        let flags: Vec<bool> = flags
+            .iter()
+            .map(|v| matches!(v, Value::Bool(true)))
+            .collect();
+        if flags.len() != n_layers {
+            return Err(ModelError::InvalidGguf {
+                path: gguf.path().display().to_string(),
+                message: format!("{key} has {} entries for {n_layers} layers", flags.len()),
+            });
+        }
+        return Ok(flags);
+    }
+    let n = gguf.get_u32(&key).map_or(family_pattern, |p| p as usize);
+    Ok((0..n_layers).map(|l| n == 0 || l % n < n - 1).collect())
+}
+
+/// The linear rope scale of `rope.scaling.*`; kinds shoal does not implement are an error rather than
+/// silently wrong positions.
+fn rope_scaling(gguf: &GgufFile, k: &dyn Fn(&str) -> String) -> Result<f32> {
+    let kind = gguf.get_str(&k("rope.scaling.type")).unwrap_or("none");
+    let factor = gguf.get_f32(&k("rope.scaling.factor")).unwrap_or(1.0);
+    match kind {
+        "none" => Ok(1.0),
+        "linear" if factor > 0.0 => Ok(1.0 / factor),
+        // Llama 3's scaling travels as the `rope_freqs` tensor; Phi-3's as `rope_factors_*` tensors.
+        "llama3" | "longrope" => Ok(1.0),
+        other => Err(ModelError::Unsupported(format!(
+            "rope scaling `{other}` (factor {factor})"
+        ))),
     }
 }
 

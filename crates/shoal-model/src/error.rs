@@ -14,7 +14,7 @@ pub enum ModelError {
     MissingKey { key: String },
     #[error("tensor '{name}' is missing from the model file")]
     MissingTensor { name: String },
-    #[error("tensor '{name}' has unsupported type {dtype}")]
+    #[error("tensor '{name}' has type {dtype}, which shoal cannot run (it runs {supported})", supported = crate::linear::SUPPORTED_TYPES)]
     UnsupportedTensorType { name: String, dtype: String },
     #[error("tensor '{name}' has shape {got:?}, expected {expected:?}")]
     BadShape {
@@ -22,8 +22,13 @@ pub enum ModelError {
         got: Vec<usize>,
         expected: Vec<usize>,
     },
-    #[error("unsupported architecture '{0}'")]
+    #[error(
+        "unsupported architecture '{0}' (shoal runs: {supported})",
+        supported = crate::arch::Arch::SUPPORTED.join(", ")
+    )]
     UnsupportedArchitecture(String),
+    #[error("unsupported model feature: {0}")]
+    Unsupported(String),
     #[error("invalid layer range [{start}, {end}) for a model with {n_layers} layers")]
     BadLayerRange {
         start: usize,

@@ -2,10 +2,10 @@
 //! figures the placement planner needs for every architecture this crate loads.
 
 use crate::config::ModelConfig;
+use crate::decoder::names;
 use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::kv;
-use crate::llama::names;
 
 /// Bytes and shapes of a model, per part a pipeline stage may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +44,7 @@ impl Footprint {
             layer_bytes,
             embed_bytes,
             head_bytes,
-            kv_bytes_per_token_per_layer: cfg.kv_bytes_per_token(1, kv::value_bytes(true)) as u64,
+            kv_bytes_per_token_per_layer: cfg.kv_bytes_per_token(1, kv::VALUE_BYTES) as u64,
             context_length: cfg.context_length,
             hidden_bytes_per_token: 2 * cfg.dim as u64,
         })

@@ -1,10 +1,9 @@
 //! Per-sequence KV cache for the layers of one stage.
 //!
-//! Keys and values live in one contiguous `(n_kv_heads, capacity, head_dim)` buffer per layer — a plain
-//! f16 host buffer on CPU (read by [`crate::attention`]), a tensor on other devices — grown by a quarter at a
-//! time (rounded to [`KV_GRANULE`] tokens) so appending a token copies that token only.
+//! Keys and values live in one contiguous `(n_kv_heads, capacity, head_dim)` f16 buffer per layer (read
+//! by [`crate::attention`]), grown by a quarter at a time (rounded to [`KV_GRANULE`] tokens) so appending
+//! a token copies that token only.
 
-use candle_core::{DType, Device, Tensor};
 use half::f16;
 
 use crate::attention::HostKvLayer;
@@ -13,18 +12,12 @@ use crate::error::{ModelError, Result};
 /// Capacity grows in multiples of this many tokens.
 pub const KV_GRANULE: usize = 64;
 
-/// Bytes per stored key or value: f16 in host caches (what the CPU attention reads), f32 on devices.
-pub fn value_bytes(host: bool) -> usize {
-    if host { 2 } else { 4 }
-}
+/// Bytes per stored key or value: f16 (llama.cpp's default cache type).
+pub const VALUE_BYTES: usize = 2;
 
-enum Layer {
-    Host {
-        k: Vec<f16>,
-        v: Vec<f16>,
-    },
-    /// Allocated on the first `reserve`.
-    Device(Option<(Tensor, Tensor)>),
+struct Layer {
+    k: Vec<f16>,
+    v: Vec<f16>,
 }
 
 pub struct KvCache {
@@ -33,33 +26,22 @@ pub struct KvCache {
     capacity: usize,
     n_kv_heads: usize,
     head_dim: usize,
-    device: Device,
 }
 
 impl KvCache {
-    /// An empty cache for `n_layers` layers (the layers of one stage): host buffers when `host`, else
-    /// tensors on `device`.
-    pub fn new(
-        n_layers: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        device: &Device,
-        host: bool,
-    ) -> Self {
-        let empty = || match host {
-            true => Layer::Host {
-                k: Vec::new(),
-                v: Vec::new(),
-            },
-            false => Layer::Device(None),
-        };
+    /// An empty cache for `n_layers` layers (the layers of one stage).
+    pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize) -> Self {
         Self {
-            layers: (0..n_layers).map(|_| empty()).collect(),
+            layers: (0..n_layers)
+                .map(|_| Layer {
+                    k: Vec::new(),
+                    v: Vec::new(),
+                })
+                .collect(),
             len: 0,
             capacity: 0,
             n_kv_heads,
             head_dim,
-            device: device.clone(),
         }
     }
 
@@ -78,8 +60,7 @@ impl KvCache {
 
     /// Bytes currently allocated.
     pub fn allocated_bytes(&self) -> usize {
-        let host = matches!(self.layers.first(), Some(Layer::Host { .. }));
-        2 * self.layers.len() * self.n_kv_heads * self.capacity * self.head_dim * value_bytes(host)
+        2 * self.layers.len() * self.n_kv_heads * self.capacity * self.head_dim * VALUE_BYTES
     }
 
     /// Makes room for `extra` more tokens in every layer.
@@ -95,64 +76,29 @@ impl KvCache {
             * KV_GRANULE;
         let (nkv, hd, old_cap, len) = (self.n_kv_heads, self.head_dim, self.capacity, self.len);
         for layer in self.layers.iter_mut() {
-            match layer {
-                Layer::Host { k, v } => {
-                    for buf in [k, v] {
-                        let mut grown = vec![f16::ZERO; nkv * new_cap * hd];
-                        for g in 0..nkv {
-                            let src = &buf[g * old_cap * hd..][..len * hd];
-                            grown[g * new_cap * hd..][..len * hd].copy_from_slice(src);
-                        }
-                        *buf = grown;
-                    }
+            for buf in [&mut layer.k, &mut layer.v] {
+                let mut grown = vec![f16::ZERO; nkv * new_cap * hd];
+                for g in 0..nkv {
+                    let src = &buf[g * old_cap * hd..][..len * hd];
+                    grown[g * new_cap * hd..][..len * hd].copy_from_slice(src);
                 }
-                Layer::Device(bufs) => {
-                    let grow = |old: Option<&Tensor>| -> Result<Tensor> {
-                        let grown = Tensor::zeros((nkv, new_cap, hd), DType::F32, &self.device)?;
-                        if let (Some(old), true) = (old, len > 0) {
-                            grown.slice_set(&old.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
-                        }
-                        Ok(grown)
-                    };
-                    let (k, v) = (
-                        grow(bufs.as_ref().map(|b| &b.0))?,
-                        grow(bufs.as_ref().map(|b| &b.1))?,
-                    );
-                    *bufs = Some((k, v));
-                }
+                *buf = grown;
             }
         }
         self.capacity = new_cap;
         Ok(())
     }
 
-    /// The host buffers of stage-local layer `layer` (CPU caches only).
+    /// The buffers of stage-local layer `layer`.
     pub fn host_layer(&mut self, layer: usize) -> Result<HostKvLayer<'_>> {
         match self.layers.get_mut(layer) {
-            Some(Layer::Host { k, v }) => Ok(HostKvLayer {
+            Some(Layer { k, v }) => Ok(HostKvLayer {
                 k,
                 v,
                 capacity: self.capacity,
             }),
-            _ => Err(ModelError::BadInput(format!("no host KV layer {layer}"))),
+            None => Err(ModelError::BadInput(format!("no KV layer {layer}"))),
         }
-    }
-
-    /// Writes `k`, `v` of shape `(n_kv_heads, t, head_dim)` for layer `layer` (stage-local index) at
-    /// positions `len..len+t` and returns views of all keys and values up to `len + t` (device caches).
-    /// Call [`KvCache::advance`] once every layer has been appended.
-    pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let t = k.dim(1)?;
-        self.reserve(t)?;
-        let Some(Layer::Device(Some((kc, vc)))) = self.layers.get(layer) else {
-            return Err(ModelError::BadInput(format!("no device KV layer {layer}")));
-        };
-        kc.slice_set(&k.contiguous()?, 1, self.len)?;
-        vc.slice_set(&v.contiguous()?, 1, self.len)?;
-        Ok((
-            kc.narrow(1, 0, self.len + t)?,
-            vc.narrow(1, 0, self.len + t)?,
-        ))
     }
 
     /// Commits `t` appended tokens.
@@ -169,37 +115,15 @@ impl KvCache {
     /// depends only on the tokens before it, so a shared prompt prefix needs computing once).
     pub fn copy_prefix(&self, len: usize) -> Result<KvCache> {
         let len = len.min(self.len);
-        let host = matches!(self.layers.first(), Some(Layer::Host { .. }));
-        let mut out = KvCache::new(
-            self.layers.len(),
-            self.n_kv_heads,
-            self.head_dim,
-            &self.device,
-            host,
-        );
+        let mut out = KvCache::new(self.layers.len(), self.n_kv_heads, self.head_dim);
         out.reserve(len)?;
         let (nkv, hd, src_cap, dst_cap) =
             (self.n_kv_heads, self.head_dim, self.capacity, out.capacity);
         for (src, dst) in self.layers.iter().zip(out.layers.iter_mut()) {
-            match (src, dst) {
-                (Layer::Host { k, v }, Layer::Host { k: dk, v: dv }) => {
-                    for (s, d) in [(k, dk), (v, dv)] {
-                        for g in 0..nkv {
-                            d[g * dst_cap * hd..][..len * hd]
-                                .copy_from_slice(&s[g * src_cap * hd..][..len * hd]);
-                        }
-                    }
-                }
-                (Layer::Device(Some((k, v))), Layer::Device(Some((dk, dv)))) => {
-                    if len > 0 {
-                        dk.slice_set(&k.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
-                        dv.slice_set(&v.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
-                    }
-                }
-                _ => {
-                    return Err(ModelError::BadInput(
-                        "KV cache layers of different kinds".into(),
-                    ));
+            for (s, d) in [(&src.k, &mut dst.k), (&src.v, &mut dst.v)] {
+                for g in 0..nkv {
+                    d[g * dst_cap * hd..][..len * hd]
+                        .copy_from_slice(&s[g * src_cap * hd..][..len * hd]);
                 }
             }
         }
@@ -214,8 +138,7 @@ mod tests {
 
     #[test]
     fn copy_prefix_keeps_the_first_tokens_of_every_head() {
-        let dev = Device::Cpu;
-        let mut kv = KvCache::new(2, 3, 4, &dev, true);
+        let mut kv = KvCache::new(2, 3, 4);
         kv.reserve(5).unwrap();
         for layer in 0..2 {
             let l = kv.host_layer(layer).unwrap();

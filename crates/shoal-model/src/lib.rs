@@ -5,33 +5,39 @@
 //! - [`config::ModelConfig`] is the architecture-independent shape of a model (layers, dims, heads);
 //!   [`Footprint`] is what it costs to hold (bytes per layer, embeddings, head, KV per token), for placement.
 //! - [`tokenizer::Tokenizer`] and [`chat::ChatTemplate`] come from the GGUF metadata.
-//! - [`llama::LlamaStage`] is one pipeline stage of a Llama-family model: layers `[start, end)`, plus the
+//! - [`arch::Arch`] names the families shoal runs (llama, mistral, qwen2, qwen3, gemma3, phi3) and what
+//!   sets each apart, as data; [`config::ArchParams`] is that resolved for one file.
+//! - [`decoder::DecoderStage`] is one pipeline stage of any of them: layers `[start, end)`, plus the
 //!   token embedding on the first stage and the final norm and output head on the last. Its `forward`
 //!   takes a batch of sequence chunks (several sequences decoding one token each, or prompts being
 //!   prefilled in chunks) with one [`kv::KvCache`] per sequence.
 //! - [`HostMatrix`] is what stages hand each other (hidden states in, hidden states or logits out): a
 //!   row-major f32 buffer the CPU path computes in, the wire encodes from and the sampler samples in place.
-//! - [`linear::QLinear`] keeps quantized weights quantized and runs them through `shoal-kernels` SIMD
-//!   kernels on CPU (candle's `QMatMul` on GPU devices).
+//! - [`linear::LinearSet`] keeps quantized weights quantized and runs them through `shoal-kernels` SIMD
+//!   kernels (several matrices reading one input, e.g. Q | K | V, in one call).
+//!
+//! Everything runs on the CPU: the candle-op path for GPU devices was removed (decision 008).
 //!
 //! No tokio, no sockets: this crate is pure computation and file reading.
 
+pub mod arch;
 pub mod attention;
 pub mod chat;
 pub mod config;
+pub mod decoder;
 pub mod error;
 pub mod footprint;
 pub mod gguf;
 pub mod kv;
 pub mod linear;
-pub mod llama;
 pub mod matrix;
 pub mod ops;
 pub mod tokenizer;
 
-pub use config::{LayerRange, ModelConfig};
+pub use arch::Arch;
+pub use config::{ArchParams, LayerRange, ModelConfig};
+pub use decoder::{DecoderStage, SeqChunk, StageInput};
 pub use error::ModelError;
 pub use footprint::Footprint;
 pub use kv::KvCache;
-pub use llama::{LlamaStage, SeqChunk, StageInput};
 pub use matrix::HostMatrix;

@@ -1,106 +1,208 @@
-//! Quantized linear layers and the token embedding.
+//! Quantized linear layers and the token embedding, on the `shoal-kernels` SIMD kernels.
 //!
-//! On CPU the GGUF block bytes are copied once into the layout of this CPU's best `shoal-kernels`
-//! backend (as they are, or in 16-row groups for AVX-512 VNNI) and multiplied by its SIMD kernels;
-//! on other devices candle's `QMatMul` runs them.
+//! The GGUF block bytes are kept as they are (or repacked once for AVX-512 VNNI) in a
+//! [`PackedMatrix`]; a tied token embedding and output head share one matrix ([`Embedding::shared`]).
+//! [`LinearSet`] is what a layer multiplies by: one or several weight matrices reading the same input
+//! whose outputs sit side by side (Q | K | V, gate | up). Matrices of the same type are stacked into one
+//! at load time; the input is quantized once per activation format the set needs.
 
 use std::sync::Arc;
 
-use candle_core::quantized::{GgmlDType, QMatMul, ggml_file::qtensor_from_ggml};
-use candle_core::{Device, Module, Tensor};
-use shoal_kernels::{Activations, PackedMatrix, QType, ThreadPool};
+use candle_core::quantized::GgmlDType;
+use shoal_kernels::{ActType, Activations, PackedMatrix, QType, ThreadPool};
 
 use crate::error::{ModelError, Result};
-use crate::gguf::RawTensor;
+use crate::gguf::{GgufFile, RawTensor};
 
-fn kernel_qtype(dtype: GgmlDType) -> Option<QType> {
+/// The tensor types shoal runs, for error messages and the README.
+pub const SUPPORTED_TYPES: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
+
+/// The ggml type id of a candle dtype (GGUF's numbering).
+fn ggml_type_id(dtype: GgmlDType) -> u32 {
     match dtype {
-        GgmlDType::F32 => Some(QType::F32),
-        GgmlDType::Q4_1 => Some(QType::Q4_1),
-        GgmlDType::Q8_0 => Some(QType::Q8_0),
-        _ => None,
+        GgmlDType::F32 => 0,
+        GgmlDType::F16 => 1,
+        GgmlDType::Q4_0 => 2,
+        GgmlDType::Q4_1 => 3,
+        GgmlDType::Q5_0 => 6,
+        GgmlDType::Q5_1 => 7,
+        GgmlDType::Q8_0 => 8,
+        GgmlDType::Q8_1 => 9,
+        GgmlDType::Q2K => 10,
+        GgmlDType::Q3K => 11,
+        GgmlDType::Q4K => 12,
+        GgmlDType::Q5K => 13,
+        GgmlDType::Q6K => 14,
+        GgmlDType::Q8K => 15,
+        GgmlDType::BF16 => 30,
     }
 }
 
-/// Weights for the CPU kernels, laid out for this CPU's best backend (`rows × cols`).
-struct CpuWeights {
-    w: PackedMatrix,
-    pool: Arc<ThreadPool>,
+/// The kernels' format for a tensor, or the load error naming the tensor and its type.
+pub fn kernel_qtype(name: &str, dtype: GgmlDType) -> Result<QType> {
+    QType::from_ggml_type_id(ggml_type_id(dtype)).ok_or_else(|| ModelError::UnsupportedTensorType {
+        name: name.into(),
+        dtype: format!("{dtype:?}"),
+    })
 }
 
-enum Backend {
-    Cpu(CpuWeights),
-    Candle(QMatMul),
+/// A `[rows, cols]` weight tensor as a packed matrix.
+fn packed(name: &str, raw: RawTensor) -> Result<PackedMatrix> {
+    let [rows, cols] = raw.dims[..] else {
+        return Err(ModelError::BadShape {
+            name: name.into(),
+            got: raw.dims.clone(),
+            expected: vec![0, 0],
+        });
+    };
+    let qtype = kernel_qtype(name, raw.dtype)?;
+    PackedMatrix::from_rows(qtype, rows, cols, raw.data)
+        .map_err(|e| ModelError::BadInput(format!("{name}: {e}")))
 }
 
-/// `y = x · Wᵀ` with `W` quantized, `out_features × in_features`.
+/// `y = x · Wᵀ (+ b)` with `W` quantized, `out_features × in_features`.
 pub struct QLinear {
-    backend: Backend,
+    w: Arc<PackedMatrix>,
+    bias: Option<Vec<f32>>,
+}
+
+impl QLinear {
+    pub fn new(w: Arc<PackedMatrix>, bias: Option<Vec<f32>>) -> Result<Self> {
+        if let Some(b) = &bias
+            && b.len() != w.rows()
+        {
+            return Err(ModelError::BadShape {
+                name: "bias".into(),
+                got: vec![b.len()],
+                expected: vec![w.rows()],
+            });
+        }
+        Ok(Self { w, bias })
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.w.rows()
+    }
+
+    pub fn in_features(&self) -> usize {
+        self.w.cols()
+    }
+
+    /// The activation format this matrix multiplies.
+    pub fn act_type(&self) -> ActType {
+        self.w.qtype().act_type()
+    }
+
+    /// `out = acts · Wᵀ + b`, `acts` already quantized as [`QLinear::act_type`]; `out` is resized to
+    /// `m × out_features`.
+    pub fn forward_quantized(
+        &self,
+        acts: &Activations,
+        out: &mut Vec<f32>,
+        pool: &ThreadPool,
+    ) -> Result<()> {
+        let n = self.w.rows();
+        // Every value is written, so a buffer reused between calls is never cleared.
+        out.resize(acts.m() * n, 0.0);
+        self.w
+            .matmul_quantized(acts, out, pool)
+            .map_err(|e| ModelError::BadInput(format!("matmul: {e}")))?;
+        if let Some(b) = &self.bias {
+            for row in out.chunks_exact_mut(n) {
+                for (o, &bv) in row.iter_mut().zip(b) {
+                    *o += bv;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `x` is `m × in_features` row-major; returns `m × out_features`.
+    pub fn forward_host(&self, x: &[f32], m: usize, pool: &ThreadPool) -> Result<Vec<f32>> {
+        let mut acts = Activations::default();
+        acts.quantize_into_par(self.act_type(), x, m, self.in_features(), pool)
+            .map_err(|e| ModelError::BadInput(format!("matmul input: {e}")))?;
+        let mut out = Vec::new();
+        self.forward_quantized(&acts, &mut out, pool)?;
+        Ok(out)
+    }
+}
+
+/// One weight tensor of a [`LinearSet`]: its name and whether a bias may follow it.
+pub struct Part<'a> {
+    pub weight: &'a str,
+    /// The bias tensor's name, used when the file has it.
+    pub bias: Option<&'a str>,
+}
+
+/// Several matrices reading the same input, outputs side by side.
+pub struct LinearSet {
+    /// Groups of stacked same-type matrices, with the column each group's output starts at.
+    groups: Vec<(QLinear, usize)>,
     out_features: usize,
     in_features: usize,
 }
 
-impl QLinear {
-    pub fn from_raw(
-        name: &str,
-        raw: RawTensor,
-        device: &Device,
-        pool: &Arc<ThreadPool>,
-    ) -> Result<Self> {
-        let [rows, cols] = raw.dims[..] else {
-            return Err(ModelError::BadShape {
-                name: name.into(),
-                got: raw.dims.clone(),
-                expected: vec![0, 0],
-            });
-        };
-        let backend = match (device, kernel_qtype(raw.dtype)) {
-            (Device::Cpu, Some(qtype)) => {
-                let bad =
-                    |e: shoal_kernels::KernelError| ModelError::BadInput(format!("{name}: {e}"));
-                Backend::Cpu(CpuWeights {
-                    w: PackedMatrix::from_rows(qtype, rows, cols, raw.data).map_err(bad)?,
-                    pool: pool.clone(),
-                })
+/// Buffers a [`LinearSet`] reuses between calls: one quantized input per activation format (valid for
+/// the current call only) and the output of a group before it is placed.
+#[derive(Default)]
+pub struct LinearScratch {
+    acts: Vec<(ActType, Activations)>,
+    tmp: Vec<f32>,
+}
+
+impl LinearSet {
+    /// Reads `parts` from `gguf` (stacking neighbours of the same type, with their biases if present).
+    pub fn load(gguf: &mut GgufFile, parts: &[Part<'_>]) -> Result<Self> {
+        let mut raws = Vec::with_capacity(parts.len());
+        for p in parts {
+            let raw = gguf.read_raw(p.weight)?;
+            let bias = match p.bias {
+                Some(b) if gguf.has_tensor(b) => Some(gguf.read_f32_vec(b)?),
+                _ => None,
+            };
+            raws.push((p.weight, raw, bias));
+        }
+        let mut groups = Vec::new();
+        let (mut col, mut in_features) = (0, None);
+        let mut iter = raws.into_iter().peekable();
+        while let Some((name, first, bias)) = iter.next() {
+            let (dtype, mut stack) = (first.dtype, vec![(first, bias)]);
+            while let Some((_, next, _)) = iter.peek()
+                && next.dtype == dtype
+            {
+                if let Some((_, raw, bias)) = iter.next() {
+                    stack.push((raw, bias));
+                }
             }
-            (_, _) => {
-                let qt = qtensor_from_ggml(raw.dtype, &raw.data, vec![rows, cols], device)?;
-                Backend::Candle(QMatMul::from_qtensor(qt)?)
+            let w = packed(name, stack_rows(name, &mut stack)?)?;
+            if *in_features.get_or_insert(w.cols()) != w.cols() {
+                return Err(ModelError::BadShape {
+                    name: name.into(),
+                    got: vec![w.rows(), w.cols()],
+                    expected: vec![w.rows(), in_features.unwrap_or(0)],
+                });
             }
-        };
+            let bias = stack_biases(&stack);
+            let rows = w.rows();
+            groups.push((QLinear::new(Arc::new(w), bias)?, col));
+            col += rows;
+        }
         Ok(Self {
-            backend,
-            out_features: rows,
-            in_features: cols,
+            groups,
+            out_features: col,
+            in_features: in_features.unwrap_or(0),
         })
     }
 
-    /// Stacks several weight matrices with the same input size and type into one (fused QKV, gate+up).
-    pub fn concat_rows(name: &str, parts: Vec<RawTensor>) -> Result<RawTensor> {
-        let Some(first) = parts.first() else {
-            return Err(ModelError::BadInput(format!(
-                "{name}: nothing to concatenate"
-            )));
-        };
-        let (dtype, cols) = (first.dtype, first.dims.get(1).copied().unwrap_or(0));
-        let mut rows = 0;
-        let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
-        for p in parts {
-            if p.dtype != dtype || p.dims.len() != 2 || p.dims[1] != cols {
-                return Err(ModelError::BadShape {
-                    name: name.into(),
-                    got: p.dims,
-                    expected: vec![0, cols],
-                });
-            }
-            rows += p.dims[0];
-            data.extend_from_slice(&p.data);
+    /// A set of one matrix.
+    pub fn single(w: QLinear) -> Self {
+        let (out_features, in_features) = (w.out_features(), w.in_features());
+        Self {
+            groups: vec![(w, 0)],
+            out_features,
+            in_features,
         }
-        Ok(RawTensor {
-            dtype,
-            dims: vec![rows, cols],
-            data,
-        })
     }
 
     pub fn out_features(&self) -> usize {
@@ -111,104 +213,135 @@ impl QLinear {
         self.in_features
     }
 
-    /// Host path: `x` is `m × in_features` row-major; returns `m × out_features`. CPU weights only.
-    pub fn forward_host(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        let mut out = Vec::new();
-        self.forward_host_into(x, m, &mut out, &mut Activations::default())?;
-        Ok(out)
-    }
-
-    /// [`QLinear::forward_host`] into buffers kept between calls: `out` becomes `m × out_features`,
-    /// `acts` holds the quantized input.
-    pub fn forward_host_into(
+    /// `out = x · [W₁ | W₂ | …]ᵀ`: `x` is `m × in_features`, `out` becomes `m × out_features`.
+    pub fn forward(
         &self,
         x: &[f32],
         m: usize,
         out: &mut Vec<f32>,
-        acts: &mut Activations,
+        s: &mut LinearScratch,
+        pool: &ThreadPool,
     ) -> Result<()> {
-        let Backend::Cpu(CpuWeights { w, pool }) = &self.backend else {
-            return Err(ModelError::BadInput("host matmul on device weights".into()));
-        };
-        let err = |e: shoal_kernels::KernelError| ModelError::BadInput(format!("matmul: {e}"));
-        acts.quantize_into_par(w.qtype().act_type(), x, m, w.cols(), &**pool)
-            .map_err(err)?;
-        // Every value is written, so a buffer reused between calls is never cleared.
-        out.resize(m * w.rows(), 0.0);
-        w.matmul_quantized(acts, out, &**pool).map_err(err)
-    }
-
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(match &self.backend {
-            Backend::Cpu(_) => {
-                let dims = x.dims().to_vec();
-                let m = x.elem_count() / self.in_features.max(1);
-                let out = self.forward_host(&x.flatten_all()?.to_vec1::<f32>()?, m)?;
-                let mut out_dims = dims;
-                if let Some(last) = out_dims.last_mut() {
-                    *last = self.out_features;
+        let mut fresh: Vec<ActType> = Vec::with_capacity(2);
+        for (w, col) in &self.groups {
+            let act = w.act_type();
+            let at = match s.acts.iter().position(|(a, _)| *a == act) {
+                Some(i) => i,
+                None => {
+                    s.acts.push((act, Activations::default()));
+                    s.acts.len() - 1
                 }
-                Tensor::from_vec(out, out_dims, x.device())?
+            };
+            let acts = &mut s.acts[at].1;
+            if !fresh.contains(&act) {
+                acts.quantize_into_par(act, x, m, self.in_features, pool)
+                    .map_err(|e| ModelError::BadInput(format!("matmul input: {e}")))?;
+                fresh.push(act);
             }
-            Backend::Candle(m) => m.forward(x)?,
-        })
+            if self.groups.len() == 1 {
+                return w.forward_quantized(acts, out, pool);
+            }
+            w.forward_quantized(acts, &mut s.tmp, pool)?;
+            out.resize(m * self.out_features, 0.0);
+            let n = w.out_features();
+            for (r, src) in s.tmp.chunks_exact(n).enumerate() {
+                out[r * self.out_features + col..][..n].copy_from_slice(src);
+            }
+        }
+        Ok(())
     }
 }
 
-/// Token embedding table kept in its GGUF encoding; rows are dequantized on lookup.
+/// Stacks the rows of same-type matrices with the same input size into one tensor.
+fn stack_rows(name: &str, stack: &mut [(RawTensor, Option<Vec<f32>>)]) -> Result<RawTensor> {
+    if stack.len() == 1 {
+        let (raw, _) = &mut stack[0];
+        return Ok(RawTensor {
+            dtype: raw.dtype,
+            dims: raw.dims.clone(),
+            data: std::mem::take(&mut raw.data),
+        });
+    }
+    let (dtype, cols) = (
+        stack[0].0.dtype,
+        stack[0].0.dims.get(1).copied().unwrap_or(0),
+    );
+    let mut rows = 0;
+    let mut data = Vec::with_capacity(stack.iter().map(|(p, _)| p.data.len()).sum());
+    for (p, _) in stack.iter_mut() {
+        if p.dims.len() != 2 || p.dims[1] != cols {
+            return Err(ModelError::BadShape {
+                name: name.into(),
+                got: p.dims.clone(),
+                expected: vec![0, cols],
+            });
+        }
+        rows += p.dims[0];
+        data.extend_from_slice(&std::mem::take(&mut p.data));
+    }
+    Ok(RawTensor {
+        dtype,
+        dims: vec![rows, cols],
+        data,
+    })
+}
+
+/// The stacked matrices' biases (zeros for a matrix without one), or `None` when none has a bias.
+fn stack_biases(stack: &[(RawTensor, Option<Vec<f32>>)]) -> Option<Vec<f32>> {
+    if stack.iter().all(|(_, b)| b.is_none()) {
+        return None;
+    }
+    let mut out = Vec::new();
+    for (raw, b) in stack {
+        let rows = raw.dims.first().copied().unwrap_or(0);
+        match b {
+            Some(b) => out.extend_from_slice(b),
+            None => out.resize(out.len() + rows, 0.0),
+        }
+    }
+    Some(out)
+}
+
+/// The token embedding table, kept in its GGUF encoding; rows are dequantized on lookup. With tied
+/// embeddings the output head multiplies the same matrix ([`Embedding::shared`]).
 pub struct Embedding {
-    qtype: QType,
-    rows: usize,
-    cols: usize,
-    data: Arc<Vec<u8>>,
+    w: Arc<PackedMatrix>,
 }
 
 impl Embedding {
-    pub fn from_raw(name: &str, raw: &RawTensor) -> Result<Self> {
-        let [rows, cols] = raw.dims[..] else {
-            return Err(ModelError::BadShape {
-                name: name.into(),
-                got: raw.dims.clone(),
-                expected: vec![0, 0],
-            });
-        };
-        let qtype = kernel_qtype(raw.dtype).ok_or_else(|| ModelError::UnsupportedTensorType {
-            name: name.into(),
-            dtype: format!("{:?}", raw.dtype),
-        })?;
+    pub fn from_raw(name: &str, raw: RawTensor) -> Result<Self> {
         Ok(Self {
-            qtype,
-            rows,
-            cols,
-            data: Arc::new(raw.data.clone()),
+            w: Arc::new(packed(name, raw)?),
         })
     }
 
-    /// Looks up token rows: `(ids.len(), dim)`.
-    pub fn forward(&self, ids: &[u32], device: &Device) -> Result<Tensor> {
-        let out = self.lookup(ids)?;
-        Ok(Tensor::from_vec(out, (ids.len(), self.cols), device)?)
+    /// The matrix, to serve as a tied output head.
+    pub fn shared(&self) -> Arc<PackedMatrix> {
+        self.w.clone()
     }
 
-    /// Looks up token rows into a host buffer `ids.len() × dim`.
-    pub fn lookup(&self, ids: &[u32]) -> Result<Vec<f32>> {
-        let row_bytes = shoal_kernels::row_bytes(self.qtype, self.cols);
-        let mut out = vec![0f32; ids.len() * self.cols];
-        for (i, &id) in ids.iter().enumerate() {
+    pub fn dim(&self) -> usize {
+        self.w.cols()
+    }
+
+    /// Looks up token rows into a host buffer `ids.len() × dim`, each multiplied by `scale`.
+    pub fn lookup(&self, ids: &[u32], scale: f32) -> Result<Vec<f32>> {
+        let cols = self.w.cols();
+        let mut out = vec![0f32; ids.len() * cols];
+        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(cols)) {
             let id = id as usize;
-            if id >= self.rows {
+            if id >= self.w.rows() {
                 return Err(ModelError::BadInput(format!(
                     "token id {id} outside vocabulary of {}",
-                    self.rows
+                    self.w.rows()
                 )));
             }
-            let row = &self.data[id * row_bytes..(id + 1) * row_bytes];
-            shoal_kernels::dequantize_row(
-                self.qtype,
-                row,
-                &mut out[i * self.cols..(i + 1) * self.cols],
-            )
-            .map_err(|e| ModelError::BadInput(format!("embedding: {e}")))?;
+            self.w
+                .dequantize_row(id, row)
+                .map_err(|e| ModelError::BadInput(format!("embedding: {e}")))?;
+            if scale != 1.0 {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         Ok(out)
     }

@@ -6,20 +6,41 @@ use std::path::PathBuf;
 
 /// The default model's GGUF: `SHOAL_TEST_MODEL`, else the default models dir under `$HOME`.
 pub fn model_path() -> PathBuf {
-    let path = match std::env::var_os("SHOAL_TEST_MODEL") {
+    catalog_model(
+        "SHOAL_TEST_MODEL",
+        "smollm2-135m-instruct-q4_1/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2-135m-instruct-q4_1",
+    )
+}
+
+/// Gemma 3 270M Q4_K_M: `SHOAL_GEMMA_MODEL`, else the default models dir under `$HOME`.
+pub fn gemma_path() -> PathBuf {
+    catalog_model(
+        "SHOAL_GEMMA_MODEL",
+        "gemma3-270m-q4_k_m/gemma-3-270m-q4_k_m.gguf",
+        "gemma3-270m-q4_k_m",
+    )
+}
+
+/// A catalog model's file: the path in env var `var`, else `<models dir>/<rel>`, where the models dir is
+/// `SHOAL_MODELS_DIR` or `~/.cache/shoal/models`. Missing is a failure saying how to fetch it.
+fn catalog_model(var: &str, rel: &str, id: &str) -> PathBuf {
+    let path = match std::env::var_os(var) {
         Some(p) => PathBuf::from(p),
         None => {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(
-                ".cache/shoal/models/smollm2-135m-instruct-q4_1/SmolLM2-135M-Instruct.Q4_1.gguf",
-            )
+            let dir = match std::env::var_os("SHOAL_MODELS_DIR") {
+                Some(d) => PathBuf::from(d),
+                None => std::env::var_os("HOME")
+                    .map(PathBuf::from)
+                    .unwrap_or_default()
+                    .join(".cache/shoal/models"),
+            };
+            dir.join(rel)
         }
     };
     assert!(
         path.is_file(),
-        "test model not found at {}: run `scripts/test` (or `shoal pull`) first, or set SHOAL_TEST_MODEL",
+        "test model not found at {}: run `scripts/test` (or `shoal pull {id}`) first, or set {var}",
         path.display()
     );
     path

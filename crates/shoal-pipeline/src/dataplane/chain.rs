@@ -349,7 +349,7 @@ impl Stage for RemoteChain {
     fn info(&self) -> StageInfo {
         StageInfo {
             concurrent_stages: self.nodes.len(),
-            kv_value_bytes: shoal_model::kv::value_bytes(true),
+            kv_value_bytes: shoal_model::kv::VALUE_BYTES,
             local_kv_layers: 0,
             kv_token_capacity: self.kv_capacity,
         }
