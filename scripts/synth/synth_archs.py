@@ -1,0 +1,221 @@
+"""Per-family descriptions of the synthetic models: metadata keys and tensors as llama.cpp's converter writes them.
+
+A `Family` names the GGUF architecture, the tokenizer kind (see synth_vocab.family_vocab), the metadata the converter
+writes for that family and the per-family tensor features (QKV bias, QK-norm, Gemma's post norms, Phi-3's fused
+QKV and gate+up, Llama 3's rope_freqs). `Dims` are the sizes of one tier: `s` (tiny, embedding 64: every
+architecture in F16 and the legacy block types) and `k` (embedding 256: rows a multiple of 256 so llama-quantize
+makes real K-quants; only the families whose quantized path differs from llama's have one). `tensor_specs()` yields (name, shape, maker) in writing order, so a big model can be
+written one tensor at a time; numpy shapes are ggml's reversed.
+
+Weights are random normal, scaled so activations stay O(1) and the logits have a standard deviation of about
+LOGIT_STD (so the top-1/top-2 gaps are not tiny); norm weights are 1 + N(0, 0.1).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+LOGIT_STD = 4.0
+NORM_JITTER = 0.1
+# attn_output and ffn_down are scaled up so the layers' sum outweighs the (tied) input embedding in the final
+# residual; otherwise every position's top logit is its own input token and greedy decoding repeats one token
+OUT_GAIN = 3.0
+# Gemma adds sqrt(n_embd) * embedding to the residual and norms every layer's output: its post norms and final
+# norm carry the gain instead (stored, as the converter stores them, as the norm's 1 + w)
+GEMMA_POST_NORM = 2.5
+GEMMA_OUTPUT_NORM = 4.0
+
+
+@dataclass(frozen=True)
+class Dims:
+    n_embd: int
+    n_head: int
+    head_dim: int
+    n_kv: int
+    n_ff: int
+    n_layer: int
+    n_vocab: int
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    arch: str
+    vocab: str
+    tiers: dict[str, Dims]
+    context: int
+    rope_base: float
+    rms_eps: float
+    tied: bool = True
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    gemma: bool = False  # post-attention/post-ffw norms, norms stored as 1 + w, embeddings scaled by sqrt(n_embd)
+    fused: bool = False  # phi3: attn_qkv and ffn_up = [gate; up]
+    llama3_rope: bool = False
+    write_vocab_size: bool = False  # LlamaModel writes <arch>.vocab_size and rope.dimension_count
+    write_head_dim: bool = False  # config.json has head_dim -> key_length / value_length
+    extra_u32: dict[str, int] = field(default_factory=dict)  # further <arch>.* keys the converter writes
+    label: str = ""
+
+
+def _dims(d: int, n_head: int, hd: int, n_kv: int, ff: int, layers: int, vocab: int = 512) -> Dims:
+    return Dims(d, n_head, hd, n_kv, ff, layers, vocab)
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in [
+    Family("llama", "llama", "smollm", {"s": _dims(64, 2, 32, 1, 128, 2), "k": _dims(256, 4, 64, 2, 256, 2)},
+           context=8192, rope_base=100000.0, rms_eps=1e-5, write_vocab_size=True,
+           label="SmolLM2-like: llama arch, tied output, gpt2 BPE (smollm pre-tokenizer)"),
+    Family("llama-untied", "llama", "tinyllama",
+           {"s": _dims(64, 2, 32, 2, 128, 2)},
+           context=2048, rope_base=10000.0, rms_eps=1e-5, tied=False, write_vocab_size=True,
+           label="TinyLlama/Llama-2-like: llama arch, output.weight, no GQA, SentencePiece"),
+    Family("llama3", "llama", "llama3", {"s": _dims(64, 2, 32, 1, 128, 2)},
+           context=131072, rope_base=500000.0, rms_eps=1e-5, llama3_rope=True, write_vocab_size=True,
+           write_head_dim=True, label="Llama-3.2-like: llama arch, rope_freqs (llama3 scaling), llama-bpe"),
+    Family("mistral", "llama", "mistral", {"s": _dims(64, 2, 32, 1, 128, 2)},
+           context=32768, rope_base=1000000.0, rms_eps=1e-5, tied=False, write_vocab_size=True,
+           label="Mistral-7B-v0.3-like: the converter writes arch llama; SentencePiece with [INST]"),
+    Family("qwen2", "qwen2", "qwen2", {"s": _dims(64, 2, 32, 1, 128, 2), "k": _dims(256, 4, 64, 2, 256, 2)},
+           context=32768, rope_base=1000000.0, rms_eps=1e-6, qkv_bias=True,
+           label="Qwen2.5-like: Q/K/V bias, tied output, qwen2 pre-tokenizer"),
+    Family("qwen3", "qwen3", "qwen3", {"s": _dims(64, 4, 32, 2, 128, 2), "k": _dims(256, 2, 128, 1, 256, 2)},
+           context=40960, rope_base=1000000.0, rms_eps=1e-6, qk_norm=True, write_head_dim=True,
+           label="Qwen3-like: attn_q_norm/attn_k_norm, n_head*head_dim != n_embd, tied"),
+    Family("gemma3", "gemma3", "gemma3", {"s": _dims(64, 2, 32, 1, 128, 6), "k": _dims(256, 2, 128, 1, 256, 6)},
+           context=32768, rope_base=1000000.0, rms_eps=1e-6, qk_norm=True, gemma=True, write_head_dim=True,
+           extra_u32={"attention.sliding_window": 8},
+           label="Gemma-3-270M-like: sliding window 8 (every 6th layer global), QK-norm, pre/post norms, GELU"),
+    Family("phi3", "phi3", "phi3", {"s": _dims(64, 2, 32, 1, 128, 2), "k": _dims(256, 4, 64, 2, 256, 2)},
+           context=4096, rope_base=10000.0, rms_eps=1e-5, tied=False, fused=True,
+           extra_u32={"rope.scaling.original_context_length": 4096, "attention.sliding_window": 2047},
+           label="Phi-3-like: fused attn_qkv, ffn_up = [gate; up], sliding_window key (ignored by llama.cpp)"),
+]}
+
+
+def llama3_rope_factors(head_dim: int, base: float, factor: float = 32.0, low: float = 1.0, high: float = 4.0,
+                        old_ctx: int = 8192) -> np.ndarray:
+    """rope_freqs.weight as the converter computes it for rope_type 'llama3' (Llama 3.2's parameters)."""
+    out = []
+    for i in range(0, head_dim, 2):
+        freq = 1.0 / (base ** (i / head_dim))
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_ctx / high:
+            out.append(1.0)
+        elif wavelen > old_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def write_metadata(w, fam: Family, dims: Dims) -> None:
+    """The `<arch>.*` keys in the converter's order (TextModel.set_gguf_parameters plus the family's own)."""
+    a = fam.arch
+    w.add_uint32(f"{a}.block_count", dims.n_layer)
+    w.add_uint32(f"{a}.context_length", fam.context)
+    w.add_uint32(f"{a}.embedding_length", dims.n_embd)
+    w.add_uint32(f"{a}.feed_forward_length", dims.n_ff)
+    w.add_uint32(f"{a}.attention.head_count", dims.n_head)
+    w.add_uint32(f"{a}.attention.head_count_kv", dims.n_kv)
+    w.add_float32(f"{a}.rope.freq_base", fam.rope_base)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", fam.rms_eps)
+    if fam.write_head_dim:
+        w.add_uint32(f"{a}.attention.key_length", dims.head_dim)
+        w.add_uint32(f"{a}.attention.value_length", dims.head_dim)
+    if fam.fused:
+        w.add_uint32(f"{a}.rope.dimension_count", dims.head_dim)
+    for key, val in fam.extra_u32.items():
+        w.add_uint32(f"{a}.{key}", val)
+    if fam.write_vocab_size:
+        w.add_uint32(f"{a}.vocab_size", dims.n_vocab)
+        w.add_uint32(f"{a}.rope.dimension_count", dims.head_dim)
+
+
+class _Rng:
+    """One independent normal stream per tensor, keyed by (seed, family, tier, tensor name)."""
+
+    CHUNK = 1 << 22  # elements generated at a time, so a 1B model's embedding never exists in f32 as a whole
+
+    def __init__(self, seed: int, fam: str, tier: str):
+        self.key = [seed, zlib.crc32(fam.encode()), zlib.crc32(tier.encode())]
+
+    def normal(self, name: str, shape: tuple[int, ...], std: float, mean: float = 0.0,
+               dtype: type = np.float32) -> np.ndarray:
+        rng = np.random.default_rng(self.key + [zlib.crc32(name.encode())])
+        out = np.empty(shape, dtype=dtype)
+        flat = out.reshape(-1)
+        for lo in range(0, flat.size, self.CHUNK):
+            n = min(self.CHUNK, flat.size - lo)
+            x = rng.standard_normal(size=n, dtype=np.float32)
+            flat[lo:lo + n] = x * np.float32(std) + np.float32(mean)
+        return out
+
+
+Maker = Callable[[type], np.ndarray]
+
+
+def tensor_specs(fam: Family, dims: Dims, seed: int, tier: str) -> Iterator[tuple[str, tuple[int, ...], Maker]]:
+    """(name, numpy shape, make(dtype)) for every tensor of one model, in writing order; 2-D weights are made in
+    the requested dtype, 1-D tensors always in F32."""
+    r = _Rng(seed, fam.name, tier)
+    d, hd, ff, v = dims.n_embd, dims.head_dim, dims.n_ff, dims.n_vocab
+    q_dim, kv_dim = dims.n_head * hd, dims.n_kv * hd
+
+    def normal(name: str, shape: tuple[int, ...], std: float, mean: float = 0.0):
+        return name, shape, lambda dt: r.normal(name, shape, std, mean, dt if len(shape) == 2 else np.float32)
+
+    def norm(name: str, n: int, mean: float = 1.0):
+        return normal(name, (n,), NORM_JITTER * mean, mean)
+
+    def fused(name: str, parts: list[tuple[str, int, float]]):
+        shape = (sum(rows for _, rows, _ in parts), d)
+        return name, shape, lambda dt: np.concatenate([r.normal(pn, (rows, d), std, 0.0, dt) for pn, rows, std in parts])
+
+    # A tied embedding is also the output matrix: its scale sets the logits' spread. Gemma multiplies the
+    # embedding by sqrt(n_embd) on input, which the same scale keeps O(1)-ish.
+    emb_std = LOGIT_STD / math.sqrt(d) if fam.tied else 0.5
+    if fam.gemma:
+        emb_std = LOGIT_STD / GEMMA_OUTPUT_NORM / math.sqrt(d)
+    yield normal("token_embd.weight", (v, d), emb_std)
+    if fam.llama3_rope:
+        yield "rope_freqs.weight", (hd // 2,), lambda dt: llama3_rope_factors(hd, fam.rope_base)
+    for i in range(dims.n_layer):
+        p = f"blk.{i}."
+        yield norm(p + "attn_norm.weight", d)
+        qkv = [(p + "attn_q.weight", q_dim, 1.2 / math.sqrt(d)), (p + "attn_k.weight", kv_dim, 1.2 / math.sqrt(d)),
+               (p + "attn_v.weight", kv_dim, 1.0 / math.sqrt(d))]
+        if fam.fused:
+            yield fused(p + "attn_qkv.weight", qkv)
+        else:
+            for name, rows, std in qkv:
+                yield normal(name, (rows, d), std)
+        if fam.qkv_bias:
+            yield normal(p + "attn_q.bias", (q_dim,), 0.2)
+            yield normal(p + "attn_k.bias", (kv_dim,), 0.2)
+            yield normal(p + "attn_v.bias", (kv_dim,), 0.2)
+        if fam.qk_norm:
+            yield norm(p + "attn_q_norm.weight", hd)
+            yield norm(p + "attn_k_norm.weight", hd)
+        yield normal(p + "attn_output.weight", (d, q_dim), OUT_GAIN / math.sqrt(q_dim))
+        if fam.gemma:
+            yield norm(p + "post_attention_norm.weight", d, GEMMA_POST_NORM)
+        yield norm(p + "ffn_norm.weight", d)
+        gate_up = [(p + "ffn_gate.weight", ff, 1.0 / math.sqrt(d)), (p + "ffn_up.weight", ff, 1.0 / math.sqrt(d))]
+        if fam.fused:
+            yield fused(p + "ffn_up.weight", gate_up)
+        else:
+            for name, rows, std in gate_up:
+                yield normal(name, (rows, d), std)
+        yield normal(p + "ffn_down.weight", (d, ff), OUT_GAIN / math.sqrt(ff))
+        if fam.gemma:
+            yield norm(p + "post_ffw_norm.weight", d, GEMMA_POST_NORM)
+    yield norm("output_norm.weight", d, GEMMA_OUTPUT_NORM if fam.gemma else 1.0)
+    if not fam.tied:
+        yield normal("output.weight", (v, d), LOGIT_STD / math.sqrt(d))
