@@ -21,6 +21,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_ID = "smollm2-135m-instruct-q4_1"
+# Gemma 3 270M Q4_K_M: a base model (no chat template), K-quants, sliding-window layers.
+GEMMA_ID = "gemma3-270m-q4_k_m"
 STARTUP_TIMEOUT_S = 60
 LISTENING = re.compile(r"^shoal: listening on (http://\S+:\d+)\s*$")
 

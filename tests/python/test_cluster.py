@@ -12,7 +12,7 @@ import urllib.request
 import openai
 import pytest
 
-from conftest import MODEL_ID, ShoalNode
+from conftest import GEMMA_ID, MODEL_ID, ShoalNode
 
 DEADLINE_S = 60
 PROMPTS = [
@@ -67,12 +67,12 @@ def wait_members(nodes, expected):
         wait_until(f"{n.id} to see {want}", lambda n=n: done(n))
 
 
-def place(node: ShoalNode, stages) -> str:
+def place(node: ShoalNode, stages, model: str = MODEL_ID) -> str:
     """Creates an instance with `stages` = [(node, layers), ...] and waits until every stage is ready."""
     status, body = http(
         "POST",
         f"{node.url}/instance",
-        {"model": MODEL_ID, "nodes": [n.id for n, _ in stages], "layers": [k for _, k in stages]},
+        {"model": model, "nodes": [n.id for n, _ in stages], "layers": [k for _, k in stages]},
     )
     assert status == 201, body
     assert [s["node"] for s in body["stages"]] == [n.id for n, _ in stages]
@@ -384,3 +384,38 @@ def test_a_request_for_a_model_without_an_instance_places_one(trio):
     with pytest.raises(openai.NotFoundError):
         client(trio[1]).chat.completions.create(
             model="no-such-model", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+
+
+def test_gemma3_split_over_two_nodes_gives_the_single_node_tokens(trio):
+    """Gemma 3 (another architecture, K-quants, sliding-window layers) as a 2-node pipeline with f32
+    activations: the same greedy tokens as on one node. It is a base model: raw completions, and a chat
+    request is a clear 400."""
+    a, b, _ = trio
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+
+    def complete(prompt):
+        def go():
+            try:
+                return client(a).completions.create(
+                    model=GEMMA_ID, prompt=prompt, max_tokens=16, temperature=0, logprobs=1
+                )
+            except openai.NotFoundError:
+                return None
+
+        r = wait_until("gemma to be served", go)
+        return r.choices[0].text, r.choices[0].logprobs.tokens
+
+    outputs = {}
+    for stages in ([(a, 18)], [(a, 9), (b, 9)]):
+        iid = place(a, stages, GEMMA_ID)
+        outputs[len(stages)] = [complete(p) for p in prompts]
+        if len(stages) == 1:
+            with pytest.raises(openai.BadRequestError) as err:
+                client(a).chat.completions.create(
+                    model=GEMMA_ID, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                )
+            assert err.value.code == "no_chat_template", err.value
+            assert "completions" in str(err.value)
+        remove(a, iid)
+    assert outputs[1][0][0].startswith(" the capital of"), outputs[1]
+    assert outputs[1] == outputs[2]

@@ -26,7 +26,7 @@ pub enum Command {
     /// Measure prefill and decode speed, TTFT and inter-token latency.
     Bench(BenchCommand),
     /// Download a model into the models directory.
-    Pull(ModelArgs),
+    Pull(PullArgs),
     /// List known models and whether they are downloaded.
     Models(ModelArgs),
 }
@@ -39,6 +39,27 @@ pub struct ModelArgs {
     /// Where models are stored [default: ~/.cache/shoal/models].
     #[arg(long, env = "SHOAL_MODELS_DIR")]
     pub models_dir: Option<PathBuf>,
+}
+
+/// `shoal pull [MODEL]`: the model as a positional argument or `--model`.
+#[derive(Args, Clone)]
+pub struct PullArgs {
+    /// Model id from the catalog (`shoal models` lists them); overrides `--model`.
+    #[arg(value_name = "MODEL")]
+    pub id: Option<String>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+impl PullArgs {
+    /// The model arguments with the positional id applied.
+    pub fn resolved(&self) -> ModelArgs {
+        let mut m = self.model.clone();
+        if let Some(id) = &self.id {
+            m.model = id.clone();
+        }
+        m
+    }
 }
 
 impl ModelArgs {

@@ -52,7 +52,7 @@ fn main() -> anyhow::Result<()> {
         Command::Chat(args) => chat::run(args),
         Command::Bench(args) => bench(args),
         Command::Pull(args) => {
-            let (id, path) = resolve_model(&args)?;
+            let (id, path) = resolve_model(&args.resolved())?;
             println!("{id}: {}", path.display());
             Ok(())
         }
