@@ -5,25 +5,27 @@
 //! files through `SHOAL_GOLDEN_DIR` (else `shared/golden` next to the repository). Either missing is a
 //! failure with instructions, never a silent skip.
 
+mod tokenizer_common;
+
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use shoal_model::tokenizer::{PreTokenizerKind, StreamDecoder, Tokenizer, TokenizerError};
 use shoal_testkit::fixtures::{golden_dir, model_path};
+use tokenizer_common::{Loaded, assert_long_input_fast, assert_roundtrips, ids, load_once};
+
+fn loaded() -> &'static Loaded {
+    static LOADED: OnceLock<Loaded> = OnceLock::new();
+    load_once(&LOADED, model_path)
+}
 
 fn content() -> &'static Content {
-    static CONTENT: OnceLock<Content> = OnceLock::new();
-    CONTENT.get_or_init(|| {
-        let path = model_path();
-        let mut file = std::fs::File::open(&path).expect("open model");
-        Content::read(&mut file).expect("read GGUF header")
-    })
+    &loaded().content
 }
 
 fn tokenizer() -> &'static Tokenizer {
-    static TOK: OnceLock<Tokenizer> = OnceLock::new();
-    TOK.get_or_init(|| Tokenizer::from_gguf(content()).expect("tokenizer from GGUF"))
+    &loaded().tok
 }
 
 struct Case {
@@ -37,13 +39,6 @@ fn cases() -> Vec<Case> {
     let path = golden_dir().join("smollm2-135m-q4_1.greedy.json");
     let text = std::fs::read_to_string(&path).expect("read greedy golden");
     let json: serde_json::Value = serde_json::from_str(&text).expect("parse greedy golden");
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .expect("array of ids")
-            .iter()
-            .map(|x| x.as_u64().expect("id") as u32)
-            .collect()
-    };
     let cases: Vec<Case> = json
         .as_array()
         .expect("top-level array")
@@ -222,33 +217,23 @@ fn digits_are_single_tokens() {
 
 #[test]
 fn roundtrips_arbitrary_text() {
-    let tok = tokenizer();
-    for text in [
-        "",
-        " ",
-        "\n\n\n",
-        "a\u{0}b\u{7f}c",
-        "Ünïcödé — «quotes» 𝔘𝔫𝔦",
-        "fn main() {\n    println!(\"{}\", 1 + 2);\n}\n",
-        "<|im_start|> not parsed",
-    ] {
-        assert_eq!(tok.decode(&tok.encode(text, false)), text);
-    }
+    assert_roundtrips(
+        tokenizer(),
+        &[
+            "",
+            " ",
+            "\n\n\n",
+            "a\u{0}b\u{7f}c",
+            "Ünïcödé — «quotes» 𝔘𝔫𝔦",
+            "fn main() {\n    println!(\"{}\", 1 + 2);\n}\n",
+            "<|im_start|> not parsed",
+        ],
+    );
 }
 
 #[test]
 fn long_input_is_fast_enough() {
-    let tok = tokenizer();
-    let text = "The quick brown fox jumps over the lazy dog 0123456789. ".repeat(2000);
-    let start = std::time::Instant::now();
-    let ids = tok.encode(&text, true);
-    let elapsed = start.elapsed();
-    assert_eq!(tok.decode(&ids), text);
-    // Generous bound: guards against quadratic blowups, not a benchmark.
-    assert!(elapsed.as_secs() < 10, "encoding 112 KB took {elapsed:?}");
-    // A single huge word must not be quadratic either.
-    let word = "a".repeat(50_000);
-    assert_eq!(tok.decode(&tok.encode(&word, false)), word);
+    assert_long_input_fast(tokenizer());
 }
 
 fn metadata_with(edit: impl FnOnce(&mut HashMap<String, Value>)) -> Content {
@@ -276,7 +261,7 @@ fn bad_metadata_is_an_error_not_a_panic() {
     ));
 
     let spm = metadata_with(|m| {
-        m.insert("tokenizer.ggml.model".into(), Value::String("llama".into()));
+        m.insert("tokenizer.ggml.model".into(), Value::String("bert".into()));
     });
     assert!(matches!(
         Tokenizer::from_gguf(&spm),

@@ -10,6 +10,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use super::TokenizerError;
+use super::index::TextIndex;
 
 /// GPT-2's reversible mapping of the 256 byte values to printable unicode characters.
 pub(crate) fn byte_to_unicode() -> [char; 256] {
@@ -73,12 +74,12 @@ struct Symbol {
 impl Bpe {
     /// Builds the tables from the vocabulary (`tokens[i]` is token `i`) and the merge lines `"a b"`,
     /// ranked by their order.
-    pub(crate) fn new(tokens: &[String], merges: &[String]) -> Result<Self, TokenizerError> {
+    pub(crate) fn new(tokens: &TextIndex, merges: &[String]) -> Result<Self, TokenizerError> {
         let vocab_size = tokens.len() as u32;
         let mut piece_ids: HashMap<String, u32> = HashMap::with_capacity(tokens.len() + 1024);
         for (id, text) in tokens.iter().enumerate() {
             // llama.cpp's `token_to_id[text] = id`: a duplicated text maps to its last id.
-            piece_ids.insert(text.clone(), id as u32);
+            piece_ids.insert(text.to_owned(), id as u32);
         }
         let mut next_extra = vocab_size;
         let mut intern = |s: &str, piece_ids: &mut HashMap<String, u32>| -> u32 {
@@ -271,10 +272,7 @@ mod tests {
     }
 
     fn toy() -> Bpe {
-        let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc", "Ġ", "Ġa"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let tokens = TextIndex::new(["a", "b", "c", "ab", "bc", "abc", "Ġ", "Ġa"]);
         let merges: Vec<String> = ["a b", "Ġ a", "ab c", "b c"]
             .iter()
             .map(|s| s.to_string())
@@ -301,7 +299,7 @@ mod tests {
 
     #[test]
     fn bad_merge_is_an_error() {
-        let tokens = vec!["a".to_string()];
+        let tokens = TextIndex::new(["a"]);
         let err = Bpe::new(&tokens, &["ab".to_string()]).unwrap_err();
         assert!(matches!(err, TokenizerError::BadMerge { index: 0, .. }));
     }

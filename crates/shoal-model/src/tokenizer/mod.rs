@@ -1,70 +1,52 @@
-//! Byte-level BPE tokenizer built from GGUF metadata, matching llama.cpp token for token.
+//! Tokenizers built from GGUF metadata, matching llama.cpp token for token: byte-level BPE
+//! (`tokenizer.ggml.model = "gpt2"`: SmolLM2, Llama 3, Qwen 2/3) and SentencePiece
+//! (`"llama"`: Gemma 3, Llama 2, Mistral v1, Phi-3).
 //!
 //! - [`Tokenizer`] is the whole vocabulary: [`Tokenizer::from_gguf`] reads `tokenizer.ggml.*`,
-//!   [`Tokenizer::encode`] turns text into ids, [`Tokenizer::decode`] turns ids back into text.
+//!   [`Tokenizer::encode`] turns text into ids, [`Tokenizer::decode`] turns ids back into text. Which
+//!   algorithm runs inside is its [`VocabType`]; the API is the same for both.
 //! - [`StreamDecoder`] detokenizes one id at a time and only yields complete UTF-8.
 //! - [`TokenizerError`] says what is wrong with the metadata; nothing here panics on a bad file.
 //!
-//! Encoding runs in three steps, as in llama.cpp's `llama_vocab::tokenize`:
-//! 1. special-token partition: occurrences of control tokens (only with `parse_special`) and
-//!    user-defined tokens (always) become their ids, longest token text first;
-//! 2. the text between them is split into words by the [`pretok::PreTokenizer`] chosen by
+//! Encoding runs in steps, as in llama.cpp's `llama_vocab::tokenize`:
+//! 1. the special-token partition (the private `special` module, one for both types): occurrences of
+//!    control tokens (only with `parse_special`) and user-defined tokens (always) become their ids,
+//!    longest token text first;
+//! 2. BPE: the text between them is split into words by the [`pretok::PreTokenizer`] chosen by
 //!    `tokenizer.ggml.pre` (SmolLM2's `smollm`: every digit alone, then the GPT-2 regex, **no**
-//!    prefix space — candle's `from_gguf` gets this wrong);
-//! 3. each word is mapped through GPT-2's byte↔unicode table and merged in rank order (the
-//!    private `bpe` module).
+//!    prefix space — candle's `from_gguf` gets this wrong); each word is mapped through GPT-2's
+//!    byte↔unicode table and merged in rank order (the private `bpe` module);
+//! 3. SentencePiece: each stretch of text has its spaces escaped to `▁` and is merged by token score,
+//!    with byte-token fallback for characters outside the vocabulary (the private `spm` module).
 //!
 //! `encode` never adds BOS. Whether a prompt needs one is [`Tokenizer::add_bos`]
-//! (`tokenizer.ggml.add_bos_token`); [`Tokenizer::encode_prompt`] applies it. SmolLM2 has
-//! `add_bos_token = false`, and llama.cpp's golden counts confirm no BOS is added to raw or chat
-//! prompts (its BOS id 1 is `<|im_start|>`, which the chat template already writes itself).
+//! (`tokenizer.ggml.add_bos_token`; llama.cpp's default when missing: yes for SentencePiece and Llama 3,
+//! no otherwise); [`Tokenizer::encode_prompt`] applies it. SmolLM2 has `add_bos_token = false`, and
+//! llama.cpp's golden counts confirm no BOS is added to raw or chat prompts (its BOS id 1 is
+//! `<|im_start|>`, which the chat template already writes itself); Gemma 3 has `true` (`<bos>` = 2).
+//!
+//! Decoding concatenates each token's bytes ([`Tokenizer::token_bytes`], llama.cpp's
+//! `token_to_piece` with `special = true`): normal tokens through the GPT-2 table (BPE) or with `▁` as
+//! a space (SentencePiece), byte tokens `<0xXX>` as that byte, control and user-defined tokens as their
+//! text, unused tokens as nothing. A SentencePiece vocabulary with `add_space_prefix` drops the space
+//! its first token starts with in [`Tokenizer::decode`] (llama.cpp's `detokenize`), never in a stream.
 
 mod bpe;
+mod error;
+mod index;
+mod meta;
 pub mod pretok;
+mod special;
+mod spm;
 mod stream;
 
 use std::collections::HashMap;
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::Content;
 
+pub use error::TokenizerError;
 pub use pretok::{PreTokenizer, PreTokenizerKind};
 pub use stream::StreamDecoder;
-
-/// What can be wrong with a GGUF's tokenizer metadata.
-#[derive(Debug, thiserror::Error)]
-pub enum TokenizerError {
-    #[error("GGUF metadata has no `{key}`")]
-    MissingKey { key: &'static str },
-    #[error("GGUF key `{key}` has the wrong type: expected {expected}")]
-    WrongType {
-        key: &'static str,
-        expected: &'static str,
-    },
-    #[error("tokenizer model `{model}` is not supported (only byte-level BPE, `gpt2`)")]
-    UnsupportedModel { model: String },
-    #[error("merge #{index} `{line}` is not of the form `left right`")]
-    BadMerge { index: usize, line: String },
-    #[error("`{key}` has {found} entries but the vocabulary has {expected}")]
-    LengthMismatch {
-        key: &'static str,
-        found: usize,
-        expected: usize,
-    },
-    #[error("`{key}` = {id} is outside the vocabulary of {vocab_size} tokens")]
-    TokenIdOutOfRange {
-        key: &'static str,
-        id: u64,
-        vocab_size: usize,
-    },
-    #[error("the vocabulary is empty")]
-    EmptyVocab,
-    #[error("pre-tokenizer regex `{pattern}` does not compile: {source}")]
-    Regex {
-        pattern: String,
-        #[source]
-        source: Box<fancy_regex::Error>,
-    },
-}
 
 /// llama.cpp's `llama_token_type` (GGUF `tokenizer.ggml.token_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +74,15 @@ impl TokenType {
     }
 }
 
+/// The encoding algorithm of a vocabulary (`tokenizer.ggml.model`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VocabType {
+    /// Byte-level BPE with ranked merges (`gpt2`).
+    Bpe,
+    /// SentencePiece-style, merged by score with byte fallback (`llama`).
+    Spm,
+}
+
 /// Token texts that end a generation when present (llama.cpp's `special_eog_ids` heuristics).
 const EOG_TEXTS: &[&str] = &[
     "<|eot_id|>",
@@ -103,24 +94,33 @@ const EOG_TEXTS: &[&str] = &[
     "</s>",
 ];
 
-/// A byte-level BPE vocabulary with its merges, special tokens and pre-tokenizer.
+/// The algorithm-specific half of a tokenizer.
+#[derive(Debug)]
+enum Model {
+    /// Both boxed: their byte tables are a few KB.
+    Bpe {
+        bpe: Box<bpe::Bpe>,
+        pre: PreTokenizer,
+    },
+    Spm(Box<spm::Spm>),
+}
+
+/// A vocabulary with its encoding algorithm, special tokens and BOS/EOS policy.
 #[derive(Debug)]
 pub struct Tokenizer {
-    tokens: Vec<String>,
+    tokens: index::TextIndex,
     types: Vec<TokenType>,
     /// Raw bytes of every token, flattened: token `i` is `bytes[offsets[i]..offsets[i + 1]]`.
     bytes: Vec<u8>,
     offsets: Vec<usize>,
-    bpe: bpe::Bpe,
-    pre: PreTokenizer,
-    /// Control / user-defined / unknown tokens, longest text first (llama.cpp's
-    /// `cache_special_tokens`).
-    specials: Vec<u32>,
+    model: Model,
+    specials: special::Specials,
     bos: Option<u32>,
     eos: Option<u32>,
     unk: Option<u32>,
     pad: Option<u32>,
     add_bos: bool,
+    add_eos: bool,
     eog: Vec<u32>,
 }
 
@@ -128,88 +128,99 @@ impl Tokenizer {
     /// Builds the tokenizer from a GGUF's metadata (`tokenizer.ggml.*`).
     pub fn from_gguf(content: &Content) -> Result<Self, TokenizerError> {
         let md = &content.metadata;
-        let model = get_str(md, "tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel {
-                model: model.to_owned(),
-            });
-        }
-        let tokens = get_str_array(md, "tokenizer.ggml.tokens")?;
-        if tokens.is_empty() {
-            return Err(TokenizerError::EmptyVocab);
-        }
-        let types = match md.get("tokenizer.ggml.token_type") {
-            None => vec![TokenType::Normal; tokens.len()],
-            Some(v) => {
-                let key = "tokenizer.ggml.token_type";
-                let arr = v.to_vec().map_err(|_| wrong(key, "array of i32"))?;
-                if arr.len() != tokens.len() {
-                    return Err(TokenizerError::LengthMismatch {
-                        key,
-                        found: arr.len(),
-                        expected: tokens.len(),
-                    });
-                }
-                arr.iter()
-                    .map(|v| as_i64(v).map(|t| TokenType::from_i32(t as i32)))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| wrong(key, "array of i32"))?
+        let vocab_type = match meta::str_key(md, "tokenizer.ggml.model")? {
+            "gpt2" => VocabType::Bpe,
+            "llama" => VocabType::Spm,
+            other => {
+                return Err(TokenizerError::UnsupportedModel {
+                    model: other.to_owned(),
+                });
             }
         };
-        let merges = match md.get("tokenizer.ggml.merges") {
-            Some(_) => get_str_array(md, "tokenizer.ggml.merges")?,
-            None => Vec::new(),
-        };
-        let pre_name = match md.get("tokenizer.ggml.pre") {
-            Some(_) => Some(get_str(md, "tokenizer.ggml.pre")?),
-            None => None,
-        };
-        let pre = PreTokenizer::for_gguf_name(pre_name)?;
-        let bpe = bpe::Bpe::new(&tokens, &merges)?;
+        let tokens = meta::token_texts(md)?;
+        if tokens.len() == 0 {
+            return Err(TokenizerError::EmptyVocab);
+        }
         let n = tokens.len();
-        let bos = get_token_id(md, "tokenizer.ggml.bos_token_id", n)?;
-        let eos = get_token_id(md, "tokenizer.ggml.eos_token_id", n)?;
-        let unk = get_token_id(md, "tokenizer.ggml.unknown_token_id", n)?;
-        let pad = get_token_id(md, "tokenizer.ggml.padding_token_id", n)?;
-        let eot = get_token_id(md, "tokenizer.ggml.eot_token_id", n)?;
-        let eom = get_token_id(md, "tokenizer.ggml.eom_token_id", n)?;
-        let add_bos = match md.get("tokenizer.ggml.add_bos_token") {
-            Some(Value::Bool(b)) => *b,
-            Some(_) => return Err(wrong("tokenizer.ggml.add_bos_token", "bool")),
-            // llama.cpp's default for BPE vocabularies without the key: only Llama 3 adds BOS.
-            None => pre.kind() == PreTokenizerKind::Llama3,
+        let types = meta::token_types(md, n)?;
+        let id = |key| meta::token_id(md, key, n);
+        // llama.cpp's defaults for SentencePiece files without the keys: BOS 1, EOS 2, UNK 0.
+        let spm_default = |key, default: u32| -> Result<Option<u32>, TokenizerError> {
+            match (id(key)?, md.contains_key(key), vocab_type) {
+                (None, false, VocabType::Spm) => Ok(Some(default).filter(|&d| (d as usize) < n)),
+                (found, _, _) => Ok(found),
+            }
         };
+        let bos = spm_default("tokenizer.ggml.bos_token_id", 1)?;
+        let eos = spm_default("tokenizer.ggml.eos_token_id", 2)?;
+        let unk = spm_default("tokenizer.ggml.unknown_token_id", 0)?;
+        let pad = id("tokenizer.ggml.padding_token_id")?;
+        let eot = id("tokenizer.ggml.eot_token_id")?;
+        let eom = id("tokenizer.ggml.eom_token_id")?;
+
+        let model = match vocab_type {
+            VocabType::Bpe => {
+                let merges = match md.get("tokenizer.ggml.merges") {
+                    Some(_) => meta::str_array(md, "tokenizer.ggml.merges")?,
+                    None => Vec::new(),
+                };
+                let pre =
+                    PreTokenizer::for_gguf_name(meta::opt_str_key(md, "tokenizer.ggml.pre")?)?;
+                let bpe = Box::new(bpe::Bpe::new(&tokens, &merges)?);
+                Model::Bpe { bpe, pre }
+            }
+            VocabType::Spm => {
+                let scores = meta::scores(md, n)?;
+                let add_space_prefix =
+                    meta::opt_bool_key(md, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
+                Model::Spm(Box::new(spm::Spm::new(
+                    &tokens,
+                    scores,
+                    unk,
+                    add_space_prefix,
+                )))
+            }
+        };
+        let add_bos =
+            meta::opt_bool_key(md, "tokenizer.ggml.add_bos_token")?.unwrap_or(match &model {
+                Model::Spm(_) => true,
+                // Only Llama 3 adds BOS among the BPE pre-tokenizers we know.
+                Model::Bpe { pre, .. } => pre.kind() == PreTokenizerKind::Llama3,
+            });
+        let add_eos = meta::opt_bool_key(md, "tokenizer.ggml.add_eos_token")?.unwrap_or(false);
 
         let unicode_to_byte = bpe::unicode_to_byte();
-        let mut bytes = Vec::with_capacity(tokens.iter().map(String::len).sum());
+        let normal = match vocab_type {
+            VocabType::Bpe => NormalText::Gpt2Bytes(&unicode_to_byte),
+            VocabType::Spm => NormalText::EscapedSpaces,
+        };
+        let mut bytes = Vec::with_capacity(tokens.iter().map(str::len).sum());
         let mut offsets = Vec::with_capacity(n + 1);
         offsets.push(0);
         for (text, ty) in tokens.iter().zip(&types) {
-            append_token_bytes(text, *ty, &unicode_to_byte, &mut bytes);
+            append_token_bytes(text, *ty, normal, &mut bytes);
             offsets.push(bytes.len());
         }
 
-        let mut specials: Vec<u32> = (0..n as u32)
-            .filter(|&id| {
-                let ty = types[id as usize];
-                let special = matches!(
-                    ty,
-                    TokenType::Control | TokenType::UserDefined | TokenType::Unknown
-                );
-                special && !tokens[id as usize].is_empty()
-            })
-            .collect();
-        specials.sort_by(|&a, &b| {
-            let (ta, tb) = (&tokens[a as usize], &tokens[b as usize]);
-            tb.len().cmp(&ta.len()).then(a.cmp(&b))
+        // llama.cpp gives Phi-3's special tokens RSTRIP, by the model's name.
+        let name = meta::opt_str_key(md, "general.name")?
+            .unwrap_or("")
+            .to_lowercase();
+        let phi3 = name.contains("phi-3") || name.contains("phi3");
+        let specials = special::Specials::new(&tokens, &types, |_, text| {
+            if phi3 {
+                special::phi3_strip(text)
+            } else {
+                special::Strip::default()
+            }
         });
 
+        let token_id = |text: &str| match &model {
+            Model::Bpe { bpe, .. } => bpe.token_id(text),
+            Model::Spm(_) => tokens.get(text),
+        };
         let mut eog: Vec<u32> = [eos, eot, eom].into_iter().flatten().collect();
-        for text in EOG_TEXTS {
-            if let Some(id) = bpe.token_id(text) {
-                eog.push(id);
-            }
-        }
+        eog.extend(EOG_TEXTS.iter().filter_map(|text| token_id(text)));
         eog.sort_unstable();
         eog.dedup();
 
@@ -218,14 +229,14 @@ impl Tokenizer {
             types,
             bytes,
             offsets,
-            bpe,
-            pre,
+            model,
             specials,
             bos,
             eos,
             unk,
             pad,
             add_bos,
+            add_eos,
             eog,
         })
     }
@@ -237,53 +248,36 @@ impl Tokenizer {
     /// as in llama.cpp and HF `tokenizers`. Special tokens are matched longest text first: each token
     /// in turn splits every stretch of plain text that is left.
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<u32> {
-        enum Frag<'t> {
-            Text(&'t str),
-            Token(u32),
-        }
-        let mut frags = vec![Frag::Text(text)];
-        for &id in &self.specials {
-            let ty = self.types[id as usize];
-            if !parse_special && ty != TokenType::UserDefined {
-                continue;
-            }
-            let needle = self.tokens[id as usize].as_str();
-            if !frags
-                .iter()
-                .any(|f| matches!(f, Frag::Text(t) if t.contains(needle)))
-            {
-                continue;
-            }
-            let mut next = Vec::with_capacity(frags.len() + 2);
-            for frag in frags {
-                let Frag::Text(mut rest) = frag else {
-                    next.push(frag);
-                    continue;
-                };
-                while let Some(pos) = rest.find(needle) {
-                    if pos > 0 {
-                        next.push(Frag::Text(&rest[..pos]));
-                    }
-                    next.push(Frag::Token(id));
-                    rest = &rest[pos + needle.len()..];
-                }
-                if !rest.is_empty() {
-                    next.push(Frag::Text(rest));
-                }
-            }
-            frags = next;
-        }
-
+        let frags = self.specials.partition(text, parse_special);
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
-        let mut scratch = String::new();
-        let ignore_merges = self.pre.kind().ignore_merges();
-        for frag in frags {
-            match frag {
-                Frag::Token(id) => out.push(id),
-                Frag::Text(t) => {
-                    for word in self.pre.split(t) {
-                        self.bpe
-                            .encode_word(word, ignore_merges, &mut scratch, &mut out);
+        match &self.model {
+            Model::Bpe { bpe, pre } => {
+                let mut scratch = String::new();
+                for frag in frags {
+                    match frag {
+                        special::Frag::Token(id) => out.push(id),
+                        special::Frag::Text(t) => {
+                            for word in pre.split(t) {
+                                bpe.encode_word(word, pre.ignore_merges(), &mut scratch, &mut out);
+                            }
+                        }
+                    }
+                }
+            }
+            Model::Spm(spm) => {
+                // llama.cpp: a stretch at the start or right after a special token gets the prefix.
+                let mut after_special = true;
+                for frag in frags {
+                    match frag {
+                        special::Frag::Token(id) => {
+                            out.push(id);
+                            after_special = true;
+                        }
+                        special::Frag::Text(t) => {
+                            let prefix = spm.add_space_prefix() && after_special;
+                            spm.encode(&self.tokens, t, prefix, &mut out);
+                            after_special = false;
+                        }
                     }
                 }
             }
@@ -292,7 +286,8 @@ impl Tokenizer {
     }
 
     /// Encodes a prompt the way llama.cpp's server does: special tokens parsed, BOS prepended when
-    /// the model asks for it ([`Tokenizer::add_bos`]).
+    /// the model asks for it ([`Tokenizer::add_bos`]), EOS appended when it asks for that
+    /// (`tokenizer.ggml.add_eos_token`, rare).
     pub fn encode_prompt(&self, text: &str) -> Vec<u32> {
         let mut ids = Vec::new();
         if self.add_bos
@@ -301,15 +296,27 @@ impl Tokenizer {
             ids.push(bos);
         }
         ids.extend(self.encode(text, true));
+        if self.add_eos
+            && let Some(eos) = self.eos
+        {
+            ids.push(eos);
+        }
         ids
     }
 
     /// Decodes ids into text; invalid UTF-8 becomes U+FFFD, control tokens appear as their text
-    /// (llama.cpp's `detokenize` with `unparse_special`). Unknown ids are skipped.
+    /// (llama.cpp's `detokenize` with `unparse_special`). Unknown ids are skipped. A SentencePiece
+    /// vocabulary with `add_space_prefix` drops one leading space of the first token.
     pub fn decode(&self, ids: &[u32]) -> String {
         let mut buf = Vec::with_capacity(ids.len() * 4);
-        for &id in ids {
-            buf.extend_from_slice(self.token_bytes(id));
+        let strip_first = matches!(&self.model, Model::Spm(spm) if spm.add_space_prefix());
+        for (i, &id) in ids.iter().enumerate() {
+            let piece = self.token_bytes(id);
+            let piece = match piece.strip_prefix(b" ") {
+                Some(rest) if i == 0 && strip_first => rest,
+                _ => piece,
+            };
+            buf.extend_from_slice(piece);
         }
         String::from_utf8_lossy(&buf).into_owned()
     }
@@ -323,9 +330,10 @@ impl Tokenizer {
         }
     }
 
-    /// The token's text as stored in the vocabulary (GPT-2 alphabet for normal tokens).
+    /// The token's text as stored in the vocabulary (GPT-2 alphabet for normal BPE tokens, `▁` for
+    /// spaces in SentencePiece ones).
     pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.tokens.get(id as usize).map(String::as_str)
+        self.tokens.text(id)
     }
 
     pub fn token_type(&self, id: u32) -> Option<TokenType> {
@@ -334,11 +342,22 @@ impl Tokenizer {
 
     /// Id of the token whose vocabulary text is exactly `text`.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.bpe.token_id(text)
+        match &self.model {
+            Model::Bpe { bpe, .. } => bpe.token_id(text),
+            Model::Spm(_) => self.tokens.get(text),
+        }
     }
 
     pub fn vocab_size(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// The encoding algorithm (`tokenizer.ggml.model`).
+    pub fn vocab_type(&self) -> VocabType {
+        match self.model {
+            Model::Bpe { .. } => VocabType::Bpe,
+            Model::Spm(_) => VocabType::Spm,
+        }
     }
 
     pub fn bos_id(&self) -> Option<u32> {
@@ -373,108 +392,57 @@ impl Tokenizer {
         &self.eog
     }
 
+    /// The BPE pre-tokenizer; SentencePiece vocabularies have none and report llama.cpp's
+    /// `default`, as llama.cpp does.
     pub fn pre_tokenizer(&self) -> PreTokenizerKind {
-        self.pre.kind()
+        match &self.model {
+            Model::Bpe { pre, .. } => pre.kind(),
+            Model::Spm(_) => PreTokenizerKind::Default,
+        }
     }
 }
 
+/// How a normal token's vocabulary text maps to bytes.
+#[derive(Clone, Copy)]
+enum NormalText<'a> {
+    /// Byte-level BPE: each character is one byte through GPT-2's table.
+    Gpt2Bytes(&'a HashMap<char, u8>),
+    /// SentencePiece: UTF-8 text with `▁` standing for a space.
+    EscapedSpaces,
+}
+
 /// Raw bytes of one token, as llama.cpp's `token_to_piece(special = true)` renders it.
-fn append_token_bytes(
-    text: &str,
-    ty: TokenType,
-    unicode_to_byte: &HashMap<char, u8>,
-    out: &mut Vec<u8>,
-) {
-    match ty {
-        TokenType::Normal => {
+fn append_token_bytes(text: &str, ty: TokenType, normal: NormalText<'_>, out: &mut Vec<u8>) {
+    let mut buf = [0u8; 4];
+    match (ty, normal) {
+        (TokenType::Normal, NormalText::Gpt2Bytes(unicode_to_byte)) => {
             for c in text.chars() {
                 match unicode_to_byte.get(&c) {
                     Some(&b) => out.push(b),
                     // Not in GPT-2's alphabet: keep the character itself.
-                    None => out.extend_from_slice(c.encode_utf8(&mut [0u8; 4]).as_bytes()),
+                    None => out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes()),
                 }
             }
         }
-        TokenType::Control | TokenType::UserDefined | TokenType::Unknown => {
+        (TokenType::Normal, NormalText::EscapedSpaces) => {
+            let mut rest = text;
+            while let Some(pos) = rest.find(spm::SPACE) {
+                out.extend_from_slice(&rest.as_bytes()[..pos]);
+                out.push(b' ');
+                rest = &rest[pos + spm::SPACE.len_utf8()..];
+            }
+            out.extend_from_slice(rest.as_bytes());
+        }
+        (TokenType::Control | TokenType::UserDefined | TokenType::Unknown, _) => {
             out.extend_from_slice(text.as_bytes())
         }
-        TokenType::Byte => {
+        (TokenType::Byte, _) => {
             // `<0xAB>`
             let hex = text.strip_prefix("<0x").and_then(|s| s.strip_suffix('>'));
             if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
                 out.push(b);
             }
         }
-        TokenType::Unused | TokenType::Undefined => {}
+        (TokenType::Unused | TokenType::Undefined, _) => {}
     }
-}
-
-fn wrong(key: &'static str, expected: &'static str) -> TokenizerError {
-    TokenizerError::WrongType { key, expected }
-}
-
-fn get_str<'a>(
-    md: &'a HashMap<String, Value>,
-    key: &'static str,
-) -> Result<&'a str, TokenizerError> {
-    match md.get(key) {
-        None => Err(TokenizerError::MissingKey { key }),
-        Some(Value::String(s)) => Ok(s),
-        Some(_) => Err(wrong(key, "string")),
-    }
-}
-
-fn get_str_array(
-    md: &HashMap<String, Value>,
-    key: &'static str,
-) -> Result<Vec<String>, TokenizerError> {
-    let arr = md
-        .get(key)
-        .ok_or(TokenizerError::MissingKey { key })?
-        .to_vec()
-        .map_err(|_| wrong(key, "array of strings"))?;
-    arr.iter()
-        .map(|v| match v {
-            Value::String(s) => Ok(s.clone()),
-            _ => Err(wrong(key, "array of strings")),
-        })
-        .collect()
-}
-
-fn as_i64(v: &Value) -> Option<i64> {
-    Some(match v {
-        Value::U8(x) => i64::from(*x),
-        Value::I8(x) => i64::from(*x),
-        Value::U16(x) => i64::from(*x),
-        Value::I16(x) => i64::from(*x),
-        Value::U32(x) => i64::from(*x),
-        Value::I32(x) => i64::from(*x),
-        Value::U64(x) => i64::try_from(*x).ok()?,
-        Value::I64(x) => *x,
-        _ => return None,
-    })
-}
-
-/// An optional token id key. Missing → `None`; present but outside the vocabulary → error, except
-/// the conventional "none" markers (-1 / u32::MAX) → `None`.
-fn get_token_id(
-    md: &HashMap<String, Value>,
-    key: &'static str,
-    vocab_size: usize,
-) -> Result<Option<u32>, TokenizerError> {
-    let Some(v) = md.get(key) else {
-        return Ok(None);
-    };
-    let id = as_i64(v).ok_or_else(|| wrong(key, "integer"))?;
-    if id < 0 || id == i64::from(u32::MAX) {
-        return Ok(None);
-    }
-    if id as u64 >= vocab_size as u64 {
-        return Err(TokenizerError::TokenIdOutOfRange {
-            key,
-            id: id as u64,
-            vocab_size,
-        });
-    }
-    Ok(Some(id as u32))
 }

@@ -36,25 +36,28 @@ pub enum PreTokenizerKind {
 }
 
 impl PreTokenizerKind {
-    /// Maps a `tokenizer.ggml.pre` value to a kind; `None` when we do not know the name.
+    /// Maps a `tokenizer.ggml.pre` value to a kind; `None` when we do not know the name. The lists
+    /// follow llama.cpp's `llama_vocab::impl::load` (names whose regexes are one of ours).
     pub fn from_gguf_name(name: &str) -> Option<Self> {
         let kind = match name {
             "gpt-2" | "gpt2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion"
             | "granite-docling" | "jina-es" | "jina-de" | "jina-v1-en" | "jina-v2-es"
-            | "jina-v2-de" | "jina-v2-code" => Self::Gpt2,
+            | "jina-v2-de" | "jina-v2-code" | "roberta-bpe" | "gigachat" | "a.x-4.0" | "mellum"
+            | "modern-bert" | "exaone4" => Self::Gpt2,
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
-            | "minerva-7b" => Self::DigitsThenGpt2,
-            "llama3" | "llama-v3" | "llama-bpe" | "dbrx" | "smaug-bpe" | "falcon3" | "pixtral" => {
-                Self::Llama3
-            }
-            "qwen2" | "stablelm2" | "deepseek-r1-qwen" | "megrez" | "hunyuan" => Self::Qwen2,
+            | "minerva-7b" | "mellum2" => Self::DigitsThenGpt2,
+            "llama3" | "llama-v3" | "llama-bpe" | "dbrx" | "smaug-bpe" | "falcon3"
+            | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "jina-v5-nano" => Self::Llama3,
+            "qwen2" | "stablelm2" | "deepseek-r1-qwen" | "megrez" | "hunyuan" | "kormo"
+            | "f2llmv2" | "solar-open" => Self::Qwen2,
             "default" => Self::Default,
             _ => return None,
         };
         Some(kind)
     }
 
-    fn patterns(self) -> &'static [&'static str] {
+    /// The regexes applied one after the other (llama.cpp's `regex_exprs` for this kind).
+    pub fn patterns(self) -> &'static [&'static str] {
         match self {
             Self::Gpt2 => &[GPT2],
             Self::DigitsThenGpt2 => &[r"\p{N}", GPT2],
@@ -63,23 +66,22 @@ impl PreTokenizerKind {
             Self::Default => &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
         }
     }
-
-    /// Whether a word that is itself a vocabulary entry skips the merge loop (llama.cpp sets
-    /// `ignore_merges` for Llama 3 vocabularies).
-    pub fn ignore_merges(self) -> bool {
-        matches!(self, Self::Llama3)
-    }
 }
+
+/// Names of the Llama 3 kind for which llama.cpp does *not* set `ignore_merges` (same regex).
+const LLAMA3_WITH_MERGES: &[&str] = &["dbrx", "smaug-bpe"];
 
 /// Splits raw text into words with a fixed list of compiled regexes.
 #[derive(Debug)]
 pub struct PreTokenizer {
     kind: PreTokenizerKind,
     regexes: Vec<Regex>,
+    ignore_merges: bool,
 }
 
 impl PreTokenizer {
-    /// Compiles the regexes of `kind`.
+    /// Compiles the regexes of `kind`; Llama 3's kind ignores merges for whole-word vocabulary
+    /// entries, as llama.cpp does for `llama-bpe`.
     pub fn new(kind: PreTokenizerKind) -> Result<Self, TokenizerError> {
         let regexes = kind
             .patterns()
@@ -91,11 +93,16 @@ impl PreTokenizer {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { kind, regexes })
+        Ok(Self {
+            kind,
+            regexes,
+            ignore_merges: kind == PreTokenizerKind::Llama3,
+        })
     }
 
-    /// Picks the pre-tokenizer for a `tokenizer.ggml.pre` value; unknown or missing names fall back
-    /// to the GPT-2 regex with a warning.
+    /// Picks the pre-tokenizer for a `tokenizer.ggml.pre` value. A missing name is llama.cpp's
+    /// `default`; an unknown one (llama.cpp refuses the file) falls back to the GPT-2 regex with a
+    /// warning.
     pub fn for_gguf_name(name: Option<&str>) -> Result<Self, TokenizerError> {
         let kind = match name {
             Some(n) => PreTokenizerKind::from_gguf_name(n).unwrap_or_else(|| {
@@ -106,15 +113,25 @@ impl PreTokenizer {
                 PreTokenizerKind::Gpt2
             }),
             None => {
-                tracing::warn!("no tokenizer.ggml.pre in the GGUF, using the GPT-2 regex");
-                PreTokenizerKind::Gpt2
+                tracing::warn!("no tokenizer.ggml.pre in the GGUF, using llama.cpp's `default`");
+                PreTokenizerKind::Default
             }
         };
-        Self::new(kind)
+        let mut pre = Self::new(kind)?;
+        if name.is_some_and(|n| LLAMA3_WITH_MERGES.contains(&n)) {
+            pre.ignore_merges = false;
+        }
+        Ok(pre)
     }
 
     pub fn kind(&self) -> PreTokenizerKind {
         self.kind
+    }
+
+    /// Whether a word that is itself a vocabulary entry skips the merge loop (llama.cpp's
+    /// `ignore_merges`: the Llama 3 names except `dbrx` and `smaug-bpe`).
+    pub fn ignore_merges(&self) -> bool {
+        self.ignore_merges
     }
 
     /// Splits `text` into words (sub-slices of `text`, in order, covering all of it).
