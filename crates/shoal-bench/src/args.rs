@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// latency both ways, and the long prompt's time to first token (1870 words ≈ 2000 tokens).
     #[arg(long)]
     pub long_prompt: Option<usize>,
+    /// Instead: the machine's memory read bandwidth (GB/s) for each `--threads` count, best of `-r`
+    /// passes over 1 GiB — the denominator of the decode roofline.
+    #[arg(long)]
+    pub memory_bandwidth: bool,
 }
 
 /// A comma-separated list of counts (`--threads`, `--streams`, `--concurrency`).

@@ -9,6 +9,8 @@
 //!   without the prefix cache (`--second-turn`), or N concurrent sequences (`--streams`).
 //! - [`run_serving`] (`serving`, `long_prompt`): `--url` — bursts of C concurrent streaming completions
 //!   against any OpenAI-compatible server, or 4 streams with a long prompt arriving mid-way.
+//! - [`run_memory_bandwidth`] (`membw`): `--memory-bandwidth` — the machine's read bandwidth per thread
+//!   count, the denominator of the decode roofline.
 //! - Shared parts: `prompts` (distinct prompts no prefix cache helps), `client` (one timed streaming
 //!   completion), [`sse`] (the JSON POST and server-sent-events reader `shoal chat --url` uses too),
 //!   `stats` (median, percentile), [`BenchError`].
@@ -21,6 +23,7 @@ mod client;
 mod engine_bench;
 mod error;
 mod long_prompt;
+mod membw;
 mod prompts;
 mod serving;
 pub mod sse;
@@ -29,4 +32,5 @@ mod stats;
 pub use args::BenchArgs;
 pub use engine_bench::run as run_in_process;
 pub use error::BenchError;
+pub use membw::run as run_memory_bandwidth;
 pub use serving::run as run_serving;

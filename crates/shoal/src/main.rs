@@ -74,6 +74,9 @@ fn main() -> anyhow::Result<()> {
 /// `shoal bench`: the serving benchmark against `--url` (the model is only named there), else the
 /// in-process benchmarks on the resolved model.
 fn bench(args: cli::BenchCommand) -> anyhow::Result<()> {
+    if args.bench.memory_bandwidth {
+        return Ok(shoal_bench::run_memory_bandwidth(&args.bench)?);
+    }
     if let Some(url) = &args.bench.url {
         return Ok(shoal_bench::run_serving(
             &args.bench,
