@@ -88,11 +88,36 @@ fn bench(args: cli::BenchCommand) -> anyhow::Result<()> {
     Ok(shoal_bench::run_in_process(&args.bench, &id, &path)?)
 }
 
+/// The served model's card first, then one for every other model present in `models_dir`, so the cluster
+/// can place any of them on this node; a file that cannot be read is logged and left out.
+fn present_model_cards(
+    served: shoal_placement::ModelCard,
+    models_dir: &std::path::Path,
+) -> Vec<shoal_placement::ModelCard> {
+    let store = shoal_store::Store::new(models_dir);
+    let mut cards = vec![served];
+    for id in store.present() {
+        if cards.iter().any(|c| c.id == id) {
+            continue;
+        }
+        let card = store
+            .model_file(&id)
+            .map_err(|e| e.to_string())
+            .and_then(|p| shoal_pipeline::model_card(&p, &id).map_err(|e| e.to_string()));
+        match card {
+            Ok(card) => cards.push(card),
+            Err(e) => tracing::warn!(model = %id, "not offered to the cluster: {e}"),
+        }
+    }
+    cards
+}
+
 fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {
     let (id, path) = resolve_model(&args.model)?;
     let engine_config = args.engine.config()?;
     let card = shoal_pipeline::model_card(&path, &id)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let models = present_model_cards(card, &args.model.models_dir());
     let cargs = args.cluster.clone();
     let cluster_key = cargs.cluster_key()?;
     let listen = shoal_cluster::parse_peer(&cargs.cluster_listen)?;
@@ -122,7 +147,7 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {
             peers,
             mdns: !cargs.no_mdns,
             api_url: Some(format!("http://{addr}")),
-            models: vec![card],
+            models,
             backend: format!("cpu-{}", shoal_kernels::Backend::detect().name()),
         })
         .await
