@@ -126,7 +126,13 @@ impl Backend {
     /// # Panics
     /// If the lengths disagree.
     pub(crate) fn quantize_q8k(self, x: &[f32], qs: &mut [u8], d: &mut [f32], bsums: &mut [i16]) {
-        scalar::quantize_q8k(x, qs, d, bsums)
+        match self.usable() {
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 | Backend::AvxVnni | Backend::Avx512Vnni => {
+                crate::x86::quantize_q8k(x, qs, d, bsums)
+            }
+            _ => scalar::quantize_q8k(x, qs, d, bsums),
+        }
     }
 
     /// Computes the outputs of weight rows `rows` for every activation row of `g`.

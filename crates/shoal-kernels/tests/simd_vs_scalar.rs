@@ -133,6 +133,36 @@ fn simd_activation_quantization_is_bitwise_equal_to_scalar() {
 }
 
 #[test]
+fn simd_q8_k_quantization_is_bitwise_equal_to_scalar() {
+    let mut rng = Rng::new(17);
+    for k in [256, 512, 2304] {
+        let mut x = activations(&mut rng, k);
+        x[..256].iter_mut().for_each(|v| *v = 0.0); // a zero block
+        if k >= 512 {
+            // Equal magnitudes of both signs: the first one sets the sign of d.
+            x[300] = -50.0;
+            x[301] = 50.0;
+            // Values that land on .5 after scaling by 127 / 50.
+            x[302] = 50.0 / 127.0 * 2.5;
+            x[303] = -50.0 / 127.0 * 0.5;
+            x[304] = f32::NAN; // ignored by the maximum, quantized to 0
+        }
+        let rb = ActType::Q8_K.try_row_bytes(k).expect("k");
+        let mut want = vec![0u8; rb];
+        scalar::quantize_row_q8_k(&x, &mut want);
+        let mut got = vec![0u8; rb];
+        shoal_kernels::quantize_row_q8_k(&x, &mut got).expect("q8_k");
+        assert_eq!(got, want, "k={k} ({:?})", Backend::detect());
+        if k >= 512 {
+            let q = &got[292 + 4..];
+            assert_eq!(q[44] as i8, -127, "the first extreme maps to -127");
+            assert_eq!(q[45] as i8, 127);
+            assert_eq!(q[48], 0, "NaN quantizes to 0");
+        }
+    }
+}
+
+#[test]
 fn q4_1_nibble_order_matches_ggml() {
     // One block: low nibbles hold values 0..16, high nibbles 16..32.
     let mut block = vec![0u8; 20];

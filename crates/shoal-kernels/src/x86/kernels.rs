@@ -1,6 +1,8 @@
-//! AVX2 block kernels, generic over the 8-bit multiply-accumulate instruction ([`MulSum`]) and
-//! over where activation blocks come from ([`ActRow`]: ggml bytes or the packed layout of
-//! [`crate::Activations`]).
+//! AVX2 kernels of the 32-value formats, generic over the 8-bit multiply-accumulate instruction
+//! ([`MulSum`]), over the weight format's small decode ([`MinBlock`]: `value = d·q + m` with
+//! unsigned quants — `Q4_1`, `Q5_1`; [`SymBlock`]: `value = d·q` with signed quants — `Q8_0`,
+//! `Q4_0`, `Q5_0`) and over where activation blocks come from ([`ActRow`]: ggml bytes or the
+//! packed layout of [`crate::Activations`]). Also the helpers the other kernel modules share.
 //!
 //! Every function here is `#[inline(always)]` and is only called from the `#[target_feature]`
 //! entry points in `super`, where it is compiled with AVX2/FMA/F16C (and AVX-VNNI) enabled.
@@ -17,7 +19,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::format::{Q4_1_BYTES, Q8_0_BYTES, Q8_1_BYTES};
+use crate::format::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES, Q8_1_BYTES};
 
 /// The 8-bit dot product instruction and the `Q4_1` nibble decoding that suits it.
 pub(crate) trait MulSum {
@@ -29,6 +31,8 @@ pub(crate) trait MulSum {
     /// The 32 unsigned quants of a `Q4_1` block from its 16 nibble bytes: lanes 0..16 the low
     /// nibbles, lanes 16..32 the high nibbles times `1 / HI_SCALE`.
     unsafe fn q4_1_quants(p: *const u8) -> __m256i;
+    /// `acc + ` the sums of adjacent `i16` products (`vpmaddwd`), exact.
+    unsafe fn madd_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
 }
 
 /// AVX2: `vpmaddubsw` (16-bit pair sums, which must not saturate) then `vpmaddwd` with ones.
@@ -44,12 +48,12 @@ impl MulSum for Madd {
 
     #[inline(always)]
     unsafe fn q4_1_quants(p: *const u8) -> __m256i {
-        unsafe {
-            let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()));
-            // Shift the upper copy by 4 (across bytes; the mask drops what crossed over).
-            let q = _mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
-            _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
-        }
+        unsafe { nibbles(p) }
+    }
+
+    #[inline(always)]
+    unsafe fn madd_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)) }
     }
 }
 
@@ -71,6 +75,131 @@ impl MulSum for Vnni {
             let (lo, hi) = (0x0F0F_0F0F_0F0F_0F0F_i64, 0xF0F0_F0F0_F0F0_F0F0_u64 as i64);
             let mask = _mm256_setr_epi64x(lo, lo, hi, hi);
             _mm256_and_si256(q, mask)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn madd_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_dpwssd_avx_epi32(acc, a, b) }
+    }
+}
+
+/// The 32 quants of 16 nibble bytes at `p`: low nibbles in lanes 0..16, high nibbles in 16..32.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    unsafe {
+        let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()));
+        // Shift the upper copy by 4 (across bytes; the mask drops what crossed over).
+        let q = _mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+        _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
+    }
+}
+
+/// The 32 bits of the little-endian `u32` at `wb + OFF` as bytes: `0xFF` in lane `j` where bit
+/// `j` is set (`OFF + 4 ≤ 16`).
+///
+/// One 16-byte broadcast load from the block start and one `vpshufb` that hands lane `j` byte
+/// `OFF + j / 8`: no transfer from a general register (which a 4-byte broadcast becomes once the
+/// compiler merges it with the load of `d`).
+#[inline(always)]
+unsafe fn bit_mask32<const OFF: i64>(wb: *const u8) -> __m256i {
+    unsafe {
+        let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(wb.cast()));
+        let b = 0x0101_0101_0101_0101 * OFF;
+        let pick = _mm256_setr_epi64x(
+            b,
+            b + 0x0101_0101_0101_0101,
+            b + 0x0202_0202_0202_0202,
+            b + 0x0303_0303_0303_0303,
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, pick), bit), bit)
+    }
+}
+
+/// A 32-value format with unsigned quants and a minimum, `value = d·q + m`: f16 `d` and `m` at
+/// the start of each block.
+pub(crate) trait MinBlock {
+    const BYTES: usize;
+    /// The block's 32 quants; lanes 16..32 may be scaled by `1 / hi_scale::<M>()`.
+    unsafe fn quants<M: MulSum>(wb: *const u8) -> __m256i;
+    /// The factor undoing that scaling (a power of two).
+    fn hi_scale<M: MulSum>() -> f32;
+}
+
+/// `Q4_1`: 16 nibble bytes after `d`, `m`.
+pub(crate) struct Q41;
+
+impl MinBlock for Q41 {
+    const BYTES: usize = Q4_1_BYTES;
+    #[inline(always)]
+    unsafe fn quants<M: MulSum>(wb: *const u8) -> __m256i {
+        unsafe { M::q4_1_quants(wb.add(4)) }
+    }
+    #[inline(always)]
+    fn hi_scale<M: MulSum>() -> f32 {
+        M::HI_SCALE
+    }
+}
+
+/// `Q5_1`: `qh` (32 fifth bits) then 16 nibble bytes after `d`, `m`.
+pub(crate) struct Q51;
+
+impl MinBlock for Q51 {
+    const BYTES: usize = Q5_1_BYTES;
+    #[inline(always)]
+    unsafe fn quants<M: MulSum>(wb: *const u8) -> __m256i {
+        unsafe {
+            let high = _mm256_and_si256(bit_mask32::<4>(wb), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(nibbles(wb.add(8)), high)
+        }
+    }
+    #[inline(always)]
+    fn hi_scale<M: MulSum>() -> f32 {
+        1.0
+    }
+}
+
+/// A 32-value format with signed quants, `value = d·q`: f16 `d` at the start of each block.
+pub(crate) trait SymBlock {
+    const BYTES: usize;
+    /// The block's 32 signed quants.
+    unsafe fn quants(wb: *const u8) -> __m256i;
+}
+
+/// `Q8_0`: 32 × i8 after `d`.
+pub(crate) struct Q80;
+
+impl SymBlock for Q80 {
+    const BYTES: usize = Q8_0_BYTES;
+    #[inline(always)]
+    unsafe fn quants(wb: *const u8) -> __m256i {
+        unsafe { load256(wb.add(2)) }
+    }
+}
+
+/// `Q4_0`: 16 nibble bytes after `d`, offset 8.
+pub(crate) struct Q40;
+
+impl SymBlock for Q40 {
+    const BYTES: usize = Q4_0_BYTES;
+    #[inline(always)]
+    unsafe fn quants(wb: *const u8) -> __m256i {
+        unsafe { _mm256_sub_epi8(nibbles(wb.add(2)), _mm256_set1_epi8(8)) }
+    }
+}
+
+/// `Q5_0`: `qh` (32 fifth bits) then 16 nibble bytes after `d`, offset 16.
+pub(crate) struct Q50;
+
+impl SymBlock for Q50 {
+    const BYTES: usize = Q5_0_BYTES;
+    #[inline(always)]
+    unsafe fn quants(wb: *const u8) -> __m256i {
+        unsafe {
+            // q - 16 = the nibble with its top four bits set unless the fifth bit is.
+            let sign = _mm256_andnot_si256(bit_mask32::<2>(wb), _mm256_set1_epi8(-16));
+            _mm256_or_si256(nibbles(wb.add(6)), sign)
         }
     }
 }
@@ -140,7 +269,7 @@ const PREFETCH_BYTES: usize = 4096;
 
 /// Prefetches the weight bytes `PREFETCH_BYTES` after `p` (no access: any address is fine).
 #[inline(always)]
-unsafe fn prefetch_weights(p: *const u8) {
+pub(crate) unsafe fn prefetch_weights(p: *const u8) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES).cast()) }
 }
 
@@ -156,12 +285,12 @@ pub(crate) unsafe fn prefetch_start(p: *const u8) {
 }
 
 #[inline(always)]
-unsafe fn rd32(p: *const u8) -> i32 {
+pub(crate) unsafe fn rd32(p: *const u8) -> i32 {
     unsafe { p.cast::<i32>().read_unaligned() }
 }
 
 #[inline(always)]
-unsafe fn load256(p: *const u8) -> __m256i {
+pub(crate) unsafe fn load256(p: *const u8) -> __m256i {
     unsafe { _mm256_loadu_si256(p.cast()) }
 }
 
@@ -172,7 +301,7 @@ unsafe fn weight_scales(p: *const u8) -> __m128 {
 }
 
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     unsafe {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -191,7 +320,7 @@ unsafe fn finish(a0: __m256, a1: __m256, hi: f32) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn splat(v: __m256, i: i32) -> __m256 {
+pub(crate) unsafe fn splat(v: __m256, i: i32) -> __m256 {
     unsafe { _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(i)) }
 }
 
@@ -229,28 +358,32 @@ macro_rules! blocks2 {
     }};
 }
 
-/// `Q4_1` weights · one `Q8_1` row: Σ_b (dw·dx)·Σ q_w q_x + mw·sx.
+/// Weights with minimums (`Q4_1`, `Q5_1`) · one `Q8_1` row: Σ_b (dw·dx)·Σ q_w q_x + mw·sx.
 #[inline(always)]
-pub(crate) unsafe fn q4_1_dot1<M: MulSum, A: ActRow>(nb: usize, w: *const u8, a: A) -> f32 {
+pub(crate) unsafe fn min_dot1<B: MinBlock, M: MulSum, A: ActRow>(
+    nb: usize,
+    w: *const u8,
+    a: A,
+) -> f32 {
     unsafe {
         let mut accm = _mm_setzero_ps();
         let (acc0, acc1) = blocks2!(nb, _mm256_setzero_ps(), |b, acc| {
-            let wb = w.add(b * Q4_1_BYTES);
+            let wb = w.add(b * B::BYTES);
             prefetch_weights(wb);
             // [dw·dx, mw·sx, ·, ·]
             let prod = _mm_mul_ps(weight_scales(wb), a.scales(b));
             accm = _mm_add_ps(accm, prod);
-            let s = _mm256_cvtepi32_ps(M::mul_sum(M::q4_1_quants(wb.add(4)), load256(a.qs(b))));
+            let s = _mm256_cvtepi32_ps(M::mul_sum(B::quants::<M>(wb), load256(a.qs(b))));
             _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), s, acc)
         });
-        finish(acc0, acc1, M::HI_SCALE) + _mm_cvtss_f32(_mm_movehdup_ps(accm))
+        finish(acc0, acc1, B::hi_scale::<M>()) + _mm_cvtss_f32(_mm_movehdup_ps(accm))
     }
 }
 
-/// `Q4_1` weights · four packed rows (`qs[r]`, scales interleaved at `sc + 8 b`:
-/// `[d0, s0, d1, s1, d2, s2, d3, s3]`). Bitwise equal to four `q4_1_dot1` calls.
+/// Weights with minimums · four packed rows (`qs[r]`, scales interleaved at `sc + 8 b`:
+/// `[d0, s0, d1, s1, d2, s2, d3, s3]`). Bitwise equal to four `min_dot1` calls.
 #[inline(always)]
-pub(crate) unsafe fn q4_1_dot4<M: MulSum>(
+pub(crate) unsafe fn min_dot4<B: MinBlock, M: MulSum>(
     nb: usize,
     w: *const u8,
     qs: [*const u8; 4],
@@ -260,13 +393,13 @@ pub(crate) unsafe fn q4_1_dot4<M: MulSum>(
         let z = _mm256_setzero_ps();
         let mut accm = z;
         let (e, o) = blocks2!(nb, (z, z, z, z), |b, acc| {
-            let wb = w.add(b * Q4_1_BYTES);
+            let wb = w.add(b * B::BYTES);
             prefetch_weights(wb);
             let ws = _mm256_cvtph_ps(_mm_set1_epi32(rd32(wb)));
             // [dw·d0, mw·s0, dw·d1, mw·s1, …]
             let prod = _mm256_mul_ps(ws, _mm256_loadu_ps(sc.add(b * 8)));
             accm = _mm256_add_ps(accm, prod);
-            let qw = M::q4_1_quants(wb.add(4));
+            let qw = B::quants::<M>(wb);
             let o = b * 32;
             (
                 _mm256_fmadd_ps(splat(prod, 0), dot_u8::<M>(qw, qs[0].add(o)), acc.0),
@@ -275,7 +408,7 @@ pub(crate) unsafe fn q4_1_dot4<M: MulSum>(
                 _mm256_fmadd_ps(splat(prod, 6), dot_u8::<M>(qw, qs[3].add(o)), acc.3),
             )
         });
-        let h = M::HI_SCALE;
+        let h = B::hi_scale::<M>();
         [
             finish(e.0, o.0, h) + lane(accm, 1),
             finish(e.1, o.1, h) + lane(accm, 3),
@@ -303,15 +436,19 @@ unsafe fn dot_i8<M: MulSum>(aw: __m256i, qw: __m256i, x: *const u8) -> __m256 {
     unsafe { _mm256_cvtepi32_ps(mul_sum_i8::<M>(aw, qw, load256(x))) }
 }
 
-/// `Q8_0` weights · one `Q8_0` row.
+/// Symmetric weights (`Q8_0`, `Q4_0`, `Q5_0`) · one `Q8_0` row: Σ_b (dw·dx)·Σ q_w q_x.
 #[inline(always)]
-pub(crate) unsafe fn q8_0_dot1<M: MulSum, A: ActRow>(nb: usize, w: *const u8, a: A) -> f32 {
+pub(crate) unsafe fn sym_dot1<B: SymBlock, M: MulSum, A: ActRow>(
+    nb: usize,
+    w: *const u8,
+    a: A,
+) -> f32 {
     unsafe {
         let (acc0, acc1) = blocks2!(nb, _mm256_setzero_ps(), |b, acc| {
-            let wb = w.add(b * Q8_0_BYTES);
+            let wb = w.add(b * B::BYTES);
             prefetch_weights(wb);
             let prod = _mm_mul_ps(weight_scales(wb), a.scales(b));
-            let qw = load256(wb.add(2));
+            let qw = B::quants(wb);
             let s = _mm256_cvtepi32_ps(mul_sum_i8::<M>(_mm256_abs_epi8(qw), qw, load256(a.qs(b))));
             _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), s, acc)
         });
@@ -319,9 +456,9 @@ pub(crate) unsafe fn q8_0_dot1<M: MulSum, A: ActRow>(nb: usize, w: *const u8, a:
     }
 }
 
-/// `Q8_0` weights · four packed rows. Bitwise equal to four `q8_0_dot1` calls.
+/// Symmetric weights · four packed rows. Bitwise equal to four `sym_dot1` calls.
 #[inline(always)]
-pub(crate) unsafe fn q8_0_dot4<M: MulSum>(
+pub(crate) unsafe fn sym_dot4<B: SymBlock, M: MulSum>(
     nb: usize,
     w: *const u8,
     qs: [*const u8; 4],
@@ -330,12 +467,12 @@ pub(crate) unsafe fn q8_0_dot4<M: MulSum>(
     unsafe {
         let z = _mm256_setzero_ps();
         let (e, o) = blocks2!(nb, (z, z, z, z), |b, acc| {
-            let wb = w.add(b * Q8_0_BYTES);
+            let wb = w.add(b * B::BYTES);
             prefetch_weights(wb);
             let dw = _mm256_cvtph_ps(_mm_set1_epi16(wb.cast::<i16>().read_unaligned()));
             // Lane 2r: dw·d_r.
             let prod = _mm256_mul_ps(dw, _mm256_loadu_ps(sc.add(b * 8)));
-            let qw = load256(wb.add(2));
+            let qw = B::quants(wb);
             let aw = _mm256_abs_epi8(qw);
             let o = b * 32;
             (
@@ -351,46 +488,6 @@ pub(crate) unsafe fn q8_0_dot4<M: MulSum>(
             finish(e.2, o.2, 1.0),
             finish(e.3, o.3, 1.0),
         ]
-    }
-}
-
-/// `F32` weights (little-endian bytes) · `F32` activations, `k` values.
-#[inline(always)]
-pub(crate) unsafe fn f32_dot(k: usize, w: *const u8, x: *const f32) -> f32 {
-    unsafe {
-        let w = w.cast::<f32>();
-        let z = _mm256_setzero_ps();
-        let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
-        let mut i = 0;
-        while i + 32 <= k {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(i)), _mm256_loadu_ps(x.add(i)), a0);
-            a1 = _mm256_fmadd_ps(
-                _mm256_loadu_ps(w.add(i + 8)),
-                _mm256_loadu_ps(x.add(i + 8)),
-                a1,
-            );
-            a2 = _mm256_fmadd_ps(
-                _mm256_loadu_ps(w.add(i + 16)),
-                _mm256_loadu_ps(x.add(i + 16)),
-                a2,
-            );
-            a3 = _mm256_fmadd_ps(
-                _mm256_loadu_ps(w.add(i + 24)),
-                _mm256_loadu_ps(x.add(i + 24)),
-                a3,
-            );
-            i += 32;
-        }
-        while i + 8 <= k {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(i)), _mm256_loadu_ps(x.add(i)), a0);
-            i += 8;
-        }
-        let mut sum = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-        while i < k {
-            sum += w.add(i).read_unaligned() * x.add(i).read();
-            i += 1;
-        }
-        sum
     }
 }
 

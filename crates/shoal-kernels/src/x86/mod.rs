@@ -2,17 +2,28 @@
 //!
 //! The functions of this module are safe: each checks that the CPU has the features and that the
 //! slices have the lengths the kernels read, then enters a `#[target_feature]` function in which
-//! the generic `#[inline(always)]` kernels of [`kernels`] are compiled.
+//! the generic `#[inline(always)]` kernels are compiled: [`kernels`] (the 32-value formats and
+//! the shared helpers), [`kquants`] (the K-quants, `Q8_K` quantization) and [`plain`] (`F32`,
+//! `F16`, `BF16`). [`avx512`] holds the 16-row-group kernels of the AVX-512 VNNI backend.
+//!
+//! [`gemm_rows`] is the weight-stationary loop every format shares: for each tile of activation
+//! rows, each weight row of the chunk is dotted against four activation rows at a time (one
+//! decode of each weight block for four rows, [`QDots::dot4`]), the rest one by one
+//! ([`QDots::dot1`], the same float operations per output).
 
 pub(crate) mod avx512;
 mod kernels;
+mod kquants;
+mod plain;
 
 use std::arch::is_x86_feature_detected;
 use std::ops::Range;
 
-use kernels::{GgmlQ80, GgmlQ81, Madd, MulSum, Packed, Vnni};
+use kernels::{GgmlQ80, GgmlQ81, Madd, MinBlock, MulSum, Packed, SymBlock, Vnni};
+use kquants::{GgmlQ8K, KBlock, PackedK};
 
-use crate::format::{Q4_1_BYTES, Q8_0_BYTES, QK, QType};
+use crate::acts::Activations;
+use crate::format::{QK, QK_K, QType};
 use crate::gemm::Gemm;
 
 /// Activation rows per tile: a tile of quantized activations (≤ 32 × 1.5 KB for k = 1536) stays
@@ -31,6 +42,18 @@ pub(crate) fn has_vnni() -> bool {
     has_avx2() && is_x86_feature_detected!("avxvnni")
 }
 
+/// Panics unless the CPU has the features of the chosen backend.
+fn check_features(vnni: bool) {
+    if vnni {
+        assert!(
+            has_vnni(),
+            "the AVX-VNNI backend needs AVX2, FMA, F16C and AVX-VNNI"
+        );
+    } else {
+        assert!(has_avx2(), "the AVX2 backend needs AVX2, FMA and F16C");
+    }
+}
+
 /// One dot product of ggml rows on the AVX2 (`vnni = false`) or AVX-VNNI backend.
 ///
 /// # Panics
@@ -44,18 +67,11 @@ pub(crate) fn vec_dot(vnni: bool, qtype: QType, k: usize, w: &[u8], x: &[u8]) ->
         w.len() == wb && x.len() == xb,
         "vec_dot: slice lengths do not match k = {k}"
     );
-    if !matches!(qtype, QType::F32 | QType::Q4_1 | QType::Q8_0) {
-        return crate::scalar::vec_dot(qtype, k, w, x);
-    }
+    check_features(vnni);
     if vnni {
-        assert!(
-            has_vnni(),
-            "the AVX-VNNI backend needs AVX2, FMA, F16C and AVX-VNNI"
-        );
         // SAFETY: features checked; both rows hold exactly the blocks for `k` values.
         unsafe { vec_dot_vnni_tf(qtype, k, w, x) }
     } else {
-        assert!(has_avx2(), "the AVX2 backend needs AVX2, FMA and F16C");
         // SAFETY: as above.
         unsafe { vec_dot_avx2_tf(qtype, k, w, x) }
     }
@@ -75,14 +91,26 @@ unsafe fn vec_dot_vnni_tf(qtype: QType, k: usize, w: &[u8], x: &[u8]) -> f32 {
 
 #[inline(always)]
 unsafe fn dot_ggml<M: MulSum>(qtype: QType, k: usize, w: &[u8], x: &[u8]) -> f32 {
-    let (w, x, nb) = (w.as_ptr(), x.as_ptr(), k / QK);
+    use kernels::{Q40, Q41, Q50, Q51, Q80};
+    use kquants::{Q2K, Q3K, Q4K, Q5K, Q6K};
+    let (w, x, nb, nbk) = (w.as_ptr(), x.as_ptr(), k / QK, k / QK_K);
+    let xf = x.cast::<f32>();
     // SAFETY: the caller guarantees complete rows of `k` values.
     unsafe {
         match qtype {
-            QType::Q4_1 => kernels::q4_1_dot1::<M, _>(nb, w, GgmlQ81(x)),
-            QType::Q8_0 => kernels::q8_0_dot1::<M, _>(nb, w, GgmlQ80(x)),
-            QType::F32 => kernels::f32_dot(k, w, x.cast::<f32>()),
-            _ => unreachable!("no SIMD kernel yet"),
+            QType::F32 => plain::plain_dot::<plain::F32>(k, w, xf),
+            QType::F16 => plain::plain_dot::<plain::F16>(k, w, xf),
+            QType::BF16 => plain::plain_dot::<plain::BF16>(k, w, xf),
+            QType::Q4_1 => kernels::min_dot1::<Q41, M, _>(nb, w, GgmlQ81(x)),
+            QType::Q5_1 => kernels::min_dot1::<Q51, M, _>(nb, w, GgmlQ81(x)),
+            QType::Q8_0 => kernels::sym_dot1::<Q80, M, _>(nb, w, GgmlQ80(x)),
+            QType::Q4_0 => kernels::sym_dot1::<Q40, M, _>(nb, w, GgmlQ80(x)),
+            QType::Q5_0 => kernels::sym_dot1::<Q50, M, _>(nb, w, GgmlQ80(x)),
+            QType::Q2_K => kquants::k_dot1::<Q2K, M, _>(nbk, w, GgmlQ8K(x)),
+            QType::Q3_K => kquants::k_dot1::<Q3K, M, _>(nbk, w, GgmlQ8K(x)),
+            QType::Q4_K => kquants::k_dot1::<Q4K, M, _>(nbk, w, GgmlQ8K(x)),
+            QType::Q5_K => kquants::k_dot1::<Q5K, M, _>(nbk, w, GgmlQ8K(x)),
+            QType::Q6_K => kquants::k_dot1::<Q6K, M, _>(nbk, w, GgmlQ8K(x)),
         }
     }
 }
@@ -93,35 +121,22 @@ unsafe fn dot_ggml<M: MulSum>(qtype: QType, k: usize, w: &[u8], x: &[u8]) -> f32
 /// If the CPU lacks the features or the operands are inconsistent.
 pub(crate) fn gemm_rows(vnni: bool, g: &Gemm<'_>, rows: Range<usize>) {
     g.check_rows(&rows);
-    if !matches!(g.qtype, QType::F32 | QType::Q4_1 | QType::Q8_0) {
-        return crate::scalar::gemm_rows(g, rows);
-    }
-    let nb = g.x.nb();
-    let block_bytes = match g.qtype {
-        QType::Q4_1 => Q4_1_BYTES,
-        QType::Q8_0 => Q8_0_BYTES,
-        QType::F32 => 4,
-        _ => unreachable!("no SIMD kernel yet"),
-    };
-    let blocks_ok = if g.qtype == QType::F32 {
-        nb == g.k
-    } else {
-        nb * QK == g.k
-    };
+    let (nb, act) = (g.x.nb(), g.qtype.act_type());
     assert!(
-        blocks_ok && g.w_row_bytes == nb * block_bytes,
+        g.x.act_type() == Some(act)
+            && nb * act.block_size() == g.k
+            && g.x.k() == g.k
+            && g.w_row_bytes == nb * g.qtype.type_size(),
         "gemm: row sizes do not match k = {}",
         g.k
     );
+    check_features(vnni);
     if vnni {
-        assert!(
-            has_vnni(),
-            "the AVX-VNNI backend needs AVX2, FMA, F16C and AVX-VNNI"
-        );
-        // SAFETY: features checked above; `gemm` reads rows through bounds-checked slices.
+        // SAFETY: features checked above; weight rows hold `nb` blocks (checked above) and are
+        // read through bounds-checked slices; activation rows come from `Activations` in the
+        // format of the weights (checked above).
         unsafe { gemm_vnni_tf(g, rows) }
     } else {
-        assert!(has_avx2(), "the AVX2 backend needs AVX2, FMA and F16C");
         // SAFETY: as above.
         unsafe { gemm_avx2_tf(g, rows) }
     }
@@ -139,64 +154,126 @@ unsafe fn gemm_vnni_tf(g: &Gemm<'_>, rows: Range<usize>) {
     unsafe { gemm::<Vnni>(g, rows) }
 }
 
+#[inline(always)]
+unsafe fn gemm<M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
+    use kernels::{Q40, Q41, Q50, Q51, Q80};
+    use kquants::{Q2K, Q3K, Q4K, Q5K, Q6K};
+    // SAFETY (all): the caller checked that weight rows hold `nb` blocks of the format and that
+    // the activations are in its activation format with `nb` blocks per row.
+    unsafe {
+        match g.qtype {
+            QType::F32 => gemm_q::<Plain<plain::F32>>(g, rows),
+            QType::F16 => gemm_q::<Plain<plain::F16>>(g, rows),
+            QType::BF16 => gemm_q::<Plain<plain::BF16>>(g, rows),
+            QType::Q4_1 => gemm_q::<Min<Q41, M>>(g, rows),
+            QType::Q5_1 => gemm_q::<Min<Q51, M>>(g, rows),
+            QType::Q8_0 => gemm_q::<Sym<Q80, M>>(g, rows),
+            QType::Q4_0 => gemm_q::<Sym<Q40, M>>(g, rows),
+            QType::Q5_0 => gemm_q::<Sym<Q50, M>>(g, rows),
+            QType::Q2_K => gemm_q::<K<Q2K, M>>(g, rows),
+            QType::Q3_K => gemm_q::<K<Q3K, M>>(g, rows),
+            QType::Q4_K => gemm_q::<K<Q4K, M>>(g, rows),
+            QType::Q5_K => gemm_q::<K<Q5K, M>>(g, rows),
+            QType::Q6_K => gemm_q::<K<Q6K, M>>(g, rows),
+        }
+    }
+}
+
+/// The one-row and four-row kernels of a weight format, reading activation rows `r..r + 4` (or
+/// `r`) of `x`; `r` is a multiple of 4 for `dot4`.
+trait QDots {
+    /// Whether to group activation rows by four (the plain formats dot one row at a time).
+    const FOUR: bool = true;
+    unsafe fn dot4(nb: usize, w: *const u8, x: &Activations, r: usize) -> [f32; 4];
+    unsafe fn dot1(nb: usize, w: *const u8, x: &Activations, r: usize) -> f32;
+}
+
+struct Min<B, M>(std::marker::PhantomData<(B, M)>);
+struct Sym<B, M>(std::marker::PhantomData<(B, M)>);
+struct K<B, M>(std::marker::PhantomData<(B, M)>);
+struct Plain<P>(std::marker::PhantomData<P>);
+
+/// The quants of rows `r..r + 4` and their group's scales.
+#[inline(always)]
+fn rows4(x: &Activations, r: usize) -> ([*const u8; 4], *const f32) {
+    let qs = std::array::from_fn(|i| x.q_row(r + i).as_ptr());
+    (qs, x.sc_group(r / 4).as_ptr())
+}
+
+/// Row `r` of the packed layout: its quants and its lane's scales.
+#[inline(always)]
+fn row1(x: &Activations, r: usize) -> Packed {
+    Packed {
+        qs: x.q_row(r).as_ptr(),
+        sc: x.sc_group(r / 4)[2 * (r % 4)..].as_ptr(),
+    }
+}
+
+// SAFETY (every `dot4`/`dot1` below): four (or one) complete rows of `nb` blocks and their
+// group's 8·nb scales (and, for `Q8_K`, 16·nb sums per row); a single row's scales start at lane
+// `r % 4` of the group, whose last block still has the 2 floats read at `8 (nb - 1) + 2 lane`.
+
+impl<B: MinBlock, M: MulSum> QDots for Min<B, M> {
+    #[inline(always)]
+    unsafe fn dot4(nb: usize, w: *const u8, x: &Activations, r: usize) -> [f32; 4] {
+        let (qs, sc) = rows4(x, r);
+        unsafe { kernels::min_dot4::<B, M>(nb, w, qs, sc) }
+    }
+    #[inline(always)]
+    unsafe fn dot1(nb: usize, w: *const u8, x: &Activations, r: usize) -> f32 {
+        unsafe { kernels::min_dot1::<B, M, Packed>(nb, w, row1(x, r)) }
+    }
+}
+
+impl<B: SymBlock, M: MulSum> QDots for Sym<B, M> {
+    #[inline(always)]
+    unsafe fn dot4(nb: usize, w: *const u8, x: &Activations, r: usize) -> [f32; 4] {
+        let (qs, sc) = rows4(x, r);
+        unsafe { kernels::sym_dot4::<B, M>(nb, w, qs, sc) }
+    }
+    #[inline(always)]
+    unsafe fn dot1(nb: usize, w: *const u8, x: &Activations, r: usize) -> f32 {
+        unsafe { kernels::sym_dot1::<B, M, Packed>(nb, w, row1(x, r)) }
+    }
+}
+
+impl<B: KBlock, M: MulSum> QDots for K<B, M> {
+    #[inline(always)]
+    unsafe fn dot4(nb: usize, w: *const u8, x: &Activations, r: usize) -> [f32; 4] {
+        let (qs, sc) = rows4(x, r);
+        let bs = std::array::from_fn(|i| x.bsums_row(r + i).as_ptr());
+        unsafe { kquants::k_dot4::<B, M>(nb, w, qs, bs, sc) }
+    }
+    #[inline(always)]
+    unsafe fn dot1(nb: usize, w: *const u8, x: &Activations, r: usize) -> f32 {
+        let Packed { qs, sc } = row1(x, r);
+        let a = PackedK {
+            qs,
+            sc,
+            bs: x.bsums_row(r).as_ptr(),
+        };
+        unsafe { kquants::k_dot1::<B, M, PackedK>(nb, w, a) }
+    }
+}
+
+impl<P: plain::Plain> QDots for Plain<P> {
+    const FOUR: bool = false;
+    #[inline(always)]
+    unsafe fn dot4(nb: usize, w: *const u8, x: &Activations, r: usize) -> [f32; 4] {
+        // SAFETY: as `dot1`, for each of the four rows.
+        std::array::from_fn(|i| unsafe { Self::dot1(nb, w, x, r + i) })
+    }
+    #[inline(always)]
+    unsafe fn dot1(nb: usize, w: *const u8, x: &Activations, r: usize) -> f32 {
+        // (For plain formats a block is one value: `nb = k`.)
+        unsafe { plain::plain_dot::<P>(nb, w, x.f_row(r).as_ptr()) }
+    }
+}
+
 /// The weight-stationary loop: for each tile of activation rows, each weight row of the chunk is
 /// decoded once per block and dotted against four activation rows at a time.
 #[inline(always)]
-unsafe fn gemm<M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
-    match g.qtype {
-        // SAFETY (both): the caller checked that weight rows hold `nb` blocks; activation rows
-        // come from `Activations`, whose slices hold `nb` blocks of quants and 8·nb scales.
-        QType::Q4_1 => unsafe { gemm_q::<Q41<M>>(g, rows) },
-        QType::Q8_0 => unsafe { gemm_q::<Q80<M>>(g, rows) },
-        QType::F32 => {
-            for r in 0..g.m {
-                let x = g.x.f_row(r);
-                for j in rows.clone() {
-                    let w = g.weight_row(j);
-                    // SAFETY: `w` holds `k` f32 values (checked by the caller), `x` holds `k`.
-                    g.store(r, j, unsafe {
-                        kernels::f32_dot(x.len(), w.as_ptr(), x.as_ptr())
-                    });
-                }
-            }
-        }
-        _ => unreachable!("no SIMD kernel yet"),
-    }
-}
-
-/// The one-row and four-row kernels of a quantized weight format.
-trait QDots {
-    unsafe fn dot4(nb: usize, w: *const u8, qs: [*const u8; 4], sc: *const f32) -> [f32; 4];
-    unsafe fn dot1(nb: usize, w: *const u8, a: Packed) -> f32;
-}
-
-struct Q41<M>(std::marker::PhantomData<M>);
-struct Q80<M>(std::marker::PhantomData<M>);
-
-impl<M: MulSum> QDots for Q41<M> {
-    #[inline(always)]
-    unsafe fn dot4(nb: usize, w: *const u8, qs: [*const u8; 4], sc: *const f32) -> [f32; 4] {
-        unsafe { kernels::q4_1_dot4::<M>(nb, w, qs, sc) }
-    }
-    #[inline(always)]
-    unsafe fn dot1(nb: usize, w: *const u8, a: Packed) -> f32 {
-        unsafe { kernels::q4_1_dot1::<M, Packed>(nb, w, a) }
-    }
-}
-
-impl<M: MulSum> QDots for Q80<M> {
-    #[inline(always)]
-    unsafe fn dot4(nb: usize, w: *const u8, qs: [*const u8; 4], sc: *const f32) -> [f32; 4] {
-        unsafe { kernels::q8_0_dot4::<M>(nb, w, qs, sc) }
-    }
-    #[inline(always)]
-    unsafe fn dot1(nb: usize, w: *const u8, a: Packed) -> f32 {
-        unsafe { kernels::q8_0_dot1::<M, Packed>(nb, w, a) }
-    }
-}
-
-#[inline(always)]
-unsafe fn gemm_q<K: QDots>(g: &Gemm<'_>, rows: Range<usize>) {
+unsafe fn gemm_q<D: QDots>(g: &Gemm<'_>, rows: Range<usize>) {
     let (nb, m) = (g.x.nb(), g.m);
     if !rows.is_empty() {
         // SAFETY: prefetching touches no memory.
@@ -209,16 +286,9 @@ unsafe fn gemm_q<K: QDots>(g: &Gemm<'_>, rows: Range<usize>) {
             let w = g.weight_row(j).as_ptr();
             let mut r = r0;
             // `r0` is a multiple of 4, so `r` starts each group of four rows here.
-            while r + 4 <= r1 {
-                let x = &g.x;
-                let qs = [
-                    x.q_row(r).as_ptr(),
-                    x.q_row(r + 1).as_ptr(),
-                    x.q_row(r + 2).as_ptr(),
-                    x.q_row(r + 3).as_ptr(),
-                ];
-                // SAFETY: four complete rows of `nb` blocks and their group's 8·nb scales.
-                let v = unsafe { K::dot4(nb, w, qs, x.sc_group(r / 4).as_ptr()) };
+            while D::FOUR && r + 4 <= r1 {
+                // SAFETY: see the `QDots` impls.
+                let v = unsafe { D::dot4(nb, w, g.x, r) };
                 g.store(r, j, v[0]);
                 g.store(r + 1, j, v[1]);
                 g.store(r + 2, j, v[2]);
@@ -226,13 +296,8 @@ unsafe fn gemm_q<K: QDots>(g: &Gemm<'_>, rows: Range<usize>) {
                 r += 4;
             }
             while r < r1 {
-                let a = Packed {
-                    qs: g.x.q_row(r).as_ptr(),
-                    sc: g.x.sc_group(r / 4)[2 * (r % 4)..].as_ptr(),
-                };
-                // SAFETY: a complete row; its scales start at lane `r % 4` of the group, whose
-                // last block still has the 2 floats read at `8 (nb - 1) + 2 lane`.
-                g.store(r, j, unsafe { K::dot1(nb, w, a) });
+                // SAFETY: see the `QDots` impls.
+                g.store(r, j, unsafe { D::dot1(nb, w, g.x, r) });
                 r += 1;
             }
         }
@@ -259,5 +324,29 @@ unsafe fn quantize_q8_tf(x: &[f32], qs: &mut [u8], ds: &mut [(f32, i32)]) {
     for ((xb, qb), o) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(ds) {
         // SAFETY: `xb` has 32 floats and `qb` 32 bytes (exact chunks).
         *o = unsafe { kernels::quantize_block_q8(xb.as_ptr(), qb.as_mut_ptr()) };
+    }
+}
+
+/// Quantizes into `Q8_K` with AVX2 (bitwise equal to the scalar reference); see
+/// `Backend::quantize_q8k`.
+///
+/// # Panics
+/// If the CPU lacks the features or the lengths disagree.
+pub(crate) fn quantize_q8k(x: &[f32], qs: &mut [u8], d: &mut [f32], sums: &mut [i16]) {
+    assert!(has_avx2(), "the AVX2 backend needs AVX2, FMA and F16C");
+    assert!(
+        x.len() == qs.len() && d.len() * QK_K == x.len() && sums.len() == 16 * d.len(),
+        "quantize_q8k: mismatched lengths"
+    );
+    // SAFETY: features checked above.
+    unsafe { quantize_q8k_tf(x, qs, d, sums) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8k_tf(x: &[f32], qs: &mut [u8], d: &mut [f32], sums: &mut [i16]) {
+    let blocks = x.chunks_exact(QK_K).zip(qs.chunks_exact_mut(QK_K));
+    for ((xb, qb), (db, sb)) in blocks.zip(d.iter_mut().zip(sums.chunks_exact_mut(16))) {
+        // SAFETY: 256 floats, 256 bytes and 16 sums (exact chunks).
+        *db = unsafe { kquants::quantize_block_q8k(xb.as_ptr(), qb.as_mut_ptr(), sb.as_mut_ptr()) };
     }
 }
