@@ -4,8 +4,15 @@
 //! VNNI, `Q4_1` and `Q8_0` weights are repacked into groups of 16 rows ([`Layout::Rows16`]: per
 //! block, the 16 rows' scales and then their quants interleaved four bytes at a time, the layout one
 //! 512-bit `vpdpbusd` consumes; see `x86::avx512`). Everywhere else the rows stay as they are
-//! ([`Layout::Rows`]) and the 256-bit or scalar kernels run. Repacking keeps the byte count (except
-//! the padding of a last partial group) and is exact: the same quants and f16 scales.
+//! ([`Layout::Rows`]) and the 256-bit or scalar kernels run; every other format stays in rows on
+//! every backend. Repacking keeps the byte count (except the padding of a last partial group) and
+//! is exact: the same quants and f16 scales; [`PackedMatrix::dequantize_row`] reads a row back from
+//! either layout (an embedding lookup from the matrix that is also the tied output head).
+//!
+//! The bytes sit behind an `Arc`: clones share them, and [`PackedMatrix::from_shared_rows`] keeps
+//! bytes the caller also holds (one copy for two users) where the layout is `Rows`.
+
+use std::sync::Arc;
 
 use crate::acts::Activations;
 use crate::backend::Backend;
@@ -17,6 +24,7 @@ use crate::matmul::{QMatrix, run_gemm};
 use crate::pool::Parallel;
 
 /// An owned weight matrix (`rows` output features × `cols` input features) laid out for a backend.
+/// Cloning shares the bytes.
 #[derive(Debug, Clone)]
 pub struct PackedMatrix {
     qtype: QType,
@@ -24,7 +32,7 @@ pub struct PackedMatrix {
     cols: usize,
     layout: Layout,
     backend: Backend,
-    data: Vec<u8>,
+    data: Arc<Vec<u8>>,
 }
 
 impl PackedMatrix {
@@ -46,6 +54,20 @@ impl PackedMatrix {
         cols: usize,
         data: Vec<u8>,
     ) -> Result<Self, KernelError> {
+        Self::from_shared_rows(qtype, rows, cols, Arc::new(data))
+    }
+
+    /// [`PackedMatrix::from_rows`] on bytes the caller may share with other users (a tied token
+    /// embedding and output head): where the detected backend reads rows the matrix holds `data`
+    /// itself, so there is one copy of the bytes. Where it repacks (AVX-512 VNNI, `Q4_1`/`Q8_0`)
+    /// the matrix holds the repacked copy instead; to have one copy on every backend, share the
+    /// `PackedMatrix` (an `Arc` of it) and read rows with [`PackedMatrix::dequantize_row`].
+    pub fn from_shared_rows(
+        qtype: QType,
+        rows: usize,
+        cols: usize,
+        data: Arc<Vec<u8>>,
+    ) -> Result<Self, KernelError> {
         let w = QMatrix::new(qtype, rows, cols, &data)?;
         let packed = Self::build(&w, Backend::detect(), Vec::new)?;
         Ok(match packed.layout {
@@ -62,8 +84,8 @@ impl PackedMatrix {
     ) -> Result<Self, KernelError> {
         let row_bytes = w.row_bytes()?;
         let backend = backend.usable();
-        let quantized = matches!(w.qtype, QType::Q4_1 | QType::Q8_0);
-        let (layout, data) = if backend == Backend::Avx512Vnni && quantized && w.cols > 0 {
+        let repacked = matches!(w.qtype, QType::Q4_1 | QType::Q8_0);
+        let (layout, data) = if backend == Backend::Avx512Vnni && repacked && w.cols > 0 {
             (Layout::Rows16, repack16(w, row_bytes))
         } else {
             (Layout::Rows, rows_copy())
@@ -74,7 +96,7 @@ impl PackedMatrix {
             cols: w.cols,
             layout,
             backend,
-            data,
+            data: Arc::new(data),
         })
     }
 
@@ -124,7 +146,8 @@ impl PackedMatrix {
                 out,
             ),
             Layout::Rows16 => {
-                crate::quant::dequantize_row(self.qtype, &unpack16_row(self, i, row_bytes), out)
+                let row = unpack16_row(self.qtype, self.cols, &self.data, i, row_bytes);
+                crate::quant::dequantize_row(self.qtype, &row, out)
             }
         }
     }
@@ -167,40 +190,44 @@ impl PackedMatrix {
     }
 }
 
+/// The bytes of one block of row `l` of a 16-row group: for each piece, its offset in the GGML
+/// block, its offset in the group block, its length, and the byte XORed on the way (the `Q8_0`
+/// quants are stored `+ 128` as u8).
+fn pieces(qtype: QType, l: usize) -> impl Iterator<Item = (usize, usize, usize, u8)> {
+    let q41 = qtype == QType::Q4_1;
+    // Q4_1: d, m, then 4 chunks of 4 nibble bytes; Q8_0: d, then 8 chunks of 4 quants.
+    let scales = if q41 {
+        vec![(0, 2 * l, 2, 0), (2, 32 + 2 * l, 2, 0)]
+    } else {
+        vec![(0, 2 * l, 2, 0)]
+    };
+    let (chunks, src0, dst0, xor) = if q41 { (4, 4, 64, 0) } else { (8, 2, 32, 0x80) };
+    let quants = (0..chunks).map(move |c| (src0 + 4 * c, dst0 + 64 * c + 4 * l, 4, xor));
+    scales.into_iter().chain(quants)
+}
+
+fn group_sizes(qtype: QType) -> (usize, usize) {
+    match qtype {
+        QType::Q4_1 => (Q4_1_BYTES, Q4_1_GROUP_BYTES),
+        _ => (Q8_0_BYTES, Q8_0_GROUP_BYTES),
+    }
+}
+
 /// Repacks GGML rows into 16-row groups (the last group padded with zero rows).
 fn repack16(w: &QMatrix<'_>, row_bytes: usize) -> Vec<u8> {
     let nb = w.cols / QK;
-    let (block, group_bytes) = match w.qtype {
-        QType::Q4_1 => (Q4_1_BYTES, Q4_1_GROUP_BYTES),
-        _ => (Q8_0_BYTES, Q8_0_GROUP_BYTES),
-    };
+    let (block, group_bytes) = group_sizes(w.qtype);
     let groups = w.rows.div_ceil(GROUP);
     let mut out = vec![0u8; groups * nb * group_bytes];
     for (g, dst) in out.chunks_exact_mut(nb * group_bytes).enumerate() {
         for (b, gb) in dst.chunks_exact_mut(group_bytes).enumerate() {
-            for l in 0..GROUP {
-                let r = g * GROUP + l;
-                if r >= w.rows {
-                    continue; // padding: scales 0, outputs never stored
-                }
-                let src = &w.data[r * row_bytes + b * block..r * row_bytes + (b + 1) * block];
-                match w.qtype {
-                    QType::Q4_1 => {
-                        gb[2 * l..2 * l + 2].copy_from_slice(&src[0..2]);
-                        gb[32 + 2 * l..32 + 2 * l + 2].copy_from_slice(&src[2..4]);
-                        for c in 0..4 {
-                            let at = 64 + 64 * c + 4 * l;
-                            gb[at..at + 4].copy_from_slice(&src[4 + 4 * c..8 + 4 * c]);
-                        }
-                    }
-                    _ => {
-                        gb[2 * l..2 * l + 2].copy_from_slice(&src[0..2]);
-                        for j in 0..8 {
-                            let at = 32 + 64 * j + 4 * l;
-                            for t in 0..4 {
-                                gb[at + t] = src[2 + 4 * j + t] ^ 0x80;
-                            }
-                        }
+            // Rows past the end are padding: scales 0, outputs never stored.
+            for l in 0..GROUP.min(w.rows - g * GROUP) {
+                let at = (g * GROUP + l) * row_bytes + b * block;
+                let src = &w.data[at..at + block];
+                for (s, d, len, xor) in pieces(w.qtype, l) {
+                    for t in 0..len {
+                        gb[d + t] = src[s + t] ^ xor;
                     }
                 }
             }
@@ -209,39 +236,50 @@ fn repack16(w: &QMatrix<'_>, row_bytes: usize) -> Vec<u8> {
     out
 }
 
-/// Row `i` of a 16-row-group matrix back in GGML's row encoding (the inverse of [`repack16`]).
-fn unpack16_row(w: &PackedMatrix, i: usize, row_bytes: usize) -> Vec<u8> {
-    let nb = w.cols / QK;
-    let (block, group_bytes) = match w.qtype {
-        QType::Q4_1 => (Q4_1_BYTES, Q4_1_GROUP_BYTES),
-        _ => (Q8_0_BYTES, Q8_0_GROUP_BYTES),
-    };
+/// Row `i` of a 16-row-group matrix (`cols` values, `data` its group blocks) back in GGML's row
+/// encoding: the inverse of [`repack16`].
+fn unpack16_row(qtype: QType, cols: usize, data: &[u8], i: usize, row_bytes: usize) -> Vec<u8> {
+    let nb = cols / QK;
+    let (block, group_bytes) = group_sizes(qtype);
     let (g, l) = (i / GROUP, i % GROUP);
     let mut row = vec![0u8; row_bytes];
-    let groups = &w.data[g * nb * group_bytes..(g + 1) * nb * group_bytes];
+    let groups = &data[g * nb * group_bytes..(g + 1) * nb * group_bytes];
     for (gb, dst) in groups
         .chunks_exact(group_bytes)
         .zip(row.chunks_exact_mut(block))
     {
-        match w.qtype {
-            QType::Q4_1 => {
-                dst[0..2].copy_from_slice(&gb[2 * l..2 * l + 2]);
-                dst[2..4].copy_from_slice(&gb[32 + 2 * l..32 + 2 * l + 2]);
-                for c in 0..4 {
-                    let at = 64 + 64 * c + 4 * l;
-                    dst[4 + 4 * c..8 + 4 * c].copy_from_slice(&gb[at..at + 4]);
-                }
-            }
-            _ => {
-                dst[0..2].copy_from_slice(&gb[2 * l..2 * l + 2]);
-                for j in 0..8 {
-                    let at = 32 + 64 * j + 4 * l;
-                    for t in 0..4 {
-                        dst[2 + 4 * j + t] = gb[at + t] ^ 0x80;
-                    }
-                }
+        for (s, d, len, xor) in pieces(qtype, l) {
+            for t in 0..len {
+                dst[s + t] = gb[d + t] ^ xor;
             }
         }
     }
     row
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::SplitMix64;
+
+    /// The 16-row layout is exercised by the kernels only on AVX-512 VNNI CPUs; its byte mapping
+    /// is checked everywhere: every row of a repacked matrix (37 rows: a padded last group) comes
+    /// back exactly, and a different row never does.
+    #[test]
+    fn rows_come_back_from_16_row_groups() {
+        let mut rng = SplitMix64::new(3);
+        for qtype in [QType::Q4_1, QType::Q8_0] {
+            let (rows, cols) = (37, 96);
+            let rb = qtype.try_row_bytes(cols).expect("k");
+            let data: Vec<u8> = (0..rows * rb).map(|_| rng.next_u64() as u8).collect();
+            let w = QMatrix::new(qtype, rows, cols, &data).expect("matrix");
+            let packed = repack16(&w, rb);
+            assert_eq!(packed.len(), 48 * rb, "{qtype:?}: three groups of 16 rows");
+            for i in 0..rows {
+                let row = unpack16_row(qtype, cols, &packed, i, rb);
+                assert_eq!(row, &data[i * rb..(i + 1) * rb], "{qtype:?} row {i}");
+            }
+            assert_ne!(unpack16_row(qtype, cols, &packed, 1, rb), &data[..rb]);
+        }
+    }
 }

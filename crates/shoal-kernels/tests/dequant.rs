@@ -59,6 +59,7 @@ fn every_dequantizer_matches_the_gguf_package_bitwise() {
         // The same bytes as a 4-row matrix: each row decodes to its quarter.
         let rows = 4;
         let w = QMatrix::new(qtype, rows, N / rows, blocks).expect("matrix");
+        let p = PackedMatrix::new(&w).expect("packed");
         let mut row = vec![0f32; N / rows];
         for r in 0..rows {
             w.dequantize_row(r, &mut row).expect("row");

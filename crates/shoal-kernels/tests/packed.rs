@@ -4,7 +4,11 @@
 mod common;
 
 use common::{Rng, TYPES, activations, assert_near_reference, fit_k, random_raw, random_weights};
-use shoal_kernels::{Activations, Backend, Layout, PackedMatrix, QMatrix, QType, ThreadPool};
+use std::sync::Arc;
+
+use shoal_kernels::{
+    Activations, Backend, KernelError, Layout, PackedMatrix, QMatrix, QType, ThreadPool,
+};
 
 #[test]
 fn layout_follows_the_backend() {
@@ -125,4 +129,65 @@ fn packed_matmul_rejects_mismatched_operands() {
         p.matmul_quantized(&wrong, &mut out, &pool).is_err(),
         "wrong activation format"
     );
+}
+
+/// Every row of every format reads back from the packed matrix, whatever its layout, as the
+/// GGUF row decodes; a row index past the end or a short output is an error.
+#[test]
+fn packed_rows_dequantize_as_the_gguf_rows() {
+    let mut rng = Rng::new(6);
+    for backend in Backend::supported() {
+        for qtype in TYPES {
+            let (n, k) = (37, fit_k(qtype, 96));
+            let data = random_raw(&mut rng, qtype, n, k);
+            let w = QMatrix::new(qtype, n, k, &data).expect("matrix");
+            let p = PackedMatrix::with_backend(&w, backend).expect("pack");
+            let (mut want, mut got) = (vec![0f32; k], vec![0f32; k]);
+            for i in 0..n {
+                w.dequantize_row(i, &mut want).expect("row");
+                p.dequantize_row(i, &mut got).expect("packed row");
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{backend:?} {qtype:?} row {i}"
+                );
+            }
+            assert!(matches!(
+                p.dequantize_row(n, &mut got),
+                Err(KernelError::BadSliceLength { .. })
+            ));
+            assert!(p.dequantize_row(0, &mut got[..k - 1]).is_err());
+        }
+    }
+}
+
+/// Bytes handed over in an `Arc` are the matrix's own where the layout is rows (one copy for a
+/// tied embedding and head), and multiply as an owned copy does.
+#[test]
+fn shared_rows_are_not_copied() {
+    let mut rng = Rng::new(8);
+    let pool = ThreadPool::new(1);
+    for qtype in TYPES {
+        let (n, k, m) = (24, fit_k(qtype, 64), 3);
+        let bytes = Arc::new(random_weights(&mut rng, qtype, n, k));
+        let shared =
+            PackedMatrix::from_shared_rows(qtype, n, k, Arc::clone(&bytes)).expect("shared");
+        let owned = PackedMatrix::from_rows(qtype, n, k, bytes.to_vec()).expect("owned");
+        let users = if shared.layout() == Layout::Rows {
+            2
+        } else {
+            1
+        };
+        assert_eq!(Arc::strong_count(&bytes), users, "{qtype:?}");
+        // A clone shares the matrix's bytes.
+        let clone = shared.clone();
+        assert_eq!(Arc::strong_count(&bytes), 2 * users - 1, "{qtype:?}");
+        drop(clone);
+        let x = activations(&mut rng, m * k);
+        let (mut a, mut b) = (vec![0f32; m * n], vec![0f32; m * n]);
+        shared.matmul(&x, m, &mut a, &pool).expect("shared");
+        owned.matmul(&x, m, &mut b, &pool).expect("owned");
+        assert_eq!(a, b, "{qtype:?}");
+        assert!(PackedMatrix::from_shared_rows(qtype, n + 1, k, bytes).is_err());
+    }
 }
