@@ -96,6 +96,7 @@ GEMMA_TEXTS = [
     "<unused5><mask>[multimodal]",
     "<start_of_turn><end_of_turn>",
     "not <start_of_turn special",
+    "a</s>b, user-defined in the file but a control token to llama.cpp",
     # rare and unknown-ish characters
     "\ue000 private use",
     "\U0010fffd",

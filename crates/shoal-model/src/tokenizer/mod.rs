@@ -33,6 +33,7 @@
 
 mod bpe;
 mod error;
+mod heuristics;
 mod index;
 mod meta;
 pub mod pretok;
@@ -83,17 +84,6 @@ pub enum VocabType {
     Spm,
 }
 
-/// Token texts that end a generation when present (llama.cpp's `special_eog_ids` heuristics).
-const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|eom_id|>",
-    "</s>",
-];
-
 /// The algorithm-specific half of a tokenizer.
 #[derive(Debug)]
 enum Model {
@@ -142,7 +132,7 @@ impl Tokenizer {
             return Err(TokenizerError::EmptyVocab);
         }
         let n = tokens.len();
-        let types = meta::token_types(md, n)?;
+        let mut types = meta::token_types(md, n)?;
         let id = |key| meta::token_id(md, key, n);
         // llama.cpp's defaults for SentencePiece files without the keys: BOS 1, EOS 2, UNK 0.
         let spm_default = |key, default: u32| -> Result<Option<u32>, TokenizerError> {
@@ -157,6 +147,8 @@ impl Tokenizer {
         let pad = id("tokenizer.ggml.padding_token_id")?;
         let eot = id("tokenizer.ggml.eot_token_id")?;
         let eom = id("tokenizer.ggml.eom_token_id")?;
+        // Before anything reads the types: forced control tokens render and partition as such.
+        let eog = heuristics::apply(&tokens, &mut types, md, [eos, eot, eom]);
 
         let model = match vocab_type {
             VocabType::Bpe => {
@@ -214,15 +206,6 @@ impl Tokenizer {
                 special::Strip::default()
             }
         });
-
-        let token_id = |text: &str| match &model {
-            Model::Bpe { bpe, .. } => bpe.token_id(text),
-            Model::Spm(_) => tokens.get(text),
-        };
-        let mut eog: Vec<u32> = [eos, eot, eom].into_iter().flatten().collect();
-        eog.extend(EOG_TEXTS.iter().filter_map(|text| token_id(text)));
-        eog.sort_unstable();
-        eog.dedup();
 
         Ok(Self {
             tokens,
@@ -381,8 +364,9 @@ impl Tokenizer {
         self.add_bos
     }
 
-    /// End of generation: EOS, EOT/EOM ids if given, and any of `<|im_end|>`, `<|endoftext|>`,
-    /// `<|eot_id|>`, `<|end|>`, `<end_of_turn>`, `</s>`, `<|eom_id|>` present in the vocabulary.
+    /// End of generation: EOS, EOT/EOM ids if given, the FIM pad/repo/separator tokens and the tokens
+    /// llama.cpp recognises by text (`<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, `<|end|>`,
+    /// `<end_of_turn>`, `</s>`, `<|eom_id|>`, ...; the private `heuristics` module).
     pub fn is_eog(&self, id: u32) -> bool {
         self.eog.binary_search(&id).is_ok()
     }
