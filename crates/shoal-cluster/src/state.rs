@@ -452,6 +452,7 @@ mod tests {
             kv_bytes_per_token_per_layer: 1536,
             context_length: 8192,
             hidden_bytes_per_token: 1152,
+            tied_embeddings: false,
         }
     }
 

@@ -23,6 +23,8 @@ pub struct Footprint {
     pub context_length: usize,
     /// Activation bytes per token between two stages (an f16 hidden state).
     pub hidden_bytes_per_token: u64,
+    /// No `output.weight`: the head is the embedding matrix, held once by a stage that is first and last.
+    pub tied_embeddings: bool,
 }
 
 impl Footprint {
@@ -47,6 +49,7 @@ impl Footprint {
             kv_bytes_per_token_per_layer: cfg.kv_bytes_per_token(1, kv::VALUE_BYTES) as u64,
             context_length: cfg.context_length,
             hidden_bytes_per_token: 2 * cfg.dim as u64,
+            tied_embeddings: gguf.tensor_bytes(names::OUTPUT).is_none(),
         })
     }
 }

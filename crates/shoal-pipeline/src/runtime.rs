@@ -56,6 +56,7 @@ pub fn model_card(path: &Path, id: &str) -> Result<ModelCard, shoal_model::Model
         kv_bytes_per_token_per_layer: f.kv_bytes_per_token_per_layer,
         context_length: f.context_length,
         hidden_bytes_per_token: f.hidden_bytes_per_token,
+        tied_embeddings: f.tied_embeddings,
     })
 }
 

@@ -117,6 +117,7 @@ mod tests {
             kv_bytes_per_token_per_layer: 0,
             context_length: 0,
             hidden_bytes_per_token: 1_000_000,
+            tied_embeddings: false,
         }
     }
 

@@ -166,6 +166,10 @@ pub struct ModelCard {
     pub context_length: usize,
     /// Activation bytes per token sent from one stage to the next (f16 hidden state).
     pub hidden_bytes_per_token: u64,
+    /// The output head is the token embedding matrix: a stage that is both first and last holds it once
+    /// (`head_bytes` then counts only on a last stage that is not also the first).
+    #[serde(default)]
+    pub tied_embeddings: bool,
 }
 
 impl ModelCard {
@@ -177,7 +181,7 @@ impl ModelCard {
         if first {
             total = total.saturating_add(self.embed_bytes);
         }
-        if last {
+        if last && !(first && self.tied_embeddings) {
             total = total.saturating_add(self.head_bytes);
         }
         total
@@ -260,4 +264,30 @@ pub fn stages_from_counts(nodes: &[&str], counts: &[usize]) -> Vec<Stage> {
             stage
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tied_head_costs_once_on_a_stage_that_is_first_and_last() {
+        let mut c = ModelCard {
+            id: "m".into(),
+            n_layers: 2,
+            layer_bytes: 10,
+            embed_bytes: 100,
+            head_bytes: 101,
+            kv_bytes_per_token_per_layer: 1,
+            context_length: 8,
+            hidden_bytes_per_token: 2,
+            tied_embeddings: false,
+        };
+        assert_eq!(c.total_bytes(0), 20 + 100 + 101);
+        c.tied_embeddings = true;
+        assert_eq!(c.total_bytes(0), 20 + 100);
+        // Split: the last stage holds its own copy of the tied matrix as the head.
+        assert_eq!(c.stage_bytes(1, false, true, 0), 10 + 101);
+        assert_eq!(c.stage_bytes(1, true, false, 4), 14 + 100);
+    }
 }

@@ -186,6 +186,7 @@ mod tests {
             kv_bytes_per_token_per_layer: 0,
             context_length: 0,
             hidden_bytes_per_token: 0,
+            tied_embeddings: false,
         }
     }
 

@@ -16,6 +16,7 @@ fn random_card(rng: &mut Rng) -> ModelCard {
         kv_bytes_per_token_per_layer: rng.range(0, 4096),
         context_length: rng.range(128, 8192) as usize,
         hidden_bytes_per_token: rng.range(256, 16384),
+        tied_embeddings: false,
     }
 }
 
@@ -217,6 +218,7 @@ fn split_follows_memory_when_capacity_is_ample() {
             kv_bytes_per_token_per_layer: 0,
             context_length: 0,
             hidden_bytes_per_token: 1,
+            tied_embeddings: false,
         };
         let mems: Vec<u64> = (0..k).map(|_| rng.range(1000, 100_000)).collect();
         let names = vec!["x"; k];

@@ -35,5 +35,6 @@ pub fn card() -> ModelCard {
         kv_bytes_per_token_per_layer: 0,
         context_length: 2048,
         hidden_bytes_per_token: 8192,
+        tied_embeddings: false,
     }
 }
