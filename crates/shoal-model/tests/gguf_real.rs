@@ -1,4 +1,4 @@
-//! The real model files through our GGUF reader: SmolLM2 (Q4_1) and Gemma 3 270M (Q4_K_M, a 262k-token
+//! The real model files (`SHOAL_TEST_MODEL`, `SHOAL_GEMMA_MODEL`) through our GGUF reader: SmolLM2 (Q4_1) and Gemma 3 270M (Q4_K_M, a 262k-token
 //! vocabulary) give the same metadata and tensor directory as candle's own reader, and SmolLM2 cut short at
 //! many points in its header and its tensor data is an error every time.
 
@@ -7,30 +7,15 @@ mod gguf_writer;
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::Path;
 
 use candle_core::quantized::gguf_file::Content;
 use gguf_writer::TempDir;
 use shoal_model::ModelError;
 use shoal_model::gguf::GgufFile;
-use shoal_testkit::fixtures::model_path;
+use shoal_testkit::fixtures::{gemma_path, model_path};
 
-/// The Gemma 3 270M Q4_K_M file: `SHOAL_TEST_GEMMA`, else the models dir under `$HOME`.
-fn gemma_path() -> PathBuf {
-    let path = match std::env::var_os("SHOAL_TEST_GEMMA") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/shoal/models/gemma3-270m-q4_k_m/gemma-3-270m-q4_k_m.gguf"),
-    };
-    assert!(
-        path.is_file(),
-        "Gemma 3 file not found at {}: run `shoal pull gemma3-270m-q4_k_m`, or set SHOAL_TEST_GEMMA",
-        path.display()
-    );
-    path
-}
-
-fn assert_same_as_candle(path: &PathBuf) {
+fn assert_same_as_candle(path: &Path) {
     let ours = GgufFile::open(path).expect("our reader opens it");
     let theirs = Content::read(&mut File::open(path).unwrap()).expect("candle reads it");
     let ours = ours.content();
