@@ -1,6 +1,7 @@
-//! The real model files (`SHOAL_TEST_MODEL`, `SHOAL_GEMMA_MODEL`) through our GGUF reader: SmolLM2 (Q4_1) and Gemma 3 270M (Q4_K_M, a 262k-token
-//! vocabulary) give the same metadata and tensor directory as candle's own reader, and SmolLM2 cut short at
-//! many points in its header and its tensor data is an error every time.
+//! The real model files (`SHOAL_TEST_MODEL`, `SHOAL_GEMMA_MODEL`) through our GGUF reader: SmolLM2 (Q4_1)
+//! and Gemma 3 270M (Q4_K_M, a 262k-token vocabulary) give the same metadata and tensor directory as
+//! candle's own reader, and SmolLM2 cut short at many points in its header and its tensor data is an error
+//! every time.
 
 mod gguf_writer;
 

@@ -40,8 +40,9 @@ pub enum StoreError {
     #[error("bad archive {path}: {message}")]
     Archive { path: PathBuf, message: String },
     #[error(
-        "{file}: expected {expected_size} bytes with sha256 {expected_sha}, got {size} bytes with sha256 {sha}{hint}",
-        hint = if *parts > 1 { format!(" (assembled from {parts} parts: one is missing, damaged or out of order)") } else { String::new() }
+        "{file}: expected {expected_size} bytes with sha256 {expected_sha}, got {size} bytes with sha256 \
+         {sha}{hint}",
+        hint = parts_hint(*parts)
     )]
     Checksum {
         file: String,
@@ -52,6 +53,15 @@ pub enum StoreError {
         /// How many parts the file was assembled from.
         parts: usize,
     },
+}
+
+/// For a file assembled from several parts, what a mismatch may mean.
+fn parts_hint(parts: usize) -> String {
+    if parts > 1 {
+        format!(" (assembled from {parts} parts: one is missing, damaged or out of order)")
+    } else {
+        String::new()
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {

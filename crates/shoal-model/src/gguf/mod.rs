@@ -1,6 +1,6 @@
 //! GGUF access: metadata getters and reading single tensors by name (raw bytes or candle tensors).
 //!
-//! [`GgufFile::open`] parses the header with our own bounds-checked reader ([`header`]) into candle's
+//! [`GgufFile::open`] parses the header with our own bounds-checked reader (`header.rs`) into candle's
 //! [`Content`] (metadata [`Value`]s and the tensor directory), then keeps the file open; [`GgufFile::read_raw`]
 //! reads one tensor's bytes into a [`RawTensor`] (checking again that they are inside the file), so a stage
 //! reads only its own layers. [`types`] names every ggml type id, so an unloadable tensor type is reported by
