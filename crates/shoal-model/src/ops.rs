@@ -146,12 +146,10 @@ pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
 }
 
 /// GeGLU over rows of `[gate (n) | up (n)]`: `out = gelu(gate) * up`, GELU with the tanh approximation
-/// evaluated as ggml's CPU backend does (its f16 lookup table: the input and the result rounded to f16,
-/// exact outside ±10).
+/// evaluated as ggml's CPU backend does: through a table of every f16 input (the input and the result
+/// rounded to f16), exact outside ±10.
 pub fn geglu(gate_up: &[f32], n: usize, out: &mut [f32]) {
-    const A: f32 = 0.044715;
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    let f16r = |v: f32| half::f16::from_f32(v).to_f32();
+    let table = gelu_f16_table();
     for (gu, o) in gate_up.chunks_exact(2 * n).zip(out.chunks_exact_mut(n)) {
         let (g, u) = gu.split_at(n);
         for ((o, &x), &u) in o.iter_mut().zip(g).zip(u) {
@@ -160,11 +158,26 @@ pub fn geglu(gate_up: &[f32], n: usize, out: &mut [f32]) {
             } else if x >= 10.0 {
                 x * u
             } else {
-                let x = f16r(x);
-                f16r(0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + A * x * x)).tanh())) * u
+                table[usize::from(half::f16::from_f32(x).to_bits())] * u
             };
         }
     }
+}
+
+/// `gelu(x)` rounded to f16 for every f16 bit pattern `x` (256 KiB, built once).
+fn gelu_f16_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        const A: f32 = 0.044715;
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        (0..=u16::MAX)
+            .map(|bits| {
+                let x = half::f16::from_bits(bits).to_f32();
+                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + A * x * x)).tanh());
+                half::f16::from_f32(y).to_f32()
+            })
+            .collect()
+    })
 }
 
 /// The gated activation over rows of `[gate | up]`, rows split over `pool`'s threads (every row
