@@ -13,10 +13,10 @@
 //! - [`QMatrix`]: a borrowed `rows × cols` weight matrix (`rows` = output features `n`, `cols` =
 //!   input features `k`), row-major GGML rows.
 //! - [`Activations`]: `m` activation rows quantized once into the format the weights need (the
-//!   same quants and f16-rounded scales as ggml's blocks, laid out for the kernels: quants per
-//!   row, f32 scales interleaved for groups of four rows). Reusable across several matmuls that
-//!   read the same input (fused or separate Q/K/V, gate/up); [`Activations::ggml_row`] gives a
-//!   row back as ggml bytes.
+//!   same quants and scales as ggml's blocks, laid out for the kernels: quants per row, f32
+//!   scales interleaved for groups of four rows, and for `Q8_K` the sums of each 16 quants).
+//!   Reusable across several matmuls that read the same input (fused or separate Q/K/V,
+//!   gate/up); [`Activations::ggml_row`] gives a row back as ggml bytes.
 //! - [`matmul`] / [`matmul_quantized`]: `out (m × n) = x (m × k) · Wᵀ`. Weight-stationary: the
 //!   weight rows are split into chunks that threads claim dynamically; each chunk's rows are dotted
 //!   against all `m` activation rows (four at a time, decoding each weight block once) so weights
@@ -24,13 +24,22 @@
 //!   element is computed by exactly one thread with the same instruction sequence, and the
 //!   four-row kernel performs the same floating-point operations as the one-row kernel, so results
 //!   are bitwise independent of the thread count and of a row's position in the batch.
-//! - [`PackedMatrix`]: an owned copy of a matrix in the layout of the best backend. With AVX-512
+//!   The SIMD kernels are one body per family with a small per-format decode: the 32-value
+//!   formats as `d·q + m` (unsigned quants, `Q4_1`/`Q5_1`) or `d·q` (signed, `Q8_0`/`Q4_0`/
+//!   `Q5_0`) with one FMA per block and activation row; the K-quants with integer sums over the
+//!   whole 256-value super-block (`vpmaddubsw`, then `vpmaddwd` — `vpdpwssd` on AVX-VNNI — with
+//!   the 16- or 32-value scales), their minimums and offsets taken through the activations'
+//!   sums of 16, and one or two FMAs per super-block; `F16`/`BF16` converted eight at a time.
+//! - [`PackedMatrix`]: a matrix in the layout of the best backend (bytes behind an `Arc`: clones,
+//!   and with [`PackedMatrix::from_shared_rows`] other holders, share one copy). With AVX-512
 //!   VNNI, `Q4_1`/`Q8_0` rows are repacked into groups of 16 ([`Layout::Rows16`]) so one 512-bit
 //!   `vpdpbusd` multiplies 16 rows by 4 broadcast activation bytes and each block needs one
 //!   conversion and FMA per activation row and 16 outputs (no horizontal sums); decoding weights
 //!   once per 8 activation rows. Measured on the dev VM: a whole decode token 1.9× the 256-bit
-//!   kernels at m = 1, 3.2× at m = 16, 4× at prefill sizes. Elsewhere the rows stay as they are.
-//! - [`vec_dot`]: one weight row · one ggml activation row (`quantize_row_q8_1`/`_q8_0`),
+//!   kernels at m = 1, 3.2× at m = 16, 4× at prefill sizes. Every other format, and every format
+//!   on the other backends, stays in GGUF rows. [`PackedMatrix::dequantize_row`] reads a row back
+//!   from either layout (a tied embedding looked up in the output head's matrix).
+//! - [`vec_dot`]: one weight row · one ggml activation row (`quantize_row_q8_1`/`_q8_0`/`_q8_k`),
 //!   dispatched to the best [`Backend`] for this CPU (detected once and cached: AVX-512 VNNI, AVX-VNNI,
 //!   AVX2+FMA+F16C, or scalar; `SHOAL_KERNEL_BACKEND` can force a slower one). The portable
 //!   versions live in [`scalar`] and are the reference the SIMD paths are tested against; a NEON
@@ -52,13 +61,16 @@
 //! bitwise as ggml and the `gguf` Python package do; tests/dequant.rs checks it on fixtures).
 //!
 //! Module layers, each calling only the ones below it (no module calls back up):
-//! 1. `error`, `format` (block formats, [`Layout`], f16 helpers) and `pool` — the shared types;
+//! 1. `error`, `format` (block formats and their byte layouts, [`Layout`], f16 and K-scale
+//!    helpers) and `pool` — the shared types;
 //! 2. `acts` (the [`Activations`] buffer and its layout) and `gemm` (one matmul's checked operands,
 //!    which the row kernels read and write through);
-//! 3. the kernels: [`scalar`] (the reference, also the scalar matmul rows) and `x86` (AVX2/AVX-VNNI,
-//!    and `x86::avx512` for 16-row groups), plus [`math`] and [`attn`] on top of `x86`;
-//! 4. `backend`: [`Backend`] detection and the dispatch (`quantize_q8`, `gemm_rows`, [`vec_dot`])
-//!    down into `x86` or `scalar`;
+//! 3. the kernels: [`scalar`] (the reference: per-format decoders, dequantization, dots and the
+//!    scalar matmul rows) and `x86` (AVX2/AVX-VNNI: `kernels` for the 32-value formats, `kquants`
+//!    for the K-quants and `Q8_K` quantization, `plain` for `F32`/`F16`/`BF16`; `avx512` for
+//!    16-row groups), plus [`math`] and [`attn`] on top of `x86`;
+//! 4. `backend`: [`Backend`] detection and the dispatch (`quantize_q8`, `quantize_q8k`,
+//!    `gemm_rows`, [`vec_dot`]) down into `x86` or `scalar`;
 //! 5. the entry points over the dispatch: `quant` (quantizing [`Activations`] and single rows),
 //!    `matmul` ([`QMatrix`] and the threaded driver that splits a `gemm` over a pool), and
 //!    `packed` ([`PackedMatrix`], which repacks and then runs the `matmul` driver).
