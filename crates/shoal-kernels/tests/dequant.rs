@@ -62,12 +62,11 @@ fn every_dequantizer_matches_the_gguf_package_bitwise() {
         let p = PackedMatrix::new(&w).expect("packed");
         let mut row = vec![0f32; N / rows];
         for r in 0..rows {
+            let quarter = &want[r * N / rows..(r + 1) * N / rows];
             w.dequantize_row(r, &mut row).expect("row");
-            assert_eq!(
-                row,
-                want[r * N / rows..(r + 1) * N / rows],
-                "{qtype:?} row {r}"
-            );
+            assert_eq!(row, quarter, "{qtype:?} row {r}");
+            p.dequantize_row(r, &mut row).expect("packed row");
+            assert_eq!(row, quarter, "{qtype:?} packed row {r}");
         }
         // Each fixture exercises its format (not all zeros).
         assert!(
