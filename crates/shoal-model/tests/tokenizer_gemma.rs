@@ -14,10 +14,14 @@ mod tokenizer_common;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use candle_core::quantized::gguf_file::Content;
-use shoal_model::tokenizer::{PreTokenizerKind, StreamDecoder, TokenType, Tokenizer, VocabType};
+use candle_core::quantized::gguf_file::{Content, Value};
+use shoal_model::tokenizer::{
+    PreTokenizerKind, StreamDecoder, TokenType, Tokenizer, TokenizerError, VocabType,
+};
 use shoal_testkit::fixtures::{gemma_path, golden};
-use tokenizer_common::{Loaded, assert_long_input_fast, assert_roundtrips, ids, load_once};
+use tokenizer_common::{
+    Loaded, assert_long_input_fast, assert_roundtrips, ids, load_once, with_metadata,
+};
 
 fn loaded() -> &'static Loaded {
     static LOADED: OnceLock<Loaded> = OnceLock::new();
@@ -188,6 +192,69 @@ fn roundtrips_arbitrary_text() {
             "<start_of_turn> not parsed",
         ],
     );
+}
+
+#[test]
+fn add_space_prefix_is_applied_and_undone_by_decode() {
+    // Gemma 3 has `add_space_prefix = false`; Llama 2 style vocabularies have it on.
+    let prefixed = with_metadata(content(), |m| {
+        m.insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(true));
+    });
+    let tok = Tokenizer::from_gguf(&prefixed).expect("tokenizer");
+    let plain = tokenizer();
+    let hello = tok.encode("Hello", false);
+    assert_eq!(hello, plain.encode(" Hello", false), "a ▁ goes in front");
+    // After a special token the next stretch is prefixed again, as at the start.
+    let chat = tok.encode("<start_of_turn>user", true);
+    assert_eq!(chat[0], 105);
+    assert_eq!(chat[1..], plain.encode(" user", false));
+    assert_eq!(tok.encode_prompt("Hello")[1..], hello);
+    // decode drops the first token's leading space (llama.cpp's detokenize), a stream does not.
+    assert_eq!(tok.decode(&hello), "Hello");
+    assert_eq!(plain.decode(&hello), " Hello");
+    let mut dec = StreamDecoder::new();
+    let streamed: String = hello.iter().map(|&id| dec.push(&tok, id)).collect();
+    assert_eq!(streamed, " Hello");
+}
+
+#[test]
+fn bad_sentencepiece_metadata_is_an_error_not_a_panic() {
+    let short_scores = with_metadata(content(), |m| {
+        m.insert(
+            "tokenizer.ggml.scores".into(),
+            Value::Array(vec![Value::F32(0.0)]),
+        );
+    });
+    assert!(matches!(
+        Tokenizer::from_gguf(&short_scores),
+        Err(TokenizerError::LengthMismatch {
+            key: "tokenizer.ggml.scores",
+            ..
+        })
+    ));
+    let wrong_prefix = with_metadata(content(), |m| {
+        m.insert(
+            "tokenizer.ggml.add_space_prefix".into(),
+            Value::String("yes".into()),
+        );
+    });
+    assert!(matches!(
+        Tokenizer::from_gguf(&wrong_prefix),
+        Err(TokenizerError::WrongType { .. })
+    ));
+    // Without scores every merge ties and the leftmost pair wins: still valid token ids.
+    let no_scores = with_metadata(content(), |m| {
+        m.remove("tokenizer.ggml.scores");
+    });
+    let tok = Tokenizer::from_gguf(&no_scores).expect("scores are optional");
+    let ids = tok.encode("Hello world", false);
+    assert_eq!(tok.decode(&ids), "Hello world");
+    // A missing BOS key falls back to llama.cpp's SentencePiece default (1).
+    let no_bos = with_metadata(content(), |m| {
+        m.remove("tokenizer.ggml.bos_token_id");
+    });
+    let tok = Tokenizer::from_gguf(&no_bos).expect("tokenizer");
+    assert_eq!(tok.bos_id(), Some(1));
 }
 
 #[test]

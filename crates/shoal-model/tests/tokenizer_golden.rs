@@ -13,7 +13,9 @@ use std::sync::OnceLock;
 use candle_core::quantized::gguf_file::{Content, Value};
 use shoal_model::tokenizer::{PreTokenizerKind, StreamDecoder, Tokenizer, TokenizerError};
 use shoal_testkit::fixtures::{golden_dir, model_path};
-use tokenizer_common::{Loaded, assert_long_input_fast, assert_roundtrips, ids, load_once};
+use tokenizer_common::{
+    Loaded, assert_long_input_fast, assert_roundtrips, ids, load_once, with_metadata,
+};
 
 fn loaded() -> &'static Loaded {
     static LOADED: OnceLock<Loaded> = OnceLock::new();
@@ -237,15 +239,7 @@ fn long_input_is_fast_enough() {
 }
 
 fn metadata_with(edit: impl FnOnce(&mut HashMap<String, Value>)) -> Content {
-    let base = content();
-    let mut metadata = base.metadata.clone();
-    edit(&mut metadata);
-    Content {
-        magic: base.magic,
-        metadata,
-        tensor_infos: HashMap::new(),
-        tensor_data_offset: 0,
-    }
+    with_metadata(content(), edit)
 }
 
 #[test]

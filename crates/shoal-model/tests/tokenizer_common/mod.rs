@@ -3,11 +3,12 @@
 
 #![allow(dead_code)] // each test file uses its own subset
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use candle_core::quantized::gguf_file::Content;
+use candle_core::quantized::gguf_file::{Content, Value};
 use shoal_model::tokenizer::Tokenizer;
 
 /// The metadata and tensor index of a GGUF, read through a buffer (a vocabulary is ~10^5 strings).
@@ -31,6 +32,19 @@ pub fn load_once(cell: &'static OnceLock<Loaded>, path: fn() -> PathBuf) -> &'st
         let tok = Tokenizer::from_gguf(&content).expect("tokenizer from GGUF");
         Loaded { content, tok }
     })
+}
+
+/// A copy of `base`'s metadata (no tensors) changed by `edit`, to build tokenizers from bad or
+/// altered metadata.
+pub fn with_metadata(base: &Content, edit: impl FnOnce(&mut HashMap<String, Value>)) -> Content {
+    let mut metadata = base.metadata.clone();
+    edit(&mut metadata);
+    Content {
+        magic: base.magic,
+        metadata,
+        tensor_infos: HashMap::new(),
+        tensor_data_offset: 0,
+    }
 }
 
 /// A JSON array of token ids.
