@@ -229,6 +229,21 @@ mod tests {
     }
 
     #[test]
+    fn missing_name_is_default_and_merges_follow_the_name() {
+        let missing = PreTokenizer::for_gguf_name(None).expect("default");
+        assert_eq!(missing.kind(), PreTokenizerKind::Default);
+        assert!(!missing.ignore_merges());
+        let llama3 = PreTokenizer::for_gguf_name(Some("llama-bpe")).expect("llama-bpe");
+        assert!(llama3.ignore_merges());
+        // Same regex as Llama 3, but llama.cpp keeps the merge loop for these.
+        for name in ["dbrx", "smaug-bpe"] {
+            let pre = PreTokenizer::for_gguf_name(Some(name)).expect(name);
+            assert_eq!(pre.kind(), PreTokenizerKind::Llama3);
+            assert!(!pre.ignore_merges(), "{name}");
+        }
+    }
+
+    #[test]
     fn unknown_name_falls_back_to_gpt2() {
         let pre = PreTokenizer::for_gguf_name(Some("no-such-pre")).expect("fallback");
         assert_eq!(pre.kind(), PreTokenizerKind::Gpt2);
