@@ -8,6 +8,11 @@
 //! - [`StreamDecoder`] detokenizes one id at a time and only yields complete UTF-8.
 //! - [`TokenizerError`] says what is wrong with the metadata; nothing here panics on a bad file.
 //!
+//! Loading keeps the vocabulary's texts in one arena with an open-addressing index (private `index`:
+//! Gemma 3's 262,144 tokens build in ~40 ms) and first applies llama.cpp's text heuristics to the
+//! token types (private `heuristics`: tokens named like end-of-turn or fill-in-the-middle tokens are
+//! control tokens, and which ids end a generation).
+//!
 //! Encoding runs in steps, as in llama.cpp's `llama_vocab::tokenize`:
 //! 1. the special-token partition (the private `special` module, one for both types): occurrences of
 //!    control tokens (only with `parse_special`) and user-defined tokens (always) become their ids,
@@ -199,7 +204,7 @@ impl Tokenizer {
             .unwrap_or("")
             .to_lowercase();
         let phi3 = name.contains("phi-3") || name.contains("phi3");
-        let specials = special::Specials::new(&tokens, &types, |_, text| {
+        let specials = special::Specials::new(&tokens, &types, |text| {
             if phi3 {
                 special::phi3_strip(text)
             } else {

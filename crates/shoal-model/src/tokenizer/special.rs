@@ -42,11 +42,11 @@ pub(crate) struct Specials {
 
 impl Specials {
     /// Collects the control / user-defined / unknown tokens with a non-empty text; `strip` gives a
-    /// token's LSTRIP / RSTRIP attributes.
+    /// token's LSTRIP / RSTRIP attributes from its text.
     pub(crate) fn new(
         tokens: &TextIndex,
         types: &[TokenType],
-        strip: impl Fn(u32, &str) -> Strip,
+        strip: impl Fn(&str) -> Strip,
     ) -> Self {
         let mut entries: Vec<Special> = tokens
             .iter()
@@ -63,7 +63,7 @@ impl Specials {
                 id: id as u32,
                 text: text.to_owned(),
                 always: *ty == TokenType::UserDefined,
-                strip: strip(id as u32, text),
+                strip: strip(text),
             })
             .collect();
         entries.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
@@ -142,7 +142,7 @@ pub(crate) fn phi3_strip(text: &str) -> Strip {
 mod tests {
     use super::*;
 
-    fn specials(list: &[(&str, TokenType)], strip: impl Fn(u32, &str) -> Strip) -> Specials {
+    fn specials(list: &[(&str, TokenType)], strip: impl Fn(&str) -> Strip) -> Specials {
         let tokens = TextIndex::new(list.iter().map(|(t, _)| *t));
         let types: Vec<TokenType> = list.iter().map(|(_, ty)| *ty).collect();
         Specials::new(&tokens, &types, strip)
@@ -159,7 +159,7 @@ mod tests {
                 ("\n\n", UserDefined),
                 ("\n", UserDefined),
             ],
-            |_, _| Strip::default(),
+            |_| Strip::default(),
         );
         assert_eq!(
             sp.partition("<s>xy<s>\n\n\n", true),
@@ -182,7 +182,7 @@ mod tests {
     #[test]
     fn strip_eats_ascii_whitespace_only() {
         use TokenType::*;
-        let sp = specials(&[("<|user|>", Control), ("<s>", Control)], |_, t| Strip {
+        let sp = specials(&[("<|user|>", Control), ("<s>", Control)], |t| Strip {
             left: t == "<s>",
             right: t == "<|user|>",
         });
