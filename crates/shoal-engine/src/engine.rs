@@ -56,6 +56,8 @@ impl LoadedModel {
             let stage = DecoderStage::load(&mut gguf, *r, pool).map_err(|e| err(&e))?;
             stages.push(Box::new(LocalStage::new(stage)));
         }
+        drop(gguf);
+        release_freed_heap();
         Ok(Self {
             id: id.to_string(),
             config,
@@ -63,6 +65,18 @@ impl LoadedModel {
             template,
             stages,
         })
+    }
+}
+
+/// Hands heap memory freed while loading back to the OS. Reading a GGUF header allocates one small
+/// value per vocabulary entry (262k for Gemma 3) and loading stacks some matrices through temporary
+/// buffers; glibc keeps such freed chunks in its arena, which measured +50 MB of resident memory after
+/// loading Gemma 3 270M (20 % of its file) until trimmed.
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only walks glibc's own free lists; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -77,6 +91,8 @@ pub fn load_local_stage(
     };
     let mut gguf = GgufFile::open(path).map_err(|e| err(&e))?;
     let stage = DecoderStage::load(&mut gguf, range, pool).map_err(|e| err(&e))?;
+    drop(gguf);
+    release_freed_heap();
     Ok(LocalStage::new(stage))
 }
 
