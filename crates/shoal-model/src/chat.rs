@@ -1,20 +1,39 @@
-//! Chat templates: turning a list of [`ChatMessage`]s into the prompt text a model was trained on.
+//! Chat templates: turning a list of [`ChatMessage`]s into the prompt text a model was trained on,
+//! byte for byte as llama.cpp renders it (`--jinja`).
 //!
 //! [`ChatTemplate`] compiles the Jinja template stored in a GGUF (`tokenizer.chat_template`) once,
-//! into a minijinja environment configured like Hugging Face's (`trim_blocks`, `lstrip_blocks`,
-//! Python string/dict/list methods such as `.strip()` through `minijinja_contrib::pycompat`, and a
-//! `raise_exception` function). [`ChatTemplate::render`] fills in `messages`, `add_generation_prompt`,
-//! `bos_token` and `eos_token`. Failures are [`ChatTemplateError`]s, never panics.
+//! into a minijinja environment configured like llama.cpp's engine and Hugging Face's (`trim_blocks`,
+//! `lstrip_blocks`, Python string/dict/list methods such as `.strip()` through
+//! `minijinja_contrib::pycompat`, `raise_exception`, and llama.cpp's `tojson`: [`tojson`]). At build
+//! time it probes the template as llama.cpp does: whether it reads a system message's content (if not,
+//! a leading system message is merged into the next message) and whether `enable_thinking` changes
+//! its output (if so, thinking is on).
+//!
+//! [`ChatTemplate::render`] fills in `messages` (role `developer` read as `system`), `bos_token`,
+//! `eos_token`, `add_generation_prompt`, `enable_thinking`, llama.cpp's `date_string` and `datetime`
+//! and a `strftime_now(format)` function (both UTC: [`clock`]). [`ChatTemplate::apply`] then cuts off
+//! a BOS/EOS text that the tokenizer adds by itself ([`AddedSpecials`]), giving llama.cpp's prompt
+//! exactly. Failures are [`ChatTemplateError`]s, never panics.
 //!
 //! The rendered text contains special tokens such as `<|im_start|>` as plain text: tokenize it with
-//! `parse_special = true`, and add BOS only if the tokenizer says so (SmolLM2: no BOS).
+//! `parse_special = true`. `render`'s text keeps the template's BOS (add none: SmolLM2 has none and
+//! wants none); `apply`'s is for a tokenizer that adds BOS when the model asks for it.
+
+mod clock;
+mod tojson;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use candle_core::quantized::gguf_file::{Content, Value as GgufValue};
 use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Enumerator, Object, ObjectRepr};
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
+
+use clock::Utc;
 
 /// Name under which the template is stored in the environment (no extension: no auto-escaping).
 const TEMPLATE_NAME: &str = "chat";
@@ -62,19 +81,35 @@ pub enum ChatTemplateError {
 /// Prefix that marks errors coming from the template's own `raise_exception(...)`.
 const RAISED_PREFIX: &str = "raise_exception: ";
 
+/// Special tokens the tokenizer adds around a prompt by itself (`tokenizer.ggml.add_bos_token`,
+/// `add_eos_token`): [`ChatTemplate::apply`] cuts them off the rendered text, as llama.cpp does, so
+/// that they are not there twice.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AddedSpecials {
+    pub bos: bool,
+    pub eos: bool,
+}
+
 /// A compiled chat template plus the BOS/EOS token texts it may refer to.
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// The template reads a system message's content (llama.cpp's `supports_system_role` probe).
+    supports_system_role: bool,
+    /// Value of `enable_thinking`: true where the template's output depends on it.
+    enable_thinking: bool,
+    /// Role `developer` is read as `system` (everywhere but GPT-OSS's channel templates, as llama.cpp).
+    developer_is_system: bool,
 }
 
 impl ChatTemplate {
-    /// Compiles `source` (Jinja, as found in HF `tokenizer_config.json` or GGUF metadata).
+    /// Compiles `source` (Jinja, as found in HF `tokenizer_config.json` or GGUF metadata) and probes
+    /// what it supports.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, ChatTemplateError> {
         let mut env = Environment::new();
-        // HF renders with `ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)`.
+        // llama.cpp and HF render with `trim_blocks` and `lstrip_blocks`.
         let syntax = SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
@@ -83,13 +118,20 @@ impl ChatTemplate {
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson::tojson);
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
             .map_err(|source| ChatTemplateError::Compile { source })?;
-        Ok(Self {
+        let mut template = Self {
             env,
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
-        })
+            supports_system_role: true,
+            enable_thinking: false,
+            developer_is_system: !source.contains("<|channel|>"),
+        };
+        template.supports_system_role = template.probe_system_role();
+        template.enable_thinking = template.probe_thinking();
+        Ok(template)
     }
 
     /// Reads `tokenizer.chat_template` and the BOS/EOS token texts from GGUF metadata.
@@ -111,33 +153,59 @@ impl ChatTemplate {
         Self::new(source, &bos, &eos)
     }
 
-    /// Renders the conversation; with `add_generation_prompt` the text ends with the opening of an
-    /// assistant turn.
+    /// Renders the conversation as of now; with `add_generation_prompt` the text ends with the opening
+    /// of an assistant turn.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                let mut map = BTreeMap::new();
-                map.insert("role".to_owned(), Value::from(m.role.as_str()));
-                map.insert("content".to_owned(), Value::from(m.content.as_str()));
-                Value::from_object(map)
-            })
-            .collect();
-        let ctx = minijinja::context! {
-            messages => Value::from(messages),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token.as_str(),
-            eos_token => self.eos_token.as_str(),
-        };
-        let tmpl = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|source| ChatTemplateError::Render { source })?;
-        tmpl.render(ctx).map_err(classify)
+        self.render_at(messages, add_generation_prompt, SystemTime::now())
+    }
+
+    /// [`ChatTemplate::render`] with the clock at `now` (what `strftime_now` and `date_string` see).
+    pub fn render_at(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        now: SystemTime,
+    ) -> Result<String, ChatTemplateError> {
+        let messages = self.prepare(messages);
+        let mut ctx = self.context(&messages, now);
+        // llama.cpp leaves it undefined rather than false.
+        if add_generation_prompt {
+            ctx.insert("add_generation_prompt", Value::from(true));
+        }
+        self.execute(ctx).map_err(classify)
+    }
+
+    /// The prompt exactly as llama.cpp makes it (`/apply-template`): [`ChatTemplate::render`], less a
+    /// leading BOS text when the tokenizer adds BOS and a trailing EOS text when it adds EOS.
+    pub fn apply(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        added: AddedSpecials,
+    ) -> Result<String, ChatTemplateError> {
+        self.apply_at(messages, add_generation_prompt, added, SystemTime::now())
+    }
+
+    /// [`ChatTemplate::apply`] with the clock at `now`.
+    pub fn apply_at(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        added: AddedSpecials,
+        now: SystemTime,
+    ) -> Result<String, ChatTemplateError> {
+        let mut text = self.render_at(messages, add_generation_prompt, now)?;
+        if added.bos && text.starts_with(&self.bos_token) {
+            text.drain(..self.bos_token.len());
+        }
+        if added.eos && text.ends_with(&self.eos_token) {
+            text.truncate(text.len() - self.eos_token.len());
+        }
+        Ok(text)
     }
 
     pub fn bos_token(&self) -> &str {
@@ -147,6 +215,150 @@ impl ChatTemplate {
     pub fn eos_token(&self) -> &str {
         &self.eos_token
     }
+
+    /// Whether the template reads a system message (else one is merged into the next message).
+    pub fn supports_system_role(&self) -> bool {
+        self.supports_system_role
+    }
+
+    /// The `enable_thinking` the template sees: true where its output depends on it.
+    pub fn enable_thinking(&self) -> bool {
+        self.enable_thinking
+    }
+
+    /// llama.cpp's changes to the messages before rendering: role `developer` becomes `system`, and a
+    /// leading system message the template ignores is put in front of the next message's content
+    /// (dropped when it is the only one).
+    fn prepare(&self, messages: &[ChatMessage]) -> Vec<ChatMessage> {
+        let mut messages = messages.to_vec();
+        if self.developer_is_system {
+            for m in &mut messages {
+                if m.role == "developer" {
+                    m.role = "system".to_owned();
+                }
+            }
+        }
+        if !self.supports_system_role && messages.first().is_some_and(|m| m.role == "system") {
+            let system = messages.remove(0);
+            if let Some(next) = messages.first_mut() {
+                next.content = format!("{}\n{}", system.content, next.content);
+            }
+        }
+        messages
+    }
+
+    /// The variables llama.cpp gives every render (`add_generation_prompt` aside).
+    fn context(&self, messages: &[ChatMessage], now: SystemTime) -> BTreeMap<&'static str, Value> {
+        let unix = match now.duration_since(UNIX_EPOCH) {
+            Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            Err(e) => i64::try_from(e.duration().as_secs()).map_or(i64::MIN, |s| -s),
+        };
+        let utc = Utc::from_unix(unix);
+        let strftime_now = move |format: String| -> Result<String, Error> {
+            let text = utc.strftime(&format);
+            // C's strftime into llama.cpp's 100-byte buffer fails on empty or longer results.
+            if text.is_empty() || text.len() >= 100 {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "strftime_now: failed to format time",
+                ));
+            }
+            Ok(text)
+        };
+        BTreeMap::from([
+            ("messages", message_values(messages, None)),
+            ("bos_token", Value::from(self.bos_token.as_str())),
+            ("eos_token", Value::from(self.eos_token.as_str())),
+            ("enable_thinking", Value::from(self.enable_thinking)),
+            ("datetime", Value::from(utc.strftime("%b %d %Y"))),
+            ("date_string", Value::from(utc.strftime("%d %b %Y"))),
+            ("strftime_now", Value::from_function(strftime_now)),
+        ])
+    }
+
+    fn execute(&self, ctx: BTreeMap<&'static str, Value>) -> Result<String, Error> {
+        self.env.get_template(TEMPLATE_NAME)?.render(ctx)
+    }
+
+    /// llama.cpp's probe: render a system and a user message (empty BOS/EOS, `tools = []`, generation
+    /// prompt on) and see whether the system message's content was read. Errors count as "not read".
+    fn probe_system_role(&self) -> bool {
+        let read = Arc::new(AtomicBool::new(false));
+        let messages = [
+            ChatMessage::new("system", "System message"),
+            ChatMessage::new("user", "User message"),
+        ];
+        let ctx = BTreeMap::from([
+            ("messages", message_values(&messages, Some(&read))),
+            ("tools", Value::from(Vec::<Value>::new())),
+            ("bos_token", Value::from("")),
+            ("eos_token", Value::from("")),
+            ("add_generation_prompt", Value::from(true)),
+        ]);
+        let _ = self.execute(ctx);
+        read.load(Ordering::Relaxed)
+    }
+
+    /// Whether `enable_thinking` true and false render one user message differently (llama.cpp turns
+    /// thinking on for templates that support it).
+    fn probe_thinking(&self) -> bool {
+        let messages = [ChatMessage::new("user", "test")];
+        let render = |enable: bool| {
+            let mut ctx = self.context(&messages, UNIX_EPOCH);
+            ctx.insert("enable_thinking", Value::from(enable));
+            ctx.insert("add_generation_prompt", Value::from(true));
+            self.execute(ctx).ok()
+        };
+        matches!((render(true), render(false)), (Some(on), Some(off)) if on != off)
+    }
+}
+
+/// One message as the template sees it: a mapping with `role` and `content`, in that order. Reading
+/// `content` sets `content_read` (for the system-role probe).
+#[derive(Debug)]
+struct MessageValue {
+    role: Value,
+    content: Value,
+    content_read: Option<Arc<AtomicBool>>,
+}
+
+impl Object for MessageValue {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "role" => Some(self.role.clone()),
+            "content" => {
+                if let Some(read) = &self.content_read {
+                    read.store(true, Ordering::Relaxed);
+                }
+                Some(self.content.clone())
+            }
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["role", "content"])
+    }
+}
+
+/// `messages` as template values; with `first_read`, reading the first message's content sets it.
+fn message_values(messages: &[ChatMessage], first_read: Option<&Arc<AtomicBool>>) -> Value {
+    let values: Vec<Value> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            Value::from_object(MessageValue {
+                role: Value::from(m.role.as_str()),
+                content: Value::from(m.content.as_str()),
+                content_read: if i == 0 { first_read.cloned() } else { None },
+            })
+        })
+        .collect();
+    Value::from(values)
 }
 
 /// `raise_exception(message)` as HF defines it: abort rendering with that message.
