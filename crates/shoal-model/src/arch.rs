@@ -64,8 +64,7 @@ pub struct Family {
 
 impl Arch {
     /// Every supported architecture name, for error messages and the README.
-    pub const SUPPORTED: &'static [&'static str] =
-        &["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3"];
+    pub const SUPPORTED: &'static [&'static str] = crate::supported::ARCHITECTURES;
 
     /// The architecture of a `general.architecture` value.
     pub fn from_name(name: &str) -> Result<Self> {

@@ -14,7 +14,7 @@ pub enum ModelError {
     MissingKey { key: String },
     #[error("tensor '{name}' is missing from the model file")]
     MissingTensor { name: String },
-    #[error("tensor '{name}' has type {dtype}, which shoal cannot run (it runs {supported})", supported = crate::linear::SUPPORTED_TYPES)]
+    #[error("tensor '{name}' has type {dtype}, which shoal cannot run (it runs {supported})", supported = crate::supported::TENSOR_TYPES)]
     UnsupportedTensorType { name: String, dtype: String },
     #[error("tensor '{name}' has shape {got:?}, expected {expected:?}")]
     BadShape {
@@ -24,7 +24,7 @@ pub enum ModelError {
     },
     #[error(
         "unsupported architecture '{0}' (shoal runs: {supported})",
-        supported = crate::arch::Arch::SUPPORTED.join(", ")
+        supported = crate::supported::ARCHITECTURES.join(", ")
     )]
     UnsupportedArchitecture(String),
     #[error("unsupported model feature: {0}")]

@@ -32,6 +32,7 @@ pub mod kv;
 pub mod linear;
 pub mod matrix;
 pub mod ops;
+pub mod supported;
 pub mod tokenizer;
 
 pub use arch::Arch;

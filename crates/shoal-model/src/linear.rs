@@ -14,10 +14,6 @@ use shoal_kernels::{ActType, Activations, PackedMatrix, QType, ThreadPool};
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, RawTensor};
 
-/// The tensor types shoal runs, for error messages and the README.
-pub const SUPPORTED_TYPES: &str =
-    "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
-
 /// The ggml type id of a candle dtype (GGUF's numbering).
 fn ggml_type_id(dtype: GgmlDType) -> u32 {
     match dtype {
