@@ -83,13 +83,25 @@ impl ActRowK for PackedK {
 
 /// A decoded super-block header.
 pub(crate) struct Header {
-    d: f32,
-    dmin: f32,
+    pub(crate) d: f32,
+    pub(crate) dmin: f32,
     /// `i16` scales: for 32-value scales, all eight in both 128-bit halves (`sc[0]`); for
     /// 16-value scales, those of values `128 h..128 h + 128` in both halves of `sc[h]`.
     sc: [__m256i; 2],
     /// Per 16 values, the multiplier of the activations' sum of those 16 quants.
-    bias: __m256i,
+    pub(crate) bias: __m256i,
+}
+
+/// The `i16` scales in order: per 32 values in lanes 0..8, or per 16 values in lanes 0..16.
+#[inline(always)]
+pub(crate) unsafe fn flat_scales<K: KBlock>(h: &Header) -> __m256i {
+    unsafe {
+        if K::SCALE32 {
+            h.sc[0]
+        } else {
+            _mm256_permute2x128_si256::<0x20>(h.sc[0], h.sc[1])
+        }
+    }
 }
 
 /// A K-quant super-block format.
@@ -358,6 +370,53 @@ unsafe fn block_sum<K: KBlock, M: MulSum>(wb: *const u8, h: &Header, x: *const u
     }
 }
 
+/// The sum of the eight `i32` lanes of `v` (exact: the callers' sums stay far below 2³¹).
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
+    }
+}
+
+/// K-quant weights (`nb` super-blocks at `w`) · one `Q8_K` row. With 32-value scales: per
+/// super-block, the exact
+/// integer `Σ` (bias folded in unless the format has minimums), then `acc = fma(d·d_x, Σ, acc)`
+/// and, with minimums, `acc = fnmadd(dmin·d_x, bias, acc)` — the float operations of each output
+/// lane of the tile kernels in `ktile`, so a `vec_dot` equals the matmul's output bitwise.
+#[inline(always)]
+pub(crate) unsafe fn k_dot1<K: KBlock, M: MulSum, A: ActRowK>(
+    nb: usize,
+    w: *const u8,
+    a: A,
+) -> f32 {
+    if !K::SCALE32 {
+        // SAFETY: as below.
+        return unsafe { k_dot1_lanes::<K, M, A>(nb, w, a) };
+    }
+    unsafe {
+        let mut acc = _mm_setzero_ps();
+        for b in 0..nb {
+            let wb = w.add(b * K::BYTES);
+            prefetch_block::<K>(wb);
+            let h = K::header(wb);
+            let sum = hsum_i32(block_sum::<K, M>(wb, &h, a.qs(b)));
+            let bias = hsum_i32(_mm256_madd_epi16(h.bias, load256(a.sums(b).cast())));
+            let dx = a.d(b);
+            let z = _mm_setzero_ps();
+            if K::MINS {
+                acc = _mm_fmadd_ss(_mm_set_ss(h.d * dx), _mm_cvtsi32_ss(z, sum), acc);
+                acc = _mm_fnmadd_ss(_mm_set_ss(h.dmin * dx), _mm_cvtsi32_ss(z, bias), acc);
+            } else {
+                let s = _mm_cvtsi32_ss(z, sum.wrapping_add(bias));
+                acc = _mm_fmadd_ss(_mm_set_ss(h.d * dx), s, acc);
+            }
+        }
+        _mm_cvtss_f32(acc)
+    }
+}
+
 /// Adds one super-block of one row to `acc`: `sum` the scaled integer sums, `bias` the bias
 /// term, `dd = d·d_x`, `dm = dmin·d_x`.
 #[inline(always)]
@@ -378,13 +437,10 @@ unsafe fn accumulate<K: KBlock>(
     }
 }
 
-/// K-quant weights (`nb` super-blocks at `w`) · one `Q8_K` row.
+/// K-quant weights with 16-value scales · one `Q8_K` row, accumulating eight float lanes
+/// (the order of [`k_dot4`]).
 #[inline(always)]
-pub(crate) unsafe fn k_dot1<K: KBlock, M: MulSum, A: ActRowK>(
-    nb: usize,
-    w: *const u8,
-    a: A,
-) -> f32 {
+unsafe fn k_dot1_lanes<K: KBlock, M: MulSum, A: ActRowK>(nb: usize, w: *const u8, a: A) -> f32 {
     unsafe {
         let mut acc = _mm256_setzero_ps();
         for b in 0..nb {
@@ -403,6 +459,7 @@ pub(crate) unsafe fn k_dot1<K: KBlock, M: MulSum, A: ActRowK>(
 
 /// K-quant weights · four packed `Q8_K` rows (quants `qs[r]`, sums `bs[r]`, scales interleaved
 /// at `sc + 8 b`: `[d0, 0, d1, 0, d2, 0, d3, 0]`). Bitwise equal to four [`k_dot1`] calls.
+/// (The formats with 16-value scales; those with 32-value scales use the tiles of `ktile`.)
 #[inline(always)]
 pub(crate) unsafe fn k_dot4<K: KBlock, M: MulSum>(
     nb: usize,

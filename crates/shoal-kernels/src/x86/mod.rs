@@ -3,17 +3,20 @@
 //! The functions of this module are safe: each checks that the CPU has the features and that the
 //! slices have the lengths the kernels read, then enters a `#[target_feature]` function in which
 //! the generic `#[inline(always)]` kernels are compiled: [`kernels`] (the 32-value formats and
-//! the shared helpers), [`kquants`] (the K-quants, `Q8_K` quantization) and [`plain`] (`F32`,
+//! the shared helpers), [`kquants`] (the K-quants, `Q8_K` quantization), [`ktile`] (the
+//! four-weight-row × four-activation-row tiles of `Q4_K`/`Q5_K`) and [`plain`] (`F32`,
 //! `F16`, `BF16`). [`avx512`] holds the 16-row-group kernels of the AVX-512 VNNI backend.
 //!
 //! [`gemm_rows`] is the weight-stationary loop every format shares: for each tile of activation
 //! rows, each weight row of the chunk is dotted against four activation rows at a time (one
 //! decode of each weight block for four rows, [`QDots::dot4`]), the rest one by one
-//! ([`QDots::dot1`], the same float operations per output).
+//! ([`QDots::dot1`], the same float operations per output). The K-quants with 32-value scales
+//! take four weight rows at a time as well ([`gemm_k`]).
 
 pub(crate) mod avx512;
 mod kernels;
 mod kquants;
+mod ktile;
 mod plain;
 
 use std::arch::is_x86_feature_detected;
@@ -21,6 +24,7 @@ use std::ops::Range;
 
 use kernels::{GgmlQ80, GgmlQ81, Madd, MinBlock, MulSum, Packed, SymBlock, Vnni};
 use kquants::{GgmlQ8K, KBlock, PackedK};
+use ktile::TileRow;
 
 use crate::acts::Activations;
 use crate::format::{QK, QK_K, QType};
@@ -170,11 +174,11 @@ unsafe fn gemm<M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
             QType::Q8_0 => gemm_q::<Sym<Q80, M>>(g, rows),
             QType::Q4_0 => gemm_q::<Sym<Q40, M>>(g, rows),
             QType::Q5_0 => gemm_q::<Sym<Q50, M>>(g, rows),
-            QType::Q2_K => gemm_q::<K<Q2K, M>>(g, rows),
-            QType::Q3_K => gemm_q::<K<Q3K, M>>(g, rows),
-            QType::Q4_K => gemm_q::<K<Q4K, M>>(g, rows),
-            QType::Q5_K => gemm_q::<K<Q5K, M>>(g, rows),
-            QType::Q6_K => gemm_q::<K<Q6K, M>>(g, rows),
+            QType::Q2_K => gemm_k::<Q2K, M>(g, rows),
+            QType::Q3_K => gemm_k::<Q3K, M>(g, rows),
+            QType::Q4_K => gemm_k::<Q4K, M>(g, rows),
+            QType::Q5_K => gemm_k::<Q5K, M>(g, rows),
+            QType::Q6_K => gemm_k::<Q6K, M>(g, rows),
         }
     }
 }
@@ -190,7 +194,6 @@ trait QDots {
 
 struct Min<B, M>(std::marker::PhantomData<(B, M)>);
 struct Sym<B, M>(std::marker::PhantomData<(B, M)>);
-struct K<B, M>(std::marker::PhantomData<(B, M)>);
 struct Plain<P>(std::marker::PhantomData<P>);
 
 /// The quants of rows `r..r + 4` and their group's scales.
@@ -237,25 +240,6 @@ impl<B: SymBlock, M: MulSum> QDots for Sym<B, M> {
     }
 }
 
-impl<B: KBlock, M: MulSum> QDots for K<B, M> {
-    #[inline(always)]
-    unsafe fn dot4(nb: usize, w: *const u8, x: &Activations, r: usize) -> [f32; 4] {
-        let (qs, sc) = rows4(x, r);
-        let bs = std::array::from_fn(|i| x.bsums_row(r + i).as_ptr());
-        unsafe { kquants::k_dot4::<B, M>(nb, w, qs, bs, sc) }
-    }
-    #[inline(always)]
-    unsafe fn dot1(nb: usize, w: *const u8, x: &Activations, r: usize) -> f32 {
-        let Packed { qs, sc } = row1(x, r);
-        let a = PackedK {
-            qs,
-            sc,
-            bs: x.bsums_row(r).as_ptr(),
-        };
-        unsafe { kquants::k_dot1::<B, M, PackedK>(nb, w, a) }
-    }
-}
-
 impl<P: plain::Plain> QDots for Plain<P> {
     const FOUR: bool = false;
     #[inline(always)]
@@ -299,6 +283,77 @@ unsafe fn gemm_q<D: QDots>(g: &Gemm<'_>, rows: Range<usize>) {
                 // SAFETY: see the `QDots` impls.
                 g.store(r, j, unsafe { D::dot1(nb, w, g.x, r) });
                 r += 1;
+            }
+        }
+        r0 = r1;
+    }
+}
+
+/// The K-quants' loop. Formats with 32-value scales (`Q4_K`, `Q5_K`): for each tile of
+/// activation rows, each group of four weight rows of the chunk (the last group repeating its last
+/// row) is multiplied with four activation rows at a time ([`ktile::k_tile4`]). The others go
+/// one weight row at a time, four activation rows at a time ([`kquants::k_dot4`]). Rows left over
+/// take [`kquants::k_dot1`] per weight row — the same float operations per output in every case.
+#[inline(always)]
+unsafe fn gemm_k<B: KBlock, M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
+    let (nb, m) = (g.x.nb(), g.m);
+    if rows.is_empty() {
+        return;
+    }
+    // SAFETY: prefetching touches no memory.
+    unsafe { kernels::prefetch_start(g.weight_row(rows.start).as_ptr()) };
+    let tile_row = |r: usize| TileRow {
+        qs: g.x.q_row(r).as_ptr(),
+        bs: g.x.bsums_row(r).as_ptr(),
+    };
+    let mut r0 = 0;
+    while r0 < m {
+        let r1 = (r0 + ACT_TILE).min(m);
+        // `r0` is a multiple of 4, so `r0 + 4 i` starts a group of four rows.
+        let full = r0 + (r1 - r0) / 4 * 4;
+        if B::SCALE32 {
+            for j0 in rows.clone().step_by(4) {
+                let w = [0, 1, 2, 3].map(|i| g.weight_row((j0 + i).min(rows.end - 1)).as_ptr());
+                let cols = (rows.end - j0).min(4);
+                for r in (r0..full).step_by(4) {
+                    let x = [0, 1, 2, 3].map(|i| tile_row(r + i));
+                    let sc = g.x.sc_group(r / 4).as_ptr();
+                    // SAFETY: four complete weight rows of `nb` super-blocks; four activation
+                    // rows of `nb` blocks with 16 sums each, and their group's `8 nb` scales.
+                    let v = unsafe { ktile::k_tile4::<B, M>(nb, w, x, sc) };
+                    for (i, row) in v.iter().enumerate() {
+                        for (c, &o) in row.iter().enumerate().take(cols) {
+                            g.store(r + i, j0 + c, o);
+                        }
+                    }
+                }
+            }
+        }
+        for j in rows.clone() {
+            let w = g.weight_row(j).as_ptr();
+            if !B::SCALE32 {
+                for r in (r0..full).step_by(4) {
+                    let x = [0, 1, 2, 3].map(|i| tile_row(r + i));
+                    let sc = g.x.sc_group(r / 4).as_ptr();
+                    // SAFETY: as above, for one weight row.
+                    let v = unsafe {
+                        kquants::k_dot4::<B, M>(nb, w, x.map(|t| t.qs), x.map(|t| t.bs), sc)
+                    };
+                    for (i, &o) in v.iter().enumerate() {
+                        g.store(r + i, j, o);
+                    }
+                }
+            }
+            for r in full..r1 {
+                let Packed { qs, sc } = row1(g.x, r);
+                let a = PackedK {
+                    qs,
+                    sc,
+                    bs: g.x.bsums_row(r).as_ptr(),
+                };
+                // SAFETY: one complete weight row and activation row; the row's `d` of the last
+                // block lies at `8 (nb - 1) + 2 (r % 4)` of its group's scales.
+                g.store(r, j, unsafe { kquants::k_dot1::<B, M, PackedK>(nb, w, a) });
             }
         }
         r0 = r1;
