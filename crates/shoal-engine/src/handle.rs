@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use shoal_model::chat::ChatTemplate;
+use shoal_model::chat::{AddedSpecials, ChatTemplate};
 use shoal_model::tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
@@ -109,8 +109,15 @@ impl EngineHandle {
             .ok_or_else(|| EngineError::NoChatTemplate {
                 model: self.info().id.clone(),
             })?;
+        // The prompt is submitted with `add_bos`: a BOS the template writes itself is cut when the
+        // tokenizer adds one (Llama 3's and Gemma's templates start with `{{ bos_token }}`), so the prompt
+        // starts with exactly one, as llama.cpp's chat path makes it.
+        let added = AddedSpecials {
+            bos: self.inner.tokenizer.add_bos(),
+            eos: false,
+        };
         template
-            .render(messages, true)
+            .apply(messages, true, added)
             .map_err(|e| EngineError::Template(e.to_string()))
     }
 

@@ -40,7 +40,8 @@ pub struct GenerateRequest {
     /// Stop sequences: generation ends before any of them and they are never emitted.
     pub stop: Vec<String>,
     /// Add the model's BOS token in front of a text prompt when the model asks for it
-    /// (`tokenizer.ggml.add_bos_token`). Chat prompts rendered from a template already contain it.
+    /// (`tokenizer.ggml.add_bos_token`). Chat prompts too: `render_chat` cuts a BOS the template wrote
+    /// itself when the tokenizer adds one.
     pub add_bos: bool,
     /// Keep generating past end-of-generation tokens (benchmarks that need exactly `max_tokens`).
     pub ignore_eos: bool,

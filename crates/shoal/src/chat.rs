@@ -48,7 +48,8 @@ async fn local(args: &ChatArgs) -> anyhow::Result<()> {
         sampling,
         max_tokens: Some(shoal_engine::request::max_tokens(args.max_tokens)?),
         stop: Vec::new(),
-        add_bos: false,
+        // render_chat cut the template's own BOS where the tokenizer adds one.
+        add_bos: true,
         ignore_eos: false,
         timeout: None,
         logits_processor: None,

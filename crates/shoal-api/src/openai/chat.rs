@@ -52,7 +52,8 @@ pub async fn chat_completions(
         sampling: params.sampling,
         max_tokens: params.max_tokens,
         stop: params.stop,
-        add_bos: false,
+        // render_chat cut the template's own BOS where the tokenizer adds one.
+        add_bos: true,
         ignore_eos: params.ignore_eos,
         timeout: params.timeout,
         logits_processor: None,
