@@ -343,3 +343,22 @@ impl Embedding {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_type_the_kernels_cannot_multiply_names_the_tensor_and_the_type() {
+        let err = kernel_qtype("blk.3.ffn_up.weight", GgmlDType::Q8K)
+            .map(|_| ())
+            .expect_err("Q8_K is an activation format")
+            .to_string();
+        assert!(
+            err.contains("blk.3.ffn_up.weight") && err.contains("Q8K"),
+            "{err}"
+        );
+        assert!(err.contains("Q4_K") && err.contains("Q6_K"), "{err}");
+        assert!(kernel_qtype("w", GgmlDType::Q4K).is_ok());
+    }
+}
