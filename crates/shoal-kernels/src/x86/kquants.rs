@@ -354,6 +354,16 @@ unsafe fn prefetch_block<K: KBlock>(wb: *const u8) {
     }
 }
 
+/// Prefetches the `K::BYTES` at `p` (no access: any address is fine).
+#[inline(always)]
+pub(crate) unsafe fn prefetch_block_at<K: KBlock>(p: *const u8) {
+    let mut o = 0;
+    while o < K::BYTES {
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o).cast()) };
+        o += 64;
+    }
+}
+
 /// `Σ` over the super-block of `scale · Σ q·x` for one activation row (quants at `x`).
 #[inline(always)]
 unsafe fn block_sum<K: KBlock, M: MulSum>(wb: *const u8, h: &Header, x: *const u8) -> __m256i {
@@ -414,6 +424,58 @@ pub(crate) unsafe fn k_dot1<K: KBlock, M: MulSum, A: ActRowK>(
             }
         }
         _mm_cvtss_f32(acc)
+    }
+}
+
+/// Four weight rows with 32-value scales (`nb` super-blocks each at `w[i]`) · one `Q8_K` row:
+/// per row the integer sums of [`k_dot1`], reduced together, and its float operations in four
+/// lanes (so each output is bitwise [`k_dot1`]'s). Prefetches each block `ahead` bytes on (the
+/// same block of the next group of rows).
+#[inline(always)]
+pub(crate) unsafe fn k_dot1x4<K: KBlock, M: MulSum, A: ActRowK>(
+    nb: usize,
+    w: [*const u8; 4],
+    a: A,
+    ahead: usize,
+) -> [f32; 4] {
+    unsafe {
+        let mut acc = _mm_setzero_ps();
+        for b in 0..nb {
+            let (x, sums) = (a.qs(b), load256(a.sums(b).cast()));
+            let mut s = [_mm256_setzero_si256(); 4];
+            let mut bias = [_mm256_setzero_si256(); 4];
+            let (mut d, mut dm) = ([0f32; 4], [0f32; 4]);
+            for i in 0..4 {
+                let wb = w[i].add(b * K::BYTES);
+                prefetch_block_at::<K>(wb.wrapping_add(ahead));
+                let h = K::header(wb);
+                s[i] = block_sum::<K, M>(wb, &h, x);
+                bias[i] = _mm256_madd_epi16(h.bias, sums);
+                if !K::MINS {
+                    s[i] = _mm256_add_epi32(s[i], bias[i]);
+                }
+                (d[i], dm[i]) = (h.d, h.dmin);
+            }
+            let dx = _mm_set1_ps(a.d(b));
+            let dd = _mm_mul_ps(_mm_loadu_ps(d.as_ptr()), dx);
+            acc = _mm_fmadd_ps(dd, _mm_cvtepi32_ps(hsum4(s)), acc);
+            if K::MINS {
+                let dm = _mm_mul_ps(_mm_loadu_ps(dm.as_ptr()), dx);
+                acc = _mm_fnmadd_ps(dm, _mm_cvtepi32_ps(hsum4(bias)), acc);
+            }
+        }
+        let mut out = [0f32; 4];
+        _mm_storeu_ps(out.as_mut_ptr(), acc);
+        out
+    }
+}
+
+/// The lane sums of four vectors: `[Σ v0, Σ v1, Σ v2, Σ v3]`.
+#[inline(always)]
+unsafe fn hsum4(v: [__m256i; 4]) -> __m128i {
+    unsafe {
+        let s = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s))
     }
 }
 

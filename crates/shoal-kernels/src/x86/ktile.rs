@@ -22,8 +22,8 @@
 
 use std::arch::x86_64::*;
 
-use super::kernels::{MulSum, load256, prefetch_weights};
-use super::kquants::{Header, KBlock, flat_scales};
+use super::kernels::{MulSum, load256};
+use super::kquants::{Header, KBlock, flat_scales, prefetch_block_at};
 use crate::format::QK_K;
 
 /// Interleaves four rows' 32-byte vectors by 8-byte chunks: `R_k = [A_k | B_k | C_k | D_k]`.
@@ -160,29 +160,25 @@ pub(crate) struct TileRow {
     pub(crate) bs: *const i16,
 }
 
-/// The decoded header of super-block `b` of the weight row at `w`, prefetching ahead.
+/// The decoded header of super-block `b` of the weight row at `w`, prefetching `ahead` bytes on.
 #[inline(always)]
-unsafe fn header<K: KBlock>(w: *const u8, b: usize) -> Header {
+unsafe fn header<K: KBlock>(w: *const u8, b: usize, ahead: usize) -> Header {
     unsafe {
         let wb = w.add(b * K::BYTES);
-        let mut o = 0;
-        while o < K::BYTES {
-            prefetch_weights(wb.wrapping_add(o));
-            o += 64;
-        }
+        prefetch_block_at::<K>(wb.wrapping_add(ahead));
         K::header(wb)
     }
 }
 
-/// The decoded headers of the four weight rows' super-block `b`, prefetching ahead.
+/// The decoded headers of the four weight rows' super-block `b`, prefetching `ahead` bytes on.
 #[inline(always)]
-unsafe fn headers<K: KBlock>(w: &[*const u8; 4], b: usize) -> [Header; 4] {
+unsafe fn headers<K: KBlock>(w: &[*const u8; 4], b: usize, ahead: usize) -> [Header; 4] {
     unsafe {
         [
-            header::<K>(w[0], b),
-            header::<K>(w[1], b),
-            header::<K>(w[2], b),
-            header::<K>(w[3], b),
+            header::<K>(w[0], b, ahead),
+            header::<K>(w[1], b, ahead),
+            header::<K>(w[2], b, ahead),
+            header::<K>(w[3], b, ahead),
         ]
     }
 }
@@ -262,20 +258,22 @@ unsafe fn accumulate<K: KBlock>(
 }
 
 /// Four weight rows (`nb` super-blocks each at `w[i]`) · four packed `Q8_K` rows whose scales are
-/// interleaved at `sc + 8 b` (`[d0, 0, d1, 0, d2, 0, d3, 0]`). Returns `out[r][i]`.
+/// interleaved at `sc + 8 b` (`[d0, 0, d1, 0, d2, 0, d3, 0]`). Returns `out[r][i]`. Prefetches
+/// each block `ahead` bytes on (the same block of the next group of rows).
 #[inline(always)]
 pub(crate) unsafe fn k_tile4<K: KBlock, M: MulSum>(
     nb: usize,
     w: [*const u8; 4],
     x: [TileRow; 4],
     sc: *const f32,
+    ahead: usize,
 ) -> [[f32; 4]; 4] {
     unsafe {
         let (mut f01, mut f23) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let lo = _mm256_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2);
         let hi = _mm256_setr_epi32(4, 4, 6, 6, 4, 4, 6, 6);
         for b in 0..nb {
-            let h = headers::<K>(&w, b);
+            let h = headers::<K>(&w, b, ahead);
             let (s, bias) = super_block::<K, M, 4>(&w, b, &h, &x);
             let ws = weight_scales(&h);
             let dx = _mm256_loadu_ps(sc.add(8 * b));

@@ -289,11 +289,23 @@ unsafe fn gemm_q<D: QDots>(g: &Gemm<'_>, rows: Range<usize>) {
     }
 }
 
+/// Activation row `r` as a `Q8_K` row of the packed layout.
+#[inline(always)]
+fn packed_k(x: &Activations, r: usize) -> PackedK {
+    let Packed { qs, sc } = row1(x, r);
+    PackedK {
+        qs,
+        sc,
+        bs: x.bsums_row(r).as_ptr(),
+    }
+}
+
 /// The K-quants' loop. Formats with 32-value scales (`Q4_K`, `Q5_K`): for each tile of
 /// activation rows, each group of four weight rows of the chunk (the last group repeating its last
 /// row) is multiplied with four activation rows at a time ([`ktile::k_tile4`]). The others go
 /// one weight row at a time, four activation rows at a time ([`kquants::k_dot4`]). Rows left over
-/// take [`kquants::k_dot1`] per weight row — the same float operations per output in every case.
+/// take [`kquants::k_dot1x4`] (four weight rows) or [`kquants::k_dot1`] — the same float
+/// operations per output in every case.
 #[inline(always)]
 unsafe fn gemm_k<B: KBlock, M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
     let (nb, m) = (g.x.nb(), g.m);
@@ -312,6 +324,8 @@ unsafe fn gemm_k<B: KBlock, M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
         // `r0` is a multiple of 4, so `r0 + 4 i` starts a group of four rows.
         let full = r0 + (r1 - r0) / 4 * 4;
         if B::SCALE32 {
+            // Each row prefetches the same block of the next group's row.
+            let ahead = 4 * g.w_row_bytes;
             for j0 in rows.clone().step_by(4) {
                 let w = [0, 1, 2, 3].map(|i| g.weight_row((j0 + i).min(rows.end - 1)).as_ptr());
                 let cols = (rows.end - j0).min(4);
@@ -320,18 +334,26 @@ unsafe fn gemm_k<B: KBlock, M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
                     let sc = g.x.sc_group(r / 4).as_ptr();
                     // SAFETY: four complete weight rows of `nb` super-blocks; four activation
                     // rows of `nb` blocks with 16 sums each, and their group's `8 nb` scales.
-                    let v = unsafe { ktile::k_tile4::<B, M>(nb, w, x, sc) };
+                    let v = unsafe { ktile::k_tile4::<B, M>(nb, w, x, sc, ahead) };
                     for (i, row) in v.iter().enumerate() {
                         for (c, &o) in row.iter().enumerate().take(cols) {
                             g.store(r + i, j0 + c, o);
                         }
                     }
                 }
+                for r in full..r1 {
+                    // SAFETY: four complete weight rows; one activation row as for `k_dot1`.
+                    let v = unsafe {
+                        kquants::k_dot1x4::<B, M, PackedK>(nb, w, packed_k(g.x, r), ahead)
+                    };
+                    for (c, &o) in v.iter().enumerate().take(cols) {
+                        g.store(r, j0 + c, o);
+                    }
+                }
             }
-        }
-        for j in rows.clone() {
-            let w = g.weight_row(j).as_ptr();
-            if !B::SCALE32 {
+        } else {
+            for j in rows.clone() {
+                let w = g.weight_row(j).as_ptr();
                 for r in (r0..full).step_by(4) {
                     let x = [0, 1, 2, 3].map(|i| tile_row(r + i));
                     let sc = g.x.sc_group(r / 4).as_ptr();
@@ -343,17 +365,12 @@ unsafe fn gemm_k<B: KBlock, M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
                         g.store(r + i, j, o);
                     }
                 }
-            }
-            for r in full..r1 {
-                let Packed { qs, sc } = row1(g.x, r);
-                let a = PackedK {
-                    qs,
-                    sc,
-                    bs: g.x.bsums_row(r).as_ptr(),
-                };
-                // SAFETY: one complete weight row and activation row; the row's `d` of the last
-                // block lies at `8 (nb - 1) + 2 (r % 4)` of its group's scales.
-                g.store(r, j, unsafe { kquants::k_dot1::<B, M, PackedK>(nb, w, a) });
+                for r in full..r1 {
+                    // SAFETY: one complete weight row and activation row; the row's `d` of the last
+                    // block lies at `8 (nb - 1) + 2 (r % 4)` of its group's scales.
+                    let v = unsafe { kquants::k_dot1::<B, M, PackedK>(nb, w, packed_k(g.x, r)) };
+                    g.store(r, j, v);
+                }
             }
         }
         r0 = r1;
