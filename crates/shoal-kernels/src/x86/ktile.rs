@@ -257,45 +257,44 @@ unsafe fn accumulate<K: KBlock>(
     }
 }
 
-/// Four weight rows (`nb` super-blocks each at `w[i]`) · four packed `Q8_K` rows whose scales are
-/// interleaved at `sc + 8 b` (`[d0, 0, d1, 0, d2, 0, d3, 0]`). Returns `out[r][i]`. Prefetches
-/// each block `ahead` bytes on (the same block of the next group of rows).
+/// Four weight rows (`nb` super-blocks each at `w[i]`) · `R` packed `Q8_K` rows (4 or 8), whose
+/// scales are interleaved by groups of four at `sc[g] + 8 b` (`[d0, 0, d1, 0, d2, 0, d3, 0]`).
+/// Returns `out[r][i]`. Prefetches each block `ahead` bytes on (the same block of the next group
+/// of rows).
 #[inline(always)]
-pub(crate) unsafe fn k_tile4<K: KBlock, M: MulSum>(
+pub(crate) unsafe fn k_tile<K: KBlock, M: MulSum, const R: usize>(
     nb: usize,
     w: [*const u8; 4],
-    x: [TileRow; 4],
-    sc: *const f32,
+    x: [TileRow; R],
+    sc: [*const f32; 2],
     ahead: usize,
-) -> [[f32; 4]; 4] {
+) -> [[f32; 4]; R] {
     unsafe {
-        let (mut f01, mut f23) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let lo = _mm256_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2);
-        let hi = _mm256_setr_epi32(4, 4, 6, 6, 4, 4, 6, 6);
+        // Pair `p` of rows (2p, 2p + 1) in lanes [r0A r0B r1A r1B | r0C r0D r1C r1D].
+        let mut f = [_mm256_setzero_ps(); 4];
+        let pick = [
+            _mm256_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2),
+            _mm256_setr_epi32(4, 4, 6, 6, 4, 4, 6, 6),
+        ];
         for b in 0..nb {
             let h = headers::<K>(&w, b, ahead);
-            let (s, bias) = super_block::<K, M, 4>(&w, b, &h, &x);
+            let (s, bias) = super_block::<K, M, R>(&w, b, &h, &x);
             let ws = weight_scales(&h);
-            let dx = _mm256_loadu_ps(sc.add(8 * b));
-            // Lanes [r0A r0B r1A r1B | r0C r0D r1C r1D] (and rows 2, 3).
-            let (s01, s23) = (_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-            let (b01, b23) = (
-                _mm256_hadd_epi32(bias[0], bias[1]),
-                _mm256_hadd_epi32(bias[2], bias[3]),
-            );
-            let dx01 = _mm256_permutevar8x32_ps(dx, lo);
-            let dx23 = _mm256_permutevar8x32_ps(dx, hi);
-            f01 = accumulate::<K>(f01, ws, dx01, s01, b01);
-            f23 = accumulate::<K>(f23, ws, dx23, s23, b23);
+            for p in 0..R / 2 {
+                let dx = _mm256_loadu_ps(sc[p / 2].add(8 * b));
+                let dx = _mm256_permutevar8x32_ps(dx, pick[p % 2]);
+                let sp = _mm256_hadd_epi32(s[2 * p], s[2 * p + 1]);
+                let bp = _mm256_hadd_epi32(bias[2 * p], bias[2 * p + 1]);
+                f[p] = accumulate::<K>(f[p], ws, dx, sp, bp);
+            }
         }
-        let (mut a, mut c) = ([0f32; 8], [0f32; 8]);
-        _mm256_storeu_ps(a.as_mut_ptr(), f01);
-        _mm256_storeu_ps(c.as_mut_ptr(), f23);
-        [
-            [a[0], a[1], a[4], a[5]],
-            [a[2], a[3], a[6], a[7]],
-            [c[0], c[1], c[4], c[5]],
-            [c[2], c[3], c[6], c[7]],
-        ]
+        let mut out = [[0f32; 4]; R];
+        for p in 0..R / 2 {
+            let mut a = [0f32; 8];
+            _mm256_storeu_ps(a.as_mut_ptr(), f[p]);
+            out[2 * p] = [a[0], a[1], a[4], a[5]];
+            out[2 * p + 1] = [a[2], a[3], a[6], a[7]];
+        }
+        out
     }
 }

@@ -289,6 +289,16 @@ unsafe fn gemm_q<D: QDots>(g: &Gemm<'_>, rows: Range<usize>) {
     }
 }
 
+/// Stores a tile's outputs `v[i][c]` at `(r + i, j0 + c)` for the first `cols` columns.
+#[inline(always)]
+fn store_tile<const R: usize>(g: &Gemm<'_>, r: usize, j0: usize, cols: usize, v: &[[f32; 4]; R]) {
+    for (i, row) in v.iter().enumerate() {
+        for (c, &o) in row.iter().enumerate().take(cols) {
+            g.store(r + i, j0 + c, o);
+        }
+    }
+}
+
 /// Activation row `r` as a `Q8_K` row of the packed layout.
 #[inline(always)]
 fn packed_k(x: &Activations, r: usize) -> PackedK {
@@ -302,7 +312,7 @@ fn packed_k(x: &Activations, r: usize) -> PackedK {
 
 /// The K-quants' loop. Formats with 32-value scales (`Q4_K`, `Q5_K`): for each tile of
 /// activation rows, each group of four weight rows of the chunk (the last group repeating its last
-/// row) is multiplied with four activation rows at a time ([`ktile::k_tile4`]). The others go
+/// row) is multiplied with eight (then four) activation rows at a time ([`ktile::k_tile`]). The others go
 /// one weight row at a time, four activation rows at a time ([`kquants::k_dot4`]). Rows left over
 /// take [`kquants::k_dot1x4`] (four weight rows) or [`kquants::k_dot1`] — the same float
 /// operations per output in every case.
@@ -329,17 +339,22 @@ unsafe fn gemm_k<B: KBlock, M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
             for j0 in rows.clone().step_by(4) {
                 let w = [0, 1, 2, 3].map(|i| g.weight_row((j0 + i).min(rows.end - 1)).as_ptr());
                 let cols = (rows.end - j0).min(4);
-                for r in (r0..full).step_by(4) {
-                    let x = [0, 1, 2, 3].map(|i| tile_row(r + i));
-                    let sc = g.x.sc_group(r / 4).as_ptr();
-                    // SAFETY: four complete weight rows of `nb` super-blocks; four activation
-                    // rows of `nb` blocks with 16 sums each, and their group's `8 nb` scales.
-                    let v = unsafe { ktile::k_tile4::<B, M>(nb, w, x, sc, ahead) };
-                    for (i, row) in v.iter().enumerate() {
-                        for (c, &o) in row.iter().enumerate().take(cols) {
-                            g.store(r + i, j0 + c, o);
-                        }
-                    }
+                let mut r = r0;
+                while r + 8 <= full {
+                    let x = std::array::from_fn(|i| tile_row(r + i));
+                    let sc = [r / 4, r / 4 + 1].map(|q| g.x.sc_group(q).as_ptr());
+                    // SAFETY: four complete weight rows of `nb` super-blocks; eight activation
+                    // rows of `nb` blocks with 16 sums each, and their groups' `8 nb` scales.
+                    let v = unsafe { ktile::k_tile::<B, M, 8>(nb, w, x, sc, ahead) };
+                    store_tile(g, r, j0, cols, &v);
+                    r += 8;
+                }
+                if r < full {
+                    let x = std::array::from_fn(|i| tile_row(r + i));
+                    let sc = [g.x.sc_group(r / 4).as_ptr(); 2];
+                    // SAFETY: as above, for four activation rows (one group of scales).
+                    let v = unsafe { ktile::k_tile::<B, M, 4>(nb, w, x, sc, ahead) };
+                    store_tile(g, r, j0, cols, &v);
                 }
                 for r in full..r1 {
                     // SAFETY: four complete weight rows; one activation row as for `k_dot1`.
