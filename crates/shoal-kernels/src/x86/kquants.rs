@@ -17,8 +17,16 @@
 //! - `Q3_K`: `q - 4` (high bit clear) as `q + 4·hbit` with bias `-4·sc`.
 //!
 //! On AVX-VNNI the scale multiply-and-add is one `vpdpwssd` ([`MulSum::madd_acc`]); the integer
-//! sums are the same, so both backends give bitwise equal results. [`k_dot4`] performs the same
-//! float operations per row as [`k_dot1`], so results do not depend on the batch.
+//! sums are the same, so both backends give bitwise equal results.
+//!
+//! Two float orders, one per scale width, each shared by every kernel of those formats so results
+//! do not depend on the batch:
+//! - 16-value scales (`Q2_K`, `Q3_K`, `Q6_K`): eight float lanes per output, one FMA per
+//!   super-block, summed at the end ([`k_dot1`] → `k_dot1_lanes`, [`k_dot4`] for four
+//!   activation rows);
+//! - 32-value scales (`Q4_K`, `Q5_K`): one exact integer per super-block and output, then
+//!   `fma(d·d_x, Σ, acc)` and `fnmadd(dmin·d_x, bias, acc)` on one float ([`k_dot1`], and
+//!   [`k_dot1x4`] for four weight rows); the prefill tiles in `ktile` do the same per lane.
 
 use std::arch::x86_64::*;
 
