@@ -129,6 +129,9 @@ impl ModelConfig {
         };
         let local_layers = local_layers(gguf, &k, n_layers, sliding_window, family.swa_pattern)?;
         let query_scale = match arch {
+            // Gemma 3 27B (62 layers) scales by the model's dim per head rather than the key length, as
+            // Google's reference and llama.cpp do.
+            Arch::Gemma3 if n_layers == 62 => Some(1.0 / ((dim / n_heads) as f32).sqrt()),
             Arch::Gemma3 | Arch::Phi3 => Some(1.0 / (head_dim as f32).sqrt()),
             _ => None,
         };
