@@ -17,7 +17,6 @@ use std::sync::Arc;
 
 use shoal_kernels::ThreadPool;
 
-use crate::arch::Arch;
 use crate::attention::{self, AttnSpec, Heads};
 use crate::config::{LayerRange, ModelConfig};
 use crate::error::{ModelError, Result};
@@ -297,10 +296,6 @@ impl DecoderStage {
 
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
-    }
-
-    pub fn arch(&self) -> Arch {
-        self.cfg.arch.arch
     }
 
     pub fn range(&self) -> LayerRange {

@@ -113,16 +113,6 @@ impl QLinear {
         }
         Ok(())
     }
-
-    /// `x` is `m × in_features` row-major; returns `m × out_features`.
-    pub fn forward_host(&self, x: &[f32], m: usize, pool: &ThreadPool) -> Result<Vec<f32>> {
-        let mut acts = Activations::default();
-        acts.quantize_into_par(self.act_type(), x, m, self.in_features(), pool)
-            .map_err(|e| ModelError::BadInput(format!("matmul input: {e}")))?;
-        let mut out = Vec::new();
-        self.forward_quantized(&acts, &mut out, pool)?;
-        Ok(out)
-    }
 }
 
 /// One weight tensor of a [`LinearSet`]: its name and whether a bias may follow it.
@@ -219,7 +209,8 @@ impl LinearSet {
         s: &mut LinearScratch,
         pool: &ThreadPool,
     ) -> Result<()> {
-        let mut fresh: Vec<ActType> = Vec::with_capacity(2);
+        // Bit `i`: `s.acts[i]` holds this call's input already.
+        let mut fresh = 0u64;
         for (w, col) in &self.groups {
             let act = w.act_type();
             let at = match s.acts.iter().position(|(a, _)| *a == act) {
@@ -230,10 +221,10 @@ impl LinearSet {
                 }
             };
             let acts = &mut s.acts[at].1;
-            if !fresh.contains(&act) {
+            if fresh & (1 << at) == 0 {
                 acts.quantize_into_par(act, x, m, self.in_features, pool)
                     .map_err(|e| ModelError::BadInput(format!("matmul input: {e}")))?;
-                fresh.push(act);
+                fresh |= 1 << at;
             }
             if self.groups.len() == 1 {
                 return w.forward_quantized(acts, out, pool);

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{argmax, load_from, step};
+use common::{argmax, ids, load_whole, step};
 use shoal_model::gguf::GgufFile;
 use shoal_model::tokenizer::Tokenizer;
 
@@ -26,14 +26,6 @@ fn fixtures() -> Vec<(PathBuf, serde_json::Value)> {
     out.sort_by(|a, b| a.0.cmp(&b.0));
     assert!(out.len() >= 12, "only {} synthetic fixtures", out.len());
     out
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .expect("ids")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
 }
 
 fn floats(v: &serde_json::Value) -> Vec<f32> {
@@ -64,7 +56,7 @@ fn logits_and_greedy_tokens_match_llama_cpp_for_every_architecture_and_type() {
     let mut failures = Vec::new();
     for (path, r) in fixtures() {
         let name = path.file_name().unwrap().to_string_lossy().to_string();
-        let stages = load_from(&path, &[(0, n_layers(&path))]);
+        let stages = load_whole(&path);
         let prompt = ids(&r["prompt"]);
         let want: Vec<Vec<f32>> = r["logits"]
             .as_array()
@@ -151,11 +143,4 @@ fn tokenization_matches_llama_cpp_for_every_vocabulary() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-}
-
-fn n_layers(path: &std::path::Path) -> usize {
-    let g = GgufFile::open(path).expect("open");
-    shoal_model::ModelConfig::from_gguf(&g)
-        .expect("config")
-        .n_layers
 }

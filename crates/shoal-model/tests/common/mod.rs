@@ -10,6 +10,16 @@ use shoal_model::gguf::GgufFile;
 use shoal_model::{DecoderStage, LayerRange, SeqChunk, StageInput};
 use shoal_testkit::fixtures::golden;
 
+/// Every layer of the model at `path` as one stage.
+pub fn load_whole(path: &Path) -> Vec<DecoderStage> {
+    let pool = Arc::new(ThreadPool::new(1));
+    let mut g = GgufFile::open(path).expect("open model");
+    let n = shoal_model::ModelConfig::from_gguf(&g)
+        .expect("config")
+        .n_layers;
+    vec![DecoderStage::load(&mut g, LayerRange::full(n), &pool).expect("load")]
+}
+
 pub fn load_from(path: &Path, ranges: &[(usize, usize)]) -> Vec<DecoderStage> {
     let pool = Arc::new(ThreadPool::new(1));
     let mut g = GgufFile::open(path).expect("open model");
