@@ -38,6 +38,9 @@ pub struct NodeFacts {
     /// this node's budget), by instance id; the driver never holds more.
     #[serde(default)]
     pub kv_capacity: BTreeMap<String, u64>,
+    /// Model downloads on this node (running, and the last finished ones), by model id.
+    #[serde(default)]
+    pub downloads: Vec<DownloadFacts>,
     /// Increases with every publication, so receivers keep the newest.
     pub seq: u64,
     /// Unix seconds when this node process started.
@@ -71,10 +74,38 @@ pub struct LinkFacts {
     pub rx_bytes: u64,
 }
 
+/// One model download on a node, as its owner publishes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DownloadFacts {
+    pub model: String,
+    /// `running`, `done`, `failed` or `cancelled`.
+    pub state: String,
+    /// Bytes this node needs (the whole file, or the chunks holding one stage's tensors).
+    pub needed: u64,
+    /// Of those, bytes fetched and verified.
+    pub done: u64,
+    /// Size of the whole model file.
+    pub file_size: u64,
+    pub bytes_per_s: f64,
+    /// Seconds left at the current speed.
+    pub eta_s: Option<f64>,
+    /// Where the bytes came from (peer ids, `hub`, `pip`), with bytes from each.
+    #[serde(default)]
+    pub sources: BTreeMap<String, u64>,
+    /// Chunks that failed verification and were fetched again elsewhere.
+    #[serde(default)]
+    pub refused_chunks: u64,
+    /// Why it failed.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
 /// Load state of one stage of an instance on its node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "lowercase")]
 pub enum InstanceStatus {
+    /// The stage's bytes are still arriving (from peers or the internet): `done` of `needed` bytes.
+    Downloading { done: u64, needed: u64 },
     Loading,
     Ready,
     Failed { error: String },

@@ -206,19 +206,17 @@ impl ClusterState {
         true
     }
 
-    /// The planner's view of the members that have `model`, with the links they measured.
-    pub fn topology(&self, model: &str) -> (Topology, Option<ModelCard>) {
+    /// The planner's view of the members (those that have `model`, or all of them with `all`), with the
+    /// links they measured, and the model's card from any member that has it.
+    pub fn topology(&self, model: &str, all: bool) -> (Topology, Option<ModelCard>) {
         let members = self.member_facts();
-        let with_model: Vec<&NodeFacts> = members
-            .iter()
-            .copied()
-            .filter(|f| f.models.iter().any(|m| m.id == model))
-            .collect();
-        let card = with_model
+        let has = |f: &NodeFacts| f.models.iter().any(|m| m.id == model);
+        let card = members
             .iter()
             .find_map(|f| f.models.iter().find(|m| m.id == model).cloned());
-        let nodes = with_model
+        let nodes = members
             .iter()
+            .filter(|f| all || has(f))
             .map(|f| NodeInfo {
                 id: f.id.clone(),
                 mem_available: f.memory.available,
@@ -268,14 +266,34 @@ impl ClusterState {
         out.into_values().collect()
     }
 
-    /// Candidate placements for `req` on the current members, best first.
+    /// Candidate placements for `req` on the current members, best first. The members that have the model
+    /// come first: one that lacks it (and would fetch it from its peers or the internet) is used when it is
+    /// pinned, or when the model does not fit on those that have it.
     pub fn previews(&self, req: &PlaceRequest) -> Result<Vec<Placement>, PlaceError> {
-        let (topology, card) = self.topology(&req.model);
+        let (holders, card) = self.topology(&req.model, false);
         let card = card.ok_or_else(|| PlaceError::UnknownModel {
             model: req.model.clone(),
         })?;
         let constraints = constraints(req, &card)?;
-        Ok(shoal_placement::plan(&topology, &card, &constraints)?)
+        let pins_a_lacking_node = req.nodes.as_ref().is_some_and(|nodes| {
+            nodes
+                .iter()
+                .any(|n| !holders.nodes.iter().any(|h| &h.id == n))
+        });
+        let everyone = || self.topology(&req.model, true).0;
+        if pins_a_lacking_node {
+            return Ok(shoal_placement::plan(&everyone(), &card, &constraints)?);
+        }
+        match shoal_placement::plan(&holders, &card, &constraints) {
+            Ok(p) => Ok(p),
+            Err(first) => {
+                let all = everyone();
+                if all.nodes.len() == holders.nodes.len() {
+                    return Err(first.into());
+                }
+                shoal_placement::plan(&all, &card, &constraints).map_err(|_| first.into())
+            }
+        }
     }
 
     /// Changing the table is the coordinator's job alone.
@@ -437,296 +455,4 @@ pub fn constraints(req: &PlaceRequest, card: &ModelCard) -> Result<Constraints, 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::facts::{LinkFacts, MemoryFacts};
-    use shoal_placement::LinkKind;
-
-    fn card() -> ModelCard {
-        ModelCard {
-            id: "m".into(),
-            n_layers: 30,
-            layer_bytes: 2_000_000,
-            embed_bytes: 10_000_000,
-            head_bytes: 10_000_000,
-            kv_bytes_per_token_per_layer: 1536,
-            context_length: 8192,
-            hidden_bytes_per_token: 1152,
-            tied_embeddings: false,
-        }
-    }
-
-    fn facts(id: &str, seq: u64) -> NodeFacts {
-        NodeFacts {
-            id: id.into(),
-            name: id.into(),
-            api_url: None,
-            addrs: vec![],
-            memory: MemoryFacts {
-                total: 8 << 30,
-                available: 4 << 30,
-                pressure: 0.5,
-            },
-            cpu_cores: 2,
-            accelerator: "cpu".into(),
-            backend: "cpu".into(),
-            speed: 5000.0,
-            models: vec![card()],
-            links: vec![],
-            instances: BTreeMap::new(),
-            kv_capacity: BTreeMap::new(),
-            seq,
-            started: 1,
-        }
-    }
-
-    fn link(peer: &str) -> LinkFacts {
-        LinkFacts {
-            peer: peer.into(),
-            kind: LinkKind::Ethernet,
-            rtt_us: None,
-            bandwidth_bps: None,
-            tx_bytes_per_s: 0.0,
-            rx_bytes_per_s: 0.0,
-            tx_bytes: 0,
-            rx_bytes: 0,
-        }
-    }
-
-    /// `me` and `peers`, every pair linked.
-    fn cluster(me: &str, peers: &[&str]) -> ClusterState {
-        let all: Vec<&str> = std::iter::once(me).chain(peers.iter().copied()).collect();
-        let linked = |id: &str, seq| {
-            let mut f = facts(id, seq);
-            f.links = all.iter().filter(|x| **x != id).map(|x| link(x)).collect();
-            f
-        };
-        let mut s = ClusterState::new(linked(me, 1));
-        for p in peers {
-            s.peer_connected(p);
-            s.on_facts(linked(p, 1));
-        }
-        s
-    }
-
-    fn manual(nodes: &[&str], layers: &[usize]) -> PlaceRequest {
-        PlaceRequest {
-            model: "m".into(),
-            nodes: Some(nodes.iter().map(|s| String::from(*s)).collect()),
-            layers: Some(layers.to_vec()),
-            ..PlaceRequest::default()
-        }
-    }
-
-    #[test]
-    fn members_need_facts_and_the_smallest_id_coordinates() {
-        let mut s = ClusterState::new(facts("b", 1));
-        s.peer_connected("a");
-        assert_eq!(
-            s.members(),
-            ["b"],
-            "a connection without facts is not a member"
-        );
-        assert!(s.is_coordinator());
-        assert!(s.on_facts(facts("a", 1)), "first facts = joined");
-        assert_eq!(s.members(), ["a", "b"]);
-        assert_eq!(s.coordinator(), "a");
-        assert!(!s.on_facts(facts("a", 2)));
-        assert!(s.peer_gone("a"));
-        assert!(s.is_coordinator());
-        assert!(
-            !s.on_facts(facts("a", 3)),
-            "facts of a gone peer are ignored"
-        );
-        assert_eq!(s.members(), ["b"]);
-    }
-
-    #[test]
-    fn older_facts_never_replace_newer_ones_but_a_restart_does() {
-        let mut s = cluster("a", &["b"]);
-        s.on_facts(facts("b", 5));
-        s.on_facts(facts("b", 3));
-        assert_eq!(s.facts_of("b").unwrap().seq, 5);
-        let mut restarted = facts("b", 1);
-        restarted.started = 2;
-        s.on_facts(restarted);
-        assert_eq!(s.facts_of("b").unwrap().seq, 1);
-    }
-
-    #[test]
-    fn manual_placement_and_removal_bump_the_version() {
-        let mut s = cluster("a", &["b", "c"]);
-        let r = s
-            .place(&manual(&["a", "b", "c"], &[10, 10, 10]), "i1".into())
-            .unwrap();
-        let got: Vec<(&str, usize, usize)> = r
-            .stages
-            .iter()
-            .map(|x| (x.node.as_str(), x.start, x.end))
-            .collect();
-        assert_eq!(got, [("a", 0, 10), ("b", 10, 20), ("c", 20, 30)]);
-        assert_eq!(r.driver(), Some("a"));
-        assert_eq!(s.table().version, 1);
-        assert!(s.remove("i1").unwrap());
-        assert!(!s.remove("i1").unwrap());
-        assert_eq!(s.table().version, 2);
-    }
-
-    #[test]
-    fn only_the_coordinator_places() {
-        let mut s = cluster("b", &["a"]);
-        let err = s
-            .place(&manual(&["a", "b"], &[15, 15]), "x".into())
-            .unwrap_err();
-        assert!(
-            matches!(&err, ClusterError::NotCoordinator { coordinator } if coordinator == "a"),
-            "{err}"
-        );
-        assert!(err.to_string().contains("a is the coordinator"), "{err}");
-    }
-
-    #[test]
-    fn bad_manual_requests_are_explained() {
-        let s = cluster("a", &["b"]);
-        let mut req = manual(&["a", "b"], &[10]);
-        let err = s.previews(&req).unwrap_err();
-        assert_eq!(
-            err,
-            PlaceError::LayerCounts {
-                counts: 1,
-                nodes: 2
-            }
-        );
-        assert!(err.to_string().contains("1 counts for 2 nodes"));
-        req.nodes = None;
-        let err = s.previews(&req).unwrap_err();
-        assert_eq!(err, PlaceError::LayersWithoutNodes);
-        assert!(err.to_string().contains("needs 'nodes'"));
-        let unknown = PlaceRequest {
-            model: "nope".into(),
-            ..PlaceRequest::default()
-        };
-        let err = s.previews(&unknown).unwrap_err();
-        assert!(matches!(err, PlaceError::UnknownModel { .. }));
-        assert!(err.to_string().contains("no member has model"));
-    }
-
-    #[test]
-    fn a_node_leaving_re_places_its_instances_on_the_rest() {
-        let mut s = cluster("a", &["b", "c"]);
-        s.place(&manual(&["a", "b", "c"], &[10, 10, 10]), "i1".into())
-            .unwrap();
-        assert!(
-            !s.reconcile(|| unreachable!()),
-            "nothing to do while all are members"
-        );
-        s.peer_gone("c");
-        assert!(s.reconcile(|| "i2".into()));
-        let t = s.table();
-        assert_eq!(t.instances.len(), 1);
-        let inst = &t.instances[0];
-        assert_eq!(inst.id, "i2");
-        assert_eq!(
-            inst.driver(),
-            Some("a"),
-            "the old driver keeps the instance"
-        );
-        assert!(inst.stages.iter().all(|st| st.node != "c"));
-        assert_eq!(inst.stages.last().unwrap().end, 30);
-    }
-
-    #[test]
-    fn members_adopt_the_coordinators_table_and_the_coordinator_merges_newer_ones() {
-        let mut member = cluster("b", &["a"]);
-        let table = InstanceTable {
-            version: 7,
-            instances: vec![],
-        };
-        assert!(!member.on_table("a", table.clone()));
-        assert_eq!(member.table().version, 7);
-        assert!(
-            !member.on_table("c", InstanceTable::default()),
-            "not from the coordinator"
-        );
-        assert_eq!(member.table().version, 7);
-        // A new coordinator with an older table is not adopted: the member offers its own instead.
-        assert!(member.on_table("a", InstanceTable::default()));
-        assert_eq!(member.table().version, 7);
-
-        let mut coord = cluster("a", &["b"]);
-        coord.place(&manual(&["a"], &[30]), "mine".into()).unwrap();
-        let mut theirs = InstanceTable {
-            version: 4,
-            instances: vec![],
-        };
-        theirs.instances.push(InstanceRecord {
-            id: "theirs".into(),
-            model: "m".into(),
-            stages: vec![],
-            predicted_token_latency_us: 0.0,
-            explanation: String::new(),
-        });
-        assert!(coord.on_table("b", theirs));
-        let ids: Vec<&str> = coord
-            .table()
-            .instances
-            .iter()
-            .map(|i| i.id.as_str())
-            .collect();
-        assert_eq!(ids, ["mine", "theirs"]);
-        assert_eq!(coord.table().version, 5);
-    }
-
-    #[test]
-    fn links_are_one_per_pair_and_only_between_members() {
-        let mut s = cluster("a", &["b"]);
-        let link = |peer: &str, rtt| LinkFacts {
-            rtt_us: Some(rtt),
-            ..link(peer)
-        };
-        s.me_mut().links = vec![link("b", 100.0), link("ghost", 1.0)];
-        let mut b = facts("b", 2);
-        b.links = vec![link("a", 300.0)];
-        s.on_facts(b);
-        let links = s.links();
-        assert_eq!(links.len(), 1);
-        assert_eq!((links[0].a.as_str(), links[0].b.as_str()), ("a", "b"));
-        assert_eq!(
-            links[0].rtt_us,
-            Some(100.0),
-            "the smaller id's measurement wins"
-        );
-    }
-
-    #[test]
-    fn view_reports_instance_status_from_each_stage_node() {
-        let mut s = cluster("a", &["b"]);
-        s.place(&manual(&["a", "b"], &[15, 15]), "i".into())
-            .unwrap();
-        assert_eq!(s.view().instances[0].status, InstanceState::Loading);
-        assert!(s.view().instances[0].is_loading());
-        s.me_mut()
-            .instances
-            .insert("i".into(), InstanceStatus::Ready);
-        let mut b = facts("b", 2);
-        b.instances.insert("i".into(), InstanceStatus::Ready);
-        s.on_facts(b);
-        assert_eq!(s.view().instances[0].status, InstanceState::Ready);
-        assert!(s.view().instances[0].is_ready());
-        let mut b = facts("b", 3);
-        b.instances.insert(
-            "i".into(),
-            InstanceStatus::Failed {
-                error: "oom".into(),
-            },
-        );
-        s.on_facts(b);
-        assert_eq!(s.view().instances[0].status, InstanceState::Failed);
-        assert!(s.view().instances[0].is_failed());
-        let json = serde_json::to_value(&s.view().instances[0]).unwrap();
-        assert_eq!(json["status"], "failed", "a plain string in GET /state");
-        assert_eq!(json["stage_status"][0]["state"], "ready");
-        assert_eq!(s.view().instances_of("m").count(), 1);
-        assert_eq!(s.view().instances_of("other").count(), 0);
-    }
-}
+mod tests;

@@ -198,6 +198,22 @@ impl NetTask {
                     self.push_facts();
                 }
             }
+            Command::SetDownloads(downloads) => {
+                let me = self.state.me_mut();
+                if me.downloads != downloads {
+                    me.downloads = downloads;
+                    self.refresh_own_facts();
+                    self.push_facts();
+                }
+            }
+            Command::SetModels(models) => {
+                let me = self.state.me_mut();
+                if me.models != models {
+                    me.models = models;
+                    self.refresh_own_facts();
+                    self.push_facts();
+                }
+            }
             Command::Probe => {
                 let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
                 for peer in peers {

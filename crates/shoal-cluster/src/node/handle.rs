@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use libp2p::PeerId;
 use serde::Serialize;
-use shoal_placement::Placement;
+use shoal_placement::{ModelCard, Placement};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::TABLE_PROPAGATION;
 use crate::ClusterError;
-use crate::facts::InstanceStatus;
+use crate::facts::{DownloadFacts, InstanceStatus};
 use crate::proto::{InstanceRecord, PlaceRequest};
 use crate::state::{ClusterState, ClusterView};
 
@@ -63,6 +63,8 @@ pub(super) enum Command {
     Remove(String, Reply<bool>),
     SetStatus(String, Option<InstanceStatus>),
     SetKvCapacity(String, u64),
+    SetDownloads(Vec<DownloadFacts>),
+    SetModels(Vec<ModelCard>),
     Probe,
 }
 
@@ -181,6 +183,17 @@ impl ClusterHandle {
             .commands
             .send(Command::SetKvCapacity(instance, tokens))
             .await;
+    }
+
+    /// Publishes this node's downloads (replacing the previous list).
+    pub async fn set_downloads(&self, downloads: Vec<DownloadFacts>) {
+        let _ = self.commands.send(Command::SetDownloads(downloads)).await;
+    }
+
+    /// Publishes the models this node has complete (replacing the previous list): a model that finished
+    /// downloading becomes placeable here and a source for peers.
+    pub async fn set_models(&self, models: Vec<ModelCard>) {
+        let _ = self.commands.send(Command::SetModels(models)).await;
     }
 
     /// Measures the bandwidth to every connected peer again.

@@ -178,6 +178,7 @@ pub fn local_facts(id: PeerId, config: &ClusterConfig) -> NodeFacts {
         links: Vec::new(),
         instances: BTreeMap::new(),
         kv_capacity: BTreeMap::new(),
+        downloads: Vec::new(),
         seq: 0,
         started: unix_now(),
     }

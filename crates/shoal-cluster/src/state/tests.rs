@@ -1,0 +1,338 @@
+//! Tests of the cluster state: membership, facts, the instance table and placement on members.
+
+use super::*;
+use crate::facts::{LinkFacts, MemoryFacts};
+use shoal_placement::LinkKind;
+
+fn card() -> ModelCard {
+    ModelCard {
+        id: "m".into(),
+        n_layers: 30,
+        layer_bytes: 2_000_000,
+        embed_bytes: 10_000_000,
+        head_bytes: 10_000_000,
+        kv_bytes_per_token_per_layer: 1536,
+        context_length: 8192,
+        hidden_bytes_per_token: 1152,
+        tied_embeddings: false,
+    }
+}
+
+fn facts(id: &str, seq: u64) -> NodeFacts {
+    NodeFacts {
+        id: id.into(),
+        name: id.into(),
+        api_url: None,
+        addrs: vec![],
+        memory: MemoryFacts {
+            total: 8 << 30,
+            available: 4 << 30,
+            pressure: 0.5,
+        },
+        cpu_cores: 2,
+        accelerator: "cpu".into(),
+        backend: "cpu".into(),
+        speed: 5000.0,
+        models: vec![card()],
+        links: vec![],
+        instances: BTreeMap::new(),
+        kv_capacity: BTreeMap::new(),
+        downloads: Vec::new(),
+        seq,
+        started: 1,
+    }
+}
+
+fn link(peer: &str) -> LinkFacts {
+    LinkFacts {
+        peer: peer.into(),
+        kind: LinkKind::Ethernet,
+        rtt_us: None,
+        bandwidth_bps: None,
+        tx_bytes_per_s: 0.0,
+        rx_bytes_per_s: 0.0,
+        tx_bytes: 0,
+        rx_bytes: 0,
+    }
+}
+
+/// `me` and `peers`, every pair linked.
+fn cluster(me: &str, peers: &[&str]) -> ClusterState {
+    let all: Vec<&str> = std::iter::once(me).chain(peers.iter().copied()).collect();
+    let linked = |id: &str, seq| {
+        let mut f = facts(id, seq);
+        f.links = all.iter().filter(|x| **x != id).map(|x| link(x)).collect();
+        f
+    };
+    let mut s = ClusterState::new(linked(me, 1));
+    for p in peers {
+        s.peer_connected(p);
+        s.on_facts(linked(p, 1));
+    }
+    s
+}
+
+fn manual(nodes: &[&str], layers: &[usize]) -> PlaceRequest {
+    PlaceRequest {
+        model: "m".into(),
+        nodes: Some(nodes.iter().map(|s| String::from(*s)).collect()),
+        layers: Some(layers.to_vec()),
+        ..PlaceRequest::default()
+    }
+}
+
+#[test]
+fn members_need_facts_and_the_smallest_id_coordinates() {
+    let mut s = ClusterState::new(facts("b", 1));
+    s.peer_connected("a");
+    assert_eq!(
+        s.members(),
+        ["b"],
+        "a connection without facts is not a member"
+    );
+    assert!(s.is_coordinator());
+    assert!(s.on_facts(facts("a", 1)), "first facts = joined");
+    assert_eq!(s.members(), ["a", "b"]);
+    assert_eq!(s.coordinator(), "a");
+    assert!(!s.on_facts(facts("a", 2)));
+    assert!(s.peer_gone("a"));
+    assert!(s.is_coordinator());
+    assert!(
+        !s.on_facts(facts("a", 3)),
+        "facts of a gone peer are ignored"
+    );
+    assert_eq!(s.members(), ["b"]);
+}
+
+#[test]
+fn older_facts_never_replace_newer_ones_but_a_restart_does() {
+    let mut s = cluster("a", &["b"]);
+    s.on_facts(facts("b", 5));
+    s.on_facts(facts("b", 3));
+    assert_eq!(s.facts_of("b").unwrap().seq, 5);
+    let mut restarted = facts("b", 1);
+    restarted.started = 2;
+    s.on_facts(restarted);
+    assert_eq!(s.facts_of("b").unwrap().seq, 1);
+}
+
+#[test]
+fn manual_placement_and_removal_bump_the_version() {
+    let mut s = cluster("a", &["b", "c"]);
+    let r = s
+        .place(&manual(&["a", "b", "c"], &[10, 10, 10]), "i1".into())
+        .unwrap();
+    let got: Vec<(&str, usize, usize)> = r
+        .stages
+        .iter()
+        .map(|x| (x.node.as_str(), x.start, x.end))
+        .collect();
+    assert_eq!(got, [("a", 0, 10), ("b", 10, 20), ("c", 20, 30)]);
+    assert_eq!(r.driver(), Some("a"));
+    assert_eq!(s.table().version, 1);
+    assert!(s.remove("i1").unwrap());
+    assert!(!s.remove("i1").unwrap());
+    assert_eq!(s.table().version, 2);
+}
+
+#[test]
+fn only_the_coordinator_places() {
+    let mut s = cluster("b", &["a"]);
+    let err = s
+        .place(&manual(&["a", "b"], &[15, 15]), "x".into())
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClusterError::NotCoordinator { coordinator } if coordinator == "a"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("a is the coordinator"), "{err}");
+}
+
+#[test]
+fn bad_manual_requests_are_explained() {
+    let s = cluster("a", &["b"]);
+    let mut req = manual(&["a", "b"], &[10]);
+    let err = s.previews(&req).unwrap_err();
+    assert_eq!(
+        err,
+        PlaceError::LayerCounts {
+            counts: 1,
+            nodes: 2
+        }
+    );
+    assert!(err.to_string().contains("1 counts for 2 nodes"));
+    req.nodes = None;
+    let err = s.previews(&req).unwrap_err();
+    assert_eq!(err, PlaceError::LayersWithoutNodes);
+    assert!(err.to_string().contains("needs 'nodes'"));
+    let unknown = PlaceRequest {
+        model: "nope".into(),
+        ..PlaceRequest::default()
+    };
+    let err = s.previews(&unknown).unwrap_err();
+    assert!(matches!(err, PlaceError::UnknownModel { .. }));
+    assert!(err.to_string().contains("no member has model"));
+}
+
+#[test]
+fn a_node_leaving_re_places_its_instances_on_the_rest() {
+    let mut s = cluster("a", &["b", "c"]);
+    s.place(&manual(&["a", "b", "c"], &[10, 10, 10]), "i1".into())
+        .unwrap();
+    assert!(
+        !s.reconcile(|| unreachable!()),
+        "nothing to do while all are members"
+    );
+    s.peer_gone("c");
+    assert!(s.reconcile(|| "i2".into()));
+    let t = s.table();
+    assert_eq!(t.instances.len(), 1);
+    let inst = &t.instances[0];
+    assert_eq!(inst.id, "i2");
+    assert_eq!(
+        inst.driver(),
+        Some("a"),
+        "the old driver keeps the instance"
+    );
+    assert!(inst.stages.iter().all(|st| st.node != "c"));
+    assert_eq!(inst.stages.last().unwrap().end, 30);
+}
+
+#[test]
+fn members_adopt_the_coordinators_table_and_the_coordinator_merges_newer_ones() {
+    let mut member = cluster("b", &["a"]);
+    let table = InstanceTable {
+        version: 7,
+        instances: vec![],
+    };
+    assert!(!member.on_table("a", table.clone()));
+    assert_eq!(member.table().version, 7);
+    assert!(
+        !member.on_table("c", InstanceTable::default()),
+        "not from the coordinator"
+    );
+    assert_eq!(member.table().version, 7);
+    // A new coordinator with an older table is not adopted: the member offers its own instead.
+    assert!(member.on_table("a", InstanceTable::default()));
+    assert_eq!(member.table().version, 7);
+
+    let mut coord = cluster("a", &["b"]);
+    coord.place(&manual(&["a"], &[30]), "mine".into()).unwrap();
+    let mut theirs = InstanceTable {
+        version: 4,
+        instances: vec![],
+    };
+    theirs.instances.push(InstanceRecord {
+        id: "theirs".into(),
+        model: "m".into(),
+        stages: vec![],
+        predicted_token_latency_us: 0.0,
+        explanation: String::new(),
+    });
+    assert!(coord.on_table("b", theirs));
+    let ids: Vec<&str> = coord
+        .table()
+        .instances
+        .iter()
+        .map(|i| i.id.as_str())
+        .collect();
+    assert_eq!(ids, ["mine", "theirs"]);
+    assert_eq!(coord.table().version, 5);
+}
+
+#[test]
+fn links_are_one_per_pair_and_only_between_members() {
+    let mut s = cluster("a", &["b"]);
+    let link = |peer: &str, rtt| LinkFacts {
+        rtt_us: Some(rtt),
+        ..link(peer)
+    };
+    s.me_mut().links = vec![link("b", 100.0), link("ghost", 1.0)];
+    let mut b = facts("b", 2);
+    b.links = vec![link("a", 300.0)];
+    s.on_facts(b);
+    let links = s.links();
+    assert_eq!(links.len(), 1);
+    assert_eq!((links[0].a.as_str(), links[0].b.as_str()), ("a", "b"));
+    assert_eq!(
+        links[0].rtt_us,
+        Some(100.0),
+        "the smaller id's measurement wins"
+    );
+}
+
+#[test]
+fn view_reports_instance_status_from_each_stage_node() {
+    let mut s = cluster("a", &["b"]);
+    s.place(&manual(&["a", "b"], &[15, 15]), "i".into())
+        .unwrap();
+    assert_eq!(s.view().instances[0].status, InstanceState::Loading);
+    assert!(s.view().instances[0].is_loading());
+    s.me_mut()
+        .instances
+        .insert("i".into(), InstanceStatus::Ready);
+    let mut b = facts("b", 2);
+    b.instances.insert("i".into(), InstanceStatus::Ready);
+    s.on_facts(b);
+    assert_eq!(s.view().instances[0].status, InstanceState::Ready);
+    assert!(s.view().instances[0].is_ready());
+    let mut b = facts("b", 3);
+    b.instances.insert(
+        "i".into(),
+        InstanceStatus::Failed {
+            error: "oom".into(),
+        },
+    );
+    s.on_facts(b);
+    assert_eq!(s.view().instances[0].status, InstanceState::Failed);
+    assert!(s.view().instances[0].is_failed());
+    let json = serde_json::to_value(&s.view().instances[0]).unwrap();
+    assert_eq!(json["status"], "failed", "a plain string in GET /state");
+    assert_eq!(json["stage_status"][0]["state"], "ready");
+    assert_eq!(s.view().instances_of("m").count(), 1);
+    assert_eq!(s.view().instances_of("other").count(), 0);
+}
+
+#[test]
+fn a_node_without_the_model_is_used_when_pinned_or_when_the_holders_cannot_hold_it() {
+    let mut s = cluster("a", &["b"]);
+    let mut b = s.facts_of("b").unwrap().clone();
+    b.models.clear();
+    b.seq += 1;
+    s.on_facts(b);
+    let auto = PlaceRequest {
+        model: "m".into(),
+        ..PlaceRequest::default()
+    };
+    let placed = s.place(&auto, "i1".into()).unwrap();
+    assert!(
+        placed.stages.iter().all(|st| st.node == "a"),
+        "auto placement stays on the node that has the model: {placed:?}"
+    );
+    let pinned = PlaceRequest {
+        model: "m".into(),
+        nodes: Some(vec!["b".into()]),
+        ..PlaceRequest::default()
+    };
+    let placed = s.place(&pinned, "i2".into()).unwrap();
+    assert_eq!(placed.stages.len(), 1);
+    assert_eq!(placed.stages[0].node, "b", "a pinned node fetches the model");
+
+    // The only holder has too little memory: the node without the model takes part.
+    s.me_mut().memory.available = 30_000_000;
+    let placed = s.place(&auto, "i3".into()).unwrap();
+    assert!(
+        placed.stages.iter().any(|st| st.node == "b"),
+        "the lacking node joins when the holders cannot hold the model: {placed:?}"
+    );
+
+    // No member has the model at all: unknown.
+    let none = PlaceRequest {
+        model: "other".into(),
+        ..PlaceRequest::default()
+    };
+    assert!(matches!(
+        s.previews(&none),
+        Err(PlaceError::UnknownModel { .. })
+    ));
+}
