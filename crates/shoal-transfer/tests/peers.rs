@@ -1,0 +1,126 @@
+//! The blob protocol between real in-process cluster nodes on 127.0.0.1: a third node fetches the SmolLM2
+//! GGUF from two peers at once while one peer's copy has gone bad after its manifest was made — its
+//! chunks are refused and fetched from the other, and the result is the real file.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_cluster::{ClusterConfig, ClusterHandle};
+use shoal_transfer::{
+    ChunkSource, FetchProgress, FetchSpec, Manifest, PeerSource, SourceError, Wanted, fetch,
+    serve_blobs,
+};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+const MODEL: &str = "smollm2-135m-instruct-q4_1";
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn node(dir: &Path, peers: Vec<libp2p::Multiaddr>) -> ClusterHandle {
+    shoal_cluster::start(ClusterConfig {
+        state_dir: dir.to_path_buf(),
+        cluster_key: "transfer-test".into(),
+        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
+        peers,
+        mdns: false,
+        api_url: None,
+        models: vec![],
+        backend: "test".into(),
+    })
+    .await
+    .unwrap()
+}
+
+/// A node serving `file` as MODEL.
+async fn server(dir: &Path, file: PathBuf, peers: Vec<libp2p::Multiaddr>) -> ClusterHandle {
+    let n = node(dir, peers).await;
+    serve_blobs(
+        &n,
+        Arc::new(move |m: &str| (m == MODEL).then(|| file.clone())),
+    )
+    .unwrap();
+    n
+}
+
+/// Flips one byte in every chunk of `path` and puts its modification time back, as silent disk damage
+/// would: the cached manifest still matches the file's size and mtime.
+fn damage_every_chunk(path: &Path, m: &Manifest) {
+    let mtime = std::fs::metadata(path).unwrap().modified().unwrap();
+    let mut bytes = std::fs::read(path).unwrap();
+    for i in 0..m.chunk_count() {
+        let r = m.chunk_range(i);
+        bytes[(r.start + (r.end - r.start) / 2) as usize] ^= 0x5a;
+    }
+    std::fs::write(path, bytes).unwrap();
+    let f = std::fs::File::options().write(true).open(path).unwrap();
+    f.set_modified(mtime).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_peers_serve_a_model_and_the_damaged_copy_is_refused() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let real = shoal_testkit::fixtures::model_path();
+    let (file_a, file_b) = (dirs[0].path().join("a.gguf"), dirs[1].path().join("b.gguf"));
+    std::fs::copy(&real, &file_a).unwrap();
+    std::fs::copy(&real, &file_b).unwrap();
+
+    let a = server(&dirs[0].path().join("state"), file_a, vec![]).await;
+    let a_addr: libp2p::Multiaddr = a.snapshot().listen_addrs[0].parse().unwrap();
+    let b = server(
+        &dirs[1].path().join("state"),
+        file_b.clone(),
+        vec![a_addr.clone()],
+    )
+    .await;
+    let c = node(&dirs[2].path().join("state"), vec![a_addr]).await;
+    let met = c.wait_for(TIMEOUT, |s| s.state.members().len() == 3).await;
+    assert_eq!(met.state.members().len(), 3, "the nodes never met");
+
+    let from =
+        |n: &ClusterHandle, model: &str| Arc::new(PeerSource::new(c.streams(), n.id(), model, 2));
+    let (pa, pb) = (from(&a, MODEL), from(&b, MODEL));
+    let ma = tokio::time::timeout(TIMEOUT, pa.manifest())
+        .await
+        .unwrap()
+        .unwrap();
+    let mb = tokio::time::timeout(TIMEOUT, pb.manifest())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ma.root(), mb.root(), "both peers have the same file");
+    assert_eq!(ma.size, std::fs::metadata(&real).unwrap().len());
+    // b's copy goes bad after it made its manifest.
+    damage_every_chunk(&file_b, &mb);
+
+    let missing = from(&a, "no-such-model");
+    assert!(matches!(
+        tokio::time::timeout(TIMEOUT, missing.manifest())
+            .await
+            .unwrap(),
+        Err(SourceError::Remote { .. })
+    ));
+
+    let dest = dirs[2].path().join("SmolLM2.gguf");
+    let spec = FetchSpec::new(Arc::new(ma.clone()), dest.clone(), Wanted::Whole);
+    let (tx, rx) = watch::channel(FetchProgress::default());
+    let sources: Vec<Arc<dyn ChunkSource>> = vec![pb, pa];
+    let out = tokio::time::timeout(
+        TIMEOUT,
+        fetch(spec, sources, &tx, &CancellationToken::new()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let p = rx.borrow().clone();
+    assert!(out.complete && out.path == dest);
+    assert!(out.chunks_refused > 0, "{p:?}");
+    assert_eq!(Manifest::compute(&dest).unwrap().sha256, ma.sha256);
+    assert_eq!(std::fs::read(&dest).unwrap(), std::fs::read(&real).unwrap());
+    let by_b = p
+        .sources
+        .iter()
+        .find(|s| s.name == format!("peer {}", b.id()))
+        .unwrap();
+    assert_eq!((by_b.bytes, by_b.refused), (0, out.chunks_refused));
+}
