@@ -27,25 +27,7 @@ use crate::matrix::HostMatrix;
 use crate::ops::{self, RopeRows, RopeSpec};
 
 /// GGUF tensor names (llama.cpp's `LLM_TENSOR_*`).
-pub(crate) mod names {
-    pub const TOKEN_EMBD: &str = "token_embd.weight";
-    pub const OUTPUT_NORM: &str = "output_norm.weight";
-    pub const OUTPUT: &str = "output.weight";
-    /// Llama 3's rope frequency divisors.
-    pub const ROPE_FREQS: &str = "rope_freqs.weight";
-    /// Phi-3's rope factors for the original context.
-    pub const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
-    /// The prefix every tensor name of layer `i` starts with.
-    pub fn blk_prefix(i: usize) -> String {
-        format!("blk.{i}.")
-    }
-    pub fn blk(i: usize, part: &str) -> String {
-        format!("{}{part}.weight", blk_prefix(i))
-    }
-    pub fn blk_bias(i: usize, part: &str) -> String {
-        format!("{}{part}.bias", blk_prefix(i))
-    }
-}
+pub(crate) use crate::gguf::names;
 
 /// Input of a stage: token ids on the first stage, hidden states `(tokens, dim)` on the others.
 pub enum StageInput<'a> {

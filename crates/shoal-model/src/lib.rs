@@ -40,5 +40,6 @@ pub use config::{ArchParams, LayerRange, ModelConfig};
 pub use decoder::{DecoderStage, SeqChunk, StageInput};
 pub use error::ModelError;
 pub use footprint::Footprint;
+pub use gguf::{stage_byte_ranges, stage_byte_ranges_at};
 pub use kv::KvCache;
 pub use matrix::HostMatrix;

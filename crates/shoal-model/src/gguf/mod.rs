@@ -5,9 +5,15 @@
 //! reads one tensor's bytes into a [`RawTensor`] (checking again that they are inside the file), so a stage
 //! reads only its own layers. [`types`] names every ggml type id, so an unloadable tensor type is reported by
 //! name. A damaged or hostile file is an error naming what is wrong, never a panic or a huge allocation.
+//! [`stage_byte_ranges`] (`ranges.rs`) gives the bytes a stage of layers reads (for fetching only those);
+//! `names.rs` holds the tensor names the loader and it share.
 
 mod header;
+pub(crate) mod names;
+pub mod ranges;
 pub mod types;
+
+pub use ranges::{stage_byte_ranges, stage_byte_ranges_at};
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
