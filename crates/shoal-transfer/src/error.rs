@@ -30,6 +30,8 @@ pub enum TransferError {
         got: String,
         expected: String,
     },
+    #[error("reading the GGUF header: {0}")]
+    Model(#[from] shoal_model::ModelError),
     #[error("the fetch was cancelled (verified chunks are kept for a resume)")]
     Cancelled,
     #[error("accepting blob streams: {0}")]
@@ -46,6 +48,7 @@ impl TransferError {
             Self::BadManifest { .. } => "bad_manifest",
             Self::NoSourceLeft { .. } => "no_source_left",
             Self::WholeHashMismatch { .. } => "whole_hash_mismatch",
+            Self::Model(_) => "model",
             Self::Cancelled => "cancelled",
             Self::Accept(_) => "accept",
             Self::Task(_) => "task",

@@ -17,6 +17,8 @@
 //!   more), each verified against the manifest; refused chunks and dropped sources are re-queued on the
 //!   others; progress on a `watch` channel ([`FetchProgress`]); cancellable; renames to `dest` when the
 //!   whole file is there.
+//! - [`stage`]: [`fetch_stage`] — only a pipeline stage's bytes: the GGUF header (a growing prefix),
+//!   then the stage's tensors by the loader's rule (`shoal_model::stage_byte_ranges`).
 //! - Errors: [`TransferError`] for fetches and servers, [`SourceError`] for one source's read.
 //!
 //! Flow: a node with the file runs [`serve_blobs`]; a node without it asks peers for their
@@ -30,6 +32,7 @@ pub mod partial;
 pub mod peer;
 pub mod protocol;
 pub mod source;
+pub mod stage;
 
 pub use error::{SourceError, TransferError};
 pub use fetch::{
@@ -41,3 +44,4 @@ pub use partial::{PartialFile, partial_path};
 pub use peer::PeerSource;
 pub use protocol::{BLOB_PROTOCOL, Locate, serve_blobs};
 pub use source::{ChunkSource, HttpSource};
+pub use stage::{StageLayers, fetch_stage};

@@ -20,8 +20,8 @@ use crate::error::TransferError;
 
 /// Bytes per chunk: the unit of requests, verification and resume.
 pub const CHUNK_SIZE: u64 = 4 << 20;
-/// The largest chunk size a manifest from elsewhere may declare.
-pub const MAX_CHUNK_SIZE: u64 = 64 << 20;
+/// The largest chunk size a manifest from elsewhere may declare (one chunk is one blob read).
+pub const MAX_CHUNK_SIZE: u64 = 16 << 20;
 /// The longest file name a manifest may carry.
 const MAX_NAME_LEN: usize = 512;
 

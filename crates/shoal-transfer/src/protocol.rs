@@ -33,8 +33,8 @@ pub const BLOB_PROTOCOL: StreamProtocol = StreamProtocol::new("/shoal/blob/1");
 pub const MAX_REQUEST_LEN: u32 = 16 << 10;
 /// The longest response header: a manifest of a 1 TiB file in 4 MiB chunks is about 17 MiB of JSON.
 pub const MAX_RESPONSE_LEN: u32 = 32 << 20;
-/// The most bytes one read may ask for.
-pub const MAX_READ_LEN: u64 = 16 << 20;
+/// The most bytes one read may ask for: one chunk of the largest size a manifest may declare.
+pub const MAX_READ_LEN: u64 = crate::manifest::MAX_CHUNK_SIZE;
 /// Requests of one stream being worked on or written: enough to keep the disk and the link busy at
 /// once (the client's pipeline depth is what fills the link); bounds the memory a peer can tie up.
 const SERVER_QUEUE: usize = 4;

@@ -4,71 +4,18 @@
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures::future::BoxFuture;
 use shoal_transfer::{
-    CHUNK_SIZE, ChunkSource, FetchProgress, FetchSpec, FetchState, Manifest, SourceError,
-    TransferError, Wanted, fetch, partial_path,
+    CHUNK_SIZE, ChunkSource, FetchProgress, FetchSpec, FetchState, Manifest, TransferError, Wanted,
+    fetch, partial_path,
 };
+mod common;
+
+use common::MemSource;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-
-/// An in-memory file that can flip a byte of everything it serves, fail after some reads, or be slow.
-struct MemSource {
-    name: &'static str,
-    data: Arc<Vec<u8>>,
-    corrupt: bool,
-    fail_after: Option<usize>,
-    delay: Duration,
-    reads: AtomicUsize,
-    offsets: Mutex<Vec<u64>>,
-}
-
-impl MemSource {
-    fn new(name: &'static str, data: &Arc<Vec<u8>>) -> Self {
-        Self {
-            name,
-            data: data.clone(),
-            corrupt: false,
-            fail_after: None,
-            delay: Duration::ZERO,
-            reads: AtomicUsize::new(0),
-            offsets: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn reads(&self) -> usize {
-        self.reads.load(Ordering::SeqCst)
-    }
-}
-
-impl ChunkSource for MemSource {
-    fn read(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<Bytes, SourceError>> {
-        Box::pin(async move {
-            let n = self.reads.fetch_add(1, Ordering::SeqCst);
-            if !self.delay.is_zero() {
-                tokio::time::sleep(self.delay).await;
-            }
-            if self.fail_after.is_some_and(|k| n >= k) {
-                return Err(SourceError::Closed);
-            }
-            self.offsets.lock().unwrap().push(offset);
-            let mut b = self.data[offset as usize..(offset + len) as usize].to_vec();
-            if self.corrupt {
-                b[len as usize / 2] ^= 0x40;
-            }
-            Ok(Bytes::from(b))
-        })
-    }
-
-    fn name(&self) -> String {
-        self.name.into()
-    }
-}
 
 /// A file of `chunks` chunks and a tail of 12345 bytes; its manifest.
 fn model(dir: &Path, chunks: u64) -> (Arc<Vec<u8>>, Arc<Manifest>) {
