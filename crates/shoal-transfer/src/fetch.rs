@@ -4,7 +4,8 @@
 //! Flow: open the [`PartialFile`] (sparse, as long as the file; chunks a previous run verified are hashed
 //! again and kept) → queue the wanted chunks not yet verified → keep up to
 //! [`FetchSpec::in_flight_per_source`] reads in flight per source, each taking the next queued chunk when
-//! one finishes (so a faster source takes more) → verify every chunk against the manifest on the blocking
+//! one finishes (so a faster source takes more; once the queue is empty, a source with room also reads a
+//! chunk one other source is still reading, and the first good copy wins) → verify every chunk against the manifest on the blocking
 //! pool, write it at its offset, record it. A chunk that does not verify is refused: that source is not
 //! asked for it again and it goes back to the queue for the others. A source that errors, hangs past
 //! [`READ_TIMEOUT`] or refuses chunk after chunk is dropped and its chunks re-queued. With no source left
@@ -16,7 +17,7 @@
 //! out on a `watch` channel ([`FetchProgress`]); a [`CancellationToken`] stops the fetch and keeps what
 //! was verified for the next run.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -140,6 +141,8 @@ enum Landed {
 struct Src {
     source: Arc<dyn ChunkSource>,
     in_flight: usize,
+    /// Chunks this source is reading now.
+    reading: HashSet<usize>,
     /// Chunks this source served wrong: never asked again.
     refused: HashSet<usize>,
     stats: SourceProgress,
@@ -217,22 +220,45 @@ async fn run(
         .map(|(source, stats)| Src {
             source,
             in_flight: 0,
+            reading: HashSet::new(),
             refused: HashSet::new(),
             stats,
         })
         .collect();
     let mut in_flight = FuturesUnordered::new();
+    // Chunks being read, and by how many sources (2 in the end game).
+    let mut reading: HashMap<usize, u8> = HashMap::new();
+    let mut remaining = queue.len();
     let mut samples: VecDeque<(Instant, u64)> = VecDeque::from([(Instant::now(), 0)]);
     let mut fetched = 0u64;
     loop {
-        // Give every live source work up to its share.
+        if remaining == 0 {
+            // Every wanted chunk is verified (a duplicate still under way is dropped).
+            break;
+        }
+        // Give every live source work up to its share; once the queue is empty, a source with room
+        // also reads a chunk only one other source is reading (the end game: the last chunks do not
+        // wait on the slowest source).
         for (s, src) in srcs.iter_mut().enumerate() {
             while src.stats.dropped.is_none() && src.in_flight < per_source {
-                let Some(pos) = queue.iter().position(|i| !src.refused.contains(i)) else {
-                    break;
+                let i = match queue.iter().position(|i| !src.refused.contains(i)) {
+                    Some(pos) => queue.remove(pos),
+                    None if queue.is_empty() => reading
+                        .iter()
+                        .filter(|&(i, &n)| {
+                            n == 1
+                                && !partial.is_verified(*i)
+                                && !src.reading.contains(i)
+                                && !src.refused.contains(i)
+                        })
+                        .map(|(&i, _)| i)
+                        .min(),
+                    None => None,
                 };
-                let Some(i) = queue.remove(pos) else { break };
+                let Some(i) = i else { break };
                 src.in_flight += 1;
+                src.reading.insert(i);
+                *reading.entry(i).or_insert(0) += 1;
                 in_flight.push(read_chunk(
                     src.source.clone(),
                     m.clone(),
@@ -243,9 +269,6 @@ async fn run(
             }
         }
         if in_flight.is_empty() {
-            if queue.is_empty() {
-                break;
-            }
             return Err(no_source_left(&m, &queue, &srcs));
         }
         let (s, i, landed) = tokio::select! {
@@ -254,9 +277,25 @@ async fn run(
         };
         let src = &mut srcs[s];
         src.in_flight -= 1;
+        src.reading.remove(&i);
+        let others = match reading.get_mut(&i) {
+            Some(n) => {
+                *n -= 1;
+                *n
+            }
+            None => 0,
+        };
+        if others == 0 {
+            reading.remove(&i);
+        }
+        // A chunk that failed here goes back to the queue unless another source has it or is at it.
+        let lost = !partial.is_verified(i) && others == 0;
         match landed {
+            // The other reader of this chunk was first.
+            Landed::Verified if partial.is_verified(i) => {}
             Landed::Verified => {
                 partial.mark(i)?;
+                remaining -= 1;
                 src.stats.bytes += len(i);
                 src.stats.chunks += 1;
                 fetched += len(i);
@@ -266,7 +305,9 @@ async fn run(
                 src.refused.insert(i);
                 src.stats.refused += 1;
                 p.chunks_refused += 1;
-                queue.push_front(i);
+                if lost {
+                    queue.push_front(i);
+                }
                 if src.stats.refused >= MAX_REFUSED && src.stats.refused > src.stats.chunks {
                     src.stats.dropped = Some(format!("{} chunks refused", src.stats.refused));
                 }
@@ -274,7 +315,9 @@ async fn run(
             Landed::SourceFailed(e) => {
                 tracing::warn!(source = %src.stats.name, chunk = i, "source dropped: {e}");
                 src.stats.dropped.get_or_insert_with(|| e.to_string());
-                queue.push_front(i);
+                if lost {
+                    queue.push_front(i);
+                }
             }
             Landed::WriteFailed(source) => {
                 let path = partial.path().to_path_buf();

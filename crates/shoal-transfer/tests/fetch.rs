@@ -234,6 +234,12 @@ async fn a_ranges_fetch_reads_only_the_chunks_covering_them() {
         .flat_map(|s| s.offsets.lock().unwrap().clone())
         .collect();
     read.sort_unstable();
+    let reads = read.len();
+    read.dedup();
+    assert!(
+        reads <= 2 * read.len(),
+        "a chunk is read by two sources at most"
+    );
     assert_eq!(
         read,
         vec![0, 3 * CHUNK_SIZE, 4 * CHUNK_SIZE, 10 * CHUNK_SIZE]
@@ -252,5 +258,30 @@ async fn a_ranges_fetch_reads_only_the_chunks_covering_them() {
         got[CHUNK_SIZE as usize..2 * CHUNK_SIZE as usize]
             .iter()
             .all(|&x| x == 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_chunks_do_not_wait_on_a_slow_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, m) = model(dir.path(), 7);
+    // The slow source takes its four chunks at the start and would hold them for 20 s.
+    let slow = Arc::new(MemSource {
+        delay: Duration::from_secs(20),
+        ..MemSource::new("slow", &data)
+    });
+    let fast = Arc::new(MemSource::new("fast", &data));
+    let spec = FetchSpec::new(m.clone(), dest(dir.path()), Wanted::Whole);
+    let t = std::time::Instant::now();
+    let (out, p) = run(spec, &[&slow, &fast]).await;
+    let out = out.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_eq!(std::fs::read(&out.path).unwrap(), *data);
+    assert_eq!(slow.reads(), 4, "the slow source was given its share");
+    let by = |n: &str| p.sources.iter().find(|s| s.name == n).unwrap().bytes;
+    assert_eq!(
+        (by("slow"), by("fast")),
+        (0, m.size),
+        "the fast source read the slow one's chunks too"
     );
 }
