@@ -11,8 +11,8 @@
 //! [`READ_TIMEOUT`] or refuses chunk after chunk is dropped and its chunks re-queued. With no source left
 //! for a queued chunk the fetch fails with the missing byte ranges and why each source went.
 //!
-//! [`Wanted::Whole`]: when every chunk is verified (and the whole sha256 matches, when known) the
-//! partial file is renamed to `dest`. [`Wanted::Ranges`]: the ranges are rounded out to whole chunks and
+//! [`Wanted::Whole`]: when every chunk is verified (and the whole sha256 matches, when known: it is
+//! computed while the chunks land, `whole.rs`) the partial file is renamed to `dest`. [`Wanted::Ranges`]: the ranges are rounded out to whole chunks and
 //! the partial file stays (sparse); [`FetchOutcome::path`] says which file to load from. Progress goes
 //! out on a `watch` channel ([`FetchProgress`]); a [`CancellationToken`] stops the fetch and keeps what
 //! was verified for the next run.
@@ -35,6 +35,7 @@ use crate::error::{SourceError, TransferError};
 use crate::manifest::Manifest;
 use crate::partial::PartialFile;
 use crate::source::ChunkSource;
+use crate::whole::WholeHasher;
 
 /// Reads in flight per source unless the spec says otherwise: with 4 MiB chunks, 16 MiB per source
 /// covers the bandwidth-delay product of a 1 Gbit/s link up to ~130 ms of round trip.
@@ -214,6 +215,16 @@ async fn run(
     progress.send_replace(p.clone());
 
     let writer = Arc::new(partial.writer()?);
+    // The whole-file hash, on the way, when the whole file is coming and its hash is known.
+    let whole = match (&spec.wanted, &m.sha256) {
+        (Wanted::Whole, Some(_)) => {
+            let present = partial.verified().to_vec();
+            let file = partial.writer()?;
+            let path = partial.path().to_path_buf();
+            Some(WholeHasher::start(file, m.clone(), present).map_err(TransferError::io(path))?)
+        }
+        _ => None,
+    };
     let mut srcs: Vec<Src> = sources
         .into_iter()
         .zip(p.sources.iter().cloned())
@@ -295,6 +306,9 @@ async fn run(
             Landed::Verified if partial.is_verified(i) => {}
             Landed::Verified => {
                 partial.mark(i)?;
+                if let Some(w) = &whole {
+                    w.landed(i);
+                }
                 remaining -= 1;
                 src.stats.bytes += len(i);
                 src.stats.chunks += 1;
@@ -347,7 +361,11 @@ async fn run(
     let path = if complete {
         progress.send_modify(|p| p.state = FetchState::Finishing);
         let (dest, m2) = (spec.dest.clone(), m.clone());
-        blocking(move || partial.finish(&dest, &m2)).await?;
+        let hashed = match whole {
+            Some(w) => w.finish().await,
+            None => None,
+        };
+        blocking(move || partial.finish(&dest, &m2, hashed)).await?;
         spec.dest.clone()
     } else {
         partial.path().to_path_buf()

@@ -16,7 +16,7 @@
 //! - [`fetch`](mod@fetch): [`fetch()`] — the wanted chunks from several sources at once (faster sources take
 //!   more), each verified against the manifest; refused chunks and dropped sources are re-queued on the
 //!   others; progress on a `watch` channel ([`FetchProgress`]); cancellable; renames to `dest` when the
-//!   whole file is there.
+//!   whole file is there (the whole-file sha256 is computed while the chunks land: `whole.rs`).
 //! - [`stage`]: [`fetch_stage`] — only a pipeline stage's bytes: the GGUF header (a growing prefix),
 //!   then the stage's tensors by the loader's rule (`shoal_model::stage_byte_ranges`).
 //! - Errors: [`TransferError`] for fetches and servers, [`SourceError`] for one source's read.
@@ -33,6 +33,7 @@ pub mod peer;
 pub mod protocol;
 pub mod source;
 pub mod stage;
+mod whole;
 
 pub use error::{SourceError, TransferError};
 pub use fetch::{

@@ -101,6 +101,11 @@ impl PartialFile {
         &self.path
     }
 
+    /// Which chunks are verified, by index.
+    pub fn verified(&self) -> &[bool] {
+        &self.verified
+    }
+
     pub fn is_verified(&self, i: usize) -> bool {
         self.verified.get(i).copied().unwrap_or(false)
     }
@@ -122,11 +127,20 @@ impl PartialFile {
         Ok(())
     }
 
-    /// All chunks verified: checks the whole-file sha256 (when the manifest has one), moves the data to
-    /// `dest` and removes the record. Blocking.
-    pub fn finish(self, dest: &Path, manifest: &Manifest) -> Result<(), TransferError> {
+    /// All chunks verified: checks the whole-file sha256 (when the manifest has one; `hashed` is that
+    /// hash if it was computed on the way, else the file is read once more), moves the data to `dest` and
+    /// removes the record. Blocking.
+    pub fn finish(
+        self,
+        dest: &Path,
+        manifest: &Manifest,
+        hashed: Option<String>,
+    ) -> Result<(), TransferError> {
         if let Some(expected) = &manifest.sha256 {
-            let got = whole_sha256(&self.path)?;
+            let got = match hashed {
+                Some(h) => h,
+                None => whole_sha256(&self.path)?,
+            };
             if !got.eq_ignore_ascii_case(expected) {
                 return Err(TransferError::WholeHashMismatch {
                     file: manifest.file_name.clone(),

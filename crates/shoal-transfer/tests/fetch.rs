@@ -285,3 +285,27 @@ async fn the_last_chunks_do_not_wait_on_a_slow_source() {
         "the fast source read the slow one's chunks too"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_file_whose_sha256_differs_from_the_manifest_is_not_moved_into_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, m) = model(dir.path(), 3);
+    let mut wrong = (*m).clone();
+    wrong.sha256 = Some("0".repeat(64));
+    let src = Arc::new(MemSource::new("src", &data));
+    let dest = dest(dir.path());
+    let spec = FetchSpec::new(Arc::new(wrong), dest.clone(), Wanted::Whole);
+    let (out, p) = run(spec, &[&src]).await;
+    match out {
+        Err(TransferError::WholeHashMismatch { got, .. }) => {
+            assert_eq!(
+                Some(got),
+                m.sha256,
+                "the hash computed on the way is the file's"
+            )
+        }
+        other => panic!("expected WholeHashMismatch, got {other:?}"),
+    }
+    assert_eq!(p.state, FetchState::Failed);
+    assert!(!dest.exists() && partial_path(&dest).exists());
+}
