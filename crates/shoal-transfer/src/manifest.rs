@@ -316,7 +316,7 @@ mod tests {
             vec![0, 2]
         );
         assert_eq!(
-            m.chunks_covering(&[CHUNK_SIZE - 1..CHUNK_SIZE + 1]),
+            m.chunks_covering(&[CHUNK_SIZE - 1..CHUNK_SIZE + 1, 0..1]),
             vec![0, 1]
         );
         m.validate().unwrap();

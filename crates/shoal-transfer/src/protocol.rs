@@ -140,11 +140,14 @@ pub fn serve_blobs(cluster: &ClusterHandle, locate: Locate) -> Result<(), Transf
 struct Server {
     locate: Locate,
     /// Manifests by file, with the size and mtime they were made for.
-    manifests: Mutex<HashMap<PathBuf, (u64, SystemTime, Arc<Manifest>)>>,
+    manifests: Mutex<HashMap<PathBuf, Stamped>>,
     /// One manifest is computed at a time (the first request for a big file hashes it once, not once per
     /// stream that asks).
     hashing: tokio::sync::Mutex<()>,
 }
+
+/// A manifest with the file size and modification time it was made for.
+type Stamped = (u64, SystemTime, Arc<Manifest>);
 
 /// An answer being prepared: the header and, for data, its bytes.
 type Answer = BoxFuture<'static, (Response, Option<Bytes>)>;

@@ -45,7 +45,8 @@ pub async fn fetch_stage(
     };
     let mut prefix = manifest.chunk_size.min(manifest.size);
     let ranges = loop {
-        let out = step(Wanted::Ranges(vec![0..prefix])).await?;
+        let header = 0..prefix;
+        let out = step(Wanted::Ranges(vec![header])).await?;
         if out.complete {
             // A file no longer than the prefix: all of it is here.
             return Ok(out);

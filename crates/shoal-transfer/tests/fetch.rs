@@ -148,7 +148,7 @@ async fn a_recorded_chunk_whose_bytes_changed_is_fetched_again() {
     let spec = FetchSpec::new(
         m.clone(),
         dest.clone(),
-        Wanted::Ranges(vec![0..2 * CHUNK_SIZE]),
+        Wanted::Ranges(vec![0..CHUNK_SIZE, CHUNK_SIZE..2 * CHUNK_SIZE]),
     );
     let (out, _) = run(spec, &[&first]).await;
     assert_eq!(out.unwrap().fetched, 2 * CHUNK_SIZE);

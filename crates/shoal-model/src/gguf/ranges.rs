@@ -60,7 +60,8 @@ pub fn stage_byte_ranges(
     }
 
     let data = content.tensor_data_offset;
-    let mut ranges: Vec<Range<u64>> = vec![0..data];
+    let header = 0..data;
+    let mut ranges: Vec<Range<u64>> = vec![header];
     ranges.extend(tensors.iter().filter_map(|n| infos.get(*n)).map(|info| {
         let start = data.saturating_add(info.offset);
         start..start.saturating_add(data_bytes(info))
