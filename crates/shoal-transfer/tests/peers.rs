@@ -1,6 +1,7 @@
 //! The blob protocol between real in-process cluster nodes on 127.0.0.1: a third node fetches the SmolLM2
 //! GGUF from two peers at once while one peer's copy has gone bad after its manifest was made — its
-//! chunks are refused and fetched from the other, and the result is the real file.
+//! chunks are refused and fetched from the other, and the result is the real file; a peer whose node
+//! dies half way (its runtime dropped: its connections close) is dropped and the other serves the rest.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -123,4 +124,98 @@ async fn two_peers_serve_a_model_and_the_damaged_copy_is_refused() {
         .find(|s| s.name == format!("peer {}", b.id()))
         .unwrap();
     assert_eq!((by_b.bytes, by_b.refused), (0, out.chunks_refused));
+}
+
+/// A source that waits before each read (so a test can act while a fetch is under way).
+struct Slow<S>(S, Duration);
+
+impl<S: ChunkSource> ChunkSource for Slow<S> {
+    fn read(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> futures::future::BoxFuture<'_, Result<bytes::Bytes, SourceError>> {
+        Box::pin(async move {
+            tokio::time::sleep(self.1).await;
+            self.0.read(offset, len).await
+        })
+    }
+
+    fn name(&self) -> String {
+        self.0.name()
+    }
+}
+
+/// A node serving `file` on a runtime of its own; sending on (or dropping) the returned channel ends
+/// that runtime, which closes the node's connections as a crashed process would.
+fn doomed_server(
+    dir: PathBuf,
+    file: PathBuf,
+    peers: Vec<libp2p::Multiaddr>,
+) -> (ClusterHandle, std::sync::mpsc::Sender<()>) {
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let n = rt.block_on(server(&dir, file, peers));
+        handle_tx.send(n).unwrap();
+        let _ = stop_rx.recv();
+        drop(rt);
+    });
+    (handle_rx.recv().unwrap(), stop_tx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_dying_mid_transfer_leaves_the_rest_to_the_other() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let real = shoal_testkit::fixtures::model_path();
+    let (file_a, file_b) = (dirs[0].path().join("a.gguf"), dirs[1].path().join("b.gguf"));
+    std::fs::copy(&real, &file_a).unwrap();
+    std::fs::copy(&real, &file_b).unwrap();
+    let b = server(&dirs[1].path().join("state"), file_b, vec![]).await;
+    let b_addr: libp2p::Multiaddr = b.snapshot().listen_addrs[0].parse().unwrap();
+    let (a, kill_a) = doomed_server(dirs[0].path().join("state"), file_a, vec![b_addr.clone()]);
+    let c = node(&dirs[2].path().join("state"), vec![b_addr]).await;
+    let met = c.wait_for(TIMEOUT, |s| s.state.members().len() == 3).await;
+    assert_eq!(met.state.members().len(), 3, "the nodes never met");
+
+    let pa = PeerSource::new(c.streams(), a.id(), MODEL, 1);
+    let m = tokio::time::timeout(TIMEOUT, pa.manifest())
+        .await
+        .unwrap()
+        .unwrap();
+    let pb = PeerSource::new(c.streams(), b.id(), MODEL, 1);
+    let pace = Duration::from_millis(40);
+    let sources: Vec<Arc<dyn ChunkSource>> =
+        vec![Arc::new(Slow(pa, pace)), Arc::new(Slow(pb, pace))];
+    let dest = dirs[2].path().join("SmolLM2.gguf");
+    let mut spec = FetchSpec::new(Arc::new(m.clone()), dest.clone(), Wanted::Whole);
+    spec.in_flight_per_source = 2;
+    let (tx, mut rx) = watch::channel(FetchProgress::default());
+    // a dies once it has served two chunks.
+    let killer = tokio::spawn(async move {
+        let _ = rx
+            .wait_for(|p| p.sources.first().is_some_and(|s| s.chunks >= 2))
+            .await;
+        let _ = kill_a.send(());
+    });
+    let out = tokio::time::timeout(
+        TIMEOUT,
+        fetch(spec, sources, &tx, &CancellationToken::new()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    killer.await.unwrap();
+    let p = tx.borrow().clone();
+    assert!(out.complete);
+    assert_eq!(std::fs::read(&dest).unwrap(), std::fs::read(&real).unwrap());
+    let (sa, sb) = (&p.sources[0], &p.sources[1]);
+    assert!(sa.dropped.is_some(), "{sa:?}");
+    assert!(sa.chunks >= 2 && sa.bytes < m.size, "{sa:?}");
+    assert_eq!(sa.bytes + sb.bytes, m.size);
 }
