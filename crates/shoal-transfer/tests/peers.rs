@@ -58,13 +58,19 @@ fn damage_every_chunk(path: &Path, m: &Manifest) {
     f.set_modified(mtime).unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_peers_serve_a_model_and_the_damaged_copy_is_refused() {
+/// Three node folders, the real model, and copies of it in the first two folders.
+fn two_copies() -> (Vec<tempfile::TempDir>, PathBuf, PathBuf, PathBuf) {
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let real = shoal_testkit::fixtures::model_path();
     let (file_a, file_b) = (dirs[0].path().join("a.gguf"), dirs[1].path().join("b.gguf"));
     std::fs::copy(&real, &file_a).unwrap();
     std::fs::copy(&real, &file_b).unwrap();
+    (dirs, real, file_a, file_b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_peers_serve_a_model_and_the_damaged_copy_is_refused() {
+    let (dirs, real, file_a, file_b) = two_copies();
 
     let a = server(&dirs[0].path().join("state"), file_a, vec![]).await;
     let a_addr: libp2p::Multiaddr = a.snapshot().listen_addrs[0].parse().unwrap();
@@ -171,11 +177,7 @@ fn doomed_server(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_dying_mid_transfer_leaves_the_rest_to_the_other() {
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let real = shoal_testkit::fixtures::model_path();
-    let (file_a, file_b) = (dirs[0].path().join("a.gguf"), dirs[1].path().join("b.gguf"));
-    std::fs::copy(&real, &file_a).unwrap();
-    std::fs::copy(&real, &file_b).unwrap();
+    let (dirs, real, file_a, file_b) = two_copies();
     let b = server(&dirs[1].path().join("state"), file_b, vec![]).await;
     let b_addr: libp2p::Multiaddr = b.snapshot().listen_addrs[0].parse().unwrap();
     let (a, kill_a) = doomed_server(dirs[0].path().join("state"), file_a, vec![b_addr.clone()]);
