@@ -55,7 +55,8 @@ pub enum Wanted {
     Ranges(Vec<Range<u64>>),
 }
 
-/// What to fetch and where.
+/// What to fetch and where. One fetch per `dest` at a time (the partial file and its record are not
+/// shared); run further fetches of the same file one after another: each keeps what the last verified.
 #[derive(Clone, Debug)]
 pub struct FetchSpec {
     pub manifest: Arc<Manifest>,

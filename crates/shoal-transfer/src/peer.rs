@@ -73,7 +73,8 @@ impl PeerSource {
     }
 
     /// The peer's manifest of the model, checked for sane numbers (not yet for being the file you want:
-    /// compare [`Manifest::root`]s).
+    /// compare [`Manifest::root`]s). The first request for a file hashes it on the peer (about a second
+    /// per GB; its sidecar makes later ones instant), so give this a generous timeout.
     pub async fn manifest(&self) -> Result<Manifest, SourceError> {
         let req = Request::Manifest {
             model: self.model.clone(),
