@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 /// What a download is doing.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Phase {
-    /// Looking at the cache and asking the hub what to fetch.
+    /// Asking the hub what to fetch (`file` is the model id; sizes not known yet).
     Resolving,
     /// Hashing the bytes a previous run left, before resuming.
     Rehashing,

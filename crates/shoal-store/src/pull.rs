@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{StoreError, io};
 use crate::hub::{HubFile, is_sha256};
 use crate::modelref::{HubRef, ModelRef};
-use crate::progress::{CancelToken, ProgressFn, no_progress};
+use crate::progress::{CancelToken, Phase, Progress, ProgressFn, no_progress};
 use crate::store::{ModelInfo, Source, State, Store};
 
 /// How to pull.
@@ -165,6 +165,7 @@ impl Store {
                 ),
             });
         }
+        (opts.progress)(&Progress::new(&id, Phase::Resolving, 0, 0));
         let f = hub.resolve(r).await?;
         let info = hub_info(&id, &f);
         self.write_info(&dir, &info)?;

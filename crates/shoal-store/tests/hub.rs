@@ -415,6 +415,10 @@ fn a_cancelled_download_keeps_its_bytes_and_the_next_pull_fetches_only_the_rest(
     );
     assert_eq!((ranged[0].status, ranged[0].bytes), (206, total - done));
     let seen = seen.lock().unwrap();
+    assert_eq!(
+        (&seen[0].phase, seen[0].file.as_str()),
+        (&Phase::Resolving, "org/Tiny-GGUF:Q4_K_M")
+    );
     assert!(seen.iter().any(|p| p.phase == Phase::Rehashing));
     let dl: Vec<&Progress> = seen
         .iter()

@@ -57,6 +57,10 @@ fn renderer() -> ProgressFn {
             return;
         }
         *last = (Some(Instant::now()), phase.clone());
+        if p.total == 0 {
+            eprintln!("shoal: {}: {phase}", p.file);
+            return;
+        }
         let pct = if p.total > 0 {
             p.done as f64 * 100.0 / p.total as f64
         } else {
