@@ -152,6 +152,20 @@ pub enum PipelineError {
     /// Another node's stage of the instance failed to load.
     #[error("the stage on node {node} failed: {error}")]
     StageLoadFailed { node: String, error: String },
+    /// Fetching the model (or this stage's part of it) from peers or the internet failed.
+    #[error("fetching {model}: {source}")]
+    Fetch {
+        model: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Other stages made no progress (download or load) for too long.
+    #[error("the stages on {nodes} made no progress for {seconds} s ({state})")]
+    StagesStalled {
+        nodes: String,
+        seconds: u64,
+        state: String,
+    },
     /// The driver could not connect to the other stages.
     #[error("connecting the pipeline: {0}")]
     Connect(Box<PipelineError>),
@@ -203,6 +217,8 @@ impl PipelineError {
             PipelineError::KvReserve(_) => "kv_reserve",
             PipelineError::RemovedWhileLoading => "removed_while_loading",
             PipelineError::StageLoadFailed { .. } => "stage_load_failed",
+            PipelineError::Fetch { .. } => "fetch",
+            PipelineError::StagesStalled { .. } => "stages_stalled",
             PipelineError::Connect(_) => "connect",
             PipelineError::Join(_) => "join",
             PipelineError::Model(_) => "model",

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use libp2p::PeerId;
 use shoal_engine::engine::{EngineConfig, LoadedModel, load_local_stage, spawn};
 use shoal_engine::kvpool::{KvPool, KvShare};
@@ -20,6 +21,7 @@ use shoal_kernels::ThreadPool;
 use shoal_model::LayerRange;
 use shoal_placement::ModelCard;
 use shoal_wire::DType;
+use tokio::sync::watch;
 
 use crate::dataplane::{HostedStage, Hosts, RemoteChain, serve_stages};
 use crate::error::PipelineError;
@@ -27,11 +29,43 @@ use shoal_cluster::InstanceRecord;
 use shoal_cluster::facts::InstanceStatus;
 use shoal_cluster::{ClusterHandle, Snapshot};
 
-/// How long a driver waits for the other stages of its instance to load.
-const STAGES_READY_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a driver waits for other stages that load (from disk) without a sign of progress.
+const LOAD_STALL: Duration = Duration::from_secs(600);
+/// How long a driver waits for other stages whose download makes no progress.
+const DOWNLOAD_STALL: Duration = Duration::from_secs(120);
+/// How often a waiting driver looks at the other stages' progress.
+const WAIT_TICK: Duration = Duration::from_secs(2);
 
 /// Finds the local GGUF file of a model id.
 pub type ModelLocator = Arc<dyn Fn(&str) -> Option<PathBuf> + Send + Sync>;
+
+/// Fetches a model this node lacks (from peers, else the internet); resolves to the file to load from
+/// (the whole model, or a sparse file holding the stage's tensors).
+pub type ModelFetcher = Arc<
+    dyn Fn(
+            FetchRequest,
+        ) -> BoxFuture<'static, Result<PathBuf, Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + Sync,
+>;
+
+/// What one stage needs fetched.
+pub struct FetchRequest {
+    pub model: String,
+    /// The stage's layers `start..end` of `n_layers`: only the bytes they need are required.
+    pub start: usize,
+    pub end: usize,
+    pub n_layers: usize,
+    /// Bytes fetched and verified so far, of those needed (the runtime publishes it as the stage's status).
+    pub progress: watch::Sender<FetchState>,
+}
+
+/// Progress of one stage's fetch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FetchState {
+    pub done: u64,
+    pub needed: u64,
+}
 
 /// What the runtime needs from the rest of the node.
 #[derive(Clone)]
@@ -41,6 +75,8 @@ pub struct RuntimeConfig {
     pub wire_dtype: DType,
     /// The local GGUF file of a model id, if present.
     pub model_path: ModelLocator,
+    /// Fetches a model that is not present (`None`: a missing model fails the stage).
+    pub fetch: Option<ModelFetcher>,
 }
 
 /// What placement needs to know about the GGUF model at `path` (read from its header only).
@@ -265,18 +301,67 @@ impl Node {
         rec: &InstanceRecord,
         index: usize,
     ) -> Result<Option<EngineHandle>, PipelineError> {
-        let path =
-            (self.config.model_path)(&rec.model).ok_or_else(|| PipelineError::ModelMissing {
-                model: rec.model.clone(),
-            })?;
         let stage = &rec.stages[index];
         let n_layers = rec.stages.last().map_or(0, |s| s.end);
         let range = LayerRange::new(stage.start, stage.end, n_layers)?;
+        let path = match (self.config.model_path)(&rec.model) {
+            Some(path) => path,
+            None => self.fetch(rec, range, n_layers).await?,
+        };
         if index > 0 {
             self.host_stage(rec, index, path, range).await?;
             return Ok(None);
         }
         self.drive(rec, path, range).await.map(Some)
+    }
+
+    /// Fetches the bytes of `range` of `rec`'s model, publishing `downloading` with its progress.
+    async fn fetch(
+        &self,
+        rec: &InstanceRecord,
+        range: LayerRange,
+        n_layers: usize,
+    ) -> Result<PathBuf, PipelineError> {
+        let fetch = self
+            .config
+            .fetch
+            .clone()
+            .ok_or_else(|| PipelineError::ModelMissing {
+                model: rec.model.clone(),
+            })?;
+        let (tx, mut rx) = watch::channel(FetchState::default());
+        let request = FetchRequest {
+            model: rec.model.clone(),
+            start: range.start,
+            end: range.end,
+            n_layers,
+            progress: tx,
+        };
+        let (cluster, id) = (self.cluster.clone(), rec.id.clone());
+        // Publishes the progress at most every half second until the fetch ends (its sender drops).
+        let reporter = tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let s = *rx.borrow_and_update();
+                let status = InstanceStatus::Downloading {
+                    done: s.done,
+                    needed: s.needed,
+                };
+                cluster.set_status(id.clone(), Some(status)).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        let result = fetch(request).await;
+        let _ = reporter.await;
+        let path = result.map_err(|source| PipelineError::Fetch {
+            model: rec.model.clone(),
+            source,
+        })?;
+        if listed(&self.cluster, &rec.id) {
+            self.cluster
+                .set_status(rec.id.clone(), Some(InstanceStatus::Loading))
+                .await;
+        }
+        Ok(path)
     }
 
     /// Loads stage `index` (> 0) of `rec`, sets its KV share aside (published) and hosts it.
@@ -329,7 +414,7 @@ impl Node {
     /// Waits until the other stages of `rec` are ready and connects to them.
     async fn connect_chain(&self, rec: &InstanceRecord) -> Result<RemoteChain, PipelineError> {
         let others: Vec<String> = rec.stages[1..].iter().map(|s| s.node.clone()).collect();
-        let snap = self.wait_for_stages(rec, &others).await;
+        let snap = self.wait_for_stages(rec, &others).await?;
         if !snap.state.table().instances.iter().any(|i| i.id == rec.id) {
             return Err(PipelineError::RemovedWhileLoading);
         }
@@ -349,21 +434,76 @@ impl Node {
         Ok(chain)
     }
 
-    /// Waits (at most [`STAGES_READY_TIMEOUT`]) until `rec` is gone, all `others` are ready, or one failed.
-    async fn wait_for_stages(&self, rec: &InstanceRecord, others: &[String]) -> Arc<Snapshot> {
+    /// Waits until `rec` is gone, all `others` are ready, or one failed — as long as the others make
+    /// progress: a download that stops for [`DOWNLOAD_STALL`] (or a load for [`LOAD_STALL`]) fails.
+    async fn wait_for_stages(
+        &self,
+        rec: &InstanceRecord,
+        others: &[String],
+    ) -> Result<Arc<Snapshot>, PipelineError> {
         let id = rec.id.clone();
-        self.cluster
-            .wait_for(STAGES_READY_TIMEOUT, |s| {
-                let gone = !s.state.table().instances.iter().any(|i| i.id == id);
-                let status = |n: &String| s.state.facts_of(n).and_then(|f| f.instances.get(&id));
-                gone || others
+        let statuses = |s: &Snapshot| -> Vec<Option<InstanceStatus>> {
+            others
+                .iter()
+                .map(|n| {
+                    s.state
+                        .facts_of(n)
+                        .and_then(|f| f.instances.get(&id))
+                        .cloned()
+                })
+                .collect()
+        };
+        let settled = |s: &Snapshot| {
+            let st = statuses(s);
+            !s.state.table().instances.iter().any(|i| i.id == id)
+                || st.iter().all(|x| x == &Some(InstanceStatus::Ready))
+                || st
                     .iter()
-                    .all(|n| status(n) == Some(&InstanceStatus::Ready))
-                    || others
-                        .iter()
-                        .any(|n| matches!(status(n), Some(InstanceStatus::Failed { .. })))
-            })
-            .await
+                    .any(|x| matches!(x, Some(InstanceStatus::Failed { .. })))
+        };
+        let mut seen = statuses(&self.cluster.snapshot());
+        let mut since = tokio::time::Instant::now();
+        loop {
+            let snap = self
+                .cluster
+                .wait_for(WAIT_TICK, |s| settled(s) || statuses(s) != seen)
+                .await;
+            if settled(&snap) {
+                return Ok(snap);
+            }
+            let now = statuses(&snap);
+            if now != seen {
+                seen = now;
+                since = tokio::time::Instant::now();
+                continue;
+            }
+            let downloading = seen
+                .iter()
+                .any(|x| matches!(x, Some(InstanceStatus::Downloading { .. })));
+            let limit = if downloading {
+                DOWNLOAD_STALL
+            } else {
+                LOAD_STALL
+            };
+            if since.elapsed() >= limit {
+                let stuck: Vec<&str> = others
+                    .iter()
+                    .zip(&seen)
+                    .filter(|(_, x)| x.as_ref() != Some(&InstanceStatus::Ready))
+                    .map(|(n, _)| n.as_str())
+                    .collect();
+                return Err(PipelineError::StagesStalled {
+                    nodes: stuck.join(", "),
+                    seconds: limit.as_secs(),
+                    state: if downloading {
+                        "downloading"
+                    } else {
+                        "loading"
+                    }
+                    .into(),
+                });
+            }
+        }
     }
 }
 
