@@ -56,11 +56,13 @@ class ShoalNode:
     def __init__(
         self, *args: str, state_dir: "str | None" = None, key: str = "python-tests", threads: int = 1,
         host: str = "127.0.0.1", netns: "str | None" = None, mdns: bool = False,
+        models_dir: "str | Path | None" = None,
     ):
         self.args = list(args)
         self.threads = threads
         self.host, self.netns, self.mdns = host, netns, mdns
         self.key = key
+        self.models_dir = Path(models_dir) if models_dir else _models_dir()
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="shoal-test-state-")
         self.proc = None
         self.start()
@@ -68,7 +70,7 @@ class ShoalNode:
     def start(self) -> None:
         self.cmd = [
             str(_binary()), "serve", "--api-host", self.host, "--api-port", "0",
-            "--models-dir", str(_models_dir()), "--threads", str(self.threads),
+            "--models-dir", str(self.models_dir), "--threads", str(self.threads),
             "--state-dir", self.state_dir, "--cluster-listen", f"{self.host}:0",
             "--cluster-key", self.key, *([] if self.mdns else ["--no-mdns"]), *self.args,
         ]

@@ -15,14 +15,18 @@
 //! - [`cancel`] lets a client stop a request by its response id (`POST /v1/cancel/{id}`); handlers hold
 //!   each request as a [`cancel::LiveRequest`] so they can tell such a cancellation apart.
 //!
-//! - [`cluster`] holds the cluster routes, answered from the node's [`shoal_cluster::ClusterHandle`].
+//! - [`cluster`] holds the cluster routes, answered from the node's [`shoal_cluster::ClusterHandle`];
+//!   [`downloads`] the model downloads of every node (listed from the cluster's facts, started and
+//!   cancelled through this node's [`shoal_transfer::Downloads`]).
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/cancel/{id}`,
 //! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, `GET /state`, `GET /instance/previews`,
-//! `POST /instance`, `DELETE /instance/{id}`, `POST /links/probe`.
+//! `POST /instance`, `DELETE /instance/{id}`, `POST /links/probe`, `GET`/`POST /downloads`,
+//! `DELETE /downloads/{model}`.
 
 pub mod cancel;
 pub mod cluster;
+pub mod downloads;
 pub mod error;
 pub mod openai;
 pub mod sse;
@@ -63,6 +67,8 @@ pub struct ApiState {
     pub cluster: Option<shoal_cluster::ClusterHandle>,
     /// Held while this node places an instance for a request (see [`cluster::forward_to_driver`]).
     pub placing: Arc<tokio::sync::Mutex<()>>,
+    /// This node's model downloads (`POST`/`DELETE /downloads`); `None` for a bare engine.
+    pub downloads: Option<shoal_transfer::Downloads>,
 }
 
 impl ApiState {
@@ -71,6 +77,7 @@ impl ApiState {
             engine: engine.into(),
             cluster: None,
             placing: Arc::default(),
+            downloads: None,
             body_limit: DEFAULT_BODY_LIMIT,
             cancellations: Arc::default(),
         }
@@ -103,6 +110,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/instance", post(cluster::create))
         .route("/instance/{id}", axum::routing::delete(cluster::delete))
         .route("/links/probe", post(cluster::probe_links))
+        .route("/downloads", get(downloads::list).post(downloads::start))
+        .route("/downloads/{*model}", axum::routing::delete(downloads::cancel))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))

@@ -89,6 +89,7 @@ async fn main() {
         serve_blobs(
             n,
             Arc::new(move |id: &str| (id == MODEL).then(|| f.clone())),
+            None,
         )
         .expect("serve");
     };

@@ -38,6 +38,9 @@ pub enum TransferError {
     Accept(String),
     #[error("a background task failed: {0}")]
     Task(String),
+    /// The model store (a reference that does not parse, the internet route, disk space) failed.
+    #[error("{0}")]
+    Store(String),
 }
 
 impl TransferError {
@@ -52,6 +55,7 @@ impl TransferError {
             Self::Cancelled => "cancelled",
             Self::Accept(_) => "accept",
             Self::Task(_) => "task",
+            Self::Store(_) => "store",
         }
     }
 

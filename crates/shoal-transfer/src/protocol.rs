@@ -26,6 +26,7 @@ use shoal_cluster::ClusterHandle;
 use tokio::sync::mpsc;
 
 use crate::error::{SourceError, TransferError};
+use crate::limit::UploadLimit;
 use crate::manifest::Manifest;
 
 pub const BLOB_PROTOCOL: StreamProtocol = StreamProtocol::new("/shoal/blob/1");
@@ -117,8 +118,12 @@ pub async fn read_message<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
 pub type Locate = Arc<dyn Fn(&str) -> Option<PathBuf> + Send + Sync>;
 
 /// Accepts `/shoal/blob/1` streams on `cluster` and answers them in the background, for the life of the
-/// runtime. Call once per node.
-pub fn serve_blobs(cluster: &ClusterHandle, locate: Locate) -> Result<(), TransferError> {
+/// runtime, sending at most `upload_limit` bytes per second in all (`None`: no limit). Call once per node.
+pub fn serve_blobs(
+    cluster: &ClusterHandle,
+    locate: Locate,
+    upload_limit: Option<u64>,
+) -> Result<(), TransferError> {
     let mut control = cluster.streams();
     let mut incoming = control
         .accept(BLOB_PROTOCOL)
@@ -127,6 +132,7 @@ pub fn serve_blobs(cluster: &ClusterHandle, locate: Locate) -> Result<(), Transf
         locate,
         manifests: Mutex::new(HashMap::new()),
         hashing: tokio::sync::Mutex::new(()),
+        limit: upload_limit.map(|b| Arc::new(UploadLimit::new(b))),
     });
     tokio::spawn(async move {
         while let Some((peer, stream)) = incoming.next().await {
@@ -144,6 +150,8 @@ struct Server {
     /// One manifest is computed at a time (the first request for a big file hashes it once, not once per
     /// stream that asks).
     hashing: tokio::sync::Mutex<()>,
+    /// Paces the data sent by all streams together.
+    limit: Option<Arc<UploadLimit>>,
 }
 
 /// A manifest with the file size and modification time it was made for.
@@ -159,9 +167,13 @@ where
 {
     let (mut r, mut w) = stream.split();
     let (tx, mut rx) = mpsc::channel::<Answer>(SERVER_QUEUE);
+    let limit = server.limit.clone();
     let writer = tokio::spawn(async move {
         while let Some(answer) = rx.recv().await {
             let (header, body) = answer.await;
+            if let (Some(limit), Some(b)) = (&limit, &body) {
+                limit.take(b.len() as u64).await;
+            }
             if write_message(&mut w, &header).await.is_err() {
                 return;
             }
@@ -312,6 +324,7 @@ mod tests {
             locate: Arc::new(move |m: &str| Some(dir.join(m))),
             manifests: Mutex::new(HashMap::new()),
             hashing: tokio::sync::Mutex::new(()),
+            limit: None,
         })
     }
 

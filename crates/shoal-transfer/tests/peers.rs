@@ -39,6 +39,7 @@ async fn server(dir: &Path, file: PathBuf, peers: Vec<libp2p::Multiaddr>) -> Clu
     serve_blobs(
         &n,
         Arc::new(move |m: &str| (m == MODEL).then(|| file.clone())),
+        None,
     )
     .unwrap();
     n

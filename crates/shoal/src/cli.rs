@@ -210,9 +210,22 @@ pub struct ClusterArgs {
     /// Do not place the served model on this node at start (create instances through POST /instance).
     #[arg(long)]
     pub no_auto_instance: bool,
+    /// Send models to peers at most this fast, in MB/s (all peers together; default: no limit).
+    #[arg(long, value_name = "MB_PER_S", value_parser = positive_rate)]
+    pub upload_limit: Option<f64>,
     /// Activations on the wire: f16 (half the bytes) or f32 (bit-exact with a single node).
     #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
     pub wire_dtype: String,
+}
+
+/// A rate in MB/s: finite and > 0.
+fn positive_rate(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("'{s}' is not a rate above 0 MB/s"))
+    }
 }
 
 impl ClusterArgs {

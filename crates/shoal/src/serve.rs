@@ -1,0 +1,338 @@
+//! `shoal serve`: join (or start) the cluster, bring the served model here, place it on this node and
+//! serve the HTTP API.
+//!
+//! Order: the served model is looked up locally (a path, the models dir, the hub cache) without the
+//! network → the cluster node starts, offering every complete local model → this node's
+//! [`shoal_transfer::Downloads`] and blob server start (peers may fetch from us at once; the complete
+//! models' chunk manifests are made in the background, once per file) → a missing
+//! served model comes from a peer that has it (waiting a few seconds for peers to show up), else from
+//! the internet with a progress bar → the model is placed here and the API serves.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use shoal_placement::ModelCard;
+use shoal_store::{ModelRef, PullOptions, Store, StoreError};
+use shoal_transfer::{Downloads, Want};
+
+use crate::cli::ServeArgs;
+
+/// How long a node whose model is missing waits for a peer that has it: with `--peer`, and with mDNS only.
+const HOLDER_WAIT_STATIC: Duration = Duration::from_secs(15);
+const HOLDER_WAIT_MDNS: Duration = Duration::from_secs(3);
+/// How often a download the node waits on is reported on stderr.
+const REPORT_EVERY: Duration = Duration::from_secs(2);
+
+/// The served model when it is complete here (or a path), as (id, file); `None` when it must be fetched.
+fn local_model(store: &Store, model: &str) -> anyhow::Result<Option<(String, PathBuf)>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let offline = PullOptions {
+        offline: true,
+        ..PullOptions::default()
+    };
+    match rt.block_on(store.pull_named(model, &offline)) {
+        Ok(p) => Ok(Some((p.id, p.path))),
+        Err(StoreError::Offline { .. }) => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("getting model '{model}'")),
+    }
+}
+
+/// The served model's card first (when it is here), then one for every other complete model in the
+/// store, so the cluster can place any of them on this node; a file that cannot be read is logged and
+/// left out.
+fn model_cards(store: &Store, served: Option<&(String, PathBuf)>) -> Vec<ModelCard> {
+    let mut cards = Vec::new();
+    let mut add = |id: &str, path: &std::path::Path| {
+        if cards.iter().any(|c: &ModelCard| c.id == id) {
+            return;
+        }
+        match shoal_pipeline::model_card(path, id) {
+            Ok(card) => cards.push(card),
+            Err(e) => tracing::warn!(model = %id, "not offered to the cluster: {e}"),
+        }
+    };
+    if let Some((id, path)) = served {
+        add(id, path);
+    }
+    for id in store.present() {
+        match store.model_file(&id) {
+            Ok(path) => add(&id, &path),
+            Err(e) => tracing::warn!(model = %id, "not offered to the cluster: {e}"),
+        }
+    }
+    cards
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let store = Store::new(args.model.models_dir());
+    let local = local_model(&store, &args.model.model)?;
+    if local.is_none() && args.model.offline {
+        // Says what is missing and where it looked.
+        crate::resolve_model(&args.model)?;
+    }
+    let engine_config = args.engine.config()?;
+    let cargs = args.cluster.clone();
+    let cluster_key = cargs.cluster_key()?;
+    let listen = shoal_cluster::parse_peer(&cargs.cluster_listen)?;
+    let peers = cargs
+        .peers
+        .iter()
+        .map(|p| shoal_cluster::parse_peer(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let wire_dtype = match cargs.wire_dtype.as_str() {
+        "f32" => shoal_wire::DType::F32,
+        _ => shoal_wire::DType::F16,
+    };
+    let holder_wait = if peers.is_empty() {
+        HOLDER_WAIT_MDNS
+    } else {
+        HOLDER_WAIT_STATIC
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.api_host.as_str(), args.api_port))
+            .await
+            .with_context(|| format!("binding {}:{}", args.api_host, args.api_port))?;
+        let addr = listener.local_addr()?;
+        let cluster = shoal_cluster::start(shoal_cluster::ClusterConfig {
+            state_dir: cargs.state_dir(),
+            cluster_key,
+            listen: vec![listen],
+            peers,
+            mdns: !cargs.no_mdns,
+            api_url: Some(format!("http://{addr}")),
+            models: model_cards(&store, local.as_ref()),
+            backend: format!("cpu-{}", shoal_kernels::Backend::detect().name()),
+        })
+        .await
+        .context("starting the cluster node")?;
+        println!("shoal: node {}", cluster.id());
+        for a in &cluster.snapshot().listen_addrs {
+            println!("shoal: cluster listening on {a}");
+        }
+
+        // A served model given as a path is found by id like the store's models.
+        let served = Arc::new(std::sync::Mutex::new(local.clone()));
+        let locate: shoal_transfer::Locate = {
+            let (store, served) = (store.clone(), served.clone());
+            Arc::new(move |m: &str| {
+                if let Some((id, path)) = served.lock().unwrap_or_else(|e| e.into_inner()).as_ref()
+                    && id == m
+                {
+                    return Some(path.clone());
+                }
+                store.model_file(m).ok()
+            })
+        };
+        let upload_limit = cargs.upload_limit.map(|mb| (mb * 1e6) as u64);
+        shoal_transfer::serve_blobs(&cluster, locate.clone(), upload_limit)
+            .map_err(|e| anyhow::anyhow!("starting the blob server: {e}"))?;
+        // Manifests of the complete models, made now (once per file; cached beside it) so a peer's
+        // first fetch does not wait for the hashing.
+        tokio::task::spawn_blocking({
+            let store = store.clone();
+            move || {
+                for id in store.present() {
+                    if let Ok(path) = store.model_file(&id)
+                        && let Err(e) = shoal_transfer::Manifest::load_or_compute(&path)
+                    {
+                        tracing::warn!(model = %id, "no manifest: {e}");
+                    }
+                }
+            }
+        });
+        let downloads = Downloads::new(store.clone(), cluster.clone());
+        {
+            // A model that finished downloading is offered to the cluster (placeable here, a source).
+            let (store, served, cluster) = (store.clone(), served.clone(), cluster.clone());
+            downloads.on_complete(Arc::new(move |_, _| {
+                let s = served.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let cards = model_cards(&store, s.as_ref());
+                let cluster = cluster.clone();
+                tokio::spawn(async move { cluster.set_models(cards).await });
+            }));
+        }
+
+        let engines = shoal_engine::Engines::default();
+        shoal_pipeline::start(
+            cluster.clone(),
+            engines.clone(),
+            shoal_pipeline::RuntimeConfig {
+                engine: engine_config.clone(),
+                wire_dtype,
+                model_path: locate,
+                fetch: Some(stage_fetcher(downloads.clone())),
+            },
+        )
+        .map_err(|e| anyhow::anyhow!("starting the data plane: {e}"))?;
+
+        let (id, path) = match local {
+            Some(found) => found,
+            None => {
+                let found =
+                    bring_served_model(&args.model, &cluster, &downloads, holder_wait).await?;
+                *served.lock().unwrap_or_else(|e| e.into_inner()) = Some(found.clone());
+                cluster.set_models(model_cards(&store, Some(&found))).await;
+                found
+            }
+        };
+        if engine_config.stages.is_some() {
+            // A pipeline of local stages in this process (for development and benchmarks).
+            let engine = shoal_engine::engine::spawn_from_gguf(&path, &id, engine_config)
+                .with_context(|| format!("loading {}", path.display()))?;
+            engines.insert(engine);
+        } else if !cargs.no_auto_instance {
+            place_here(&cluster, &engines, &id).await?;
+        }
+        tracing::info!(model = %id, path = %path.display(), "serving");
+        // Tests and scripts wait for exactly this line.
+        println!("shoal: listening on http://{addr}");
+        let mut state = shoal_api::ApiState::new(engines);
+        state.cluster = Some(cluster);
+        state.downloads = Some(downloads);
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        shoal_api::serve(listener, state, shutdown)
+            .await
+            .context("serving HTTP")
+    })
+}
+
+/// The runtime's fetcher: a stage's bytes (the whole model for a stage holding every layer), with the
+/// download's progress mirrored into the stage's published status.
+fn stage_fetcher(downloads: Downloads) -> shoal_pipeline::ModelFetcher {
+    Arc::new(move |req: shoal_pipeline::FetchRequest| {
+        let downloads = downloads.clone();
+        Box::pin(async move {
+            let want = if req.start == 0 && req.end == req.n_layers {
+                Want::Whole
+            } else {
+                Want::Stage {
+                    start: req.start,
+                    end: req.end,
+                    n_layers: req.n_layers,
+                }
+            };
+            let mirror = {
+                let (downloads, model, tx) =
+                    (downloads.clone(), req.model.clone(), req.progress.clone());
+                tokio::spawn(async move {
+                    loop {
+                        if let Some(p) = downloads.progress(&model) {
+                            tx.send_replace(shoal_pipeline::FetchState {
+                                done: p.done,
+                                needed: p.needed,
+                            });
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                })
+            };
+            let result = downloads.fetch(&req.model, want).await;
+            mirror.abort();
+            result.map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+        })
+    })
+}
+
+/// The served model, which is not here: from a peer that has it (waiting up to `wait` for one to show
+/// up), else from the internet with a progress bar.
+async fn bring_served_model(
+    model: &crate::cli::ModelArgs,
+    cluster: &shoal_cluster::ClusterHandle,
+    downloads: &Downloads,
+    wait: Duration,
+) -> anyhow::Result<(String, PathBuf)> {
+    let id = ModelRef::parse(&model.model)
+        .with_context(|| format!("getting model '{}'", model.model))?
+        .id();
+    let me = cluster.id().to_string();
+    let wanted = id.clone();
+    let snap = cluster
+        .wait_for(wait, |s| {
+            s.state.members().iter().any(|m| {
+                *m != me
+                    && s.state
+                        .facts_of(m)
+                        .is_some_and(|f| f.models.iter().any(|c| c.id == wanted))
+            })
+        })
+        .await;
+    let peer_has_it = snap.state.members().iter().any(|m| {
+        snap.state.facts_of(m).is_some_and(|f| {
+            f.id != cluster.id().to_string() && f.models.iter().any(|c| c.id == id)
+        })
+    });
+    if !peer_has_it {
+        let args = model.clone();
+        return tokio::task::spawn_blocking(move || crate::resolve_model(&args))
+            .await
+            .context("fetching the model")?;
+    }
+    eprintln!("shoal: fetching {id} from the peers that have it");
+    let report = {
+        let (downloads, id) = (downloads.clone(), id.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(REPORT_EVERY).await;
+                if let Some(p) = downloads.progress(&id) {
+                    let pct = 100.0 * p.done as f64 / p.needed.max(1) as f64;
+                    eprintln!(
+                        "shoal: {id}: {pct:.0}% of {:.1} MB, {:.1} MB/s",
+                        p.needed as f64 / 1e6,
+                        p.bytes_per_s / 1e6
+                    );
+                }
+            }
+        })
+    };
+    let path = downloads.fetch(&id, Want::Whole).await;
+    report.abort();
+    let path = path.with_context(|| format!("fetching {id}"))?;
+    Ok((id, path))
+}
+
+/// Places the served model on this node (pinned: every node serves its own replica by default) and
+/// waits until it is loaded.
+async fn place_here(
+    cluster: &shoal_cluster::ClusterHandle,
+    engines: &shoal_engine::Engines,
+    model: &str,
+) -> anyhow::Result<()> {
+    let me = cluster.id().to_string();
+    let request = shoal_cluster::PlaceRequest {
+        model: model.to_string(),
+        nodes: Some(vec![me]),
+        ..Default::default()
+    };
+    let record = cluster
+        .place(request)
+        .await
+        .map_err(|e| anyhow::anyhow!("placing {model} on this node: {e}"))?;
+    let id = record.id.clone();
+    let snap = cluster
+        .wait_for(std::time::Duration::from_secs(600), |s| {
+            s.state
+                .view()
+                .instances
+                .iter()
+                .any(|i| i.record.id == id && !i.is_loading())
+        })
+        .await;
+    let view = snap.state.view();
+    match view.instances.iter().find(|i| i.record.id == id) {
+        Some(i) if i.is_ready() && engines.get(model).is_ok() => Ok(()),
+        Some(i) => anyhow::bail!("loading {model} failed: {:?}", i.stage_status),
+        None => anyhow::bail!("the instance of {model} was removed while loading"),
+    }
+}
