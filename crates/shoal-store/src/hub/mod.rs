@@ -178,13 +178,7 @@ fn build_client(redirects: bool) -> Result<reqwest::Client, StoreError> {
 
 pub(crate) fn net(url: &str) -> impl FnOnce(reqwest::Error) -> StoreError + '_ {
     move |e| {
-        let mut message = error_chain(&e);
-        if url.starts_with("https://") && message.contains("scheme is not http") {
-            // The workspace's reqwest is built without a TLS backend.
-            message.push_str(
-                " (this build of shoal has no TLS support: point HF_ENDPOINT at an http:// mirror)",
-            );
-        }
+        let message = error_chain(&e);
         StoreError::Network {
             url: url.into(),
             message,
