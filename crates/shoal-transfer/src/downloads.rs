@@ -104,7 +104,7 @@ impl Downloads {
 
     /// Starts bringing the whole of `model` in the background (`GET /downloads` shows it).
     pub fn start(&self, model: &str) -> Result<(), TransferError> {
-        ModelRef::parse(model).map_err(|e| TransferError::Store(e.to_string()))?;
+        check_id(model)?;
         let this = self.clone();
         let model = model.to_string();
         tokio::spawn(async move {
@@ -140,6 +140,7 @@ impl Downloads {
 
     /// Brings `model` (or the part of it `want` says) here; the file to load from.
     pub async fn fetch(&self, model: &str, want: Want) -> Result<PathBuf, TransferError> {
+        check_id(model)?;
         if let Ok(path) = self.inner.store.model_file(model) {
             return Ok(path);
         }
@@ -374,7 +375,11 @@ impl Inner {
         progress: &watch::Sender<FetchProgress>,
         cancel: &CancellationToken,
     ) -> Result<PathBuf, TransferError> {
-        let r = ModelRef::parse(model).map_err(|e| TransferError::Store(e.to_string()))?;
+        let r = ModelRef::parse(model).map_err(|e| {
+            TransferError::Store(format!(
+                "no peer has '{model}', and it is not a hub or catalog model to download: {e}"
+            ))
+        })?;
         let tx = progress.clone();
         let token = shoal_store::CancelToken::new();
         let opts = PullOptions {
@@ -414,6 +419,19 @@ impl Inner {
             Err(e) => Err(TransferError::Store(e.to_string())),
         }
     }
+}
+
+/// A model id becomes a folder name of the models dir: nothing that could leave it.
+fn check_id(model: &str) -> Result<(), TransferError> {
+    let bad = model.is_empty()
+        || model.len() > 256
+        || model.starts_with('.')
+        || model.split(['/', ':']).any(|part| part == ".." || part == ".")
+        || model.chars().any(|c| c.is_control() || c == '\\');
+    if bad {
+        return Err(TransferError::Store(format!("'{model}' is not a model id")));
+    }
+    Ok(())
 }
 
 /// The published form of one download's progress.

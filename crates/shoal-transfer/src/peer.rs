@@ -110,9 +110,27 @@ impl PeerSource {
         }
     }
 
-    /// Sends `req` on the next stream (opening it if needed) and waits for its reply.
+    /// Sends `req` on the next stream (opening it if needed) and waits for its reply. A stream that
+    /// broke under the request (its connection closed: two nodes may hold two connections and one may
+    /// close as idle) is replaced by a fresh one and the request sent once more; a peer that is really
+    /// gone fails the second time, when no stream opens.
     async fn call(&self, req: Request) -> Result<Reply, SourceError> {
         let slot = &self.conns[self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len()];
+        match self.call_on(slot, req.clone()).await {
+            Err(SourceError::Io(e)) => {
+                tracing::debug!(peer = %self.peer, "blob stream broke ({e}): opening another");
+                self.call_on(slot, req).await
+            }
+            Err(SourceError::Closed) => self.call_on(slot, req).await,
+            other => other,
+        }
+    }
+
+    async fn call_on(
+        &self,
+        slot: &tokio::sync::Mutex<Option<Arc<Conn>>>,
+        req: Request,
+    ) -> Result<Reply, SourceError> {
         let conn = {
             let mut slot = slot.lock().await;
             match slot.as_ref() {
@@ -125,11 +143,18 @@ impl PeerSource {
             }
         };
         let (tx, rx) = oneshot::channel();
-        conn.tx
-            .send((req, tx))
-            .await
-            .map_err(|_| SourceError::Closed)?;
-        rx.await.map_err(|_| SourceError::Closed)?
+        let result = match conn.tx.send((req, tx)).await {
+            Ok(()) => rx.await.map_err(|_| SourceError::Closed).and_then(|r| r),
+            Err(_) => Err(SourceError::Closed),
+        };
+        if matches!(result, Err(SourceError::Io(_) | SourceError::Closed)) {
+            // This stream cannot carry more requests: the next call opens another.
+            let mut slot = slot.lock().await;
+            if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+                *slot = None;
+            }
+        }
+        result
     }
 
     async fn open(&self) -> Result<Conn, SourceError> {
