@@ -474,3 +474,19 @@ async fn publish(inner: std::sync::Weak<Inner>) {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_ids_that_could_leave_the_models_dir_are_refused() {
+        for ok in ["smollm2-135m-instruct-q4_1", "org/repo:Q4_K_M", "org/repo/file.gguf", "a.b"] {
+            assert!(check_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "..", ".hidden", "org/../x", "a/./b", "x:..", "a\\b", "a\nb"] {
+            assert!(check_id(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_id(&"x".repeat(300)).is_err());
+    }
+}
