@@ -250,3 +250,41 @@ def test_a_copy_gone_bad_is_refused_chunk_by_chunk_and_fetched_elsewhere(holders
         assert sha256(x_dir / MODEL_ID / FILE) == SHA256
     finally:
         x.kill()
+
+
+def test_a_stage_still_downloading_is_shown_and_waited_for(tmp_path_factory):
+    """The holder sends at 8 MB/s, so the lacking node's stage downloads for seconds: its status in /state
+    is `downloading` with growing byte counts, the driver waits for it (no timeout), then the pipeline
+    serves."""
+    h = ShoalNode("--no-auto-instance", "--upload-limit", "8", key="transfer-waiting")
+    d = tmp_path_factory.mktemp("s-models")
+    s = ShoalNode("--no-auto-instance", "--model", str(gemma_file()), "--peer", h.cluster_addr,
+                  key="transfer-waiting", models_dir=d)
+    try:
+        wait_members([h, s], [h, s])
+        status, body = http("POST", f"{h.url}/instance",
+                            {"model": MODEL_ID, "nodes": [h.id, s.id], "layers": [20, 10]})
+        assert status == 201, body
+        iid = body["id"]
+
+        def stage_of_s():
+            inst = next(i for i in state(h)["cluster"]["instances"] if i["id"] == iid)
+            return inst["status"], inst["stage_status"][1]
+
+        seen = []
+
+        def downloading_progress():
+            status, st = stage_of_s()
+            assert status != "failed", st
+            if st["state"] == "downloading" and 0 < st["done"] < st["needed"]:
+                seen.append(st["done"])
+            return len(set(seen)) >= 2
+
+        wait_until("s's stage to show its download progressing", downloading_progress, timeout=120)
+        assert stage_of_s()[1]["needed"] < SIZE
+        wait_until("the instance to be ready", lambda: stage_of_s()[0] == "ready", timeout=120)
+        text, _, _ = greedy(h, PROMPTS[0])
+        assert text
+    finally:
+        s.kill()
+        h.kill()
