@@ -39,6 +39,8 @@ use crate::stage::{StageLayers, fetch_stage};
 const KEEP_FINISHED: usize = 8;
 /// How long a peer may take to send its manifest (it may hash the file first).
 const MANIFEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the peers' fetch waits for the hub to say where a hub model's file is.
+const HUB_WAIT: Duration = Duration::from_secs(5);
 /// Parallel streams per peer source.
 const STREAMS_PER_PEER: usize = 2;
 /// How often running downloads are published.
@@ -256,7 +258,8 @@ impl Inner {
                 )) as Arc<dyn ChunkSource>
             })
             .collect();
-        if let Some(hub) = self.hub_source(model).await {
+        // The hub is one more source when it answers quickly; the peers do not wait on it.
+        if let Ok(Some(hub)) = tokio::time::timeout(HUB_WAIT, self.hub_source(model)).await {
             sources.push(hub);
         }
         let dir = self.store.model_dir(model);
