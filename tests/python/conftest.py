@@ -56,13 +56,14 @@ class ShoalNode:
     def __init__(
         self, *args: str, state_dir: "str | None" = None, key: str = "python-tests", threads: int = 1,
         host: str = "127.0.0.1", netns: "str | None" = None, mdns: bool = False,
-        models_dir: "str | Path | None" = None,
+        models_dir: "str | Path | None" = None, env: "dict | None" = None,
     ):
         self.args = list(args)
         self.threads = threads
         self.host, self.netns, self.mdns = host, netns, mdns
         self.key = key
         self.models_dir = Path(models_dir) if models_dir else _models_dir()
+        self.env = env
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="shoal-test-state-")
         self.proc = None
         self.start()
@@ -77,7 +78,8 @@ class ShoalNode:
         if self.netns:
             self.cmd = ["ip", "netns", "exec", self.netns, *self.cmd]
         self.proc = subprocess.Popen(
-            self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, cwd=REPO
+            self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, cwd=REPO,
+            env=self.env,
         )
         out: "queue.Queue[str | None]" = queue.Queue()
         self.err: "queue.Queue[str | None]" = queue.Queue()

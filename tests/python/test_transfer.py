@@ -288,3 +288,52 @@ def test_a_stage_still_downloading_is_shown_and_waited_for(tmp_path_factory):
     finally:
         s.kill()
         h.kill()
+
+
+def test_a_hub_model_comes_from_a_peer_and_the_hub_which_takes_over_when_the_peer_dies(tmp_path):
+    """A hub model (`org/repo:TAG`) on a peer: the fetching node reads chunks from the peer and, with ranged
+    reads checked against the same manifest, from the hub; when the peer dies the hub serves the rest."""
+    from test_store import FakeHub
+
+    root = tmp_path / "hub"
+    repo = root / "org" / "SmolLM2-GGUF"
+    repo.mkdir(parents=True)
+    (repo / "SmolLM2-135M-Instruct-Q4_K_M.gguf").symlink_to(model_file())
+    model = "org/SmolLM2-GGUF:Q4_K_M"
+    fast = FakeHub(root)
+    slow = FakeHub(root, "--rate", "12000000")
+
+    def env(hub, name):
+        e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        e["HF_HOME"] = str(tmp_path / f"hf-{name}")
+        e["HF_ENDPOINT"] = hub.url
+        return e
+
+    holder = ShoalNode("--no-auto-instance", "--upload-limit", "12", "--model", model, key="transfer-hub",
+                       models_dir=tmp_path / "holder-models", env=env(fast, "holder"))
+    d = tmp_path / "fetcher-models"
+    fetcher = ShoalNode("--no-auto-instance", "--model", str(gemma_file()), "--peer", holder.cluster_addr,
+                        key="transfer-hub", models_dir=d, env=env(slow, "fetcher"))
+    try:
+        wait_members([holder, fetcher], [holder, fetcher])
+        assert http("POST", f"{fetcher.url}/downloads", {"model": model})[0] == 202
+
+        def from_both():
+            running = [x for x in downloads(fetcher) if x["model"] == model and x["state"] == "running"]
+            return running and len([v for v in running[0]["sources"].values() if v > 0]) == 2 \
+                and running[0]["done"] >= SIZE // 4 and running[0]
+
+        both = wait_until("the peer and the hub to serve a quarter", from_both)
+        assert any("127.0.0.1" in name for name in both["sources"]), both
+        holder.kill()
+        done = wait_until("the download after the peer died", lambda: finished(fetcher, model), timeout=120)
+        by_hub = sum(v for name, v in done["sources"].items() if "127.0.0.1" in name)
+        assert by_hub > SIZE // 4 and done["sources"][f"peer {holder.id}"] > 0, json.dumps(done)
+        files = [p for p in (d / "org--SmolLM2-GGUF--Q4_K_M").iterdir() if p.suffix == ".gguf"]
+        assert len(files) == 1 and sha256(files[0]) == SHA256, files
+        assert len(slow.content_gets()) >= 2, "the hub served ranged chunk reads"
+    finally:
+        fetcher.kill()
+        holder.kill()
+        fast.stop()
+        slow.stop()
