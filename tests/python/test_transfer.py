@@ -332,6 +332,11 @@ def test_a_hub_model_comes_from_a_peer_and_the_hub_which_takes_over_when_the_pee
         files = [p for p in (d / "org--SmolLM2-GGUF--Q4_K_M").iterdir() if p.suffix == ".gguf"]
         assert len(files) == 1 and sha256(files[0]) == SHA256, files
         assert len(slow.content_gets()) >= 2, "the hub served ranged chunk reads"
+        # The model lists under its hub id, complete, from the hub (its file came from a peer and the hub).
+        listing = subprocess.run([str(_binary()), "models", "--models-dir", str(d)],
+                                 capture_output=True, text=True, timeout=30)
+        line = next(l for l in listing.stdout.splitlines() if "SmolLM2" in l)
+        assert line.split()[0] == model and "complete" in line and "hub" in line, listing.stdout
     finally:
         fetcher.kill()
         holder.kill()

@@ -169,6 +169,36 @@ impl Store {
         fs::rename(&tmp, &path).map_err(io(&path))
     }
 
+    /// Records, in the folder of `id`, a model whose file `file_name` (`size` bytes, `sha256` when known)
+    /// arrives from elsewhere than this store's own routes (a peer): the folder then lists under `id` and
+    /// its source (hub or catalog by the id, else path), complete once the file is.
+    pub fn record_arriving(
+        &self,
+        id: &str,
+        file_name: &str,
+        size: u64,
+        sha256: Option<String>,
+    ) -> Result<PathBuf, StoreError> {
+        let (source, repo, revision) = match ModelRef::parse(id) {
+            Ok(ModelRef::Hub(h)) => (Source::Hub, Some(h.repo), Some(h.revision)),
+            Ok(ModelRef::Catalog(_)) => (Source::Catalog, None, None),
+            _ => (Source::Path, None, None),
+        };
+        let dir = self.model_dir(id);
+        let info = ModelInfo {
+            id: id.to_string(),
+            source,
+            repo,
+            revision,
+            commit: None,
+            file: file_name.to_string(),
+            sha256,
+            size,
+        };
+        self.write_info(&dir, &info)?;
+        Ok(dir)
+    }
+
     /// Describes one folder (`None` when `dir` is not a folder).
     pub fn entry(&self, dir: &Path) -> Option<ModelEntry> {
         if !dir.is_dir() {

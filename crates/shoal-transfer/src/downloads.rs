@@ -262,8 +262,16 @@ impl Inner {
         if let Ok(Some(hub)) = tokio::time::timeout(HUB_WAIT, self.hub_source(model)).await {
             sources.push(hub);
         }
-        let dir = self.store.model_dir(model);
-        std::fs::create_dir_all(&dir).map_err(TransferError::io(&dir))?;
+        // The folder lists under the model's id (and as partial until the file is whole).
+        let dir = self
+            .store
+            .record_arriving(
+                model,
+                &manifest.file_name,
+                manifest.size,
+                manifest.sha256.clone(),
+            )
+            .map_err(|e| TransferError::Store(e.to_string()))?;
         let dest = dir.join(&manifest.file_name);
         if want == Want::Whole {
             shoal_store::ensure_space(&dir, manifest.size, 0)
@@ -429,7 +437,9 @@ fn check_id(model: &str) -> Result<(), TransferError> {
     let bad = model.is_empty()
         || model.len() > 256
         || model.starts_with('.')
-        || model.split(['/', ':']).any(|part| part == ".." || part == ".")
+        || model
+            .split(['/', ':'])
+            .any(|part| part == ".." || part == ".")
         || model.chars().any(|c| c.is_control() || c == '\\');
     if bad {
         return Err(TransferError::Store(format!("'{model}' is not a model id")));
@@ -484,10 +494,17 @@ mod tests {
 
     #[test]
     fn model_ids_that_could_leave_the_models_dir_are_refused() {
-        for ok in ["smollm2-135m-instruct-q4_1", "org/repo:Q4_K_M", "org/repo/file.gguf", "a.b"] {
+        for ok in [
+            "smollm2-135m-instruct-q4_1",
+            "org/repo:Q4_K_M",
+            "org/repo/file.gguf",
+            "a.b",
+        ] {
             assert!(check_id(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "..", ".hidden", "org/../x", "a/./b", "x:..", "a\\b", "a\nb"] {
+        for bad in [
+            "", "..", ".hidden", "org/../x", "a/./b", "x:..", "a\\b", "a\nb",
+        ] {
             assert!(check_id(bad).is_err(), "{bad:?}");
         }
         assert!(check_id(&"x".repeat(300)).is_err());
