@@ -28,12 +28,15 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         .build()?;
     match args.url.clone() {
         Some(url) => rt.block_on(remote(&args, &url)),
-        None => rt.block_on(local(&args)),
+        None => {
+            // Outside the runtime: fetching the model runs (and may cancel) its own.
+            let (id, path) = crate::resolve_model(&args.model)?;
+            rt.block_on(local(&args, id, path))
+        }
     }
 }
 
-async fn local(args: &ChatArgs) -> anyhow::Result<()> {
-    let (id, path) = crate::resolve_model(&args.model)?;
+async fn local(args: &ChatArgs, id: String, path: std::path::PathBuf) -> anyhow::Result<()> {
     let engine = shoal_engine::engine::spawn_from_gguf(&path, &id, args.engine.config()?)?;
     let prompt = engine.render_chat(&messages(args))?;
     let sampling = SamplingParams {
