@@ -173,7 +173,7 @@ pub async fn forward_to_driver(
         if state.engine.get(&model).is_err()
             && let Some(base) = remote_driver(&cluster, &model)
         {
-            return relay(format!("{base}{}", parts.uri.path()), bytes).await;
+            return relay(format!("{base}{}", parts.uri.path()), bytes, &parts.headers).await;
         }
     }
     next.run(axum::extract::Request::from_parts(
@@ -236,16 +236,23 @@ async fn ensure_instance(
     }
 }
 
-async fn relay(url: String, body: axum::body::Bytes) -> axum::response::Response {
+/// Sends the request on to another node's API (with the client's API key: the nodes of a cluster share
+/// their keys) and streams its answer back.
+async fn relay(
+    url: String,
+    body: axum::body::Bytes,
+    headers: &axum::http::HeaderMap,
+) -> axum::response::Response {
     use axum::response::IntoResponse;
     let client = reqwest::Client::new();
-    let resp = match client
+    let mut req = client
         .post(&url)
         .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-    {
+        .body(body);
+    for (name, value) in crate::auth::key_headers(headers) {
+        req = req.header(name, value);
+    }
+    let resp = match req.send().await {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(%url, "forwarding to the driving node failed: {e}");

@@ -47,6 +47,7 @@ pub struct StartBody {
 /// 202; progress shows in `GET /downloads`.
 pub async fn start(
     State(state): State<ApiState>,
+    headers: axum::http::HeaderMap,
     body: Result<Json<StartBody>, axum::extract::rejection::JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let Json(body) = body.map_err(|e| ApiError::invalid("body", e.body_text()))?;
@@ -59,6 +60,7 @@ pub async fn start(
             reqwest::Method::POST,
             format!("{url}/downloads"),
             Some(payload),
+            &headers,
         )
         .await;
     }
@@ -82,6 +84,7 @@ pub struct NodeQuery {
 /// `DELETE /downloads/{model}`: cancels a running download (its verified part is kept for a resume).
 pub async fn cancel(
     State(state): State<ApiState>,
+    headers: axum::http::HeaderMap,
     Path(model): Path<String>,
     Query(q): Query<NodeQuery>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
@@ -90,6 +93,7 @@ pub async fn cancel(
             reqwest::Method::DELETE,
             format!("{url}/downloads/{model}"),
             None,
+            &headers,
         )
         .await;
     }
@@ -137,9 +141,13 @@ async fn forward(
     method: reqwest::Method,
     url: String,
     body: Option<Value>,
+    headers: &axum::http::HeaderMap,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let client = reqwest::Client::new();
     let mut req = client.request(method, &url);
+    for (name, value) in crate::auth::key_headers(headers) {
+        req = req.header(name, value);
+    }
     if let Some(b) = body {
         req = req.json(&b);
     }

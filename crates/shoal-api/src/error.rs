@@ -59,6 +59,9 @@ pub enum ApiError {
         "a node running part of this model left the cluster ({0}); the model is being placed again, retry shortly"
     )]
     StageLost(String),
+    /// No accepted API key (401).
+    #[error("{0}")]
+    Unauthorized(String),
     /// Anything that is our fault (500). The detail is logged, never sent.
     #[error("internal error: {0}")]
     Internal(String),
@@ -97,6 +100,7 @@ impl ApiError {
             ApiError::Overloaded | ApiError::Unavailable | ApiError::StageLost(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -130,6 +134,7 @@ impl ApiError {
             ApiError::Overloaded => ("server_error", None, Some("overloaded")),
             ApiError::Unavailable => ("server_error", None, Some("unavailable")),
             ApiError::StageLost(_) => ("server_error", None, Some("stage_lost")),
+            ApiError::Unauthorized(_) => ("invalid_request_error", None, Some("invalid_api_key")),
             ApiError::Internal(_) => ("server_error", None, None),
         };
         let message = match self {

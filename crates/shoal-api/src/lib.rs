@@ -12,6 +12,7 @@
 //! - [`error::ApiError`] is every failure; its one `IntoResponse` impl writes OpenAI's error shape with
 //!   the right status and hides internal details.
 //!
+//! - [`auth`]: API keys — with keys configured every route but `/health` needs one (401 otherwise).
 //! - [`cancel`] lets a client stop a request by its response id (`POST /v1/cancel/{id}`); handlers hold
 //!   each request as a [`cancel::LiveRequest`] so they can tell such a cancellation apart.
 //!
@@ -24,6 +25,7 @@
 //! `POST /instance`, `DELETE /instance/{id}`, `POST /links/probe`, `GET`/`POST /downloads`,
 //! `DELETE /downloads/{model}`.
 
+pub mod auth;
 pub mod cancel;
 pub mod cluster;
 pub mod downloads;
@@ -69,6 +71,8 @@ pub struct ApiState {
     pub placing: Arc<tokio::sync::Mutex<()>>,
     /// This node's model downloads (`POST`/`DELETE /downloads`); `None` for a bare engine.
     pub downloads: Option<shoal_transfer::Downloads>,
+    /// With keys, every route but `/health` needs one ([`auth`]); `None`: the API is open.
+    pub api_keys: Option<auth::ApiKeys>,
 }
 
 impl ApiState {
@@ -78,6 +82,7 @@ impl ApiState {
             cluster: None,
             placing: Arc::default(),
             downloads: None,
+            api_keys: None,
             body_limit: DEFAULT_BODY_LIMIT,
             cancellations: Arc::default(),
         }
@@ -114,6 +119,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/downloads/{*model}", axum::routing::delete(downloads::cancel))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_key,
+        ))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(CorsLayer::permissive())
         .layer(TraceLayer::new_for_http())

@@ -182,6 +182,18 @@ pub struct ServeArgs {
     /// Port to listen on (0 picks a free one).
     #[arg(long, default_value_t = 52415)]
     pub api_port: u16,
+    /// Require this API key on every route but /health (`Authorization: Bearer KEY` or `x-api-key: KEY`);
+    /// repeatable; env SHOAL_API_KEY (comma-separated).
+    #[arg(
+        long = "api-key",
+        env = "SHOAL_API_KEY",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    pub api_keys: Vec<String>,
+    /// Read API keys from this file, one per line (lines starting with # are ignored).
+    #[arg(long)]
+    pub api_key_file: Option<PathBuf>,
     #[command(flatten)]
     pub cluster: ClusterArgs,
 }
@@ -225,6 +237,29 @@ fn positive_rate(s: &str) -> Result<f64, String> {
         Ok(v)
     } else {
         Err(format!("'{s}' is not a rate above 0 MB/s"))
+    }
+}
+
+impl ServeArgs {
+    /// The API keys from `--api-key` and `--api-key-file` (empty: the API is open).
+    pub fn api_keys(&self) -> anyhow::Result<Vec<String>> {
+        let mut keys: Vec<String> = self.api_keys.clone();
+        if let Some(path) = &self.api_key_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("reading the API key file {}: {e}", path.display()))?;
+            keys.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(String::from),
+            );
+            anyhow::ensure!(
+                !keys.is_empty(),
+                "the API key file {} holds no key",
+                path.display()
+            );
+        }
+        Ok(keys)
     }
 }
 

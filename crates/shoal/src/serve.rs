@@ -76,6 +76,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         crate::resolve_model(&args.model)?;
     }
     let engine_config = args.engine.config()?;
+    let api_keys = shoal_api::auth::ApiKeys::new(args.api_keys()?);
     let cargs = args.cluster.clone();
     let cluster_key = cargs.cluster_key()?;
     let listen = shoal_cluster::parse_peer(&cargs.cluster_listen)?;
@@ -199,6 +200,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let mut state = shoal_api::ApiState::new(engines);
         state.cluster = Some(cluster);
         state.downloads = Some(downloads);
+        state.api_keys = api_keys;
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
