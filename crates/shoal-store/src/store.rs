@@ -225,7 +225,13 @@ impl Store {
                     continue;
                 }
                 // `metadata` follows a hub model's link to the cache's `.incomplete` blob.
-                let n = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                // A peer's fetch writes a sparse file as long as the model: count what is on disk.
+                let n = fs::metadata(&path)
+                    .map(|m| {
+                        use std::os::unix::fs::MetadataExt;
+                        m.len().min(m.blocks() * 512)
+                    })
+                    .unwrap_or(0);
                 *partial.get_or_insert(0) += n;
             } else if fname.to_ascii_lowercase().ends_with(".gguf") && path.is_file() {
                 ggufs.push(path);
