@@ -54,7 +54,7 @@ class ShoalNode:
     `restart`). `url` is its HTTP API, `id` its node id, `cluster_addr` what other nodes pass to --peer."""
 
     def __init__(
-        self, *args: str, state_dir: "str | None" = None, key: str = "python-tests", threads: int = 1,
+        self, *args: str, state_dir: "str | None" = None, key: "str | None" = "python-tests", threads: int = 1,
         host: str = "127.0.0.1", netns: "str | None" = None, mdns: bool = False,
         models_dir: "str | Path | None" = None, env: "dict | None" = None,
     ):
@@ -73,7 +73,8 @@ class ShoalNode:
             str(_binary()), "serve", "--api-host", self.host, "--api-port", "0",
             "--models-dir", str(self.models_dir), "--threads", str(self.threads),
             "--state-dir", self.state_dir, "--cluster-listen", f"{self.host}:0",
-            "--cluster-key", self.key, *([] if self.mdns else ["--no-mdns"]), *self.args,
+            *(["--cluster-key", self.key] if self.key else []), *([] if self.mdns else ["--no-mdns"]),
+            *self.args,
         ]
         if self.netns:
             self.cmd = ["ip", "netns", "exec", self.netns, *self.cmd]

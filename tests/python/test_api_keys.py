@@ -81,3 +81,41 @@ def test_keys_from_the_environment():
         assert status_of(f"{n.url}/v1/models", {"Authorization": "Bearer env-one"})[0] == 200
     finally:
         n.kill()
+
+
+def test_nodes_without_a_key_stay_apart_and_an_invite_joins_them():
+    """Each node started without a cluster key makes its own: two such nodes never form a cluster, even
+    when told each other's address. `shoal invite` on one prints a token; a node started with
+    `--join TOKEN` joins that node's cluster."""
+    import subprocess
+    import time
+
+    from conftest import _binary
+
+    a = ShoalNode("--no-auto-instance", key=None)
+    b = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr, key=None)
+    c = None
+    try:
+        def members(node):
+            return [n["id"] for n in json.loads(urllib.request.urlopen(f"{node.url}/state").read())["cluster"]["nodes"]]
+
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert members(a) == [a.id] and members(b) == [b.id], "keyless nodes must not join"
+            time.sleep(0.2)
+        host_port = a.cluster_addr.split("/")[2] + ":" + a.cluster_addr.split("/")[4]
+        out = subprocess.run([str(_binary()), "invite", "--state-dir", a.state_dir, "--addr", host_port],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        token = out.stdout.strip()
+        assert token.startswith("shoal1:") and host_port in token, token
+        c = ShoalNode("--no-auto-instance", "--join", token, key=None)
+        wait_until("c to join a", lambda: sorted(members(a)) == sorted([a.id, c.id]))
+        assert b.id not in members(c)
+        bad = subprocess.run([str(_binary()), "serve", "--join", "nonsense", "--state-dir", c.state_dir],
+                             capture_output=True, text=True, timeout=30)
+        assert bad.returncode != 0 and "not a token" in bad.stderr, bad.stderr
+    finally:
+        for n in (c, b, a):
+            if n:
+                n.kill()

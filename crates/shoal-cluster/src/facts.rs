@@ -105,10 +105,15 @@ pub struct DownloadFacts {
 #[serde(tag = "state", rename_all = "lowercase")]
 pub enum InstanceStatus {
     /// The stage's bytes are still arriving (from peers or the internet): `done` of `needed` bytes.
-    Downloading { done: u64, needed: u64 },
+    Downloading {
+        done: u64,
+        needed: u64,
+    },
     Loading,
     Ready,
-    Failed { error: String },
+    Failed {
+        error: String,
+    },
 }
 
 /// Memory, cores and accelerator of this machine.
@@ -145,6 +150,24 @@ const LAYER_STEPS_PER_CORE: f64 = 4_500.0;
 /// A rough compute speed for the placement cost model, from the core count.
 pub fn estimate_speed(cores: usize) -> f64 {
     LAYER_STEPS_PER_CORE * (cores.clamp(1, 8) as f64).sqrt()
+}
+
+/// This machine's IPv4 addresses other machines may reach (not loopback, not link-local).
+pub fn reachable_ipv4s() -> Vec<std::net::Ipv4Addr> {
+    let Ok(networks) = sysinfo::Networks::new_with_refreshed_list() else {
+        return Vec::new();
+    };
+    let mut out: Vec<std::net::Ipv4Addr> = networks
+        .values()
+        .flat_map(|data| data.ip_networks().iter().map(|n| n.addr))
+        .filter_map(|a| match a {
+            IpAddr::V4(v4) if !v4.is_loopback() && !v4.is_link_local() => Some(v4),
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The kind of the link to a peer at `remote`: loopback for this machine's own addresses, else the kind

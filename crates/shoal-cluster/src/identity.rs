@@ -18,8 +18,33 @@ use crate::error::IdentityProblem;
 /// File name of the node key inside the state directory.
 pub const NODE_KEY_FILE: &str = "node.key";
 
-/// Used when no cluster key is configured: such nodes join each other (and only each other).
-pub const DEFAULT_CLUSTER_KEY: &str = "shoal-default-cluster-key";
+/// File name of this node's own cluster key inside the state directory (used when none is given).
+pub const CLUSTER_KEY_FILE: &str = "cluster.key";
+
+/// The cluster key a node uses when none is configured: `<state-dir>/cluster.key`, made of 32 random bytes
+/// (hex) on first start. Two nodes started without a key therefore never join each other; a node joins
+/// another's cluster with its key (`shoal invite` on one, `serve --join TOKEN` on the other).
+pub fn load_or_create_cluster_key(state_dir: &Path) -> Result<String, ClusterError> {
+    let path = state_dir.join(CLUSTER_KEY_FILE);
+    if path.exists() {
+        return read_key_file(&path);
+    }
+    let fail = |reason| ClusterError::Identity {
+        path: path.clone(),
+        reason,
+    };
+    std::fs::create_dir_all(state_dir).map_err(|e| fail(IdentityProblem::Io(e)))?;
+    // The OS's randomness, through a fresh ed25519 secret (32 random bytes).
+    let fresh = libp2p::identity::ed25519::Keypair::generate();
+    let key: String = fresh
+        .secret()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    write_private(&path, key.as_bytes()).map_err(|e| fail(IdentityProblem::Io(e)))?;
+    Ok(key)
+}
 
 /// Loads the node key from `state_dir`, creating the directory and a fresh key on first start.
 pub fn load_or_create(state_dir: &Path) -> Result<Keypair, ClusterError> {
@@ -59,6 +84,49 @@ fn write_private(path: &PathBuf, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// What a node needs to join a cluster: its key and addresses of a member (`shoal invite` prints one,
+/// `shoal serve --join TOKEN` uses it). Text form: `shoal1:<key as hex>@<addr>,<addr>…`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinToken {
+    pub cluster_key: String,
+    /// `HOST:PORT` or multiaddrs of members.
+    pub addrs: Vec<String>,
+}
+
+const TOKEN_PREFIX: &str = "shoal1:";
+
+impl JoinToken {
+    pub fn encode(&self) -> String {
+        let key: String = self
+            .cluster_key
+            .bytes()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("{TOKEN_PREFIX}{key}@{}", self.addrs.join(","))
+    }
+
+    /// Parses a token; `None` when it is not one.
+    pub fn parse(text: &str) -> Option<Self> {
+        let rest = text.trim().strip_prefix(TOKEN_PREFIX)?;
+        let (hex, addrs) = rest.split_once('@')?;
+        if hex.is_empty() || hex.len() % 2 != 0 {
+            return None;
+        }
+        let bytes = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
+        let cluster_key = String::from_utf8(bytes).ok()?;
+        let addrs: Vec<String> = addrs
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(String::from)
+            .collect();
+        (!addrs.is_empty()).then_some(Self { cluster_key, addrs })
+    }
+}
+
 /// The private-network key derived from a cluster key (any length, any bytes).
 pub fn cluster_psk(cluster_key: &str) -> PreSharedKey {
     let mut h = Sha256::new();
@@ -92,6 +160,42 @@ pub fn read_key_file(path: &Path) -> Result<String, ClusterError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn join_tokens_round_trip_and_garbage_is_refused() {
+        let t = JoinToken {
+            cluster_key: "k@y with, odd: chars".into(),
+            addrs: vec!["10.0.0.2:52416".into(), "/ip4/10.0.0.3/tcp/52416".into()],
+        };
+        assert_eq!(JoinToken::parse(&t.encode()), Some(t));
+        for bad in [
+            "",
+            "shoal1:",
+            "shoal1:zz@1.2.3.4:5",
+            "shoal1:6b@",
+            "shoal1:6@1.2.3.4:5",
+            "x:6b@a",
+        ] {
+            assert_eq!(JoinToken::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_node_without_a_key_makes_its_own_once() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let ka = load_or_create_cluster_key(a.path()).unwrap();
+        assert_eq!(ka.len(), 64);
+        assert_eq!(
+            load_or_create_cluster_key(a.path()).unwrap(),
+            ka,
+            "kept across restarts"
+        );
+        assert_ne!(
+            load_or_create_cluster_key(b.path()).unwrap(),
+            ka,
+            "another node, another key"
+        );
+    }
 
     #[test]
     fn identity_survives_a_restart() {

@@ -31,6 +31,8 @@ pub enum Command {
     Models(ModelsArgs),
     /// Delete a model from the models directory.
     Rm(RmArgs),
+    /// Print a token another machine joins this node's cluster with (`shoal serve --join TOKEN`).
+    Invite(InviteArgs),
 }
 
 #[derive(Args, Clone)]
@@ -204,12 +206,16 @@ pub struct ClusterArgs {
     /// [default: ~/.local/share/shoal].
     #[arg(long, env = "SHOAL_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
-    /// Shared secret of the cluster: nodes with another key never join (default: a built-in public key).
+    /// Shared secret of the cluster: nodes with another key never join (default: this node's own random
+    /// key in the state dir, so nodes join only through `shoal invite` / `--join` or a key given to each).
     #[arg(long, env = "SHOAL_CLUSTER_KEY", hide_env_values = true)]
     pub cluster_key: Option<String>,
     /// Read the cluster key from this file instead.
     #[arg(long, conflicts_with = "cluster_key")]
     pub cluster_key_file: Option<PathBuf>,
+    /// Join the cluster of a token printed by `shoal invite` (its key and a member's addresses).
+    #[arg(long, value_name = "TOKEN", conflicts_with_all = ["cluster_key", "cluster_key_file"])]
+    pub join: Option<String>,
     /// Cluster (libp2p) listen address: HOST:PORT or a multiaddr; port 0 picks a free one.
     #[arg(long, default_value = "0.0.0.0:52416")]
     pub cluster_listen: String,
@@ -274,12 +280,34 @@ impl ClusterArgs {
     }
 
     pub fn cluster_key(&self) -> anyhow::Result<String> {
+        if let Some(token) = self.join_token()? {
+            return Ok(token.cluster_key);
+        }
         Ok(match (&self.cluster_key, &self.cluster_key_file) {
             (Some(k), _) if !k.is_empty() => k.clone(),
             (Some(_), _) => anyhow::bail!("--cluster-key must not be empty"),
             (None, Some(path)) => shoal_cluster::identity::read_key_file(path)?,
-            (None, None) => shoal_cluster::identity::DEFAULT_CLUSTER_KEY.to_string(),
+            (None, None) => shoal_cluster::identity::load_or_create_cluster_key(&self.state_dir())?,
         })
+    }
+
+    /// The `--join` token, parsed.
+    pub fn join_token(&self) -> anyhow::Result<Option<shoal_cluster::identity::JoinToken>> {
+        match &self.join {
+            None => Ok(None),
+            Some(text) => shoal_cluster::identity::JoinToken::parse(text)
+                .map(Some)
+                .ok_or_else(|| anyhow::anyhow!("--join: not a token printed by `shoal invite`")),
+        }
+    }
+
+    /// `--peer` addresses and those of the `--join` token.
+    pub fn peer_addrs(&self) -> anyhow::Result<Vec<String>> {
+        let mut peers = self.peers.clone();
+        if let Some(token) = self.join_token()? {
+            peers.extend(token.addrs);
+        }
+        Ok(peers)
     }
 }
 
@@ -303,6 +331,17 @@ pub struct ChatArgs {
     /// System prompt.
     #[arg(long)]
     pub system: Option<String>,
+}
+
+/// `shoal invite`: the cluster key of this node (as `serve` would use it) and addresses to reach it.
+#[derive(Args)]
+pub struct InviteArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Address (HOST:PORT) the joining node dials; repeatable [default: this machine's non-loopback IPv4
+    /// addresses with the port of --cluster-listen].
+    #[arg(long = "addr")]
+    pub addrs: Vec<String>,
 }
 
 /// `shoal bench`: the model to measure (or to name in requests to `--url`), then what to measure.

@@ -81,7 +81,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let cluster_key = cargs.cluster_key()?;
     let listen = shoal_cluster::parse_peer(&cargs.cluster_listen)?;
     let peers = cargs
-        .peers
+        .peer_addrs()?
         .iter()
         .map(|p| shoal_cluster::parse_peer(p))
         .collect::<Result<Vec<_>, _>>()?;
