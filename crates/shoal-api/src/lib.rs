@@ -116,7 +116,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/instance/{id}", axum::routing::delete(cluster::delete))
         .route("/links/probe", post(cluster::probe_links))
         .route("/downloads", get(downloads::list).post(downloads::start))
-        .route("/downloads/{*model}", axum::routing::delete(downloads::cancel))
+        .route(
+            "/downloads/{*model}",
+            axum::routing::delete(downloads::cancel),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

@@ -30,4 +30,6 @@ pub mod error;
 pub mod runtime;
 
 pub use error::PipelineError;
-pub use runtime::{FetchRequest, FetchState, ModelFetcher, ModelLocator, RuntimeConfig, model_card, start};
+pub use runtime::{
+    FetchRequest, FetchState, ModelFetcher, ModelLocator, RuntimeConfig, model_card, start,
+};

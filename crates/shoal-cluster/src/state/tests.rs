@@ -316,7 +316,10 @@ fn a_node_without_the_model_is_used_when_pinned_or_when_the_holders_cannot_hold_
     };
     let placed = s.place(&pinned, "i2".into()).unwrap();
     assert_eq!(placed.stages.len(), 1);
-    assert_eq!(placed.stages[0].node, "b", "a pinned node fetches the model");
+    assert_eq!(
+        placed.stages[0].node, "b",
+        "a pinned node fetches the model"
+    );
 
     // The only holder has too little memory: the node without the model takes part.
     s.me_mut().memory.available = 30_000_000;
