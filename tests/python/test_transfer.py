@@ -67,6 +67,17 @@ def finished(node, model=MODEL_ID):
     return None
 
 
+def running_past(node, fraction, model=MODEL_ID, sources=1):
+    """The running download of `model` on `node` once it has `fraction` of the file from at least
+    `sources` sources; else None."""
+    for d in downloads(node):
+        if d["model"] == model and d["state"] == "running":
+            serving = [v for v in d["sources"].values() if v > 0]
+            if d["done"] >= SIZE * fraction and len(serving) >= sources:
+                return d
+    return None
+
+
 def offered(node, model=MODEL_ID):
     me = next(n for n in state(node)["cluster"]["nodes"] if n["id"] == node.id)
     return any(m["id"] == model for m in me["models"])
@@ -177,11 +188,7 @@ def test_cancel_then_resume_fetches_only_the_rest(tmp_path_factory):
         wait_members([h, f], [h, f])
         assert http("POST", f"{f.url}/downloads", {"model": MODEL_ID})[0] == 202
 
-        def some():
-            running = [x for x in downloads(f) if x["model"] == MODEL_ID and x["state"] == "running"]
-            return running and running[0]["done"] >= SIZE // 4 and running[0]
-
-        wait_until("a quarter of the file", some)
+        wait_until("a quarter of the file", lambda: running_past(f, 0.25))
         status, body = http("DELETE", f"{f.url}/downloads/{MODEL_ID}")
         assert status == 200 and body["state"] == "cancelled", body
         cancelled = wait_until("the cancel", lambda: next(
@@ -209,12 +216,7 @@ def test_a_peer_dying_mid_transfer_leaves_the_rest_to_another(tmp_path_factory):
         wait_members([h1, h2, g], [h1, h2, g])
         assert http("POST", f"{g.url}/downloads", {"model": MODEL_ID})[0] == 202
 
-        def from_both():
-            running = [x for x in downloads(g) if x["model"] == MODEL_ID and x["state"] == "running"]
-            return running and len([v for v in running[0]["sources"].values() if v > 0]) == 2 \
-                and running[0]["done"] >= SIZE // 4
-
-        wait_until("both holders to serve a quarter", from_both)
+        wait_until("both holders to serve a quarter", lambda: running_past(g, 0.25, sources=2))
         h1.kill()
         done = wait_until("the download after h1 died", lambda: finished(g), timeout=120)
         by_h2 = done["sources"][f"peer {h2.id}"]
@@ -318,12 +320,8 @@ def test_a_hub_model_comes_from_a_peer_and_the_hub_which_takes_over_when_the_pee
         wait_members([holder, fetcher], [holder, fetcher])
         assert http("POST", f"{fetcher.url}/downloads", {"model": model})[0] == 202
 
-        def from_both():
-            running = [x for x in downloads(fetcher) if x["model"] == model and x["state"] == "running"]
-            return running and len([v for v in running[0]["sources"].values() if v > 0]) == 2 \
-                and running[0]["done"] >= SIZE // 4 and running[0]
-
-        both = wait_until("the peer and the hub to serve a quarter", from_both)
+        both = wait_until("the peer and the hub to serve a quarter",
+                          lambda: running_past(fetcher, 0.25, model, sources=2))
         assert any("127.0.0.1" in name for name in both["sources"]), both
         holder.kill()
         done = wait_until("the download after the peer died", lambda: finished(fetcher, model), timeout=120)

@@ -31,7 +31,9 @@ pub use error::StoreError;
 pub use hub::{
     CachedFile, DEFAULT_ENDPOINT, DEFAULT_KEEP_FREE, Hub, HubConfig, HubFile, RepoListing,
 };
-pub use modelref::{DEFAULT_QUANT, HubRef, ModelRef, Select, dir_name, select_gguf};
+pub use modelref::{
+    DEFAULT_QUANT, HubRef, ModelRef, Select, check_model_id, dir_name, select_gguf,
+};
 pub use progress::{CancelToken, Phase, Progress, ProgressFn, no_progress};
 pub use pull::{PullOptions, Pulled};
 pub use store::{ModelEntry, ModelInfo, Source, State, Store};

@@ -172,6 +172,27 @@ impl HubRef {
     }
 }
 
+/// Checks that `id` can name a folder of the models dir ([`dir_name`]): nothing that could leave it (`..`,
+/// a leading `.`, backslashes, control characters) and at most 256 bytes. Ids of models that arrive from
+/// elsewhere (a peer, an API request) go through this before a folder is made for them.
+pub fn check_model_id(id: &str) -> Result<(), StoreError> {
+    let why = if id.is_empty() {
+        "empty"
+    } else if id.len() > 256 {
+        "longer than 256 bytes"
+    } else if id.starts_with('.') || id.split(['/', ':']).any(|p| p == ".." || p == ".") {
+        "it could name a folder outside the models dir"
+    } else if id.chars().any(|c| c.is_control() || c == '\\') {
+        "control characters or backslashes"
+    } else {
+        return Ok(());
+    };
+    Err(StoreError::BadRef {
+        text: id.chars().take(80).collect(),
+        why: format!("not a model id: {why}"),
+    })
+}
+
 /// The models-dir folder of a model id: the id with `/` and `:` replaced by `--` (catalog ids unchanged).
 pub fn dir_name(id: &str) -> String {
     id.replace(['/', ':'], "--")
@@ -316,6 +337,24 @@ pub fn select_gguf(repo: &str, files: &[String], select: &Select) -> Result<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn model_ids_that_could_leave_the_models_dir_are_refused() {
+        for ok in [
+            "smollm2-135m-instruct-q4_1",
+            "org/repo:Q4_K_M",
+            "org/repo/file.gguf",
+            "a.b",
+        ] {
+            assert!(check_model_id(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "", "..", ".hidden", "org/../x", "a/./b", "x:..", "a\\b", "a\nb",
+        ] {
+            assert!(check_model_id(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_model_id(&"x".repeat(300)).is_err());
+    }
 
     fn files(names: &[&str]) -> Vec<String> {
         names.iter().map(|s| s.to_string()).collect()

@@ -179,6 +179,7 @@ impl Store {
         size: u64,
         sha256: Option<String>,
     ) -> Result<PathBuf, StoreError> {
+        crate::modelref::check_model_id(id)?;
         let (source, repo, revision) = match ModelRef::parse(id) {
             Ok(ModelRef::Hub(h)) => (Source::Hub, Some(h.repo), Some(h.revision)),
             Ok(ModelRef::Catalog(_)) => (Source::Catalog, None, None),

@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use libp2p::PeerId;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use shoal_cluster::ClusterHandle;
 use shoal_cluster::facts::DownloadFacts;
+use shoal_cluster::{ClusterHandle, Snapshot};
 use shoal_store::{ModelRef, PullOptions, Store};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -297,19 +297,11 @@ impl Inner {
 
     /// Members other than this node whose facts list `model`.
     fn holders(&self, model: &str) -> Vec<PeerId> {
-        let snap = self.cluster.snapshot();
-        let me = self.cluster.id().to_string();
-        snap.state
-            .members()
-            .into_iter()
-            .filter(|id| *id != me)
-            .filter(|id| {
-                snap.state
-                    .facts_of(id)
-                    .is_some_and(|f| f.models.iter().any(|m| m.id == model))
-            })
-            .filter_map(|id| id.parse().ok())
-            .collect()
+        holders(
+            &self.cluster.snapshot(),
+            &self.cluster.id().to_string(),
+            model,
+        )
     }
 
     /// The manifest most holders agree on, with those holders; `None` when none answered.
@@ -432,19 +424,24 @@ impl Inner {
     }
 }
 
-/// A model id becomes a folder name of the models dir: nothing that could leave it.
+/// The members of `snap` other than `me` whose facts list `model` (complete there: a source).
+pub fn holders(snap: &Snapshot, me: &str, model: &str) -> Vec<PeerId> {
+    snap.state
+        .members()
+        .into_iter()
+        .filter(|id| *id != me)
+        .filter(|id| {
+            snap.state
+                .facts_of(id)
+                .is_some_and(|f| f.models.iter().any(|m| m.id == model))
+        })
+        .filter_map(|id| id.parse().ok())
+        .collect()
+}
+
+/// A model id this node can keep in its models dir ([`shoal_store::check_model_id`]).
 fn check_id(model: &str) -> Result<(), TransferError> {
-    let bad = model.is_empty()
-        || model.len() > 256
-        || model.starts_with('.')
-        || model
-            .split(['/', ':'])
-            .any(|part| part == ".." || part == ".")
-        || model.chars().any(|c| c.is_control() || c == '\\');
-    if bad {
-        return Err(TransferError::Store(format!("'{model}' is not a model id")));
-    }
-    Ok(())
+    shoal_store::check_model_id(model).map_err(|e| TransferError::Store(e.to_string()))
 }
 
 /// The published form of one download's progress.
@@ -486,27 +483,4 @@ async fn publish(inner: std::sync::Weak<Inner>) {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn model_ids_that_could_leave_the_models_dir_are_refused() {
-        for ok in [
-            "smollm2-135m-instruct-q4_1",
-            "org/repo:Q4_K_M",
-            "org/repo/file.gguf",
-            "a.b",
-        ] {
-            assert!(check_id(ok).is_ok(), "{ok}");
-        }
-        for bad in [
-            "", "..", ".hidden", "org/../x", "a/./b", "x:..", "a\\b", "a\nb",
-        ] {
-            assert!(check_id(bad).is_err(), "{bad:?}");
-        }
-        assert!(check_id(&"x".repeat(300)).is_err());
-    }
 }

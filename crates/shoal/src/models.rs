@@ -91,9 +91,9 @@ fn phase_name(p: &Phase) -> &'static str {
     }
 }
 
-/// Pulls `name` into `store`: without the network when it is complete here, else downloading with
-/// progress and Ctrl-C cancellation. A cancelled pull exits the process with status 130.
-fn pull_with_progress(store: &Store, name: &str, offline: bool) -> anyhow::Result<Pulled> {
+/// `name` when it is complete here (a path, the models dir, the hub cache), found without the network;
+/// `None` when it would have to be downloaded.
+pub fn pull_local(store: &Store, name: &str) -> anyhow::Result<Option<Pulled>> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -103,10 +103,22 @@ fn pull_with_progress(store: &Store, name: &str, offline: bool) -> anyhow::Resul
         ..PullOptions::default()
     };
     match rt.block_on(store.pull_named(name, &local)) {
-        Ok(p) => return Ok(p),
-        Err(StoreError::Offline { .. }) if !offline => {}
-        Err(e) => return Err(e.into()),
+        Ok(p) => Ok(Some(p)),
+        Err(StoreError::Offline { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
     }
+}
+
+/// Pulls `name` into `store`: without the network when it is complete here, else downloading with
+/// progress and Ctrl-C cancellation. A cancelled pull exits the process with status 130.
+fn pull_with_progress(store: &Store, name: &str, offline: bool) -> anyhow::Result<Pulled> {
+    if let Some(p) = pull_local(store, name)? {
+        return Ok(p);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
     let cancel = CancelToken::new();
     let opts = PullOptions {
         progress: renderer(),

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use shoal_placement::ModelCard;
-use shoal_store::{ModelRef, PullOptions, Store, StoreError};
+use shoal_store::{ModelRef, Store};
 use shoal_transfer::{Downloads, Want};
 
 use crate::cli::ServeArgs;
@@ -27,19 +27,9 @@ const REPORT_EVERY: Duration = Duration::from_secs(2);
 
 /// The served model when it is complete here (or a path), as (id, file); `None` when it must be fetched.
 fn local_model(store: &Store, model: &str) -> anyhow::Result<Option<(String, PathBuf)>> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let offline = PullOptions {
-        offline: true,
-        ..PullOptions::default()
-    };
-    match rt.block_on(store.pull_named(model, &offline)) {
-        Ok(p) => Ok(Some((p.id, p.path))),
-        Err(StoreError::Offline { .. }) => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("getting model '{model}'")),
-    }
+    Ok(crate::models::pull_local(store, model)
+        .with_context(|| format!("getting model '{model}'"))?
+        .map(|p| (p.id, p.path)))
 }
 
 /// The served model's card first (when it is here), then one for every other complete model in the
@@ -259,22 +249,12 @@ async fn bring_served_model(
         .with_context(|| format!("getting model '{}'", model.model))?
         .id();
     let me = cluster.id().to_string();
-    let wanted = id.clone();
     let snap = cluster
         .wait_for(wait, |s| {
-            s.state.members().iter().any(|m| {
-                *m != me
-                    && s.state
-                        .facts_of(m)
-                        .is_some_and(|f| f.models.iter().any(|c| c.id == wanted))
-            })
+            !shoal_transfer::downloads::holders(s, &me, &id).is_empty()
         })
         .await;
-    let peer_has_it = snap.state.members().iter().any(|m| {
-        snap.state.facts_of(m).is_some_and(|f| {
-            f.id != cluster.id().to_string() && f.models.iter().any(|c| c.id == id)
-        })
-    });
+    let peer_has_it = !shoal_transfer::downloads::holders(&snap, &me, &id).is_empty();
     if !peer_has_it {
         let args = model.clone();
         return tokio::task::spawn_blocking(move || crate::resolve_model(&args))
