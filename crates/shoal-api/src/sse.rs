@@ -123,6 +123,7 @@ impl<F: ChunkFormat> State<F> {
             Some(Event::Done {
                 finish_reason,
                 usage,
+                ..
             }) => {
                 self.queue
                     .push_back(data(self.format.finish(finish_reason)));

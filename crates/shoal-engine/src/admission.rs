@@ -35,6 +35,7 @@ impl Admission {
             let _ = self.tx.send(Event::Done {
                 finish_reason: FinishReason::Cancelled,
                 usage,
+                stop_sequence: None,
             });
             return false;
         }

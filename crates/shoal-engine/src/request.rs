@@ -104,6 +104,9 @@ pub enum Event {
     Done {
         finish_reason: FinishReason,
         usage: Usage,
+        /// The stop sequence (one of [`GenerateRequest::stop`]) that ended generation, when one did
+        /// (`finish_reason` is then `Stop`); `None` for an end-of-generation token or any other end.
+        stop_sequence: Option<String>,
     },
     Error(EngineError),
 }

@@ -30,6 +30,8 @@ pub(crate) struct Sequence {
     max_new: usize,
     decoder: StreamDecoder,
     stop: StopMatcher,
+    /// The stop sequence that ended the sequence, once one did.
+    matched_stop: Option<String>,
     processor: Option<Box<dyn LogitsProcessor>>,
     tx: UnboundedSender<Event>,
     cancel: Arc<AtomicBool>,
@@ -58,6 +60,7 @@ impl Sequence {
             max_new,
             decoder: StreamDecoder::new(),
             stop: StopMatcher::new(request.stop),
+            matched_stop: None,
             processor: request.logits_processor,
             tx: a.tx,
             cancel: a.cancel,
@@ -140,7 +143,8 @@ impl Sequence {
             self.decoder.push(tokenizer, id)
         };
         let fed = self.stop.feed(&text);
-        let reason = if fed.stopped || eog {
+        let stopped = fed.stop.is_some();
+        let reason = if stopped || eog {
             Some(FinishReason::Stop)
         } else if self.generated() >= self.max_new || self.tokens.len() >= context_length {
             Some(FinishReason::Length)
@@ -148,7 +152,7 @@ impl Sequence {
             None
         };
         let mut emit = fed.emit;
-        if reason.is_some() && !fed.stopped {
+        if reason.is_some() && !stopped {
             // Ending for another reason than a stop sequence: held-back text is real output.
             emit.push_str(&self.stop.flush());
             emit.push_str(&self.decoder.finish());
@@ -158,14 +162,20 @@ impl Sequence {
             text: emit,
             logprob,
         });
+        self.matched_stop = fed.stop;
         reason
     }
 
-    /// Sends the final `Done` event.
+    /// Sends the final `Done` event (naming the stop sequence that ended it, if one did).
     pub(crate) fn send_done(&self, reason: FinishReason) {
+        let stop_sequence = match reason {
+            FinishReason::Stop => self.matched_stop.clone(),
+            _ => None,
+        };
         let _ = self.tx.send(Event::Done {
             finish_reason: reason,
             usage: self.usage(),
+            stop_sequence,
         });
     }
 

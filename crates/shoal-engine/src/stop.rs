@@ -12,8 +12,8 @@ pub struct StopMatcher {
 pub struct Fed {
     /// Text that can safely be sent to the client now.
     pub emit: String,
-    /// A stop sequence was found; generation must end (nothing after it is emitted).
-    pub stopped: bool,
+    /// The stop sequence found, if one was: generation must end (nothing from it on is emitted).
+    pub stop: Option<String>,
 }
 
 impl StopMatcher {
@@ -28,31 +28,27 @@ impl StopMatcher {
         if self.stops.is_empty() {
             return Fed {
                 emit: text.to_string(),
-                stopped: false,
+                stop: None,
             };
         }
         self.pending.push_str(text);
+        // The earliest match; of two starting at the same place, the shorter (it completes first).
         let first_stop = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = first_stop {
+            .filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|(at, s)| (*at, s.len()));
+        if let Some((at, stop)) = first_stop {
             let emit = self.pending[..at].to_string();
+            let stop = Some(stop.clone());
             self.pending.clear();
-            return Fed {
-                emit,
-                stopped: true,
-            };
+            return Fed { emit, stop };
         }
         let hold = self.held_back_len();
         let split = self.pending.len() - hold;
         let emit = self.pending[..split].to_string();
         self.pending.drain(..split);
-        Fed {
-            emit,
-            stopped: false,
-        }
+        Fed { emit, stop: None }
     }
 
     /// Text still held back (generation ended for another reason, so it is not a stop sequence).
@@ -83,17 +79,23 @@ mod tests {
     use super::*;
 
     fn run(stops: &[&str], pieces: &[&str]) -> (String, bool) {
+        let (out, stop) = run_named(stops, pieces);
+        (out, stop.is_some())
+    }
+
+    /// The output and the stop sequence that ended it.
+    fn run_named(stops: &[&str], pieces: &[&str]) -> (String, Option<String>) {
         let mut m = StopMatcher::new(stops.iter().map(|s| s.to_string()).collect());
         let mut out = String::new();
         for p in pieces {
             let fed = m.feed(p);
             out.push_str(&fed.emit);
-            if fed.stopped {
-                return (out, true);
+            if fed.stop.is_some() {
+                return (out, fed.stop);
             }
         }
         out.push_str(&m.flush());
-        (out, false)
+        (out, None)
     }
 
     #[test]
@@ -119,6 +121,23 @@ mod tests {
     #[test]
     fn earliest_of_several_stops_wins() {
         assert_eq!(run(&["bb", "a"], &["xxbbya"]), ("xx".into(), true));
+    }
+
+    #[test]
+    fn the_matched_stop_sequence_is_named() {
+        assert_eq!(
+            run_named(&["bb", "a"], &["xxbbya"]),
+            ("xx".into(), Some("bb".into()))
+        );
+        assert_eq!(
+            run_named(&["END", "STOP"], &["one S", "TOP two END"]),
+            ("one ".into(), Some("STOP".into()))
+        );
+        assert_eq!(
+            run_named(&["ab", "a"], &["xab"]),
+            ("x".into(), Some("a".into())),
+            "at one place the shorter stop completes first"
+        );
     }
 
     #[test]

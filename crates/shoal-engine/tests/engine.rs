@@ -38,6 +38,7 @@ struct Output {
     finish: FinishReason,
     completion_tokens: u32,
     cached_tokens: u32,
+    stop_sequence: Option<String>,
 }
 
 async fn collect(engine: &EngineHandle, req: GenerateRequest) -> Output {
@@ -55,6 +56,7 @@ async fn collect(engine: &EngineHandle, req: GenerateRequest) -> Output {
             Some(Event::Done {
                 finish_reason,
                 usage,
+                stop_sequence,
             }) => {
                 return Output {
                     tokens,
@@ -62,6 +64,7 @@ async fn collect(engine: &EngineHandle, req: GenerateRequest) -> Output {
                     finish: finish_reason,
                     completion_tokens: usage.completion_tokens,
                     cached_tokens: usage.cached_tokens,
+                    stop_sequence,
                 };
             }
             Some(Event::Error(e)) => panic!("engine error: {e}"),
@@ -88,6 +91,7 @@ async fn no_token_lost_when_the_engine_finishes_before_the_first_poll() {
             Event::Done {
                 finish_reason,
                 usage,
+                ..
             } => done = Some((finish_reason, usage)),
             Event::Error(e) => panic!("{e}"),
         }
@@ -143,10 +147,16 @@ async fn stop_sequences_end_generation_and_are_never_emitted() {
         "precondition: greedy text {:?}",
         full.text
     );
+    assert_eq!(full.stop_sequence, None);
     let mut req = request("The capital of France is", 16);
-    req.stop = vec!["\n\n".into()];
+    req.stop = vec!["never there".into(), "\n\n".into()];
     let cut = collect(&engine, req).await;
     assert_eq!(cut.finish, FinishReason::Stop);
+    assert_eq!(
+        cut.stop_sequence.as_deref(),
+        Some("\n\n"),
+        "the matched stop is named"
+    );
     assert_eq!(cut.text, full.text[..full.text.find("\n\n").unwrap_or(0)]);
     assert!(!cut.text.contains("\n\n"));
 }

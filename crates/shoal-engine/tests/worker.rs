@@ -357,6 +357,7 @@ fn length(n: u32, prompt: u32) -> Event {
             completion_tokens: n,
             cached_tokens: 0,
         },
+        stop_sequence: None,
     }
 }
 
@@ -455,6 +456,7 @@ async fn cancelling_a_queued_and_a_running_request_frees_their_kv() {
                 prompt_tokens: 2,
                 ..Default::default()
             },
+            stop_sequence: None,
         }
     );
     let (_, last) = finish(&mut running).await;

@@ -66,6 +66,7 @@ pub async fn collect(request: &mut LiveRequest, keep_tokens: bool) -> Result<Gen
             Event::Done {
                 finish_reason,
                 usage,
+                ..
             } => {
                 return Ok(Generated {
                     text,
