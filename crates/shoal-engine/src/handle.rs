@@ -185,18 +185,7 @@ impl EngineHandle {
     /// The prompt's tokens (BOS added when asked and the model wants it), checked against the model:
     /// not empty, every id in the vocabulary, room left in the context.
     fn prompt_tokens(&self, request: &GenerateRequest) -> Result<Vec<u32>, EngineError> {
-        let tokenizer = &self.inner.tokenizer;
-        let mut tokens = match &request.prompt {
-            Prompt::Text(text) => tokenizer.encode(text, true),
-            Prompt::Tokens(t) => t.clone(),
-        };
-        if request.add_bos
-            && tokenizer.add_bos()
-            && let Some(bos) = tokenizer.bos_id()
-            && tokens.first() != Some(&bos)
-        {
-            tokens.insert(0, bos);
-        }
+        let tokens = self.encode(&request.prompt, request.add_bos);
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -215,6 +204,29 @@ impl EngineHandle {
             });
         }
         Ok(tokens)
+    }
+
+    /// How many tokens `text` is as a prompt submitted with `add_bos`, counted as [`EngineHandle::submit`]
+    /// counts them (for token-counting routes; nothing is checked against the context).
+    pub fn count_tokens(&self, text: &str, add_bos: bool) -> usize {
+        self.encode(&Prompt::Text(text.to_string()), add_bos).len()
+    }
+
+    /// The prompt's tokens, BOS added in front when asked and the model wants it.
+    fn encode(&self, prompt: &Prompt, add_bos: bool) -> Vec<u32> {
+        let tokenizer = &self.inner.tokenizer;
+        let mut tokens = match prompt {
+            Prompt::Text(text) => tokenizer.encode(text, true),
+            Prompt::Tokens(t) => t.clone(),
+        };
+        if add_bos
+            && tokenizer.add_bos()
+            && let Some(bos) = tokenizer.bos_id()
+            && tokens.first() != Some(&bos)
+        {
+            tokens.insert(0, bos);
+        }
+        tokens
     }
 
     /// Whether `other` is a handle to this same engine.

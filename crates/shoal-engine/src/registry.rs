@@ -90,6 +90,16 @@ impl Engines {
         self.get(model)?.render_chat(messages)
     }
 
+    /// How many tokens `text` is as a prompt of `model` ([`EngineHandle::count_tokens`]).
+    pub fn count_tokens(
+        &self,
+        model: &str,
+        text: &str,
+        add_bos: bool,
+    ) -> Result<usize, EngineError> {
+        Ok(self.get(model)?.count_tokens(text, add_bos))
+    }
+
     /// Queues `request` on the engine serving `request.model` (what [`EngineHandle::submit`] does, without
     /// checking the model id again).
     pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {

@@ -102,6 +102,11 @@ async fn no_token_lost_when_the_engine_finishes_before_the_first_poll() {
         (12, FinishReason::Length, 12)
     );
     assert_eq!(usage.prompt_tokens, 5);
+    assert_eq!(
+        engine.count_tokens("The capital of France is", true),
+        5,
+        "count_tokens counts as submit does"
+    );
 }
 
 #[tokio::test]
