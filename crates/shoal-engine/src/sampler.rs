@@ -80,6 +80,7 @@ impl Sampler {
             rng_state: self.rng_state(),
             history,
             counts: self.counts(),
+            mask: Vec::new(),
         }
     }
 

@@ -147,6 +147,9 @@ pub enum KvOp {
     },
     /// Free the prefix (unknown ids are ignored).
     DropPrefix { prefix_id: u64 },
+    /// Start sequence `into` with a copy of the first `len` tokens of sequence `seq_id`'s KV (the
+    /// choices of one prompt share its prefill).
+    Fork { seq_id: u64, into: u64, len: usize },
 }
 
 /// What a stage is, fixed when it is built: what the engine needs to budget and pipeline it.
@@ -384,6 +387,15 @@ impl Stage for LocalStage {
             }
             KvOp::DropPrefix { prefix_id } => {
                 self.prefixes.remove(&prefix_id);
+            }
+            KvOp::Fork { seq_id, into, len } => {
+                let kv = self
+                    .caches
+                    .get(&seq_id)
+                    .ok_or_else(|| EngineError::Internal(format!("no KV for sequence {seq_id}")))?
+                    .copy_prefix(len)
+                    .map_err(internal)?;
+                self.caches.insert(into, kv);
             }
         }
         Ok(())

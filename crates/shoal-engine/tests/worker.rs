@@ -126,7 +126,9 @@ impl Script {
         self.seen().iter().any(|s| match s {
             Seen::Launch(chunks) => chunks.iter().any(|c| c.0 == seq),
             Seen::Kv(KvOp::Release { seq_id } | KvOp::Retain { seq_id, .. }) => *seq_id == seq,
-            Seen::Kv(KvOp::Start { seq_id, .. }) => *seq_id == seq,
+            Seen::Kv(KvOp::Start { seq_id, .. } | KvOp::Fork { into: seq_id, .. }) => {
+                *seq_id == seq
+            }
             Seen::Kv(KvOp::DropPrefix { .. }) => false,
         })
     }
@@ -234,7 +236,10 @@ impl Stage for Scripted {
             KvOp::Release { seq_id } | KvOp::Retain { seq_id, .. } => {
                 held.remove(&seq_id);
             }
-            KvOp::Start { seq_id, len, .. } => {
+            KvOp::Start { seq_id, len, .. }
+            | KvOp::Fork {
+                into: seq_id, len, ..
+            } => {
                 held.insert(seq_id, len);
             }
             KvOp::DropPrefix { .. } => {}

@@ -6,7 +6,7 @@ use crate::f16::{
     decode_f16_to_f32, decode_f32_le, encode_f32_as_f16, encode_f32_as_f16_into, encode_f32_le,
     encode_f32_le_into,
 };
-use crate::sampling::SamplingParams;
+use crate::job::{SampleJob, decode_sample_job, sample_job_len, write_sample_job};
 
 /// Default maximum frame length (bytes after the length prefix): 64 MiB.
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 64 * 1024 * 1024;
@@ -23,17 +23,19 @@ pub mod kind {
     pub const ERROR: u8 = 6;
     pub const SAMPLE: u8 = 7;
     pub const PREFIX: u8 = 8;
+    pub const POOLED: u8 = 9;
 }
 
 /// Encoded size of one [`ChunkHeader`].
 pub const CHUNK_HEADER_LEN: usize = 17;
-/// Encoded size of one [`TokenItem`].
-pub const TOKEN_ITEM_LEN: usize = 16;
-/// Encoded size of a [`SampleJob`] without its history and counts.
-pub const SAMPLE_JOB_FIXED_LEN: usize = 52;
+/// Encoded size of one [`TokenItem`] without its alternatives (each adds 8 bytes).
+pub const TOKEN_ITEM_LEN: usize = 17;
 /// Encoded size of a [`PrefixOp`].
 pub const PREFIX_OP_LEN: usize = 21;
 const FLAG_WANT_LOGITS: u8 = 0x01;
+/// Bits 1–2 of a chunk's flags: its [`Pool`].
+const POOL_SHIFT: u8 = 1;
+const POOL_MASK: u8 = 0x03 << POOL_SHIFT;
 
 /// Element type of activation data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +71,38 @@ impl DType {
     }
 }
 
+/// What the last stage returns of a chunk's final hidden states (after the output norm), for
+/// embeddings: nothing, their sum, the last row or the first row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pool {
+    #[default]
+    None,
+    Sum,
+    Last,
+    First,
+}
+
+impl Pool {
+    fn bits(self) -> u8 {
+        let tag = match self {
+            Pool::None => 0,
+            Pool::Sum => 1,
+            Pool::Last => 2,
+            Pool::First => 3,
+        };
+        tag << POOL_SHIFT
+    }
+
+    fn from_flags(flags: u8) -> Self {
+        match (flags & POOL_MASK) >> POOL_SHIFT {
+            1 => Pool::Sum,
+            2 => Pool::Last,
+            3 => Pool::First,
+            _ => Pool::None,
+        }
+    }
+}
+
 /// One sequence's slice of the rows in an activations frame (chunked prefill or one decode row).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkHeader {
@@ -79,6 +113,19 @@ pub struct ChunkHeader {
     pub len: u32,
     /// Whether the last stage must compute logits (and sample) for this chunk.
     pub want_logits: bool,
+    /// What the last stage returns of this chunk's hidden states (a [`Frame::Pooled`] row).
+    pub pool: Pool,
+}
+
+impl ChunkHeader {
+    fn flags(&self) -> u8 {
+        let logits = if self.want_logits {
+            FLAG_WANT_LOGITS
+        } else {
+            0
+        };
+        logits | self.pool.bits()
+    }
 }
 
 /// Hidden states of a batch, row-major `[rows, cols]`, rows ordered chunk by chunk.
@@ -177,27 +224,43 @@ impl Activations {
 }
 
 /// A sampled token going back to the node that owns the request.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TokenItem {
     pub seq_id: u64,
     pub token: u32,
     pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, best first (as many as the job's
+    /// `top_logprobs` asked; at most 255 on the wire).
+    pub top: Vec<(u32, f32)>,
 }
 
-/// How the last stage must sample one sequence of a batch: the request's sampling parameters and the
-/// sampler's state (random generator, penalty context), so the last stage samples exactly as the
-/// request owner would and keeps no per-sequence state of its own.
+/// Pooled hidden states of a batch's chunks that asked for them ([`ChunkHeader::pool`]), one row of
+/// `cols` values per chunk, in batch order; sent by the last stage before the batch's tokens.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SampleJob {
-    pub seq_id: u64,
-    /// The request's knobs; `seed` does not travel (`rng_state` does), so it decodes as `None`.
-    pub params: SamplingParams,
-    /// The random generator's state.
-    pub rng_state: u64,
-    /// The sequence's last tokens (for the repetition penalty).
-    pub history: Vec<u32>,
-    /// Generated-token counts (for the frequency and presence penalties).
-    pub counts: Vec<(u32, u32)>,
+pub struct Pooled {
+    pub batch_id: u64,
+    pub seq_ids: Vec<u64>,
+    pub cols: u32,
+    /// `seq_ids.len() × cols` values, row-major.
+    pub values: Vec<f32>,
+}
+
+impl Pooled {
+    /// Checks that the values fill one row of `cols` per sequence.
+    pub fn validate(&self) -> Result<(), WireError> {
+        let expected = self.seq_ids.len() as u64 * self.cols as u64 * 4;
+        let got = self.values.len() as u64 * 4;
+        if expected != got {
+            return Err(WireError::DataLength { expected, got });
+        }
+        Ok(())
+    }
+
+    /// Row `i` (the pooled states of `seq_ids[i]`).
+    pub fn row(&self, i: usize) -> Option<&[f32]> {
+        let cols = self.cols as usize;
+        self.values.get(i * cols..(i + 1) * cols)
+    }
 }
 
 /// What a [`PrefixOp`] does to a stage's KV caches.
@@ -209,6 +272,9 @@ pub enum PrefixAction {
     Start,
     /// Free prefix `prefix_id`.
     Drop,
+    /// Start a new sequence — its id travels in `prefix_id` — with a copy of the first `len` tokens of
+    /// `seq_id` (`n` choices of one prompt, prefilled once).
+    Fork,
 }
 
 impl PrefixAction {
@@ -217,6 +283,7 @@ impl PrefixAction {
             PrefixAction::Retain => 1,
             PrefixAction::Start => 2,
             PrefixAction::Drop => 3,
+            PrefixAction::Fork => 4,
         }
     }
 
@@ -225,6 +292,7 @@ impl PrefixAction {
             1 => Ok(PrefixAction::Retain),
             2 => Ok(PrefixAction::Start),
             3 => Ok(PrefixAction::Drop),
+            4 => Ok(PrefixAction::Fork),
             other => Err(WireError::UnknownPrefixAction(other)),
         }
     }
@@ -272,6 +340,8 @@ pub enum Frame {
     },
     /// A prefix-cache operation, applied by every stage and passed along.
     Prefix(PrefixOp),
+    /// Pooled hidden states from the last stage to the request owner (embeddings).
+    Pooled(Pooled),
 }
 
 impl Frame {
@@ -286,6 +356,7 @@ impl Frame {
             Frame::Error { .. } => kind::ERROR,
             Frame::Sample { .. } => kind::SAMPLE,
             Frame::Prefix(_) => kind::PREFIX,
+            Frame::Pooled(_) => kind::POOLED,
         }
     }
 
@@ -300,8 +371,10 @@ impl Frame {
     /// would reject: invalid activations, or a length over `max_frame_len`. On error `out` is
     /// left as it was.
     pub fn encode_into(&self, out: &mut Vec<u8>, max_frame_len: u32) -> Result<(), WireError> {
-        if let Frame::Activations(a) = self {
-            a.validate()?;
+        match self {
+            Frame::Activations(a) => a.validate()?,
+            Frame::Pooled(p) => p.validate()?,
+            _ => {}
         }
         let len = self.payload_len() + 1;
         if len > max_frame_len as u64 {
@@ -322,20 +395,19 @@ impl Frame {
     fn payload_len(&self) -> u64 {
         match self {
             Frame::Activations(a) => activations_payload_len(a.chunks.len(), a.data.len() as u64),
-            Frame::Tokens { items, .. } => 8 + 4 + (items.len() * TOKEN_ITEM_LEN) as u64,
+            Frame::Tokens { items, .. } => {
+                8 + 4
+                    + items
+                        .iter()
+                        .map(|t| (TOKEN_ITEM_LEN + 8 * t.top.len().min(255)) as u64)
+                        .sum::<u64>()
+            }
             Frame::Release { seq_ids } => 4 + 8 * seq_ids.len() as u64,
             Frame::Ping { .. } | Frame::Pong { .. } => 8,
             Frame::Error { message, .. } => 2 + message.len() as u64,
-            Frame::Sample { jobs, .. } => {
-                8 + 4
-                    + jobs
-                        .iter()
-                        .map(|j| {
-                            (SAMPLE_JOB_FIXED_LEN + 4 * j.history.len() + 8 * j.counts.len()) as u64
-                        })
-                        .sum::<u64>()
-            }
+            Frame::Sample { jobs, .. } => 8 + 4 + jobs.iter().map(sample_job_len).sum::<u64>(),
             Frame::Prefix(_) => PREFIX_OP_LEN as u64,
+            Frame::Pooled(p) => 8 + 4 + 4 + 8 * p.seq_ids.len() as u64 + 4 * p.values.len() as u64,
         }
     }
 
@@ -352,6 +424,12 @@ impl Frame {
                     out.extend_from_slice(&t.seq_id.to_le_bytes());
                     out.extend_from_slice(&t.token.to_le_bytes());
                     out.extend_from_slice(&t.logprob.to_le_bytes());
+                    let top = &t.top[..t.top.len().min(255)];
+                    out.push(top.len() as u8);
+                    for (id, lp) in top {
+                        out.extend_from_slice(&id.to_le_bytes());
+                        out.extend_from_slice(&lp.to_le_bytes());
+                    }
                 }
             }
             Frame::Release { seq_ids } => {
@@ -371,30 +449,7 @@ impl Frame {
                 out.extend_from_slice(&batch_id.to_le_bytes());
                 out.extend_from_slice(&(jobs.len() as u32).to_le_bytes());
                 for j in jobs {
-                    let p = &j.params;
-                    out.extend_from_slice(&j.seq_id.to_le_bytes());
-                    for f in [p.temperature, p.top_p] {
-                        out.extend_from_slice(&f.to_le_bytes());
-                    }
-                    out.extend_from_slice(&p.top_k.to_le_bytes());
-                    for f in [
-                        p.min_p,
-                        p.repetition_penalty,
-                        p.frequency_penalty,
-                        p.presence_penalty,
-                    ] {
-                        out.extend_from_slice(&f.to_le_bytes());
-                    }
-                    out.extend_from_slice(&j.rng_state.to_le_bytes());
-                    out.extend_from_slice(&(j.history.len() as u32).to_le_bytes());
-                    for t in &j.history {
-                        out.extend_from_slice(&t.to_le_bytes());
-                    }
-                    out.extend_from_slice(&(j.counts.len() as u32).to_le_bytes());
-                    for (t, n) in &j.counts {
-                        out.extend_from_slice(&t.to_le_bytes());
-                        out.extend_from_slice(&n.to_le_bytes());
-                    }
+                    write_sample_job(j, out);
                 }
             }
             Frame::Prefix(op) => {
@@ -402,6 +457,15 @@ impl Frame {
                 out.extend_from_slice(&op.seq_id.to_le_bytes());
                 out.extend_from_slice(&op.prefix_id.to_le_bytes());
                 out.extend_from_slice(&op.len.to_le_bytes());
+            }
+            Frame::Pooled(p) => {
+                out.extend_from_slice(&p.batch_id.to_le_bytes());
+                out.extend_from_slice(&(p.seq_ids.len() as u32).to_le_bytes());
+                out.extend_from_slice(&p.cols.to_le_bytes());
+                for s in &p.seq_ids {
+                    out.extend_from_slice(&s.to_le_bytes());
+                }
+                encode_f32_le_into(&p.values, out);
             }
         }
     }
@@ -418,10 +482,17 @@ impl Frame {
                 let n = c.count(TOKEN_ITEM_LEN)?;
                 let mut items = Vec::with_capacity(n);
                 for _ in 0..n {
+                    let (seq_id, token, logprob) = (c.u64()?, c.u32()?, c.f32()?);
+                    let k = c.u8()? as usize;
+                    let mut top = Vec::with_capacity(k.min(c.remaining() / 8));
+                    for _ in 0..k {
+                        top.push((c.u32()?, c.f32()?));
+                    }
                     items.push(TokenItem {
-                        seq_id: c.u64()?,
-                        token: c.u32()?,
-                        logprob: c.f32()?,
+                        seq_id,
+                        token,
+                        logprob,
+                        top,
                     });
                 }
                 Frame::Tokens { batch_id, items }
@@ -445,7 +516,7 @@ impl Frame {
             }
             kind::SAMPLE => {
                 let batch_id = c.u64()?;
-                let n = c.count(SAMPLE_JOB_FIXED_LEN)?;
+                let n = c.count(crate::job::SAMPLE_JOB_FIXED_LEN)?;
                 let mut jobs = Vec::with_capacity(n);
                 for _ in 0..n {
                     jobs.push(decode_sample_job(&mut c)?);
@@ -458,6 +529,7 @@ impl Frame {
                 prefix_id: c.u64()?,
                 len: c.u32()?,
             }),
+            kind::POOLED => Frame::Pooled(decode_pooled(&mut c)?),
             other => return Err(WireError::UnknownKind(other)),
         };
         c.finish()?;
@@ -498,35 +570,25 @@ pub(crate) fn check_len_prefix(buf: &[u8], max_frame_len: u32) -> Result<Option<
     Ok(Some(len as usize))
 }
 
-fn decode_sample_job(c: &mut Cursor<'_>) -> Result<SampleJob, WireError> {
-    let seq_id = c.u64()?;
-    let params = SamplingParams {
-        temperature: c.f32()?,
-        top_p: c.f32()?,
-        top_k: c.u32()?,
-        min_p: c.f32()?,
-        repetition_penalty: c.f32()?,
-        frequency_penalty: c.f32()?,
-        presence_penalty: c.f32()?,
-        seed: None,
-    };
-    let rng_state = c.u64()?;
-    let n = c.count(4)?;
-    let mut history = Vec::with_capacity(n);
-    for _ in 0..n {
-        history.push(c.u32()?);
-    }
+fn decode_pooled(c: &mut Cursor<'_>) -> Result<Pooled, WireError> {
+    let batch_id = c.u64()?;
     let n = c.count(8)?;
-    let mut counts = Vec::with_capacity(n);
+    let cols = c.u32()?;
+    let mut seq_ids = Vec::with_capacity(n);
     for _ in 0..n {
-        counts.push((c.u32()?, c.u32()?));
+        seq_ids.push(c.u64()?);
     }
-    Ok(SampleJob {
-        seq_id,
-        params,
-        rng_state,
-        history,
-        counts,
+    let expected = (n as u64) * cols as u64 * 4;
+    let got = c.remaining() as u64;
+    if expected != got {
+        return Err(WireError::DataLength { expected, got });
+    }
+    let values = decode_f32_le(c.rest())?;
+    Ok(Pooled {
+        batch_id,
+        seq_ids,
+        cols,
+        values,
     })
 }
 
@@ -539,7 +601,7 @@ fn decode_activations(c: &mut Cursor<'_>) -> Result<Activations, WireError> {
         let start_pos = c.u32()?;
         let len = c.u32()?;
         let flags = c.u8()?;
-        if flags & !FLAG_WANT_LOGITS != 0 {
+        if flags & !(FLAG_WANT_LOGITS | POOL_MASK) != 0 {
             return Err(WireError::ReservedFlags(flags));
         }
         chunks.push(ChunkHeader {
@@ -547,6 +609,7 @@ fn decode_activations(c: &mut Cursor<'_>) -> Result<Activations, WireError> {
             start_pos,
             len,
             want_logits: flags & FLAG_WANT_LOGITS != 0,
+            pool: Pool::from_flags(flags),
         });
     }
     let dtype = DType::from_tag(c.u8()?)?;
@@ -616,7 +679,7 @@ fn write_activations_head(
         out.extend_from_slice(&c.seq_id.to_le_bytes());
         out.extend_from_slice(&c.start_pos.to_le_bytes());
         out.extend_from_slice(&c.len.to_le_bytes());
-        out.push(if c.want_logits { FLAG_WANT_LOGITS } else { 0 });
+        out.push(c.flags());
     }
     out.push(dtype.tag());
     out.extend_from_slice(&shape[0].to_le_bytes());

@@ -11,7 +11,7 @@
 //! - [`Frame`]: one message — [`Frame::Activations`] ([`Activations`], [`ChunkHeader`],
 //!   [`DType`]), [`Frame::Tokens`] ([`TokenItem`]), [`Frame::Release`], [`Frame::Ping`],
 //!   [`Frame::Pong`], [`Frame::Error`], [`Frame::Sample`] ([`SampleJob`]), [`Frame::Prefix`]
-//!   ([`PrefixOp`]).
+//!   ([`PrefixOp`]), [`Frame::Pooled`] ([`Pooled`]: embeddings, asked per chunk by [`Pool`]).
 //! - [`SamplingParams`]: a request's sampling knobs, shared with the engine (it re-exports them as
 //!   `shoal_engine::SamplingParams`); [`SamplingParams::validate`] fails with a [`SamplingError`].
 //! - [`FrameReader`]: push arbitrary byte chunks, pull complete frames; poisoned after an error.
@@ -26,7 +26,11 @@
 //! `peer.check_compatible(&ours)`, then exchange frames. Any error → log it, optionally send a
 //! [`Frame::Error`], close the connection; the node stays up.
 //!
-//! ## Byte layout (version 1)
+//! ## Byte layout (version 2)
+//!
+//! Version 2 (issue 14) added alternatives to token items, the mask and `top_logprobs` to sample
+//! jobs, the pool bits of chunk flags, the `Fork` prefix action and the `Pooled` frame; a version-1
+//! peer is refused at the handshake ([`WireError::VersionMismatch`]).
 //!
 //! All integers are little-endian, floats are IEEE 754 little-endian, no padding anywhere.
 //!
@@ -35,8 +39,8 @@
 //! | offset | size | field                                                           |
 //! |-------:|-----:|-----------------------------------------------------------------|
 //! | 0      | 4    | magic `b"SHOL"` (`53 48 4F 4C`)                                 |
-//! | 4      | 2    | version u16 (= 1)                                                |
-//! | 6      | 2    | body length u16 (= 83 in version 1)                              |
+//! | 4      | 2    | version u16 (= 2)                                                |
+//! | 6      | 2    | body length u16 (= 83 in versions 1 and 2)                       |
 //! | 8      | 32   | node id                                                          |
 //! | 40     | 32   | cluster: hash of the cluster key (never the key)                 |
 //! | 72     | 1    | role: 1 = stage, 2 = request owner                               |
@@ -66,23 +70,25 @@
 //! | kind | frame       | payload                                                                     |
 //! |-----:|-------------|-----------------------------------------------------------------------------|
 //! | 1    | Activations | batch_id u64, n u32, n × chunk (17 bytes), dtype u8, rows u32, cols u32, data |
-//! | 2    | Tokens      | batch_id u64, n u32, n × (seq_id u64, token u32, logprob f32) (16 bytes each) |
+//! | 2    | Tokens      | batch_id u64, n u32, n × (seq_id u64, token u32, logprob f32, k u8, k × (token u32, logprob f32)) |
 //! | 3    | Release     | n u32, n × seq_id u64                                                       |
 //! | 4    | Ping        | nonce u64                                                                   |
 //! | 5    | Pong        | nonce u64 (echoes the ping's)                                              |
 //! | 6    | Error       | code u16, message: the rest of the payload, UTF-8                          |
-//! | 7    | Sample      | batch_id u64, n u32, n × sample job (52 bytes + 4 per history token + 8 per count) |
-//! | 8    | Prefix      | action u8 (1 retain, 2 start, 3 drop), seq_id u64, prefix_id u64, len u32   |
+//! | 7    | Sample      | batch_id u64, n u32, n × sample job (57 bytes + 4 per history token + 8 per count + 4 per mask word) |
+//! | 8    | Prefix      | action u8 (1 retain, 2 start, 3 drop, 4 fork), seq_id u64, prefix_id u64, len u32 |
+//! | 9    | Pooled      | batch_id u64, n u32, cols u32, n × seq_id u64, n × cols × f32                |
 //!
-//! Kind 0 and kinds above 8 are [`WireError::UnknownKind`].
+//! Kind 0 and kinds above 9 are [`WireError::UnknownKind`].
 //!
 //! Sample job: `seq_id u64, temperature f32, top_p f32, top_k u32, min_p f32, repetition_penalty f32,
-//! frequency_penalty f32, presence_penalty f32, rng_state u64, n u32, n × history token u32, m u32,
-//! m × (token u32, count u32)`. The last stage samples with exactly this state, so it holds no
-//! per-sequence sampler of its own.
+//! frequency_penalty f32, presence_penalty f32, top_logprobs u8, rng_state u64, n u32, n × history
+//! token u32, m u32, m × (token u32, count u32), w u32, w × mask word u32` (no mask: `w = 0`). The last
+//! stage samples with exactly this state, so it holds no per-sequence sampler of its own.
 //!
 //! Activations chunk (17 bytes): `seq_id u64, start_pos u32, len u32, flags u8` where flag bit 0
-//! is `want_logits` and the other bits must be zero ([`WireError::ReservedFlags`]).
+//! is `want_logits`, bits 1–2 the chunk's [`Pool`] (0 none, 1 sum, 2 last row, 3 first row) and
+//! the other bits must be zero ([`WireError::ReservedFlags`]).
 //! `dtype`: 0 = f32 (4 bytes/element), 1 = f16 (2 bytes/element, IEEE binary16); anything else
 //! is [`WireError::UnknownDType`]. `data` is the rest of the payload: a row-major
 //! `rows × cols` matrix whose rows follow the chunks in order. The decoder requires
@@ -94,6 +100,7 @@ mod error;
 mod f16;
 mod frame;
 mod handshake;
+mod job;
 mod reader;
 pub mod sampling;
 
@@ -101,11 +108,11 @@ pub use error::WireError;
 pub use f16::{decode_f16_to_f32, decode_f32_le, encode_f32_as_f16, encode_f32_le};
 pub use frame::{
     Activations, CHUNK_HEADER_LEN, ChunkHeader, DEFAULT_MAX_FRAME_LEN, DType, Frame, LEN_PREFIX,
-    PREFIX_OP_LEN, PrefixAction, PrefixOp, SAMPLE_JOB_FIXED_LEN, SampleJob, TOKEN_ITEM_LEN,
-    TokenItem, kind,
+    PREFIX_OP_LEN, Pool, Pooled, PrefixAction, PrefixOp, TOKEN_ITEM_LEN, TokenItem, kind,
 };
 pub use handshake::{
     HANDSHAKE_HEADER_LEN, HANDSHAKE_V1_BODY_LEN, Handshake, MAGIC, Role, WIRE_VERSION,
 };
+pub use job::{SAMPLE_JOB_FIXED_LEN, SampleJob};
 pub use reader::FrameReader;
-pub use sampling::{SamplingError, SamplingParams};
+pub use sampling::{MAX_TOP_LOGPROBS, SamplingError, SamplingParams};

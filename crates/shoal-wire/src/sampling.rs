@@ -24,7 +24,14 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Same seed and same request give the same output.
     pub seed: Option<u64>,
+    /// Alternatives reported with each sampled token, best first (0 = none; at most
+    /// [`MAX_TOP_LOGPROBS`]). Not a sampling knob, but decided where the logits are, so it travels
+    /// with them.
+    pub top_logprobs: u8,
 }
+
+/// The most alternatives a request may ask for per token (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: u8 = 20;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -37,6 +44,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             seed: None,
+            top_logprobs: 0,
         }
     }
 }
@@ -108,6 +116,14 @@ impl SamplingParams {
                 s.presence_penalty
             ),
         )?;
+        check(
+            s.top_logprobs <= MAX_TOP_LOGPROBS,
+            "top_logprobs",
+            format!(
+                "top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {}",
+                s.top_logprobs
+            ),
+        )?;
         Ok(self)
     }
 }
@@ -158,5 +174,20 @@ mod tests {
             "invalid value for 'presence_penalty': presence_penalty must be between -2 and 2, got -3"
         );
         assert_eq!(e.error_type(), "invalid_param");
+        assert_eq!(
+            bad(SamplingParams {
+                top_logprobs: MAX_TOP_LOGPROBS + 1,
+                ..d()
+            }),
+            Err("top_logprobs")
+        );
+        assert!(
+            SamplingParams {
+                top_logprobs: MAX_TOP_LOGPROBS,
+                ..d()
+            }
+            .validate()
+            .is_ok()
+        );
     }
 }

@@ -82,8 +82,8 @@ fn empty_and_unknown_kinds() {
     assert_eq!(decode_err(&[0, 0, 0, 0]), WireError::EmptyFrame);
     assert_eq!(decode_err(&frame_bytes(0, &[])), WireError::UnknownKind(0));
     assert_eq!(
-        decode_err(&frame_bytes(9, &[1, 2])),
-        WireError::UnknownKind(9)
+        decode_err(&frame_bytes(10, &[1, 2])),
+        WireError::UnknownKind(10)
     );
     assert_eq!(
         decode_err(&frame_bytes(255, &[])),
@@ -125,7 +125,7 @@ fn lying_counts_and_lengths() {
     // Tokens claiming more items than present.
     let mut p = 1u64.to_le_bytes().to_vec();
     p.extend(3u32.to_le_bytes());
-    p.extend([0; 16 * 2]);
+    p.extend([0; 17 * 2]);
     assert!(matches!(
         decode_err(&frame_bytes(kind::TOKENS, &p)),
         WireError::Truncated { .. }
@@ -146,6 +146,46 @@ fn lying_counts_and_lengths() {
         decode_err(&frame_bytes(kind::RELEASE, &p)),
         WireError::TrailingBytes { extra: 8 }
     );
+    // A token item announcing 3 alternatives with the bytes of 1.
+    let mut p = 1u64.to_le_bytes().to_vec();
+    p.extend(1u32.to_le_bytes());
+    p.extend([0; 16]);
+    p.push(3);
+    p.extend([0; 8]);
+    assert!(matches!(
+        decode_err(&frame_bytes(kind::TOKENS, &p)),
+        WireError::Truncated { .. }
+    ));
+    // Pooled rows whose values do not fill them, and a count larger than the bytes.
+    let pooled = |n: u32, cols: u32, ids: usize, values: usize| {
+        let mut p = 1u64.to_le_bytes().to_vec();
+        p.extend(n.to_le_bytes());
+        p.extend(cols.to_le_bytes());
+        p.extend(vec![0u8; 8 * ids + 4 * values]);
+        frame_bytes(kind::POOLED, &p)
+    };
+    assert!(matches!(
+        Frame::decode(&pooled(2, 3, 2, 6), u32::MAX),
+        Ok(Some((Frame::Pooled(_), _)))
+    ));
+    assert_eq!(
+        decode_err(&pooled(2, 3, 2, 5)),
+        WireError::DataLength {
+            expected: 24,
+            got: 20
+        }
+    );
+    assert_eq!(
+        decode_err(&pooled(2, u32::MAX, 2, 0)),
+        WireError::DataLength {
+            expected: 2 * u32::MAX as u64 * 4,
+            got: 0
+        }
+    );
+    assert!(matches!(
+        decode_err(&pooled(u32::MAX, 1, 1, 0)),
+        WireError::Truncated { .. }
+    ));
     // Error frame with invalid UTF-8.
     assert_eq!(
         decode_err(&frame_bytes(kind::ERROR, &[1, 0, 0xFF, 0xFE])),
@@ -208,8 +248,12 @@ fn wrong_shapes_and_dtypes_are_rejected() {
             WireError::UnknownDType(2),
         ),
         (
-            activations_payload(2, 3, 1, 2, 12),
-            WireError::ReservedFlags(2),
+            activations_payload(2, 3, 1, 8, 12),
+            WireError::ReservedFlags(8),
+        ),
+        (
+            activations_payload(2, 3, 1, 0x81, 12),
+            WireError::ReservedFlags(0x81),
         ),
     ];
     for (payload, want) in cases {
@@ -330,8 +374,28 @@ fn random_garbage_never_panics() {
     );
 }
 
+/// Whether a float in `f` is NaN (so the frame cannot equal itself).
 fn has_nan(f: &Frame) -> bool {
-    matches!(f, Frame::Tokens { items, .. } if items.iter().any(|t| t.logprob.is_nan()))
+    match f {
+        Frame::Tokens { items, .. } => items
+            .iter()
+            .any(|t| t.logprob.is_nan() || t.top.iter().any(|(_, l)| l.is_nan())),
+        Frame::Pooled(p) => p.values.iter().any(|v| v.is_nan()),
+        Frame::Sample { jobs, .. } => jobs.iter().any(|j| {
+            let p = &j.params;
+            [
+                p.temperature,
+                p.top_p,
+                p.min_p,
+                p.repetition_penalty,
+                p.frequency_penalty,
+                p.presence_penalty,
+            ]
+            .iter()
+            .any(|v| v.is_nan())
+        }),
+        _ => false,
+    }
 }
 
 #[test]

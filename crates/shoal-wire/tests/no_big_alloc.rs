@@ -50,6 +50,19 @@ fn hostile_lengths_and_counts_do_not_allocate() {
             kind::ACTIVATIONS,
             [&[0u8; 8][..], &u32::MAX.to_le_bytes()].concat(),
         ),
+        (
+            kind::POOLED,
+            [
+                &[0u8; 8][..],
+                &u32::MAX.to_le_bytes(),
+                &u32::MAX.to_le_bytes(),
+            ]
+            .concat(),
+        ),
+        (
+            kind::SAMPLE,
+            [&[0u8; 8][..], &u32::MAX.to_le_bytes()].concat(),
+        ),
     ] {
         let mut v = ((payload.len() + 1) as u32).to_le_bytes().to_vec();
         v.push(k);

@@ -37,6 +37,7 @@ fn exact_bytes_of_a_ping_and_a_small_activations_frame() {
             start_pos: 2,
             len: 1,
             want_logits: true,
+            pool: shoal_wire::Pool::None,
         }],
         2,
         &[1.0, -2.0],
@@ -70,10 +71,12 @@ fn exact_bytes_of_a_sample_frame() {
             presence_penalty: 2.0,
             // Not on the wire: the generator's state travels instead.
             seed: Some(3),
+            top_logprobs: 5,
         },
         rng_state: 0xABCD,
         history: vec![4, 5],
         counts: vec![(6, 2)],
+        mask: vec![0b1010],
     };
     let bytes = Frame::Sample {
         batch_id: 1,
@@ -83,14 +86,16 @@ fn exact_bytes_of_a_sample_frame() {
     .unwrap();
     #[rustfmt::skip]
     let expected: Vec<u8> = [
-        &[81u8, 0, 0, 0, 7][..], // len = 1 + 8 + 4 + 52 + 2 * 4 + 1 * 8, kind 7
+        &[90u8, 0, 0, 0, 7][..], // len = 1 + 8 + 4 + 57 + 2 * 4 + 1 * 8 + 1 * 4, kind 7
         &1u64.to_le_bytes(), &1u32.to_le_bytes(), // batch_id, n jobs
         &9u64.to_le_bytes(),                      // seq_id
         &0.5f32.to_le_bytes(), &0.25f32.to_le_bytes(), &7u32.to_le_bytes(), &0.125f32.to_le_bytes(),
         &1.5f32.to_le_bytes(), &(-1.0f32).to_le_bytes(), &2.0f32.to_le_bytes(),
+        &[5],                                     // top_logprobs
         &0xABCDu64.to_le_bytes(),                 // rng_state
         &2u32.to_le_bytes(), &4u32.to_le_bytes(), &5u32.to_le_bytes(), // history
         &1u32.to_le_bytes(), &6u32.to_le_bytes(), &2u32.to_le_bytes(), // counts
+        &1u32.to_le_bytes(), &0b1010u32.to_le_bytes(), // mask
     ]
     .concat();
     assert_eq!(bytes, expected);
@@ -143,6 +148,7 @@ fn activations_encoded_straight_from_f32_equal_the_frame_encoding() {
         start_pos: 0,
         len: 1,
         want_logits: false,
+        pool: shoal_wire::Pool::None,
     }];
     assert!(matches!(
         Activations::encode_f32(1, &one, big.len() as u32, &big, DType::F32),
@@ -261,7 +267,7 @@ fn handshake_roundtrips_with_documented_layout() {
     assert_eq!(bytes.len(), HANDSHAKE_HEADER_LEN + HANDSHAKE_V1_BODY_LEN);
     assert_eq!(bytes.len(), 91);
     assert_eq!(&bytes[..4], b"SHOL");
-    assert_eq!(&bytes[4..8], &[1, 0, 83, 0]);
+    assert_eq!(&bytes[4..8], &[2, 0, 83, 0]);
     assert_eq!(bytes[72], 1);
     assert_eq!(&bytes[73..81], &42u64.to_le_bytes());
     assert_eq!(&bytes[87..91], &30u32.to_le_bytes());
@@ -285,15 +291,11 @@ fn handshake_roundtrips_with_documented_layout() {
 fn handshake_version_mismatch_names_both_versions() {
     let ours = Handshake::new([1; 32], [2; 32], stage());
     let mut theirs = ours;
-    theirs.version = WIRE_VERSION + 1;
+    // A node of the previous version (before issue 14's frames) is refused, naming both.
+    assert_eq!(WIRE_VERSION, 2);
+    theirs.version = 1;
     let err = theirs.check_compatible(&ours).unwrap_err();
-    assert_eq!(
-        err,
-        WireError::VersionMismatch {
-            ours: WIRE_VERSION,
-            theirs: WIRE_VERSION + 1
-        }
-    );
+    assert_eq!(err, WireError::VersionMismatch { ours: 2, theirs: 1 });
     let msg = err.to_string();
     assert!(msg.contains("v1") && msg.contains("v2"), "{msg}");
 

@@ -100,6 +100,7 @@ impl CommonParams {
             presence_penalty: self.presence_penalty.unwrap_or(defaults.presence_penalty),
             // Any 64-bit pattern is a fine seed; negative seeds keep their bits.
             seed: self.seed.map(|s| s as u64),
+            top_logprobs: 0,
         }
         .validate()
         .map_err(shoal_engine::EngineError::from)?;

@@ -281,6 +281,7 @@ impl RemoteChain {
                 start_pos: self.cached_len(c.seq_id) as u32,
                 len: c.len as u32,
                 want_logits: c.want_logits,
+                pool: shoal_wire::Pool::None,
             })
             .collect();
         // Encoded straight from the hidden states.
@@ -335,11 +336,17 @@ impl RemoteChain {
             KvOp::Release { seq_id } | KvOp::Retain { seq_id, .. } => {
                 self.lens.remove(&seq_id);
             }
-            KvOp::Start { .. } | KvOp::DropPrefix { .. } => {}
+            KvOp::Start { .. } | KvOp::DropPrefix { .. } | KvOp::Fork { .. } => {}
         }
         self.send(&kv_frame(op))?;
-        if let KvOp::Start { seq_id, len, .. } = op {
-            self.lens.insert(seq_id, len);
+        match op {
+            KvOp::Start { seq_id, len, .. }
+            | KvOp::Fork {
+                into: seq_id, len, ..
+            } => {
+                self.lens.insert(seq_id, len);
+            }
+            _ => {}
         }
         Ok(())
     }

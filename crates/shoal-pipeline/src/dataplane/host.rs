@@ -304,7 +304,7 @@ fn step(
         }
         Frame::Error { code, message } => return Err(PipelineError::Upstream { code, message }),
         other @ Frame::Sample { .. } => Some(other),
-        Frame::Ping { .. } | Frame::Pong { .. } | Frame::Tokens { .. } => None,
+        Frame::Ping { .. } | Frame::Pong { .. } | Frame::Tokens { .. } | Frame::Pooled(_) => None,
     };
     out.as_ref().map(encode).transpose()
 }
@@ -417,6 +417,7 @@ fn answer(
                     seq_id: job.seq_id,
                     token: pick.id,
                     logprob: pick.logprob,
+                    top: Vec::new(),
                 })
                 .collect(),
         },
@@ -432,7 +433,7 @@ fn apply_prefix(
     op: &PrefixOp,
 ) -> Result<(), PipelineError> {
     let kv = prefix_kv_op(op);
-    if let KvOp::Start { len, .. } = kv {
+    if let KvOp::Start { len, .. } | KvOp::Fork { len, .. } = kv {
         host.check_room(stage, len)?;
     }
     stage.kv(kv)?;

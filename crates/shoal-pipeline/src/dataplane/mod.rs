@@ -194,6 +194,8 @@ fn kv_frame(op: KvOp) -> Frame {
             len,
         } => prefix(PrefixAction::Start, seq_id, prefix_id, len),
         KvOp::DropPrefix { prefix_id } => prefix(PrefixAction::Drop, 0, prefix_id, 0),
+        // The new sequence's id travels in the prefix id's place.
+        KvOp::Fork { seq_id, into, len } => prefix(PrefixAction::Fork, seq_id, into, len),
     }
 }
 
@@ -212,6 +214,11 @@ fn prefix_kv_op(op: &PrefixOp) -> KvOp {
             len,
         },
         PrefixAction::Drop => KvOp::DropPrefix { prefix_id },
+        PrefixAction::Fork => KvOp::Fork {
+            seq_id,
+            into: prefix_id,
+            len,
+        },
     }
 }
 

@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use shoal_wire::{
-    Activations, ChunkHeader, DType, Frame, PrefixAction, PrefixOp, SampleJob, SamplingParams,
-    TokenItem,
+    Activations, ChunkHeader, DType, Frame, Pool, Pooled, PrefixAction, PrefixOp, SampleJob,
+    SamplingParams, TokenItem,
 };
 
 pub use shoal_testkit::rng::{Draw, SplitMix64 as Rng};
@@ -15,12 +15,14 @@ pub fn chunks() -> Vec<ChunkHeader> {
             start_pos: 0,
             len: 3,
             want_logits: false,
+            pool: Pool::Sum,
         },
         ChunkHeader {
             seq_id: u64::MAX,
             start_pos: 41,
             len: 1,
             want_logits: true,
+            pool: Pool::None,
         },
     ]
 }
@@ -44,11 +46,13 @@ pub fn sample_frames(rng: &mut Rng) -> Vec<Frame> {
                     seq_id: 7,
                     token: 49151,
                     logprob: -0.25,
+                    top: vec![(49151, -0.25), (3, -1.5), (0, f32::NEG_INFINITY)],
                 },
                 TokenItem {
                     seq_id: u64::MAX,
                     token: 0,
                     logprob: f32::NEG_INFINITY,
+                    top: vec![],
                 },
             ],
         },
@@ -84,10 +88,12 @@ pub fn sample_frames(rng: &mut Rng) -> Vec<Frame> {
                         frequency_penalty: -0.5,
                         presence_penalty: 2.0,
                         seed: None,
+                        top_logprobs: 20,
                     },
                     rng_state: u64::MAX - 1,
                     history: vec![1, 2, 49151],
                     counts: vec![(5, 1), (9, 300)],
+                    mask: vec![0xFFFF_0000, 0, u32::MAX],
                 },
                 SampleJob {
                     seq_id: 4,
@@ -98,6 +104,7 @@ pub fn sample_frames(rng: &mut Rng) -> Vec<Frame> {
                     rng_state: 0,
                     history: vec![],
                     counts: vec![],
+                    mask: vec![],
                 },
             ],
         },
@@ -116,6 +123,24 @@ pub fn sample_frames(rng: &mut Rng) -> Vec<Frame> {
             seq_id: 0,
             prefix_id: 2,
             len: 0,
+        }),
+        Frame::Prefix(PrefixOp {
+            action: PrefixAction::Fork,
+            seq_id: 3,
+            prefix_id: 4,
+            len: 12,
+        }),
+        Frame::Pooled(Pooled {
+            batch_id: 6,
+            seq_ids: vec![7, u64::MAX],
+            cols: 3,
+            values: vec![0.5, -1.0, 2.0, 1e-8, 0.0, -3.25],
+        }),
+        Frame::Pooled(Pooled {
+            batch_id: 7,
+            seq_ids: vec![],
+            cols: 576,
+            values: vec![],
         }),
     ]
 }
