@@ -1,4 +1,4 @@
-//! API keys: with keys configured, every route but `/health` needs one — `Authorization: Bearer KEY`
+//! API keys: with keys configured, every route but `/health` and `/cluster/enroll` (an invite is its credential) needs one — `Authorization: Bearer KEY`
 //! (OpenAI and Ollama clients) or `x-api-key: KEY` (Anthropic clients) — and answers 401 otherwise, in
 //! the error shape of the API the path belongs to (`/v1/messages…`: Anthropic's, `/api/…`: Ollama's,
 //! else OpenAI's).
@@ -87,7 +87,8 @@ pub async fn require_key(State(state): State<ApiState>, req: Request, next: Next
     let Some(keys) = &state.api_keys else {
         return next.run(req).await;
     };
-    if req.uri().path() == "/health" || keys.admits(req.headers()) {
+    let open = ["/health", crate::membership::ENROLL_PATH];
+    if open.contains(&req.uri().path()) || keys.admits(req.headers()) {
         return next.run(req).await;
     }
     let message = if presented(req.headers()).is_some() {

@@ -12,7 +12,7 @@ use shoal_cluster::{ClusterHandle, PlaceRequest};
 
 use crate::{ApiError, ApiState};
 
-fn cluster(state: &ApiState) -> Result<&ClusterHandle, ApiError> {
+pub(crate) fn cluster(state: &ApiState) -> Result<&ClusterHandle, ApiError> {
     state
         .cluster
         .as_ref()

@@ -62,6 +62,9 @@ pub enum ApiError {
     /// No accepted API key (401).
     #[error("{0}")]
     Unauthorized(String),
+    /// Authenticated, or not needing to be, but refused (403): an invite that is expired or used up.
+    #[error("{0}")]
+    Forbidden(String),
     /// Anything that is our fault (500). The detail is logged, never sent.
     #[error("internal error: {0}")]
     Internal(String),
@@ -101,6 +104,7 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -135,6 +139,7 @@ impl ApiError {
             ApiError::Unavailable => ("server_error", None, Some("unavailable")),
             ApiError::StageLost(_) => ("server_error", None, Some("stage_lost")),
             ApiError::Unauthorized(_) => ("invalid_request_error", None, Some("invalid_api_key")),
+            ApiError::Forbidden(_) => ("permission_error", None, Some("forbidden")),
             ApiError::Internal(_) => ("server_error", None, None),
         };
         let message = match self {
@@ -237,6 +242,14 @@ impl From<ClusterError> for ApiError {
             | ClusterError::UnexpectedReply { .. }
             | ClusterError::Refused { .. }
             | ClusterError::Stopped) => ApiError::invalid("model", e.to_string()),
+            ClusterError::Invite(
+                e @ (shoal_cluster::invite::InviteError::Io { .. }
+                | shoal_cluster::invite::InviteError::Corrupt { .. }),
+            ) => ApiError::Internal(e.to_string()),
+            e @ (ClusterError::Invite(_) | ClusterError::NodeRefused { .. }) => {
+                ApiError::Forbidden(e.to_string())
+            }
+            e @ ClusterError::NodeNotFound { .. } => ApiError::NotFound(e.to_string()),
             e @ (ClusterError::Remove { .. }
             | ClusterError::Identity { .. }
             | ClusterError::Network { .. }

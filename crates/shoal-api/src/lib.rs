@@ -12,17 +12,17 @@
 //! - [`error::ApiError`] is every failure; its one `IntoResponse` impl writes OpenAI's error shape with
 //!   the right status and hides internal details.
 //!
-//! - [`auth`]: API keys — with keys configured every route but `/health` needs one (401 otherwise).
+//! - [`auth`]: API keys — with keys configured every route but `/health` and `/cluster/enroll` needs one (401 otherwise).
 //! - [`cancel`] lets a client stop a request by its response id (`POST /v1/cancel/{id}`); handlers hold
 //!   each request as a [`cancel::LiveRequest`] so they can tell such a cancellation apart.
 //!
 //! - [`cluster`] holds the cluster routes, answered from the node's [`shoal_cluster::ClusterHandle`];
-//!   [`downloads`] the model downloads of every node (listed from the cluster's facts, started and
+//!   [`membership`] joining with an invite and removing nodes; [`downloads`] the model downloads of every node (listed from the cluster's facts, started and
 //!   cancelled through this node's [`shoal_transfer::Downloads`]).
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/cancel/{id}`,
 //! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, `GET /state`, `GET /instance/previews`,
-//! `POST /instance`, `DELETE /instance/{id}`, `POST /links/probe`, `GET`/`POST /downloads`,
+//! `POST /instance`, `DELETE /instance/{id}`, `POST /links/probe`, `POST /cluster/enroll`, `POST /cluster/remove`, `GET`/`POST /downloads`,
 //! `DELETE /downloads/{model}`.
 
 pub mod auth;
@@ -30,6 +30,7 @@ pub mod cancel;
 pub mod cluster;
 pub mod downloads;
 pub mod error;
+pub mod membership;
 pub mod openai;
 pub mod sse;
 
@@ -71,7 +72,7 @@ pub struct ApiState {
     pub placing: Arc<tokio::sync::Mutex<()>>,
     /// This node's model downloads (`POST`/`DELETE /downloads`); `None` for a bare engine.
     pub downloads: Option<shoal_transfer::Downloads>,
-    /// With keys, every route but `/health` needs one ([`auth`]); `None`: the API is open.
+    /// With keys, every route but `/health` and `/cluster/enroll` needs one ([`auth`]); `None`: the API is open.
     pub api_keys: Option<auth::ApiKeys>,
 }
 
@@ -115,6 +116,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/instance", post(cluster::create))
         .route("/instance/{id}", axum::routing::delete(cluster::delete))
         .route("/links/probe", post(cluster::probe_links))
+        .route(membership::ENROLL_PATH, post(membership::enroll))
+        .route("/cluster/remove", post(membership::remove))
         .route("/downloads", get(downloads::list).post(downloads::start))
         .route(
             "/downloads/{*model}",

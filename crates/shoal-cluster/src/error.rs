@@ -51,6 +51,15 @@ pub enum ClusterError {
     },
     #[error("the cluster task has stopped")]
     Stopped,
+    /// An invite was not honoured.
+    #[error("invite refused: {0}")]
+    Invite(#[from] crate::invite::InviteError),
+    /// `shoal remove NODE`: no member (or removed node) matches `query`, or more than one does.
+    #[error("{message}")]
+    NodeNotFound { message: String },
+    /// A node cannot remove itself, and a removed node cannot join again.
+    #[error("{message}")]
+    NodeRefused { message: String },
 }
 
 impl ClusterError {
@@ -69,6 +78,9 @@ impl ClusterError {
             ClusterError::Refused { .. } => "refused",
             ClusterError::Remove { .. } => "remove",
             ClusterError::Stopped => "stopped",
+            ClusterError::Invite(_) => "invite",
+            ClusterError::NodeNotFound { .. } => "node_not_found",
+            ClusterError::NodeRefused { .. } => "node_refused",
         }
     }
 

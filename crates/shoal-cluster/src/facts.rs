@@ -41,10 +41,23 @@ pub struct NodeFacts {
     /// Model downloads on this node (running, and the last finished ones), by model id.
     #[serde(default)]
     pub downloads: Vec<DownloadFacts>,
+    /// Nodes this node refuses (`shoal remove`); every member adopts the removals it hears of.
+    #[serde(default)]
+    pub removed: Vec<RemovedNode>,
     /// Increases with every publication, so receivers keep the newest.
     pub seq: u64,
     /// Unix seconds when this node process started.
     pub started: u64,
+}
+
+/// A node taken out of the cluster with `shoal remove`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovedNode {
+    pub id: String,
+    /// Its host name when it was removed (empty when it was removed by id while away).
+    pub name: String,
+    /// Unix seconds.
+    pub at: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

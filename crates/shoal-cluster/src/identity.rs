@@ -34,16 +34,45 @@ pub fn load_or_create_cluster_key(state_dir: &Path) -> Result<String, ClusterErr
         reason,
     };
     std::fs::create_dir_all(state_dir).map_err(|e| fail(IdentityProblem::Io(e)))?;
-    // The OS's randomness, through a fresh ed25519 secret (32 random bytes).
-    let fresh = libp2p::identity::ed25519::Keypair::generate();
-    let key: String = fresh
-        .secret()
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let key = crate::invite::hex(&crate::invite::random_bytes::<32>());
     write_private(&path, key.as_bytes()).map_err(|e| fail(IdentityProblem::Io(e)))?;
     Ok(key)
+}
+
+/// What a node remembers of the invite it joined with (`<state-dir>/joined-invite`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Joined {
+    pub invite: String,
+    /// The members' cluster addresses the invite's answer gave.
+    pub addrs: Vec<String>,
+}
+
+/// Replaces this node's cluster key in the state directory with the one an invite gave it, and records
+/// the invite's id and the members' addresses, so a restart with the same (used-up) token joins with the
+/// stored key.
+pub fn store_joined_key(state_dir: &Path, joined: &Joined, key: &str) -> Result<(), ClusterError> {
+    let fail = |path: PathBuf, e| ClusterError::Identity {
+        path,
+        reason: IdentityProblem::Io(e),
+    };
+    std::fs::create_dir_all(state_dir).map_err(|e| fail(state_dir.to_path_buf(), e))?;
+    let path = state_dir.join(CLUSTER_KEY_FILE);
+    write_private(&path, key.as_bytes()).map_err(|e| fail(path, e))?;
+    let record = state_dir.join(crate::invite::JOINED_FILE);
+    let body = serde_json::to_vec(joined).unwrap_or_default();
+    write_private(&record, &body).map_err(|e| fail(record, e))
+}
+
+/// The cluster key and record stored by an earlier join with invite `invite`, if this node joined with
+/// it.
+pub fn joined_key(state_dir: &Path, invite: &str) -> Option<(String, Joined)> {
+    let text = std::fs::read(state_dir.join(crate::invite::JOINED_FILE)).ok()?;
+    let joined: Joined = serde_json::from_slice(&text).ok()?;
+    if joined.invite != invite {
+        return None;
+    }
+    let key = read_key_file(&state_dir.join(CLUSTER_KEY_FILE)).ok()?;
+    Some((key, joined))
 }
 
 /// Loads the node key from `state_dir`, creating the directory and a fresh key on first start.
@@ -69,7 +98,7 @@ pub fn load_or_create(state_dir: &Path) -> Result<Keypair, ClusterError> {
     }
 }
 
-fn write_private(path: &PathBuf, bytes: &[u8]) -> std::io::Result<()> {
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create(true).truncate(true);
@@ -82,49 +111,6 @@ fn write_private(path: &PathBuf, bytes: &[u8]) -> std::io::Result<()> {
     f.write_all(bytes)?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)
-}
-
-/// What a node needs to join a cluster: its key and addresses of a member (`shoal invite` prints one,
-/// `shoal serve --join TOKEN` uses it). Text form: `shoal1:<key as hex>@<addr>,<addr>…`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JoinToken {
-    pub cluster_key: String,
-    /// `HOST:PORT` or multiaddrs of members.
-    pub addrs: Vec<String>,
-}
-
-const TOKEN_PREFIX: &str = "shoal1:";
-
-impl JoinToken {
-    pub fn encode(&self) -> String {
-        let key: String = self
-            .cluster_key
-            .bytes()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        format!("{TOKEN_PREFIX}{key}@{}", self.addrs.join(","))
-    }
-
-    /// Parses a token; `None` when it is not one.
-    pub fn parse(text: &str) -> Option<Self> {
-        let rest = text.trim().strip_prefix(TOKEN_PREFIX)?;
-        let (hex, addrs) = rest.split_once('@')?;
-        if hex.is_empty() || hex.len() % 2 != 0 {
-            return None;
-        }
-        let bytes = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-            .collect::<Option<Vec<u8>>>()?;
-        let cluster_key = String::from_utf8(bytes).ok()?;
-        let addrs: Vec<String> = addrs
-            .split(',')
-            .map(str::trim)
-            .filter(|a| !a.is_empty())
-            .map(String::from)
-            .collect();
-        (!addrs.is_empty()).then_some(Self { cluster_key, addrs })
-    }
 }
 
 /// The private-network key derived from a cluster key (any length, any bytes).
@@ -160,25 +146,6 @@ pub fn read_key_file(path: &Path) -> Result<String, ClusterError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn join_tokens_round_trip_and_garbage_is_refused() {
-        let t = JoinToken {
-            cluster_key: "k@y with, odd: chars".into(),
-            addrs: vec!["10.0.0.2:52416".into(), "/ip4/10.0.0.3/tcp/52416".into()],
-        };
-        assert_eq!(JoinToken::parse(&t.encode()), Some(t));
-        for bad in [
-            "",
-            "shoal1:",
-            "shoal1:zz@1.2.3.4:5",
-            "shoal1:6b@",
-            "shoal1:6@1.2.3.4:5",
-            "x:6b@a",
-        ] {
-            assert_eq!(JoinToken::parse(bad), None, "{bad:?}");
-        }
-    }
 
     #[test]
     fn a_node_without_a_key_makes_its_own_once() {

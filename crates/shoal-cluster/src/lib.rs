@@ -23,6 +23,7 @@
 mod error;
 pub mod facts;
 pub mod identity;
+pub mod invite;
 pub mod node;
 pub mod proto;
 pub mod state;

@@ -33,6 +33,8 @@ pub enum Command {
     Rm(RmArgs),
     /// Print a token another machine joins this node's cluster with (`shoal serve --join TOKEN`).
     Invite(InviteArgs),
+    /// Take a node out of the cluster for good: every member refuses it from then on.
+    Remove(RemoveArgs),
 }
 
 #[derive(Args, Clone)]
@@ -213,7 +215,7 @@ pub struct ClusterArgs {
     /// Read the cluster key from this file instead.
     #[arg(long, conflicts_with = "cluster_key")]
     pub cluster_key_file: Option<PathBuf>,
-    /// Join the cluster of a token printed by `shoal invite` (its key and a member's addresses).
+    /// Join the cluster of a token printed by `shoal invite` (a member gives this node the cluster key).
     #[arg(long, value_name = "TOKEN", conflicts_with_all = ["cluster_key", "cluster_key_file"])]
     pub join: Option<String>,
     /// Cluster (libp2p) listen address: HOST:PORT or a multiaddr; port 0 picks a free one.
@@ -279,35 +281,15 @@ impl ClusterArgs {
         })
     }
 
+    /// The key given with `--cluster-key` / `--cluster-key-file`, else this node's own (`--join` is
+    /// handled by `membership::cluster_key_and_peers`).
     pub fn cluster_key(&self) -> anyhow::Result<String> {
-        if let Some(token) = self.join_token()? {
-            return Ok(token.cluster_key);
-        }
         Ok(match (&self.cluster_key, &self.cluster_key_file) {
             (Some(k), _) if !k.is_empty() => k.clone(),
             (Some(_), _) => anyhow::bail!("--cluster-key must not be empty"),
             (None, Some(path)) => shoal_cluster::identity::read_key_file(path)?,
             (None, None) => shoal_cluster::identity::load_or_create_cluster_key(&self.state_dir())?,
         })
-    }
-
-    /// The `--join` token, parsed.
-    pub fn join_token(&self) -> anyhow::Result<Option<shoal_cluster::identity::JoinToken>> {
-        match &self.join {
-            None => Ok(None),
-            Some(text) => shoal_cluster::identity::JoinToken::parse(text)
-                .map(Some)
-                .ok_or_else(|| anyhow::anyhow!("--join: not a token printed by `shoal invite`")),
-        }
-    }
-
-    /// `--peer` addresses and those of the `--join` token.
-    pub fn peer_addrs(&self) -> anyhow::Result<Vec<String>> {
-        let mut peers = self.peers.clone();
-        if let Some(token) = self.join_token()? {
-            peers.extend(token.addrs);
-        }
-        Ok(peers)
     }
 }
 
@@ -333,15 +315,40 @@ pub struct ChatArgs {
     pub system: Option<String>,
 }
 
-/// `shoal invite`: the cluster key of this node (as `serve` would use it) and addresses to reach it.
+/// `shoal invite`: an invite in this node's book, printed as a token.
 #[derive(Args)]
 pub struct InviteArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// Address (HOST:PORT) the joining node dials; repeatable [default: this machine's non-loopback IPv4
-    /// addresses with the port of --cluster-listen].
-    #[arg(long = "addr")]
-    pub addrs: Vec<String>,
+    /// How many machines may join with the token.
+    #[arg(long, default_value_t = 1)]
+    pub uses: u32,
+    /// Any number of machines may join with the token (until it expires).
+    #[arg(long, conflicts_with = "uses")]
+    pub reusable: bool,
+    /// How long the token is valid: e.g. 30m, 24h, 7d, or `never`.
+    #[arg(long, default_value = "24h")]
+    pub ttl: String,
+    /// This node's API as the joining machine reaches it (http://HOST:PORT); repeatable [default: this
+    /// machine's non-loopback IPv4 addresses with --api-port].
+    #[arg(long = "url")]
+    pub urls: Vec<String>,
+    /// The port this node's `shoal serve` listens on for HTTP.
+    #[arg(long, default_value_t = shoal_api::DEFAULT_PORT)]
+    pub api_port: u16,
+}
+
+/// `shoal remove NODE`.
+#[derive(Args)]
+pub struct RemoveArgs {
+    /// The node: its id (or the last 6+ characters of it) or its name, as `GET /state` shows them.
+    pub node: String,
+    /// A running member's API.
+    #[arg(long, default_value = "http://127.0.0.1:52415")]
+    pub url: String,
+    /// API key of that node, when it needs one.
+    #[arg(long, env = "SHOAL_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
 }
 
 /// `shoal bench`: the model to measure (or to name in requests to `--url`), then what to measure.

@@ -4,9 +4,11 @@
 //! - `shoal chat "prompt"`: stream an answer in the terminal (in-process, or from a server with `--url`).
 //! - `shoal bench`: prefill / decode throughput, TTFT and inter-token latency (run by `shoal-bench`).
 //! - `shoal pull` / `shoal models` / `shoal rm`: fetch, list and delete models (`models`).
+//! - `shoal invite` / `shoal remove`: let a machine join, take one out (`membership`).
 
 mod chat;
 mod cli;
+mod membership;
 mod models;
 mod serve;
 
@@ -35,7 +37,8 @@ fn main() -> anyhow::Result<()> {
         Command::Pull(args) => models::pull(&args),
         Command::Models(args) => models::models(&args),
         Command::Rm(args) => models::rm(&args),
-        Command::Invite(args) => invite(&args),
+        Command::Invite(args) => membership::invite(&args),
+        Command::Remove(args) => membership::remove(&args),
     }
 }
 
@@ -54,36 +57,4 @@ fn bench(args: cli::BenchCommand) -> anyhow::Result<()> {
     }
     let (id, path) = resolve_model(&args.model)?;
     Ok(shoal_bench::run_in_process(&args.bench, &id, &path)?)
-}
-
-/// `shoal invite`: prints the join token (this node's cluster key and addresses) on stdout.
-fn invite(args: &cli::InviteArgs) -> anyhow::Result<()> {
-    let key = args.cluster.cluster_key()?;
-    let mut addrs = args.addrs.clone();
-    if addrs.is_empty() {
-        let port = args
-            .cluster
-            .cluster_listen
-            .rsplit_once(':')
-            .and_then(|(_, p)| p.parse::<u16>().ok())
-            .filter(|p| *p != 0)
-            .unwrap_or(52416);
-        addrs = shoal_cluster::facts::reachable_ipv4s()
-            .into_iter()
-            .map(|ip| format!("{ip}:{port}"))
-            .collect();
-    }
-    anyhow::ensure!(
-        !addrs.is_empty(),
-        "no address to put in the token: give one with --addr HOST:PORT"
-    );
-    let token = shoal_cluster::identity::JoinToken {
-        cluster_key: key,
-        addrs,
-    };
-    println!("{}", token.encode());
-    eprintln!(
-        "shoal: on the other machine: shoal serve --join <this token> (it carries the cluster key: keep it private)"
-    );
-    Ok(())
 }

@@ -68,21 +68,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let engine_config = args.engine.config()?;
     let api_keys = shoal_api::auth::ApiKeys::new(args.api_keys()?);
     let cargs = args.cluster.clone();
-    let cluster_key = cargs.cluster_key()?;
     let listen = shoal_cluster::parse_peer(&cargs.cluster_listen)?;
-    let peers = cargs
-        .peer_addrs()?
-        .iter()
-        .map(|p| shoal_cluster::parse_peer(p))
-        .collect::<Result<Vec<_>, _>>()?;
     let wire_dtype = match cargs.wire_dtype.as_str() {
         "f32" => shoal_wire::DType::F32,
         _ => shoal_wire::DType::F16,
-    };
-    let holder_wait = if peers.is_empty() {
-        HOLDER_WAIT_MDNS
-    } else {
-        HOLDER_WAIT_STATIC
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -90,6 +79,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
+        let (cluster_key, peers) = crate::membership::cluster_key_and_peers(&cargs).await?;
+        let peers = peers
+            .iter()
+            .map(|p| shoal_cluster::parse_peer(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let holder_wait = if peers.is_empty() {
+            HOLDER_WAIT_MDNS
+        } else {
+            HOLDER_WAIT_STATIC
+        };
         let listener = tokio::net::TcpListener::bind((args.api_host.as_str(), args.api_port))
             .await
             .with_context(|| format!("binding {}:{}", args.api_host, args.api_port))?;

@@ -105,6 +105,10 @@ impl NetTask {
             tracing::warn!(%peer, claimed = %facts.id, "facts about another node ignored");
             return;
         }
+        self.adopt_removals(&facts.removed);
+        if self.is_removed(&peer) {
+            return;
+        }
         for a in &facts.addrs {
             if let Ok(m) = a.parse::<Multiaddr>()
                 && !is_unspecified(&m)
@@ -128,7 +132,7 @@ impl NetTask {
             let Ok(pid) = id.parse::<PeerId>() else {
                 continue;
             };
-            if pid == self.id || self.swarm.is_connected(&pid) {
+            if pid == self.id || self.swarm.is_connected(&pid) || self.is_removed(&pid) {
                 continue;
             }
             let addrs: Vec<Multiaddr> = addrs
@@ -219,6 +223,9 @@ impl NetTask {
                 for peer in peers {
                     self.spawn_probe(peer);
                 }
+            }
+            Command::RemoveNode(query, tx) => {
+                let _ = tx.send(self.remove_node(&query));
             }
         }
     }

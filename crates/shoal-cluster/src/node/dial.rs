@@ -101,6 +101,17 @@ impl Dials {
         }
     }
 
+    /// Stops dialing the static peers that answered as `peer` (a removed node).
+    pub fn forget_peer(&mut self, peer: &str) {
+        let mut keep = self
+            .static_peers
+            .iter()
+            .map(|sp| sp.peer.as_deref() != Some(peer));
+        self.static_addrs.retain(|_| keep.next().unwrap_or(true));
+        self.static_peers
+            .retain(|sp| sp.peer.as_deref() != Some(peer));
+    }
+
     /// The last connection to `peer` closed.
     pub fn disconnected(&mut self, peer: &str) {
         for sp in &mut self.static_peers {

@@ -86,7 +86,7 @@ impl NetTask {
 
     fn on_discovered(&mut self, found: Vec<(PeerId, Multiaddr)>) {
         for (peer, addr) in found {
-            if peer != self.id && !self.swarm.is_connected(&peer) {
+            if peer != self.id && !self.swarm.is_connected(&peer) && !self.is_removed(&peer) {
                 self.peers.learn_addr(peer, addr.clone());
                 // Keep redialing until connected (a lost first packet must not strand it).
                 self.peers.lost_unless_already(peer, Instant::now());

@@ -12,7 +12,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::TABLE_PROPAGATION;
 use crate::ClusterError;
-use crate::facts::{DownloadFacts, InstanceStatus};
+use crate::facts::{DownloadFacts, InstanceStatus, RemovedNode};
+use crate::invite::{EnrollReply, EnrollRequest, InviteBook};
 use crate::proto::{InstanceRecord, PlaceRequest};
 use crate::state::{ClusterState, ClusterView};
 
@@ -66,6 +67,13 @@ pub(super) enum Command {
     SetDownloads(Vec<DownloadFacts>),
     SetModels(Vec<ModelCard>),
     Probe,
+    RemoveNode(String, Reply<RemovedNode>),
+}
+
+/// What invites need: where the invite book is and the key it hands out.
+pub(super) struct Secrets {
+    pub(super) state_dir: std::path::PathBuf,
+    pub(super) cluster_key: String,
 }
 
 /// Data-plane byte counters per peer (written by the data plane, read by the network task).
@@ -97,6 +105,7 @@ pub struct ClusterHandle {
     pub(super) streams: libp2p_stream::Control,
     pub(super) traffic: Arc<Traffic>,
     pub(super) cluster_hash: [u8; 32],
+    pub(super) secrets: Arc<Secrets>,
 }
 
 impl ClusterHandle {
@@ -194,6 +203,33 @@ impl ClusterHandle {
     /// downloading becomes placeable here and a source for peers.
     pub async fn set_models(&self, models: Vec<ModelCard>) {
         let _ = self.commands.send(Command::SetModels(models)).await;
+    }
+
+    /// Takes a member out of the cluster for good (`shoal remove NODE`): by id, id suffix or name.
+    pub async fn remove_node(&self, node: &str) -> Result<RemovedNode, ClusterError> {
+        let node = node.to_string();
+        self.ask(|tx| Command::RemoveNode(node, tx)).await
+    }
+
+    /// Answers a joining node's invite ([`crate::invite`]): checks and counts the invite in this node's
+    /// book, and seals the cluster key for the joiner, with the members' cluster addresses.
+    pub fn enroll(&self, req: &EnrollRequest) -> Result<EnrollReply, ClusterError> {
+        let snap = self.snapshot();
+        if snap.state.me().removed.iter().any(|r| r.id == req.node) {
+            return Err(ClusterError::NodeRefused {
+                message: format!("node {} was removed from this cluster", req.node),
+            });
+        }
+        let secret = InviteBook::new(&self.secrets.state_dir).redeem(req, super::unix_now())?;
+        let mut reply = crate::invite::seal(&secret, &req.node, &self.secrets.cluster_key);
+        reply.addrs = snap
+            .state
+            .member_facts()
+            .iter()
+            .flat_map(|f| f.addrs.iter().cloned())
+            .collect();
+        tracing::info!(node = %req.node, invite = %req.invite, "invite accepted");
+        Ok(reply)
     }
 
     /// Measures the bandwidth to every connected peer again.

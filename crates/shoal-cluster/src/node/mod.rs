@@ -42,12 +42,15 @@ mod gossip;
 mod handle;
 mod peer;
 mod probe;
+mod removal;
 mod swarm;
 
 use dial::Dials;
 pub use handle::{ClusterHandle, Snapshot, StateJson, StaticPeer, Traffic};
 use handle::{Command, Reply};
 use peer::Peers;
+pub use removal::REMOVED_FILE;
+use removal::Removed;
 use swarm::Behaviour;
 
 /// Ping period (libp2p ping). A peer whose last pong is older than [`SILENT_FOR`] is dropped; the check
@@ -126,7 +129,7 @@ fn ip_of(addr: &Multiaddr) -> Option<IpAddr> {
     })
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -150,15 +153,23 @@ pub async fn start(config: ClusterConfig) -> Result<ClusterHandle, ClusterError>
     let listen_addrs = swarm::listen(&mut swarm, &config.listen).await?;
     let mut streams = swarm.behaviour().streams.new_control();
     probe::serve(&mut streams)?;
-    let me = local_facts(id, &config);
-    let task = NetTask::new(
+    let mut me = local_facts(id, &config);
+    let removed = Removed::load(&config.state_dir);
+    me.removed = removed.list().to_vec();
+    let mut task = NetTask::new(
         swarm,
         ClusterState::new(me),
         listen_addrs,
         &config.peers,
         streams,
     );
-    Ok(task.spawn(identity::cluster_hash(&config.cluster_key)))
+    task.removed = removed;
+    task.block_saved();
+    let secrets = handle::Secrets {
+        state_dir: config.state_dir.clone(),
+        cluster_key: config.cluster_key.clone(),
+    };
+    Ok(task.spawn(identity::cluster_hash(&config.cluster_key), secrets))
 }
 
 /// What this node publishes about itself at start (links, addresses and instances come later).
@@ -179,6 +190,7 @@ pub fn local_facts(id: PeerId, config: &ClusterConfig) -> NodeFacts {
         instances: BTreeMap::new(),
         kv_capacity: BTreeMap::new(),
         downloads: Vec::new(),
+        removed: Vec::new(),
         seq: 0,
         started: unix_now(),
     }
@@ -203,6 +215,8 @@ struct NetTask {
     streams: libp2p_stream::Control,
     /// Facts as last published (what peers see; `GET /state` shows this copy too).
     published: Option<NodeFacts>,
+    /// Nodes refused for good (`shoal remove`).
+    removed: Removed,
 }
 
 /// A request to the coordinator waiting for its reply, and the handle waiting for the result.
@@ -234,13 +248,14 @@ impl NetTask {
             probe_rx,
             streams,
             published: None,
+            removed: Removed::default(),
         };
         task.refresh_own_facts();
         task
     }
 
     /// Runs the task on the current tokio runtime; the handle is the only way to reach it.
-    fn spawn(self, cluster_hash: [u8; 32]) -> ClusterHandle {
+    fn spawn(self, cluster_hash: [u8; 32], secrets: handle::Secrets) -> ClusterHandle {
         let (snap_tx, snap_rx) = watch::channel(Arc::new(self.snapshot()));
         let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
         let handle = ClusterHandle {
@@ -250,6 +265,7 @@ impl NetTask {
             streams: self.streams.clone(),
             traffic: self.traffic.clone(),
             cluster_hash,
+            secrets: Arc::new(secrets),
         };
         tokio::spawn(self.run(cmd_rx, snap_tx));
         handle

@@ -77,6 +77,11 @@ impl Peers {
         }
     }
 
+    /// Everything about `peer` goes, its addresses too: it is never redialed (a removed node).
+    pub fn forget(&mut self, peer: &PeerId) {
+        self.map.remove(peer);
+    }
+
     /// Redial `peer` from now on (until it connects or [`Peers::redial_addrs`] gives up).
     pub fn lost(&mut self, peer: PeerId, now: Instant) {
         self.entry(peer).lost_since = Some(now);

@@ -10,7 +10,9 @@ use libp2p::pnet::{PnetConfig, PreSharedKey};
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{Multiaddr, StreamProtocol, Swarm, Transport, mdns, noise, ping, tcp, yamux};
+use libp2p::{
+    Multiaddr, StreamProtocol, Swarm, Transport, allow_block_list, mdns, noise, ping, tcp, yamux,
+};
 
 use super::{PING_INTERVAL, PING_TIMEOUT};
 use crate::ClusterError;
@@ -31,6 +33,8 @@ pub(super) struct Behaviour {
     pub(super) mdns: Toggle<mdns::tokio::Behaviour>,
     pub(super) control: request_response::json::Behaviour<ControlMsg, ControlReply>,
     pub(super) streams: libp2p_stream::Behaviour,
+    /// Nodes removed from the cluster: their connections are refused.
+    pub(super) blocked: allow_block_list::Behaviour<allow_block_list::BlockedPeers>,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -86,6 +90,7 @@ fn behaviour(key: &Keypair, mdns_on: bool) -> Result<Behaviour, BoxError> {
             request_response::Config::default().with_request_timeout(CONTROL_TIMEOUT),
         ),
         streams: libp2p_stream::Behaviour::new(),
+        blocked: allow_block_list::Behaviour::default(),
     })
 }
 

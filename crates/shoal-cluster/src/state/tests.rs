@@ -38,6 +38,7 @@ fn facts(id: &str, seq: u64) -> NodeFacts {
         instances: BTreeMap::new(),
         kv_capacity: BTreeMap::new(),
         downloads: Vec::new(),
+        removed: Vec::new(),
         seq,
         started: 1,
     }
