@@ -25,6 +25,7 @@
 //! `POST /instance`, `DELETE /instance/{id}`, `POST /links/probe`, `POST /cluster/enroll`, `POST /cluster/remove`, `GET`/`POST /downloads`,
 //! `DELETE /downloads/{model}`.
 
+pub mod anthropic;
 pub mod auth;
 pub mod cancel;
 pub mod cluster;
@@ -101,6 +102,7 @@ pub fn router(state: ApiState) -> Router {
     let generation = Router::new()
         .route("/v1/chat/completions", post(openai::chat::chat_completions))
         .route("/v1/completions", post(openai::completions::completions))
+        .merge(anthropic::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             cluster::forward_to_driver,

@@ -1,14 +1,18 @@
 //! Server-sent events: turns a request's engine events into an SSE body.
 //!
-//! [`event_stream`] owns the request's [`LiveRequest`] (and through it the `RequestStream`): when the client goes away, axum drops the response body,
-//! which drops this stream and with it the `RequestStream`, and the engine cancels the sequence at its
-//! next step. Nothing here spawns a task, so nothing keeps a request alive behind the client's back.
+//! [`stream_response`] drives one request's [`LiveRequest`] (and through it the `RequestStream`) and
+//! asks a [`StreamFormat`] what to send for each engine event: the opening, each token, the end, a
+//! failure midway, a cancellation by id. Each answer is a list of [`Frame`]s, `data:` payloads with an
+//! optional `event:` name. When the client goes away, axum drops the response body, which drops this
+//! stream and with it the `RequestStream`, and the engine cancels the sequence at its next step.
+//! Nothing here spawns a task, so nothing keeps a request alive behind the client's back.
 //!
-//! The wire format is OpenAI's: one `data: {json}` event per chunk, a final `data: [DONE]`, and on an
-//! engine error midway (a `timeout` running out included) a `data: {"error": {...}}` event after which the
-//! stream simply ends. A request cancelled through `POST /v1/cancel/{id}` ends with an error event of type
-//! `cancelled` followed by `data: [DONE]` (OpenAI has no `cancelled` finish reason, so clients would not
-//! understand one).
+//! OpenAI's wire format is [`ChunkFormat`] behind [`sse_response`]: one `data: {json}` event per chunk, a
+//! final `data: [DONE]`, and on an engine error midway (a `timeout` running out included) a
+//! `data: {"error": {...}}` event after which the stream simply ends. A request cancelled through
+//! `POST /v1/cancel/{id}` ends with an error event of type `cancelled` followed by `data: [DONE]`
+//! (OpenAI has no `cancelled` finish reason, so clients would not understand one). Anthropic's named
+//! events are [`crate::anthropic`]'s own [`StreamFormat`].
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -22,8 +26,53 @@ use shoal_engine::{Event, FinishReason, Usage};
 use crate::cancel::LiveRequest;
 use crate::error::ApiError;
 
-/// How one API shapes its stream chunks. Each method returns a serialized chunk, or `None` to send
-/// nothing for this event.
+/// One server-sent event: its `data:` payload and, for APIs that name their events, its `event:` name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub name: Option<&'static str>,
+    pub data: String,
+}
+
+impl Frame {
+    /// An unnamed event (`data: ...`).
+    pub fn data(data: String) -> Self {
+        Frame { name: None, data }
+    }
+
+    /// A named event (`event: NAME` then `data: ...`).
+    pub fn named(name: &'static str, data: String) -> Self {
+        Frame {
+            name: Some(name),
+            data,
+        }
+    }
+}
+
+/// How a generation ended, as a stream format sees it (never `Cancelled`: see [`StreamFormat::cancelled`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    pub reason: FinishReason,
+    pub usage: Usage,
+    /// The stop sequence that ended generation, when one did.
+    pub stop_sequence: Option<String>,
+}
+
+/// How one API writes a request's stream. Each method returns the events to send, possibly none.
+pub trait StreamFormat: Send + 'static {
+    /// Sent before the first token.
+    fn opening(&mut self) -> Vec<Frame>;
+    /// One sampled token; `text` may be empty while a character or a possible stop sequence is incomplete.
+    fn token(&mut self, text: &str, logprob: f32) -> Vec<Frame>;
+    /// Generation ended; the stream ends after these events.
+    fn finish(&mut self, finish: Finish) -> Vec<Frame>;
+    /// The request failed midway; the stream ends after these events.
+    fn error(&mut self, err: &ApiError) -> Vec<Frame>;
+    /// The request was cancelled through `POST /v1/cancel/{id}`; the stream ends after these events.
+    fn cancelled(&mut self) -> Vec<Frame>;
+}
+
+/// How OpenAI's routes shape their stream chunks. Each method returns a serialized chunk, or `None` to
+/// send nothing for this event.
 pub trait ChunkFormat: Send + 'static {
     /// Sent before the first token (chat: the `role` delta).
     fn opening(&mut self) -> Option<String>;
@@ -50,53 +99,101 @@ fn error_json(err: &ApiError) -> String {
     })
 }
 
-/// The SSE response for a running request.
+/// The OpenAI SSE response for a running request.
 pub fn sse_response<F: ChunkFormat>(
     stream: LiveRequest,
     format: F,
     include_usage: bool,
 ) -> Response {
-    Sse::new(event_stream(stream, format, include_usage))
+    stream_response(
+        stream,
+        OpenAiStream {
+            format,
+            include_usage,
+        },
+    )
+}
+
+/// The SSE response for a running request, written by `format`.
+pub fn stream_response<F: StreamFormat>(stream: LiveRequest, format: F) -> Response {
+    Sse::new(event_stream(stream, format))
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// OpenAI's stream: a [`ChunkFormat`]'s chunks as unnamed events, `[DONE]` at the end.
+struct OpenAiStream<F> {
+    format: F,
+    include_usage: bool,
+}
+
+fn done() -> Frame {
+    Frame::data("[DONE]".to_string())
+}
+
+impl<F: ChunkFormat> StreamFormat for OpenAiStream<F> {
+    fn opening(&mut self) -> Vec<Frame> {
+        self.format.opening().map(Frame::data).into_iter().collect()
+    }
+
+    fn token(&mut self, text: &str, logprob: f32) -> Vec<Frame> {
+        self.format
+            .token(text, logprob)
+            .map(Frame::data)
+            .into_iter()
+            .collect()
+    }
+
+    fn finish(&mut self, finish: Finish) -> Vec<Frame> {
+        let mut frames = vec![Frame::data(self.format.finish(finish.reason))];
+        if self.include_usage {
+            frames.push(Frame::data(self.format.usage(finish.usage)));
+        }
+        frames.push(done());
+        frames
+    }
+
+    fn error(&mut self, err: &ApiError) -> Vec<Frame> {
+        vec![Frame::data(error_json(err))]
+    }
+
+    fn cancelled(&mut self) -> Vec<Frame> {
+        vec![Frame::data(error_json(&ApiError::Cancelled)), done()]
+    }
 }
 
 struct State<F> {
     stream: LiveRequest,
     format: F,
-    include_usage: bool,
     opened: bool,
     finished: bool,
-    queue: VecDeque<SseEvent>,
+    queue: VecDeque<Frame>,
 }
 
-/// The SSE events of one request, ending with `[DONE]` (or an error event).
-pub fn event_stream<F: ChunkFormat>(
+/// The SSE events of one request, as `format` writes them.
+pub fn event_stream<F: StreamFormat>(
     stream: LiveRequest,
     format: F,
-    include_usage: bool,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static {
     let state = State {
         stream,
         format,
-        include_usage,
         opened: false,
         finished: false,
         queue: VecDeque::new(),
     };
     futures::stream::unfold(state, |mut st| async move {
         loop {
-            if let Some(event) = st.queue.pop_front() {
-                return Some((Ok(event), st));
+            if let Some(frame) = st.queue.pop_front() {
+                return Some((Ok(sse_event(frame)), st));
             }
             if st.finished {
                 return None;
             }
             if !st.opened {
                 st.opened = true;
-                if let Some(chunk) = st.format.opening() {
-                    st.queue.push_back(data(chunk));
-                }
+                let frames = st.format.opening();
+                st.queue.extend(frames);
                 continue;
             }
             st.step().await;
@@ -104,39 +201,34 @@ pub fn event_stream<F: ChunkFormat>(
     })
 }
 
-impl<F: ChunkFormat> State<F> {
+impl<F: StreamFormat> State<F> {
     /// Waits for the next engine event and queues what it turns into.
     async fn step(&mut self) {
-        match self.stream.stream().next().await {
-            Some(Event::Token { text, logprob, .. }) => {
-                if let Some(chunk) = self.format.token(&text, logprob) {
-                    self.queue.push_back(data(chunk));
-                }
-            }
+        let frames = match self.stream.stream().next().await {
+            Some(Event::Token { text, logprob, .. }) => self.format.token(&text, logprob),
             Some(Event::Done {
                 finish_reason: FinishReason::Cancelled,
                 ..
             }) => {
                 // We still hold the stream, so the request was cancelled by id.
-                self.cancelled();
+                self.cancelled()
             }
             Some(Event::Done {
                 finish_reason,
                 usage,
-                ..
+                stop_sequence,
             }) => {
-                self.queue
-                    .push_back(data(self.format.finish(finish_reason)));
-                if self.include_usage {
-                    self.queue.push_back(data(self.format.usage(usage)));
-                }
-                self.queue.push_back(data("[DONE]".to_string()));
                 self.finished = true;
+                self.format.finish(Finish {
+                    reason: finish_reason,
+                    usage,
+                    stop_sequence,
+                })
             }
             Some(Event::Error(err)) => {
                 tracing::warn!(request = self.stream.id(), error = %err, "generation failed midway");
-                self.queue.push_back(data(error_json(&ApiError::from(err))));
                 self.finished = true;
+                self.format.error(&ApiError::from(err))
             }
             // A request cancelled while still queued is dropped from the queue without a final event.
             None if self.stream.cancelled_by_id() => self.cancelled(),
@@ -145,23 +237,25 @@ impl<F: ChunkFormat> State<F> {
                     "the engine closed the request's stream without finishing".into(),
                 );
                 tracing::error!(request = self.stream.id(), "{err}");
-                self.queue.push_back(data(error_json(&err)));
                 self.finished = true;
+                self.format.error(&err)
             }
-        }
+        };
+        self.queue.extend(frames);
     }
-}
 
-impl<F> State<F> {
-    /// The end of a stream cancelled by id: an error event saying so, then `[DONE]`.
-    fn cancelled(&mut self) {
+    /// The end of a stream cancelled by id.
+    fn cancelled(&mut self) -> Vec<Frame> {
         tracing::debug!(request = self.stream.id(), "stream cancelled by id");
-        self.queue.push_back(data(error_json(&ApiError::Cancelled)));
-        self.queue.push_back(data("[DONE]".to_string()));
         self.finished = true;
+        self.format.cancelled()
     }
 }
 
-fn data(payload: String) -> SseEvent {
-    SseEvent::default().data(payload)
+fn sse_event(frame: Frame) -> SseEvent {
+    let event = SseEvent::default().data(frame.data);
+    match frame.name {
+        Some(name) => event.event(name),
+        None => event,
+    }
 }

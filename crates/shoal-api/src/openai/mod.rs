@@ -39,6 +39,8 @@ pub struct Generated {
     pub tokens: Vec<(String, f32)>,
     pub finish_reason: FinishReason,
     pub usage: Usage,
+    /// The stop sequence that ended generation, when one did.
+    pub stop_sequence: Option<String>,
 }
 
 /// Reads a request's events to the end. A request cancelled by id (`POST /v1/cancel/{id}`) answers
@@ -66,13 +68,14 @@ pub async fn collect(request: &mut LiveRequest, keep_tokens: bool) -> Result<Gen
             Event::Done {
                 finish_reason,
                 usage,
-                ..
+                stop_sequence,
             } => {
                 return Ok(Generated {
                     text,
                     tokens,
                     finish_reason,
                     usage,
+                    stop_sequence,
                 });
             }
             Event::Error(err) => return Err(err.into()),

@@ -72,18 +72,10 @@ impl CommonParams {
             (None, None) => None,
         };
         let timeout = self.timeout.map(request_timeout).transpose()?;
-        let stop: Vec<String> = self.stop.map(StopInput::into_vec).unwrap_or_default();
-        if stop.len() > MAX_STOP_SEQUENCES {
-            return Err(ApiError::invalid(
-                "stop",
-                format!(
-                    "at most {MAX_STOP_SEQUENCES} stop sequences are supported, got {}",
-                    stop.len()
-                ),
-            ));
-        }
-        // An empty stop string would end every generation at once; clients mean "no stop" by it.
-        let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
+        let stop = stop_sequences(
+            "stop",
+            self.stop.map(StopInput::into_vec).unwrap_or_default(),
+        )?;
         let defaults = SamplingParams::default();
         let sampling = SamplingParams {
             temperature: self.temperature.unwrap_or(defaults.temperature),
@@ -118,8 +110,24 @@ impl CommonParams {
     }
 }
 
+/// A request's stop sequences (`param` names the field): at most [`MAX_STOP_SEQUENCES`]; empty strings
+/// are dropped.
+pub(crate) fn stop_sequences(param: &str, stop: Vec<String>) -> Result<Vec<String>, ApiError> {
+    if stop.len() > MAX_STOP_SEQUENCES {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "at most {MAX_STOP_SEQUENCES} stop sequences are supported, got {}",
+                stop.len()
+            ),
+        ));
+    }
+    // An empty stop string would end every generation at once; clients mean "no stop" by it.
+    Ok(stop.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
 /// `max_tokens` must be positive; values beyond `u32` mean "as many as fit" anyway.
-fn token_budget(param: &'static str, value: i64) -> Result<NonZeroU32, ApiError> {
+pub(crate) fn token_budget(param: &'static str, value: i64) -> Result<NonZeroU32, ApiError> {
     if value <= 0 {
         return Err(ApiError::invalid(
             param,
@@ -143,7 +151,10 @@ fn request_timeout(secs: f64) -> Result<Duration, ApiError> {
 }
 
 /// The requested model if the engine serves it; without one, the only model served.
-fn resolve_model(engine: &Engines, requested: Option<String>) -> Result<String, ApiError> {
+pub(crate) fn resolve_model(
+    engine: &Engines,
+    requested: Option<String>,
+) -> Result<String, ApiError> {
     let models = engine.models();
     match requested {
         Some(model) if models.iter().any(|m| m.id == model) => Ok(model),

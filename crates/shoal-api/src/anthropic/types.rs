@@ -1,0 +1,147 @@
+//! Serde types of Anthropic's Messages API: requests as clients send them, responses as the SDKs read
+//! them.
+//!
+//! Requests are lenient where Anthropic's are: unknown fields are ignored (clients send extras such as
+//! `cache_control` on blocks), numbers with a range are read wide (`i64`, `f32`) so an out-of-range
+//! value is reported by name, and fields clients send as `null` are `Option`s. Content blocks keep their
+//! `type` as a string ([`Block`]) so a block shoal does not serve (an image, a document) is refused by
+//! name in [`super::convert`] rather than failing as an unreadable body.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `POST /v1/messages` body.
+#[derive(Debug, Deserialize)]
+pub struct MessagesRequest {
+    pub model: String,
+    pub messages: Vec<InputMessage>,
+    pub system: Option<Content>,
+    /// Required by Anthropic; `Option` so its absence is a 400 naming it.
+    pub max_tokens: Option<i64>,
+    pub stop_sequences: Option<Vec<String>>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub stream: Option<bool>,
+    /// Accepted and unused (`user_id` is for Anthropic's abuse detection).
+    pub metadata: Option<Value>,
+    pub thinking: Option<Thinking>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    /// Anthropic-hosted MCP servers: not something a local server can offer.
+    pub mcp_servers: Option<Vec<Value>>,
+    /// Anthropic's code-execution container: not offered.
+    pub container: Option<Value>,
+}
+
+/// `POST /v1/messages/count_tokens` body: a messages request without the generation knobs.
+#[derive(Debug, Deserialize)]
+pub struct CountTokensRequest {
+    pub model: String,
+    pub messages: Vec<InputMessage>,
+    pub system: Option<Content>,
+    pub thinking: Option<Thinking>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    User,
+    Assistant,
+}
+
+impl Role {
+    /// The role name chat templates know.
+    pub fn template_name(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InputMessage {
+    pub role: Role,
+    pub content: Content,
+}
+
+/// Message or system content: a string or a list of content blocks.
+#[derive(Debug, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "expected a string or an array of content blocks"
+)]
+pub enum Content {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+/// One content block as sent; its fields beyond `type` and `text` are read per type.
+#[derive(Debug, Deserialize)]
+pub struct Block {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+/// `thinking`: extended thinking, `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`.
+#[derive(Debug, Deserialize)]
+pub struct Thinking {
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Responses
+
+/// `message`: the whole answer, also the (empty-content) payload of `message_start`.
+#[derive(Debug, Serialize)]
+pub struct MessageOut {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub role: &'static str,
+    pub model: String,
+    pub content: Vec<ContentOut>,
+    pub stop_reason: Option<&'static str>,
+    pub stop_sequence: Option<String>,
+    pub usage: UsageOut,
+}
+
+/// A content block of the answer.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentOut {
+    Text { text: String },
+}
+
+/// Token counts. Anthropic's `input_tokens` are the prompt tokens computed for this request; those whose
+/// KV came from shoal's prefix cache are `cache_read_input_tokens` (the prompt is their sum). Nothing is
+/// ever written to a cache on request, so `cache_creation_input_tokens` is 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct UsageOut {
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+    pub cache_creation_input_tokens: u32,
+    pub cache_read_input_tokens: u32,
+}
+
+impl From<shoal_engine::Usage> for UsageOut {
+    fn from(u: shoal_engine::Usage) -> Self {
+        UsageOut {
+            input_tokens: u.prompt_tokens.saturating_sub(u.cached_tokens),
+            output_tokens: u.completion_tokens,
+            cache_creation_input_tokens: 0,
+            cache_read_input_tokens: u.cached_tokens,
+        }
+    }
+}
+
+/// `POST /v1/messages/count_tokens` answer.
+#[derive(Debug, Serialize)]
+pub struct TokenCount {
+    pub input_tokens: usize,
+}
