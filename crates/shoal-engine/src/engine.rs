@@ -122,11 +122,6 @@ pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, E
         created,
         owned_by: "shoal".into(),
     };
-    // A last stage that computes concurrently with this process is on another node, and samples there.
-    let samples_remotely = model
-        .stages
-        .last()
-        .is_some_and(|s| s.info().concurrent_stages > 0);
     let handle = EngineHandle::new(
         info,
         model.tokenizer.clone(),
@@ -134,7 +129,6 @@ pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, E
         model.config.vocab_size,
         queue,
         counters.clone(),
-        samples_remotely,
     );
     let mut worker = Worker::new(
         model.stages,

@@ -50,9 +50,6 @@ struct Instance {
     vocab_size: usize,
     queue: SyncSender<Admission>,
     counters: Arc<Counters>,
-    /// Whether the pipeline's last stage samples on another node, where a request's logits processor
-    /// (code in this process) cannot run.
-    samples_remotely: bool,
     /// Cancel flags of live requests by id (for `POST /v1/cancel/{id}`); weak, so a finished request's
     /// entry dies with it and is pruned.
     cancels: Mutex<HashMap<u64, Weak<AtomicBool>>>,
@@ -73,7 +70,6 @@ impl EngineHandle {
         vocab_size: usize,
         queue: SyncSender<Admission>,
         counters: Arc<Counters>,
-        samples_remotely: bool,
     ) -> Self {
         Self {
             inner: Arc::new(Instance {
@@ -83,7 +79,6 @@ impl EngineHandle {
                 vocab_size,
                 queue,
                 counters,
-                samples_remotely,
                 cancels: Mutex::new(HashMap::new()),
             }),
         }
@@ -135,15 +130,6 @@ impl EngineHandle {
 
     /// [`EngineHandle::submit`] for a request already routed to this engine by its model id.
     pub(crate) fn enqueue(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
-        if request.logits_processor.is_some() && self.inner.samples_remotely {
-            // The processor is code in this process; the last stage samples on another node. Refused, not
-            // ignored (see `crate::logits`).
-            return Err(EngineError::InvalidParam {
-                param: "logits_processor",
-                message: "constrained decoding needs the pipeline's last stage on the node that drives it"
-                    .into(),
-            });
-        }
         let tokens = self.prompt_tokens(&request)?;
         // Unique across every engine of the process, so a request id names one request on this node.
         let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);

@@ -36,7 +36,9 @@ mod worker;
 
 pub use error::EngineError;
 pub use handle::{ChatMessage, EngineHandle, ModelInfo, RequestStream};
-pub use logits::LogitsProcessor;
+pub use logits::{ConstraintError, LogitsProcessor, TokenMask};
 pub use registry::Engines;
-pub use request::{Event, FinishReason, GenerateRequest, Prompt, SamplingParams, Usage};
+pub use request::{
+    Event, FinishReason, GenerateRequest, Prompt, SamplingParams, TopLogprob, Usage,
+};
 pub use stats::EngineStats;

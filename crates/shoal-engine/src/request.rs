@@ -48,7 +48,8 @@ pub struct GenerateRequest {
     /// Give up (with [`EngineError::Timeout`]) when the request has not finished this long after it was
     /// submitted, queueing included.
     pub timeout: Option<std::time::Duration>,
-    /// Code that masks or adjusts each row of logits before it is sampled (constrained decoding).
+    /// Code that says which tokens may come next (constrained decoding); works wherever the pipeline
+    /// samples (the mask travels with the step).
     pub logits_processor: Option<Box<dyn crate::logits::LogitsProcessor>>,
 }
 
@@ -91,6 +92,15 @@ pub struct Usage {
     pub cached_tokens: u32,
 }
 
+/// One of the most likely tokens at a position ([`Event::Token::top_logprobs`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// The token's own bytes (a piece of UTF-8 text, possibly part of a character).
+    pub bytes: Vec<u8>,
+}
+
 /// What a request's stream yields, in order: any number of `Token`, then exactly one `Done` or `Error`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -99,7 +109,12 @@ pub enum Event {
     Token {
         id: u32,
         text: String,
+        /// Log-probability of the token under the model's raw logits (before a constraint's mask,
+        /// penalties and temperature).
         logprob: f32,
+        /// The [`SamplingParams::top_logprobs`] most likely tokens at this position, best first
+        /// (empty when none were asked).
+        top_logprobs: Vec<TopLogprob>,
     },
     Done {
         finish_reason: FinishReason,

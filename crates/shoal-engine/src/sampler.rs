@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use shoal_kernels::rng::SplitMix64 as Rng;
 use shoal_wire::SampleJob;
 
+use crate::logits::TokenMask;
 use crate::request::SamplingParams;
 
 /// Tokens of history the repetition penalty looks at (llama.cpp's `penalty_last_n` default).
@@ -23,6 +24,15 @@ pub struct Sampler {
 
 /// Log-probability of `id` under the softmax of `logits`.
 pub fn logprob(logits: &[f32], id: u32) -> f32 {
+    let l = logits
+        .get(id as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY);
+    l - log_normalizer(logits)
+}
+
+/// `ln Σ exp(logits)`: a logit minus this is its log-probability.
+pub fn log_normalizer(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     // Vectorized f32 exponentials (every token pays this over the whole vocabulary), summed in f64.
     let mut buf = [0f32; 256];
@@ -35,11 +45,29 @@ pub fn logprob(logits: &[f32], id: u32) -> f32 {
         shoal_kernels::math::exp_in_place(b);
         sum += b.iter().map(|&v| f64::from(v)).sum::<f64>();
     }
-    let l = logits
-        .get(id as usize)
-        .copied()
-        .unwrap_or(f32::NEG_INFINITY);
-    ((l - max) as f64 - sum.ln()) as f32
+    (max as f64 + sum.ln()) as f32
+}
+
+/// The `k` most likely tokens of `logits` with their log-probabilities (`normalizer` is
+/// [`log_normalizer`] of the row), best first, the lower id first on ties.
+pub fn top_logprobs(logits: &[f32], k: usize, normalizer: f32) -> Vec<(u32, f32)> {
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k == 0 {
+        return top;
+    }
+    for (i, &l) in logits.iter().enumerate() {
+        if top.len() == k && top.last().is_some_and(|&(_, worst)| l <= worst) {
+            continue;
+        }
+        // Insert after every value at least as large: ties keep the lower id first.
+        let at = top.partition_point(|&(_, v)| v >= l);
+        top.insert(at, (i as u32, l));
+        top.truncate(k);
+    }
+    for t in &mut top {
+        t.1 -= normalizer;
+    }
+    top
 }
 
 /// Index of the largest value (first one on ties).
@@ -68,7 +96,7 @@ impl Sampler {
     /// the parameters, the random generator's state, the penalties' context (the last
     /// [`REPETITION_WINDOW`] tokens of `history` when the repetition penalty is on, the generated-token
     /// counts when the frequency or presence penalty is).
-    pub fn job(&self, seq_id: u64, history: &[u32]) -> SampleJob {
+    pub fn job(&self, seq_id: u64, history: &[u32], mask: Option<&TokenMask>) -> SampleJob {
         let history = if self.params.repetition_penalty != 1.0 {
             history[history.len().saturating_sub(REPETITION_WINDOW)..].to_vec()
         } else {
@@ -80,7 +108,7 @@ impl Sampler {
             rng_state: self.rng_state(),
             history,
             counts: self.counts(),
-            mask: Vec::new(),
+            mask: mask.map_or_else(Vec::new, |m| m.words().to_vec()),
         }
     }
 
@@ -91,6 +119,18 @@ impl Sampler {
             rng: Rng::new(job.rng_state),
             counts: job.counts.iter().copied().collect(),
         }
+    }
+
+    /// Alternatives to report with each token (see [`SamplingParams::top_logprobs`]).
+    pub fn top_logprobs(&self) -> usize {
+        self.params.top_logprobs as usize
+    }
+
+    /// Whether sampling changes the logits of tokens seen before (repetition, frequency or presence
+    /// penalty).
+    pub fn has_penalties(&self) -> bool {
+        let p = &self.params;
+        p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
     }
 
     /// The random generator's state.
@@ -367,10 +407,11 @@ mod tests {
         );
         s.accept(2);
         let history: Vec<u32> = (0..100).collect();
-        let job = s.job(4, &history);
+        let job = s.job(4, &history, Some(&TokenMask::banning(100, [7])));
         assert_eq!(job.seq_id, 4);
         assert_eq!(job.history, history[100 - REPETITION_WINDOW..]);
         assert_eq!(job.counts, [(2, 1)]);
+        assert_eq!(job.mask, TokenMask::banning(100, [7]).into_words());
         let logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.3).collect();
         let mut remote = Sampler::from_job(&job);
         for _ in 0..20 {
@@ -381,8 +422,8 @@ mod tests {
             remote.accept(b);
         }
         // Without the penalties, no context travels.
-        let plain = Sampler::new(params(), 0).job(1, &history);
-        assert!(plain.history.is_empty() && plain.counts.is_empty());
+        let plain = Sampler::new(params(), 0).job(1, &history, None);
+        assert!(plain.history.is_empty() && plain.counts.is_empty() && plain.mask.is_empty());
     }
 
     #[test]
@@ -405,5 +446,27 @@ mod tests {
             f32::NEG_INFINITY,
             "unknown ids are impossible"
         );
+    }
+
+    #[test]
+    fn top_logprobs_are_the_best_tokens_in_order_with_their_logprobs() {
+        let l: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 1000) as f32 * 0.037 - 20.0)
+            .collect();
+        let norm = log_normalizer(&l);
+        let top = top_logprobs(&l, 5, norm);
+        let mut order: Vec<u32> = (0..1000).collect();
+        order.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]).then(a.cmp(&b)));
+        assert_eq!(
+            top.iter().map(|t| t.0).collect::<Vec<_>>(),
+            order[..5].to_vec()
+        );
+        for (id, lp) in &top {
+            assert!((lp - logprob(&l, *id)).abs() < 1e-5);
+        }
+        // Ties keep the lower id first; asking for more than the row gives the whole row.
+        let tied = top_logprobs(&[1.0, 3.0, 3.0, 0.0], 10, 0.0);
+        assert_eq!(tied, [(1, 3.0), (2, 3.0), (0, 1.0), (3, 0.0)]);
+        assert!(top_logprobs(&l, 0, norm).is_empty());
     }
 }

@@ -10,8 +10,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::admission::Admission;
 use crate::error::EngineError;
-use crate::logits::LogitsProcessor;
-use crate::request::{Event, FinishReason, Usage};
+use crate::logits::{LogitsProcessor, TokenMask};
+use crate::request::{Event, FinishReason, TopLogprob, Usage};
 use crate::sampler::Sampler;
 use crate::stage::Pick;
 use crate::stop::StopMatcher;
@@ -33,6 +33,10 @@ pub(crate) struct Sequence {
     /// The stop sequence that ended the sequence, once one did.
     matched_stop: Option<String>,
     processor: Option<Box<dyn LogitsProcessor>>,
+    /// What the processor allows for the next token, once asked ([`Sequence::refresh_mask`]).
+    mask: Option<TokenMask>,
+    /// Whether `mask` answers for the next token (asked since the last token was taken).
+    mask_ready: bool,
     tx: UnboundedSender<Event>,
     cancel: Arc<AtomicBool>,
     ignore_eos: bool,
@@ -62,6 +66,8 @@ impl Sequence {
             stop: StopMatcher::new(request.stop),
             matched_stop: None,
             processor: request.logits_processor,
+            mask: None,
+            mask_ready: false,
             tx: a.tx,
             cancel: a.cancel,
             ignore_eos: request.ignore_eos,
@@ -115,25 +121,55 @@ impl Sequence {
         self.cached = 0;
     }
 
-    /// The request's logits processor, applied to this sequence's rows before each draw.
-    pub(crate) fn processor(&self) -> Option<&dyn LogitsProcessor> {
-        self.processor.as_deref()
+    /// Whether the request constrains its tokens (has a logits processor).
+    pub(crate) fn constrained(&self) -> bool {
+        self.processor.is_some()
+    }
+
+    /// Asks the request's logits processor (if any) which tokens may come next, once per token: the
+    /// answer stays valid until a token is taken. Errs when the constraint fails or allows nothing.
+    pub(crate) fn refresh_mask(&mut self) -> Result<(), EngineError> {
+        let Some(p) = self.processor.as_mut() else {
+            return Ok(());
+        };
+        if self.mask_ready {
+            return Ok(());
+        }
+        let mask = p
+            .allowed(&self.tokens)
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        if mask.as_ref().is_some_and(TokenMask::allows_none) {
+            return Err(EngineError::Internal(
+                "constrained decoding allows no next token".into(),
+            ));
+        }
+        self.mask = mask;
+        self.mask_ready = true;
+        Ok(())
+    }
+
+    /// The tokens allowed next (after [`Sequence::refresh_mask`]); `None`: any.
+    pub(crate) fn mask(&self) -> Option<&TokenMask> {
+        self.mask.as_ref()
     }
 
     /// Appends the token `pick` picked for this sequence and streams its text; returns why the sequence
-    /// ends, if it does.
+    /// ends, if it does (an error when its constraint refuses the token).
     pub(crate) fn push(
         &mut self,
         pick: Pick,
         tokenizer: &Tokenizer,
         context_length: usize,
-    ) -> Option<FinishReason> {
+    ) -> Result<Option<FinishReason>, EngineError> {
         let (id, logprob) = (pick.id, pick.logprob);
+        if let Some(p) = self.processor.as_mut() {
+            p.accept(id)
+                .map_err(|e| EngineError::Internal(e.to_string()))?;
+            self.mask_ready = false;
+            self.mask = None;
+        }
         // Sampling happened on a copy of this state (possibly on another node): catch up.
         self.sampler.replay(id);
-        if let Some(p) = self.processor.as_mut() {
-            p.accept(id);
-        }
         self.tokens.push(id);
         let eog = !self.ignore_eos && tokenizer.is_eog(id);
         // The end-of-generation token's own text is never shown.
@@ -157,13 +193,23 @@ impl Sequence {
             emit.push_str(&self.stop.flush());
             emit.push_str(&self.decoder.finish());
         }
+        let top_logprobs = pick
+            .top
+            .into_iter()
+            .map(|(id, logprob)| TopLogprob {
+                id,
+                logprob,
+                bytes: tokenizer.token_bytes(id).to_vec(),
+            })
+            .collect();
         let _ = self.tx.send(Event::Token {
             id,
             text: emit,
             logprob,
+            top_logprobs,
         });
         self.matched_stop = fed.stop;
-        reason
+        Ok(reason)
     }
 
     /// Sends the final `Done` event (naming the stop sequence that ended it, if one did).

@@ -12,7 +12,7 @@ use shoal_kernels::ThreadPool;
 use shoal_model::{DecoderStage, HostMatrix, KvCache, SeqChunk, StageInput};
 
 use crate::error::EngineError;
-use crate::logits::LogitsProcessor;
+use crate::logits::TokenMask;
 use crate::sampler::{self, Sampler};
 
 /// One sequence's part of a batch.
@@ -25,22 +25,26 @@ pub struct ChunkSpec {
     pub want_logits: bool,
 }
 
-/// How to sample one chunk that wants logits: the owner's sampler state, the sequence so far and its
-/// logits processor (constrained decoding), if any. A stage that samples (a remote last stage) must draw
-/// exactly what `sampler` would; a processor runs only where the engine that owns it runs.
+/// How to sample one chunk that wants logits: the owner's sampler state, the sequence so far and the
+/// tokens its constraint allows (constrained decoding), if any. A stage that samples (a remote last
+/// stage) must draw exactly what `sampler` would.
 #[derive(Clone, Copy)]
 pub struct SampleRef<'a> {
     pub seq_id: u64,
     pub sampler: &'a Sampler,
     pub history: &'a [u32],
-    pub processor: Option<&'a dyn LogitsProcessor>,
+    pub mask: Option<&'a TokenMask>,
 }
 
-/// A token picked by the last stage.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A token picked by the last stage, with its log-probability and the most likely alternatives when
+/// the request asked for them (both of the model's raw logits: before the mask, penalties and
+/// temperature).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Pick {
     pub id: u32,
     pub logprob: f32,
+    /// `(token, logprob)`, best first; empty unless asked.
+    pub top: Vec<(u32, f32)>,
 }
 
 /// What flows between stages (activations in host memory: a stage on another node sends them as they
@@ -57,15 +61,29 @@ pub enum StageData {
 }
 
 /// Samples one row of logits as `job` says; what a last stage that samples runs for each chunk.
+///
+/// Log-probabilities are those of the model's raw logits — before the mask, the penalties and the
+/// temperature — as llama-server (without `post_sampling_probs`) and vLLM report them.
 pub fn sample_row(job: &SampleRef<'_>, row: &mut [f32]) -> Pick {
-    if let Some(p) = job.processor {
-        p.process(job.history, row);
+    let normalizer = sampler::log_normalizer(row);
+    let top = sampler::top_logprobs(row, job.sampler.top_logprobs(), normalizer);
+    // The penalties change the row in place (the mask never touches the token it lets through).
+    let raw = job.sampler.has_penalties().then(|| row.to_vec());
+    if let Some(mask) = job.mask {
+        mask.apply(row);
     }
     let mut s = job.sampler.clone();
     let id = s.sample(row, job.history);
+    let logit = raw
+        .as_deref()
+        .unwrap_or(row)
+        .get(id as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY);
     Pick {
         id,
-        logprob: sampler::logprob(row, id),
+        logprob: logit - normalizer,
+        top,
     }
 }
 

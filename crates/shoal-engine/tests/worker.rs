@@ -18,7 +18,8 @@ use shoal_engine::stage::{
     ChunkSpec, KvOp, Launched, Pick, SampleRef, Stage, StageData, StageInfo, sample_row,
 };
 use shoal_engine::{
-    EngineError, EngineHandle, Event, FinishReason, GenerateRequest, Prompt, RequestStream,
+    ConstraintError, EngineError, EngineHandle, Event, FinishReason, GenerateRequest, Prompt,
+    RequestStream, TokenMask,
 };
 use shoal_model::ModelConfig;
 use shoal_model::tokenizer::Tokenizer;
@@ -613,22 +614,24 @@ struct Ban {
 }
 
 impl shoal_engine::LogitsProcessor for Ban {
-    fn process(&self, _history: &[u32], logits: &mut [f32]) {
-        logits[self.token as usize] = f32::NEG_INFINITY;
+    fn allowed(&mut self, _history: &[u32]) -> Result<Option<TokenMask>, ConstraintError> {
+        Ok(Some(TokenMask::banning(VOCAB, [self.token])))
     }
-    fn accept(&mut self, token: u32) {
+    fn accept(&mut self, token: u32) -> Result<(), ConstraintError> {
         lock(&self.accepted).push(token);
+        Ok(())
     }
     fn clone_box(&self) -> Box<dyn shoal_engine::LogitsProcessor> {
         Box::new(self.clone())
     }
 }
 
-#[tokio::test]
-async fn a_logits_processor_shapes_every_pick_and_hears_every_token() {
+/// Runs the Ban scenario on an engine whose stage samples here (`in_flight: false`) or, like a
+/// pipeline whose last stage is on another node, later (`true`): the same tokens either way.
+async fn ban_scenario(in_flight: bool) {
     let script = Script::closed();
     script.allow(None);
-    let engine = engine(&script, false, 64, 64);
+    let engine = engine(&script, in_flight, 64, 64);
     // Unconstrained, the script continues [3] with 4, 5, 6.
     let mut plain = engine.submit(request(&[3], 3)).expect("submit");
     assert_eq!(finish(&mut plain).await.0, expected(&[3], 3));
@@ -648,22 +651,55 @@ async fn a_logits_processor_shapes_every_pick_and_hears_every_token() {
 }
 
 #[tokio::test]
-async fn a_pipeline_that_samples_on_another_node_refuses_a_logits_processor() {
+async fn a_logits_processor_shapes_every_pick_and_hears_every_token() {
+    ban_scenario(false).await;
+}
+
+/// Formerly refused: the mask now travels with the step to a stage that samples elsewhere.
+#[tokio::test]
+async fn a_pipeline_that_samples_on_another_node_applies_the_mask() {
+    ban_scenario(true).await;
+}
+
+/// Allows nothing after the first token it hears.
+#[derive(Debug, Clone, Default)]
+struct DeadEnd {
+    heard: usize,
+}
+
+impl shoal_engine::LogitsProcessor for DeadEnd {
+    fn allowed(&mut self, _history: &[u32]) -> Result<Option<TokenMask>, ConstraintError> {
+        match self.heard {
+            0 => Ok(None),
+            _ => Ok(Some(TokenMask::allowing(VOCAB, []))),
+        }
+    }
+    fn accept(&mut self, _token: u32) -> Result<(), ConstraintError> {
+        self.heard += 1;
+        Ok(())
+    }
+    fn clone_box(&self) -> Box<dyn shoal_engine::LogitsProcessor> {
+        Box::new(self.clone())
+    }
+}
+
+#[tokio::test]
+async fn a_constraint_that_allows_nothing_ends_its_sequence_with_an_error_and_frees_it() {
     let script = Script::closed();
     script.allow(None);
-    let engine = engine(&script, true, 64, 64);
-    let mut constrained = request(&[1], 2);
-    constrained.logits_processor = Some(Box::new(Ban {
-        token: 2,
-        accepted: Arc::default(),
-    }));
-    assert!(matches!(
-        engine.submit(constrained),
-        Err(EngineError::InvalidParam {
-            param: "logits_processor",
-            ..
-        })
-    ));
+    let engine = engine(&script, false, 64, 64);
+    let mut req = request(&[3], 5);
+    req.logits_processor = Some(Box::new(DeadEnd::default()));
+    let mut s = engine.submit(req).expect("submit");
+    let (tokens, last) = finish(&mut s).await;
+    assert_eq!(tokens, vec![4], "one free token, then no token is allowed");
+    assert!(
+        matches!(&last, Event::Error(EngineError::Internal(m)) if m.contains("allows no next token")),
+        "{last:?}"
+    );
+    wait_for(&engine, "the sequence freed", |st| st.active_sequences == 0);
+    assert!(lock(&script.held).is_empty(), "its KV was released");
+    // The engine goes on serving.
     let mut s = engine.submit(request(&[2, 3], 2)).expect("submit");
     assert_eq!(finish(&mut s).await, (expected(&[2, 3], 2), length(2, 2)));
 }

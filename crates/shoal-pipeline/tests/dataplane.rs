@@ -6,11 +6,13 @@ use std::time::Duration;
 
 use futures::{AsyncReadExt, AsyncWriteExt};
 use shoal_cluster::{ClusterConfig, ClusterHandle};
-use shoal_engine::SamplingParams;
 use shoal_engine::engine::load_local_stage;
 use shoal_engine::kvpool::{KvPool, KvShare};
 use shoal_engine::sampler::Sampler;
-use shoal_engine::stage::{ChunkSpec, KvOp, SampleRef, Stage, StageData, forward};
+use shoal_engine::stage::{
+    ChunkSpec, KvOp, LocalStage, Pick, SampleRef, Stage, StageData, forward,
+};
+use shoal_engine::{SamplingParams, TokenMask};
 use shoal_kernels::ThreadPool;
 use shoal_model::LayerRange;
 use shoal_pipeline::dataplane::{
@@ -48,6 +50,20 @@ async fn closed_by_peer(stream: &mut libp2p::Stream) -> bool {
         }
     };
     tokio::time::timeout(TIMEOUT, work).await.unwrap_or(false)
+}
+
+/// What the whole model (one local stage) picks for `job`'s history as its sequence.
+fn sample_whole(whole: &mut LocalStage, job: SampleRef<'_>) -> Pick {
+    let batch = [ChunkSpec {
+        seq_id: job.seq_id,
+        len: job.history.len(),
+        want_logits: true,
+    }];
+    let input = StageData::Tokens(job.history.to_vec());
+    match whole.forward(&batch, input, &[job]).unwrap() {
+        StageData::Sampled(mut picks) if picks.len() == 1 => picks.remove(0),
+        _ => panic!("the whole model samples when given jobs"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,7 +133,8 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
     assert!(closed_by_peer(&mut s).await, "malformed frame not refused");
 
     // 3. The node is still up and serves a real pipeline: tokens 0..15 here, 15..30 on b, sampled there,
-    //    equal to the whole model run here.
+    //    equal to the whole model run here — with a constraint's mask (banning the model's favourite)
+    //    and the top alternatives travelling over the wire.
     let tokens: Vec<u32> = vec![1, 504, 3458, 282, 4193, 30, 2];
     let head = load_local_stage(&path, LayerRange { start: 0, end: 15 }, &pool).unwrap();
     let whole = load_local_stage(&path, LayerRange { start: 0, end: 30 }, &pool).unwrap();
@@ -147,15 +164,26 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
         let sampler = Sampler::new(
             SamplingParams {
                 temperature: 0.0,
+                top_logprobs: 5,
                 ..Default::default()
             },
             1,
         );
+        // The whole model here, unconstrained: its favourite is what the mask bans below.
+        let free = SampleRef {
+            seq_id: 9,
+            sampler: &sampler,
+            history: &tokens,
+            mask: None,
+        };
+        let favourite = sample_whole(&mut whole, free);
+        let vocab = whole.model().config().vocab_size;
+        let ban = TokenMask::banning(vocab, [favourite.id]);
         let job = [SampleRef {
             seq_id: 7,
             sampler: &sampler,
             history: &tokens,
-            processor: None,
+            mask: Some(&ban),
         }];
         let StageData::Hidden(h) = head
             .forward(&first, StageData::Tokens(tokens[..split].to_vec()), &[])
@@ -178,18 +206,12 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
         else {
             panic!("a remote chain returns sampled tokens");
         };
-        let whole_batch = [ChunkSpec {
-            seq_id: 7,
-            len: tokens.len(),
-            want_logits: true,
-        }];
-        let StageData::Sampled(local) = whole
-            .forward(&whole_batch, StageData::Tokens(tokens.clone()), &job)
-            .unwrap()
-        else {
-            panic!("the whole model samples when given jobs");
-        };
-        let local = local[0];
+        let local = sample_whole(&mut whole, job[0]);
+        assert_ne!(local.id, favourite.id, "the mask bans the favourite");
+        // Alternatives are the model's raw ones: the banned favourite still leads them.
+        assert_eq!(local.top.len(), 5);
+        assert_eq!(local.top[0].0, favourite.id);
+        assert_eq!(local.top, favourite.top);
         assert_eq!(chain.cached_len(7), tokens.len());
         chain.kv(KvOp::Release { seq_id: 7 }).unwrap();
         // 4. A batch past the KV b set aside is refused with an error, not allocated.
@@ -203,7 +225,7 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
             seq_id: 8,
             sampler: &sampler,
             history: &long,
-            processor: None,
+            mask: None,
         }];
         let StageData::Hidden(h) = head
             .forward(&batch, StageData::Tokens(long.clone()), &job)
@@ -216,10 +238,15 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
             Ok(_) => panic!("a batch past the stage's KV share was computed"),
         };
         assert!(err.contains("reserved"), "{err}");
-        (remote[0], local)
+        (remote[0].clone(), local)
     })
     .await
     .unwrap();
     assert_eq!(remote_pick.id, local_pick.id);
     assert!((remote_pick.logprob - local_pick.logprob).abs() < 1e-5);
+    let ids = |p: &Pick| p.top.iter().map(|t| t.0).collect::<Vec<_>>();
+    assert_eq!(ids(&remote_pick), ids(&local_pick));
+    for (r, l) in remote_pick.top.iter().zip(&local_pick.top) {
+        assert!((r.1 - l.1).abs() < 1e-5, "{r:?} vs {l:?}");
+    }
 }

@@ -1,4 +1,5 @@
-//! One engine step, in phases: [`Worker::ready_sequences`] → [`Worker::ensure_decode_room`] (make room,
+//! One engine step, in phases: [`Worker::refresh_masks`] (constrained sequences learn which tokens
+//! may come next) → [`Worker::ready_sequences`] → [`Worker::ensure_decode_room`] (make room,
 //! preempt, or end a lone oversize sequence) → the KV grant → [`Worker::plan`] (views, the ITL-slack
 //! prefill chunk, the micro-batch) → [`Worker::build_batch`] → [`Worker::launch`] (timing, counters) →
 //! [`Worker::deliver`] the picks, or keep the batch in flight and land it later
@@ -27,6 +28,7 @@ impl Worker {
     /// every batch completes at once; with stages on other nodes up to [`pipeline_depth`] micro-batches
     /// are in different stages at the same time.
     pub(super) fn step(&mut self) {
+        self.refresh_masks();
         let depth = pipeline_depth(&self.stages);
         let ready = self.ready_sequences();
         if !ready.contains(&true) || self.flights.len() >= depth {
@@ -50,6 +52,23 @@ impl Worker {
             Ok(PipelineLaunch::Done(picks)) => self.deliver(&batch, picks),
             Ok(PipelineLaunch::Pending(ticket)) => self.flights.push_back(Flight { ticket, batch }),
             Err(e) => self.fail_batch(&batch, e),
+        }
+    }
+
+    /// Asks each constrained sequence's processor for its next token's mask (once per token; it travels
+    /// with the step to whichever stage samples); a sequence whose constraint fails or allows nothing
+    /// ends with the error. Unconstrained sequences cost one check.
+    fn refresh_masks(&mut self) {
+        let mut failed = Vec::new();
+        for (i, seq) in self.running.iter_mut().enumerate() {
+            if seq.constrained()
+                && let Err(e) = seq.refresh_mask()
+            {
+                failed.push((i, e));
+            }
+        }
+        for (i, e) in failed.into_iter().rev() {
+            self.fail(i, e);
         }
     }
 
@@ -226,14 +245,18 @@ impl Worker {
                 continue;
             };
             self.counters.generated();
-            let reason = self.running[i].push(pick, &self.tokenizer, self.context_length);
-            if let Some(reason) = reason {
-                done.push((i, reason));
+            match self.running[i].push(pick, &self.tokenizer, self.context_length) {
+                Ok(Some(reason)) => done.push((i, Ok(reason))),
+                Ok(None) => {}
+                Err(e) => done.push((i, Err(e))),
             }
         }
         done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
-        for (i, reason) in done {
-            self.finish(i, reason);
+        for (i, end) in done {
+            match end {
+                Ok(reason) => self.finish(i, reason),
+                Err(e) => self.fail(i, e),
+            }
         }
     }
 }
@@ -251,7 +274,7 @@ fn sample_refs<'a>(
             seq_id: spec.seq_id,
             sampler: &running[i].sampler,
             history: &running[i].tokens,
-            processor: running[i].processor(),
+            mask: running[i].mask(),
         })
         .collect()
 }

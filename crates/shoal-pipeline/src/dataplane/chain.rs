@@ -290,7 +290,7 @@ impl RemoteChain {
         if !sampling.is_empty() {
             let jobs = sampling
                 .iter()
-                .map(|s| s.sampler.job(s.seq_id, s.history))
+                .map(|s| s.sampler.job(s.seq_id, s.history, s.mask))
                 .collect();
             self.send(&Frame::Sample { batch_id, jobs })?;
         }
@@ -321,10 +321,11 @@ impl RemoteChain {
         }
         Ok(StageData::Sampled(
             items
-                .iter()
+                .into_iter()
                 .map(|i| Pick {
                     id: i.token,
                     logprob: i.logprob,
+                    top: i.top,
                 })
                 .collect(),
         ))
@@ -368,12 +369,6 @@ impl Stage for RemoteChain {
         input: StageData,
         sampling: &[SampleRef<'_>],
     ) -> Result<Launched, EngineError> {
-        if sampling.iter().any(|s| s.processor.is_some()) {
-            // The engine refuses such requests at submit; a processor cannot travel to the last stage.
-            return Err(EngineError::Internal(
-                "a logits processor reached a pipeline that samples on another node".into(),
-            ));
-        }
         Ok(self.send_batch(batch, input, sampling)?)
     }
 

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use libp2p::{PeerId, Stream};
+use shoal_engine::TokenMask;
 use shoal_engine::kvpool::KvShare;
 use shoal_engine::sampler::Sampler;
 use shoal_engine::stage::{ChunkSpec, KvOp, LocalStage, SampleRef, Stage, StageData};
@@ -330,21 +331,27 @@ fn forward(
             want_logits: c.want_logits,
         })
         .collect();
-    // The last stage samples (on its threads) as the driver's jobs for this batch say.
-    let batch_jobs = if last {
+    // The last stage samples (on its threads) as the driver's jobs for this batch say, within the
+    // tokens each job's mask allows.
+    let mut batch_jobs = if last {
         jobs.remove(&a.batch_id).unwrap_or_default()
     } else {
         Vec::new()
     };
     let samplers: Vec<_> = batch_jobs.iter().map(Sampler::from_job).collect();
+    let masks: Vec<Option<TokenMask>> = batch_jobs
+        .iter_mut()
+        .map(|j| (!j.mask.is_empty()).then(|| TokenMask::from_words(std::mem::take(&mut j.mask))))
+        .collect();
     let refs: Vec<SampleRef<'_>> = batch_jobs
         .iter()
         .zip(&samplers)
-        .map(|(job, sampler)| SampleRef {
+        .zip(&masks)
+        .map(|((job, sampler), mask)| SampleRef {
             seq_id: job.seq_id,
             sampler,
             history: &job.history,
-            processor: None,
+            mask: mask.as_ref(),
         })
         .collect();
     let wanted = a.chunks.iter().filter(|c| c.want_logits).count();
@@ -411,13 +418,13 @@ fn answer(
         StageData::Sampled(picks) => Frame::Tokens {
             batch_id: a.batch_id,
             items: picks
-                .iter()
+                .into_iter()
                 .zip(batch_jobs)
                 .map(|(pick, job)| TokenItem {
                     seq_id: job.seq_id,
                     token: pick.id,
                     logprob: pick.logprob,
-                    top: Vec::new(),
+                    top: pick.top,
                 })
                 .collect(),
         },
