@@ -89,8 +89,28 @@ impl EngineHandle {
         &self.inner.info
     }
 
+    /// The model's tokenizer (constrained decoding builds its token tables from it).
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.inner.tokenizer
+    }
+
+    /// The model's chat template, if its GGUF has one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.inner.template.as_ref()
+    }
+
     /// Renders chat messages with the model's own chat template, generation prompt appended.
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
+        self.render_chat_tools(messages, &[])
+    }
+
+    /// [`EngineHandle::render_chat`] with `tools` (OpenAI's JSON function definitions) for the
+    /// template to describe ([`ChatTemplate::apply_tools`]); none renders exactly as `render_chat`.
+    pub fn render_chat_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+    ) -> Result<String, EngineError> {
         if messages.is_empty() {
             return Err(EngineError::InvalidParam {
                 param: "messages",
@@ -112,7 +132,7 @@ impl EngineHandle {
             eos: false,
         };
         template
-            .apply(messages, true, added)
+            .apply_tools(messages, tools, true, added)
             .map_err(|e| EngineError::Template(e.to_string()))
     }
 

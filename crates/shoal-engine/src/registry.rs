@@ -90,6 +90,16 @@ impl Engines {
         self.get(model)?.render_chat(messages)
     }
 
+    /// Renders `messages` and `tools` with `model`'s chat template ([`EngineHandle::render_chat_tools`]).
+    pub fn render_chat_tools(
+        &self,
+        model: &str,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+    ) -> Result<String, EngineError> {
+        self.get(model)?.render_chat_tools(messages, tools)
+    }
+
     /// How many tokens `text` is as a prompt of `model` ([`EngineHandle::count_tokens`]).
     pub fn count_tokens(
         &self,

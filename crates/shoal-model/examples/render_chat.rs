@@ -3,7 +3,9 @@
 //! Usage: `render_chat TEMPLATE CASES_JSON [--bos TEXT] [--eos TEXT] [--add-bos] [--add-eos]`
 //!
 //! `TEMPLATE` is a Jinja chat template file; `CASES_JSON` a file holding a JSON array of cases
-//! `{"messages": [{"role": .., "content": ..}, ..], "add_generation_prompt": bool}`. `--bos`/`--eos` are
+//! `{"messages": [{"role": .., "content": ..}, ..], "add_generation_prompt": bool, "tools": [..]}`
+//! (messages as [`ChatMessage`] serializes: `tool_calls` `[{"id", "name", "arguments"}]`, `tool_call_id`,
+//! `name`; `tools` optional, OpenAI function definitions). `--bos`/`--eos` are
 //! the token texts the template sees as `bos_token`/`eos_token`; `--add-bos`/`--add-eos` say that the
 //! tokenizer adds them (so llama.cpp cuts them off the rendered text: [`ChatTemplate::apply`]).
 //! Prints one JSON array to stdout with, per case, `{"prompt": TEXT}` or `{"error": MESSAGE}`.
@@ -18,6 +20,8 @@ struct Case {
     messages: Vec<ChatMessage>,
     #[serde(default = "yes")]
     add_generation_prompt: bool,
+    #[serde(default)]
+    tools: Vec<serde_json::Value>,
 }
 
 fn yes() -> bool {
@@ -70,12 +74,17 @@ fn run() -> Result<String, String> {
     let template = ChatTemplate::new(&source, &args.bos, &args.eos).map_err(|e| e.to_string())?;
     let results: Vec<serde_json::Value> = cases
         .iter()
-        .map(
-            |case| match template.apply(&case.messages, case.add_generation_prompt, args.added) {
+        .map(|case| {
+            match template.apply_tools(
+                &case.messages,
+                &case.tools,
+                case.add_generation_prompt,
+                args.added,
+            ) {
                 Ok(prompt) => serde_json::json!({ "prompt": prompt }),
                 Err(e) => serde_json::json!({ "error": e.to_string() }),
-            },
-        )
+            }
+        })
         .collect();
     serde_json::to_string(&results).map_err(|e| e.to_string())
 }

@@ -15,12 +15,20 @@
 //! a BOS/EOS text that the tokenizer adds by itself ([`AddedSpecials`]), giving llama.cpp's prompt
 //! exactly. Failures are [`ChatTemplateError`]s, never panics.
 //!
+//! Tools: a message can carry `tool_calls` ([`ToolCall`]: an assistant turn calling functions) or
+//! answer one (`tool_call_id`, `name`: role `tool`), and [`ChatTemplate::render_tools_at`] /
+//! [`ChatTemplate::apply_tools`] give the template a `tools` list (OpenAI's JSON function
+//! definitions) as HF and llama.cpp do; without tools, `tools` stays undefined and the output is what
+//! it always was. [`ChatTemplate::tool_caps`] says what the template does with them ([`ToolCaps`],
+//! probed at build time).
+//!
 //! The rendered text contains special tokens such as `<|im_start|>` as plain text: tokenize it with
 //! `parse_special = true`. `render`'s text keeps the template's BOS (add none: SmolLM2 has none and
 //! wants none); `apply`'s is for a tokenizer that adds BOS when the model asks for it.
 
 mod clock;
 mod tojson;
+mod tools;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,20 +37,30 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use candle_core::quantized::gguf_file::{Content, Value as GgufValue};
 use minijinja::syntax::SyntaxConfig;
-use minijinja::value::{Enumerator, Object, ObjectRepr};
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
 use clock::Utc;
+use tools::message_values;
+pub use tools::{ToolCall, ToolCaps};
 
 /// Name under which the template is stored in the environment (no extension: no auto-escaping).
 const TEMPLATE_NAME: &str = "chat";
 
 /// One turn of a conversation.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// Functions an assistant turn calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The function whose result a `tool` message carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -50,6 +68,28 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            ..Self::default()
+        }
+    }
+
+    /// An assistant turn that calls `calls` (with `content` before them, often empty).
+    pub fn assistant_tool_calls(content: impl Into<String>, calls: Vec<ToolCall>) -> Self {
+        Self {
+            tool_calls: calls,
+            ..Self::new("assistant", content)
+        }
+    }
+
+    /// A `tool` message: the result of call `id` to function `name`.
+    pub fn tool_result(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        content: impl Into<String>,
+    ) -> Self {
+        Self {
+            tool_call_id: Some(id.into()),
+            name: Some(name.into()),
+            ..Self::new("tool", content)
         }
     }
 }
@@ -102,6 +142,10 @@ pub struct ChatTemplate {
     enable_thinking: bool,
     /// Role `developer` is read as `system` (everywhere but GPT-OSS's channel templates, as llama.cpp).
     developer_is_system: bool,
+    /// What the template does with tools and tool calls.
+    tool_caps: ToolCaps,
+    /// The Jinja source (tool-call formats are recognised by what it writes).
+    source: String,
 }
 
 impl ChatTemplate {
@@ -128,9 +172,18 @@ impl ChatTemplate {
             supports_system_role: true,
             enable_thinking: false,
             developer_is_system: !source.contains("<|channel|>"),
+            tool_caps: ToolCaps::default(),
+            source: source.to_owned(),
         };
         template.supports_system_role = template.probe_system_role();
         template.enable_thinking = template.probe_thinking();
+        template.tool_caps = ToolCaps::probe(|messages, tools, object_arguments| {
+            let messages = template.prepare(messages);
+            let mut ctx = template.context(&messages, UNIX_EPOCH, object_arguments);
+            ctx.insert("tools", tools::json_list(tools));
+            ctx.insert("add_generation_prompt", Value::from(true));
+            template.execute(ctx)
+        });
         Ok(template)
     }
 
@@ -170,8 +223,23 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         now: SystemTime,
     ) -> Result<String, ChatTemplateError> {
+        self.render_tools_at(messages, &[], add_generation_prompt, now)
+    }
+
+    /// [`ChatTemplate::render_at`] with `tools` (OpenAI's `{"type": "function", "function": {...}}`
+    /// definitions) for the template to describe; none leaves `tools` undefined.
+    pub fn render_tools_at(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        now: SystemTime,
+    ) -> Result<String, ChatTemplateError> {
         let messages = self.prepare(messages);
-        let mut ctx = self.context(&messages, now);
+        let mut ctx = self.context(&messages, now, self.tool_caps.object_arguments);
+        if !tools.is_empty() {
+            ctx.insert("tools", tools::json_list(tools));
+        }
         // llama.cpp leaves it undefined rather than false.
         if add_generation_prompt {
             ctx.insert("add_generation_prompt", Value::from(true));
@@ -198,7 +266,37 @@ impl ChatTemplate {
         added: AddedSpecials,
         now: SystemTime,
     ) -> Result<String, ChatTemplateError> {
-        let mut text = self.render_at(messages, add_generation_prompt, now)?;
+        self.apply_tools_at(messages, &[], add_generation_prompt, added, now)
+    }
+
+    /// [`ChatTemplate::apply`] with `tools` for the template to describe
+    /// ([`ChatTemplate::render_tools_at`]).
+    pub fn apply_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        added: AddedSpecials,
+    ) -> Result<String, ChatTemplateError> {
+        self.apply_tools_at(
+            messages,
+            tools,
+            add_generation_prompt,
+            added,
+            SystemTime::now(),
+        )
+    }
+
+    /// [`ChatTemplate::apply_tools`] with the clock at `now`.
+    pub fn apply_tools_at(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        added: AddedSpecials,
+        now: SystemTime,
+    ) -> Result<String, ChatTemplateError> {
+        let mut text = self.render_tools_at(messages, tools, add_generation_prompt, now)?;
         if added.bos && text.starts_with(&self.bos_token) {
             text.drain(..self.bos_token.len());
         }
@@ -226,6 +324,16 @@ impl ChatTemplate {
         self.enable_thinking
     }
 
+    /// What the template does with tools and tool calls.
+    pub fn tool_caps(&self) -> ToolCaps {
+        self.tool_caps
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// llama.cpp's changes to the messages before rendering: role `developer` becomes `system`, and a
     /// leading system message the template ignores is put in front of the next message's content
     /// (dropped when it is the only one).
@@ -248,7 +356,12 @@ impl ChatTemplate {
     }
 
     /// The variables llama.cpp gives every render (`add_generation_prompt` aside).
-    fn context(&self, messages: &[ChatMessage], now: SystemTime) -> BTreeMap<&'static str, Value> {
+    fn context(
+        &self,
+        messages: &[ChatMessage],
+        now: SystemTime,
+        object_arguments: bool,
+    ) -> BTreeMap<&'static str, Value> {
         let unix = match now.duration_since(UNIX_EPOCH) {
             Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
             Err(e) => i64::try_from(e.duration().as_secs()).map_or(i64::MIN, |s| -s),
@@ -266,7 +379,7 @@ impl ChatTemplate {
             Ok(text)
         };
         BTreeMap::from([
-            ("messages", message_values(messages, None)),
+            ("messages", message_values(messages, None, object_arguments)),
             ("bos_token", Value::from(self.bos_token.as_str())),
             ("eos_token", Value::from(self.eos_token.as_str())),
             ("enable_thinking", Value::from(self.enable_thinking)),
@@ -289,7 +402,7 @@ impl ChatTemplate {
             ChatMessage::new("user", "User message"),
         ];
         let ctx = BTreeMap::from([
-            ("messages", message_values(&messages, Some(&read))),
+            ("messages", message_values(&messages, Some(&read), false)),
             ("tools", Value::from(Vec::<Value>::new())),
             ("bos_token", Value::from("")),
             ("eos_token", Value::from("")),
@@ -304,61 +417,13 @@ impl ChatTemplate {
     fn probe_thinking(&self) -> bool {
         let messages = [ChatMessage::new("user", "test")];
         let render = |enable: bool| {
-            let mut ctx = self.context(&messages, UNIX_EPOCH);
+            let mut ctx = self.context(&messages, UNIX_EPOCH, false);
             ctx.insert("enable_thinking", Value::from(enable));
             ctx.insert("add_generation_prompt", Value::from(true));
             self.execute(ctx).ok()
         };
         matches!((render(true), render(false)), (Some(on), Some(off)) if on != off)
     }
-}
-
-/// One message as the template sees it: a mapping with `role` and `content`, in that order. Reading
-/// `content` sets `content_read` (for the system-role probe).
-#[derive(Debug)]
-struct MessageValue {
-    role: Value,
-    content: Value,
-    content_read: Option<Arc<AtomicBool>>,
-}
-
-impl Object for MessageValue {
-    fn repr(self: &Arc<Self>) -> ObjectRepr {
-        ObjectRepr::Map
-    }
-
-    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        match key.as_str()? {
-            "role" => Some(self.role.clone()),
-            "content" => {
-                if let Some(read) = &self.content_read {
-                    read.store(true, Ordering::Relaxed);
-                }
-                Some(self.content.clone())
-            }
-            _ => None,
-        }
-    }
-
-    fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(&["role", "content"])
-    }
-}
-
-/// `messages` as template values; with `first_read`, reading the first message's content sets it.
-fn message_values(messages: &[ChatMessage], first_read: Option<&Arc<AtomicBool>>) -> Value {
-    let values: Vec<Value> = messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            Value::from_object(MessageValue {
-                role: Value::from(m.role.as_str()),
-                content: Value::from(m.content.as_str()),
-                content_read: if i == 0 { first_read.cloned() } else { None },
-            })
-        })
-        .collect();
-    Value::from(values)
 }
 
 /// `raise_exception(message)` as HF defines it: abort rendering with that message.

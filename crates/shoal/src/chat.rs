@@ -10,15 +10,9 @@ use crate::cli::ChatArgs;
 fn messages(args: &ChatArgs) -> Vec<ChatMessage> {
     let mut m = Vec::new();
     if let Some(system) = &args.system {
-        m.push(ChatMessage {
-            role: "system".into(),
-            content: system.clone(),
-        });
+        m.push(ChatMessage::new("system", system.clone()));
     }
-    m.push(ChatMessage {
-        role: "user".into(),
-        content: args.prompt.clone(),
-    });
+    m.push(ChatMessage::new("user", args.prompt.clone()));
     m
 }
 
