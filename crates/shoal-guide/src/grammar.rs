@@ -1,0 +1,199 @@
+//! The grammars shoal asks llguidance for: a JSON answer ([`ResponseFormat`]) and a forced tool call
+//! in a family's format ([`tool_call_lark`]: Lark text with each tool's call embedded as `%json`).
+//!
+//! Every JSON the model writes under a constraint uses the same options ([`with_json_options`]):
+//! whitespace between items is allowed but bounded, so a small model cannot fill its budget with
+//! blank lines (llama.cpp's JSON grammars bound it the same way).
+
+use serde_json::{Value, json};
+
+use crate::error::GuideError;
+use crate::tools::{FunctionTool, ToolFormat};
+
+/// What shape the answer must have.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum ResponseFormat {
+    /// Free text.
+    #[default]
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid against `schema`.
+    JsonSchema {
+        name: String,
+        schema: Value,
+        /// OpenAI's `strict`: shoal always enforces the schema, so this only travels along.
+        strict: bool,
+    },
+}
+
+/// Whitespace allowed between JSON items: up to 20 spaces, tabs or line breaks (indented output
+/// stays possible, endless blank lines do not).
+const JSON_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,20}";
+
+/// `schema` with shoal's JSON options (`x-guidance`) unless the schema sets its own.
+pub(crate) fn with_json_options(schema: &Value) -> Result<Value, String> {
+    let Value::Object(map) = schema else {
+        return Err("a JSON schema must be an object".into());
+    };
+    let mut map = map.clone();
+    map.entry("x-guidance")
+        .or_insert_with(|| json!({"whitespace_pattern": JSON_WHITESPACE}));
+    Ok(Value::Object(map))
+}
+
+/// The JSON schema a response format asks for (`None`: free text).
+pub(crate) fn response_schema(format: &ResponseFormat) -> Result<Option<Value>, GuideError> {
+    let schema = match format {
+        ResponseFormat::Text => return Ok(None),
+        ResponseFormat::JsonObject => json!({"type": "object"}),
+        ResponseFormat::JsonSchema { schema, .. } => schema.clone(),
+    };
+    with_json_options(&schema)
+        .map(Some)
+        .map_err(|message| GuideError::Schema { message })
+}
+
+/// The schema of one call object: `{"name": <const>, "<args key>": <parameters>}`, nothing else.
+fn call_schema(tool: &FunctionTool, arguments_key: &str) -> Value {
+    let mut properties = serde_json::Map::new();
+    properties.insert("name".into(), json!({"const": tool.name}));
+    properties.insert(arguments_key.into(), tool.parameters.clone());
+    json!({
+        "type": "object",
+        "properties": properties,
+        "required": ["name", arguments_key],
+        "additionalProperties": false,
+    })
+}
+
+/// `%json {...}` for a schema, with shoal's JSON options.
+fn json_rule(schema: &Value) -> Result<String, GuideError> {
+    let schema = with_json_options(schema).map_err(|message| GuideError::Internal { message })?;
+    Ok(format!("%json {schema}"))
+}
+
+/// A Lark string literal for `text`.
+fn literal(text: &str) -> String {
+    Value::from(text).to_string()
+}
+
+/// How a grammar writes a fixed piece of text: the control token of that text where the vocabulary
+/// has one (`<[id]>`: generated as that one token), else the literal text.
+pub(crate) fn fixed(text: &str, control_token: &dyn Fn(&str) -> Option<u32>) -> String {
+    match control_token(text) {
+        Some(id) => format!("<[{id}]>"),
+        None => literal(text),
+    }
+}
+
+/// The Lark grammar of a forced call to one of `tools` in `format`: one call, or one or more when
+/// `parallel`. `control_token` maps a marker text to its control-token id, if the vocabulary has one.
+pub(crate) fn tool_call_lark(
+    format: ToolFormat,
+    tools: &[&FunctionTool],
+    parallel: bool,
+    control_token: &dyn Fn(&str) -> Option<u32>,
+) -> Result<String, GuideError> {
+    let key = format.arguments_key();
+    let alternatives = |f: &dyn Fn(&FunctionTool) -> Result<String, GuideError>| {
+        tools
+            .iter()
+            .map(|t| f(t))
+            .collect::<Result<Vec<_>, _>>()
+            .map(|v| v.join("\n    | "))
+    };
+    let body = alternatives(&|t| json_rule(&call_schema(t, key)))?;
+    let grammar = match format {
+        ToolFormat::Hermes => {
+            let repeat = if parallel { " (\"\\n\" call)*" } else { "" };
+            format!(
+                "start: call{repeat}\ncall: {open} \"\\n\" body \"\\n\" {close}\nbody: {body}\n",
+                open = fixed("<tool_call>", control_token),
+                close = fixed("</tool_call>", control_token),
+            )
+        }
+        // Llama 3.1's template prints one call per turn: one call, whatever `parallel` says.
+        ToolFormat::Llama3 => format!("start: body\nbody: {body}\n"),
+        ToolFormat::MistralJson => {
+            let repeat = if parallel { " (\", \" body)*" } else { "" };
+            format!(
+                "start: {tc} \"[\" body{repeat} \"]\"\nbody: {body}\n",
+                tc = fixed("[TOOL_CALLS]", control_token)
+            )
+        }
+        ToolFormat::MistralArgs => {
+            let tc = fixed("[TOOL_CALLS]", control_token);
+            let args = fixed("[ARGS]", control_token);
+            let calls = alternatives(&|t| {
+                Ok(format!(
+                    "{tc} {} {args} {}",
+                    literal(&t.name),
+                    json_rule(&t.parameters)?
+                ))
+            })?;
+            let repeat = if parallel { "+" } else { "" };
+            format!("start: call{repeat}\ncall: {calls}\n")
+        }
+        ToolFormat::Generic => {
+            let items: Vec<Value> = tools.iter().map(|t| call_schema(t, key)).collect();
+            let mut list = json!({"type": "array", "items": {"anyOf": items}, "minItems": 1});
+            if !parallel {
+                list["maxItems"] = json!(1);
+            }
+            let schema = json!({
+                "type": "object",
+                "properties": {"tool_calls": list},
+                "required": ["tool_calls"],
+                "additionalProperties": false,
+            });
+            format!("start: {}\n", json_rule(&schema)?)
+        }
+    };
+    Ok(grammar)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str) -> FunctionTool {
+        FunctionTool::new(name, None, Some(json!({"type": "object"}))).expect("valid")
+    }
+
+    #[test]
+    fn markers_are_control_tokens_where_the_vocabulary_has_them() {
+        let a = tool("a");
+        let none = |_: &str| None;
+        let g = tool_call_lark(ToolFormat::Hermes, &[&a], false, &none).expect("builds");
+        assert!(
+            g.starts_with(
+                "start: call\ncall: \"<tool_call>\" \"\\n\" body \"\\n\" \"</tool_call>\"\n"
+            ),
+            "{g}"
+        );
+        let tc = |t: &str| (t == "[TOOL_CALLS]").then_some(5);
+        let g = tool_call_lark(ToolFormat::MistralJson, &[&a], true, &tc).expect("builds");
+        assert!(
+            g.starts_with("start: <[5]> \"[\" body (\", \" body)* \"]\""),
+            "{g}"
+        );
+    }
+
+    #[test]
+    fn schemas_must_be_objects() {
+        let err = response_schema(&ResponseFormat::JsonSchema {
+            name: "x".into(),
+            schema: json!(true),
+            strict: false,
+        })
+        .expect_err("refused");
+        assert_eq!(err.param(), Some("response_format"));
+        let s = response_schema(&ResponseFormat::JsonObject)
+            .expect("ok")
+            .expect("some");
+        assert_eq!(s["type"], "object");
+        assert!(s.get("x-guidance").is_some());
+        assert_eq!(response_schema(&ResponseFormat::Text).expect("ok"), None);
+    }
+}

@@ -1,0 +1,301 @@
+//! [`Guides`]: the node's constrained-decoding state per model, and [`Guides::plan`], what an API
+//! handler calls to turn a chat request's tools and response format into a [`ChatPlan`].
+//!
+//! A [`ModelGuide`] holds llguidance's `ParserFactory` for one model: its token trie and the
+//! per-vocabulary precomputation that makes masks fast. Building one takes a while (tens of
+//! milliseconds for SmolLM2's 49k tokens, more for larger vocabularies), so [`Guides`] builds it the
+//! first time a request of that model needs a constraint and keeps it while the model's tokenizer
+//! lives (keyed by the tokenizer's `Arc`, so a reloaded model gets a fresh one). Requests without a
+//! constraint never build one.
+
+use std::sync::{Arc, Mutex, Weak};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use serde_json::Value;
+use shoal_engine::{ChatMessage, EngineHandle, LogitsProcessor};
+use shoal_model::chat::{ChatTemplate, ToolCaps};
+use shoal_model::tokenizer::{TokenType, Tokenizer};
+
+use crate::error::GuideError;
+use crate::grammar::{ResponseFormat, response_schema, tool_call_lark, with_json_options};
+use crate::processor::GuidedProcessor;
+use crate::tokens::tok_env;
+use crate::tools::parse::{CallIds, parse};
+use crate::tools::stream::ToolCallStream;
+use crate::tools::{FunctionTool, ToolChoice, ToolFormat, prepare_messages};
+
+/// A chat request's tools and answer format, in API-neutral terms.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatGuidance {
+    pub tools: Vec<FunctionTool>,
+    pub tool_choice: ToolChoice,
+    /// Whether a forced call may be several calls.
+    pub parallel_tool_calls: bool,
+    pub response_format: ResponseFormat,
+}
+
+/// What a handler renders, submits and parses for one chat request.
+#[derive(Debug)]
+pub struct ChatPlan {
+    /// The messages to render (tool history written out where the template cannot print it).
+    pub messages: Vec<ChatMessage>,
+    /// The `tools` to hand the template (`Engines::render_chat_tools`).
+    pub tools: Vec<Value>,
+    /// The constraint, for `GenerateRequest::logits_processor`.
+    pub processor: Option<Box<dyn LogitsProcessor>>,
+    /// Present when the output may hold tool calls.
+    pub tool_parser: Option<ToolCallParser>,
+}
+
+/// Splits one answer into content and calls, whole or streaming.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolCallParser {
+    format: ToolFormat,
+    ids: CallIds,
+}
+
+/// One call of an answer, with its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCallOut {
+    pub id: String,
+    pub name: String,
+    /// JSON text.
+    pub arguments: String,
+}
+
+impl ToolCallParser {
+    /// A parser for `format`; call ids derive from `id_seed` (the request's id).
+    pub fn new(format: ToolFormat, id_seed: u64) -> Self {
+        Self {
+            format,
+            ids: CallIds::new(id_seed, format),
+        }
+    }
+
+    pub fn format(&self) -> ToolFormat {
+        self.format
+    }
+
+    /// Content and calls of a finished answer.
+    pub fn parse(&self, text: &str) -> (String, Vec<ToolCallOut>) {
+        let parsed = parse(self.format, text);
+        let calls = parsed
+            .calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| ToolCallOut {
+                id: self.ids.id(i),
+                name: c.name,
+                arguments: c.arguments,
+            })
+            .collect();
+        (parsed.content, calls)
+    }
+
+    /// An incremental parser for a streamed answer (same ids as [`ToolCallParser::parse`]).
+    pub fn stream(&self) -> ToolCallStream {
+        ToolCallStream::new(self.format, self.ids)
+    }
+}
+
+/// llguidance's per-model state.
+pub struct ModelGuide {
+    factory: ParserFactory,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl std::fmt::Debug for ModelGuide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelGuide")
+            .field("vocab_size", &self.tokenizer.vocab_size())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ModelGuide {
+    /// Builds the token trie and llguidance's factory for `tokenizer` (the slow part: do it once).
+    pub fn new(tokenizer: Arc<Tokenizer>) -> Result<Self, GuideError> {
+        let env = tok_env(tokenizer.clone())?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| GuideError::Vocabulary {
+            message: e.to_string(),
+        })?;
+        factory.quiet();
+        Ok(Self { factory, tokenizer })
+    }
+
+    /// A processor for a grammar; `error` makes a failure the client's (a bad schema) or ours.
+    fn compile(
+        &self,
+        grammar: TopLevelGrammar,
+        error: impl Fn(String) -> GuideError,
+    ) -> Result<GuidedProcessor, GuideError> {
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| error(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(error(e));
+        }
+        Ok(GuidedProcessor::new(
+            matcher,
+            self.tokenizer.eog_ids().to_vec(),
+            self.tokenizer.vocab_size(),
+        ))
+    }
+
+    /// A processor for a JSON schema (errors name `response_format`).
+    pub fn json_schema(&self, schema: Value) -> Result<GuidedProcessor, GuideError> {
+        self.compile(TopLevelGrammar::from_json_schema(schema), |message| {
+            GuideError::Schema { message }
+        })
+    }
+
+    /// A processor for a response format (`None` for free text).
+    pub fn response_format(
+        &self,
+        format: &ResponseFormat,
+    ) -> Result<Option<GuidedProcessor>, GuideError> {
+        response_schema(format)?
+            .map(|schema| self.json_schema(schema))
+            .transpose()
+    }
+
+    /// A processor that forces a call to one of `tools` in `format`. Each tool's parameters schema
+    /// is compiled alone first, so a bad one is reported by its tool's name.
+    pub fn forced_call(
+        &self,
+        format: ToolFormat,
+        tools: &[&FunctionTool],
+        parallel: bool,
+    ) -> Result<GuidedProcessor, GuideError> {
+        for tool in tools {
+            let schema =
+                with_json_options(&tool.parameters).map_err(|message| GuideError::ToolSchema {
+                    name: tool.name.clone(),
+                    message,
+                })?;
+            self.compile(TopLevelGrammar::from_json_schema(schema), |message| {
+                GuideError::ToolSchema {
+                    name: tool.name.clone(),
+                    message,
+                }
+            })?;
+        }
+        let control = |text: &str| {
+            self.tokenizer
+                .token_id(text)
+                .filter(|&id| self.tokenizer.token_type(id) == Some(TokenType::Control))
+        };
+        let lark = tool_call_lark(format, tools, parallel, &control)?;
+        self.compile(TopLevelGrammar::from_lark(lark), |message| {
+            GuideError::Internal { message }
+        })
+    }
+}
+
+/// One cached guide.
+struct Entry {
+    tokenizer: Weak<Tokenizer>,
+    guide: Arc<ModelGuide>,
+}
+
+/// The node's [`ModelGuide`]s, built on first need. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Guides {
+    entries: Arc<Mutex<Vec<Entry>>>,
+}
+
+impl Guides {
+    /// The guide of `tokenizer`'s model, built now if this is the first request that needs it.
+    pub fn for_tokenizer(&self, tokenizer: &Arc<Tokenizer>) -> Result<Arc<ModelGuide>, GuideError> {
+        let mut entries = self.entries.lock().map_err(|_| GuideError::Internal {
+            message: "the guide cache's lock is poisoned".into(),
+        })?;
+        entries.retain(|e| e.tokenizer.strong_count() > 0);
+        let target = Arc::downgrade(tokenizer);
+        if let Some(e) = entries.iter().find(|e| e.tokenizer.ptr_eq(&target)) {
+            return Ok(e.guide.clone());
+        }
+        // Built under the lock: two first requests of one model must not both pay for it.
+        let guide = Arc::new(ModelGuide::new(tokenizer.clone())?);
+        entries.push(Entry {
+            tokenizer: target,
+            guide: guide.clone(),
+        });
+        Ok(guide)
+    }
+
+    /// The plan for one chat request to `engine`'s model: messages and tools for its template, the
+    /// constraint (a forced call, else the response format), and the tool-call parser when tools
+    /// are offered. `id_seed` (the request's id) makes the call ids.
+    pub fn plan(
+        &self,
+        engine: &EngineHandle,
+        messages: Vec<ChatMessage>,
+        guidance: &ChatGuidance,
+        id_seed: u64,
+    ) -> Result<ChatPlan, GuideError> {
+        plan_with(
+            engine.chat_template(),
+            || self.for_tokenizer(engine.tokenizer()),
+            messages,
+            guidance,
+            id_seed,
+        )
+    }
+}
+
+/// [`Guides::plan`] for a template, with the model's guide fetched only if a constraint is needed.
+pub fn plan_with(
+    template: Option<&ChatTemplate>,
+    guide: impl FnOnce() -> Result<Arc<ModelGuide>, GuideError>,
+    messages: Vec<ChatMessage>,
+    guidance: &ChatGuidance,
+    id_seed: u64,
+) -> Result<ChatPlan, GuideError> {
+    let tools = &guidance.tools;
+    let mut seen = std::collections::HashSet::new();
+    if let Some(dup) = tools.iter().find(|t| !seen.insert(t.name.as_str())) {
+        return Err(GuideError::Tool {
+            message: format!("function '{}' is defined twice", dup.name),
+        });
+    }
+    let forced: Option<Vec<&FunctionTool>> = match &guidance.tool_choice {
+        ToolChoice::None | ToolChoice::Auto => None,
+        ToolChoice::Required if tools.is_empty() => {
+            return Err(GuideError::NoTools {
+                choice: "required".into(),
+            });
+        }
+        ToolChoice::Required => Some(tools.iter().collect()),
+        ToolChoice::Function(name) => match tools.iter().find(|t| &t.name == name) {
+            Some(t) => Some(vec![t]),
+            None => {
+                return Err(GuideError::UnknownTool { name: name.clone() });
+            }
+        },
+    };
+    let caps: ToolCaps = template.map(ChatTemplate::tool_caps).unwrap_or_default();
+    let format = ToolFormat::detect(template);
+    let prepared = prepare_messages(messages, tools, &guidance.tool_choice, caps);
+    let processor: Option<Box<dyn LogitsProcessor>> = match (&forced, &guidance.response_format) {
+        (Some(forced), _) => Some(Box::new(guide()?.forced_call(
+            format,
+            forced,
+            guidance.parallel_tool_calls,
+        )?)),
+        (None, ResponseFormat::Text) => None,
+        (None, format) => guide()?
+            .response_format(format)?
+            .map(|p| Box::new(p) as Box<dyn LogitsProcessor>),
+    };
+    let offered = !tools.is_empty() && guidance.tool_choice != ToolChoice::None;
+    Ok(ChatPlan {
+        messages: prepared.messages,
+        tools: prepared.tools,
+        processor,
+        tool_parser: offered.then(|| ToolCallParser::new(format, id_seed)),
+    })
+}
