@@ -1,4 +1,5 @@
-//! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+//! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions`, `/v1/responses`
+//! ([`responses`]), `/v1/models`.
 //!
 //! Each handler parses its body into [`types`], checks it through [`params`] into a
 //! [`shoal_engine::GenerateRequest`], submits it, and answers either with one JSON object (events
@@ -7,6 +8,7 @@
 pub mod chat;
 pub mod completions;
 pub mod params;
+pub mod responses;
 pub mod types;
 
 use std::time::{SystemTime, UNIX_EPOCH};

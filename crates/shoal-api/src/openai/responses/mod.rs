@@ -1,0 +1,328 @@
+//! `POST /v1/responses`: OpenAI's Responses API.
+//!
+//! The request ([`types::ResponsesRequest`]) is checked field by field ([`unsupported`]: a documented
+//! field shoal does not implement is a 400 naming it), its `instructions` and `input` items become chat
+//! messages ([`to_messages`]) rendered with the model's own template, and the generation is answered
+//! either as one `response` object or as the Responses event stream ([`stream::ResponseEvents`]:
+//! `response.created` … `response.output_text.delta` … `response.completed`, each event numbered).
+
+pub mod stream;
+pub mod types;
+
+use axum::Json;
+use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use shoal_engine::{ChatMessage, FinishReason, GenerateRequest, Prompt, Usage};
+
+use super::params::{CommonParams, token_budget};
+use super::{collect, unix_now};
+use crate::ApiState;
+use crate::error::ApiError;
+use crate::sse::stream_response;
+use types::{Input, ResponseObject, ResponsesRequest};
+
+/// The request field a prompt problem is reported against.
+const PROMPT_PARAM: &str = "input";
+
+pub async fn create_response(
+    State(state): State<ApiState>,
+    body: Result<Json<ResponsesRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(req) = body?;
+    unsupported(&req)?;
+    let messages = to_messages(&req)?;
+    let max_tokens = req
+        .max_output_tokens
+        .map(|v| token_budget("max_output_tokens", v))
+        .transpose()?;
+    let params = CommonParams {
+        model: req.model.clone(),
+        stream: req.stream,
+        temperature: req.temperature,
+        top_p: req.top_p,
+        seed: req.seed,
+        timeout: req.timeout,
+        ..CommonParams::default()
+    }
+    .validate(&state.engine)?;
+    let prompt = state
+        .engine
+        .render_chat(&params.model, &messages)
+        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
+    let request = GenerateRequest {
+        model: params.model.clone(),
+        prompt: Prompt::Text(prompt),
+        sampling: params.sampling.clone(),
+        max_tokens,
+        stop: Vec::new(),
+        // render_chat cut the template's own BOS where the tokenizer adds one.
+        add_bos: true,
+        ignore_eos: false,
+        timeout: params.timeout,
+        logits_processor: None,
+    };
+    let stream = state
+        .engine
+        .submit(request)
+        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
+    let mut stream = state.track(stream);
+    let shell = Shell {
+        id: format!("resp_{}", stream.id()),
+        created_at: unix_now(),
+        model: params.model,
+        instructions: req.instructions.clone(),
+        max_output_tokens: req.max_output_tokens,
+        temperature: params.sampling.temperature,
+        top_p: params.sampling.top_p,
+        store: req.store.unwrap_or(false),
+        user: req.user.clone(),
+        metadata: req.metadata.clone().unwrap_or_else(|| json!({})),
+    };
+    if params.stream {
+        return Ok(stream_response(stream, stream::ResponseEvents::new(shell)));
+    }
+    let done = collect(&mut stream, false).await?;
+    let body = shell.finished(&done.text, done.finish_reason, done.usage);
+    Ok(Json(body).into_response())
+}
+
+/// What every `response` object of one request shares; the output and status come at the end.
+#[derive(Debug, Clone)]
+pub struct Shell {
+    pub id: String,
+    pub created_at: u64,
+    pub model: String,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<i64>,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub store: bool,
+    pub user: Option<String>,
+    pub metadata: Value,
+}
+
+impl Shell {
+    /// The id of the one output message.
+    pub fn message_id(&self) -> String {
+        format!("msg_{}", self.id.trim_start_matches("resp_"))
+    }
+
+    /// The response while it runs: no output yet.
+    pub fn in_progress(&self) -> ResponseObject {
+        self.object("in_progress", None, Vec::new(), None)
+    }
+
+    /// The finished response: `completed`, or `incomplete` when the token budget ran out.
+    pub fn finished(&self, text: &str, reason: FinishReason, usage: Usage) -> ResponseObject {
+        let (status, details) = match reason {
+            FinishReason::Length => ("incomplete", Some(json!({ "reason": "max_output_tokens" }))),
+            _ => ("completed", None),
+        };
+        let item = self.message(text, status);
+        self.object(status, details, vec![item], Some(usage))
+    }
+
+    /// The output message item holding `text`.
+    pub fn message(&self, text: &str, status: &str) -> Value {
+        json!({
+            "type": "message",
+            "id": self.message_id(),
+            "status": status,
+            "role": "assistant",
+            "content": if text.is_empty() && status == "in_progress" {
+                json!([])
+            } else {
+                json!([output_text(text)])
+            },
+        })
+    }
+
+    fn object(
+        &self,
+        status: &'static str,
+        incomplete_details: Option<Value>,
+        output: Vec<Value>,
+        usage: Option<Usage>,
+    ) -> ResponseObject {
+        ResponseObject {
+            id: self.id.clone(),
+            object: "response",
+            created_at: self.created_at,
+            status,
+            error: None,
+            incomplete_details,
+            instructions: self.instructions.clone(),
+            max_output_tokens: self.max_output_tokens,
+            model: self.model.clone(),
+            output,
+            parallel_tool_calls: true,
+            previous_response_id: None,
+            reasoning: json!({ "effort": null, "summary": null }),
+            store: self.store,
+            temperature: self.temperature,
+            text: json!({ "format": { "type": "text" } }),
+            tool_choice: json!("auto"),
+            tools: Vec::new(),
+            top_p: self.top_p,
+            truncation: "disabled",
+            usage: usage.map(Into::into),
+            user: self.user.clone(),
+            metadata: self.metadata.clone(),
+        }
+    }
+}
+
+/// An `output_text` content part.
+pub fn output_text(text: &str) -> Value {
+    json!({ "type": "output_text", "text": text, "annotations": [], "logprobs": [] })
+}
+
+/// Documented fields shoal does not implement: a 400 naming each, never silently ignored.
+fn unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
+    let refuse = |param: &str, why: &str| Err(ApiError::invalid(param, why.to_string()));
+    if req.previous_response_id.is_some() || req.conversation.is_some() {
+        let param = if req.previous_response_id.is_some() {
+            "previous_response_id"
+        } else {
+            "conversation"
+        };
+        return refuse(
+            param,
+            "shoal does not store responses: send the whole conversation in `input`",
+        );
+    }
+    if req.background == Some(true) {
+        return refuse("background", "background responses are not supported");
+    }
+    if req.prompt.is_some() {
+        return refuse("prompt", "stored prompt templates are not supported");
+    }
+    if req
+        .reasoning
+        .as_ref()
+        .is_some_and(|r| !r.is_null() && r.get("effort").is_some_and(|e| !e.is_null()))
+    {
+        return refuse(
+            "reasoning",
+            "reasoning effort is not supported by the models shoal serves",
+        );
+    }
+    if req.top_logprobs.is_some_and(|k| k != 0) {
+        return refuse(
+            "top_logprobs",
+            "top_logprobs is not supported on /v1/responses; use /v1/chat/completions",
+        );
+    }
+    if let Some(include) = &req.include
+        && let Some(first) = include.first()
+    {
+        return Err(ApiError::invalid(
+            "include",
+            format!("include '{first}' is not supported"),
+        ));
+    }
+    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return refuse("tools", "tools are not supported on /v1/responses yet");
+    }
+    if req
+        .tool_choice
+        .as_ref()
+        .is_some_and(|c| c.as_str() != Some("none") && c.as_str() != Some("auto"))
+    {
+        return refuse("tool_choice", "tool_choice needs tools");
+    }
+    if let Some(format) = req.text.as_ref().and_then(|t| t.format.as_ref())
+        && format.get("type").and_then(Value::as_str) != Some("text")
+    {
+        return refuse(
+            "text.format",
+            "only the `text` output format is supported on /v1/responses yet",
+        );
+    }
+    if let Some(t) = &req.truncation
+        && t != "disabled"
+        && t != "auto"
+    {
+        return Err(ApiError::invalid(
+            "truncation",
+            format!("truncation must be 'auto' or 'disabled', got '{t}'"),
+        ));
+    }
+    Ok(())
+}
+
+/// `instructions` (a system message) then the `input` items, as chat messages.
+fn to_messages(req: &ResponsesRequest) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut messages = Vec::new();
+    if let Some(sys) = &req.instructions {
+        messages.push(ChatMessage::new("system", sys.clone()));
+    }
+    match &req.input {
+        None => return Err(ApiError::invalid("input", "input is required")),
+        Some(Input::Text(text)) => messages.push(ChatMessage::new("user", text.clone())),
+        Some(Input::Items(items)) => {
+            if items.is_empty() {
+                return Err(ApiError::invalid("input", "input must not be empty"));
+            }
+            for (i, item) in items.iter().enumerate() {
+                messages.push(item_message(i, item)?);
+            }
+        }
+    }
+    Ok(messages)
+}
+
+/// One input item: a message (`type: "message"` or just a `role`) with text content.
+fn item_message(index: usize, item: &Value) -> Result<ChatMessage, ApiError> {
+    let param = format!("input[{index}]");
+    let kind = item
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("message");
+    if kind != "message" {
+        return Err(ApiError::invalid(
+            format!("{param}.type"),
+            format!("input items of type '{kind}' are not supported"),
+        ));
+    }
+    let role = item
+        .get("role")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid(format!("{param}.role"), "a message needs a role"))?;
+    if !matches!(role, "user" | "assistant" | "system" | "developer") {
+        return Err(ApiError::invalid(
+            format!("{param}.role"),
+            format!("unknown role '{role}': use user, assistant, system or developer"),
+        ));
+    }
+    let content = match item.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let ptype = part.get("type").and_then(Value::as_str).unwrap_or("");
+                match (ptype, part.get("text").and_then(Value::as_str)) {
+                    ("input_text" | "output_text" | "text", Some(t)) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            format!("{param}.content[{j}]"),
+                            format!(
+                                "content parts of type '{ptype}' are not supported: the models served are text-only"
+                            ),
+                        ));
+                    }
+                }
+            }
+            text
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                format!("{param}.content"),
+                "content must be a string or a list of input_text parts",
+            ));
+        }
+    };
+    Ok(ChatMessage::new(role, content))
+}

@@ -1,0 +1,84 @@
+"""OpenAI's Responses API (`POST /v1/responses`) with the real `openai` SDK against the real binary: a plain
+answer equals the chat endpoint's greedy answer for the same conversation, `instructions` and message items
+render through the template, the event stream (also through the SDK's `responses.stream` helper, which
+checks the events' order and item ids) adds up to the same text, the token budget ends as `incomplete`,
+and documented parameters shoal does not implement are refused by name."""
+
+import openai
+import pytest
+
+from conftest import MODEL_ID
+
+QUESTION = "Name three colors."
+
+
+def chat_answer(client, messages, max_tokens):
+    r = client.chat.completions.create(model=MODEL_ID, messages=messages, temperature=0, max_tokens=max_tokens)
+    return r.choices[0].message.content
+
+
+def test_a_plain_input_answers_like_chat(client):
+    r = client.responses.create(model=MODEL_ID, input=QUESTION, temperature=0, max_output_tokens=4)
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL_ID
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[0].type == "message" and r.output[0].role == "assistant"
+    assert r.output_text == chat_answer(client, [{"role": "user", "content": QUESTION}], 4)
+    assert r.usage.output_tokens == 4 and r.usage.input_tokens > 0
+    assert r.usage.total_tokens == r.usage.input_tokens + 4
+
+
+def test_instructions_and_message_items_render_through_the_template(client):
+    items = [
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Hello! How can I help?"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
+    ]
+    r = client.responses.create(model=MODEL_ID, instructions="Answer briefly.", input=items, temperature=0,
+                                max_output_tokens=10)
+    expected = chat_answer(client, [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": QUESTION},
+    ], 10)
+    assert r.output_text == expected
+
+
+def test_the_event_stream_adds_up_to_the_same_answer(client):
+    plain = client.responses.create(model=MODEL_ID, input=QUESTION, temperature=0, max_output_tokens=64)
+    events = list(client.responses.create(model=MODEL_ID, input=QUESTION, temperature=0, max_output_tokens=64,
+                                          stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"], kinds
+    assert kinds[-4:-1] == ["response.output_text.done", "response.content_part.done",
+                            "response.output_item.done"], kinds
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == plain.output_text == events[-1].response.output_text
+    assert events[-1].response.status == plain.status
+    # The SDK's helper rebuilds the response from the events and checks their item ids.
+    with client.responses.stream(model=MODEL_ID, input=QUESTION, temperature=0, max_output_tokens=64) as s:
+        for _ in s:
+            pass
+        final = s.get_final_response()
+    assert final.output_text == plain.output_text
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"background": True}, "background"),
+    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+     "input[0].content[0]"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"model": "no-such-model"}, "model"),
+])
+def test_what_shoal_does_not_do_is_refused_by_name(client, extra, param):
+    args = {"model": MODEL_ID, "input": QUESTION, "max_output_tokens": 4, **extra}
+    with pytest.raises(openai.APIStatusError) as err:
+        client.responses.create(**args)
+    assert err.value.status_code in (400, 404)
+    assert err.value.body.get("param") == param, err.value.body
