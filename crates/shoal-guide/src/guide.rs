@@ -138,11 +138,7 @@ impl ModelGuide {
         if let Some(e) = matcher.get_error() {
             return Err(error(e));
         }
-        Ok(GuidedProcessor::new(
-            matcher,
-            self.tokenizer.eog_ids().to_vec(),
-            self.tokenizer.vocab_size(),
-        ))
+        Ok(GuidedProcessor::new(matcher, self.tokenizer.vocab_size()))
     }
 
     /// A processor for a JSON schema (errors name `response_format`).

@@ -9,15 +9,15 @@
 //! - [`ChatPlan`] — the messages and `tools` to render with the model's chat template
 //!   (`Engines::render_chat_tools`), the [`GuidedProcessor`] to put on the `GenerateRequest`, and a
 //!   [`ToolCallParser`] for the answer.
-//! - [`GuidedProcessor`] — the engine's `LogitsProcessor` over an llguidance `Matcher`: its core is
-//!   [`GuidedProcessor::allowed`], the [`TokenMask`] of tokens allowed next.
+//! - [`GuidedProcessor`] — the engine's `LogitsProcessor` over an llguidance `Matcher`: the engine's
+//!   `TokenMask` of tokens allowed next ([`GuidedProcessor::mask`]), advanced by each token taken.
 //! - [`tools`] — [`FunctionTool`], [`ToolChoice`], each family's [`ToolFormat`] (detected from the
 //!   chat template), the generic-format system prompt and history for templates without tools, and
 //!   the parsers ([`tools::parse`], [`tools::stream`]).
 //!
 //! Data flow: handler → [`Guides::plan`] (validates `tool_choice`, prepares messages, compiles the
 //! grammar: a bad schema is a [`GuideError`] naming the request field) → render + submit with the
-//! processor → the engine calls `process` (mask) and `accept` (advance) per token → the handler runs
+//! processor → the engine calls `allowed` (mask) and `accept` (advance) per token → the handler runs
 //! the text through the [`ToolCallParser`] (whole, or streaming with [`tools::stream::ToolEvent`]s).
 
 mod error;
@@ -33,6 +33,7 @@ pub use guide::{
     ChatGuidance, ChatPlan, Guides, ModelGuide, ToolCallOut, ToolCallParser, plan_with,
 };
 pub use processor::GuidedProcessor;
-pub use tokens::TokenMask;
+/// A call an assistant message carries (shoal-model's, re-exported for API modules).
+pub use shoal_model::chat::ToolCall;
 pub use tools::stream::{ToolCallStream, ToolEvent};
 pub use tools::{FunctionTool, ToolChoice, ToolFormat};

@@ -1,65 +1,45 @@
 //! [`GuidedProcessor`]: one request's grammar state, as the engine's [`LogitsProcessor`].
 //!
-//! The core is [`GuidedProcessor::allowed`] — the [`TokenMask`] of tokens the grammar accepts next
-//! (llguidance's `Matcher::compute_mask`: every end-of-generation token is in it exactly when the
-//! grammar is complete; a grammar that cannot go on allows only those). [`LogitsProcessor::process`]
-//! applies that mask to the row; [`LogitsProcessor::accept`] advances the parser by the token the
-//! engine sampled. A parser that fails (a token it did not allow: only possible when something
-//! outside changed the row's winner) allows only end-of-generation from then on, so the output
-//! stops instead of going on unconstrained.
+//! [`LogitsProcessor::allowed`] is llguidance's `Matcher::compute_mask` as the engine's [`TokenMask`]
+//! (same bit layout: 32 ids a word, lowest id in bit 0): every end-of-generation token is in it
+//! exactly when the grammar is complete, and a grammar that cannot go on allows only those.
+//! [`LogitsProcessor::accept`] advances the parser by the token the engine took. A parser that fails
+//! (a token it did not allow) is a [`ConstraintError`]: the engine ends the sequence with it.
 
 use std::fmt;
-use std::sync::Mutex;
 
 use llguidance::Matcher;
-use shoal_engine::LogitsProcessor;
-
-use crate::tokens::TokenMask;
+use shoal_engine::{ConstraintError, LogitsProcessor, TokenMask};
 
 /// A compiled constraint following one sequence.
 pub struct GuidedProcessor {
-    /// `process` takes `&self`; the matcher's mask computation needs `&mut`. Only the engine thread
-    /// that owns the sequence ever locks it, so it is never contended.
-    matcher: Mutex<Matcher>,
-    /// Ids that end a generation (allowed alone once the parser has failed).
-    eog: Vec<u32>,
+    matcher: Matcher,
     vocab_size: usize,
 }
 
 impl GuidedProcessor {
-    pub(crate) fn new(matcher: Matcher, eog: Vec<u32>, vocab_size: usize) -> Self {
+    pub(crate) fn new(matcher: Matcher, vocab_size: usize) -> Self {
         Self {
-            matcher: Mutex::new(matcher),
-            eog,
+            matcher,
             vocab_size,
         }
     }
 
     /// The tokens the grammar allows next.
-    pub fn allowed(&self) -> TokenMask {
-        let Ok(mut matcher) = self.matcher.lock() else {
-            return self.only_end();
-        };
-        match matcher.compute_mask_or_eos() {
-            Ok(vob) => TokenMask::from_vob(&vob),
-            Err(e) => {
-                tracing::warn!("constrained decoding stopped: {e}");
-                self.only_end()
-            }
-        }
+    pub fn mask(&mut self) -> Result<TokenMask, ConstraintError> {
+        let vob = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| ConstraintError::new(e.to_string()))?;
+        let mut words = vob.as_slice().to_vec();
+        // Never wider than the vocabulary (llguidance pads to whole words).
+        words.truncate(self.vocab_size.div_ceil(32));
+        Ok(TokenMask::from_words(words))
     }
 
     /// Whether the text so far is a complete sentence of the grammar.
-    pub fn is_complete(&self) -> bool {
-        self.matcher
-            .lock()
-            .ok()
-            .and_then(|mut m| m.is_accepting().ok())
-            .unwrap_or(false)
-    }
-
-    fn only_end(&self) -> TokenMask {
-        TokenMask::only(self.vocab_size, &self.eog)
+    pub fn is_complete(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
     }
 }
 
@@ -67,40 +47,39 @@ impl fmt::Debug for GuidedProcessor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GuidedProcessor")
             .field("vocab_size", &self.vocab_size)
-            .field("eog", &self.eog)
+            .field("stopped", &self.matcher.is_stopped())
             .finish_non_exhaustive()
     }
 }
 
 impl LogitsProcessor for GuidedProcessor {
-    fn process(&self, _history: &[u32], logits: &mut [f32]) {
-        self.allowed().apply(logits);
+    fn allowed(&mut self, _history: &[u32]) -> Result<Option<TokenMask>, ConstraintError> {
+        self.mask().map(Some)
     }
 
-    fn accept(&mut self, token: u32) {
-        let matcher = match self.matcher.get_mut() {
-            Ok(m) => m,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if matcher.is_stopped() {
-            return;
+    fn accept(&mut self, token: u32) -> Result<(), ConstraintError> {
+        if self.matcher.is_stopped() {
+            // Complete: only an end-of-generation token may follow (the engine ends the sequence).
+            let ends = self
+                .matcher
+                .tok_env()
+                .is_ok_and(|env| env.tok_trie().eos_tokens().contains(&token));
+            return if ends {
+                Ok(())
+            } else {
+                Err(ConstraintError::new(format!(
+                    "token {token} after the grammar was complete"
+                )))
+            };
         }
-        if let Err(e) = matcher.consume_token(token) {
-            tracing::warn!(
-                token,
-                "constrained decoding: the sampled token broke the grammar: {e}"
-            );
-        }
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| ConstraintError::new(format!("token {token}: {e}")))
     }
 
     fn clone_box(&self) -> Box<dyn LogitsProcessor> {
-        let matcher = match self.matcher.lock() {
-            Ok(m) => m.deep_clone(),
-            Err(poisoned) => poisoned.into_inner().deep_clone(),
-        };
         Box::new(GuidedProcessor::new(
-            matcher,
-            self.eog.clone(),
+            self.matcher.deep_clone(),
             self.vocab_size,
         ))
     }

@@ -1,6 +1,5 @@
 //! The model's vocabulary as llguidance sees it: [`ShoalTokens`] (toktrie's `TokenizerEnv` over
-//! shoal's own [`Tokenizer`]), built once per model by [`tok_env`], and [`TokenMask`], the set of
-//! tokens allowed next.
+//! shoal's own [`Tokenizer`]), built once per model by [`tok_env`].
 //!
 //! Each token's bytes are what the engine's detokenizer prints for it ([`Tokenizer::token_bytes`]),
 //! so what a grammar matches is exactly the text a client receives. Control tokens (`<|im_end|>`,
@@ -12,7 +11,7 @@
 use std::sync::Arc;
 
 use shoal_model::tokenizer::{TokenType, Tokenizer};
-use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
 use crate::error::GuideError;
 
@@ -79,90 +78,5 @@ impl TokenizerEnv for ShoalTokens {
                 out
             }
         }
-    }
-}
-
-/// The tokens allowed next: a bit per vocabulary id (ids past the vocabulary are never allowed).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenMask {
-    words: Vec<u32>,
-    vocab_size: usize,
-}
-
-impl TokenMask {
-    pub(crate) fn from_vob(vob: &SimpleVob) -> Self {
-        Self {
-            words: vob.as_slice().to_vec(),
-            vocab_size: vob.len(),
-        }
-    }
-
-    /// Only `tokens` allowed.
-    pub fn only(vocab_size: usize, tokens: &[u32]) -> Self {
-        let mut words = vec![0u32; vocab_size.div_ceil(32)];
-        for &t in tokens {
-            if (t as usize) < vocab_size {
-                words[t as usize / 32] |= 1 << (t % 32);
-            }
-        }
-        Self { words, vocab_size }
-    }
-
-    pub fn is_allowed(&self, token: u32) -> bool {
-        let i = token as usize;
-        i < self.vocab_size
-            && self
-                .words
-                .get(i / 32)
-                .is_some_and(|w| w & (1 << (i % 32)) != 0)
-    }
-
-    /// How many tokens are allowed.
-    pub fn count(&self) -> usize {
-        self.words.iter().map(|w| w.count_ones() as usize).sum()
-    }
-
-    /// The bits, 32 ids a word, lowest id in the lowest bit (the shape to send over a wire).
-    pub fn words(&self) -> &[u32] {
-        &self.words
-    }
-
-    /// Sets every disallowed logit to `-inf`, 32 at a time (a word with no allowed token costs one
-    /// fill; a full word nothing).
-    pub fn apply(&self, logits: &mut [f32]) {
-        for (chunk_index, chunk) in logits.chunks_mut(32).enumerate() {
-            let word = self.words.get(chunk_index).copied().unwrap_or(0);
-            if word == u32::MAX {
-                continue;
-            }
-            if word == 0 {
-                chunk.fill(f32::NEG_INFINITY);
-                continue;
-            }
-            for (bit, logit) in chunk.iter_mut().enumerate() {
-                if word & (1 << bit) == 0 {
-                    *logit = f32::NEG_INFINITY;
-                }
-            }
-        }
-        // Bits past the vocabulary in the last word are never set by llguidance; rows longer than the
-        // vocabulary (padded embedding tables) were cleared above by the missing words.
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_mask_bans_everything_it_does_not_name() {
-        let mask = TokenMask::only(70, &[1, 33, 69, 500]);
-        assert_eq!(mask.count(), 3);
-        assert!(mask.is_allowed(33) && !mask.is_allowed(32) && !mask.is_allowed(500));
-        // A row padded past the vocabulary: the padding is banned too.
-        let mut row = vec![0.5f32; 100];
-        mask.apply(&mut row);
-        let kept: Vec<usize> = (0..100).filter(|&i| row[i].is_finite()).collect();
-        assert_eq!(kept, vec![1, 33, 69]);
     }
 }

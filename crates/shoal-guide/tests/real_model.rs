@@ -101,25 +101,31 @@ fn the_vocabulary_becomes_a_trie_whose_masks_follow_json() {
         .response_format(&ResponseFormat::JsonObject)
         .expect("compiles")
         .expect("a constraint");
-    let first = p.allowed();
+    let first = p.mask().expect("mask");
     let id = |text: &str| {
         let ids = tokenizer.encode(text, false);
         assert_eq!(ids.len(), 1, "{text:?} is one token");
         ids[0]
     };
-    assert!(first.is_allowed(id("{")));
-    assert!(!first.is_allowed(id("Hello")) && !first.is_allowed(id("[")));
+    assert!(first.allows(id("{")));
+    assert!(!first.allows(id("Hello")) && !first.allows(id("[")));
     // Nothing ends an unfinished object.
     let im_end = tokenizer.token_id("<|im_end|>").expect("im_end");
-    assert!(!first.is_allowed(im_end));
+    assert!(!first.allows(im_end));
     for t in tokenizer.encode("{\"a\": 1}", false) {
-        assert!(p.allowed().is_allowed(t), "token {t} follows the grammar");
-        p.accept(t);
+        assert!(
+            p.mask().expect("mask").allows(t),
+            "token {t} follows the grammar"
+        );
+        p.accept(t).expect("accepted");
     }
     // Complete: end-of-generation is allowed now, and only whitespace or the end after it.
-    let done = p.allowed();
-    assert!(done.is_allowed(im_end));
-    assert!(!done.is_allowed(id("x")));
+    let done = p.mask().expect("mask");
+    assert!(done.allows(im_end));
+    assert!(!done.allows(id("x")));
+    // A token the grammar does not allow is an error, not a silent skip.
+    let mut q = p.clone_box();
+    assert!(q.accept(id("x")).is_err());
     assert!(p.is_complete());
 }
 
