@@ -32,6 +32,7 @@ pub mod cluster;
 pub mod downloads;
 pub mod error;
 pub mod membership;
+pub mod ollama;
 pub mod openai;
 pub mod sse;
 
@@ -104,12 +105,14 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/completions", post(openai::completions::completions))
         .route("/v1/responses", post(openai::responses::create_response))
         .merge(anthropic::routes())
+        .merge(ollama::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             cluster::forward_to_driver,
         ));
     Router::new()
         .merge(generation)
+        .merge(ollama::plain_routes())
         .route("/v1/cancel/{id}", post(cancel::cancel_request))
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{*id}", get(openai::get_model))

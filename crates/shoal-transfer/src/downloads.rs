@@ -99,6 +99,11 @@ impl Downloads {
         Self { inner }
     }
 
+    /// The store models are brought into.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
     /// Sets what runs when a whole model has arrived (the node offers it to the cluster).
     pub fn on_complete(&self, f: OnComplete) {
         *lock(&self.inner.on_complete) = Some(f);

@@ -1,0 +1,307 @@
+//! Answering a submitted request the Ollama way: [`Run`] reads the engine's events and times them,
+//! [`Answer`] shapes chat or generate objects, and [`respond`] sends either NDJSON lines
+//! (`application/x-ndjson`: one object per token, then the last one with `done: true`, `done_reason` and
+//! the measurements) or, with `stream: false`, one object holding the whole text.
+//!
+//! The NDJSON body owns the [`LiveRequest`]: when the client goes away axum drops the body, the
+//! `RequestStream` is dropped and the engine cancels the sequence at its next step; nothing is spawned.
+//! An engine error midway ends the stream with an `{"error": "…"}` line (what Ollama clients raise).
+//!
+//! Measurements (nanoseconds, measured here): `total_duration` from the handler's start to the end;
+//! `load_duration` from the start until the request was queued (model lookup, template, tokenization;
+//! shoal keeps models loaded, so no weights are read); `prompt_eval_duration` from queueing to the first
+//! token (waiting for a slot, prefill and the first sample); `eval_duration` from the first token to the
+//! end; `prompt_eval_count` / `eval_count` from the engine's usage.
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use shoal_engine::request::TopLogprob;
+use shoal_engine::{Event, FinishReason};
+
+use super::types::{
+    ChatResponse, Ending, GenerateResponse, Logprob, MessageOut, Metrics, TokenLogprob,
+};
+use super::{Error, now_rfc3339};
+use crate::cancel::LiveRequest;
+use crate::error::ApiError;
+
+/// A running request and its clock.
+pub struct Run {
+    request: LiveRequest,
+    started: Instant,
+    queued: Instant,
+    first_token: Option<Instant>,
+}
+
+/// What the next engine event means to an Ollama answer.
+pub enum Step {
+    Token {
+        text: String,
+        logprob: f32,
+        top: Vec<TopLogprob>,
+    },
+    Done {
+        reason: &'static str,
+        metrics: Metrics,
+    },
+    Failed(Error),
+}
+
+impl Run {
+    /// `started`: when the handler began; the request was queued just now.
+    pub fn new(request: LiveRequest, started: Instant) -> Self {
+        Run {
+            request,
+            started,
+            queued: Instant::now(),
+            first_token: None,
+        }
+    }
+
+    pub async fn next(&mut self) -> Step {
+        match self.request.stream().next().await {
+            Some(Event::Token {
+                text,
+                logprob,
+                top_logprobs,
+                ..
+            }) => {
+                self.first_token.get_or_insert_with(Instant::now);
+                Step::Token {
+                    text,
+                    logprob,
+                    top: top_logprobs,
+                }
+            }
+            Some(Event::Done {
+                finish_reason: FinishReason::Cancelled,
+                ..
+            }) => Step::Failed(Error(ApiError::Cancelled)),
+            Some(Event::Done {
+                finish_reason,
+                usage,
+                ..
+            }) => {
+                let now = Instant::now();
+                let first = self.first_token.unwrap_or(now);
+                Step::Done {
+                    reason: finish_reason.as_str(),
+                    metrics: Metrics {
+                        total_duration: nanos(now - self.started),
+                        load_duration: nanos(self.queued - self.started),
+                        prompt_eval_count: usage.prompt_tokens,
+                        prompt_eval_duration: nanos(first.saturating_duration_since(self.queued)),
+                        eval_count: usage.completion_tokens,
+                        eval_duration: nanos(now.saturating_duration_since(first)),
+                    },
+                }
+            }
+            Some(Event::Error(err)) => {
+                tracing::warn!(request = self.request.id(), error = %err, "generation failed");
+                Step::Failed(Error(ApiError::from(err)))
+            }
+            // A request cancelled (by id) while still queued is dropped without a final event.
+            None if self.request.cancelled_by_id() => Step::Failed(Error(ApiError::Cancelled)),
+            None => Step::Failed(Error(ApiError::Internal(
+                "the engine closed the request's stream without finishing".into(),
+            ))),
+        }
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Which object an answer is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `/api/chat`: `message: {role, content}`.
+    Chat,
+    /// `/api/generate`: `response`.
+    Generate,
+}
+
+/// Shapes the objects of one answer.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub kind: Kind,
+    pub model: String,
+    /// Whether each object carries its tokens' log-probabilities.
+    pub logprobs: bool,
+}
+
+impl Answer {
+    /// One object: a piece of text (`end: None`) or the last object.
+    pub fn object(&self, text: String, end: Option<Ending>, logprobs: Vec<Logprob>) -> String {
+        let logprobs = self.logprobs.then_some(logprobs);
+        let (model, created_at, done) = (self.model.clone(), now_rfc3339(), end.is_some());
+        match self.kind {
+            Kind::Chat => to_json(&ChatResponse {
+                model,
+                created_at,
+                message: MessageOut {
+                    role: "assistant",
+                    content: text,
+                },
+                done,
+                end,
+                logprobs,
+            }),
+            Kind::Generate => to_json(&GenerateResponse {
+                model,
+                created_at,
+                response: text,
+                done,
+                end,
+                logprobs,
+            }),
+        }
+    }
+}
+
+/// Serializes an answer object; should one ever fail, the client gets an error object instead.
+pub fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| {
+        tracing::error!("failed to serialize an Ollama answer: {e}");
+        Error(ApiError::Internal(e.to_string())).line().to_string()
+    })
+}
+
+fn logprob(text: &str, logprob: f32, top: Vec<TopLogprob>) -> Logprob {
+    Logprob {
+        token: text.to_string(),
+        logprob,
+        bytes: text.as_bytes().to_vec(),
+        top_logprobs: top
+            .into_iter()
+            .map(|t| TokenLogprob {
+                token: String::from_utf8_lossy(&t.bytes).into_owned(),
+                logprob: t.logprob,
+                bytes: t.bytes,
+            })
+            .collect(),
+    }
+}
+
+/// The answer to a running request: NDJSON lines or, with `stream` false, one object.
+pub async fn respond(run: Run, answer: Answer, stream: bool) -> Response {
+    if stream {
+        return ndjson_response(lines(run, answer));
+    }
+    match collect(run, &answer).await {
+        Ok(body) => json_response(body),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Reads the whole answer into one object.
+async fn collect(mut run: Run, answer: &Answer) -> Result<String, Error> {
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    loop {
+        match run.next().await {
+            Step::Token {
+                text: piece,
+                logprob: lp,
+                top,
+            } => {
+                if answer.logprobs {
+                    logprobs.push(logprob(&piece, lp, top));
+                }
+                text.push_str(&piece);
+            }
+            Step::Done { reason, metrics } => {
+                let end = Ending {
+                    done_reason: reason,
+                    metrics: Some(metrics),
+                };
+                return Ok(answer.object(text, Some(end), logprobs));
+            }
+            Step::Failed(e) => return Err(e),
+        }
+    }
+}
+
+struct Lines {
+    run: Run,
+    answer: Answer,
+    /// Log-probabilities of tokens whose text has not been sent yet (empty pieces).
+    pending: Vec<Logprob>,
+    finished: bool,
+}
+
+/// The NDJSON lines of a running request, each ending in `\n`.
+fn lines(run: Run, answer: Answer) -> impl futures::Stream<Item = String> + Send + 'static {
+    let state = Lines {
+        run,
+        answer,
+        pending: Vec::new(),
+        finished: false,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        if st.finished {
+            return None;
+        }
+        loop {
+            match st.run.next().await {
+                Step::Token {
+                    text,
+                    logprob: lp,
+                    top,
+                } => {
+                    if st.answer.logprobs {
+                        st.pending.push(logprob(&text, lp, top));
+                    }
+                    if text.is_empty() {
+                        continue;
+                    }
+                    let logprobs = std::mem::take(&mut st.pending);
+                    let line = st.answer.object(text, None, logprobs);
+                    return Some((line + "\n", st));
+                }
+                Step::Done { reason, metrics } => {
+                    st.finished = true;
+                    let end = Ending {
+                        done_reason: reason,
+                        metrics: Some(metrics),
+                    };
+                    let logprobs = std::mem::take(&mut st.pending);
+                    let line = st.answer.object(String::new(), Some(end), logprobs);
+                    return Some((line + "\n", st));
+                }
+                Step::Failed(e) => {
+                    st.finished = true;
+                    return Some((e.line().to_string() + "\n", st));
+                }
+            }
+        }
+    })
+}
+
+/// A 200 NDJSON response whose body is `lines`.
+pub fn ndjson_response(lines: impl futures::Stream<Item = String> + Send + 'static) -> Response {
+    use futures::StreamExt;
+    let body = Body::from_stream(lines.map(|l| Ok::<_, Infallible>(Bytes::from(l))));
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    response
+}
+
+/// A 200 JSON response of an already serialized object.
+pub fn json_response(body: String) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
