@@ -507,6 +507,16 @@ async fn bad_input_is_a_4xx_in_anthropics_shape() {
             "mcp_servers",
         ),
         (
+            "a structured output format",
+            ask(
+                "Hi",
+                json!({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}),
+            ),
+            400,
+            "invalid_request_error",
+            "output_config.format",
+        ),
+        (
             "stream a string",
             ask("Hi", json!({"stream": "yes"})),
             400,
@@ -522,11 +532,12 @@ async fn bad_input_is_a_4xx_in_anthropics_shape() {
             "{what}: {message:?} does not name {named:?}"
         );
     }
-    // Accepted and harmless: metadata, thinking disabled, tool_choice none without tools, extras.
+    // Accepted and harmless: metadata, thinking disabled, tool_choice none without tools, hints, extras.
     let fine = ask(
         "Hi",
         json!({"max_tokens": 2, "metadata": {"user_id": "u1"}, "thinking": {"type": "disabled"},
-               "tool_choice": {"type": "none"}, "service_tier": "auto", "some_future_field": 1, "messages": user}),
+               "tool_choice": {"type": "none"}, "service_tier": "auto", "some_future_field": 1, "messages": user,
+               "output_config": {"effort": "low"}, "cache_control": {"type": "ephemeral"}, "container": null}),
     );
     ok(&fine).await;
 }

@@ -4,7 +4,10 @@
 //! Each rule names the field it is about, so every refusal is a 400 naming it: `max_tokens` is required,
 //! `temperature` is Anthropic's 0..1, stop sequences and the token budget follow the OpenAI routes' rules
 //! ([`crate::openai::params`]), and what shoal does not offer (`thinking`, images and documents in
-//! a text-only model, tools until they are wired) is refused by name, never ignored.
+//! a text-only model, tools and `output_config.format` until they are wired, `mcp_servers`,
+//! `container`) is refused by name, never ignored. Hints that change nothing about the answer here
+//! (`metadata`, `service_tier`, `output_config.effort`, top-level `cache_control`: shoal caches prompt
+//! prefixes by itself) are accepted.
 //!
 //! A conversation that ends with an assistant message is a prefill, as on Anthropic's API: the messages
 //! before it are rendered with the template's generation prompt and the assistant's text is appended,
@@ -48,6 +51,12 @@ pub fn prepare(engine: &Engines, req: MessagesRequest) -> Result<Prepared, ApiEr
         return Err(ApiError::invalid(
             "mcp_servers",
             "MCP servers are not supported by this server",
+        ));
+    }
+    if req.output_config.and_then(|c| c.format).is_some() {
+        return Err(ApiError::invalid(
+            "output_config.format",
+            "structured output formats are not supported by this server yet",
         ));
     }
     if req.container.is_some() {

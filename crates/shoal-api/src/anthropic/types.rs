@@ -32,6 +32,14 @@ pub struct MessagesRequest {
     pub mcp_servers: Option<Vec<Value>>,
     /// Anthropic's code-execution container: not offered.
     pub container: Option<Value>,
+    /// `effort` (a hint, accepted) and `format` (structured output, refused until it is wired).
+    pub output_config: Option<OutputConfig>,
+}
+
+/// `output_config`.
+#[derive(Debug, Deserialize)]
+pub struct OutputConfig {
+    pub format: Option<Value>,
 }
 
 /// `POST /v1/messages/count_tokens` body: a messages request without the generation knobs.
