@@ -9,10 +9,9 @@
 //! configured with the same keys.
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use axum::response::Response;
 use sha2::{Digest, Sha256};
 
 use crate::{ApiError, ApiState};
@@ -101,20 +100,13 @@ pub async fn require_key(State(state): State<ApiState>, req: Request, next: Next
 
 /// A 401 in the shape of the API `path` belongs to.
 fn unauthorized(path: &str, message: &str) -> Response {
-    let status = StatusCode::UNAUTHORIZED;
-    if path.starts_with("/v1/messages") {
-        let body =
-            json!({"type": "error", "error": {"type": "authentication_error", "message": message}});
-        return (status, axum::Json(body)).into_response();
+    let mut r = crate::dialect::error_response(path, ApiError::Unauthorized(message.to_string()));
+    if !path.starts_with("/v1/messages") && !path.starts_with("/api/") {
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            axum::http::HeaderValue::from_static("Bearer"),
+        );
     }
-    if path.starts_with("/api/") {
-        return (status, axum::Json(json!({ "error": message }))).into_response();
-    }
-    let mut r = ApiError::Unauthorized(message.to_string()).into_response();
-    r.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        axum::http::HeaderValue::from_static("Bearer"),
-    );
     r
 }
 

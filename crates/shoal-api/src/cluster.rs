@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use shoal_cluster::{ClusterHandle, PlaceRequest};
 
+use crate::dialect::error_response;
 use crate::{ApiError, ApiState};
 
 pub(crate) fn cluster(state: &ApiState) -> Result<&ClusterHandle, ApiError> {
@@ -152,14 +153,13 @@ pub async fn forward_to_driver(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    use axum::response::IntoResponse;
     let Some(cluster) = state.cluster.clone() else {
         return next.run(req).await;
     };
     let (parts, body) = req.into_parts();
     let bytes = match axum::body::to_bytes(body, state.body_limit).await {
         Ok(b) => b,
-        Err(_) => return ApiError::PayloadTooLarge.into_response(),
+        Err(_) => return error_response(parts.uri.path(), ApiError::PayloadTooLarge),
     };
     let model = serde_json::from_slice::<ModelOf>(&bytes)
         .ok()
@@ -168,12 +168,12 @@ pub async fn forward_to_driver(
         && state.engine.get(&model).is_err()
     {
         if let Err(e) = ensure_instance(&state, &cluster, &model).await {
-            return e.into_response();
+            return error_response(parts.uri.path(), e);
         }
         if state.engine.get(&model).is_err()
             && let Some(base) = remote_driver(&cluster, &model)
         {
-            return relay(format!("{base}{}", parts.uri.path()), bytes, &parts.headers).await;
+            return relay(&base, parts.uri.path(), bytes, &parts.headers).await;
         }
     }
     next.run(axum::extract::Request::from_parts(
@@ -239,11 +239,12 @@ async fn ensure_instance(
 /// Sends the request on to another node's API (with the client's API key: the nodes of a cluster share
 /// their keys) and streams its answer back.
 async fn relay(
-    url: String,
+    base: &str,
+    path: &str,
     body: axum::body::Bytes,
     headers: &axum::http::HeaderMap,
 ) -> axum::response::Response {
-    use axum::response::IntoResponse;
+    let url = format!("{base}{path}");
     let client = reqwest::Client::new();
     let mut req = client
         .post(&url)
@@ -256,7 +257,7 @@ async fn relay(
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(%url, "forwarding to the driving node failed: {e}");
-            return ApiError::Unavailable.into_response();
+            return error_response(path, ApiError::Unavailable);
         }
     };
     let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);

@@ -30,6 +30,7 @@ pub mod auth;
 pub mod cancel;
 pub mod cluster;
 pub mod downloads;
+pub mod dialect;
 pub mod error;
 pub mod membership;
 pub mod ollama;
@@ -156,10 +157,12 @@ async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-async fn not_found(method: Method, uri: Uri) -> ApiError {
-    ApiError::NotFound(format!("no route for {method} {}", uri.path()))
+async fn not_found(method: Method, uri: Uri) -> axum::response::Response {
+    let err = ApiError::NotFound(format!("no route for {method} {}", uri.path()));
+    dialect::error_response(uri.path(), err)
 }
 
-async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
-    ApiError::MethodNotAllowed(format!("{method} is not allowed on {}", uri.path()))
+async fn method_not_allowed(method: Method, uri: Uri) -> axum::response::Response {
+    let err = ApiError::MethodNotAllowed(format!("{method} is not allowed on {}", uri.path()));
+    dialect::error_response(uri.path(), err)
 }

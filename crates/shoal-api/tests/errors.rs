@@ -260,6 +260,28 @@ async fn unknown_routes_and_methods_answer_in_openai_shape() {
 }
 
 #[tokio::test]
+async fn unknown_routes_under_anthropic_and_ollama_answer_in_their_shape() {
+    let reply = get("/v1/messages/nothing-here").await;
+    assert_eq!(reply.status, 404);
+    let v = reply.json();
+    assert_eq!(v["type"], "error", "{}", reply.body);
+    assert_eq!(v["error"]["type"], "not_found_error", "{}", reply.body);
+    let reply = get("/api/nothing-here").await;
+    assert_eq!(reply.status, 404);
+    let v = reply.json();
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("/api/nothing-here")),
+        "{}",
+        reply.body
+    );
+    let reply = get("/v1/messages").await;
+    assert_eq!(reply.status, 405);
+    assert_eq!(reply.json()["error"]["type"], "invalid_request_error");
+}
+
+#[tokio::test]
 async fn good_request_works_after_bad_ones() {
     // A burst of bad requests of every kind...
     send(post_raw(CHAT, Some("application/json"), "{")).await;
