@@ -77,6 +77,8 @@ pub struct ApiState {
     pub downloads: Option<shoal_transfer::Downloads>,
     /// With keys, every route but `/health` and `/cluster/enroll` needs one ([`auth`]); `None`: the API is open.
     pub api_keys: Option<auth::ApiKeys>,
+    /// Constrained decoding per model (JSON schemas, forced tool calls), built on first need.
+    pub guides: shoal_guide::Guides,
 }
 
 impl ApiState {
@@ -87,6 +89,7 @@ impl ApiState {
             placing: Arc::default(),
             downloads: None,
             api_keys: None,
+            guides: shoal_guide::Guides::default(),
             body_limit: DEFAULT_BODY_LIMIT,
             cancellations: Arc::default(),
         }

@@ -276,12 +276,11 @@ pub fn plan_with(
     let caps: ToolCaps = template.map(ChatTemplate::tool_caps).unwrap_or_default();
     let format = ToolFormat::detect(template);
     let prepared = prepare_messages(messages, tools, &guidance.tool_choice, caps);
+    // A named function is called once (small models repeat a forced call until their budget runs
+    // out otherwise); `required` allows several calls where parallel calls are allowed.
+    let parallel = guidance.parallel_tool_calls && guidance.tool_choice == ToolChoice::Required;
     let processor: Option<Box<dyn LogitsProcessor>> = match (&forced, &guidance.response_format) {
-        (Some(forced), _) => Some(Box::new(guide()?.forced_call(
-            format,
-            forced,
-            guidance.parallel_tool_calls,
-        )?)),
+        (Some(forced), _) => Some(Box::new(guide()?.forced_call(format, forced, parallel)?)),
         (None, ResponseFormat::Text) => None,
         (None, format) => guide()?
             .response_format(format)?

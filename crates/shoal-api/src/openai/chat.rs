@@ -1,19 +1,28 @@
 //! `POST /v1/chat/completions`.
 //!
 //! Messages are flattened to text, rendered with the model's own chat template
-//! ([`shoal_engine::EngineHandle::render_chat`]) and submitted as a text prompt without an extra BOS
-//! (the template writes it when the model wants one).
+//! ([`shoal_engine::EngineHandle::render_chat_tools`]) and submitted as a text prompt without an extra
+//! BOS (the template writes it when the model wants one).
+//!
+//! `tools`, `tool_choice` and `response_format` go through [`super::tools`] into shoal-guide's
+//! [`shoal_guide::Guides::plan`]: the messages and tools the template sees, the constraint the engine
+//! applies while decoding (a forced call, or the JSON schema), and the parser that splits the answer
+//! into `content` and `tool_calls` (`finish_reason: "tool_calls"`), whole or as stream deltas.
 
 use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
 use shoal_engine::{ChatMessage, FinishReason, GenerateRequest, Prompt, Usage};
+use shoal_guide::{
+    ChatGuidance, ResponseFormat, ToolCallParser, ToolCallStream, ToolChoice, ToolEvent,
+};
 
 use super::params::CommonParams;
+use super::tools::{self, ToolCallJson};
 use super::types::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatLogprobs,
-    ChatMessageIn, ChatRequest, Delta, MessageContent, TokenLogprob,
+    ChatMessageIn, ChatRequest, Delta, MessageContent, Role, TokenLogprob,
 };
 use super::{SYSTEM_FINGERPRINT, collect, unix_now};
 use crate::ApiState;
@@ -35,17 +44,35 @@ pub async fn chat_completions(
         ));
     }
     let logprobs = wants_logprobs(&req)?;
+    let guidance = tools::guidance(&mut req)?;
     let params = CommonParams::from(&mut req).validate(&state.engine)?;
-    let messages = req
-        .messages
-        .into_iter()
-        .enumerate()
-        .map(|(i, m)| to_chat_message(i, m))
-        .collect::<Result<Vec<_>, _>>()?;
-    let prompt = state
+    if params.ignore_eos && constrains(&guidance) {
+        return Err(ApiError::invalid(
+            "ignore_eos",
+            "ignore_eos cannot be combined with response_format or a forced tool_choice",
+        ));
+    }
+    let messages = to_chat_messages(req.messages)?;
+    let engine = state
         .engine
-        .render_chat(&params.model, &messages)
+        .get(&params.model)
         .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
+    let created = unix_now();
+    // Call ids: the request's id is not known yet; the clock keeps them apart across restarts.
+    let id_seed = created.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(std::process::id());
+    let guides = state.guides.clone();
+    let plan_engine = engine.clone();
+    // The first constrained request of a model builds its token tables: off the async workers.
+    let plan = tokio::task::spawn_blocking(move || {
+        guides.plan(&plan_engine, messages, &guidance, id_seed)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("planning the request failed: {e}")))?
+    .map_err(tools::guide_error)?;
+    let prompt = engine
+        .render_chat_tools(&plan.messages, &plan.tools)
+        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
+    let tool_parser = plan.tool_parser;
     let request = GenerateRequest {
         model: params.model.clone(),
         prompt: Prompt::Text(prompt),
@@ -56,7 +83,7 @@ pub async fn chat_completions(
         add_bos: true,
         ignore_eos: params.ignore_eos,
         timeout: params.timeout,
-        logits_processor: None,
+        logits_processor: plan.processor,
     };
     let stream = state
         .engine
@@ -64,7 +91,6 @@ pub async fn chat_completions(
         .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
     let mut stream = state.track(stream);
     let id = format!("chatcmpl-{}", stream.id());
-    let created = unix_now();
     if params.stream {
         let format = ChatChunks {
             id,
@@ -72,6 +98,7 @@ pub async fn chat_completions(
             model: params.model,
             logprobs,
             pending: Vec::new(),
+            tools: tool_parser.as_ref().map(ToolCallParser::stream),
         };
         return Ok(sse_response(stream, format, params.include_usage));
     }
@@ -83,6 +110,7 @@ pub async fn chat_completions(
             .map(|(text, logprob)| token_logprob(text, logprob))
             .collect(),
     });
+    let (message, finish_reason) = answer(done.text, done.finish_reason, tool_parser.as_ref());
     let body = ChatCompletion {
         id,
         object: "chat.completion",
@@ -91,12 +119,9 @@ pub async fn chat_completions(
         system_fingerprint: SYSTEM_FINGERPRINT,
         choices: vec![ChatChoice {
             index: 0,
-            message: AssistantMessage {
-                role: "assistant",
-                content: done.text,
-            },
+            message,
             logprobs,
-            finish_reason: done.finish_reason.as_str(),
+            finish_reason,
         }],
         usage: done.usage.into(),
     };
@@ -121,6 +146,84 @@ fn wants_logprobs(req: &ChatRequest) -> Result<bool, ApiError> {
         _ => {}
     }
     Ok(req.logprobs.unwrap_or(false))
+}
+
+/// Whether the request constrains decoding (a schema or a forced call).
+fn constrains(guidance: &ChatGuidance) -> bool {
+    guidance.response_format != ResponseFormat::Text
+        || matches!(
+            guidance.tool_choice,
+            ToolChoice::Required | ToolChoice::Function(_)
+        )
+}
+
+/// The assistant message of a finished answer: calls split out where tools were offered.
+fn answer(
+    text: String,
+    reason: FinishReason,
+    parser: Option<&ToolCallParser>,
+) -> (AssistantMessage, &'static str) {
+    let Some(parser) = parser else {
+        let message = AssistantMessage {
+            role: "assistant",
+            content: Some(text),
+            tool_calls: None,
+        };
+        return (message, reason.as_str());
+    };
+    let (content, calls) = parser.parse(&text);
+    if calls.is_empty() {
+        let message = AssistantMessage {
+            role: "assistant",
+            content: Some(text),
+            tool_calls: None,
+        };
+        return (message, reason.as_str());
+    }
+    let message = AssistantMessage {
+        role: "assistant",
+        content: (!content.is_empty()).then_some(content),
+        tool_calls: Some(
+            calls
+                .into_iter()
+                .map(|c| ToolCallJson::new(c, None))
+                .collect(),
+        ),
+    };
+    (message, finish_reason(reason, true))
+}
+
+/// `tool_calls` when the model stopped by itself after calling; otherwise the engine's reason.
+fn finish_reason(reason: FinishReason, called: bool) -> &'static str {
+    if called && reason == FinishReason::Stop {
+        "tool_calls"
+    } else {
+        reason.as_str()
+    }
+}
+
+/// The request's messages for the chat template, tool calls and results included.
+fn to_chat_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len());
+    for (i, mut m) in messages.into_iter().enumerate() {
+        let calls = m.tool_calls.take();
+        let (call_id, name) = (m.tool_call_id.take(), m.name.take());
+        let role = m.role;
+        let mut message = to_chat_message(i, m)?;
+        match role {
+            Role::Tool => {
+                message = tools::tool_result(i, message.content, call_id, name, &out)?;
+            }
+            Role::Assistant => {
+                if let Some(calls) = calls {
+                    message.tool_calls = tools::tool_calls(i, calls)?;
+                }
+            }
+            _ => {}
+        }
+        out.push(message);
+    }
+    Ok(out)
 }
 
 /// One message as the chat template sees it: text parts concatenated, other part types refused.
@@ -173,6 +276,8 @@ struct ChatChunks {
     logprobs: bool,
     /// Log-probabilities of tokens whose text has not been sent yet (empty pieces).
     pending: Vec<TokenLogprob>,
+    /// Splits calls out of the text where tools were offered.
+    tools: Option<ToolCallStream>,
 }
 
 impl ChatChunks {
@@ -203,6 +308,7 @@ impl ChunkFormat for ChatChunks {
         let delta = Delta {
             role: Some("assistant"),
             content: Some(String::new()),
+            tool_calls: None,
         };
         let choice = ChatChunkChoice {
             index: 0,
@@ -217,13 +323,17 @@ impl ChunkFormat for ChatChunks {
         if self.logprobs {
             self.pending.push(token_logprob(text.to_string(), logprob));
         }
-        if text.is_empty() {
+        let delta = match &mut self.tools {
+            Some(stream) => tool_delta(stream.push(text)),
+            None if text.is_empty() => Delta::default(),
+            None => Delta {
+                content: Some(text.to_string()),
+                ..Delta::default()
+            },
+        };
+        if delta.content.is_none() && delta.tool_calls.is_none() {
             return None;
         }
-        let delta = Delta {
-            role: None,
-            content: Some(text.to_string()),
-        };
         let choice = ChatChunkChoice {
             index: 0,
             delta,
@@ -234,16 +344,49 @@ impl ChunkFormat for ChatChunks {
     }
 
     fn finish(&mut self, reason: FinishReason) -> String {
+        let (delta, called) = match &mut self.tools {
+            Some(stream) => (tool_delta(stream.finish()), stream.saw_calls()),
+            None => (Delta::default(), false),
+        };
         let choice = ChatChunkChoice {
             index: 0,
-            delta: Delta::default(),
+            delta,
             logprobs: self.take_logprobs(),
-            finish_reason: Some(reason.as_str()),
+            finish_reason: Some(finish_reason(reason, called)),
         };
         self.chunk(vec![choice], None)
     }
 
     fn usage(&mut self, usage: Usage) -> String {
         self.chunk(Vec::new(), Some(usage))
+    }
+}
+
+/// A stream delta from tool-parser events: their text joined, their calls with indexes.
+fn tool_delta(events: Vec<ToolEvent>) -> Delta {
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    for event in events {
+        match event {
+            ToolEvent::Content(text) => content.push_str(&text),
+            ToolEvent::Call {
+                index,
+                id,
+                name,
+                arguments,
+            } => calls.push(ToolCallJson::new(
+                shoal_guide::ToolCallOut {
+                    id,
+                    name,
+                    arguments,
+                },
+                Some(index),
+            )),
+        }
+    }
+    Delta {
+        role: None,
+        content: (!content.is_empty()).then_some(content),
+        tool_calls: (!calls.is_empty()).then_some(calls),
     }
 }

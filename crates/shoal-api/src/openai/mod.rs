@@ -9,6 +9,7 @@ pub mod chat;
 pub mod completions;
 pub mod params;
 pub mod responses;
+pub mod tools;
 pub mod types;
 
 use std::time::{SystemTime, UNIX_EPOCH};

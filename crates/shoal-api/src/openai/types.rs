@@ -33,6 +33,47 @@ pub struct ChatRequest {
     pub n: Option<i64>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
+    /// Functions the model may call.
+    pub tools: Option<Vec<ToolIn>>,
+    /// `"none" | "auto" | "required" | {"type": "function", "function": {"name"}}`, read by
+    /// [`super::tools`] (which names `tool_choice` in its errors).
+    pub tool_choice: Option<serde_json::Value>,
+    pub parallel_tool_calls: Option<bool>,
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`, read by
+    /// [`super::tools`].
+    pub response_format: Option<serde_json::Value>,
+}
+
+/// One entry of `tools`.
+#[derive(Debug, Deserialize)]
+pub struct ToolIn {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionIn,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionIn {
+    pub name: String,
+    pub description: Option<String>,
+    /// JSON schema of the arguments.
+    pub parameters: Option<serde_json::Value>,
+}
+
+/// One of an assistant message's `tool_calls`.
+#[derive(Debug, Deserialize)]
+pub struct ToolCallIn {
+    pub id: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub function: FunctionCallIn,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionCallIn {
+    pub name: String,
+    /// JSON text (OpenAI's shape); an object is taken too.
+    pub arguments: Option<serde_json::Value>,
 }
 
 /// `POST /v1/completions` body.
@@ -109,6 +150,8 @@ pub enum Role {
     Developer,
     User,
     Assistant,
+    /// A tool call's result.
+    Tool,
 }
 
 impl Role {
@@ -118,6 +161,7 @@ impl Role {
             Role::System | Role::Developer => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
 }
@@ -128,6 +172,12 @@ pub struct ChatMessageIn {
     /// `null` is allowed (assistant turns that only carried tool calls) and reads as empty text.
     #[serde(default)]
     pub content: Option<MessageContent>,
+    /// An assistant turn's function calls.
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<String>,
+    /// The function a `tool` message answers for (optional).
+    pub name: Option<String>,
 }
 
 /// Message content: a string or a list of typed parts.
@@ -197,7 +247,10 @@ pub struct ChatChoice {
 #[derive(Debug, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the answer is only tool calls.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<super::tools::ToolCallJson>>,
 }
 
 /// `chat.completion.chunk`.
@@ -227,6 +280,9 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Complete calls, each with its `index` (OpenAI clients also take a call whole).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<super::tools::ToolCallJson>>,
 }
 
 /// Chat log-probabilities: the sampled token's own only (`top_logprobs` stays empty).
