@@ -470,31 +470,48 @@ async fn bad_input_is_a_4xx_in_anthropics_shape() {
             "thinking",
         ),
         (
-            "tools",
+            "a tool without input_schema",
+            ask("Hi", json!({"tools": [{"name": "f"}]})),
+            400,
+            "invalid_request_error",
+            "tools[0].input_schema",
+        ),
+        (
+            "a server tool",
             ask(
                 "Hi",
-                json!({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}),
+                json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
             ),
             400,
             "invalid_request_error",
-            "tools",
+            "tools[0].type",
         ),
         (
-            "tool_choice any",
+            "tool_choice naming an unknown tool",
+            ask(
+                "Hi",
+                json!({"tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "tool", "name": "g"}}),
+            ),
+            400,
+            "invalid_request_error",
+            "tool_choice",
+        ),
+        (
+            "tool_choice any without tools",
             ask("Hi", json!({"tool_choice": {"type": "any"}})),
             400,
             "invalid_request_error",
             "tool_choice",
         ),
         (
-            "a tool_result block",
+            "a tool_result for no call",
             ask(
                 "Hi",
                 json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "4"}]}]}),
             ),
             400,
             "invalid_request_error",
-            "tool_result",
+            "messages[0].content[0].tool_use_id",
         ),
         (
             "mcp servers",
@@ -507,11 +524,8 @@ async fn bad_input_is_a_4xx_in_anthropics_shape() {
             "mcp_servers",
         ),
         (
-            "a structured output format",
-            ask(
-                "Hi",
-                json!({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}),
-            ),
+            "an output format other than json_schema",
+            ask("Hi", json!({"output_config": {"format": {"type": "xml"}}})),
             400,
             "invalid_request_error",
             "output_config.format",
@@ -571,4 +585,159 @@ async fn a_prompt_longer_than_the_context_is_a_400() {
     let reply = post_json(MESSAGES, &ask(&long, json!({}))).await;
     let message = anthropic_error(&reply, 400, "invalid_request_error");
     assert!(message.contains("messages"), "{message}");
+}
+
+fn weather_tools() -> Value {
+    json!([{
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "input_schema": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    }])
+}
+
+/// The `tool_use` blocks of a message.
+fn tool_uses(message: &Value) -> Vec<Value> {
+    message["content"]
+        .as_array()
+        .expect("content")
+        .iter()
+        .filter(|b| b["type"] == "tool_use")
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn a_forced_tool_call_is_a_valid_tool_use_block() {
+    for choice in [
+        json!({"type": "tool", "name": "get_weather"}),
+        json!({"type": "any", "disable_parallel_tool_use": true}),
+    ] {
+        let body = ask(
+            "What is the weather like in Paris?",
+            json!({"max_tokens": 64, "tools": weather_tools(), "tool_choice": choice}),
+        );
+        let v = ok(&body).await;
+        let calls = tool_uses(&v);
+        assert_eq!(calls.len(), 1, "{v}");
+        assert_eq!(calls[0]["name"], "get_weather");
+        assert!(calls[0]["id"].as_str().is_some_and(|id| !id.is_empty()));
+        assert!(calls[0]["input"]["city"].is_string(), "{v}");
+        assert_eq!(v["stop_reason"], "tool_use", "{v}");
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_tool_call_arrives_as_input_json_deltas() {
+    let body = ask(
+        "What is the weather like in Paris?",
+        json!({"max_tokens": 64, "tools": weather_tools(),
+               "tool_choice": {"type": "tool", "name": "get_weather"}}),
+    );
+    let whole = ok(&body).await;
+    let mut streaming = body.clone();
+    merge(&mut streaming, json!({"stream": true}));
+    let events = events(&post_json(MESSAGES, &streaming).await);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names[..2], ["message_start", "ping"], "{names:?}");
+    let n = names.len();
+    assert_eq!(names[n - 2..], ["message_delta", "message_stop"]);
+    let start = events
+        .iter()
+        .find(|(n, v)| n == "content_block_start" && v["content_block"]["type"] == "tool_use")
+        .map(|(_, v)| v.clone())
+        .expect("a tool_use block");
+    let index = start["index"].clone();
+    assert_eq!(start["content_block"]["name"], "get_weather");
+    assert_eq!(start["content_block"]["input"], json!({}));
+    let json: String = events
+        .iter()
+        .filter(|(n, v)| n == "content_block_delta" && v["index"] == index)
+        .map(|(_, v)| {
+            assert_eq!(v["delta"]["type"], "input_json_delta");
+            v["delta"]["partial_json"]
+                .as_str()
+                .expect("partial_json")
+                .to_string()
+        })
+        .collect();
+    let input: Value = serde_json::from_str(&json).expect("the deltas are the input's JSON");
+    assert_eq!(input, tool_uses(&whole)[0]["input"]);
+    assert!(
+        events
+            .iter()
+            .any(|(n, v)| n == "content_block_stop" && v["index"] == index)
+    );
+    assert_eq!(events[n - 2].1["delta"]["stop_reason"], "tool_use");
+}
+
+#[tokio::test]
+async fn a_tool_result_turn_renders_and_is_counted() {
+    let conversation = json!([
+        {"role": "user", "content": "What is the weather like in Paris?"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny, 24 degrees Celsius."}]},
+    ]);
+    let body = ask(
+        "unused",
+        json!({"max_tokens": 40, "tools": weather_tools(), "messages": conversation}),
+    );
+    let v = ok(&body).await;
+    assert!(
+        v["content"].as_array().is_some_and(|c| !c.is_empty()),
+        "{v}"
+    );
+    let input = v["usage"]["input_tokens"].as_u64().unwrap_or(0)
+        + v["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0);
+    let count = |extra: Value| {
+        let mut body = json!({"model": MODEL_ID, "messages": conversation.clone()});
+        merge(&mut body, extra);
+        async move {
+            let reply = post_json(COUNT, &body).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+            reply.json()["input_tokens"].as_u64().expect("input_tokens")
+        }
+    };
+    let with_tools = count(json!({"tools": weather_tools()})).await;
+    assert_eq!(
+        with_tools, input,
+        "count_tokens renders what a message renders"
+    );
+    let without = count(json!({})).await;
+    assert!(
+        with_tools > without,
+        "tools are counted: {with_tools} vs {without}"
+    );
+    // The result reaches the prompt: a different result is a different prompt.
+    let mut other = conversation.clone();
+    other[2]["content"][0]["content"] = json!("Heavy rain and storms all day long, 9 degrees.");
+    let changed = post_json(COUNT, &json!({"model": MODEL_ID, "messages": other})).await;
+    assert_ne!(changed.json()["input_tokens"].as_u64(), Some(without));
+}
+
+#[tokio::test]
+async fn an_output_format_constrains_the_answer_to_its_schema() {
+    let schema = json!({
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": false,
+    });
+    let body = ask(
+        "Invent a person.",
+        json!({"max_tokens": 80, "output_config": {"format": {"type": "json_schema", "schema": schema}}}),
+    );
+    let v = ok(&body).await;
+    assert_eq!(v["stop_reason"], "end_turn", "{v}");
+    let answer: Value = serde_json::from_str(&text(&v)).expect("the answer is JSON");
+    assert!(
+        answer["name"].is_string() && answer["age"].is_i64(),
+        "{answer}"
+    );
+    assert_eq!(answer.as_object().map(|o| o.len()), Some(2), "{answer}");
 }

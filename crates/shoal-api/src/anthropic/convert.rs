@@ -1,22 +1,26 @@
-//! From an Anthropic request to what the engine takes: the prompt text (system and messages rendered
-//! through the model's own chat template) and the checked generation parameters ([`Prepared`]).
+//! From an Anthropic request to what the engine takes: the conversation as chat messages for the
+//! model's template ([`Conversation`]), the tools and output format for shoal-guide
+//! ([`super::tools::guidance`]) and the checked generation parameters ([`Prepared`]).
 //!
 //! Each rule names the field it is about, so every refusal is a 400 naming it: `max_tokens` is required,
 //! `temperature` is Anthropic's 0..1, stop sequences and the token budget follow the OpenAI routes' rules
-//! ([`crate::openai::params`]), and what shoal does not offer (`thinking`, images and documents in
-//! a text-only model, tools and `output_config.format` until they are wired, `mcp_servers`,
-//! `container`) is refused by name, never ignored. Hints that change nothing about the answer here
-//! (`metadata`, `service_tier`, `output_config.effort`, top-level `cache_control`: shoal caches prompt
-//! prefixes by itself) are accepted.
+//! ([`crate::openai::params`]), and what shoal does not offer (`thinking`, images and documents in a
+//! text-only model, `mcp_servers`, `container`) is refused by name, never ignored. Hints that change
+//! nothing about the answer here (`metadata`, `service_tier`, `output_config.effort`, top-level
+//! `cache_control`: shoal caches prompt prefixes by itself) are accepted.
 //!
-//! A conversation that ends with an assistant message is a prefill, as on Anthropic's API: the messages
-//! before it are rendered with the template's generation prompt and the assistant's text is appended,
-//! so the answer continues it.
+//! Messages: text blocks are joined; an assistant's `tool_use` blocks become its tool calls and a
+//! user's `tool_result` blocks become `tool` messages (before the user's text), named after the call
+//! they answer. A conversation that ends with an assistant message of text is a prefill, as on
+//! Anthropic's API: the messages before it are rendered with the template's generation prompt and the
+//! assistant's text is appended, so the answer continues it.
 
 use std::num::NonZeroU32;
 
 use shoal_engine::{ChatMessage, Engines, SamplingParams};
+use shoal_guide::{ChatGuidance, ResponseFormat, ToolCall, ToolChoice};
 
+use super::tools::guidance;
 use super::types::{
     Block, Content, CountTokensRequest, InputMessage, MessagesRequest, Role, Thinking,
 };
@@ -27,36 +31,34 @@ use crate::openai::params::{resolve_model, stop_sequences, token_budget};
 /// pieces of a turn, such as a reminder and the user's words).
 const BLOCK_SEPARATOR: &str = "\n";
 
+/// The conversation for the chat template.
+#[derive(Debug, Default, PartialEq)]
+pub struct Conversation {
+    pub messages: Vec<ChatMessage>,
+    /// A final assistant text the answer continues (appended after the rendered prompt).
+    pub prefill: Option<String>,
+}
+
 /// A checked messages request.
 #[derive(Debug)]
 pub struct Prepared {
     /// A model the engine serves.
     pub model: String,
-    /// The rendered conversation, ready to submit with `add_bos`.
-    pub prompt: String,
+    pub conversation: Conversation,
+    pub guidance: ChatGuidance,
     pub sampling: SamplingParams,
     pub max_tokens: NonZeroU32,
     pub stop: Vec<String>,
     pub stream: bool,
 }
 
-/// Checks a `POST /v1/messages` body and renders its prompt.
+/// Checks a `POST /v1/messages` body.
 pub fn prepare(engine: &Engines, req: MessagesRequest) -> Result<Prepared, ApiError> {
-    refuse_unsupported(
-        req.thinking.as_ref(),
-        req.tools.as_deref(),
-        req.tool_choice.as_ref(),
-    )?;
+    refuse_thinking(req.thinking.as_ref())?;
     if req.mcp_servers.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(
             "mcp_servers",
             "MCP servers are not supported by this server",
-        ));
-    }
-    if req.output_config.and_then(|c| c.format).is_some() {
-        return Err(ApiError::invalid(
-            "output_config.format",
-            "structured output formats are not supported by this server yet",
         ));
     }
     if req.container.is_some() {
@@ -71,11 +73,14 @@ pub fn prepare(engine: &Engines, req: MessagesRequest) -> Result<Prepared, ApiEr
     };
     let sampling = sampling(req.temperature, req.top_p, req.top_k)?;
     let stop = stop_sequences("stop_sequences", req.stop_sequences.unwrap_or_default())?;
+    let format = req.output_config.and_then(|c| c.format);
+    let guidance = guidance(req.tools, req.tool_choice, format)?;
     let model = resolve_model(engine, Some(req.model))?;
-    let prompt = render(engine, &model, req.system, req.messages)?;
+    let conversation = conversation(req.system, req.messages, &guidance)?;
     Ok(Prepared {
         model,
-        prompt,
+        conversation,
+        guidance,
         sampling,
         max_tokens,
         stop,
@@ -83,19 +88,17 @@ pub fn prepare(engine: &Engines, req: MessagesRequest) -> Result<Prepared, ApiEr
     })
 }
 
-/// Checks a `POST /v1/messages/count_tokens` body; returns the model and the rendered prompt.
+/// Checks a `POST /v1/messages/count_tokens` body: the model, the conversation and its tools.
 pub fn prepare_count(
     engine: &Engines,
     req: CountTokensRequest,
-) -> Result<(String, String), ApiError> {
-    refuse_unsupported(
-        req.thinking.as_ref(),
-        req.tools.as_deref(),
-        req.tool_choice.as_ref(),
-    )?;
+) -> Result<(String, Conversation, ChatGuidance), ApiError> {
+    refuse_thinking(req.thinking.as_ref())?;
+    let format = req.output_config.and_then(|c| c.format);
+    let guidance = guidance(req.tools, req.tool_choice, format)?;
     let model = resolve_model(engine, Some(req.model))?;
-    let prompt = render(engine, &model, req.system, req.messages)?;
-    Ok((model, prompt))
+    let conversation = conversation(req.system, req.messages, &guidance)?;
+    Ok((model, conversation, guidance))
 }
 
 /// Anthropic's knobs as the engine's [`SamplingParams`]: `temperature` in 0..1 (default 1), `top_p`,
@@ -123,79 +126,164 @@ fn sampling(
     Ok(params.validate().map_err(shoal_engine::EngineError::from)?)
 }
 
-/// Parameters shoal does not implement yet, refused by name.
-fn refuse_unsupported(
-    thinking: Option<&Thinking>,
-    tools: Option<&[serde_json::Value]>,
-    tool_choice: Option<&serde_json::Value>,
-) -> Result<(), ApiError> {
-    if let Some(t) = thinking
-        && t.kind != "disabled"
-    {
-        return Err(ApiError::invalid(
+/// Extended thinking is not offered: only `{"type": "disabled"}` is accepted.
+fn refuse_thinking(thinking: Option<&Thinking>) -> Result<(), ApiError> {
+    match thinking {
+        Some(t) if t.kind != "disabled" => Err(ApiError::invalid(
             "thinking",
             format!(
                 "extended thinking ('{}') is not supported by this server; omit `thinking` or set it to {{\"type\": \"disabled\"}}",
                 t.kind
             ),
-        ));
+        )),
+        _ => Ok(()),
     }
-    if tools.is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid(
-            "tools",
-            "tools are not supported by this server yet",
-        ));
-    }
-    if let Some(choice) = tool_choice {
-        let kind = choice.get("type").and_then(|k| k.as_str()).unwrap_or("");
-        if !matches!(kind, "auto" | "none") {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "tool_choice other than 'auto' or 'none' needs tools, which this server does not support yet",
-            ));
-        }
-    }
-    Ok(())
 }
 
-/// The conversation as prompt text: the system prompt and messages through the model's chat template;
-/// a final assistant message is a prefill the answer continues.
-fn render(
-    engine: &Engines,
-    model: &str,
+/// The system prompt and messages as chat messages; a final assistant text is the prefill.
+fn conversation(
     system: Option<Content>,
     messages: Vec<InputMessage>,
-) -> Result<String, ApiError> {
+    guidance: &ChatGuidance,
+) -> Result<Conversation, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
             "messages",
             "at least one message is required",
         ));
     }
-    let mut chat = Vec::with_capacity(messages.len() + 1);
+    let mut out = Vec::with_capacity(messages.len() + 1);
     if let Some(system) = system {
         let text = content_text("system", system)?;
         if !text.is_empty() {
-            chat.push(ChatMessage::new("system", text));
+            out.push(ChatMessage::new("system", text));
         }
     }
-    let mut prefill = None;
     let last = messages.len() - 1;
+    let mut prefill = None;
     for (i, message) in messages.into_iter().enumerate() {
-        let text = content_text(&format!("messages[{i}].content"), message.content)?;
-        if i == last && message.role == Role::Assistant {
-            prefill = Some(text);
-        } else {
-            chat.push(ChatMessage::new(message.role.template_name(), text));
+        let param = format!("messages[{i}].content");
+        match message.role {
+            Role::User => user_turn(&param, message.content, &mut out)?,
+            Role::Assistant => {
+                let turn = assistant_turn(&param, message.content)?;
+                if i == last && turn.tool_calls.is_empty() {
+                    prefill = Some(turn.content);
+                } else {
+                    out.push(turn);
+                }
+            }
         }
     }
-    let mut prompt = engine
-        .render_chat(model, &chat)
-        .map_err(|e| ApiError::from_engine(e, "messages"))?;
-    if let Some(prefill) = prefill {
-        prompt.push_str(&prefill);
+    let constrained = guidance.response_format != ResponseFormat::Text
+        || matches!(
+            guidance.tool_choice,
+            ToolChoice::Required | ToolChoice::Function(_)
+        );
+    if prefill.is_some() && constrained {
+        return Err(ApiError::invalid(
+            format!("messages[{last}]"),
+            "a final assistant message (a prefill) cannot be combined with a forced tool_choice or output_config.format",
+        ));
     }
-    Ok(prompt)
+    Ok(Conversation {
+        messages: out,
+        prefill,
+    })
+}
+
+/// A user turn: its `tool_result` blocks as `tool` messages, then its text (if any) as a user message.
+fn user_turn(param: &str, content: Content, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
+    let blocks = match content {
+        Content::Text(text) => {
+            out.push(ChatMessage::new("user", text));
+            return Ok(());
+        }
+        Content::Blocks(blocks) => blocks,
+    };
+    let mut texts = Vec::new();
+    for (j, block) in blocks.into_iter().enumerate() {
+        let param = format!("{param}[{j}]");
+        if block.kind == "tool_result" {
+            let result = tool_result(&param, block, out)?;
+            out.push(result);
+        } else {
+            texts.push(block_text(&param, block)?);
+        }
+    }
+    if !texts.is_empty() {
+        out.push(ChatMessage::new("user", texts.join(BLOCK_SEPARATOR)));
+    }
+    Ok(())
+}
+
+/// A `tool_result` block as a `tool` message, named after the call it answers.
+fn tool_result(
+    param: &str,
+    block: Block,
+    earlier: &[ChatMessage],
+) -> Result<ChatMessage, ApiError> {
+    let Some(id) = block.tool_use_id else {
+        return Err(ApiError::invalid(
+            format!("{param}.tool_use_id"),
+            "Field required",
+        ));
+    };
+    let name = earlier
+        .iter()
+        .rev()
+        .flat_map(|m| m.tool_calls.iter())
+        .find(|c| c.id == id)
+        .map(|c| c.name.clone())
+        .ok_or_else(|| {
+            ApiError::invalid(
+                format!("{param}.tool_use_id"),
+                format!("no earlier tool_use block has the id '{id}'"),
+            )
+        })?;
+    let mut text = match block.content {
+        None => String::new(),
+        Some(content) => content_text(&format!("{param}.content"), content)?,
+    };
+    if block.is_error == Some(true) {
+        text = format!("Error: {text}");
+    }
+    Ok(ChatMessage::tool_result(id, name, text))
+}
+
+/// An assistant turn: its text blocks joined, its `tool_use` blocks as calls.
+fn assistant_turn(param: &str, content: Content) -> Result<ChatMessage, ApiError> {
+    let blocks = match content {
+        Content::Text(text) => return Ok(ChatMessage::new("assistant", text)),
+        Content::Blocks(blocks) => blocks,
+    };
+    let mut texts = Vec::new();
+    let mut calls = Vec::new();
+    for (j, block) in blocks.into_iter().enumerate() {
+        let param = format!("{param}[{j}]");
+        if block.kind == "tool_use" {
+            calls.push(tool_call(&param, block)?);
+        } else {
+            texts.push(block_text(&param, block)?);
+        }
+    }
+    Ok(ChatMessage::assistant_tool_calls(
+        texts.join(BLOCK_SEPARATOR),
+        calls,
+    ))
+}
+
+/// A `tool_use` block as a call (its `input` as JSON text).
+fn tool_call(param: &str, block: Block) -> Result<ToolCall, ApiError> {
+    let field = |name: &str| ApiError::invalid(format!("{param}.{name}"), "Field required");
+    let id = block.id.ok_or_else(|| field("id"))?;
+    let name = block.name.ok_or_else(|| field("name"))?;
+    let input = block.input.ok_or_else(|| field("input"))?;
+    Ok(ToolCall {
+        id,
+        name,
+        arguments: input.to_string(),
+    })
 }
 
 /// A content field as text: a string as is, text blocks joined; other block types refused by name.
@@ -220,9 +308,13 @@ fn block_text(param: &str, block: Block) -> Result<String, ApiError> {
             param,
             format!("'{kind}' content is not supported: the models served here read text only"),
         )),
-        kind @ ("tool_use" | "tool_result") => Err(ApiError::invalid(
+        "tool_use" => Err(ApiError::invalid(
             param,
-            format!("'{kind}' content needs tools, which this server does not support yet"),
+            "'tool_use' blocks belong in assistant messages",
+        )),
+        "tool_result" => Err(ApiError::invalid(
+            param,
+            "'tool_result' blocks belong in user messages",
         )),
         other => Err(ApiError::invalid(
             param,
@@ -234,13 +326,7 @@ fn block_text(param: &str, block: Block) -> Result<String, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn param_of(err: ApiError) -> Option<String> {
-        match err {
-            ApiError::InvalidRequest { param, .. } => param,
-            _ => None,
-        }
-    }
+    use crate::anthropic::param_of;
 
     #[test]
     fn temperature_is_anthropics_zero_to_one() {
@@ -269,6 +355,7 @@ mod tests {
                     .map(|(k, t)| Block {
                         kind: k.to_string(),
                         text: t.map(str::to_string),
+                        ..Block::default()
                     })
                     .collect(),
             )
@@ -286,23 +373,111 @@ mod tests {
     }
 
     #[test]
-    fn thinking_and_tools_are_refused_by_name() {
+    fn thinking_is_refused_by_name() {
         let enabled = Thinking {
             kind: "enabled".into(),
         };
-        let err = refuse_unsupported(Some(&enabled), None, None).expect_err("thinking");
+        let err = refuse_thinking(Some(&enabled)).expect_err("thinking");
         assert_eq!(param_of(err).as_deref(), Some("thinking"));
         let disabled = Thinking {
             kind: "disabled".into(),
         };
-        assert!(refuse_unsupported(Some(&disabled), Some(&[]), None).is_ok());
-        let tool = serde_json::json!({"name": "f", "input_schema": {"type": "object"}});
-        let err = refuse_unsupported(None, Some(&[tool]), None).expect_err("tools");
-        assert_eq!(param_of(err).as_deref(), Some("tools"));
-        let any = serde_json::json!({"type": "any"});
-        let err = refuse_unsupported(None, None, Some(&any)).expect_err("tool_choice");
-        assert_eq!(param_of(err).as_deref(), Some("tool_choice"));
-        let auto = serde_json::json!({"type": "auto"});
-        assert!(refuse_unsupported(None, None, Some(&auto)).is_ok());
+        assert!(refuse_thinking(Some(&disabled)).is_ok());
+    }
+
+    fn messages(value: serde_json::Value) -> Vec<InputMessage> {
+        serde_json::from_value(value).expect("messages")
+    }
+
+    #[test]
+    fn tool_use_and_tool_result_blocks_become_calls_and_tool_messages() {
+        let conv = conversation(
+            Some(Content::Text("Be brief.".into())),
+            messages(serde_json::json!([
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Let me look."},
+                    {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "18C"}]},
+                    {"type": "text", "text": "And tomorrow?"}]},
+            ])),
+            &ChatGuidance::default(),
+        )
+        .expect("valid");
+        let roles: Vec<&str> = conv.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
+        let call = &conv.messages[2].tool_calls[0];
+        assert_eq!(
+            (call.id.as_str(), call.name.as_str()),
+            ("t1", "get_weather")
+        );
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&call.arguments).ok(),
+            Some(serde_json::json!({"city": "Paris"}))
+        );
+        assert_eq!(conv.messages[2].content, "Let me look.");
+        let result = &conv.messages[3];
+        assert_eq!(result.tool_call_id.as_deref(), Some("t1"));
+        assert_eq!(result.name.as_deref(), Some("get_weather"));
+        assert_eq!(result.content, "18C");
+        assert_eq!(conv.prefill, None);
+    }
+
+    #[test]
+    fn a_final_assistant_text_is_the_prefill() {
+        let conv = conversation(
+            None,
+            messages(serde_json::json!([
+                {"role": "user", "content": "Capital of France?"},
+                {"role": "assistant", "content": [{"type": "text", "text": "The capital"}]},
+            ])),
+            &ChatGuidance::default(),
+        )
+        .expect("valid");
+        assert_eq!(conv.messages.len(), 1);
+        assert_eq!(conv.prefill.as_deref(), Some("The capital"));
+        let forced = ChatGuidance {
+            tool_choice: ToolChoice::Required,
+            ..ChatGuidance::default()
+        };
+        let err = conversation(
+            None,
+            messages(serde_json::json!([
+                {"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}])),
+            &forced,
+        )
+        .expect_err("prefill and a forced call");
+        assert_eq!(param_of(err).as_deref(), Some("messages[1]"));
+    }
+
+    #[test]
+    fn misplaced_or_unknown_tool_blocks_are_named() {
+        let cases = [
+            (
+                serde_json::json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "x"}]}]),
+                "messages[0].content[0].tool_use_id",
+            ),
+            (
+                serde_json::json!([{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]}]),
+                "messages[0].content[0]",
+            ),
+            (
+                serde_json::json!([{"role": "user", "content": "x"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "input": {}}]},
+                    {"role": "user", "content": "y"}]),
+                "messages[1].content[0].name",
+            ),
+            (
+                serde_json::json!([{"role": "user", "content": "x"},
+                    {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "a"}]}]),
+                "messages[1].content[0]",
+            ),
+        ];
+        for (value, want) in cases {
+            let err =
+                conversation(None, messages(value), &ChatGuidance::default()).expect_err(want);
+            assert_eq!(param_of(err).as_deref(), Some(want));
+        }
     }
 }

@@ -1,22 +1,29 @@
 //! Anthropic's Messages API: `POST /v1/messages` (streaming and not) and
 //! `POST /v1/messages/count_tokens`, answered the way the `anthropic` SDKs expect.
 //!
-//! A handler parses its body ([`types`]), checks it and renders the conversation through the model's
-//! chat template ([`convert`]: [`convert::Prepared`]), and submits one
+//! A handler parses its body ([`types`]), checks it into a [`convert::Prepared`] (the conversation,
+//! the tools and output format as shoal-guide's `ChatGuidance` from [`tools`], the sampling knobs), has
+//! shoal-guide plan it ([`plan`]: the messages and tools the template sees, the constraint for a forced
+//! call or a schema, the tool-call parser), renders it through the model's chat template and submits one
 //! [`shoal_engine::GenerateRequest`]. A non-streaming answer gathers the engine's events
-//! ([`crate::openai::collect`]) into one [`types::MessageOut`]; a streaming one hands the request to
-//! [`crate::sse`] with [`stream::MessageEvents`], which writes Anthropic's named events. Every failure
-//! is an [`Error`]: an [`ApiError`] in Anthropic's shape and statuses ([`error`]), malformed JSON and
-//! wrong types included. The `anthropic-version` header is accepted and not required.
+//! ([`crate::openai::collect`]) into one [`types::MessageOut`], calls split out as `tool_use` blocks; a
+//! streaming one hands the request to [`crate::sse`] with [`stream::MessageEvents`], which writes
+//! Anthropic's named events. Every failure is an [`Error`]: an [`ApiError`] in Anthropic's shape and
+//! statuses ([`error`]), malformed JSON and wrong types included. The `anthropic-version` header is
+//! accepted and not required.
 //!
-//! `stop_reason` comes from the engine's end: an end-of-generation token is `end_turn`, a stop sequence
-//! `stop_sequence` (named in `stop_sequence`, as the engine reports it), the token budget
-//! `max_tokens`, and a full context window `model_context_window_exceeded`.
+//! `stop_reason` comes from the engine's end: an end-of-generation token is `end_turn` (`tool_use` when
+//! the answer called tools), a stop sequence `stop_sequence` (named in `stop_sequence`, as the engine
+//! reports it), the token budget `max_tokens`, and a full context window
+//! `model_context_window_exceeded`.
 
 pub mod convert;
 pub mod error;
 pub mod stream;
+pub mod tools;
 pub mod types;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Json;
 use axum::Router;
@@ -24,13 +31,13 @@ use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use shoal_engine::{FinishReason, GenerateRequest, Prompt};
+use shoal_engine::{FinishReason, GenerateRequest, LogitsProcessor, Prompt};
+use shoal_guide::{ChatGuidance, ToolCallParser};
 
+use self::convert::Conversation;
 pub use self::error::Error;
 use self::stream::MessageEvents;
-use self::types::{
-    ContentOut, CountTokensRequest, MessageOut, MessagesRequest, TokenCount, UsageOut,
-};
+use self::types::{CountTokensRequest, MessageOut, MessagesRequest, TokenCount, UsageOut};
 use crate::ApiState;
 use crate::error::ApiError;
 use crate::openai::collect;
@@ -57,17 +64,24 @@ pub async fn messages(
 ) -> Result<Response, Error> {
     let Json(req) = body?;
     let prepared = convert::prepare(&state.engine, req)?;
+    let planned = plan(
+        &state,
+        &prepared.model,
+        prepared.conversation,
+        prepared.guidance,
+    )
+    .await?;
     let request = GenerateRequest {
         model: prepared.model.clone(),
-        prompt: Prompt::Text(prepared.prompt),
+        prompt: Prompt::Text(planned.prompt),
         sampling: prepared.sampling,
         max_tokens: Some(prepared.max_tokens),
         stop: prepared.stop,
-        // render_chat cut the template's own BOS where the tokenizer adds one.
+        // render_chat_tools cut the template's own BOS where the tokenizer adds one.
         add_bos: true,
         ignore_eos: false,
         timeout: None,
-        logits_processor: None,
+        logits_processor: planned.processor,
     };
     let stream = state
         .engine
@@ -77,21 +91,25 @@ pub async fn messages(
     let mut live = state.track(stream);
     let id = format!("msg_{}", live.id());
     let max_tokens = prepared.max_tokens.get();
+    let parser = planned.parser;
     if prepared.stream {
-        let events = MessageEvents::new(id, prepared.model, prompt_tokens, max_tokens);
+        let tools = parser.as_ref().map(ToolCallParser::stream);
+        let events = MessageEvents::new(id, prepared.model, prompt_tokens, max_tokens, tools);
         return Ok(stream_response(live, events));
     }
     let done = collect(&mut live, false).await?;
     let usage = UsageOut::from(done.usage);
+    let (content, called) = tools::content(done.text, parser.as_ref());
     let body = MessageOut {
         id,
         kind: MESSAGE_TYPE,
         role: ROLE,
         model: prepared.model,
-        content: vec![ContentOut::Text { text: done.text }],
+        content,
         stop_reason: Some(stop_reason(
             done.finish_reason,
             done.stop_sequence.is_some(),
+            called,
             usage.output_tokens,
             max_tokens,
         )),
@@ -101,33 +119,104 @@ pub async fn messages(
     Ok(Json(body).into_response())
 }
 
-/// `POST /v1/messages/count_tokens`: the prompt's tokens (system and messages as the template renders
-/// them), counted by the model's tokenizer as a generation would count them.
+/// `POST /v1/messages/count_tokens`: the prompt's tokens (system, messages and tools as the template
+/// renders them), counted by the model's tokenizer as a generation would count them.
 pub async fn count_tokens(
     State(state): State<ApiState>,
     body: Result<Json<CountTokensRequest>, JsonRejection>,
 ) -> Result<Json<TokenCount>, Error> {
     let Json(req) = body?;
-    let (model, prompt) = convert::prepare_count(&state.engine, req)?;
+    let (model, conversation, guidance) = convert::prepare_count(&state.engine, req)?;
+    let planned = plan(&state, &model, conversation, guidance).await?;
     let input_tokens = state
         .engine
-        .count_tokens(&model, &prompt, true)
+        .count_tokens(&model, &planned.prompt, true)
         .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
     Ok(Json(TokenCount { input_tokens }))
+}
+
+/// A request planned by shoal-guide and rendered.
+pub struct Planned {
+    /// The rendered conversation (prefill appended), ready to submit with `add_bos`.
+    pub prompt: String,
+    /// The constraint of a forced call or an output format.
+    pub processor: Option<Box<dyn LogitsProcessor>>,
+    /// Present when the answer may hold tool calls.
+    pub parser: Option<ToolCallParser>,
+}
+
+/// Plans `conversation` with its tools ([`shoal_guide::Guides::plan`]) and renders it with `model`'s
+/// chat template.
+async fn plan(
+    state: &ApiState,
+    model: &str,
+    conversation: Conversation,
+    guidance: ChatGuidance,
+) -> Result<Planned, ApiError> {
+    let engine = state
+        .engine
+        .get(model)
+        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
+    let guides = state.guides.clone();
+    let plan_engine = engine.clone();
+    let messages = conversation.messages;
+    let seed = call_id_seed();
+    // The first constrained request of a model builds its token tables: off the async workers.
+    let plan =
+        tokio::task::spawn_blocking(move || guides.plan(&plan_engine, messages, &guidance, seed))
+            .await
+            .map_err(|e| ApiError::Internal(format!("planning the request failed: {e}")))?
+            .map_err(tools::guide_error)?;
+    let mut prompt = engine
+        .render_chat_tools(&plan.messages, &plan.tools)
+        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
+    if let Some(prefill) = conversation.prefill {
+        prompt.push_str(&prefill);
+    }
+    Ok(Planned {
+        prompt,
+        processor: plan.processor,
+        parser: plan.tool_parser,
+    })
+}
+
+/// A seed for a request's tool-call ids, different for every request of this process and across
+/// restarts (the clock).
+fn call_id_seed() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos
+        ^ COUNTER
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// Anthropic's `stop_reason` for how generation ended.
 fn stop_reason(
     reason: FinishReason,
     by_stop_sequence: bool,
+    called: bool,
     output_tokens: u32,
     max_tokens: u32,
 ) -> &'static str {
     match reason {
         FinishReason::Stop if by_stop_sequence => "stop_sequence",
+        FinishReason::Stop if called => "tool_use",
         FinishReason::Stop | FinishReason::Cancelled => "end_turn",
         FinishReason::Length if output_tokens >= max_tokens => "max_tokens",
         FinishReason::Length => "model_context_window_exceeded",
+    }
+}
+
+/// The parameter a 400 names (for the module's tests).
+#[cfg(test)]
+fn param_of(err: ApiError) -> Option<String> {
+    match err {
+        ApiError::InvalidRequest { param, .. } => param,
+        _ => None,
     }
 }
 
@@ -137,17 +226,13 @@ mod tests {
 
     #[test]
     fn stop_reasons() {
-        assert_eq!(stop_reason(FinishReason::Stop, false, 3, 10), "end_turn");
+        use FinishReason::{Length, Stop};
+        assert_eq!(stop_reason(Stop, false, false, 3, 10), "end_turn");
+        assert_eq!(stop_reason(Stop, true, false, 3, 10), "stop_sequence");
+        assert_eq!(stop_reason(Stop, false, true, 3, 10), "tool_use");
+        assert_eq!(stop_reason(Length, false, true, 10, 10), "max_tokens");
         assert_eq!(
-            stop_reason(FinishReason::Stop, true, 3, 10),
-            "stop_sequence"
-        );
-        assert_eq!(
-            stop_reason(FinishReason::Length, false, 10, 10),
-            "max_tokens"
-        );
-        assert_eq!(
-            stop_reason(FinishReason::Length, false, 7, 10),
+            stop_reason(Length, false, false, 7, 10),
             "model_context_window_exceeded"
         );
     }

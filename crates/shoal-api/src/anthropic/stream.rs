@@ -7,8 +7,16 @@
 //! usage) and `message_stop`. A failure midway is an `error` event in Anthropic's error shape, after
 //! which the stream ends. [`crate::sse`] drives the request and owns its stream, so a client that goes
 //! away cancels the generation.
+//!
+//! Where tools are offered the text goes through shoal-guide's [`ToolCallStream`] first, and blocks
+//! open as the answer shows what it is: `ping` follows `message_start`, a text block opens with the
+//! first text, and each call is a `tool_use` block (`content_block_start` with empty `input`, one
+//! `input_json_delta` with the whole arguments, `content_block_stop`) at the next index. An answer with
+//! neither text nor calls still has its (empty) text block, as without tools.
 
 use serde::Serialize;
+use serde_json::json;
+use shoal_guide::{ToolCallStream, ToolEvent};
 
 use super::error::Error;
 use super::types::{ContentOut, MessageOut, UsageOut};
@@ -66,6 +74,7 @@ impl StreamEvent {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Delta {
     TextDelta { text: String },
+    InputJsonDelta { partial_json: String },
 }
 
 /// The end of the message: why it stopped.
@@ -80,12 +89,27 @@ pub struct MessageEvents {
     /// The message as `message_start` shows it (empty content, no stop reason yet).
     start: Option<MessageOut>,
     max_tokens: u32,
+    /// Splits calls out of the text where tools were offered.
+    tools: Option<ToolCallStream>,
+    /// Index of the next content block.
+    next_block: usize,
+    /// The text block being written, if one is open.
+    open_text: Option<usize>,
+    /// Whether a call was sent.
+    called: bool,
 }
 
 impl MessageEvents {
     /// `prompt_tokens` is the prompt's length, reported as `input_tokens` until the final usage (which
-    /// splits off the tokens read from the prefix cache) arrives with `message_delta`.
-    pub fn new(id: String, model: String, prompt_tokens: usize, max_tokens: u32) -> Self {
+    /// splits off the tokens read from the prefix cache) arrives with `message_delta`. `tools` parses
+    /// calls out of the answer where tools were offered.
+    pub fn new(
+        id: String,
+        model: String,
+        prompt_tokens: usize,
+        max_tokens: u32,
+        tools: Option<ToolCallStream>,
+    ) -> Self {
         let start = MessageOut {
             id,
             kind: MESSAGE_TYPE,
@@ -104,62 +128,148 @@ impl MessageEvents {
         MessageEvents {
             start: Some(start),
             max_tokens,
+            tools,
+            next_block: 0,
+            open_text: None,
+            called: false,
         }
     }
-}
 
-/// The one text block's index.
-const TEXT_BLOCK: usize = 0;
+    /// Opens a text block: its `content_block_start`.
+    fn open_text(&mut self) -> Frame {
+        let index = self.next_block;
+        self.next_block += 1;
+        self.open_text = Some(index);
+        StreamEvent::ContentBlockStart {
+            index,
+            content_block: ContentOut::Text {
+                text: String::new(),
+            },
+        }
+        .frame()
+    }
+
+    /// Closes the open text block, if any.
+    fn close_text(&mut self, frames: &mut Vec<Frame>) {
+        if let Some(index) = self.open_text.take() {
+            frames.push(StreamEvent::ContentBlockStop { index }.frame());
+        }
+    }
+
+    fn text(&mut self, text: String, frames: &mut Vec<Frame>) {
+        if text.is_empty() {
+            return;
+        }
+        let index = match self.open_text {
+            Some(index) => index,
+            None => {
+                frames.push(self.open_text());
+                self.next_block - 1
+            }
+        };
+        frames.push(
+            StreamEvent::ContentBlockDelta {
+                index,
+                delta: Delta::TextDelta { text },
+            }
+            .frame(),
+        );
+    }
+
+    /// The blocks of the tool parser's events.
+    fn tool_events(&mut self, events: Vec<ToolEvent>) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        for event in events {
+            match event {
+                ToolEvent::Content(text) => self.text(text, &mut frames),
+                ToolEvent::Call {
+                    id,
+                    name,
+                    arguments,
+                    ..
+                } => {
+                    self.close_text(&mut frames);
+                    let index = self.next_block;
+                    self.next_block += 1;
+                    self.called = true;
+                    let content_block = ContentOut::ToolUse {
+                        id,
+                        name,
+                        input: json!({}),
+                    };
+                    frames.extend([
+                        StreamEvent::ContentBlockStart {
+                            index,
+                            content_block,
+                        }
+                        .frame(),
+                        StreamEvent::ContentBlockDelta {
+                            index,
+                            delta: Delta::InputJsonDelta {
+                                partial_json: arguments,
+                            },
+                        }
+                        .frame(),
+                        StreamEvent::ContentBlockStop { index }.frame(),
+                    ]);
+                }
+            }
+        }
+        frames
+    }
+}
 
 impl StreamFormat for MessageEvents {
     fn opening(&mut self) -> Vec<Frame> {
         let Some(message) = self.start.take() else {
             return Vec::new();
         };
-        vec![
-            StreamEvent::MessageStart { message }.frame(),
-            StreamEvent::ContentBlockStart {
-                index: TEXT_BLOCK,
-                content_block: ContentOut::Text {
-                    text: String::new(),
-                },
-            }
-            .frame(),
-            StreamEvent::Ping.frame(),
-        ]
+        let mut frames = vec![StreamEvent::MessageStart { message }.frame()];
+        if self.tools.is_none() {
+            frames.push(self.open_text());
+        }
+        frames.push(StreamEvent::Ping.frame());
+        frames
     }
 
     fn token(&mut self, text: &str, _logprob: f32) -> Vec<Frame> {
-        if text.is_empty() {
-            return Vec::new();
+        if let Some(tools) = &mut self.tools {
+            let events = tools.push(text);
+            return self.tool_events(events);
         }
-        vec![
-            StreamEvent::ContentBlockDelta {
-                index: TEXT_BLOCK,
-                delta: Delta::TextDelta {
-                    text: text.to_string(),
-                },
-            }
-            .frame(),
-        ]
+        let mut frames = Vec::new();
+        self.text(text.to_string(), &mut frames);
+        frames
     }
 
     fn finish(&mut self, finish: Finish) -> Vec<Frame> {
+        let mut frames = match &mut self.tools {
+            Some(tools) => {
+                let events = tools.finish();
+                self.tool_events(events)
+            }
+            None => Vec::new(),
+        };
+        if self.next_block == 0 {
+            frames.push(self.open_text());
+        }
+        self.close_text(&mut frames);
         let usage = UsageOut::from(finish.usage);
         let delta = MessageDelta {
             stop_reason: stop_reason(
                 finish.reason,
                 finish.stop_sequence.is_some(),
+                self.called,
                 usage.output_tokens,
                 self.max_tokens,
             ),
             stop_sequence: finish.stop_sequence,
         };
-        vec![
-            StreamEvent::ContentBlockStop { index: TEXT_BLOCK }.frame(),
+        frames.extend([
             StreamEvent::MessageDelta { delta, usage }.frame(),
             StreamEvent::MessageStop.frame(),
-        ]
+        ]);
+        frames
     }
 
     fn error(&mut self, err: &ApiError) -> Vec<Frame> {

@@ -5,7 +5,8 @@
 //! `cache_control` on blocks), numbers with a range are read wide (`i64`, `f32`) so an out-of-range
 //! value is reported by name, and fields clients send as `null` are `Option`s. Content blocks keep their
 //! `type` as a string ([`Block`]) so a block shoal does not serve (an image, a document) is refused by
-//! name in [`super::convert`] rather than failing as an unreadable body.
+//! name in [`super::convert`] rather than failing as an unreadable body; tools stay JSON values until
+//! [`super::tools`] reads each one, so a bad one is named by its index.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -27,7 +28,7 @@ pub struct MessagesRequest {
     pub metadata: Option<Value>,
     pub thinking: Option<Thinking>,
     pub tools: Option<Vec<Value>>,
-    pub tool_choice: Option<Value>,
+    pub tool_choice: Option<ToolChoiceIn>,
     /// Anthropic-hosted MCP servers: not something a local server can offer.
     pub mcp_servers: Option<Vec<Value>>,
     /// Anthropic's code-execution container: not offered.
@@ -50,7 +51,8 @@ pub struct CountTokensRequest {
     pub system: Option<Content>,
     pub thinking: Option<Thinking>,
     pub tools: Option<Vec<Value>>,
-    pub tool_choice: Option<Value>,
+    pub tool_choice: Option<ToolChoiceIn>,
+    pub output_config: Option<OutputConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -87,12 +89,39 @@ pub enum Content {
     Blocks(Vec<Block>),
 }
 
-/// One content block as sent; its fields beyond `type` and `text` are read per type.
-#[derive(Debug, Deserialize)]
+/// One content block as sent; which fields matter depends on `type` (`text`: `text`; `tool_use`:
+/// `id`, `name`, `input`; `tool_result`: `tool_use_id`, `content`, `is_error`).
+#[derive(Debug, Default, Deserialize)]
 pub struct Block {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
+    pub id: Option<String>,
+    pub name: Option<String>,
+    pub input: Option<Value>,
+    pub tool_use_id: Option<String>,
+    pub content: Option<Content>,
+    pub is_error: Option<bool>,
+}
+
+/// A tool the model may call. Anthropic's server tools (`web_search_…`, `bash_…`: a `type` other than
+/// `custom`) are refused by name in [`super::tools`].
+#[derive(Debug, Deserialize)]
+pub struct ToolIn {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub name: String,
+    pub description: Option<String>,
+    pub input_schema: Option<Value>,
+}
+
+/// `tool_choice`: `{"type": "auto" | "any" | "tool" | "none", "name"?, "disable_parallel_tool_use"?}`.
+#[derive(Debug, Deserialize)]
+pub struct ToolChoiceIn {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub name: Option<String>,
+    pub disable_parallel_tool_use: Option<bool>,
 }
 
 /// `thinking`: extended thinking, `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`.
@@ -120,10 +149,17 @@ pub struct MessageOut {
 }
 
 /// A content block of the answer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentOut {
-    Text { text: String },
+    Text {
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        input: Value,
+    },
 }
 
 /// Token counts. Anthropic's `input_tokens` are the prompt tokens computed for this request; those whose
