@@ -1,9 +1,13 @@
 """The official `anthropic` Python SDK against the real `shoal serve` binary and the real model: messages
 (streaming through `messages.stream` and `create(stream=True)`, and not), count_tokens, the system prompt,
 stop sequences, stop reasons, the same greedy text as the OpenAI chat route, API keys sent as `x-api-key`,
-the SDK's typed exceptions for bad input, and a model split over a 2-node pipeline.
+the SDK's typed exceptions for bad input, tools (forced calls as tool_use blocks, streamed, a tool_result
+turn, count_tokens with tools), structured output through `output_config.format`, and a model split over a
+2-node pipeline (text and a forced tool call, asked of the driving node and of the other one).
 
 The single-node server fixture lives in conftest.py (shared with the other SDK suites)."""
+
+import json
 
 import anthropic
 import httpx
@@ -217,3 +221,89 @@ def test_a_two_node_pipeline_answers_streaming_and_not(pipeline, claude):
             assert stream.get_final_message().usage.output_tokens == 24
         count = client.messages.count_tokens(model=MODEL_ID, messages=[{"role": "user", "content": QUESTION}])
         assert count.input_tokens == prompt_tokens(whole.usage)
+        # A forced call: the constraint's masks travel to the stage that samples.
+        forced = messages(
+            WEATHER_QUESTION, max_tokens=64, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}
+        )
+        [call] = tool_uses(client.messages.create(**forced))
+        [lone] = tool_uses(claude.messages.create(**forced))
+        assert (call.name, call.input) == (lone.name, lone.input)
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The current weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+WEATHER_QUESTION = "What is the weather like in Paris?"
+
+
+def tool_uses(message) -> list:
+    return [block for block in message.content if block.type == "tool_use"]
+
+
+def test_a_forced_tool_call_is_a_tool_use_block(claude):
+    for choice in ({"type": "tool", "name": "get_weather"}, {"type": "any", "disable_parallel_tool_use": True}):
+        m = claude.messages.create(**messages(WEATHER_QUESTION, max_tokens=64, tools=[WEATHER], tool_choice=choice))
+        calls = tool_uses(m)
+        assert len(calls) == 1, m
+        assert calls[0].name == "get_weather" and calls[0].id
+        assert isinstance(calls[0].input, dict) and isinstance(calls[0].input["city"], str), calls[0]
+        assert m.stop_reason == "tool_use"
+
+
+def test_a_streamed_tool_call_is_the_same_call(claude):
+    params = messages(
+        WEATHER_QUESTION, max_tokens=64, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}
+    )
+    whole = tool_uses(claude.messages.create(**params))[0]
+    with claude.messages.stream(**params) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert "input_json" in kinds, kinds
+    [call] = tool_uses(final)
+    assert (call.name, call.input) == (whole.name, whole.input)
+    assert final.stop_reason == "tool_use"
+
+
+def test_a_tool_result_goes_back_to_the_model(claude):
+    first = claude.messages.create(
+        **messages(WEATHER_QUESTION, max_tokens=64, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"})
+    )
+    [call] = tool_uses(first)
+    history = [
+        {"role": "user", "content": WEATHER_QUESTION},
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "Sunny, 24 C."}]},
+    ]
+    second = claude.messages.create(**messages(max_tokens=48, tools=[WEATHER], messages=history))
+    assert second.content and second.stop_reason in ("end_turn", "tool_use", "max_tokens"), second
+    count = claude.messages.count_tokens(model=MODEL_ID, tools=[WEATHER], messages=history)
+    assert count.input_tokens == prompt_tokens(second.usage)
+    without_tools = claude.messages.count_tokens(model=MODEL_ID, messages=history)
+    assert count.input_tokens > without_tools.input_tokens
+    with pytest.raises(anthropic.BadRequestError) as err:
+        history[2]["content"][0]["tool_use_id"] = "toolu_nope"
+        claude.messages.create(**messages(max_tokens=8, tools=[WEATHER], messages=history))
+    assert "tool_use_id" in err.value.message
+
+
+def test_an_unknown_tool_in_tool_choice_is_a_bad_request(claude):
+    with pytest.raises(anthropic.BadRequestError) as err:
+        claude.messages.create(**messages(tools=[WEATHER], tool_choice={"type": "tool", "name": "get_time"}))
+    assert "tool_choice" in err.value.message and "get_time" in err.value.message
+
+
+def test_an_output_format_gives_json_of_the_schema(claude):
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    m = claude.messages.create(
+        **messages("Invent a person.", max_tokens=80, output_config={"format": {"type": "json_schema", "schema": schema}})
+    )
+    answer = json.loads(text_of(m))
+    assert set(answer) == {"name", "age"}
+    assert isinstance(answer["name"], str) and isinstance(answer["age"], int)
