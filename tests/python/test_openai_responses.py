@@ -47,7 +47,7 @@ def test_instructions_and_message_items_render_through_the_template(client):
 def test_the_event_stream_adds_up_to_the_same_answer(client):
     plain = client.responses.create(model=MODEL_ID, input=QUESTION, temperature=0, max_output_tokens=64)
     events = list(client.responses.create(model=MODEL_ID, input=QUESTION, temperature=0, max_output_tokens=64,
-                                          stream=True))
+                                          parallel_tool_calls=False, stream=True))
     kinds = [e.type for e in events]
     assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.content_part.added"], kinds
@@ -82,3 +82,72 @@ def test_what_shoal_does_not_do_is_refused_by_name(client, extra, param):
         client.responses.create(**args)
     assert err.value.status_code in (400, 404)
     assert err.value.body.get("param") == param, err.value.body
+
+
+WEATHER = {
+    "type": "function", "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["c", "f"]}},
+                   "required": ["city", "unit"], "additionalProperties": False},
+}
+
+
+def test_a_forced_function_call_is_a_valid_call(client):
+    import json
+
+    import jsonschema
+
+    for choice in ("required", {"type": "function", "name": "get_weather"}):
+        r = client.responses.create(model=MODEL_ID, input="What is the weather in Paris?", tools=[WEATHER],
+                                    tool_choice=choice, temperature=0, max_output_tokens=300,
+                                    parallel_tool_calls=False)
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert calls, r.output
+        assert calls[0].name == "get_weather" and calls[0].call_id
+        jsonschema.validate(json.loads(calls[0].arguments), WEATHER["parameters"])
+    # Streamed: the call arrives as its own item, with the same arguments.
+    events = list(client.responses.create(model=MODEL_ID, input="What is the weather in Paris?", tools=[WEATHER],
+                                          tool_choice="required", temperature=0, max_output_tokens=300,
+                                          parallel_tool_calls=False, stream=True))
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    final = events[-1].response
+    assert done and done[0].arguments == calls[0].arguments
+    assert [o.type for o in final.output if o.type == "function_call"] == ["function_call"]
+
+
+def test_a_two_turn_tool_conversation_renders_and_answers(client):
+    first = client.responses.create(model=MODEL_ID, input="What is the weather in Paris?", tools=[WEATHER],
+                                    tool_choice="required", temperature=0, max_output_tokens=300,
+                                    parallel_tool_calls=False)
+    call = next(o for o in first.output if o.type == "function_call")
+    second = client.responses.create(
+        model=MODEL_ID, tools=[WEATHER], temperature=0, max_output_tokens=30, tool_choice="none",
+        input=[{"role": "user", "content": "What is the weather in Paris?"},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": call.call_id, "output": '{"temp": 21, "sky": "sunny"}'}])
+    assert second.output_text.strip(), second.output
+    assert not [o for o in second.output if o.type == "function_call"]
+    # A function_call_output must answer a call the conversation made.
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL_ID, input=[{"type": "function_call_output", "call_id": "nope",
+                                                        "output": "x"}], max_output_tokens=4)
+    assert err.value.body.get("param") == "input[0].call_id"
+
+
+def test_a_json_schema_answer_parses_and_validates(client):
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"colors": {"type": "array", "items": {"type": "string"},
+                                                          "minItems": 3, "maxItems": 3}},
+              "required": ["colors"], "additionalProperties": False}
+    r = client.responses.create(model=MODEL_ID, input=QUESTION, temperature=0, max_output_tokens=60,
+                                text={"format": {"type": "json_schema", "name": "colors", "schema": schema,
+                                                 "strict": True}})
+    assert r.status == "completed"
+    jsonschema.validate(json.loads(r.output_text), schema)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL_ID, input=QUESTION, max_output_tokens=4,
+                                tools=[{"type": "web_search"}])
+    assert err.value.body.get("param") == "tools[0].type"

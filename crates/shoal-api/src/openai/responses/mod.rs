@@ -1,12 +1,16 @@
 //! `POST /v1/responses`: OpenAI's Responses API.
 //!
 //! The request ([`types::ResponsesRequest`]) is checked field by field ([`unsupported`]: a documented
-//! field shoal does not implement is a 400 naming it), its `instructions` and `input` items become chat
-//! messages ([`to_messages`]) rendered with the model's own template, and the generation is answered
-//! either as one `response` object or as the Responses event stream ([`stream::ResponseEvents`]:
-//! `response.created` … `response.output_text.delta` … `response.completed`, each event numbered).
+//! field shoal does not implement is a 400 naming it), its `instructions` and `input` items (messages,
+//! `function_call`s, `function_call_output`s) become chat messages ([`to_messages`]); its function
+//! tools, `tool_choice` and `text.format` become shoal-guide's guidance ([`tools`]), which plans the
+//! prompt (rendered with the model's own template), the constraint and the tool-call parser. The answer
+//! is one `response` object (a `message` item and `function_call` items) or the Responses event stream
+//! ([`stream::ResponseEvents`]: `response.created` … `response.output_text.delta` …
+//! `response.completed`, each event numbered).
 
 pub mod stream;
+pub mod tools;
 pub mod types;
 
 use axum::Json;
@@ -15,6 +19,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use shoal_engine::{ChatMessage, FinishReason, GenerateRequest, Prompt, Usage};
+use shoal_guide::ToolCallOut;
 
 use super::params::{CommonParams, token_budget};
 use super::{collect, unix_now};
@@ -33,6 +38,7 @@ pub async fn create_response(
     let Json(req) = body?;
     unsupported(&req)?;
     let messages = to_messages(&req)?;
+    let guidance = tools::guidance(&req)?;
     let max_tokens = req
         .max_output_tokens
         .map(|v| token_budget("max_output_tokens", v))
@@ -47,9 +53,15 @@ pub async fn create_response(
         ..CommonParams::default()
     }
     .validate(&state.engine)?;
+    let engine = state.engine.get(&params.model)?;
+    let id_seed = unix_now() ^ u64::from(std::process::id()).rotate_left(32);
+    let plan = state
+        .guides
+        .plan(&engine, messages, &guidance, id_seed)
+        .map_err(super::tools::guide_error)?;
     let prompt = state
         .engine
-        .render_chat(&params.model, &messages)
+        .render_chat_tools(&params.model, &plan.messages, &plan.tools)
         .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
     let request = GenerateRequest {
         model: params.model.clone(),
@@ -61,7 +73,7 @@ pub async fn create_response(
         add_bos: true,
         ignore_eos: false,
         timeout: params.timeout,
-        logits_processor: None,
+        logits_processor: plan.processor,
     };
     let stream = state
         .engine
@@ -79,12 +91,22 @@ pub async fn create_response(
         store: req.store.unwrap_or(false),
         user: req.user.clone(),
         metadata: req.metadata.clone().unwrap_or_else(|| json!({})),
+        tools: req.tools.clone().unwrap_or_default(),
+        tool_choice: req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+        parallel_tool_calls: guidance.parallel_tool_calls,
+        text: json!({ "format": req.text.as_ref().and_then(|t| t.format.clone())
+            .unwrap_or_else(|| json!({ "type": "text" })) }),
     };
     if params.stream {
-        return Ok(stream_response(stream, stream::ResponseEvents::new(shell)));
+        let events = stream::ResponseEvents::new(shell, plan.tool_parser.map(|p| p.stream()));
+        return Ok(stream_response(stream, events));
     }
     let done = collect(&mut stream, false).await?;
-    let body = shell.finished(&done.text, done.finish_reason, done.usage);
+    let (content, calls) = match plan.tool_parser {
+        Some(parser) => parser.parse(&done.text),
+        None => (done.text, Vec::new()),
+    };
+    let body = shell.finished(&content, &calls, done.finish_reason, done.usage);
     Ok(Json(body).into_response())
 }
 
@@ -101,6 +123,11 @@ pub struct Shell {
     pub store: bool,
     pub user: Option<String>,
     pub metadata: Value,
+    /// Echoed as the request gave them.
+    pub tools: Vec<Value>,
+    pub tool_choice: Value,
+    pub parallel_tool_calls: bool,
+    pub text: Value,
 }
 
 impl Shell {
@@ -114,14 +141,28 @@ impl Shell {
         self.object("in_progress", None, Vec::new(), None)
     }
 
-    /// The finished response: `completed`, or `incomplete` when the token budget ran out.
-    pub fn finished(&self, text: &str, reason: FinishReason, usage: Usage) -> ResponseObject {
-        let (status, details) = match reason {
-            FinishReason::Length => ("incomplete", Some(json!({ "reason": "max_output_tokens" }))),
-            _ => ("completed", None),
-        };
-        let item = self.message(text, status);
-        self.object(status, details, vec![item], Some(usage))
+    /// The finished response: `completed`, or `incomplete` when the token budget ran out. The output
+    /// is the message (when there is text, or nothing else) and then one item per call.
+    pub fn finished(
+        &self,
+        content: &str,
+        calls: &[ToolCallOut],
+        reason: FinishReason,
+        usage: Usage,
+    ) -> ResponseObject {
+        let mut output = Vec::new();
+        if !content.is_empty() || calls.is_empty() {
+            output.push(self.message(content, finish_status(reason)));
+        }
+        output.extend(calls.iter().map(tools::function_call_item));
+        self.ended(output, reason, usage)
+    }
+
+    /// The finished response with `output` as given.
+    pub fn ended(&self, output: Vec<Value>, reason: FinishReason, usage: Usage) -> ResponseObject {
+        let status = finish_status(reason);
+        let details = (status == "incomplete").then(|| json!({ "reason": "max_output_tokens" }));
+        self.object(status, details, output, Some(usage))
     }
 
     /// The output message item holding `text`.
@@ -157,20 +198,28 @@ impl Shell {
             max_output_tokens: self.max_output_tokens,
             model: self.model.clone(),
             output,
-            parallel_tool_calls: true,
+            parallel_tool_calls: self.parallel_tool_calls,
             previous_response_id: None,
             reasoning: json!({ "effort": null, "summary": null }),
             store: self.store,
             temperature: self.temperature,
-            text: json!({ "format": { "type": "text" } }),
-            tool_choice: json!("auto"),
-            tools: Vec::new(),
+            text: self.text.clone(),
+            tool_choice: self.tool_choice.clone(),
+            tools: self.tools.clone(),
             top_p: self.top_p,
             truncation: "disabled",
             usage: usage.map(Into::into),
             user: self.user.clone(),
             metadata: self.metadata.clone(),
         }
+    }
+}
+
+/// A response's status for how generation ended.
+pub fn finish_status(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Length => "incomplete",
+        _ => "completed",
     }
 }
 
@@ -223,24 +272,6 @@ fn unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
             format!("include '{first}' is not supported"),
         ));
     }
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return refuse("tools", "tools are not supported on /v1/responses yet");
-    }
-    if req
-        .tool_choice
-        .as_ref()
-        .is_some_and(|c| c.as_str() != Some("none") && c.as_str() != Some("auto"))
-    {
-        return refuse("tool_choice", "tool_choice needs tools");
-    }
-    if let Some(format) = req.text.as_ref().and_then(|t| t.format.as_ref())
-        && format.get("type").and_then(Value::as_str) != Some("text")
-    {
-        return refuse(
-            "text.format",
-            "only the `text` output format is supported on /v1/responses yet",
-        );
-    }
     if let Some(t) = &req.truncation
         && t != "disabled"
         && t != "auto"
@@ -267,7 +298,17 @@ fn to_messages(req: &ResponsesRequest) -> Result<Vec<ChatMessage>, ApiError> {
                 return Err(ApiError::invalid("input", "input must not be empty"));
             }
             for (i, item) in items.iter().enumerate() {
-                messages.push(item_message(i, item)?);
+                let param = format!("input[{i}]");
+                match item.get("type").and_then(Value::as_str) {
+                    Some("function_call") => {
+                        tools::push_function_call(&mut messages, &param, item)?;
+                    }
+                    Some("function_call_output") => {
+                        let m = tools::function_call_output(&messages, &param, item)?;
+                        messages.push(m);
+                    }
+                    _ => messages.push(item_message(&param, item)?),
+                }
             }
         }
     }
@@ -275,8 +316,7 @@ fn to_messages(req: &ResponsesRequest) -> Result<Vec<ChatMessage>, ApiError> {
 }
 
 /// One input item: a message (`type: "message"` or just a `role`) with text content.
-fn item_message(index: usize, item: &Value) -> Result<ChatMessage, ApiError> {
-    let param = format!("input[{index}]");
+fn item_message(param: &str, item: &Value) -> Result<ChatMessage, ApiError> {
     let kind = item
         .get("type")
         .and_then(Value::as_str)

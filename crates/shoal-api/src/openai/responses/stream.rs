@@ -1,29 +1,43 @@
 //! The Responses API's event stream for one request: every event is named by its `type` and carries a
-//! rising `sequence_number`:
-//! `response.created`, `response.in_progress`, `response.output_item.added`,
-//! `response.content_part.added`, then `response.output_text.delta` per piece of text, then
-//! `response.output_text.done`, `response.content_part.done`, `response.output_item.done` and
-//! `response.completed` (or `response.incomplete` when the token budget ran out). A failure midway is an
-//! `error` event followed by `response.failed`.
+//! rising `sequence_number`. `response.created` and `response.in_progress` open it; text opens the
+//! message item (`response.output_item.added`, `response.content_part.added`) and goes out as
+//! `response.output_text.delta`s; each tool call the parser finds is its own `function_call` item
+//! (`output_item.added`, `function_call_arguments.delta` / `.done`, `output_item.done`); at the end the
+//! message item is closed (`output_text.done`, `content_part.done`, `output_item.done`) and
+//! `response.completed` (or `response.incomplete` when the token budget ran out) carries the whole
+//! response. A failure midway is an `error` event followed by `response.failed`.
 
 use serde_json::{Value, json};
+use shoal_guide::{ToolCallOut, ToolCallStream, ToolEvent};
 
-use super::{Shell, output_text};
+use super::{Shell, finish_status, output_text, tools};
 use crate::error::ApiError;
 use crate::sse::{Finish, Frame, StreamFormat, to_json};
 
 /// Writes one response's events.
 pub struct ResponseEvents {
     shell: Shell,
+    /// Splits the text into content and calls when tools were offered.
+    parser: Option<ToolCallStream>,
+    /// The message's text so far.
     text: String,
+    /// Output index of the message item once it is open.
+    message_index: Option<usize>,
+    calls: Vec<ToolCallOut>,
+    /// Output items opened so far.
+    items: usize,
     seq: u64,
 }
 
 impl ResponseEvents {
-    pub fn new(shell: Shell) -> Self {
+    pub fn new(shell: Shell, parser: Option<ToolCallStream>) -> Self {
         ResponseEvents {
             shell,
+            parser,
             text: String::new(),
+            message_index: None,
+            calls: Vec::new(),
+            items: 0,
             seq: 0,
         }
     }
@@ -36,8 +50,91 @@ impl ResponseEvents {
         Frame::named(kind, to_json(&body))
     }
 
-    fn item_ref(&self) -> Value {
-        json!({ "item_id": self.shell.message_id(), "output_index": 0, "content_index": 0 })
+    fn text_ref(&self, index: usize) -> Value {
+        json!({ "item_id": self.shell.message_id(), "output_index": index, "content_index": 0 })
+    }
+
+    /// Text for the user: opens the message item first if needed.
+    fn content(&mut self, text: &str, frames: &mut Vec<Frame>) {
+        if text.is_empty() {
+            return;
+        }
+        let index = match self.message_index {
+            Some(i) => i,
+            None => {
+                let i = self.open_message(frames);
+                self.message_index = Some(i);
+                i
+            }
+        };
+        self.text.push_str(text);
+        let mut body = self.text_ref(index);
+        body["delta"] = json!(text);
+        body["logprobs"] = json!([]);
+        frames.push(self.event("response.output_text.delta", body));
+    }
+
+    fn open_message(&mut self, frames: &mut Vec<Frame>) -> usize {
+        let index = self.items;
+        self.items += 1;
+        let item = self.shell.message("", "in_progress");
+        frames.push(self.event(
+            "response.output_item.added",
+            json!({ "output_index": index, "item": item }),
+        ));
+        let mut part = self.text_ref(index);
+        part["part"] = output_text("");
+        frames.push(self.event("response.content_part.added", part));
+        index
+    }
+
+    /// One complete call: its own item, opened, filled and closed.
+    fn call(&mut self, call: ToolCallOut, frames: &mut Vec<Frame>) {
+        let index = self.items;
+        self.items += 1;
+        let done = tools::function_call_item(&call);
+        let mut added = done.clone();
+        added["status"] = json!("in_progress");
+        added["arguments"] = json!("");
+        let item_id = done["id"].clone();
+        frames.push(self.event(
+            "response.output_item.added",
+            json!({ "output_index": index, "item": added }),
+        ));
+        frames.push(self.event(
+            "response.function_call_arguments.delta",
+            json!({ "item_id": item_id, "output_index": index, "delta": call.arguments }),
+        ));
+        frames.push(self.event(
+            "response.function_call_arguments.done",
+            json!({ "item_id": item_id, "output_index": index, "arguments": call.arguments }),
+        ));
+        frames.push(self.event(
+            "response.output_item.done",
+            json!({ "output_index": index, "item": done }),
+        ));
+        self.calls.push(call);
+    }
+
+    fn parsed(&mut self, events: Vec<ToolEvent>, frames: &mut Vec<Frame>) {
+        for ev in events {
+            match ev {
+                ToolEvent::Content(text) => self.content(&text, frames),
+                ToolEvent::Call {
+                    id,
+                    name,
+                    arguments,
+                    ..
+                } => self.call(
+                    ToolCallOut {
+                        id,
+                        name,
+                        arguments,
+                    },
+                    frames,
+                ),
+            }
+        }
     }
 
     fn failed(&mut self, err: &ApiError) -> Vec<Frame> {
@@ -58,55 +155,65 @@ impl ResponseEvents {
 impl StreamFormat for ResponseEvents {
     fn opening(&mut self) -> Vec<Frame> {
         let response = serde_json::to_value(self.shell.in_progress()).unwrap_or_default();
-        let item = self.shell.message("", "in_progress");
-        let mut part = self.item_ref();
-        part["part"] = output_text("");
         vec![
             self.event("response.created", json!({ "response": response })),
             self.event("response.in_progress", json!({ "response": response })),
-            self.event(
-                "response.output_item.added",
-                json!({ "output_index": 0, "item": item }),
-            ),
-            self.event("response.content_part.added", part),
         ]
     }
 
     fn token(&mut self, text: &str, _logprob: f32) -> Vec<Frame> {
-        if text.is_empty() {
-            return Vec::new();
+        let mut frames = Vec::new();
+        match self.parser.as_mut().map(|p| p.push(text)) {
+            Some(events) => self.parsed(events, &mut frames),
+            None => self.content(text, &mut frames),
         }
-        self.text.push_str(text);
-        let mut body = self.item_ref();
-        body["delta"] = json!(text);
-        body["logprobs"] = json!([]);
-        vec![self.event("response.output_text.delta", body)]
+        frames
     }
 
     fn finish(&mut self, finish: Finish) -> Vec<Frame> {
-        let response = self.shell.finished(&self.text, finish.reason, finish.usage);
-        let status = response.status;
-        let item = response.output.first().cloned().unwrap_or_default();
-        let mut text_done = self.item_ref();
-        text_done["text"] = json!(self.text);
-        text_done["logprobs"] = json!([]);
-        let mut part_done = self.item_ref();
-        part_done["part"] = output_text(&self.text);
-        let last = if status == "incomplete" {
+        let mut frames = Vec::new();
+        if let Some(events) = self.parser.as_mut().map(ToolCallStream::finish) {
+            self.parsed(events, &mut frames);
+        }
+        // An answer with neither text nor calls still has its (empty) message, as the non-streamed one.
+        if self.message_index.is_none() && self.calls.is_empty() {
+            self.message_index = Some(self.open_message(&mut frames));
+        }
+        // The output in the order the items were opened.
+        let mut calls = self.calls.iter().map(tools::function_call_item);
+        let output: Vec<Value> = (0..self.items)
+            .filter_map(|i| {
+                if Some(i) == self.message_index {
+                    Some(self.shell.message(&self.text, finish_status(finish.reason)))
+                } else {
+                    calls.next()
+                }
+            })
+            .collect();
+        let response = self.shell.ended(output, finish.reason, finish.usage);
+        if let Some(index) = self.message_index {
+            let status = finish_status(finish.reason);
+            let mut text_done = self.text_ref(index);
+            text_done["text"] = json!(self.text);
+            text_done["logprobs"] = json!([]);
+            let mut part_done = self.text_ref(index);
+            part_done["part"] = output_text(&self.text);
+            let item = self.shell.message(&self.text, status);
+            frames.push(self.event("response.output_text.done", text_done));
+            frames.push(self.event("response.content_part.done", part_done));
+            frames.push(self.event(
+                "response.output_item.done",
+                json!({ "output_index": index, "item": item }),
+            ));
+        }
+        let last = if response.status == "incomplete" {
             "response.incomplete"
         } else {
             "response.completed"
         };
         let response = serde_json::to_value(response).unwrap_or_default();
-        vec![
-            self.event("response.output_text.done", text_done),
-            self.event("response.content_part.done", part_done),
-            self.event(
-                "response.output_item.done",
-                json!({ "output_index": 0, "item": item }),
-            ),
-            self.event(last, json!({ "response": response })),
-        ]
+        frames.push(self.event(last, json!({ "response": response })));
+        frames
     }
 
     fn error(&mut self, err: &ApiError) -> Vec<Frame> {
