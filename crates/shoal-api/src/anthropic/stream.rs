@@ -285,3 +285,127 @@ impl StreamFormat for MessageEvents {
 fn error_frame(err: &ApiError) -> Frame {
     Frame::named("error", to_json(&Error(err.clone()).body()))
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+    use shoal_engine::{FinishReason, Usage};
+    use shoal_guide::{ToolCallParser, ToolFormat};
+
+    use super::*;
+
+    fn events(frames: Vec<Frame>) -> Vec<(&'static str, Value)> {
+        frames
+            .into_iter()
+            .map(|f| {
+                let name = f.name.expect("every Anthropic event is named");
+                let data: Value = serde_json::from_str(&f.data).expect("JSON");
+                (name, data)
+            })
+            .collect()
+    }
+
+    fn names(events: &[(&'static str, Value)]) -> Vec<&'static str> {
+        events.iter().map(|(n, _)| *n).collect()
+    }
+
+    fn done(reason: FinishReason, completion_tokens: u32) -> Finish {
+        Finish {
+            reason,
+            usage: Usage {
+                prompt_tokens: 20,
+                completion_tokens,
+                cached_tokens: 8,
+            },
+            stop_sequence: None,
+        }
+    }
+
+    #[test]
+    fn text_streams_in_anthropics_order_and_errors_are_error_events() {
+        let mut m = MessageEvents::new("msg_1".into(), "m".into(), 20, 16, None);
+        let open = events(m.opening());
+        assert_eq!(
+            names(&open),
+            ["message_start", "content_block_start", "ping"]
+        );
+        assert_eq!(open[0].1["message"]["usage"]["input_tokens"], 20);
+        assert!(m.token("", 0.0).is_empty(), "nothing for an empty piece");
+        let delta = events(m.token("Hi", 0.0));
+        assert_eq!(
+            delta[0].1["delta"],
+            serde_json::json!({"type": "text_delta", "text": "Hi"})
+        );
+        let end = events(m.finish(done(FinishReason::Length, 16)));
+        assert_eq!(
+            names(&end),
+            ["content_block_stop", "message_delta", "message_stop"]
+        );
+        assert_eq!(end[1].1["delta"]["stop_reason"], "max_tokens");
+        // The final usage splits the prompt into computed and cached tokens.
+        assert_eq!(end[1].1["usage"]["input_tokens"], 12);
+        assert_eq!(end[1].1["usage"]["cache_read_input_tokens"], 8);
+        let err = events(m.error(&ApiError::Overloaded));
+        assert_eq!(names(&err), ["error"]);
+        assert_eq!(err[0].1["type"], "error");
+        assert_eq!(err[0].1["error"]["type"], "overloaded_error");
+    }
+
+    #[test]
+    fn calls_become_tool_use_blocks_after_the_text() {
+        let tools = ToolCallParser::new(ToolFormat::Hermes, 3).stream();
+        let mut m = MessageEvents::new("msg_2".into(), "m".into(), 20, 64, Some(tools));
+        assert_eq!(names(&events(m.opening())), ["message_start", "ping"]);
+        let mut all = Vec::new();
+        for piece in [
+            "Let me check.",
+            "<tool_call>\n{\"name\": \"get_weather\", ",
+            "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        ] {
+            all.extend(events(m.token(piece, 0.0)));
+        }
+        all.extend(events(m.finish(done(FinishReason::Stop, 30))));
+        assert_eq!(
+            names(&all),
+            [
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(all[0].1["content_block"]["type"], "text");
+        assert_eq!(all[1].1["delta"]["text"], "Let me check.");
+        assert_eq!(all[3].1["index"], 1);
+        assert_eq!(all[3].1["content_block"]["type"], "tool_use");
+        assert_eq!(all[3].1["content_block"]["name"], "get_weather");
+        let json = all[4].1["delta"]["partial_json"].as_str().expect("json");
+        assert_eq!(
+            serde_json::from_str::<Value>(json).ok(),
+            Some(serde_json::json!({"city": "Paris"}))
+        );
+        assert_eq!(all[6].1["delta"]["stop_reason"], "tool_use");
+    }
+
+    #[test]
+    fn an_answer_without_text_or_calls_still_has_a_text_block() {
+        let tools = ToolCallParser::new(ToolFormat::Hermes, 3).stream();
+        let mut m = MessageEvents::new("msg_3".into(), "m".into(), 20, 64, Some(tools));
+        m.opening();
+        let end = events(m.finish(done(FinishReason::Stop, 1)));
+        assert_eq!(
+            names(&end),
+            [
+                "content_block_start",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(end[2].1["delta"]["stop_reason"], "end_turn");
+    }
+}
