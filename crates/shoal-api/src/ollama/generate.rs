@@ -1,29 +1,34 @@
 //! `POST /api/chat` and `POST /api/generate`.
 //!
-//! Chat messages (`system`, `user`, `assistant`, `tool`) are rendered with the model's own chat template
-//! ([`shoal_engine::Engines::render_chat`]) and submitted with `add_bos` (the engine adds BOS where the
-//! model wants one, `render_chat` cut the template's own). `generate` renders `system` + `prompt` the same
-//! way; with `raw: true`, or for a model without a chat template, the prompt is used as is. An empty
+//! Chat messages (`system`, `user`, `assistant` with its `tool_calls`, `tool`) and the `tools` go
+//! through shoal-guide's plan ([`super::tools`]) and are rendered with the model's own chat template
+//! ([`shoal_engine::EngineHandle::render_chat_tools`]), then submitted with `add_bos` (the engine adds
+//! BOS where the model wants one, the render cut the template's own) and the plan's constraint (`format`
+//! as JSON or a schema). `generate` renders `system` + `prompt` through the template; with `raw: true`,
+//! or for a model without a chat template, the prompt is used as is; its `format` constrains the same
+//! way. An empty
 //! `messages` list or an empty `prompt` only checks that the model is loaded and answers `done_reason:
 //! "load"`, as Ollama does. Both answer as [`super::stream::respond`] says.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::Response;
-use shoal_engine::{ChatMessage, EngineError, GenerateRequest as EngineRequest, Prompt};
+use shoal_engine::{
+    ChatMessage, EngineError, EngineHandle, GenerateRequest as EngineRequest, LogitsProcessor,
+    Prompt,
+};
+use shoal_guide::{ChatGuidance, ChatPlan};
 
 use super::Error;
 use super::params::{Checked, Common, check};
 use super::stream::{Answer, Kind, Run, json_response, ndjson_response, respond};
-use super::types::{ChatRequest, Ending, GenerateRequest, MessageIn};
+use super::tools::{self, format_processor, guide_error, to_chat_messages};
+use super::types::{ChatRequest, Ending, GenerateRequest};
 use crate::ApiState;
 use crate::error::ApiError;
-
-/// Roles a chat message may have.
-const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 
 pub async fn chat(
     State(state): State<ApiState>,
@@ -36,30 +41,61 @@ pub async fn chat(
         Common {
             model: &req.model,
             stream: req.stream,
-            format: req.format.as_ref(),
             options: req.options.take(),
             think: req.think.as_ref(),
-            tools: req.tools.as_deref(),
             logprobs: req.logprobs,
             top_logprobs: req.top_logprobs,
         },
     )?;
-    let answer = answer(Kind::Chat, &checked);
+    let guidance = tools::guidance(req.tools.take().unwrap_or_default(), req.format.as_ref())?;
+    let mut answer = answer(Kind::Chat, &checked);
     let messages = req.messages.take().unwrap_or_default();
     if messages.is_empty() {
         return Ok(loaded(&answer, checked.stream));
     }
-    let messages = messages
-        .into_iter()
-        .enumerate()
-        .map(|(i, m)| to_chat_message(i, m))
-        .collect::<Result<Vec<_>, _>>()?;
-    let prompt = state
+    let messages = to_chat_messages(messages)?;
+    let engine = state
         .engine
-        .render_chat(&checked.model, &messages)
+        .get(&checked.model)
         .map_err(|e| ApiError::from_engine(e, "messages"))?;
-    let run = submit(&state, &checked, prompt, "messages", started)?;
+    let plan = plan(&state, &engine, messages, guidance).await?;
+    let prompt = engine
+        .render_chat_tools(&plan.messages, &plan.tools)
+        .map_err(|e| ApiError::from_engine(e, "messages"))?;
+    answer.tools = plan.tool_parser;
+    let run = submit(
+        &state,
+        &checked,
+        prompt,
+        plan.processor,
+        "messages",
+        started,
+    )?;
     Ok(respond(run, answer, checked.stream).await)
+}
+
+/// shoal-guide's plan for the messages and tools; the first constrained request of a model builds
+/// its token tables, so this runs off the async workers.
+async fn plan(
+    state: &ApiState,
+    engine: &EngineHandle,
+    messages: Vec<ChatMessage>,
+    guidance: ChatGuidance,
+) -> Result<ChatPlan, Error> {
+    // Call ids: the clock and the process keep them apart across requests and restarts.
+    let id_seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id());
+    let (guides, engine) = (state.guides.clone(), engine.clone());
+    tokio::task::spawn_blocking(move || guides.plan(&engine, messages, &guidance, id_seed))
+        .await
+        .map_err(|e| {
+            Error(ApiError::Internal(format!(
+                "planning the request failed: {e}"
+            )))
+        })?
+        .map_err(guide_error)
 }
 
 pub async fn generate(
@@ -73,26 +109,30 @@ pub async fn generate(
         Common {
             model: &req.model,
             stream: req.stream,
-            format: req.format.as_ref(),
             options: req.options.take(),
             think: req.think.as_ref(),
-            tools: None,
             logprobs: req.logprobs,
             top_logprobs: req.top_logprobs,
         },
     )?;
     refuse_generate_fields(&req)?;
+    let format = tools::response_format(req.format.as_ref())?;
     let answer = answer(Kind::Generate, &checked);
     let prompt = req.prompt.take().unwrap_or_default();
     if prompt.is_empty() {
         return Ok(loaded(&answer, checked.stream));
     }
+    let engine = state
+        .engine
+        .get(&checked.model)
+        .map_err(|e| ApiError::from_engine(e, "prompt"))?;
+    let processor = format_processor(&state.guides, &engine, &format).await?;
     let text = if req.raw == Some(true) {
         prompt
     } else {
-        templated(&state, &checked.model, req.system.take(), prompt)?
+        templated(&engine, req.system.take(), prompt)?
     };
-    let run = submit(&state, &checked, text, "prompt", started)?;
+    let run = submit(&state, &checked, text, processor, "prompt", started)?;
     Ok(respond(run, answer, checked.stream).await)
 }
 
@@ -101,6 +141,7 @@ fn answer(kind: Kind, checked: &Checked) -> Answer {
         kind,
         model: checked.model.clone(),
         logprobs: checked.logprobs,
+        tools: None,
     }
 }
 
@@ -110,7 +151,7 @@ fn loaded(answer: &Answer, stream: bool) -> Response {
         done_reason: "load",
         metrics: None,
     };
-    let object = answer.object(String::new(), Some(end), Vec::new());
+    let object = answer.object(String::new(), Vec::new(), Some(end), Vec::new());
     if stream {
         ndjson_response(futures::stream::iter([object + "\n"]))
     } else {
@@ -120,8 +161,7 @@ fn loaded(answer: &Answer, stream: bool) -> Response {
 
 /// `system` + `prompt` through the model's chat template; a model without one takes the prompt as is.
 fn templated(
-    state: &ApiState,
-    model: &str,
+    engine: &EngineHandle,
     system: Option<String>,
     prompt: String,
 ) -> Result<String, Error> {
@@ -131,7 +171,7 @@ fn templated(
         messages.push(ChatMessage::new("system", s.clone()));
     }
     messages.push(ChatMessage::new("user", prompt.clone()));
-    match state.engine.render_chat(model, &messages) {
+    match engine.render_chat(&messages) {
         Ok(text) => Ok(text),
         Err(EngineError::NoChatTemplate { .. }) if system.is_none() => Ok(prompt),
         Err(e @ EngineError::NoChatTemplate { .. }) => Err(ApiError::invalid(
@@ -145,11 +185,12 @@ fn templated(
     }
 }
 
-/// Queues the prompt; the [`Run`] times it from `started`.
+/// Queues the prompt (decoded under `processor`'s constraint); the [`Run`] times it from `started`.
 fn submit(
     state: &ApiState,
     checked: &Checked,
     prompt: String,
+    processor: Option<Box<dyn LogitsProcessor>>,
     prompt_param: &str,
     started: Instant,
 ) -> Result<Run, Error> {
@@ -162,44 +203,13 @@ fn submit(
         add_bos: true,
         ignore_eos: false,
         timeout: None,
-        logits_processor: None,
+        logits_processor: processor,
     };
     let stream = state
         .engine
         .submit(request)
         .map_err(|e| ApiError::from_engine(e, prompt_param))?;
     Ok(Run::new(state.track(stream), started))
-}
-
-/// One chat message as the template sees it; images and tool calls are refused by name.
-fn to_chat_message(index: usize, m: MessageIn) -> Result<ChatMessage, Error> {
-    if !ROLES.contains(&m.role.as_str()) {
-        return Err(ApiError::invalid(
-            format!("messages[{index}].role"),
-            format!(
-                "messages[{index}].role must be one of system, user, assistant, tool; got '{}'",
-                m.role
-            ),
-        )
-        .into());
-    }
-    if m.images.as_ref().is_some_and(|i| !i.is_empty()) {
-        return Err(ApiError::invalid(
-            format!("messages[{index}].images"),
-            format!(
-                "messages[{index}].images: images are not supported (shoal serves text models)"
-            ),
-        )
-        .into());
-    }
-    if m.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid(
-            format!("messages[{index}].tool_calls"),
-            format!("messages[{index}].tool_calls: tool calls are not supported yet"),
-        )
-        .into());
-    }
-    Ok(ChatMessage::new(m.role, m.content.unwrap_or_default()))
 }
 
 /// `generate` fields shoal does not implement: a 400 naming each when set.

@@ -14,7 +14,8 @@
 //!   `GET /api/version`, and any other `/api/…` path answering 404 in Ollama's shape.
 //! - Errors: [`Error`] wraps the one [`ApiError`] and writes Ollama's shape, `{"error": "message"}`, with
 //!   the same status; a stream that fails midway ends with such a line. Malformed JSON answers the same way
-//!   (handlers take `Result<Json<T>, JsonRejection>`).
+//!   (handlers take `Result<Json<T>, JsonRejection>`). Bodies are read as JSON whatever their
+//!   `Content-Type`, as Ollama reads them.
 //!
 //! Data flow of a chat: `ChatRequest` → [`params::Checked`] (model, sampling, budget, stop) → messages →
 //! `Engines::render_chat` → `GenerateRequest` → `Engines::submit` → [`crate::cancel::LiveRequest`] →
@@ -28,6 +29,7 @@ pub mod models;
 pub mod params;
 pub mod pull;
 pub mod stream;
+pub mod tools;
 pub mod types;
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -50,6 +52,7 @@ pub fn routes() -> Router<ApiState> {
         .route("/api/chat", post(generate::chat))
         .route("/api/generate", post(generate::generate))
         .route("/api/show", post(models::show))
+        .route_layer(axum::middleware::map_request(json_body))
 }
 
 /// The routes without a model to forward by.
@@ -60,7 +63,18 @@ pub fn plain_routes() -> Router<ApiState> {
         .route("/api/delete", delete(models::delete))
         .route("/api/pull", post(pull::pull))
         .route("/api/version", get(version))
+        .route_layer(axum::middleware::map_request(json_body))
         .route("/api/{*rest}", any(unknown_route))
+}
+
+/// Ollama reads every body as JSON whatever its `Content-Type` (its own docs send `curl -d '{…}'`, which
+/// says form data): so do these routes.
+async fn json_body(mut req: axum::extract::Request) -> axum::extract::Request {
+    req.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    req
 }
 
 /// An error answered in Ollama's shape: `{"error": "message"}` with the status of the [`ApiError`].

@@ -48,8 +48,8 @@ impl Known {
     }
 }
 
-/// Every model this node knows (see the module doc). Blocking.
-pub fn known(state: &ApiState) -> Vec<Known> {
+/// Every model this node knows (see the module doc) that `wanted` accepts by id. Blocking.
+pub fn known(state: &ApiState, wanted: &dyn Fn(&str) -> bool) -> Vec<Known> {
     let mut out: Vec<Known> = Vec::new();
     if let Some(downloads) = &state.downloads {
         let store = downloads.store();
@@ -57,7 +57,7 @@ pub fn known(state: &ApiState) -> Vec<Known> {
             let Some(file) = entry.file.clone() else {
                 continue;
             };
-            if entry.state != shoal_store::State::Complete {
+            if entry.state != shoal_store::State::Complete || !wanted(&entry.id) {
                 continue;
             }
             let meta = std::fs::metadata(&file).ok();
@@ -78,7 +78,7 @@ pub fn known(state: &ApiState) -> Vec<Known> {
         let snap = cluster.snapshot();
         for facts in snap.state.member_facts() {
             for card in &facts.models {
-                if out.iter().any(|k| k.id == card.id) {
+                if !wanted(&card.id) || out.iter().any(|k| k.id == card.id) {
                     continue;
                 }
                 out.push(Known {
@@ -93,7 +93,7 @@ pub fn known(state: &ApiState) -> Vec<Known> {
         }
     }
     for info in state.engine.models() {
-        if out.iter().any(|k| k.id == info.id) {
+        if !wanted(&info.id) || out.iter().any(|k| k.id == info.id) {
             continue;
         }
         out.push(Known {
@@ -132,16 +132,19 @@ fn local_digest(
 }
 
 /// [`known`] on the blocking pool.
-async fn known_async(state: &ApiState) -> Result<Vec<Known>, Error> {
+async fn known_async(
+    state: &ApiState,
+    wanted: impl Fn(&str) -> bool + Send + 'static,
+) -> Result<Vec<Known>, Error> {
     let state = state.clone();
-    tokio::task::spawn_blocking(move || known(&state))
+    tokio::task::spawn_blocking(move || known(&state, &wanted))
         .await
         .map_err(|e| Error(ApiError::Internal(format!("listing models: {e}"))))
 }
 
 /// `GET /api/tags`.
 pub async fn tags(State(state): State<ApiState>) -> Result<Json<Value>, Error> {
-    let models: Vec<ListedModel> = known_async(&state)
+    let models: Vec<ListedModel> = known_async(&state, |_| true)
         .await?
         .into_iter()
         .map(|k| ListedModel {
@@ -162,8 +165,10 @@ const NEVER: &str = "9999-12-31T23:59:59Z";
 /// `GET /api/ps`: the models with a ready instance this node answers for (its engines and those other
 /// members drive).
 pub async fn ps(State(state): State<ApiState>) -> Result<Json<Value>, Error> {
-    let known = known_async(&state).await?;
-    let models: Vec<RunningModel> = crate::cluster::served_models(&state)
+    let served = crate::cluster::served_models(&state);
+    let ids: Vec<String> = served.iter().map(|m| m.id.clone()).collect();
+    let known = known_async(&state, move |id| ids.iter().any(|m| m == id)).await?;
+    let models: Vec<RunningModel> = served
         .into_iter()
         .map(|info| {
             let k = known.iter().find(|k| k.id == info.id);
@@ -201,7 +206,11 @@ pub async fn show(
     let Json(req) = body?;
     let name = req.model()?;
     let verbose = req.verbose.unwrap_or(false);
-    let known = known_async(&state).await?;
+    let wanted = name.clone();
+    let known = known_async(&state, move |id| {
+        id == wanted || wanted.strip_suffix(":latest") == Some(id)
+    })
+    .await?;
     let Some(mut model) = find(known, &name) else {
         return Err(ApiError::ModelNotFound { model: name }.into());
     };

@@ -26,10 +26,8 @@ use crate::openai::params::CommonParams;
 pub struct Common<'a> {
     pub model: &'a str,
     pub stream: Option<bool>,
-    pub format: Option<&'a Value>,
     pub options: Option<Options>,
     pub think: Option<&'a Value>,
-    pub tools: Option<&'a [Value]>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
 }
@@ -133,7 +131,7 @@ fn num_predict(value: Option<i64>) -> Result<Option<NonZeroU32>, Error> {
     }
 }
 
-/// Documented request fields shoal does not implement (yet): a 400 naming each, never ignored.
+/// Documented request fields shoal does not implement: a 400 naming each, never ignored.
 fn refuse_unsupported(c: &Common<'_>) -> Result<(), Error> {
     let thinking = match c.think {
         None | Some(Value::Null) | Some(Value::Bool(false)) => false,
@@ -145,21 +143,6 @@ fn refuse_unsupported(c: &Common<'_>) -> Result<(), Error> {
             "think is not supported: shoal does not separate a model's thinking from its answer",
         )
         .into());
-    }
-    let format_set = match c.format {
-        None | Some(Value::Null) => false,
-        Some(Value::String(s)) => !s.is_empty(),
-        Some(_) => true,
-    };
-    if format_set {
-        return Err(ApiError::invalid(
-            "format",
-            "format (JSON mode and JSON schemas) is not supported yet",
-        )
-        .into());
-    }
-    if c.tools.is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid("tools", "tools are not supported yet").into());
     }
     Ok(())
 }
@@ -270,21 +253,18 @@ mod tests {
             ..Common::default()
         };
         assert!(refuse_unsupported(&c).is_err_and(|e| e.message().starts_with("think")));
-        let empty = Value::String(String::new());
+        let effort = Value::String("high".into());
+        let c = Common {
+            think: Some(&effort),
+            ..Common::default()
+        };
+        assert!(refuse_unsupported(&c).is_err());
         let off = Value::Bool(false);
         let c = Common {
             think: Some(&off),
-            format: Some(&empty),
-            tools: Some(&[]),
             ..Common::default()
         };
         assert!(refuse_unsupported(&c).is_ok());
-        let json = Value::String("json".into());
-        let c = Common {
-            format: Some(&json),
-            ..Common::default()
-        };
-        assert!(refuse_unsupported(&c).is_err_and(|e| e.message().starts_with("format")));
         let o = Options {
             mirostat: Some(2),
             ..Options::default()

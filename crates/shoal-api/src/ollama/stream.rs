@@ -13,6 +13,7 @@
 //! token (waiting for a slot, prefill and the first sample); `eval_duration` from the first token to the
 //! end; `prompt_eval_count` / `eval_count` from the engine's usage.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
@@ -22,9 +23,12 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use shoal_engine::request::TopLogprob;
 use shoal_engine::{Event, FinishReason};
+use shoal_guide::{ToolCallOut, ToolCallParser, ToolCallStream, ToolEvent};
 
+use super::tools::ollama_call;
 use super::types::{
-    ChatResponse, Ending, GenerateResponse, Logprob, MessageOut, Metrics, TokenLogprob,
+    ChatResponse, Ending, GenerateResponse, Logprob, MessageOut, Metrics, OllamaToolCall,
+    TokenLogprob,
 };
 use super::{Error, now_rfc3339};
 use crate::cancel::LiveRequest;
@@ -134,11 +138,19 @@ pub struct Answer {
     pub model: String,
     /// Whether each object carries its tokens' log-probabilities.
     pub logprobs: bool,
+    /// Splits tool calls out of the text where tools were offered (chat only).
+    pub tools: Option<ToolCallParser>,
 }
 
 impl Answer {
-    /// One object: a piece of text (`end: None`) or the last object.
-    pub fn object(&self, text: String, end: Option<Ending>, logprobs: Vec<Logprob>) -> String {
+    /// One object: a piece of text and the calls completed with it (`end: None`), or the last object.
+    pub fn object(
+        &self,
+        text: String,
+        calls: Vec<OllamaToolCall>,
+        end: Option<Ending>,
+        logprobs: Vec<Logprob>,
+    ) -> String {
         let logprobs = self.logprobs.then_some(logprobs);
         let (model, created_at, done) = (self.model.clone(), now_rfc3339(), end.is_some());
         match self.kind {
@@ -148,6 +160,7 @@ impl Answer {
                 message: MessageOut {
                     role: "assistant",
                     content: text,
+                    tool_calls: (!calls.is_empty()).then_some(calls),
                 },
                 done,
                 end,
@@ -221,65 +234,139 @@ async fn collect(mut run: Run, answer: &Answer) -> Result<String, Error> {
                     done_reason: reason,
                     metrics: Some(metrics),
                 };
-                return Ok(answer.object(text, Some(end), logprobs));
+                let (text, calls) = match &answer.tools {
+                    Some(parser) => split_calls(parser, text),
+                    None => (text, Vec::new()),
+                };
+                return Ok(answer.object(text, calls, Some(end), logprobs));
             }
             Step::Failed(e) => return Err(e),
         }
     }
 }
 
+/// A finished answer's text without the calls it makes, and the calls (none: the text as it is).
+fn split_calls(parser: &ToolCallParser, text: String) -> (String, Vec<OllamaToolCall>) {
+    let (content, calls) = parser.parse(&text);
+    if calls.is_empty() {
+        return (text, Vec::new());
+    }
+    let calls = calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| ollama_call(i, c))
+        .collect();
+    (content, calls)
+}
+
+/// Text and complete calls out of streamed tool-parser events.
+fn from_events(events: Vec<ToolEvent>) -> (String, Vec<OllamaToolCall>) {
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    for event in events {
+        match event {
+            ToolEvent::Content(piece) => text.push_str(&piece),
+            ToolEvent::Call {
+                index,
+                id,
+                name,
+                arguments,
+            } => calls.push(ollama_call(
+                index,
+                ToolCallOut {
+                    id,
+                    name,
+                    arguments,
+                },
+            )),
+        }
+    }
+    (text, calls)
+}
+
 struct Lines {
     run: Run,
     answer: Answer,
+    /// Splits calls out of the streamed text where tools were offered.
+    tools: Option<ToolCallStream>,
     /// Log-probabilities of tokens whose text has not been sent yet (empty pieces).
     pending: Vec<Logprob>,
+    /// Lines ready to send.
+    queue: VecDeque<String>,
     finished: bool,
+}
+
+impl Lines {
+    /// Queues a line for `text` and `calls` unless both are empty.
+    fn piece(&mut self, text: String, calls: Vec<OllamaToolCall>) {
+        if text.is_empty() && calls.is_empty() {
+            return;
+        }
+        let logprobs = std::mem::take(&mut self.pending);
+        let line = self.answer.object(text, calls, None, logprobs);
+        self.queue.push_back(line + "\n");
+    }
+
+    /// Waits for the next engine event and queues what it turns into.
+    async fn step(&mut self) {
+        match self.run.next().await {
+            Step::Token {
+                text,
+                logprob: lp,
+                top,
+            } => {
+                if self.answer.logprobs {
+                    self.pending.push(logprob(&text, lp, top));
+                }
+                let (text, calls) = match &mut self.tools {
+                    Some(stream) => from_events(stream.push(&text)),
+                    None => (text, Vec::new()),
+                };
+                self.piece(text, calls);
+            }
+            Step::Done { reason, metrics } => {
+                if let Some(stream) = &mut self.tools {
+                    let (text, calls) = from_events(stream.finish());
+                    self.piece(text, calls);
+                }
+                let end = Ending {
+                    done_reason: reason,
+                    metrics: Some(metrics),
+                };
+                let logprobs = std::mem::take(&mut self.pending);
+                let line = self
+                    .answer
+                    .object(String::new(), Vec::new(), Some(end), logprobs);
+                self.queue.push_back(line + "\n");
+                self.finished = true;
+            }
+            Step::Failed(e) => {
+                self.queue.push_back(e.line().to_string() + "\n");
+                self.finished = true;
+            }
+        }
+    }
 }
 
 /// The NDJSON lines of a running request, each ending in `\n`.
 fn lines(run: Run, answer: Answer) -> impl futures::Stream<Item = String> + Send + 'static {
     let state = Lines {
         run,
+        tools: answer.tools.as_ref().map(ToolCallParser::stream),
         answer,
         pending: Vec::new(),
+        queue: VecDeque::new(),
         finished: false,
     };
     futures::stream::unfold(state, |mut st| async move {
-        if st.finished {
-            return None;
-        }
         loop {
-            match st.run.next().await {
-                Step::Token {
-                    text,
-                    logprob: lp,
-                    top,
-                } => {
-                    if st.answer.logprobs {
-                        st.pending.push(logprob(&text, lp, top));
-                    }
-                    if text.is_empty() {
-                        continue;
-                    }
-                    let logprobs = std::mem::take(&mut st.pending);
-                    let line = st.answer.object(text, None, logprobs);
-                    return Some((line + "\n", st));
-                }
-                Step::Done { reason, metrics } => {
-                    st.finished = true;
-                    let end = Ending {
-                        done_reason: reason,
-                        metrics: Some(metrics),
-                    };
-                    let logprobs = std::mem::take(&mut st.pending);
-                    let line = st.answer.object(String::new(), Some(end), logprobs);
-                    return Some((line + "\n", st));
-                }
-                Step::Failed(e) => {
-                    st.finished = true;
-                    return Some((e.line().to_string() + "\n", st));
-                }
+            if let Some(line) = st.queue.pop_front() {
+                return Some((line, st));
             }
+            if st.finished {
+                return None;
+            }
+            st.step().await;
         }
     })
 }

@@ -155,6 +155,24 @@ pub struct ChatResponse {
 pub struct MessageOut {
     pub role: &'static str,
     pub content: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<OllamaToolCall>>,
+}
+
+/// A call in `message.tool_calls`.
+#[derive(Debug, Serialize)]
+pub struct OllamaToolCall {
+    pub id: String,
+    pub function: OllamaFunction,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OllamaFunction {
+    /// The call's place among the answer's calls.
+    pub index: usize,
+    pub name: String,
+    /// The arguments as a JSON object.
+    pub arguments: Value,
 }
 
 /// A generate answer (one NDJSON line when streaming, the whole answer otherwise).
