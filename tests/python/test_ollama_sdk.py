@@ -106,7 +106,7 @@ def test_tags_show_ps_version(oc, server_url):
     assert "<|im_start|>" in s.template
     assert s.modelinfo["general.architecture"] == "llama"
     assert s.modelinfo["llama.context_length"] == 8192
-    assert s.details.family == "llama" and "completion" in s.capabilities
+    assert s.details.family == "llama" and {"completion", "tools"} <= set(s.capabilities)
     running = {p.model: p for p in oc.ps().models}
     assert running[MODEL_ID].context_length == 8192 and running[MODEL_ID].size_vram == 0
     with urllib.request.urlopen(f"{server_url}/api/version", timeout=30) as r:

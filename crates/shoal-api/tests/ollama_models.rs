@@ -58,7 +58,7 @@ async fn a_bare_engine_lists_its_model() {
     let show = post_json("/api/show", &json!({"model": MODEL_ID})).await;
     assert_eq!(show.status, StatusCode::OK, "{}", show.body);
     let show = show.json();
-    assert_eq!(show["capabilities"], json!(["completion"]));
+    assert_eq!(show["capabilities"], json!(["completion", "tools"]));
     assert_eq!(show["parameters"], "num_ctx 8192");
     let missing = post_json("/api/show", &json!({"model": "ghost"})).await;
     assert_eq!(

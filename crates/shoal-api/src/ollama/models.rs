@@ -232,6 +232,16 @@ pub async fn show(
         .map(|f| f.template.clone())
         .unwrap_or_default();
     let parameters = context.map(|c| format!("num_ctx {c}")).unwrap_or_default();
+    // Tools go through the chat template (shoal-guide teaches the call form to one that has none).
+    let chat = !template.is_empty()
+        || state
+            .engine
+            .get(&model.id)
+            .is_ok_and(|e| e.chat_template().is_some());
+    let mut capabilities = vec!["completion"];
+    if chat {
+        capabilities.push("tools");
+    }
     let mut modelfile = format!(
         "# Modelfile of {} as shoal serves it\nFROM {}\n",
         model.id, model.id
@@ -252,7 +262,7 @@ pub async fn show(
             .as_ref()
             .map(|f| f.model_info.clone())
             .unwrap_or_default(),
-        capabilities: vec!["completion"],
+        capabilities,
         modified_at: rfc3339(model.modified),
     }))
 }
