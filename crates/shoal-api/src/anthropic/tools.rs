@@ -203,7 +203,8 @@ mod tests {
 
     #[test]
     fn bad_tools_and_choices_are_named() {
-        let cases: Vec<(Option<Vec<Value>>, Option<ToolChoiceIn>, &str)> = vec![
+        type Case = (Option<Vec<Value>>, Option<ToolChoiceIn>, &'static str);
+        let cases: Vec<Case> = vec![
             (
                 Some(vec![json!({"name": "f"})]),
                 None,
