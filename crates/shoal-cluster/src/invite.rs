@@ -209,7 +209,7 @@ impl InviteBook {
     /// Makes and records a new invite valid for `uses` joins (`None`: any number) until `expires`
     /// (unix seconds; `None`: never).
     pub fn create(&self, uses: Option<u32>, expires: Option<u64>) -> Result<Invite, InviteError> {
-        let now = crate::node::unix_now();
+        let now = crate::clock::unix_now();
         let invite = Invite {
             id: hex(&random_bytes::<6>()),
             secret: hex(&random_bytes::<32>()),
@@ -228,7 +228,7 @@ impl InviteBook {
 
     /// The invites still usable.
     pub fn list(&self) -> Result<Vec<Invite>, InviteError> {
-        let now = crate::node::unix_now();
+        let now = crate::clock::unix_now();
         let mut out = Vec::new();
         self.update(|list| {
             out = list.iter().filter(|i| live(i, now)).cloned().collect();
@@ -390,7 +390,7 @@ mod tests {
         let invite = book.create(Some(1), None).unwrap();
         let token = token_for(&invite);
         let req = token.request("node-b");
-        let now = crate::node::unix_now();
+        let now = crate::clock::unix_now();
         let secret = book.redeem(&req, now).unwrap();
         let reply = seal(&secret, "node-b", "the-cluster-key");
         assert_eq!(token.open("node-b", &reply).unwrap(), "the-cluster-key");
@@ -417,7 +417,7 @@ mod tests {
     fn expired_invites_and_wrong_proofs_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let book = InviteBook::new(dir.path());
-        let now = crate::node::unix_now();
+        let now = crate::clock::unix_now();
         let invite = book.create(None, Some(now + 60)).unwrap();
         let token = token_for(&invite);
         let mut forged = token.request("node-b");

@@ -20,6 +20,7 @@
 //! which places instances (`shoal-placement`) and broadcasts the instance table; every node's
 //! [`Snapshot`] watch channel carries the result to its runtime and API.
 
+mod clock;
 mod error;
 pub mod facts;
 pub mod identity;

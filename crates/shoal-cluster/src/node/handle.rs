@@ -220,7 +220,8 @@ impl ClusterHandle {
                 message: format!("node {} was removed from this cluster", req.node),
             });
         }
-        let secret = InviteBook::new(&self.secrets.state_dir).redeem(req, super::unix_now())?;
+        let secret =
+            InviteBook::new(&self.secrets.state_dir).redeem(req, crate::clock::unix_now())?;
         let mut reply = crate::invite::seal(&secret, &req.node, &self.secrets.cluster_key);
         reply.addrs = snap
             .state

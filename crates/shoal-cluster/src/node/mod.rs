@@ -20,7 +20,7 @@ use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use libp2p::multiaddr::Protocol;
@@ -30,6 +30,7 @@ use shoal_placement::ModelCard;
 use tokio::sync::{mpsc, watch};
 
 use crate::ClusterError;
+use crate::clock::unix_now;
 use crate::facts::{self, NodeFacts};
 use crate::identity;
 use crate::proto::InstanceRecord;
@@ -127,13 +128,6 @@ fn ip_of(addr: &Multiaddr) -> Option<IpAddr> {
         Protocol::Ip6(a) => Some(IpAddr::V6(a)),
         _ => None,
     })
-}
-
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 fn random_id() -> String {

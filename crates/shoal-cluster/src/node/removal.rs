@@ -89,7 +89,7 @@ impl NetTask {
             .map(|f| RemovedNode {
                 id: f.id.clone(),
                 name: f.name.clone(),
-                at: super::unix_now(),
+                at: crate::clock::unix_now(),
             })
             .collect();
         let node = match matches.as_slice() {
@@ -97,7 +97,7 @@ impl NetTask {
             [] if query.parse::<PeerId>().is_ok() => RemovedNode {
                 id: query.to_string(),
                 name: String::new(),
-                at: super::unix_now(),
+                at: crate::clock::unix_now(),
             },
             [] => {
                 return Err(ClusterError::NodeNotFound {
