@@ -1,5 +1,6 @@
 //! [`Admission`]: a request a handle accepted (tokenized, checked against the model, its event channel
-//! created), on its way to the engine thread, and what the engine sends a request that never ran.
+//! created), on its way to the engine thread — a generation, or an embedding with its [`EmbedJob`] —
+//! and what the engine sends a request that never ran.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,11 +11,20 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::error::EngineError;
 use crate::request::{Event, FinishReason, GenerateRequest, Usage};
 
+/// An embedding sequence's instructions, on its admission ([`crate::embed`]).
+pub(crate) struct EmbedJob {
+    pub(crate) pooling: shoal_model::Pooling,
+    /// Where the vector goes.
+    pub(crate) reply: tokio::sync::oneshot::Sender<Vec<f32>>,
+}
+
 /// A request accepted by a handle, on its way to the engine thread.
 pub(crate) struct Admission {
     pub(crate) id: u64,
     pub(crate) tokens: Vec<u32>,
     pub(crate) request: GenerateRequest,
+    /// Set for an embedding: pool the hidden states instead of generating.
+    pub(crate) embed: Option<EmbedJob>,
     pub(crate) tx: UnboundedSender<Event>,
     pub(crate) cancel: Arc<AtomicBool>,
     pub(crate) deadline: Option<Instant>,

@@ -127,6 +127,7 @@ pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, E
         model.tokenizer.clone(),
         model.template,
         model.config.vocab_size,
+        model.config.arch.pooling,
         queue,
         counters.clone(),
     );

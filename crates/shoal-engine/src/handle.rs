@@ -13,11 +13,12 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use shoal_model::Pooling;
 use shoal_model::chat::{AddedSpecials, ChatTemplate};
 use shoal_model::tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, EmbedJob};
 use crate::error::EngineError;
 use crate::request::{Event, GenerateRequest, Prompt};
 use crate::stats::{Counters, EngineStats};
@@ -48,6 +49,8 @@ struct Instance {
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     vocab_size: usize,
+    /// How embeddings pool the model's hidden states.
+    pooling: Pooling,
     queue: SyncSender<Admission>,
     counters: Arc<Counters>,
     /// Cancel flags of live requests by id (for `POST /v1/cancel/{id}`); weak, so a finished request's
@@ -68,6 +71,7 @@ impl EngineHandle {
         tokenizer: Arc<Tokenizer>,
         template: Option<ChatTemplate>,
         vocab_size: usize,
+        pooling: Pooling,
         queue: SyncSender<Admission>,
         counters: Arc<Counters>,
     ) -> Self {
@@ -77,6 +81,7 @@ impl EngineHandle {
                 tokenizer,
                 template,
                 vocab_size,
+                pooling,
                 queue,
                 counters,
                 cancels: Mutex::new(HashMap::new()),
@@ -151,6 +156,41 @@ impl EngineHandle {
     /// [`EngineHandle::submit`] for a request already routed to this engine by its model id.
     pub(crate) fn enqueue(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
         let tokens = self.prompt_tokens(&request)?;
+        let deadline = request.timeout.map(|t| Instant::now() + t);
+        self.queue(tokens, request, None, deadline)
+    }
+
+    /// Queues `tokens` (checked) as an embedding sequence ([`crate::embed`]).
+    pub(crate) fn enqueue_embedding(
+        &self,
+        tokens: Vec<u32>,
+        job: EmbedJob,
+        timeout: Option<std::time::Duration>,
+        deadline: Option<Instant>,
+    ) -> Result<RequestStream, EngineError> {
+        // What an embedding sequence samples: nothing; the request only carries its model and timeout.
+        let request = GenerateRequest {
+            model: self.info().id.clone(),
+            prompt: Prompt::Tokens(Vec::new()),
+            sampling: Default::default(),
+            max_tokens: None,
+            stop: Vec::new(),
+            add_bos: false,
+            ignore_eos: false,
+            timeout,
+            logits_processor: None,
+        };
+        self.queue(tokens, request, Some(job), deadline)
+    }
+
+    /// Queues a checked request for the engine thread, its event channel made first.
+    fn queue(
+        &self,
+        tokens: Vec<u32>,
+        request: GenerateRequest,
+        embed: Option<EmbedJob>,
+        deadline: Option<Instant>,
+    ) -> Result<RequestStream, EngineError> {
         // Unique across every engine of the process, so a request id names one request on this node.
         let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
         // The channel exists before the engine knows about the request: nothing it sends can be lost.
@@ -158,12 +198,12 @@ impl EngineHandle {
         // most (context length + 1) events, which bounds it.
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
-        let deadline = request.timeout.map(|t| Instant::now() + t);
         let prompt_tokens = tokens.len();
         let admission = Admission {
             id,
             tokens,
             request,
+            embed,
             tx,
             cancel: cancel.clone(),
             deadline,
@@ -192,16 +232,7 @@ impl EngineHandle {
     /// not empty, every id in the vocabulary, room left in the context.
     fn prompt_tokens(&self, request: &GenerateRequest) -> Result<Vec<u32>, EngineError> {
         let tokens = self.encode(&request.prompt, request.add_bos);
-        if tokens.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        let vocab = self.inner.vocab_size as u32;
-        if let Some(bad) = tokens.iter().find(|&&t| t >= vocab) {
-            return Err(EngineError::InvalidParam {
-                param: "prompt",
-                message: format!("token id {bad} is outside the vocabulary of {vocab}"),
-            });
-        }
+        self.check_ids(&tokens, "prompt")?;
         let context_length = self.info().context_length;
         if tokens.len() >= context_length {
             return Err(EngineError::PromptTooLong {
@@ -210,6 +241,52 @@ impl EngineHandle {
             });
         }
         Ok(tokens)
+    }
+
+    /// Errs on no tokens or an id outside the vocabulary (`param` names the field).
+    fn check_ids(&self, tokens: &[u32], param: &'static str) -> Result<(), EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let vocab = self.inner.vocab_size as u32;
+        if let Some(bad) = tokens.iter().find(|&&t| t >= vocab) {
+            return Err(EngineError::InvalidParam {
+                param,
+                message: format!("token id {bad} is outside the vocabulary of {vocab}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// An embedding input's tokens: text tokenized as llama.cpp's server does (special tokens parsed,
+    /// BOS and EOS as the GGUF asks), token ids as given; checked like a prompt, and cut to the context
+    /// length when `truncate` says so (else longer is [`EngineError::PromptTooLong`]).
+    pub(crate) fn embed_tokens(
+        &self,
+        input: &Prompt,
+        truncate: bool,
+    ) -> Result<Vec<u32>, EngineError> {
+        let mut tokens = match input {
+            Prompt::Text(text) => self.inner.tokenizer.encode_prompt(text),
+            Prompt::Tokens(t) => t.clone(),
+        };
+        self.check_ids(&tokens, "input")?;
+        let context_length = self.info().context_length;
+        if tokens.len() > context_length {
+            if !truncate {
+                return Err(EngineError::PromptTooLong {
+                    prompt_tokens: tokens.len(),
+                    context_length,
+                });
+            }
+            tokens.truncate(context_length);
+        }
+        Ok(tokens)
+    }
+
+    /// How embeddings pool this model's hidden states.
+    pub(crate) fn pooling(&self) -> Pooling {
+        self.inner.pooling
     }
 
     /// How many tokens `text` is as a prompt submitted with `add_bos`, counted as [`EngineHandle::submit`]

@@ -14,9 +14,15 @@
 //! admits waiting requests within the KV budget, decodes one token for each running sequence
 //! (batched) and prefills waiting prompts in chunks, samples, detokenizes (stop sequences, UTF-8
 //! boundaries) and sends [`Event`]s back; [`EngineStats`] counts what happened.
+//!
+//! [`Engines::embed`] ([`embed`]) runs each input of an [`EmbedRequest`] as a prompt-only sequence whose
+//! chunks ask the last stage for pooled final hidden states instead of logits, and answers one
+//! normalized vector per input ([`Embeddings`]). A request's [`LogitsProcessor`] says which tokens may
+//! come next ([`TokenMask`]); the mask travels with the step to whichever stage samples.
 
 mod admission;
 mod config;
+pub mod embed;
 pub mod engine;
 pub mod error;
 pub mod handle;
@@ -39,6 +45,7 @@ pub use handle::{ChatMessage, EngineHandle, ModelInfo, RequestStream};
 pub use logits::{ConstraintError, LogitsProcessor, TokenMask};
 pub use registry::Engines;
 pub use request::{
-    Event, FinishReason, GenerateRequest, Prompt, SamplingParams, TopLogprob, Usage,
+    EmbedRequest, Embeddings, Event, FinishReason, GenerateRequest, Prompt, SamplingParams,
+    TopLogprob, Usage,
 };
 pub use stats::EngineStats;

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use crate::error::EngineError;
 use crate::handle::{ChatMessage, EngineHandle, ModelInfo, RequestStream};
-use crate::request::GenerateRequest;
+use crate::request::{EmbedRequest, Embeddings, GenerateRequest};
 use crate::stats::EngineStats;
 
 /// The engines of this node, by model id.
@@ -114,6 +114,12 @@ impl Engines {
     /// checking the model id again).
     pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
         self.get(&request.model)?.enqueue(request)
+    }
+
+    /// One L2-normalized vector per input of `request`, from the engine serving `request.model`
+    /// ([`EngineHandle::embed`]).
+    pub async fn embed(&self, request: EmbedRequest) -> Result<Embeddings, EngineError> {
+        self.get(&request.model)?.embed(request).await
     }
 
     /// Cancels request `id` on whichever engine runs it (ids are unique per process).

@@ -53,6 +53,29 @@ pub struct GenerateRequest {
     pub logits_processor: Option<Box<dyn crate::logits::LogitsProcessor>>,
 }
 
+/// A validated embedding request: one vector per input ([`crate::Engines::embed`]).
+#[derive(Debug, Clone)]
+pub struct EmbedRequest {
+    /// Model id as listed by [`crate::Engines::models`].
+    pub model: String,
+    /// Text (tokenized as llama.cpp's server does: special tokens parsed, BOS/EOS as the GGUF asks) or
+    /// token ids (used as given).
+    pub inputs: Vec<Prompt>,
+    /// Cut inputs longer than the context length (Ollama's default) instead of refusing them.
+    pub truncate: bool,
+    /// Give up when the whole request has not finished this long after it was submitted.
+    pub timeout: Option<std::time::Duration>,
+}
+
+/// What [`crate::Engines::embed`] returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embeddings {
+    /// One L2-normalized vector per input, in order, each as long as the model's hidden size.
+    pub vectors: Vec<Vec<f32>>,
+    /// Tokens of all inputs together (what usage reports).
+    pub prompt_tokens: u32,
+}
+
 /// `n` as a [`GenerateRequest::max_tokens`], for callers outside the HTTP API (the CLI, benchmarks):
 /// 0 is refused.
 pub fn max_tokens(n: u32) -> Result<std::num::NonZeroU32, EngineError> {

@@ -1,5 +1,5 @@
 //! [`Sequence`]: a request the engine thread runs, with its tokens, sampler state, detokenizer, stop
-//! matcher and the events it streams to its client.
+//! matcher and the events it streams to its client — or, for an embedding, what it pooled so far.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,11 +9,12 @@ use shoal_model::tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::admission::Admission;
+use crate::embed::EmbedState;
 use crate::error::EngineError;
 use crate::logits::{LogitsProcessor, TokenMask};
 use crate::request::{Event, FinishReason, TopLogprob, Usage};
 use crate::sampler::Sampler;
-use crate::stage::Pick;
+use crate::stage::{Pick, Pool};
 use crate::stop::StopMatcher;
 
 /// A sequence owned by the engine thread.
@@ -37,6 +38,8 @@ pub(crate) struct Sequence {
     mask: Option<TokenMask>,
     /// Whether `mask` answers for the next token (asked since the last token was taken).
     mask_ready: bool,
+    /// Set for an embedding: its prompt is all it computes.
+    embed: Option<EmbedState>,
     tx: UnboundedSender<Event>,
     cancel: Arc<AtomicBool>,
     ignore_eos: bool,
@@ -49,7 +52,7 @@ impl Sequence {
     /// with `seed` unless the request names a seed.
     pub(crate) fn start(a: Admission, context_length: usize, seed: u64) -> Self {
         let timeout_ms = a.timeout_ms();
-        let room = context_length - a.tokens.len();
+        let room = context_length.saturating_sub(a.tokens.len());
         let request = a.request;
         let max_new = request
             .max_tokens
@@ -68,6 +71,7 @@ impl Sequence {
             processor: request.logits_processor,
             mask: None,
             mask_ready: false,
+            embed: a.embed.map(EmbedState::new),
             tx: a.tx,
             cancel: a.cancel,
             ignore_eos: request.ignore_eos,
@@ -119,6 +123,36 @@ impl Sequence {
     pub(crate) fn forget_kv(&mut self) {
         self.computed = 0;
         self.cached = 0;
+        if let Some(e) = self.embed.as_mut() {
+            e.reset();
+        }
+    }
+
+    /// Whether this is an embedding (no token is generated; its KV is never kept).
+    pub(crate) fn is_embedding(&self) -> bool {
+        self.embed.is_some()
+    }
+
+    /// What the last stage returns of the next `n` tokens' states: pooled rows for an embedding.
+    pub(crate) fn chunk_pool(&self, n: usize) -> Pool {
+        self.embed.as_ref().map_or(Pool::None, |e| {
+            e.chunk_pool(self.computed, n, self.tokens.len())
+        })
+    }
+
+    /// Takes a pooled row the last stage returned for this embedding.
+    pub(crate) fn add_pooled(&mut self, row: &[f32]) {
+        if let Some(e) = self.embed.as_mut() {
+            e.add(row);
+        }
+    }
+
+    /// Sends the embedding's vector, then `Done` with its token count.
+    pub(crate) fn send_embedding(&mut self) {
+        if let Some(e) = self.embed.as_mut() {
+            e.send();
+        }
+        self.send_done(FinishReason::Stop);
     }
 
     /// Whether the request constrains its tokens (has a logits processor).

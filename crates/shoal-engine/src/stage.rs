@@ -11,6 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use shoal_kernels::ThreadPool;
 use shoal_model::{DecoderStage, HostMatrix, KvCache, SeqChunk, StageInput};
 
+/// What the last stage returns of a chunk's final hidden states, for embeddings.
+pub use shoal_model::Pool;
+
 use crate::error::EngineError;
 use crate::logits::TokenMask;
 use crate::sampler::{self, Sampler};
@@ -23,6 +26,8 @@ pub struct ChunkSpec {
     pub len: usize,
     /// Whether the last stage must return logits for this chunk's last token.
     pub want_logits: bool,
+    /// What the last stage returns of this chunk's final hidden states (embeddings).
+    pub pool: Pool,
 }
 
 /// How to sample one chunk that wants logits: the owner's sampler state, the sequence so far and the
@@ -53,11 +58,33 @@ pub enum StageData {
     Tokens(Vec<u32>),
     /// `(total tokens, dim)` hidden states.
     Hidden(HostMatrix),
-    /// `(chunks wanting logits, vocab)`.
-    Logits(HostMatrix),
+    /// The last stage's `(chunks wanting logits, vocab)` logits and `(chunks pooling, dim)` pooled
+    /// rows.
+    Logits {
+        logits: HostMatrix,
+        pooled: HostMatrix,
+    },
     /// Tokens already sampled, one per chunk wanting logits, in batch order (a remote last stage samples
-    /// where the logits are, so only token ids travel back).
-    Sampled(Vec<Pick>),
+    /// where the logits are, so only token ids travel back), and the pooled rows.
+    Sampled(Outputs),
+}
+
+/// What a batch produced for the engine: one pick per chunk wanting logits and one pooled row per
+/// chunk pooling, each in batch order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outputs {
+    pub picks: Vec<Pick>,
+    /// `(chunks pooling, dim)`; `0 × 0` when none pools.
+    pub pooled: HostMatrix,
+}
+
+impl From<Vec<Pick>> for Outputs {
+    fn from(picks: Vec<Pick>) -> Self {
+        Outputs {
+            picks,
+            pooled: HostMatrix::default(),
+        }
+    }
 }
 
 /// Samples one row of logits as `job` says; what a last stage that samples runs for each chunk.
@@ -190,9 +217,9 @@ pub struct StageInfo {
 pub trait Stage: Send {
     /// What this stage is (constant over its life).
     fn info(&self) -> StageInfo;
-    /// Starts `batch` on `input`: the first stage takes tokens, the last returns logits (or, when it
-    /// samples itself, [`StageData::Sampled`] following `sampling`: one entry per chunk that wants
-    /// logits, in batch order). Stages on other nodes leave it [`Launched::Pending`] so the engine can
+    /// Starts `batch` on `input`: the first stage takes tokens, the last returns logits and pooled rows
+    /// (or, when it samples itself, [`StageData::Sampled`] following `sampling`: one entry per chunk
+    /// that wants logits, in batch order). Stages on other nodes leave it [`Launched::Pending`] so the engine can
     /// compute another micro-batch meanwhile; local layers compute it at once.
     fn launch(
         &mut self,
@@ -317,13 +344,14 @@ impl LocalStage {
                     kv,
                     len: c.len,
                     want_logits: c.want_logits,
+                    pool: c.pool,
                 })
                 .collect();
 
             match input {
-                StageData::Tokens(ids) => self.model.forward(StageInput::Tokens(&ids), &mut chunks),
-                StageData::Hidden(h) => self.model.forward(StageInput::Hidden(h), &mut chunks),
-                StageData::Logits(_) | StageData::Sampled(_) => {
+                StageData::Tokens(ids) => self.model.run(StageInput::Tokens(&ids), &mut chunks),
+                StageData::Hidden(h) => self.model.run(StageInput::Hidden(h), &mut chunks),
+                StageData::Logits { .. } | StageData::Sampled(_) => {
                     return Err(EngineError::Internal("logits sent into a stage".into()));
                 }
             }
@@ -331,14 +359,16 @@ impl LocalStage {
         for (kv, c) in taken.into_iter().zip(batch) {
             self.caches.insert(c.seq_id, kv);
         }
-        let mut out = result.map_err(internal)?;
+        let out = result.map_err(internal)?;
+        let (mut logits, pooled) = (out.main, out.pooled);
         Ok(match (self.model.is_last(), sampling.is_empty()) {
             // Sampled here, on this stage's threads.
-            (true, false) => {
-                StageData::Sampled(sample_rows(&mut out, sampling, Some(&**self.model.pool()))?)
-            }
-            (true, true) => StageData::Logits(out),
-            (false, _) => StageData::Hidden(out),
+            (true, false) => StageData::Sampled(Outputs {
+                picks: sample_rows(&mut logits, sampling, Some(&**self.model.pool()))?,
+                pooled,
+            }),
+            (true, true) => StageData::Logits { logits, pooled },
+            (false, _) => StageData::Hidden(logits),
         })
     }
 
@@ -426,7 +456,7 @@ impl Stage for LocalStage {
 
 /// The result of [`launch_pipeline`].
 pub enum PipelineLaunch {
-    Done(Vec<Pick>),
+    Done(Outputs),
     /// Pass to [`complete_pipeline`].
     Pending(u64),
 }
@@ -448,25 +478,30 @@ pub fn launch_pipeline(
         data = forward(stage.as_mut(), batch, data, sampling)?;
     }
     match last.launch(batch, data, sampling)? {
-        Launched::Ready(data) => into_picks(data, sampling).map(PipelineLaunch::Done),
+        Launched::Ready(data) => into_outputs(data, sampling).map(PipelineLaunch::Done),
         Launched::Pending(ticket) => Ok(PipelineLaunch::Pending(ticket)),
     }
 }
 
-/// Waits for a batch [`launch_pipeline`] left pending; `wanted` = chunks of it that want logits.
+/// Waits for a batch [`launch_pipeline`] left pending; `wanted` = chunks of it that want logits,
+/// `pooling` = chunks that pool.
 pub fn complete_pipeline(
     stages: &mut [Box<dyn Stage>],
     ticket: u64,
     wanted: usize,
-) -> Result<Vec<Pick>, EngineError> {
+    pooling: usize,
+) -> Result<Outputs, EngineError> {
     let last = stages
         .last_mut()
         .ok_or_else(|| EngineError::Internal("a pipeline without stages".into()))?;
     match last.complete(ticket)? {
-        StageData::Sampled(picks) if picks.len() == wanted => Ok(picks),
-        StageData::Sampled(picks) => Err(EngineError::Internal(format!(
-            "the pipeline returned {} tokens for {wanted} sequences",
-            picks.len()
+        StageData::Sampled(out) if out.picks.len() == wanted && out.pooled.rows() == pooling => {
+            Ok(out)
+        }
+        StageData::Sampled(out) => Err(EngineError::Internal(format!(
+            "the pipeline returned {} tokens and {} pooled rows for {wanted} and {pooling}",
+            out.picks.len(),
+            out.pooled.rows()
         ))),
         _ => Err(EngineError::Internal(
             "a pending batch must come back sampled".into(),
@@ -482,22 +517,25 @@ pub fn pipeline_depth(stages: &[Box<dyn Stage>]) -> usize {
         .sum::<usize>()
 }
 
-fn into_picks(data: StageData, sampling: &[SampleRef<'_>]) -> Result<Vec<Pick>, EngineError> {
-    let picks = match data {
-        StageData::Logits(mut l) => sample_rows(&mut l, sampling, None)?,
-        StageData::Sampled(picks) => picks,
+fn into_outputs(data: StageData, sampling: &[SampleRef<'_>]) -> Result<Outputs, EngineError> {
+    let out = match data {
+        StageData::Logits { mut logits, pooled } => Outputs {
+            picks: sample_rows(&mut logits, sampling, None)?,
+            pooled,
+        },
+        StageData::Sampled(out) => out,
         _ => {
             return Err(EngineError::Internal(
                 "the pipeline's last stage returned no logits".into(),
             ));
         }
     };
-    if picks.len() != sampling.len() {
+    if out.picks.len() != sampling.len() {
         return Err(EngineError::Internal(format!(
             "the pipeline returned {} tokens for {} sequences",
-            picks.len(),
+            out.picks.len(),
             sampling.len()
         )));
     }
-    Ok(picks)
+    Ok(out)
 }

@@ -1,24 +1,35 @@
 //! What the engine reports on the real model besides the tokens: the most likely alternatives of each
-//! token (`top_logprobs`).
+//! token (`top_logprobs`) and embeddings (equal to llama.cpp's within a cosine of 0.999, on one stage or
+//! several, without touching the prefix cache or the decodes running beside them).
+
+use std::path::Path;
 
 use shoal_engine::engine::{EngineConfig, spawn_from_gguf};
-use shoal_engine::{EngineHandle, Event, GenerateRequest, Prompt, SamplingParams, TopLogprob};
+use shoal_engine::{
+    EmbedRequest, EngineError, EngineHandle, Event, GenerateRequest, Prompt, SamplingParams,
+    TopLogprob,
+};
+use shoal_model::LayerRange;
 use shoal_model::gguf::GgufFile;
 use shoal_model::tokenizer::Tokenizer;
-use shoal_testkit::fixtures::model_path;
+use shoal_testkit::fixtures::{gemma_path, model_path};
 
-#[allow(dead_code)]
 mod common;
-use common::PATIENCE;
+use common::{PATIENCE, wait_for};
 
 const MODEL: &str = "smollm2-135m-instruct-q4_1";
 
 fn engine() -> EngineHandle {
+    engine_of(&model_path(), MODEL, None)
+}
+
+fn engine_of(path: &Path, id: &str, stages: Option<Vec<LayerRange>>) -> EngineHandle {
     let config = EngineConfig {
         threads: 1,
+        stages,
         ..Default::default()
     };
-    spawn_from_gguf(&model_path(), MODEL, config).expect("engine")
+    spawn_from_gguf(path, id, config).expect("engine")
 }
 
 fn tokenizer() -> Tokenizer {
@@ -116,4 +127,200 @@ async fn top_logprobs_are_the_models_own_best_tokens_with_their_bytes() {
         assert_eq!(l, logprob);
     }
     assert!(logprob <= top[0].logprob);
+}
+
+/// llama.cpp's embeddings of a model (`scripts/reference/embeddings_reference.py`): each input's text,
+/// tokens and vector.
+fn reference(name: &str) -> Vec<(String, Vec<u32>, Vec<f32>)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/embeddings")
+        .join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).expect("fixture");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("fixture json");
+    let floats = |v: &serde_json::Value| -> Vec<f32> {
+        let a = v.as_array().expect("array");
+        a.iter()
+            .map(|x| x.as_f64().expect("number") as f32)
+            .collect()
+    };
+    json["inputs"]
+        .as_array()
+        .expect("inputs")
+        .iter()
+        .map(|i| {
+            let tokens = floats(&i["tokens"]).into_iter().map(|t| t as u32).collect();
+            let text = i["text"].as_str().expect("text").to_string();
+            (text, tokens, floats(&i["embedding"]))
+        })
+        .collect()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+fn embed_request(model: &str, inputs: Vec<Prompt>) -> EmbedRequest {
+    EmbedRequest {
+        model: model.into(),
+        inputs,
+        truncate: false,
+        timeout: None,
+    }
+}
+
+/// Embeds the reference texts on `engine` and checks them against llama.cpp's.
+async fn matches_llama_cpp(engine: &EngineHandle, model: &str, name: &str) -> Vec<Vec<f32>> {
+    let want = reference(name);
+    let texts = want.iter().map(|(t, ..)| Prompt::Text(t.clone())).collect();
+    let got = engine
+        .embed(embed_request(model, texts))
+        .await
+        .expect("embed");
+    let tokens: usize = want.iter().map(|(_, t, _)| t.len()).sum();
+    assert_eq!(
+        got.prompt_tokens as usize, tokens,
+        "tokens as llama.cpp counts them"
+    );
+    assert_eq!(got.vectors.len(), want.len());
+    for ((text, _, reference), v) in want.iter().zip(&got.vectors) {
+        assert_eq!(v.len(), reference.len());
+        let norm: f64 = v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "unit length, got {norm}");
+        let c = cosine(v, reference);
+        assert!(c >= 0.999, "{name} {text:?}: cosine {c} to llama.cpp's");
+    }
+    // Token ids in, the same vectors out.
+    let ids = want
+        .iter()
+        .map(|(_, t, _)| Prompt::Tokens(t.clone()))
+        .collect();
+    let again = engine
+        .embed(embed_request(model, ids))
+        .await
+        .expect("embed");
+    for (a, b) in again.vectors.iter().zip(&got.vectors) {
+        // Chunk boundaries may fall elsewhere (other inputs share the batches): sums round apart.
+        assert!(max_diff(a, b) < 1e-5);
+    }
+    got.vectors
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[tokio::test]
+async fn embeddings_equal_llama_cpps_mean_pooled_normalized_states() {
+    let smol = engine();
+    let one_stage = matches_llama_cpp(&smol, MODEL, "smollm2").await;
+    // Gemma: BOS added, scaled embeddings, another head size.
+    let gemma = engine_of(&gemma_path(), "gemma3", None);
+    matches_llama_cpp(&gemma, "gemma3", "gemma3").await;
+    // Three stages in this process pool what one does.
+    let split = vec![
+        LayerRange { start: 0, end: 9 },
+        LayerRange { start: 9, end: 20 },
+        LayerRange { start: 20, end: 30 },
+    ];
+    let staged = engine_of(&model_path(), MODEL, Some(split));
+    let three = matches_llama_cpp(&staged, MODEL, "smollm2").await;
+    for (a, b) in one_stage.iter().zip(&three) {
+        assert!(
+            max_diff(a, b) < 1e-5,
+            "three stages differ by {}",
+            max_diff(a, b)
+        );
+    }
+}
+
+#[tokio::test]
+async fn embeddings_keep_no_kv_leave_the_prefix_cache_alone_and_change_no_decode() {
+    let engine = engine();
+    let chat = |max| {
+        common::greedy(
+            MODEL,
+            Prompt::Text("The capital of France is Paris. The capital of Italy is".into()),
+            max,
+        )
+    };
+    let alone = tokens(&engine, chat(12)).await;
+    wait_for(&engine, "the turn cached", |s| s.kv_tokens > 0);
+    let cached = engine.stats().kv_tokens;
+    // A long embedding (two prefill chunks) while the same prompt decodes beside it.
+    let long = reference("smollm2").remove(4).0;
+    let mut stream = engine.submit(chat(12)).expect("submit");
+    let embedded = engine.embed(embed_request(MODEL, vec![Prompt::Text(long)]));
+    let (embedded, beside) = tokio::join!(embedded, async {
+        let mut out = Vec::new();
+        while let Some(Event::Token { id, .. }) = stream.next().await {
+            out.push(id);
+        }
+        out
+    });
+    assert_eq!(embedded.expect("embed").prompt_tokens, 471);
+    assert_eq!(
+        beside,
+        alone.iter().map(|t| t.0).collect::<Vec<_>>(),
+        "decoding beside an embedding changes nothing"
+    );
+    wait_for(&engine, "every sequence ended, no KV left behind", |s| {
+        s.active_sequences == 0 && s.stage_sequences == 0
+    });
+    let stats = engine.stats();
+    assert!(
+        stats.kv_tokens <= cached + 24,
+        "the embedding was not cached ({} tokens held, {cached} before)",
+        stats.kv_tokens
+    );
+    // The chat turn is still cached: the same prompt reuses it.
+    let mut stream = engine.submit(chat(1)).expect("submit");
+    let cached_tokens = loop {
+        match stream.next().await {
+            Some(Event::Done { usage, .. }) => break usage.cached_tokens,
+            Some(Event::Token { .. }) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert!(cached_tokens > 0, "the prefix cache still serves the turn");
+}
+
+#[tokio::test]
+async fn embedding_errors_are_clear_and_an_empty_list_is_empty() {
+    let engine = engine();
+    let none = engine
+        .embed(embed_request(MODEL, vec![]))
+        .await
+        .expect("embed");
+    assert!(none.vectors.is_empty() && none.prompt_tokens == 0);
+    let bad = engine
+        .embed(embed_request(
+            MODEL,
+            vec![Prompt::Tokens(vec![1, 10_000_000])],
+        ))
+        .await;
+    assert!(
+        matches!(bad, Err(EngineError::InvalidParam { param: "input", .. })),
+        "{bad:?}"
+    );
+    let empty = engine
+        .embed(embed_request(MODEL, vec![Prompt::Tokens(vec![])]))
+        .await;
+    assert_eq!(empty, Err(EngineError::EmptyPrompt));
+    let too_long = vec![Prompt::Tokens(vec![28; 8193])];
+    let refused = engine.embed(embed_request(MODEL, too_long)).await;
+    assert!(
+        matches!(refused, Err(EngineError::PromptTooLong { .. })),
+        "{refused:?}"
+    );
+    let other = engine.embed(embed_request("other", vec![])).await;
+    assert!(matches!(other, Err(EngineError::ModelNotFound { .. })));
 }

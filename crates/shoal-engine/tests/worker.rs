@@ -214,7 +214,8 @@ impl Stage for Scripted {
                 .collect())
         };
         if !self.in_flight {
-            return result.map(|picks| Launched::Ready(StageData::Sampled(picks)));
+            return result
+                .map(|picks: Vec<Pick>| Launched::Ready(StageData::Sampled(picks.into())));
         }
         self.next_ticket += 1;
         self.pending.push_back((self.next_ticket, result));
@@ -223,7 +224,9 @@ impl Stage for Scripted {
 
     fn complete(&mut self, ticket: u64) -> Result<StageData, EngineError> {
         match self.pending.pop_front() {
-            Some((t, result)) if t == ticket => result.map(StageData::Sampled),
+            Some((t, result)) if t == ticket => {
+                result.map(|picks| StageData::Sampled(picks.into()))
+            }
             _ => Err(EngineError::Internal(format!(
                 "no batch {ticket} in flight"
             ))),

@@ -44,6 +44,36 @@ pub struct ArchParams {
     /// Token embeddings are multiplied by this (Gemma: `sqrt(dim)`).
     pub embed_scale: f32,
     pub activation: Activation,
+    /// How an embedding pools the final hidden states (`{arch}.pooling_type`).
+    pub pooling: Pooling,
+}
+
+/// How embeddings pool a sequence's final hidden states (after the output norm): llama.cpp's
+/// `pooling_type`. A decoder LLM's GGUF has no such key (llama.cpp then pools nothing and its server
+/// refuses OpenAI embeddings); shoal pools by the mean, as `llama-server --embeddings --pooling mean`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pooling {
+    /// The mean over every token (no key, or `none` / `mean`).
+    Mean,
+    /// The first token (`cls`).
+    Cls,
+    /// The last token (`last`: Qwen3-Embedding and its kind).
+    Last,
+    /// A reranker's scores (`rank`): no embeddings.
+    Rank,
+}
+
+impl Pooling {
+    /// From llama.cpp's `LLAMA_POOLING_TYPE_*` number (absent: [`Pooling::Mean`]).
+    pub fn from_gguf(value: Option<u32>) -> Self {
+        match value {
+            Some(2) => Pooling::Cls,
+            Some(3) => Pooling::Last,
+            Some(4) => Pooling::Rank,
+            _ => Pooling::Mean,
+        }
+    }
 }
 
 impl ArchParams {
@@ -60,6 +90,7 @@ impl ArchParams {
             query_scale: None,
             embed_scale: 1.0,
             activation: Activation::Silu,
+            pooling: Pooling::Mean,
         }
     }
 }
@@ -165,6 +196,7 @@ impl ModelConfig {
                     1.0
                 },
                 activation: family.activation,
+                pooling: Pooling::from_gguf(gguf.get_u32(&k("pooling_type")).ok()),
             },
             architecture: name,
         };

@@ -42,6 +42,31 @@ pub struct SeqChunk<'a> {
     pub len: usize,
     /// On the last stage: produce logits for this chunk's last token.
     pub want_logits: bool,
+    /// On the last stage: what to return of this chunk's final hidden states (embeddings).
+    pub pool: Pool,
+}
+
+/// What the last stage returns of a chunk's final hidden states — after the output norm, what
+/// llama.cpp's embedding mode pools — besides logits: nothing, the sum of its rows, its last row or its
+/// first row (one row of [`StageOutput::pooled`] per chunk that asks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pool {
+    #[default]
+    None,
+    Sum,
+    Last,
+    First,
+}
+
+/// What [`DecoderStage::run`] computed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StageOutput {
+    /// Hidden states `(total tokens, dim)`, or on the last stage the logits `(chunks wanting logits,
+    /// vocab)` in batch order.
+    pub main: HostMatrix,
+    /// On the last stage, one row `(dim)` per chunk whose [`SeqChunk::pool`] asks, in batch order
+    /// (`0 × dim` when none does); empty elsewhere.
+    pub pooled: HostMatrix,
 }
 
 struct Block {
@@ -308,8 +333,14 @@ impl DecoderStage {
     }
 
     /// Runs the batch. Returns hidden states `(total_tokens, dim)`, or on the last stage the logits
-    /// `(chunks wanting logits, vocab)` in batch order.
+    /// `(chunks wanting logits, vocab)` in batch order ([`DecoderStage::run`] without pooled rows).
     pub fn forward(&self, input: StageInput<'_>, seqs: &mut [SeqChunk<'_>]) -> Result<HostMatrix> {
+        self.run(input, seqs).map(|out| out.main)
+    }
+
+    /// Runs the batch: [`DecoderStage::forward`]'s output and, on the last stage, the pooled final
+    /// hidden states of the chunks that ask ([`SeqChunk::pool`]).
+    pub fn run(&self, input: StageInput<'_>, seqs: &mut [SeqChunk<'_>]) -> Result<StageOutput> {
         let total: usize = seqs.iter().map(|s| s.len).sum();
         if seqs.iter().any(|s| s.len == 0) {
             return Err(ModelError::BadInput("empty sequence chunk".into()));
@@ -355,9 +386,13 @@ impl DecoderStage {
             s.kv.advance(s.len);
         }
         let (Some(norm), Some(head)) = (&self.output_norm, &self.head) else {
-            return HostMatrix::new(total, self.cfg.dim, x);
+            return Ok(StageOutput {
+                main: HostMatrix::new(total, self.cfg.dim, x)?,
+                pooled: HostMatrix::default(),
+            });
         };
         let dim = self.cfg.dim;
+        let pooled = self.pool_rows(&x, seqs, norm)?;
         let mut picked = Vec::new();
         let mut end = 0;
         for s in seqs.iter() {
@@ -377,7 +412,41 @@ impl DecoderStage {
             &mut LinearScratch::default(),
             &self.pool,
         )?;
-        HostMatrix::new(rows, head.out_features(), logits)
+        Ok(StageOutput {
+            main: HostMatrix::new(rows, head.out_features(), logits)?,
+            pooled,
+        })
+    }
+
+    /// The last stage's pooled rows: for each chunk that asks, the final-normed rows of its tokens in
+    /// `x` summed, or its last or first one (`0 × dim` when no chunk asks).
+    fn pool_rows(&self, x: &[f32], seqs: &[SeqChunk<'_>], norm: &[f32]) -> Result<HostMatrix> {
+        let dim = self.cfg.dim;
+        let mut out = Vec::new();
+        let mut normed = vec![0f32; dim];
+        let mut start = 0;
+        for s in seqs {
+            let rows = start..start + s.len;
+            start += s.len;
+            let pick = match s.pool {
+                Pool::None => continue,
+                Pool::Sum => rows,
+                Pool::Last => rows.end - 1..rows.end,
+                Pool::First => rows.start..rows.start + 1,
+            };
+            let mut acc = vec![0f32; dim];
+            for r in pick {
+                ops::rms_norm(
+                    &x[r * dim..(r + 1) * dim],
+                    norm,
+                    self.cfg.rms_eps,
+                    &mut normed,
+                );
+                ops::add_assign(&mut acc, &normed);
+            }
+            out.extend_from_slice(&acc);
+        }
+        HostMatrix::new(out.len() / dim.max(1), dim, out)
     }
 
     /// Every layer of the stage over the batch's hidden states `x` (`total × dim`), in place.

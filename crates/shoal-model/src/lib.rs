@@ -10,7 +10,8 @@
 //! - [`decoder::DecoderStage`] is one pipeline stage of any of them: layers `[start, end)`, plus the
 //!   token embedding on the first stage and the final norm and output head on the last. Its `forward`
 //!   takes a batch of sequence chunks (several sequences decoding one token each, or prompts being
-//!   prefilled in chunks) with one [`kv::KvCache`] per sequence.
+//!   prefilled in chunks) with one [`kv::KvCache`] per sequence; `run` also returns the final-normed
+//!   hidden states a chunk asks for ([`Pool`]: embeddings).
 //! - [`HostMatrix`] is what stages hand each other (hidden states in, hidden states or logits out): a
 //!   row-major f32 buffer the CPU path computes in, the wire encodes from and the sampler samples in place.
 //! - [`linear::LinearSet`] keeps quantized weights quantized and runs them through `shoal-kernels` SIMD
@@ -36,8 +37,8 @@ pub mod supported;
 pub mod tokenizer;
 
 pub use arch::Arch;
-pub use config::{ArchParams, LayerRange, ModelConfig};
-pub use decoder::{DecoderStage, SeqChunk, StageInput};
+pub use config::{ArchParams, LayerRange, ModelConfig, Pooling};
+pub use decoder::{DecoderStage, Pool, SeqChunk, StageInput, StageOutput};
 pub use error::ModelError;
 pub use footprint::Footprint;
 pub use gguf::{stage_byte_ranges, stage_byte_ranges_at};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use common::{argmax, check_greedy, check_logprobs, greedy, load_from, step};
 use shoal_kernels::ThreadPool;
 use shoal_model::gguf::GgufFile;
-use shoal_model::{DecoderStage, HostMatrix, LayerRange, SeqChunk, StageInput};
+use shoal_model::{DecoderStage, HostMatrix, LayerRange, Pool, SeqChunk, StageInput};
 use shoal_testkit::fixtures::model_path;
 
 fn load(ranges: &[(usize, usize)]) -> Vec<DecoderStage> {
@@ -72,6 +72,7 @@ fn batched_sequences_equal_sequences_run_alone() {
                 kv,
                 len: t.len(),
                 want_logits: true,
+                pool: Pool::None,
             })
             .collect();
         let logits: HostMatrix = s
@@ -108,6 +109,78 @@ fn chunked_prefill_equals_one_shot_prefill() {
     assert_eq!(argmax(&one_shot), argmax(&chunked));
 }
 
+/// Pooled rows of `chunks` (lengths) of `prompt`, prefilled in that many steps on `stages`, each chunk
+/// asking for `pool`; with the last step's logits.
+fn pooled(stages: &[DecoderStage], prompt: &[u32], chunks: &[usize], pool: Pool) -> Vec<Vec<f32>> {
+    let mut kvs: Vec<_> = stages.iter().map(|s| s.new_kv_cache()).collect();
+    let mut rows = Vec::new();
+    let mut at = 0;
+    for &n in chunks {
+        let tokens = &prompt[at..at + n];
+        at += n;
+        let mut input = StageInput::Tokens(tokens);
+        for (stage, kv) in stages.iter().zip(kvs.iter_mut()) {
+            let mut c = [SeqChunk {
+                kv,
+                len: n,
+                want_logits: at == prompt.len(),
+                pool,
+            }];
+            let out = stage.run(input, &mut c).expect("run");
+            if stage.is_last() {
+                assert_eq!(out.pooled.shape(), [1, stage.config().dim]);
+                rows.push(out.pooled.data().to_vec());
+                input = StageInput::Tokens(&[]);
+            } else {
+                assert_eq!(out.pooled.rows(), 0, "only the last stage pools");
+                input = StageInput::Hidden(out.main);
+            }
+        }
+    }
+    rows
+}
+
+fn close(a: &[f32], b: &[f32]) -> bool {
+    a.iter()
+        .zip(b)
+        .all(|(x, y)| (x - y).abs() <= 1e-4 * (1.0 + x.abs()))
+}
+
+#[test]
+fn pooled_rows_are_the_final_normed_states_whatever_the_chunks_and_stages() {
+    let whole = load(&[(0, 30)]);
+    let split = load(&[(0, 12), (12, 30)]);
+    let prompt: Vec<u32> = vec![6403, 1980, 253, 655, 28, 281, 253, 1165, 6560, 28];
+    let sum = pooled(&whole, &prompt, &[10], Pool::Sum).remove(0);
+    let parts = pooled(&split, &prompt, &[3, 4, 3], Pool::Sum);
+    let added: Vec<f32> = (0..sum.len())
+        .map(|i| parts.iter().map(|p| p[i]).sum())
+        .collect();
+    assert!(
+        close(&sum, &added),
+        "a sum over chunks is the sum over the prompt"
+    );
+    // One token's sum, its first and its last row are the same row; the last of the whole prompt is
+    // the last of its last chunk, the first the first of its first chunk.
+    let last = pooled(&whole, &prompt, &[10], Pool::Last).remove(0);
+    let first = pooled(&split, &prompt, &[10], Pool::First).remove(0);
+    let singles = pooled(&whole, &prompt, &[1; 10], Pool::Sum);
+    assert!(close(&first, &singles[0]) && close(&last, &singles[9]));
+    assert!(close(
+        &sum,
+        &(0..sum.len())
+            .map(|i| singles.iter().map(|r| r[i]).sum())
+            .collect::<Vec<f32>>()
+    ));
+    assert_eq!(
+        pooled(&split, &prompt, &[7, 3], Pool::Last)[1],
+        pooled(&split, &prompt, &[10], Pool::Last)[0]
+    );
+    // The rows are normed states (RMS ≈ the norm weights' scale), not raw residuals or logits.
+    assert_ne!(first, last);
+    assert!(sum.iter().all(|v| v.is_finite()));
+}
+
 #[test]
 fn bad_inputs_are_errors() {
     let stages = load(&[(0, 10), (10, 30)]);
@@ -117,6 +190,7 @@ fn bad_inputs_are_errors() {
         kv: &mut kv,
         len: 1,
         want_logits: true,
+        pool: Pool::None,
     }];
     assert!(stages[1].forward(StageInput::Tokens(&[1]), &mut c).is_err());
     // Hidden state of the wrong width.
@@ -128,6 +202,7 @@ fn bad_inputs_are_errors() {
         kv: &mut kv0,
         len: 1,
         want_logits: false,
+        pool: Pool::None,
     }];
     assert!(
         stages[0]

@@ -10,7 +10,7 @@ use shoal_engine::engine::load_local_stage;
 use shoal_engine::kvpool::{KvPool, KvShare};
 use shoal_engine::sampler::Sampler;
 use shoal_engine::stage::{
-    ChunkSpec, KvOp, LocalStage, Pick, SampleRef, Stage, StageData, forward,
+    ChunkSpec, KvOp, LocalStage, Outputs, Pick, Pool, SampleRef, Stage, StageData, forward,
 };
 use shoal_engine::{SamplingParams, TokenMask};
 use shoal_kernels::ThreadPool;
@@ -58,10 +58,11 @@ fn sample_whole(whole: &mut LocalStage, job: SampleRef<'_>) -> Pick {
         seq_id: job.seq_id,
         len: job.history.len(),
         want_logits: true,
+        pool: Pool::None,
     }];
     let input = StageData::Tokens(job.history.to_vec());
     match whole.forward(&batch, input, &[job]).unwrap() {
-        StageData::Sampled(mut picks) if picks.len() == 1 => picks.remove(0),
+        StageData::Sampled(mut out) if out.picks.len() == 1 => out.picks.remove(0),
         _ => panic!("the whole model samples when given jobs"),
     }
 }
@@ -155,11 +156,13 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
             seq_id: 7,
             len: split,
             want_logits: false,
+            pool: Pool::None,
         }];
         let batch = [ChunkSpec {
             seq_id: 7,
             len: tokens.len() - split,
             want_logits: true,
+            pool: Pool::None,
         }];
         let sampler = Sampler::new(
             SamplingParams {
@@ -192,7 +195,7 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
             panic!("the head stage must return hidden states");
         };
         match forward(&mut chain, &first, StageData::Hidden(h), &[]).unwrap() {
-            StageData::Sampled(none) => assert!(none.is_empty()),
+            StageData::Sampled(none) => assert!(none.picks.is_empty() && none.pooled.rows() == 0),
             _ => panic!("a remote chain answers every batch with sampled tokens"),
         }
         let StageData::Hidden(h) = head
@@ -201,7 +204,7 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
         else {
             panic!("the head stage must return hidden states");
         };
-        let StageData::Sampled(remote) =
+        let StageData::Sampled(Outputs { picks: remote, .. }) =
             forward(&mut chain, &batch, StageData::Hidden(h), &job).unwrap()
         else {
             panic!("a remote chain returns sampled tokens");
@@ -214,12 +217,54 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
         assert_eq!(local.top, favourite.top);
         assert_eq!(chain.cached_len(7), tokens.len());
         chain.kv(KvOp::Release { seq_id: 7 }).unwrap();
+        // An embedding: 5 tokens in two chunks, each asking b for the sum of its final-normed states,
+        // which come back in a Pooled frame: their sum is the whole model's.
+        let input = &tokens[..5];
+        let mut remote_sum = vec![0f32; whole.model().config().dim];
+        for (start, n) in [(0, 2), (2, 3)] {
+            let batch = [ChunkSpec {
+                seq_id: 10,
+                len: n,
+                want_logits: false,
+                pool: Pool::Sum,
+            }];
+            let ids = StageData::Tokens(input[start..start + n].to_vec());
+            let Ok(StageData::Hidden(h)) = head.forward(&batch, ids, &[]) else {
+                panic!("the head stage must return hidden states");
+            };
+            let Ok(StageData::Sampled(out)) =
+                forward(&mut chain, &batch, StageData::Hidden(h), &[])
+            else {
+                panic!("a remote chain answers every batch");
+            };
+            assert!(out.picks.is_empty());
+            assert_eq!(out.pooled.rows(), 1);
+            for (s, v) in remote_sum.iter_mut().zip(out.pooled.data()) {
+                *s += v;
+            }
+        }
+        chain.kv(KvOp::Release { seq_id: 10 }).unwrap();
+        let whole_batch = [ChunkSpec {
+            seq_id: 11,
+            len: 5,
+            want_logits: false,
+            pool: Pool::Sum,
+        }];
+        let Ok(StageData::Logits { pooled, .. }) =
+            whole.forward(&whole_batch, StageData::Tokens(input.to_vec()), &[])
+        else {
+            panic!("the whole model returns its pooled rows");
+        };
+        for (r, l) in remote_sum.iter().zip(pooled.data()) {
+            assert!((r - l).abs() <= 1e-4 * (1.0 + l.abs()), "{r} vs {l}");
+        }
         // 4. A batch past the KV b set aside is refused with an error, not allocated.
         let long: Vec<u32> = (300..309).collect();
         let batch = [ChunkSpec {
             seq_id: 8,
             len: long.len(),
             want_logits: true,
+            pool: Pool::None,
         }];
         let job = [SampleRef {
             seq_id: 8,

@@ -56,7 +56,12 @@ impl Worker {
             }
         }
         while self.running.len() < self.config.max_running {
-            let Some(need) = self.waiting.front().map(|a| a.tokens.len() + 1) else {
+            // A generation needs room for its first token too; an embedding only for its input.
+            let Some(need) = self
+                .waiting
+                .front()
+                .map(|a| a.tokens.len() + usize::from(a.embed.is_none()))
+            else {
                 break;
             };
             if need > self.kv.max_tokens() {
@@ -64,7 +69,7 @@ impl Worker {
                     self.counters.dequeued(1);
                     let error = EngineError::PromptTooLong {
                         prompt_tokens: a.tokens.len(),
-                        context_length: self.kv.max_tokens() - 1,
+                        context_length: self.kv.max_tokens() - usize::from(a.embed.is_none()),
                     };
                     a.refuse(error);
                 }
@@ -86,11 +91,15 @@ impl Worker {
         }
     }
 
-    /// Starts the newest running sequence from the longest cached prefix of its prompt, if any.
+    /// Starts the newest running sequence from the longest cached prefix of its prompt, if any (not an
+    /// embedding: it needs every token's states).
     fn reuse_prefix(&mut self) {
         let Some(seq) = self.running.last_mut() else {
             return;
         };
+        if seq.is_embedding() {
+            return;
+        }
         let Some((prefix_id, n)) = self.prefix.lookup(&seq.tokens[..seq.prompt_len]) else {
             return;
         };
@@ -121,6 +130,8 @@ impl Worker {
     pub(super) fn finish(&mut self, i: usize, reason: FinishReason) {
         let seq = self.running.swap_remove(i);
         let offer = match reason {
+            // An embedding's KV is never kept: embeddings must not crowd out prompts worth caching.
+            _ if seq.is_embedding() => Default::default(),
             FinishReason::Cancelled => Default::default(),
             _ => self.prefix.insert(&seq.tokens[..seq.computed]),
         };
@@ -147,6 +158,14 @@ impl Worker {
         }
         self.counters.ended(1);
         seq.send_done(reason);
+    }
+
+    /// Removes embedding `i` whose last chunk landed, frees its KV everywhere and sends its vector.
+    pub(super) fn finish_embedding(&mut self, i: usize) {
+        let mut seq = self.running.swap_remove(i);
+        kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
+        self.counters.ended(1);
+        seq.send_embedding();
     }
 
     /// Removes sequence `i`, frees its KV everywhere and sends `error` as its final event.

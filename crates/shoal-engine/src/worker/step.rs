@@ -13,7 +13,8 @@ use crate::request::FinishReason;
 use crate::scheduler::{SeqView, StepBudget, plan_micro_batch};
 use crate::sequence::Sequence;
 use crate::stage::{
-    ChunkSpec, Pick, PipelineLaunch, SampleRef, complete_pipeline, launch_pipeline, pipeline_depth,
+    ChunkSpec, Outputs, PipelineLaunch, Pool, SampleRef, complete_pipeline, launch_pipeline,
+    pipeline_depth,
 };
 
 /// Prompts with more tokens still to prefill than this are "long": their chunks obey the ITL slack.
@@ -49,7 +50,7 @@ impl Worker {
         }
         let (batch, tokens) = self.build_batch(&plan);
         match self.launch(&plan, &views, &batch, tokens) {
-            Ok(PipelineLaunch::Done(picks)) => self.deliver(&batch, picks),
+            Ok(PipelineLaunch::Done(out)) => self.deliver(&batch, out),
             Ok(PipelineLaunch::Pending(ticket)) => self.flights.push_back(Flight { ticket, batch }),
             Err(e) => self.fail_batch(&batch, e),
         }
@@ -165,7 +166,8 @@ impl Worker {
             batch.push(ChunkSpec {
                 seq_id: s.id,
                 len: n,
-                want_logits: s.computed + n == s.tokens.len(),
+                want_logits: !s.is_embedding() && s.computed + n == s.tokens.len(),
+                pool: s.chunk_pool(n),
             });
         }
         (batch, tokens)
@@ -212,8 +214,9 @@ impl Worker {
             return;
         };
         let wanted = flight.batch.iter().filter(|c| c.want_logits).count();
-        match complete_pipeline(&mut self.stages, flight.ticket, wanted) {
-            Ok(picks) => self.deliver(&flight.batch, picks),
+        let pooling = flight.batch.iter().filter(|c| c.pool != Pool::None).count();
+        match complete_pipeline(&mut self.stages, flight.ticket, wanted, pooling) {
+            Ok(out) => self.deliver(&flight.batch, out),
             Err(e) => self.fail_batch(&flight.batch, e),
         }
     }
@@ -234,10 +237,12 @@ impl Worker {
         }
     }
 
-    /// Streams the tokens picked for `batch` (one per chunk wanting logits, in order) and ends the
-    /// sequences that are done. Sequences that ended while the batch was in flight are skipped.
-    fn deliver(&mut self, batch: &[ChunkSpec], picks: Vec<Pick>) {
-        let mut picks = picks.into_iter();
+    /// Streams the tokens picked for `batch` (one per chunk wanting logits, in order), hands embeddings
+    /// their pooled rows (one per chunk pooling) and ends the sequences that are done. Sequences that
+    /// ended while the batch was in flight are skipped.
+    fn deliver(&mut self, batch: &[ChunkSpec], out: Outputs) {
+        self.deliver_pooled(batch, &out.pooled);
+        let mut picks = out.picks.into_iter();
         let mut done = Vec::new();
         for spec in batch.iter().filter(|c| c.want_logits) {
             let Some(pick) = picks.next() else { break };
@@ -257,6 +262,38 @@ impl Worker {
                 Ok(reason) => self.finish(i, reason),
                 Err(e) => self.fail(i, e),
             }
+        }
+    }
+}
+
+impl Worker {
+    /// Gives each embedding of `batch` its pooled rows and sends those whose last chunk this was.
+    fn deliver_pooled(&mut self, batch: &[ChunkSpec], pooled: &shoal_model::HostMatrix) {
+        let pooling = batch.iter().filter(|c| c.pool != Pool::None);
+        for (r, spec) in pooling.enumerate() {
+            let (Some(row), Some(seq)) = (
+                pooled.row(r),
+                self.running.iter_mut().find(|s| s.id == spec.seq_id),
+            ) else {
+                continue;
+            };
+            seq.add_pooled(row);
+        }
+        // A batch holds a sequence's newest chunk: an embedding computed to its end is done.
+        let mut ended: Vec<usize> = self
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                s.is_embedding()
+                    && s.computed == s.tokens.len()
+                    && batch.iter().any(|c| c.seq_id == s.id)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        ended.sort_unstable_by(|a, b| b.cmp(a));
+        for i in ended {
+            self.finish_embedding(i);
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use shoal_kernels::ThreadPool;
 use shoal_model::gguf::GgufFile;
-use shoal_model::{DecoderStage, LayerRange, SeqChunk, StageInput};
+use shoal_model::{DecoderStage, LayerRange, Pool, SeqChunk, StageInput};
 use shoal_testkit::fixtures::golden;
 
 /// Every layer of the model at `path` as one stage.
@@ -40,6 +40,7 @@ pub fn step(stages: &[DecoderStage], kvs: &mut [shoal_model::KvCache], tokens: &
             kv,
             len: tokens.len(),
             want_logits: true,
+            pool: Pool::None,
         }];
         let t = stage.forward(input, &mut chunk).expect("forward");
         input = StageInput::Hidden(t.clone());

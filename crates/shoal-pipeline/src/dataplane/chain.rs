@@ -7,9 +7,10 @@ use futures::AsyncReadExt;
 use libp2p::PeerId;
 use shoal_engine::error::EngineError;
 use shoal_engine::stage::{
-    ChunkSpec, KvOp, Launched, Pick, SampleRef, Stage, StageData, StageInfo,
+    ChunkSpec, KvOp, Launched, Outputs, Pick, Pool, SampleRef, Stage, StageData, StageInfo,
 };
-use shoal_wire::{Activations, ChunkHeader, DType, Frame, Handshake, Role, TokenItem};
+use shoal_model::HostMatrix;
+use shoal_wire::{Activations, ChunkHeader, DType, Frame, Handshake, Pooled, Role, TokenItem};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -19,8 +20,15 @@ use crate::error::PipelineError;
 
 use super::{
     BATCH_TIMEOUT, Inbound, READ_QUEUE, WRITE_QUEUE, encode, handshake, kv_frame, open_stream,
-    spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
+    spawn_reader, spawn_writer, wire_instance_id, wire_node_id, wire_pool,
 };
+
+/// A batch sent and not yet answered: the sequences it owes a token and a pooled row, in batch order.
+struct InFlight {
+    batch_id: u64,
+    sampled: Vec<u64>,
+    pooled: Vec<u64>,
+}
 
 /// The stages after the driver's own, on other nodes, seen as one [`Stage`].
 pub struct RemoteChain {
@@ -39,8 +47,8 @@ pub struct RemoteChain {
     dtype: DType,
     nodes: Vec<String>,
     broken: Option<String>,
-    /// Batches sent and not yet answered, oldest first, with the sequences whose tokens they owe.
-    pending: std::collections::VecDeque<(u64, Vec<u64>)>,
+    /// Batches sent and not yet answered, oldest first.
+    pending: std::collections::VecDeque<InFlight>,
     /// Tokens of KV the remote stages have room for (the least of them), when they said.
     kv_capacity: Option<usize>,
     /// Kept so the owner stream stays open as long as the chain lives.
@@ -183,15 +191,28 @@ impl RemoteChain {
         Ok(())
     }
 
-    /// Blocks the engine thread until the tokens of `batch_id` arrive, the pipeline breaks (a stream
-    /// closes, a stage fails, a stage node leaves the cluster: each noticed as it happens), or
-    /// [`BATCH_TIMEOUT`] passes.
-    fn wait_tokens(&mut self, batch_id: u64) -> Result<Vec<TokenItem>, PipelineError> {
+    /// Blocks the engine thread until the tokens of `batch_id` arrive (after its pooled rows, if it
+    /// has any), the pipeline breaks (a stream closes, a stage fails, a stage node leaves the cluster:
+    /// each noticed as it happens), or [`BATCH_TIMEOUT`] passes.
+    fn wait_tokens(
+        &mut self,
+        batch_id: u64,
+    ) -> Result<(Vec<TokenItem>, Option<Pooled>), PipelineError> {
         let deadline = tokio::time::Instant::now() + BATCH_TIMEOUT;
+        let mut pooled = None;
         loop {
             match recv_by(&self.rt, &mut self.events, deadline) {
                 Ok(Some(Ok(Frame::Tokens { batch_id: b, items }))) if b == batch_id => {
-                    return Ok(items);
+                    return Ok((items, pooled));
+                }
+                Ok(Some(Ok(Frame::Pooled(p)))) if p.batch_id == batch_id && pooled.is_none() => {
+                    pooled = Some(p);
+                }
+                Ok(Some(Ok(Frame::Pooled(p)))) => {
+                    return Err(self.lost(PipelineError::OtherBatch {
+                        got: p.batch_id,
+                        want: batch_id,
+                    }));
                 }
                 Ok(Some(Ok(Frame::Tokens { batch_id: got, .. }))) => {
                     return Err(self.lost(PipelineError::OtherBatch {
@@ -281,7 +302,7 @@ impl RemoteChain {
                 start_pos: self.cached_len(c.seq_id) as u32,
                 len: c.len as u32,
                 want_logits: c.want_logits,
-                pool: shoal_wire::Pool::None,
+                pool: wire_pool(c.pool),
             })
             .collect();
         // Encoded straight from the hidden states.
@@ -298,37 +319,52 @@ impl RemoteChain {
         for c in batch {
             *self.lens.entry(c.seq_id).or_default() += c.len;
         }
-        self.pending
-            .push_back((batch_id, sampling.iter().map(|s| s.seq_id).collect()));
+        self.pending.push_back(InFlight {
+            batch_id,
+            sampled: sampling.iter().map(|s| s.seq_id).collect(),
+            pooled: batch
+                .iter()
+                .filter(|c| c.pool != Pool::None)
+                .map(|c| c.seq_id)
+                .collect(),
+        });
         Ok(Launched::Pending(batch_id))
     }
 
     /// Waits for the tokens of the oldest batch in flight, which must be `ticket`.
     fn receive_batch(&mut self, ticket: u64) -> Result<StageData, PipelineError> {
-        let Some((batch_id, expected)) = self.pending.pop_front() else {
+        let Some(flight) = self.pending.pop_front() else {
             return Err(PipelineError::NothingInFlight);
         };
-        if batch_id != ticket {
+        if flight.batch_id != ticket {
             return Err(PipelineError::OutOfOrder {
                 ticket,
-                oldest: batch_id,
+                oldest: flight.batch_id,
             });
         }
-        let items = self.wait_tokens(batch_id)?;
-        if items.len() != expected.len() || items.iter().zip(&expected).any(|(i, s)| i.seq_id != *s)
+        let (items, pooled) = self.wait_tokens(flight.batch_id)?;
+        let pooled_ids = pooled.as_ref().map_or(&[][..], |p| &p.seq_ids[..]);
+        if items
+            .iter()
+            .map(|i| i.seq_id)
+            .ne(flight.sampled.iter().copied())
+            || pooled_ids != flight.pooled
         {
             return Err(self.lost(PipelineError::OtherSequences));
         }
-        Ok(StageData::Sampled(
-            items
-                .into_iter()
-                .map(|i| Pick {
-                    id: i.token,
-                    logprob: i.logprob,
-                    top: i.top,
-                })
-                .collect(),
-        ))
+        let pooled = match pooled {
+            Some(p) => HostMatrix::new(p.seq_ids.len(), p.cols as usize, p.values)?,
+            None => HostMatrix::default(),
+        };
+        let picks = items
+            .into_iter()
+            .map(|i| Pick {
+                id: i.token,
+                logprob: i.logprob,
+                top: i.top,
+            })
+            .collect();
+        Ok(StageData::Sampled(Outputs { picks, pooled }))
     }
 
     /// Sends a KV operation down the pipeline (every stage applies it).

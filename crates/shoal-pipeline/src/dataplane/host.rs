@@ -10,7 +10,10 @@ use shoal_engine::kvpool::KvShare;
 use shoal_engine::sampler::Sampler;
 use shoal_engine::stage::{ChunkSpec, KvOp, LocalStage, SampleRef, Stage, StageData};
 use shoal_model::HostMatrix;
-use shoal_wire::{Activations, Frame, Handshake, PrefixOp, Role, SampleJob, TokenItem};
+use shoal_wire::{
+    Activations, DEFAULT_MAX_FRAME_LEN, Frame, Handshake, Pooled, PrefixOp, Role, SampleJob,
+    TokenItem,
+};
 use tokio::sync::mpsc;
 
 use shoal_cluster::{ClusterHandle, Traffic};
@@ -18,8 +21,8 @@ use shoal_cluster::{ClusterHandle, Traffic};
 use crate::error::PipelineError;
 
 use super::{
-    Inbound, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, handshake, open_stream, prefix_kv_op,
-    read_handshake, spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
+    Inbound, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, engine_pool, handshake, open_stream,
+    prefix_kv_op, read_handshake, spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
 };
 
 /// A stage this node hosts for an instance, and where its output goes.
@@ -329,6 +332,7 @@ fn forward(
             seq_id: c.seq_id,
             len: c.len as usize,
             want_logits: c.want_logits,
+            pool: engine_pool(c.pool),
         })
         .collect();
     // The last stage samples (on its threads) as the driver's jobs for this batch say, within the
@@ -387,7 +391,8 @@ fn check_batch(
     Ok(())
 }
 
-/// Encodes what the stage made of batch `a`: activations to pass on, or the last stage's tokens.
+/// Encodes what the stage made of batch `a`: activations to pass on, or the last stage's tokens —
+/// after its pooled rows (a `Pooled` frame) when chunks asked for them.
 fn answer(
     host: &HostedStage,
     a: &Activations,
@@ -396,7 +401,7 @@ fn answer(
     wanted: usize,
     last: bool,
 ) -> Result<Option<Vec<u8>>, PipelineError> {
-    let frame = match out {
+    let (frame, pooled) = match out {
         // Encoded straight from the stage's output.
         StageData::Hidden(h) => {
             return Activations::encode_f32(
@@ -411,13 +416,16 @@ fn answer(
         }
         // No chunk of this batch wants a token (a prompt's middle chunk): an empty answer, so
         // the driver still hears back about the batch.
-        StageData::Logits(_) if last && wanted == 0 => Frame::Tokens {
-            batch_id: a.batch_id,
-            items: Vec::new(),
-        },
-        StageData::Sampled(picks) => Frame::Tokens {
-            batch_id: a.batch_id,
-            items: picks
+        StageData::Logits { pooled, .. } if last && wanted == 0 => {
+            let tokens = Frame::Tokens {
+                batch_id: a.batch_id,
+                items: Vec::new(),
+            };
+            (tokens, pooled)
+        }
+        StageData::Sampled(out) => {
+            let items = out
+                .picks
                 .into_iter()
                 .zip(batch_jobs)
                 .map(|(pick, job)| TokenItem {
@@ -426,11 +434,33 @@ fn answer(
                     logprob: pick.logprob,
                     top: pick.top,
                 })
-                .collect(),
-        },
+                .collect();
+            let tokens = Frame::Tokens {
+                batch_id: a.batch_id,
+                items,
+            };
+            (tokens, out.pooled)
+        }
         _ => return Err(PipelineError::NoOutput { stage: host.index }),
     };
-    encode(&frame).map(Some)
+    let mut bytes = Vec::new();
+    if pooled.rows() > 0 {
+        let seq_ids = a
+            .chunks
+            .iter()
+            .filter(|c| c.pool != shoal_wire::Pool::None)
+            .map(|c| c.seq_id)
+            .collect();
+        let rows = Frame::Pooled(Pooled {
+            batch_id: a.batch_id,
+            seq_ids,
+            cols: pooled.cols() as u32,
+            values: pooled.into_data(),
+        });
+        rows.encode_into(&mut bytes, DEFAULT_MAX_FRAME_LEN)?;
+    }
+    frame.encode_into(&mut bytes, DEFAULT_MAX_FRAME_LEN)?;
+    Ok(Some(bytes))
 }
 
 /// Applies one prefix-cache operation to the stage's KV (a started sequence must fit its KV share).

@@ -20,7 +20,7 @@ use futures::io::{ReadHalf, WriteHalf};
 use futures::{AsyncReadExt, AsyncWriteExt};
 use libp2p::{PeerId, Stream, StreamProtocol};
 use sha2::{Digest, Sha256};
-use shoal_engine::stage::KvOp;
+use shoal_engine::stage::{KvOp, Pool};
 use shoal_wire::{
     DEFAULT_MAX_FRAME_LEN, Frame, FrameReader, HANDSHAKE_HEADER_LEN, Handshake, PrefixAction,
     PrefixOp,
@@ -219,6 +219,26 @@ fn prefix_kv_op(op: &PrefixOp) -> KvOp {
             into: prefix_id,
             len,
         },
+    }
+}
+
+/// A chunk's [`Pool`] as the wire writes it.
+fn wire_pool(pool: Pool) -> shoal_wire::Pool {
+    match pool {
+        Pool::None => shoal_wire::Pool::None,
+        Pool::Sum => shoal_wire::Pool::Sum,
+        Pool::Last => shoal_wire::Pool::Last,
+        Pool::First => shoal_wire::Pool::First,
+    }
+}
+
+/// [`wire_pool`]'s inverse.
+fn engine_pool(pool: shoal_wire::Pool) -> Pool {
+    match pool {
+        shoal_wire::Pool::None => Pool::None,
+        shoal_wire::Pool::Sum => Pool::Sum,
+        shoal_wire::Pool::Last => Pool::Last,
+        shoal_wire::Pool::First => Pool::First,
     }
 }
 
