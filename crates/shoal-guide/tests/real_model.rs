@@ -313,3 +313,77 @@ fn bad_requests_are_typed_errors_naming_the_field() {
     assert_eq!(e.param(), Some("tools"), "{e}");
     assert!(e.to_string().contains("get_time"), "{e}");
 }
+
+/// Every family's forced-call grammar accepts that family's own call text, token by token, ends
+/// there, and the parser reads the call back (on SmolLM2's vocabulary: the markers are plain text in
+/// it; a vocabulary with `[TOOL_CALLS]` as a control token gets `<[id]>` in the grammar instead).
+#[test]
+fn each_familys_forced_grammar_accepts_its_own_call_text() {
+    let tokenizer = engine().tokenizer().clone();
+    let guide = guides().for_tokenizer(&tokenizer).expect("guide");
+    let tools = weather_tools();
+    let args = r#"{"city": "Paris", "unit": "celsius"}"#;
+    let cases = [
+        (
+            ToolFormat::Hermes,
+            format!(
+                "<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {args}}}\n</tool_call>"
+            ),
+        ),
+        (
+            ToolFormat::Llama3,
+            format!("{{\"name\": \"get_weather\", \"parameters\": {args}}}"),
+        ),
+        (
+            ToolFormat::MistralJson,
+            format!("[TOOL_CALLS][{{\"name\": \"get_weather\", \"arguments\": {args}}}]"),
+        ),
+        (
+            ToolFormat::MistralArgs,
+            format!("[TOOL_CALLS]get_weather[ARGS]{args}"),
+        ),
+        (
+            ToolFormat::Generic,
+            format!("{{\"tool_calls\": [{{\"name\": \"get_weather\", \"arguments\": {args}}}]}}"),
+        ),
+    ];
+    let im_end = tokenizer.token_id("<|im_end|>").expect("im_end");
+    for (format, text) in cases {
+        let mut p = guide
+            .forced_call(format, &[&tools[0], &tools[1]], false)
+            .expect("compiles");
+        for t in tokenizer.encode(&text, false) {
+            let mask = p.mask().expect("mask");
+            assert!(mask.allows(t), "{format:?}: token {t} of {text:?}");
+            assert!(!mask.allows(im_end), "{format:?}: not complete yet");
+            p.accept(t).expect("accepted");
+        }
+        assert!(
+            p.mask().expect("mask").allows(im_end),
+            "{format:?}: complete"
+        );
+        let (content, calls) = shoal_guide::ToolCallParser::new(format, 3).parse(&text);
+        assert_eq!(content, "", "{format:?}");
+        assert_eq!(calls.len(), 1, "{format:?}");
+        assert_eq!(calls[0].name, "get_weather");
+        let parsed: Value = serde_json::from_str(&calls[0].arguments).expect("JSON");
+        assert_eq!(parsed, serde_json::from_str::<Value>(args).expect("JSON"));
+        // A wrong function name is refused at its first differing token.
+        let mut q = guide
+            .forced_call(format, &[&tools[0]], false)
+            .expect("compiles");
+        let wrong = text.replace("get_weather", "get_time");
+        let mut refused = false;
+        for t in tokenizer.encode(&wrong, false) {
+            if !q.mask().expect("mask").allows(t) {
+                refused = true;
+                break;
+            }
+            q.accept(t).expect("accepted");
+        }
+        assert!(
+            refused,
+            "{format:?}: {wrong:?} is not a call to get_weather"
+        );
+    }
+}
