@@ -18,7 +18,6 @@
 //! `model_context_window_exceeded`.
 
 pub mod convert;
-pub mod error;
 pub mod stream;
 pub mod tools;
 pub mod types;
@@ -35,7 +34,7 @@ use shoal_engine::{FinishReason, GenerateRequest, LogitsProcessor, Prompt};
 use shoal_guide::{ChatGuidance, ToolCallParser};
 
 use self::convert::Conversation;
-pub use self::error::Error;
+pub use crate::dialect::anthropic::Error;
 use self::stream::MessageEvents;
 use self::types::{CountTokensRequest, MessageOut, MessagesRequest, TokenCount, UsageOut};
 use crate::ApiState;

@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::json;
 use shoal_guide::{ToolCallStream, ToolEvent};
 
-use super::error::Error;
+use crate::dialect::anthropic::Error;
 use super::types::{ContentOut, MessageOut, UsageOut};
 use super::{MESSAGE_TYPE, ROLE, stop_reason};
 use crate::error::ApiError;

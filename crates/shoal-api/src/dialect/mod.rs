@@ -1,6 +1,10 @@
-//! Errors answered outside a handler — by middleware (API keys, forwarding to the driving node, the
-//! body limit) and by the fallbacks (no such route, wrong method) — in the shape of the API the path
-//! belongs to: Anthropic's under `/v1/messages`, Ollama's under `/api/`, OpenAI's everywhere else.
+//! Each API's error shape for the one [`ApiError`]: OpenAI's is `ApiError`'s own, [`anthropic::Error`]
+//! writes Anthropic's and [`crate::ollama::Error`] Ollama's. [`error_response`] picks the shape by path
+//! for errors answered outside a handler — by middleware (API keys, forwarding to the driving node, the
+//! body limit) and by the fallbacks (no such route, wrong method): Anthropic's under `/v1/messages`,
+//! Ollama's under `/api/`, OpenAI's everywhere else. A leaf: the API modules use it, never the reverse.
+
+pub mod anthropic;
 
 use axum::response::{IntoResponse, Response};
 
@@ -9,7 +13,7 @@ use crate::error::ApiError;
 /// `err` as the API of `path` writes errors.
 pub fn error_response(path: &str, err: ApiError) -> Response {
     if path.starts_with("/v1/messages") {
-        crate::anthropic::Error(err).into_response()
+        anthropic::Error(err).into_response()
     } else if path.starts_with("/api/") {
         crate::ollama::Error(err).into_response()
     } else {
