@@ -1,6 +1,7 @@
 //! Cancelling a request by id: `POST /v1/cancel/{id}`.
 //!
-//! The id is a response id as clients see it (`chatcmpl-N`, `cmpl-N`) or the bare engine request id `N`.
+//! The id is a response id as clients see it (`chatcmpl-N`, `cmpl-N`, Responses' `resp_N`, Anthropic's
+//! `msg_N`) or the bare engine request id `N`.
 //! The route asks the engine to stop request `N` ([`shoal_engine::EngineHandle::cancel`]) and notes the
 //! id in [`Cancellations`], so the handler still serving that request can tell the client why its answer
 //! stopped: a non-streaming request answers 409 ([`ApiError::Cancelled`]), a stream ends with a
@@ -22,7 +23,7 @@ use crate::ApiState;
 use crate::error::ApiError;
 
 /// Prefixes of the response ids the OpenAI routes build from engine request ids.
-const ID_PREFIXES: [&str; 2] = ["chatcmpl-", "cmpl-"];
+const ID_PREFIXES: [&str; 4] = ["chatcmpl-", "cmpl-", "resp_", "msg_"];
 
 /// Ids of requests cancelled through the cancel route whose handlers are still answering them.
 #[derive(Debug, Default)]
@@ -117,7 +118,7 @@ pub async fn cancel_request(
     let Some(request_id) = parse_request_id(&id) else {
         return Err(ApiError::InvalidRequest {
             message: format!(
-                "'{id}' is not a request id (expected chatcmpl-N, cmpl-N or N, N a non-negative integer)"
+                "'{id}' is not a request id (expected chatcmpl-N, cmpl-N, resp_N, msg_N or N, N a non-negative integer)"
             ),
             param: Some("id".into()),
             code: Some("invalid_request_id"),
@@ -145,6 +146,8 @@ mod tests {
     fn parses_client_ids() {
         assert_eq!(parse_request_id("chatcmpl-12"), Some(12));
         assert_eq!(parse_request_id("cmpl-0"), Some(0));
+        assert_eq!(parse_request_id("resp_7"), Some(7));
+        assert_eq!(parse_request_id("msg_8"), Some(8));
         assert_eq!(parse_request_id("7"), Some(7));
         for bad in [
             "",
