@@ -13,16 +13,9 @@ use shoal_cluster::{ClusterHandle, PlaceRequest};
 use crate::dialect::error_response;
 use crate::{ApiError, ApiState};
 
-pub(crate) fn cluster(state: &ApiState) -> Result<&ClusterHandle, ApiError> {
-    state
-        .cluster
-        .as_ref()
-        .ok_or_else(|| ApiError::NotFound("this node runs without a cluster".into()))
-}
-
 /// `GET /state`: this node's view of the cluster (`cluster` is the same on every member).
 pub async fn get_state(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
-    let c = cluster(&state)?;
+    let c = state.cluster()?;
     let body = serde_json::to_value(c.snapshot().state_json())
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(Json(body))
@@ -80,7 +73,7 @@ pub async fn previews(
     State(state): State<ApiState>,
     query: Result<Query<PreviewQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let c = cluster(&state)?;
+    let c = state.cluster()?;
     let Query(q) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
     let req = q.into_request()?;
     let placements = c.previews(&req)?;
@@ -92,7 +85,7 @@ pub async fn create(
     State(state): State<ApiState>,
     body: Result<Json<PlaceRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let c = cluster(&state)?;
+    let c = state.cluster()?;
     let Json(req) = body?;
     if req.model.is_empty() {
         return Err(ApiError::invalid("model", "'model' must not be empty"));
@@ -107,7 +100,7 @@ pub async fn create(
 pub async fn probe_links(
     State(state): State<ApiState>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let c = cluster(&state)?;
+    let c = state.cluster()?;
     let peers = c.snapshot().state.members().len().saturating_sub(1);
     c.probe_links().await;
     Ok((StatusCode::ACCEPTED, Json(json!({ "probing": peers }))))
@@ -118,7 +111,7 @@ pub async fn delete(
     State(state): State<ApiState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let c = cluster(&state)?;
+    let c = state.cluster()?;
     match c.remove(id.clone()).await {
         Ok(true) => Ok(Json(json!({ "id": id, "deleted": true }))),
         Ok(false) => Err(ApiError::NotFound(format!("no instance '{id}'"))),

@@ -29,8 +29,8 @@ pub mod anthropic;
 pub mod auth;
 pub mod cancel;
 pub mod cluster;
-pub mod downloads;
 pub mod dialect;
+pub mod downloads;
 pub mod error;
 pub mod membership;
 pub mod ollama;
@@ -93,6 +93,13 @@ impl ApiState {
             body_limit: DEFAULT_BODY_LIMIT,
             cancellations: Arc::default(),
         }
+    }
+
+    /// The cluster this node belongs to; a 404 for a bare engine.
+    pub fn cluster(&self) -> Result<&shoal_cluster::ClusterHandle, ApiError> {
+        self.cluster
+            .as_ref()
+            .ok_or_else(|| ApiError::NotFound("this node runs without a cluster".into()))
     }
 
     /// Wraps a just-submitted request so its handler can learn whether it was cancelled by id.

@@ -20,7 +20,7 @@ pub async fn enroll(
     body: Result<Json<EnrollRequest>, JsonRejection>,
 ) -> Result<Json<EnrollReply>, ApiError> {
     let Json(req) = body?;
-    let cluster = crate::cluster::cluster(&state)?;
+    let cluster = state.cluster()?;
     let reply = cluster.enroll(&req).inspect_err(|e| {
         tracing::warn!(node = %req.node, invite = %req.invite, "invite refused: {e}");
     })?;
@@ -39,7 +39,7 @@ pub async fn remove(
     body: Result<Json<RemoveNode>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Json(req) = body?;
-    let cluster = crate::cluster::cluster(&state)?;
+    let cluster = state.cluster()?;
     let removed = cluster.remove_node(&req.node).await?;
     Ok(Json(json!({ "removed": removed })))
 }
