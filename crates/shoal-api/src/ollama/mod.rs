@@ -12,7 +12,8 @@
 //!   this node's store, its engines and the cluster's facts; GGUF details from [`details`]),
 //!   `POST /api/pull` ([`pull`], through this node's [`shoal_transfer::Downloads`], progress as NDJSON),
 //!   `GET /api/version`, and any other `/api/…` path answering 404 in Ollama's shape.
-//! - Errors: [`Error`] wraps the one [`ApiError`] and writes Ollama's shape, `{"error": "message"}`, with
+//! - Errors: [`Error`] (in [`crate::dialect::ollama`], which the middleware uses too) wraps the one
+//!   [`ApiError`] and writes Ollama's shape, `{"error": "message"}`, with
 //!   the same status; a stream that fails midway ends with such a line. Malformed JSON answers the same way
 //!   (handlers take `Result<Json<T>, JsonRejection>`). Bodies are read as JSON whatever their
 //!   `Content-Type`, as Ollama reads them.
@@ -32,14 +33,13 @@ pub mod stream;
 pub mod tools;
 pub mod types;
 
+pub use crate::dialect::ollama::Error;
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::Router;
-use axum::body::Body;
-use axum::extract::rejection::JsonRejection;
 use axum::http::{Method, Uri, header};
-use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, post};
 use serde_json::json;
 
@@ -75,59 +75,6 @@ async fn json_body(mut req: axum::extract::Request) -> axum::extract::Request {
         header::HeaderValue::from_static("application/json"),
     );
     req
-}
-
-/// An error answered in Ollama's shape: `{"error": "message"}` with the status of the [`ApiError`].
-#[derive(Debug)]
-pub struct Error(pub ApiError);
-
-impl From<ApiError> for Error {
-    fn from(err: ApiError) -> Self {
-        Error(err)
-    }
-}
-
-impl From<JsonRejection> for Error {
-    fn from(rejection: JsonRejection) -> Self {
-        Error(ApiError::from(rejection))
-    }
-}
-
-impl Error {
-    /// The message an Ollama client shows: Ollama's own wording for an unknown model, the parameter named
-    /// in front of a message that does not mention it, internal details hidden.
-    pub fn message(&self) -> String {
-        match &self.0 {
-            ApiError::ModelNotFound { model } => {
-                format!("model \"{model}\" not found, try pulling it first")
-            }
-            ApiError::InvalidRequest {
-                message,
-                param: Some(param),
-                ..
-            } if !message.contains(param.as_str()) => format!("{param}: {message}"),
-            other => other.body().error.message,
-        }
-    }
-
-    /// The `{"error": …}` object, also written as the last line of a stream that fails midway.
-    pub fn line(&self) -> serde_json::Value {
-        json!({ "error": self.message() })
-    }
-}
-
-impl IntoResponse for Error {
-    fn into_response(self) -> Response {
-        let body = self.line().to_string();
-        // The status, headers (Retry-After, …) and logging of the one ApiError mapping; Ollama's body.
-        let (mut parts, _) = self.0.into_response().into_parts();
-        parts.headers.remove(header::CONTENT_LENGTH);
-        parts.headers.insert(
-            header::CONTENT_TYPE,
-            header::HeaderValue::from_static("application/json; charset=utf-8"),
-        );
-        Response::from_parts(parts, Body::from(body))
-    }
 }
 
 /// `GET /api/version`.
@@ -213,17 +160,5 @@ mod tests {
         assert_eq!(at(1_709_251_199, 0), "2024-02-29T23:59:59.000000000Z");
         assert_eq!(at(4_102_444_800, 0), "2100-01-01T00:00:00.000000000Z");
         assert_eq!(at(253_402_300_799, 0), "9999-12-31T23:59:59.000000000Z");
-    }
-
-    #[test]
-    fn error_messages_name_the_parameter_and_use_ollamas_wording() {
-        let e = Error(ApiError::ModelNotFound { model: "x".into() });
-        assert_eq!(e.message(), "model \"x\" not found, try pulling it first");
-        let e = Error(ApiError::invalid("options.top_p", "must be in (0, 1]"));
-        assert_eq!(e.message(), "options.top_p: must be in (0, 1]");
-        let e = Error(ApiError::invalid("images", "images are not supported"));
-        assert_eq!(e.message(), "images are not supported");
-        let e = Error(ApiError::Internal("secret /root path".into()));
-        assert!(!e.message().contains("secret"));
     }
 }
