@@ -62,19 +62,33 @@ fn function_tool(index: usize, tool: ToolIn) -> Result<FunctionTool, ApiError> {
         ));
     }
     let f = tool.function;
-    FunctionTool::new(f.name, f.description, f.parameters).map_err(|e| match e {
-        GuideError::Tool { message } => {
-            ApiError::invalid(format!("tools[{index}].function.name"), message)
-        }
+    function(
+        &format!("tools[{index}].function"),
+        f.name,
+        f.description,
+        f.parameters,
+    )
+}
+
+/// A function tool; a bad name or parameter schema is a 400 naming `{param}.name` / `{param}.parameters`.
+pub fn function(
+    param: &str,
+    name: String,
+    description: Option<String>,
+    parameters: Option<Value>,
+) -> Result<FunctionTool, ApiError> {
+    FunctionTool::new(name, description, parameters).map_err(|e| match e {
+        GuideError::Tool { message } => ApiError::invalid(format!("{param}.name"), message),
         GuideError::ToolSchema { message, .. } => {
-            ApiError::invalid(format!("tools[{index}].function.parameters"), message)
+            ApiError::invalid(format!("{param}.parameters"), message)
         }
         other => guide_error(other),
     })
 }
 
-/// `"none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}`.
-fn tool_choice(choice: &Value) -> Result<ToolChoice, ApiError> {
+/// `"none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}` (chat) or
+/// `{"type": "function", "name": ...}` (Responses).
+pub fn tool_choice(choice: &Value) -> Result<ToolChoice, ApiError> {
     let bad = || {
         ApiError::invalid(
             "tool_choice",
@@ -91,6 +105,7 @@ fn tool_choice(choice: &Value) -> Result<ToolChoice, ApiError> {
         Value::Object(obj) if obj.get("type").and_then(Value::as_str) == Some("function") => obj
             .get("function")
             .and_then(|f| f.get("name"))
+            .or_else(|| obj.get("name"))
             .and_then(Value::as_str)
             .map(|name| ToolChoice::Function(name.to_owned()))
             .ok_or_else(bad),
@@ -108,38 +123,48 @@ fn response_format(format: &Value) -> Result<ResponseFormat, ApiError> {
         "text" => Ok(ResponseFormat::Text),
         "json_object" => Ok(ResponseFormat::JsonObject),
         "json_schema" => {
-            let spec = format
-                .get("json_schema")
-                .and_then(Value::as_object)
-                .ok_or_else(|| {
-                    invalid("response_format of type 'json_schema' needs a 'json_schema' object")
-                })?;
-            let name = spec
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or("response")
-                .to_owned();
-            // OpenAI allows a missing schema (any JSON); shoal reads it as any object.
-            let schema = match spec.get("schema") {
-                None | Some(Value::Null) => serde_json::json!({"type": "object"}),
-                Some(schema @ Value::Object(_)) => schema.clone(),
-                Some(_) => {
-                    return Err(invalid(
-                        "response_format.json_schema.schema must be a JSON schema object",
-                    ));
-                }
-            };
-            let strict = spec.get("strict").and_then(Value::as_bool).unwrap_or(false);
-            Ok(ResponseFormat::JsonSchema {
-                name,
-                schema,
-                strict,
-            })
+            let spec = format.get("json_schema").ok_or_else(|| {
+                invalid("response_format of type 'json_schema' needs a 'json_schema' object")
+            })?;
+            json_schema("response_format", spec)
         }
         other => Err(invalid(&format!(
             "response_format type '{other}' is not supported; use 'text', 'json_object' or 'json_schema'"
         ))),
     }
+}
+
+/// `{"name", "schema", "strict"}` (chat's `response_format.json_schema`, Responses' `text.format`) as a
+/// constraint; `param` names the field in errors.
+pub fn json_schema(param: &str, spec: &Value) -> Result<ResponseFormat, ApiError> {
+    let Some(spec) = spec.as_object() else {
+        return Err(ApiError::invalid(
+            param,
+            "a json_schema format must be an object with 'name', 'schema' and 'strict'",
+        ));
+    };
+    let name = spec
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("response")
+        .to_owned();
+    // OpenAI allows a missing schema (any JSON); shoal reads it as any object.
+    let schema = match spec.get("schema") {
+        None | Some(Value::Null) => serde_json::json!({"type": "object"}),
+        Some(schema @ Value::Object(_)) => schema.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                param,
+                "the json_schema's 'schema' must be a JSON schema object",
+            ));
+        }
+    };
+    let strict = spec.get("strict").and_then(Value::as_bool).unwrap_or(false);
+    Ok(ResponseFormat::JsonSchema {
+        name,
+        schema,
+        strict,
+    })
 }
 
 /// An assistant message's `tool_calls` as the chat template's [`ToolCall`]s.

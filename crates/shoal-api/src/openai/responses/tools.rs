@@ -6,13 +6,10 @@
 
 use serde_json::{Value, json};
 use shoal_engine::ChatMessage;
-use shoal_guide::{
-    ChatGuidance, FunctionTool, GuideError, ResponseFormat, ToolCall, ToolCallOut, ToolChoice,
-};
+use shoal_guide::{ChatGuidance, FunctionTool, ResponseFormat, ToolCall, ToolCallOut, ToolChoice};
 
 use super::types::ResponsesRequest;
 use crate::error::ApiError;
-use crate::openai::tools::guide_error;
 
 /// The request's tools, tool choice and output format.
 pub fn guidance(req: &ResponsesRequest) -> Result<ChatGuidance, ApiError> {
@@ -25,7 +22,7 @@ pub fn guidance(req: &ResponsesRequest) -> Result<ChatGuidance, ApiError> {
         .collect::<Result<Vec<_>, _>>()?;
     let tool_choice = match &req.tool_choice {
         None | Some(Value::Null) => ToolChoice::Auto,
-        Some(choice) => tool_choice(choice)?,
+        Some(choice) => crate::openai::tools::tool_choice(choice)?,
     };
     let response_format = match req.text.as_ref().and_then(|t| t.format.as_ref()) {
         None | Some(Value::Null) => ResponseFormat::Text,
@@ -58,37 +55,12 @@ fn function_tool(index: usize, tool: &Value) -> Result<FunctionTool, ApiError> {
         .and_then(Value::as_str)
         .map(String::from);
     let parameters = tool.get("parameters").filter(|p| !p.is_null()).cloned();
-    FunctionTool::new(name.to_string(), description, parameters).map_err(|e| match e {
-        GuideError::Tool { message } => ApiError::invalid(format!("tools[{index}].name"), message),
-        GuideError::ToolSchema { message, .. } => {
-            ApiError::invalid(format!("tools[{index}].parameters"), message)
-        }
-        other => guide_error(other),
-    })
-}
-
-/// `"none" | "auto" | "required" | {"type": "function", "name": ...}`.
-fn tool_choice(choice: &Value) -> Result<ToolChoice, ApiError> {
-    let bad = || {
-        ApiError::invalid(
-            "tool_choice",
-            "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}",
-        )
-    };
-    match choice {
-        Value::String(s) => match s.as_str() {
-            "none" => Ok(ToolChoice::None),
-            "auto" => Ok(ToolChoice::Auto),
-            "required" => Ok(ToolChoice::Required),
-            _ => Err(bad()),
-        },
-        Value::Object(obj) if obj.get("type").and_then(Value::as_str) == Some("function") => obj
-            .get("name")
-            .and_then(Value::as_str)
-            .map(|name| ToolChoice::Function(name.to_owned()))
-            .ok_or_else(bad),
-        _ => Err(bad()),
-    }
+    crate::openai::tools::function(
+        &format!("tools[{index}]"),
+        name.to_string(),
+        description,
+        parameters,
+    )
 }
 
 /// `text.format`.
@@ -97,28 +69,7 @@ fn text_format(format: &Value) -> Result<ResponseFormat, ApiError> {
     match format.get("type").and_then(Value::as_str) {
         Some("text") => Ok(ResponseFormat::Text),
         Some("json_object") => Ok(ResponseFormat::JsonObject),
-        Some("json_schema") => {
-            let schema = match format.get("schema") {
-                Some(schema @ Value::Object(_)) => schema.clone(),
-                _ => {
-                    return Err(invalid(
-                        "text.format of type 'json_schema' needs a 'schema' object".into(),
-                    ));
-                }
-            };
-            Ok(ResponseFormat::JsonSchema {
-                name: format
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("response")
-                    .to_string(),
-                schema,
-                strict: format
-                    .get("strict")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
-            })
-        }
+        Some("json_schema") => crate::openai::tools::json_schema("text.format", format),
         Some(other) => Err(invalid(format!(
             "text.format type '{other}' is not supported; use 'text', 'json_object' or 'json_schema'"
         ))),
