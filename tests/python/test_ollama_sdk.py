@@ -1,12 +1,13 @@
 """The Ollama API with the real `ollama` Python client against real `shoal serve` processes: chat and generate,
 streaming and not (greedy answers equal to the OpenAI route's), options reaching the sampler, `format` (JSON
-schemas) and `tools` (calls and the next turn), tags / show / ps / version, errors raised as `ollama.ResponseError` with the right status, an API-key-protected server, a pull
+schemas) and `tools` (calls and the next turn), embed and embeddings, tags / show / ps / version, errors raised as `ollama.ResponseError` with the right status, an API-key-protected server, a pull
 from a stand-in hub (scripts/fakehub) with progress lines followed by a chat with the pulled model and its
 delete, and a 2-node pipeline answered through either node."""
 
 import datetime
 import hashlib
 import json
+import math
 import os
 import urllib.request
 
@@ -186,6 +187,26 @@ def test_tools_calls_and_the_next_turn(oc):
     assert follow.message.content or follow.message.tool_calls
 
 
+def cosine(a, b):
+    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+def test_embed_and_the_older_embeddings(oc):
+    texts = ["The sky is blue.", "Paris is the capital of France."]
+    r = oc.embed(model=MODEL_ID, input=texts)
+    assert len(r.embeddings) == 2 and all(len(v) == 576 for v in r.embeddings)
+    assert all(abs(math.sqrt(sum(x * x for x in v)) - 1) < 1e-4 for v in r.embeddings)
+    assert cosine(*r.embeddings) < 0.999
+    assert r.prompt_eval_count > 5 and r.total_duration > 0
+    assert oc.embed(model=MODEL_ID, input=texts[0]).embeddings[0] == r.embeddings[0]
+    assert list(oc.embeddings(model=MODEL_ID, prompt=texts[0]).embedding) == list(r.embeddings[0])
+    short = oc.embed(model=MODEL_ID, input=texts[0], dimensions=32).embeddings[0]
+    assert len(short) == 32 and abs(math.sqrt(sum(x * x for x in short)) - 1) < 1e-4
+    with pytest.raises(ollama.ResponseError) as e:
+        oc.embed(model=MODEL_ID, input="hello " * 9000, truncate=False)
+    assert e.value.status_code == 400 and "input" in e.value.error
+
+
 def test_an_api_key_protected_server():
     node = ShoalNode("--api-key", "K", key="ollama-api-key")
     try:
@@ -255,7 +276,7 @@ def test_pull_with_progress_chat_and_delete(store_node):
     assert e.value.status_code == 404
 
 
-def test_a_two_node_pipeline_answers_through_either_node():
+def test_a_two_node_pipeline_answers_through_either_node(oc):
     a = ShoalNode("--no-auto-instance", "--wire-dtype", "f32", key="ollama-pipeline")
     b = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr, key="ollama-pipeline")
     try:
@@ -282,6 +303,11 @@ def test_a_two_node_pipeline_answers_through_either_node():
         # A schema constrains decoding on the pipeline too (the mask travels to the sampling stage).
         j = ca.chat(model=MODEL_ID, messages=MESSAGES, format=CAPITAL_SCHEMA, options={"temperature": 0, "num_predict": 40})
         assert set(json.loads(j.message.content)) == {"capital"}
+        # Embeddings through the pipeline (the last stage pools) match one node's.
+        texts = ["The sky is blue.", "Paris is the capital of France."]
+        here = cb.embed(model=MODEL_ID, input=texts).embeddings
+        single = oc.embed(model=MODEL_ID, input=texts).embeddings
+        assert all(cosine(a, b) > 0.999 for a, b in zip(here, single))
     finally:
         b.kill()
         a.kill()

@@ -543,3 +543,92 @@ async fn dropping_the_ndjson_body_cancels_generation() {
         after - at_drop
     );
 }
+
+#[tokio::test]
+async fn embed_gives_the_engines_normalized_vectors() {
+    let texts = ["The sky is blue.", "Paris is the capital of France."];
+    let v = ok("/api/embed", &json!({"model": MODEL_ID, "input": texts})).await;
+    let vectors: Vec<Vec<f64>> = serde_json::from_value(v["embeddings"].clone()).expect("vectors");
+    assert_eq!(vectors.len(), 2);
+    let engine = shoal_engine::Engines::from(engine())
+        .embed(shoal_engine::EmbedRequest {
+            model: MODEL_ID.into(),
+            inputs: texts
+                .iter()
+                .map(|t| shoal_engine::Prompt::Text(t.to_string()))
+                .collect(),
+            truncate: true,
+            timeout: None,
+        })
+        .await
+        .expect("engine embeddings");
+    for (ours, theirs) in vectors.iter().zip(&engine.vectors) {
+        assert_eq!(ours.len(), 576);
+        let norm: f64 = ours.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+        assert!(
+            ours.iter()
+                .zip(theirs)
+                .all(|(a, b)| (a - f64::from(*b)).abs() < 1e-6)
+        );
+    }
+    assert_ne!(vectors[0], vectors[1]);
+    assert_eq!(v["prompt_eval_count"], engine.prompt_tokens);
+    assert_eq!(v["model"], MODEL_ID);
+    assert!(v["total_duration"].as_u64().is_some_and(|d| d > 0));
+
+    // One string, the older route, and `dimensions`.
+    let one = ok("/api/embed", &json!({"model": MODEL_ID, "input": texts[0]})).await;
+    assert_eq!(one["embeddings"][0], v["embeddings"][0]);
+    let legacy = ok(
+        "/api/embeddings",
+        &json!({"model": MODEL_ID, "prompt": texts[0]}),
+    )
+    .await;
+    assert_eq!(legacy["embedding"], v["embeddings"][0]);
+    let short = ok(
+        "/api/embed",
+        &json!({"model": MODEL_ID, "input": texts[0], "dimensions": 64}),
+    )
+    .await;
+    let short: Vec<f64> = serde_json::from_value(short["embeddings"][0].clone()).expect("vector");
+    assert_eq!(short.len(), 64);
+    let scale = short[0] / vectors[0][0];
+    assert!(
+        short
+            .iter()
+            .zip(&vectors[0])
+            .all(|(s, f)| (s - f * scale).abs() < 1e-5)
+    );
+    // No input at all: no vectors, as Ollama answers.
+    let none = ok("/api/embed", &json!({"model": MODEL_ID, "input": ""})).await;
+    assert_eq!(none["embeddings"], json!([]));
+    let none = ok("/api/embeddings", &json!({"model": MODEL_ID, "prompt": ""})).await;
+    assert_eq!(none["embedding"], json!([]));
+
+    let long = "hello ".repeat(9000);
+    let cases = [
+        (json!({"model": MODEL_ID, "input": ["a", ""]}), 400, "input"),
+        (json!({"model": MODEL_ID, "input": 5}), 400, "input"),
+        (
+            json!({"model": MODEL_ID, "input": "a", "dimensions": 0}),
+            400,
+            "dimensions",
+        ),
+        (
+            json!({"model": MODEL_ID, "input": "a", "dimensions": 5000}),
+            400,
+            "dimensions",
+        ),
+        (
+            json!({"model": MODEL_ID, "input": long, "truncate": false}),
+            400,
+            "input",
+        ),
+        (json!({"model": "nope", "input": "a"}), 404, "nope"),
+    ];
+    for (body, status, needle) in cases {
+        let msg = ollama_error(&post_json("/api/embed", &body).await, status);
+        assert!(msg.contains(needle), "{msg}");
+    }
+}

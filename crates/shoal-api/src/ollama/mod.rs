@@ -2,29 +2,32 @@
 //! client, Open WebUI and friends) talk to shoal as to an Ollama server.
 //!
 //! - Generation ([`routes`], behind the cluster's forwarding middleware because their body names a
-//!   `model`): `POST /api/chat` and `POST /api/generate` ([`generate`]), `POST /api/show` ([`models`]).
-//!   A handler parses its body ([`types`]), checks it into the engine's validated request ([`params`]:
-//!   `options` → [`shoal_engine::SamplingParams`] through the OpenAI adapter's one set of rules), renders
-//!   chat messages with the model's own template and submits. The answer is NDJSON ([`stream`]; Ollama
-//!   streams unless `stream: false`) or one object; both end with Ollama's measurements (`total_duration`,
-//!   `prompt_eval_count`, … in nanoseconds).
+//!   `model`): `POST /api/chat` and `POST /api/generate` ([`generate`]), `POST /api/show` ([`models`]),
+//!   `POST /api/embed` and `POST /api/embeddings` ([`embed`]). A handler parses its body ([`types`]),
+//!   checks it into the engine's validated request ([`params`]: `options` →
+//!   [`shoal_engine::SamplingParams`] through the OpenAI adapter's one set of rules), turns `tools` and
+//!   `format` into shoal-guide's plan ([`tools`]), renders the messages with the model's own template
+//!   and submits. The answer is NDJSON ([`stream`]; Ollama streams unless `stream: false`) or one
+//!   object; both end with Ollama's measurements (`total_duration`, `prompt_eval_count`, … in ns).
 //! - The rest ([`plain_routes`]): `GET /api/tags`, `GET /api/ps`, `DELETE /api/delete` ([`models`], from
 //!   this node's store, its engines and the cluster's facts; GGUF details from [`details`]),
 //!   `POST /api/pull` ([`pull`], through this node's [`shoal_transfer::Downloads`], progress as NDJSON),
 //!   `GET /api/version`, and any other `/api/…` path answering 404 in Ollama's shape.
 //! - Errors: [`Error`] (in [`crate::dialect::ollama`], which the middleware uses too) wraps the one
-//!   [`ApiError`] and writes Ollama's shape, `{"error": "message"}`, with
-//!   the same status; a stream that fails midway ends with such a line. Malformed JSON answers the same way
-//!   (handlers take `Result<Json<T>, JsonRejection>`). Bodies are read as JSON whatever their
-//!   `Content-Type`, as Ollama reads them.
+//!   [`ApiError`] and writes Ollama's shape, `{"error": "message"}`, with the same status; a stream that
+//!   fails midway ends with such a line. Malformed JSON answers the same way (handlers take
+//!   `Result<Json<T>, JsonRejection>`). Bodies are read as JSON whatever their `Content-Type`, as Ollama
+//!   reads them.
 //!
-//! Data flow of a chat: `ChatRequest` → [`params::Checked`] (model, sampling, budget, stop) → messages →
-//! `Engines::render_chat` → `GenerateRequest` → `Engines::submit` → [`crate::cancel::LiveRequest`] →
-//! [`stream::Run`] (events + timings) → NDJSON lines or one JSON object. The `LiveRequest` lives in the
-//! response body (streaming) or the handler future: a client that goes away drops it and the engine
-//! cancels the sequence.
+//! Data flow of a chat: `ChatRequest` → [`params::Checked`] (model, sampling, budget, stop) →
+//! [`tools::guidance`] + messages → `Guides::plan` → `render_chat_tools` → `GenerateRequest` (with the
+//! plan's constraint) → `Engines::submit` → [`crate::cancel::LiveRequest`] → [`stream::Run`] (events +
+//! timings) → NDJSON lines or one JSON object (calls split out by the plan's parser). The
+//! `LiveRequest` lives in the response body (streaming) or the handler future: a client that goes away
+//! drops it and the engine cancels the sequence.
 
 pub mod details;
+pub mod embed;
 pub mod generate;
 pub mod models;
 pub mod params;
@@ -52,6 +55,8 @@ pub fn routes() -> Router<ApiState> {
         .route("/api/chat", post(generate::chat))
         .route("/api/generate", post(generate::generate))
         .route("/api/show", post(models::show))
+        .route("/api/embed", post(embed::embed))
+        .route("/api/embeddings", post(embed::embeddings))
         .route_layer(axum::middleware::map_request(json_body))
 }
 

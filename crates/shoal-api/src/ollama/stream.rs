@@ -118,7 +118,8 @@ impl Run {
     }
 }
 
-fn nanos(d: Duration) -> u64 {
+/// A duration in whole nanoseconds, as Ollama reports them.
+pub fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
