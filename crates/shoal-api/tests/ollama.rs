@@ -491,10 +491,9 @@ async fn bad_input_is_a_4xx_in_ollamas_shape() {
     .await;
 }
 
-/// Dropping the NDJSON body cancels the generation. A separate engine, so no other test's tokens count.
-#[tokio::test]
-async fn dropping_the_ndjson_body_cancels_generation() {
-    let engine = shoal_engine::engine::spawn_from_gguf(
+/// An engine of its own, so no other test's sequences show in its counters.
+fn own_engine() -> shoal_engine::EngineHandle {
+    shoal_engine::engine::spawn_from_gguf(
         &model_path(),
         MODEL_ID,
         shoal_engine::engine::EngineConfig {
@@ -502,7 +501,11 @@ async fn dropping_the_ndjson_body_cancels_generation() {
             ..Default::default()
         },
     )
-    .expect("engine");
+    .expect("engine")
+}
+
+/// A long streamed generation on `engine`, read until three lines arrived: its body and those lines.
+async fn long_stream(engine: &shoal_engine::EngineHandle) -> (axum::body::Body, String) {
     let state = shoal_api::ApiState::new(engine.clone());
     let body = json!({"model": MODEL_ID, "prompt": "Write a very long story about a dragon and a knight.",
         "options": {"temperature": 0, "num_predict": 2000}});
@@ -525,8 +528,10 @@ async fn dropping_the_ndjson_body_cancels_generation() {
         }
     }
     assert_eq!(engine.stats().active_sequences, 1);
-    drop(body);
-    let at_drop = engine.stats().generated_tokens;
+    (body, seen)
+}
+
+async fn wait_idle(engine: &shoal_engine::EngineHandle) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while engine.stats().active_sequences > 0 {
         assert!(
@@ -536,12 +541,45 @@ async fn dropping_the_ndjson_body_cancels_generation() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Dropping the NDJSON body cancels the generation.
+#[tokio::test]
+async fn dropping_the_ndjson_body_cancels_generation() {
+    let engine = own_engine();
+    let (body, _) = long_stream(&engine).await;
+    drop(body);
+    let at_drop = engine.stats().generated_tokens;
+    wait_idle(&engine).await;
     let after = engine.stats().generated_tokens;
     assert!(
         after - at_drop <= 16,
         "{} tokens after the client left",
         after - at_drop
     );
+}
+
+/// A generation that ends badly midway (here: cancelled in the engine) ends the stream with an
+/// `{"error": ...}` line, which Ollama clients raise.
+#[tokio::test]
+async fn a_stream_failing_midway_ends_with_an_error_line() {
+    let engine = own_engine();
+    let (body, seen) = long_stream(&engine).await;
+    // Request ids are process-wide: find the running one.
+    assert!(
+        (1..100_000).any(|id| engine.cancel(id)),
+        "no running request to cancel"
+    );
+    let rest = body.collect().await.expect("body").to_bytes();
+    let all = seen + &String::from_utf8_lossy(&rest);
+    let lines: Vec<Value> = all
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("line"))
+        .collect();
+    let (last, before) = lines.split_last().expect("lines");
+    assert_eq!(last, &json!({"error": "the request was cancelled"}));
+    assert!(before.iter().all(|l| l["done"] == false), "{lines:?}");
+    wait_idle(&engine).await;
 }
 
 #[tokio::test]
