@@ -303,6 +303,9 @@ def test_a_two_node_pipeline_answers_through_either_node(oc):
         # A schema constrains decoding on the pipeline too (the mask travels to the sampling stage).
         j = ca.chat(model=MODEL_ID, messages=MESSAGES, format=CAPITAL_SCHEMA, options={"temperature": 0, "num_predict": 40})
         assert set(json.loads(j.message.content)) == {"capital"}
+        # b lists the model a drives as running, with what b knows of it.
+        assert MODEL_ID in [m.model for m in cb.ps().models]
+        assert MODEL_ID in [m.model for m in cb.list().models]
         # Embeddings through the pipeline (the last stage pools) match one node's.
         texts = ["The sky is blue.", "Paris is the capital of France."]
         here = cb.embed(model=MODEL_ID, input=texts).embeddings
