@@ -670,3 +670,26 @@ async fn embed_gives_the_engines_normalized_vectors() {
         assert!(msg.contains(needle), "{msg}");
     }
 }
+
+/// Ollama reads bodies as JSON whatever they are declared as (`curl -d` says form data).
+#[tokio::test]
+async fn bodies_are_json_whatever_their_content_type() {
+    let body =
+        json!({"model": MODEL_ID, "prompt": "Hi", "stream": false, "options": {"num_predict": 2}});
+    for ct in [
+        Some("application/x-www-form-urlencoded"),
+        Some("text/plain"),
+        None,
+    ] {
+        let reply = send(post_raw("/api/generate", ct, body.to_string())).await;
+        assert_eq!(reply.status, StatusCode::OK, "{ct:?}: {}", reply.body);
+        assert_eq!(reply.json()["done"], true);
+    }
+    let tags = send(post_raw(
+        "/api/show",
+        Some("text/plain"),
+        json!({"model": MODEL_ID}).to_string(),
+    ))
+    .await;
+    assert_eq!(tags.status, StatusCode::OK, "{}", tags.body);
+}
