@@ -1,6 +1,7 @@
 //! [`Admission`]: a request a handle accepted (tokenized, checked against the model, its event channel
-//! created), on its way to the engine thread — a generation, or an embedding with its [`EmbedJob`] —
-//! and what the engine sends a request that never ran.
+//! created), on its way to the engine thread — a generation (with the [`Sibling`]s of its other
+//! choices when it asked for several), or an embedding with its [`EmbedJob`] — and what the engine sends
+//! a request that never ran.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +19,15 @@ pub(crate) struct EmbedJob {
     pub(crate) reply: tokio::sync::oneshot::Sender<Vec<f32>>,
 }
 
+/// Another choice of a request (`n` > 1): its own sequence id, event channel, cancel flag and seed; it
+/// starts from a copy of the first choice's prompt KV.
+pub(crate) struct Sibling {
+    pub(crate) id: u64,
+    pub(crate) tx: UnboundedSender<Event>,
+    pub(crate) cancel: Arc<AtomicBool>,
+    pub(crate) seed: Option<u64>,
+}
+
 /// A request accepted by a handle, on its way to the engine thread.
 pub(crate) struct Admission {
     pub(crate) id: u64,
@@ -25,6 +35,8 @@ pub(crate) struct Admission {
     pub(crate) request: GenerateRequest,
     /// Set for an embedding: pool the hidden states instead of generating.
     pub(crate) embed: Option<EmbedJob>,
+    /// The request's other choices (`n` > 1).
+    pub(crate) siblings: Vec<Sibling>,
     pub(crate) tx: UnboundedSender<Event>,
     pub(crate) cancel: Arc<AtomicBool>,
     pub(crate) deadline: Option<Instant>,
@@ -32,30 +44,55 @@ pub(crate) struct Admission {
 
 impl Admission {
     /// Ends the request if, while it waited, its client went away, it was cancelled (a `Done` with
-    /// `Cancelled` follows) or its deadline passed (an `Error`); true when it is still wanted.
+    /// `Cancelled` follows) or its deadline passed (an `Error`); true when it is still wanted. Its choices
+    /// wait as one: the first choice's fate is every choice's.
     pub(crate) fn still_wanted(&self, now: Instant) -> bool {
-        if self.tx.is_closed() {
-            return false;
-        }
-        if self.cancel.load(Ordering::Relaxed) {
-            let usage = Usage {
-                prompt_tokens: self.tokens.len() as u32,
-                ..Usage::default()
-            };
-            let _ = self.tx.send(Event::Done {
+        if self.tx.is_closed() || self.cancel.load(Ordering::Relaxed) {
+            self.send_all(|| Event::Done {
                 finish_reason: FinishReason::Cancelled,
-                usage,
+                usage: self.waited_usage(),
                 stop_sequence: None,
             });
             return false;
         }
         if self.deadline.is_some_and(|d| now >= d) {
-            let _ = self.tx.send(Event::Error(EngineError::Timeout {
-                after_ms: self.timeout_ms(),
-            }));
+            let after_ms = self.timeout_ms();
+            self.send_all(|| Event::Error(EngineError::Timeout { after_ms }));
             return false;
         }
         true
+    }
+
+    /// What a request that never ran used: its prompt, nothing computed.
+    fn waited_usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.tokens.len() as u32,
+            ..Usage::default()
+        }
+    }
+
+    /// Sends `event` to every choice of the request.
+    fn send_all(&self, event: impl Fn() -> Event) {
+        let _ = self.tx.send(event());
+        for s in &self.siblings {
+            let _ = s.tx.send(event());
+        }
+    }
+
+    /// The admission of choice `s` of this request: the same prompt and request, its own seed.
+    pub(crate) fn sibling(&self, s: Sibling) -> Admission {
+        let mut request = self.request.clone();
+        request.sampling.seed = s.seed;
+        Admission {
+            id: s.id,
+            tokens: self.tokens.clone(),
+            request,
+            embed: None,
+            siblings: Vec::new(),
+            tx: s.tx,
+            cancel: s.cancel,
+            deadline: self.deadline,
+        }
     }
 
     /// The request's timeout in milliseconds (0 without one), as its timeout error reports it.
@@ -65,6 +102,6 @@ impl Admission {
 
     /// Refuses the request: it can never fit (the error says why).
     pub(crate) fn refuse(self, error: EngineError) {
-        let _ = self.tx.send(Event::Error(error));
+        self.send_all(|| Event::Error(error.clone()));
     }
 }

@@ -18,9 +18,9 @@ use shoal_model::chat::{AddedSpecials, ChatTemplate};
 use shoal_model::tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
-use crate::admission::{Admission, EmbedJob};
+use crate::admission::{Admission, EmbedJob, Sibling};
 use crate::error::EngineError;
-use crate::request::{Event, GenerateRequest, Prompt};
+use crate::request::{Event, GenerateRequest, MAX_CHOICES, Prompt};
 use crate::stats::{Counters, EngineStats};
 
 /// One chat message, as adapters pass them to the model's chat template.
@@ -55,7 +55,15 @@ struct Instance {
     counters: Arc<Counters>,
     /// Cancel flags of live requests by id (for `POST /v1/cancel/{id}`); weak, so a finished request's
     /// entry dies with it and is pruned.
-    cancels: Mutex<HashMap<u64, Weak<AtomicBool>>>,
+    /// A request of several choices has one flag per choice.
+    cancels: Mutex<HashMap<u64, Vec<Weak<AtomicBool>>>>,
+}
+
+/// The seed of choice `i` of a request seeded with `seed`: `seed` itself for the first, then the `i`-th
+/// draw of the generator seeded with it (distinct for every choice).
+pub fn choice_seed(seed: u64, i: usize) -> u64 {
+    let mut g = shoal_kernels::rng::SplitMix64::new(seed);
+    (0..i).fold(seed, |_, _| g.next_u64())
 }
 
 /// Request ids, shared by all engines of the process.
@@ -155,9 +163,43 @@ impl EngineHandle {
 
     /// [`EngineHandle::submit`] for a request already routed to this engine by its model id.
     pub(crate) fn enqueue(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
+        self.enqueue_n(request, 1)?
+            .pop()
+            .ok_or_else(|| EngineError::Internal("no stream for a request".into()))
+    }
+
+    /// `n` choices of one request ([`MAX_CHOICES`] at most): `n` sequences from one prompt, which is
+    /// prefilled once (the other choices start from a copy of its KV), one stream each. The streams
+    /// share the request id, so cancelling it stops every choice; dropping one stream stops its choice.
+    /// With a seed, choice 0 draws with it and choice `i` with a seed derived from it and `i`.
+    pub fn submit_n(
+        &self,
+        request: GenerateRequest,
+        n: usize,
+    ) -> Result<Vec<RequestStream>, EngineError> {
+        if request.model != self.info().id {
+            return Err(EngineError::ModelNotFound {
+                model: request.model,
+            });
+        }
+        self.enqueue_n(request, n)
+    }
+
+    /// [`EngineHandle::submit_n`] for a request already routed to this engine by its model id.
+    pub(crate) fn enqueue_n(
+        &self,
+        request: GenerateRequest,
+        n: usize,
+    ) -> Result<Vec<RequestStream>, EngineError> {
+        if !(1..=MAX_CHOICES).contains(&n) {
+            return Err(EngineError::InvalidParam {
+                param: "n",
+                message: format!("n must be between 1 and {MAX_CHOICES}, got {n}"),
+            });
+        }
         let tokens = self.prompt_tokens(&request)?;
         let deadline = request.timeout.map(|t| Instant::now() + t);
-        self.queue(tokens, request, None, deadline)
+        self.queue(tokens, request, None, n, deadline)
     }
 
     /// Queues `tokens` (checked) as an embedding sequence ([`crate::embed`]).
@@ -180,32 +222,63 @@ impl EngineHandle {
             timeout,
             logits_processor: None,
         };
-        self.queue(tokens, request, Some(job), deadline)
+        let mut streams = self.queue(tokens, request, Some(job), 1, deadline)?;
+        streams
+            .pop()
+            .ok_or_else(|| EngineError::Internal("no stream for an embedding".into()))
     }
 
-    /// Queues a checked request for the engine thread, its event channel made first.
+    /// Queues a checked request of `choices` choices for the engine thread, their event channels made
+    /// first; one stream per choice.
     fn queue(
         &self,
         tokens: Vec<u32>,
         request: GenerateRequest,
         embed: Option<EmbedJob>,
+        choices: usize,
         deadline: Option<Instant>,
-    ) -> Result<RequestStream, EngineError> {
+    ) -> Result<Vec<RequestStream>, EngineError> {
         // Unique across every engine of the process, so a request id names one request on this node.
         let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
-        // The channel exists before the engine knows about the request: nothing it sends can be lost.
+        let prompt_tokens = tokens.len();
+        let mut streams = Vec::with_capacity(choices);
+        let mut flags = Vec::with_capacity(choices);
+        // The channels exist before the engine knows about the request: nothing it sends can be lost.
         // Unbounded on purpose: the engine must never block on a slow client, and a sequence sends at
         // most (context length + 1) events, which bounds it.
-        let (tx, rx) = mpsc::unbounded_channel();
-        let cancel = Arc::new(AtomicBool::new(false));
-        let prompt_tokens = tokens.len();
+        let mut channel = || {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let cancel = Arc::new(AtomicBool::new(false));
+            flags.push(Arc::downgrade(&cancel));
+            streams.push(RequestStream {
+                id,
+                prompt_tokens,
+                rx,
+                cancel: cancel.clone(),
+            });
+            (tx, cancel)
+        };
+        let (tx, cancel) = channel();
+        let siblings = (1..choices)
+            .map(|i| {
+                let (tx, cancel) = channel();
+                Sibling {
+                    // Each choice is a sequence of its own (its KV on every stage).
+                    id: NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed),
+                    tx,
+                    cancel,
+                    seed: request.sampling.seed.map(|s| choice_seed(s, i)),
+                }
+            })
+            .collect();
         let admission = Admission {
             id,
             tokens,
             request,
             embed,
+            siblings,
             tx,
-            cancel: cancel.clone(),
+            cancel,
             deadline,
         };
         match self.inner.queue.try_send(admission) {
@@ -216,16 +289,11 @@ impl EngineHandle {
         self.inner.counters.queued();
         if let Ok(mut map) = self.inner.cancels.lock() {
             if map.len() >= CANCEL_PRUNE_AT {
-                map.retain(|_, w| w.strong_count() > 0);
+                map.retain(|_, w| w.iter().any(|w| w.strong_count() > 0));
             }
-            map.insert(id, Arc::downgrade(&cancel));
+            map.insert(id, flags);
         }
-        Ok(RequestStream {
-            id,
-            prompt_tokens,
-            rx,
-            cancel,
-        })
+        Ok(streams)
     }
 
     /// The prompt's tokens (BOS added when asked and the model wants it), checked against the model:
@@ -329,13 +397,16 @@ impl EngineHandle {
         let Ok(mut map) = self.inner.cancels.lock() else {
             return false;
         };
-        match map.remove(&id).and_then(|w| w.upgrade()) {
-            Some(flag) => {
-                flag.store(true, Ordering::Relaxed);
-                true
-            }
-            None => false,
+        let flags: Vec<_> = map
+            .remove(&id)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for flag in &flags {
+            flag.store(true, Ordering::Relaxed);
         }
+        !flags.is_empty()
     }
 }
 

@@ -116,6 +116,15 @@ impl Engines {
         self.get(&request.model)?.enqueue(request)
     }
 
+    /// `n` choices of `request` on the engine serving `request.model` ([`EngineHandle::submit_n`]).
+    pub fn submit_n(
+        &self,
+        request: GenerateRequest,
+        n: usize,
+    ) -> Result<Vec<RequestStream>, EngineError> {
+        self.get(&request.model)?.enqueue_n(request, n)
+    }
+
     /// One L2-normalized vector per input of `request`, from the engine serving `request.model`
     /// ([`EngineHandle::embed`]).
     pub async fn embed(&self, request: EmbedRequest) -> Result<Embeddings, EngineError> {

@@ -53,6 +53,9 @@ pub struct GenerateRequest {
     pub logits_processor: Option<Box<dyn crate::logits::LogitsProcessor>>,
 }
 
+/// The most choices one request may ask for ([`crate::Engines::submit_n`]).
+pub const MAX_CHOICES: usize = 16;
+
 /// A validated embedding request: one vector per input ([`crate::Engines::embed`]).
 #[derive(Debug, Clone)]
 pub struct EmbedRequest {

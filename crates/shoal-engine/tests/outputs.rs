@@ -1,13 +1,14 @@
-//! What the engine reports on the real model besides the tokens: the most likely alternatives of each
-//! token (`top_logprobs`) and embeddings (equal to llama.cpp's within a cosine of 0.999, on one stage or
-//! several, without touching the prefix cache or the decodes running beside them).
+//! What the engine reports on the real model besides one stream of tokens: the most likely alternatives
+//! of each token (`top_logprobs`), several choices of one prompt (`n`, prefilled once) and embeddings
+//! (equal to llama.cpp's within a cosine of 0.999, on one stage or several, without touching the prefix
+//! cache or the decodes running beside them).
 
 use std::path::Path;
 
 use shoal_engine::engine::{EngineConfig, spawn_from_gguf};
 use shoal_engine::{
-    EmbedRequest, EngineError, EngineHandle, Event, GenerateRequest, Prompt, SamplingParams,
-    TopLogprob,
+    EmbedRequest, EngineError, EngineHandle, Event, FinishReason, GenerateRequest, Prompt,
+    RequestStream, SamplingParams, TopLogprob, Usage,
 };
 use shoal_model::LayerRange;
 use shoal_model::gguf::GgufFile;
@@ -56,6 +57,11 @@ async fn tokens(engine: &EngineHandle, req: GenerateRequest) -> Vec<(u32, f32, V
             other => panic!("unexpected {other:?}"),
         }
     }
+}
+
+/// A greedy request for `prompt` on the test model.
+fn greedy_text(prompt: &str, max_tokens: u32) -> GenerateRequest {
+    common::greedy(MODEL, Prompt::Text(prompt.into()), max_tokens)
 }
 
 fn request(sampling: SamplingParams, max_tokens: u32) -> GenerateRequest {
@@ -246,9 +252,8 @@ async fn embeddings_equal_llama_cpps_mean_pooled_normalized_states() {
 async fn embeddings_keep_no_kv_leave_the_prefix_cache_alone_and_change_no_decode() {
     let engine = engine();
     let chat = |max| {
-        common::greedy(
-            MODEL,
-            Prompt::Text("The capital of France is Paris. The capital of Italy is".into()),
+        greedy_text(
+            "The capital of France is Paris. The capital of Italy is",
             max,
         )
     };
@@ -323,4 +328,169 @@ async fn embedding_errors_are_clear_and_an_empty_list_is_empty() {
     );
     let other = engine.embed(embed_request("other", vec![])).await;
     assert!(matches!(other, Err(EngineError::ModelNotFound { .. })));
+}
+
+/// A stream's tokens and final usage (panics on anything but `Done`).
+async fn choice(stream: &mut RequestStream) -> (Vec<u32>, FinishReason, Usage) {
+    let mut ids = Vec::new();
+    loop {
+        match tokio::time::timeout(PATIENCE, stream.next())
+            .await
+            .expect("engine stalled")
+        {
+            Some(Event::Token { id, .. }) => ids.push(id),
+            Some(Event::Done {
+                finish_reason,
+                usage,
+                ..
+            }) => return (ids, finish_reason, usage),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+async fn choices(streams: &mut [RequestStream]) -> Vec<(Vec<u32>, FinishReason, Usage)> {
+    let mut out = Vec::new();
+    for s in streams.iter_mut() {
+        out.push(choice(s).await);
+    }
+    out
+}
+
+#[tokio::test]
+async fn n_choices_prefill_the_prompt_once_and_each_draws_its_own() {
+    let engine = engine();
+    let prompt = "Once upon a time, in a small village by the sea,";
+    let req = |sampling: SamplingParams, max| {
+        let mut r = common::greedy(MODEL, Prompt::Text(prompt.into()), max);
+        r.sampling = sampling;
+        r
+    };
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let alone = tokens(&engine, req(greedy.clone(), 8)).await;
+    let alone: Vec<u32> = alone.iter().map(|t| t.0).collect();
+    // A prompt nothing is cached of: its three choices share one prefill.
+    let fresh = "A completely different opening line about mountains and rivers, then";
+    let before = engine.stats().prefilled_tokens;
+    let mut r = req(greedy.clone(), 8);
+    r.prompt = Prompt::Text(fresh.into());
+    let mut streams = engine.submit_n(r, 3).expect("submit_n");
+    assert_eq!(streams.len(), 3);
+    let id = streams[0].id();
+    assert!(streams.iter().all(|s| s.id() == id), "one request id");
+    let out = choices(&mut streams).await;
+    let p = out[0].2.prompt_tokens as u64;
+    assert!(out.iter().all(|c| c.0 == out[0].0), "greedy choices agree");
+    assert!(out.iter().all(|c| c.2.prompt_tokens as u64 == p));
+    for c in &out[1..] {
+        assert_eq!(
+            c.2.cached_tokens as u64,
+            p - 1,
+            "a later choice copies the prompt's KV"
+        );
+    }
+    wait_for(&engine, "the counters", |s| s.active_sequences == 0);
+    assert_eq!(
+        engine.stats().prefilled_tokens - before,
+        p + 2,
+        "the prompt is computed once, and each other choice runs only its last token"
+    );
+    // Greedy n choices of the first prompt equal it alone.
+    let mut streams = engine
+        .submit_n(req(greedy.clone(), 8), 2)
+        .expect("submit_n");
+    for c in choices(&mut streams).await {
+        assert_eq!(c.0, alone);
+    }
+    // Sampled with a seed: choice 0 is what n=1 draws with that seed, the others draw their own, and
+    // the same request draws the same choices again.
+    let hot = SamplingParams {
+        temperature: 1.0,
+        seed: Some(42),
+        ..Default::default()
+    };
+    let one: Vec<u32> = tokens(&engine, req(hot.clone(), 16))
+        .await
+        .iter()
+        .map(|t| t.0)
+        .collect();
+    let mut streams = engine.submit_n(req(hot.clone(), 16), 4).expect("submit_n");
+    let first: Vec<Vec<u32>> = choices(&mut streams)
+        .await
+        .into_iter()
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(first[0], one, "choice 0 keeps the seed");
+    for i in 1..4 {
+        for j in 0..i {
+            assert_ne!(first[i], first[j], "choices {i} and {j} drew alike");
+        }
+    }
+    let mut streams = engine.submit_n(req(hot, 16), 4).expect("submit_n");
+    let again: Vec<Vec<u32>> = choices(&mut streams)
+        .await
+        .into_iter()
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(again, first, "seeded choices are reproducible");
+    for n in [0, 17] {
+        let r = engine.submit_n(req(greedy.clone(), 4), n);
+        assert!(
+            matches!(r, Err(EngineError::InvalidParam { param: "n", .. })),
+            "n = {n}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn cancelling_a_request_of_n_choices_stops_them_all_and_dropping_one_stops_that_one() {
+    let engine = engine();
+    let req = |max| greedy_text("Count from one to a hundred:", max);
+    let mut streams = engine.submit_n(req(200), 3).expect("submit_n");
+    // Dropping one choice's stream stops that choice only.
+    let dropped = streams.remove(1);
+    drop(dropped);
+    let out = choices(&mut streams).await;
+    assert!(
+        out.iter()
+            .all(|c| c.1 == FinishReason::Length && c.0.len() == 200)
+    );
+    // Cancelling the request id stops every choice.
+    let mut streams = engine.submit_n(req(200), 3).expect("submit_n");
+    assert!(matches!(streams[2].next().await, Some(Event::Token { .. })));
+    assert!(engine.cancel(streams[0].id()));
+    for c in choices(&mut streams).await {
+        assert_eq!(c.1, FinishReason::Cancelled);
+        assert!(c.0.len() < 200);
+    }
+    wait_for(&engine, "every choice freed", |s| {
+        s.active_sequences == 0 && s.stage_sequences == 0
+    });
+}
+
+#[tokio::test]
+async fn n_choices_on_three_local_stages_equal_one_stage() {
+    let split = vec![
+        LayerRange { start: 0, end: 9 },
+        LayerRange { start: 9, end: 20 },
+        LayerRange { start: 20, end: 30 },
+    ];
+    let staged = engine_of(&model_path(), MODEL, Some(split));
+    let one = engine();
+    let req = || {
+        let mut r = common::greedy(MODEL, Prompt::Text("The sea is".into()), 10);
+        r.sampling.seed = Some(7);
+        r.sampling.temperature = 0.8;
+        r
+    };
+    let mut a = one.submit_n(req(), 3).expect("submit_n");
+    let mut b = staged.submit_n(req(), 3).expect("submit_n");
+    let (a, b) = (choices(&mut a).await, choices(&mut b).await);
+    assert_eq!(
+        a.iter().map(|c| &c.0).collect::<Vec<_>>(),
+        b.iter().map(|c| &c.0).collect::<Vec<_>>()
+    );
 }

@@ -244,6 +244,45 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
             }
         }
         chain.kv(KvOp::Release { seq_id: 10 }).unwrap();
+        // A second choice of a prompt: forked from the first's KV on both nodes, it runs the prompt's
+        // last token itself and draws what the first drew.
+        let prompt = &tokens[..3];
+        let run = |head: &mut LocalStage, chain: &mut RemoteChain, seq_id, at: usize| {
+            let batch = [ChunkSpec {
+                seq_id,
+                len: prompt.len() - at,
+                want_logits: true,
+                pool: Pool::None,
+            }];
+            let job = [SampleRef {
+                seq_id,
+                sampler: &sampler,
+                history: prompt,
+                mask: None,
+            }];
+            let ids = StageData::Tokens(prompt[at..].to_vec());
+            let Ok(StageData::Hidden(h)) = head.forward(&batch, ids, &job) else {
+                panic!("the head stage must return hidden states");
+            };
+            match forward(chain, &batch, StageData::Hidden(h), &job) {
+                Ok(StageData::Sampled(mut out)) if out.picks.len() == 1 => out.picks.remove(0),
+                _ => panic!("a remote chain returns the pick"),
+            }
+        };
+        let first = run(&mut head, &mut chain, 12, 0);
+        let fork = KvOp::Fork {
+            seq_id: 12,
+            into: 13,
+            len: prompt.len() - 1,
+        };
+        head.kv(fork).unwrap();
+        chain.kv(fork).unwrap();
+        assert_eq!(chain.cached_len(13), prompt.len() - 1);
+        let second = run(&mut head, &mut chain, 13, prompt.len() - 1);
+        assert_eq!(second.id, first.id);
+        for seq_id in [12, 13] {
+            chain.kv(KvOp::Release { seq_id }).unwrap();
+        }
         let whole_batch = [ChunkSpec {
             seq_id: 11,
             len: 5,

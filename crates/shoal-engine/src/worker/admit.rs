@@ -1,10 +1,11 @@
 //! A sequence's life outside the step: admission within the KV budget (preempted sequences first,
-//! then waiting requests in order), prefix reuse, and the ends — finished (KV kept as a cached prefix
-//! when worth it), failed, cancelled, timed out or preempted.
+//! then the further choices of running requests, then waiting requests in order), prefix reuse, forks
+//! (a request's choices share its prompt's prefill), and the ends — finished (KV kept as a cached
+//! prefix when worth it), failed, cancelled, timed out or preempted.
 
 use std::time::Instant;
 
-use super::Worker;
+use super::{Fork, Worker};
 use crate::error::EngineError;
 use crate::request::FinishReason;
 use crate::sequence::Sequence;
@@ -28,6 +29,15 @@ impl Worker {
             !(timed_out || s.is_cancelled())
         });
         self.counters.ended(before - self.preempted.len());
+        self.forks.retain(|f| {
+            let s = &f.seq;
+            if s.timed_out(now) {
+                s.send_error(s.timeout_error());
+            } else if s.is_cancelled() {
+                s.send_done(FinishReason::Cancelled);
+            }
+            !(s.timed_out(now) || s.is_cancelled())
+        });
         let mut i = 0;
         while i < self.running.len() {
             let seq = &self.running[i];
@@ -54,6 +64,9 @@ impl Worker {
             if let Some(seq) = self.preempted.pop_front() {
                 self.running.push(seq);
             }
+        }
+        if !self.admit_forks() {
+            return;
         }
         while self.running.len() < self.config.max_running {
             // A generation needs room for its first token too; an embedding only for its input.
@@ -83,12 +96,78 @@ impl Worker {
                 break;
             };
             self.counters.dequeued(1);
-            self.seed_counter = self.seed_counter.wrapping_add(0x9E37_79B9);
+            let mut a = a;
+            let parent = a.id;
+            for s in std::mem::take(&mut a.siblings) {
+                let seq = Sequence::start(a.sibling(s), self.context_length, self.next_seed());
+                self.forks.push(Fork { parent, seq });
+            }
+            let seed = self.next_seed();
             self.running
-                .push(Sequence::start(a, self.context_length, self.seed_counter));
+                .push(Sequence::start(a, self.context_length, seed));
             self.reuse_prefix();
             self.counters.started();
+            // Its choices may start at once when the prompt came from the prefix cache.
+            self.admit_forks();
         }
+    }
+
+    /// A fresh fallback seed for a sequence whose request names none.
+    fn next_seed(&mut self) -> u64 {
+        self.seed_counter = self.seed_counter.wrapping_add(0x9E37_79B9);
+        self.seed_counter
+    }
+
+    /// Starts the further choices whose first choice has computed its prompt but the last token: each
+    /// from a copy of that KV, so a prompt is prefilled once for all its choices; each then runs the
+    /// prompt's last token itself, for logits of its own. A choice whose first one is gone (finished or
+    /// failed) starts like any request, from the prefix cache. False when KV memory ran short.
+    fn admit_forks(&mut self) -> bool {
+        let mut i = 0;
+        while i < self.forks.len() && self.running.len() < self.config.max_running {
+            let parent = self.forks[i].parent;
+            let seq = &self.forks[i].seq;
+            let from = match self.running.iter().find(|s| s.id == parent) {
+                Some(p) if p.computed + 1 >= seq.prompt_len => Some(seq.prompt_len - 1),
+                Some(_) => None,
+                None if self.preempted.iter().any(|s| s.id == parent) => None,
+                None => Some(0),
+            };
+            let Some(len) = from else {
+                i += 1;
+                continue;
+            };
+            if !self.make_room(seq.prompt_len + 1) {
+                return false;
+            }
+            let mut seq = self.forks.swap_remove(i).seq;
+            let copied = len > 0
+                && match kv_all(
+                    &mut self.stages,
+                    KvOp::Fork {
+                        seq_id: parent,
+                        into: seq.id,
+                        len,
+                    },
+                ) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!("forking a choice failed, prefilling it in full: {e}");
+                        kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
+                        false
+                    }
+                };
+            if copied {
+                seq.computed = len;
+                seq.cached = len;
+                self.running.push(seq);
+            } else {
+                self.running.push(seq);
+                self.reuse_prefix();
+            }
+            self.counters.started();
+        }
+        true
     }
 
     /// Starts the newest running sequence from the longest cached prefix of its prompt, if any (not an

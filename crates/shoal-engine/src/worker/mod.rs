@@ -38,6 +38,9 @@ pub(crate) struct Worker {
     kv: KvAccount,
     /// Sequences whose KV was dropped to stay in budget; they resume first, recomputing their KV.
     preempted: VecDeque<Sequence>,
+    /// Further choices of a running request (`n` > 1), waiting for its first choice's prompt KV to
+    /// copy ([`Fork`]).
+    forks: Vec<Fork>,
     tokenizer: Arc<Tokenizer>,
     context_length: usize,
     config: EngineConfig,
@@ -50,6 +53,13 @@ pub(crate) struct Worker {
     flights: VecDeque<Flight>,
     /// Measured step times, which size the prefill chunk taken while streams decode.
     times: StepTimes,
+}
+
+/// A choice waiting to start from a copy of its request's first choice (`parent`), once that one's
+/// prompt is computed.
+struct Fork {
+    parent: u64,
+    seq: Sequence,
 }
 
 /// A micro-batch in flight.
@@ -87,6 +97,7 @@ impl Worker {
         Self {
             kv: KvAccount::new(pool, token_bytes, token_cap),
             preempted: VecDeque::new(),
+            forks: Vec::new(),
             prefix: PrefixIndex::new(config.prefix_cache_tokens),
             stages,
             tokenizer,
@@ -106,6 +117,7 @@ impl Worker {
             if self.running.is_empty()
                 && self.waiting.is_empty()
                 && self.preempted.is_empty()
+                && self.forks.is_empty()
                 && self.flights.is_empty()
             {
                 if self.prefix.used_tokens() == 0 {
@@ -134,7 +146,10 @@ impl Worker {
             if !self.running.is_empty() || !self.flights.is_empty() {
                 // (Batches of sequences that ended meanwhile still land, in order.)
                 self.step();
-            } else if !(self.waiting.is_empty() && self.preempted.is_empty()) {
+            } else if !(self.waiting.is_empty()
+                && self.preempted.is_empty()
+                && self.forks.is_empty())
+            {
                 // Work waits for KV memory that other engines on the node hold: poll for it (and for new
                 // requests) instead of spinning.
                 match rx.recv_timeout(WAIT_FOR_MEMORY) {
