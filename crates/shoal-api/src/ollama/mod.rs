@@ -2,14 +2,15 @@
 //! client, Open WebUI and friends) talk to shoal as to an Ollama server.
 //!
 //! - Generation ([`routes`], behind the cluster's forwarding middleware because their body names a
-//!   `model`): `POST /api/chat` and `POST /api/generate` ([`generate`]), `POST /api/show` ([`models`]),
+//!   `model`): `POST /api/chat` and `POST /api/generate` ([`generate`]),
 //!   `POST /api/embed` and `POST /api/embeddings` ([`embed`]). A handler parses its body ([`types`]),
 //!   checks it into the engine's validated request ([`params`]: `options` →
 //!   [`shoal_engine::SamplingParams`] through the OpenAI adapter's one set of rules), turns `tools` and
 //!   `format` into shoal-guide's plan ([`tools`]), renders the messages with the model's own template
 //!   and submits. The answer is NDJSON ([`stream`]; Ollama streams unless `stream: false`) or one
 //!   object; both end with Ollama's measurements (`total_duration`, `prompt_eval_count`, … in ns).
-//! - The rest ([`plain_routes`]): `GET /api/tags`, `GET /api/ps`, `DELETE /api/delete` ([`models`], from
+//! - The rest ([`plain_routes`]): `GET /api/tags`, `GET /api/ps`, `POST /api/show` (never places the
+//!   model), `DELETE /api/delete` ([`models`], from
 //!   this node's store, its engines and the cluster's facts; GGUF details from [`details`]),
 //!   `POST /api/pull` ([`pull`], through this node's [`shoal_transfer::Downloads`], progress as NDJSON),
 //!   `GET /api/version`, and any other `/api/…` path answering 404 in Ollama's shape.
@@ -54,7 +55,6 @@ pub fn routes() -> Router<ApiState> {
     Router::new()
         .route("/api/chat", post(generate::chat))
         .route("/api/generate", post(generate::generate))
-        .route("/api/show", post(models::show))
         .route("/api/embed", post(embed::embed))
         .route("/api/embeddings", post(embed::embeddings))
         .route_layer(axum::middleware::map_request(json_body))
@@ -65,6 +65,8 @@ pub fn plain_routes() -> Router<ApiState> {
     Router::new()
         .route("/api/tags", get(models::tags))
         .route("/api/ps", get(models::ps))
+        // Answered from this node's store and the cluster's model cards: showing a model never places it.
+        .route("/api/show", post(models::show))
         .route("/api/delete", delete(models::delete))
         .route("/api/pull", post(pull::pull))
         .route("/api/version", get(version))
