@@ -34,10 +34,10 @@ use shoal_engine::{FinishReason, GenerateRequest, LogitsProcessor, Prompt};
 use shoal_guide::{ChatGuidance, ToolCallParser};
 
 use self::convert::Conversation;
-pub use crate::dialect::anthropic::Error;
 use self::stream::MessageEvents;
 use self::types::{CountTokensRequest, MessageOut, MessagesRequest, TokenCount, UsageOut};
 use crate::ApiState;
+pub use crate::dialect::anthropic::Error;
 use crate::error::ApiError;
 use crate::openai::collect;
 use crate::sse::stream_response;

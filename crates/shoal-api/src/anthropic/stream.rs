@@ -18,9 +18,9 @@ use serde::Serialize;
 use serde_json::json;
 use shoal_guide::{ToolCallStream, ToolEvent};
 
-use crate::dialect::anthropic::Error;
 use super::types::{ContentOut, MessageOut, UsageOut};
 use super::{MESSAGE_TYPE, ROLE, stop_reason};
+use crate::dialect::anthropic::Error;
 use crate::error::ApiError;
 use crate::sse::{Finish, Frame, StreamFormat, to_json};
 
