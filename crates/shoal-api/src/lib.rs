@@ -114,6 +114,7 @@ pub fn router(state: ApiState) -> Router {
     let generation = Router::new()
         .route("/v1/chat/completions", post(openai::chat::chat_completions))
         .route("/v1/completions", post(openai::completions::completions))
+        .route("/v1/embeddings", post(openai::embeddings::embeddings))
         .route("/v1/responses", post(openai::responses::create_response))
         .merge(anthropic::routes())
         .merge(ollama::routes())

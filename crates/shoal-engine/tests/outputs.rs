@@ -13,7 +13,7 @@ use shoal_engine::{
 use shoal_model::LayerRange;
 use shoal_model::gguf::GgufFile;
 use shoal_model::tokenizer::Tokenizer;
-use shoal_testkit::fixtures::{gemma_path, model_path};
+use shoal_testkit::fixtures::{cosine, embedding_reference, gemma_path, model_path};
 
 mod common;
 use common::{PATIENCE, wait_for};
@@ -135,42 +135,6 @@ async fn top_logprobs_are_the_models_own_best_tokens_with_their_bytes() {
     assert!(logprob <= top[0].logprob);
 }
 
-/// llama.cpp's embeddings of a model (`scripts/reference/embeddings_reference.py`): each input's text,
-/// tokens and vector.
-fn reference(name: &str) -> Vec<(String, Vec<u32>, Vec<f32>)> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/embeddings")
-        .join(format!("{name}.json"));
-    let text = std::fs::read_to_string(&path).expect("fixture");
-    let json: serde_json::Value = serde_json::from_str(&text).expect("fixture json");
-    let floats = |v: &serde_json::Value| -> Vec<f32> {
-        let a = v.as_array().expect("array");
-        a.iter()
-            .map(|x| x.as_f64().expect("number") as f32)
-            .collect()
-    };
-    json["inputs"]
-        .as_array()
-        .expect("inputs")
-        .iter()
-        .map(|i| {
-            let tokens = floats(&i["tokens"]).into_iter().map(|t| t as u32).collect();
-            let text = i["text"].as_str().expect("text").to_string();
-            (text, tokens, floats(&i["embedding"]))
-        })
-        .collect()
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| f64::from(*x) * f64::from(*y))
-        .sum();
-    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    dot / (norm(a) * norm(b))
-}
-
 fn embed_request(model: &str, inputs: Vec<Prompt>) -> EmbedRequest {
     EmbedRequest {
         model: model.into(),
@@ -182,19 +146,20 @@ fn embed_request(model: &str, inputs: Vec<Prompt>) -> EmbedRequest {
 
 /// Embeds the reference texts on `engine` and checks them against llama.cpp's.
 async fn matches_llama_cpp(engine: &EngineHandle, model: &str, name: &str) -> Vec<Vec<f32>> {
-    let want = reference(name);
-    let texts = want.iter().map(|(t, ..)| Prompt::Text(t.clone())).collect();
+    let want = embedding_reference(name);
+    let texts = want.iter().map(|c| Prompt::Text(c.text.clone())).collect();
     let got = engine
         .embed(embed_request(model, texts))
         .await
         .expect("embed");
-    let tokens: usize = want.iter().map(|(_, t, _)| t.len()).sum();
+    let tokens: usize = want.iter().map(|c| c.tokens.len()).sum();
     assert_eq!(
         got.prompt_tokens as usize, tokens,
         "tokens as llama.cpp counts them"
     );
     assert_eq!(got.vectors.len(), want.len());
-    for ((text, _, reference), v) in want.iter().zip(&got.vectors) {
+    for (case, v) in want.iter().zip(&got.vectors) {
+        let (text, reference) = (&case.text, &case.embedding);
         assert_eq!(v.len(), reference.len());
         let norm: f64 = v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
         assert!((norm - 1.0).abs() < 1e-4, "unit length, got {norm}");
@@ -204,7 +169,7 @@ async fn matches_llama_cpp(engine: &EngineHandle, model: &str, name: &str) -> Ve
     // Token ids in, the same vectors out.
     let ids = want
         .iter()
-        .map(|(_, t, _)| Prompt::Tokens(t.clone()))
+        .map(|c| Prompt::Tokens(c.tokens.clone()))
         .collect();
     let again = engine
         .embed(embed_request(model, ids))
@@ -261,7 +226,7 @@ async fn embeddings_keep_no_kv_leave_the_prefix_cache_alone_and_change_no_decode
     wait_for(&engine, "the turn cached", |s| s.kv_tokens > 0);
     let cached = engine.stats().kv_tokens;
     // A long embedding (two prefill chunks) while the same prompt decodes beside it.
-    let long = reference("smollm2").remove(4).0;
+    let long = embedding_reference("smollm2").remove(4).text;
     let mut stream = engine.submit(chat(12)).expect("submit");
     let embedded = engine.embed(embed_request(MODEL, vec![Prompt::Text(long)]));
     let (embedded, beside) = tokio::join!(embedded, async {

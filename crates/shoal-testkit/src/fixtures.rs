@@ -67,3 +67,55 @@ pub fn golden(name: &str) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
 }
+
+/// One input of llama.cpp's embedding reference: its text, the tokens llama.cpp embedded and its
+/// L2-normalized vector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbeddingCase {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub embedding: Vec<f32>,
+}
+
+/// llama.cpp's embeddings of model `name` (`smollm2`, `gemma3`), recorded by
+/// `scripts/reference/embeddings_reference.py` into shoal-engine's test fixtures.
+pub fn embedding_reference(name: &str) -> Vec<EmbeddingCase> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shoal-engine/tests/fixtures/embeddings")
+        .join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let json: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()));
+    let numbers = |v: &serde_json::Value| -> Vec<f64> {
+        let a = v.as_array().expect("an array of numbers");
+        a.iter().map(|x| x.as_f64().expect("a number")).collect()
+    };
+    json["inputs"]
+        .as_array()
+        .expect("inputs")
+        .iter()
+        .map(|i| EmbeddingCase {
+            text: i["text"].as_str().expect("text").to_string(),
+            tokens: numbers(&i["tokens"])
+                .into_iter()
+                .map(|t| t as u32)
+                .collect(),
+            embedding: numbers(&i["embedding"])
+                .into_iter()
+                .map(|v| v as f32)
+                .collect(),
+        })
+        .collect()
+}
+
+/// Cosine similarity of two vectors (in f64).
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}

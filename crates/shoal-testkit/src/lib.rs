@@ -5,7 +5,8 @@
 //!   `shoal-kernels`, where the engine's sampler uses it), and [`Draw`](rng::Draw), the draws tests
 //!   make with it (counts in a range, coin flips, bytes, floats in an interval).
 //! - [`fixtures`]: where the real test model (`SHOAL_TEST_MODEL`) and the llama.cpp golden files
-//!   (`SHOAL_GOLDEN_DIR`) are; a missing file fails the test with instructions, never skips it.
+//!   (`SHOAL_GOLDEN_DIR`) are; a missing file fails the test with instructions, never skips it; llama.cpp's
+//!   embedding vectors ([`fixtures::embedding_reference`]) and [`fixtures::cosine`].
 //! - [`process`]: tests that run a real binary — a child killed when the test ends
 //!   ([`KillOnDrop`](process::KillOnDrop)) and waiting, with a deadline, for the line it prints when
 //!   ready ([`line_starting_with`](process::line_starting_with)).

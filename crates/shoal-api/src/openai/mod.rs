@@ -1,5 +1,5 @@
 //! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions`, `/v1/responses`
-//! ([`responses`]), `/v1/models`.
+//! ([`responses`]), `/v1/embeddings` ([`embeddings`]), `/v1/models`.
 //!
 //! Each handler parses its body into [`types`], checks it through [`params`] into a
 //! [`shoal_engine::GenerateRequest`], submits it, and answers either with one JSON object (events
@@ -7,6 +7,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub mod params;
 pub mod responses;
 pub mod tools;
