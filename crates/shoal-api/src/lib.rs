@@ -20,7 +20,7 @@
 //!   [`membership`] joining with an invite and removing nodes; [`downloads`] the model downloads of every node (listed from the cluster's facts, started and
 //!   cancelled through this node's [`shoal_transfer::Downloads`]).
 //!
-//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`, `POST /v1/cancel/{id}`,
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`, `POST /v1/embeddings`, `POST /v1/cancel/{id}`,
 //! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, `GET /state`, `GET /instance/previews`,
 //! `POST /instance`, `DELETE /instance/{id}`, `POST /links/probe`, `POST /cluster/enroll`, `POST /cluster/remove`, `GET`/`POST /downloads`,
 //! `DELETE /downloads/{model}`.

@@ -7,12 +7,9 @@
 //! stream and with it the `RequestStream`, and the engine cancels the sequence at its next step.
 //! Nothing here spawns a task, so nothing keeps a request alive behind the client's back.
 //!
-//! OpenAI's wire format is [`ChunkFormat`] behind [`sse_response`]: one `data: {json}` event per chunk, a
-//! final `data: [DONE]`, and on an engine error midway (a `timeout` running out included) a
-//! `data: {"error": {...}}` event after which the stream simply ends. A request cancelled through
-//! `POST /v1/cancel/{id}` ends with an error event of type `cancelled` followed by `data: [DONE]`
-//! (OpenAI has no `cancelled` finish reason, so clients would not understand one). Anthropic's named
-//! events are [`crate::anthropic`]'s own [`StreamFormat`].
+//! Anthropic's named events are [`crate::anthropic`]'s own [`StreamFormat`], the Responses API's
+//! [`crate::openai::responses`]'. OpenAI's chat and completions chunks, whose `n` choices merge into
+//! one stream, are [`crate::openai::stream`]'s; [`to_json`] and [`error_json`] serve all of them.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -71,19 +68,6 @@ pub trait StreamFormat: Send + 'static {
     fn cancelled(&mut self) -> Vec<Frame>;
 }
 
-/// How OpenAI's routes shape their stream chunks. Each method returns a serialized chunk, or `None` to
-/// send nothing for this event.
-pub trait ChunkFormat: Send + 'static {
-    /// Sent before the first token (chat: the `role` delta).
-    fn opening(&mut self) -> Option<String>;
-    /// One sampled token; `text` may be empty while a character or a possible stop sequence is incomplete.
-    fn token(&mut self, text: &str, logprob: f32) -> Option<String>;
-    /// The chunk carrying `finish_reason` (never called with `Cancelled`).
-    fn finish(&mut self, reason: FinishReason) -> String;
-    /// The usage chunk (`choices: []`) sent when the client asked for `include_usage`.
-    fn usage(&mut self, usage: Usage) -> String;
-}
-
 /// Serializes a chunk. Our response types always serialize; should one ever fail, the client gets an
 /// error event rather than a broken stream.
 pub fn to_json<T: Serialize>(value: &T) -> String {
@@ -93,25 +77,11 @@ pub fn to_json<T: Serialize>(value: &T) -> String {
     })
 }
 
-fn error_json(err: &ApiError) -> String {
+/// The `{"error": {...}}` payload of an error event.
+pub(crate) fn error_json(err: &ApiError) -> String {
     serde_json::to_string(&err.body()).unwrap_or_else(|_| {
         r#"{"error":{"message":"internal error","type":"server_error"}}"#.to_string()
     })
-}
-
-/// The OpenAI SSE response for a running request.
-pub fn sse_response<F: ChunkFormat>(
-    stream: LiveRequest,
-    format: F,
-    include_usage: bool,
-) -> Response {
-    stream_response(
-        stream,
-        OpenAiStream {
-            format,
-            include_usage,
-        },
-    )
 }
 
 /// The SSE response for a running request, written by `format`.
@@ -119,47 +89,6 @@ pub fn stream_response<F: StreamFormat>(stream: LiveRequest, format: F) -> Respo
     Sse::new(event_stream(stream, format))
         .keep_alive(KeepAlive::default())
         .into_response()
-}
-
-/// OpenAI's stream: a [`ChunkFormat`]'s chunks as unnamed events, `[DONE]` at the end.
-struct OpenAiStream<F> {
-    format: F,
-    include_usage: bool,
-}
-
-fn done() -> Frame {
-    Frame::data("[DONE]".to_string())
-}
-
-impl<F: ChunkFormat> StreamFormat for OpenAiStream<F> {
-    fn opening(&mut self) -> Vec<Frame> {
-        self.format.opening().map(Frame::data).into_iter().collect()
-    }
-
-    fn token(&mut self, text: &str, logprob: f32) -> Vec<Frame> {
-        self.format
-            .token(text, logprob)
-            .map(Frame::data)
-            .into_iter()
-            .collect()
-    }
-
-    fn finish(&mut self, finish: Finish) -> Vec<Frame> {
-        let mut frames = vec![Frame::data(self.format.finish(finish.reason))];
-        if self.include_usage {
-            frames.push(Frame::data(self.format.usage(finish.usage)));
-        }
-        frames.push(done());
-        frames
-    }
-
-    fn error(&mut self, err: &ApiError) -> Vec<Frame> {
-        vec![Frame::data(error_json(err))]
-    }
-
-    fn cancelled(&mut self) -> Vec<Frame> {
-        vec![Frame::data(error_json(&ApiError::Cancelled)), done()]
-    }
 }
 
 struct State<F> {

@@ -204,11 +204,11 @@ async fn body_over_the_limit_is_413() {
 
 #[tokio::test]
 async fn unsupported_options_are_400_by_name() {
-    let reply = post_json(CHAT, &chat_body("hi", json!({"n": 2}))).await;
+    let reply = post_json(CHAT, &chat_body("hi", json!({"n": 17}))).await;
     assert_error(&reply, 400, Some("n"));
     let reply = post_json(
         CHAT,
-        &chat_body("hi", json!({"logprobs": true, "top_logprobs": 3})),
+        &chat_body("hi", json!({"logprobs": true, "top_logprobs": 21})),
     )
     .await;
     assert_error(&reply, 400, Some("top_logprobs"));
@@ -237,7 +237,7 @@ async fn unsupported_options_are_400_by_name() {
     assert_error(&reply, 400, Some("prompt"));
     let reply = post_json(
         COMPLETIONS,
-        &json!({"model": MODEL_ID, "prompt": "hi", "logprobs": 5}),
+        &json!({"model": MODEL_ID, "prompt": "hi", "logprobs": 21}),
     )
     .await;
     assert_error(&reply, 400, Some("logprobs"));

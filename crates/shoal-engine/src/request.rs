@@ -17,7 +17,7 @@ pub enum Prompt {
 }
 
 /// Sampling knobs live in `shoal-wire`, which carries them to a remote last stage.
-pub use shoal_wire::sampling::{SamplingError, SamplingParams};
+pub use shoal_wire::sampling::{MAX_TOP_LOGPROBS, SamplingError, SamplingParams};
 
 impl From<SamplingError> for EngineError {
     fn from(e: SamplingError) -> Self {

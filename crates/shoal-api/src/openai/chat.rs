@@ -4,6 +4,11 @@
 //! ([`shoal_engine::EngineHandle::render_chat_tools`]) and submitted as a text prompt without an extra
 //! BOS (the template writes it when the model wants one).
 //!
+//! `n` choices come from one prefill (each streamed with its `index`; usage counts the prompt once).
+//! `logprobs: true` reports each token's log-probability, `top_logprobs: k` (at most 20) also the k most
+//! likely tokens (the model's raw log-probabilities, before penalties and temperature, as llama-server
+//! and vLLM report them).
+//!
 //! `tools`, `tool_choice` and `response_format` go through [`super::tools`] into shoal-guide's
 //! [`shoal_guide::Guides::plan`]: the messages and tools the template sees, the constraint the engine
 //! applies while decoding (a forced call, or the JSON schema), and the parser that splits the answer
@@ -13,21 +18,23 @@ use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
+use shoal_engine::request::MAX_TOP_LOGPROBS;
 use shoal_engine::{ChatMessage, FinishReason, GenerateRequest, Prompt, Usage};
 use shoal_guide::{
     ChatGuidance, ResponseFormat, ToolCallParser, ToolCallStream, ToolChoice, ToolEvent,
 };
 
 use super::params::CommonParams;
+use super::stream::{ChunkFormat, sse_response};
 use super::tools::{self, ToolCallJson};
 use super::types::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatLogprobs,
-    ChatMessageIn, ChatRequest, Delta, MessageContent, Role, TokenLogprob,
+    ChatMessageIn, ChatRequest, Delta, MessageContent, Role, TokenLogprob, TopLogprob,
 };
-use super::{SYSTEM_FINGERPRINT, collect, unix_now};
+use super::{SYSTEM_FINGERPRINT, SampledToken, collect_all, submit, total_usage, unix_now};
 use crate::ApiState;
 use crate::error::ApiError;
-use crate::sse::{ChunkFormat, sse_response, to_json};
+use crate::sse::to_json;
 
 /// The request field a prompt problem is reported against.
 const PROMPT_PARAM: &str = "messages";
@@ -45,7 +52,8 @@ pub async fn chat_completions(
     }
     let logprobs = wants_logprobs(&req)?;
     let guidance = tools::guidance(&mut req)?;
-    let params = CommonParams::from(&mut req).validate(&state.engine)?;
+    let mut params = CommonParams::from(&mut req).validate(&state.engine)?;
+    params.sampling.top_logprobs = logprobs.unwrap_or(0);
     if params.ignore_eos && constrains(&guidance) {
         return Err(ApiError::invalid(
             "ignore_eos",
@@ -85,67 +93,75 @@ pub async fn chat_completions(
         timeout: params.timeout,
         logits_processor: plan.processor,
     };
-    let stream = state
-        .engine
-        .submit(request)
-        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
-    let mut stream = state.track(stream);
-    let id = format!("chatcmpl-{}", stream.id());
+    let mut choices = submit(&state, request, params.n, PROMPT_PARAM)?;
+    let id = format!("chatcmpl-{}", choices[0].id());
+    let logprobs = logprobs.is_some();
     if params.stream {
         let format = ChatChunks {
             id,
             created,
             model: params.model,
             logprobs,
-            pending: Vec::new(),
-            tools: tool_parser.as_ref().map(ToolCallParser::stream),
+            choices: (0..params.n)
+                .map(|_| ChoiceState {
+                    pending: Vec::new(),
+                    tools: tool_parser.as_ref().map(ToolCallParser::stream),
+                })
+                .collect(),
         };
-        return Ok(sse_response(stream, format, params.include_usage));
+        return Ok(sse_response(choices, format, params.include_usage));
     }
-    let done = collect(&mut stream, logprobs).await?;
-    let logprobs = logprobs.then(|| ChatLogprobs {
-        content: done
-            .tokens
-            .into_iter()
-            .map(|(text, logprob)| token_logprob(text, logprob))
-            .collect(),
-    });
-    let (message, finish_reason) = answer(done.text, done.finish_reason, tool_parser.as_ref());
+    let done = collect_all(&mut choices, logprobs).await?;
+    let usage = total_usage(done.iter().map(|d| d.usage));
+    let choices = done
+        .into_iter()
+        .enumerate()
+        .map(|(index, d)| {
+            let logprobs = logprobs.then(|| ChatLogprobs {
+                content: d.tokens.into_iter().map(token_logprob).collect(),
+            });
+            let (message, finish_reason) = answer(d.text, d.finish_reason, tool_parser.as_ref());
+            ChatChoice {
+                index: index as u32,
+                message,
+                logprobs,
+                finish_reason,
+            }
+        })
+        .collect();
     let body = ChatCompletion {
         id,
         object: "chat.completion",
         created,
         model: params.model,
         system_fingerprint: SYSTEM_FINGERPRINT,
-        choices: vec![ChatChoice {
-            index: 0,
-            message,
-            logprobs,
-            finish_reason,
-        }],
-        usage: done.usage.into(),
+        choices,
+        usage: usage.into(),
     };
     Ok(Json(body).into_response())
 }
 
-/// `logprobs: true` returns each sampled token's log-probability; alternatives are not computed.
-fn wants_logprobs(req: &ChatRequest) -> Result<bool, ApiError> {
-    match req.top_logprobs {
-        Some(k) if k < 0 => {
+/// The log-probabilities asked for: `None` without `logprobs: true`, else how many alternatives per
+/// token (`top_logprobs`, 0 to [`MAX_TOP_LOGPROBS`]; it needs `logprobs: true`, as in OpenAI).
+fn wants_logprobs(req: &ChatRequest) -> Result<Option<u8>, ApiError> {
+    let k = match req.top_logprobs {
+        None => 0,
+        Some(k) if (0..=i64::from(MAX_TOP_LOGPROBS)).contains(&k) => k as u8,
+        Some(k) => {
             return Err(ApiError::invalid(
                 "top_logprobs",
-                "top_logprobs must be >= 0",
+                format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"),
             ));
         }
-        Some(k) if k > 0 => {
-            return Err(ApiError::invalid(
-                "top_logprobs",
-                "top_logprobs is not supported; logprobs=true returns the sampled tokens' log-probabilities",
-            ));
-        }
-        _ => {}
+    };
+    match req.logprobs.unwrap_or(false) {
+        true => Ok(Some(k)),
+        false if k > 0 => Err(ApiError::invalid(
+            "top_logprobs",
+            "top_logprobs needs logprobs: true",
+        )),
+        false => Ok(None),
     }
-    Ok(req.logprobs.unwrap_or(false))
 }
 
 /// Whether the request constrains decoding (a schema or a forced call).
@@ -258,13 +274,23 @@ fn to_chat_message(index: usize, message: ChatMessageIn) -> Result<ChatMessage, 
     Ok(ChatMessage::new(message.role.template_name(), content))
 }
 
-fn token_logprob(text: String, logprob: f32) -> TokenLogprob {
-    let bytes = text.as_bytes().to_vec();
+/// A sampled token's log-probability entry: its text, and its alternatives by their own pieces.
+fn token_logprob(token: SampledToken) -> TokenLogprob {
+    let bytes = token.text.as_bytes().to_vec();
+    let top_logprobs = token
+        .top
+        .into_iter()
+        .map(|t| TopLogprob {
+            token: String::from_utf8_lossy(&t.bytes).into_owned(),
+            logprob: t.logprob,
+            bytes: t.bytes,
+        })
+        .collect();
     TokenLogprob {
-        token: text,
-        logprob,
+        token: token.text,
+        logprob: token.logprob,
         bytes,
-        top_logprobs: Vec::new(),
+        top_logprobs,
     }
 }
 
@@ -274,6 +300,12 @@ struct ChatChunks {
     created: u64,
     model: String,
     logprobs: bool,
+    /// Each choice's stream state, by index.
+    choices: Vec<ChoiceState>,
+}
+
+/// What one choice's stream holds between chunks.
+struct ChoiceState {
     /// Log-probabilities of tokens whose text has not been sent yet (empty pieces).
     pending: Vec<TokenLogprob>,
     /// Splits calls out of the text where tools were offered.
@@ -293,25 +325,26 @@ impl ChatChunks {
         })
     }
 
-    fn take_logprobs(&mut self) -> Option<ChatLogprobs> {
-        if self.pending.is_empty() {
+    fn take_logprobs(&mut self, index: u32) -> Option<ChatLogprobs> {
+        let pending = &mut self.choices.get_mut(index as usize)?.pending;
+        if pending.is_empty() {
             return None;
         }
         Some(ChatLogprobs {
-            content: std::mem::take(&mut self.pending),
+            content: std::mem::take(pending),
         })
     }
 }
 
 impl ChunkFormat for ChatChunks {
-    fn opening(&mut self) -> Option<String> {
+    fn opening(&mut self, index: u32) -> Option<String> {
         let delta = Delta {
             role: Some("assistant"),
             content: Some(String::new()),
             tool_calls: None,
         };
         let choice = ChatChunkChoice {
-            index: 0,
+            index,
             delta,
             logprobs: None,
             finish_reason: None,
@@ -319,15 +352,18 @@ impl ChunkFormat for ChatChunks {
         Some(self.chunk(vec![choice], None))
     }
 
-    fn token(&mut self, text: &str, logprob: f32) -> Option<String> {
-        if self.logprobs {
-            self.pending.push(token_logprob(text.to_string(), logprob));
+    fn token(&mut self, index: u32, token: SampledToken) -> Option<String> {
+        let logprobs = self.logprobs;
+        let state = self.choices.get_mut(index as usize)?;
+        let text = token.text.clone();
+        if logprobs {
+            state.pending.push(token_logprob(token));
         }
-        let delta = match &mut self.tools {
-            Some(stream) => tool_delta(stream.push(text)),
+        let delta = match &mut state.tools {
+            Some(stream) => tool_delta(stream.push(&text)),
             None if text.is_empty() => Delta::default(),
             None => Delta {
-                content: Some(text.to_string()),
+                content: Some(text),
                 ..Delta::default()
             },
         };
@@ -335,23 +371,27 @@ impl ChunkFormat for ChatChunks {
             return None;
         }
         let choice = ChatChunkChoice {
-            index: 0,
+            index,
             delta,
-            logprobs: self.take_logprobs(),
+            logprobs: self.take_logprobs(index),
             finish_reason: None,
         };
         Some(self.chunk(vec![choice], None))
     }
 
-    fn finish(&mut self, reason: FinishReason) -> String {
-        let (delta, called) = match &mut self.tools {
+    fn finish(&mut self, index: u32, reason: FinishReason) -> String {
+        let tools = self
+            .choices
+            .get_mut(index as usize)
+            .and_then(|s| s.tools.as_mut());
+        let (delta, called) = match tools {
             Some(stream) => (tool_delta(stream.finish()), stream.saw_calls()),
             None => (Delta::default(), false),
         };
         let choice = ChatChunkChoice {
-            index: 0,
+            index,
             delta,
-            logprobs: self.take_logprobs(),
+            logprobs: self.take_logprobs(index),
             finish_reason: Some(finish_reason(reason, called)),
         };
         self.chunk(vec![choice], None)

@@ -1,20 +1,30 @@
 //! `POST /v1/completions`: raw text or token ids in, text out (no chat template).
 //!
 //! A text prompt is submitted with `add_bos: true`, so the engine adds BOS exactly when the model's
-//! GGUF asks for it (as llama.cpp does); token-id prompts are used as given.
+//! GGUF asks for it (as llama.cpp does); token-id prompts are used as given. `n` choices come from one
+//! prefill (each streamed with its `index`; usage counts the prompt once). `logprobs: k` (at most 20)
+//! reports each token's log-probability (`tokens`, `token_logprobs`, `text_offset`) and, for k > 0,
+//! `top_logprobs`: the k most likely tokens by their own text, plus the sampled one, as OpenAI does —
+//! the model's raw log-probabilities, before penalties and temperature.
 
 use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use shoal_engine::request::MAX_TOP_LOGPROBS;
 use shoal_engine::{FinishReason, GenerateRequest, Prompt, Usage};
+use shoal_model::tokenizer::Tokenizer;
 
 use super::params::CommonParams;
+use super::stream::{ChunkFormat, sse_response};
 use super::types::{CompletionRequest, PromptInput, TextChoice, TextCompletion, TextLogprobs};
-use super::{SYSTEM_FINGERPRINT, collect, unix_now};
+use super::{SYSTEM_FINGERPRINT, SampledToken, collect_all, submit, total_usage, unix_now};
 use crate::ApiState;
 use crate::error::ApiError;
-use crate::sse::{ChunkFormat, sse_response, to_json};
+use crate::sse::to_json;
 
 const PROMPT_PARAM: &str = "prompt";
 
@@ -23,11 +33,17 @@ pub async fn completions(
     body: Result<Json<CompletionRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(mut req) = body?;
-    refuse_unsupported(&req)?;
-    let logprobs = req.logprobs.is_some();
-    let params = CommonParams::from(&mut req).validate(&state.engine)?;
+    let logprobs = refuse_unsupported(&req)?;
+    let mut params = CommonParams::from(&mut req).validate(&state.engine)?;
+    params.sampling.top_logprobs = logprobs.unwrap_or(0);
     let prompt = to_prompt(req.prompt)?;
     let add_bos = matches!(prompt, Prompt::Text(_));
+    let tokenizer = state
+        .engine
+        .get(&params.model)
+        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?
+        .tokenizer()
+        .clone();
     let request = GenerateRequest {
         model: params.model.clone(),
         prompt,
@@ -39,52 +55,56 @@ pub async fn completions(
         timeout: params.timeout,
         logits_processor: None,
     };
-    let stream = state
-        .engine
-        .submit(request)
-        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
-    let mut stream = state.track(stream);
-    let id = format!("cmpl-{}", stream.id());
+    let mut choices = submit(&state, request, params.n, PROMPT_PARAM)?;
+    let id = format!("cmpl-{}", choices[0].id());
     let created = unix_now();
+    let logprobs = logprobs.map(|k| Alternatives { k, tokenizer });
     if params.stream {
         let format = TextChunks {
             id,
             created,
             model: params.model,
             logprobs,
-            offset: 0,
-            pending: None,
+            choices: (0..params.n).map(|_| ChoiceState::default()).collect(),
         };
-        return Ok(sse_response(stream, format, params.include_usage));
+        return Ok(sse_response(choices, format, params.include_usage));
     }
-    let done = collect(&mut stream, logprobs).await?;
-    let logprobs = logprobs.then(|| {
-        let mut lp = TextLogprobs::default();
-        let mut offset = 0;
-        for (text, logprob) in done.tokens {
-            push_logprob(&mut lp, &mut offset, text, logprob);
-        }
-        lp
-    });
+    let done = collect_all(&mut choices, logprobs.is_some()).await?;
+    let usage = total_usage(done.iter().map(|d| d.usage));
+    let choices = done
+        .into_iter()
+        .enumerate()
+        .map(|(index, d)| {
+            let logprobs = logprobs.as_ref().map(|lp| {
+                let mut state = ChoiceState::default();
+                for token in d.tokens {
+                    state.push(lp, token);
+                }
+                state.pending.unwrap_or_default()
+            });
+            TextChoice {
+                index: index as u32,
+                text: d.text,
+                logprobs,
+                finish_reason: Some(d.finish_reason.as_str()),
+            }
+        })
+        .collect();
     let body = TextCompletion {
         id,
         object: "text_completion",
         created,
         model: params.model,
         system_fingerprint: SYSTEM_FINGERPRINT,
-        choices: vec![TextChoice {
-            index: 0,
-            text: done.text,
-            logprobs,
-            finish_reason: Some(done.finish_reason.as_str()),
-        }],
-        usage: Some(done.usage.into()),
+        choices,
+        usage: Some(usage.into()),
     };
     Ok(Json(body).into_response())
 }
 
-/// Options of the legacy API we do not implement, refused by name rather than silently ignored.
-fn refuse_unsupported(req: &CompletionRequest) -> Result<(), ApiError> {
+/// Options of the legacy API we do not implement, refused by name rather than silently ignored; the
+/// `logprobs` asked for (alternatives per token, at most [`MAX_TOP_LOGPROBS`]), if any.
+fn refuse_unsupported(req: &CompletionRequest) -> Result<Option<u8>, ApiError> {
     if req.echo == Some(true) {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }
@@ -100,12 +120,12 @@ fn refuse_unsupported(req: &CompletionRequest) -> Result<(), ApiError> {
         ));
     }
     match req.logprobs {
-        Some(k) if k < 0 => Err(ApiError::invalid("logprobs", "logprobs must be >= 0")),
-        Some(k) if k > 0 => Err(ApiError::invalid(
+        None => Ok(None),
+        Some(k) if (0..=i64::from(MAX_TOP_LOGPROBS)).contains(&k) => Ok(Some(k as u8)),
+        Some(k) => Err(ApiError::invalid(
             "logprobs",
-            "only logprobs=0 (the sampled tokens' own log-probabilities) is supported",
+            format!("logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"),
         )),
-        _ => Ok(()),
     }
 }
 
@@ -131,11 +151,42 @@ fn to_prompt(input: PromptInput) -> Result<Prompt, ApiError> {
     })
 }
 
-fn push_logprob(lp: &mut TextLogprobs, offset: &mut usize, text: String, logprob: f32) {
-    lp.text_offset.push(*offset);
-    *offset += text.len();
-    lp.tokens.push(text);
-    lp.token_logprobs.push(logprob);
+/// What `logprobs: k` reports: `k` alternatives per token (0: the sampled tokens' own only), each named
+/// by its own piece of text.
+#[derive(Clone)]
+struct Alternatives {
+    k: u8,
+    tokenizer: Arc<Tokenizer>,
+}
+
+/// One choice's log-probabilities not yet sent, and where its next token starts in its text.
+#[derive(Default)]
+struct ChoiceState {
+    /// Byte offset of the next token's text in the completion.
+    offset: usize,
+    /// Log-probabilities of tokens whose text has not been sent yet (empty pieces).
+    pending: Option<TextLogprobs>,
+}
+
+impl ChoiceState {
+    fn push(&mut self, lp: &Alternatives, token: SampledToken) {
+        let out = self.pending.get_or_insert_with(TextLogprobs::default);
+        out.text_offset.push(self.offset);
+        self.offset += token.text.len();
+        if lp.k > 0 {
+            let piece = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+            let mut top = BTreeMap::new();
+            for t in &token.top {
+                top.entry(piece(&t.bytes)).or_insert(t.logprob);
+            }
+            // As OpenAI: the sampled token is always there, so up to k + 1 entries.
+            let own = piece(lp.tokenizer.token_bytes(token.id));
+            top.entry(own).or_insert(token.logprob);
+            out.top_logprobs.get_or_insert_with(Vec::new).push(top);
+        }
+        out.tokens.push(token.text);
+        out.token_logprobs.push(token.logprob);
+    }
 }
 
 /// Shapes `text_completion` stream chunks.
@@ -143,11 +194,8 @@ struct TextChunks {
     id: String,
     created: u64,
     model: String,
-    logprobs: bool,
-    /// Byte offset of the next token's text in the completion.
-    offset: usize,
-    /// Log-probabilities of tokens whose text has not been sent yet (empty pieces).
-    pending: Option<TextLogprobs>,
+    logprobs: Option<Alternatives>,
+    choices: Vec<ChoiceState>,
 }
 
 impl TextChunks {
@@ -162,35 +210,41 @@ impl TextChunks {
             usage: usage.map(Into::into),
         })
     }
+
+    fn state(&mut self, index: u32) -> Option<&mut ChoiceState> {
+        self.choices.get_mut(index as usize)
+    }
 }
 
 impl ChunkFormat for TextChunks {
-    fn opening(&mut self) -> Option<String> {
+    fn opening(&mut self, _index: u32) -> Option<String> {
         None
     }
 
-    fn token(&mut self, text: &str, logprob: f32) -> Option<String> {
-        if self.logprobs {
-            let lp = self.pending.get_or_insert_with(TextLogprobs::default);
-            push_logprob(lp, &mut self.offset, text.to_string(), logprob);
+    fn token(&mut self, index: u32, token: SampledToken) -> Option<String> {
+        let text = token.text.clone();
+        if let Some(lp) = self.logprobs.clone()
+            && let Some(state) = self.state(index)
+        {
+            state.push(&lp, token);
         }
         if text.is_empty() {
             return None;
         }
         let choice = TextChoice {
-            index: 0,
-            text: text.to_string(),
-            logprobs: self.pending.take(),
+            index,
+            text,
+            logprobs: self.state(index).and_then(|s| s.pending.take()),
             finish_reason: None,
         };
         Some(self.chunk(vec![choice], None))
     }
 
-    fn finish(&mut self, reason: FinishReason) -> String {
+    fn finish(&mut self, index: u32, reason: FinishReason) -> String {
         let choice = TextChoice {
-            index: 0,
+            index,
             text: String::new(),
-            logprobs: self.pending.take(),
+            logprobs: self.state(index).and_then(|s| s.pending.take()),
             finish_reason: Some(reason.as_str()),
         };
         self.chunk(vec![choice], None)

@@ -2,14 +2,16 @@
 //! ([`responses`]), `/v1/embeddings` ([`embeddings`]), `/v1/models`.
 //!
 //! Each handler parses its body into [`types`], checks it through [`params`] into a
-//! [`shoal_engine::GenerateRequest`], submits it, and answers either with one JSON object (events
-//! gathered by [`collect`]) or with an SSE stream ([`crate::sse`]).
+//! [`shoal_engine::GenerateRequest`], submits it (chat and completions: its `n` choices, [`submit`]), and
+//! answers either with one JSON object (events gathered by [`collect`]) or with an SSE stream
+//! ([`stream`] for chat and completions, [`crate::sse`] for the Responses API).
 
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
 pub mod params;
 pub mod responses;
+pub mod stream;
 pub mod tools;
 pub mod types;
 
@@ -17,7 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::extract::{Path, State};
-use shoal_engine::{Event, FinishReason, Usage};
+use shoal_engine::{Event, FinishReason, GenerateRequest, TopLogprob, Usage};
 
 use crate::ApiState;
 use crate::cancel::LiveRequest;
@@ -35,12 +37,22 @@ pub fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// One sampled token as the routes report it: the text it made decodable, its log-probability and the
+/// most likely alternatives (when asked).
+#[derive(Debug, Clone)]
+pub struct SampledToken {
+    pub id: u32,
+    pub text: String,
+    pub logprob: f32,
+    pub top: Vec<TopLogprob>,
+}
+
 /// A finished generation, for non-streaming answers.
 #[derive(Debug)]
 pub struct Generated {
     pub text: String,
-    /// Per sampled token: the text it made decodable and its log-probability (only when asked for).
-    pub tokens: Vec<(String, f32)>,
+    /// Per sampled token (only when asked for).
+    pub tokens: Vec<SampledToken>,
     pub finish_reason: FinishReason,
     pub usage: Usage,
     /// The stop sequence that ended generation, when one did.
@@ -55,13 +67,19 @@ pub async fn collect(request: &mut LiveRequest, keep_tokens: bool) -> Result<Gen
     while let Some(event) = request.stream().next().await {
         match event {
             Event::Token {
+                id,
                 text: piece,
                 logprob,
-                ..
+                top_logprobs,
             } => {
                 text.push_str(&piece);
                 if keep_tokens {
-                    tokens.push((piece, logprob));
+                    tokens.push(SampledToken {
+                        id,
+                        text: piece,
+                        logprob,
+                        top: top_logprobs,
+                    });
                 }
             }
             // We still hold the stream, so the request was cancelled by id.
@@ -92,6 +110,47 @@ pub async fn collect(request: &mut LiveRequest, keep_tokens: bool) -> Result<Gen
     Err(ApiError::Internal(
         "the engine closed the request's stream without finishing".into(),
     ))
+}
+
+/// Submits the `n` choices of `request` (`n` ≤ [`shoal_engine::request::MAX_CHOICES`]) and tracks them, in
+/// `index` order; a problem with the prompt is reported against `prompt_param`.
+pub fn submit(
+    state: &ApiState,
+    request: GenerateRequest,
+    n: usize,
+    prompt_param: &str,
+) -> Result<Vec<LiveRequest>, ApiError> {
+    let streams = state
+        .engine
+        .submit_n(request, n)
+        .map_err(|e| ApiError::from_engine(e, prompt_param))?;
+    Ok(streams.into_iter().map(|s| state.track(s)).collect())
+}
+
+/// Reads every choice's events to the end ([`collect`] each; they run side by side in the engine).
+pub async fn collect_all(
+    choices: &mut [LiveRequest],
+    keep_tokens: bool,
+) -> Result<Vec<Generated>, ApiError> {
+    let mut out = Vec::with_capacity(choices.len());
+    for choice in choices.iter_mut() {
+        out.push(collect(choice, keep_tokens).await?);
+    }
+    Ok(out)
+}
+
+/// The usage of a request's choices: its prompt once (the first choice's, cached tokens included),
+/// the completions of all.
+pub fn total_usage(choices: impl Iterator<Item = Usage>) -> Usage {
+    choices
+        .enumerate()
+        .fold(Usage::default(), |total, (i, u)| match i {
+            0 => u,
+            _ => Usage {
+                completion_tokens: total.completion_tokens + u.completion_tokens,
+                ..total
+            },
+        })
 }
 
 /// `GET /v1/models`.

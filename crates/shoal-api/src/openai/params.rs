@@ -7,6 +7,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use shoal_engine::request::MAX_CHOICES;
 use shoal_engine::{Engines, SamplingParams};
 
 use super::types::{ChatRequest, CompletionRequest, StopInput};
@@ -54,18 +55,22 @@ pub struct Validated {
     pub timeout: Option<Duration>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices to generate from the prompt (`n`), at least 1.
+    pub n: usize,
 }
 
 impl CommonParams {
     pub fn validate(self, engine: &Engines) -> Result<Validated, ApiError> {
-        if let Some(n) = self.n
-            && n != 1
-        {
-            return Err(ApiError::invalid(
-                "n",
-                format!("only n=1 is supported, got {n}"),
-            ));
-        }
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    "n",
+                    format!("n must be between 1 and {MAX_CHOICES}, got {n}"),
+                ));
+            }
+        };
         let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
             (Some(v), _) => Some(token_budget("max_completion_tokens", v)?),
             (None, Some(v)) => Some(token_budget("max_tokens", v)?),
@@ -106,6 +111,7 @@ impl CommonParams {
             timeout,
             stream: self.stream.unwrap_or(false),
             include_usage: self.include_usage.unwrap_or(false),
+            n,
         })
     }
 }

@@ -285,7 +285,7 @@ pub struct Delta {
     pub tool_calls: Option<Vec<super::tools::ToolCallJson>>,
 }
 
-/// Chat log-probabilities: the sampled token's own only (`top_logprobs` stays empty).
+/// Chat log-probabilities: each sampled token's own and its `top_logprobs` alternatives (when asked).
 #[derive(Debug, Default, Serialize)]
 pub struct ChatLogprobs {
     pub content: Vec<TokenLogprob>,
@@ -328,12 +328,13 @@ pub struct TextChoice {
     pub finish_reason: Option<&'static str>,
 }
 
-/// Legacy completion log-probabilities (the sampled tokens' own; `top_logprobs` is null).
+/// Legacy completion log-probabilities: the sampled tokens' own, and with `logprobs: k > 0` one
+/// `{token text: logprob}` object per token (`null` for `logprobs: 0`).
 #[derive(Debug, Default, Serialize)]
 pub struct TextLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<f32>,
-    pub top_logprobs: Option<Vec<()>>,
+    pub top_logprobs: Option<Vec<std::collections::BTreeMap<String, f32>>>,
     pub text_offset: Vec<usize>,
 }
 
