@@ -260,6 +260,45 @@ async fn unknown_routes_and_methods_answer_in_openai_shape() {
 }
 
 #[tokio::test]
+async fn documented_parameters_shoal_does_not_implement_are_400_by_name() {
+    for (extra, param) in [
+        (json!({"logit_bias": {"50256": -100}}), "logit_bias"),
+        (
+            json!({"audio": {"voice": "alloy", "format": "wav"}}),
+            "audio",
+        ),
+        (json!({"modalities": ["text", "audio"]}), "modalities"),
+        (
+            json!({"prediction": {"type": "content", "content": "x"}}),
+            "prediction",
+        ),
+        (json!({"functions": [{"name": "f"}]}), "functions"),
+        (json!({"function_call": "auto"}), "function_call"),
+        (
+            json!({"web_search_options": {"search_context_size": "low"}}),
+            "web_search_options",
+        ),
+        (json!({"reasoning_effort": "high"}), "reasoning_effort"),
+        (json!({"verbosity": "low"}), "verbosity"),
+    ] {
+        let reply = post_json(CHAT, &chat_body("hi", extra.clone())).await;
+        assert_error(&reply, 400, Some(param));
+    }
+    // What clients send by default passes, and so do fields no API documents.
+    let defaults = json!({"logit_bias": {}, "modalities": ["text"], "verbosity": "medium",
+        "reasoning_effort": null, "store": false, "metadata": {"a": "b"}, "user": "u",
+        "service_tier": "auto", "some_client_extra": 1, "max_tokens": 2});
+    let reply = post_json(CHAT, &chat_body("hi", defaults)).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let reply = post_json(
+        COMPLETIONS,
+        &json!({"model": MODEL_ID, "prompt": "hi", "logit_bias": {"1": 5}}),
+    )
+    .await;
+    assert_error(&reply, 400, Some("logit_bias"));
+}
+
+#[tokio::test]
 async fn unknown_routes_under_anthropic_and_ollama_answer_in_their_shape() {
     let reply = get("/v1/messages/nothing-here").await;
     assert_eq!(reply.status, 404);

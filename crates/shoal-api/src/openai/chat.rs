@@ -50,6 +50,7 @@ pub async fn chat_completions(
             "messages must contain at least one message",
         ));
     }
+    super::params::refuse_unimplemented(&req.unimplemented)?;
     let logprobs = wants_logprobs(&req)?;
     let guidance = tools::guidance(&mut req)?;
     let mut params = CommonParams::from(&mut req).validate(&state.engine)?;

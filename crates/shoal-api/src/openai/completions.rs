@@ -111,6 +111,16 @@ fn refuse_unsupported(req: &CompletionRequest) -> Result<Option<u8>, ApiError> {
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
+    if req
+        .logit_bias
+        .as_ref()
+        .is_some_and(|b| b.as_object().is_none_or(|m| !m.is_empty()) && !b.is_null())
+    {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            "logit_bias is not supported",
+        ));
+    }
     if let Some(b) = req.best_of
         && b != 1
     {

@@ -116,6 +116,84 @@ impl CommonParams {
     }
 }
 
+/// Refuses the documented fields shoal does not implement, by name, when they are set to something that
+/// would change the answer.
+pub(crate) fn refuse_unimplemented(u: &super::types::Unimplemented) -> Result<(), ApiError> {
+    use serde_json::Value;
+    let empty = |v: &Value| match v {
+        Value::Null => true,
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    };
+    let text_only = |v: &Value| v.as_array().is_some_and(|a| a.iter().all(|m| m == "text"));
+    let checks: [(&str, &Option<Value>, bool, &str); 9] = [
+        (
+            "logit_bias",
+            &u.logit_bias,
+            false,
+            "logit_bias is not supported",
+        ),
+        (
+            "audio",
+            &u.audio,
+            false,
+            "audio output is not supported: the models served are text-only",
+        ),
+        (
+            "modalities",
+            &u.modalities,
+            text_only(u.modalities.as_ref().unwrap_or(&Value::Null)),
+            "only the text modality is supported",
+        ),
+        (
+            "prediction",
+            &u.prediction,
+            false,
+            "predicted outputs are not supported",
+        ),
+        (
+            "functions",
+            &u.functions,
+            false,
+            "functions is not supported: use tools",
+        ),
+        (
+            "function_call",
+            &u.function_call,
+            false,
+            "function_call is not supported: use tool_choice",
+        ),
+        (
+            "web_search_options",
+            &u.web_search_options,
+            false,
+            "web search is not supported",
+        ),
+        (
+            "reasoning_effort",
+            &u.reasoning_effort,
+            false,
+            "reasoning_effort is not supported by the models served",
+        ),
+        (
+            "verbosity",
+            &u.verbosity,
+            u.verbosity.as_ref().is_some_and(|v| v == "medium"),
+            "verbosity is not supported",
+        ),
+    ];
+    for (param, value, fine, why) in checks {
+        if let Some(v) = value
+            && !empty(v)
+            && !fine
+        {
+            return Err(ApiError::invalid(param, why));
+        }
+    }
+    Ok(())
+}
+
 /// A request's stop sequences (`param` names the field): at most [`MAX_STOP_SEQUENCES`]; empty strings
 /// are dropped.
 pub(crate) fn stop_sequences(param: &str, stop: Vec<String>) -> Result<Vec<String>, ApiError> {

@@ -42,6 +42,26 @@ pub struct ChatRequest {
     /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`, read by
     /// [`super::tools`].
     pub response_format: Option<serde_json::Value>,
+    /// Documented by OpenAI, not implemented: refused by name when they would change the answer
+    /// ([`super::params::refuse_unimplemented`]).
+    #[serde(flatten)]
+    pub unimplemented: Unimplemented,
+}
+
+/// Documented request fields shoal does not implement; each is a 400 naming it when set to anything
+/// that would change the answer (`null`, `{}`, `[]`, `["text"]` modalities and `medium` verbosity are
+/// what a client sends by default and pass).
+#[derive(Debug, Default, Deserialize)]
+pub struct Unimplemented {
+    pub logit_bias: Option<serde_json::Value>,
+    pub audio: Option<serde_json::Value>,
+    pub modalities: Option<serde_json::Value>,
+    pub prediction: Option<serde_json::Value>,
+    pub functions: Option<serde_json::Value>,
+    pub function_call: Option<serde_json::Value>,
+    pub web_search_options: Option<serde_json::Value>,
+    pub reasoning_effort: Option<serde_json::Value>,
+    pub verbosity: Option<serde_json::Value>,
 }
 
 /// One entry of `tools`.
@@ -105,6 +125,7 @@ pub struct CompletionRequest {
     pub logprobs: Option<i64>,
     pub echo: Option<bool>,
     pub suffix: Option<String>,
+    pub logit_bias: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
