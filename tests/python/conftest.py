@@ -154,3 +154,22 @@ def golden_chat() -> list:
     if not path.is_file():
         pytest.fail(f"golden file {path} not found: set SHOAL_GOLDEN_DIR", pytrace=False)
     return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def pipeline():
+    """Two nodes sharing one instance of the test model: layers 0-14 on `a` (which drives it), 15-29 on `b`
+    (whose last stage samples), f32 activations so the pipeline gives the single node's tokens exactly;
+    `b` forwards requests to `a`. Shared by every API suite's pipeline test."""
+    from test_cluster import place, wait_members
+
+    a = ShoalNode("--no-auto-instance", "--wire-dtype", "f32", key="sdk-pipeline")
+    b = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr, key="sdk-pipeline")
+    nodes = [a, b]
+    try:
+        wait_members(nodes, nodes)
+        place(a, [(a, 15), (b, 15)])
+        yield a, b
+    finally:
+        for n in nodes:
+            n.kill()

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from conftest import MODEL_ID, ShoalNode
-from test_cluster import place, wait_members, wait_until
+from test_cluster import wait_until
 
 QUESTION = "Tell me a long story about a dragon."
 KEY = "anthropic-s3cret"
@@ -188,21 +188,6 @@ def _served(client: anthropic.Anthropic):
         return client.messages.create(**messages(max_tokens=2))
     except anthropic.NotFoundError:
         return None
-
-
-@pytest.fixture(scope="module")
-def pipeline():
-    # f32 activations between the stages: the pipeline gives the single node's tokens exactly.
-    a = ShoalNode("--no-auto-instance", "--wire-dtype", "f32", key="anthropic-pipeline")
-    b = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr, key="anthropic-pipeline")
-    nodes = [a, b]
-    try:
-        wait_members(nodes, nodes)
-        place(a, [(a, 15), (b, 15)])
-        yield a, b
-    finally:
-        for n in nodes:
-            n.kill()
 
 
 def test_a_two_node_pipeline_answers_streaming_and_not(pipeline, claude):

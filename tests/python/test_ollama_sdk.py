@@ -15,7 +15,7 @@ import ollama
 import pytest
 
 from conftest import MODEL_ID, ShoalNode
-from test_cluster import place, wait_members, wait_until
+from test_cluster import wait_until
 from test_store import FakeHub, smollm2_file
 
 QUESTION = "What is the capital of France?"
@@ -276,41 +276,34 @@ def test_pull_with_progress_chat_and_delete(store_node):
     assert e.value.status_code == 404
 
 
-def test_a_two_node_pipeline_answers_through_either_node(oc):
-    a = ShoalNode("--no-auto-instance", "--wire-dtype", "f32", key="ollama-pipeline")
-    b = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr, key="ollama-pipeline")
-    try:
-        wait_members([a, b], [a, b])
-        place(a, [(a, 15), (b, 15)])
-        options = {"temperature": 0, "num_predict": 12}
-        ca, cb = (ollama.Client(host=n.url, timeout=120) for n in (a, b))
+def test_a_two_node_pipeline_answers_through_either_node(oc, pipeline):
+    a, b = pipeline
+    options = {"temperature": 0, "num_predict": 12}
+    ca, cb = (ollama.Client(host=n.url, timeout=120) for n in (a, b))
 
-        def answer():
-            try:
-                return ca.chat(model=MODEL_ID, messages=MESSAGES, options=options)
-            except ollama.ResponseError as e:
-                assert e.status_code == 404, e  # the engine may still be registering
-                return None
+    def answer():
+        try:
+            return ca.chat(model=MODEL_ID, messages=MESSAGES, options=options)
+        except ollama.ResponseError as e:
+            assert e.status_code == 404, e  # the engine may still be registering
+            return None
 
-        whole = wait_until("the pipeline to answer", answer)
-        assert whole.message.content and whole.eval_count == 12
-        # b drives nothing: it forwards to a, streaming included.
-        parts = list(cb.chat(model=MODEL_ID, messages=MESSAGES, options=options, stream=True))
-        assert "".join(p.message.content for p in parts) == whole.message.content
-        assert parts[-1].done and parts[-1].eval_count == whole.eval_count
-        g = cb.generate(model=MODEL_ID, prompt=QUESTION, options=options)
-        assert g.response == whole.message.content
-        # A schema constrains decoding on the pipeline too (the mask travels to the sampling stage).
-        j = ca.chat(model=MODEL_ID, messages=MESSAGES, format=CAPITAL_SCHEMA, options={"temperature": 0, "num_predict": 40})
-        assert set(json.loads(j.message.content)) == {"capital"}
-        # b lists the model a drives as running, with what b knows of it.
-        assert MODEL_ID in [m.model for m in cb.ps().models]
-        assert MODEL_ID in [m.model for m in cb.list().models]
-        # Embeddings through the pipeline (the last stage pools) match one node's.
-        texts = ["The sky is blue.", "Paris is the capital of France."]
-        here = cb.embed(model=MODEL_ID, input=texts).embeddings
-        single = oc.embed(model=MODEL_ID, input=texts).embeddings
-        assert all(cosine(a, b) > 0.999 for a, b in zip(here, single))
-    finally:
-        b.kill()
-        a.kill()
+    whole = wait_until("the pipeline to answer", answer)
+    assert whole.message.content and whole.eval_count == 12
+    # b drives nothing: it forwards to a, streaming included.
+    parts = list(cb.chat(model=MODEL_ID, messages=MESSAGES, options=options, stream=True))
+    assert "".join(p.message.content for p in parts) == whole.message.content
+    assert parts[-1].done and parts[-1].eval_count == whole.eval_count
+    g = cb.generate(model=MODEL_ID, prompt=QUESTION, options=options)
+    assert g.response == whole.message.content
+    # A schema constrains decoding on the pipeline too (the mask travels to the sampling stage).
+    j = ca.chat(model=MODEL_ID, messages=MESSAGES, format=CAPITAL_SCHEMA, options={"temperature": 0, "num_predict": 40})
+    assert set(json.loads(j.message.content)) == {"capital"}
+    # b lists the model a drives as running, with what b knows of it.
+    assert MODEL_ID in [m.model for m in cb.ps().models]
+    assert MODEL_ID in [m.model for m in cb.list().models]
+    # Embeddings through the pipeline (the last stage pools) match one node's.
+    texts = ["The sky is blue.", "Paris is the capital of France."]
+    here = cb.embed(model=MODEL_ID, input=texts).embeddings
+    single = oc.embed(model=MODEL_ID, input=texts).embeddings
+    assert all(cosine(x, y) > 0.999 for x, y in zip(here, single))

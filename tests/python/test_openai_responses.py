@@ -151,3 +151,29 @@ def test_a_json_schema_answer_parses_and_validates(client):
         client.responses.create(model=MODEL_ID, input=QUESTION, max_output_tokens=4,
                                 tools=[{"type": "web_search"}])
     assert err.value.body.get("param") == "tools[0].type"
+
+
+def test_a_two_node_pipeline_answers_through_either_node(client, pipeline):
+    from test_cluster import wait_until
+
+    alone = client.responses.create(model=MODEL_ID, input=QUESTION, temperature=0, max_output_tokens=16)
+    forced = dict(model=MODEL_ID, input="What is the weather in Paris?", tools=[WEATHER], tool_choice="required",
+                  temperature=0, max_output_tokens=300, parallel_tool_calls=False)
+    lone_call = next(o for o in client.responses.create(**forced).output if o.type == "function_call")
+    for node in pipeline:  # the first drives the instance, the second forwards to it
+        remote = openai.OpenAI(base_url=f"{node.url}/v1", api_key="x", max_retries=0, timeout=180)
+
+        def served():
+            try:
+                return remote.responses.create(model=MODEL_ID, input=QUESTION, temperature=0, max_output_tokens=16)
+            except openai.NotFoundError:
+                return None
+
+        whole = wait_until(f"{node.url} to serve the model", served)
+        assert whole.output_text == alone.output_text
+        events = list(remote.responses.create(model=MODEL_ID, input=QUESTION, temperature=0, max_output_tokens=16,
+                                              stream=True))
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == alone.output_text
+        # The forced call's token masks travel to the stage that samples, on the other node.
+        call = next(o for o in remote.responses.create(**forced).output if o.type == "function_call")
+        assert (call.name, call.arguments) == (lone_call.name, lone_call.arguments)

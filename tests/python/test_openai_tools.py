@@ -12,8 +12,8 @@ import jsonschema
 import openai
 import pytest
 
-from conftest import MODEL_ID, ShoalNode
-from test_cluster import place, wait_members, wait_until
+from conftest import MODEL_ID
+from test_cluster import wait_until
 
 WEATHER = {
     "type": "function",
@@ -219,20 +219,6 @@ def _served(client: openai.OpenAI):
         return client.models.retrieve(MODEL_ID)
     except openai.NotFoundError:
         return None
-
-
-@pytest.fixture(scope="module")
-def pipeline():
-    a = ShoalNode("--no-auto-instance", "--wire-dtype", "f32", key="tools-pipeline")
-    b = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr, key="tools-pipeline")
-    nodes = [a, b]
-    try:
-        wait_members(nodes, nodes)
-        place(a, [(a, 15), (b, 15)])
-        yield a, b
-    finally:
-        for n in nodes:
-            n.kill()
 
 
 def test_a_two_node_pipeline_constrains_and_calls(pipeline, client):
