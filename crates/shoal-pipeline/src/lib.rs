@@ -18,10 +18,13 @@
 //!
 //! Data flow of one step of a 3-stage instance: the driver (stage 0's node) runs its layers into a
 //! `shoal_model::HostMatrix`, encodes it straight into an `Activations` frame and sends it after a
-//! `Sample` frame (the sampling parameters and sampler state of each sequence wanting a token) to stage
-//! 1; stage 1 decodes the frame into a `HostMatrix`, computes in it and passes both frames on to stage 2;
-//! stage 2 computes logits, samples their rows in place with the owner's sampler state and sends a
-//! `Tokens` frame straight back to the driver. There the token stream's reader task puts the frame on
+//! `Sample` frame (the sampling parameters, sampler state and constraint mask of each sequence wanting a
+//! token) to stage 1; stage 1 decodes the frame into a `HostMatrix`, computes in it and passes both
+//! frames on to stage 2; stage 2 computes logits, samples their rows in place with the owner's sampler
+//! state within each mask (the top alternatives too, when asked) and sends a `Tokens` frame straight
+//! back to the driver — after a `Pooled` frame with the pooled final states of the chunks that asked
+//! (embeddings). The driver forks a request's further choices from its first one's prompt KV with a
+//! `Prefix` frame every stage applies. There the token stream's reader task puts the frame on
 //! the one channel the engine thread waits on (a task watching the cluster membership puts "node left"
 //! on it too), and the engine streams the tokens to the clients.
 
