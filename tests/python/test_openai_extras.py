@@ -11,7 +11,7 @@ import pytest
 from conftest import MODEL_ID
 from test_cluster import wait_until
 # The 2-node pipeline of the tools suite (its own instance in this module), and its readiness check.
-from test_openai_tools import _served, pipeline  # noqa: F401
+from test_openai_tools import _served
 
 TEXTS = ["The capital of France is Paris.", "Hello", "Rust is a systems programming language."]
 
