@@ -273,12 +273,7 @@ impl ServeArgs {
 
 impl ClusterArgs {
     pub fn state_dir(&self) -> PathBuf {
-        self.state_dir.clone().unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("."));
-            home.join(".local/share/shoal")
-        })
+        state_dir_or_default(&self.state_dir)
     }
 
     /// The key given with `--cluster-key` / `--cluster-key-file`, else this node's own (`--join` is
@@ -315,11 +310,23 @@ pub struct ChatArgs {
     pub system: Option<String>,
 }
 
+/// `--state-dir`, else `~/.local/share/shoal`.
+pub fn state_dir_or_default(given: &Option<PathBuf>) -> PathBuf {
+    given.clone().unwrap_or_else(|| {
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("."));
+        home.join(".local/share/shoal")
+    })
+}
+
 /// `shoal invite`: an invite in this node's book, printed as a token.
 #[derive(Args)]
 pub struct InviteArgs {
-    #[command(flatten)]
-    pub cluster: ClusterArgs,
+    /// The state directory of the node that invites (as its `shoal serve` uses it)
+    /// [default: ~/.local/share/shoal].
+    #[arg(long, env = "SHOAL_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
     /// How many machines may join with the token.
     #[arg(long, default_value_t = 1)]
     pub uses: u32,

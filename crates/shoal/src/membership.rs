@@ -31,7 +31,7 @@ pub fn invite(args: &InviteArgs) -> anyhow::Result<()> {
         !urls.is_empty(),
         "no address to put in the token: give this node's API with --url http://HOST:PORT"
     );
-    let state_dir = args.cluster.state_dir();
+    let state_dir = crate::cli::state_dir_or_default(&args.state_dir);
     let invite = InviteBook::new(&state_dir).create(uses, expires)?;
     let secret: [u8; 32] = (0..32)
         .map(|i| u8::from_str_radix(&invite.secret[2 * i..2 * i + 2], 16))
