@@ -185,6 +185,10 @@ def test_f16_activations_agree_up_to_near_ties(trio):
     try:
         wait_members([d], [a, b, c, d])
         outputs = run_on_1_2_3_nodes(d, b, c)
+        # Kill d only once every member has the table without d's instances: if d coordinated, a member
+        # that had not heard of the last removal yet would take over with it and place it again.
+        wait_until("the removals to reach every member",
+                   lambda: all(not state(n)["cluster"]["instances"] for n in (a, b, c, d)))
     finally:
         d.kill()
         wait_members([a], [a, b, c])
