@@ -235,7 +235,7 @@ impl Lines {
     }
 
     /// Waits a little for the download and queues what it shows.
-    async fn step(&mut self) {
+    async fn advance(&mut self) {
         let done = tokio::time::timeout(POLL, &mut self.task).await;
         match done {
             Err(_elapsed) => {
@@ -286,15 +286,19 @@ fn lines(
         finished: false,
     };
     st.push(&Progress::status("pulling manifest"));
-    futures::stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(line) = st.queue.pop_front() {
-                return Some((line, st));
-            }
-            if st.finished {
-                return None;
-            }
-            st.step().await;
-        }
-    })
+    super::stream::drain(st)
+}
+
+impl super::stream::LineSource for Lines {
+    fn queue(&mut self) -> &mut std::collections::VecDeque<String> {
+        &mut self.queue
+    }
+
+    fn finished(&self) -> bool {
+        self.finished
+    }
+
+    fn step(&mut self) -> impl std::future::Future<Output = ()> + Send {
+        self.advance()
+    }
 }

@@ -309,7 +309,7 @@ impl Lines {
     }
 
     /// Waits for the next engine event and queues what it turns into.
-    async fn step(&mut self) {
+    async fn advance(&mut self) {
         match self.run.next().await {
             Step::Token {
                 text,
@@ -349,6 +349,20 @@ impl Lines {
     }
 }
 
+impl LineSource for Lines {
+    fn queue(&mut self) -> &mut VecDeque<String> {
+        &mut self.queue
+    }
+
+    fn finished(&self) -> bool {
+        self.finished
+    }
+
+    fn step(&mut self) -> impl std::future::Future<Output = ()> + Send {
+        self.advance()
+    }
+}
+
 /// The NDJSON lines of a running request, each ending in `\n`.
 fn lines(run: Run, answer: Answer) -> impl futures::Stream<Item = String> + Send + 'static {
     let state = Lines {
@@ -359,12 +373,29 @@ fn lines(run: Run, answer: Answer) -> impl futures::Stream<Item = String> + Send
         queue: VecDeque::new(),
         finished: false,
     };
-    futures::stream::unfold(state, |mut st| async move {
+    drain(state)
+}
+
+/// Something that queues NDJSON lines a step at a time until it is finished.
+pub(super) trait LineSource: Send + 'static {
+    /// Lines ready to send.
+    fn queue(&mut self) -> &mut VecDeque<String>;
+    /// Nothing more will be queued.
+    fn finished(&self) -> bool;
+    /// Waits for what comes next and queues its lines.
+    fn step(&mut self) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// The lines of `source`, in order, until it is finished and its queue empty.
+pub(super) fn drain<S: LineSource>(
+    source: S,
+) -> impl futures::Stream<Item = String> + Send + 'static {
+    futures::stream::unfold(source, |mut st| async move {
         loop {
-            if let Some(line) = st.queue.pop_front() {
+            if let Some(line) = st.queue().pop_front() {
                 return Some((line, st));
             }
-            if st.finished {
+            if st.finished() {
                 return None;
             }
             st.step().await;
