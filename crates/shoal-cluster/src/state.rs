@@ -221,6 +221,7 @@ impl ClusterState {
                 id: f.id.clone(),
                 mem_available: f.memory.available,
                 speed: f.speed,
+                prefill_speed: None,
             })
             .collect();
         (

@@ -93,6 +93,8 @@ pub fn model_card(path: &Path, id: &str) -> Result<ModelCard, shoal_model::Model
         context_length: f.context_length,
         hidden_bytes_per_token: f.hidden_bytes_per_token,
         tied_embeddings: f.tied_embeddings,
+        weight_type: String::new(),
+        layer_params: 0,
     })
 }
 

@@ -118,6 +118,8 @@ mod tests {
             context_length: 0,
             hidden_bytes_per_token: 1_000_000,
             tied_embeddings: false,
+            weight_type: String::new(),
+            layer_params: 0,
         }
     }
 
@@ -126,6 +128,7 @@ mod tests {
             id: id.into(),
             mem_available: 1 << 30,
             speed,
+            prefill_speed: None,
         }
     }
 

@@ -13,6 +13,12 @@ pub struct NodeInfo {
     /// decode token the node runs per second. A stage of `n` layers costs `n / speed` seconds per token.
     /// Must be finite and > 0.
     pub speed: f64,
+    /// Compute-bound rate in **layer-tokens per second**: how many tokens one layer processes per second
+    /// when many are batched (prompt processing, large decode batches). A stage of `n` layers takes
+    /// `max(n / speed, b · n / prefill_speed)` seconds for a batch of `b` tokens. `None`: not measured
+    /// (batches are then assumed to cost as much per token as one).
+    #[serde(default)]
+    pub prefill_speed: Option<f64>,
 }
 
 /// The physical kind of a link, in preference order (best first).
@@ -170,6 +176,14 @@ pub struct ModelCard {
     /// (`head_bytes` then counts only on a last stage that is not also the first).
     #[serde(default)]
     pub tied_embeddings: bool,
+    /// GGUF type name of most of the layers' weight bytes (`q4_k`, `q8_0`, `f16`, …): nodes publish their
+    /// measured speed per type. Empty when unknown.
+    #[serde(default)]
+    pub weight_type: String,
+    /// Weights (parameters) of one transformer layer: `2 · layer_params` floating-point operations per
+    /// token and layer. 0 when unknown.
+    #[serde(default)]
+    pub layer_params: u64,
 }
 
 impl ModelCard {
@@ -282,6 +296,8 @@ mod tests {
             context_length: 8,
             hidden_bytes_per_token: 2,
             tied_embeddings: false,
+            weight_type: String::new(),
+            layer_params: 0,
         };
         assert_eq!(c.total_bytes(0), 20 + 100 + 101);
         c.tied_embeddings = true;

@@ -187,6 +187,8 @@ mod tests {
             context_length: 0,
             hidden_bytes_per_token: 0,
             tied_embeddings: false,
+            weight_type: String::new(),
+            layer_params: 0,
         }
     }
 

@@ -17,6 +17,8 @@ fn random_card(rng: &mut Rng) -> ModelCard {
         context_length: rng.range(128, 8192) as usize,
         hidden_bytes_per_token: rng.range(256, 16384),
         tied_embeddings: false,
+        weight_type: String::new(),
+        layer_params: 0,
     }
 }
 
@@ -29,6 +31,7 @@ fn random_topology(rng: &mut Rng, card: &ModelCard) -> Topology {
             // between 5% and 120% of the model
             mem_available: model / 100 * rng.range(5, 120),
             speed: rng.range(10, 5000) as f64,
+            prefill_speed: None,
         })
         .collect();
     let mut links = Vec::new();
@@ -219,6 +222,8 @@ fn split_follows_memory_when_capacity_is_ample() {
             context_length: 0,
             hidden_bytes_per_token: 1,
             tied_embeddings: false,
+            weight_type: String::new(),
+            layer_params: 0,
         };
         let mems: Vec<u64> = (0..k).map(|_| rng.range(1000, 100_000)).collect();
         let names = vec!["x"; k];
@@ -252,6 +257,7 @@ fn random_manual_counts_are_taken_verbatim() {
                 id: format!("m{i}"),
                 mem_available: u64::MAX / 4,
                 speed: 100.0,
+                prefill_speed: None,
             })
             .collect();
         let links = (1..k)

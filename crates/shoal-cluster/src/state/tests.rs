@@ -15,6 +15,8 @@ fn card() -> ModelCard {
         context_length: 8192,
         hidden_bytes_per_token: 1152,
         tied_embeddings: false,
+        weight_type: String::new(),
+        layer_params: 0,
     }
 }
 

@@ -10,6 +10,7 @@ pub fn node(id: &str, mem_gb: u64, speed: f64) -> NodeInfo {
         id: id.into(),
         mem_available: mem_gb * GB,
         speed,
+        prefill_speed: None,
     }
 }
 
@@ -36,5 +37,7 @@ pub fn card() -> ModelCard {
         context_length: 2048,
         hidden_bytes_per_token: 8192,
         tied_embeddings: false,
+        weight_type: String::new(),
+        layer_params: 0,
     }
 }
