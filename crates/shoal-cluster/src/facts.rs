@@ -44,6 +44,10 @@ pub struct NodeFacts {
     /// Nodes this node refuses (`shoal remove`); every member adopts the removals it hears of.
     #[serde(default)]
     pub removed: Vec<RemovedNode>,
+    /// What the instances this node drives are doing (queue, measured speed), by instance id: the other
+    /// members balance requests with it, and `/state` shows it next to the planner's prediction.
+    #[serde(default)]
+    pub load: BTreeMap<String, InstanceLoad>,
     /// Increases with every publication, so receivers keep the newest.
     pub seq: u64,
     /// Unix seconds when this node process started.
@@ -66,6 +70,24 @@ pub struct MemoryFacts {
     pub available: u64,
     /// Used fraction in [0, 1].
     pub pressure: f32,
+}
+
+/// What one instance is doing, as its driver publishes it (refreshed with the node's facts, every second).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct InstanceLoad {
+    /// Sequences running in the instance's engine.
+    pub running: u32,
+    /// Requests waiting for admission.
+    pub queued: u32,
+    /// Measured decode rate of one stream, tokens per second (recent requests); `None` until measured.
+    #[serde(default)]
+    pub decode_tok_s: Option<f64>,
+    /// Measured time to first token of recent requests, milliseconds.
+    #[serde(default)]
+    pub ttft_ms: Option<f64>,
+    /// Requests finished since the instance started.
+    #[serde(default)]
+    pub finished: u64,
 }
 
 /// One direction of a link, as measured by its owner.

@@ -202,6 +202,13 @@ impl NetTask {
                     self.push_facts();
                 }
             }
+            Command::SetLoad(instance, load) => {
+                let me = self.state.me_mut();
+                match load {
+                    Some(l) => me.load.insert(instance, l),
+                    None => me.load.remove(&instance),
+                };
+            }
             Command::SetDownloads(downloads) => {
                 let me = self.state.me_mut();
                 if me.downloads != downloads {

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::TABLE_PROPAGATION;
 use crate::ClusterError;
-use crate::facts::{DownloadFacts, InstanceStatus, RemovedNode};
+use crate::facts::{DownloadFacts, InstanceLoad, InstanceStatus, RemovedNode};
 use crate::invite::{EnrollReply, EnrollRequest, InviteBook};
 use crate::proto::{InstanceRecord, PlaceRequest};
 use crate::state::{ClusterState, ClusterView};
@@ -64,6 +64,7 @@ pub(super) enum Command {
     Remove(String, Reply<bool>),
     SetStatus(String, Option<InstanceStatus>),
     SetKvCapacity(String, u64),
+    SetLoad(String, Option<InstanceLoad>),
     SetDownloads(Vec<DownloadFacts>),
     SetModels(Vec<ModelCard>),
     Probe,
@@ -192,6 +193,12 @@ impl ClusterHandle {
             .commands
             .send(Command::SetKvCapacity(instance, tokens))
             .await;
+    }
+
+    /// Publishes what an instance this node drives is doing (`None`: it no longer runs here). Sent with
+    /// the next periodic facts (every second), not at once: it changes with every request.
+    pub async fn set_load(&self, instance: String, load: Option<InstanceLoad>) {
+        let _ = self.commands.send(Command::SetLoad(instance, load)).await;
     }
 
     /// Publishes this node's downloads (replacing the previous list).

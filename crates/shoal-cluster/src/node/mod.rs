@@ -185,6 +185,7 @@ pub fn local_facts(id: PeerId, config: &ClusterConfig) -> NodeFacts {
         kv_capacity: BTreeMap::new(),
         downloads: Vec::new(),
         removed: Vec::new(),
+        load: Default::default(),
         seq: 0,
         started: unix_now(),
     }

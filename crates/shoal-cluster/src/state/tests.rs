@@ -41,6 +41,7 @@ fn facts(id: &str, seq: u64) -> NodeFacts {
         kv_capacity: BTreeMap::new(),
         downloads: Vec::new(),
         removed: Vec::new(),
+        load: Default::default(),
         seq,
         started: 1,
     }
