@@ -185,10 +185,10 @@ def test_f16_activations_agree_up_to_near_ties(trio):
     try:
         wait_members([d], [a, b, c, d])
         outputs = run_on_1_2_3_nodes(d, b, c)
-        # Kill d only once every member has the table without d's instances: if d coordinated, a member
-        # that had not heard of the last removal yet would take over with it and place it again.
-        wait_until("the removals to reach every member",
-                   lambda: all(not state(n)["cluster"]["instances"] for n in (a, b, c, d)))
+        # DELETE returned only once every member holds the table without the instance, so d (maybe the
+        # coordinator) can die now: no member takes over with a table that still has it.
+        for n in (a, b, c, d):
+            assert not state(n)["cluster"]["instances"], n.id
     finally:
         d.kill()
         wait_members([a], [a, b, c])
@@ -203,6 +203,24 @@ def test_f16_activations_agree_up_to_near_ties(trio):
             if i is not None:
                 # Where they part, both picks were about equally likely.
                 assert abs(ref_lp[i] - got_lp[i]) < 0.5, (n, i, ref[i], got[i], ref_lp[i], got_lp[i])
+
+
+def test_place_and_remove_return_once_every_member_holds_the_table(trio):
+    """No waiting after the call: the answer of POST /instance and DELETE /instance/{id} comes after every
+    member acknowledged the new table (each publishes the version it holds)."""
+    a, b, c = trio
+    for asked in (a, c):
+        status, body = http("POST", f"{asked.url}/instance", {"model": MODEL_ID, "nodes": [b.id]})
+        assert status == 201, body
+        iid = body["id"]
+        for n in trio:
+            assert any(i["id"] == iid for i in state(n)["cluster"]["instances"]), (asked.id, n.id)
+        status, body = http("DELETE", f"{asked.url}/instance/{iid}")
+        assert status == 200 and body["deleted"], body
+        for n in trio:
+            assert all(i["id"] != iid for i in state(n)["cluster"]["instances"]), (asked.id, n.id)
+        versions = {x["table_version"] for x in state(asked)["cluster"]["nodes"]}
+        assert len(versions) == 1, versions
 
 
 def test_every_node_reports_the_same_cluster(trio):

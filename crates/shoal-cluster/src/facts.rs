@@ -48,6 +48,10 @@ pub struct NodeFacts {
     /// members balance requests with it, and `/state` shows it next to the planner's prediction.
     #[serde(default)]
     pub load: BTreeMap<String, InstanceLoad>,
+    /// Version of the instance table this node holds: a change of the table is acknowledged by every
+    /// member once each publishes its version (`ClusterHandle::place` / `remove` wait for that).
+    #[serde(default)]
+    pub table_version: u64,
     /// Increases with every publication, so receivers keep the newest.
     pub seq: u64,
     /// Unix seconds when this node process started.

@@ -150,20 +150,22 @@ impl ClusterHandle {
         rx.await.map_err(|_| ClusterError::Stopped)?
     }
 
-    /// Places an instance (through the coordinator). Returns once this node's table has it too, so a
-    /// caller reading `/state` next sees it.
+    /// Places an instance (through the coordinator). Returns once this node's table has it and every
+    /// member holds that table (or [`TABLE_PROPAGATION`] passed), so a caller reading `/state` next sees
+    /// it, and a coordinator lost right after cannot hand over a table without it.
     pub async fn place(&self, req: PlaceRequest) -> Result<InstanceRecord, ClusterError> {
         let record = self.ask(|tx| Command::Place(req, tx)).await?;
         let id = record.id.clone();
         self.wait_for(TABLE_PROPAGATION, |s| {
-            s.state.table().instances.iter().any(|i| i.id == id)
+            s.state.table().instances.iter().any(|i| i.id == id) && everyone_has_table(s)
         })
         .await;
         Ok(record)
     }
 
     /// Removes an instance (through the coordinator); `Ok(false)` when there is none. Returns once this
-    /// node's table no longer has it. A failure is a [`ClusterError::Remove`].
+    /// node's table no longer has it and every member holds that table (or [`TABLE_PROPAGATION`]
+    /// passed): a coordinator killed right after cannot hand over a table that still has it. A failure is a [`ClusterError::Remove`].
     pub async fn remove(&self, id: String) -> Result<bool, ClusterError> {
         let removed = self
             .ask(|tx| Command::Remove(id.clone(), tx))
@@ -173,7 +175,7 @@ impl ClusterHandle {
                 reason: Box::new(reason),
             })?;
         self.wait_for(TABLE_PROPAGATION, |s| {
-            s.state.table().instances.iter().all(|i| i.id != id)
+            s.state.table().instances.iter().all(|i| i.id != id) && everyone_has_table(s)
         })
         .await;
         Ok(removed)
@@ -264,4 +266,13 @@ impl ClusterHandle {
             }
         }
     }
+}
+
+/// Every member publishes (in its facts) a table version at least as new as this node's.
+fn everyone_has_table(snap: &Snapshot) -> bool {
+    let version = snap.state.table().version;
+    snap.state
+        .member_facts()
+        .iter()
+        .all(|f| f.table_version >= version)
 }

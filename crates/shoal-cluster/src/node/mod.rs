@@ -186,6 +186,7 @@ pub fn local_facts(id: PeerId, config: &ClusterConfig) -> NodeFacts {
         downloads: Vec::new(),
         removed: Vec::new(),
         load: Default::default(),
+        table_version: 0,
         seq: 0,
         started: unix_now(),
     }
@@ -312,7 +313,19 @@ impl NetTask {
                 _ = redial_tick.tick() => self.redial(),
                 _ = liveness_tick.tick() => self.drop_silent_peers(),
             }
+            self.acknowledge_table();
             self.publish(&snap);
+        }
+    }
+
+    /// Publishes the version of the table this node now holds at once (not with the next periodic facts),
+    /// so whoever changed the table learns quickly that this member has it.
+    fn acknowledge_table(&mut self) {
+        let version = self.state.table().version;
+        if self.state.me().table_version != version {
+            self.state.me_mut().table_version = version;
+            self.refresh_own_facts();
+            self.push_facts();
         }
     }
 

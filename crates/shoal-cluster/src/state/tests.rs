@@ -42,6 +42,7 @@ fn facts(id: &str, seq: u64) -> NodeFacts {
         downloads: Vec::new(),
         removed: Vec::new(),
         load: Default::default(),
+        table_version: 0,
         seq,
         started: 1,
     }
