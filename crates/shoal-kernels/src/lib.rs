@@ -59,6 +59,8 @@
 //! - [`attn::attend_f16`]: attention of the query heads sharing one KV head against its f16 cache
 //!   (scores, softmax, weighted values) converting each cached row once; AVX-512, AVX2 and portable
 //!   paths are bitwise equal, like the helpers of [`math`].
+//! - [`probe()`]: the compute probe — decode bytes/s per format ([`TypeRate`]) and the batched
+//!   flops/s on a pool, as a [`ProbeReport`] (`shoal serve` caches and publishes it).
 //!
 //! Typical use by a model: one `Arc<ThreadPool>` per stage, a `PackedMatrix` per GGUF weight tensor,
 //! `w.matmul(x, m, &mut out, &pool)` per linear layer (or `Activations::quantize_into`
@@ -79,7 +81,8 @@
 //!    `gemm_rows`, [`vec_dot`]) down into `x86` or `scalar`;
 //! 5. the entry points over the dispatch: `quant` (quantizing [`Activations`] and single rows),
 //!    `matmul` ([`QMatrix`] and the threaded driver that splits a `gemm` over a pool), and
-//!    `packed` ([`PackedMatrix`], which repacks and then runs the `matmul` driver).
+//!    `packed` ([`PackedMatrix`], which repacks and then runs the `matmul` driver);
+//! 6. `probe`, timing `matmul` and `packed` products.
 //!
 //! Everything at the public boundary checks slice lengths and returns [`KernelError`] (or panics
 //! with a clear message where documented); the `unsafe` SIMD code is only reached after those
@@ -95,6 +98,7 @@ pub mod math;
 mod matmul;
 mod packed;
 mod pool;
+mod probe;
 mod quant;
 pub mod rng;
 pub mod scalar;
@@ -108,6 +112,7 @@ pub use format::{ActType, Layout, QK, QK_K, QType, row_bytes};
 pub use matmul::{QMatrix, matmul, matmul_quantized, matmul_quantized_with};
 pub use packed::PackedMatrix;
 pub use pool::{Parallel, RayonCurrent, ThreadPool};
+pub use probe::{ProbeConfig, ProbeReport, TypeRate, probe};
 pub use quant::{
     dequantize_row, quantize_row_q4_1, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k,
 };

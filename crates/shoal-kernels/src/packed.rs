@@ -84,11 +84,9 @@ impl PackedMatrix {
     ) -> Result<Self, KernelError> {
         let row_bytes = w.row_bytes()?;
         let backend = backend.usable();
-        let repacked = matches!(w.qtype, QType::Q4_1 | QType::Q8_0);
-        let (layout, data) = if backend == Backend::Avx512Vnni && repacked && w.cols > 0 {
-            (Layout::Rows16, repack16(w, row_bytes))
-        } else {
-            (Layout::Rows, rows_copy())
+        let (layout, data) = match layout_for(w.qtype, w.cols, backend) {
+            Layout::Rows16 => (Layout::Rows16, repack16(w, row_bytes)),
+            Layout::Rows => (Layout::Rows, rows_copy()),
         };
         Ok(Self {
             qtype: w.qtype,
@@ -187,6 +185,17 @@ impl PackedMatrix {
             out,
             pool,
         )
+    }
+}
+
+/// The layout a matrix of `qtype` with `cols` input features gets on `backend` (a usable one):
+/// 16-row groups for `Q4_1`/`Q8_0` on AVX-512 VNNI, GGUF rows otherwise.
+pub(crate) fn layout_for(qtype: QType, cols: usize, backend: Backend) -> Layout {
+    let repacked = matches!(qtype, QType::Q4_1 | QType::Q8_0);
+    if backend == Backend::Avx512Vnni && repacked && cols > 0 {
+        Layout::Rows16
+    } else {
+        Layout::Rows
     }
 }
 

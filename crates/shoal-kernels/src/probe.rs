@@ -1,0 +1,347 @@
+//! The compute probe: how fast this machine's kernels run, measured instead of guessed.
+//!
+//! [`probe`] times, on the caller's pool and backend, the two shapes a model's time goes into:
+//! - **decode** — for each weight format of [`ProbeConfig::types`], one activation row times a
+//!   matrix of [`ProbeConfig::matrix_bytes`] (64 MiB by default: larger than the last-level cache of
+//!   the CPUs shoal runs on, so the weights stream from memory as a model's layers do), in the layout
+//!   [`PackedMatrix`] gives that format on this backend: **weight bytes streamed per second**
+//!   ([`TypeRate`]);
+//! - **prefill** — [`ProbeConfig::batch_type`] times [`ProbeConfig::batch_rows`] activation rows
+//!   (the engine multiplies prompt chunks that way): **floating-point operations per second**,
+//!   counting `2 · rows · cols · batch` per product.
+//!
+//! Each figure is the median of [`ProbeConfig::rounds`] timed rounds after one untimed warm-up round
+//! (which also faults the pages in). The weights are random bytes made valid for their format
+//! (finite, normal f16 scales; plain values of magnitude in [0.5, 1)): the kernels' speed depends on
+//! the bytes they read, not on the values. One buffer is filled once and reinterpreted per format.
+//! The activations are quantized once per format, outside the timed part (a decode step quantizes one
+//! row per input, negligible next to streaming the matrix).
+//!
+//! Nothing is cached or published here: `shoal serve` keeps a [`ProbeReport`] per binary, CPU and
+//! thread count and publishes it in its node facts, where the cluster turns it into the planner's
+//! per-model speeds.
+
+use std::time::{Duration, Instant};
+
+use crate::acts::Activations;
+use crate::backend::Backend;
+use crate::error::KernelError;
+use crate::format::{Layout, QType};
+use crate::matmul::{QMatrix, matmul_quantized_with};
+use crate::packed::{PackedMatrix, layout_for};
+use crate::pool::Parallel;
+use crate::rng::SplitMix64;
+
+/// What to measure and how long.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeConfig {
+    /// Formats whose decode rate is measured.
+    pub types: Vec<QType>,
+    /// Bytes of the decode matrix (each format gets as many whole rows as fit).
+    pub matrix_bytes: usize,
+    /// Input features of every matrix (a multiple of 256, so every format takes it).
+    pub cols: usize,
+    /// Timed rounds per figure (after one warm-up round); the median is kept.
+    pub rounds: usize,
+    /// Format of the batched (prefill) product.
+    pub batch_type: QType,
+    /// Activation rows of the batched product.
+    pub batch_rows: usize,
+    /// Bytes of the batched product's matrix (its speed is compute-bound: it may sit in cache).
+    pub batch_matrix_bytes: usize,
+}
+
+impl Default for ProbeConfig {
+    /// Every format, a 64 MiB decode matrix, three rounds, `Q4_0` × 32 rows on 8 MiB for prefill.
+    fn default() -> Self {
+        Self {
+            types: QType::ALL.to_vec(),
+            matrix_bytes: 64 << 20,
+            cols: 4096,
+            rounds: 3,
+            batch_type: QType::Q4_0,
+            batch_rows: 32,
+            batch_matrix_bytes: 8 << 20,
+        }
+    }
+}
+
+/// Decode rate of one weight format.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TypeRate {
+    pub qtype: QType,
+    /// Weight bytes one matrix × vector product streams per second (median round).
+    pub bytes_per_s: f64,
+}
+
+/// What [`probe`] measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeReport {
+    /// The backend the kernels ran on.
+    pub backend: Backend,
+    /// Threads of the pool it ran on.
+    pub threads: usize,
+    /// Decode rate per format, in [`ProbeConfig::types`] order.
+    pub rates: Vec<TypeRate>,
+    /// Batched rate: floating-point operations per second of the prefill-shaped product.
+    pub flops_per_s: f64,
+    /// Wall time of the whole probe, buffer filling included.
+    pub elapsed: Duration,
+}
+
+impl ProbeReport {
+    /// The decode rate of `qtype`, if it was measured.
+    pub fn bytes_per_s(&self, qtype: QType) -> Option<f64> {
+        self.rates
+            .iter()
+            .find(|r| r.qtype == qtype)
+            .map(|r| r.bytes_per_s)
+    }
+}
+
+/// Runs the probe on `pool` with the detected backend (see the module docs).
+///
+/// Errors when `cols` is not a multiple of a format's block size, or a matrix size holds fewer
+/// than 16 rows of a format.
+pub fn probe<P: Parallel + ?Sized>(
+    pool: &P,
+    cfg: &ProbeConfig,
+) -> Result<ProbeReport, KernelError> {
+    let start = Instant::now();
+    let backend = Backend::detect();
+    let mut rng = SplitMix64::new(0x5EED_C0DE);
+    let mut buf = vec![0u8; cfg.matrix_bytes.max(cfg.batch_matrix_bytes)];
+    for chunk in buf.chunks_mut(8) {
+        let r = rng.next_u64().to_le_bytes();
+        chunk.copy_from_slice(&r[..chunk.len()]);
+    }
+    let batch = cfg.batch_rows.max(1);
+    let x: Vec<f32> = (0..cfg.cols * batch)
+        .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32)
+        .collect();
+    let rounds = cfg.rounds.max(1);
+    let mut rates = Vec::with_capacity(cfg.types.len());
+    for &qtype in &cfg.types {
+        let t = Product::new(qtype, cfg.matrix_bytes, cfg.cols, 1)?;
+        let secs = t.median_secs(backend, &mut buf, &x[..cfg.cols], rounds, pool)?;
+        rates.push(TypeRate {
+            qtype,
+            bytes_per_s: t.weight_bytes() as f64 / secs,
+        });
+    }
+    let t = Product::new(cfg.batch_type, cfg.batch_matrix_bytes, cfg.cols, batch)?;
+    let secs = t.median_secs(backend, &mut buf, &x, rounds, pool)?;
+    let flops = 2.0 * t.rows as f64 * t.cols as f64 * batch as f64;
+    Ok(ProbeReport {
+        backend,
+        threads: pool.n_threads().max(1),
+        rates,
+        flops_per_s: flops / secs,
+        elapsed: start.elapsed(),
+    })
+}
+
+/// One timed product: a `rows × cols` matrix of `qtype` times `m` activation rows.
+struct Product {
+    qtype: QType,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+    m: usize,
+}
+
+impl Product {
+    /// As many whole rows as `bytes` holds (at least 16).
+    fn new(qtype: QType, bytes: usize, cols: usize, m: usize) -> Result<Self, KernelError> {
+        let row_bytes = qtype.try_row_bytes(cols)?;
+        let rows = bytes / row_bytes.max(1);
+        if rows < 16 || cols == 0 {
+            return Err(KernelError::BadSliceLength {
+                what: "probe matrix (bytes)",
+                expected: 16 * row_bytes.max(1),
+                actual: bytes,
+            });
+        }
+        Ok(Self {
+            qtype,
+            rows,
+            cols,
+            row_bytes,
+            m,
+        })
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+
+    /// Makes the first [`Product::weight_bytes`] of `buf` valid weights, then times the product:
+    /// one warm-up round and `rounds` timed ones, returning the median in seconds.
+    fn median_secs<P: Parallel + ?Sized>(
+        &self,
+        backend: Backend,
+        buf: &mut [u8],
+        x: &[f32],
+        rounds: usize,
+        pool: &P,
+    ) -> Result<f64, KernelError> {
+        let data = &mut buf[..self.weight_bytes()];
+        make_valid(self.qtype, data);
+        let w = QMatrix::new(self.qtype, self.rows, self.cols, data)?;
+        let mut acts = Activations::default();
+        acts.quantize_into_par(self.qtype.act_type(), x, self.m, self.cols, pool)?;
+        let mut out = vec![0f32; self.m * self.rows];
+        // The layout the engine's matrices of this format get (repacked rows cost one copy here).
+        let packed = match layout_for(self.qtype, self.cols, backend.usable()) {
+            Layout::Rows16 => Some(PackedMatrix::with_backend(&w, backend)?),
+            Layout::Rows => None,
+        };
+        let mut run = || match &packed {
+            Some(p) => p.matmul_quantized(&acts, &mut out, pool),
+            None => matmul_quantized_with(backend, &w, &acts, &mut out, pool),
+        };
+        run()?;
+        let mut secs = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let t = Instant::now();
+            run()?;
+            secs.push(t.elapsed().as_secs_f64().max(1e-9));
+        }
+        secs.sort_by(f64::total_cmp);
+        Ok(secs[secs.len() / 2])
+    }
+}
+
+/// Rewrites random bytes into valid weights of `qtype`: plain values get an exponent for a
+/// magnitude in [0.5, 1) (keeping the random sign and mantissa), block formats get a normal f16
+/// scale (and minimum) in every block; quant bits stay random (every pattern is valid).
+fn make_valid(qtype: QType, data: &mut [u8]) {
+    match qtype {
+        QType::F32 => {
+            for c in data.chunks_exact_mut(4) {
+                let v = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                c.copy_from_slice(&((v & 0x807F_FFFF) | 0x3F00_0000).to_le_bytes());
+            }
+        }
+        QType::F16 | QType::BF16 => {
+            let (keep, exp) = if qtype == QType::F16 {
+                (0x83FF, 0x3800)
+            } else {
+                (0x807F, 0x3F00)
+            };
+            for c in data.chunks_exact_mut(2) {
+                let v = u16::from_le_bytes([c[0], c[1]]);
+                c.copy_from_slice(&((v & keep) | exp).to_le_bytes());
+            }
+        }
+        _ => {
+            let (d_at, m_at) = scale_offsets(qtype);
+            let d = half::f16::from_f32(0.01).to_le_bytes();
+            let m = half::f16::from_f32(-0.02).to_le_bytes();
+            for b in data.chunks_exact_mut(qtype.type_size()) {
+                b[d_at..d_at + 2].copy_from_slice(&d);
+                if let Some(at) = m_at {
+                    b[at..at + 2].copy_from_slice(&m);
+                }
+            }
+        }
+    }
+}
+
+/// Byte offsets in a block of its f16 scale `d` and, where the format has one, its second f16
+/// (`m` or `dmin`); see `format` for the layouts.
+fn scale_offsets(qtype: QType) -> (usize, Option<usize>) {
+    match qtype {
+        QType::Q4_1 | QType::Q5_1 | QType::Q4_K | QType::Q5_K => (0, Some(2)),
+        QType::Q2_K => (80, Some(82)),
+        QType::Q3_K => (108, None),
+        QType::Q6_K => (208, None),
+        // Q4_0, Q5_0, Q8_0 (and the plain formats, never asked: handled by `make_valid`).
+        _ => (0, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::ThreadPool;
+
+    fn small() -> ProbeConfig {
+        ProbeConfig {
+            matrix_bytes: 1 << 20,
+            cols: 1024,
+            rounds: 1,
+            batch_rows: 8,
+            batch_matrix_bytes: 256 << 10,
+            ..ProbeConfig::default()
+        }
+    }
+
+    #[test]
+    fn every_format_gets_a_rate_and_the_batch_a_flop_rate() {
+        let pool = ThreadPool::new(2);
+        let report = probe(&pool, &small()).expect("probe");
+        assert_eq!(report.threads, 2);
+        assert_eq!(report.backend, Backend::detect());
+        let types: Vec<QType> = report.rates.iter().map(|r| r.qtype).collect();
+        assert_eq!(types, QType::ALL.to_vec());
+        for r in &report.rates {
+            assert!(
+                r.bytes_per_s.is_finite() && r.bytes_per_s > 1e6,
+                "{:?}: {} bytes/s",
+                r.qtype,
+                r.bytes_per_s
+            );
+        }
+        assert_eq!(
+            report.bytes_per_s(QType::Q8_0),
+            Some(report.rates[6].bytes_per_s)
+        );
+        assert!(report.flops_per_s.is_finite() && report.flops_per_s > 1e6);
+        assert!(report.elapsed > Duration::ZERO);
+    }
+
+    #[test]
+    fn a_matrix_of_fewer_than_16_rows_is_refused() {
+        let cfg = ProbeConfig {
+            types: vec![QType::F32],
+            matrix_bytes: 15 * 4 * 1024,
+            ..small()
+        };
+        let err = probe(&ThreadPool::new(1), &cfg).expect_err("too small");
+        assert!(
+            matches!(err, KernelError::BadSliceLength { what, .. } if what == "probe matrix (bytes)"),
+            "{err}"
+        );
+        let cfg = ProbeConfig {
+            cols: 1000,
+            ..small()
+        };
+        assert!(matches!(
+            probe(&ThreadPool::new(1), &cfg),
+            Err(KernelError::BadRowLength { .. })
+        ));
+    }
+
+    /// The random bytes become finite weights of sane magnitude in every format.
+    #[test]
+    fn the_weights_are_valid() {
+        let mut rng = SplitMix64::new(9);
+        let cols = 256;
+        for qtype in QType::ALL {
+            let rb = qtype.try_row_bytes(cols).expect("row");
+            let mut data: Vec<u8> = (0..4 * rb).map(|_| rng.next_u64() as u8).collect();
+            make_valid(qtype, &mut data);
+            let mut row = vec![0f32; cols];
+            for r in data.chunks_exact(rb) {
+                crate::quant::dequantize_row(qtype, r, &mut row).expect("decode");
+                assert!(
+                    row.iter().all(|v| v.is_finite() && v.abs() < 100.0),
+                    "{qtype:?}: {:?}",
+                    &row[..8]
+                );
+                assert!(row.iter().any(|v| *v != 0.0), "{qtype:?}: all zero");
+            }
+        }
+    }
+}
