@@ -1,10 +1,16 @@
-//! [`Footprint`]: what a model costs to hold, read from its GGUF header alone (no tensor data): the
-//! figures the placement planner needs for every architecture this crate loads.
+//! [`Footprint`]: what a model costs to hold and to run, read from its GGUF header alone (no tensor
+//! data): the figures the placement planner needs for every architecture this crate loads — bytes per
+//! part a stage may hold, KV and activation bytes per token, and for the cost model the weight type
+//! that holds most of the layers' bytes (nodes publish their measured speed per type) and the
+//! parameters of one layer (its matrix products' flops per token).
+
+use std::collections::BTreeMap;
 
 use crate::config::ModelConfig;
 use crate::decoder::names;
 use crate::error::Result;
 use crate::gguf::GgufFile;
+use crate::gguf::types::ggml_type_of;
 use crate::kv;
 
 /// Bytes and shapes of a model, per part a pipeline stage may hold.
@@ -25,6 +31,13 @@ pub struct Footprint {
     pub hidden_bytes_per_token: u64,
     /// No `output.weight`: the head is the embedding matrix, held once by a stage that is first and last.
     pub tied_embeddings: bool,
+    /// ggml name (`Q4_K`, `Q8_0`, `F16`, …) of the tensor type holding most of the weight bytes of all
+    /// layers (a "Q4_K_M" file mixes types; the planner prices a layer at this one's speed); "" when
+    /// the file has no layer tensors.
+    pub weight_type: &'static str,
+    /// Weights of layer 0's matrices (tensors of two or more dims; norms left out): a token costs
+    /// `2 · layer_params` floating-point operations per layer in its matrix products.
+    pub layer_params: u64,
 }
 
 impl Footprint {
@@ -41,6 +54,23 @@ impl Footprint {
         let embed_bytes = bytes(names::TOKEN_EMBD);
         let head_bytes =
             bytes(names::OUTPUT_NORM) + gguf.tensor_bytes(names::OUTPUT).unwrap_or(embed_bytes);
+        let infos = &gguf.content().tensor_infos;
+        let mut by_type: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for (name, info) in infos.iter().filter(|(n, _)| n.starts_with(names::BLK)) {
+            let ty = ggml_type_of(info.ggml_dtype).map_or("", |t| t.name);
+            *by_type.entry(ty).or_default() += bytes(name);
+        }
+        // Most bytes; a tie goes to the first name (BTreeMap order), so the choice is stable.
+        let weight_type = by_type
+            .iter()
+            .rev()
+            .max_by_key(|(_, b)| **b)
+            .map_or("", |(t, _)| *t);
+        let layer_params = infos
+            .iter()
+            .filter(|(n, i)| n.starts_with(&layer0) && i.shape.rank() >= 2)
+            .map(|(_, i)| i.shape.elem_count() as u64)
+            .sum();
         Ok(Self {
             n_layers: cfg.n_layers,
             layer_bytes,
@@ -50,6 +80,8 @@ impl Footprint {
             context_length: cfg.context_length,
             hidden_bytes_per_token: 2 * cfg.dim as u64,
             tied_embeddings: gguf.tensor_bytes(names::OUTPUT).is_none(),
+            weight_type,
+            layer_params,
         })
     }
 }

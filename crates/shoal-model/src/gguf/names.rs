@@ -8,9 +8,11 @@ pub const OUTPUT: &str = "output.weight";
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
 /// Phi-3's rope factors for the original context.
 pub const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
+/// The prefix every layer tensor's name starts with.
+pub const BLK: &str = "blk.";
 /// The prefix every tensor name of layer `i` starts with.
 pub fn blk_prefix(i: usize) -> String {
-    format!("blk.{i}.")
+    format!("{BLK}{i}.")
 }
 pub fn blk(i: usize, part: &str) -> String {
     format!("{}{part}.weight", blk_prefix(i))

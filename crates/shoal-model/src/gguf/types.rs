@@ -71,6 +71,11 @@ pub fn ggml_type(id: u32) -> Option<&'static GgmlType> {
     TYPES.get(usize::try_from(id).ok()?)
 }
 
+/// The type shoal loads as `dtype` (each candle dtype has exactly one id).
+pub fn ggml_type_of(dtype: GgmlDType) -> Option<&'static GgmlType> {
+    TYPES.iter().find(|t| t.dtype == Some(dtype))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +105,7 @@ mod tests {
                 .map(|t| t.id)
                 .collect();
             assert_eq!(ids.len(), 1, "{d:?} has ids {ids:?}");
+            assert_eq!(ggml_type_of(d).map(|t| t.id), Some(ids[0]));
         }
     }
 }

@@ -1,0 +1,60 @@
+//! The cost model's inputs in [`Footprint`]: the weight type holding most of the layers' bytes and
+//! the parameters of one layer's matrices, checked against the dims each synthetic fixture was made
+//! with (`tests/fixtures/synth/manifest.json`) and against the real models' known shapes.
+
+use std::path::PathBuf;
+
+use shoal_model::Footprint;
+use shoal_model::gguf::GgufFile;
+
+fn footprint(path: &std::path::Path) -> Footprint {
+    let gguf = GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    Footprint::from_gguf(&gguf).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Matrix weights of one layer from its dims: Q and O (`n_embd × n_head·head_dim` each), K and V
+/// (`n_embd × n_kv·head_dim` each), gate, up and down (`n_embd × n_ff` each).
+fn params_of(d: &serde_json::Value) -> u64 {
+    let n = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("dims.{k}"));
+    let (embd, q, kv, ff) = (
+        n("n_embd"),
+        n("n_head") * n("head_dim"),
+        n("n_kv") * n("head_dim"),
+        n("n_ff"),
+    );
+    2 * embd * q + 2 * embd * kv + 3 * embd * ff
+}
+
+#[test]
+fn synthetic_models_name_their_weight_type_and_layer_params() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/synth");
+    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("manifest");
+    let manifest: serde_json::Value = serde_json::from_str(&text).expect("manifest json");
+    let fixtures = manifest["fixtures"].as_array().expect("fixtures");
+    assert!(fixtures.len() >= 12, "only {} fixtures", fixtures.len());
+    for f in fixtures {
+        let name = f["name"].as_str().expect("name");
+        let fp = footprint(&dir.join(f["file"].as_str().expect("file")));
+        // "Q4_K_M" files hold mostly Q4_K (Q6_K for a few matrices).
+        let ftype = f["ftype"].as_str().expect("ftype");
+        let want = ftype.strip_suffix("_M").unwrap_or(ftype);
+        assert_eq!(fp.weight_type, want, "{name}");
+        assert_eq!(fp.layer_params, params_of(&f["dims"]), "{name}");
+    }
+}
+
+#[test]
+fn real_models_name_their_weight_type_and_layer_params() {
+    // SmolLM2-135M: 576 wide, 9 query heads and 3 KV heads of 64, FFN 1536; every matrix Q4_1.
+    let smol = footprint(&shoal_testkit::fixtures::model_path());
+    assert_eq!(smol.weight_type, "Q4_1");
+    let (d, kv, ff) = (576u64, 3 * 64u64, 1536u64);
+    assert_eq!(smol.layer_params, 2 * d * d + 2 * d * kv + 3 * d * ff);
+    // Gemma 3 270M "Q4_K_M": rows of 640 values are not whole K-quant super-blocks, so llama.cpp
+    // stored the matrices reading the 640-wide hidden state (most layer bytes) as Q5_0.
+    let gemma = footprint(&shoal_testkit::fixtures::gemma_path());
+    assert_eq!(gemma.weight_type, "Q5_0");
+    // 640 wide, 4 query heads and 1 KV head of 256, FFN 2048.
+    let (d, q, kv, ff) = (640u64, 4 * 256u64, 256u64, 2048u64);
+    assert_eq!(gemma.layer_params, 2 * d * q + 2 * d * kv + 3 * d * ff);
+}
