@@ -31,4 +31,4 @@ pub mod state;
 
 pub use error::{ClusterError, IdentityProblem, PlaceError};
 pub use node::{ClusterConfig, ClusterHandle, Snapshot, StateJson, Traffic, parse_peer, start};
-pub use proto::{InstanceRecord, InstanceTable, PlaceRequest};
+pub use proto::{InstanceRecord, InstanceTable, Move, PlaceRequest};

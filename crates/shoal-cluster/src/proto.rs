@@ -99,11 +99,28 @@ impl InstanceRecord {
     }
 }
 
+/// An instance being replaced: `new` was placed to take over from `old` (see `state::moves`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Move {
+    pub old: String,
+    pub new: String,
+}
+
 /// Every instance of the cluster. Only the coordinator changes it; `version` grows with each change.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct InstanceTable {
     pub version: u64,
     pub instances: Vec<InstanceRecord>,
+    /// Instances placed automatically (no pinned nodes or layers): the coordinator may move them to a
+    /// placement predicted faster.
+    #[serde(default)]
+    pub movable: Vec<String>,
+    /// Moves in progress: each `new` instance takes over from its `old` one once ready.
+    #[serde(default)]
+    pub moves: Vec<Move>,
+    /// Instances that take no new requests: those in flight finish, then the instance leaves the table.
+    #[serde(default)]
+    pub draining: Vec<String>,
 }
 
 #[cfg(test)]

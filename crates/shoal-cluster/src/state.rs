@@ -22,6 +22,8 @@ pub struct ClusterState {
     /// Connected peers; `None` until their first facts arrive.
     peers: BTreeMap<String, Option<NodeFacts>>,
     table: InstanceTable,
+    /// When this node, as coordinator, began draining each draining instance.
+    drain_starts: BTreeMap<String, moves::DrainStart>,
 }
 
 /// What `GET /state` returns under `cluster`: the same on every member once facts have propagated.
@@ -65,6 +67,8 @@ pub enum InstanceState {
     Loading,
     Ready,
     Failed,
+    /// Replaced by a better placement: takes no new requests, finishes those in flight.
+    Draining,
 }
 
 impl InstanceState {
@@ -97,6 +101,7 @@ impl ClusterState {
             me,
             peers: BTreeMap::new(),
             table: InstanceTable::default(),
+            drain_starts: BTreeMap::new(),
         }
     }
 
@@ -328,6 +333,9 @@ impl ClusterState {
             explanation: best.explanation,
         };
         self.table.instances.push(record.clone());
+        if req.nodes.is_none() && req.layers.is_none() {
+            self.mark_movable(&record.id);
+        }
         self.table.version += 1;
         Ok(record)
     }
@@ -378,8 +386,10 @@ impl ClusterState {
                         })
                         .unwrap_or(&p[0]);
                     tracing::info!(old = %old.id, model = %old.model, "re-placing an instance whose node left");
+                    let id = new_id();
+                    self.mark_movable(&id);
                     self.table.instances.push(InstanceRecord {
-                        id: new_id(),
+                        id,
                         model: old.model,
                         stages: best.stages.clone(),
                         predicted_token_latency_us: best.predicted_token_latency_us,
@@ -411,9 +421,14 @@ impl ClusterState {
                             .unwrap_or(InstanceStatus::Loading)
                     })
                     .collect();
+                let status = if self.is_draining(&r.id) {
+                    InstanceState::Draining
+                } else {
+                    InstanceState::of(&stage_status)
+                };
                 InstanceView {
                     record: r.clone(),
-                    status: InstanceState::of(&stage_status),
+                    status,
                     stage_status,
                 }
             })
@@ -454,6 +469,10 @@ pub fn constraints(req: &PlaceRequest, card: &ModelCard) -> Result<Constraints, 
         max_stages: req.max_stages,
     })
 }
+
+mod moves;
+
+pub use moves::{DRAIN_LIMIT, MOVE_MARGIN};
 
 #[cfg(test)]
 mod tests;

@@ -166,6 +166,7 @@ async fn follow_table(
         let snap: Arc<Snapshot> = rx.borrow_and_update().clone();
         let mine = instances_using(&snap, &me);
         node.tear_down_stale(&mut running, &mine).await;
+        node.stop_draining(&snap, &running);
         for rec in mine {
             node.start_new(&mut running, rec, &me);
         }
@@ -218,21 +219,51 @@ impl Node {
     }
 
     /// Unregisters the engine instance `id` drove for `model`; another instance of the model driven
-    /// here serves it again.
+    /// here (not draining) serves it again.
     fn retire_driver(&self, running: &RunningHere, id: &str, model: &str) {
         let mut map = self.driven.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(engine) = map.remove(id)
-            && self.engines.remove_engine(model, &engine)
-        {
-            // Another instance of the model driven here serves it again.
-            if let Some(other) = running.iter().find_map(|(other, (r, _))| {
-                (r.model == model)
-                    .then(|| map.get(other).cloned())
-                    .flatten()
-            }) {
-                self.engines.insert(other);
+        if let Some(engine) = map.remove(id) {
+            self.unregister(running, &map, model, &engine);
+        }
+    }
+
+    /// Draining instances driven here take no new requests: their engines leave [`Engines`] (requests
+    /// in flight finish; the coordinator removes the instance once its driver reports it idle). The
+    /// engine stays in `driven` until then, so its load keeps being published.
+    fn stop_draining(&self, snap: &Snapshot, running: &RunningHere) {
+        let map = self.driven.lock().unwrap_or_else(|e| e.into_inner());
+        for id in &snap.state.table().draining {
+            if let (Some((_, Running::Driver { model })), Some(engine)) =
+                (running.get(id), map.get(id))
+                && self.unregister(running, &map, model, engine)
+            {
+                tracing::info!(instance = %id, %model, "draining: no new requests here");
             }
         }
+    }
+
+    /// Takes `engine` out of [`Engines`] if it serves `model`; another instance of the model driven here
+    /// that is not draining takes over. True when it was registered.
+    fn unregister(
+        &self,
+        running: &RunningHere,
+        map: &HashMap<String, EngineHandle>,
+        model: &str,
+        engine: &EngineHandle,
+    ) -> bool {
+        if !self.engines.remove_engine(model, engine) {
+            return false;
+        }
+        let draining = self.cluster.snapshot().state.table().draining.clone();
+        let other = running.iter().find_map(|(other, (r, _))| {
+            (r.model == model && !draining.contains(other))
+                .then(|| map.get(other).filter(|e| !e.same_engine(engine)).cloned())
+                .flatten()
+        });
+        if let Some(other) = other {
+            self.engines.insert(other);
+        }
+        true
     }
 
     /// Starts bringing up `rec` (on its own task) if it is new here and one of its stages is on `me`.

@@ -20,6 +20,10 @@ impl NetTask {
         let members = self.members_msg();
         self.send_to_all(&members);
         if self.state.is_coordinator() {
+            // Moves forward first (a ready replacement sends its old instance draining), then looks for
+            // placements predicted faster on today's members, links and speeds.
+            self.state.advance_moves(Instant::now());
+            self.state.plan_moves(super::random_id);
             self.broadcast_table();
         }
     }

@@ -20,6 +20,14 @@ fn card() -> ModelCard {
     }
 }
 
+pub(super) fn facts_of_test(id: &str, seq: u64) -> NodeFacts {
+    facts(id, seq)
+}
+
+pub(super) fn link_of_test(peer: &str) -> LinkFacts {
+    link(peer)
+}
+
 fn facts(id: &str, seq: u64) -> NodeFacts {
     NodeFacts {
         id: id.into(),
@@ -208,7 +216,7 @@ fn members_adopt_the_coordinators_table_and_the_coordinator_merges_newer_ones() 
     let mut member = cluster("b", &["a"]);
     let table = InstanceTable {
         version: 7,
-        instances: vec![],
+        ..InstanceTable::default()
     };
     assert!(!member.on_table("a", table.clone()));
     assert_eq!(member.table().version, 7);
@@ -225,7 +233,7 @@ fn members_adopt_the_coordinators_table_and_the_coordinator_merges_newer_ones() 
     coord.place(&manual(&["a"], &[30]), "mine".into()).unwrap();
     let mut theirs = InstanceTable {
         version: 4,
-        instances: vec![],
+        ..InstanceTable::default()
     };
     theirs.instances.push(InstanceRecord {
         id: "theirs".into(),
