@@ -467,6 +467,7 @@ pub fn constraints(req: &PlaceRequest, card: &ModelCard) -> Result<Constraints, 
         layer_counts,
         kv_reserve_tokens: kv,
         max_stages: req.max_stages,
+        ..Constraints::default()
     })
 }
 

@@ -1,18 +1,19 @@
-//! The per-token latency model.
+//! The one-stream latency model: what one generated token costs, term by term ([`CostBreakdown`]).
 //!
 //! `latency = Σ stage compute + Σ forward hops + return hop`, in microseconds:
-//! - stage compute: `layers / node.speed` seconds;
+//! - stage compute: `layers · max(1/speed, 1/prefill_speed)` seconds ([`layer_us`] with one token);
 //! - forward hop between adjacent stages: `rtt/2 + hidden_bytes_per_token / bandwidth` over the cheapest
 //!   link of the pair (measured values when present, otherwise the link kind's defaults);
 //! - return hop: the sampled token ([`TOKEN_BYTES`]) goes from the last stage back to the first, over a
 //!   direct link when there is one, otherwise back along the pipeline's own links. A single stage has no hop.
+//!
+//! Batches, prompts and aggregate rates build on the same terms in `rates`.
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{LinkKind, ModelCard, Stage, Topology};
-
-/// Size of a sampled token id on the wire.
-pub const TOKEN_BYTES: u64 = 4;
+use crate::links::LinkIndex;
+use crate::model::{Link, LinkKind, ModelCard, NodeInfo, TOKEN_BYTES, Topology};
+use crate::output::Stage;
 
 /// One message crossing one link.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,6 +24,11 @@ pub struct Hop {
     /// Whether the link's round trip was measured (otherwise the kind's default was used).
     pub measured_rtt_us: Option<f64>,
     pub measured_bandwidth_bps: Option<f64>,
+    /// The round trip and bandwidth the cost was computed with (measured or the kind's default).
+    #[serde(default)]
+    pub rtt_us: f64,
+    #[serde(default)]
+    pub bandwidth_bps: f64,
     pub us: f64,
 }
 
@@ -49,47 +55,96 @@ impl CostBreakdown {
     }
 }
 
-fn hop(topology: &Topology, from: &str, to: &str, bytes: u64) -> Option<Hop> {
-    let link = topology.best_link(from, to, bytes)?;
-    Some(Hop {
+/// Microseconds one layer of `node` takes for a batch of `tokens` tokens: the roofline
+/// `max(1/speed, tokens/prefill_speed)`, or `tokens/speed` (every token costs a full step) when the
+/// compute-bound rate was not measured (or is not a finite positive number).
+pub(crate) fn layer_us(node: &NodeInfo, tokens: usize) -> f64 {
+    let step = 1e6 / node.speed;
+    match node.prefill_speed {
+        Some(p) if p.is_finite() && p > 0.0 => step.max(tokens as f64 * 1e6 / p),
+        _ => tokens as f64 * step,
+    }
+}
+
+fn hop(from: &str, to: &str, link: &Link, bytes: u64) -> Hop {
+    Hop {
         from: from.to_string(),
         to: to.to_string(),
         kind: link.kind,
         measured_rtt_us: link.measured_rtt_us(),
         measured_bandwidth_bps: link.measured_bandwidth_bps(),
+        rtt_us: link.rtt_us(),
+        bandwidth_bps: link.bandwidth(),
         us: link.hop_us(bytes),
-    })
+    }
+}
+
+/// The nodes, in stage order, whose links carry the sampled token back from the last stage to the first:
+/// `[last, first]` over a direct link, otherwise the pipeline backwards. Empty for one stage; `None` when a
+/// pair on the way has no link.
+pub(crate) fn return_route(links: &LinkIndex, order: &[usize]) -> Option<Vec<(usize, usize)>> {
+    let (&first, &last) = (order.first()?, order.last()?);
+    if order.len() == 1 {
+        return Some(Vec::new());
+    }
+    if links.back(last, first).is_some() {
+        return Some(vec![(last, first)]);
+    }
+    let route: Vec<(usize, usize)> = order.windows(2).rev().map(|w| (w[1], w[0])).collect();
+    route
+        .iter()
+        .all(|&(a, b)| links.back(a, b).is_some())
+        .then_some(route)
 }
 
 /// Predicts the per-token latency of `stages`. `None` when a node is unknown or adjacent stages have no
 /// link.
 pub fn predict(topology: &Topology, card: &ModelCard, stages: &[Stage]) -> Option<CostBreakdown> {
-    let mut compute_us = Vec::with_capacity(stages.len());
-    for stage in stages {
-        let node = topology.node(&stage.node)?;
-        compute_us.push(stage.layers() as f64 / node.speed * 1e6);
-    }
-    let mut hops = Vec::new();
-    for pair in stages.windows(2) {
+    let links = LinkIndex::new(topology, card.hidden_bytes_per_token);
+    let (order, counts) = resolve_stages(topology, stages)?;
+    breakdown(topology, &links, card, &order, &counts)
+}
+
+/// Node indices and layer counts of `stages`; `None` when a node is unknown.
+pub(crate) fn resolve_stages(
+    topology: &Topology,
+    stages: &[Stage],
+) -> Option<(Vec<usize>, Vec<usize>)> {
+    let order = stages
+        .iter()
+        .map(|s| topology.nodes.iter().position(|n| n.id == s.node))
+        .collect::<Option<Vec<usize>>>()?;
+    Some((order, stages.iter().map(Stage::layers).collect()))
+}
+
+/// [`predict`] for node indices and layer counts with a prebuilt link index.
+pub(crate) fn breakdown(
+    topology: &Topology,
+    links: &LinkIndex,
+    card: &ModelCard,
+    order: &[usize],
+    counts: &[usize],
+) -> Option<CostBreakdown> {
+    let node = |i: usize| &topology.nodes[i];
+    let compute_us: Vec<f64> = order
+        .iter()
+        .zip(counts)
+        .map(|(&i, &n)| n as f64 * layer_us(node(i), 1))
+        .collect();
+    let mut hops = Vec::with_capacity(order.len().saturating_sub(1));
+    for w in order.windows(2) {
+        let link = &topology.links[links.fwd(w[0], w[1])?];
         hops.push(hop(
-            topology,
-            &pair[0].node,
-            &pair[1].node,
+            &node(w[0]).id,
+            &node(w[1]).id,
+            link,
             card.hidden_bytes_per_token,
-        )?);
+        ));
     }
     let mut return_path = Vec::new();
-    if let (Some(first), Some(last)) = (stages.first(), stages.last())
-        && stages.len() > 1
-    {
-        match hop(topology, &last.node, &first.node, TOKEN_BYTES) {
-            Some(direct) => return_path.push(direct),
-            None => {
-                for pair in stages.windows(2).rev() {
-                    return_path.push(hop(topology, &pair[1].node, &pair[0].node, TOKEN_BYTES)?);
-                }
-            }
-        }
+    for (a, b) in return_route(links, order)? {
+        let link = &topology.links[links.back(a, b)?];
+        return_path.push(hop(&node(a).id, &node(b).id, link, TOKEN_BYTES));
     }
     let total_us = compute_us.iter().sum::<f64>()
         + hops.iter().map(|h| h.us).sum::<f64>()
@@ -105,7 +160,6 @@ pub fn predict(topology: &Topology, card: &ModelCard, stages: &[Stage]) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Link, NodeInfo};
 
     fn card() -> ModelCard {
         ModelCard {
@@ -237,5 +291,19 @@ mod tests {
             topo.best_link("a", "b", 1000).unwrap().kind,
             LinkKind::Thunderbolt
         );
+    }
+
+    #[test]
+    fn a_batch_costs_its_roofline() {
+        let mut n = node("a", 1000.0);
+        assert!((layer_us(&n, 1) - 1000.0).abs() < 1e-9);
+        assert!(
+            (layer_us(&n, 8) - 8000.0).abs() < 1e-9,
+            "unmeasured: b× one token"
+        );
+        n.prefill_speed = Some(4000.0);
+        assert!((layer_us(&n, 1) - 1000.0).abs() < 1e-9, "memory-bound");
+        assert!((layer_us(&n, 4) - 1000.0).abs() < 1e-9);
+        assert!((layer_us(&n, 16) - 4000.0).abs() < 1e-9, "compute-bound");
     }
 }

@@ -1,25 +1,24 @@
-//! Human-readable explanations of placements.
+//! Human-readable explanations of placements: the stages, hops and the token's way back with their
+//! costs, the predicted rates, which single nodes could or could not run the model alone, a note when
+//! pins or manual counts are predicted slower than a node alone, and (on the chosen placement) why each
+//! node is in or out.
 
 use std::fmt::Write;
 
-use crate::cost::Hop;
-use crate::search::{Candidate, Ctx};
-
-/// How the node set of a placement was chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    Auto,
-    Pinned,
-    Manual,
-}
+use crate::cost::{CostBreakdown, Hop};
+use crate::fmt::{fmt_bandwidth, fmt_bytes, fmt_tok_s, fmt_us};
+use crate::model::Goal;
+use crate::output::{NodeVerdict, Prediction};
+use crate::search::{Candidate, Ctx, Mode};
+use crate::verdict::figure;
 
 /// What each node of the pool could do alone.
 pub(crate) struct SingleNode {
     pub id: String,
     pub needed: u64,
     pub has: u64,
-    /// Predicted latency when the node fits alone.
-    pub latency_us: Option<f64>,
+    /// Predicted one-stream latency and goal figure (µs per token) when the node fits alone.
+    pub alone: Option<(f64, f64)>,
 }
 
 pub(crate) fn single_nodes(ctx: &Ctx, pool: &[usize]) -> Vec<SingleNode> {
@@ -27,44 +26,18 @@ pub(crate) fn single_nodes(ctx: &Ctx, pool: &[usize]) -> Vec<SingleNode> {
     pool.iter()
         .map(|&i| {
             let node = &ctx.topo.nodes[i];
+            let alone = (needed <= node.mem_available)
+                .then(|| ctx.costed(&[i], &[ctx.card.n_layers]).ok())
+                .flatten()
+                .map(|c| (c.timing.token_latency_us(), c.score));
             SingleNode {
                 id: node.id.clone(),
                 needed,
                 has: node.mem_available,
-                latency_us: (needed <= node.mem_available)
-                    .then(|| ctx.card.n_layers as f64 / node.speed * 1e6),
+                alone,
             }
         })
         .collect()
-}
-
-/// Formats bytes in decimal units with one decimal ("9.1 GB", "24 GB").
-pub fn fmt_bytes(bytes: u64) -> String {
-    let b = bytes as f64;
-    let (v, unit) = if b >= 1e9 {
-        (b / 1e9, "GB")
-    } else if b >= 1e6 {
-        (b / 1e6, "MB")
-    } else if b >= 1e3 {
-        (b / 1e3, "KB")
-    } else {
-        return format!("{bytes} B");
-    };
-    let s = format!("{v:.1}");
-    format!("{} {unit}", s.strip_suffix(".0").unwrap_or(&s))
-}
-
-/// Formats microseconds: "48 µs" below a millisecond, "21.4 ms" above.
-pub fn fmt_us(us: f64) -> String {
-    if us < 1000.0 {
-        format!("{us:.0} µs")
-    } else {
-        format!("{:.1} ms", us / 1000.0)
-    }
-}
-
-fn fmt_bandwidth(bps: f64) -> String {
-    format!("{}/s", fmt_bytes(bps as u64))
 }
 
 fn fmt_hop(hop: &Hop) -> String {
@@ -86,57 +59,124 @@ fn fmt_hop(hop: &Hop) -> String {
     )
 }
 
-pub(crate) fn explain(ctx: &Ctx, cand: &Candidate, mode: Mode, singles: &[SingleNode]) -> String {
+/// Everything an explanation says about one placement.
+pub(crate) struct Facts<'a> {
+    pub cand: &'a Candidate,
+    pub cost: &'a CostBreakdown,
+    pub prediction: &'a Prediction,
+    pub mode: Mode,
+    pub singles: &'a [SingleNode],
+    /// Why each node is in or out (the chosen placement only).
+    pub verdicts: &'a [NodeVerdict],
+}
+
+pub(crate) fn explain(ctx: &Ctx, f: &Facts) -> String {
     let mut out = String::new();
-    match mode {
+    match f.mode {
         Mode::Auto => {}
         Mode::Pinned => out.push_str("pinned nodes; "),
         Mode::Manual => out.push_str("manual layer counts; "),
     }
-    let k = cand.stages.len();
+    stages_and_hops(ctx, f, &mut out);
+    rates(f.prediction, &mut out);
+    singles(ctx, f, &mut out);
+    if f.mode != Mode::Auto
+        && let Some(s) = faster_alone(f)
+    {
+        let _ = write!(
+            out,
+            "; predicted slower than {} alone ({} vs {})",
+            s.id,
+            figure(ctx, f.cand.score),
+            figure(ctx, s.alone.map_or(f64::INFINITY, |a| a.1))
+        );
+    }
+    if ctx.goal == Goal::Throughput {
+        out.push_str("; ranked for throughput");
+    }
+    for v in f.verdicts {
+        let _ = write!(out, "; {} {}", v.node, v.reason);
+    }
+    out
+}
+
+fn stages_and_hops(ctx: &Ctx, f: &Facts, out: &mut String) {
+    let k = f.cand.order.len();
     let _ = write!(out, "{k} stage{}: ", if k == 1 { "" } else { "s" });
-    for (i, (stage, &node_idx)) in cand.stages.iter().zip(&cand.order).enumerate() {
+    let mut start = 0;
+    for (i, (&node_idx, &n)) in f.cand.order.iter().zip(&f.cand.counts).enumerate() {
         let node = &ctx.topo.nodes[node_idx];
-        let used = ctx
-            .card
-            .stage_bytes(stage.layers(), i == 0, i + 1 == k, ctx.kv_tokens);
+        let used = ctx.card.stage_bytes(n, i == 0, i + 1 == k, ctx.kv_tokens);
         if i > 0 {
             out.push_str(", ");
         }
         let _ = write!(
             out,
             "{} layers {}–{} ({} layer{}, {} of {}, {})",
-            stage.node,
-            stage.start,
-            stage.end - 1,
-            stage.layers(),
-            if stage.layers() == 1 { "" } else { "s" },
+            node.id,
+            start,
+            start + n - 1,
+            n,
+            if n == 1 { "" } else { "s" },
             fmt_bytes(used),
             fmt_bytes(node.mem_available),
-            fmt_us(cand.cost.compute_us[i]),
+            fmt_us(f.cost.compute_us[i]),
         );
+        start += n;
     }
-    if cand.cost.hops.is_empty() {
+    if f.cost.hops.is_empty() {
         out.push_str("; no network hops");
     }
-    for hop in &cand.cost.hops {
+    for hop in &f.cost.hops {
         let _ = write!(out, "; hop {}", fmt_hop(hop));
     }
-    if !cand.cost.return_path.is_empty() {
-        let path: Vec<String> = cand.cost.return_path.iter().map(fmt_hop).collect();
+    if !f.cost.return_path.is_empty() {
+        let path: Vec<String> = f.cost.return_path.iter().map(fmt_hop).collect();
         let _ = write!(out, "; token returns {}", path.join(" then "));
     }
-    let compute: f64 = cand.cost.compute_us.iter().sum();
+    let compute: f64 = f.cost.compute_us.iter().sum();
     let _ = write!(
         out,
         "; predicted {}/token (compute {}, network {})",
-        fmt_us(cand.cost.total_us),
+        fmt_us(f.cost.total_us),
         fmt_us(compute),
-        fmt_us(cand.cost.total_us - compute)
+        fmt_us(f.cost.total_us - compute)
     );
-    let rejected: Vec<String> = singles
+}
+
+fn rates(p: &Prediction, out: &mut String) {
+    let batches: Vec<String> = p.aggregate.iter().map(|r| r.batch.to_string()).collect();
+    let rates: Vec<String> = p
+        .aggregate
         .iter()
-        .filter(|s| s.latency_us.is_none())
+        .map(|r| format!("{:.1}", r.tok_s))
+        .collect();
+    let _ = write!(
+        out,
+        "; one stream {}, aggregate {} tok/s at batch {}",
+        fmt_tok_s(p.decode_tok_s),
+        rates.join("/"),
+        batches.join("/")
+    );
+    if let Some(last) = p.aggregate.last() {
+        let _ = write!(out, " (batch {} bound by {})", last.batch, last.bound);
+    }
+    let _ = write!(
+        out,
+        ", TTFT {} for {} tokens",
+        fmt_us(p.ttft_us),
+        p.prompt_tokens
+    );
+}
+
+fn singles(ctx: &Ctx, f: &Facts, out: &mut String) {
+    if f.mode != Mode::Auto {
+        return;
+    }
+    let rejected: Vec<String> = f
+        .singles
+        .iter()
+        .filter(|s| s.alone.is_none())
         .map(|s| {
             format!(
                 "{} (needs {}, has {})",
@@ -153,10 +193,17 @@ pub(crate) fn explain(ctx: &Ctx, cand: &Candidate, mode: Mode, singles: &[Single
             rejected.join(", ")
         );
     }
-    if k > 1 {
-        let slower: Vec<String> = singles
+    if f.cand.order.len() > 1 {
+        let slower: Vec<String> = f
+            .singles
             .iter()
-            .filter_map(|s| Some(format!("{} ({}/token)", s.id, fmt_us(s.latency_us?))))
+            .filter_map(|s| {
+                let (latency, score) = s.alone?;
+                Some(match ctx.goal {
+                    Goal::Latency => format!("{} ({}/token)", s.id, fmt_us(latency)),
+                    Goal::Throughput => format!("{} ({})", s.id, figure(ctx, score)),
+                })
+            })
             .collect();
         if !slower.is_empty() {
             let _ = write!(
@@ -166,36 +213,18 @@ pub(crate) fn explain(ctx: &Ctx, cand: &Candidate, mode: Mode, singles: &[Single
             );
         }
     }
-    out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bytes_are_readable() {
-        assert_eq!(fmt_bytes(24_000_000_000), "24 GB");
-        assert_eq!(fmt_bytes(9_123_000_000), "9.1 GB");
-        assert_eq!(fmt_bytes(98_362_432), "98.4 MB");
-        assert_eq!(fmt_bytes(1_500), "1.5 KB");
-        assert_eq!(fmt_bytes(12), "12 B");
-    }
-
-    #[test]
-    fn durations_are_readable() {
-        assert_eq!(fmt_us(48.2), "48 µs");
-        assert_eq!(fmt_us(21_400.0), "21.4 ms");
-    }
-}
-
-#[cfg(test)]
-mod bandwidth_tests {
-    use super::*;
-
-    #[test]
-    fn bandwidth_reads_as_bytes_per_second_once() {
-        assert_eq!(fmt_bandwidth(2.5e9), "2.5 GB/s");
-        assert_eq!(fmt_bandwidth(120e6), "120 MB/s");
-    }
+/// The best single node that fits alone and is predicted better than the (pinned or manual) placement.
+fn faster_alone<'s>(f: &Facts<'s>) -> Option<&'s SingleNode> {
+    f.singles
+        .iter()
+        .filter(|s| s.alone.is_some_and(|a| a.1 < f.cand.score))
+        .min_by(|a, b| {
+            let (x, y) = (
+                a.alone.map_or(f64::INFINITY, |v| v.1),
+                b.alone.map_or(f64::INFINITY, |v| v.1),
+            );
+            x.total_cmp(&y)
+        })
 }

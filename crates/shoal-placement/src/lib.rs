@@ -1,49 +1,70 @@
 //! shoal-placement: the pure pipeline planner — topology + model card + constraints → ordered stages
-//! (node, layer range), each candidate explained and costed. No I/O, no async; every decision is a
+//! (node, layer range), each candidate predicted and explained. No I/O, no async; every decision is a
 //! function of its input, so the same input always gives the same output.
 //!
 //! # Main types and data flow
-//! - Input: a [`Topology`] ([`NodeInfo`]s with memory and relative speed, undirected [`Link`]s of a
-//!   [`LinkKind`] with optional measured round trip and bandwidth — a pair with no link cannot be adjacent),
-//!   a [`ModelCard`] (layers, bytes per layer, embedding/head extras, KV bytes, activation size) and
-//!   [`Constraints`] (pinned nodes, manual layer counts, KV reserve, stage limit).
-//! - [`plan`] validates the input, then either takes the manual split as given, or searches node sets and
-//!   orders (`search`: exhaustive up to 6 nodes, greedy above), splits layers over each order by memory
-//!   (`split`: largest remainder, ≥ 1 layer per stage, repair pass so every node fits), and predicts the
-//!   per-token latency of each (`cost`). Output: [`Placement`]s ([`Stage`]s + predicted latency +
-//!   explanation), best first; [`best`] is the first. Failures are a [`PlacementError`] with numbers.
+//! - Input: a [`Topology`] ([`NodeInfo`]s with memory, decode `speed` and compute-bound `prefill_speed`,
+//!   undirected [`Link`]s of a [`LinkKind`] with optional measured round trip and bandwidth — a pair with
+//!   no link cannot be adjacent), a [`ModelCard`] (layers, bytes per layer, embedding/head extras, KV
+//!   bytes, activation size) and [`Constraints`] (pinned nodes, manual layer counts, KV reserve, stage
+//!   limit, the [`Goal`] to rank by, the prompt length of the TTFT prediction).
+//! - [`plan`] validates the input, then takes the manual split as given, or searches node sets and orders
+//!   (`search`: exhaustive up to 6 nodes; above, greedy chains, memory-first and speed-first sets, then
+//!   `refine`'s local search — polynomial), chooses layer counts for the goal (`assign`, within each
+//!   node's memory from `split`), predicts each candidate (`cost`, `rates`) and ranks by the goal's figure.
+//!   Output: [`Placement`]s ([`Stage`]s + [`Prediction`] + explanation), best first; the first also has a
+//!   [`NodeVerdict`] per node (`verdict`: why it is in or out, by costing the placement without / with
+//!   it). [`best`] is the first. Failures are a
+//!   [`PlacementError`] with numbers.
 //!
 //! # Memory
 //! A stage of `n` layers on node `x` needs `n · (layer_bytes + kv_reserve_tokens · kv_bytes_per_token_per_layer)`
 //! plus `embed_bytes` if it is the first stage and `head_bytes` if it is the last, and must not exceed
 //! `x.mem_available`.
 //!
-//! # Cost model (per generated token, microseconds)
-//! `Σ stages layers / speed · 10⁶` (compute; `speed` is in layer-steps per second)
-//! `+ Σ adjacent pairs (rtt/2 + hidden_bytes_per_token / bandwidth)` (activations forward)
-//! `+ the sampled token's trip from the last stage back to the first` (4 bytes; direct link if any,
-//! otherwise back along the pipeline). Unmeasured links use their kind's defaults (rtt, bandwidth):
+//! # Cost model (microseconds)
+//! A stage of `n` layers on a node takes `t(b) = n · max(1/speed, b/prefill_speed)` for a micro-batch of
+//! `b` tokens (`n · b/speed` when `prefill_speed` is unknown: every token a full step). A hop costs
+//! `rtt/2 + bytes/bandwidth` over the pair's cheapest link (measured values replace the kind's defaults:
 //! loopback 20 µs & 10 GB/s, thunderbolt 50 µs & 2.5 GB/s, ethernet 200 µs & 120 MB/s, wifi 2 ms &
-//! 20 MB/s, unknown 5 ms & 10 MB/s; measured values replace the defaults. The faster link kinds are
-//! therefore preferred through their costs; ties go to fewer stages, then the better worst link kind,
-//! then node ids. A single node that fits pays no network cost, so it wins unless a pipeline of faster
-//! nodes beats it.
+//! 20 MB/s, unknown 5 ms & 10 MB/s); a token's activations are `hidden_bytes_per_token`, a sampled id
+//! 4 bytes, sent back from the last stage to the first directly or back along the pipeline.
+//! - One stream: `R(1) = Σ t_i(1) + Σ hops + return hop` per token ([`Placement::predicted_token_latency_us`]).
+//! - `B` streams ([`BATCH_SIZES`]): `m = min(B, stages)` micro-batches of `b = ⌈B/m⌉` in flight, a cycle is
+//!   `max(R(b), m · busiest(b))` (the slowest stage or link transfer bounds it): `B / cycle` tok/s.
+//! - TTFT of `P` prompt tokens: chunks of [`PREFILL_CHUNK_TOKENS`], each through the whole pipeline before
+//!   the next (as the engine runs one sequence): `Σ_chunks (Σ t_i(c) + Σ hops of c tokens + return)`.
+//!
+//! Layer counts: for latency, as many layers as memory allows on the fastest nodes (minimises `Σ t_i(1)`);
+//! for throughput, stage times balanced within memory. Ranking: the goal's figure, then fewer stages, then
+//! the better worst link kind, then node ids. A single node that fits is always a candidate, so the chosen
+//! placement is never predicted slower than the best single node; a node whose removal would be predicted
+//! faster is left out (pins and manual counts still win, with a note when a node alone is predicted faster).
 
+mod assign;
 mod cost;
 mod error;
 mod explain;
+mod fmt;
+mod links;
 mod model;
+mod output;
 mod plan;
+mod rates;
+mod refine;
 mod search;
 mod split;
+mod verdict;
 
-pub use cost::{CostBreakdown, Hop, TOKEN_BYTES, predict};
+pub use cost::{CostBreakdown, Hop, predict};
 pub use error::PlacementError;
-pub use explain::{fmt_bytes, fmt_us};
-pub use model::{
-    Constraints, Link, LinkKind, ModelCard, NodeInfo, Placement, Stage, Topology,
+pub use fmt::{fmt_bytes, fmt_tok_s, fmt_us};
+pub use model::{Constraints, Goal, Link, LinkKind, ModelCard, NodeInfo, TOKEN_BYTES, Topology};
+pub use output::{
+    BatchRate, HopPrediction, NodeVerdict, Placement, Prediction, Stage, StagePrediction,
     stages_from_counts,
 };
 pub use plan::{MAX_CANDIDATES, best, plan};
+pub use rates::{BATCH_SIZES, DEFAULT_PROMPT_TOKENS, PREFILL_CHUNK_TOKENS, forecast};
 pub use search::{EXHAUSTIVE_NODES, EXHAUSTIVE_ORDER_NODES};
 pub use split::{largest_remainder, split_layers};

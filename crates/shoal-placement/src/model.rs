@@ -1,7 +1,11 @@
-//! Input and output types of the planner: what the cluster looks like, what the model needs, what the
-//! operator asked for, and the placements that come out.
+//! Input types of the planner: what the cluster looks like ([`Topology`] of [`NodeInfo`]s and [`Link`]s),
+//! what the model needs ([`ModelCard`]) and what the operator asked for ([`Constraints`], [`Goal`]).
+//! The placements that come out are in `output`.
 
 use serde::{Deserialize, Serialize};
+
+/// Size of a sampled token id on the wire.
+pub const TOKEN_BYTES: u64 = 4;
 
 /// One machine that can host a pipeline stage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,19 +144,21 @@ impl Topology {
     pub fn best_link(&self, x: &str, y: &str, bytes: u64) -> Option<&Link> {
         let mut best: Option<&Link> = None;
         for link in self.links.iter().filter(|l| l.connects(x, y)) {
-            best = match best {
-                Some(b)
-                    if b.hop_us(bytes)
-                        .total_cmp(&link.hop_us(bytes))
-                        .then(b.kind.cmp(&link.kind))
-                        .is_le() =>
-                {
-                    Some(b)
-                }
-                _ => Some(link),
-            };
+            if best.is_none_or(|b| link.beats(b, bytes)) {
+                best = Some(link);
+            }
         }
         best
+    }
+}
+
+impl Link {
+    /// Whether this link carries `bytes` strictly better than `other` (cheaper, then a better kind).
+    pub(crate) fn beats(&self, other: &Link, bytes: u64) -> bool {
+        self.hop_us(bytes)
+            .total_cmp(&other.hop_us(bytes))
+            .then(self.kind.cmp(&other.kind))
+            .is_lt()
     }
 }
 
@@ -215,7 +221,27 @@ impl ModelCard {
     }
 }
 
-/// What the operator asked for. `Default` is fully automatic with no KV reserve.
+/// What the planner optimises; candidates are ranked by the goal's figure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Goal {
+    /// One stream's decode rate (the lowest per-token latency of a lone request).
+    #[default]
+    Latency,
+    /// Aggregate decode rate of many concurrent streams (at the largest of the predicted batch sizes).
+    Throughput,
+}
+
+impl Goal {
+    pub fn name(self) -> &'static str {
+        match self {
+            Goal::Latency => "latency",
+            Goal::Throughput => "throughput",
+        }
+    }
+}
+
+/// What the operator asked for. `Default` is fully automatic with no KV reserve, ranked for latency.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Constraints {
     /// Use exactly these nodes (all of them).
@@ -228,6 +254,12 @@ pub struct Constraints {
     pub kv_reserve_tokens: usize,
     /// Upper bound on the number of stages.
     pub max_stages: Option<usize>,
+    /// What candidates are ranked by.
+    #[serde(default)]
+    pub goal: Goal,
+    /// Prompt length (tokens) the predicted time to first token is for; `None`: 512.
+    #[serde(default)]
+    pub prompt_tokens: Option<usize>,
 }
 
 impl Constraints {
@@ -238,46 +270,6 @@ impl Constraints {
             ..Constraints::default()
         }
     }
-}
-
-/// One pipeline stage: `node` runs layers `start..end` (end exclusive).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Stage {
-    pub node: String,
-    pub start: usize,
-    pub end: usize,
-}
-
-impl Stage {
-    pub fn layers(&self) -> usize {
-        self.end - self.start
-    }
-}
-
-/// A candidate placement with its predicted cost and a human-readable explanation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Placement {
-    pub stages: Vec<Stage>,
-    pub predicted_token_latency_us: f64,
-    pub explanation: String,
-}
-
-/// Turns per-stage layer counts into contiguous stages starting at layer 0.
-pub fn stages_from_counts(nodes: &[&str], counts: &[usize]) -> Vec<Stage> {
-    let mut start = 0;
-    nodes
-        .iter()
-        .zip(counts)
-        .map(|(node, &n)| {
-            let stage = Stage {
-                node: (*node).to_string(),
-                start,
-                end: start + n,
-            };
-            start += n;
-            stage
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -1,22 +1,49 @@
-//! The entry points: validate the request, pick the search, explain the result.
+//! The entry points: validate the request, pick the search, predict and explain the result.
 
 use std::collections::BTreeSet;
 
+use crate::cost::breakdown;
 use crate::error::PlacementError;
-use crate::explain::{Mode, SingleNode, explain, single_nodes};
-use crate::model::{Constraints, ModelCard, Placement, Topology};
-use crate::search::{Candidate, Ctx, compare, search_auto, search_orders};
+use crate::explain::{Facts, SingleNode, explain, single_nodes};
+use crate::model::{Constraints, ModelCard, Topology};
+use crate::output::{NodeVerdict, Placement, stages_from_counts};
+use crate::rates::DEFAULT_PROMPT_TOKENS;
+use crate::refine::refine;
+use crate::search::{Candidate, Ctx, EXHAUSTIVE_NODES, Mode, search_auto, search_orders};
 use crate::split::split_layers;
+use crate::verdict::verdicts;
 
 /// At most this many candidates are returned.
 pub const MAX_CANDIDATES: usize = 32;
 
-/// Candidate placements of `card` on `topology` under `constraints`, best (lowest predicted per-token
-/// latency) first. Deterministic: the same input gives the same output.
+/// Candidate placements of `card` on `topology` under `constraints`, best first by the goal's figure
+/// (one stream's latency by default), each with its [`Prediction`](crate::Prediction); the first also says
+/// why each node is in or out. Deterministic: the same input gives the same output.
 pub fn plan(
     topology: &Topology,
     card: &ModelCard,
     constraints: &Constraints,
+) -> Result<Vec<Placement>, PlacementError> {
+    plan_up_to(topology, card, constraints, MAX_CANDIDATES)
+}
+
+/// The best placement: the first of [`plan`].
+pub fn best(
+    topology: &Topology,
+    card: &ModelCard,
+    constraints: &Constraints,
+) -> Result<Placement, PlacementError> {
+    let mut all = plan_up_to(topology, card, constraints, 1)?;
+    // plan never returns an empty list: it errors instead.
+    Ok(all.swap_remove(0))
+}
+
+/// [`plan`] keeping at most `limit` (>= 1) candidates.
+fn plan_up_to(
+    topology: &Topology,
+    card: &ModelCard,
+    constraints: &Constraints,
+    limit: usize,
 ) -> Result<Vec<Placement>, PlacementError> {
     validate(topology, card)?;
     if constraints.max_stages == Some(0) {
@@ -25,7 +52,12 @@ pub fn plan(
         });
     }
     let max_k = constraints.max_stages.unwrap_or(usize::MAX);
-    let ctx = Ctx::new(topology, card, constraints.kv_reserve_tokens);
+    let ctx = Ctx::new(
+        topology,
+        card,
+        constraints.kv_reserve_tokens,
+        constraints.goal,
+    );
     let pinned = match &constraints.pinned_nodes {
         Some(ids) => Some(resolve(
             topology,
@@ -47,6 +79,14 @@ pub fn plan(
             });
         }
     }
+    let everyone: Vec<usize> = (0..topology.nodes.len()).collect();
+    let prompt = constraints.prompt_tokens.unwrap_or(DEFAULT_PROMPT_TOKENS);
+    let finisher = Finisher {
+        ctx: &ctx,
+        singles: single_nodes(&ctx, &everyone),
+        prompt,
+        max_k,
+    };
 
     if let Some(counts) = &constraints.layer_counts {
         let cand = manual(
@@ -56,50 +96,73 @@ pub fn plan(
             constraints.keep_order,
             max_k,
         )?;
-        return Ok(vec![finish(&ctx, cand, Mode::Manual, &[])]);
+        return Ok(vec![finisher.finish(cand, Mode::Manual, true)]);
     }
-    let (candidates, mode, pool) = match pinned {
+    let (mut candidates, mode, pool) = match pinned {
         Some(p) if constraints.keep_order => (vec![ctx.evaluate_strict(&p)?], Mode::Pinned, p),
         Some(p) => (search_orders(&ctx, &p), Mode::Pinned, p),
         None => {
-            let pool: Vec<usize> = (0..topology.nodes.len()).collect();
-            (search_auto(&ctx, &pool, max_k), Mode::Auto, pool)
+            let mut found = search_auto(&ctx, &everyone, max_k);
+            if everyone.len() > EXHAUSTIVE_NODES {
+                refine(&ctx, &everyone, max_k, &mut found);
+            }
+            (found.into_sorted(&ctx), Mode::Auto, everyone.clone())
         }
     };
     if candidates.is_empty() {
         return Err(diagnose(&ctx, &pool, max_k));
     }
-    let singles = if mode == Mode::Auto {
-        single_nodes(&ctx, &pool)
-    } else {
-        Vec::new()
-    };
-    let mut candidates = candidates;
-    candidates.sort_by(compare);
-    candidates.truncate(MAX_CANDIDATES);
+    candidates.sort_by(|a, b| ctx.compare(a, b));
+    candidates.truncate(limit.max(1));
     Ok(candidates
         .into_iter()
-        .map(|c| finish(&ctx, c, mode, &singles))
+        .enumerate()
+        .map(|(i, c)| finisher.finish(c, mode, i == 0))
         .collect())
 }
 
-/// The best placement: the first of [`plan`].
-pub fn best(
-    topology: &Topology,
-    card: &ModelCard,
-    constraints: &Constraints,
-) -> Result<Placement, PlacementError> {
-    let mut all = plan(topology, card, constraints)?;
-    // plan never returns an empty list: it errors instead.
-    Ok(all.swap_remove(0))
+/// Turns candidates into placements (the same context for all of them).
+struct Finisher<'a> {
+    ctx: &'a Ctx<'a>,
+    singles: Vec<SingleNode>,
+    prompt: usize,
+    max_k: usize,
 }
 
-fn finish(ctx: &Ctx, cand: Candidate, mode: Mode, singles: &[SingleNode]) -> Placement {
-    let explanation = explain(ctx, &cand, mode, singles);
-    Placement {
-        predicted_token_latency_us: cand.cost.total_us,
-        stages: cand.stages,
-        explanation,
+impl Finisher<'_> {
+    /// `chosen`: the first placement, which also says why each node is in or out.
+    fn finish(&self, cand: Candidate, mode: Mode, chosen: bool) -> Placement {
+        let ctx = self.ctx;
+        let names = ctx.names(&cand.order);
+        let prediction = cand.timing.prediction(&names, ctx.goal, self.prompt);
+        let nodes: Vec<NodeVerdict> = if chosen {
+            verdicts(ctx, &cand, mode, self.max_k)
+        } else {
+            Vec::new()
+        };
+        // The candidate was costed with these links, so the breakdown exists.
+        let cost = breakdown(ctx.topo, &ctx.links, ctx.card, &cand.order, &cand.counts);
+        let explanation = match &cost {
+            Some(cost) => explain(
+                ctx,
+                &Facts {
+                    cand: &cand,
+                    cost,
+                    prediction: &prediction,
+                    mode,
+                    singles: &self.singles,
+                    verdicts: &nodes,
+                },
+            ),
+            None => String::new(),
+        };
+        Placement {
+            stages: stages_from_counts(&names, &cand.counts),
+            predicted_token_latency_us: cost.map_or(prediction.token_latency_us, |c| c.total_us),
+            explanation,
+            prediction,
+            nodes,
+        }
     }
 }
 

@@ -1,87 +1,125 @@
-//! Candidate search: which nodes, in which order.
+//! Candidate search: which nodes, in which order, with layer counts chosen for the goal (`assign`),
+//! ranked by the goal's figure (`rates`).
 //!
 //! Up to [`EXHAUSTIVE_NODES`] nodes: every subset (up to the stage limit) and every linked order of it,
-//! keeping the fastest order per subset. Bigger pools: greedy chains — from every seed, repeatedly append
-//! the node behind the cheapest link from the chain's tail, and a memory-first set (largest nodes until the
-//! model fits) ordered by nearest neighbour from each of its members.
+//! keeping the best order per subset — so the best candidate never holds a node whose removal would be
+//! predicted better (that subset was costed too). Bigger pools, polynomial: greedy chains (from every
+//! seed, append the node behind the cheapest link until the model fits), a memory-first and a speed-first
+//! set (largest / fastest-per-layer nodes until the model fits, each ordered by nearest neighbour from
+//! each of its members), which the planner then improves with `refine`'s local search.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use crate::cost::{CostBreakdown, predict};
+use crate::cost::layer_us;
 use crate::error::PlacementError;
-use crate::model::{ModelCard, Stage, Topology, stages_from_counts};
-use crate::split::split_layers;
+use crate::links::LinkIndex;
+use crate::model::{Goal, ModelCard, Topology};
+use crate::rates::{BATCH_SIZES, Timing};
 
 /// Pools up to this size are searched exhaustively (Σ C(6,k)·k! = 1956 orders at most).
 pub const EXHAUSTIVE_NODES: usize = 6;
 /// Pinned sets up to this size have all their orders tried (7! = 5040).
 pub const EXHAUSTIVE_ORDER_NODES: usize = 7;
 
+/// How the node set of a placement was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Auto,
+    Pinned,
+    Manual,
+}
+
 /// A feasible placement before it is explained.
 #[derive(Debug, Clone)]
 pub(crate) struct Candidate {
     /// Node indices into the topology, in stage order.
     pub order: Vec<usize>,
-    pub stages: Vec<Stage>,
-    pub cost: CostBreakdown,
-}
-
-/// Best first: lower latency, then fewer stages, then better worst link, then node ids, then layer ranges.
-pub(crate) fn compare(a: &Candidate, b: &Candidate) -> Ordering {
-    a.cost
-        .total_us
-        .total_cmp(&b.cost.total_us)
-        .then(a.stages.len().cmp(&b.stages.len()))
-        .then(a.cost.worst_kind().cmp(&b.cost.worst_kind()))
-        .then_with(|| {
-            let ka = a.stages.iter().map(|s| (&s.node, s.start, s.end));
-            let kb = b.stages.iter().map(|s| (&s.node, s.start, s.end));
-            ka.cmp(kb)
-        })
+    /// Layers per stage.
+    pub counts: Vec<usize>,
+    pub timing: Timing,
+    /// The goal's figure in microseconds per token (lower is better).
+    pub score: f64,
 }
 
 pub(crate) struct Ctx<'a> {
     pub topo: &'a Topology,
     pub card: &'a ModelCard,
     pub kv_tokens: usize,
-    linked: Vec<Vec<bool>>,
+    pub goal: Goal,
+    pub links: LinkIndex,
+    /// Each node's position in id order (the last tie-break).
+    rank: Vec<usize>,
 }
 
 impl<'a> Ctx<'a> {
-    pub fn new(topo: &'a Topology, card: &'a ModelCard, kv_tokens: usize) -> Self {
-        let n = topo.nodes.len();
-        let mut linked = vec![vec![false; n]; n];
-        for (i, row) in linked.iter_mut().enumerate() {
-            for (j, cell) in row.iter_mut().enumerate() {
-                *cell = i != j
-                    && topo
-                        .links
-                        .iter()
-                        .any(|l| l.connects(&topo.nodes[i].id, &topo.nodes[j].id));
-            }
+    pub fn new(topo: &'a Topology, card: &'a ModelCard, kv_tokens: usize, goal: Goal) -> Self {
+        let mut by_id: Vec<usize> = (0..topo.nodes.len()).collect();
+        by_id.sort_by(|&a, &b| topo.nodes[a].id.cmp(&topo.nodes[b].id).then(a.cmp(&b)));
+        let mut rank = vec![0; by_id.len()];
+        for (r, &i) in by_id.iter().enumerate() {
+            rank[i] = r;
         }
         Ctx {
             topo,
             card,
             kv_tokens,
-            linked,
+            goal,
+            links: LinkIndex::new(topo, card.hidden_bytes_per_token),
+            rank,
         }
     }
 
     pub fn linked(&self, i: usize, j: usize) -> bool {
-        self.linked[i][j]
+        self.links.linked(i, j)
     }
 
-    fn id(&self, i: usize) -> &str {
+    pub fn id(&self, i: usize) -> &str {
         &self.topo.nodes[i].id
     }
 
-    fn mem(&self, i: usize) -> u64 {
+    pub fn mem(&self, i: usize) -> u64 {
         self.topo.nodes[i].mem_available
     }
 
-    /// Splits and costs one order, with the precise reason when it is infeasible.
+    pub fn names(&self, order: &[usize]) -> Vec<&str> {
+        order.iter().map(|&i| self.id(i)).collect()
+    }
+
+    /// What one layer on node `i` costs for the goal in a pipeline of `k` stages: one token for latency,
+    /// one micro-batch of the largest predicted batch for throughput.
+    pub fn layer_cost(&self, i: usize, k: usize) -> f64 {
+        let tokens = match self.goal {
+            Goal::Latency => 1,
+            Goal::Throughput => {
+                let batch = BATCH_SIZES[BATCH_SIZES.len() - 1];
+                batch.div_ceil(batch.min(k).max(1))
+            }
+        };
+        layer_us(&self.topo.nodes[i], tokens)
+    }
+
+    /// Best first: better goal figure, then fewer stages, then better worst link, then node ids, then
+    /// layer ranges.
+    pub fn compare(&self, a: &Candidate, b: &Candidate) -> Ordering {
+        a.score
+            .total_cmp(&b.score)
+            .then(a.order.len().cmp(&b.order.len()))
+            .then(a.timing.worst_kind().cmp(&b.timing.worst_kind()))
+            .then_with(|| self.key(a).cmp(self.key(b)))
+    }
+
+    /// Stage by stage: (node rank, start, end).
+    fn key<'c>(&'c self, c: &'c Candidate) -> impl Iterator<Item = (usize, usize, usize)> + 'c {
+        let mut start = 0;
+        c.order.iter().zip(&c.counts).map(move |(&i, &n)| {
+            let s = start;
+            start += n;
+            (self.rank[i], s, s + n)
+        })
+    }
+
+    /// Splits (for the goal) and costs one order, with the precise reason when it is infeasible.
     pub fn evaluate_strict(&self, order: &[usize]) -> Result<Candidate, PlacementError> {
         for pair in order.windows(2) {
             if !self.linked(pair[0], pair[1]) {
@@ -91,28 +129,41 @@ impl<'a> Ctx<'a> {
                 });
             }
         }
-        let names: Vec<&str> = order.iter().map(|&i| self.id(i)).collect();
+        let names = self.names(order);
         let mems: Vec<u64> = order.iter().map(|&i| self.mem(i)).collect();
-        let counts = split_layers(self.card, &names, &mems, self.kv_tokens)?;
+        let costs: Vec<f64> = order
+            .iter()
+            .map(|&i| self.layer_cost(i, order.len()))
+            .collect();
+        let counts = crate::assign::assign_layers(
+            self.card,
+            &names,
+            &mems,
+            self.kv_tokens,
+            &costs,
+            self.goal,
+        )?;
         self.costed(order, &counts)
     }
 
     /// Costs an order with given layer counts (links already checked).
     pub fn costed(&self, order: &[usize], counts: &[usize]) -> Result<Candidate, PlacementError> {
-        let names: Vec<&str> = order.iter().map(|&i| self.id(i)).collect();
-        let stages = stages_from_counts(&names, counts);
-        let cost =
-            predict(self.topo, self.card, &stages).ok_or_else(|| PlacementError::NoRoute {
-                nodes: names.iter().map(|s| s.to_string()).collect(),
+        let timing =
+            Timing::new(self.topo, &self.links, self.card, order, counts).ok_or_else(|| {
+                PlacementError::NoRoute {
+                    nodes: order.iter().map(|&i| self.id(i).to_string()).collect(),
+                }
             })?;
         Ok(Candidate {
             order: order.to_vec(),
-            stages,
-            cost,
+            counts: counts.to_vec(),
+            score: timing.score_us(self.goal),
+            timing,
         })
     }
 
-    fn evaluate(&self, order: &[usize]) -> Option<Candidate> {
+    /// [`Ctx::evaluate_strict`] after a cheap total-memory check; `None` when infeasible.
+    pub fn evaluate(&self, order: &[usize]) -> Option<Candidate> {
         let total: u64 = order
             .iter()
             .map(|&i| self.mem(i))
@@ -166,45 +217,52 @@ impl<'a> Ctx<'a> {
     /// The linked node behind the cheapest hop from `tail` (ties: more memory, then lower index).
     fn cheapest_next(&self, tail: usize, pool: impl Iterator<Item = usize>) -> Option<usize> {
         let bytes = self.card.hidden_bytes_per_token;
-        pool.filter(|&j| self.linked(tail, j))
-            .filter_map(|j| {
-                let link = self.topo.best_link(self.id(tail), self.id(j), bytes)?;
-                Some((link.hop_us(bytes), j))
-            })
-            .min_by(|x, y| {
-                x.0.total_cmp(&y.0)
-                    .then(self.mem(y.1).cmp(&self.mem(x.1)))
-                    .then(x.1.cmp(&y.1))
-            })
-            .map(|(_, j)| j)
+        pool.filter_map(|j| {
+            let link = &self.topo.links[self.links.fwd(tail, j)?];
+            Some((link.hop_us(bytes), j))
+        })
+        .min_by(|x, y| {
+            x.0.total_cmp(&y.0)
+                .then(self.mem(y.1).cmp(&self.mem(x.1)))
+                .then(x.1.cmp(&y.1))
+        })
+        .map(|(_, j)| j)
     }
 }
 
 /// Keeps the best candidate per node set.
 #[derive(Default)]
-struct BestPerSet(BTreeMap<Vec<usize>, Candidate>);
+pub(crate) struct BestPerSet(BTreeMap<Vec<usize>, Candidate>);
 
 impl BestPerSet {
-    fn offer(&mut self, cand: Candidate) {
+    pub fn offer(&mut self, ctx: &Ctx, cand: Candidate) {
         let mut key = cand.order.clone();
         key.sort_unstable();
         match self.0.get(&key) {
-            Some(old) if compare(old, &cand).is_le() => {}
+            Some(old) if ctx.compare(old, &cand).is_le() => {}
             _ => {
                 self.0.insert(key, cand);
             }
         }
     }
 
-    fn into_sorted(self) -> Vec<Candidate> {
+    /// The best `n` candidates, best first.
+    pub fn top(&self, ctx: &Ctx, n: usize) -> Vec<Candidate> {
+        let mut all: Vec<&Candidate> = self.0.values().collect();
+        all.sort_by(|a, b| ctx.compare(a, b));
+        all.into_iter().take(n).cloned().collect()
+    }
+
+    pub fn into_sorted(self, ctx: &Ctx) -> Vec<Candidate> {
         let mut all: Vec<Candidate> = self.0.into_values().collect();
-        all.sort_by(compare);
+        all.sort_by(|a, b| ctx.compare(a, b));
         all
     }
 }
 
-/// Automatic search over `pool` (node indices) with at most `max_k` stages.
-pub(crate) fn search_auto(ctx: &Ctx, pool: &[usize], max_k: usize) -> Vec<Candidate> {
+/// Automatic search over `pool` (node indices) with at most `max_k` stages. Above [`EXHAUSTIVE_NODES`]
+/// the caller refines the result (`refine`).
+pub(crate) fn search_auto(ctx: &Ctx, pool: &[usize], max_k: usize) -> BestPerSet {
     let mut best = BestPerSet::default();
     if pool.len() <= EXHAUSTIVE_NODES {
         for mask in 1u32..(1 << pool.len()) {
@@ -217,15 +275,21 @@ pub(crate) fn search_auto(ctx: &Ctx, pool: &[usize], max_k: usize) -> Vec<Candid
                 .collect();
             ctx.each_linked_order(&subset, &mut |order| {
                 if let Some(c) = ctx.evaluate(order) {
-                    best.offer(c);
+                    best.offer(ctx, c);
                 }
             });
         }
     } else {
         greedy_chains(ctx, pool, max_k, &mut best);
-        memory_first(ctx, pool, max_k, &mut best);
+        let by_mem = |x: usize, y: usize| ctx.mem(y).cmp(&ctx.mem(x));
+        first_that_fit(ctx, pool, max_k, &mut best, &by_mem);
+        let by_speed = |x: usize, y: usize| {
+            let k = max_k.min(pool.len());
+            ctx.layer_cost(x, k).total_cmp(&ctx.layer_cost(y, k))
+        };
+        first_that_fit(ctx, pool, max_k, &mut best, &by_speed);
     }
-    best.into_sorted()
+    best
 }
 
 fn greedy_chains(ctx: &Ctx, pool: &[usize], max_k: usize, best: &mut BestPerSet) {
@@ -234,7 +298,7 @@ fn greedy_chains(ctx: &Ctx, pool: &[usize], max_k: usize, best: &mut BestPerSet)
         let mut fitted = 0;
         loop {
             if let Some(c) = ctx.evaluate(&chain) {
-                best.offer(c);
+                best.offer(ctx, c);
                 fitted += 1;
                 if fitted >= 2 {
                     break;
@@ -253,31 +317,38 @@ fn greedy_chains(ctx: &Ctx, pool: &[usize], max_k: usize, best: &mut BestPerSet)
     }
 }
 
-fn memory_first(ctx: &Ctx, pool: &[usize], max_k: usize, best: &mut BestPerSet) {
-    let mut by_mem = pool.to_vec();
-    by_mem.sort_by(|&x, &y| {
-        ctx.mem(y)
-            .cmp(&ctx.mem(x))
-            .then(ctx.topo.nodes[y].speed.total_cmp(&ctx.topo.nodes[x].speed))
+/// The first nodes in `preference` order until the model fits (and one more), each set ordered by
+/// nearest neighbour from each of its members.
+fn first_that_fit(
+    ctx: &Ctx,
+    pool: &[usize],
+    max_k: usize,
+    best: &mut BestPerSet,
+    preference: &dyn Fn(usize, usize) -> Ordering,
+) {
+    let mut sorted = pool.to_vec();
+    sorted.sort_by(|&x, &y| {
+        preference(x, y)
+            .then(ctx.mem(y).cmp(&ctx.mem(x)))
             .then(x.cmp(&y))
     });
     let needed = ctx.card.total_bytes(ctx.kv_tokens);
     let mut sum = 0u64;
     let mut k = 0;
-    while k < by_mem.len() && k < max_k && sum < needed {
-        sum = sum.saturating_add(ctx.mem(by_mem[k]));
+    while k < sorted.len() && k < max_k && sum < needed {
+        sum = sum.saturating_add(ctx.mem(sorted[k]));
         k += 1;
     }
     for size in [k, k + 1] {
-        if size == 0 || size > max_k || size > by_mem.len() {
+        if size == 0 || size > max_k || size > sorted.len() {
             continue;
         }
-        let set = &by_mem[..size];
+        let set = &sorted[..size];
         for &start in set {
             if let Some(order) = ctx.nearest_neighbour(set, start)
                 && let Some(c) = ctx.evaluate(&order)
             {
-                best.offer(c);
+                best.offer(ctx, c);
             }
         }
     }
@@ -301,7 +372,7 @@ pub(crate) fn search_orders(ctx: &Ctx, nodes: &[usize]) -> Vec<Candidate> {
             }
         }
     }
-    found.sort_by(compare);
-    found.dedup_by(|a, b| a.stages == b.stages);
+    found.sort_by(|a, b| ctx.compare(a, b));
+    found.dedup_by(|a, b| a.order == b.order && a.counts == b.counts);
     found
 }

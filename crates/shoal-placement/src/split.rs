@@ -1,4 +1,5 @@
-//! Memory-weighted layer split for an ordered list of nodes.
+//! Memory-weighted layer split for an ordered list of nodes, and each stage's capacity (used by the
+//! goal-driven splits of `assign` too).
 //!
 //! 1. Each stage's usable memory is `mem_available − its extra bytes` (embeddings on the first stage, head
 //!    on the last); its capacity is how many whole layers (weights + KV reserve) fit in that.
@@ -44,16 +45,23 @@ fn slots(card: &ModelCard, mems: &[u64], kv_tokens: usize) -> Vec<Slot> {
         .collect()
 }
 
-/// Splits `card.n_layers` over stages whose nodes offer `mems` bytes (in stage order). Returns the layer
-/// count per stage, each >= 1, summing to `n_layers`, each within its node's memory.
-///
-/// `names` (same length as `mems`) only labels errors.
-pub fn split_layers(
+/// How many whole layers each stage can hold and the memory it has for layers, in stage order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Capacity {
+    /// Layers each stage can hold (weights + KV reserve), at most `n_layers`; every one >= 1.
+    pub caps: Vec<usize>,
+    /// Memory each stage has for layers once its extras are paid.
+    pub usable: Vec<u128>,
+}
+
+/// Checks that `card` fits on stages whose nodes offer `mems` bytes (in stage order) with >= 1 layer
+/// each, and says how many layers each can hold. `names` (same length as `mems`) only labels errors.
+pub(crate) fn capacity(
     card: &ModelCard,
     names: &[&str],
     mems: &[u64],
     kv_tokens: usize,
-) -> Result<Vec<usize>, PlacementError> {
+) -> Result<Capacity, PlacementError> {
     let n = card.n_layers;
     let k = mems.len();
     if n == 0 {
@@ -93,16 +101,38 @@ pub fn split_layers(
             available,
         });
     }
+    Ok(Capacity {
+        caps: slots.iter().map(|s| s.capacity).collect(),
+        usable: slots
+            .iter()
+            .map(|s| u128::from(s.mem.saturating_sub(s.extra)))
+            .collect(),
+    })
+}
 
-    let weights: Vec<u128> = slots
-        .iter()
-        .map(|s| u128::from(s.mem.saturating_sub(s.extra)))
-        .collect();
-    let mut counts = largest_remainder(n, &weights);
-    ensure_one_each(&mut counts);
-    repair(&mut counts, &slots);
-    debug_assert_eq!(counts.iter().sum::<usize>(), n);
+/// Splits `card.n_layers` over stages whose nodes offer `mems` bytes (in stage order). Returns the layer
+/// count per stage, each >= 1, summing to `n_layers`, each within its node's memory.
+///
+/// `names` (same length as `mems`) only labels errors.
+pub fn split_layers(
+    card: &ModelCard,
+    names: &[&str],
+    mems: &[u64],
+    kv_tokens: usize,
+) -> Result<Vec<usize>, PlacementError> {
+    let cap = capacity(card, names, mems, kv_tokens)?;
+    let counts = fill(card.n_layers, &cap.usable, &cap.caps);
+    debug_assert_eq!(counts.iter().sum::<usize>(), card.n_layers);
     Ok(counts)
+}
+
+/// Shares `n` layers in proportion to `weights` (largest remainder), at least one each, then moves layers
+/// off stages over their `caps`. Requires `len <= n <= Σ caps` and every cap >= 1.
+pub(crate) fn fill(n: usize, weights: &[u128], caps: &[usize]) -> Vec<usize> {
+    let mut counts = largest_remainder(n, weights);
+    ensure_one_each(&mut counts);
+    repair(&mut counts, caps);
+    counts
 }
 
 /// Shares `n` in proportion to `weights` (largest remainder; ties to the lower index). Equal shares when
@@ -146,20 +176,20 @@ fn ensure_one_each(counts: &mut [usize]) {
 
 /// Moves layers off stages over capacity onto stages with spare capacity (requires total capacity >= sum
 /// and every capacity >= 1).
-fn repair(counts: &mut [usize], slots: &[Slot]) {
+fn repair(counts: &mut [usize], caps: &[usize]) {
     let mut excess = 0;
-    for (c, s) in counts.iter_mut().zip(slots) {
-        if *c > s.capacity {
-            excess += *c - s.capacity;
-            *c = s.capacity;
+    for (c, &cap) in counts.iter_mut().zip(caps) {
+        if *c > cap {
+            excess += *c - cap;
+            *c = cap;
         }
     }
     while excess > 0 {
         let Some(target) = (0..counts.len())
-            .filter(|&i| counts[i] < slots[i].capacity)
+            .filter(|&i| counts[i] < caps[i])
             .max_by(|&x, &y| {
-                (slots[x].capacity - counts[x])
-                    .cmp(&(slots[y].capacity - counts[y]))
+                (caps[x] - counts[x])
+                    .cmp(&(caps[y] - counts[y]))
                     .then(y.cmp(&x))
             })
         else {
@@ -171,12 +201,12 @@ fn repair(counts: &mut [usize], slots: &[Slot]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const GB: u64 = 1_000_000_000;
 
-    fn card(n_layers: usize, layer_bytes: u64) -> ModelCard {
+    pub(crate) fn card(n_layers: usize, layer_bytes: u64) -> ModelCard {
         ModelCard {
             id: "m".into(),
             n_layers,

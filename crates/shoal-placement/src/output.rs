@@ -1,0 +1,140 @@
+//! Output types of the planner: [`Placement`]s of [`Stage`]s, each with its [`Prediction`] (one stream's
+//! rate, aggregate rates at several batch sizes, time to first token, per-stage and per-hop times) and,
+//! on the chosen one, a [`NodeVerdict`] per node saying why it is in or out.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Goal, LinkKind};
+
+/// One pipeline stage: `node` runs layers `start..end` (end exclusive).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Stage {
+    pub node: String,
+    pub start: usize,
+    pub end: usize,
+}
+
+impl Stage {
+    pub fn layers(&self) -> usize {
+        self.end - self.start
+    }
+}
+
+/// A candidate placement with its predicted cost and a human-readable explanation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Placement {
+    pub stages: Vec<Stage>,
+    /// One stream's predicted time per generated token, microseconds.
+    pub predicted_token_latency_us: f64,
+    pub explanation: String,
+    /// Every predicted figure of this placement.
+    #[serde(default)]
+    pub prediction: Prediction,
+    /// Why each node of the topology is in or out: on the first (chosen) placement of a plan, empty on the
+    /// others.
+    #[serde(default)]
+    pub nodes: Vec<NodeVerdict>,
+}
+
+/// What the cost model predicts for one placement.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    /// The goal the placement was ranked for.
+    pub goal: Goal,
+    /// One stream's decode rate, tokens per second (`1e6 / token_latency_us`).
+    pub decode_tok_s: f64,
+    /// One stream's time per token: every stage, every forward hop, the token's way back.
+    pub token_latency_us: f64,
+    /// Aggregate decode rate with `batch` concurrent streams, one entry per predicted batch size.
+    pub aggregate: Vec<BatchRate>,
+    /// The prompt length `ttft_us` is for.
+    pub prompt_tokens: usize,
+    /// Time to first token of a lone request with a prompt of `prompt_tokens`.
+    pub ttft_us: f64,
+    pub stages: Vec<StagePrediction>,
+    /// Forward hops, in stage order (empty for one stage).
+    pub hops: Vec<HopPrediction>,
+    /// The sampled token's way back from the last stage to the first (0 for one stage).
+    pub return_us: f64,
+}
+
+impl Prediction {
+    /// The figure the goal ranks by, tokens per second: one stream's rate for latency, the largest
+    /// batch's aggregate rate for throughput.
+    pub fn goal_tok_s(&self) -> f64 {
+        match self.goal {
+            Goal::Latency => self.decode_tok_s,
+            Goal::Throughput => self.aggregate.last().map_or(0.0, |r| r.tok_s),
+        }
+    }
+
+    /// The predicted aggregate rate with `batch` concurrent streams, when that batch size was predicted.
+    pub fn tok_s_at(&self, batch: usize) -> Option<f64> {
+        self.aggregate
+            .iter()
+            .find(|r| r.batch == batch)
+            .map(|r| r.tok_s)
+    }
+}
+
+/// Aggregate decode rate with `batch` concurrent streams.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchRate {
+    pub batch: usize,
+    /// Micro-batches in flight (`min(batch, stages)`, as the engine splits its running streams).
+    pub micro_batches: usize,
+    pub tok_s: f64,
+    /// What limits the rate: `round trip` (latency-bound), `stage <node>` or `link <a>→<b>`.
+    pub bound: String,
+}
+
+/// One stage's predicted compute.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StagePrediction {
+    pub node: String,
+    pub layers: usize,
+    /// One token of one stream, microseconds.
+    pub token_us: f64,
+    /// The whole prompt (all its chunks), microseconds.
+    pub prompt_us: f64,
+}
+
+/// One forward hop's predicted cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HopPrediction {
+    pub from: String,
+    pub to: String,
+    pub kind: LinkKind,
+    /// One token's activations: `rtt/2 + hidden_bytes / bandwidth`, microseconds.
+    pub token_us: f64,
+    /// The prompt's activations (every chunk pays `rtt/2`), microseconds.
+    pub prompt_us: f64,
+}
+
+/// Why a node is in or out of a placement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeVerdict {
+    pub node: String,
+    /// Whether the node runs a stage.
+    pub used: bool,
+    /// Human-readable reason, e.g. `left out: adding it predicts 41 tok/s vs 52 without`.
+    pub reason: String,
+}
+
+/// Turns per-stage layer counts into contiguous stages starting at layer 0.
+pub fn stages_from_counts(nodes: &[&str], counts: &[usize]) -> Vec<Stage> {
+    let mut start = 0;
+    nodes
+        .iter()
+        .zip(counts)
+        .map(|(node, &n)| {
+            let stage = Stage {
+                node: (*node).to_string(),
+                start,
+                end: start + n,
+            };
+            start += n;
+            stage
+        })
+        .collect()
+}

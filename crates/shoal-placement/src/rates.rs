@@ -1,0 +1,288 @@
+//! Rates of a placement beyond one stream: aggregate decode rates at several batch sizes, time to first
+//! token, the goal's ranking figure. [`Timing`] holds the numbers of one candidate (per-stage layer
+//! counts and rates, the links of its hops) and turns them into a [`Prediction`].
+//!
+//! With `t_i(b) = layers_i · layer_us(node_i, b)` (the roofline of `cost::layer_us`), a hop
+//! `h(bytes) = rtt/2 + bytes/bandwidth`, `H` the hidden bytes of one token and `k` stages:
+//! - one stream: `R(1)`, where `R(b) = Σ t_i(b) + Σ h_fwd(b·H) + Σ h_back(b·4)` is a micro-batch's round trip;
+//! - `B` concurrent streams: the engine splits them into `m = min(B, k)` micro-batches of `b = ⌈B/m⌉`
+//!   and keeps them all in flight, so a cycle (every stream one token) lasts `max(R(b), m·T(b))`, where
+//!   `T(b)` is the busiest resource per micro-batch (the slowest stage `t_i(b)`, or a link's transfer
+//!   `b·H/bandwidth`): `tok/s = B / max(R(b), m·T(b))`;
+//! - time to first token of a prompt of `P` tokens: it is prefilled in chunks of [`PREFILL_CHUNK_TOKENS`]
+//!   and the engine launches a sequence's next chunk only when the previous one has come back, so
+//!   `TTFT = Σ_chunks c (Σ t_i(c) + Σ h_fwd(c·H) + Σ h_back(4))`; compute-bound stages make that
+//!   `≈ Σ_i P·layers_i / prefill_speed_i` plus every chunk's hops.
+//!
+//! The goal's figure, in microseconds per token (lower is better): `R(1)` for latency, `1/tok/s` at the
+//! largest of [`BATCH_SIZES`] for throughput.
+
+use crate::cost::{layer_us, resolve_stages, return_route};
+use crate::links::LinkIndex;
+use crate::model::{Goal, Link, LinkKind, ModelCard, NodeInfo, TOKEN_BYTES, Topology};
+use crate::output::{BatchRate, HopPrediction, Prediction, Stage, StagePrediction};
+
+/// Batch sizes (concurrent streams) whose aggregate rate is predicted; the last one ranks for throughput.
+pub const BATCH_SIZES: [usize; 4] = [1, 4, 16, 32];
+/// Prompt length the time to first token is predicted for when the constraints name none.
+pub const DEFAULT_PROMPT_TOKENS: usize = 512;
+/// Tokens of one prefill chunk (the engine's default `max_batch_tokens`).
+pub const PREFILL_CHUNK_TOKENS: usize = 256;
+
+/// Cost terms of one link.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LinkCost {
+    pub kind: LinkKind,
+    half_rtt_us: f64,
+    bandwidth: f64,
+}
+
+impl LinkCost {
+    fn of(link: &Link) -> Self {
+        LinkCost {
+            kind: link.kind,
+            half_rtt_us: link.rtt_us() / 2.0,
+            bandwidth: link.bandwidth(),
+        }
+    }
+
+    fn transfer_us(&self, bytes: f64) -> f64 {
+        bytes / self.bandwidth * 1e6
+    }
+
+    fn send_us(&self, bytes: f64) -> f64 {
+        self.half_rtt_us + self.transfer_us(bytes)
+    }
+}
+
+/// What limits a rate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Bound {
+    RoundTrip,
+    Stage(usize),
+    Forward(usize),
+    Back(usize),
+}
+
+/// The numbers of one candidate.
+#[derive(Debug, Clone)]
+pub(crate) struct Timing {
+    layers: Vec<usize>,
+    nodes: Vec<NodeInfo>,
+    fwd: Vec<LinkCost>,
+    back: Vec<LinkCost>,
+    hidden: f64,
+}
+
+impl Timing {
+    /// `None` when adjacent nodes (or the token's way back) have no link.
+    pub fn new(
+        topo: &Topology,
+        links: &LinkIndex,
+        card: &ModelCard,
+        order: &[usize],
+        counts: &[usize],
+    ) -> Option<Timing> {
+        let fwd = order
+            .windows(2)
+            .map(|w| Some(LinkCost::of(&topo.links[links.fwd(w[0], w[1])?])))
+            .collect::<Option<Vec<_>>>()?;
+        let back = return_route(links, order)?
+            .into_iter()
+            .map(|(a, b)| Some(LinkCost::of(&topo.links[links.back(a, b)?])))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Timing {
+            layers: counts.to_vec(),
+            nodes: order.iter().map(|&i| topo.nodes[i].clone()).collect(),
+            fwd,
+            back,
+            hidden: card.hidden_bytes_per_token as f64,
+        })
+    }
+
+    /// The worst link kind used anywhere (`Loopback` for one stage).
+    pub fn worst_kind(&self) -> LinkKind {
+        self.fwd
+            .iter()
+            .chain(&self.back)
+            .map(|l| l.kind)
+            .max()
+            .unwrap_or(LinkKind::Loopback)
+    }
+
+    fn stage_us(&self, i: usize, tokens: usize) -> f64 {
+        self.layers[i] as f64 * layer_us(&self.nodes[i], tokens)
+    }
+
+    /// A micro-batch of `tokens` tokens through every stage and hop, and `back_tokens` ids back.
+    fn trip_us(&self, tokens: usize, back_tokens: usize) -> f64 {
+        let (t, ids) = (tokens as f64, (back_tokens * TOKEN_BYTES as usize) as f64);
+        (0..self.layers.len())
+            .map(|i| self.stage_us(i, tokens))
+            .sum::<f64>()
+            + self
+                .fwd
+                .iter()
+                .map(|l| l.send_us(t * self.hidden))
+                .sum::<f64>()
+            + self.back.iter().map(|l| l.send_us(ids)).sum::<f64>()
+    }
+
+    /// A micro-batch's round trip: every row samples a token that goes back.
+    fn round_trip_us(&self, tokens: usize) -> f64 {
+        self.trip_us(tokens, tokens)
+    }
+
+    /// The busiest resource per micro-batch of `tokens` tokens: a stage's compute or a link's transfer.
+    fn busiest(&self, tokens: usize) -> (f64, Bound) {
+        let t = tokens as f64;
+        let stages = (0..self.layers.len()).map(|i| (self.stage_us(i, tokens), Bound::Stage(i)));
+        let fwd = (self.fwd.iter().enumerate())
+            .map(|(h, l)| (l.transfer_us(t * self.hidden), Bound::Forward(h)));
+        let back = (self.back.iter().enumerate())
+            .map(|(h, l)| (l.transfer_us(t * TOKEN_BYTES as f64), Bound::Back(h)));
+        stages
+            .chain(fwd)
+            .chain(back)
+            .fold(
+                (0.0, Bound::RoundTrip),
+                |best, x| {
+                    if x.0 > best.0 { x } else { best }
+                },
+            )
+    }
+
+    /// One stream's time per token.
+    pub fn token_latency_us(&self) -> f64 {
+        self.round_trip_us(1)
+    }
+
+    /// Aggregate rate of `batch` streams: (tok/s, micro-batches, what bounds it).
+    fn rate(&self, batch: usize) -> (f64, usize, Bound) {
+        let batch = batch.max(1);
+        let m = batch.min(self.layers.len()).max(1);
+        let b = batch.div_ceil(m);
+        let round_trip = self.round_trip_us(b);
+        let (busiest, bound) = self.busiest(b);
+        let (cycle, bound) = if m as f64 * busiest > round_trip {
+            (m as f64 * busiest, bound)
+        } else {
+            (round_trip, Bound::RoundTrip)
+        };
+        (batch as f64 * 1e6 / cycle, m, bound)
+    }
+
+    /// Microseconds per token by the goal's figure (lower is better).
+    pub fn score_us(&self, goal: Goal) -> f64 {
+        match goal {
+            Goal::Latency => self.token_latency_us(),
+            Goal::Throughput => {
+                let batch = BATCH_SIZES[BATCH_SIZES.len() - 1];
+                1e6 / self.rate(batch).0
+            }
+        }
+    }
+
+    /// The prompt's chunks, in order.
+    fn chunks(prompt_tokens: usize) -> impl Iterator<Item = usize> {
+        let p = prompt_tokens.max(1);
+        (0..p.div_ceil(PREFILL_CHUNK_TOKENS))
+            .map(move |c| (p - c * PREFILL_CHUNK_TOKENS).min(PREFILL_CHUNK_TOKENS))
+    }
+
+    /// Each chunk goes through the whole pipeline before the next is launched; one id comes back.
+    fn ttft_us(&self, prompt_tokens: usize) -> f64 {
+        Self::chunks(prompt_tokens)
+            .map(|c| self.trip_us(c, 1))
+            .sum()
+    }
+
+    fn bound_name(&self, bound: Bound, names: &[&str]) -> String {
+        let back_pair = |h: usize| -> (usize, usize) {
+            if self.back.len() == 1 {
+                (names.len() - 1, 0)
+            } else {
+                (names.len() - 1 - h, names.len() - 2 - h)
+            }
+        };
+        match bound {
+            Bound::RoundTrip => "round trip".to_string(),
+            Bound::Stage(i) => format!("stage {}", names[i]),
+            Bound::Forward(h) => format!("link {}→{}", names[h], names[h + 1]),
+            Bound::Back(h) => {
+                let (a, b) = back_pair(h);
+                format!("link {}→{}", names[a], names[b])
+            }
+        }
+    }
+
+    /// Every figure, for stages run by `names` (in order).
+    pub fn prediction(&self, names: &[&str], goal: Goal, prompt_tokens: usize) -> Prediction {
+        let token_latency_us = self.token_latency_us();
+        let aggregate = BATCH_SIZES
+            .iter()
+            .map(|&batch| {
+                let (tok_s, micro_batches, bound) = self.rate(batch);
+                BatchRate {
+                    batch,
+                    micro_batches,
+                    tok_s,
+                    bound: self.bound_name(bound, names),
+                }
+            })
+            .collect();
+        let prompt_tokens = prompt_tokens.max(1);
+        let stages = (0..self.layers.len())
+            .map(|i| StagePrediction {
+                node: names[i].to_string(),
+                layers: self.layers[i],
+                token_us: self.stage_us(i, 1),
+                prompt_us: Self::chunks(prompt_tokens)
+                    .map(|c| self.stage_us(i, c))
+                    .sum(),
+            })
+            .collect();
+        let hops = (self.fwd.iter().enumerate())
+            .map(|(h, l)| HopPrediction {
+                from: names[h].to_string(),
+                to: names[h + 1].to_string(),
+                kind: l.kind,
+                token_us: l.send_us(self.hidden),
+                prompt_us: Self::chunks(prompt_tokens)
+                    .map(|c| l.send_us(c as f64 * self.hidden))
+                    .sum(),
+            })
+            .collect();
+        Prediction {
+            goal,
+            decode_tok_s: 1e6 / token_latency_us,
+            token_latency_us,
+            aggregate,
+            prompt_tokens,
+            ttft_us: self.ttft_us(prompt_tokens),
+            stages,
+            hops,
+            return_us: self
+                .back
+                .iter()
+                .map(|l| l.send_us(TOKEN_BYTES as f64))
+                .sum(),
+        }
+    }
+}
+
+/// Every predicted figure of `stages` (for instance an instance already placed). `None` when a node is
+/// unknown or adjacent stages have no link.
+pub fn forecast(
+    topology: &Topology,
+    card: &ModelCard,
+    stages: &[Stage],
+    goal: Goal,
+    prompt_tokens: usize,
+) -> Option<Prediction> {
+    let links = LinkIndex::new(topology, card.hidden_bytes_per_token);
+    let (order, counts) = resolve_stages(topology, stages)?;
+    let timing = Timing::new(topology, &links, card, &order, &counts)?;
+    let names: Vec<&str> = stages.iter().map(|s| s.node.as_str()).collect();
+    Some(timing.prediction(&names, goal, prompt_tokens))
+}
