@@ -10,12 +10,16 @@
 //!   (the engine multiplies prompt chunks that way): **floating-point operations per second**,
 //!   counting `2 · rows · cols · batch` per product.
 //!
-//! Each figure is the median of [`ProbeConfig::rounds`] timed rounds after one untimed warm-up round
-//! (which also faults the pages in). The weights are random bytes made valid for their format
-//! (finite, normal f16 scales; plain values of magnitude in [0.5, 1)): the kernels' speed depends on
-//! the bytes they read, not on the values. One buffer is filled once and reinterpreted per format.
-//! The activations are quantized once per format, outside the timed part (a decode step quantizes one
-//! row per input, negligible next to streaming the matrix).
+//! Each figure is the median of up to [`ProbeConfig::rounds`] timed rounds, after one untimed
+//! warm-up round before the first (threads woken, pages touched; a matrix far larger than the caches
+//! has nothing else to warm). The probe keeps to [`ProbeConfig::budget`]: every product gets a
+//! share of it, and once its share is spent it stops at the rounds it has (one at least), so a slow
+//! or busy machine measures less often rather than for longer. The weights are random bytes (a 1 MiB
+//! random block repeated) made valid for their format (finite, normal f16 scales; plain values of
+//! magnitude in [0.5, 1)): the kernels' speed depends on the bytes they read, not on the values. One
+//! buffer is filled once and reinterpreted per format. The activations are quantized once per
+//! product, outside the timed part (a decode step quantizes one row per input, negligible next to
+//! streaming the matrix).
 //!
 //! Nothing is cached or published here: `shoal serve` keeps a [`ProbeReport`] per binary, CPU and
 //! thread count and publishes it in its node facts, where the cluster turns it into the planner's
@@ -41,8 +45,10 @@ pub struct ProbeConfig {
     pub matrix_bytes: usize,
     /// Input features of every matrix (a multiple of 256, so every format takes it).
     pub cols: usize,
-    /// Timed rounds per figure (after one warm-up round); the median is kept.
+    /// Timed rounds per figure at most; the median is kept.
     pub rounds: usize,
+    /// Time the whole probe should take at most (give or take one round per product).
+    pub budget: Duration,
     /// Format of the batched (prefill) product.
     pub batch_type: QType,
     /// Activation rows of the batched product.
@@ -52,16 +58,18 @@ pub struct ProbeConfig {
 }
 
 impl Default for ProbeConfig {
-    /// Every format, a 64 MiB decode matrix, three rounds, `Q4_0` × 32 rows on 8 MiB for prefill.
+    /// Every format, a 64 MiB decode matrix, three rounds, `Q4_0` × 32 rows on 2 MiB for prefill,
+    /// 1.5 s.
     fn default() -> Self {
         Self {
             types: QType::ALL.to_vec(),
             matrix_bytes: 64 << 20,
             cols: 4096,
             rounds: 3,
+            budget: Duration::from_millis(1500),
             batch_type: QType::Q4_0,
             batch_rows: 32,
-            batch_matrix_bytes: 8 << 20,
+            batch_matrix_bytes: 2 << 20,
         }
     }
 }
@@ -110,27 +118,34 @@ pub fn probe<P: Parallel + ?Sized>(
     let start = Instant::now();
     let backend = Backend::detect();
     let mut rng = SplitMix64::new(0x5EED_C0DE);
-    let mut buf = vec![0u8; cfg.matrix_bytes.max(cfg.batch_matrix_bytes)];
-    for chunk in buf.chunks_mut(8) {
-        let r = rng.next_u64().to_le_bytes();
-        chunk.copy_from_slice(&r[..chunk.len()]);
-    }
+    let mut buf = random_bytes(&mut rng, cfg.matrix_bytes.max(cfg.batch_matrix_bytes));
     let batch = cfg.batch_rows.max(1);
     let x: Vec<f32> = (0..cfg.cols * batch)
         .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32)
         .collect();
-    let rounds = cfg.rounds.max(1);
+    // Product i (the batched one last) may run rounds until `share(i)` after the start.
+    let products = cfg.types.len() + 1;
+    let share = |i: usize| start + cfg.budget.mul_f64((i + 1) as f64 / products as f64);
+    let rounds = |i: usize| Rounds {
+        max: cfg.rounds.max(1),
+        until: share(i),
+        warm_up: i == 0,
+    };
     let mut rates = Vec::with_capacity(cfg.types.len());
-    for &qtype in &cfg.types {
+    for (i, &qtype) in cfg.types.iter().enumerate() {
         let t = Product::new(qtype, cfg.matrix_bytes, cfg.cols, 1)?;
-        let secs = t.median_secs(backend, &mut buf, &x[..cfg.cols], rounds, pool)?;
+        let secs = t.median_secs(backend, &mut buf, &x[..cfg.cols], rounds(i), pool)?;
         rates.push(TypeRate {
             qtype,
             bytes_per_s: t.weight_bytes() as f64 / secs,
         });
     }
     let t = Product::new(cfg.batch_type, cfg.batch_matrix_bytes, cfg.cols, batch)?;
-    let secs = t.median_secs(backend, &mut buf, &x, rounds, pool)?;
+    let warm = Rounds {
+        warm_up: cfg.types.is_empty(),
+        ..rounds(products - 1)
+    };
+    let secs = t.median_secs(backend, &mut buf, &x, warm, pool)?;
     let flops = 2.0 * t.rows as f64 * t.cols as f64 * batch as f64;
     Ok(ProbeReport {
         backend,
@@ -139,6 +154,29 @@ pub fn probe<P: Parallel + ?Sized>(
         flops_per_s: flops / secs,
         elapsed: start.elapsed(),
     })
+}
+
+/// `len` random bytes: a 1 MiB random block, repeated (the kernels do not care, and copying is far
+/// faster than drawing).
+fn random_bytes(rng: &mut SplitMix64, len: usize) -> Vec<u8> {
+    let block: Vec<u8> = (0..(1 << 20) / 8)
+        .flat_map(|_| rng.next_u64().to_le_bytes())
+        .collect();
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        let n = block.len().min(len - buf.len());
+        buf.extend_from_slice(&block[..n]);
+    }
+    buf
+}
+
+/// How long to time one product: at most `max` rounds, more than one only until `until`, after an
+/// untimed warm-up round when `warm_up`.
+#[derive(Debug, Clone, Copy)]
+struct Rounds {
+    max: usize,
+    until: Instant,
+    warm_up: bool,
 }
 
 /// One timed product: a `rows × cols` matrix of `qtype` times `m` activation rows.
@@ -175,14 +213,14 @@ impl Product {
         self.rows * self.row_bytes
     }
 
-    /// Makes the first [`Product::weight_bytes`] of `buf` valid weights, then times the product:
-    /// one warm-up round and `rounds` timed ones, returning the median in seconds.
+    /// Makes the first [`Product::weight_bytes`] of `buf` valid weights, then times the product as
+    /// `rounds` says, returning the median round in seconds.
     fn median_secs<P: Parallel + ?Sized>(
         &self,
         backend: Backend,
         buf: &mut [u8],
         x: &[f32],
-        rounds: usize,
+        rounds: Rounds,
         pool: &P,
     ) -> Result<f64, KernelError> {
         let data = &mut buf[..self.weight_bytes()];
@@ -196,19 +234,32 @@ impl Product {
             Layout::Rows16 => Some(PackedMatrix::with_backend(&w, backend)?),
             Layout::Rows => None,
         };
-        let mut run = || match &packed {
+        let run = || match &packed {
             Some(p) => p.matmul_quantized(&acts, &mut out, pool),
             None => matmul_quantized_with(backend, &w, &acts, &mut out, pool),
         };
-        run()?;
-        let mut secs = Vec::with_capacity(rounds);
-        for _ in 0..rounds {
+        let mut secs = rounds.time(run)?;
+        secs.sort_by(f64::total_cmp);
+        Ok(secs[secs.len() / 2])
+    }
+}
+
+impl Rounds {
+    /// Seconds of each timed call of `run` (one at least), after the warm-up call if any.
+    fn time(
+        &self,
+        mut run: impl FnMut() -> Result<(), KernelError>,
+    ) -> Result<Vec<f64>, KernelError> {
+        if self.warm_up {
+            run()?;
+        }
+        let mut secs = Vec::with_capacity(self.max);
+        while secs.is_empty() || (secs.len() < self.max && Instant::now() < self.until) {
             let t = Instant::now();
             run()?;
             secs.push(t.elapsed().as_secs_f64().max(1e-9));
         }
-        secs.sort_by(f64::total_cmp);
-        Ok(secs[secs.len() / 2])
+        Ok(secs)
     }
 }
 
@@ -217,23 +268,10 @@ impl Product {
 /// scale (and minimum) in every block; quant bits stay random (every pattern is valid).
 fn make_valid(qtype: QType, data: &mut [u8]) {
     match qtype {
-        QType::F32 => {
-            for c in data.chunks_exact_mut(4) {
-                let v = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                c.copy_from_slice(&((v & 0x807F_FFFF) | 0x3F00_0000).to_le_bytes());
-            }
-        }
-        QType::F16 | QType::BF16 => {
-            let (keep, exp) = if qtype == QType::F16 {
-                (0x83FF, 0x3800)
-            } else {
-                (0x807F, 0x3F00)
-            };
-            for c in data.chunks_exact_mut(2) {
-                let v = u16::from_le_bytes([c[0], c[1]]);
-                c.copy_from_slice(&((v & keep) | exp).to_le_bytes());
-            }
-        }
+        // Plain values, two or four per little-endian u64 (rows are whole u64s: cols % 256 == 0).
+        QType::F32 => set_bits(data, 0x807F_FFFF_807F_FFFF, 0x3F00_0000_3F00_0000),
+        QType::F16 => set_bits(data, 0x83FF_83FF_83FF_83FF, 0x3800_3800_3800_3800),
+        QType::BF16 => set_bits(data, 0x807F_807F_807F_807F, 0x3F00_3F00_3F00_3F00),
         _ => {
             let (d_at, m_at) = scale_offsets(qtype);
             let d = half::f16::from_f32(0.01).to_le_bytes();
@@ -245,6 +283,14 @@ fn make_valid(qtype: QType, data: &mut [u8]) {
                 }
             }
         }
+    }
+}
+
+/// `v = (v & keep) | set` for every little-endian u64 of `data`.
+fn set_bits(data: &mut [u8], keep: u64, set: u64) {
+    for c in data.chunks_exact_mut(8) {
+        let v = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+        c.copy_from_slice(&((v & keep) | set).to_le_bytes());
     }
 }
 
@@ -270,7 +316,8 @@ mod tests {
         ProbeConfig {
             matrix_bytes: 1 << 20,
             cols: 1024,
-            rounds: 1,
+            rounds: 2,
+            budget: Duration::from_secs(5),
             batch_rows: 8,
             batch_matrix_bytes: 256 << 10,
             ..ProbeConfig::default()
@@ -321,6 +368,33 @@ mod tests {
             probe(&ThreadPool::new(1), &cfg),
             Err(KernelError::BadRowLength { .. })
         ));
+    }
+
+    /// Rounds stop at `max`, or at one once the share of the budget is spent; the warm-up call is
+    /// extra.
+    #[test]
+    fn rounds_keep_to_the_budget() {
+        let count = |r: Rounds| {
+            let mut calls = 0;
+            let secs = r
+                .time(|| {
+                    calls += 1;
+                    Ok(())
+                })
+                .expect("rounds");
+            (calls, secs.len())
+        };
+        let later = Instant::now() + Duration::from_secs(60);
+        let past = Instant::now();
+        let r = |max, until, warm_up| Rounds {
+            max,
+            until,
+            warm_up,
+        };
+        assert_eq!(count(r(3, later, false)), (3, 3));
+        assert_eq!(count(r(3, later, true)), (4, 3));
+        assert_eq!(count(r(3, past, false)), (1, 1));
+        assert_eq!(count(r(3, past, true)), (2, 1));
     }
 
     /// The random bytes become finite weights of sane magnitude in every format.
