@@ -40,6 +40,11 @@ pub(crate) struct Admission {
     pub(crate) tx: UnboundedSender<Event>,
     pub(crate) cancel: Arc<AtomicBool>,
     pub(crate) deadline: Option<Instant>,
+    /// When the handle queued it (its time to first token counts from here).
+    pub(crate) queued: Instant,
+    /// The engine's own warm-up ([`crate::EngineHandle::warm_up`]): its KV is never kept as a cached
+    /// prefix.
+    pub(crate) warm_up: bool,
 }
 
 impl Admission {
@@ -92,6 +97,8 @@ impl Admission {
             tx: s.tx,
             cancel: s.cancel,
             deadline: self.deadline,
+            queued: self.queued,
+            warm_up: self.warm_up,
         }
     }
 

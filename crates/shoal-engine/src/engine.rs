@@ -122,22 +122,27 @@ pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, E
         created,
         owned_by: "shoal".into(),
     };
-    let handle = EngineHandle::new(
-        info,
+    let (tokenizer, vocab_size, pooling) = (
         model.tokenizer.clone(),
-        model.template,
         model.config.vocab_size,
         model.config.arch.pooling,
-        queue,
-        counters.clone(),
     );
     let mut worker = Worker::new(
         model.stages,
         model.tokenizer,
         &model.config,
         config,
-        counters,
+        counters.clone(),
         created,
+    );
+    let handle = EngineHandle::new(
+        info,
+        tokenizer,
+        model.template,
+        (vocab_size, worker.kv_max_tokens()),
+        pooling,
+        queue,
+        counters,
     );
     std::thread::Builder::new()
         .name(format!("engine-{}", model.id))

@@ -49,6 +49,8 @@ struct Instance {
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     vocab_size: usize,
+    /// The most KV tokens the engine can ever hold (its node budget, or its remote stages' room).
+    kv_tokens: usize,
     /// How embeddings pool the model's hidden states.
     pooling: Pooling,
     queue: SyncSender<Admission>,
@@ -73,12 +75,13 @@ static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 const CANCEL_PRUNE_AT: usize = 1024;
 
 impl EngineHandle {
-    /// The handle of a model whose engine thread takes requests from `queue`.
+    /// The handle of a model whose engine thread takes requests from `queue`; `(vocab_size,
+    /// kv_tokens)`: the model's vocabulary and the most KV tokens its engine can hold.
     pub(crate) fn new(
         info: ModelInfo,
         tokenizer: Arc<Tokenizer>,
         template: Option<ChatTemplate>,
-        vocab_size: usize,
+        (vocab_size, kv_tokens): (usize, usize),
         pooling: Pooling,
         queue: SyncSender<Admission>,
         counters: Arc<Counters>,
@@ -89,6 +92,7 @@ impl EngineHandle {
                 tokenizer,
                 template,
                 vocab_size,
+                kv_tokens,
                 pooling,
                 queue,
                 counters,
@@ -100,6 +104,12 @@ impl EngineHandle {
     /// The model this engine serves.
     pub fn info(&self) -> &ModelInfo {
         &self.inner.info
+    }
+
+    /// The most KV tokens the engine can ever hold: a prompt and its first token need that much room
+    /// (the node's KV budget, or what the pipeline's remote stages hold if less).
+    pub fn kv_capacity(&self) -> usize {
+        self.inner.kv_tokens
     }
 
     /// The model's tokenizer (constrained decoding builds its token tables from it).
@@ -199,7 +209,7 @@ impl EngineHandle {
         }
         let tokens = self.prompt_tokens(&request)?;
         let deadline = request.timeout.map(|t| Instant::now() + t);
-        self.queue(tokens, request, None, n, deadline)
+        self.queue(tokens, request, None, (n, deadline), false)
     }
 
     /// Queues `tokens` (checked) as an embedding sequence ([`crate::embed`]).
@@ -222,21 +232,21 @@ impl EngineHandle {
             timeout,
             logits_processor: None,
         };
-        let mut streams = self.queue(tokens, request, Some(job), 1, deadline)?;
+        let mut streams = self.queue(tokens, request, Some(job), (1, deadline), false)?;
         streams
             .pop()
             .ok_or_else(|| EngineError::Internal("no stream for an embedding".into()))
     }
 
     /// Queues a checked request of `choices` choices for the engine thread, their event channels made
-    /// first; one stream per choice.
-    fn queue(
+    /// first; one stream per choice. `warm_up` marks the engine's own warm-up ([`crate::warmup`]).
+    pub(crate) fn queue(
         &self,
         tokens: Vec<u32>,
         request: GenerateRequest,
         embed: Option<EmbedJob>,
-        choices: usize,
-        deadline: Option<Instant>,
+        (choices, deadline): (usize, Option<Instant>),
+        warm_up: bool,
     ) -> Result<Vec<RequestStream>, EngineError> {
         // Unique across every engine of the process, so a request id names one request on this node.
         let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
@@ -280,6 +290,8 @@ impl EngineHandle {
             tx,
             cancel,
             deadline,
+            queued: Instant::now(),
+            warm_up,
         };
         match self.inner.queue.try_send(admission) {
             Ok(()) => {}
@@ -388,6 +400,11 @@ impl EngineHandle {
     /// Current counters.
     pub fn stats(&self) -> EngineStats {
         self.inner.counters.snapshot()
+    }
+
+    /// The engine's live counters (the warm-up forgets what it counted).
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.inner.counters
     }
 
     /// Cancels request `id` (as returned by [`RequestStream::id`]) wherever it is: queued or running. The

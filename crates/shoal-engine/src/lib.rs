@@ -17,7 +17,9 @@
 //!
 //! [`Engines::embed`] ([`embed`]) runs each input of an [`EmbedRequest`] as a prompt-only sequence whose
 //! chunks ask the last stage for pooled final hidden states instead of logits, and answers one
-//! normalized vector per input ([`Embeddings`]). A request's [`LogitsProcessor`] says which tokens may
+//! normalized vector per input ([`Embeddings`]). [`EngineHandle::warm_up`] ([`warmup`]) runs one short
+//! internal request through every stage before an instance reports ready, so its first real request is
+//! as fast as the rest. A request's [`LogitsProcessor`] says which tokens may
 //! come next ([`TokenMask`]); the mask travels with the step to whichever stage samples.
 
 mod admission;
@@ -38,6 +40,7 @@ mod sequence;
 pub mod stage;
 mod stats;
 pub mod stop;
+pub mod warmup;
 mod worker;
 
 pub use error::EngineError;

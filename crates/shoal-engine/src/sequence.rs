@@ -15,6 +15,7 @@ use crate::logits::{LogitsProcessor, TokenMask};
 use crate::request::{Event, FinishReason, TopLogprob, Usage};
 use crate::sampler::Sampler;
 use crate::stage::{Pick, Pool};
+use crate::stats::Finished;
 use crate::stop::StopMatcher;
 
 /// A sequence owned by the engine thread.
@@ -45,6 +46,13 @@ pub(crate) struct Sequence {
     ignore_eos: bool,
     deadline: Option<Instant>,
     timeout_ms: u64,
+    /// When its request was queued, and when its first token was sampled.
+    queued: Instant,
+    first_token: Option<Instant>,
+    /// No other sequence ran in the engine since it was admitted: its decode rate is one stream's.
+    pub(crate) alone: bool,
+    /// The engine's warm-up: its KV is never kept as a cached prefix.
+    pub(crate) warm_up: bool,
 }
 
 impl Sequence {
@@ -77,6 +85,24 @@ impl Sequence {
             ignore_eos: request.ignore_eos,
             deadline: a.deadline,
             timeout_ms,
+            queued: a.queued,
+            first_token: None,
+            alone: true,
+            warm_up: a.warm_up,
+        }
+    }
+
+    /// What the sequence measured, as it ends now: its time to first token, and its decode rate when
+    /// it ran alone and decoded at least two tokens.
+    pub(crate) fn measured(&self) -> Finished {
+        let Some(first) = self.first_token else {
+            return Finished::default();
+        };
+        let decoded = self.generated().saturating_sub(1);
+        let took = first.elapsed().as_secs_f64();
+        Finished {
+            ttft: Some(first.saturating_duration_since(self.queued)),
+            decode_tok_s: (self.alone && decoded >= 2 && took > 0.0).then(|| decoded as f64 / took),
         }
     }
 
@@ -201,6 +227,9 @@ impl Sequence {
                 .map_err(|e| EngineError::Internal(e.to_string()))?;
             self.mask_ready = false;
             self.mask = None;
+        }
+        if self.first_token.is_none() {
+            self.first_token = Some(Instant::now());
         }
         // Sampling happened on a copy of this state (possibly on another node): catch up.
         self.sampler.replay(id);

@@ -1,10 +1,19 @@
 //! The engine's live counters: [`Counters`], written by the engine thread and the handles where each
-//! event happens, and [`EngineStats`], the snapshot tests, metrics and the dashboard read.
+//! event happens, and [`EngineStats`], the snapshot tests, metrics, the dashboard and the instance's
+//! published load read.
+//!
+//! Besides totals and gauges, the engine thread keeps recent averages of what finished requests measured
+//! ([`Finished`]): time to first token and the decode rate of a sequence that ran alone (one stream),
+//! each an exponentially weighted average updated once per finished request, never in the step loop.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Weight of the newest request in the recent averages (the first one sets them).
+const RECENT_WEIGHT: f64 = 0.25;
 
 /// Live counters of the engine, for tests, metrics and the dashboard.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct EngineStats {
     /// Sequences currently holding KV (prefilling or decoding).
     pub active_sequences: usize,
@@ -20,6 +29,15 @@ pub struct EngineStats {
     pub kv_tokens: usize,
     /// Sequence KV caches held across all stages (a sequence in an n-stage pipeline holds n).
     pub stage_sequences: usize,
+    /// Requests finished (to their end: a stop or the length limit; each choice and each embedding
+    /// counts one), not cancelled or failed ones.
+    pub finished: u64,
+    /// Decode rate of one stream, tokens per second: recent average over finished requests that ran
+    /// alone (no other sequence in the engine while they ran); `None` until one did.
+    pub decode_tok_s: Option<f64>,
+    /// Time to first token (queued → first token sampled), milliseconds: recent average over finished
+    /// requests; `None` until one finished.
+    pub ttft_ms: Option<f64>,
 }
 
 impl EngineStats {
@@ -33,7 +51,68 @@ impl EngineStats {
             prefilled_tokens: self.prefilled_tokens + other.prefilled_tokens,
             kv_tokens: self.kv_tokens + other.kv_tokens,
             stage_sequences: self.stage_sequences + other.stage_sequences,
+            finished: self.finished + other.finished,
+            decode_tok_s: weighted(
+                self.decode_tok_s,
+                other.decode_tok_s,
+                self.finished,
+                other.finished,
+            ),
+            ttft_ms: weighted(self.ttft_ms, other.ttft_ms, self.finished, other.finished),
         }
+    }
+}
+
+/// The average of two engines' figures weighted by the requests each finished (plain when neither
+/// finished any); one alone when the other has none.
+fn weighted(a: Option<f64>, b: Option<f64>, wa: u64, wb: u64) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if wa + wb > 0 => {
+            Some((a * wa as f64 + b * wb as f64) / (wa + wb) as f64)
+        }
+        (Some(a), Some(b)) => Some((a + b) / 2.0),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What one request measured when it finished.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Finished {
+    /// Queued → first token; `None` when it sampled none (an embedding).
+    pub(crate) ttft: Option<Duration>,
+    /// Tokens after the first per second of decoding, when it ran alone and decoded at least two.
+    pub(crate) decode_tok_s: Option<f64>,
+}
+
+/// A recent average kept in atomics: its value (f64 bits) and how many samples it holds (0: none).
+/// Written by the engine thread alone, read by anyone.
+#[derive(Debug, Default)]
+struct Recent {
+    value: AtomicU64,
+    samples: AtomicU64,
+}
+
+impl Recent {
+    fn add(&self, x: f64) {
+        let n = self.samples.load(Ordering::Relaxed);
+        let old = f64::from_bits(self.value.load(Ordering::Relaxed));
+        let new = if n == 0 {
+            x
+        } else {
+            old + RECENT_WEIGHT * (x - old)
+        };
+        self.value.store(new.to_bits(), Ordering::Relaxed);
+        self.samples.store(n + 1, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Option<f64> {
+        (self.samples.load(Ordering::Relaxed) > 0)
+            .then(|| f64::from_bits(self.value.load(Ordering::Relaxed)))
+    }
+
+    fn clear(&self) {
+        self.samples.store(0, Ordering::Relaxed);
+        self.value.store(0, Ordering::Relaxed);
     }
 }
 
@@ -48,6 +127,9 @@ pub(crate) struct Counters {
     prefilled: AtomicU64,
     kv_tokens: AtomicUsize,
     stage_sequences: AtomicUsize,
+    finished: AtomicU64,
+    decode_tok_s: Recent,
+    ttft_ms: Recent,
 }
 
 impl Counters {
@@ -94,6 +176,33 @@ impl Counters {
             .store(stage_sequences, Ordering::Relaxed);
     }
 
+    /// A request ran to its end, having measured `what` (one call per finished request, on the engine
+    /// thread).
+    pub(crate) fn finished(&self, what: Finished) {
+        self.finished.fetch_add(1, Ordering::Relaxed);
+        if let Some(t) = what.ttft {
+            self.ttft_ms.add(t.as_secs_f64() * 1e3);
+        }
+        if let Some(r) = what.decode_tok_s {
+            self.decode_tok_s.add(r);
+        }
+    }
+
+    /// Forgets the totals and recent averages (the gauges stay): what an idle engine's warm-up counted
+    /// is not the instance's work.
+    pub(crate) fn reset_totals(&self) {
+        for total in [
+            &self.steps,
+            &self.generated,
+            &self.prefilled,
+            &self.finished,
+        ] {
+            total.store(0, Ordering::Relaxed);
+        }
+        self.decode_tok_s.clear();
+        self.ttft_ms.clear();
+    }
+
     pub(crate) fn snapshot(&self) -> EngineStats {
         EngineStats {
             active_sequences: self.active.load(Ordering::Relaxed),
@@ -103,6 +212,9 @@ impl Counters {
             prefilled_tokens: self.prefilled.load(Ordering::Relaxed),
             kv_tokens: self.kv_tokens.load(Ordering::Relaxed),
             stage_sequences: self.stage_sequences.load(Ordering::Relaxed),
+            finished: self.finished.load(Ordering::Relaxed),
+            decode_tok_s: self.decode_tok_s.get(),
+            ttft_ms: self.ttft_ms.get(),
         }
     }
 }
@@ -133,10 +245,75 @@ mod tests {
                 prefilled_tokens: 7,
                 kv_tokens: 12,
                 stage_sequences: 2,
+                finished: 0,
+                decode_tok_s: None,
+                ttft_ms: None,
             }
         );
         c.ended(1);
         assert_eq!(c.snapshot().active_sequences, 0);
         assert_eq!(s.plus(s).prefilled_tokens, 14);
+    }
+
+    #[test]
+    fn recent_averages_follow_finished_requests_and_reset_with_the_totals() {
+        let c = Counters::default();
+        // An embedding: counted, no timing.
+        c.finished(Finished::default());
+        assert_eq!(c.snapshot().finished, 1);
+        assert_eq!(
+            (c.snapshot().ttft_ms, c.snapshot().decode_tok_s),
+            (None, None)
+        );
+        c.finished(Finished {
+            ttft: Some(Duration::from_millis(100)),
+            decode_tok_s: Some(40.0),
+        });
+        // The first sample sets the average; later ones move it by RECENT_WEIGHT of the difference.
+        assert_eq!(c.snapshot().ttft_ms, Some(100.0));
+        c.finished(Finished {
+            ttft: Some(Duration::from_millis(200)),
+            decode_tok_s: None, // ran with others: not a one-stream rate
+        });
+        let s = c.snapshot();
+        assert_eq!(s.finished, 3);
+        assert_eq!(s.ttft_ms, Some(125.0));
+        assert_eq!(s.decode_tok_s, Some(40.0));
+        c.stepped();
+        c.started();
+        c.reset_totals();
+        let s = c.snapshot();
+        assert_eq!(
+            (s.finished, s.steps, s.ttft_ms, s.decode_tok_s),
+            (0, 0, None, None)
+        );
+        assert_eq!(s.active_sequences, 1, "gauges stay");
+    }
+
+    #[test]
+    fn two_engines_average_their_rates_by_requests_finished() {
+        let a = EngineStats {
+            finished: 3,
+            decode_tok_s: Some(10.0),
+            ttft_ms: None,
+            ..Default::default()
+        };
+        let b = EngineStats {
+            finished: 1,
+            decode_tok_s: Some(30.0),
+            ttft_ms: Some(5.0),
+            ..Default::default()
+        };
+        let s = a.plus(b);
+        assert_eq!(
+            (s.finished, s.decode_tok_s, s.ttft_ms),
+            (4, Some(15.0), Some(5.0))
+        );
+        assert_eq!(
+            EngineStats::default()
+                .plus(EngineStats::default())
+                .decode_tok_s,
+            None
+        );
     }
 }

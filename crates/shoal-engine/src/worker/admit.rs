@@ -10,6 +10,7 @@ use crate::error::EngineError;
 use crate::request::FinishReason;
 use crate::sequence::Sequence;
 use crate::stage::{KvOp, kv_all, kv_all_lossy};
+use crate::stats::Finished;
 
 impl Worker {
     /// Frees cancelled requests and fails those past their deadline.
@@ -52,7 +53,20 @@ impl Worker {
         }
     }
 
+    /// Admits what fits ([`Worker::admit_waiting`]); when that puts a sequence beside others, none of
+    /// them runs alone any more (their decode rates are no longer one stream's).
     pub(super) fn admit(&mut self) {
+        let before = self.running.len();
+        self.admit_waiting();
+        if self.running.len() > before && self.running.len() > 1 {
+            for s in &mut self.running {
+                s.alone = false;
+            }
+        }
+    }
+
+    /// Admits preempted sequences, then forks, then waiting requests, while they fit.
+    fn admit_waiting(&mut self) {
         // Preempted sequences first, in order; each recomputes all its tokens.
         while self.running.len() < self.config.max_running {
             let Some(need) = self.preempted.front().map(|s| s.tokens.len()) else {
@@ -211,6 +225,8 @@ impl Worker {
         let offer = match reason {
             // An embedding's KV is never kept: embeddings must not crowd out prompts worth caching.
             _ if seq.is_embedding() => Default::default(),
+            // The warm-up's made-up prompt must not be reused for a real one.
+            _ if seq.warm_up => Default::default(),
             FinishReason::Cancelled => Default::default(),
             _ => self.prefix.insert(&seq.tokens[..seq.computed]),
         };
@@ -236,6 +252,9 @@ impl Worker {
             kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
         }
         self.counters.ended(1);
+        if reason != FinishReason::Cancelled {
+            self.counters.finished(seq.measured());
+        }
         seq.send_done(reason);
     }
 
@@ -244,6 +263,7 @@ impl Worker {
         let mut seq = self.running.swap_remove(i);
         kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
         self.counters.ended(1);
+        self.counters.finished(Finished::default());
         seq.send_embedding();
     }
 
@@ -263,6 +283,8 @@ impl Worker {
         };
         kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
         seq.forget_kv();
+        // It waits for others to make room: its decode rate is not one stream's.
+        seq.alone = false;
         self.preempted.push_front(seq);
     }
 }

@@ -112,6 +112,11 @@ impl Worker {
         }
     }
 
+    /// The most KV tokens this engine can ever hold.
+    pub(crate) fn kv_max_tokens(&self) -> usize {
+        self.kv.max_tokens()
+    }
+
     pub(crate) fn run(&mut self, rx: Receiver<Admission>) {
         loop {
             if self.running.is_empty()
