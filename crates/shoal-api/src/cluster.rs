@@ -30,6 +30,7 @@ pub struct PreviewQuery {
     layers: Option<String>,
     max_stages: Option<usize>,
     kv_reserve_tokens: Option<usize>,
+    replicas: Option<usize>,
 }
 
 fn split_list(s: &Option<String>) -> Option<Vec<String>> {
@@ -64,11 +65,13 @@ impl PreviewQuery {
             layers,
             max_stages: self.max_stages,
             kv_reserve_tokens: self.kv_reserve_tokens,
+            replicas: self.replicas,
         })
     }
 }
 
-/// `GET /instance/previews?model=…`: candidate placements, best first, each explained and costed.
+/// `GET /instance/previews?model=…`: candidate placements, best first, each explained and costed. With
+/// `replicas=N`: `replicas`, the N placements on disjoint nodes `POST /instance` would make.
 pub async fn previews(
     State(state): State<ApiState>,
     query: Result<Query<PreviewQuery>, axum::extract::rejection::QueryRejection>,
@@ -76,11 +79,16 @@ pub async fn previews(
     let c = state.cluster()?;
     let Query(q) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
     let req = q.into_request()?;
+    if req.replicas.is_some() {
+        let replicas = c.replica_previews(&req)?;
+        return Ok(Json(json!({ "model": req.model, "replicas": replicas })));
+    }
     let placements = c.previews(&req)?;
     Ok(Json(json!({ "model": req.model, "previews": placements })))
 }
 
-/// `POST /instance`: places an instance through the coordinator; 201 with the instance.
+/// `POST /instance`: places an instance through the coordinator; 201 with the instance. With
+/// `replicas`: 201 with `instances`, every replica placed (all or nothing).
 pub async fn create(
     State(state): State<ApiState>,
     body: Result<Json<PlaceRequest>, axum::extract::rejection::JsonRejection>,
@@ -90,8 +98,14 @@ pub async fn create(
     if req.model.is_empty() {
         return Err(ApiError::invalid("model", "'model' must not be empty"));
     }
-    let record = c.place(req).await?;
-    let body = serde_json::to_value(record).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let body = if req.replicas.is_some() {
+        let model = req.model.clone();
+        let records = c.place_replicas(req).await?;
+        json!({ "model": model, "instances": records })
+    } else {
+        let record = c.place(req).await?;
+        serde_json::to_value(record).map_err(|e| ApiError::Internal(e.to_string()))?
+    };
     Ok((StatusCode::CREATED, Json(body)))
 }
 

@@ -1,6 +1,6 @@
 //! [`ClusterError`]: failures of the cluster layer, each with a stable [`ClusterError::error_type`] label;
-//! [`PlaceError`]: why a request cannot be placed on the current members; [`IdentityProblem`]: what is
-//! wrong with a key file.
+//! [`PlaceError`]: why a request cannot be placed on the current members (or not as many replicas as
+//! asked); [`IdentityProblem`]: what is wrong with a key file.
 
 use std::fmt::Display;
 use std::path::PathBuf;
@@ -108,6 +108,20 @@ pub enum PlaceError {
     /// The planner returned no candidate.
     #[error("no placement")]
     NoCandidate,
+    /// `replicas` must be at least 1.
+    #[error("'replicas' must be at least 1")]
+    ZeroReplicas,
+    /// Replicas are placed by the planner: a manual split fits one instance only.
+    #[error("'layers' places one instance; it cannot be combined with 'replicas' above 1")]
+    ReplicasWithLayers,
+    /// Fewer replicas fit on disjoint nodes than were asked for (nothing was placed).
+    #[error("only {fit} of {asked} replicas of '{model}' fit on disjoint nodes (the next one: {reason})")]
+    TooFewReplicas {
+        model: String,
+        asked: usize,
+        fit: usize,
+        reason: Box<PlaceError>,
+    },
 }
 
 impl PlaceError {
@@ -119,6 +133,9 @@ impl PlaceError {
             PlaceError::LayersWithoutNodes => "layers_without_nodes",
             PlaceError::Plan(e) => e.error_type(),
             PlaceError::NoCandidate => "no_candidate",
+            PlaceError::ZeroReplicas => "zero_replicas",
+            PlaceError::ReplicasWithLayers => "replicas_with_layers",
+            PlaceError::TooFewReplicas { .. } => "too_few_replicas",
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Control-plane messages (JSON over libp2p request-response) and the instance table they carry.
 //!
 //! Each request names its reply: [`ControlMsg::Facts`] and [`ControlMsg::Table`] → [`ControlReply::Ack`];
-//! [`ControlMsg::Place`] → [`ControlReply::Placed`]; [`ControlMsg::Remove`] → [`ControlReply::Removed`].
+//! [`ControlMsg::Place`] → [`ControlReply::Placed`] (one instance) or [`ControlReply::PlacedReplicas`]
+//! (when the request names `replicas`); [`ControlMsg::Remove`] → [`ControlReply::Removed`].
 
 use serde::{Deserialize, Serialize};
 use shoal_placement::Stage;
@@ -30,6 +31,8 @@ pub enum ControlMsg {
 pub enum ControlReply {
     Ack,
     Placed(Result<InstanceRecord, Refusal>),
+    /// The answer to a [`PlaceRequest`] with `replicas`: every instance placed, or none.
+    PlacedReplicas(Result<Vec<InstanceRecord>, Refusal>),
     /// `Ok(false)`: no such instance.
     Removed(Result<bool, Refusal>),
 }
@@ -76,6 +79,12 @@ pub struct PlaceRequest {
     /// Tokens of KV cache to reserve per layer on each node (default: 4096 or the context length).
     #[serde(default)]
     pub kv_reserve_tokens: Option<usize>,
+    /// Instances of the model to place, on disjoint node sets (default 1). With `nodes`, the replicas
+    /// are chosen among those nodes; `layers` is refused with more than one. All or nothing: when fewer
+    /// fit, nothing is placed and the error says how many did. Left out on the wire when absent, so a
+    /// request without it reads the same to nodes that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<usize>,
 }
 
 /// A placed model: its pipeline stages, in order. The first stage's node runs the request scheduler.

@@ -276,7 +276,17 @@ impl ClusterState {
     /// come first: one that lacks it (and would fetch it from its peers or the internet) is used when it is
     /// pinned, or when the model does not fit on those that have it.
     pub fn previews(&self, req: &PlaceRequest) -> Result<Vec<Placement>, PlaceError> {
-        let (holders, card) = self.topology(&req.model, false);
+        self.previews_among(req, &|_| true)
+    }
+
+    /// [`Self::previews`] on the members `keep` accepts (the others are left out of the topology).
+    pub(crate) fn previews_among(
+        &self,
+        req: &PlaceRequest,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<Placement>, PlaceError> {
+        let (mut holders, card) = self.topology(&req.model, false);
+        holders.nodes.retain(|n| keep(&n.id));
         let card = card.ok_or_else(|| PlaceError::UnknownModel {
             model: req.model.clone(),
         })?;
@@ -286,7 +296,11 @@ impl ClusterState {
                 .iter()
                 .any(|n| !holders.nodes.iter().any(|h| &h.id == n))
         });
-        let everyone = || self.topology(&req.model, true).0;
+        let everyone = || {
+            let mut all = self.topology(&req.model, true).0;
+            all.nodes.retain(|n| keep(&n.id));
+            all
+        };
         if pins_a_lacking_node {
             return Ok(shoal_placement::plan(&everyone(), &card, &constraints)?);
         }
@@ -472,6 +486,7 @@ pub fn constraints(req: &PlaceRequest, card: &ModelCard) -> Result<Constraints, 
 }
 
 mod moves;
+mod replicas;
 
 pub use moves::{DRAIN_LIMIT, MOVE_MARGIN};
 

@@ -5,7 +5,7 @@ use libp2p::{Multiaddr, PeerId};
 
 use super::handle::Command;
 use super::{NetTask, Pending, is_unspecified, random_id};
-use crate::ClusterError;
+use crate::{ClusterError, PlaceError};
 use crate::facts::{InstanceStatus, NodeFacts};
 use crate::proto::{ControlMsg, ControlReply, InstanceRecord, PlaceRequest};
 
@@ -43,6 +43,9 @@ impl NetTask {
         };
         match (pending, reply) {
             (Pending::Place(tx), ControlReply::Placed(r)) => {
+                let _ = tx.send(r.map(|record| vec![record]).map_err(ClusterError::from));
+            }
+            (Pending::Place(tx), ControlReply::PlacedReplicas(r)) => {
                 let _ = tx.send(r.map_err(ClusterError::from));
             }
             (Pending::Remove(tx), ControlReply::Removed(r)) => {
@@ -85,7 +88,15 @@ impl NetTask {
                 ControlReply::Ack
             }
             ControlMsg::Place(req) => {
-                ControlReply::Placed(self.place_here(&req).map_err(Into::into))
+                let placed = self.place_here(&req).map_err(Into::into);
+                if req.replicas.is_some() {
+                    ControlReply::PlacedReplicas(placed)
+                } else {
+                    // Exactly one: the reply nodes that predate replicas understand.
+                    ControlReply::Placed(placed.and_then(|mut v| {
+                        v.pop().ok_or_else(|| ClusterError::from(PlaceError::NoCandidate).into())
+                    }))
+                }
             }
             ControlMsg::Remove { id } => {
                 ControlReply::Removed(self.remove_here(&id).map_err(Into::into))
@@ -147,11 +158,16 @@ impl NetTask {
         }
     }
 
-    /// Places `req` in this node's table (as the coordinator) and tells everyone.
-    fn place_here(&mut self, req: &PlaceRequest) -> Result<InstanceRecord, ClusterError> {
-        let record = self.state.place(req, random_id())?;
+    /// Places `req` in this node's table (as the coordinator) and tells everyone: one instance, or
+    /// every replica the request names.
+    fn place_here(&mut self, req: &PlaceRequest) -> Result<Vec<InstanceRecord>, ClusterError> {
+        let records = if req.replicas.is_some() {
+            self.state.place_replicas(req, random_id)?
+        } else {
+            vec![self.state.place(req, random_id())?]
+        };
         self.broadcast_table();
-        Ok(record)
+        Ok(records)
     }
 
     /// Removes instance `id` from this node's table (as the coordinator) and tells everyone if it was

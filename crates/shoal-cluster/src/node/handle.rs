@@ -60,7 +60,7 @@ pub struct StateJson {
 pub(super) type Reply<T> = oneshot::Sender<Result<T, ClusterError>>;
 
 pub(super) enum Command {
-    Place(PlaceRequest, Reply<InstanceRecord>),
+    Place(PlaceRequest, Reply<Vec<InstanceRecord>>),
     Remove(String, Reply<bool>),
     SetStatus(String, Option<InstanceStatus>),
     SetKvCapacity(String, u64),
@@ -154,13 +154,34 @@ impl ClusterHandle {
     /// member holds that table (or [`TABLE_PROPAGATION`] passed), so a caller reading `/state` next sees
     /// it, and a coordinator lost right after cannot hand over a table without it.
     pub async fn place(&self, req: PlaceRequest) -> Result<InstanceRecord, ClusterError> {
-        let record = self.ask(|tx| Command::Place(req, tx)).await?;
-        let id = record.id.clone();
+        let one = PlaceRequest {
+            replicas: None,
+            ..req
+        };
+        self.place_replicas(one)
+            .await?
+            .pop()
+            .ok_or(ClusterError::Place(crate::PlaceError::NoCandidate))
+    }
+
+    /// Places every replica `req` names (one without `replicas`; all or nothing), like [`Self::place`].
+    pub async fn place_replicas(
+        &self,
+        req: PlaceRequest,
+    ) -> Result<Vec<InstanceRecord>, ClusterError> {
+        let records = self.ask(|tx| Command::Place(req, tx)).await?;
+        let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
         self.wait_for(TABLE_PROPAGATION, |s| {
-            s.state.table().instances.iter().any(|i| i.id == id) && everyone_has_table(s)
+            let table = &s.state.table().instances;
+            ids.iter().all(|id| table.iter().any(|i| &i.id == id)) && everyone_has_table(s)
         })
         .await;
-        Ok(record)
+        Ok(records)
+    }
+
+    /// The placements [`Self::place_replicas`] would make now, one per replica.
+    pub fn replica_previews(&self, req: &PlaceRequest) -> Result<Vec<Placement>, ClusterError> {
+        Ok(self.snapshot().state.replica_previews(req)?)
     }
 
     /// Removes an instance (through the coordinator); `Ok(false)` when there is none. Returns once this

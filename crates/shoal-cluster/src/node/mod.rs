@@ -217,7 +217,8 @@ struct NetTask {
 
 /// A request to the coordinator waiting for its reply, and the handle waiting for the result.
 enum Pending {
-    Place(Reply<InstanceRecord>),
+    /// Every instance placed (one unless the request names `replicas`).
+    Place(Reply<Vec<InstanceRecord>>),
     Remove(Reply<bool>),
 }
 

@@ -70,7 +70,7 @@ fn link(peer: &str) -> LinkFacts {
 }
 
 /// `me` and `peers`, every pair linked.
-fn cluster(me: &str, peers: &[&str]) -> ClusterState {
+pub(super) fn cluster(me: &str, peers: &[&str]) -> ClusterState {
     let all: Vec<&str> = std::iter::once(me).chain(peers.iter().copied()).collect();
     let linked = |id: &str, seq| {
         let mut f = facts(id, seq);
