@@ -164,7 +164,7 @@ impl Timing {
         let b = batch.div_ceil(m);
         let round_trip = self.round_trip_us(b);
         let (busiest, bound) = self.busiest(b);
-        let (cycle, bound) = if m as f64 * busiest > round_trip {
+        let (cycle, bound) = if m as f64 * busiest >= round_trip {
             (m as f64 * busiest, bound)
         } else {
             (round_trip, Bound::RoundTrip)
@@ -285,4 +285,162 @@ pub fn forecast(
     let timing = Timing::new(topology, &links, card, &order, &counts)?;
     let names: Vec<&str> = stages.iter().map(|s| s.node.as_str()).collect();
     Some(timing.prediction(&names, goal, prompt_tokens))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::LinkKind;
+
+    fn node(id: &str, speed: f64, prefill: Option<f64>) -> NodeInfo {
+        NodeInfo {
+            id: id.into(),
+            mem_available: u64::MAX / 8,
+            speed,
+            prefill_speed: prefill,
+        }
+    }
+
+    /// A link of exactly 100 µs rtt and 1 MB/s (1 byte = 1 µs).
+    fn link(a: &str, b: &str) -> Link {
+        Link {
+            a: a.into(),
+            b: b.into(),
+            kind: LinkKind::Ethernet,
+            rtt_us: Some(100.0),
+            bandwidth_bps: Some(1e6),
+        }
+    }
+
+    fn card(hidden: u64) -> ModelCard {
+        let mut c = crate::split::tests::card(30, 1);
+        c.hidden_bytes_per_token = hidden;
+        c
+    }
+
+    fn stages(list: &[(&str, usize)]) -> Vec<Stage> {
+        let names: Vec<&str> = list.iter().map(|x| x.0).collect();
+        let counts: Vec<usize> = list.iter().map(|x| x.1).collect();
+        crate::output::stages_from_counts(&names, &counts)
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-9 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn one_node_runs_a_batch_at_its_roofline() {
+        // 30 layers at 1000 layer-steps/s: 30 ms per step; compute-bound at 8000 layer-tokens/s, so a batch
+        // of b costs max(30 ms, b · 3.75 ms).
+        let topo = Topology {
+            nodes: vec![node("a", 1000.0, Some(8000.0))],
+            links: vec![],
+        };
+        let p = forecast(&topo, &card(10), &stages(&[("a", 30)]), Goal::Latency, 512).unwrap();
+        assert!(close(p.token_latency_us, 30_000.0));
+        assert!(close(p.decode_tok_s, 1e6 / 30_000.0));
+        let rate = |b: usize| p.tok_s_at(b).unwrap();
+        assert!(close(rate(1), 1e6 / 30_000.0));
+        assert!(
+            close(rate(4), 4e6 / 30_000.0),
+            "memory-bound: 4 tokens per step"
+        );
+        assert!(
+            close(rate(16), 16e6 / 60_000.0),
+            "compute-bound: 16 · 3.75 ms"
+        );
+        assert!(close(rate(32), 32e6 / 120_000.0));
+        assert_eq!(p.aggregate[3].bound, "stage a");
+        // TTFT: 2 chunks of 256 tokens, each 256 · 3.75 ms, no hops.
+        assert!(close(p.ttft_us, 2.0 * 256.0 * 3750.0));
+        assert_eq!(p.prompt_tokens, 512);
+        assert!(close(p.stages[0].prompt_us, p.ttft_us));
+        assert_eq!(p.return_us, 0.0);
+    }
+
+    #[test]
+    fn without_a_measured_batch_rate_a_batch_costs_b_steps() {
+        let topo = Topology {
+            nodes: vec![node("a", 1000.0, None)],
+            links: vec![],
+        };
+        let p = forecast(&topo, &card(10), &stages(&[("a", 30)]), Goal::Latency, 100).unwrap();
+        for r in &p.aggregate {
+            assert!(close(r.tok_s, p.decode_tok_s), "{r:?}");
+        }
+        assert!(close(p.ttft_us, 100.0 * 30_000.0));
+    }
+
+    #[test]
+    fn a_pipeline_streams_at_its_round_trip_and_batches_at_its_slowest_stage() {
+        // a: 10 layers at 1000/s = 10 ms; b: 20 layers at 1000/s = 20 ms (b never compute-bound below
+        // batch 50: prefill 50 000). Hop a→b: 50 µs + 100 bytes/token; token back: 50 + 4 µs.
+        let topo = Topology {
+            nodes: vec![
+                node("a", 1000.0, Some(50_000.0)),
+                node("b", 1000.0, Some(50_000.0)),
+            ],
+            links: vec![link("a", "b")],
+        };
+        let st = stages(&[("a", 10), ("b", 20)]);
+        let p = forecast(&topo, &card(100), &st, Goal::Throughput, 256).unwrap();
+        let one = 10_000.0 + 20_000.0 + 150.0 + 54.0;
+        assert!(close(p.token_latency_us, one));
+        assert!(close(p.hops[0].token_us, 150.0));
+        assert!(close(p.return_us, 54.0));
+        // Batch 4: 2 micro-batches of 2; round trip 30 ms + 250 + 58 µs; busiest = stage b 20 ms; 2 · 20 ms
+        // > round trip, so the slowest stage bounds it.
+        let r4 = &p.aggregate[1];
+        assert_eq!((r4.batch, r4.micro_batches), (4, 2));
+        assert!(close(r4.tok_s, 4e6 / 40_000.0), "{r4:?}");
+        assert_eq!(r4.bound, "stage b");
+        // Batch 1 is the one-stream rate, latency-bound.
+        assert!(close(p.aggregate[0].tok_s, p.decode_tok_s));
+        assert_eq!(p.aggregate[0].bound, "round trip");
+        // Throughput's figure is batch 32: 2 micro-batches of 16; b: max(20 ms, 16·20/50 000 s = 6.4 ms).
+        assert!(close(p.goal_tok_s(), 32e6 / 40_000.0));
+        // TTFT of 256 tokens: one chunk, a then b compute-bound? a: max(10 ms, 256·10/50 000 s = 51.2 ms),
+        // b: 102.4 ms; hop 50 + 25 600 µs; one id back 54 µs.
+        let ttft = 51_200.0 + 102_400.0 + 25_650.0 + 54.0;
+        assert!(close(p.ttft_us, ttft), "{} vs {ttft}", p.ttft_us);
+    }
+
+    #[test]
+    fn a_thin_link_bounds_a_big_batch() {
+        // 1 MB/s and 4 000 bytes per token: 4 ms per token on the wire, more than either stage's 1 ms.
+        let topo = Topology {
+            nodes: vec![node("a", 1000.0, Some(1e9)), node("b", 1000.0, Some(1e9))],
+            links: vec![link("a", "b")],
+        };
+        let p = forecast(
+            &topo,
+            &card(4000),
+            &stages(&[("a", 1), ("b", 1)]),
+            Goal::Latency,
+            1,
+        );
+        let r32 = p.unwrap().aggregate[3].clone();
+        assert_eq!(r32.bound, "link a→b");
+        assert!(close(r32.tok_s, 32e6 / (2.0 * 16.0 * 4000.0)));
+    }
+
+    #[test]
+    fn an_unknown_node_or_missing_link_has_no_forecast() {
+        let topo = Topology {
+            nodes: vec![node("a", 1.0, None), node("b", 1.0, None)],
+            links: vec![],
+        };
+        let c = card(1);
+        assert!(
+            forecast(
+                &topo,
+                &c,
+                &stages(&[("a", 15), ("b", 15)]),
+                Goal::Latency,
+                1
+            )
+            .is_none()
+        );
+        assert!(forecast(&topo, &c, &stages(&[("zz", 30)]), Goal::Latency, 1).is_none());
+    }
 }
