@@ -14,7 +14,7 @@
 //!   node's memory from `split`), predicts each candidate (`cost`, `rates`) and ranks by the goal's figure.
 //!   Output: [`Placement`]s ([`Stage`]s + [`Prediction`] + explanation), best first; the first also has a
 //!   [`NodeVerdict`] per node (`verdict`: why it is in or out, by costing the placement without / with
-//!   it). [`best`] is the first. Failures are a
+//!   it). [`best`] is the first. [`plan_replicas`] places several copies on disjoint nodes. Failures are a
 //!   [`PlacementError`] with numbers.
 //!
 //! # Memory
@@ -52,6 +52,7 @@ mod output;
 mod plan;
 mod rates;
 mod refine;
+mod replicas;
 mod search;
 mod split;
 mod verdict;
@@ -66,5 +67,6 @@ pub use output::{
 };
 pub use plan::{MAX_CANDIDATES, best, plan};
 pub use rates::{BATCH_SIZES, DEFAULT_PROMPT_TOKENS, PREFILL_CHUNK_TOKENS, forecast};
+pub use replicas::{group_tok_s, plan_replicas};
 pub use search::{EXHAUSTIVE_NODES, EXHAUSTIVE_ORDER_NODES};
 pub use split::{largest_remainder, split_layers};
