@@ -1,10 +1,13 @@
 //! Turns the cluster's instance table into what runs on this node.
 //!
 //! For each instance that uses this node: stage 0 → load its layers, wait until every other stage
-//! reports `ready`, connect a [`RemoteChain`] and start an engine serving the model (registered in
-//! [`Engines`] for the API); any other stage → load its layers and host them ([`Hosts`]). Load state is
-//! published in this node's facts. An instance that leaves the table is torn down (its engine's
-//! requests end, its memory is freed).
+//! reports `ready`, connect a [`RemoteChain`], start an engine serving the model and warm it up (one
+//! short internal request through every stage, [`EngineHandle::warm_up`]) before it is registered in
+//! [`Engines`] for the API and reported ready; any other stage → load its layers and host them ([`Hosts`]). Load state is
+//! published in this node's facts, and so is what each engine driven here is doing
+//! ([`InstanceLoad`]: its queue and measured figures, refreshed every [`LOAD_REFRESH`]). An instance
+//! that leaves the table is torn down (its engine's requests end, its memory is freed, its load is no
+//! longer published).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,7 +29,7 @@ use tokio::sync::watch;
 use crate::dataplane::{HostedStage, Hosts, RemoteChain, serve_stages};
 use crate::error::PipelineError;
 use shoal_cluster::InstanceRecord;
-use shoal_cluster::facts::InstanceStatus;
+use shoal_cluster::facts::{InstanceLoad, InstanceStatus};
 use shoal_cluster::{ClusterHandle, Snapshot};
 
 /// How long a driver waits for other stages that load (from disk) without a sign of progress.
@@ -35,6 +38,8 @@ const LOAD_STALL: Duration = Duration::from_secs(600);
 const DOWNLOAD_STALL: Duration = Duration::from_secs(120);
 /// How often a waiting driver looks at the other stages' progress.
 const WAIT_TICK: Duration = Duration::from_secs(2);
+/// How often the load of the engines driven here is refreshed in this node's facts.
+const LOAD_REFRESH: Duration = Duration::from_millis(500);
 
 /// Finds the local GGUF file of a model id.
 pub type ModelLocator = Arc<dyn Fn(&str) -> Option<PathBuf> + Send + Sync>;
@@ -162,6 +167,10 @@ async fn follow_table(
         pool,
         driven: Arc::default(),
     };
+    // The loads published so far, by instance id (only changes are sent).
+    let mut loads: HashMap<String, InstanceLoad> = HashMap::new();
+    let mut tick = tokio::time::interval(LOAD_REFRESH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let snap: Arc<Snapshot> = rx.borrow_and_update().clone();
         let mine = instances_using(&snap, &me);
@@ -170,8 +179,15 @@ async fn follow_table(
         for rec in mine {
             node.start_new(&mut running, rec, &me);
         }
-        if rx.changed().await.is_err() {
-            return;
+        // Until the table changes, refresh the loads now and then.
+        loop {
+            tokio::select! {
+                changed = rx.changed() => match changed {
+                    Ok(()) => break,
+                    Err(_) => return,
+                },
+                _ = tick.tick() => node.publish_loads(&mut loads).await,
+            }
         }
     }
 }
@@ -199,6 +215,33 @@ fn listed(cluster: &ClusterHandle, id: &str) -> bool {
 }
 
 impl Node {
+    /// Publishes what each engine driven here is doing where it changed since `published`, and stops
+    /// publishing it for engines no longer driven here.
+    async fn publish_loads(&self, published: &mut HashMap<String, InstanceLoad>) {
+        let now: Vec<(String, InstanceLoad)> = self
+            .driven
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(id, engine)| (id.clone(), load_of(&engine.stats())))
+            .collect();
+        let gone: Vec<String> = published
+            .keys()
+            .filter(|id| !now.iter().any(|(n, _)| n == *id))
+            .cloned()
+            .collect();
+        for id in gone {
+            published.remove(&id);
+            self.cluster.set_load(id, None).await;
+        }
+        for (id, load) in now {
+            if published.get(&id) != Some(&load) {
+                published.insert(id.clone(), load.clone());
+                self.cluster.set_load(id, Some(load)).await;
+            }
+        }
+    }
+
     /// Tears down what left the table (or changed shape).
     async fn tear_down_stale(&self, running: &mut RunningHere, mine: &[InstanceRecord]) {
         let stale: Vec<String> = running
@@ -210,7 +253,10 @@ impl Node {
             if let Some((rec, what)) = running.remove(&id) {
                 tracing::info!(instance = %id, model = %rec.model, "instance removed here");
                 match what {
-                    Running::Driver { model } => self.retire_driver(running, &id, &model),
+                    Running::Driver { model } => {
+                        self.retire_driver(running, &id, &model);
+                        self.cluster.set_load(id.clone(), None).await;
+                    }
                     Running::Host => self.hosts.remove(&id),
                 }
                 self.cluster.set_status(id, None).await;
@@ -441,7 +487,17 @@ impl Node {
             let chain = self.connect_chain(rec).await?;
             loaded.stages.push(Box::new(chain));
         }
-        Ok(spawn(loaded, self.config.engine.clone())?)
+        let engine = spawn(loaded, self.config.engine.clone())?;
+        // Before it serves (registered, reported ready): its first request is as fast as the rest.
+        let warmed = engine.warm_up().await.map_err(PipelineError::WarmUp)?;
+        tracing::info!(
+            instance = %rec.id,
+            model = %rec.model,
+            prompt_tokens = warmed.prompt_tokens,
+            took_ms = warmed.took.as_millis() as u64,
+            "warmed up"
+        );
+        Ok(engine)
     }
 
     /// Waits until the other stages of `rec` are ready and connects to them.
@@ -537,6 +593,17 @@ impl Node {
                 });
             }
         }
+    }
+}
+
+/// What an engine's counters say its instance is doing, as its facts publish it.
+fn load_of(s: &shoal_engine::EngineStats) -> InstanceLoad {
+    InstanceLoad {
+        running: s.active_sequences as u32,
+        queued: s.waiting as u32,
+        decode_tok_s: s.decode_tok_s,
+        ttft_ms: s.ttft_ms,
+        finished: s.finished,
     }
 }
 
