@@ -108,6 +108,14 @@ pub enum PlaceError {
     /// The planner returned no candidate.
     #[error("no placement")]
     NoCandidate,
+    /// `model` does not fit in the memory the instances already placed leave; it would after removing
+    /// `instances` (each `id (model)`).
+    #[error("'{model}' does not fit beside the instances already placed ({reason}); it would fit after removing {}", instances.join(", "))]
+    NeedsEviction {
+        model: String,
+        instances: Vec<String>,
+        reason: Box<PlaceError>,
+    },
     /// `replicas` must be at least 1.
     #[error("'replicas' must be at least 1")]
     ZeroReplicas,
@@ -133,6 +141,7 @@ impl PlaceError {
             PlaceError::LayersWithoutNodes => "layers_without_nodes",
             PlaceError::Plan(e) => e.error_type(),
             PlaceError::NoCandidate => "no_candidate",
+            PlaceError::NeedsEviction { .. } => "needs_eviction",
             PlaceError::ZeroReplicas => "zero_replicas",
             PlaceError::ReplicasWithLayers => "replicas_with_layers",
             PlaceError::TooFewReplicas { .. } => "too_few_replicas",

@@ -1,7 +1,9 @@
 //! What a node publishes about itself: resources, models, links, and the instances it runs.
 //!
 //! Each fact has one owner: only node X writes X's [`NodeFacts`]; everyone else keeps the latest copy
-//! it received. Collected from the OS (sysinfo, `/sys/class/net`) and from the local model store.
+//! it received. Collected from the OS (sysinfo, `/sys/class/net`, Linux PSI in `/proc/pressure`), from
+//! the local model store, and from the compute probe `shoal serve` runs at start ([`ComputeFacts`];
+//! `crate::compute` turns it into the planner's speeds for one model).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -26,8 +28,15 @@ pub struct NodeFacts {
     pub accelerator: String,
     /// Compute backend in use, e.g. `cpu-avx2`.
     pub backend: String,
-    /// Relative compute speed in layer-steps per second for the placement cost model (an estimate).
+    /// Compute speed in layer-steps per second of a reference layer (SmolLM2-135M's, Q4_1): from the
+    /// probe ([`ComputeFacts::reference_speed`]) once it ran, else an estimate from the core count.
+    /// Nodes that know [`NodeFacts::compute`] price each model from that instead; this stays for
+    /// readers that predate it.
     pub speed: f64,
+    /// What this node's kernels measured at start; empty (default) until measured, and from nodes that
+    /// predate the probe.
+    #[serde(default)]
+    pub compute: ComputeFacts,
     /// Models present in this node's store, with what placement needs to know about them.
     pub models: Vec<ModelCard>,
     /// This node's links to the peers it is connected to.
@@ -72,8 +81,73 @@ pub struct RemovedNode {
 pub struct MemoryFacts {
     pub total: u64,
     pub available: u64,
-    /// Used fraction in [0, 1].
+    /// Memory pressure in [0, 1]: the share of the last 10 s in which some task waited for memory
+    /// (Linux PSI `/proc/pressure/memory`, `some avg10` / 100); 0 where PSI is missing (kernels without
+    /// it, and macOS, whose pressure level shoal does not read: it builds for Linux today).
     pub pressure: f32,
+    /// Used fraction in [0, 1]: `1 − available / total` (what `pressure` meant before PSI).
+    #[serde(default)]
+    pub used: f32,
+}
+
+/// What this node's kernels measured (the compute probe of `shoal_kernels`), as published.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ComputeFacts {
+    /// Weight bytes one matrix × vector product streams per second, by GGUF type name in lowercase
+    /// (`q4_0`, `q4_k`, `f16`, …): a decode step's rate for a layer of that type.
+    #[serde(default)]
+    pub weight_bytes_per_s: BTreeMap<String, f64>,
+    /// Floating-point operations per second of a batched product (32 activation rows): the
+    /// compute-bound rate of prompt processing. 0 when not measured.
+    #[serde(default)]
+    pub flops_per_s: f64,
+    /// Threads the probe ran on (the engine's thread count).
+    #[serde(default)]
+    pub threads: usize,
+    /// What the figures are valid for: binary version, CPU model and features, thread count (a node
+    /// measures again when it changes).
+    #[serde(default)]
+    pub key: String,
+}
+
+/// The layer [`NodeFacts::speed`] is counted in: one layer of SmolLM2-135M in Q4_1 (2,216,448 bytes),
+/// the model the estimate from cores was calibrated on, so old and new nodes publish comparable speeds.
+pub const REFERENCE_LAYER: (&str, u64) = ("q4_1", 2_216_448);
+
+impl ComputeFacts {
+    /// Whether the probe ran (some type has a usable rate).
+    pub fn is_measured(&self) -> bool {
+        self.weight_bytes_per_s.values().any(|r| usable(*r))
+    }
+
+    /// The decode rate for weights of type `ty` (lowercase GGUF name), when measured.
+    pub fn bytes_per_s(&self, ty: &str) -> Option<f64> {
+        self.weight_bytes_per_s
+            .get(ty)
+            .copied()
+            .filter(|r| usable(*r))
+    }
+
+    /// The slowest measured decode rate (for a type the probe did not measure).
+    pub fn slowest(&self) -> Option<f64> {
+        self.weight_bytes_per_s
+            .values()
+            .copied()
+            .filter(|r| usable(*r))
+            .min_by(f64::total_cmp)
+    }
+
+    /// Layer-steps per second of [`REFERENCE_LAYER`], for [`NodeFacts::speed`]; `None` unmeasured.
+    pub fn reference_speed(&self) -> Option<f64> {
+        let (ty, bytes) = REFERENCE_LAYER;
+        let rate = self.bytes_per_s(ty).or_else(|| self.slowest())?;
+        Some(rate / bytes as f64)
+    }
+}
+
+/// A measured rate worth using: finite and positive.
+pub(crate) fn usable(rate: f64) -> bool {
+    rate.is_finite() && rate > 0.0
 }
 
 /// What one instance is doing, as its driver publishes it (refreshed with the node's facts, every second).
@@ -164,11 +238,15 @@ pub fn local_resources() -> (MemoryFacts, usize) {
         }
         Err(_) => (0, 0),
     };
-    let pressure = if total > 0 {
+    let used = if total > 0 {
         (1.0 - available as f64 / total as f64) as f32
     } else {
         0.0
     };
+    let pressure = std::fs::read_to_string("/proc/pressure/memory")
+        .ok()
+        .and_then(|text| psi_some_avg10(&text))
+        .unwrap_or(0.0);
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -177,9 +255,34 @@ pub fn local_resources() -> (MemoryFacts, usize) {
             total,
             available,
             pressure,
+            used,
         },
         cores,
     )
+}
+
+/// The `some avg10` figure of a Linux PSI file (a percentage) as a fraction in [0, 1]; `None` when the
+/// text has no such figure.
+pub fn psi_some_avg10(text: &str) -> Option<f32> {
+    let some = text.lines().find(|l| l.starts_with("some "))?;
+    let avg10 = some
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("avg10="))?
+        .parse::<f32>()
+        .ok()?;
+    avg10.is_finite().then(|| (avg10 / 100.0).clamp(0.0, 1.0))
+}
+
+/// The CPU's model name as the OS reports it (`AMD EPYC`, `Apple M2`, …); "" when unknown.
+pub fn cpu_model() -> String {
+    let Ok(mut sys) = sysinfo::System::new() else {
+        return String::new();
+    };
+    sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
+    sys.cpus()
+        .first()
+        .map(|c| c.brand().trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Layer-steps per second assumed per core: one core of this VM decodes the 30-layer default model at
@@ -369,10 +472,44 @@ mod tests {
     }
 
     #[test]
+    fn psi_reads_some_avg10() {
+        let text = "some avg10=12.50 avg60=3.00 avg300=1.00 total=123\n\
+                    full avg10=40.00 avg60=0.00 avg300=0.00 total=9\n";
+        assert_eq!(psi_some_avg10(text), Some(0.125));
+        assert_eq!(
+            psi_some_avg10("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"),
+            Some(0.0)
+        );
+        assert_eq!(psi_some_avg10("full avg10=5.00\n"), None);
+        assert_eq!(psi_some_avg10("some avg10=x\n"), None);
+        assert_eq!(psi_some_avg10(""), None);
+    }
+
+    #[test]
+    fn compute_rates_and_the_reference_speed() {
+        let mut c = ComputeFacts::default();
+        assert!(!c.is_measured());
+        assert_eq!(c.reference_speed(), None);
+        c.weight_bytes_per_s.insert("q8_0".into(), 8e9);
+        c.weight_bytes_per_s.insert("q4_k".into(), 4e9);
+        c.weight_bytes_per_s.insert("bad".into(), f64::NAN);
+        assert!(c.is_measured());
+        assert_eq!(c.bytes_per_s("q8_0"), Some(8e9));
+        assert_eq!(c.bytes_per_s("bad"), None);
+        assert_eq!(c.slowest(), Some(4e9));
+        // No q4_1 measured: the slowest type stands in.
+        assert_eq!(c.reference_speed(), Some(4e9 / 2_216_448.0));
+        c.weight_bytes_per_s.insert("q4_1".into(), 5e9);
+        assert_eq!(c.reference_speed(), Some(5e9 / 2_216_448.0));
+    }
+
+    #[test]
     fn resources_are_plausible() {
         let (mem, cores) = local_resources();
         assert!(mem.total > 0 && mem.available <= mem.total);
         assert!((0.0..=1.0).contains(&mem.pressure));
+        assert!((0.0..=1.0).contains(&mem.used) && mem.used > 0.0);
         assert!(cores >= 1);
+        assert!(!cpu_model().is_empty(), "this machine names its CPU");
     }
 }

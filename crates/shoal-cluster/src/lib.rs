@@ -11,7 +11,10 @@
 //! - [`state`]: the plain [`state::ClusterState`] the task owns — members, their [`facts::NodeFacts`],
 //!   links, the coordinator (smallest member id) and the instance table it alone changes; its
 //!   [`state::ClusterView`] (`GET /state`) gives each instance a typed [`state::InstanceState`].
-//! - [`facts`]: what a node publishes about itself (memory, cores, models, links, instance load state).
+//! - [`facts`]: what a node publishes about itself (memory and its pressure, cores, measured compute,
+//!   models, links, instance load state).
+//! - [`compute`]: a node's measured compute ([`facts::ComputeFacts`]) converted into the planner's
+//!   speeds for one model.
 //! - [`proto`]: control messages and the instance table.
 //! - Errors: [`ClusterError`] (one `error_type()` label per variant), with [`PlaceError`] for requests
 //!   that cannot be placed and [`IdentityProblem`] for key files.
@@ -21,6 +24,7 @@
 //! [`Snapshot`] watch channel carries the result to its runtime and API.
 
 mod clock;
+pub mod compute;
 mod error;
 pub mod facts;
 pub mod identity;

@@ -2,6 +2,11 @@
 //! network. Membership = this node + every connected peer whose facts arrived. The coordinator is the
 //! member with the smallest id; only it changes the instance table (placements, removals, re-placement
 //! when a member leaves), and every node adopts the coordinator's table.
+//!
+//! The planner's view ([`ClusterState::topology`]) prices each node for the model at hand from its
+//! measured compute (`crate::compute`) and offers it the memory the table's instances leave on it
+//! (`budget`: weights and KV of every model a node hosts); a placement that does not fit says which
+//! instances it would have to evict ([`ClusterState::name_evictions`]).
 
 use std::collections::BTreeMap;
 
@@ -212,7 +217,9 @@ impl ClusterState {
     }
 
     /// The planner's view of the members (those that have `model`, or all of them with `all`), with the
-    /// links they measured, and the model's card from any member that has it.
+    /// links they measured, and the model's card from any member that has it. A node's speeds are its
+    /// measured compute converted for this model ([`crate::compute::speeds`]); its memory is what it
+    /// offers beside the instances the table already puts on it ([`ClusterState::mem_offered`]).
     pub fn topology(&self, model: &str, all: bool) -> (Topology, Option<ModelCard>) {
         let members = self.member_facts();
         let has = |f: &NodeFacts| f.models.iter().any(|m| m.id == model);
@@ -222,11 +229,17 @@ impl ClusterState {
         let nodes = members
             .iter()
             .filter(|f| all || has(f))
-            .map(|f| NodeInfo {
-                id: f.id.clone(),
-                mem_available: f.memory.available,
-                speed: f.speed,
-                prefill_speed: None,
+            .map(|f| {
+                let (speed, prefill_speed) = match &card {
+                    Some(c) => crate::compute::speeds(f, c),
+                    None => (f.speed, None),
+                };
+                NodeInfo {
+                    id: f.id.clone(),
+                    mem_available: self.mem_offered(f),
+                    speed,
+                    prefill_speed,
+                }
             })
             .collect();
         (
@@ -335,7 +348,8 @@ impl ClusterState {
     ) -> Result<InstanceRecord, ClusterError> {
         self.check_coordinator()?;
         let best = self
-            .previews(req)?
+            .previews(req)
+            .map_err(|e| self.name_evictions(req, e))?
             .into_iter()
             .next()
             .ok_or(PlaceError::NoCandidate)?;
@@ -490,5 +504,7 @@ mod replicas;
 
 pub use moves::{DRAIN_LIMIT, MOVE_MARGIN};
 
+mod budget;
+pub use budget::{Hosted, os_reserve};
 #[cfg(test)]
 mod tests;

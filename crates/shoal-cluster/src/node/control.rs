@@ -241,6 +241,17 @@ impl NetTask {
                     self.push_facts();
                 }
             }
+            Command::SetCompute(compute) => {
+                let me = self.state.me_mut();
+                if me.compute != compute {
+                    if let Some(speed) = compute.reference_speed() {
+                        me.speed = speed;
+                    }
+                    me.compute = compute;
+                    self.refresh_own_facts();
+                    self.push_facts();
+                }
+            }
             Command::Probe => {
                 let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
                 for peer in peers {

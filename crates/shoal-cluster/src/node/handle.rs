@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::TABLE_PROPAGATION;
 use crate::ClusterError;
-use crate::facts::{DownloadFacts, InstanceLoad, InstanceStatus, RemovedNode};
+use crate::facts::{ComputeFacts, DownloadFacts, InstanceLoad, InstanceStatus, RemovedNode};
 use crate::invite::{EnrollReply, EnrollRequest, InviteBook};
 use crate::proto::{InstanceRecord, PlaceRequest};
 use crate::state::{ClusterState, ClusterView};
@@ -67,6 +67,7 @@ pub(super) enum Command {
     SetLoad(String, Option<InstanceLoad>),
     SetDownloads(Vec<DownloadFacts>),
     SetModels(Vec<ModelCard>),
+    SetCompute(ComputeFacts),
     Probe,
     RemoveNode(String, Reply<RemovedNode>),
 }
@@ -233,6 +234,13 @@ impl ClusterHandle {
     /// downloading becomes placeable here and a source for peers.
     pub async fn set_models(&self, models: Vec<ModelCard>) {
         let _ = self.commands.send(Command::SetModels(models)).await;
+    }
+
+    /// Publishes what this node's compute probe measured (and [`NodeFacts::speed`] from it), at once.
+    ///
+    /// [`NodeFacts::speed`]: crate::facts::NodeFacts::speed
+    pub async fn set_compute(&self, compute: ComputeFacts) {
+        let _ = self.commands.send(Command::SetCompute(compute)).await;
     }
 
     /// Takes a member out of the cluster for good (`shoal remove NODE`): by id, id suffix or name.

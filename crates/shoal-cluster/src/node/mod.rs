@@ -179,6 +179,7 @@ pub fn local_facts(id: PeerId, config: &ClusterConfig) -> NodeFacts {
         accelerator: "cpu".into(),
         backend: config.backend.clone(),
         speed: facts::estimate_speed(cores),
+        compute: facts::ComputeFacts::default(),
         models: config.models.clone(),
         links: Vec::new(),
         instances: BTreeMap::new(),

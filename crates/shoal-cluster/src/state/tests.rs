@@ -37,12 +37,14 @@ fn facts(id: &str, seq: u64) -> NodeFacts {
         memory: MemoryFacts {
             total: 8 << 30,
             available: 4 << 30,
-            pressure: 0.5,
+            pressure: 0.1,
+            used: 0.5,
         },
         cpu_cores: 2,
         accelerator: "cpu".into(),
         backend: "cpu".into(),
         speed: 5000.0,
+        compute: Default::default(),
         models: vec![card()],
         links: vec![],
         instances: BTreeMap::new(),
@@ -351,4 +353,189 @@ fn a_node_without_the_model_is_used_when_pinned_or_when_the_holders_cannot_hold_
         s.previews(&none),
         Err(PlaceError::UnknownModel { .. })
     ));
+}
+
+/// A card of `layers` layers of `layer_mib` MiB (1 MiB of KV per layer at the default reserve), with
+/// 10 MiB of embeddings and 10 MiB of head.
+fn sized_card(id: &str, layers: usize, layer_mib: u64) -> ModelCard {
+    ModelCard {
+        id: id.into(),
+        n_layers: layers,
+        layer_bytes: layer_mib << 20,
+        embed_bytes: 10 << 20,
+        head_bytes: 10 << 20,
+        kv_bytes_per_token_per_layer: 256,
+        context_length: DEFAULT_KV_RESERVE_TOKENS,
+        ..card()
+    }
+}
+
+fn auto(model: &str) -> PlaceRequest {
+    PlaceRequest {
+        model: model.into(),
+        ..PlaceRequest::default()
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+/// One node of 8 GiB (7 GiB available) with three models: `big` (3 GiB and 20 MiB of weights, 10 MiB
+/// of KV), `small` (1 GiB and 20 MiB, 4 MiB of KV) and `big2` (as `big`).
+fn one_node_three_models() -> ClusterState {
+    let mut s = cluster("a", &[]);
+    let me = s.me_mut();
+    me.memory.available = 7 << 30;
+    me.models = vec![
+        sized_card("big", 10, 300),
+        sized_card("small", 4, 256),
+        sized_card("big2", 10, 300),
+    ];
+    s
+}
+
+#[test]
+fn a_second_model_is_offered_what_the_first_leaves() {
+    let mut s = one_node_three_models();
+    let total = 8u64 << 30;
+    let reserve = os_reserve(total);
+    assert_eq!(reserve, total / 10);
+    let fresh = s.topology("small", false).0;
+    assert_eq!(fresh.nodes[0].mem_available, 7 << 30, "nothing hosted yet");
+
+    s.place(&auto("big"), "b1".into()).unwrap();
+    let (weights, full) = ((3000 + 20) * MIB, (3000 + 20 + 10) * MIB);
+    assert_eq!(
+        s.hosted("a"),
+        Hosted {
+            bytes: full,
+            pending: weights
+        }
+    );
+    // Loading: its weights are not in memory yet, so they come off what is available.
+    let offered = |s: &ClusterState| s.topology("small", false).0.nodes[0].mem_available;
+    assert_eq!(offered(&s), (7 << 30) - weights);
+    // Loaded, with the OS not showing it (KV not touched, or memory measured before): the table's
+    // full size still comes off the total.
+    s.me_mut()
+        .instances
+        .insert("b1".into(), InstanceStatus::Ready);
+    assert_eq!(s.hosted("a").pending, 0);
+    assert_eq!(offered(&s), total - full - reserve);
+    // Loaded and seen by the OS: never counted twice.
+    s.me_mut().memory.available = (7 << 30) - weights;
+    assert_eq!(offered(&s), (7 << 30) - weights);
+
+    // The second model goes in what is left, on the same node.
+    let small = s.place(&auto("small"), "s1".into()).unwrap();
+    assert!(small.stages.iter().all(|st| st.node == "a"), "{small:?}");
+    let hosted = s.hosted("a");
+    assert_eq!(hosted.bytes, full + (1024 + 20 + 4) * MIB);
+    assert_eq!(hosted.pending, (1024 + 20) * MIB, "small is still loading");
+}
+
+#[test]
+fn a_model_that_does_not_fit_names_what_it_would_evict() {
+    let mut s = one_node_three_models();
+    s.place(&auto("big"), "b1".into()).unwrap();
+    s.place(&auto("small"), "s1".into()).unwrap();
+    // big2 needs 3030 MiB: with 5 GiB available and both instances still loading (4064 MiB of
+    // weights to come), 1056 MiB are offered; without b1, 4076 MiB.
+    s.me_mut().memory.available = 5 << 30;
+    let err = s.place(&auto("big2"), "x".into()).unwrap_err();
+    let ClusterError::Place(PlaceError::NeedsEviction {
+        model,
+        instances,
+        reason,
+    }) = &err
+    else {
+        panic!("not an eviction: {err}");
+    };
+    assert_eq!(model, "big2");
+    assert_eq!(instances, &["b1 (big)"], "the one large enough suffices");
+    assert!(matches!(**reason, PlaceError::Plan(_)), "{reason}");
+    let text = err.to_string();
+    assert!(
+        text.contains("'big2' does not fit beside the instances already placed")
+            && text.contains("it would fit after removing b1 (big)"),
+        "{text}"
+    );
+    assert_eq!(err.error_type(), "placement");
+    assert_eq!(
+        PlaceError::NeedsEviction {
+            model: model.clone(),
+            instances: instances.clone(),
+            reason: reason.clone()
+        }
+        .error_type(),
+        "needs_eviction"
+    );
+    assert_eq!(s.table().instances.len(), 2, "nothing placed");
+
+    // When only removing both would do, both are named (largest first).
+    s.me_mut().memory.available = 3500 * MIB;
+    let err = s.place(&auto("big2"), "x".into()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("it would fit after removing b1 (big), s1 (small)"),
+        "{err}"
+    );
+
+    // A model too big for the empty machine: the planner's error as it is.
+    s.me_mut().models.push(sized_card("huge", 40, 300));
+    let err = s.place(&auto("huge"), "x".into()).unwrap_err();
+    assert!(
+        matches!(&err, ClusterError::Place(PlaceError::Plan(_))),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_split_instance_takes_its_own_stage_on_each_node() {
+    let mut s = cluster("a", &["b"]);
+    for id in ["a", "b"] {
+        let mut f = s.facts_of(id).unwrap().clone();
+        f.models = vec![sized_card("big", 10, 300)];
+        f.seq += 1;
+        if id == "a" {
+            *s.me_mut() = f;
+        } else {
+            s.on_facts(f);
+        }
+    }
+    let mut req = auto("big");
+    req.nodes = Some(vec!["a".into(), "b".into()]);
+    req.layers = Some(vec![4, 6]);
+    s.place(&req, "i".into()).unwrap();
+    // First stage: 4 layers + embeddings; last: 6 layers + head; 1 MiB of KV per layer each.
+    assert_eq!(s.hosted("a").bytes, (4 * 301 + 10) * MIB);
+    assert_eq!(s.hosted("b").bytes, (6 * 301 + 10) * MIB);
+    // A node publishing a smaller KV reserve for the instance counts that one.
+    let mut b = s.facts_of("b").unwrap().clone();
+    b.kv_capacity.insert("i".into(), 1024);
+    b.seq += 1;
+    s.on_facts(b);
+    assert_eq!(s.hosted("b").bytes, (6 * 300 + 10) * MIB + 6 * (MIB / 4));
+}
+
+#[test]
+fn the_topology_prices_nodes_from_their_measured_compute() {
+    let mut s = cluster("a", &["b"]);
+    let mut m = card();
+    m.weight_type = "q4_0".into();
+    m.layer_params = 1_000_000;
+    s.me_mut().models = vec![m.clone()];
+    s.me_mut().compute = crate::facts::ComputeFacts {
+        weight_bytes_per_s: [("q4_0".to_string(), 4e9)].into(),
+        flops_per_s: 20e9,
+        threads: 2,
+        key: "k".into(),
+    };
+    let (topo, _) = s.topology("m", true);
+    let a = topo.node("a").unwrap();
+    // 2 MB layers at 4 GB/s; 2 Mflop per layer-token at 20 Gflop/s.
+    assert_eq!((a.speed, a.prefill_speed), (2000.0, Some(10_000.0)));
+    // b measured nothing: its published estimate, scaled from the reference layer to this one.
+    let b = topo.node("b").unwrap();
+    let reference = crate::facts::REFERENCE_LAYER.1 as f64;
+    assert_eq!((b.speed, b.prefill_speed), (5000.0 * reference / 2e6, None));
 }
