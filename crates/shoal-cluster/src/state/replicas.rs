@@ -1,17 +1,17 @@
 //! Replicas: several instances of one model on disjoint node sets, so they share the traffic
 //! (`PlaceRequest.replicas`, PRD 3.2).
 //!
-//! [`ClusterState::replica_previews`] plans them one after the other: the planner's best placement on the
-//! members no earlier replica uses (the planner's own fallback to members lacking the model included).
-//! [`ClusterState::place_replicas`] adds them to the table in one change. All or nothing: when fewer fit
-//! than were asked for, nothing is placed and [`PlaceError::TooFewReplicas`] says how many did and why
-//! the next one did not (a client that wants what fits asks again with that number).
+//! [`ClusterState::replica_previews`] plans them with the planner's `plan_replicas` (each replica the
+//! best on the nodes the earlier ones left; explanations carry "replica i of n" and the group's rate) on
+//! the members that have the model, and on every member when those hold fewer — as a single placement
+//! falls back to members that would fetch the model. [`ClusterState::place_replicas`] adds them to the
+//! table in one change. All or nothing: when fewer fit than were asked for, nothing is placed and
+//! [`PlaceError::TooFewReplicas`] says how many did and why the next one did not (a client that wants
+//! what fits asks again with that number).
 
-use std::collections::BTreeSet;
+use shoal_placement::{Constraints, ModelCard, Placement, PlacementError, Topology};
 
-use shoal_placement::Placement;
-
-use super::ClusterState;
+use super::{ClusterState, constraints};
 use crate::ClusterError;
 use crate::error::PlaceError;
 use crate::proto::{InstanceRecord, PlaceRequest};
@@ -32,37 +32,44 @@ impl ClusterState {
         if req.layers.is_some() {
             return Err(PlaceError::ReplicasWithLayers);
         }
-        let pool = req.nodes.clone();
-        let one = PlaceRequest {
-            nodes: None,
-            replicas: None,
-            ..req.clone()
-        };
-        let mut used: BTreeSet<String> = BTreeSet::new();
-        let mut out: Vec<Placement> = Vec::with_capacity(asked);
-        while out.len() < asked {
-            let keep = |id: &str| {
-                !used.contains(id) && pool.as_ref().is_none_or(|p| p.iter().any(|n| n == id))
-            };
-            let next = self
-                .previews_among(&one, &keep)
-                .and_then(|p| p.into_iter().next().ok_or(PlaceError::NoCandidate));
-            match next {
-                Ok(best) => {
-                    used.extend(best.stages.iter().map(|s| s.node.clone()));
-                    out.push(best);
+        let (holders, card) = self.topology(&req.model, false);
+        let card = card.ok_or_else(|| PlaceError::UnknownModel {
+            model: req.model.clone(),
+        })?;
+        let constraints = constraints(req, &card)?;
+        let everyone = self.topology(&req.model, true).0;
+        let mut tries = vec![holders];
+        if everyone.nodes.len() > tries[0].nodes.len() {
+            tries.push(everyone);
+        }
+        // The most replicas any topology holds (the members with the model first on a tie).
+        let mut most: Option<(Vec<Placement>, Topology)> = None;
+        let mut first_error = None;
+        for topology in tries {
+            match shoal_placement::plan_replicas(&topology, &card, &constraints, asked) {
+                Ok(p) if p.len() == asked => return Ok(p),
+                Ok(p) if most.as_ref().is_none_or(|(m, _)| p.len() > m.len()) => {
+                    most = Some((p, topology));
                 }
-                Err(reason) => {
-                    return Err(PlaceError::TooFewReplicas {
-                        model: req.model.clone(),
-                        asked,
-                        fit: out.len(),
-                        reason: Box::new(reason),
-                    });
+                Ok(_) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
                 }
             }
         }
-        Ok(out)
+        let (fit, reason) = match most {
+            Some((placed, topology)) => {
+                let reason = why_no_more(&topology, &card, &constraints, &placed);
+                (placed.len(), reason)
+            }
+            None => (0, first_error.unwrap_or(PlacementError::NoNodes)),
+        };
+        Err(PlaceError::TooFewReplicas {
+            model: req.model.clone(),
+            asked,
+            fit,
+            reason: Box::new(PlaceError::Plan(reason)),
+        })
     }
 
     /// Places every replica of `req` (coordinator only) in one change of the table, each under an id
@@ -87,6 +94,40 @@ impl ClusterState {
         self.table.instances.extend(records.iter().cloned());
         self.table.version += 1;
         Ok(records)
+    }
+}
+
+/// Why one more replica does not fit on the nodes of `topology` (within the pool `constraints` pins)
+/// that `placed` leaves.
+fn why_no_more(
+    topology: &Topology,
+    card: &ModelCard,
+    constraints: &Constraints,
+    placed: &[Placement],
+) -> PlacementError {
+    let pool = constraints.pinned_nodes.as_ref();
+    let left = Topology {
+        nodes: topology
+            .nodes
+            .iter()
+            .filter(|n| pool.is_none_or(|p| p.contains(&n.id)))
+            .filter(|n| {
+                !placed
+                    .iter()
+                    .any(|p| p.stages.iter().any(|s| s.node == n.id))
+            })
+            .cloned()
+            .collect(),
+        links: topology.links.clone(),
+    };
+    let each = Constraints {
+        pinned_nodes: None,
+        keep_order: false,
+        ..constraints.clone()
+    };
+    match shoal_placement::best(&left, card, &each) {
+        Err(e) => e,
+        Ok(_) => PlacementError::NoNodes, // (cannot happen: the planner would have placed it)
     }
 }
 
@@ -142,7 +183,8 @@ mod tests {
         };
         assert_eq!((*asked, *fit, model.as_str()), (3, 2, "m"));
         assert!(
-            err.to_string().starts_with("only 2 of 3 replicas of 'm' fit"),
+            err.to_string()
+                .starts_with("only 2 of 3 replicas of 'm' fit"),
             "{err}"
         );
         assert!(s.table().instances.is_empty(), "all or nothing");
@@ -171,6 +213,27 @@ mod tests {
         assert_eq!(
             s.replica_previews(&replicas(1)).unwrap(),
             s.previews(&replicas(1)).unwrap()[..1]
+        );
+    }
+
+    #[test]
+    fn replicas_say_which_they_are_and_fall_back_to_members_without_the_model() {
+        let mut s = cluster("a", &["b"]);
+        let mut b = s.facts_of("b").unwrap().clone();
+        b.models.clear();
+        b.seq += 1;
+        s.on_facts(b);
+        let p = s.replica_previews(&replicas(2)).unwrap();
+        assert_eq!(p.len(), 2, "b fetches the model for the second replica");
+        assert!(
+            p[0].explanation.starts_with("replica 1 of 2"),
+            "{}",
+            p[0].explanation
+        );
+        assert!(
+            p[1].explanation.starts_with("replica 2 of 2"),
+            "{}",
+            p[1].explanation
         );
     }
 
