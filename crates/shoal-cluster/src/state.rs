@@ -15,7 +15,7 @@ use shoal_placement::{Constraints, Link, ModelCard, NodeInfo, Placement, Topolog
 
 use crate::ClusterError;
 use crate::error::PlaceError;
-use crate::facts::{InstanceStatus, NodeFacts};
+use crate::facts::{InstanceLoad, InstanceStatus, NodeFacts};
 use crate::proto::{InstanceRecord, InstanceTable, PlaceRequest};
 
 /// KV tokens reserved per layer when a request does not say (bounded by the model's context).
@@ -48,6 +48,29 @@ pub struct InstanceView {
     pub status: InstanceState,
     /// Load state of each stage, in stage order.
     pub stage_status: Vec<InstanceStatus>,
+    /// What the planner predicted for it.
+    pub predicted: Predicted,
+    /// What its driver measures (queue, requests finished, recent one-stream decode rate and time to
+    /// first token); `None` until the driver publishes it (the instance is ready) and after it stops.
+    pub measured: Option<InstanceLoad>,
+}
+
+/// The planner's figures for a placed instance, shown next to what its driver measures.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Predicted {
+    /// One stream's decode rate, tokens per second (`1e6 / predicted_token_latency_us`); `None` when
+    /// the record has no usable latency.
+    pub decode_tok_s: Option<f64>,
+}
+
+impl Predicted {
+    /// The figures of `record`.
+    pub fn of(record: &InstanceRecord) -> Self {
+        let rate = 1e6 / record.predicted_token_latency_us;
+        Predicted {
+            decode_tok_s: (rate.is_finite() && rate > 0.0).then_some(rate),
+        }
+    }
 }
 
 impl InstanceView {
@@ -454,10 +477,16 @@ impl ClusterState {
                 } else {
                     InstanceState::of(&stage_status)
                 };
+                let measured = r
+                    .driver()
+                    .and_then(|d| self.facts_of(d))
+                    .and_then(|f| f.load.get(&r.id).cloned());
                 InstanceView {
                     record: r.clone(),
                     status,
                     stage_status,
+                    predicted: Predicted::of(r),
+                    measured,
                 }
             })
             .collect();
