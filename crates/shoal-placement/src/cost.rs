@@ -59,10 +59,30 @@ impl CostBreakdown {
 /// `max(1/speed, tokens/prefill_speed)`, or `tokens/speed` (every token costs a full step) when the
 /// compute-bound rate was not measured (or is not a finite positive number).
 pub(crate) fn layer_us(node: &NodeInfo, tokens: usize) -> f64 {
-    let step = 1e6 / node.speed;
-    match node.prefill_speed {
-        Some(p) if p.is_finite() && p > 0.0 => step.max(tokens as f64 * 1e6 / p),
-        _ => tokens as f64 * step,
+    Compute::of(node).layer_us(tokens)
+}
+
+/// A node's two rates, as [`layer_us`] uses them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Compute {
+    speed: f64,
+    prefill_speed: Option<f64>,
+}
+
+impl Compute {
+    pub fn of(node: &NodeInfo) -> Self {
+        Compute {
+            speed: node.speed,
+            prefill_speed: node.prefill_speed,
+        }
+    }
+
+    pub fn layer_us(self, tokens: usize) -> f64 {
+        let step = 1e6 / self.speed;
+        match self.prefill_speed {
+            Some(p) if p.is_finite() && p > 0.0 => step.max(tokens as f64 * 1e6 / p),
+            _ => tokens as f64 * step,
+        }
     }
 }
 

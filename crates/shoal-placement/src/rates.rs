@@ -17,9 +17,9 @@
 //! The goal's figure, in microseconds per token (lower is better): `R(1)` for latency, `1/tok/s` at the
 //! largest of [`BATCH_SIZES`] for throughput.
 
-use crate::cost::{layer_us, resolve_stages, return_route};
+use crate::cost::{Compute, resolve_stages, return_route};
 use crate::links::LinkIndex;
-use crate::model::{Goal, Link, LinkKind, ModelCard, NodeInfo, TOKEN_BYTES, Topology};
+use crate::model::{Goal, Link, LinkKind, ModelCard, TOKEN_BYTES, Topology};
 use crate::output::{BatchRate, HopPrediction, Prediction, Stage, StagePrediction};
 
 /// Batch sizes (concurrent streams) whose aggregate rate is predicted; the last one ranks for throughput.
@@ -68,7 +68,7 @@ enum Bound {
 #[derive(Debug, Clone)]
 pub(crate) struct Timing {
     layers: Vec<usize>,
-    nodes: Vec<NodeInfo>,
+    compute: Vec<Compute>,
     fwd: Vec<LinkCost>,
     back: Vec<LinkCost>,
     hidden: f64,
@@ -93,7 +93,7 @@ impl Timing {
             .collect::<Option<Vec<_>>>()?;
         Some(Timing {
             layers: counts.to_vec(),
-            nodes: order.iter().map(|&i| topo.nodes[i].clone()).collect(),
+            compute: order.iter().map(|&i| Compute::of(&topo.nodes[i])).collect(),
             fwd,
             back,
             hidden: card.hidden_bytes_per_token as f64,
@@ -111,7 +111,7 @@ impl Timing {
     }
 
     fn stage_us(&self, i: usize, tokens: usize) -> f64 {
-        self.layers[i] as f64 * layer_us(&self.nodes[i], tokens)
+        self.layers[i] as f64 * self.compute[i].layer_us(tokens)
     }
 
     /// A micro-batch of `tokens` tokens through every stage and hop, and `back_tokens` ids back.
@@ -290,7 +290,7 @@ pub fn forecast(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::LinkKind;
+    use crate::model::{LinkKind, NodeInfo};
 
     fn node(id: &str, speed: f64, prefill: Option<f64>) -> NodeInfo {
         NodeInfo {

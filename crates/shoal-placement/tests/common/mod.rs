@@ -41,3 +41,61 @@ pub fn card() -> ModelCard {
         layer_params: 0,
     }
 }
+
+/// A 70B-class card: 80 layers of 450 MB (q4), 1 GB embeddings and head, 160 KB of KV per token and
+/// layer, 16 KB activations (8192 f16).
+pub fn card_70b() -> ModelCard {
+    ModelCard {
+        id: "test-70b".into(),
+        n_layers: 80,
+        layer_bytes: 450_000_000,
+        embed_bytes: GB,
+        head_bytes: GB,
+        kv_bytes_per_token_per_layer: 160 * 1024,
+        context_length: 8192,
+        hidden_bytes_per_token: 16_384,
+        tied_embeddings: false,
+        weight_type: "q4_k".into(),
+        layer_params: 800_000_000,
+    }
+}
+
+/// `n` heterogeneous simulated nodes from `seed`: 4–64 GB, decode speeds over two orders of magnitude,
+/// a measured compute-bound rate on half of them, a full mesh of links of every kind, most of them
+/// measured (a slower second path on some pairs).
+pub fn heterogeneous(n: usize, seed: u64) -> shoal_placement::Topology {
+    use shoal_testkit::rng::{Draw, SplitMix64};
+    let mut rng = SplitMix64::new(seed);
+    let nodes: Vec<NodeInfo> = (0..n)
+        .map(|i| {
+            let speed = rng.range(20, 4000) as f64;
+            NodeInfo {
+                id: format!("node-{i:02}"),
+                mem_available: rng.range(4, 64) * GB,
+                speed,
+                prefill_speed: rng.chance(50).then(|| speed * rng.range(4, 64) as f64),
+            }
+        })
+        .collect();
+    let mut links = Vec::new();
+    for i in 0..n {
+        for j in i + 1..n {
+            let paths = if rng.chance(10) { 2 } else { 1 };
+            for _ in 0..paths {
+                let kind = LinkKind::ALL[rng.range(1, 4) as usize];
+                links.push(Link {
+                    a: nodes[i].id.clone(),
+                    b: nodes[j].id.clone(),
+                    kind,
+                    rtt_us: rng
+                        .chance(80)
+                        .then(|| kind.default_rtt_us() * rng.range(50, 300) as f64 / 100.0),
+                    bandwidth_bps: rng
+                        .chance(80)
+                        .then(|| kind.default_bandwidth_bps() * rng.range(20, 120) as f64 / 100.0),
+                });
+            }
+        }
+    }
+    shoal_placement::Topology { nodes, links }
+}

@@ -1,0 +1,55 @@
+//! Planning 64 heterogeneous nodes: a valid, deterministic, explained placement that beats every node
+//! alone and every drop of one of its nodes. How long it takes is measured by
+//! `cargo run --release -p shoal-placement --example plan64`, never asserted here.
+
+mod common;
+
+use common::{card_70b, heterogeneous};
+use shoal_placement::{Constraints, Goal, best, plan, plan_replicas};
+
+#[test]
+fn sixty_four_nodes_get_an_explained_placement_that_no_drop_improves() {
+    let topo = heterogeneous(64, 64);
+    let card = card_70b();
+    for goal in [Goal::Latency, Goal::Throughput] {
+        let cons = Constraints {
+            kv_reserve_tokens: 2048,
+            goal,
+            ..Constraints::default()
+        };
+        let all = plan(&topo, &card, &cons).unwrap();
+        assert_eq!(all, plan(&topo, &card, &cons).unwrap(), "deterministic");
+        let chosen = &all[0];
+        assert_eq!(chosen.stages.last().unwrap().end, 80);
+        assert_eq!(chosen.nodes.len(), 64);
+        let k = chosen.stages.len();
+        assert!(k > 1, "no node holds 80 × 0.45 GB + KV alone: {k}");
+        for (i, s) in chosen.stages.iter().enumerate() {
+            let need = card.stage_bytes(s.layers(), i == 0, i + 1 == k, 2048);
+            assert!(need <= topo.node(&s.node).unwrap().mem_available);
+        }
+        let figure = |p: &shoal_placement::Placement| p.prediction.goal_tok_s();
+        for p in 0..k {
+            let rest: Vec<String> = (chosen.stages.iter().enumerate())
+                .filter(|&(q, _)| q != p)
+                .map(|(_, s)| s.node.clone())
+                .collect();
+            let pinned = Constraints {
+                pinned_nodes: Some(rest),
+                keep_order: true,
+                ..cons.clone()
+            };
+            if let Ok(without) = best(&topo, &card, &pinned) {
+                assert!(figure(&without) <= figure(chosen) * (1.0 + 1e-12));
+            }
+        }
+        let left_out = chosen
+            .nodes
+            .iter()
+            .filter(|v| v.reason.starts_with("left out: adding it predicts"))
+            .count();
+        assert!(left_out > 0, "{:?}", chosen.nodes);
+    }
+    let replicas = plan_replicas(&topo, &card, &Constraints::default(), 4).unwrap();
+    assert_eq!(replicas.len(), 4);
+}
