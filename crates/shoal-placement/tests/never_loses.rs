@@ -3,9 +3,10 @@
 //! than a node alone that fits, never holds a node whose removal would be predicted faster, and its
 //! predictions agree with each other.
 
+mod common;
+
 use shoal_placement::{
-    Constraints, Goal, Link, LinkKind, ModelCard, NodeInfo, Placement, Topology, best, forecast,
-    plan,
+    Constraints, Goal, Link, LinkKind, ModelCard, NodeInfo, Placement, Topology, forecast, plan,
 };
 use shoal_testkit::rng::{Draw, SplitMix64 as Rng};
 
@@ -142,25 +143,13 @@ fn the_chosen_placement_never_loses_to_a_node_alone_or_to_dropping_a_node() {
             if topo.nodes.len() > shoal_placement::EXHAUSTIVE_NODES {
                 greedy_multi += 1;
             }
-            for p in 0..k {
-                let rest: Vec<String> = (chosen.stages.iter().enumerate())
-                    .filter(|&(q, _)| q != p)
-                    .map(|(_, st)| st.node.clone())
-                    .collect();
-                let pinned = Constraints {
-                    pinned_nodes: Some(rest),
-                    keep_order: true,
-                    ..cons.clone()
-                };
-                if let Ok(without) = best(&topo, &card, &pinned) {
-                    dropped += 1;
-                    let w = score(&without, goal);
-                    assert!(
-                        within(s, w),
-                        "case {case}: dropping {} predicts {w} < {s}",
-                        chosen.stages[p].node
-                    );
-                }
+            for (node, without) in common::drops(&topo, &card, &cons, chosen) {
+                dropped += 1;
+                let w = score(&without, goal);
+                assert!(
+                    within(s, w),
+                    "case {case}: dropping {node} predicts {w} < {s}"
+                );
             }
         }
         // Every node has a verdict, and it agrees with the stages.

@@ -1,7 +1,9 @@
 //! Builders shared by the scenario tests.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use shoal_placement::{Link, LinkKind, ModelCard, NodeInfo};
+use shoal_placement::{
+    Constraints, Link, LinkKind, ModelCard, NodeInfo, Placement, Topology, best,
+};
 
 pub const GB: u64 = 1_000_000_000;
 
@@ -63,7 +65,7 @@ pub fn card_70b() -> ModelCard {
 /// `n` heterogeneous simulated nodes from `seed`: 4–64 GB, decode speeds over two orders of magnitude,
 /// a measured compute-bound rate on half of them, a full mesh of links of every kind, most of them
 /// measured (a slower second path on some pairs).
-pub fn heterogeneous(n: usize, seed: u64) -> shoal_placement::Topology {
+pub fn heterogeneous(n: usize, seed: u64) -> Topology {
     use shoal_testkit::rng::{Draw, SplitMix64};
     let mut rng = SplitMix64::new(seed);
     let nodes: Vec<NodeInfo> = (0..n)
@@ -97,5 +99,32 @@ pub fn heterogeneous(n: usize, seed: u64) -> shoal_placement::Topology {
             }
         }
     }
-    shoal_placement::Topology { nodes, links }
+    Topology { nodes, links }
+}
+
+/// `chosen` with the node of each stage dropped in turn (the others in the same order, layers split
+/// again for the goal of `cons`): (dropped node, the placement) for each drop that still fits.
+pub fn drops(
+    topo: &Topology,
+    card: &ModelCard,
+    cons: &Constraints,
+    chosen: &Placement,
+) -> Vec<(String, Placement)> {
+    let k = chosen.stages.len();
+    (0..k)
+        .filter(|_| k > 1)
+        .filter_map(|p| {
+            let rest: Vec<String> = (chosen.stages.iter().enumerate())
+                .filter(|&(q, _)| q != p)
+                .map(|(_, s)| s.node.clone())
+                .collect();
+            let pinned = Constraints {
+                pinned_nodes: Some(rest),
+                keep_order: true,
+                ..cons.clone()
+            };
+            let without = best(topo, card, &pinned).ok()?;
+            Some((chosen.stages[p].node.clone(), without))
+        })
+        .collect()
 }
