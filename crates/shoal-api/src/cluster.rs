@@ -1,23 +1,43 @@
-//! Cluster routes: `GET /state`, `GET /instance/previews`, `POST /instance`, `DELETE /instance/{id}`.
+//! Cluster routes: `GET /state`, `GET /instance/previews`, `POST /instance`, `DELETE /instance/{id}`,
+//! and [`forward_to_driver`], the middleware that sends a generation request to the instance of its
+//! model that [`crate::balance`] chooses (relayed to another node's API when it is not this node's).
 //!
-//! They read the node's latest cluster snapshot or ask the coordinator through the [`ClusterHandle`];
-//! they never touch sockets themselves.
+//! The routes read the node's latest cluster snapshot or ask the coordinator through the
+//! [`ClusterHandle`]; they never touch cluster sockets themselves.
 
 use axum::Json;
+use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use shoal_cluster::{ClusterHandle, PlaceRequest};
 
+use crate::balance::{self, InFlight, Target};
 use crate::dialect::error_response;
 use crate::{ApiError, ApiState};
 
-/// `GET /state`: this node's view of the cluster (`cluster` is the same on every member).
+/// `GET /state`: this node's view of the cluster (`cluster` is the same on every member), plus this
+/// node's own `engines` (the counters of each model's engine here: what its instance served) and
+/// `routing` (requests this node sent to each instance, and how many of them are still running).
 pub async fn get_state(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
     let c = state.cluster()?;
-    let body = serde_json::to_value(c.snapshot().state_json())
+    let mut body = serde_json::to_value(c.snapshot().state_json())
         .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let engines: serde_json::Map<String, Value> = state
+        .engine
+        .models()
+        .into_iter()
+        .filter_map(|m| {
+            let stats = state.engine.get(&m.id).ok()?.stats();
+            Some((m.id, serde_json::to_value(stats).ok()?))
+        })
+        .collect();
+    if let Value::Object(map) = &mut body {
+        map.insert("engines".into(), Value::Object(engines));
+        map.insert("routing".into(), json!(state.balancer.stats()));
+    }
     Ok(Json(body))
 }
 
@@ -133,28 +153,21 @@ pub async fn delete(
     }
 }
 
-/// The API of the node driving a ready instance of `model`, when it is another node.
-fn remote_driver(cluster: &ClusterHandle, model: &str) -> Option<String> {
-    let snap = cluster.snapshot();
-    let me = cluster.id().to_string();
-    snap.state
-        .view()
-        .instances_of(model)
-        .filter(|i| i.is_ready())
-        .filter_map(|i| i.record.driver().map(str::to_string))
-        .find(|d| *d != me)
-        .and_then(|d| snap.state.facts_of(&d).and_then(|f| f.api_url.clone()))
-}
-
 /// The one field of a generation request the middleware reads (serde skips the others).
 #[derive(Deserialize)]
 struct ModelOf {
     model: String,
 }
 
-/// Middleware on the generation routes: a request for a model that no engine of this node serves, but
-/// that another node drives, is forwarded to that node's API and its answer (streamed or not) relayed
-/// as it comes. The client may talk to any member.
+/// Header `relay` sets on a request it sends on: the receiving node serves it with its own engine or
+/// fails (503), never forwards it again.
+pub const FORWARDED_HEADER: &str = "x-shoal-forwarded";
+
+/// Middleware on the generation routes: each request for a model goes to the ready instance chosen by
+/// [`crate::balance`] (least predicted queued work, prefix affinity) — this node's engine, or another
+/// driver's API, whose answer (streamed or not) is relayed as it comes. The client may talk to any
+/// member. A model without an instance is placed first (see `ensure_instance`); a driver that cannot
+/// be reached, or answers 503 before any output, is left out and the next best tried.
 pub async fn forward_to_driver(
     State(state): State<ApiState>,
     req: axum::extract::Request,
@@ -163,6 +176,7 @@ pub async fn forward_to_driver(
     let Some(cluster) = state.cluster.clone() else {
         return next.run(req).await;
     };
+    let forwarded = req.headers().contains_key(FORWARDED_HEADER);
     let (parts, body) = req.into_parts();
     let bytes = match axum::body::to_bytes(body, state.body_limit).await {
         Ok(b) => b,
@@ -171,23 +185,66 @@ pub async fn forward_to_driver(
     let model = serde_json::from_slice::<ModelOf>(&bytes)
         .ok()
         .map(|m| m.model);
-    if let Some(model) = model
-        && state.engine.get(&model).is_err()
+    let here =
+        |parts, bytes| next.run(axum::extract::Request::from_parts(parts, Body::from(bytes)));
+    let Some(model) = model else {
+        return here(parts, bytes).await; // the handler says what is wrong with the body
+    };
+    let local = state.engine.get(&model).ok();
+    if forwarded {
+        // Sent here by another node's balancer: served here, or a 503 it retries elsewhere.
+        return match local {
+            Some(_) => here(parts, bytes).await,
+            None => error_response(parts.uri.path(), ApiError::Unavailable),
+        };
+    }
+    if local.is_none()
+        && let Err(e) = ensure_instance(&state, &cluster, &model).await
     {
-        if let Err(e) = ensure_instance(&state, &cluster, &model).await {
-            return error_response(parts.uri.path(), e);
-        }
-        if state.engine.get(&model).is_err()
-            && let Some(base) = remote_driver(&cluster, &model)
-        {
-            return relay(&base, parts.uri.path(), bytes, &parts.headers).await;
+        return error_response(parts.uri.path(), e);
+    }
+    let prefixes = balance::prompt_prefixes(&bytes);
+    let mut left_out: Vec<String> = Vec::new();
+    let mut last_failure = None;
+    loop {
+        let local_work = state.engine.get(&model).ok().map(|e| {
+            let s = e.stats();
+            (s.active_sequences + s.waiting) as f64
+        });
+        let mut candidates = balance::candidates(&cluster.snapshot(), &model, local_work);
+        candidates.retain(|c| !left_out.contains(&c.instance));
+        let Some((chosen, in_flight)) = state.balancer.route(candidates, &prefixes) else {
+            break;
+        };
+        match chosen.target {
+            Target::Local => return counted(here(parts, bytes).await, in_flight),
+            Target::Remote { api_url } => {
+                match relay(&api_url, parts.uri.path(), bytes.clone(), &parts.headers).await {
+                    Ok(response) => return counted(response, in_flight),
+                    Err(failure) => {
+                        tracing::info!(instance = %chosen.instance, %api_url, "not served there; trying the next instance");
+                        left_out.push(chosen.instance);
+                        last_failure = Some(failure);
+                    }
+                }
+            }
         }
     }
-    next.run(axum::extract::Request::from_parts(
-        parts,
-        axum::body::Body::from(bytes),
-    ))
-    .await
+    match last_failure {
+        Some(response) => response,
+        // No instance: the handler answers (a model no member has is its 404).
+        None => here(parts, bytes).await,
+    }
+}
+
+/// `response` with its body holding `in_flight` until the body ends (or the client goes away).
+fn counted(response: axum::response::Response, in_flight: InFlight) -> axum::response::Response {
+    response.map(|body| {
+        Body::from_stream(body.into_data_stream().map(move |chunk| {
+            let _held = &in_flight;
+            chunk
+        }))
+    })
 }
 
 /// How long a request for a model without a ready instance waits for one to be placed and loaded.
@@ -243,19 +300,22 @@ async fn ensure_instance(
     }
 }
 
-/// Sends the request on to another node's API (with the client's API key: the nodes of a cluster share
-/// their keys) and streams its answer back.
+/// Sends the request on to another node's API (marked forwarded, with the client's API key: the nodes
+/// of a cluster share their keys) and streams its answer back. `Err`: the node could not be reached or
+/// answered 503 (no engine for the model any more, overloaded) — nothing reached the client, so another
+/// instance may serve it; the response is what to answer if none can.
 async fn relay(
     base: &str,
     path: &str,
     body: axum::body::Bytes,
     headers: &axum::http::HeaderMap,
-) -> axum::response::Response {
+) -> Result<axum::response::Response, axum::response::Response> {
     let url = format!("{base}{path}");
     let client = reqwest::Client::new();
     let mut req = client
         .post(&url)
         .header("content-type", "application/json")
+        .header(FORWARDED_HEADER, "1")
         .body(body);
     for (name, value) in crate::auth::key_headers(headers) {
         req = req.header(name, value);
@@ -264,7 +324,7 @@ async fn relay(
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(%url, "forwarding to the driving node failed: {e}");
-            return error_response(path, ApiError::Unavailable);
+            return Err(error_response(path, ApiError::Unavailable));
         }
     };
     let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -274,13 +334,16 @@ async fn relay(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json")
         .to_string();
-    let mut out = axum::response::Response::new(axum::body::Body::from_stream(resp.bytes_stream()));
+    let mut out = axum::response::Response::new(Body::from_stream(resp.bytes_stream()));
     *out.status_mut() = status;
     if let Ok(v) = axum::http::HeaderValue::from_str(&content_type) {
         out.headers_mut()
             .insert(axum::http::header::CONTENT_TYPE, v);
     }
-    out
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        return Err(out);
+    }
+    Ok(out)
 }
 
 /// Models this node answers for: its own engines' and those other members drive (forwarded).

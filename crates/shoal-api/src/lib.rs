@@ -16,7 +16,9 @@
 //! - [`cancel`] lets a client stop a request by its response id (`POST /v1/cancel/{id}`); handlers hold
 //!   each request as a [`cancel::LiveRequest`] so they can tell such a cancellation apart.
 //!
-//! - [`cluster`] holds the cluster routes, answered from the node's [`shoal_cluster::ClusterHandle`];
+//! - [`cluster`] holds the cluster routes, answered from the node's [`shoal_cluster::ClusterHandle`], and
+//!   the middleware that sends each generation request to an instance of its model chosen by
+//!   [`balance`] (this node's engine or another driver's API: least queued work, prefix affinity);
 //!   [`membership`] joining with an invite and removing nodes; [`downloads`] the model downloads of every node (listed from the cluster's facts, started and
 //!   cancelled through this node's [`shoal_transfer::Downloads`]).
 //!
@@ -27,6 +29,7 @@
 
 pub mod anthropic;
 pub mod auth;
+pub mod balance;
 pub mod cancel;
 pub mod cluster;
 pub mod dialect;
@@ -73,6 +76,8 @@ pub struct ApiState {
     pub cluster: Option<shoal_cluster::ClusterHandle>,
     /// Held while this node places an instance for a request (see [`cluster::forward_to_driver`]).
     pub placing: Arc<tokio::sync::Mutex<()>>,
+    /// Which instance of a model serves each request, and what this node sent where ([`balance`]).
+    pub balancer: Arc<balance::Balancer>,
     /// This node's model downloads (`POST`/`DELETE /downloads`); `None` for a bare engine.
     pub downloads: Option<shoal_transfer::Downloads>,
     /// With keys, every route but `/health` and `/cluster/enroll` needs one ([`auth`]); `None`: the API is open.
@@ -87,6 +92,7 @@ impl ApiState {
             engine: engine.into(),
             cluster: None,
             placing: Arc::default(),
+            balancer: Arc::default(),
             downloads: None,
             api_keys: None,
             guides: shoal_guide::Guides::default(),
