@@ -98,8 +98,8 @@ pub fn model_card(path: &Path, id: &str) -> Result<ModelCard, shoal_model::Model
         context_length: f.context_length,
         hidden_bytes_per_token: f.hidden_bytes_per_token,
         tied_embeddings: f.tied_embeddings,
-        weight_type: String::new(),
-        layer_params: 0,
+        weight_type: f.weight_type.to_ascii_lowercase(),
+        layer_params: f.layer_params,
     })
 }
 
@@ -685,6 +685,10 @@ mod tests {
         assert_eq!(card.hidden_bytes_per_token, 2 * 576);
         // 3 KV heads × 64 dims × K and V × f16.
         assert_eq!(card.kv_bytes_per_token_per_layer, 3 * 64 * 2 * 2);
+        assert_eq!(
+            (card.weight_type.as_str(), card.layer_params),
+            ("q4_1", 3_538_944)
+        );
         let total = card.embed_bytes + 30 * card.layer_bytes;
         let file = std::fs::metadata(&path).unwrap().len();
         assert!(total < file && total > file / 2, "{total} vs file {file}");
