@@ -51,6 +51,8 @@ pub struct PreviewQuery {
     max_stages: Option<usize>,
     kv_reserve_tokens: Option<usize>,
     replicas: Option<usize>,
+    /// `latency` or `throughput`.
+    goal: Option<shoal_cluster::proto::Goal>,
 }
 
 fn split_list(s: &Option<String>) -> Option<Vec<String>> {
@@ -86,6 +88,7 @@ impl PreviewQuery {
             max_stages: self.max_stages,
             kv_reserve_tokens: self.kv_reserve_tokens,
             replicas: self.replicas,
+            goal: self.goal,
         })
     }
 }

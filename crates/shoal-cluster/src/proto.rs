@@ -5,7 +5,9 @@
 //! (when the request names `replicas`); [`ControlMsg::Remove`] → [`ControlReply::Removed`].
 
 use serde::{Deserialize, Serialize};
-use shoal_placement::Stage;
+/// What a placement is chosen for (re-exported: it is part of [`PlaceRequest`]).
+pub use shoal_placement::Goal;
+use shoal_placement::{Placement, Prediction, Stage};
 
 use crate::ClusterError;
 use crate::facts::NodeFacts;
@@ -85,6 +87,10 @@ pub struct PlaceRequest {
     /// request without it reads the same to nodes that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<usize>,
+    /// What the placement is chosen for: `latency` (one stream's tokens per second, the default) or
+    /// `throughput` (tokens per second over many streams). Left out on the wire when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goal: Option<Goal>,
 }
 
 /// A placed model: its pipeline stages, in order. The first stage's node runs the request scheduler.
@@ -95,9 +101,25 @@ pub struct InstanceRecord {
     pub stages: Vec<Stage>,
     pub predicted_token_latency_us: f64,
     pub explanation: String,
+    /// The planner's figures for these stages when they were chosen (one stream, batches, TTFT, per
+    /// stage and hop); `/state` shows them next to what the driver measures.
+    #[serde(default)]
+    pub prediction: Prediction,
 }
 
 impl InstanceRecord {
+    /// The record of instance `id` of `model` placed as `placement` says.
+    pub fn placed(id: String, model: String, placement: Placement) -> Self {
+        InstanceRecord {
+            id,
+            model,
+            stages: placement.stages,
+            predicted_token_latency_us: placement.predicted_token_latency_us,
+            explanation: placement.explanation,
+            prediction: placement.prediction,
+        }
+    }
+
     /// The node that owns the instance's requests (runs the scheduler and stage 0).
     pub fn driver(&self) -> Option<&str> {
         self.stages.first().map(|s| s.node.as_str())

@@ -376,13 +376,7 @@ impl ClusterState {
             .into_iter()
             .next()
             .ok_or(PlaceError::NoCandidate)?;
-        let record = InstanceRecord {
-            id,
-            model: req.model.clone(),
-            stages: best.stages,
-            predicted_token_latency_us: best.predicted_token_latency_us,
-            explanation: best.explanation,
-        };
+        let record = InstanceRecord::placed(id, req.model.clone(), best);
         self.table.instances.push(record.clone());
         if req.nodes.is_none() && req.layers.is_none() {
             self.mark_movable(&record.id);
@@ -439,13 +433,8 @@ impl ClusterState {
                     tracing::info!(old = %old.id, model = %old.model, "re-placing an instance whose node left");
                     let id = new_id();
                     self.mark_movable(&id);
-                    self.table.instances.push(InstanceRecord {
-                        id,
-                        model: old.model,
-                        stages: best.stages.clone(),
-                        predicted_token_latency_us: best.predicted_token_latency_us,
-                        explanation: best.explanation.clone(),
-                    });
+                    let record = InstanceRecord::placed(id, old.model, best.clone());
+                    self.table.instances.push(record);
                 }
                 Ok(_) | Err(_) => {
                     tracing::warn!(old = %old.id, model = %old.model, "instance dropped: it no longer fits on the members");
@@ -524,6 +513,7 @@ pub fn constraints(req: &PlaceRequest, card: &ModelCard) -> Result<Constraints, 
         layer_counts,
         kv_reserve_tokens: kv,
         max_stages: req.max_stages,
+        goal: req.goal.unwrap_or_default(),
         ..Constraints::default()
     })
 }
@@ -532,7 +522,6 @@ mod moves;
 mod replicas;
 
 pub use moves::{DRAIN_LIMIT, MOVE_MARGIN};
-
 mod budget;
 pub use budget::{Hosted, os_reserve};
 #[cfg(test)]

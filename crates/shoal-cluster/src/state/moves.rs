@@ -15,7 +15,8 @@ use super::{ClusterState, InstanceState};
 use crate::proto::{InstanceRecord, Move, PlaceRequest};
 
 /// A move is made only when the new placement is predicted at least this much faster (fraction of the
-/// per-token latency): measurements wobble, and a move costs a load.
+/// time per token, for the instance's goal: one stream's, or the aggregate's): measurements wobble, and
+/// a move costs a load.
 pub const MOVE_MARGIN: f64 = 0.15;
 /// A draining instance leaves the table after this long even if requests still run on it (they end
 /// with an error).
@@ -72,11 +73,13 @@ impl ClusterState {
             {
                 continue;
             }
-            let Some(now_us) = self.predict_stages(rec) else {
+            let goal = rec.prediction.goal;
+            let Some(now_tok_s) = self.goal_tok_s_now(rec) else {
                 continue;
             };
             let req = PlaceRequest {
                 model: rec.model.clone(),
+                goal: Some(goal),
                 ..PlaceRequest::default()
             };
             let Ok(previews) = self.previews(&req) else {
@@ -85,12 +88,11 @@ impl ClusterState {
             let Some(best) = previews.into_iter().next() else {
                 continue;
             };
-            if best.stages != rec.stages
-                && best.predicted_token_latency_us < now_us * (1.0 - MOVE_MARGIN)
-            {
+            let best_tok_s = best.prediction.goal_tok_s();
+            if best.stages != rec.stages && best_tok_s * (1.0 - MOVE_MARGIN) > now_tok_s {
                 tracing::info!(
-                    instance = %rec.id, model = %rec.model,
-                    now_us, predicted_us = best.predicted_token_latency_us,
+                    instance = %rec.id, model = %rec.model, goal = goal.name(),
+                    now_tok_s, predicted_tok_s = best_tok_s,
                     "moving an instance to a placement predicted faster"
                 );
                 started.push((rec.clone(), best));
@@ -101,13 +103,8 @@ impl ClusterState {
         }
         for (old, best) in started {
             let id = new_id();
-            self.table.instances.push(InstanceRecord {
-                id: id.clone(),
-                model: old.model.clone(),
-                stages: best.stages,
-                predicted_token_latency_us: best.predicted_token_latency_us,
-                explanation: best.explanation,
-            });
+            let record = InstanceRecord::placed(id.clone(), old.model.clone(), best);
+            self.table.instances.push(record);
             self.table.movable.push(id.clone());
             self.table.moves.push(Move {
                 old: old.id,
@@ -118,10 +115,13 @@ impl ClusterState {
         true
     }
 
-    /// The per-token latency the planner predicts for `rec`'s stages on today's members and links.
-    fn predict_stages(&self, rec: &InstanceRecord) -> Option<f64> {
+    /// The goal's rate the planner predicts for `rec`'s stages on today's members, links and speeds.
+    fn goal_tok_s_now(&self, rec: &InstanceRecord) -> Option<f64> {
         let (topology, card) = self.topology(&rec.model, true);
-        shoal_placement::predict(&topology, &card?, &rec.stages).map(|c| c.total_us)
+        let goal = rec.prediction.goal;
+        let prompt = rec.prediction.prompt_tokens.max(1);
+        shoal_placement::forecast(&topology, &card?, &rec.stages, goal, prompt)
+            .map(|p| p.goal_tok_s())
     }
 
     /// Moves forward: a new instance that is ready sends its old one draining; a new one that failed is

@@ -83,13 +83,7 @@ impl ClusterState {
         let records: Vec<InstanceRecord> = self
             .replica_previews(req)?
             .into_iter()
-            .map(|p| InstanceRecord {
-                id: new_id(),
-                model: req.model.clone(),
-                stages: p.stages,
-                predicted_token_latency_us: p.predicted_token_latency_us,
-                explanation: p.explanation,
-            })
+            .map(|p| InstanceRecord::placed(new_id(), req.model.clone(), p))
             .collect();
         self.table.instances.extend(records.iter().cloned());
         self.table.version += 1;

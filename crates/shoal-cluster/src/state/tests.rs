@@ -243,6 +243,7 @@ fn members_adopt_the_coordinators_table_and_the_coordinator_merges_newer_ones() 
         stages: vec![],
         predicted_token_latency_us: 0.0,
         explanation: String::new(),
+        prediction: Default::default(),
     });
     assert!(coord.on_table("b", theirs));
     let ids: Vec<&str> = coord
