@@ -1,6 +1,7 @@
 //! The `shoal` binary: CLI, configuration, wiring and tracing setup.
 //!
 //! - `shoal serve` (`serve`): join the cluster, bring the model here (peers first), place it, serve the API.
+//!   At start it measures this machine's compute, or reads it from the cache (`compute`).
 //! - `shoal chat "prompt"`: stream an answer in the terminal (in-process, or from a server with `--url`).
 //! - `shoal bench`: prefill / decode throughput, TTFT and inter-token latency (run by `shoal-bench`).
 //! - `shoal pull` / `shoal models` / `shoal rm`: fetch, list and delete models (`models`).
@@ -8,6 +9,7 @@
 
 mod chat;
 mod cli;
+mod compute;
 mod membership;
 mod models;
 mod serve;

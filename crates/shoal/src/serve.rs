@@ -2,7 +2,8 @@
 //! serve the HTTP API.
 //!
 //! Order: the served model is looked up locally (a path, the models dir, the hub cache) without the
-//! network → the cluster node starts, offering every complete local model → this node's
+//! network → this node's compute is measured (or read from the cache, [`crate::compute`]) → the
+//! cluster node starts, publishing those figures, offering every complete local model → this node's
 //! [`shoal_transfer::Downloads`] and blob server start (peers may fetch from us at once; the complete
 //! models' chunk manifests are made in the background, once per file) → a missing
 //! served model comes from a peer that has it (waiting a few seconds for peers to show up), else from
@@ -66,6 +67,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         crate::resolve_model(&args.model)?;
     }
     let engine_config = args.engine.config()?;
+    // Before the model loads and the cluster starts: a quiet machine measures what it is worth.
+    let compute = crate::compute::measure_or_load(engine_config.threads);
     let api_keys = shoal_api::auth::ApiKeys::new(args.api_keys()?);
     let cargs = args.cluster.clone();
     let listen = shoal_cluster::parse_peer(&cargs.cluster_listen)?;
@@ -105,6 +108,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         })
         .await
         .context("starting the cluster node")?;
+        cluster.set_compute(compute).await;
         println!("shoal: node {}", cluster.id());
         for a in &cluster.snapshot().listen_addrs {
             println!("shoal: cluster listening on {a}");
