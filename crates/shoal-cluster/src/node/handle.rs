@@ -136,9 +136,14 @@ impl ClusterHandle {
         self.traffic.clone()
     }
 
-    /// Candidate placements on the current members, best first.
+    /// Candidate placements on the current members, best first; when none fits beside the instances
+    /// already placed, the error names those it would have to evict.
     pub fn previews(&self, req: &PlaceRequest) -> Result<Vec<Placement>, ClusterError> {
-        Ok(self.snapshot().state.previews(req)?)
+        let snap = self.snapshot();
+        let state = &snap.state;
+        Ok(state
+            .previews(req)
+            .map_err(|e| state.name_evictions(req, e))?)
     }
 
     /// Sends a command and waits for the task's answer.
