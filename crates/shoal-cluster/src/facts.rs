@@ -185,6 +185,28 @@ pub struct LinkFacts {
     pub tx_bytes: u64,
     #[serde(default)]
     pub rx_bytes: u64,
+    /// The paths to the peer (one per address it is connected over), cheapest first; `rtt_us` and
+    /// `bandwidth_bps` above are the preferred path's. Empty from nodes that predate paths.
+    #[serde(default)]
+    pub paths: Vec<PathFacts>,
+}
+
+/// One path of a link: the connections to the peer over one of its addresses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PathFacts {
+    /// The peer's address on this path.
+    pub addr: String,
+    /// Smoothed ping round trip on it, microseconds.
+    pub rtt_us: Option<f64>,
+    /// Bytes per second measured by its last probe.
+    pub bandwidth_bps: Option<f64>,
+    /// Predicted microseconds to carry a reference batch (64 KiB) over it: rtt + bytes / bandwidth.
+    pub cost_us: f64,
+    /// Whether the data plane opens its streams to the peer on this path.
+    pub preferred: bool,
+    /// Instances whose data-plane streams from this node run on it now (the pipeline hops it carries).
+    #[serde(default)]
+    pub instances: Vec<String>,
 }
 
 /// One model download on a node, as its owner publishes it.

@@ -35,4 +35,5 @@ pub mod state;
 
 pub use error::{ClusterError, IdentityProblem, PlaceError};
 pub use node::{ClusterConfig, ClusterHandle, Snapshot, StateJson, Traffic, parse_peer, start};
+pub use node::{PathBook, PathId, PathLease, PathStream, PathStreamError, Paths};
 pub use proto::{InstanceRecord, InstanceTable, Move, PlaceRequest};

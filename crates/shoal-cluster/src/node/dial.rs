@@ -1,20 +1,24 @@
 //! Dialing: outgoing connection attempts by address ([`Dials`], peer ids are not known before the
-//! handshake), the static peers given with `--peer` and how dialing them goes, and the periodic redial of
-//! static peers and lost members.
+//! handshake), the static peers given with `--peer` and how dialing them goes, the periodic redial of
+//! static peers and lost members, and paths: a connected member is dialed at each address it announced
+//! that no live connection runs over yet (one connection per path; a failing address is retried less
+//! and less often, up to [`PATH_BACKOFF_MAX`]). Loopback and unspecified addresses are no paths.
 
 use std::collections::HashMap;
 use std::fmt::Display;
 use std::time::{Duration, Instant};
 
 use libp2p::swarm::ConnectionId;
-use libp2p::swarm::dial_opts::DialOpts;
+use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::{Multiaddr, PeerId};
 
 use super::handle::StaticPeer;
-use super::{NetTask, REDIAL_LOST_FOR, strip_p2p};
+use super::{NetTask, REDIAL_LOST_FOR, ip_of, strip_p2p};
 
 /// A dial of the same address is not repeated while the previous one may still be under way.
 const DIAL_PATIENCE: Duration = Duration::from_secs(10);
+/// The longest wait before dialing a path's address again after failures (1 s, 2 s, 4 s, … up to it).
+const PATH_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// Connection attempts in flight and the static peers.
 #[derive(Debug, Default)]
@@ -26,6 +30,8 @@ pub(super) struct Dials {
     /// Static peers (`--peer`), as given and as published in `GET /state`.
     static_addrs: Vec<Multiaddr>,
     static_peers: Vec<StaticPeer>,
+    /// Path addresses whose dials failed: how many times in a row, and when last.
+    path_failures: HashMap<Multiaddr, (u32, Instant)>,
 }
 
 impl Dials {
@@ -64,9 +70,22 @@ impl Dials {
         self.by_connection.insert(connection, addr);
     }
 
+    /// Whether a path address may be dialed now (no dial in flight, backoff after failures passed).
+    fn may_dial_path(&self, addr: &Multiaddr) -> bool {
+        self.may_dial(addr)
+            && self.path_failures.get(addr).is_none_or(|(n, at)| {
+                let wait = Duration::from_secs(1u64 << (*n).min(5)).min(PATH_BACKOFF_MAX);
+                at.elapsed() >= wait
+            })
+    }
+
     /// A dial of `addr` failed: a static peer at that address counts it.
     pub fn failed(&mut self, addr: &Multiaddr, error: &dyn Display) {
         self.in_flight.remove(addr);
+        if let Some((n, at)) = self.path_failures.get_mut(addr) {
+            *n += 1;
+            *at = Instant::now();
+        }
         let plain = strip_p2p(addr).to_string();
         let error = error.to_string();
         for sp in self.static_peers.iter_mut().filter(|sp| sp.addr == plain) {
@@ -91,6 +110,7 @@ impl Dials {
         self.by_connection.remove(&connection);
         let Some(address) = dialed else { return };
         let plain = strip_p2p(address);
+        self.path_failures.remove(&plain);
         self.in_flight.remove(address);
         self.in_flight.remove(&plain);
         let plain = plain.to_string();
@@ -158,6 +178,54 @@ impl NetTask {
         }
     }
 
+    /// Dials `peer` (connected already) at `addr` for another path: a new connection even though one
+    /// exists.
+    fn dial_path(&mut self, peer: PeerId, addr: Multiaddr) {
+        if !self.dials.may_dial_path(&addr) {
+            return;
+        }
+        let opts = DialOpts::peer_id(peer)
+            .addresses(vec![addr.clone()])
+            .condition(PeerCondition::Always)
+            .allocate_new_port()
+            .build();
+        let connection = opts.connection_id();
+        self.dials
+            .path_failures
+            .entry(addr.clone())
+            .or_insert((0, Instant::now()));
+        match self.swarm.dial(opts) {
+            Ok(()) => self.dials.started(addr, connection),
+            Err(e) => self.dials.failed(&addr, &e),
+        }
+    }
+
+    /// Dials every connected member at each address it announced that no connection covers yet.
+    pub(super) fn redial_paths(&mut self) {
+        let mut todo = Vec::new();
+        for f in self.state.member_facts() {
+            let Ok(peer) = f.id.parse::<PeerId>() else {
+                continue;
+            };
+            if peer == self.id || !self.swarm.is_connected(&peer) {
+                continue;
+            }
+            for a in &f.addrs {
+                let Ok(addr) = a.parse::<Multiaddr>() else {
+                    continue;
+                };
+                let Some(ip) = ip_of(&addr) else { continue };
+                if ip.is_loopback() || ip.is_unspecified() || self.peers.covers(&peer, ip) {
+                    continue;
+                }
+                todo.push((peer, strip_p2p(&addr)));
+            }
+        }
+        for (peer, addr) in todo {
+            self.dial_path(peer, addr);
+        }
+    }
+
     /// Dials the static peers that are not connected and the lost members at their known addresses.
     pub(super) fn redial(&mut self) {
         let connected: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
@@ -170,6 +238,7 @@ impl NetTask {
         {
             self.dial(addr);
         }
+        self.redial_paths();
     }
 }
 
@@ -211,5 +280,26 @@ mod tests {
         assert_eq!(dials.connection_failed(connection), Some(addr.clone()));
         dials.failed(&addr, &"timeout");
         assert!(dials.may_dial(&addr));
+    }
+
+    #[test]
+    fn a_failing_path_address_is_dialed_less_and_less_often() {
+        let addr: Multiaddr = "/ip4/10.0.0.9/tcp/7".parse().unwrap();
+        let mut dials = Dials::new(Vec::new());
+        assert!(dials.may_dial_path(&addr));
+        let long_ago = Instant::now() - Duration::from_secs(3);
+        dials.path_failures.insert(addr.clone(), (1, long_ago));
+        assert!(dials.may_dial_path(&addr), "2 s after one failure");
+        dials.path_failures.insert(addr.clone(), (2, long_ago));
+        assert!(!dials.may_dial_path(&addr), "4 s after two");
+        dials.established(
+            ConnectionId::new_unchecked(1),
+            PeerId::random(),
+            Some(&addr),
+        );
+        assert!(
+            dials.may_dial_path(&addr),
+            "a connection clears the failures"
+        );
     }
 }

@@ -1,7 +1,9 @@
 //! Swarm events of the network task — connections opening and closing, failed dials, pings, mDNS — and
-//! failure detection: a peer whose socket closed, whose ping failed or that stayed silent for
-//! [`SILENT_FOR`] is forgotten, and the coordinator re-places the instances it ran.
+//! failure detection, per path: a peer's only connection is closed when its ping failed or it stayed
+//! silent for [`SILENT_FOR`], one of several after a longer silence (`paths::PATH_SILENT_FOR`); a peer whose last connection closed (or was closed so) is forgotten, and
+//! the coordinator re-places the instances it ran. A peer with another live path stays a member.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
 
 use libp2p::core::ConnectedPoint;
@@ -27,18 +29,28 @@ impl NetTask {
             } => self.on_connected(peer_id, &endpoint, connection_id),
             SwarmEvent::ConnectionClosed {
                 peer_id,
-                num_established: 0,
+                connection_id,
+                num_established,
                 cause,
                 ..
-            } => self.forget(peer_id, &format!("connection closed: {cause:?}")),
+            } => {
+                let last_path = self.peers.closed(&peer_id, connection_id);
+                if num_established == 0 {
+                    self.forget(peer_id, &format!("connection closed: {cause:?}"));
+                } else if last_path {
+                    tracing::debug!(%peer_id, "last path closed, other connections still closing");
+                }
+            }
             SwarmEvent::OutgoingConnectionError {
                 error,
                 connection_id,
                 ..
             } => self.on_dial_error(connection_id, &error),
-            SwarmEvent::Behaviour(BehaviourEvent::Ping(ping::Event { peer, result, .. })) => {
-                self.on_ping(peer, result)
-            }
+            SwarmEvent::Behaviour(BehaviourEvent::Ping(ping::Event {
+                peer,
+                connection,
+                result,
+            })) => self.on_ping(peer, connection, result),
             SwarmEvent::Behaviour(BehaviourEvent::Mdns(mdns::Event::Discovered(list))) => {
                 self.on_discovered(list)
             }
@@ -54,8 +66,11 @@ impl NetTask {
             ConnectedPoint::Listener { send_back_addr, .. } => (send_back_addr, None),
         };
         self.dials.established(connection, peer, dialed);
-        let kind = ip_of(remote).map_or(LinkKind::Unknown, facts::link_kind);
-        self.peers.connected(peer, kind, Instant::now());
+        let ip = ip_of(remote);
+        let kind = ip.map_or(LinkKind::Unknown, facts::link_kind);
+        let ip = ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        self.peers
+            .connected(peer, connection, ip, kind, Instant::now());
         let id = peer.to_string();
         self.state.peer_connected(&id);
         tracing::debug!(%peer, %remote, "connected");
@@ -63,7 +78,6 @@ impl NetTask {
         self.refresh_own_facts();
         self.push_facts();
         self.send_facts_to(peer);
-        self.spawn_probe(peer);
     }
 
     fn on_dial_error(&mut self, connection: ConnectionId, error: &DialError) {
@@ -73,14 +87,32 @@ impl NetTask {
         tracing::debug!("dial failed: {error}");
     }
 
-    fn on_ping(&mut self, peer: PeerId, result: Result<std::time::Duration, ping::Failure>) {
+    fn on_ping(
+        &mut self,
+        peer: PeerId,
+        connection: ConnectionId,
+        result: Result<std::time::Duration, ping::Failure>,
+    ) {
         match result {
-            Ok(rtt) => self.peers.pong(&peer, rtt, Instant::now()),
-            Err(e) => {
-                tracing::warn!(%peer, "ping failed ({e}): dropping the peer");
-                let _ = self.swarm.disconnect_peer_id(peer);
-                self.forget(peer, "ping failed");
+            Ok(rtt) => self.peers.pong(&peer, connection, rtt, Instant::now()),
+            // With another path, a failed ping may be congestion: the silence check decides.
+            Err(e) if self.peers.paths(&peer) > 1 => {
+                tracing::debug!(%peer, ?connection, "ping failed ({e}) on one of several paths");
             }
+            Err(e) => self.drop_path(peer, connection, &format!("ping failed ({e})")),
+        }
+    }
+
+    /// Closes one connection to `peer` and stops using it as a path; the peer is forgotten when it was
+    /// its last.
+    fn drop_path(&mut self, peer: PeerId, connection: ConnectionId, why: &str) {
+        let _ = self.swarm.close_connection(connection);
+        if self.peers.closed(&peer, connection) {
+            tracing::warn!(%peer, "{why} on its last path: dropping the peer");
+            let _ = self.swarm.disconnect_peer_id(peer);
+            self.forget(peer, why);
+        } else {
+            tracing::warn!(%peer, ?connection, "{why}: closing that path, others remain");
         }
     }
 
@@ -96,11 +128,10 @@ impl NetTask {
     }
 
     pub(super) fn drop_silent_peers(&mut self) {
-        for peer in self.peers.silent(SILENT_FOR) {
-            tracing::warn!(%peer, "no pong for {SILENT_FOR:?}: dropping the peer");
-            let _ = self.swarm.disconnect_peer_id(peer);
-            self.forget(peer, "silent");
+        for (peer, connection) in self.peers.silent(SILENT_FOR) {
+            self.drop_path(peer, connection, &format!("no pong for {SILENT_FOR:?}"));
         }
+        self.probe_due();
     }
 
     /// A peer is gone: drop it from membership and let the coordinator re-place its instances.

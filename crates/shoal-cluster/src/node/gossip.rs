@@ -34,7 +34,7 @@ impl NetTask {
         let secs = self.traffic_at.elapsed().as_secs_f64().max(1e-3);
         self.peers.record_traffic(self.traffic.totals(), secs);
         self.traffic_at = Instant::now();
-        let links = self.peers.link_facts();
+        let links = self.peers.link_facts(&self.path_uses.snapshot());
         let addrs = self.own_addrs();
         let me = self.state.me_mut();
         me.memory = mem;

@@ -105,6 +105,7 @@ pub struct ClusterHandle {
     pub(super) commands: mpsc::Sender<Command>,
     pub(super) snapshot: watch::Receiver<Arc<Snapshot>>,
     pub(super) streams: libp2p_stream::Control,
+    pub(super) paths: super::Paths,
     pub(super) traffic: Arc<Traffic>,
     pub(super) cluster_hash: [u8; 32],
     pub(super) secrets: Arc<Secrets>,
@@ -130,6 +131,11 @@ impl ClusterHandle {
 
     pub fn streams(&self) -> libp2p_stream::Control {
         self.streams.clone()
+    }
+
+    /// The paths to each peer and streams on a chosen one (the data plane's outbound streams).
+    pub fn paths(&self) -> &super::Paths {
+        &self.paths
     }
 
     pub fn traffic(&self) -> Arc<Traffic> {

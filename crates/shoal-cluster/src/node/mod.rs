@@ -5,7 +5,10 @@
 //! - `swarm`: transport (TCP without Nagle → private network (pnet, key from the cluster key) → noise
 //!   → yamux) and behaviours: ping (every [`PING_INTERVAL`]; a peer silent for [`SILENT_FOR`] is dropped,
 //!   a killed one as soon as its socket closes), mDNS, JSON request-response for control messages, and
-//!   raw streams for the data plane and link probes.
+//!   raw streams for the data plane and link probes, and streams on a chosen connection (`pathstream`).
+//! - `paths`: every connection to a peer is a path with its own ping RTT and bandwidth probe; the
+//!   preferred one per peer (cheapest, moved from only by a margin or when it dies) is published to
+//!   the data plane as a [`PathBook`] and in the link facts.
 //! - `peer`: everything known about each other node, in one map; `dial`: dials by address, static
 //!   peers and the redial loop.
 //! - `events`: swarm events and failure detection; `control`: control requests, replies and handle
@@ -41,6 +44,8 @@ mod dial;
 mod events;
 mod gossip;
 mod handle;
+mod paths;
+mod pathstream;
 mod peer;
 mod probe;
 mod removal;
@@ -49,6 +54,8 @@ mod swarm;
 use dial::Dials;
 pub use handle::{ClusterHandle, Snapshot, StateJson, StaticPeer, Traffic};
 use handle::{Command, Reply};
+pub use paths::{PathBook, PathId};
+pub use pathstream::{PathLease, PathStream, PathStreamError, Paths};
 use peer::Peers;
 pub use removal::REMOVED_FILE;
 use removal::Removed;
@@ -78,6 +85,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Probe results waiting for the task: one per probe, a few per peer at most; a probe's task waits for
 /// room.
 const PROBE_RESULTS: usize = 64;
+/// A bandwidth probe's result: the peer, the connection it ran on, bytes per second (`None`: failed).
+type ProbeResult = (PeerId, libp2p::swarm::ConnectionId, Option<f64>);
 
 pub const PROBE_PROTOCOL: StreamProtocol = StreamProtocol::new("/shoal/probe/1");
 
@@ -207,9 +216,15 @@ struct NetTask {
     /// When the traffic counters were last read into `peers`.
     traffic_at: Instant,
     /// Bandwidth probes send their result here (`None`: the probe failed).
-    probe_tx: mpsc::Sender<(PeerId, Option<f64>)>,
-    probe_rx: mpsc::Receiver<(PeerId, Option<f64>)>,
+    probe_tx: mpsc::Sender<ProbeResult>,
+    probe_rx: mpsc::Receiver<ProbeResult>,
     streams: libp2p_stream::Control,
+    /// Opens streams on a chosen connection (probes, and the data plane through [`Paths`]).
+    paths: pathstream::PathControl,
+    /// Which instances' streams run on which connection (for the path facts).
+    path_uses: pathstream::PathUses,
+    /// The preferred and live paths, as last handed to the data plane.
+    path_book: watch::Sender<Arc<PathBook>>,
     /// Facts as last published (what peers see; `GET /state` shows this copy too).
     published: Option<NodeFacts>,
     /// Nodes refused for good (`shoal remove`).
@@ -232,6 +247,7 @@ impl NetTask {
         streams: libp2p_stream::Control,
     ) -> Self {
         let (probe_tx, probe_rx) = mpsc::channel(PROBE_RESULTS);
+        let paths = swarm.behaviour().paths.control();
         let mut task = NetTask {
             id: *swarm.local_peer_id(),
             swarm,
@@ -245,6 +261,9 @@ impl NetTask {
             probe_tx,
             probe_rx,
             streams,
+            paths,
+            path_uses: pathstream::PathUses::default(),
+            path_book: watch::channel(Arc::new(PathBook::default())).0,
             published: None,
             removed: Removed::default(),
         };
@@ -261,6 +280,11 @@ impl NetTask {
             commands: cmd_tx,
             snapshot: snap_rx,
             streams: self.streams.clone(),
+            paths: Paths {
+                control: self.paths.clone(),
+                book: self.path_book.subscribe(),
+                uses: self.path_uses.clone(),
+            },
             traffic: self.traffic.clone(),
             cluster_hash,
             secrets: Arc::new(secrets),
@@ -306,9 +330,9 @@ impl NetTask {
                     Some(c) => self.on_command(c),
                     None => return, // every handle dropped: the node is shutting down
                 },
-                Some((peer, bps)) = self.probe_rx.recv() => {
+                Some((peer, connection, bps)) = self.probe_rx.recv() => {
                     if let Some(b) = bps {
-                        self.peers.set_bandwidth(peer, b);
+                        self.peers.set_bandwidth(peer, connection, b);
                     }
                 }
                 _ = facts_tick.tick() => self.gossip(),
@@ -317,7 +341,20 @@ impl NetTask {
             }
             self.acknowledge_table();
             self.publish(&snap);
+            self.publish_paths();
         }
+    }
+
+    /// Hands the data plane the paths when the preferred or live ones changed.
+    fn publish_paths(&self) {
+        let book = self.peers.path_book();
+        self.path_book.send_if_modified(|cur| {
+            let changed = **cur != book;
+            if changed {
+                *cur = Arc::new(book);
+            }
+            changed
+        });
     }
 
     /// Publishes the version of the table this node now holds at once (not with the next periodic facts),

@@ -1,28 +1,30 @@
 //! Everything the network task knows about the other nodes, one [`Peer`] per node in one map
-//! ([`Peers`]): where to redial it, whether it is lost, its live connection's measurements ([`Link`]),
-//! the last bandwidth probe and its data-plane traffic. Plain data, tested without a swarm.
+//! ([`Peers`]): where to redial it, whether it is lost, its live connections ([`Link`]: one path per
+//! connection, with its own measurements, see `paths`), the last bandwidth probe and its data-plane
+//! traffic. Plain data, tested without a swarm.
 //!
 //! Forgetting a connection is one `take` of [`Peer::link`]; the entry itself stays, because its
 //! addresses are what the redial loop uses while the node is lost, and its last bandwidth is shown again
 //! when it comes back (until a new probe answers).
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use libp2p::swarm::ConnectionId;
 use libp2p::{Multiaddr, PeerId};
 use shoal_placement::LinkKind;
 
+use super::paths::{PathBook, PeerPaths};
 use crate::facts::LinkFacts;
 
-/// The live connection to a peer: present from its first connection until the last one closes.
+/// The live connections to a peer: present from its first connection until the last one closes.
 #[derive(Debug, Clone)]
 pub(super) struct Link {
     /// Kind of the link, found once per connection (it enumerates interfaces).
     kind: LinkKind,
-    /// Latest ping round trip.
-    rtt: Option<Duration>,
-    /// When the peer last answered a ping (or connected).
-    last_pong: Instant,
+    /// One path per connection; the preferred one's measurements are the link's.
+    paths: PeerPaths,
 }
 
 /// Data-plane bytes to and from a peer: totals at the last facts refresh and rates since the one before.
@@ -58,16 +60,39 @@ impl Peers {
         self.map.entry(peer).or_default()
     }
 
-    /// A connection to `peer` was established (its first, or another one next to it).
-    pub fn connected(&mut self, peer: PeerId, kind: LinkKind, now: Instant) {
+    /// Connection `connection` to `peer`, over its address `addr`, was established (its first, or
+    /// another one next to it).
+    pub fn connected(
+        &mut self,
+        peer: PeerId,
+        connection: ConnectionId,
+        addr: IpAddr,
+        kind: LinkKind,
+        now: Instant,
+    ) {
         let p = self.entry(peer);
-        let rtt = p.link.as_ref().and_then(|l| l.rtt);
-        p.link = Some(Link {
+        let link = p.link.get_or_insert_with(|| Link {
             kind,
-            rtt,
-            last_pong: now,
+            paths: PeerPaths::default(),
         });
+        link.kind = kind;
+        link.paths.add(connection, addr, now);
         p.lost_since = None;
+    }
+
+    /// Connection `connection` to `peer` closed (or is being closed); true when it was the last one.
+    pub fn closed(&mut self, peer: &PeerId, connection: ConnectionId) -> bool {
+        let Some(p) = self.map.get_mut(peer) else {
+            return true;
+        };
+        let Some(link) = p.link.as_mut() else {
+            return true;
+        };
+        if link.paths.remove(connection) {
+            p.link = None;
+            return true;
+        }
+        false
     }
 
     /// The last connection to `peer` closed (or is being closed): everything about it goes at once.
@@ -92,25 +117,67 @@ impl Peers {
         self.entry(peer).lost_since.get_or_insert(now);
     }
 
-    /// A ping answered after `rtt`; ignored when no connection is known (a late event).
-    pub fn pong(&mut self, peer: &PeerId, rtt: Duration, now: Instant) {
+    /// A ping on `connection` answered after `rtt`; ignored when the connection is not known (a late
+    /// event).
+    pub fn pong(&mut self, peer: &PeerId, connection: ConnectionId, rtt: Duration, now: Instant) {
         if let Some(link) = self.map.get_mut(peer).and_then(|p| p.link.as_mut()) {
-            link.rtt = Some(rtt);
-            link.last_pong = now;
+            link.paths.pong(connection, rtt, now);
         }
     }
 
-    /// Connected peers that answered no ping for longer than `silent_for`.
-    pub fn silent(&self, silent_for: Duration) -> Vec<PeerId> {
+    /// Connections to close for silence: all of a peer's when none answered a ping for `silent_for`,
+    /// else those silent for `paths::PATH_SILENT_FOR`.
+    pub fn silent(&self, silent_for: Duration) -> Vec<(PeerId, ConnectionId)> {
         self.map
             .iter()
-            .filter(|(_, p)| {
-                p.link
-                    .as_ref()
-                    .is_some_and(|l| l.last_pong.elapsed() > silent_for)
-            })
-            .map(|(id, _)| *id)
+            .filter_map(|(id, p)| Some((id, p.link.as_ref()?)))
+            .flat_map(|(id, l)| l.paths.silent(silent_for).into_iter().map(|c| (*id, c)))
             .collect()
+    }
+
+    /// How many live connections to `peer` there are.
+    pub fn paths(&self, peer: &PeerId) -> usize {
+        self.map
+            .get(peer)
+            .and_then(|p| p.link.as_ref())
+            .map_or(0, |l| l.paths.len())
+    }
+
+    /// Whether a live connection to `peer` runs over its address `ip`.
+    pub fn covers(&self, peer: &PeerId, ip: IpAddr) -> bool {
+        self.map
+            .get(peer)
+            .and_then(|p| p.link.as_ref())
+            .is_some_and(|l| l.paths.covers(ip))
+    }
+
+    /// Connections due for a bandwidth probe now, with whether it is a full one (see
+    /// `PeerPaths::due_for_probe`).
+    pub fn due_for_probe(&mut self, now: Instant) -> Vec<(PeerId, ConnectionId, bool)> {
+        let mut due = Vec::new();
+        for (id, p) in &mut self.map {
+            if let Some(l) = p.link.as_mut() {
+                let paths = l.paths.due_for_probe(now);
+                due.extend(paths.into_iter().map(|(c, first)| (*id, c, first)));
+            }
+        }
+        due
+    }
+
+    /// Probes every path to `peer` again soon.
+    pub fn reprobe(&mut self, peer: &PeerId) {
+        if let Some(l) = self.map.get_mut(peer).and_then(|p| p.link.as_mut()) {
+            l.paths.reprobe();
+        }
+    }
+
+    /// The preferred and live paths of every connected peer, for the data plane.
+    pub fn path_book(&self) -> PathBook {
+        PathBook::collect(
+            self.map
+                .iter()
+                .filter_map(|(id, p)| Some((id, &p.link.as_ref()?.paths))),
+        )
     }
 
     /// Adds an address to dial `peer` at, if new.
@@ -126,8 +193,16 @@ impl Peers {
         self.entry(peer).addrs = addrs;
     }
 
-    pub fn set_bandwidth(&mut self, peer: PeerId, bytes_per_s: f64) {
-        self.entry(peer).bandwidth = Some(bytes_per_s);
+    /// A bandwidth probe on `connection` to `peer` measured `bytes_per_s` (kept for the peer too when
+    /// that connection is its preferred path, and shown again while a reconnected link is unprobed).
+    pub fn set_bandwidth(&mut self, peer: PeerId, connection: ConnectionId, bytes_per_s: f64) {
+        let p = self.entry(peer);
+        if let Some(link) = p.link.as_mut() {
+            link.paths.set_bandwidth(connection, bytes_per_s);
+            if link.paths.preferred().is_some_and(|(c, _)| c == connection) {
+                p.bandwidth = Some(bytes_per_s);
+            }
+        }
     }
 
     /// Stops redialing peers lost for `give_up_after` or more, and those connected again
@@ -162,22 +237,26 @@ impl Peers {
         }
     }
 
-    /// This node's links as published in its facts: one per connected peer, sorted by peer id.
-    pub fn link_facts(&self) -> Vec<LinkFacts> {
+    /// This node's links as published in its facts: one per connected peer, sorted by peer id, with
+    /// the preferred path's measurements and every path (`streams`: the instances whose data-plane
+    /// streams run on each connection).
+    pub fn link_facts(&self, streams: &HashMap<ConnectionId, Vec<String>>) -> Vec<LinkFacts> {
         let mut links: Vec<LinkFacts> = self
             .map
             .iter()
             .filter_map(|(id, p)| {
                 let link = p.link.as_ref()?;
+                let best = link.paths.preferred().map(|(_, path)| path);
                 Some(LinkFacts {
                     peer: id.to_string(),
                     kind: link.kind,
-                    rtt_us: link.rtt.map(|d| d.as_secs_f64() * 1e6),
-                    bandwidth_bps: p.bandwidth,
+                    rtt_us: best.and_then(|b| b.rtt).map(|d| d.as_secs_f64() * 1e6),
+                    bandwidth_bps: best.and_then(|b| b.bandwidth).or(p.bandwidth),
                     tx_bytes_per_s: p.traffic.tx_bytes_per_s,
                     rx_bytes_per_s: p.traffic.rx_bytes_per_s,
                     tx_bytes: p.traffic.tx_bytes,
                     rx_bytes: p.traffic.rx_bytes,
+                    paths: link.paths.facts(streams),
                 })
             })
             .collect();
@@ -199,6 +278,16 @@ mod tests {
         format!("/ip4/127.0.0.1/tcp/{port}").parse().unwrap()
     }
 
+    const LO: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    fn c(n: usize) -> ConnectionId {
+        ConnectionId::new_unchecked(n)
+    }
+
+    fn facts(peers: &Peers) -> Vec<LinkFacts> {
+        peers.link_facts(&HashMap::new())
+    }
+
     #[test]
     fn a_lost_connection_goes_at_once_but_its_addresses_stay_for_redialing() {
         let mut peers = Peers::default();
@@ -206,20 +295,20 @@ mod tests {
         let now = Instant::now();
         peers.learn_addr(a, addr(1));
         peers.learn_addr(a, addr(1));
-        peers.connected(a, LinkKind::Loopback, now);
-        peers.pong(&a, Duration::from_micros(250), now);
-        peers.set_bandwidth(a, 1e9);
-        assert_eq!(peers.link_facts().len(), 1);
-        assert_eq!(peers.link_facts()[0].rtt_us, Some(250.0));
+        peers.connected(a, c(1), LO, LinkKind::Loopback, now);
+        peers.pong(&a, c(1), Duration::from_micros(250), now);
+        peers.set_bandwidth(a, c(1), 1e9);
+        assert_eq!(facts(&peers).len(), 1);
+        assert_eq!(facts(&peers)[0].rtt_us, Some(250.0));
 
         peers.disconnected(&a);
         peers.lost(a, now);
-        assert!(peers.link_facts().is_empty());
+        assert!(facts(&peers).is_empty());
         assert!(
             peers.silent(Duration::ZERO).is_empty(),
             "no connection, no silence"
         );
-        peers.pong(&a, Duration::from_micros(9), now);
+        peers.pong(&a, c(1), Duration::from_micros(9), now);
         assert!(
             peers.get(&a).unwrap().link.is_none(),
             "a late pong connects nothing"
@@ -230,8 +319,8 @@ mod tests {
         );
 
         // Back: the rtt starts over, the last bandwidth shows until a new probe answers.
-        peers.connected(a, LinkKind::Loopback, now);
-        let link = &peers.link_facts()[0];
+        peers.connected(a, c(2), LO, LinkKind::Loopback, now);
+        let link = &facts(&peers)[0];
         assert_eq!((link.rtt_us, link.bandwidth_bps), (None, Some(1e9)));
         assert!(
             peers
@@ -260,23 +349,33 @@ mod tests {
     fn silent_peers_and_a_second_connection_keeps_the_rtt() {
         let mut peers = Peers::default();
         let a = PeerId::random();
-        let long_ago = Instant::now() - Duration::from_secs(5);
-        peers.connected(a, LinkKind::Ethernet, long_ago);
-        peers.pong(&a, Duration::from_millis(1), long_ago);
-        assert_eq!(peers.silent(Duration::from_secs(2)), [a]);
-        peers.connected(a, LinkKind::Ethernet, Instant::now());
+        let long_ago = Instant::now() - Duration::from_secs(3);
+        peers.connected(a, c(1), LO, LinkKind::Ethernet, long_ago);
+        peers.pong(&a, c(1), Duration::from_millis(1), long_ago);
+        assert_eq!(peers.silent(Duration::from_secs(2)), [(a, c(1))]);
+        // A second connection is a second path: the silent one goes only after PATH_SILENT_FOR.
+        peers.connected(a, c(2), LO, LinkKind::Ethernet, Instant::now());
+        assert!(
+            peers.silent(Duration::from_secs(2)).is_empty(),
+            "3 s < PATH_SILENT_FOR"
+        );
+        assert_eq!(peers.paths(&a), 2);
+        assert_eq!(facts(&peers)[0].rtt_us, Some(1000.0));
+        assert!(!peers.closed(&a, c(1)), "one path left");
         assert!(peers.silent(Duration::from_secs(2)).is_empty());
-        assert_eq!(peers.link_facts()[0].rtt_us, Some(1000.0));
+        assert!(peers.covers(&a, LO));
+        assert!(peers.closed(&a, c(2)), "the last path closed");
+        assert!(facts(&peers).is_empty());
     }
 
     #[test]
     fn traffic_rates_are_per_second_since_the_last_sample() {
         let mut peers = Peers::default();
         let a = PeerId::random();
-        peers.connected(a, LinkKind::Ethernet, Instant::now());
+        peers.connected(a, c(1), LO, LinkKind::Ethernet, Instant::now());
         peers.record_traffic(HashMap::from([(a, (100, 50))]), 1.0);
         peers.record_traffic(HashMap::from([(a, (300, 60))]), 2.0);
-        let link = &peers.link_facts()[0];
+        let link = &facts(&peers)[0];
         assert_eq!((link.tx_bytes, link.rx_bytes), (300, 60));
         assert_eq!((link.tx_bytes_per_s, link.rx_bytes_per_s), (100.0, 5.0));
     }

@@ -1,21 +1,41 @@
-//! Link bandwidth probes: the sender streams a few MiB, the receiver answers how long they took.
+//! Bandwidth probes, one per path (connection): the sender streams up to a few MiB for at most
+//! [`PROBE_SEND_FOR`], then closes its side; the receiver answers how long the bytes took from the first
+//! to the last. A new path is probed at once; paths are probed again every few seconds while a peer has
+//! paths over two addresses (`paths::REPROBE_EVERY`), with a smaller probe.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use libp2p::PeerId;
+use libp2p::swarm::ConnectionId;
 
+use super::pathstream::PathControl;
 use super::{NetTask, PROBE_BYTES, PROBE_PROTOCOL, PROBE_TIMEOUT};
 use crate::ClusterError;
 
+/// A probe stops sending after this long (a slow path is measured on fewer bytes).
+const PROBE_SEND_FOR: Duration = Duration::from_millis(1000);
+/// Bytes of a probe on a peer with paths over several addresses, and of a repeated probe: small, it
+/// runs beside the data plane (on a slow path, all it sends queues in front of the pings).
+const REPROBE_BYTES: usize = 128 << 10;
+
 impl NetTask {
-    /// Measures the bandwidth to `peer` in the background; the result comes back to the task's loop.
-    pub(super) fn spawn_probe(&self, peer: PeerId) {
-        let tx = self.probe_tx.clone();
-        let control = self.streams.clone();
-        tokio::spawn(async move {
-            let _ = tx.send((peer, probe(control, peer).await)).await;
-        });
+    /// Probes every path of `peer` again, soon (at the next liveness tick).
+    pub(super) fn spawn_probe(&mut self, peer: PeerId) {
+        self.peers.reprobe(&peer);
+    }
+
+    /// Starts the probes of the paths due for one; each result comes back to the task's loop.
+    pub(super) fn probe_due(&mut self) {
+        for (peer, connection, full) in self.peers.due_for_probe(Instant::now()) {
+            let tx = self.probe_tx.clone();
+            let control = self.paths.clone();
+            let bytes = if full { PROBE_BYTES } else { REPROBE_BYTES };
+            tokio::spawn(async move {
+                let bps = probe(control, peer, connection, bytes).await;
+                let _ = tx.send((peer, connection, bps)).await;
+            });
+        }
     }
 }
 
@@ -57,24 +77,44 @@ async fn answer_probes(mut incoming: libp2p_stream::IncomingStreams) {
     }
 }
 
-/// Sender side: bytes per second to `peer`, or `None` if the probe failed.
-async fn probe(mut control: libp2p_stream::Control, peer: PeerId) -> Option<f64> {
+/// Sender side: bytes per second to `peer` on `connection`, or `None` if the probe failed. A probe
+/// that did not finish in [`PROBE_TIMEOUT`] reports what it got through by then at most (a path that
+/// slow is measured as that slow, not as unknown).
+async fn probe(
+    control: PathControl,
+    peer: PeerId,
+    connection: ConnectionId,
+    bytes: usize,
+) -> Option<f64> {
+    let start = Instant::now();
+    let sent = std::sync::atomic::AtomicUsize::new(0);
     let work = async {
-        let mut stream = control.open_stream(peer, PROBE_PROTOCOL).await.ok()?;
+        let mut stream = control
+            .open_on(peer, connection, PROBE_PROTOCOL)
+            .await
+            .ok()?;
         let chunk = vec![0x5Au8; 64 << 10];
-        let mut sent = 0;
-        while sent < PROBE_BYTES {
+        let sending = Instant::now();
+        while sent.load(std::sync::atomic::Ordering::Relaxed) < bytes.min(PROBE_BYTES)
+            && sending.elapsed() < PROBE_SEND_FOR
+        {
             stream.write_all(&chunk).await.ok()?;
-            sent += chunk.len();
+            sent.fetch_add(chunk.len(), std::sync::atomic::Ordering::Relaxed);
         }
         stream.flush().await.ok()?;
+        // The receiver answers at the end of the stream (or after PROBE_BYTES).
+        stream.close().await.ok()?;
         let mut us = [0u8; 8];
         stream.read_exact(&mut us).await.ok()?;
         let us = u64::from_le_bytes(us).max(1);
+        let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
         Some(sent as f64 / (us as f64 / 1e6))
     };
-    tokio::time::timeout(PROBE_TIMEOUT, work)
-        .await
-        .ok()
-        .flatten()
+    match tokio::time::timeout(PROBE_TIMEOUT, work).await {
+        Ok(bps) => bps,
+        Err(_) => {
+            let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
+            (sent > 0).then(|| sent as f64 / start.elapsed().as_secs_f64())
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! Building a node's libp2p swarm — the transport (TCP without Nagle → private network → noise → yamux)
-//! and the [`Behaviour`]s — and binding its listeners.
+//! and the [`Behaviour`]s (ping, mDNS, control requests, raw streams, streams on a chosen path) — and
+//! binding its listeners.
 
 use std::time::Duration;
 
@@ -33,6 +34,8 @@ pub(super) struct Behaviour {
     pub(super) mdns: Toggle<mdns::tokio::Behaviour>,
     pub(super) control: request_response::json::Behaviour<ControlMsg, ControlReply>,
     pub(super) streams: libp2p_stream::Behaviour,
+    /// Outbound streams on a chosen connection (a path), for the data plane and path probes.
+    pub(super) paths: super::pathstream::Behaviour,
     /// Nodes removed from the cluster: their connections are refused.
     pub(super) blocked: allow_block_list::Behaviour<allow_block_list::BlockedPeers>,
 }
@@ -90,6 +93,7 @@ fn behaviour(key: &Keypair, mdns_on: bool) -> Result<Behaviour, BoxError> {
             request_response::Config::default().with_request_timeout(CONTROL_TIMEOUT),
         ),
         streams: libp2p_stream::Behaviour::new(),
+        paths: super::pathstream::Behaviour::new(),
         blocked: allow_block_list::Behaviour::default(),
     })
 }

@@ -68,6 +68,7 @@ fn link(peer: &str) -> LinkFacts {
         rx_bytes_per_s: 0.0,
         tx_bytes: 0,
         rx_bytes: 0,
+        paths: Vec::new(),
     }
 }
 

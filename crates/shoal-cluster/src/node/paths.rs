@@ -1,0 +1,398 @@
+//! Paths to a peer: every live connection to it is a path over one of its addresses ([`Path`]), with its
+//! own ping round trip and bandwidth probe. [`PeerPaths`] keeps one peer's, picks the one the data plane
+//! should use (the cheapest to carry [`REFERENCE_BYTES`]: `rtt + bytes / bandwidth`, moving away from the
+//! one in use only when another is cheaper by [`SWITCH_MARGIN`], or at once when it dies) and says what
+//! to publish ([`PathFacts`]). [`PathBook`] is what the network task hands the data plane after every
+//! change: the preferred connection per peer and which connections are alive. Plain data, tested
+//! without a swarm.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use libp2p::PeerId;
+use libp2p::swarm::ConnectionId;
+
+use crate::facts::PathFacts;
+
+/// The message size paths are compared on: an activation batch of a few hundred rows (a decode step of
+/// a small model is smaller, a prompt chunk of a big one larger).
+pub const REFERENCE_BYTES: f64 = 64.0 * 1024.0;
+/// Bandwidth assumed for a path not probed yet (a modest network): a new path does not take over
+/// before it is measured faster.
+const UNMEASURED_BPS: f64 = 12.5e6;
+/// A path replaces the one in use only when it costs less by this share of the current cost …
+const SWITCH_MARGIN: f64 = 0.25;
+/// … and by at least this much (round trips jitter by tens of microseconds).
+const SWITCH_SLACK_US: f64 = 100.0;
+/// Weight of a new ping round trip in the smoothed one.
+const RTT_GAIN: f64 = 0.3;
+/// A path is probed for bandwidth this often while its peer has paths over two or more addresses.
+pub const REPROBE_EVERY: Duration = Duration::from_secs(2);
+/// A connection whose peer answers pings on another is closed after this long without a pong.
+pub const PATH_SILENT_FOR: Duration = Duration::from_secs(4);
+
+/// One connection to a peer.
+#[derive(Debug, Clone)]
+pub struct Path {
+    /// The peer's address on this path (the dialed address, or where its connection came from).
+    pub addr: IpAddr,
+    /// Smoothed ping round trip.
+    pub rtt: Option<Duration>,
+    /// When the peer last answered a ping on this connection (or connected).
+    pub last_pong: Instant,
+    /// Bytes per second measured by the last probe on this connection.
+    pub bandwidth: Option<f64>,
+    /// When a probe was last started on it.
+    pub probed_at: Option<Instant>,
+}
+
+impl Path {
+    fn new(addr: IpAddr, now: Instant) -> Self {
+        Path {
+            addr,
+            rtt: None,
+            last_pong: now,
+            bandwidth: None,
+            probed_at: None,
+        }
+    }
+
+    /// Predicted microseconds to carry [`REFERENCE_BYTES`] one way and hear back: rtt + bytes / rate.
+    pub fn cost_us(&self) -> f64 {
+        let rtt = self.rtt.map_or(1000.0, |d| d.as_secs_f64() * 1e6);
+        let bps = self
+            .bandwidth
+            .filter(|b| b.is_finite() && *b > 0.0)
+            .unwrap_or(UNMEASURED_BPS);
+        rtt + REFERENCE_BYTES / bps * 1e6
+    }
+}
+
+/// The paths to one peer and the one the data plane should use.
+#[derive(Debug, Clone, Default)]
+pub struct PeerPaths {
+    paths: BTreeMap<ConnectionId, Path>,
+    preferred: Option<ConnectionId>,
+}
+
+impl PeerPaths {
+    /// A new connection over the peer's address `addr`.
+    pub fn add(&mut self, connection: ConnectionId, addr: IpAddr, now: Instant) {
+        self.paths.insert(connection, Path::new(addr, now));
+        self.reselect();
+    }
+
+    /// The connection closed (or is being closed): it is no path any more. True when none is left.
+    pub fn remove(&mut self, connection: ConnectionId) -> bool {
+        self.paths.remove(&connection);
+        self.reselect();
+        self.paths.is_empty()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty()
+    }
+
+    /// A ping on `connection` answered after `rtt`.
+    pub fn pong(&mut self, connection: ConnectionId, rtt: Duration, now: Instant) {
+        if let Some(p) = self.paths.get_mut(&connection) {
+            p.rtt = Some(match p.rtt {
+                Some(old) => old.mul_f64(1.0 - RTT_GAIN) + rtt.mul_f64(RTT_GAIN),
+                None => rtt,
+            });
+            p.last_pong = now;
+            self.reselect();
+        }
+    }
+
+    /// A bandwidth probe on `connection` measured `bytes_per_s`.
+    pub fn set_bandwidth(&mut self, connection: ConnectionId, bytes_per_s: f64) {
+        if let Some(p) = self.paths.get_mut(&connection) {
+            p.bandwidth = Some(bytes_per_s);
+            self.reselect();
+        }
+    }
+
+    /// Connections to close for silence: every one when none answered a ping for `silent_for` (the
+    /// peer is gone), else those silent for [`PATH_SILENT_FOR`] (a congested path's pings wait behind
+    /// its traffic: it is not dropped as fast as a dead peer).
+    pub fn silent(&self, silent_for: Duration) -> Vec<ConnectionId> {
+        let all = self
+            .paths
+            .values()
+            .all(|p| p.last_pong.elapsed() > silent_for);
+        let limit = if all { silent_for } else { PATH_SILENT_FOR };
+        self.paths
+            .iter()
+            .filter(|(_, p)| p.last_pong.elapsed() > limit)
+            .map(|(c, _)| *c)
+            .collect()
+    }
+
+    /// How many paths there are.
+    pub fn len(&self) -> usize {
+        self.paths.len()
+    }
+
+    /// Whether some connection runs over the peer's address `ip`.
+    pub fn covers(&self, ip: IpAddr) -> bool {
+        self.paths.values().any(|p| p.addr == ip)
+    }
+
+    /// The path the data plane should use.
+    pub fn preferred(&self) -> Option<(ConnectionId, &Path)> {
+        let c = self.preferred?;
+        Some((c, self.paths.get(&c)?))
+    }
+
+    /// Connections due for a bandwidth probe at `now` (marked as probed), each with whether it gets a
+    /// full probe (the first of a peer with one address; with several, every probe is small): each new
+    /// one once, and every [`REPROBE_EVERY`] while the peer has paths over two
+    /// addresses or more (with one, there is no choice to make and the probe would only disturb the
+    /// data plane).
+    pub fn due_for_probe(&mut self, now: Instant) -> Vec<(ConnectionId, bool)> {
+        let several = self
+            .paths
+            .values()
+            .any(|p| self.paths.values().next().is_some_and(|q| q.addr != p.addr));
+        let mut due = Vec::new();
+        for (c, p) in &mut self.paths {
+            let due_now = match p.probed_at {
+                None => true,
+                Some(t) => several && now.duration_since(t) >= REPROBE_EVERY,
+            };
+            if due_now {
+                let first = p.probed_at.is_none() || p.bandwidth.is_none();
+                due.push((*c, first && !several));
+                p.probed_at = Some(now);
+            }
+        }
+        due
+    }
+
+    /// Probes every path again at the next chance (a full probe).
+    pub fn reprobe(&mut self) {
+        for p in self.paths.values_mut() {
+            p.probed_at = None;
+        }
+    }
+
+    /// Keeps the preferred path unless it is gone or another is cheaper by the margin.
+    fn reselect(&mut self) {
+        self.preferred = choose(&self.paths, self.preferred);
+    }
+
+    /// What is published: one entry per address (its best connection), cheapest first.
+    pub fn facts(&self, streams: &HashMap<ConnectionId, Vec<String>>) -> Vec<PathFacts> {
+        let mut by_addr: BTreeMap<IpAddr, PathFacts> = BTreeMap::new();
+        for (c, p) in &self.paths {
+            let users = streams.get(c).cloned().unwrap_or_default();
+            let f = PathFacts {
+                addr: p.addr.to_string(),
+                rtt_us: p.rtt.map(|d| d.as_secs_f64() * 1e6),
+                bandwidth_bps: p.bandwidth,
+                cost_us: p.cost_us(),
+                preferred: self.preferred == Some(*c),
+                instances: users,
+            };
+            by_addr
+                .entry(p.addr)
+                .and_modify(|e| {
+                    let mut instances = std::mem::take(&mut e.instances);
+                    instances.extend(f.instances.iter().cloned());
+                    if f.preferred || (!e.preferred && f.cost_us < e.cost_us) {
+                        *e = f.clone();
+                    }
+                    instances.sort();
+                    instances.dedup();
+                    e.instances = instances;
+                })
+                .or_insert(f);
+        }
+        let mut out: Vec<PathFacts> = by_addr.into_values().collect();
+        out.sort_by(|a, b| a.cost_us.total_cmp(&b.cost_us));
+        out
+    }
+
+    fn connections(&self) -> Vec<ConnectionId> {
+        self.paths.keys().copied().collect()
+    }
+}
+
+/// The path to use among `paths`, given the one in use now: the cheapest, unless the current one is
+/// alive and within [`SWITCH_MARGIN`] (and [`SWITCH_SLACK_US`]) of it.
+pub fn choose(
+    paths: &BTreeMap<ConnectionId, Path>,
+    current: Option<ConnectionId>,
+) -> Option<ConnectionId> {
+    let (best, best_path) = paths
+        .iter()
+        .min_by(|a, b| a.1.cost_us().total_cmp(&b.1.cost_us()))?;
+    if let Some(cur) = current.and_then(|c| paths.get(&c).map(|p| (c, p))) {
+        let (c, p) = cur;
+        let gain = p.cost_us() - best_path.cost_us();
+        if gain < SWITCH_SLACK_US || gain < SWITCH_MARGIN * p.cost_us() {
+            return Some(c);
+        }
+    }
+    Some(*best)
+}
+
+/// One path as the data plane sees it: the connection, and the peer's address on it (for `/state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathId {
+    pub connection: ConnectionId,
+    pub addr: IpAddr,
+}
+
+/// The paths of every connected peer, as published to the data plane.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PathBook {
+    preferred: HashMap<PeerId, PathId>,
+    alive: HashMap<PeerId, Vec<ConnectionId>>,
+}
+
+impl PathBook {
+    /// Collects the book from every peer's paths.
+    pub fn collect<'a>(peers: impl Iterator<Item = (&'a PeerId, &'a PeerPaths)>) -> Self {
+        let mut book = PathBook::default();
+        for (id, paths) in peers {
+            if let Some((connection, p)) = paths.preferred() {
+                book.preferred.insert(
+                    *id,
+                    PathId {
+                        connection,
+                        addr: p.addr,
+                    },
+                );
+            }
+            book.alive.insert(*id, paths.connections());
+        }
+        book
+    }
+
+    /// The path streams to `peer` should use now.
+    pub fn preferred(&self, peer: &PeerId) -> Option<PathId> {
+        self.preferred.get(peer).copied()
+    }
+
+    /// Whether `connection` to `peer` is still a live path.
+    pub fn is_alive(&self, peer: &PeerId, connection: ConnectionId) -> bool {
+        self.alive
+            .get(peer)
+            .is_some_and(|cs| cs.contains(&connection))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn c(n: usize) -> ConnectionId {
+        ConnectionId::new_unchecked(n)
+    }
+
+    /// Two paths: 1 over 10.0.0.2, 2 over 10.1.0.2, both answering pings in 200 µs.
+    fn two() -> PeerPaths {
+        let now = Instant::now();
+        let mut p = PeerPaths::default();
+        p.add(c(1), ip("10.0.0.2"), now);
+        p.add(c(2), ip("10.1.0.2"), now);
+        for conn in [c(1), c(2)] {
+            p.pong(conn, Duration::from_micros(200), now);
+        }
+        p
+    }
+
+    #[test]
+    fn the_faster_path_is_preferred_once_measured() {
+        let mut p = two();
+        p.set_bandwidth(c(1), 1e9);
+        p.set_bandwidth(c(2), 2.5e6);
+        assert_eq!(p.preferred().map(|x| x.0), Some(c(1)));
+        // A slower measurement of the other path changes nothing; a faster one of equal rtt and
+        // bandwidth does not take over either (no gain).
+        p.set_bandwidth(c(2), 1e9);
+        assert_eq!(p.preferred().map(|x| x.0), Some(c(1)));
+    }
+
+    #[test]
+    fn a_degraded_path_is_left_only_by_a_margin_and_a_dead_one_at_once() {
+        let mut p = two();
+        p.set_bandwidth(c(1), 1e9);
+        p.set_bandwidth(c(2), 1e8);
+        assert_eq!(p.preferred().map(|x| x.0), Some(c(1)));
+        // Slightly worse than path 2 (cost ~855 µs vs ~855 µs): within the margin, it stays.
+        p.set_bandwidth(c(1), 0.95e8);
+        assert_eq!(p.preferred().map(|x| x.0), Some(c(1)));
+        // Limited to 2 MB/s (cost ~33 ms): path 2 takes over.
+        p.set_bandwidth(c(1), 2e6);
+        assert_eq!(p.preferred().map(|x| x.0), Some(c(2)));
+        // Path 1 recovers: back, it is cheaper by far more than the margin.
+        p.set_bandwidth(c(1), 1e9);
+        assert_eq!(p.preferred().map(|x| x.0), Some(c(1)));
+        // Cut: the other path at once, whatever it costs.
+        p.set_bandwidth(c(2), 1e3);
+        assert!(!p.remove(c(1)));
+        assert_eq!(p.preferred().map(|x| x.0), Some(c(2)));
+        assert!(p.remove(c(2)));
+        assert!(p.preferred().is_none());
+    }
+
+    #[test]
+    fn a_path_with_a_much_longer_round_trip_loses() {
+        let mut p = two();
+        p.set_bandwidth(c(1), 1e9);
+        p.set_bandwidth(c(2), 1e9);
+        let now = Instant::now();
+        for _ in 0..20 {
+            p.pong(c(1), Duration::from_millis(30), now);
+        }
+        assert_eq!(p.preferred().map(|x| x.0), Some(c(2)));
+    }
+
+    #[test]
+    fn probes_run_once_per_path_and_again_only_when_there_is_a_choice() {
+        let now = Instant::now();
+        let later = now + REPROBE_EVERY;
+        let mut one = PeerPaths::default();
+        one.add(c(1), ip("10.0.0.2"), now);
+        one.add(c(3), ip("10.0.0.2"), now);
+        assert_eq!(one.due_for_probe(now), [(c(1), true), (c(3), true)]);
+        assert!(
+            one.due_for_probe(later).is_empty(),
+            "one address: no re-probe"
+        );
+        one.reprobe();
+        assert_eq!(one.due_for_probe(later).len(), 2);
+        let mut p = two();
+        assert_eq!(p.due_for_probe(now), [(c(1), false), (c(2), false)]);
+        assert!(p.due_for_probe(now).is_empty());
+        assert_eq!(p.due_for_probe(later), [(c(1), false), (c(2), false)]);
+    }
+
+    #[test]
+    fn facts_show_one_entry_per_address_with_the_instances_on_it() {
+        let mut p = two();
+        p.add(c(3), ip("10.0.0.2"), Instant::now());
+        p.set_bandwidth(c(1), 1e9);
+        p.set_bandwidth(c(2), 1e6);
+        let streams = HashMap::from([(c(3), vec!["inst".to_string()])]);
+        let facts = p.facts(&streams);
+        assert_eq!(facts.len(), 2);
+        assert_eq!(facts[0].addr, "10.0.0.2");
+        assert!(facts[0].preferred && !facts[1].preferred);
+        assert_eq!(facts[0].instances, ["inst"]);
+        assert_eq!(facts[0].bandwidth_bps, Some(1e9));
+        let book = PathBook::collect([(&PeerId::random(), &p)].into_iter());
+        assert_eq!(
+            book.preferred.values().next().map(|x| x.connection),
+            Some(c(1))
+        );
+    }
+}
