@@ -42,6 +42,20 @@ pub enum PipelineError {
         #[source]
         source: libp2p_stream::OpenStreamError,
     },
+    /// A data-plane stream could not be opened on the chosen path to a peer.
+    #[error("opening the {what} to {peer} on its path: {source}")]
+    OpenPath {
+        what: &'static str,
+        peer: PeerId,
+        #[source]
+        source: shoal_cluster::PathStreamError,
+    },
+    /// The path a pipeline's streams ran on closed (and moving to another failed, or was not tried).
+    #[error("the path to {peer} closed")]
+    PathLost { peer: PeerId },
+    /// The path was cut while a KV operation that cannot be sent twice was unconfirmed.
+    #[error("the path was cut while a {op} was unconfirmed: it cannot be sent again safely")]
+    NoReplay { op: &'static str },
     /// The data-plane protocol was already being accepted on this node.
     #[error("{0:?}")]
     AcceptStreams(libp2p_stream::AlreadyRegistered),
@@ -193,6 +207,9 @@ impl PipelineError {
             PipelineError::StreamBroke { .. } => "stream_broke",
             PipelineError::Malformed { .. } => "malformed_frame",
             PipelineError::OpenStream { .. } => "open_stream",
+            PipelineError::OpenPath { .. } => "open_path",
+            PipelineError::PathLost { .. } => "path_lost",
+            PipelineError::NoReplay { .. } => "no_replay",
             PipelineError::AcceptStreams(_) => "accept_streams",
             PipelineError::BadNodeId { .. } => "bad_node_id",
             PipelineError::NoRemoteStages => "no_remote_stages",
@@ -238,6 +255,8 @@ impl PipelineError {
                 | PipelineError::Malformed { .. }
                 | PipelineError::Broken { .. }
                 | PipelineError::StreamClosed { .. }
+                | PipelineError::PathLost { .. }
+                | PipelineError::NoReplay { .. }
                 | PipelineError::NodeLeft { .. }
                 | PipelineError::NoTokensInTime
                 | PipelineError::OtherBatch { .. }

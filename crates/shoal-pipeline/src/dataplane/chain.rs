@@ -1,10 +1,18 @@
 //! [`RemoteChain`]: the driver's view of the stages on other nodes.
+//!
+//! Its streams ([`Links`]: activations to the first remote stage, tokens back from the last) run on
+//! the preferred path to each of those nodes (`path.rs`). Between steps (no batch in flight) the chain
+//! moves them to another path when the node's preferred path changed (the old streams drain first,
+//! so nothing is sent twice). When a path in use is cut — its connection closes, or a stream on it
+//! breaks, while the node stays a member over another path — it moves at once and sends again what
+//! was not confirmed yet ([`Replay`]), so the batches in flight are answered and no request fails.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::AsyncReadExt;
 use libp2p::PeerId;
+use shoal_cluster::{PathId, PathLease};
 use shoal_engine::error::EngineError;
 use shoal_engine::stage::{
     ChunkSpec, KvOp, Launched, Outputs, Pick, Pool, SampleRef, Stage, StageData, StageInfo,
@@ -18,10 +26,15 @@ use shoal_cluster::{ClusterHandle, Snapshot};
 
 use crate::error::PipelineError;
 
+use super::path::{Replay, open_on_path, watch_paths};
 use super::{
-    BATCH_TIMEOUT, Inbound, READ_QUEUE, WRITE_QUEUE, encode, handshake, kv_frame, open_stream,
-    spawn_reader, spawn_writer, wire_instance_id, wire_node_id, wire_pool,
+    BATCH_TIMEOUT, Inbound, READ_QUEUE, WRITE_QUEUE, encode, handshake, kv_frame, spawn_reader,
+    spawn_writer, wire_instance_id, wire_node_id, wire_pool,
 };
+
+/// Moves to another path while one batch waits for its tokens, at most this many times (a path that
+/// keeps breaking fails the batch).
+const MAX_FAILOVERS_PER_BATCH: usize = 3;
 
 /// A batch sent and not yet answered: the sequences it owes a token and a pooled row, in batch order.
 struct InFlight {
@@ -30,15 +43,44 @@ struct InFlight {
     pooled: Vec<u64>,
 }
 
-/// The stages after the driver's own, on other nodes, seen as one [`Stage`].
-pub struct RemoteChain {
+/// What the chain needs to open its streams again.
+struct Route {
+    cluster: ClusterHandle,
+    instance: String,
+    layers: (usize, usize),
+    first: PeerId,
+    last: PeerId,
+}
+
+/// The chain's streams and the tasks feeding its event channel, on one path to each node.
+struct Links {
     down: mpsc::Sender<Vec<u8>>,
     /// What the engine thread waits on, and only this: token frames straight from the token stream's
-    /// reader task, and [`PipelineError::NodeLeft`] from the task watching the membership. Bounded by
-    /// the reader's [`READ_QUEUE`]: the driver reads every batch's tokens before it sends more than
+    /// reader task, [`PipelineError::NodeLeft`] from the task watching the membership and
+    /// [`PipelineError::PathLost`] from the one watching the paths. Bounded by the reader's
+    /// [`READ_QUEUE`]: the driver reads every batch's tokens before it sends more than
     /// [`RemoteChain::info`]'s depth of batches, so it never fills; a stalled engine thread would make
     /// the reader wait rather than buffer.
     events: mpsc::Receiver<Inbound>,
+    /// The paths the activation and token streams run on.
+    down_path: PathId,
+    owner_path: PathId,
+    /// Kept so the owner stream stays open as long as the links live.
+    _owner: mpsc::Sender<Vec<u8>>,
+    /// Dropped with the links, which stops the watches.
+    _stop: [oneshot::Sender<()>; 2],
+    /// The paths count these streams as this instance's while they live.
+    _leases: [PathLease; 2],
+}
+
+/// The stages after the driver's own, on other nodes, seen as one [`Stage`].
+pub struct RemoteChain {
+    links: Links,
+    route: Route,
+    /// Frames sent since the oldest unanswered batch (sent again on a new path after a cut).
+    replay: Replay,
+    /// Times the chain moved to another path (tokens of an answered batch may then arrive twice).
+    moves: u64,
     /// The runtime the reader runs on, whose timer bounds a wait ([`BATCH_TIMEOUT`]).
     rt: Handle,
     /// Tokens of KV each sequence holds on the remote stages (mirrors what was sent).
@@ -51,10 +93,6 @@ pub struct RemoteChain {
     pending: std::collections::VecDeque<InFlight>,
     /// Tokens of KV the remote stages have room for (the least of them), when they said.
     kv_capacity: Option<usize>,
-    /// Kept so the owner stream stays open as long as the chain lives.
-    _owner: mpsc::Sender<Vec<u8>>,
-    /// Dropped with the chain, which stops the membership watch.
-    _stop_watch: oneshot::Sender<()>,
 }
 
 impl RemoteChain {
@@ -85,65 +123,19 @@ impl RemoteChain {
             (Some(f), Some(l)) => (*f, *l),
             _ => return Err(PipelineError::NoRemoteStages),
         };
-        let me = wire_node_id(&cluster.id());
-        let inst = wire_instance_id(instance);
-        let traffic = cluster.traffic();
-        // Owner stream first: the last stage must know where tokens go before any batch arrives.
-        let mut owner = open_stream(cluster, last, "token stream").await?;
-        handshake(
-            &mut owner,
-            &Handshake::new(
-                me,
-                cluster.cluster_hash(),
-                Role::Owner { instance_id: inst },
-            ),
-        )
-        .await?;
-        let mut down = open_stream(cluster, first, "activation stream").await?;
-        let (l0, l1) = layers.first().copied().unwrap_or((0, 0));
-        handshake(
-            &mut down,
-            &Handshake::new(
-                me,
-                cluster.cluster_hash(),
-                Role::Stage {
-                    instance_id: inst,
-                    stage_index: 0,
-                    layer_start: l0 as u32,
-                    layer_end: l1 as u32,
-                },
-            ),
-        )
-        .await?;
-        let (or, ow) = owner.split();
-        let (events_tx, events) = mpsc::channel(READ_QUEUE);
-        // The watch only holds a weak sender: the channel closes when the reader ends (the token
-        // stream closed), which the engine thread sees at once.
-        let (stop_watch, stop) = oneshot::channel();
-        let stage_nodes = nodes.to_vec();
-        watch_nodes(
-            cluster.subscribe(),
-            move |snap: &Arc<Snapshot>| {
-                let members = snap.state.members();
-                stage_nodes
-                    .iter()
-                    .find(|n| !members.contains(&n.as_str()))
-                    .cloned()
-            },
-            events_tx.downgrade(),
-            stop,
-        );
-        spawn_reader(or, events_tx, traffic.clone(), last);
-        // Nothing is sent on the owner stream but the handshake: one slot is enough.
-        let (owner_tx, owner_rx) = mpsc::channel(1);
-        spawn_writer(ow, owner_rx, traffic.clone(), last);
-        let (dr, dw) = down.split();
-        drop(dr);
-        let (down_tx, down_rx) = mpsc::channel(WRITE_QUEUE);
-        spawn_writer(dw, down_rx, traffic, first);
+        let route = Route {
+            cluster: cluster.clone(),
+            instance: instance.to_string(),
+            layers: layers.first().copied().unwrap_or((0, 0)),
+            first,
+            last,
+        };
+        let links = route.open_bounded(nodes).await?;
         Ok(Self {
-            down: down_tx,
-            events,
+            links,
+            route,
+            replay: Replay::default(),
+            moves: 0,
             rt: Handle::current(),
             lens: HashMap::new(),
             next_batch: 1,
@@ -152,9 +144,12 @@ impl RemoteChain {
             broken: None,
             kv_capacity: None,
             pending: std::collections::VecDeque::new(),
-            _owner: owner_tx,
-            _stop_watch: stop_watch,
         })
+    }
+
+    /// The paths the chain's streams run on now: to the first remote stage, and the token stream's.
+    pub fn paths(&self) -> (PathId, PathId) {
+        (self.links.down_path, self.links.owner_path)
     }
 
     /// Marks the pipeline broken by `why` (the first reason is kept for every later call).
@@ -175,38 +170,124 @@ impl RemoteChain {
         }
     }
 
-    fn send(&mut self, frame: &Frame) -> Result<(), PipelineError> {
-        self.check_broken()?;
-        let bytes = encode(frame)?;
-        self.send_bytes(bytes)
+    /// Queues `bytes` on the stream to the next stage; `false` when that stream is gone.
+    fn try_send(&mut self, bytes: Vec<u8>) -> bool {
+        self.links.down.blocking_send(bytes).is_ok()
     }
 
-    fn send_bytes(&mut self, bytes: Vec<u8>) -> Result<(), PipelineError> {
+    /// Sends logged frames; a cut path on the way moves the chain and sends everything again.
+    fn send_logged(&mut self, frames: Vec<Vec<u8>>) -> Result<(), PipelineError> {
         self.check_broken()?;
-        if self.down.blocking_send(bytes).is_err() {
-            return Err(self.lost(PipelineError::StreamClosed {
-                what: "stream to the next stage",
-            }));
+        for bytes in frames {
+            if !self.try_send(bytes) {
+                return self.fail_over(PipelineError::StreamClosed {
+                    what: "stream to the next stage",
+                });
+            }
         }
         Ok(())
     }
 
+    /// Between steps: moves the streams to the preferred paths when those changed (the old streams
+    /// drain and close, so nothing is sent twice), or at once with [`Self::fail_over`] when a path in
+    /// use closed.
+    fn follow_paths(&mut self) -> Result<(), PipelineError> {
+        if !self.pending.is_empty() {
+            return Ok(());
+        }
+        let book = self.route.cluster.paths().book();
+        let (first, last) = (self.route.first, self.route.last);
+        let alive = book.is_alive(&first, self.links.down_path.connection)
+            && book.is_alive(&last, self.links.owner_path.connection);
+        if !alive {
+            return self.fail_over(PipelineError::PathLost { peer: first });
+        }
+        let moved = |peer: &PeerId, cur: PathId| {
+            book.preferred(peer)
+                .is_some_and(|p| p.connection != cur.connection)
+        };
+        if !moved(&first, self.links.down_path) && !moved(&last, self.links.owner_path) {
+            return Ok(());
+        }
+        let nodes = self.nodes.clone();
+        match self.rt.block_on(self.route.open_bounded(&nodes)) {
+            Ok(links) => {
+                tracing::info!(
+                    instance = %self.route.instance,
+                    from = %self.links.down_path.addr,
+                    to = %links.down_path.addr,
+                    "pipeline streams moved to a better path"
+                );
+                self.links = links;
+                self.moves += 1;
+            }
+            Err(e) => {
+                // The old path still works: stay on it and try again at the next step.
+                tracing::warn!(kind = e.error_type(), "moving to a better path failed: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// A path in use was cut (`why`): opens new streams on the paths left and sends again everything
+    /// not confirmed; the pipeline breaks only when that is impossible (no path, the node left, an
+    /// operation that cannot be sent twice, or the new path breaks too).
+    fn fail_over(&mut self, why: PipelineError) -> Result<(), PipelineError> {
+        self.check_broken()?;
+        let frames = match self.replay.frames() {
+            Ok(f) => f,
+            Err(e) => return Err(self.lost(e)),
+        };
+        tracing::warn!(
+            instance = %self.route.instance,
+            kind = why.error_type(),
+            "pipeline path lost ({why}): moving to another and sending {} unconfirmed frame(s) again",
+            frames.len()
+        );
+        let nodes = self.nodes.clone();
+        for _ in 0..MAX_FAILOVERS_PER_BATCH {
+            let cut = [self.links.down_path, self.links.owner_path];
+            let links = match self.rt.block_on(self.route.open_after_cut(&nodes, cut)) {
+                Ok(l) => l,
+                Err(e) => return Err(self.lost(e)),
+            };
+            self.links = links;
+            self.moves += 1;
+            if frames.iter().cloned().all(|f| self.try_send(f)) {
+                return Ok(());
+            }
+        }
+        Err(self.lost(why))
+    }
+
     /// Blocks the engine thread until the tokens of `batch_id` arrive (after its pooled rows, if it
-    /// has any), the pipeline breaks (a stream closes, a stage fails, a stage node leaves the cluster:
-    /// each noticed as it happens), or [`BATCH_TIMEOUT`] passes.
+    /// has any), the pipeline breaks (a stream closes with no other path, a stage fails, a stage node
+    /// leaves the cluster: each noticed as it happens), or [`BATCH_TIMEOUT`] passes. A cut path moves
+    /// the chain to another and the wait goes on.
     fn wait_tokens(
         &mut self,
         batch_id: u64,
     ) -> Result<(Vec<TokenItem>, Option<Pooled>), PipelineError> {
         let deadline = tokio::time::Instant::now() + BATCH_TIMEOUT;
         let mut pooled = None;
+        let mut failovers = 0;
         loop {
-            match recv_by(&self.rt, &mut self.events, deadline) {
+            let cut = match recv_by(&self.rt, &mut self.links.events, deadline) {
                 Ok(Some(Ok(Frame::Tokens { batch_id: b, items }))) if b == batch_id => {
                     return Ok((items, pooled));
                 }
                 Ok(Some(Ok(Frame::Pooled(p)))) if p.batch_id == batch_id && pooled.is_none() => {
                     pooled = Some(p);
+                    continue;
+                }
+                // Answered before the chain moved, and computed again after it.
+                Ok(Some(Ok(Frame::Tokens { batch_id: b, .. })))
+                    if self.moves > 0 && b < batch_id =>
+                {
+                    continue;
+                }
+                Ok(Some(Ok(Frame::Pooled(p)))) if self.moves > 0 && p.batch_id < batch_id => {
+                    continue;
                 }
                 Ok(Some(Ok(Frame::Pooled(p)))) => {
                     return Err(self.lost(PipelineError::OtherBatch {
@@ -223,18 +304,150 @@ impl RemoteChain {
                 Ok(Some(Ok(Frame::Error { code, message }))) => {
                     return Err(self.lost(PipelineError::StageFailed { code, message }));
                 }
-                Ok(Some(Ok(_))) => {}
-                Ok(Some(Err(e))) => return Err(self.lost(e)),
-                Ok(None) => {
-                    return Err(self.lost(PipelineError::StreamClosed {
-                        what: "token stream from the last stage",
-                    }));
-                }
+                Ok(Some(Ok(_))) => continue,
+                Ok(Some(Err(e @ PipelineError::NodeLeft { .. }))) => return Err(self.lost(e)),
+                Ok(Some(Err(e))) => e,
+                Ok(None) => PipelineError::StreamClosed {
+                    what: "token stream from the last stage",
+                },
                 Err(_) => return Err(self.lost(PipelineError::NoTokensInTime)),
+            };
+            failovers += 1;
+            if failovers > MAX_FAILOVERS_PER_BATCH {
+                return Err(self.lost(cut));
             }
+            // Rows of a batch computed again come again.
+            pooled = None;
+            self.fail_over(cut)?;
         }
     }
 }
+
+impl Route {
+    /// Opens the chain's streams on the preferred path to each node: the owner stream first (the last
+    /// stage must know where tokens go before any batch arrives), then the activation stream.
+    async fn open(&self, nodes: &[String]) -> Result<Links, PipelineError> {
+        let cluster = &self.cluster;
+        let me = wire_node_id(&cluster.id());
+        let inst = wire_instance_id(&self.instance);
+        let traffic = cluster.traffic();
+        let owner = open_on_path(cluster, self.last, &self.instance, "token stream").await?;
+        let mut owner_stream = owner.stream;
+        handshake(
+            &mut owner_stream,
+            &Handshake::new(
+                me,
+                cluster.cluster_hash(),
+                Role::Owner { instance_id: inst },
+            ),
+        )
+        .await?;
+        let down = open_on_path(cluster, self.first, &self.instance, "activation stream").await?;
+        let mut down_stream = down.stream;
+        let (l0, l1) = self.layers;
+        handshake(
+            &mut down_stream,
+            &Handshake::new(
+                me,
+                cluster.cluster_hash(),
+                Role::Stage {
+                    instance_id: inst,
+                    stage_index: 0,
+                    layer_start: l0 as u32,
+                    layer_end: l1 as u32,
+                },
+            ),
+        )
+        .await?;
+        let (or, ow) = owner_stream.split();
+        let (events_tx, events) = mpsc::channel(READ_QUEUE);
+        // The watches only hold weak senders: the channel closes when the reader ends (the token
+        // stream closed), which the engine thread sees at once.
+        let (stop_nodes, stop) = oneshot::channel();
+        let stage_nodes = nodes.to_vec();
+        watch_nodes(
+            cluster.subscribe(),
+            move |snap: &Arc<Snapshot>| {
+                let members = snap.state.members();
+                stage_nodes
+                    .iter()
+                    .find(|n| !members.contains(&n.as_str()))
+                    .cloned()
+            },
+            events_tx.downgrade(),
+            stop,
+        );
+        spawn_reader(or, events_tx.clone(), traffic.clone(), self.last);
+        // Nothing is sent on the owner stream but the handshake: one slot is enough.
+        let (owner_tx, owner_rx) = mpsc::channel(1);
+        spawn_writer(ow, owner_rx, traffic.clone(), self.last);
+        let (dr, dw) = down_stream.split();
+        drop(dr);
+        let (down_tx, down_rx) = mpsc::channel(WRITE_QUEUE);
+        spawn_writer(dw, down_rx, traffic, self.first);
+        let (stop_paths, stop) = oneshot::channel();
+        watch_paths(
+            cluster.paths().watch(),
+            vec![(self.first, down.path), (self.last, owner.path)],
+            down_tx.clone(),
+            events_tx.downgrade(),
+            stop,
+        );
+        drop(events_tx);
+        Ok(Links {
+            down: down_tx,
+            events,
+            down_path: down.path,
+            owner_path: owner.path,
+            _owner: owner_tx,
+            _stop: [stop_nodes, stop_paths],
+            _leases: [down.lease, owner.lease],
+        })
+    }
+
+    /// [`Self::open`], bounded by [`OPEN_TIMEOUT`] (a stream on a dead connection never opens).
+    async fn open_bounded(&self, nodes: &[String]) -> Result<Links, PipelineError> {
+        tokio::time::timeout(OPEN_TIMEOUT, self.open(nodes))
+            .await
+            .map_err(|_| PipelineError::PathLost { peer: self.first })?
+    }
+
+    /// [`Self::open`] after a cut of the paths `cut`: waits (up to [`CUT_NOTICE`]) until the network
+    /// task prefers other paths to both nodes, so the new streams do not land on the cut one again
+    /// (after that, the preferred path is tried whatever it is: a stream can break on a sound path).
+    async fn open_after_cut(
+        &self,
+        nodes: &[String],
+        cut: [PathId; 2],
+    ) -> Result<Links, PipelineError> {
+        let deadline = tokio::time::Instant::now() + CUT_NOTICE;
+        let paths = self.cluster.paths();
+        let mut book = paths.watch();
+        loop {
+            let clear = {
+                let b = book.borrow_and_update();
+                [self.first, self.last].iter().all(|peer| {
+                    b.preferred(peer)
+                        .is_some_and(|p| cut.iter().all(|c| c.connection != p.connection))
+                })
+            };
+            if clear {
+                break;
+            }
+            match tokio::time::timeout_at(deadline, book.changed()).await {
+                Ok(Ok(())) => {}
+                _ => break,
+            }
+        }
+        self.open_bounded(nodes).await
+    }
+}
+
+/// How long a chain whose path was cut waits for the network task to notice (it drops a silent
+/// connection within ~2 s).
+const CUT_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
+/// The longest opening the chain's streams (and their handshakes) may take.
+const OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Waits for the next item of `rx` until `deadline`, blocking a thread outside the runtime `rt` (the
 /// engine thread); `Err` once the deadline passed, `Ok(None)` when the channel closed.
@@ -283,7 +496,8 @@ impl RemoteChain {
         self.lens.get(&seq_id).copied().unwrap_or(0)
     }
 
-    /// Sends a batch's sampling jobs and hidden states to the next stage.
+    /// Sends a batch's sampling jobs and hidden states to the next stage (on a better path first,
+    /// when there is one and nothing is in flight).
     fn send_batch(
         &mut self,
         batch: &[ChunkSpec],
@@ -293,6 +507,8 @@ impl RemoteChain {
         let StageData::Hidden(h) = input else {
             return Err(PipelineError::NotHidden);
         };
+        self.check_broken()?;
+        self.follow_paths()?;
         let batch_id = self.next_batch;
         self.next_batch += 1;
         let chunks: Vec<ChunkHeader> = batch
@@ -308,17 +524,21 @@ impl RemoteChain {
         // Encoded straight from the hidden states.
         let acts =
             Activations::encode_f32(batch_id, &chunks, h.cols() as u32, h.data(), self.dtype)?;
+        let mut frames = Vec::with_capacity(2);
         if !sampling.is_empty() {
             let jobs = sampling
                 .iter()
                 .map(|s| s.sampler.job(s.seq_id, s.history, s.mask))
                 .collect();
-            self.send(&Frame::Sample { batch_id, jobs })?;
+            frames.push(encode(&Frame::Sample { batch_id, jobs })?);
         }
-        self.send_bytes(acts)?;
-        for c in batch {
-            *self.lens.entry(c.seq_id).or_default() += c.len;
-        }
+        frames.push(acts);
+        // Logged before it is sent: a cut while sending sends it again with the rest.
+        let starts = chunks
+            .iter()
+            .map(|c| (c.seq_id, c.start_pos as usize))
+            .collect();
+        self.replay.batch(batch_id, starts, frames.clone());
         self.pending.push_back(InFlight {
             batch_id,
             sampled: sampling.iter().map(|s| s.seq_id).collect(),
@@ -328,6 +548,10 @@ impl RemoteChain {
                 .map(|c| c.seq_id)
                 .collect(),
         });
+        for c in batch {
+            *self.lens.entry(c.seq_id).or_default() += c.len;
+        }
+        self.send_logged(frames)?;
         Ok(Launched::Pending(batch_id))
     }
 
@@ -343,6 +567,7 @@ impl RemoteChain {
             });
         }
         let (items, pooled) = self.wait_tokens(flight.batch_id)?;
+        self.replay.answered(flight.batch_id);
         let pooled_ids = pooled.as_ref().map_or(&[][..], |p| &p.seq_ids[..]);
         if items
             .iter()
@@ -369,13 +594,16 @@ impl RemoteChain {
 
     /// Sends a KV operation down the pipeline (every stage applies it).
     fn send_kv(&mut self, op: KvOp) -> Result<(), PipelineError> {
+        self.check_broken()?;
         match op {
             KvOp::Release { seq_id } | KvOp::Retain { seq_id, .. } => {
                 self.lens.remove(&seq_id);
             }
             KvOp::Start { .. } | KvOp::DropPrefix { .. } | KvOp::Fork { .. } => {}
         }
-        self.send(&kv_frame(op))?;
+        let frame = encode(&kv_frame(op))?;
+        self.replay.kv(&op, frame.clone());
+        self.send_logged(vec![frame])?;
         match op {
             KvOp::Start { seq_id, len, .. }
             | KvOp::Fork {

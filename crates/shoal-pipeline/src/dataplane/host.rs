@@ -1,7 +1,14 @@
 //! The stage side: [`HostedStage`]s served to the upstream node of their pipeline.
+//!
+//! A stage keeps its KV across upstream streams: when its pipeline moves to another path (the driver
+//! opens new streams, `chain.rs`), the new stream's thread waits for the old one to finish its frames
+//! and carries on with the same caches. An upstream stream that breaks ends its thread quietly (the
+//! driver notices on its side and moves, or the pipeline is torn down); the stage's next stream is
+//! opened on the preferred path to the next node.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use libp2p::{PeerId, Stream};
@@ -20,10 +27,18 @@ use shoal_cluster::{ClusterHandle, Traffic};
 
 use crate::error::PipelineError;
 
+use super::path::open_on_path;
 use super::{
-    Inbound, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, engine_pool, handshake, open_stream,
-    prefix_kv_op, read_handshake, spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
+    Inbound, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, engine_pool, handshake, prefix_kv_op,
+    read_handshake, spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
 };
+
+/// How long a new upstream stream waits for the stage while the previous stream's thread still runs
+/// (a pipeline moving to another path: the old stream drains and ends) before it ends that thread
+/// (a stream on a cut path may never see its end) …
+const KICK_AFTER: Duration = Duration::from_secs(2);
+/// … and how long it waits in all.
+const HANDOVER_WAIT: Duration = Duration::from_secs(30);
 
 /// A stage this node hosts for an instance, and where its output goes.
 pub struct HostedStage {
@@ -32,8 +47,12 @@ pub struct HostedStage {
     pub layers: (usize, usize),
     /// The next stage's node; `None` for the last stage.
     pub next: Option<PeerId>,
-    /// The layers; `None` while a pipeline is using them.
+    /// The layers; `None` while a pipeline stream is using them.
     stage: Mutex<Option<LocalStage>>,
+    /// Signalled when the layers are put back.
+    stage_back: Condvar,
+    /// The input of the newest upstream stream's thread (weak: it never keeps that input open).
+    upstream: Mutex<Option<mpsc::WeakSender<Inbound>>>,
     /// Where the last stage sends tokens (the driver's owner stream).
     owner: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
     /// This node's KV memory set aside for the stage; the driver holds at most its tokens.
@@ -55,6 +74,8 @@ impl HostedStage {
             layers,
             next,
             stage: Mutex::new(Some(stage)),
+            stage_back: Condvar::new(),
+            upstream: Mutex::new(None),
             owner: Mutex::new(None),
             kv,
         }
@@ -63,6 +84,54 @@ impl HostedStage {
     /// Errs if adding `tokens` of KV would take the stage past what its node reserved for it (the
     /// driver budgets against that, so only a driver bug gets here: an error, never an allocation
     /// beyond the node's budget).
+    /// Records `input` as the newest upstream's; returns the one it replaces.
+    fn new_upstream(&self, input: &mpsc::Sender<Inbound>) -> Option<mpsc::WeakSender<Inbound>> {
+        self.upstream.lock().ok()?.replace(input.downgrade())
+    }
+
+    /// Takes the layers, waiting for another stream's thread to put them back: after [`KICK_AFTER`]
+    /// that thread (`previous`'s) is told to end, after [`HANDOVER_WAIT`] this one gives up.
+    fn take_stage(&self, previous: Option<mpsc::WeakSender<Inbound>>) -> Option<LocalStage> {
+        let start = std::time::Instant::now();
+        let mut kicked = previous.is_none();
+        loop {
+            let guard = self.stage.lock().ok()?;
+            let (mut guard, _) = self
+                .stage_back
+                .wait_timeout_while(guard, Duration::from_millis(100), |s| s.is_none())
+                .ok()?;
+            if let Some(stage) = guard.take() {
+                return Some(stage);
+            }
+            drop(guard);
+            if start.elapsed() >= HANDOVER_WAIT {
+                return None;
+            }
+            if !kicked && start.elapsed() >= KICK_AFTER {
+                // A full input means that thread is still working through frames: try again later.
+                kicked = match previous.as_ref().and_then(|w| w.upgrade()) {
+                    Some(tx) => tx
+                        .try_send(Err(PipelineError::StreamClosed {
+                            what: "upstream stream, replaced by a newer one",
+                        }))
+                        .is_ok(),
+                    None => true,
+                };
+                if kicked {
+                    tracing::warn!(instance = %self.instance, "ending the previous upstream stream's thread");
+                }
+            }
+        }
+    }
+
+    /// Puts the layers back (with their caches) for the next stream.
+    fn put_stage(&self, stage: LocalStage) {
+        if let Ok(mut s) = self.stage.lock() {
+            *s = Some(stage);
+        }
+        self.stage_back.notify_all();
+    }
+
     fn check_room(&self, stage: &LocalStage, tokens: usize) -> Result<(), PipelineError> {
         let held = stage.held_tokens();
         if held + tokens > self.kv.tokens() {
@@ -199,27 +268,32 @@ async fn serve_upstream(
     traffic: Arc<Traffic>,
     peer: PeerId,
 ) -> Result<(), PipelineError> {
-    let next = match host.next {
+    let (next, lease) = match host.next {
         Some(next) => {
-            let mut s = open_stream(cluster, next, "stream").await?;
+            let opened = open_on_path(cluster, next, &host.instance, "stream").await?;
+            let mut s = opened.stream;
             handshake(&mut s, ours).await?;
             let (r, w) = s.split();
             drop(r);
             let (tx, rx) = mpsc::channel(WRITE_QUEUE);
             spawn_writer(w, rx, traffic.clone(), next);
-            Some(tx)
+            (Some(tx), Some(opened.lease))
         }
-        None => None,
+        None => (None, None),
     };
     stream.write_all(&ours.encode()).await?;
     stream.flush().await?;
     let (r, _w) = stream.split();
     let (in_tx, in_rx) = mpsc::channel(READ_QUEUE);
+    let previous = host.new_upstream(&in_tx);
     spawn_reader(r, in_tx, traffic, peer);
     let host = host.clone();
     std::thread::Builder::new()
         .name(format!("stage-{}-{}", host.instance, host.index))
-        .spawn(move || run_stage(&host, in_rx, next))?;
+        .spawn(move || {
+            run_stage(&host, in_rx, next, previous);
+            drop(lease);
+        })?;
     Ok(())
 }
 
@@ -228,9 +302,10 @@ fn run_stage(
     host: &HostedStage,
     mut input: mpsc::Receiver<Inbound>,
     next: Option<mpsc::Sender<Vec<u8>>>,
+    previous: Option<mpsc::WeakSender<Inbound>>,
 ) {
-    let Some(mut stage) = host.stage.lock().ok().and_then(|mut s| s.take()) else {
-        tracing::warn!(instance = %host.instance, "stage busy with another pipeline");
+    let Some(mut stage) = host.take_stage(previous) else {
+        tracing::warn!(instance = %host.instance, "stage busy with another stream for {HANDOVER_WAIT:?}");
         return;
     };
     let mut jobs: HashMap<u64, Vec<SampleJob>> = HashMap::new();
@@ -247,12 +322,9 @@ fn run_stage(
         let frame = match frame {
             Ok(f) => f,
             Err(e) => {
-                tracing::warn!(instance = %host.instance, kind = e.error_type(), "upstream failed: {e}");
-                let _ = encode(&Frame::Error {
-                    code: 502,
-                    message: e.to_string(),
-                })
-                .map(send);
+                // Nothing is sent on: the upstream moves to another path (and sends again what it
+                // may have lost), or the pipeline is torn down.
+                tracing::warn!(instance = %host.instance, kind = e.error_type(), "upstream stream broke: {e}");
                 break;
             }
         };
@@ -275,11 +347,8 @@ fn run_stage(
             }
         }
     }
-    // The pipeline that fed us is gone: its sequences are too.
-    stage.clear();
-    if let Ok(mut s) = host.stage.lock() {
-        *s = Some(stage);
-    }
+    // The caches stay: a stream on another path carries on with them (they go with the instance).
+    host.put_stage(stage);
 }
 
 /// Applies one frame; returns the encoded frame to pass on (to the next stage, or tokens to the driver).

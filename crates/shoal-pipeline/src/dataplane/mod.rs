@@ -27,12 +27,13 @@ use shoal_wire::{
 };
 use tokio::sync::mpsc;
 
-use shoal_cluster::{ClusterHandle, Traffic};
+use shoal_cluster::Traffic;
 
 use crate::error::PipelineError;
 
 mod chain;
 mod host;
+mod path;
 
 pub use chain::RemoteChain;
 pub use host::{HostedStage, Hosts, serve_stages};
@@ -59,19 +60,6 @@ pub fn wire_instance_id(id: &str) -> u64 {
         let h: [u8; 32] = Sha256::digest(id.as_bytes()).into();
         u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
     })
-}
-
-/// Opens a data-plane stream to `peer` (`what` names it in the error).
-async fn open_stream(
-    cluster: &ClusterHandle,
-    peer: PeerId,
-    what: &'static str,
-) -> Result<Stream, PipelineError> {
-    cluster
-        .streams()
-        .open_stream(peer, STAGE_PROTOCOL)
-        .await
-        .map_err(|source| PipelineError::OpenStream { what, peer, source })
 }
 
 /// Sends our handshake, reads and checks the peer's.

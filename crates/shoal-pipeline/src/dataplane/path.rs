@@ -1,0 +1,282 @@
+//! Paths for the data plane: streams open on the preferred path to a peer (`shoal_cluster::Paths`),
+//! the watch that reports a path in use closing, and [`Replay`], what the driver keeps so a cut path
+//! costs no request.
+//!
+//! The driver's [`RemoteChain`](super::RemoteChain) keeps every frame it sent since the oldest batch
+//! whose tokens have not come back (batches and KV releases). When the path under its streams is cut,
+//! it opens new streams on the path left and sends them again — after KV operations that take each
+//! sequence back to where its oldest unanswered batch started (a stage may or may not have applied
+//! that batch; with the same cache length and the same sampling job it computes the same tokens).
+//! Tokens of a batch already answered that arrive again are dropped by the chain. The stages keep
+//! their KV across upstream streams (`host.rs`), so the new stream carries on where the old one left.
+//! Another KV operation still unconfirmed when a path is cut (a prefix kept, started or dropped, a
+//! fork) cannot be sent twice safely: the pipeline then fails as before ([`PipelineError::NoReplay`]).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use libp2p::PeerId;
+use shoal_cluster::{ClusterHandle, PathBook, PathId, PathStream};
+use shoal_engine::stage::KvOp;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::{Inbound, STAGE_PROTOCOL, encode, kv_frame};
+use crate::error::PipelineError;
+
+/// Opens a data-plane stream for `instance` to `peer` on its preferred path (`what` names it in the
+/// error).
+pub(super) async fn open_on_path(
+    cluster: &ClusterHandle,
+    peer: PeerId,
+    instance: &str,
+    what: &'static str,
+) -> Result<PathStream, PipelineError> {
+    cluster
+        .paths()
+        .open(peer, STAGE_PROTOCOL, instance)
+        .await
+        .map_err(|source| PipelineError::OpenPath { what, peer, source })
+}
+
+/// Sends [`PipelineError::PathLost`] into `events` as soon as a path in `used` is no live connection
+/// any more, or when `writer_gone` fires (the stream's writer ended: the stream broke); ends then,
+/// when `stop` fires, or when the path feed closes.
+pub(super) fn watch_paths(
+    mut book: watch::Receiver<Arc<PathBook>>,
+    used: Vec<(PeerId, PathId)>,
+    writer: mpsc::Sender<Vec<u8>>,
+    events: mpsc::WeakSender<Inbound>,
+    mut stop: oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let lost = loop {
+            let gone = {
+                let b = book.borrow_and_update();
+                used.iter()
+                    .find(|(peer, path)| !b.is_alive(peer, path.connection))
+                    .map(|(peer, _)| *peer)
+            };
+            if let Some(peer) = gone {
+                break peer;
+            }
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = writer.closed() => break used.first().map_or(PeerId::random(), |u| u.0),
+                changed = book.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+        };
+        // The writer's sender goes before the event: a switch must not wait on it.
+        drop(writer);
+        if let Some(tx) = events.upgrade() {
+            let _ = tx.send(Err(PipelineError::PathLost { peer: lost })).await;
+        }
+    })
+}
+
+/// One frame group sent down the pipeline and not yet confirmed by the tokens of a later batch.
+#[derive(Debug, Clone)]
+enum Logged {
+    /// A batch: its encoded frames (sampling jobs, activations) and where each of its chunks started.
+    Batch {
+        batch_id: u64,
+        starts: Vec<(u64, usize)>,
+        frames: Vec<Vec<u8>>,
+    },
+    /// A release (sending it twice is harmless: unknown sequences are ignored).
+    Release(Vec<u8>),
+    /// Any other KV operation (not safe to send twice).
+    Other(&'static str),
+}
+
+/// What the driver sent since the oldest unanswered batch.
+#[derive(Debug, Default)]
+pub(super) struct Replay {
+    log: VecDeque<Logged>,
+}
+
+impl Replay {
+    /// A batch was sent: `starts` are its chunks' (sequence, first position), `frames` its bytes.
+    pub fn batch(&mut self, batch_id: u64, starts: Vec<(u64, usize)>, frames: Vec<Vec<u8>>) {
+        self.log.push_back(Logged::Batch {
+            batch_id,
+            starts,
+            frames,
+        });
+    }
+
+    /// A KV operation was sent (its encoded frame).
+    pub fn kv(&mut self, op: &KvOp, frame: Vec<u8>) {
+        let entry = match op {
+            KvOp::Release { .. } => Logged::Release(frame),
+            KvOp::Retain { .. } => Logged::Other("kept prefix"),
+            KvOp::Start { .. } => Logged::Other("sequence started from a prefix"),
+            KvOp::DropPrefix { .. } => Logged::Other("dropped prefix"),
+            KvOp::Fork { .. } => Logged::Other("fork"),
+        };
+        self.log.push_back(entry);
+    }
+
+    /// The tokens of `batch_id` came back: it and everything sent before it were applied by every
+    /// stage.
+    pub fn answered(&mut self, batch_id: u64) {
+        while let Some(front) = self.log.pop_front() {
+            if matches!(front, Logged::Batch { batch_id: b, .. } if b == batch_id) {
+                break;
+            }
+        }
+    }
+
+    /// Whether nothing is unconfirmed.
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.log.is_empty()
+    }
+
+    /// The frames to send on new streams after a cut, in order: each sequence of an unanswered batch
+    /// taken back to where its first such batch started, then everything logged again.
+    pub fn frames(&self) -> Result<Vec<Vec<u8>>, PipelineError> {
+        let mut rewind: Vec<(u64, usize)> = Vec::new();
+        for entry in &self.log {
+            match entry {
+                Logged::Other(op) => return Err(PipelineError::NoReplay { op }),
+                Logged::Batch { starts, .. } => {
+                    for &(seq, start) in starts {
+                        if !rewind.iter().any(|(s, _)| *s == seq) {
+                            rewind.push((seq, start));
+                        }
+                    }
+                }
+                Logged::Release(_) => {}
+            }
+        }
+        let mut out = Vec::new();
+        for (seq, start) in rewind {
+            for op in rewind_ops(seq, start) {
+                out.push(encode(&kv_frame(op))?);
+            }
+        }
+        for entry in &self.log {
+            match entry {
+                Logged::Batch { frames, .. } => out.extend(frames.iter().cloned()),
+                Logged::Release(f) => out.push(f.clone()),
+                Logged::Other(_) => {}
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// KV operations that leave sequence `seq` with exactly its first `len` tokens on every stage, whether
+/// or not a stage went further: released when `len` is 0, else copied to a scratch sequence and back.
+fn rewind_ops(seq: u64, len: usize) -> Vec<KvOp> {
+    if len == 0 {
+        return vec![KvOp::Release { seq_id: seq }];
+    }
+    // Engine sequence ids count up from 1: the top of the range is free.
+    let scratch = u64::MAX - seq;
+    vec![
+        KvOp::Fork {
+            seq_id: seq,
+            into: scratch,
+            len,
+        },
+        KvOp::Release { seq_id: seq },
+        KvOp::Fork {
+            seq_id: scratch,
+            into: seq,
+            len,
+        },
+        KvOp::Release { seq_id: scratch },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_wire::{Frame, FrameReader};
+
+    fn decode_all(frames: &[Vec<u8>]) -> Vec<Frame> {
+        let mut r = FrameReader::new(shoal_wire::DEFAULT_MAX_FRAME_LEN);
+        for f in frames {
+            r.push(f);
+        }
+        let mut out = Vec::new();
+        while let Some(f) = r.next_frame().unwrap() {
+            out.push(f);
+        }
+        out
+    }
+
+    fn release(seq: u64) -> (KvOp, Vec<u8>) {
+        let op = KvOp::Release { seq_id: seq };
+        (op, encode(&kv_frame(op)).unwrap())
+    }
+
+    fn ping(n: u64) -> Vec<u8> {
+        encode(&Frame::Ping { nonce: n }).unwrap()
+    }
+
+    #[test]
+    fn unanswered_batches_are_sent_again_after_taking_their_sequences_back() {
+        let mut r = Replay::default();
+        // Batch 1 answered; 2 (seq 7 from 10, seq 8 new) and 3 (seq 7 from 11) are not.
+        r.batch(1, vec![(7, 9)], vec![ping(1)]);
+        r.answered(1);
+        assert!(r.is_empty());
+        r.batch(2, vec![(7, 10), (8, 0)], vec![ping(2)]);
+        let (op, f) = release(5);
+        r.kv(&op, f);
+        r.batch(3, vec![(7, 11)], vec![ping(3)]);
+        let frames = decode_all(&r.frames().unwrap());
+        let kinds: Vec<String> = frames
+            .iter()
+            .map(|f| match f {
+                Frame::Prefix(p) => {
+                    format!("{:?} {} {} {}", p.action, p.seq_id, p.prefix_id, p.len)
+                }
+                Frame::Release { seq_ids } => format!("release {seq_ids:?}"),
+                Frame::Ping { nonce } => format!("batch {nonce}"),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        let scratch = u64::MAX - 7;
+        assert_eq!(
+            kinds,
+            [
+                format!("Fork 7 {scratch} 10"),
+                "release [7]".to_string(),
+                format!("Fork {scratch} 7 10"),
+                format!("release [{scratch}]"),
+                "release [8]".into(),
+                "batch 2".into(),
+                "release [5]".into(),
+                "batch 3".into(),
+            ]
+        );
+        // Batch 2 answered: only what followed it is left.
+        r.answered(2);
+        assert_eq!(decode_all(&r.frames().unwrap()).len(), 6);
+    }
+
+    #[test]
+    fn an_unconfirmed_prefix_operation_cannot_be_sent_again() {
+        let mut r = Replay::default();
+        r.batch(4, vec![(1, 3)], vec![ping(4)]);
+        let op = KvOp::Retain {
+            seq_id: 1,
+            prefix_id: 9,
+            len: 3,
+        };
+        r.kv(&op, encode(&kv_frame(op)).unwrap());
+        assert!(matches!(r.frames(), Err(PipelineError::NoReplay { .. })));
+        r.answered(4);
+        assert!(matches!(r.frames(), Err(PipelineError::NoReplay { .. })));
+        r.batch(5, vec![(2, 0)], vec![ping(5)]);
+        r.answered(5);
+        assert!(r.frames().unwrap().is_empty());
+    }
+}
