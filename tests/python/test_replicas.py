@@ -139,6 +139,7 @@ def test_removing_a_replica_mid_load_finishes_or_fails_its_requests_and_the_rest
             finished += 1
         else:
             assert got, "an error without a message"
+            print(f"  ended with an error: {got}")
             errors += 1
     print(f"removal mid-load: {finished} requests finished whole, {errors} ended with an error")
     wait_until("b's instance to leave every table", lambda: all(

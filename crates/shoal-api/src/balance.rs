@@ -17,10 +17,10 @@
 //!   512 B, 1 KiB, 2 KiB, … of it). [`Balancer::route`] decides and counts under one lock, so a burst of
 //!   concurrent requests spreads instead of all seeing the same idle instance.
 //!
-//! An instance's `work` is the larger of what it published (running + queued, refreshed every second;
-//! for this node's engine its live counters) and what this node has in flight there: the published
-//! figure already holds this node's requests that were running when it was published, so adding the two
-//! would count them twice.
+//! An instance's `work` is the larger of what its driver published (running + queued, refreshed every
+//! second; for this node's engine its live counters instead) and what this node has in flight there: the
+//! published figure already holds this node's requests that were running when it was published, so
+//! adding the two would count them twice.
 //!
 //! Flow: `cluster::forward_to_driver` → [`candidates`] (the cluster snapshot + this node's engine
 //! counters) → [`Balancer::route`] → serve here or relay to the chosen driver's API.
@@ -49,7 +49,7 @@ pub struct Candidate {
     pub target: Target,
     /// Requests it is running or queueing (see the module doc for which figure).
     pub work: f64,
-    /// Decode tokens per second of one stream (measured when published, else predicted), > 0.
+    /// Decode tokens per second of one stream (measured, or predicted: see [`candidates`]), > 0.
     pub speed: f64,
     /// Bytes of this request's prompt prefix this node recently sent to it (0: none).
     pub prefix_match: usize,
@@ -315,13 +315,16 @@ pub const LOCAL_ENGINE: &str = "local";
 
 /// The ready instances of `model`, one per driving node: this node's engine (`local_work`: its live
 /// running + waiting count; `None` when this node serves no engine for the model) and every other
-/// driver whose API is known. `work` is what each published ([`Balancer::route`] adds this node's own
-/// count); `speed` its measured decode rate, else the planner's prediction, else the others' mean.
+/// driver whose API is known. `work` is the live count here, what the driver published elsewhere
+/// ([`Balancer::route`] adds this node's own count). `speed` is each one's measured one-stream decode
+/// rate when every candidate has one, else each one's predicted rate (the planner's), so that figures
+/// of one kind are compared; one without a figure gets the others' mean.
 pub fn candidates(snap: &Snapshot, model: &str, local_work: Option<f64>) -> Vec<Candidate> {
     let state = &snap.state;
     let me = state.me().id.as_str();
     let view = state.view();
-    let mut out: Vec<(Candidate, Option<f64>)> = Vec::new();
+    // Each candidate with its measured and its predicted speed.
+    let mut out: Vec<(Candidate, Option<f64>, Option<f64>)> = Vec::new();
     for inst in view.instances_of(model).filter(|i| i.is_ready()) {
         let Some(driver) = inst.record.driver() else {
             continue;
@@ -343,7 +346,7 @@ pub fn candidates(snap: &Snapshot, model: &str, local_work: Option<f64>) -> Vec<
                 None => continue,
             }
         };
-        if out.iter().any(|(c, _)| c.target == target) {
+        if out.iter().any(|(c, _, _)| c.target == target) {
             continue; // a node serves one engine per model: its first ready instance stands for it
         }
         let load = facts.load.get(&inst.record.id);
@@ -351,10 +354,9 @@ pub fn candidates(snap: &Snapshot, model: &str, local_work: Option<f64>) -> Vec<
         let measured = load.and_then(|l| l.decode_tok_s).filter(|s| *s > 0.0);
         let predicted = Some(1e6 / inst.record.predicted_token_latency_us)
             .filter(|s| s.is_finite() && *s > 0.0);
-        let work = if local {
-            local_work.unwrap_or(0.0).max(published)
-        } else {
-            published
+        let work = match local_work {
+            Some(live) if local => live,
+            _ => published,
         };
         let candidate = Candidate {
             instance: inst.record.id.clone(),
@@ -363,10 +365,10 @@ pub fn candidates(snap: &Snapshot, model: &str, local_work: Option<f64>) -> Vec<
             speed: 0.0,
             prefix_match: 0,
         };
-        out.push((candidate, measured.or(predicted)));
+        out.push((candidate, measured, predicted));
     }
     if let Some(work) = local_work
-        && !out.iter().any(|(c, _)| c.target == Target::Local)
+        && !out.iter().any(|(c, _, _)| c.target == Target::Local)
     {
         let candidate = Candidate {
             instance: LOCAL_ENGINE.to_string(),
@@ -375,16 +377,22 @@ pub fn candidates(snap: &Snapshot, model: &str, local_work: Option<f64>) -> Vec<
             speed: 0.0,
             prefix_match: 0,
         };
-        out.push((candidate, None));
+        out.push((candidate, None, None));
     }
-    let known: Vec<f64> = out.iter().filter_map(|(_, s)| *s).collect();
+    let all_measured = out.iter().all(|(_, m, _)| m.is_some());
+    let speeds: Vec<Option<f64>> = out
+        .iter()
+        .map(|(_, m, p)| if all_measured { *m } else { *p })
+        .collect();
+    let known: Vec<f64> = speeds.iter().flatten().copied().collect();
     let fallback = if known.is_empty() {
         1.0
     } else {
         known.iter().sum::<f64>() / known.len() as f64
     };
     out.into_iter()
-        .map(|(mut c, speed)| {
+        .zip(speeds)
+        .map(|((mut c, _, _), speed)| {
             c.speed = speed.unwrap_or(fallback);
             c
         })

@@ -188,23 +188,29 @@ pub async fn forward_to_driver(
     let model = serde_json::from_slice::<ModelOf>(&bytes)
         .ok()
         .map(|m| m.model);
-    let here =
-        |parts, bytes| next.run(axum::extract::Request::from_parts(parts, Body::from(bytes)));
+    let here = |parts, bytes| {
+        next.clone()
+            .run(axum::extract::Request::from_parts(parts, Body::from(bytes)))
+    };
     let Some(model) = model else {
         return here(parts, bytes).await; // the handler says what is wrong with the body
     };
-    let local = state.engine.get(&model).ok();
+    let path = parts.uri.path().to_string();
     if forwarded {
         // Sent here by another node's balancer: served here, or a 503 it retries elsewhere.
-        return match local {
-            Some(_) => here(parts, bytes).await,
-            None => error_response(parts.uri.path(), ApiError::Unavailable),
-        };
+        if state.engine.get(&model).is_err() {
+            return error_response(&path, ApiError::Unavailable);
+        }
+        let response = here(parts, bytes).await;
+        if engine_left(&state, &model, &response) {
+            return error_response(&path, ApiError::Unavailable);
+        }
+        return response;
     }
-    if local.is_none()
+    if state.engine.get(&model).is_err()
         && let Err(e) = ensure_instance(&state, &cluster, &model).await
     {
-        return error_response(parts.uri.path(), e);
+        return error_response(&path, e);
     }
     let prefixes = balance::prompt_prefixes(&bytes);
     let mut left_out: Vec<String> = Vec::new();
@@ -219,17 +225,25 @@ pub async fn forward_to_driver(
         let Some((chosen, in_flight)) = state.balancer.route(candidates, &prefixes) else {
             break;
         };
-        match chosen.target {
-            Target::Local => return counted(here(parts, bytes).await, in_flight),
-            Target::Remote { api_url } => {
-                match relay(&api_url, parts.uri.path(), bytes.clone(), &parts.headers).await {
-                    Ok(response) => return counted(response, in_flight),
-                    Err(failure) => {
-                        tracing::info!(instance = %chosen.instance, %api_url, "not served there; trying the next instance");
-                        left_out.push(chosen.instance);
-                        last_failure = Some(failure);
-                    }
+        let served = match &chosen.target {
+            Target::Local => {
+                let response = here(parts.clone(), bytes.clone()).await;
+                if engine_left(&state, &model, &response) {
+                    Err(response)
+                } else {
+                    Ok(response)
                 }
+            }
+            Target::Remote { api_url } => {
+                relay(api_url, &path, bytes.clone(), &parts.headers).await
+            }
+        };
+        match served {
+            Ok(response) => return counted(response, in_flight),
+            Err(failure) => {
+                tracing::info!(instance = %chosen.instance, target = ?chosen.target, "not served there; trying the next instance");
+                left_out.push(chosen.instance);
+                last_failure = Some(failure);
             }
         }
     }
@@ -238,6 +252,12 @@ pub async fn forward_to_driver(
         // No instance: the handler answers (a model no member has is its 404).
         None => here(parts, bytes).await,
     }
+}
+
+/// The handler answered 404 because this node's engine for `model` left while the request was on its
+/// way to it (its instance was removed or is draining): nothing was served, another instance may.
+fn engine_left(state: &ApiState, model: &str, response: &axum::response::Response) -> bool {
+    response.status() == StatusCode::NOT_FOUND && state.engine.get(model).is_err()
 }
 
 /// `response` with its body holding `in_flight` until the body ends (or the client goes away).

@@ -1,8 +1,6 @@
 //! Tests of the routing decision: loads, speeds, prefix affinity and its margin, the prefix memory, the
 //! in-flight book, and the candidates read from a cluster snapshot.
 
-use std::collections::BTreeMap;
-
 use shoal_cluster::facts::{InstanceLoad, InstanceStatus, NodeFacts};
 use shoal_cluster::state::ClusterState;
 use shoal_cluster::{InstanceRecord, InstanceTable};
@@ -207,11 +205,11 @@ fn record(id: &str, model: &str, node: &str, latency_us: f64) -> InstanceRecord 
     .unwrap()
 }
 
-/// `a` (this node) and `b`, with the instances of `records` ready on their drivers and b's `load`.
-fn snapshot(records: Vec<InstanceRecord>, b_load: BTreeMap<String, InstanceLoad>) -> Snapshot {
+/// `a` (this node) and `b`, with the instances of `records` ready on their drivers, which publish
+/// `loads` (by instance id).
+fn snapshot(records: Vec<InstanceRecord>, loads: &[(&str, InstanceLoad)]) -> Snapshot {
     let mut a = facts("a");
     let mut b = facts("b");
-    b.load = b_load;
     for r in &records {
         let f = if r.driver() == Some("a") {
             &mut a
@@ -219,6 +217,9 @@ fn snapshot(records: Vec<InstanceRecord>, b_load: BTreeMap<String, InstanceLoad>
             &mut b
         };
         f.instances.insert(r.id.clone(), InstanceStatus::Ready);
+        if let Some((_, load)) = loads.iter().find(|(id, _)| *id == r.id) {
+            f.load.insert(r.id.clone(), load.clone());
+        }
     }
     let mut state = ClusterState::new(a);
     state.peer_connected("b");
@@ -238,22 +239,24 @@ fn snapshot(records: Vec<InstanceRecord>, b_load: BTreeMap<String, InstanceLoad>
     }
 }
 
+fn load(running: u32, queued: u32, decode_tok_s: Option<f64>) -> InstanceLoad {
+    InstanceLoad {
+        running,
+        queued,
+        decode_tok_s,
+        ..InstanceLoad::default()
+    }
+}
+
 #[test]
 fn candidates_come_from_ready_instances_with_published_load_and_speed() {
-    let load = InstanceLoad {
-        running: 2,
-        queued: 1,
-        decode_tok_s: Some(150.0),
-        ..InstanceLoad::default()
-    };
-    let snap = snapshot(
-        vec![
-            record("ia", "m", "a", 10_000.0),
-            record("ib", "m", "b", 10_000.0),
-            record("other", "n", "b", 10_000.0),
-        ],
-        BTreeMap::from([("ib".to_string(), load)]),
-    );
+    let records = vec![
+        record("ia", "m", "a", 10_000.0),
+        record("ib", "m", "b", 5_000.0),
+        record("other", "n", "b", 10_000.0),
+    ];
+    // Only b's instance has a measured rate: both are compared by the planner's predictions.
+    let snap = snapshot(records.clone(), &[("ib", load(2, 1, Some(150.0)))]);
     let c = candidates(&snap, "m", Some(4.0));
     assert_eq!(c.len(), 2, "{c:?}");
     assert_eq!(
@@ -269,8 +272,21 @@ fn candidates_come_from_ready_instances_with_published_load_and_speed() {
     );
     assert_eq!(
         (c[1].work, c[1].speed),
-        (3.0, 150.0),
-        "published and measured"
+        (3.0, 200.0),
+        "published; predicted"
+    );
+    // Both measured: the measured rates; this node's own published (stale) count is not used.
+    let snap = snapshot(
+        records,
+        &[
+            ("ia", load(9, 0, Some(120.0))),
+            ("ib", load(2, 1, Some(150.0))),
+        ],
+    );
+    let c = candidates(&snap, "m", Some(4.0));
+    assert_eq!(
+        c.iter().map(|c| (c.work, c.speed)).collect::<Vec<_>>(),
+        [(4.0, 120.0), (3.0, 150.0)]
     );
     // No engine registered here yet: only b.
     let c = candidates(&snap, "m", None);
