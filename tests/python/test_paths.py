@@ -1,0 +1,188 @@
+"""Two paths between two nodes (`scripts/lab up 2 --paths 2`: eth0 on 10.77.0.0/24, eth1 on 10.78.0.0/24,
+eth1 limited by tc tbf): a 2-node pipeline's hop runs on the faster path; when that path is cut, or
+limited below the other, while a long greedy request streams through the pipeline, the request completes
+with the same tokens as a lone run and `/state` shows the hop on the other path; when the path is back
+(or unlimited), the hop moves back. Needs root (network namespaces); without it the test fails with that
+reason rather than skipping."""
+
+import json
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from conftest import MODEL_ID, REPO, ShoalNode
+from test_cluster import wait_until
+
+LAB = str(REPO / "scripts" / "lab")
+PREFIX = "shoal-pytest-paths-"
+FAST, SLOW = "10.77.0.", "10.78.0."
+# The slow path: 20 Mbit/s each way (a 64 KiB batch costs ~26 ms there, ~0.1 ms on the fast one).
+SLOW_TBF = ["rate", "20mbit", "burst", "32kb", "latency", "50ms"]
+# What "degrades" the fast path: 1 Mbit/s.
+DEGRADED_TBF = ["rate", "1mbit", "burst", "8kb", "latency", "100ms"]
+TOKENS = 600
+PROMPT = "Write a long story about a lighthouse keeper and the sea."
+
+CLIENT = r"""
+import json, sys, urllib.request, urllib.error
+method, url, body = sys.argv[1], sys.argv[2], sys.argv[3]
+data = None if body == "-" else body.encode()
+req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=float(sys.argv[4])) as r:
+        print(json.dumps({"status": r.status, "body": json.loads(r.read() or b"null")}))
+except urllib.error.HTTPError as e:
+    print(json.dumps({"status": e.code, "body": json.loads(e.read() or b"null")}))
+"""
+
+
+def ns_http(node, method, path, body=None, timeout=30):
+    """An HTTP request from inside the node's namespace (the lab is not reachable from the host's)."""
+    args = ["ip", "netns", "exec", node.netns, "python3", "-c", CLIENT, method, f"{node.url}{path}",
+            "-" if body is None else json.dumps(body), str(timeout)]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout + 30)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    return r["status"], r["body"]
+
+
+def ns_http_background(node, path, body, timeout=300):
+    args = ["ip", "netns", "exec", node.netns, "python3", "-c", CLIENT, "POST", f"{node.url}{path}",
+            json.dumps(body), str(timeout)]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def cluster(node):
+    status, body = ns_http(node, "GET", "/state")
+    assert status == 200, body
+    return body["cluster"]
+
+
+def link(node, peer):
+    me = next(n for n in cluster(node)["nodes"] if n["id"] == node.id)
+    return next((l for l in me["links"] if l["peer"] == peer.id), None)
+
+
+def hop_path(driver, peer, iid):
+    """The address of the path the driver's streams of instance `iid` to `peer` run on (None: none)."""
+    l = link(driver, peer)
+    on = [p["addr"] for p in (l or {}).get("paths", []) if iid in p.get("instances", [])]
+    return on[0] if len(on) == 1 else None
+
+
+def tbf(ns, dev, spec):
+    subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", *spec], check=True)
+
+
+def untbf(ns, dev):
+    subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True)
+
+
+def completion_body():
+    return {"model": MODEL_ID, "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
+
+
+def complete(node):
+    status, body = ns_http(node, "POST", "/v1/completions", completion_body(), timeout=300)
+    assert status == 200, body
+    return body["choices"][0]["text"]
+
+
+@pytest.fixture(scope="module")
+def lab():
+    if os.geteuid() != 0:
+        pytest.fail("the lab tests need root (network namespaces): run them as root", pytrace=False)
+    subprocess.run([LAB, "down", "--prefix", PREFIX], check=True, capture_output=True)
+    subprocess.run([LAB, "up", "2", "--paths", "2", "--prefix", PREFIX], check=True, capture_output=True)
+    ns = [f"{PREFIX}{i}" for i in range(2)]
+    for n in ns:
+        tbf(n, "eth1", SLOW_TBF)
+    try:
+        yield ns
+    finally:
+        subprocess.run([LAB, "down", "--prefix", PREFIX], capture_output=True)
+
+
+def test_the_hop_takes_the_better_path_and_moves_when_it_is_cut_or_limited(lab):
+    a = ShoalNode("--no-auto-instance", host="0.0.0.0", netns=lab[0])
+    nodes = [a]
+    try:
+        port = re.search(r"/tcp/(\d+)", a.cluster_addr).group(1)
+        b = ShoalNode("--no-auto-instance", "--peer", f"{FAST}10:{port}", "--peer", f"{SLOW}10:{port}",
+                      host="0.0.0.0", netns=lab[1])
+        nodes.append(b)
+
+        def both_paths_measured():
+            l = link(a, b)
+            paths = (l or {}).get("paths", [])
+            addrs = sorted(p["addr"] for p in paths)
+            if addrs != [f"{FAST}11", f"{SLOW}11"] or any(p["bandwidth_bps"] is None for p in paths):
+                return None
+            return paths
+
+        paths = wait_until("two measured paths from a to b", both_paths_measured)
+        print("paths a -> b:", paths)
+        fast = next(p for p in paths if p["addr"].startswith(FAST))
+        slow = next(p for p in paths if p["addr"].startswith(SLOW))
+        assert fast["preferred"] and not slow["preferred"], paths
+        assert fast["bandwidth_bps"] > 2 * slow["bandwidth_bps"], paths
+        # The link the planner sees is the preferred path's.
+        assert link(a, b)["bandwidth_bps"] == fast["bandwidth_bps"]
+
+        status, body = ns_http(a, "POST", "/instance", {"model": MODEL_ID, "nodes": [a.id, b.id], "layers": [15, 15]})
+        assert status == 201, body
+        iid = body["id"]
+        wait_until("the instance to be ready",
+                   lambda: any(i["id"] == iid and i["status"] == "ready" for i in cluster(a)["instances"]))
+        lone = wait_until("the model to answer", lambda: complete(a))
+        assert hop_path(a, b, iid) == f"{FAST}11"
+
+        def through(disturb, restore, want_during, want_after):
+            """A long request in flight while `disturb` runs: same text, and the hop on `want_during`;
+            then `restore`, a request, and the hop on `want_after`."""
+            proc = ns_http_background(a, "/v1/completions", completion_body())
+            wait_until("the request to be running", lambda: any(
+                x.get("running", 0) > 0 for n in cluster(a)["nodes"] if n["id"] == a.id
+                for x in n.get("load", {}).values()), timeout=30)
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            disturb()
+            out, err = proc.communicate(timeout=300)
+            r = json.loads(out)
+            assert r["status"] == 200, r
+            assert r["body"]["choices"][0]["text"] == lone, "the request's tokens changed"
+            print(f"request completed {time.monotonic() - t0:.1f} s after the disturbance")
+            wait_until(f"the hop on {want_during}", lambda: hop_path(a, b, iid) == want_during)
+            restore()
+            # The hop moves between steps: requests until it did (each must give the same text).
+            def moved_back():
+                assert complete(a) == lone
+                return hop_path(a, b, iid) == want_after
+            wait_until(f"the hop back on {want_after}", moved_back, timeout=90)
+
+        # Cut the fast path on b's side (a's probes and pings on it fail; b stays a member over eth1).
+        through(lambda: subprocess.run(["ip", "-n", lab[1], "link", "set", "eth0", "down"], check=True),
+                lambda: subprocess.run(["ip", "-n", lab[1], "link", "set", "eth0", "up"], check=True),
+                f"{SLOW}11", f"{FAST}11")
+        assert sorted(x["id"] for x in cluster(a)["nodes"]) == sorted([a.id, b.id]), "b stayed a member"
+
+        # Limit the fast path below the slow one (both directions), then lift the limit.
+        def degrade():
+            for n in lab:
+                tbf(n, "eth0", DEGRADED_TBF)
+
+        def lift():
+            for n in lab:
+                untbf(n, "eth0")
+
+        through(degrade, lift, f"{SLOW}11", f"{FAST}11")
+    except BaseException:
+        for n in nodes:
+            print(f"--- {n.id} stderr:\n{n.stderr_tail()}")
+        raise
+    finally:
+        for n in nodes:
+            n.kill()
