@@ -256,6 +256,7 @@ impl PipelineError {
                 | PipelineError::Broken { .. }
                 | PipelineError::StreamClosed { .. }
                 | PipelineError::PathLost { .. }
+                | PipelineError::OpenPath { .. }
                 | PipelineError::NoReplay { .. }
                 | PipelineError::NodeLeft { .. }
                 | PipelineError::NoTokensInTime

@@ -249,6 +249,8 @@ impl RemoteChain {
             let cut = [self.links.down_path, self.links.owner_path];
             let links = match self.rt.block_on(self.route.open_after_cut(&nodes, cut)) {
                 Ok(l) => l,
+                // The node has no path left: what broke the stream is the news.
+                Err(PipelineError::PathLost { .. }) => return Err(self.lost(why)),
                 Err(e) => return Err(self.lost(e)),
             };
             self.links = links;
@@ -424,13 +426,18 @@ impl Route {
         let paths = self.cluster.paths();
         let mut book = paths.watch();
         loop {
-            let clear = {
+            let (clear, gone) = {
                 let b = book.borrow_and_update();
-                [self.first, self.last].iter().all(|peer| {
-                    b.preferred(peer)
-                        .is_some_and(|p| cut.iter().all(|c| c.connection != p.connection))
-                })
+                let preferred = [self.first, self.last].map(|peer| (peer, b.preferred(&peer)));
+                let clear = preferred.iter().all(|(_, p)| {
+                    p.is_some_and(|p| cut.iter().all(|c| c.connection != p.connection))
+                });
+                (clear, preferred.into_iter().find(|(_, p)| p.is_none()))
             };
+            // No connection left at all: the node is gone, not a path.
+            if let Some((peer, _)) = gone {
+                return Err(PipelineError::PathLost { peer });
+            }
             if clear {
                 break;
             }
