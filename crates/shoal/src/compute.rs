@@ -25,20 +25,25 @@ use shoal_kernels::{Backend, ProbeConfig, ThreadPool, probe};
 pub fn measure_or_load(threads: usize) -> ComputeFacts {
     let threads = threads.max(1);
     let key = cache_key(threads);
-    let Some(dir) = cache_dir() else {
+    cached(cache_dir(), &key, || measure(threads, key.clone()))
+}
+
+/// The facts cached in `dir` under `key`, else `measure()`'s (written there when measured).
+fn cached(dir: Option<PathBuf>, key: &str, measure: impl FnOnce() -> ComputeFacts) -> ComputeFacts {
+    let Some(dir) = dir else {
         tracing::warn!("no home directory: the compute probe's figures are not cached");
-        return measure(threads, key);
+        return measure();
     };
     if let Err(e) = std::fs::create_dir_all(&dir) {
         tracing::warn!(dir = %dir.display(), "compute probe cache: {e}");
-        return measure(threads, key);
+        return measure();
     }
     // Held until this function returns (dropping the file releases it).
     let _lock = File::create(dir.join("probe.lock"))
         .and_then(|f| f.lock().map(|()| f))
         .map_err(|e| tracing::warn!(dir = %dir.display(), "compute probe lock: {e}"))
         .ok();
-    let path = dir.join(format!("{:016x}.json", hash(&key)));
+    let path = dir.join(format!("{:016x}.json", hash(key)));
     if let Some(cached) = std::fs::read(&path)
         .ok()
         .and_then(|bytes| serde_json::from_slice::<ComputeFacts>(&bytes).ok())
@@ -47,7 +52,7 @@ pub fn measure_or_load(threads: usize) -> ComputeFacts {
         tracing::info!(file = %path.display(), "compute probe: cached figures");
         return cached;
     }
-    let facts = measure(threads, key);
+    let facts = measure();
     if facts.is_measured()
         && let Err(e) = write_atomically(&path, &facts)
     {
@@ -140,4 +145,71 @@ fn write_atomically(path: &std::path::Path, facts: &ComputeFacts) -> std::io::Re
     f.write_all(&serde_json::to_vec_pretty(facts).map_err(std::io::Error::other)?)?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    fn facts(key: &str, rate: f64) -> ComputeFacts {
+        ComputeFacts {
+            weight_bytes_per_s: [("q4_0".to_string(), rate)].into(),
+            flops_per_s: 1e9,
+            threads: 1,
+            key: key.into(),
+        }
+    }
+
+    /// Measured once per key; read back after; measured again for another key or a damaged file;
+    /// an unmeasured result is not kept.
+    #[test]
+    fn figures_are_cached_per_key() {
+        let dir = std::env::temp_dir().join(format!("shoal-compute-test-{}", std::process::id()));
+        let cache = || Some(dir.join("compute"));
+        let probes = Cell::new(0);
+        let probe = |key: &str, rate: f64| {
+            let key = key.to_string();
+            let probes = &probes;
+            move || {
+                probes.set(probes.get() + 1);
+                facts(&key, rate)
+            }
+        };
+        assert_eq!(cached(cache(), "a", probe("a", 5e9)), facts("a", 5e9));
+        assert_eq!(cached(cache(), "a", probe("a", 7e9)), facts("a", 5e9));
+        assert_eq!(probes.get(), 1, "the second start reads the cache");
+        assert_eq!(cached(cache(), "b", probe("b", 7e9)), facts("b", 7e9));
+        assert_eq!(probes.get(), 2, "another key measures");
+        let file = cache()
+            .expect("dir")
+            .join(format!("{:016x}.json", hash("a")));
+        std::fs::write(&file, b"{ not json").expect("write");
+        assert_eq!(cached(cache(), "a", probe("a", 6e9)), facts("a", 6e9));
+        assert_eq!(probes.get(), 3, "a damaged file measures again");
+        let unmeasured = || ComputeFacts {
+            key: "c".into(),
+            ..ComputeFacts::default()
+        };
+        assert!(!cached(cache(), "c", unmeasured).is_measured());
+        assert_eq!(cached(cache(), "c", probe("c", 1e9)), facts("c", 1e9));
+        // No cache directory at all: measured each time.
+        assert_eq!(cached(None, "a", probe("a", 2e9)), facts("a", 2e9));
+        assert_eq!(probes.get(), 5);
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
+    fn the_key_names_the_build_cpu_backend_and_threads() {
+        let key = cache_key(3);
+        assert!(
+            key.starts_with(&format!("shoal {} (", env!("CARGO_PKG_VERSION"))),
+            "{key}"
+        );
+        assert!(
+            key.contains(Backend::detect().name()) && key.ends_with("threads 3"),
+            "{key}"
+        );
+        assert_ne!(key, cache_key(2));
+    }
 }
