@@ -174,3 +174,21 @@ def test_replicas_are_placed_on_disjoint_nodes_all_or_nothing(pair):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda p: greedy(b, p), PROMPTS * 2))
     assert all(generated(n) > before[n.id] for n in pair)
+
+
+def test_regression_a_node_joining_while_placing_its_own_instance_keeps_serving():
+    """`shoal serve` on a second node places its own instance, pinned, as its own coordinator before it
+    has heard of the first node; adopting the first node's table (just as new) dropped it and the node hung
+    at startup. It places the instance again: both nodes serve, each with its own replica."""
+    a = ShoalNode(key="replicas-auto")
+    nodes = [a]
+    try:
+        b = ShoalNode("--peer", a.cluster_addr, key="replicas-auto")
+        nodes.append(b)
+        wait_members(nodes, nodes)
+        wait_until("one ready instance driven by each node", lambda: sorted(
+            i["stages"][0]["node"] for i in instances(a) if i["status"] == "ready") == sorted([a.id, b.id]))
+        assert greedy(b, PROMPTS[0])[0]
+    finally:
+        for n in nodes:
+            n.kill()

@@ -288,36 +288,44 @@ async fn bring_served_model(
 }
 
 /// Places the served model on this node (pinned: every node serves its own replica by default) and
-/// waits until it is loaded.
+/// waits until it is loaded. A node that joins a cluster while placing may lose its placement to the
+/// coordinator's table (both tables were new); it places the model again, a few times at most.
 async fn place_here(
     cluster: &shoal_cluster::ClusterHandle,
     engines: &shoal_engine::Engines,
     model: &str,
 ) -> anyhow::Result<()> {
+    const ATTEMPTS: usize = 3;
     let me = cluster.id().to_string();
-    let request = shoal_cluster::PlaceRequest {
-        model: model.to_string(),
-        nodes: Some(vec![me]),
-        ..Default::default()
-    };
-    let record = cluster
-        .place(request)
-        .await
-        .map_err(|e| anyhow::anyhow!("placing {model} on this node: {e}"))?;
-    let id = record.id.clone();
-    let snap = cluster
-        .wait_for(std::time::Duration::from_secs(600), |s| {
-            s.state
-                .view()
-                .instances
-                .iter()
-                .any(|i| i.record.id == id && !i.is_loading())
-        })
-        .await;
-    let view = snap.state.view();
-    match view.instances.iter().find(|i| i.record.id == id) {
-        Some(i) if i.is_ready() && engines.get(model).is_ok() => Ok(()),
-        Some(i) => anyhow::bail!("loading {model} failed: {:?}", i.stage_status),
-        None => anyhow::bail!("the instance of {model} was removed while loading"),
+    for attempt in 1..=ATTEMPTS {
+        let request = shoal_cluster::PlaceRequest {
+            model: model.to_string(),
+            nodes: Some(vec![me.clone()]),
+            ..Default::default()
+        };
+        let record = cluster
+            .place(request)
+            .await
+            .map_err(|e| anyhow::anyhow!("placing {model} on this node: {e}"))?;
+        let id = record.id.clone();
+        let snap = cluster
+            .wait_for(std::time::Duration::from_secs(600), |s| {
+                let view = s.state.view();
+                let mine = view.instances.iter().find(|i| i.record.id == id);
+                mine.is_none_or(|i| !i.is_loading())
+            })
+            .await;
+        let view = snap.state.view();
+        match view.instances.iter().find(|i| i.record.id == id) {
+            Some(i) if i.is_ready() && engines.get(model).is_ok() => return Ok(()),
+            Some(i) => anyhow::bail!("loading {model} failed: {:?}", i.stage_status),
+            None => tracing::warn!(
+                model,
+                instance = %id,
+                attempt,
+                "the instance left the table while loading (joined a cluster meanwhile?): placing it again"
+            ),
+        }
     }
+    anyhow::bail!("the instance of {model} was removed while loading, {ATTEMPTS} times")
 }
