@@ -123,7 +123,9 @@ pub enum PlaceError {
     #[error("'layers' places one instance; it cannot be combined with 'replicas' above 1")]
     ReplicasWithLayers,
     /// Fewer replicas fit on disjoint nodes than were asked for (nothing was placed).
-    #[error("only {fit} of {asked} replicas of '{model}' fit on disjoint nodes (the next one: {reason})")]
+    #[error(
+        "only {fit} of {asked} replicas of '{model}' fit on disjoint nodes (the next one: {reason})"
+    )]
     TooFewReplicas {
         model: String,
         asked: usize,

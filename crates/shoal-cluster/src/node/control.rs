@@ -5,9 +5,9 @@ use libp2p::{Multiaddr, PeerId};
 
 use super::handle::Command;
 use super::{NetTask, Pending, is_unspecified, random_id};
-use crate::{ClusterError, PlaceError};
 use crate::facts::{InstanceStatus, NodeFacts};
 use crate::proto::{ControlMsg, ControlReply, InstanceRecord, PlaceRequest};
+use crate::{ClusterError, PlaceError};
 
 impl NetTask {
     pub(super) fn on_control(&mut self, event: request_response::Event<ControlMsg, ControlReply>) {
@@ -94,7 +94,8 @@ impl NetTask {
                 } else {
                     // Exactly one: the reply nodes that predate replicas understand.
                     ControlReply::Placed(placed.and_then(|mut v| {
-                        v.pop().ok_or_else(|| ClusterError::from(PlaceError::NoCandidate).into())
+                        v.pop()
+                            .ok_or_else(|| ClusterError::from(PlaceError::NoCandidate).into())
                     }))
                 }
             }
