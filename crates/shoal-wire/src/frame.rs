@@ -174,6 +174,21 @@ impl Activations {
         values: &[f32],
         dtype: DType,
     ) -> Result<Vec<u8>, WireError> {
+        let mut out = Vec::new();
+        Self::encode_f32_into(&mut out, batch_id, chunks, cols, values, dtype)?;
+        Ok(out)
+    }
+
+    /// [`Activations::encode_f32`] appended to `out` (after other frames of the same write); on error
+    /// `out` is left as it was.
+    pub fn encode_f32_into(
+        out: &mut Vec<u8>,
+        batch_id: u64,
+        chunks: &[ChunkHeader],
+        cols: u32,
+        values: &[f32],
+        dtype: DType,
+    ) -> Result<(), WireError> {
         let rows = f32_rows(chunks, cols, values, dtype)?;
         let len =
             activations_payload_len(chunks.len(), values.len() as u64 * dtype.size() as u64) + 1;
@@ -183,16 +198,17 @@ impl Activations {
                 max: DEFAULT_MAX_FRAME_LEN,
             });
         }
-        let mut out = Vec::with_capacity(LEN_PREFIX + len as usize);
+        let start = out.len();
+        out.reserve(LEN_PREFIX + len as usize);
         out.extend_from_slice(&(len as u32).to_le_bytes());
         out.push(kind::ACTIVATIONS);
-        write_activations_head(&mut out, batch_id, chunks, dtype, [rows, cols]);
+        write_activations_head(out, batch_id, chunks, dtype, [rows, cols]);
         match dtype {
-            DType::F32 => encode_f32_le_into(values, &mut out),
-            DType::F16 => encode_f32_as_f16_into(values, &mut out),
+            DType::F32 => encode_f32_le_into(values, out),
+            DType::F16 => encode_f32_as_f16_into(values, out),
         }
-        debug_assert_eq!(out.len() as u64, LEN_PREFIX as u64 + len);
-        Ok(out)
+        debug_assert_eq!((out.len() - start) as u64, LEN_PREFIX as u64 + len);
+        Ok(())
     }
 
     /// The hidden states as f32, whatever the wire dtype.

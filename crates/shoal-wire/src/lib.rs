@@ -18,7 +18,8 @@
 //! - [`WireError`]: structured errors, labelled by [`WireError::error_type`] for metrics.
 //! - [`encode_f32_as_f16`] / [`decode_f16_to_f32`]: hidden states travel as f16 (half the bytes).
 //! - [`Activations::encode_f32`]: an activations frame written straight from a stage's f32 buffer (the
-//!   same bytes as encoding a [`Frame::Activations`], without the intermediate copy);
+//!   same bytes as encoding a [`Frame::Activations`], without the intermediate copy), or appended to a
+//!   buffer after other frames of the same write ([`Activations::encode_f32_into`]);
 //!   [`Activations::to_f32`] decodes one into a buffer.
 //!
 //! Flow on a connection: both sides send a handshake, read the peer's

@@ -157,6 +157,32 @@ fn activations_encoded_straight_from_f32_equal_the_frame_encoding() {
 }
 
 #[test]
+fn activations_appended_after_another_frame_read_back_as_two_frames() {
+    let mut rng = Rng::new(6);
+    let values: Vec<f32> = (0..4 * 576).map(|_| rng.f32_in(-4.0, 4.0)).collect();
+    let release = Frame::Release { seq_ids: vec![3] };
+    let mut bytes = release.encode().unwrap();
+    let head = bytes.clone();
+    Activations::encode_f32_into(&mut bytes, 7, &chunks(), 576, &values, DType::F16).unwrap();
+    let alone = Activations::encode_f32(7, &chunks(), 576, &values, DType::F16).unwrap();
+    assert_eq!(bytes[head.len()..], alone[..]);
+    let mut r = FrameReader::default();
+    r.push(&bytes);
+    assert_eq!(r.next_frame().unwrap(), Some(release));
+    match r.next_frame().unwrap() {
+        Some(Frame::Activations(a)) => assert_eq!((a.batch_id, a.shape), (7, [4, 576])),
+        other => panic!("expected activations, got {other:?}"),
+    }
+    assert_eq!(r.next_frame().unwrap(), None);
+    // A refused encoding leaves what was there.
+    assert!(
+        Activations::encode_f32_into(&mut bytes, 8, &chunks(), 576, &values[1..], DType::F16)
+            .is_err()
+    );
+    assert_eq!(bytes.len(), head.len() + alone.len());
+}
+
+#[test]
 fn f16_halves_the_payload_and_roundtrips_within_precision() {
     let mut rng = Rng::new(2);
     let cols = 576u32;
