@@ -18,7 +18,10 @@ use shoal_engine::stage::{
     ChunkSpec, KvOp, Launched, Outputs, Pick, Pool, SampleRef, Stage, StageData, StageInfo,
 };
 use shoal_model::HostMatrix;
-use shoal_wire::{Activations, ChunkHeader, DType, Frame, Handshake, Pooled, Role, TokenItem};
+use shoal_wire::{
+    Activations, ChunkHeader, DEFAULT_MAX_FRAME_LEN, DType, Frame, Handshake, Pooled, Role,
+    TokenItem,
+};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -528,18 +531,25 @@ impl RemoteChain {
                 pool: wire_pool(c.pool),
             })
             .collect();
-        // Encoded straight from the hidden states.
-        let acts =
-            Activations::encode_f32(batch_id, &chunks, h.cols() as u32, h.data(), self.dtype)?;
-        let mut frames = Vec::with_capacity(2);
+        // The sampling jobs and the hidden states (encoded straight from them) go as one message: one
+        // write, one wakeup of the next stage.
+        let mut bytes = Vec::new();
         if !sampling.is_empty() {
             let jobs = sampling
                 .iter()
                 .map(|s| s.sampler.job(s.seq_id, s.history, s.mask))
                 .collect();
-            frames.push(encode(&Frame::Sample { batch_id, jobs })?);
+            Frame::Sample { batch_id, jobs }.encode_into(&mut bytes, DEFAULT_MAX_FRAME_LEN)?;
         }
-        frames.push(acts);
+        Activations::encode_f32_into(
+            &mut bytes,
+            batch_id,
+            &chunks,
+            h.cols() as u32,
+            h.data(),
+            self.dtype,
+        )?;
+        let frames = vec![bytes];
         // Logged before it is sent: a cut while sending sends it again with the rest.
         let starts = chunks
             .iter()

@@ -318,7 +318,10 @@ fn run_stage(
             },
         }
     };
-    while let Some(frame) = input.blocking_recv() {
+    // Frames passed on unchanged (sampling jobs, KV operations) wait in `held` and go out with the
+    // next answer, or before the thread waits for input: one message, one write, one wakeup downstream.
+    let mut held = Vec::new();
+    while let Some(frame) = recv_or_flush(&mut input, &mut held, &send) {
         let frame = match frame {
             Ok(f) => f,
             Err(e) => {
@@ -328,10 +331,12 @@ fn run_stage(
                 break;
             }
         };
+        let answer = matches!(frame, Frame::Activations(_));
         match step(&mut stage, host, &mut jobs, frame, next.is_none()) {
             Ok(None) => continue,
             Ok(Some(bytes)) => {
-                if !send(bytes) {
+                append(&mut held, bytes);
+                if answer && !send(std::mem::take(&mut held)) {
                     tracing::warn!(instance = %host.instance, "downstream closed");
                     break;
                 }
@@ -342,13 +347,45 @@ fn run_stage(
                     code: 500,
                     message: e.to_string(),
                 })
-                .map(send);
+                .map(|bytes| {
+                    append(&mut held, bytes);
+                    send(std::mem::take(&mut held))
+                });
                 break;
             }
         }
     }
+    if !held.is_empty() {
+        send(held);
+    }
     // The caches stay: a stream on another path carries on with them (they go with the instance).
     host.put_stage(stage);
+}
+
+/// The next frame from upstream; what `held` has is sent first when none is waiting. `None` once the
+/// upstream closed, or when the held frames cannot be sent (the downstream closed).
+fn recv_or_flush(
+    input: &mut mpsc::Receiver<Inbound>,
+    held: &mut Vec<u8>,
+    send: &impl Fn(Vec<u8>) -> bool,
+) -> Option<Inbound> {
+    if let Ok(frame) = input.try_recv() {
+        return Some(frame);
+    }
+    if !held.is_empty() && !send(std::mem::take(held)) {
+        tracing::warn!("downstream closed");
+        return None;
+    }
+    input.blocking_recv()
+}
+
+/// Appends an encoded message to what is held (taking it whole when nothing is).
+fn append(held: &mut Vec<u8>, bytes: Vec<u8>) {
+    if held.is_empty() {
+        *held = bytes;
+    } else {
+        held.extend_from_slice(&bytes);
+    }
 }
 
 /// Applies one frame; returns the encoded frame to pass on (to the next stage, or tokens to the driver).
@@ -544,4 +581,50 @@ fn apply_prefix(
     }
     stage.kv(kv)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    fn release(seq_id: u64) -> Inbound {
+        Ok(Frame::Release {
+            seq_ids: vec![seq_id],
+        })
+    }
+
+    #[test]
+    fn held_frames_go_out_together_and_only_when_no_input_waits() {
+        let (tx, mut input) = mpsc::channel(4);
+        tx.try_send(release(1)).unwrap();
+        let sent = RefCell::new(Vec::new());
+        let send = |bytes: Vec<u8>| {
+            sent.borrow_mut().push(bytes);
+            true
+        };
+        let mut held = Vec::new();
+        append(&mut held, vec![1, 2]);
+        append(&mut held, vec![3]);
+        // A frame is waiting: it comes first and nothing is sent yet.
+        match recv_or_flush(&mut input, &mut held, &send) {
+            Some(Ok(Frame::Release { seq_ids })) => assert_eq!(seq_ids, [1]),
+            other => panic!("expected the waiting frame, got {other:?}"),
+        }
+        assert!(sent.borrow().is_empty());
+        // Nothing waiting: what is held goes out, as one message, before the thread waits (here the
+        // upstream closes, which ends the stage).
+        drop(tx);
+        assert!(recv_or_flush(&mut input, &mut held, &send).is_none());
+        assert_eq!(*sent.borrow(), [vec![1, 2, 3]]);
+        assert!(held.is_empty());
+    }
+
+    #[test]
+    fn a_downstream_that_refuses_the_held_frames_ends_the_stage() {
+        let (_tx, mut input) = mpsc::channel::<Inbound>(4);
+        let mut held = vec![9];
+        assert!(recv_or_flush(&mut input, &mut held, &|_| false).is_none());
+    }
 }

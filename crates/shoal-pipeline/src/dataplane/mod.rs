@@ -12,6 +12,11 @@
 //! - [`serve_stages`] accepts inbound streams for the stages this node hosts ([`Hosts`]) and runs each on its
 //!   own thread: read → compute → write to the next stage (or tokens to the driver), so sending one batch
 //!   overlaps with computing the next.
+//!
+//! A step crosses each hop as one message: the driver writes a batch's sampling jobs and activations as
+//! one buffer, a stage holds the frames it passes on (jobs, KV operations) until its answer goes out
+//! (or until it would wait for input), and a stream's writer task joins what is queued into one write —
+//! one multiplexer frame, one packet and one wakeup of the next node per step instead of one per frame.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +48,8 @@ pub const STAGE_PROTOCOL: StreamProtocol = StreamProtocol::new("/shoal/stage/1")
 /// neighbour (the driver waits for each batch's tokens), so this never fills in normal operation; when a
 /// peer stops reading it makes the sender wait instead of buffering without limit.
 const WRITE_QUEUE: usize = 64;
+/// Queued messages up to this many bytes together go out as one write (see `spawn_writer`).
+const COALESCE_BYTES: usize = 64 << 10;
 /// Frames read from a stream and not yet processed (same reasoning).
 const READ_QUEUE: usize = 64;
 /// A batch that produced no tokens for this long fails even if every node still looks alive (a lost
@@ -89,17 +96,29 @@ fn spawn_writer(
     peer: PeerId,
 ) {
     tokio::spawn(async move {
-        while let Some(bytes) = rx.recv().await {
-            if w.write_all(&bytes).await.is_err() {
-                break;
-            }
-            // Drain what is already queued before flushing: fewer, larger writes.
-            let mut n = bytes.len() as u64;
-            while let Ok(more) = rx.try_recv() {
-                if w.write_all(&more).await.is_err() {
-                    return;
+        'stream: while let Some(mut buf) = rx.recv().await {
+            // What is already queued goes out with it: small messages join one write (one frame of
+            // the multiplexer, one packet, one wakeup of the reader), larger ones follow as they are.
+            let mut n = 0u64;
+            loop {
+                let more = if buf.len() < COALESCE_BYTES {
+                    rx.try_recv().ok()
+                } else {
+                    None
+                };
+                match more {
+                    Some(m) if buf.len() + m.len() <= COALESCE_BYTES => buf.extend_from_slice(&m),
+                    more => {
+                        if w.write_all(&buf).await.is_err() {
+                            break 'stream;
+                        }
+                        n += buf.len() as u64;
+                        match more {
+                            Some(m) => buf = m,
+                            None => break,
+                        }
+                    }
                 }
-                n += more.len() as u64;
             }
             if w.flush().await.is_err() {
                 break;
