@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import openai
@@ -46,6 +47,8 @@ def _pump(stream, lines: "queue.Queue[str | None]") -> None:
 
 
 NODE = re.compile(r"^shoal: node (\S+)\s*$")
+# Every node started by a test, so a failing test's report shows what the nodes printed.
+_NODES: "weakref.WeakSet[ShoalNode]" = weakref.WeakSet()
 CLUSTER_ADDR = re.compile(r"^shoal: cluster listening on (\S+)\s*$")
 
 
@@ -66,6 +69,8 @@ class ShoalNode:
         self.env = env
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="shoal-test-state-")
         self.proc = None
+        self.log: "list[str]" = []
+        _NODES.add(self)
         self.start()
 
     def start(self) -> None:
@@ -115,13 +120,14 @@ class ShoalNode:
                 if m and getattr(self, attr) is None:
                     setattr(self, attr, m.group(1))
 
-    def stderr_tail(self) -> str:
-        lines = []
+    def stderr_tail(self, n: int = 40) -> str:
+        """The last `n` lines the node wrote to stderr (kept across calls)."""
         while not self.err.empty():
             line = self.err.get_nowait()
             if line is not None:
-                lines.append(line)
-        return "".join(lines[-40:])
+                self.log.append(line)
+        del self.log[:-400]
+        return "".join(self.log[-n:])
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -173,3 +179,19 @@ def pipeline():
     finally:
         for n in nodes:
             n.kill()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test's report carries each node's exit status and the end of its stderr."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for node in list(_NODES):
+            if node.proc is None:
+                continue
+            status = node.proc.poll()
+            state = "running" if status is None else f"exited with {status}"
+            report.sections.append(
+                (f"shoal node {node.id} ({node.url}, {state})", node.stderr_tail(60))
+            )

@@ -47,9 +47,11 @@ use axum::Json;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 use shoal_engine::{Engines, RequestStream};
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::CorsLayer;
 use tower_http::trace::TraceLayer;
 
@@ -156,6 +158,7 @@ pub fn router(state: ApiState) -> Router {
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(CorsLayer::permissive())
         .layer(TraceLayer::new_for_http())
+        .layer(CatchPanicLayer::custom(panicked))
         .with_state(state)
 }
 
@@ -174,6 +177,18 @@ async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
+/// A handler that panicked (a bug) answers a 500 in OpenAI's shape instead of dropping the connection;
+/// the node keeps serving.
+fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+    let what = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic without a message");
+    tracing::error!(panic = what, "a request handler panicked");
+    ApiError::Internal(what.to_string()).into_response()
+}
+
 async fn not_found(method: Method, uri: Uri) -> axum::response::Response {
     let err = ApiError::NotFound(format!("no route for {method} {}", uri.path()));
     dialect::error_response(uri.path(), err)
@@ -182,4 +197,25 @@ async fn not_found(method: Method, uri: Uri) -> axum::response::Response {
 async fn method_not_allowed(method: Method, uri: Uri) -> axum::response::Response {
     let err = ApiError::MethodNotAllowed(format!("{method} is not allowed on {}", uri.path()));
     dialect::error_response(uri.path(), err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_a_500_in_openai_shape() {
+        let response = panicked(Box::new(String::from("index out of bounds")));
+        assert_eq!(
+            response.status(),
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["type"], "server_error");
+        // Details stay in the log.
+        assert!(!v["error"]["message"].as_str().unwrap().contains("index"));
+    }
 }
