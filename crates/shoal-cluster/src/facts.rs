@@ -166,6 +166,9 @@ pub struct InstanceLoad {
     /// Requests finished since the instance started.
     #[serde(default)]
     pub finished: u64,
+    /// Tokens generated since the instance started (the dashboard's served tok/s is its rate).
+    #[serde(default)]
+    pub generated_tokens: u64,
 }
 
 /// One direction of a link, as measured by its owner.

@@ -604,6 +604,7 @@ fn load_of(s: &shoal_engine::EngineStats) -> InstanceLoad {
         decode_tok_s: s.decode_tok_s,
         ttft_ms: s.ttft_ms,
         finished: s.finished,
+        generated_tokens: s.generated_tokens,
     }
 }
 
