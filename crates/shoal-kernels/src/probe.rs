@@ -10,7 +10,9 @@
 //!   (the engine multiplies prompt chunks that way): **floating-point operations per second**,
 //!   counting `2 · rows · cols · batch` per product.
 //!
-//! Each figure is the median of up to [`ProbeConfig::rounds`] timed rounds, after one untimed
+//! Each figure is the fastest of up to [`ProbeConfig::rounds`] timed rounds (another process on a
+//! shared machine only ever slows a round down, so the fastest is the machine's capability; the
+//! median swung 2× between runs on a busy 2-core VM), after one untimed
 //! warm-up round before the first (threads woken, pages touched; a matrix far larger than the caches
 //! has nothing else to warm). The probe keeps to [`ProbeConfig::budget`]: every product gets a
 //! share of it, and once its share is spent it stops at the rounds it has (one at least), so a slow
@@ -45,7 +47,7 @@ pub struct ProbeConfig {
     pub matrix_bytes: usize,
     /// Input features of every matrix (a multiple of 256, so every format takes it).
     pub cols: usize,
-    /// Timed rounds per figure at most; the median is kept.
+    /// Timed rounds per figure at most; the fastest is kept.
     pub rounds: usize,
     /// Time the whole probe should take at most (give or take one round per product).
     pub budget: Duration,
@@ -78,7 +80,7 @@ impl Default for ProbeConfig {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TypeRate {
     pub qtype: QType,
-    /// Weight bytes one matrix × vector product streams per second (median round).
+    /// Weight bytes one matrix × vector product streams per second (fastest round).
     pub bytes_per_s: f64,
 }
 
@@ -134,7 +136,7 @@ pub fn probe<P: Parallel + ?Sized>(
     let mut rates = Vec::with_capacity(cfg.types.len());
     for (i, &qtype) in cfg.types.iter().enumerate() {
         let t = Product::new(qtype, cfg.matrix_bytes, cfg.cols, 1)?;
-        let secs = t.median_secs(backend, &mut buf, &x[..cfg.cols], rounds(i), pool)?;
+        let secs = t.fastest_secs(backend, &mut buf, &x[..cfg.cols], rounds(i), pool)?;
         rates.push(TypeRate {
             qtype,
             bytes_per_s: t.weight_bytes() as f64 / secs,
@@ -145,7 +147,7 @@ pub fn probe<P: Parallel + ?Sized>(
         warm_up: cfg.types.is_empty(),
         ..rounds(products - 1)
     };
-    let secs = t.median_secs(backend, &mut buf, &x, warm, pool)?;
+    let secs = t.fastest_secs(backend, &mut buf, &x, warm, pool)?;
     let flops = 2.0 * t.rows as f64 * t.cols as f64 * batch as f64;
     Ok(ProbeReport {
         backend,
@@ -214,8 +216,8 @@ impl Product {
     }
 
     /// Makes the first [`Product::weight_bytes`] of `buf` valid weights, then times the product as
-    /// `rounds` says, returning the median round in seconds.
-    fn median_secs<P: Parallel + ?Sized>(
+    /// `rounds` says, returning the fastest round in seconds.
+    fn fastest_secs<P: Parallel + ?Sized>(
         &self,
         backend: Backend,
         buf: &mut [u8],
@@ -238,9 +240,8 @@ impl Product {
             Some(p) => p.matmul_quantized(&acts, &mut out, pool),
             None => matmul_quantized_with(backend, &w, &acts, &mut out, pool),
         };
-        let mut secs = rounds.time(run)?;
-        secs.sort_by(f64::total_cmp);
-        Ok(secs[secs.len() / 2])
+        let secs = rounds.time(run)?;
+        Ok(secs.into_iter().fold(f64::INFINITY, f64::min))
     }
 }
 
