@@ -316,8 +316,10 @@ async fn ensure_instance(
     }
     match view.instances_of(model).find(|i| i.is_failed()) {
         Some(i) => Err(ApiError::Internal(format!(
-            "instance {} of {model} did not load: {:?}",
-            i.record.id, i.stage_status
+            "instance {} of {model} did not load: {}",
+            i.record.id,
+            i.failure()
+                .unwrap_or_else(|| "no stage reported why".into())
         ))),
         None => Err(ApiError::Unavailable),
     }
@@ -342,6 +344,9 @@ async fn relay(
         .body(body);
     for (name, value) in crate::auth::key_headers(headers) {
         req = req.header(name, value);
+    }
+    if let Some(id) = headers.get(crate::request_id::REQUEST_ID_HEADER) {
+        req = req.header(crate::request_id::REQUEST_ID_HEADER, id.clone());
     }
     let resp = match req.send().await {
         Ok(r) => r,

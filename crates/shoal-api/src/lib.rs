@@ -12,6 +12,8 @@
 //! - [`error::ApiError`] is every failure; its one `IntoResponse` impl writes OpenAI's error shape with
 //!   the right status and hides internal details.
 //!
+//! - [`request_id`]: every request's id (the client's `x-request-id` or a new one), answered in the
+//!   response and named by the request's span in every log line about it.
 //! - [`auth`]: API keys — with keys configured every route but `/health` and `/cluster/enroll` needs one (401 otherwise).
 //! - [`cancel`] lets a client stop a request by its response id (`POST /v1/cancel/{id}`); handlers hold
 //!   each request as a [`cancel::LiveRequest`] so they can tell such a cancellation apart.
@@ -38,6 +40,7 @@ pub mod error;
 pub mod membership;
 pub mod ollama;
 pub mod openai;
+pub mod request_id;
 pub mod sse;
 
 use std::future::Future;
@@ -157,8 +160,9 @@ pub fn router(state: ApiState) -> Router {
         ))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(CorsLayer::permissive())
-        .layer(TraceLayer::new_for_http())
+        .layer(TraceLayer::new_for_http().make_span_with(request_id::span))
         .layer(CatchPanicLayer::custom(panicked))
+        .layer(axum::middleware::from_fn(request_id::assign))
         .with_state(state)
 }
 

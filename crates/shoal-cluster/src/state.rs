@@ -85,6 +85,27 @@ impl InstanceView {
     pub fn is_loading(&self) -> bool {
         self.status == InstanceState::Loading
     }
+
+    /// Why it failed, as a sentence naming each failed stage, e.g. `stage 1 (layers 15-30 on node
+    /// 12D3KooW…) failed: out of memory`; `None` when no stage failed.
+    pub fn failure(&self) -> Option<String> {
+        let failed: Vec<String> = self
+            .stage_status
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                InstanceStatus::Failed { error } => Some(match self.record.stages.get(i) {
+                    Some(st) => format!(
+                        "stage {i} (layers {}-{} on node {}) failed: {error}",
+                        st.start, st.end, st.node
+                    ),
+                    None => format!("stage {i} failed: {error}"),
+                }),
+                _ => None,
+            })
+            .collect();
+        (!failed.is_empty()).then(|| failed.join("; "))
+    }
 }
 
 /// Load state of an instance as a whole, from its stages' [`InstanceStatus`]: `ready` when every stage
@@ -526,3 +547,46 @@ mod budget;
 pub use budget::{Hosted, os_reserve};
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod failure_sentences {
+    use super::*;
+
+    #[test]
+    fn a_failed_instance_reads_as_a_sentence_naming_each_failed_stage() {
+        let stage = |node: &str, start, end| shoal_placement::Stage {
+            node: node.into(),
+            start,
+            end,
+        };
+        let view = InstanceView {
+            record: InstanceRecord {
+                id: "i1".into(),
+                model: "m".into(),
+                stages: vec![stage("a", 0, 15), stage("b", 15, 30)],
+                predicted_token_latency_us: 1000.0,
+                explanation: String::new(),
+                prediction: Default::default(),
+            },
+            status: InstanceState::Failed,
+            stage_status: vec![
+                InstanceStatus::Ready,
+                InstanceStatus::Failed {
+                    error: "not enough memory for layers 15-30".into(),
+                },
+            ],
+            predicted: Predicted { decode_tok_s: None },
+            measured: None,
+        };
+        assert_eq!(
+            view.failure().as_deref(),
+            Some("stage 1 (layers 15-30 on node b) failed: not enough memory for layers 15-30")
+        );
+        let ready = InstanceView {
+            stage_status: vec![InstanceStatus::Ready; 2],
+            status: InstanceState::Ready,
+            ..view
+        };
+        assert_eq!(ready.failure(), None);
+    }
+}

@@ -45,6 +45,9 @@ pub(crate) struct Admission {
     /// The engine's own warm-up ([`crate::EngineHandle::warm_up`]): its KV is never kept as a cached
     /// prefix.
     pub(crate) warm_up: bool,
+    /// The span of the request it came from (the API's `request{id=…}`), for the engine thread's log
+    /// lines about it; entered only when such a line is written, never per token.
+    pub(crate) span: tracing::Span,
 }
 
 impl Admission {
@@ -99,6 +102,7 @@ impl Admission {
             deadline: self.deadline,
             queued: self.queued,
             warm_up: self.warm_up,
+            span: self.span.clone(),
         }
     }
 

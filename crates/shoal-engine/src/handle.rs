@@ -292,6 +292,7 @@ impl EngineHandle {
             deadline,
             queued: Instant::now(),
             warm_up,
+            span: tracing::Span::current(),
         };
         match self.inner.queue.try_send(admission) {
             Ok(()) => {}

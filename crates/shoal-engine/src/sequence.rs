@@ -53,6 +53,8 @@ pub(crate) struct Sequence {
     pub(crate) alone: bool,
     /// The engine's warm-up: its KV is never kept as a cached prefix.
     pub(crate) warm_up: bool,
+    /// Its request's span (`request{id=…}`): the parent of every log line about it.
+    pub(crate) span: tracing::Span,
 }
 
 impl Sequence {
@@ -89,6 +91,7 @@ impl Sequence {
             first_token: None,
             alone: true,
             warm_up: a.warm_up,
+            span: a.span,
         }
     }
 

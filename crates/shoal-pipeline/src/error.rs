@@ -57,7 +57,7 @@ pub enum PipelineError {
     #[error("the path was cut while a {op} was unconfirmed: it cannot be sent again safely")]
     NoReplay { op: &'static str },
     /// The data-plane protocol was already being accepted on this node.
-    #[error("{0:?}")]
+    #[error("the data-plane protocol is already accepted on this node: {0}")]
     AcceptStreams(libp2p_stream::AlreadyRegistered),
     /// A node id in the instance table is not a peer id.
     #[error("node id {node}: {source}")]

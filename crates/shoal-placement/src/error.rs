@@ -31,7 +31,10 @@ pub enum PlacementError {
     },
     #[error("no link between {a} and {b}, which would be adjacent stages")]
     NoLink { a: String, b: String },
-    #[error("enough memory, but no ordering of linked nodes among {nodes:?} holds the model")]
+    #[error(
+        "enough memory, but no ordering of linked nodes among {} holds the model",
+        nodes.join(", ")
+    )]
     NoRoute { nodes: Vec<String> },
 }
 
@@ -53,5 +56,21 @@ impl PlacementError {
             PlacementError::NoLink { .. } => "no_link",
             PlacementError::NoRoute { .. } => "no_route",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_route_names_the_nodes_as_a_list_not_debug_output() {
+        let e = PlacementError::NoRoute {
+            nodes: vec!["mac".into(), "pc".into()],
+        };
+        assert_eq!(
+            e.to_string(),
+            "enough memory, but no ordering of linked nodes among mac, pc holds the model"
+        );
     }
 }

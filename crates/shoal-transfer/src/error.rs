@@ -16,7 +16,8 @@ pub enum TransferError {
     #[error("manifest of {file}: {message}")]
     BadManifest { file: String, message: String },
     #[error(
-        "{file}: {missing_bytes} bytes could not be fetched (ranges {missing:?}); no source left: {reasons}"
+        "{file}: {missing_bytes} bytes could not be fetched (bytes {}); no source left: {reasons}",
+        missing.iter().map(|r| format!("{}-{}", r.start, r.end)).collect::<Vec<_>>().join(", ")
     )]
     NoSourceLeft {
         file: String,
@@ -102,5 +103,24 @@ impl SourceError {
             Self::Short { .. } => "short",
             Self::Closed => "closed",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_ranges_read_as_byte_ranges() {
+        let e = TransferError::NoSourceLeft {
+            file: "m.gguf".into(),
+            missing_bytes: 12,
+            missing: vec![0..4, 8..16],
+            reasons: "peer a: connection reset".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "m.gguf: 12 bytes could not be fetched (bytes 0-4, 8-16); no source left: peer a: connection reset"
+        );
     }
 }

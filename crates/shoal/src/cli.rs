@@ -15,6 +15,13 @@ use shoal_model::LayerRange;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Which log lines to write: a level or per-module levels, e.g. `info,shoal_cluster=debug`
+    /// [default: RUST_LOG, else SHOAL_LOG, else info].
+    #[arg(long, global = true, value_name = "FILTER")]
+    pub log: Option<String>,
+    /// Log lines as text or as one JSON object per line.
+    #[arg(long, global = true, value_enum, default_value_t = crate::logs::LogFormat::Text)]
+    pub log_format: crate::logs::LogFormat,
 }
 
 #[derive(Subcommand)]

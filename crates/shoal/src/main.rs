@@ -6,10 +6,14 @@
 //! - `shoal bench`: prefill / decode throughput, TTFT and inter-token latency (run by `shoal-bench`).
 //! - `shoal pull` / `shoal models` / `shoal rm`: fetch, list and delete models (`models`).
 //! - `shoal invite` / `shoal remove`: let a machine join, take one out (`membership`).
+//!
+//! Logs (`logs`): `--log FILTER` / `RUST_LOG` (per-module levels), `--log-format text|json`, to stderr,
+//! coloured only on a terminal.
 
 mod chat;
 mod cli;
 mod compute;
+mod logs;
 mod membership;
 mod models;
 mod serve;
@@ -18,20 +22,11 @@ use clap::Parser;
 
 use cli::{Cli, Command};
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 pub use models::resolve_model;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_tracing();
+    logs::init(cli.log.as_deref(), cli.log_format)?;
     match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Chat(args) => chat::run(args),

@@ -318,7 +318,15 @@ async fn place_here(
         let view = snap.state.view();
         match view.instances.iter().find(|i| i.record.id == id) {
             Some(i) if i.is_ready() && engines.get(model).is_ok() => return Ok(()),
-            Some(i) => anyhow::bail!("loading {model} failed: {:?}", i.stage_status),
+            Some(i) => anyhow::bail!(
+                "loading {model} failed: {}",
+                i.failure().unwrap_or_else(|| match i.status {
+                    shoal_cluster::state::InstanceState::Loading =>
+                        "it was still loading after 10 minutes".to_string(),
+                    _ => "its instance is ready, but no engine for it started on this node"
+                        .to_string(),
+                })
+            ),
             None => tracing::warn!(
                 model,
                 instance = %id,

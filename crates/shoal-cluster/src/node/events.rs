@@ -36,7 +36,11 @@ impl NetTask {
             } => {
                 let last_path = self.peers.closed(&peer_id, connection_id);
                 if num_established == 0 {
-                    self.forget(peer_id, &format!("connection closed: {cause:?}"));
+                    let why = match cause {
+                        Some(e) => format!("connection closed: {e}"),
+                        None => "connection closed".to_string(),
+                    };
+                    self.forget(peer_id, &why);
                 } else if last_path {
                     tracing::debug!(%peer_id, "last path closed, other connections still closing");
                 }

@@ -166,7 +166,7 @@ impl Worker {
                 ) {
                     Ok(()) => true,
                     Err(e) => {
-                        tracing::warn!("forking a choice failed, prefilling it in full: {e}");
+                        tracing::warn!(parent: &seq.span, "forking a choice failed, prefilling it in full: {e}");
                         kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
                         false
                     }
@@ -212,7 +212,7 @@ impl Worker {
             }
             Err(e) => {
                 // Not fatal: compute the prompt from scratch.
-                tracing::warn!("prefix reuse failed, prefilling in full: {e}");
+                tracing::warn!(parent: &seq.span, "prefix reuse failed, prefilling in full: {e}");
                 kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: id });
             }
         }
@@ -243,7 +243,7 @@ impl Worker {
                 },
             );
             if let Err(e) = &r {
-                tracing::warn!("cannot keep the prefix of sequence {}: {e}", seq.id);
+                tracing::warn!(parent: &seq.span, "cannot keep the prefix of sequence {}: {e}", seq.id);
                 kv_all_lossy(&mut self.stages, KvOp::DropPrefix { prefix_id: pid });
             }
             r.is_ok()
@@ -270,6 +270,7 @@ impl Worker {
     /// Removes sequence `i`, frees its KV everywhere and sends `error` as its final event.
     pub(super) fn fail(&mut self, i: usize, error: EngineError) {
         let seq = self.running.swap_remove(i);
+        tracing::warn!(parent: &seq.span, kind = error.error_type(), "request failed: {error}");
         kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
         self.counters.ended(1);
         seq.send_error(error);

@@ -161,7 +161,11 @@ async fn fetch_blob(
                 return Err(StoreError::BadAnswer {
                     url,
                     message: format!(
-                        "asked for bytes {have}-, got Content-Range starting at {start:?}"
+                        "asked for bytes {have}-, got {}",
+                        match start {
+                            Some(s) => format!("a Content-Range starting at {s}"),
+                            None => "no usable Content-Range".to_string(),
+                        }
                     ),
                 });
             }
