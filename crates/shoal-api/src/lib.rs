@@ -15,6 +15,8 @@
 //! - [`request_id`]: every request's id (the client's `x-request-id` or a new one), answered in the
 //!   response and named by the request's span in every log line about it.
 //! - [`auth`]: API keys — with keys configured every route but `/health` and `/cluster/enroll` needs one (401 otherwise).
+//! - [`metrics`]: `GET /metrics` in Prometheus' text format (events recorded where they happen, the
+//!   cluster state read at each scrape) and the middleware counting and timing every request.
 //! - [`cancel`] lets a client stop a request by its response id (`POST /v1/cancel/{id}`); handlers hold
 //!   each request as a [`cancel::LiveRequest`] so they can tell such a cancellation apart.
 //!
@@ -25,7 +27,7 @@
 //!   cancelled through this node's [`shoal_transfer::Downloads`]).
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`, `POST /v1/embeddings`, `POST /v1/cancel/{id}`,
-//! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, `GET /state`, `GET /instance/previews`,
+//! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, `GET /metrics`, `GET /state`, `GET /instance/previews`,
 //! `POST /instance`, `DELETE /instance/{id}`, `POST /links/probe`, `POST /cluster/enroll`, `POST /cluster/remove`, `GET`/`POST /downloads`,
 //! `DELETE /downloads/{model}`.
 
@@ -38,6 +40,7 @@ pub mod dialect;
 pub mod downloads;
 pub mod error;
 pub mod membership;
+pub mod metrics;
 pub mod ollama;
 pub mod openai;
 pub mod request_id;
@@ -89,6 +92,9 @@ pub struct ApiState {
     pub api_keys: Option<auth::ApiKeys>,
     /// Constrained decoding per model (JSON schemas, forced tool calls), built on first need.
     pub guides: shoal_guide::Guides,
+    /// The process's Prometheus recorder ([`metrics::install`]) that `GET /metrics` renders; `None`:
+    /// that route answers 404.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 impl ApiState {
@@ -101,6 +107,7 @@ impl ApiState {
             downloads: None,
             api_keys: None,
             guides: shoal_guide::Guides::default(),
+            metrics: None,
             body_limit: DEFAULT_BODY_LIMIT,
             cancellations: Arc::default(),
         }
@@ -140,6 +147,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{*id}", get(openai::get_model))
         .route("/health", get(health))
+        .route("/metrics", get(metrics::get_metrics))
         .route("/state", get(cluster::get_state))
         .route("/instance/previews", get(cluster::previews))
         .route("/instance", post(cluster::create))
@@ -157,6 +165,10 @@ pub fn router(state: ApiState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_key,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track,
         ))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(CorsLayer::permissive())

@@ -24,6 +24,17 @@ pub struct NodeFacts {
     pub addrs: Vec<String>,
     pub memory: MemoryFacts,
     pub cpu_cores: usize,
+    /// Share of all cores busy over the last refresh, in [0, 1] (Linux `/proc/stat`); `None` until a
+    /// second reading, off Linux, and from nodes that predate it. Refreshed with `memory`
+    /// ([`crate::sysload`]).
+    #[serde(default)]
+    pub cpu_load: Option<f32>,
+    /// The hottest temperature sensor, °C (Linux thermal zones / hwmon), where the OS exposes one.
+    #[serde(default)]
+    pub temperature_c: Option<f32>,
+    /// CPU package power over the last refresh, watts (Linux powercap RAPL), where readable.
+    #[serde(default)]
+    pub power_w: Option<f32>,
     /// The accelerator that runs the model: `cpu` (the only backend shoal builds today).
     pub accelerator: String,
     /// Compute backend in use, e.g. `cpu-avx2`.

@@ -13,6 +13,7 @@
 //!   [`state::ClusterView`] (`GET /state`) gives each instance a typed [`state::InstanceState`].
 //! - [`facts`]: what a node publishes about itself (memory and its pressure, cores, measured compute,
 //!   models, links, instance load state).
+//! - [`sysload`]: CPU load, temperature and power of this machine (published with the memory facts).
 //! - [`compute`]: a node's measured compute ([`facts::ComputeFacts`]) converted into the planner's
 //!   speeds for one model.
 //! - [`proto`]: control messages and the instance table.
@@ -21,7 +22,9 @@
 //!
 //! Flow: each node publishes its own facts; every change of membership or facts reaches the coordinator,
 //! which places instances (`shoal-placement`) and broadcasts the instance table; every node's
-//! [`Snapshot`] watch channel carries the result to its runtime and API.
+//! [`Snapshot`] watch channel carries the result to its runtime and API. Membership changes and
+//! re-placements are counted through the `metrics` facade where they happen
+//! (`shoal_membership_changes_total`, `shoal_instance_replacements_total`).
 
 mod clock;
 pub mod compute;
@@ -32,6 +35,7 @@ pub mod invite;
 pub mod node;
 pub mod proto;
 pub mod state;
+pub mod sysload;
 
 pub use error::{ClusterError, IdentityProblem, PlaceError};
 pub use node::{ClusterConfig, ClusterHandle, Snapshot, StateJson, Traffic, parse_peer, start};

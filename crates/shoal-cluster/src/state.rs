@@ -452,6 +452,7 @@ impl ClusterState {
                         })
                         .unwrap_or(&p[0]);
                     tracing::info!(old = %old.id, model = %old.model, "re-placing an instance whose node left");
+                    metrics::counter!("shoal_instance_replacements_total", "model" => old.model.clone(), "outcome" => "placed").increment(1);
                     let id = new_id();
                     self.mark_movable(&id);
                     let record = InstanceRecord::placed(id, old.model, best.clone());
@@ -459,6 +460,7 @@ impl ClusterState {
                 }
                 Ok(_) | Err(_) => {
                     tracing::warn!(old = %old.id, model = %old.model, "instance dropped: it no longer fits on the members");
+                    metrics::counter!("shoal_instance_replacements_total", "model" => old.model.clone(), "outcome" => "dropped").increment(1);
                 }
             }
         }

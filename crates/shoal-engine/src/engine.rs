@@ -133,6 +133,7 @@ pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, E
         &model.config,
         config,
         counters.clone(),
+        crate::meters::Meters::new(&model.id),
         created,
     );
     let handle = EngineHandle::new(

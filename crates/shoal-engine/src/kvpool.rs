@@ -8,9 +8,14 @@
 //! even after evicting its own asks the pool ([`KvPool::request`]), and every engine holding cached
 //! prefixes evicts its least recently used ones until the request is met ([`KvPool::wanted`]); running
 //! sequences are never taken from another engine.
+//!
+//! The pool publishes its budget and what is reserved as the gauges `shoal_kv_pool_capacity_bytes` and
+//! `shoal_kv_pool_used_bytes` (one node, one pool) on every change.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::meters::PoolGauges;
 
 #[derive(Debug)]
 pub struct KvPool {
@@ -18,6 +23,7 @@ pub struct KvPool {
     reserved: AtomicUsize,
     /// Bytes an engine is waiting for (0 when none); lowered by every release.
     wanted: AtomicUsize,
+    gauges: PoolGauges,
 }
 
 impl KvPool {
@@ -26,6 +32,7 @@ impl KvPool {
             budget: budget_bytes,
             reserved: AtomicUsize::new(0),
             wanted: AtomicUsize::new(0),
+            gauges: PoolGauges::new(budget_bytes),
         }
     }
 
@@ -40,11 +47,16 @@ impl KvPool {
 
     /// Reserves `bytes` if they fit; false (and nothing reserved) otherwise.
     pub fn try_reserve(&self, bytes: usize) -> bool {
-        self.reserved
+        let ok = self
+            .reserved
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
                 r.checked_add(bytes).filter(|&t| t <= self.budget)
             })
-            .is_ok()
+            .is_ok();
+        if ok {
+            self.gauges.used(self.reserved());
+        }
+        ok
     }
 
     /// Reserves as much of `bytes` as is free (possibly 0); returns what was reserved.
@@ -56,6 +68,7 @@ impl KvPool {
                 granted = bytes.min(self.budget.saturating_sub(r));
                 Some(r + granted)
             });
+        self.gauges.used(self.reserved());
         granted
     }
 
@@ -66,6 +79,7 @@ impl KvPool {
                 Some(r.saturating_sub(bytes))
             });
         }
+        self.gauges.used(self.reserved());
     }
 
     /// Asks the engines holding cached prefixes to free `bytes` (the largest pending request wins; an

@@ -21,6 +21,10 @@
 //! internal request through every stage before an instance reports ready, so its first real request is
 //! as fast as the rest. A request's [`LogitsProcessor`] says which tokens may
 //! come next ([`TokenMask`]); the mask travels with the step to whichever stage samples.
+//!
+//! [`meters`]: the engine's metrics (TTFT, inter-token and end-to-end latency histograms, prompt /
+//! generated / cached tokens, preemptions, prefix cache hits and evictions, step time, the node's KV
+//! pool), recorded through the `metrics` facade on the engine thread with handles registered once.
 
 mod admission;
 mod config;
@@ -31,6 +35,7 @@ pub mod handle;
 mod kv_account;
 pub mod kvpool;
 pub mod logits;
+pub mod meters;
 pub mod prefix;
 pub mod registry;
 pub mod request;

@@ -47,8 +47,10 @@ pub(crate) struct Sequence {
     deadline: Option<Instant>,
     timeout_ms: u64,
     /// When its request was queued, and when its first token was sampled.
-    queued: Instant,
+    pub(crate) queued: Instant,
     first_token: Option<Instant>,
+    /// When its latest token was delivered (the engine's inter-token latency is measured from it).
+    pub(crate) last_token: Option<Instant>,
     /// No other sequence ran in the engine since it was admitted: its decode rate is one stream's.
     pub(crate) alone: bool,
     /// The engine's warm-up: its KV is never kept as a cached prefix.
@@ -89,6 +91,7 @@ impl Sequence {
             timeout_ms,
             queued: a.queued,
             first_token: None,
+            last_token: None,
             alone: true,
             warm_up: a.warm_up,
             span: a.span,

@@ -348,6 +348,12 @@ impl Node {
             }
             Err(error) => {
                 tracing::error!(instance = %id, model = %rec.model, stage = index, kind = error.error_type(), "stage failed: {error}");
+                metrics::counter!(
+                    "shoal_instance_failures_total",
+                    "model" => rec.model.clone(),
+                    "kind" => error.error_type()
+                )
+                .increment(1);
                 // Published with its message.
                 InstanceStatus::Failed {
                     error: error.to_string(),

@@ -313,6 +313,8 @@ async fn run(
                 remaining -= 1;
                 src.stats.bytes += len(i);
                 src.stats.chunks += 1;
+                metrics::counter!("shoal_download_bytes_total", "source" => src.stats.name.clone())
+                    .increment(len(i));
                 fetched += len(i);
             }
             Landed::Refused => {
@@ -320,6 +322,7 @@ async fn run(
                 src.refused.insert(i);
                 src.stats.refused += 1;
                 p.chunks_refused += 1;
+                metrics::counter!("shoal_download_refused_chunks_total").increment(1);
                 if lost {
                     queue.push_front(i);
                 }

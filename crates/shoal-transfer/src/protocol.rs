@@ -177,10 +177,11 @@ where
             if write_message(&mut w, &header).await.is_err() {
                 return;
             }
-            if let Some(b) = body
-                && w.write_all(&b).await.is_err()
-            {
-                return;
+            if let Some(b) = body {
+                if w.write_all(&b).await.is_err() {
+                    return;
+                }
+                metrics::counter!("shoal_blob_served_bytes_total").increment(b.len() as u64);
             }
             // Flush only when nothing else is ready: fewer, larger writes.
             if rx.is_empty() && w.flush().await.is_err() {

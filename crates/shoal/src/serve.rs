@@ -7,7 +7,9 @@
 //! [`shoal_transfer::Downloads`] and blob server start (peers may fetch from us at once; the complete
 //! models' chunk manifests are made in the background, once per file) → a missing
 //! served model comes from a peer that has it (waiting a few seconds for peers to show up), else from
-//! the internet with a progress bar → the model is placed here and the API serves.
+//! the internet with a progress bar → the model is placed here and the API serves. The Prometheus
+//! recorder is installed before anything else (`shoal_api::metrics::install`), so every metric handle
+//! the engine, pipeline and cluster register records into it; `GET /metrics` renders it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,6 +62,8 @@ fn model_cards(store: &Store, served: Option<&(String, PathBuf)>) -> Vec<ModelCa
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // First: metric handles registered before the recorder exists would record nothing.
+    let metrics = shoal_api::metrics::install();
     let store = Store::new(args.model.models_dir());
     let local = local_model(&store, &args.model.model)?;
     if local.is_none() && args.model.offline {
@@ -194,6 +198,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         state.cluster = Some(cluster);
         state.downloads = Some(downloads);
         state.api_keys = api_keys;
+        state.metrics = Some(metrics);
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };

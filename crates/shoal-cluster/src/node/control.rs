@@ -130,6 +130,7 @@ impl NetTask {
         }
         if self.state.on_facts(facts) {
             tracing::info!(%peer, "member joined");
+            metrics::counter!("shoal_membership_changes_total", "change" => "join").increment(1);
             if self.state.is_coordinator() {
                 self.broadcast_table();
             }

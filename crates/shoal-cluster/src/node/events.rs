@@ -144,6 +144,7 @@ impl NetTask {
         let id = peer.to_string();
         if self.state.peer_gone(&id) {
             tracing::warn!(%peer, "member left: {why}");
+            metrics::counter!("shoal_membership_changes_total", "change" => "leave").increment(1);
             self.peers.lost(peer, Instant::now());
         }
         self.dials.disconnected(&id);

@@ -1,5 +1,5 @@
 //! What the network task tells its peers unasked: this node's facts (refreshed every [`FACTS_PERIOD`]
-//! and on change), the member list (so every node connects to every other) and, from the coordinator,
+//! and on change: memory, CPU load / temperature / power from [`crate::sysload`], links), the member list (so every node connects to every other) and, from the coordinator,
 //! the instance table.
 //!
 //! [`FACTS_PERIOD`]: super::FACTS_PERIOD
@@ -31,6 +31,7 @@ impl NetTask {
     /// Memory, links (with their traffic since the last refresh) and addresses, as of now.
     pub(super) fn refresh_own_facts(&mut self) {
         let (mem, _) = facts::local_resources();
+        let host = self.host.sample();
         let secs = self.traffic_at.elapsed().as_secs_f64().max(1e-3);
         self.peers.record_traffic(self.traffic.totals(), secs);
         self.traffic_at = Instant::now();
@@ -38,6 +39,9 @@ impl NetTask {
         let addrs = self.own_addrs();
         let me = self.state.me_mut();
         me.memory = mem;
+        me.cpu_load = host.cpu_load;
+        me.temperature_c = host.temperature_c;
+        me.power_w = host.power_w;
         me.links = links;
         me.addrs = addrs;
         me.seq += 1;

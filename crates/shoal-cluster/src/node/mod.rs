@@ -185,6 +185,9 @@ pub fn local_facts(id: PeerId, config: &ClusterConfig) -> NodeFacts {
         addrs: Vec::new(),
         memory: mem,
         cpu_cores: cores,
+        cpu_load: None,
+        temperature_c: None,
+        power_w: None,
         accelerator: "cpu".into(),
         backend: config.backend.clone(),
         speed: facts::estimate_speed(cores),
@@ -229,6 +232,8 @@ struct NetTask {
     published: Option<NodeFacts>,
     /// Nodes refused for good (`shoal remove`).
     removed: Removed,
+    /// CPU load, temperature and power readings between two fact refreshes.
+    host: crate::sysload::HostSampler,
 }
 
 /// A request to the coordinator waiting for its reply, and the handle waiting for the result.
@@ -266,6 +271,7 @@ impl NetTask {
             path_book: watch::channel(Arc::new(PathBook::default())).0,
             published: None,
             removed: Removed::default(),
+            host: crate::sysload::HostSampler::default(),
         };
         task.refresh_own_facts();
         task

@@ -139,7 +139,9 @@ impl NetTask {
         self.swarm.behaviour_mut().blocked.block_peer(peer);
         self.peers.forget(&peer);
         self.dials.forget_peer(&node.id);
-        self.state.peer_gone(&node.id);
+        if self.state.peer_gone(&node.id) {
+            metrics::counter!("shoal_membership_changes_total", "change" => "leave").increment(1);
+        }
         self.state.me_mut().removed = self.removed.list().to_vec();
         self.refresh_own_facts();
         self.push_facts();

@@ -117,6 +117,9 @@ impl Worker {
                 self.forks.push(Fork { parent, seq });
             }
             let seed = self.next_seed();
+            if !a.warm_up {
+                self.meters.admitted(a.tokens.len());
+            }
             self.running
                 .push(Sequence::start(a, self.context_length, seed));
             self.reuse_prefix();
@@ -194,6 +197,9 @@ impl Worker {
             return;
         }
         let Some((prefix_id, n)) = self.prefix.lookup(&seq.tokens[..seq.prompt_len]) else {
+            if !seq.warm_up {
+                self.meters.prefix_lookup(0);
+            }
             return;
         };
         let id = seq.id;
@@ -209,6 +215,9 @@ impl Worker {
             Ok(()) => {
                 seq.computed = n;
                 seq.cached = n;
+                if !seq.warm_up {
+                    self.meters.prefix_lookup(n);
+                }
             }
             Err(e) => {
                 // Not fatal: compute the prompt from scratch.
@@ -230,6 +239,7 @@ impl Worker {
             FinishReason::Cancelled => Default::default(),
             _ => self.prefix.insert(&seq.tokens[..seq.computed]),
         };
+        self.meters.evicted(offer.evict.len());
         for id in offer.evict {
             kv_all_lossy(&mut self.stages, KvOp::DropPrefix { prefix_id: id });
         }
@@ -255,6 +265,9 @@ impl Worker {
         if reason != FinishReason::Cancelled {
             self.counters.finished(seq.measured());
         }
+        if !seq.warm_up {
+            self.meters.ended(seq.queued, Some(reason));
+        }
         seq.send_done(reason);
     }
 
@@ -264,6 +277,7 @@ impl Worker {
         kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
         self.counters.ended(1);
         self.counters.finished(Finished::default());
+        self.meters.embedded(seq.queued);
         seq.send_embedding();
     }
 
@@ -273,6 +287,9 @@ impl Worker {
         tracing::warn!(parent: &seq.span, kind = error.error_type(), "request failed: {error}");
         kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
         self.counters.ended(1);
+        if !seq.warm_up {
+            self.meters.ended(seq.queued, None);
+        }
         seq.send_error(error);
     }
 
@@ -283,6 +300,7 @@ impl Worker {
             return;
         };
         kv_all_lossy(&mut self.stages, KvOp::Release { seq_id: seq.id });
+        self.meters.preempted();
         seq.forget_kv();
         // It waits for others to make room: its decode rate is not one stream's.
         seq.alone = false;

@@ -20,6 +20,7 @@ use crate::admission::Admission;
 use crate::config::EngineConfig;
 use crate::kv_account::KvAccount;
 use crate::kvpool::KvPool;
+use crate::meters::Meters;
 use crate::prefix::PrefixIndex;
 use crate::scheduler::StepTimes;
 use crate::sequence::Sequence;
@@ -45,6 +46,8 @@ pub(crate) struct Worker {
     context_length: usize,
     config: EngineConfig,
     counters: Arc<Counters>,
+    /// The engine's metrics (TTFT, ITL, tokens, steps, …), registered once with the model's label.
+    meters: Meters,
     running: Vec<Sequence>,
     waiting: VecDeque<Admission>,
     seed_counter: u64,
@@ -66,6 +69,8 @@ struct Fork {
 struct Flight {
     ticket: u64,
     batch: Vec<ChunkSpec>,
+    /// When it was launched (its step time is launch → outputs).
+    started: std::time::Instant,
 }
 
 impl Worker {
@@ -75,6 +80,7 @@ impl Worker {
         model: &ModelConfig,
         config: EngineConfig,
         counters: Arc<Counters>,
+        meters: Meters,
         seed: u64,
     ) -> Self {
         // The node's pool pays for the KV of the layers in this process; stages on other nodes are
@@ -104,6 +110,7 @@ impl Worker {
             context_length: model.context_length,
             config,
             counters,
+            meters,
             running: Vec::new(),
             waiting: VecDeque::new(),
             seed_counter: seed,
@@ -173,6 +180,7 @@ impl Worker {
         self.kv.trim(self.kv_in_use());
         let held = self.stages.iter().map(|s| s.held_sequences()).sum();
         self.counters.holding(self.kv_in_use(), held);
+        self.meters.preempted_now(self.preempted.len());
     }
 
     /// KV tokens held: running sequences plus cached prefixes.
@@ -190,6 +198,7 @@ impl Worker {
             let Some(id) = self.prefix.pop_lru() else {
                 break;
             };
+            self.meters.evicted(1);
             kv_all_lossy(&mut self.stages, KvOp::DropPrefix { prefix_id: id });
             freed += before - self.prefix.used_tokens();
         }
@@ -206,6 +215,7 @@ impl Worker {
                 self.kv.ask_others(self.kv_in_use() + need);
                 return false;
             };
+            self.meters.evicted(1);
             kv_all_lossy(&mut self.stages, KvOp::DropPrefix { prefix_id: id });
             // The prefix's tokens are no longer held; what was reserved for them stays reserved here.
         }

@@ -49,9 +49,17 @@ impl Worker {
             return;
         }
         let (batch, tokens) = self.build_batch(&plan);
+        let started = Instant::now();
         match self.launch(&plan, &views, &batch, tokens) {
-            Ok(PipelineLaunch::Done(out)) => self.deliver(&batch, out),
-            Ok(PipelineLaunch::Pending(ticket)) => self.flights.push_back(Flight { ticket, batch }),
+            Ok(PipelineLaunch::Done(out)) => {
+                self.meters.step(started.elapsed());
+                self.deliver(&batch, out)
+            }
+            Ok(PipelineLaunch::Pending(ticket)) => self.flights.push_back(Flight {
+                ticket,
+                batch,
+                started,
+            }),
             Err(e) => self.fail_batch(&batch, e),
         }
     }
@@ -216,7 +224,10 @@ impl Worker {
         let wanted = flight.batch.iter().filter(|c| c.want_logits).count();
         let pooling = flight.batch.iter().filter(|c| c.pool != Pool::None).count();
         match complete_pipeline(&mut self.stages, flight.ticket, wanted, pooling) {
-            Ok(out) => self.deliver(&flight.batch, out),
+            Ok(out) => {
+                self.meters.step(flight.started.elapsed());
+                self.deliver(&flight.batch, out)
+            }
             Err(e) => self.fail_batch(&flight.batch, e),
         }
     }
@@ -244,12 +255,19 @@ impl Worker {
         self.deliver_pooled(batch, &out.pooled);
         let mut picks = out.picks.into_iter();
         let mut done = Vec::new();
+        // One clock reading per step: every token of the batch arrived now.
+        let now = Instant::now();
         for spec in batch.iter().filter(|c| c.want_logits) {
             let Some(pick) = picks.next() else { break };
             let Some(i) = self.running.iter().position(|s| s.id == spec.seq_id) else {
                 continue;
             };
             self.counters.generated();
+            let seq = &mut self.running[i];
+            if !seq.warm_up {
+                self.meters.token(seq.queued, seq.last_token, now);
+            }
+            seq.last_token = Some(now);
             match self.running[i].push(pick, &self.tokenizer, self.context_length) {
                 Ok(Some(reason)) => done.push((i, Ok(reason))),
                 Ok(None) => {}

@@ -5,6 +5,9 @@
 //! and carries on with the same caches. An upstream stream that breaks ends its thread quietly (the
 //! driver notices on its side and moves, or the pipeline is torn down); the stage's next stream is
 //! opened on the preferred path to the next node.
+//!
+//! Each activation batch a stage runs is timed into `shoal_stage_step_seconds{instance, stage}` (frame
+//! decoded → answer encoded), through a histogram handle registered once per hosted stage.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -57,6 +60,8 @@ pub struct HostedStage {
     owner: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
     /// This node's KV memory set aside for the stage; the driver holds at most its tokens.
     kv: KvShare,
+    /// Time of each activation batch through the stage.
+    step_seconds: metrics::Histogram,
 }
 
 impl HostedStage {
@@ -68,6 +73,11 @@ impl HostedStage {
         stage: LocalStage,
         kv: KvShare,
     ) -> Self {
+        let step_seconds = metrics::histogram!(
+            "shoal_stage_step_seconds",
+            "instance" => instance.clone(),
+            "stage" => index.to_string()
+        );
         Self {
             instance,
             index,
@@ -78,6 +88,7 @@ impl HostedStage {
             upstream: Mutex::new(None),
             owner: Mutex::new(None),
             kv,
+            step_seconds,
         }
     }
 
@@ -332,7 +343,12 @@ fn run_stage(
             }
         };
         let answer = matches!(frame, Frame::Activations(_));
-        match step(&mut stage, host, &mut jobs, frame, next.is_none()) {
+        let started = std::time::Instant::now();
+        let stepped = step(&mut stage, host, &mut jobs, frame, next.is_none());
+        if answer {
+            host.step_seconds.record(started.elapsed());
+        }
+        match stepped {
             Ok(None) => continue,
             Ok(Some(bytes)) => {
                 append(&mut held, bytes);
