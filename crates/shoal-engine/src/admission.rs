@@ -10,7 +10,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::EngineError;
-use crate::request::{Event, FinishReason, GenerateRequest, Usage};
+use crate::request::{Event, FinishReason, GenerateRequest, Prefill, Usage};
 
 /// An embedding sequence's instructions, on its admission ([`crate::embed`]).
 pub(crate) struct EmbedJob {
@@ -38,6 +38,8 @@ pub(crate) struct Admission {
     /// The request's other choices (`n` > 1).
     pub(crate) siblings: Vec<Sibling>,
     pub(crate) tx: UnboundedSender<Event>,
+    /// Where the prompt's progress goes (the choice that prefills it; `None` for the others).
+    pub(crate) prefill: Option<tokio::sync::watch::Sender<Prefill>>,
     pub(crate) cancel: Arc<AtomicBool>,
     pub(crate) deadline: Option<Instant>,
     /// When the handle queued it (its time to first token counts from here).
@@ -98,6 +100,7 @@ impl Admission {
             embed: None,
             siblings: Vec::new(),
             tx: s.tx,
+            prefill: None,
             cancel: s.cancel,
             deadline: self.deadline,
             queued: self.queued,

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::admission::{Admission, EmbedJob, Sibling};
 use crate::error::EngineError;
-use crate::request::{Event, GenerateRequest, MAX_CHOICES, Prompt};
+use crate::request::{Event, GenerateRequest, MAX_CHOICES, Prefill, Prompt};
 use crate::stats::{Counters, EngineStats};
 
 /// One chat message, as adapters pass them to the model's chat template.
@@ -253,6 +253,11 @@ impl EngineHandle {
         let prompt_tokens = tokens.len();
         let mut streams = Vec::with_capacity(choices);
         let mut flags = Vec::with_capacity(choices);
+        // The prompt is prefilled once for every choice: one progress, watched by each stream.
+        let (prefill, prefill_rx) = tokio::sync::watch::channel(Prefill {
+            done: 0,
+            total: prompt_tokens as u32,
+        });
         // The channels exist before the engine knows about the request: nothing it sends can be lost.
         // Unbounded on purpose: the engine must never block on a slow client, and a sequence sends at
         // most (context length + 1) events, which bounds it.
@@ -264,6 +269,7 @@ impl EngineHandle {
                 id,
                 prompt_tokens,
                 rx,
+                prefill: prefill_rx.clone(),
                 cancel: cancel.clone(),
             });
             (tx, cancel)
@@ -288,6 +294,7 @@ impl EngineHandle {
             embed,
             siblings,
             tx,
+            prefill: Some(prefill),
             cancel,
             deadline,
             queued: Instant::now(),
@@ -434,6 +441,7 @@ pub struct RequestStream {
     id: u64,
     prompt_tokens: usize,
     rx: mpsc::UnboundedReceiver<Event>,
+    prefill: tokio::sync::watch::Receiver<Prefill>,
     cancel: Arc<AtomicBool>,
 }
 
@@ -455,6 +463,13 @@ impl RequestStream {
 
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
         self.rx.poll_recv(cx)
+    }
+
+    /// How far the prompt has been processed: updated by the engine as each prefill chunk completes
+    /// (on every stage of a pipeline); `changed()` on it wakes a consumer that shows progress. Outside
+    /// the stream of events, so consumers that do not ask never see it.
+    pub fn prefill(&self) -> tokio::sync::watch::Receiver<Prefill> {
+        self.prefill.clone()
     }
 
     /// Ask the engine to stop this request at its next step (a `Done` with `Cancelled` follows).

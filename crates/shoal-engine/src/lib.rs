@@ -53,7 +53,7 @@ pub use handle::{ChatMessage, EngineHandle, ModelInfo, RequestStream};
 pub use logits::{ConstraintError, LogitsProcessor, TokenMask};
 pub use registry::Engines;
 pub use request::{
-    EmbedRequest, Embeddings, Event, FinishReason, GenerateRequest, Prompt, SamplingParams,
-    TopLogprob, Usage,
+    EmbedRequest, Embeddings, Event, FinishReason, GenerateRequest, Prefill, Prompt,
+    SamplingParams, TopLogprob, Usage,
 };
 pub use stats::EngineStats;

@@ -118,6 +118,16 @@ pub struct Usage {
     pub cached_tokens: u32,
 }
 
+/// How far the prompt of a request has been processed (its KV computed on every stage, cached prefix
+/// included): what [`crate::RequestStream::prefill`] watches while a long prompt is prefilled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Prefill {
+    /// Prompt tokens computed so far.
+    pub done: u32,
+    /// Prompt tokens in all.
+    pub total: u32,
+}
+
 /// One of the most likely tokens at a position ([`Event::Token::top_logprobs`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TopLogprob {

@@ -12,7 +12,7 @@ use crate::admission::Admission;
 use crate::embed::EmbedState;
 use crate::error::EngineError;
 use crate::logits::{LogitsProcessor, TokenMask};
-use crate::request::{Event, FinishReason, TopLogprob, Usage};
+use crate::request::{Event, FinishReason, Prefill, TopLogprob, Usage};
 use crate::sampler::Sampler;
 use crate::stage::{Pick, Pool};
 use crate::stats::Finished;
@@ -42,6 +42,8 @@ pub(crate) struct Sequence {
     /// Set for an embedding: its prompt is all it computes.
     embed: Option<EmbedState>,
     tx: UnboundedSender<Event>,
+    /// Where the prompt's progress goes (`None` for a choice forked from another's prompt).
+    prefill: Option<tokio::sync::watch::Sender<Prefill>>,
     cancel: Arc<AtomicBool>,
     ignore_eos: bool,
     deadline: Option<Instant>,
@@ -85,6 +87,7 @@ impl Sequence {
             mask_ready: false,
             embed: a.embed.map(EmbedState::new),
             tx: a.tx,
+            prefill: a.prefill,
             cancel: a.cancel,
             ignore_eos: request.ignore_eos,
             deadline: a.deadline,
@@ -109,6 +112,19 @@ impl Sequence {
         Finished {
             ttft: Some(first.saturating_duration_since(self.queued)),
             decode_tok_s: (self.alone && decoded >= 2 && took > 0.0).then(|| decoded as f64 / took),
+        }
+    }
+
+    /// Publishes how much of the prompt is computed, after a prefill chunk landed (a decode step has
+    /// nothing to say).
+    pub(crate) fn report_prefill(&self) {
+        if let Some(p) = &self.prefill
+            && self.computed <= self.prompt_len
+        {
+            p.send_replace(Prefill {
+                done: self.computed as u32,
+                total: self.prompt_len as u32,
+            });
         }
     }
 

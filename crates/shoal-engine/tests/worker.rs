@@ -18,8 +18,8 @@ use shoal_engine::stage::{
     ChunkSpec, KvOp, Launched, Pick, SampleRef, Stage, StageData, StageInfo, sample_row,
 };
 use shoal_engine::{
-    ConstraintError, EngineError, EngineHandle, Event, FinishReason, GenerateRequest, Prompt,
-    RequestStream, TokenMask,
+    ConstraintError, EngineError, EngineHandle, Event, FinishReason, GenerateRequest, Prefill,
+    Prompt, RequestStream, TokenMask,
 };
 use shoal_model::ModelConfig;
 use shoal_model::tokenizer::Tokenizer;
@@ -292,6 +292,18 @@ fn engine(
     kv_tokens: usize,
     max_running: usize,
 ) -> EngineHandle {
+    let config = EngineConfig {
+        threads: 1,
+        max_running,
+        prefix_cache_tokens: 0,
+        kv_budget_bytes: kv_tokens * KV_TOKEN,
+        ..Default::default()
+    };
+    engine_with(script, in_flight, config)
+}
+
+/// An engine on a scripted stage with `config`.
+fn engine_with(script: &Arc<Script>, in_flight: bool, engine_config: EngineConfig) -> EngineHandle {
     let config = ModelConfig {
         architecture: "llama".into(),
         n_layers: 1,
@@ -320,14 +332,7 @@ fn engine(
         template: None,
         stages: vec![Box::new(stage)],
     };
-    let config = EngineConfig {
-        threads: 1,
-        max_running,
-        prefix_cache_tokens: 0,
-        kv_budget_bytes: kv_tokens * KV_TOKEN,
-        ..Default::default()
-    };
-    spawn(model, config).expect("engine")
+    spawn(model, engine_config).expect("engine")
 }
 
 fn request(prompt: &[u32], max_tokens: u32) -> GenerateRequest {
@@ -705,4 +710,59 @@ async fn a_constraint_that_allows_nothing_ends_its_sequence_with_an_error_and_fr
     // The engine goes on serving.
     let mut s = engine.submit(request(&[2, 3], 2)).expect("submit");
     assert_eq!(finish(&mut s).await, (expected(&[2, 3], 2), length(2, 2)));
+}
+
+async fn prefill_progress_scenario(in_flight: bool) {
+    // A 40-token prompt in chunks of 8: the progress moves by one chunk per landed batch (on the last
+    // stage of a pipeline too), ends at the whole prompt, and decoding never touches it.
+    let script = Script::closed();
+    let config = EngineConfig {
+        threads: 1,
+        prefix_cache_tokens: 0,
+        max_batch_tokens: 8,
+        kv_budget_bytes: 64 * KV_TOKEN,
+        ..Default::default()
+    };
+    let engine = engine_with(&script, in_flight, config);
+    let prompt: Vec<u32> = (0..40).map(|i| i % 15 + 1).collect();
+    let mut stream = engine.submit(request(&prompt, 3)).expect("submit");
+    let mut progress = stream.prefill();
+    assert_eq!(
+        *progress.borrow_and_update(),
+        Prefill { done: 0, total: 40 }
+    );
+    for chunk in 1..=5 {
+        script.allow(Some(1));
+        tokio::time::timeout(PATIENCE, progress.changed())
+            .await
+            .expect("no progress")
+            .expect("progress dropped");
+        let seen = *progress.borrow_and_update();
+        assert_eq!(
+            seen,
+            Prefill {
+                done: 8 * chunk,
+                total: 40
+            }
+        );
+    }
+    script.allow(None);
+    assert_eq!(
+        finish(&mut stream).await,
+        (expected(&prompt, 3), length(3, 40))
+    );
+    assert!(
+        !progress.has_changed().unwrap_or(false),
+        "decode steps report nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_long_prompt_reports_its_prefill_progress_chunk_by_chunk() {
+    prefill_progress_scenario(false).await;
+}
+
+#[tokio::test]
+async fn a_pipeline_reports_prefill_progress_as_its_batches_land() {
+    prefill_progress_scenario(true).await;
 }

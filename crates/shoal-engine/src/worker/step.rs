@@ -253,6 +253,12 @@ impl Worker {
     /// ended while the batch was in flight are skipped.
     fn deliver(&mut self, batch: &[ChunkSpec], out: Outputs) {
         self.deliver_pooled(batch, &out.pooled);
+        // Prompt chunks (a decode chunk is one token that wants logits) tell their progress.
+        for spec in batch.iter().filter(|c| c.len > 1 || !c.want_logits) {
+            if let Some(seq) = self.running.iter().find(|s| s.id == spec.seq_id) {
+                seq.report_prefill();
+            }
+        }
         let mut picks = out.picks.into_iter();
         let mut done = Vec::new();
         // One clock reading per step: every token of the batch arrived now.
