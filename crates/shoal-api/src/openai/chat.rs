@@ -110,7 +110,11 @@ pub async fn chat_completions(
                 })
                 .collect(),
         };
-        return Ok(sse_response(choices, format, params.include_usage));
+        return Ok(sse_response(
+            choices,
+            format,
+            (params.include_usage, params.include_progress),
+        ));
     }
     let done = collect_all(&mut choices, logprobs).await?;
     let usage = total_usage(done.iter().map(|d| d.usage));

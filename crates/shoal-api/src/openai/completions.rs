@@ -67,7 +67,11 @@ pub async fn completions(
             logprobs,
             choices: (0..params.n).map(|_| ChoiceState::default()).collect(),
         };
-        return Ok(sse_response(choices, format, params.include_usage));
+        return Ok(sse_response(
+            choices,
+            format,
+            (params.include_usage, params.include_progress),
+        ));
     }
     let done = collect_all(&mut choices, logprobs.is_some()).await?;
     let usage = total_usage(done.iter().map(|d| d.usage));

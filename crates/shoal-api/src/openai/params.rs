@@ -26,6 +26,7 @@ pub struct CommonParams {
     pub model: Option<String>,
     pub stream: Option<bool>,
     pub include_usage: Option<bool>,
+    pub include_progress: Option<bool>,
     pub max_tokens: Option<i64>,
     pub max_completion_tokens: Option<i64>,
     pub temperature: Option<f32>,
@@ -55,6 +56,8 @@ pub struct Validated {
     pub timeout: Option<Duration>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Send the prompt's prefill progress as SSE comments (`stream_options.include_progress`).
+    pub include_progress: bool,
     /// Choices to generate from the prompt (`n`), at least 1.
     pub n: usize,
 }
@@ -111,6 +114,7 @@ impl CommonParams {
             timeout,
             stream: self.stream.unwrap_or(false),
             include_usage: self.include_usage.unwrap_or(false),
+            include_progress: self.include_progress.unwrap_or(false),
             n,
         })
     }
@@ -261,6 +265,7 @@ impl From<&mut ChatRequest> for CommonParams {
             model: r.model.take(),
             stream: r.stream,
             include_usage: r.stream_options.as_ref().and_then(|o| o.include_usage),
+            include_progress: r.stream_options.as_ref().and_then(|o| o.include_progress),
             max_tokens: r.max_tokens,
             max_completion_tokens: r.max_completion_tokens,
             temperature: r.temperature,
@@ -285,6 +290,7 @@ impl From<&mut CompletionRequest> for CommonParams {
             model: r.model.take(),
             stream: r.stream,
             include_usage: r.stream_options.as_ref().and_then(|o| o.include_usage),
+            include_progress: r.stream_options.as_ref().and_then(|o| o.include_progress),
             max_tokens: r.max_tokens,
             max_completion_tokens: r.max_completion_tokens,
             temperature: r.temperature,

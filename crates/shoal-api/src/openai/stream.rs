@@ -9,6 +9,11 @@
 //! cancelled through `POST /v1/cancel/{id}` with a `cancelled` error event and `[DONE]` (OpenAI has no
 //! `cancelled` finish reason). Dropping the body (the client left) drops every choice's stream, and the
 //! engine frees the sequences at its next step; nothing here spawns a task.
+//!
+//! With `stream_options.include_progress` (shoal's own), each step of the prompt's prefill until the
+//! first token is an SSE comment `: prefill {"done":N,"total":M}` (read from the request's
+//! [`shoal_engine::RequestStream::prefill`]); SSE clients skip comments, and without the option the
+//! stream is exactly as before.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -17,7 +22,8 @@ use std::task::Poll;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
-use shoal_engine::{Event, FinishReason, Usage};
+use shoal_engine::{Event, FinishReason, Prefill, Usage};
+use tokio::sync::watch;
 
 use super::{SampledToken, total_usage};
 use crate::cancel::LiveRequest;
@@ -42,11 +48,16 @@ pub trait ChunkFormat: Send + 'static {
 pub fn sse_response<F: ChunkFormat>(
     choices: Vec<LiveRequest>,
     format: F,
-    include_usage: bool,
+    (include_usage, include_progress): (bool, bool),
 ) -> Response {
-    Sse::new(event_stream(choices, format, include_usage))
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    Sse::new(event_stream(
+        choices,
+        format,
+        include_usage,
+        include_progress,
+    ))
+    .keep_alive(KeepAlive::default())
+    .into_response()
 }
 
 struct State<F> {
@@ -55,6 +66,10 @@ struct State<F> {
     ended: Vec<Option<Usage>>,
     format: F,
     include_usage: bool,
+    /// The prompt's progress, watched until the first token when the client asked for it.
+    progress: Option<watch::Receiver<Prefill>>,
+    /// A progress comment to send before anything else.
+    comment: Option<String>,
     /// The choice polled first next time (so a fast choice cannot starve the others).
     next: usize,
     finished: bool,
@@ -62,15 +77,22 @@ struct State<F> {
 }
 
 fn event_stream<F: ChunkFormat>(
-    choices: Vec<LiveRequest>,
+    mut choices: Vec<LiveRequest>,
     mut format: F,
     include_usage: bool,
+    include_progress: bool,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static {
     let queue = (0..choices.len() as u32)
         .filter_map(|i| format.opening(i))
         .collect();
+    let progress = choices
+        .first_mut()
+        .filter(|_| include_progress)
+        .map(|c| c.stream().prefill());
     let state = State {
         ended: vec![None; choices.len()],
+        progress,
+        comment: None,
         choices,
         format,
         include_usage,
@@ -80,16 +102,46 @@ fn event_stream<F: ChunkFormat>(
     };
     futures::stream::unfold(state, |mut st| async move {
         loop {
+            if let Some(text) = st.comment.take() {
+                return Some((Ok(SseEvent::default().comment(text)), st));
+            }
             if let Some(data) = st.queue.pop_front() {
                 return Some((Ok(SseEvent::default().data(data)), st));
             }
             if st.finished {
                 return None;
             }
-            let (index, event) = st.next_event().await;
-            st.handle(index, event);
+            let Some(mut progress) = st.progress.take() else {
+                let (index, event) = st.next_event().await;
+                st.handle(index, event);
+                continue;
+            };
+            tokio::select! {
+                biased;
+                (index, event) = st.next_event() => {
+                    if !matches!(event, Some(Event::Token { .. })) {
+                        st.progress = Some(progress);
+                    } else if progress.has_changed().unwrap_or(false) {
+                        // The first token ends the prefill: its last chunk's progress goes first,
+                        // none after it.
+                        st.comment = Some(progress_comment(*progress.borrow_and_update()));
+                    }
+                    st.handle(index, event);
+                }
+                changed = progress.changed() => {
+                    if changed.is_ok() {
+                        st.comment = Some(progress_comment(*progress.borrow_and_update()));
+                        st.progress = Some(progress);
+                    }
+                }
+            }
         }
     })
+}
+
+/// The SSE comment text of a prefill progress.
+fn progress_comment(p: Prefill) -> String {
+    format!("prefill {{\"done\":{},\"total\":{}}}", p.done, p.total)
 }
 
 impl<F: ChunkFormat> State<F> {

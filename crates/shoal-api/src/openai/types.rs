@@ -131,6 +131,9 @@ pub struct CompletionRequest {
 #[derive(Debug, Default, Deserialize)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
+    /// shoal's own: while the prompt is processed, SSE comments `: prefill {"done":N,"total":M}`
+    /// (every SSE client skips comments; the dashboard draws them as a progress bar).
+    pub include_progress: Option<bool>,
 }
 
 /// `stop`: one string or a list of them.
