@@ -78,7 +78,7 @@ fn node(me: &NodeFacts) {
     }
     gauge!("shoal_node_models", "node" => id.clone()).set(me.models.len() as f64);
     for (instance, tokens) in &me.kv_capacity {
-        gauge!("shoal_kv_share_capacity_tokens", "node" => id.clone(), "instance" => instance.clone())
+        gauge!("shoal_kv_share_capacity_tokens", "node" => id.clone(), "instance_id" => instance.clone())
             .set(*tokens as f64);
     }
 }
@@ -156,29 +156,29 @@ fn instances(me: &NodeFacts, view: &ClusterView) {
             InstanceState::Failed,
             InstanceState::Draining,
         ] {
-            gauge!("shoal_instance_state", "instance" => instance.clone(), "model" => model.clone(), "state" => instance_state(s))
+            gauge!("shoal_instance_state", "instance_id" => instance.clone(), "model" => model.clone(), "state" => instance_state(s))
                 .set(if i.status == s { 1.0 } else { 0.0 });
         }
         for (n, st) in i.record.stages.iter().enumerate() {
-            gauge!("shoal_instance_stage_info", "instance" => instance.clone(), "model" => model.clone(), "stage" => n.to_string(), "node" => st.node.clone(), "start" => st.start.to_string(), "end" => st.end.to_string())
+            gauge!("shoal_instance_stage_info", "instance_id" => instance.clone(), "model" => model.clone(), "stage" => n.to_string(), "node" => st.node.clone(), "start" => st.start.to_string(), "end" => st.end.to_string())
                 .set(1.0);
         }
         if let Some(rate) = i.predicted.decode_tok_s {
-            gauge!("shoal_instance_predicted_decode_tokens_per_second", "instance" => instance.clone(), "model" => model.clone())
+            gauge!("shoal_instance_predicted_decode_tokens_per_second", "instance_id" => instance.clone(), "model" => model.clone())
                 .set(rate);
         }
         if let Some(load) = &i.measured {
             if let Some(rate) = load.decode_tok_s {
-                gauge!("shoal_instance_decode_tokens_per_second", "instance" => instance.clone(), "model" => model.clone())
+                gauge!("shoal_instance_decode_tokens_per_second", "instance_id" => instance.clone(), "model" => model.clone())
                     .set(rate);
             }
-            gauge!("shoal_instance_queued_requests", "instance" => instance.clone(), "model" => model.clone())
+            gauge!("shoal_instance_queued_requests", "instance_id" => instance.clone(), "model" => model.clone())
                 .set(f64::from(load.queued));
         }
     }
     for (instance, status) in &me.instances {
         for s in ["downloading", "loading", "ready", "failed"] {
-            gauge!("shoal_stage_state", "node" => me.id.clone(), "instance" => instance.clone(), "state" => s)
+            gauge!("shoal_stage_state", "node" => me.id.clone(), "instance_id" => instance.clone(), "state" => s)
                 .set(if stage_state(status) == s { 1.0 } else { 0.0 });
         }
     }

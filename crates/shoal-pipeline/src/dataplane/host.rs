@@ -6,7 +6,7 @@
 //! driver notices on its side and moves, or the pipeline is torn down); the stage's next stream is
 //! opened on the preferred path to the next node.
 //!
-//! Each activation batch a stage runs is timed into `shoal_stage_step_seconds{instance, stage}` (frame
+//! Each activation batch a stage runs is timed into `shoal_stage_step_seconds{instance_id, stage}` (frame
 //! decoded → answer encoded), through a histogram handle registered once per hosted stage.
 
 use std::collections::HashMap;
@@ -75,7 +75,7 @@ impl HostedStage {
     ) -> Self {
         let step_seconds = metrics::histogram!(
             "shoal_stage_step_seconds",
-            "instance" => instance.clone(),
+            "instance_id" => instance.clone(),
             "stage" => index.to_string()
         );
         Self {
