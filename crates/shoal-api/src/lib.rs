@@ -28,7 +28,7 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`, `POST /v1/embeddings`, `POST /v1/cancel/{id}`,
 //! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, `GET /metrics`, `GET /state`, `GET /instance/previews`,
-//! `POST /instance`, `DELETE /instance/{id}`, `POST /links/probe`, `POST /cluster/enroll`, `POST /cluster/remove`, `GET`/`POST /downloads`,
+//! `POST /instance`, `DELETE /instance/{id}`, `POST /links/probe`, `POST /doctor` ([`doctor`]: fresh link measurements to every peer), `POST /cluster/enroll`, `POST /cluster/remove`, `GET`/`POST /downloads`,
 //! `DELETE /downloads/{model}`.
 
 pub mod anthropic;
@@ -37,6 +37,7 @@ pub mod balance;
 pub mod cancel;
 pub mod cluster;
 pub mod dialect;
+pub mod doctor;
 pub mod downloads;
 pub mod error;
 pub mod membership;
@@ -153,6 +154,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/instance", post(cluster::create))
         .route("/instance/{id}", axum::routing::delete(cluster::delete))
         .route("/links/probe", post(cluster::probe_links))
+        .route("/doctor", post(doctor::doctor))
         .route(membership::ENROLL_PATH, post(membership::enroll))
         .route("/cluster/remove", post(membership::remove))
         .route("/downloads", get(downloads::list).post(downloads::start))

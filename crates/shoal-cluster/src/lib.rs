@@ -17,6 +17,8 @@
 //! - [`compute`]: a node's measured compute ([`facts::ComputeFacts`]) converted into the planner's
 //!   speeds for one model.
 //! - [`proto`]: control messages and the instance table.
+//! - [`doctor`]: `shoal doctor`'s measurements of each peer's link (pings, loss, bandwidth each way, path
+//!   MTU, clock offset) over the cluster's connections, run by `ClusterHandle::doctor`.
 //! - Errors: [`ClusterError`] (one `error_type()` label per variant), with [`PlaceError`] for requests
 //!   that cannot be placed and [`IdentityProblem`] for key files.
 //!
@@ -28,6 +30,7 @@
 
 mod clock;
 pub mod compute;
+pub mod doctor;
 mod error;
 pub mod facts;
 pub mod identity;

@@ -42,6 +42,35 @@ pub enum Command {
     Invite(InviteArgs),
     /// Take a node out of the cluster for good: every member refuses it from then on.
     Remove(RemoveArgs),
+    /// Check this node and its links: each peer's reachability, round trips, loss, bandwidth each way,
+    /// path MTU and clock; this machine's CPU, memory and models. Exit status 1 when something is wrong.
+    Doctor(DoctorArgs),
+}
+
+/// `shoal doctor`.
+#[derive(Args, Clone)]
+pub struct DoctorArgs {
+    /// The running node to ask for fresh link measurements.
+    #[arg(long, default_value = "http://127.0.0.1:52415")]
+    pub url: String,
+    /// API key of that node, when it needs one.
+    #[arg(long, env = "SHOAL_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Print the report as JSON (for scripts).
+    #[arg(long)]
+    pub json: bool,
+    /// Where models are stored [default: ~/.cache/shoal/models].
+    #[arg(long, env = "SHOAL_MODELS_DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// Hash every model file and compare it with the sha256 recorded when it was downloaded.
+    #[arg(long)]
+    pub verify: bool,
+    /// Pings per peer [default: 50].
+    #[arg(long)]
+    pub pings: Option<usize>,
+    /// How long each bandwidth transfer runs, in milliseconds [default: 2000].
+    #[arg(long)]
+    pub transfer_ms: Option<u64>,
 }
 
 #[derive(Args, Clone)]

@@ -6,6 +6,7 @@
 //! - `shoal bench`: prefill / decode throughput, TTFT and inter-token latency (run by `shoal-bench`).
 //! - `shoal pull` / `shoal models` / `shoal rm`: fetch, list and delete models (`models`).
 //! - `shoal invite` / `shoal remove`: let a machine join, take one out (`membership`).
+//! - `shoal doctor`: this machine and its links to every peer, with the problems found (`doctor`).
 //!
 //! Logs (`logs`): `--log FILTER` / `RUST_LOG` (per-module levels), `--log-format text|json`, to stderr,
 //! coloured only on a terminal.
@@ -13,6 +14,7 @@
 mod chat;
 mod cli;
 mod compute;
+mod doctor;
 mod logs;
 mod membership;
 mod models;
@@ -36,6 +38,7 @@ fn main() -> anyhow::Result<()> {
         Command::Rm(args) => models::rm(&args),
         Command::Invite(args) => membership::invite(&args),
         Command::Remove(args) => membership::remove(&args),
+        Command::Doctor(args) => std::process::exit(doctor::run(&args)?),
     }
 }
 

@@ -260,6 +260,9 @@ impl NetTask {
                     self.spawn_probe(peer);
                 }
             }
+            Command::DoctorTargets(tx) => {
+                let _ = tx.send(self.doctor_targets());
+            }
             Command::RemoveNode(query, tx) => {
                 let _ = tx.send(self.remove_node(&query));
             }

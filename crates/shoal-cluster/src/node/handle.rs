@@ -70,6 +70,8 @@ pub(super) enum Command {
     SetCompute(ComputeFacts),
     Probe,
     RemoveNode(String, Reply<RemovedNode>),
+    /// The peers `shoal doctor` checks (`diagnose`).
+    DoctorTargets(oneshot::Sender<Vec<super::diagnose::Target>>),
 }
 
 /// What invites need: where the invite book is and the key it hands out.

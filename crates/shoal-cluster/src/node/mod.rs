@@ -40,6 +40,7 @@ use crate::proto::InstanceRecord;
 use crate::state::ClusterState;
 
 mod control;
+mod diagnose;
 mod dial;
 mod events;
 mod gossip;
@@ -156,6 +157,10 @@ pub async fn start(config: ClusterConfig) -> Result<ClusterHandle, ClusterError>
     let listen_addrs = swarm::listen(&mut swarm, &config.listen).await?;
     let mut streams = swarm.behaviour().streams.new_control();
     probe::serve(&mut streams)?;
+    let doctor_streams = streams
+        .accept(crate::doctor::DOCTOR_PROTOCOL)
+        .map_err(|e| ClusterError::network("accepting doctor streams", &e))?;
+    crate::doctor::serve(doctor_streams);
     let mut me = local_facts(id, &config);
     let removed = Removed::load(&config.state_dir);
     me.removed = removed.list().to_vec();

@@ -49,6 +49,16 @@ pub(super) struct Peer {
     traffic: TrafficSample,
 }
 
+/// One peer as `shoal doctor` sees it ([`Peers::doctor_view`]).
+#[derive(Debug, Clone)]
+pub(super) struct DoctorView {
+    pub kind: Option<LinkKind>,
+    /// The preferred path's connection and the peer's address on it; `None` without a connection.
+    pub preferred: Option<(ConnectionId, IpAddr)>,
+    pub lost_since: Option<Instant>,
+    pub addrs: Vec<Multiaddr>,
+}
+
 /// Every peer this node has heard of, by id.
 #[derive(Debug, Default)]
 pub(super) struct Peers {
@@ -262,6 +272,28 @@ impl Peers {
             .collect();
         links.sort_by(|a, b| a.peer.cmp(&b.peer));
         links
+    }
+
+    /// What `shoal doctor` checks: every peer with a live connection (its link kind and preferred
+    /// path) or still being redialed after it was lost (since when, at which addresses).
+    pub fn doctor_view(&self) -> Vec<(PeerId, DoctorView)> {
+        self.map
+            .iter()
+            .filter(|(_, p)| p.link.is_some() || p.lost_since.is_some())
+            .map(|(id, p)| {
+                let view = DoctorView {
+                    kind: p.link.as_ref().map(|l| l.kind),
+                    preferred: p
+                        .link
+                        .as_ref()
+                        .and_then(|l| l.paths.preferred())
+                        .map(|(c, path)| (c, path.addr)),
+                    lost_since: p.lost_since,
+                    addrs: p.addrs.clone(),
+                };
+                (*id, view)
+            })
+            .collect()
     }
 
     #[cfg(test)]
