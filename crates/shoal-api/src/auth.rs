@@ -1,4 +1,5 @@
-//! API keys: with keys configured, every route but `/health` and `/cluster/enroll` (an invite is its credential) needs one — `Authorization: Bearer KEY`
+//! API keys: with keys configured, every route but `/health`, `/cluster/enroll` (an invite is its credential) and
+//! the dashboard's page and assets (no data in them; the page asks for a key) needs one — `Authorization: Bearer KEY`
 //! (OpenAI and Ollama clients) or `x-api-key: KEY` (Anthropic clients) — and answers 401 otherwise, in
 //! the error shape of the API the path belongs to (`/v1/messages…`: Anthropic's, `/api/…`: Ollama's,
 //! else OpenAI's).
@@ -81,13 +82,22 @@ pub fn key_headers(headers: &HeaderMap) -> Vec<(header::HeaderName, header::Head
     .collect()
 }
 
+/// Paths anyone may read, keys or not: `/health`, enrolling (an invite is its credential), and the
+/// dashboard's page and assets (they hold no data; the page asks for a key for everything else).
+pub const OPEN_PATHS: [&str; 5] = [
+    "/health",
+    crate::membership::ENROLL_PATH,
+    "/",
+    "/dashboard/app.js",
+    "/dashboard/style.css",
+];
+
 /// Middleware on every route: with keys configured, a request without an accepted key gets a 401.
 pub async fn require_key(State(state): State<ApiState>, req: Request, next: Next) -> Response {
     let Some(keys) = &state.api_keys else {
         return next.run(req).await;
     };
-    let open = ["/health", crate::membership::ENROLL_PATH];
-    if open.contains(&req.uri().path()) || keys.admits(req.headers()) {
+    if OPEN_PATHS.contains(&req.uri().path()) || keys.admits(req.headers()) {
         return next.run(req).await;
     }
     let message = if presented(req.headers()).is_some() {

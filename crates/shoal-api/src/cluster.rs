@@ -22,6 +22,11 @@ use crate::{ApiError, ApiState};
 /// node's own `engines` (the counters of each model's engine here: what its instance served) and
 /// `routing` (requests this node sent to each instance, and how many of them are still running).
 pub async fn get_state(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    state_value(&state).map(Json)
+}
+
+/// The body of `GET /state` (the dashboard's feed is built from it too).
+pub fn state_value(state: &ApiState) -> Result<Value, ApiError> {
     let c = state.cluster()?;
     let mut body = serde_json::to_value(c.snapshot().state_json())
         .map_err(|e| ApiError::Internal(e.to_string()))?;
@@ -38,7 +43,7 @@ pub async fn get_state(State(state): State<ApiState>) -> Result<Json<Value>, Api
         map.insert("engines".into(), Value::Object(engines));
         map.insert("routing".into(), json!(state.balancer.stats()));
     }
-    Ok(Json(body))
+    Ok(body)
 }
 
 /// Query of `GET /instance/previews`: lists are comma-separated.

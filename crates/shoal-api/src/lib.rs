@@ -14,7 +14,10 @@
 //!
 //! - [`request_id`]: every request's id (the client's `x-request-id` or a new one), answered in the
 //!   response and named by the request's span in every log line about it.
-//! - [`auth`]: API keys — with keys configured every route but `/health` and `/cluster/enroll` needs one (401 otherwise).
+//! - [`auth`]: API keys — with keys configured every route but `/health`, `/cluster/enroll` and the dashboard's page
+//!   needs one (401 otherwise).
+//! - [`dashboard`]: the page at `/` (Ollama's `Ollama is running` for clients that are not browsers) and its
+//!   live feed `GET /dashboard/events`.
 //! - [`metrics`]: `GET /metrics` in Prometheus' text format (events recorded where they happen, the
 //!   cluster state read at each scrape) and the middleware counting and timing every request.
 //! - [`cancel`] lets a client stop a request by its response id (`POST /v1/cancel/{id}`); handlers hold
@@ -27,7 +30,7 @@
 //!   cancelled through this node's [`shoal_transfer::Downloads`]).
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`, `POST /v1/embeddings`, `POST /v1/cancel/{id}`,
-//! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, `GET /metrics`, `GET /state`, `GET /instance/previews`,
+//! `GET /v1/models`, `GET /v1/models/{id}`, `GET /`, `GET /dashboard/events`, `GET /health`, `GET /metrics`, `GET /state`, `GET /instance/previews`,
 //! `POST /instance`, `DELETE /instance/{id}`, `POST /links/probe`, `POST /doctor` ([`doctor`]: fresh link measurements to every peer), `POST /cluster/enroll`, `POST /cluster/remove`, `GET`/`POST /downloads`,
 //! `DELETE /downloads/{model}`.
 
@@ -36,6 +39,7 @@ pub mod auth;
 pub mod balance;
 pub mod cancel;
 pub mod cluster;
+pub mod dashboard;
 pub mod dialect;
 pub mod doctor;
 pub mod downloads;
@@ -144,6 +148,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .merge(generation)
         .merge(ollama::plain_routes())
+        .merge(dashboard::routes())
         .route("/v1/cancel/{id}", post(cancel::cancel_request))
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{*id}", get(openai::get_model))

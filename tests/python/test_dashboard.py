@@ -1,0 +1,165 @@
+"""The dashboard in a real browser (headless Chromium through selenium and Debian's chromedriver) against
+a real 2-node cluster: the page lists both nodes and the link between them, a chat streams text into the
+page, placing an instance from the page shows it loading then ready, and a killed node leaves the page.
+Every wait is a bounded WebDriverWait; the browser always quits. With SHOAL_SCREENSHOTS=<dir> the tests
+save screenshots there (docs/screenshots/ holds a couple)."""
+
+import os
+import urllib.request
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from conftest import MODEL_ID, ShoalNode
+from test_cluster import place, wait_members
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+WAIT_S = 60
+
+
+@pytest.fixture
+def browser():
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not Path(path).is_file():
+            pytest.fail(f"{path} is missing: install Debian's chromium and chromium-driver", pytrace=False)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1500"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def two_nodes():
+    a = ShoalNode("--no-auto-instance", key="dashboard-tests")
+    b = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr, key="dashboard-tests")
+    try:
+        wait_members([a, b], [a, b])
+        yield a, b
+    finally:
+        b.kill()
+        a.kill()
+
+
+def shot(driver, name: str) -> None:
+    """Saves a screenshot under $SHOAL_SCREENSHOTS when it is set."""
+    out = os.environ.get("SHOAL_SCREENSHOTS")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(out) / name))
+
+
+def until(driver, what: str, check, timeout: float = WAIT_S):
+    """Waits for `check(driver)` to return something truthy (a re-rendered element is looked up again)."""
+
+    def safe(d):
+        try:
+            return check(d)
+        except StaleElementReferenceException:
+            return False
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(safe, message=f"waiting for {what}")
+
+
+def node_cards(driver) -> set:
+    return {e.get_attribute("data-node") for e in driver.find_elements(By.CSS_SELECTOR, ".node-card")}
+
+
+def open_page(driver, node: ShoalNode) -> None:
+    driver.get(f"{node.url}/")
+    until(driver, "the live feed", lambda d: d.find_element(By.ID, "live").text == "live")
+
+
+def test_root_answers_tools_as_ollama_does(two_nodes):
+    a, _ = two_nodes
+    with urllib.request.urlopen(f"{a.url}/", timeout=10) as r:
+        assert r.status == 200
+        assert r.read() == b"Ollama is running"
+
+
+def test_the_page_lists_both_nodes_and_the_link_between_them(browser, two_nodes):
+    a, b = two_nodes
+    open_page(browser, a)
+    until(browser, "both nodes' cards", lambda d: node_cards(d) == {a.id, b.id})
+    this = browser.find_element(By.CSS_SELECTOR, f'.node-card[data-node="{a.id}"]')
+    assert "this node" in this.text and "cores" in this.text and "memory" in this.text
+    link = until(browser, "the link", lambda d: d.find_elements(By.CSS_SELECTOR, "#topology line.link"))
+    assert {link[0].get_attribute("data-a"), link[0].get_attribute("data-b")} == {a.id, b.id}
+    label = until(
+        browser, "the link's measurements",
+        lambda d: (t := d.find_element(By.CSS_SELECTOR, "#topology .link-label").text) and "rtt" in t and t,
+    )
+    assert "loopback" in label
+    nodes = browser.find_elements(By.CSS_SELECTOR, "#topology g.node")
+    assert {n.get_attribute("data-node") for n in nodes} == {a.id, b.id}
+    shot(browser, "dashboard-cluster.png")
+
+
+def test_placing_from_the_page_shows_the_instance_loading_then_ready(browser, two_nodes):
+    a, b = two_nodes
+    open_page(browser, a)
+    until(browser, "the model list", lambda d: MODEL_ID in [o.get_attribute("value") for o in
+                                                            Select(d.find_element(By.ID, "preview-model")).options])
+    Select(browser.find_element(By.ID, "preview-model")).select_by_value(MODEL_ID)
+    browser.find_element(By.ID, "preview-button").click()
+    previews = until(browser, "placement previews", lambda d: d.find_elements(By.CSS_SELECTOR, ".preview"))
+    first = previews[0].text
+    assert "tok/s" in first, first
+    reasons = previews[0].find_elements(By.CSS_SELECTOR, ".reasons li")
+    assert len(reasons) == 2, "why each node is in or out"
+    previews[0].find_element(By.CSS_SELECTOR, "button.place").click()
+    card = f'.instance[data-model="{MODEL_ID}"]'
+    until(browser, "the instance ready", lambda d: any(
+        e.get_attribute("data-status") == "ready" for e in d.find_elements(By.CSS_SELECTOR, card)))
+    history = browser.find_element(By.CSS_SELECTOR, card).get_attribute("data-history").split()
+    assert history[-1] == "ready" and "loading" in history, history
+    shot(browser, "dashboard-instance.png")
+
+
+def test_a_chat_streams_into_the_page(browser, two_nodes):
+    a, b = two_nodes
+    place(a, [(a, 15), (b, 15)])  # through the pipeline: the page talks to a, the last stage samples on b
+    open_page(browser, a)
+    until(browser, "the chat's models", lambda d: MODEL_ID in [o.get_attribute("value") for o in
+                                                               Select(d.find_element(By.ID, "chat-model")).options])
+    Select(browser.find_element(By.ID, "chat-model")).select_by_value(MODEL_ID)
+    box = browser.find_element(By.ID, "chat-input")
+    box.send_keys("What is the capital of France? Answer in one sentence.")
+    browser.find_element(By.ID, "chat-send").click()
+    lengths = set()
+
+    def ended(d):
+        lengths.add(len(d.find_element(By.CSS_SELECTOR, ".msg.assistant").text))
+        return d.find_element(By.ID, "chat-send").is_enabled()
+
+    until(browser, "the answer's end", ended, timeout=120)
+    assert len(lengths - {0}) >= 2, f"the text grew as it streamed: {sorted(lengths)}"
+    assert not browser.find_element(By.ID, "prefill").is_displayed(), "no progress bar once it answered"
+    answer = browser.find_element(By.CSS_SELECTOR, ".msg.assistant")
+    assert "error" not in answer.get_attribute("class"), answer.text
+    assert answer.text.strip()
+    stats = browser.find_element(By.ID, "chat-stats").text
+    assert "generated tokens" in stats and "TTFT" in stats, stats
+    until(browser, "the served tok/s on the driver's card",
+          lambda d: any("tok/s" in e.text for e in d.find_elements(By.CSS_SELECTOR, ".node-card .tok-s")))
+    shot(browser, "dashboard-chat.png")
+
+
+def test_a_killed_node_leaves_the_page(browser, two_nodes):
+    a, b = two_nodes
+    open_page(browser, a)
+    until(browser, "both nodes", lambda d: node_cards(d) == {a.id, b.id})
+    b.kill()
+    until(browser, "the killed node to leave", lambda d: node_cards(d) == {a.id})
+    assert not browser.find_elements(By.CSS_SELECTOR, "#topology line.link")
+    assert browser.find_element(By.ID, "live").text == "live", "the page stays connected to the node left"
