@@ -251,6 +251,12 @@ def test_prometheus_scrapes_both_nodes_and_promql_sees_the_traffic(duo, promethe
         lambda r: r and r[0][1] > 0,
         "b's KV share",
     )
+    eventually(
+        prometheus,
+        f'shoal_kv_share_used_tokens{{instance="{host_port(b)}", instance_id="{iid}", stage="1"}}',
+        lambda r: len(r) == 1,
+        "what b's stage holds of its share",
+    )
     # The instance, ready, exported once: by its driver.
     ready = eventually(
         prometheus,

@@ -121,6 +121,11 @@ pub const EVENTS: &[(&str, Kind, &str)] = &[
         "Time one hosted pipeline stage takes for a batch of activations.",
     ),
     (
+        "shoal_kv_share_used_tokens",
+        Kind::Gauge,
+        "KV tokens a stage this node hosts holds of its share, after its latest batch (0 once the stage is gone).",
+    ),
+    (
         "shoal_instance_failures_total",
         Kind::Counter,
         "Stages of instances that failed to come up on this node, by model and error kind.",

@@ -7,7 +7,8 @@
 //! opened on the preferred path to the next node.
 //!
 //! Each activation batch a stage runs is timed into `shoal_stage_step_seconds{instance_id, stage}` (frame
-//! decoded → answer encoded), through a histogram handle registered once per hosted stage.
+//! decoded → answer encoded) and leaves the KV tokens it holds in `shoal_kv_share_used_tokens` (0 once
+//! the stage is gone), through handles registered once per hosted stage.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -62,6 +63,15 @@ pub struct HostedStage {
     kv: KvShare,
     /// Time of each activation batch through the stage.
     step_seconds: metrics::Histogram,
+    /// KV tokens the stage holds of its share, after its latest batch.
+    kv_used: metrics::Gauge,
+}
+
+impl Drop for HostedStage {
+    /// The stage's share is given back: its gauge says so (the series stays, at 0).
+    fn drop(&mut self) {
+        self.kv_used.set(0.0);
+    }
 }
 
 impl HostedStage {
@@ -78,6 +88,11 @@ impl HostedStage {
             "instance_id" => instance.clone(),
             "stage" => index.to_string()
         );
+        let kv_used = metrics::gauge!(
+            "shoal_kv_share_used_tokens",
+            "instance_id" => instance.clone(),
+            "stage" => index.to_string()
+        );
         Self {
             instance,
             index,
@@ -89,6 +104,7 @@ impl HostedStage {
             owner: Mutex::new(None),
             kv,
             step_seconds,
+            kv_used,
         }
     }
 
@@ -347,6 +363,7 @@ fn run_stage(
         let stepped = step(&mut stage, host, &mut jobs, frame, next.is_none());
         if answer {
             host.step_seconds.record(started.elapsed());
+            host.kv_used.set(stage.held_tokens() as f64);
         }
         match stepped {
             Ok(None) => continue,
