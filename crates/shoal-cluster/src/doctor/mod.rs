@@ -228,31 +228,39 @@ async fn ping_peer<O: Opener>(opener: &O, report: &mut PeerReport, opts: DoctorO
 }
 
 async fn transfer_both_ways<O: Opener>(opener: &O, report: &mut PeerReport, opts: DoctorOptions) {
+    let up = timed_transfer(opener, opts, wire::upload).await;
+    report.up_bps = note(report, up, "sending to the peer");
+    let down = timed_transfer(opener, opts, wire::download).await;
+    report.down_bps = note(report, down, "receiving from the peer");
+}
+
+/// One transfer on a new stream, within its sending time and [`DoctorOptions::TRANSFER_GRACE`]: bits
+/// per second.
+async fn timed_transfer<O: Opener>(
+    opener: &O,
+    opts: DoctorOptions,
+    transfer: impl AsyncFnOnce(&mut O::Stream, Duration, u64) -> Result<(u64, Duration), DoctorError>,
+) -> Result<Option<f64>, DoctorError> {
+    let work = async {
+        let mut s = opened(opener).await?;
+        transfer(&mut s, opts.transfer_for, opts.transfer_cap).await
+    };
     let limit = opts.transfer_for + DoctorOptions::TRANSFER_GRACE;
-    let up = async {
-        let mut s = opened(opener).await?;
-        wire::upload(&mut s, opts.transfer_for, opts.transfer_cap).await
-    };
-    match tokio::time::timeout(limit, up).await {
-        Ok(Ok((bytes, took))) => report.up_bps = stats::bits_per_second(bytes, took),
-        Ok(Err(e)) => report
-            .errors
-            .push(format!("sending to the peer failed: {e}")),
-        Err(_) => report.errors.push("sending to the peer timed out".into()),
-    }
-    let down = async {
-        let mut s = opened(opener).await?;
-        wire::download(&mut s, opts.transfer_for, opts.transfer_cap).await
-    };
-    match tokio::time::timeout(limit, down).await {
-        Ok(Ok((bytes, took))) => report.down_bps = stats::bits_per_second(bytes, took),
-        Ok(Err(e)) => report
-            .errors
-            .push(format!("receiving from the peer failed: {e}")),
-        Err(_) => report
-            .errors
-            .push("receiving from the peer timed out".into()),
-    }
+    let (bytes, took) =
+        tokio::time::timeout(limit, work)
+            .await
+            .map_err(|_| DoctorError::Timeout {
+                what: "the transfer",
+            })??;
+    Ok(stats::bits_per_second(bytes, took))
+}
+
+/// The rate, or `None` with the failure noted in the report.
+fn note(report: &mut PeerReport, r: Result<Option<f64>, DoctorError>, what: &str) -> Option<f64> {
+    r.unwrap_or_else(|e| {
+        report.errors.push(format!("{what} failed: {e}"));
+        None
+    })
 }
 
 async fn opened<O: Opener>(opener: &O) -> Result<O::Stream, DoctorError> {

@@ -81,26 +81,8 @@ async fn answer_pings<S: AsyncRead + AsyncWrite + Unpin>(
 async fn answer_upload<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
 ) -> Result<(), DoctorError> {
-    let mut buf = vec![0u8; CHUNK];
-    let (mut total, mut first, mut last) = (0u64, None, None);
-    loop {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        let now = Instant::now();
-        // The first read's bytes arrived before the clock started: they are not timed.
-        if first.is_none() {
-            first = Some(now);
-        } else {
-            total += n as u64;
-        }
-        last = Some(now);
-    }
-    let us = match (first, last) {
-        (Some(f), Some(l)) => l.duration_since(f).as_micros() as u64,
-        _ => 0,
-    };
+    let (total, span) = read_timed(stream).await?;
+    let us = span.as_micros() as u64;
     let mut reply = [0u8; 16];
     reply[..8].copy_from_slice(&total.to_le_bytes());
     reply[8..].copy_from_slice(&us.to_le_bytes());
@@ -237,6 +219,12 @@ pub async fn download<S: AsyncRead + AsyncWrite + Unpin>(
     ask[5..].copy_from_slice(&cap.to_le_bytes());
     stream.write_all(&ask).await?;
     stream.flush().await?;
+    read_timed(stream).await
+}
+
+/// Reads until the other side closes: the bytes after the first read (which arrived before the clock
+/// started, so are not timed) and the time from the first read to the last.
+async fn read_timed<S: AsyncRead + Unpin>(stream: &mut S) -> Result<(u64, Duration), DoctorError> {
     let mut buf = vec![0u8; CHUNK];
     let (mut total, mut first, mut last) = (0u64, None, None);
     loop {

@@ -31,6 +31,15 @@ fn problem(severity: Severity, what: String, hint: &str) -> Problem {
     }
 }
 
+/// An error when `severe`, else a warning.
+fn error_if(severe: bool) -> Severity {
+    if severe {
+        Severity::Error
+    } else {
+        Severity::Warning
+    }
+}
+
 /// Why the running node's part is missing.
 #[derive(Debug, Clone, PartialEq)]
 pub enum NodeFailure {
@@ -115,13 +124,8 @@ fn peer_problems(p: &PeerReport, out: &mut Vec<Problem>) {
         return;
     }
     if p.loss > 0.0 {
-        let severity = if p.loss >= LOSSY {
-            Severity::Error
-        } else {
-            Severity::Warning
-        };
         out.push(problem(
-            severity,
+            error_if(p.loss >= LOSSY),
             format!(
                 "{:.0}% of pings to {who} went unanswered within a second",
                 p.loss * 100.0
@@ -152,13 +156,8 @@ fn peer_problems(p: &PeerReport, out: &mut Vec<Problem>) {
         }
     }
     if let Some(skew) = p.clock_offset_ms.filter(|s| s.abs() > SKEW_WARN_MS) {
-        let severity = if skew.abs() > SKEW_ERROR_MS {
-            Severity::Error
-        } else {
-            Severity::Warning
-        };
         out.push(problem(
-            severity,
+            error_if(skew.abs() > SKEW_ERROR_MS),
             format!(
                 "{who}'s clock is {:.1} s {} this one's",
                 skew.abs() / 1e3,
@@ -191,11 +190,7 @@ fn local_problems(local: &LocalReport, out: &mut Vec<Problem>) {
     }
     if let Some(p) = local.memory_pressure.filter(|p| *p > 0.1) {
         out.push(problem(
-            if p > 0.5 {
-                Severity::Error
-            } else {
-                Severity::Warning
-            },
+            error_if(p > 0.5),
             format!(
                 "tasks waited for memory {:.0}% of the last 10 s (memory pressure)",
                 p * 100.0
