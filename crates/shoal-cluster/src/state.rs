@@ -248,16 +248,20 @@ impl ClusterState {
             }
             return false;
         }
-        if !self.is_coordinator() || table.version <= self.table.version {
+        if !self.is_coordinator() || table.version < self.table.version {
             return false;
         }
-        for inst in table.instances {
-            if !self.table.instances.iter().any(|i| i.id == inst.id) {
-                self.table.instances.push(inst);
-            }
+        // A member's table as new as ours (or newer) holds instances we may not know: a node that was
+        // its own coordinator before it joined, or ours before a coordinator change. They are kept with
+        // what the table says about them (movable, moving, draining); a table of an older version is
+        // stale (an instance removed since would come back).
+        let version = table.version;
+        let added = self.merge_instances(table);
+        if added || version > self.table.version {
+            self.table.version = version.max(self.table.version) + 1;
+            return true;
         }
-        self.table.version = table.version.max(self.table.version) + 1;
-        true
+        false
     }
 
     /// The planner's view of the members (those that have `model`, or all of them with `all`), with the

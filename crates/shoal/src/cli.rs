@@ -234,6 +234,11 @@ pub struct ServeArgs {
     /// Read API keys from this file, one per line (lines starting with # are ignored).
     #[arg(long)]
     pub api_key_file: Option<PathBuf>,
+    /// Publish the compute figures in this JSON file (the shape of `/state`'s `nodes[].compute`)
+    /// instead of measuring them at start: figures measured once on a quiet machine, or a node
+    /// declared slower than it is.
+    #[arg(long, value_name = "FILE")]
+    pub compute: Option<PathBuf>,
     #[command(flatten)]
     pub cluster: ClusterArgs,
 }

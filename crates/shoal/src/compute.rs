@@ -10,11 +10,14 @@
 //! reading what the first wrote (several probes at once would measure a shared CPU). Nothing here
 //! fails a start: without a home, a writable cache or a working probe the node publishes what it has
 //! (unmeasured facts make the cluster fall back to its core-count estimate), and says so in the log.
+//! `serve --compute FILE` skips the probe and publishes the figures in FILE ([`from_file`]).
 
 use std::fs::File;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 use std::time::UNIX_EPOCH;
 
 use shoal_cluster::facts::{ComputeFacts, cpu_model};
@@ -26,6 +29,25 @@ pub fn measure_or_load(threads: usize) -> ComputeFacts {
     let threads = threads.max(1);
     let key = cache_key(threads);
     cached(cache_dir(), &key, || measure(threads, key.clone()))
+}
+
+/// Figures given by the user (`serve --compute FILE`), in the shape `/state` shows them.
+pub fn from_file(file: &Path) -> anyhow::Result<ComputeFacts> {
+    let bytes = std::fs::read(file)
+        .with_context(|| format!("cannot read the compute figures in {}", file.display()))?;
+    let facts: ComputeFacts = serde_json::from_slice(&bytes).with_context(|| {
+        format!(
+            "{} does not hold compute figures (JSON like /state's nodes[].compute)",
+            file.display()
+        )
+    })?;
+    anyhow::ensure!(
+        facts.is_measured(),
+        "{} gives no usable decode rate (weight_bytes_per_s is empty or not positive)",
+        file.display()
+    );
+    tracing::info!(file = %file.display(), "compute figures given, not measured");
+    Ok(facts)
 }
 
 /// The facts cached in `dir` under `key`, else `measure()`'s (written there when measured).
@@ -211,5 +233,25 @@ mod tests {
             "{key}"
         );
         assert_ne!(key, cache_key(2));
+    }
+
+    /// Given figures are read back as written; a file without a usable rate, or not JSON, is a
+    /// sentence naming the file.
+    #[test]
+    fn given_figures_are_used_and_bad_ones_refused() {
+        let dir = std::env::temp_dir().join(format!("shoal-compute-given-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.json");
+        std::fs::write(&good, serde_json::to_vec(&facts("given", 5e9)).unwrap()).unwrap();
+        assert_eq!(from_file(&good).unwrap(), facts("given", 5e9));
+        let empty = dir.join("empty.json");
+        std::fs::write(&empty, serde_json::to_vec(&facts("given", 0.0)).unwrap()).unwrap();
+        let err = from_file(&empty).unwrap_err().to_string();
+        assert!(err.contains("no usable decode rate"), "{err}");
+        let junk = dir.join("junk.json");
+        std::fs::write(&junk, b"not json").unwrap();
+        let err = from_file(&junk).unwrap_err().to_string();
+        assert!(err.contains("does not hold compute figures"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -72,7 +72,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let engine_config = args.engine.config()?;
     // Before the model loads and the cluster starts: a quiet machine measures what it is worth.
-    let compute = crate::compute::measure_or_load(engine_config.threads);
+    let compute = match &args.compute {
+        Some(file) => crate::compute::from_file(file)?,
+        None => crate::compute::measure_or_load(engine_config.threads),
+    };
     let api_keys = shoal_api::auth::ApiKeys::new(args.api_keys()?);
     let cargs = args.cluster.clone();
     let listen = shoal_cluster::parse_peer(&cargs.cluster_listen)?;

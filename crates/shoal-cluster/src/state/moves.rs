@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use super::{ClusterState, InstanceState};
-use crate::proto::{InstanceRecord, Move, PlaceRequest};
+use crate::proto::{InstanceRecord, InstanceTable, Move, PlaceRequest};
 
 /// A move is made only when the new placement is predicted at least this much faster (fraction of the
 /// time per token, for the instance's goal: one stream's, or the aggregate's): measurements wobble, and
@@ -38,6 +38,36 @@ impl ClusterState {
         if !self.table.movable.iter().any(|m| m == id) {
             self.table.movable.push(id.to_string());
         }
+    }
+
+    /// Takes the instances of a member's `table` that ours lacks, with what that table says about them
+    /// (movable, a move they are part of, draining). True when any was added.
+    pub(crate) fn merge_instances(&mut self, table: InstanceTable) -> bool {
+        let known = |t: &InstanceTable, id: &str| t.instances.iter().any(|i| i.id == id);
+        let new: Vec<InstanceRecord> = table
+            .instances
+            .into_iter()
+            .filter(|i| !known(&self.table, &i.id))
+            .collect();
+        if new.is_empty() {
+            return false;
+        }
+        let is_new = |id: &str| new.iter().any(|i| i.id == id);
+        for id in table.movable.iter().filter(|id| is_new(id)) {
+            self.mark_movable(id);
+        }
+        for id in table.draining.iter().filter(|id| is_new(id)) {
+            if !self.is_draining(id) {
+                self.table.draining.push(id.clone());
+            }
+        }
+        for m in table.moves {
+            if (is_new(&m.old) || is_new(&m.new)) && !self.table.moves.contains(&m) {
+                self.table.moves.push(m);
+            }
+        }
+        self.table.instances.extend(new);
+        true
     }
 
     /// Whether instance `id` is draining (taking no new requests).

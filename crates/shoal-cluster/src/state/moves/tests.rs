@@ -221,3 +221,53 @@ fn pinned_instances_and_small_gains_never_move() {
         "ethernet hops cost less than the margin"
     );
 }
+
+/// The coordinator may be the node that joins (a member placed the instance before it knew it): the
+/// member's table, of a version as new as the coordinator's, brings the instance in still movable, so a
+/// better placement moves it.
+#[test]
+fn an_instance_placed_before_the_coordinator_joined_stays_movable() {
+    // `b` alone places the model on itself (it is its own coordinator), automatically.
+    let mut member = {
+        let mut f = facts("b", 1);
+        f.links = vec![link("a")];
+        ClusterState::new(f)
+    };
+    member.place(&auto(), "old".into()).unwrap();
+    report(&mut member, "b", "old", InstanceStatus::Ready);
+    assert_eq!(member.table().movable, ["old"]);
+    let theirs = member.table().clone();
+
+    // `a` (four times faster, and the coordinator once they meet: the smaller id) placed a pinned
+    // instance of its own: a table of the same version that lacks `old`.
+    let mut coord = ClusterState::new({
+        let mut f = facts("a", 1);
+        f.speed *= 4.0;
+        f.links = vec![link("b")];
+        f
+    });
+    let pinned = PlaceRequest {
+        nodes: Some(vec!["a".into()]),
+        layers: Some(vec![30]),
+        ..auto()
+    };
+    coord.place(&pinned, "pinned".into()).unwrap();
+    assert_eq!(coord.table().version, theirs.version);
+    coord.peer_connected("b");
+    coord.on_facts(member.me().clone());
+    assert!(coord.is_coordinator());
+    assert!(coord.on_table("b", theirs.clone()));
+    assert_eq!(ids(&coord), ["pinned", "old"]);
+    assert_eq!(coord.table().movable, ["old"]);
+    assert!(coord.table().version > theirs.version);
+    assert!(!coord.on_table("b", theirs), "nothing new: no new version");
+
+    assert!(coord.plan_moves(|| "new".into()));
+    let new = coord
+        .table()
+        .instances
+        .iter()
+        .find(|i| i.id == "new")
+        .unwrap();
+    assert_eq!(new.stages[0].node, "a");
+}
