@@ -46,7 +46,8 @@ def test_loopback_peers_are_measured_and_a_killed_one_is_unreachable():
         status, report = doctor(a.url, "--pings", "20", "--transfer-ms", "500")
         p = peer_of(report, b)
         assert p["reachable"] and p["pings_answered"] == 20 and p["loss"] == 0, p
-        assert p["link_kind"] == "loopback"
+        assert p["link_kind"] == "loopback" and p["name"], p
+        name = p["name"]
         assert 0 < p["rtt_p50_ms"] <= p["rtt_p99_ms"] < 1000, p
         assert p["up_bps"] > 1e6 and p["down_bps"] > 1e6, p
         # The route's MTU, as IPv4 can carry it (lo's 65536 reads as 65535).
@@ -64,6 +65,7 @@ def test_loopback_peers_are_measured_and_a_killed_one_is_unreachable():
         status, report = doctor(a.url, "--pings", "5", "--transfer-ms", "200")
         p = peer_of(report, b)
         assert not p["reachable"], p
+        assert p["name"] == name, "a lost peer keeps its name"
         assert p["errors"][0].startswith("no connection: lost "), p
         assert status == 1 and not report["ok"]
         unreachable = [x for x in report["problems"] if x["what"].startswith("peer ") and "is unreachable" in x["what"]]

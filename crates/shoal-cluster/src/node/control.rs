@@ -121,6 +121,7 @@ impl NetTask {
         if self.is_removed(&peer) {
             return;
         }
+        self.peers.set_name(peer, &facts.name);
         for a in &facts.addrs {
             if let Ok(m) = a.parse::<Multiaddr>()
                 && !is_unspecified(&m)

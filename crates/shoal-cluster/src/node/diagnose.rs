@@ -65,7 +65,7 @@ impl NetTask {
                     }
                 });
                 let target = PeerTarget {
-                    name: name_of(&id),
+                    name: name_of(&id).or(v.name),
                     id,
                     kind: v.kind,
                     addr: v.preferred.map(|(_, addr)| addr),

@@ -47,6 +47,8 @@ pub(super) struct Peer {
     /// Bytes per second measured by the last bandwidth probe.
     bandwidth: Option<f64>,
     traffic: TrafficSample,
+    /// Its host name from its last facts (kept while it is lost, for `shoal doctor`).
+    name: Option<String>,
 }
 
 /// One peer as `shoal doctor` sees it ([`Peers::doctor_view`]).
@@ -57,6 +59,8 @@ pub(super) struct DoctorView {
     pub preferred: Option<(ConnectionId, IpAddr)>,
     pub lost_since: Option<Instant>,
     pub addrs: Vec<Multiaddr>,
+    /// Its host name, when its facts ever arrived.
+    pub name: Option<String>,
 }
 
 /// Every peer this node has heard of, by id.
@@ -190,6 +194,14 @@ impl Peers {
         )
     }
 
+    /// Remembers `peer`'s host name (from its facts).
+    pub fn set_name(&mut self, peer: PeerId, name: &str) {
+        let p = self.entry(peer);
+        if p.name.as_deref() != Some(name) {
+            p.name = Some(name.to_string());
+        }
+    }
+
     /// Adds an address to dial `peer` at, if new.
     pub fn learn_addr(&mut self, peer: PeerId, addr: Multiaddr) {
         let known = &mut self.entry(peer).addrs;
@@ -290,6 +302,7 @@ impl Peers {
                         .map(|(c, path)| (c, path.addr)),
                     lost_since: p.lost_since,
                     addrs: p.addrs.clone(),
+                    name: p.name.clone(),
                 };
                 (*id, view)
             })
@@ -410,5 +423,39 @@ mod tests {
         let link = &facts(&peers)[0];
         assert_eq!((link.tx_bytes, link.rx_bytes), (300, 60));
         assert_eq!((link.tx_bytes_per_s, link.rx_bytes_per_s), (100.0, 5.0));
+    }
+
+    #[test]
+    fn the_doctor_sees_connected_and_lost_peers_with_their_names() {
+        let mut peers = Peers::default();
+        let (a, gone, forgotten) = (PeerId::random(), PeerId::random(), PeerId::random());
+        let now = Instant::now();
+        peers.connected(a, c(1), LO, LinkKind::Ethernet, now);
+        peers.set_name(a, "desk");
+        peers.connected(gone, c(2), LO, LinkKind::Wifi, now);
+        peers.set_name(gone, "laptop");
+        peers.learn_addr(gone, addr(7));
+        peers.disconnected(&gone);
+        peers.lost(gone, now);
+        peers.learn_addr(forgotten, addr(8)); // never connected, not redialed: not shown
+        let mut view = peers.doctor_view();
+        view.sort_by_key(|(id, _)| *id != a);
+        assert_eq!(view.len(), 2);
+        let (id, v) = &view[0];
+        assert_eq!(*id, a);
+        assert_eq!(v.preferred, Some((c(1), LO)));
+        assert_eq!(
+            (v.kind, v.name.as_deref()),
+            (Some(LinkKind::Ethernet), Some("desk"))
+        );
+        let (id, v) = &view[1];
+        assert_eq!(*id, gone);
+        assert_eq!((v.preferred, v.kind), (None, None));
+        assert_eq!(
+            v.name.as_deref(),
+            Some("laptop"),
+            "the name outlives the connection"
+        );
+        assert_eq!((v.lost_since, v.addrs.clone()), (Some(now), vec![addr(7)]));
     }
 }
