@@ -301,12 +301,18 @@ impl EngineHandle {
             warm_up,
             span: tracing::Span::current(),
         };
-        match self.inner.queue.try_send(admission) {
+        // Counted before it is sent: the engine thread may take it (and count it out) at once, and a
+        // count taken out before it went in would wrap the gauge for whoever reads it meanwhile.
+        self.inner.counters.queued();
+        let sent = self.inner.queue.try_send(admission);
+        if sent.is_err() {
+            self.inner.counters.dequeued(1);
+        }
+        match sent {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => return Err(EngineError::Overloaded),
             Err(TrySendError::Disconnected(_)) => return Err(EngineError::Stopped),
         }
-        self.inner.counters.queued();
         if let Ok(mut map) = self.inner.cancels.lock() {
             if map.len() >= CANCEL_PRUNE_AT {
                 map.retain(|_, w| w.iter().any(|w| w.strong_count() > 0));

@@ -45,7 +45,7 @@ fn engines(state: &ApiState) {
         let s = engine.stats();
         let model = m.id.clone();
         gauge!("shoal_engine_queue_depth", "model" => model.clone())
-            .set((s.active_sequences + s.waiting) as f64);
+            .set(s.active_sequences.saturating_add(s.waiting) as f64);
         gauge!("shoal_sequences_running", "model" => model.clone()).set(s.active_sequences as f64);
         gauge!("shoal_sequences_waiting", "model" => model.clone()).set(s.waiting as f64);
         gauge!("shoal_engine_kv_tokens", "model" => model).set(s.kv_tokens as f64);
