@@ -16,7 +16,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from conftest import MODEL_ID, ShoalNode
-from test_cluster import place, wait_members
+from test_cluster import http, place, wait_members
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -71,6 +71,12 @@ def until(driver, what: str, check, timeout: float = WAIT_S):
     return WebDriverWait(driver, timeout, poll_frequency=0.05).until(safe, message=f"waiting for {what}")
 
 
+def read(driver, what: str, get):
+    """`get(driver)` read in one go (the page redraws what the feed shows whenever it changes, so an element
+    found earlier may be gone; a read that meets a redrawn element is tried again)."""
+    return until(driver, what, lambda d: (get(d),))[0]
+
+
 def node_cards(driver) -> set:
     return {e.get_attribute("data-node") for e in driver.find_elements(By.CSS_SELECTOR, ".node-card")}
 
@@ -91,17 +97,20 @@ def test_the_page_lists_both_nodes_and_the_link_between_them(browser, two_nodes)
     a, b = two_nodes
     open_page(browser, a)
     until(browser, "both nodes' cards", lambda d: node_cards(d) == {a.id, b.id})
-    this = browser.find_element(By.CSS_SELECTOR, f'.node-card[data-node="{a.id}"]')
-    assert "this node" in this.text and "cores" in this.text and "memory" in this.text
-    link = until(browser, "the link", lambda d: d.find_elements(By.CSS_SELECTOR, "#topology line.link"))
-    assert {link[0].get_attribute("data-a"), link[0].get_attribute("data-b")} == {a.id, b.id}
+    this = read(browser, "this node's card",
+                lambda d: d.find_element(By.CSS_SELECTOR, f'.node-card[data-node="{a.id}"]').text)
+    assert "this node" in this and "cores" in this and "memory" in this
+    ends = until(browser, "the link", lambda d: [(e.get_attribute("data-a"), e.get_attribute("data-b"))
+                                                for e in d.find_elements(By.CSS_SELECTOR, "#topology line.link")])
+    assert len(ends) == 1 and set(ends[0]) == {a.id, b.id}, ends
     label = until(
         browser, "the link's measurements",
         lambda d: (t := d.find_element(By.CSS_SELECTOR, "#topology .link-label").text) and "rtt" in t and t,
     )
     assert "loopback" in label
-    nodes = browser.find_elements(By.CSS_SELECTOR, "#topology g.node")
-    assert {n.get_attribute("data-node") for n in nodes} == {a.id, b.id}
+    nodes = read(browser, "the graph's nodes", lambda d: {
+        n.get_attribute("data-node") for n in d.find_elements(By.CSS_SELECTOR, "#topology g.node")})
+    assert nodes == {a.id, b.id}
     shot(browser, "dashboard-cluster.png")
 
 
@@ -121,7 +130,8 @@ def test_placing_from_the_page_shows_the_instance_loading_then_ready(browser, tw
     card = f'.instance[data-model="{MODEL_ID}"]'
     until(browser, "the instance ready", lambda d: any(
         e.get_attribute("data-status") == "ready" for e in d.find_elements(By.CSS_SELECTOR, card)))
-    history = browser.find_element(By.CSS_SELECTOR, card).get_attribute("data-history").split()
+    history = read(browser, "the instance's history",
+                   lambda d: d.find_element(By.CSS_SELECTOR, card).get_attribute("data-history").split())
     assert history[-1] == "ready" and "loading" in history, history
     shot(browser, "dashboard-instance.png")
 
@@ -154,6 +164,28 @@ def test_a_chat_streams_into_the_page(browser, two_nodes):
           lambda d: any("tok/s" in e.text for e in d.find_elements(By.CSS_SELECTOR, ".node-card .tok-s")))
     shot(browser, "dashboard-chat.png")
 
+    # A long prompt: the progress bar counts its prefill chunks (through both stages) before the answer.
+    long = "Here are some numbers: " + ", ".join(str(i) for i in range(400)) + ". Which came last?"
+    browser.execute_script("document.getElementById('chat-input').value = arguments[0];", long)
+    browser.find_element(By.ID, "chat-send").click()
+    text = until(browser, "the prefill progress bar with an ETA",
+                 lambda d: d.find_element(By.ID, "prefill").is_displayed()
+                 and "ETA" in (t := d.find_element(By.ID, "prefill-text").text) and t)
+    done, total = (int(x) for x in text.split(" tokens")[0].removeprefix("prompt ").split(" / "))
+    assert 0 < done < total and total > 1500, text
+    shot(browser, "dashboard-prefill.png")
+    # Its answer starts (the bar goes), and Stop ends it: the page closes the stream, the server cancels.
+    until(browser, "the long prompt's answer",
+          lambda d: len(d.find_elements(By.CSS_SELECTOR, ".msg.assistant")) == 2
+          and d.find_elements(By.CSS_SELECTOR, ".msg.assistant")[1].text.strip(), timeout=180)
+    assert not browser.find_element(By.ID, "prefill").is_displayed()
+    browser.find_element(By.ID, "chat-stop").click()
+    until(browser, "the stop", lambda d: d.find_element(By.ID, "chat-send").is_enabled())
+    stopped = browser.find_elements(By.CSS_SELECTOR, ".msg.assistant")[1]
+    assert "(stopped)" in stopped.text and "error" not in stopped.get_attribute("class"), stopped.text
+    until(browser, "the driver's engine to free the stopped request", lambda d: http("GET", f"{a.url}/state")[1]
+          ["engines"][MODEL_ID]["active_sequences"] == 0)
+
 
 def test_a_killed_node_leaves_the_page(browser, two_nodes):
     a, b = two_nodes
@@ -161,5 +193,5 @@ def test_a_killed_node_leaves_the_page(browser, two_nodes):
     until(browser, "both nodes", lambda d: node_cards(d) == {a.id, b.id})
     b.kill()
     until(browser, "the killed node to leave", lambda d: node_cards(d) == {a.id})
-    assert not browser.find_elements(By.CSS_SELECTOR, "#topology line.link")
+    assert not read(browser, "the links", lambda d: d.find_elements(By.CSS_SELECTOR, "#topology line.link"))
     assert browser.find_element(By.ID, "live").text == "live", "the page stays connected to the node left"

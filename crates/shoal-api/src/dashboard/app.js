@@ -169,13 +169,13 @@ function render() {
 
 function renderTopology(s) {
   const g = $('#topology');
-  const W = 800, H = 300, cx = W / 2, cy = H / 2;
+  const W = 800, H = 240, cx = W / 2, cy = H / 2;
   const n = s.nodes.length;
-  const r = n <= 1 ? 0 : Math.min(300, 220 + 20 * n);
+  const r = n <= 1 ? 0 : Math.min(330, 220 + 20 * n);
   const pos = {};
   s.nodes.forEach((node, i) => {
     const a = -Math.PI / 2 + (2 * Math.PI * i) / Math.max(n, 1) + (n === 2 ? Math.PI / 2 : 0);
-    pos[node.id] = [cx + r * Math.cos(a), cy + (r * 0.55) * Math.sin(a)];
+    pos[node.id] = [cx + r * Math.cos(a), cy + (r * 0.3) * Math.sin(a)];
   });
   const parts = [];
   for (const l of s.links) {
@@ -387,6 +387,9 @@ async function place(button, model, p) {
 
 // ---------- chat ----------
 let history = [];
+let stopChat = null;
+
+$('#chat-stop').addEventListener('click', () => { if (stopChat) stopChat.abort(); });
 
 $('#chat-clear').addEventListener('click', () => { history = []; replace($('#chat-log')); $('#chat-stats').textContent = ''; });
 
@@ -406,14 +409,24 @@ $('#chat-form').addEventListener('submit', async (ev) => {
   const answer = el('div', { class: 'msg assistant' });
   log.append(answer);
   history.push({ role: 'user', content: text });
+  stopChat = new AbortController();
+  $('#chat-stop').hidden = false;
   try {
-    const reply = await chat(model, answer);
+    const reply = await chat(model, answer, stopChat.signal);
     history.push({ role: 'assistant', content: reply });
   } catch (e) {
-    answer.classList.add('error');
-    answer.textContent = e.message;
-    history.pop();
+    if (e.name === 'AbortError') {
+      // Stopped by the user: the server cancels the request when the connection closes.
+      answer.append(el('span', { class: 'muted' }, ' (stopped)'));
+      history.push({ role: 'assistant', content: answer.firstChild ? answer.firstChild.textContent : '' });
+    } else {
+      answer.classList.add('error');
+      answer.textContent = e.message;
+      history.pop();
+    }
   } finally {
+    stopChat = null;
+    $('#chat-stop').hidden = true;
     $('#chat-send').disabled = false;
     $('#prefill').hidden = true;
   }
@@ -421,7 +434,7 @@ $('#chat-form').addEventListener('submit', async (ev) => {
 
 // Streams one answer into `answer`: a prefill bar with ETA while the prompt is processed (the server's
 // `: prefill {"done":…,"total":…}` comments), then tokens per second while it decodes.
-async function chat(model, answer) {
+async function chat(model, answer, signal) {
   const started = performance.now();
   const body = {
     model, messages: history, stream: true,
@@ -430,7 +443,7 @@ async function chat(model, answer) {
   let r;
   for (;;) {
     r = await fetch('/v1/chat/completions', {
-      method: 'POST', headers: headers({ 'content-type': 'application/json' }), body: JSON.stringify(body),
+      method: 'POST', headers: headers({ 'content-type': 'application/json' }), body: JSON.stringify(body), signal,
     });
     if (r.status !== 401) break;
     await askKey(apiKey ? 'That key was refused.' : '');
