@@ -195,3 +195,24 @@ def test_a_killed_node_leaves_the_page(browser, two_nodes):
     until(browser, "the killed node to leave", lambda d: node_cards(d) == {a.id})
     assert not read(browser, "the links", lambda d: d.find_elements(By.CSS_SELECTOR, "#topology line.link"))
     assert browser.find_element(By.ID, "live").text == "live", "the page stays connected to the node left"
+
+
+def test_with_api_keys_the_page_asks_for_one(browser):
+    node = ShoalNode("--no-auto-instance", "--api-key", "dashboard-key", key="dashboard-keys")
+    try:
+        browser.get(f"{node.url}/")
+        until(browser, "the key prompt", lambda d: d.find_element(By.ID, "key-dialog").is_displayed())
+        assert not node_cards(browser), "nothing shows without a key"
+        box = browser.find_element(By.ID, "key-input")
+        box.send_keys("wrong")
+        browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
+        until(browser, "the wrong key refused",
+              lambda d: d.find_element(By.ID, "key-dialog").is_displayed()
+              and "refused" in d.find_element(By.ID, "key-error").text)
+        box.clear()
+        box.send_keys("dashboard-key")
+        browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
+        until(browser, "the node's card", lambda d: node_cards(d) == {node.id})
+        assert browser.execute_script("return sessionStorage.getItem('shoal-api-key')") == "dashboard-key"
+    finally:
+        node.kill()
