@@ -13,7 +13,8 @@
 //! thread ([`engine::spawn`]). The engine thread owns the stages and all KV caches; every step it
 //! admits waiting requests within the KV budget, decodes one token for each running sequence
 //! (batched) and prefills waiting prompts in chunks, samples, detokenizes (stop sequences, UTF-8
-//! boundaries) and sends [`Event`]s back; [`EngineStats`] counts what happened.
+//! boundaries) and sends [`Event`]s back; [`EngineStats`] counts what happened. Beside the events, each
+//! landed prompt chunk updates the request's [`Prefill`] progress ([`RequestStream::prefill`]).
 //!
 //! [`Engines::embed`] ([`embed`]) runs each input of an [`EmbedRequest`] as a prompt-only sequence whose
 //! chunks ask the last stage for pooled final hidden states instead of logits, and answers one
