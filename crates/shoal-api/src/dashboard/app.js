@@ -386,12 +386,12 @@ async function place(button, model, p) {
 }
 
 // ---------- chat ----------
-let history = [];
+let conversation = [];
 let stopChat = null;
 
 $('#chat-stop').addEventListener('click', () => { if (stopChat) stopChat.abort(); });
 
-$('#chat-clear').addEventListener('click', () => { history = []; replace($('#chat-log')); $('#chat-stats').textContent = ''; });
+$('#chat-clear').addEventListener('click', () => { conversation = []; replace($('#chat-log')); $('#chat-stats').textContent = ''; });
 
 $('#chat-input').addEventListener('keydown', (ev) => {
   if (ev.key === 'Enter' && !ev.shiftKey) { ev.preventDefault(); $('#chat-form').requestSubmit(); }
@@ -408,21 +408,21 @@ $('#chat-form').addEventListener('submit', async (ev) => {
   log.append(el('div', { class: 'msg user' }, text));
   const answer = el('div', { class: 'msg assistant' });
   log.append(answer);
-  history.push({ role: 'user', content: text });
+  conversation.push({ role: 'user', content: text });
   stopChat = new AbortController();
   $('#chat-stop').hidden = false;
   try {
     const reply = await chat(model, answer, stopChat.signal);
-    history.push({ role: 'assistant', content: reply });
+    conversation.push({ role: 'assistant', content: reply });
   } catch (e) {
     if (e.name === 'AbortError') {
       // Stopped by the user: the server cancels the request when the connection closes.
       answer.append(el('span', { class: 'muted' }, ' (stopped)'));
-      history.push({ role: 'assistant', content: answer.firstChild ? answer.firstChild.textContent : '' });
+      conversation.push({ role: 'assistant', content: answer.firstChild ? answer.firstChild.textContent : '' });
     } else {
       answer.classList.add('error');
       answer.textContent = e.message;
-      history.pop();
+      conversation.pop();
     }
   } finally {
     stopChat = null;
@@ -437,7 +437,7 @@ $('#chat-form').addEventListener('submit', async (ev) => {
 async function chat(model, answer, signal) {
   const started = performance.now();
   const body = {
-    model, messages: history, stream: true,
+    model, messages: conversation, stream: true,
     stream_options: { include_usage: true, include_progress: true },
   };
   let r;
