@@ -38,6 +38,12 @@ impl ClusterState {
         })?;
         let constraints = constraints(req, &card)?;
         let everyone = self.topology(&req.model, true).0;
+        // A node runs one engine per model: one that already drives an instance of this model would
+        // add nothing as another replica's driver, and sharing its stages is not disjoint either.
+        let (holders, everyone) = (
+            self.without_drivers_of(holders, &req.model),
+            self.without_drivers_of(everyone, &req.model),
+        );
         let mut tries = vec![holders];
         if everyone.nodes.len() > tries[0].nodes.len() {
             tries.push(everyone);
@@ -88,6 +94,21 @@ impl ClusterState {
         self.table.instances.extend(records.iter().cloned());
         self.table.version += 1;
         Ok(records)
+    }
+}
+
+impl ClusterState {
+    /// `topology` without the nodes that drive an instance of `model` already.
+    fn without_drivers_of(&self, mut topology: Topology, model: &str) -> Topology {
+        let drives = |node: &str| {
+            self.table
+                .instances
+                .iter()
+                .filter(|i| i.model == model)
+                .any(|i| i.stages.first().is_some_and(|s| s.node == node))
+        };
+        topology.nodes.retain(|n| !drives(&n.id));
+        topology
     }
 }
 
@@ -163,6 +184,30 @@ mod tests {
         assert_eq!(s.table().version, version + 1, "one change of the table");
         let ids: Vec<&str> = s.table().instances.iter().map(|i| i.id.as_str()).collect();
         assert_eq!(ids, ["r1", "r2", "r3"]);
+    }
+
+    #[test]
+    fn replicas_avoid_nodes_that_already_drive_the_model() {
+        let mut s = cluster("a", &["b", "c"]);
+        let first = s
+            .place(
+                &PlaceRequest {
+                    model: "m".into(),
+                    ..PlaceRequest::default()
+                },
+                "first".into(),
+            )
+            .unwrap();
+        let driver = first.stages[0].node.clone();
+        let placed = s.place_replicas(&replicas(2), || "r".into()).unwrap();
+        for r in &placed {
+            assert!(r.stages.iter().all(|st| st.node != driver), "{r:?}");
+        }
+        let err = s.replica_previews(&replicas(3)).unwrap_err();
+        assert!(
+            matches!(err, PlaceError::TooFewReplicas { fit: 0, .. }),
+            "every node drives one now: {err:?}"
+        );
     }
 
     #[test]
