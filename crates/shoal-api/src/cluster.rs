@@ -161,12 +161,6 @@ pub async fn delete(
     }
 }
 
-/// The one field of a generation request the middleware reads (serde skips the others).
-#[derive(Deserialize)]
-struct ModelOf {
-    model: String,
-}
-
 /// Header `relay` sets on a request it sends on: the receiving node serves it with its own engine or
 /// fails (503), never forwards it again.
 pub const FORWARDED_HEADER: &str = "x-shoal-forwarded";
@@ -185,14 +179,10 @@ pub async fn forward_to_driver(
         return next.run(req).await;
     };
     let forwarded = req.headers().contains_key(FORWARDED_HEADER);
-    let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, state.body_limit).await {
-        Ok(b) => b,
-        Err(_) => return error_response(parts.uri.path(), ApiError::PayloadTooLarge),
+    let (parts, bytes, model) = match crate::body::read_with_model(req, state.body_limit).await {
+        Ok(read) => read,
+        Err(response) => return response,
     };
-    let model = serde_json::from_slice::<ModelOf>(&bytes)
-        .ok()
-        .map(|m| m.model);
     let here = |parts, bytes| {
         next.clone()
             .run(axum::extract::Request::from_parts(parts, Body::from(bytes)))

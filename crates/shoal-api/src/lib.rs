@@ -37,6 +37,7 @@
 pub mod anthropic;
 pub mod auth;
 pub mod balance;
+mod body;
 pub mod cancel;
 pub mod cluster;
 pub mod dashboard;

@@ -28,7 +28,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::dialect::error_response;
 use crate::{ApiError, ApiState};
 
 /// Bucket bounds (seconds) of every latency histogram: 1 ms (one token of a small model) to 2 min (a
@@ -119,12 +118,6 @@ pub fn api_of(path: &str) -> &'static str {
     }
 }
 
-/// The one field of a generation request's body the labels need.
-#[derive(serde::Deserialize)]
-struct ModelOf {
-    model: String,
-}
-
 /// Middleware on every route: counts each request by API, route template (never the raw path: an id
 /// in a path must not make a series), method, model and status, and times it to its response headers
 /// (a stream's first byte). The model is read from a `POST` body's `model` field and kept only when this
@@ -140,14 +133,12 @@ pub async fn track(State(state): State<ApiState>, req: Request, next: Next) -> R
     let api = api_of(req.uri().path());
     let method = req.method().clone();
     let (req, model) = if method == Method::POST && api != "other" {
-        let (parts, body) = req.into_parts();
-        let bytes = match axum::body::to_bytes(body, state.body_limit).await {
-            Ok(b) => b,
-            Err(_) => return error_response(parts.uri.path(), ApiError::PayloadTooLarge),
+        let (parts, bytes, model) = match crate::body::read_with_model(req, state.body_limit).await
+        {
+            Ok(read) => read,
+            Err(response) => return response,
         };
-        let model = serde_json::from_slice::<ModelOf>(&bytes)
-            .ok()
-            .map(|m| known_model(&state, m.model));
+        let model = model.map(|m| known_model(&state, m));
         (
             Request::from_parts(parts, axum::body::Body::from(bytes)),
             model,
