@@ -179,10 +179,6 @@ def test_the_hop_takes_the_better_path_and_moves_when_it_is_cut_or_limited(lab):
                 untbf(n, "eth0")
 
         through(degrade, lift, f"{SLOW}11", f"{FAST}11")
-    except BaseException:
-        for n in nodes:
-            print(f"--- {n.id} stderr:\n{n.stderr_tail()}")
-        raise
     finally:
         for n in nodes:
             n.kill()
