@@ -42,5 +42,5 @@ pub use decoder::{DecoderStage, Pool, SeqChunk, StageInput, StageOutput};
 pub use error::ModelError;
 pub use footprint::Footprint;
 pub use gguf::{stage_byte_ranges, stage_byte_ranges_at};
-pub use kv::KvCache;
+pub use kv::{KvBuffers, KvCache, KvSource};
 pub use matrix::HostMatrix;
