@@ -152,6 +152,11 @@ pub struct InstanceTable {
     /// Instances that take no new requests: those in flight finish, then the instance leaves the table.
     #[serde(default)]
     pub draining: Vec<String>,
+    /// Ids of the instances coordinators removed, oldest first (the last
+    /// `state::REMEMBERED_REMOVALS`): what tells a removed instance from one a table never knew when
+    /// tables merge (`state::merge`).
+    #[serde(default)]
+    pub removed: Vec<String>,
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The cluster as one node sees it: a plain struct, changed by the network task and tested without any
 //! network. Membership = this node + every connected peer whose facts arrived. The coordinator is the
 //! member with the smallest id; only it changes the instance table (placements, removals, re-placement
-//! when a member leaves), and every node adopts the coordinator's table.
+//! when a member leaves), and every node adopts the coordinator's table, keeping the instances the
+//! coordinator has not heard of yet (`merge`: tables from different coordinators meet without losing one).
 //!
 //! The planner's view ([`ClusterState::topology`]) prices each node for the model at hand from its
 //! measured compute (`crate::compute`) and offers it the memory the table's instances leave on it
@@ -234,36 +235,6 @@ impl ClusterState {
         self.coordinator() == self.me.id
     }
 
-    /// A table from `from`. Members adopt the coordinator's table unless theirs is newer (a node with a
-    /// smaller id just joined and became coordinator with an older or empty table); the coordinator
-    /// merges a newer one (two clusters joining: keep every instance). True when this node should send
-    /// its table to everyone: the coordinator's changed, or a member holds a newer one to merge.
-    pub fn on_table(&mut self, from: &str, table: InstanceTable) -> bool {
-        if from == self.coordinator() {
-            if table.version < self.table.version {
-                return true;
-            }
-            if self.table != table {
-                self.table = table;
-            }
-            return false;
-        }
-        if !self.is_coordinator() || table.version < self.table.version {
-            return false;
-        }
-        // A member's table as new as ours (or newer) holds instances we may not know: a node that was
-        // its own coordinator before it joined, or ours before a coordinator change. They are kept with
-        // what the table says about them (movable, moving, draining); a table of an older version is
-        // stale (an instance removed since would come back).
-        let version = table.version;
-        let added = self.merge_instances(table);
-        if added || version > self.table.version {
-            self.table.version = version.max(self.table.version) + 1;
-            return true;
-        }
-        false
-    }
-
     /// The planner's view of the members (those that have `model`, or all of them with `all`), with the
     /// links they measured, and the model's card from any member that has it. A node's speeds are its
     /// measured compute converted for this model ([`crate::compute::speeds`]); its memory is what it
@@ -413,10 +384,9 @@ impl ClusterState {
     /// Removes instance `id` (coordinator only); false when there is none.
     pub fn remove(&mut self, id: &str) -> Result<bool, ClusterError> {
         self.check_coordinator()?;
-        let before = self.table.instances.len();
-        self.table.instances.retain(|i| i.id != id);
-        let removed = self.table.instances.len() != before;
+        let removed = self.table.instances.iter().any(|i| i.id == id);
         if removed {
+            self.forget_instance(id);
             self.table.version += 1;
         }
         Ok(removed)
@@ -441,7 +411,7 @@ impl ClusterState {
             return false;
         }
         for old in broken {
-            self.table.instances.retain(|i| i.id != old.id);
+            self.forget_instance(&old.id);
             let req = PlaceRequest {
                 model: old.model.clone(),
                 ..PlaceRequest::default()
@@ -545,8 +515,11 @@ pub fn constraints(req: &PlaceRequest, card: &ModelCard) -> Result<Constraints, 
     })
 }
 
+mod merge;
 mod moves;
 mod replicas;
+
+pub use merge::REMEMBERED_REMOVALS;
 
 pub use moves::{DRAIN_LIMIT, MOVE_MARGIN};
 mod budget;

@@ -4,15 +4,15 @@
 //! the current members, links and measured speeds ([`ClusterState::plan_moves`]). A placement predicted
 //! faster by [`MOVE_MARGIN`] is started as a new instance next to the old one (a [`Move`] in the table);
 //! the old one keeps serving while the new one loads. When the new one is ready, the old one drains
-//! ([`InstanceTable::draining`]: its driver stops taking requests, those in flight finish) and leaves the
-//! table once its driver reports it idle, or after [`DRAIN_LIMIT`]. A new instance that fails is dropped
-//! and the old one stays ([`ClusterState::advance_moves`]). Pinned instances never move: the user's pins
-//! win.
+//! ([`crate::proto::InstanceTable::draining`]: its driver stops taking requests, those in flight
+//! finish) and leaves the table once its driver reports it idle, or after [`DRAIN_LIMIT`]. A new
+//! instance that fails is dropped and the old one stays ([`ClusterState::advance_moves`]). Pinned
+//! instances never move: the user's pins win.
 
 use std::time::{Duration, Instant};
 
 use super::{ClusterState, InstanceState};
-use crate::proto::{InstanceRecord, InstanceTable, Move, PlaceRequest};
+use crate::proto::{InstanceRecord, Move, PlaceRequest};
 
 /// A move is made only when the new placement is predicted at least this much faster (fraction of the
 /// time per token, for the instance's goal: one stream's, or the aggregate's): measurements wobble, and
@@ -38,36 +38,6 @@ impl ClusterState {
         if !self.table.movable.iter().any(|m| m == id) {
             self.table.movable.push(id.to_string());
         }
-    }
-
-    /// Takes the instances of a member's `table` that ours lacks, with what that table says about them
-    /// (movable, a move they are part of, draining). True when any was added.
-    pub(crate) fn merge_instances(&mut self, table: InstanceTable) -> bool {
-        let known = |t: &InstanceTable, id: &str| t.instances.iter().any(|i| i.id == id);
-        let new: Vec<InstanceRecord> = table
-            .instances
-            .into_iter()
-            .filter(|i| !known(&self.table, &i.id))
-            .collect();
-        if new.is_empty() {
-            return false;
-        }
-        let is_new = |id: &str| new.iter().any(|i| i.id == id);
-        for id in table.movable.iter().filter(|id| is_new(id)) {
-            self.mark_movable(id);
-        }
-        for id in table.draining.iter().filter(|id| is_new(id)) {
-            if !self.is_draining(id) {
-                self.table.draining.push(id.clone());
-            }
-        }
-        for m in table.moves {
-            if (is_new(&m.old) || is_new(&m.new)) && !self.table.moves.contains(&m) {
-                self.table.moves.push(m);
-            }
-        }
-        self.table.instances.extend(new);
-        true
     }
 
     /// Whether instance `id` is draining (taking no new requests).
@@ -177,7 +147,7 @@ impl ClusterState {
                 }
                 (_, Some(InstanceState::Failed)) => {
                     tracing::warn!(old = %m.old, new = %m.new, "the new placement failed to load: keeping the old one");
-                    self.table.instances.retain(|i| i.id != m.new);
+                    self.forget_instance(&m.new);
                 }
                 _ => {}
             }
@@ -185,7 +155,7 @@ impl ClusterState {
         for id in self.table.draining.clone() {
             if self.drained(&id, now) {
                 tracing::info!(instance = %id, "drained: removed");
-                self.table.instances.retain(|i| i.id != id);
+                self.forget_instance(&id);
             }
         }
         let present = |id: &String, t: &[InstanceRecord]| t.iter().any(|i| &i.id == id);

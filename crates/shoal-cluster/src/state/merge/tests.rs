@@ -1,0 +1,226 @@
+//! Tables meeting in every order: a member placed first, equal versions, a coordinator with a longer
+//! history, coordinator changes, removals that must stay removed.
+
+use super::super::tests::{facts_of_test as facts, link_of_test as link};
+use super::*;
+use crate::proto::PlaceRequest;
+
+/// Node `id` alone (its own coordinator), linked to `peers` once they meet.
+fn alone(id: &str, peers: &[&str]) -> ClusterState {
+    let mut f = facts(id, 1);
+    f.links = peers.iter().map(|p| link(p)).collect();
+    ClusterState::new(f)
+}
+
+/// `s` meets `other`: connected, with its facts.
+fn meet(s: &mut ClusterState, other: &ClusterState) {
+    s.peer_connected(&other.me().id);
+    s.on_facts(other.me().clone());
+}
+
+/// Places the whole model on `node` as instance `id` (pinned).
+fn place_on(s: &mut ClusterState, node: &str, id: &str) {
+    let req = PlaceRequest {
+        model: "m".into(),
+        nodes: Some(vec![node.into()]),
+        layers: Some(vec![30]),
+        ..PlaceRequest::default()
+    };
+    s.place(&req, id.into()).unwrap();
+}
+
+fn ids(s: &ClusterState) -> Vec<&str> {
+    let mut v: Vec<&str> = s.table().instances.iter().map(|i| i.id.as_str()).collect();
+    v.sort_unstable();
+    v
+}
+
+/// Each sends its table to the other until neither has news (four exchanges at most).
+fn settle(x: &mut ClusterState, y: &mut ClusterState) {
+    for _ in 0..4 {
+        let from_x = x.on_table(&y.me().id.clone(), y.table().clone());
+        let from_y = y.on_table(&x.me().id.clone(), x.table().clone());
+        if !from_x && !from_y {
+            return;
+        }
+    }
+    panic!("tables did not settle: {:?} vs {:?}", x.table(), y.table());
+}
+
+#[test]
+fn regression_a_member_adopting_a_table_of_the_same_version_keeps_its_own_instance() {
+    // `b` placed its own instance as its own coordinator; `a` (smaller id: the coordinator once they
+    // meet) did the same: both tables are at version 1.
+    let mut a = alone("a", &["b"]);
+    let mut b = alone("b", &["a"]);
+    place_on(&mut a, "a", "a-own");
+    place_on(&mut b, "b", "b-own");
+    meet(&mut a, &b);
+    meet(&mut b, &a);
+    assert_eq!(a.table().version, b.table().version);
+
+    // The coordinator's table reaches `b` first: `b` keeps its instance and offers its table back.
+    assert!(b.on_table("a", a.table().clone()));
+    assert_eq!(ids(&b), ["a-own", "b-own"]);
+    assert!(a.on_table("b", b.table().clone()));
+    assert_eq!(ids(&a), ["a-own", "b-own"]);
+    assert!(!b.on_table("a", a.table().clone()), "nothing left to offer");
+    assert_eq!(b.table(), a.table());
+}
+
+/// `a` has placed and removed instances for a while (version 3); `b` placed its own alone (1); they meet.
+fn history_and_newcomer() -> (ClusterState, ClusterState) {
+    let mut a = alone("a", &["b"]);
+    place_on(&mut a, "a", "gone");
+    a.remove("gone").unwrap();
+    place_on(&mut a, "a", "a-own");
+    let mut b = alone("b", &["a"]);
+    place_on(&mut b, "b", "b-own");
+    meet(&mut a, &b);
+    meet(&mut b, &a);
+    assert!(a.table().version > b.table().version);
+    (a, b)
+}
+
+#[test]
+fn a_coordinator_with_a_longer_history_merges_a_joining_members_older_table() {
+    // b's older table reaches the coordinator first: it never knew `b-own`, so it is not stale.
+    let (mut a, mut b) = history_and_newcomer();
+    assert!(a.on_table("b", b.table().clone()));
+    assert_eq!(ids(&a), ["a-own", "b-own"]);
+    settle(&mut a, &mut b);
+    assert_eq!(ids(&b), ["a-own", "b-own"]);
+
+    // The other order: the coordinator's newer table reaches the member first.
+    let (mut a, mut b) = history_and_newcomer();
+    assert!(b.on_table("a", a.table().clone()), "b offers what a lacks");
+    assert_eq!(ids(&b), ["a-own", "b-own"]);
+    assert_eq!(b.table().version, a.table().version);
+    settle(&mut a, &mut b);
+    assert_eq!(ids(&a), ["a-own", "b-own"]);
+    assert_eq!(a.table(), b.table());
+}
+
+#[test]
+fn a_member_placed_first_and_a_coordinator_joining_later_with_nothing_keeps_it() {
+    let mut b = alone("b", &["a"]);
+    place_on(&mut b, "b", "b-own");
+    let mut a = alone("a", &["b"]);
+    meet(&mut a, &b);
+    meet(&mut b, &a);
+    assert!(
+        b.on_table("a", a.table().clone()),
+        "an older table: b offers its own"
+    );
+    assert_eq!(ids(&b), ["b-own"]);
+    assert!(a.on_table("b", b.table().clone()));
+    assert_eq!(ids(&a), ["b-own"]);
+    settle(&mut a, &mut b);
+    assert_eq!(a.table(), b.table());
+}
+
+#[test]
+fn a_removed_instance_stays_removed_whatever_table_comes_later() {
+    let mut a = alone("a", &["b"]);
+    let mut b = alone("b", &["a"]);
+    meet(&mut a, &b);
+    meet(&mut b, &a);
+    place_on(&mut a, "b", "x");
+    assert!(!b.on_table("a", a.table().clone()));
+    let stale = b.table().clone();
+    assert!(a.remove("x").unwrap());
+    assert_eq!(a.table().removed, ["x"]);
+
+    // The member's stale table never brings it back to the coordinator...
+    assert!(!a.on_table("b", stale.clone()));
+    assert!(ids(&a).is_empty());
+    // ...and the member drops it when the coordinator's table arrives.
+    assert!(!b.on_table("a", a.table().clone()));
+    assert!(ids(&b).is_empty());
+
+    // A new coordinator that never heard of the removal takes `x` from a stale table, and loses it
+    // again to the table that remembers the removal.
+    let mut c = alone("0c", &["a", "b"]);
+    meet(&mut c, &b);
+    assert!(c.on_table("b", stale));
+    assert_eq!(ids(&c), ["x"]);
+    meet(&mut b, &c);
+    assert!(b.on_table("0c", c.table().clone()), "b knows x was removed");
+    assert!(ids(&b).is_empty());
+    assert!(c.on_table("b", b.table().clone()));
+    assert!(ids(&c).is_empty());
+    assert_eq!(c.table().removed, ["x"]);
+}
+
+#[test]
+fn when_the_coordinator_changes_no_instance_is_lost() {
+    // `b` coordinates `b` and `c`; a node with a smaller id, `a`, joins with instances of its own.
+    let mut b = alone("b", &["a", "c"]);
+    let mut c = alone("c", &["a", "b"]);
+    meet(&mut b, &c);
+    meet(&mut c, &b);
+    place_on(&mut b, "c", "on-c");
+    place_on(&mut b, "b", "on-b");
+    assert!(!c.on_table("b", b.table().clone()));
+    let mut a = alone("a", &["b", "c"]);
+    place_on(&mut a, "a", "on-a");
+    for s in [&mut b, &mut c] {
+        meet(s, &a);
+    }
+    meet(&mut a, &b);
+    meet(&mut a, &c);
+    assert!(a.is_coordinator() && !b.is_coordinator());
+
+    // a's table (version 1, older than theirs) reaches the members: they offer theirs, it merges.
+    assert!(b.on_table("a", a.table().clone()));
+    assert!(c.on_table("a", a.table().clone()));
+    assert!(a.on_table("c", c.table().clone()));
+    assert_eq!(ids(&a), ["on-a", "on-b", "on-c"]);
+    for s in [&mut b, &mut c] {
+        assert!(!s.on_table("a", a.table().clone()));
+        assert_eq!(ids(s), ["on-a", "on-b", "on-c"]);
+    }
+    assert!(!a.on_table("b", b.table().clone()), "b has nothing a lacks");
+    // Tables from a member that is not the coordinator are not adopted by other members.
+    assert!(!b.on_table("c", InstanceTable::default()));
+    assert_eq!(ids(&b), ["on-a", "on-b", "on-c"]);
+}
+
+#[test]
+fn a_move_in_progress_keeps_its_bookkeeping_through_a_merge_and_a_removal_clears_it() {
+    let mut b = alone("b", &["a"]);
+    place_on(&mut b, "b", "old");
+    place_on(&mut b, "b", "new");
+    b.mark_movable("new");
+    b.table.moves.push(crate::proto::Move {
+        old: "old".into(),
+        new: "new".into(),
+    });
+    b.table.draining.push("old".into());
+    let mut a = alone("a", &["b"]);
+    meet(&mut a, &b);
+    assert!(a.on_table("b", b.table().clone()));
+    assert_eq!(a.table().movable, ["new"]);
+    assert_eq!(a.table().draining, ["old"]);
+    assert_eq!(a.table().moves.len(), 1);
+    assert!(a.remove("old").unwrap());
+    assert!(a.table().draining.is_empty() && a.table().moves.is_empty());
+    assert_eq!(a.table().movable, ["new"]);
+}
+
+#[test]
+fn a_table_remembers_the_last_removals_only() {
+    let mut a = alone("a", &[]);
+    for i in 0..REMEMBERED_REMOVALS + 5 {
+        let id = format!("i{i}");
+        place_on(&mut a, "a", &id);
+        assert!(a.remove(&id).unwrap());
+    }
+    let removed = &a.table().removed;
+    assert_eq!(removed.len(), REMEMBERED_REMOVALS);
+    assert_eq!(removed.first().map(String::as_str), Some("i5"));
+    assert_eq!(
+        removed.last().cloned(),
+        Some(format!("i{}", REMEMBERED_REMOVALS + 4))
+    );
+}
