@@ -1,6 +1,9 @@
 //! Loading a model and starting its engine: [`LoadedModel`] (config, tokenizer, template and pipeline
 //! stages), [`spawn`] (one engine thread per model instance, see `crate::worker`, and the
 //! [`EngineHandle`] that talks to it through a bounded queue) and [`spawn_from_gguf`] for both at once.
+//! [`spawn`] binds the model's [`KvSource`] to the node's KV pool (the one the engine's budget is paid
+//! from), so its local stages' caches reuse freed KV buffers, and pre-touches the KV a first request
+//! uses (`crate::warmup`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,11 +13,12 @@ use shoal_kernels::ThreadPool;
 use shoal_model::chat::ChatTemplate;
 use shoal_model::gguf::GgufFile;
 use shoal_model::tokenizer::Tokenizer;
-use shoal_model::{DecoderStage, LayerRange, ModelConfig};
+use shoal_model::{DecoderStage, KvSource, LayerRange, ModelConfig};
 
 pub use crate::config::{EngineConfig, default_threads};
 use crate::error::EngineError;
 use crate::handle::{EngineHandle, ModelInfo};
+use crate::kvpool::KvPool;
 use crate::stage::{LocalStage, Stage};
 use crate::stats::Counters;
 use crate::worker::Worker;
@@ -26,6 +30,8 @@ pub struct LoadedModel {
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<ChatTemplate>,
     pub stages: Vec<Box<dyn Stage>>,
+    /// Where the local stages' KV caches take their buffers, bound by [`spawn`].
+    pub kv_source: KvSource,
 }
 
 impl LoadedModel {
@@ -52,9 +58,13 @@ impl LoadedModel {
         let full = [LayerRange::full(config.n_layers)];
         let ranges = ranges.unwrap_or(&full);
         let mut stages: Vec<Box<dyn Stage>> = Vec::with_capacity(ranges.len());
+        let kv_source = KvSource::default();
         for r in ranges {
             let stage = DecoderStage::load(&mut gguf, *r, pool).map_err(|e| err(&e))?;
-            stages.push(Box::new(LocalStage::new(stage)));
+            stages.push(Box::new(LocalStage::with_kv_source(
+                stage,
+                kv_source.clone(),
+            )));
         }
         drop(gguf);
         release_freed_heap();
@@ -64,6 +74,7 @@ impl LoadedModel {
             tokenizer: Arc::new(tokenizer),
             template,
             stages,
+            kv_source,
         })
     }
 }
@@ -108,7 +119,19 @@ pub fn spawn_from_gguf(
 }
 
 /// Starts the engine thread for a loaded model.
-pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, EngineError> {
+pub fn spawn(model: LoadedModel, mut config: EngineConfig) -> Result<EngineHandle, EngineError> {
+    // One pool pays for the engine's KV and keeps its freed buffers.
+    let budget = config.kv_budget_bytes;
+    let kv_pool = config
+        .kv_pool
+        .get_or_insert_with(|| Arc::new(KvPool::new(budget)))
+        .clone();
+    model.kv_source.bind(kv_pool.clone());
+    let local_layers = model
+        .stages
+        .iter()
+        .map(|s| s.info().local_kv_layers)
+        .sum::<usize>();
     // Bounded: a full queue answers `Overloaded` (see `EngineConfig::queue_depth`).
     let (queue, rx) = std::sync::mpsc::sync_channel(config.queue_depth.max(1));
     let counters = Arc::new(Counters::default());
@@ -135,6 +158,12 @@ pub fn spawn(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, E
         counters.clone(),
         crate::meters::Meters::new(&model.id),
         created,
+    );
+    crate::warmup::touch_kv(
+        &kv_pool,
+        &model.config,
+        local_layers,
+        worker.kv_max_tokens(),
     );
     let handle = EngineHandle::new(
         info,

@@ -9,11 +9,21 @@
 //! prefixes evicts its least recently used ones until the request is met ([`KvPool::wanted`]); running
 //! sequences are never taken from another engine.
 //!
-//! The pool publishes its budget and what is reserved as the gauges `shoal_kv_pool_capacity_bytes` and
-//! `shoal_kv_pool_used_bytes` (one node, one pool) on every change.
+//! The pool also keeps the buffers of freed KV caches for the next ones ([`KvBuffers`]): memory already
+//! faulted in, so a new sequence does not page-fault its KV in again. Kept buffers live in the budget's
+//! unreserved part — reserved plus kept never exceeds the budget: a buffer given back when there is no
+//! room is freed, and a reservation that needs the room frees kept buffers (the longest first) — so the
+//! budget stays a true bound on the node's KV memory.
+//!
+//! The pool publishes its budget, what is reserved and what is kept as the gauges
+//! `shoal_kv_pool_capacity_bytes`, `shoal_kv_pool_used_bytes` and `shoal_kv_pool_idle_bytes` (one node,
+//! one pool) on every change.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use shoal_model::KvBuffers;
+use shoal_model::kv::{KvBuf, KvSpares, buf_bytes};
 
 use crate::meters::PoolGauges;
 
@@ -23,6 +33,10 @@ pub struct KvPool {
     reserved: AtomicUsize,
     /// Bytes an engine is waiting for (0 when none); lowered by every release.
     wanted: AtomicUsize,
+    /// Buffers of freed KV caches, kept for the next ones.
+    spares: Mutex<KvSpares>,
+    /// Bytes in `spares` (read without the lock by every reservation).
+    idle: AtomicUsize,
     gauges: PoolGauges,
 }
 
@@ -32,6 +46,8 @@ impl KvPool {
             budget: budget_bytes,
             reserved: AtomicUsize::new(0),
             wanted: AtomicUsize::new(0),
+            spares: Mutex::new(KvSpares::default()),
+            idle: AtomicUsize::new(0),
             gauges: PoolGauges::new(budget_bytes),
         }
     }
@@ -55,6 +71,7 @@ impl KvPool {
             .is_ok();
         if ok {
             self.gauges.used(self.reserved());
+            self.shed();
         }
         ok
     }
@@ -69,6 +86,7 @@ impl KvPool {
                 Some(r + granted)
             });
         self.gauges.used(self.reserved());
+        self.shed();
         granted
     }
 
@@ -96,6 +114,65 @@ impl KvPool {
     /// Bytes some engine is waiting for (0 when none).
     pub fn wanted(&self) -> usize {
         self.wanted.load(Ordering::Acquire)
+    }
+
+    /// Bytes of freed KV buffers kept for reuse (never more than the unreserved budget).
+    pub fn idle(&self) -> usize {
+        self.idle.load(Ordering::Acquire)
+    }
+
+    fn spares(&self) -> MutexGuard<'_, KvSpares> {
+        // Nothing panics while holding the lock; a poisoned one still holds consistent buffers.
+        self.spares.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes what `spares` holds (called with its lock held).
+    fn kept(&self, spares: &KvSpares) {
+        self.idle.store(spares.bytes(), Ordering::Release);
+        self.gauges.idle(spares.bytes());
+    }
+
+    /// Frees kept buffers, the longest first, while they and the reservations exceed the budget.
+    fn shed(&self) {
+        if self.reserved() + self.idle() <= self.budget {
+            return;
+        }
+        let mut freed = Vec::new();
+        {
+            let mut spares = self.spares();
+            while self.reserved() + spares.bytes() > self.budget {
+                let Some(buf) = spares.pop_largest() else {
+                    break;
+                };
+                freed.push(buf);
+            }
+            self.kept(&spares);
+        }
+        drop(freed); // outside the lock
+    }
+}
+
+impl KvBuffers for KvPool {
+    fn take(&self, len: usize) -> Option<KvBuf> {
+        if self.idle() == 0 {
+            return None;
+        }
+        let mut spares = self.spares();
+        let buf = spares.take(len);
+        self.kept(&spares);
+        buf
+    }
+
+    fn give(&self, buf: KvBuf) {
+        let bytes = buf_bytes(&buf);
+        let mut spares = self.spares();
+        if self.reserved() + spares.bytes() + bytes <= self.budget {
+            spares.put(buf);
+            self.kept(&spares);
+        } else {
+            drop(spares);
+            drop(buf); // no room: freed (outside the lock)
+        }
     }
 }
 
@@ -226,5 +303,36 @@ mod tests {
             .sum();
         assert_eq!(granted, 1000);
         assert_eq!(pool.reserved(), 1000);
+    }
+
+    /// A buffer of `bytes` bytes of f16 values.
+    fn buf(bytes: usize) -> KvBuf {
+        vec![Default::default(); bytes / shoal_model::kv::VALUE_BYTES]
+    }
+
+    #[test]
+    fn kept_buffers_stay_within_the_unreserved_budget_and_go_first_when_it_is_needed() {
+        let pool = KvPool::new(1000);
+        assert!(pool.try_reserve(400));
+        pool.give(buf(300));
+        pool.give(buf(200));
+        assert_eq!(pool.idle(), 500);
+        // No room for another: freed, not kept.
+        pool.give(buf(200));
+        assert_eq!(pool.idle(), 500);
+        // A take gets the shortest that is long enough (within twice).
+        assert_eq!(pool.take(90).map(|b| b.len()), Some(100));
+        assert_eq!(pool.idle(), 300);
+        pool.give(buf(200));
+        // A reservation that needs the room frees kept buffers, the longest first.
+        assert!(pool.try_reserve(350));
+        assert_eq!((pool.reserved(), pool.idle()), (750, 200));
+        assert_eq!(pool.reserve_up_to(300), 250);
+        assert_eq!((pool.reserved(), pool.idle()), (1000, 0));
+        assert_eq!(pool.take(1), None);
+        // Released memory can be kept again.
+        pool.release(600);
+        pool.give(buf(600));
+        assert_eq!(pool.reserved() + pool.idle(), 1000);
     }
 }

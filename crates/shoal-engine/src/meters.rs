@@ -30,6 +30,7 @@ pub mod names {
     pub const PREEMPTED: &str = "shoal_sequences_preempted";
     pub const KV_POOL_CAPACITY: &str = "shoal_kv_pool_capacity_bytes";
     pub const KV_POOL_USED: &str = "shoal_kv_pool_used_bytes";
+    pub const KV_POOL_IDLE: &str = "shoal_kv_pool_idle_bytes";
 }
 
 /// One engine's metric handles, labelled with its model.
@@ -151,6 +152,7 @@ impl Meters {
 /// The node's KV pool figures as gauges (capacity once, use on every change).
 pub(crate) struct PoolGauges {
     used: Gauge,
+    idle: Gauge,
 }
 
 impl PoolGauges {
@@ -158,12 +160,19 @@ impl PoolGauges {
         gauge!(names::KV_POOL_CAPACITY).set(budget as f64);
         Self {
             used: gauge!(names::KV_POOL_USED),
+            idle: gauge!(names::KV_POOL_IDLE),
         }
     }
 
     #[inline]
     pub(crate) fn used(&self, bytes: usize) {
         self.used.set(bytes as f64);
+    }
+
+    /// Bytes of freed KV buffers the pool keeps for reuse.
+    #[inline]
+    pub(crate) fn idle(&self, bytes: usize) {
+        self.idle.set(bytes as f64);
     }
 }
 

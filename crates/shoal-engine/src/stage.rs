@@ -2,14 +2,16 @@
 //!
 //! The engine hands each stage the same batch description ([`ChunkSpec`]s, in batch order) and the
 //! previous stage's output. A stage owns the KV caches of its layers, keyed by sequence id, so a
-//! remote stage keeps its KV on its own node and only activations travel.
+//! remote stage keeps its KV on its own node and only activations travel. A [`LocalStage`]'s caches take
+//! their buffers from its [`KvSource`] once one is bound (the engine binds its node's KV pool, which
+//! keeps freed sequences' buffers for the next).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use shoal_kernels::ThreadPool;
-use shoal_model::{DecoderStage, HostMatrix, KvCache, SeqChunk, StageInput};
+use shoal_model::{DecoderStage, HostMatrix, KvCache, KvSource, SeqChunk, StageInput};
 
 /// What the last stage returns of a chunk's final hidden states, for embeddings.
 pub use shoal_model::Pool;
@@ -268,15 +270,30 @@ pub struct LocalStage {
     model: DecoderStage,
     caches: HashMap<u64, KvCache>,
     prefixes: HashMap<u64, KvCache>,
+    /// Where new caches take their buffers (each allocates its own until one is bound).
+    kv_source: KvSource,
 }
 
 impl LocalStage {
+    /// A stage whose caches allocate their own buffers.
     pub fn new(model: DecoderStage) -> Self {
+        Self::with_kv_source(model, KvSource::default())
+    }
+
+    /// A stage whose caches take their buffers from `kv_source` once it is bound.
+    pub fn with_kv_source(model: DecoderStage, kv_source: KvSource) -> Self {
         Self {
             model,
             caches: HashMap::new(),
             prefixes: HashMap::new(),
+            kv_source,
         }
+    }
+
+    /// An empty KV cache for a new sequence.
+    fn new_cache(model: &DecoderStage, source: &KvSource) -> KvCache {
+        let c = model.config();
+        KvCache::with_buffers(model.range().len(), c.n_kv_heads, c.head_dim, source.get())
     }
 
     pub fn model(&self) -> &DecoderStage {
@@ -333,7 +350,7 @@ impl LocalStage {
             .map(|c| {
                 self.caches
                     .remove(&c.seq_id)
-                    .unwrap_or_else(|| self.model.new_kv_cache())
+                    .unwrap_or_else(|| Self::new_cache(&self.model, &self.kv_source))
             })
             .collect();
         let result = {

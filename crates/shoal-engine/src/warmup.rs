@@ -3,20 +3,32 @@
 //!
 //! A fresh engine pays, on its first request, for everything that happens once: the kernels' code and
 //! lookup tables coming into the caches, the thread pool's workers waking for their first job, each
-//! stage's scratch buffers and the sequence's KV memory being allocated and faulted in (freed KV memory
-//! stays with the allocator, so the next sequence finds it mapped), and in a pipeline the first frames
-//! over each hop. The warm-up is one short internal request through every stage — a prompt of
-//! [`WARM_UP_PROMPT_TOKENS`] prefilled as one chunk, then [`WARM_UP_DECODE_TOKENS`] greedy decode steps —
-//! run through the same queue, scheduler and stages as any request. It leaves nothing behind that a user
+//! stage's scratch buffers and the sequence's KV memory being allocated and faulted in, and in a
+//! pipeline the first frames over each hop.
+//!
+//! KV memory: a freed sequence's buffers stay in the node's KV pool for the next sequence
+//! ([`crate::kvpool`]), so only a cache longer than any before it faults fresh pages. Before the engine
+//! starts, [`touch_kv`] fills the pool with one cache's buffers of each of [`TOUCHED_KV_TOKENS`] tokens
+//! (fewer when the budget or the context holds less): a cache growing through those sizes takes them as
+//! a steady request takes its predecessors', so a first request of up to the largest one faults no KV
+//! page either.
+//!
+//! The rest: one short internal request through every stage — a prompt of [`WARM_UP_PROMPT_TOKENS`]
+//! prefilled as one chunk, then [`WARM_UP_DECODE_TOKENS`] greedy decode steps — run through the same
+//! queue, scheduler and stages as any request. It leaves nothing behind that a user
 //! could see: its KV is never kept as a cached prefix (so no later prompt reuses it and outputs stay
 //! those of a cold engine), and the engine's totals and recent averages are reset once it is done (the
 //! engine is not registered before, so nobody has read them).
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use shoal_model::{KvCache, ModelConfig};
 
 use crate::error::EngineError;
 use crate::handle::EngineHandle;
+use crate::kvpool::KvPool;
 use crate::request::{Event, GenerateRequest, Prompt, SamplingParams};
 
 /// Prompt tokens of the warm-up request: one prefill chunk of several rows (the batched kernels).
@@ -28,6 +40,46 @@ const WARM_UP_TIMEOUT: Duration = Duration::from_secs(600);
 /// Ordinary text to tokenize for the warm-up prompt (repeated to its length).
 pub const WARM_UP_TEXT: &str = "The river ran past the old mill, where the miller counted sacks of grain \
     and told stories of the winter the water froze solid from bank to bank.";
+
+/// Capacities (tokens) of the caches whose buffers [`touch_kv`] leaves in the pool: each at most twice
+/// the one before, so a cache growing from its first chunk takes one at every step up to 512 tokens.
+pub const TOUCHED_KV_TOKENS: [usize; 3] = [128, 256, 512];
+
+/// Allocates and touches the KV buffers of one cache of `local_layers` layers for each size of
+/// [`TOUCHED_KV_TOKENS`] up to `max_tokens` (the context or what the engine may hold, if less) and hands
+/// them to `pool` (which keeps what fits in its unreserved budget).
+pub(crate) fn touch_kv(
+    pool: &Arc<KvPool>,
+    model: &ModelConfig,
+    local_layers: usize,
+    max_tokens: usize,
+) {
+    if local_layers == 0 {
+        return;
+    }
+    let limit = max_tokens.min(model.context_length);
+    let caches: Vec<KvCache> = TOUCHED_KV_TOKENS
+        .iter()
+        .filter(|&&t| t <= limit)
+        .filter_map(|&tokens| {
+            let buffers: Arc<dyn shoal_model::KvBuffers> = pool.clone();
+            let mut kv = KvCache::with_buffers(
+                local_layers,
+                model.n_kv_heads,
+                model.head_dim,
+                Some(buffers),
+            );
+            match kv.reserve(tokens) {
+                Ok(()) => Some(kv),
+                Err(e) => {
+                    tracing::debug!("touching {tokens} tokens of KV: {e}");
+                    None
+                }
+            }
+        })
+        .collect();
+    drop(caches); // their buffers go to the pool
+}
 
 /// How a warm-up went.
 #[derive(Debug, Clone, Copy, PartialEq)]

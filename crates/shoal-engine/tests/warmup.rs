@@ -2,11 +2,15 @@
 //! nothing of its warm-up (its outputs are a cold engine's), fits the warm-up in a small KV room and
 //! fails with the engine's own error where nothing fits; finished requests give the engine's recent
 //! time to first token and one-stream decode rate (requests that ran beside others leave the rate alone).
+//! A new engine leaves touched KV buffers in its node's pool, and a request growing through them takes
+//! no fresh KV memory.
 
 use std::time::Instant;
 
 use shoal_engine::engine::{EngineConfig, spawn_from_gguf};
-use shoal_engine::warmup::{WARM_UP_DECODE_TOKENS, WARM_UP_PROMPT_TOKENS, WARM_UP_TEXT};
+use shoal_engine::warmup::{
+    TOUCHED_KV_TOKENS, WARM_UP_DECODE_TOKENS, WARM_UP_PROMPT_TOKENS, WARM_UP_TEXT,
+};
 use shoal_engine::{EngineError, EngineHandle, Event, Prompt, Usage};
 use shoal_testkit::fixtures::model_path;
 
@@ -127,4 +131,60 @@ async fn finished_requests_give_the_recent_ttft_and_one_stream_decode_rate() {
     assert_eq!(s.finished, 3);
     assert_eq!(s.decode_tok_s, Some(rate));
     assert_ne!(s.ttft_ms, Some(ttft));
+}
+
+#[tokio::test]
+async fn a_request_growing_through_the_touched_kv_sizes_takes_no_fresh_kv_memory() {
+    let token_bytes = 2 * 30 * 3 * 64 * 2;
+    let budget = 4096 * token_bytes;
+    let pool = std::sync::Arc::new(shoal_engine::kvpool::KvPool::new(budget));
+    let config = EngineConfig {
+        threads: 1,
+        prefix_cache_tokens: 0, // every finished sequence's buffers go back to the pool
+        kv_pool: Some(pool.clone()),
+        ..EngineConfig::default()
+    };
+    let engine = spawn_from_gguf(&model_path(), MODEL, config).expect("engine");
+    let touched: usize = TOUCHED_KV_TOKENS.iter().sum::<usize>() * token_bytes;
+    assert_eq!((pool.idle(), pool.reserved()), (touched, 0));
+    // A prompt of more than 128 tokens, decoded past 256: the cache takes the 256 and then the 512
+    // tokens' buffers (it holds kept buffers while it runs), and gives every one back.
+    let mut req = common::greedy(MODEL, Prompt::Text(WARM_UP_TEXT.repeat(6)), 120);
+    req.ignore_eos = true;
+    let mut stream = engine.submit(req).expect("submit");
+    let (mut tokens, mut in_use) = (0, None);
+    let usage = loop {
+        match tokio::time::timeout(PATIENCE, stream.next())
+            .await
+            .expect("engine stalled")
+        {
+            Some(Event::Token { .. }) => {
+                tokens += 1;
+                if tokens == 110 {
+                    in_use = Some(pool.idle());
+                }
+            }
+            Some(Event::Done { usage, .. }) => break usage,
+            other => panic!("unexpected end: {other:?}"),
+        }
+    };
+    assert_eq!(tokens, 120);
+    let total = usage.prompt_tokens + 120;
+    assert!(
+        usage.prompt_tokens > 128 && total > 256 && total <= 512,
+        "{usage:?}"
+    );
+    assert_eq!(
+        in_use,
+        Some(touched - 512 * token_bytes),
+        "past 256 tokens the sequence holds the 512 tokens' buffers"
+    );
+    wait_for(&engine, "the request's KV to be freed", |s| {
+        s.kv_tokens == 0
+    });
+    assert_eq!(
+        (pool.idle(), pool.reserved()),
+        (touched, 0),
+        "every buffer the request used came from the pool and went back to it"
+    );
 }

@@ -331,6 +331,7 @@ fn engine_with(script: &Arc<Script>, in_flight: bool, engine_config: EngineConfi
         tokenizer: Arc::new(tokenizer()),
         template: None,
         stages: vec![Box::new(stage)],
+        kv_source: Default::default(),
     };
     spawn(model, engine_config).expect("engine")
 }
