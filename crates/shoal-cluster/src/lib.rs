@@ -41,6 +41,9 @@ pub mod state;
 pub mod sysload;
 
 pub use error::{ClusterError, IdentityProblem, PlaceError};
-pub use node::{ClusterConfig, ClusterHandle, Snapshot, StateJson, Traffic, parse_peer, start};
+pub use libp2p::Multiaddr;
+pub use node::{
+    ClusterConfig, ClusterHandle, Snapshot, StateJson, Traffic, parse_peer, start, tcp_socket,
+};
 pub use node::{PathBook, PathId, PathLease, PathStream, PathStreamError, Paths};
 pub use proto::{InstanceRecord, InstanceTable, Move, PlaceRequest};

@@ -50,6 +50,13 @@ pub enum PipelineError {
         #[source]
         source: shoal_cluster::PathStreamError,
     },
+    /// A lane (a stream's direct connection) could not be set up as both sides agreed.
+    #[error("setting up the direct connection with {peer}: {why}")]
+    LaneSetup { peer: PeerId, why: String },
+    /// A lane record failed to seal or open (altered, replayed, out of order, or too large): the lane
+    /// ends.
+    #[error("a record on the direct connection with {peer} did not authenticate")]
+    LaneSealing { peer: PeerId },
     /// The path a pipeline's streams ran on closed (and moving to another failed, or was not tried).
     #[error("the path to {peer} closed")]
     PathLost { peer: PeerId },
@@ -208,6 +215,8 @@ impl PipelineError {
             PipelineError::Malformed { .. } => "malformed_frame",
             PipelineError::OpenStream { .. } => "open_stream",
             PipelineError::OpenPath { .. } => "open_path",
+            PipelineError::LaneSetup { .. } => "lane_setup",
+            PipelineError::LaneSealing { .. } => "lane_sealing",
             PipelineError::PathLost { .. } => "path_lost",
             PipelineError::NoReplay { .. } => "no_replay",
             PipelineError::AcceptStreams(_) => "accept_streams",
@@ -253,6 +262,7 @@ impl PipelineError {
             self,
             PipelineError::StreamBroke { .. }
                 | PipelineError::Malformed { .. }
+                | PipelineError::LaneSealing { .. }
                 | PipelineError::Broken { .. }
                 | PipelineError::StreamClosed { .. }
                 | PipelineError::PathLost { .. }

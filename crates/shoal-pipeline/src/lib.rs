@@ -8,9 +8,10 @@
 //!   (registered in `shoal_engine::Engines` for the API); any other stage → load its layers and host them
 //!   ([`dataplane::Hosts`]). Load state goes into this node's facts. [`model_card`] reads what placement
 //!   needs about a model file.
-//! - [`dataplane`]: stage-to-stage streams carrying `shoal-wire` frames over the cluster's authenticated
-//!   libp2p connections: [`dataplane::RemoteChain`] is the driver's `shoal_engine::stage::Stage` for every
-//!   stage on other nodes; [`dataplane::serve_stages`] runs the stages this node hosts.
+//! - [`dataplane`]: stage-to-stage streams carrying `shoal-wire` frames, set up over the cluster's
+//!   authenticated libp2p connections and moved to direct, encrypted TCP connections (lanes):
+//!   [`dataplane::RemoteChain`] is the driver's `shoal_engine::stage::Stage` for every stage on other
+//!   nodes; [`dataplane::serve_stages`] runs the stages this node hosts.
 //!
 //! - [`PipelineError`]: what goes wrong on the way (structured, labelled by `error_type()`); it becomes
 //!   an `EngineError` (`StageLost` or `Internal`) once, where a [`dataplane::RemoteChain`] answers the
@@ -34,5 +35,6 @@ pub mod runtime;
 
 pub use error::PipelineError;
 pub use runtime::{
-    FetchRequest, FetchState, ModelFetcher, ModelLocator, RuntimeConfig, model_card, start,
+    FetchRequest, FetchState, LaneConfig, ModelFetcher, ModelLocator, RuntimeConfig, model_card,
+    start,
 };

@@ -26,7 +26,7 @@ use shoal_placement::ModelCard;
 use shoal_wire::DType;
 use tokio::sync::watch;
 
-use crate::dataplane::{HostedStage, Hosts, RemoteChain, serve_stages};
+use crate::dataplane::{HostedStage, Hosts, Lanes, RemoteChain, serve_stages};
 use crate::error::PipelineError;
 use shoal_cluster::InstanceRecord;
 use shoal_cluster::facts::{InstanceLoad, InstanceStatus};
@@ -82,6 +82,19 @@ pub struct RuntimeConfig {
     pub model_path: ModelLocator,
     /// Fetches a model that is not present (`None`: a missing model fails the stage).
     pub fetch: Option<ModelFetcher>,
+    /// Where this node listens for lanes, the data plane's direct connections (`None`: every
+    /// data-plane stream carries its frames through the cluster connection).
+    pub lanes: Option<LaneConfig>,
+}
+
+/// The data plane's lane listener: `ip` as the cluster listens, and a port (0: a free one).
+#[derive(Clone, Copy, Debug)]
+pub struct LaneConfig {
+    pub ip: std::net::IpAddr,
+    pub port: u16,
+    /// Whether another free port may be taken when `port` is in use (a port derived from the
+    /// cluster's, not one the user named).
+    pub fallback: bool,
 }
 
 /// What placement needs to know about the GGUF model at `path` (read from its header only).
@@ -115,7 +128,21 @@ pub fn start(
         config.engine.kv_pool = Some(Arc::new(KvPool::new(config.engine.kv_budget_bytes)));
     }
     let hosts = Hosts::default();
-    serve_stages(cluster.clone(), hosts.clone())?;
+    let lanes = match config.lanes {
+        Some(c) => Some(match Lanes::bind(c.ip, c.port, cluster.traffic()) {
+            Ok(l) => l,
+            Err(e) if c.fallback => {
+                tracing::warn!(
+                    port = c.port,
+                    "data port in use ({e}): lanes take a free port"
+                );
+                Lanes::bind(c.ip, 0, cluster.traffic())?
+            }
+            Err(e) => return Err(e.into()),
+        }),
+        None => None,
+    };
+    serve_stages(cluster.clone(), hosts.clone(), lanes)?;
     let pool = Arc::new(ThreadPool::new(config.engine.threads.max(1)));
     tokio::spawn(follow_table(cluster, engines, hosts, config, pool));
     Ok(())
@@ -522,6 +549,7 @@ impl Node {
             &layers,
             &others,
             self.config.wire_dtype,
+            self.config.lanes.is_some(),
         )
         .await
         .map_err(|e| PipelineError::Connect(Box::new(e)))?

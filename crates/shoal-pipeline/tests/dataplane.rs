@@ -16,7 +16,8 @@ use shoal_engine::{SamplingParams, TokenMask};
 use shoal_kernels::ThreadPool;
 use shoal_model::LayerRange;
 use shoal_pipeline::dataplane::{
-    HostedStage, Hosts, RemoteChain, STAGE_PROTOCOL, serve_stages, wire_instance_id, wire_node_id,
+    HostedStage, Hosts, Lanes, RemoteChain, STAGE_PROTOCOL, serve_stages, wire_instance_id,
+    wire_node_id,
 };
 use shoal_wire::{DType, Handshake, Role};
 
@@ -69,6 +70,16 @@ fn sample_whole(whole: &mut LocalStage, job: SampleRef<'_>) -> Pick {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
+    refuses_malformed_input_then_matches_one_node(true).await;
+}
+
+/// The same through the cluster connection itself (the relay, where no direct connection can be made).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_lanes_the_pipeline_still_matches_one_node() {
+    refuses_malformed_input_then_matches_one_node(false).await;
+}
+
+async fn refuses_malformed_input_then_matches_one_node(lanes: bool) {
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = node(&da, vec![]).await;
     let a_addr: libp2p::Multiaddr = a.snapshot().listen_addrs[0].parse().unwrap();
@@ -80,7 +91,8 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
     let path = shoal_testkit::fixtures::model_path();
     let pool = Arc::new(ThreadPool::new(1));
     let hosts = Hosts::default();
-    serve_stages(b.clone(), hosts.clone()).unwrap();
+    let b_lanes = lanes.then(|| Lanes::bind([127, 0, 0, 1].into(), 0, b.traffic()).unwrap());
+    serve_stages(b.clone(), hosts.clone(), b_lanes).unwrap();
     let tail = load_local_stage(&path, LayerRange { start: 15, end: 30 }, &pool).unwrap();
     // b's KV budget holds 8 tokens of the whole model (16 of these 15 layers): the stage sets them aside.
     let stage_bytes = tail.kv_bytes_per_token();
@@ -145,9 +157,12 @@ async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
         &[(0, 15), (15, 30)],
         &[b.id().to_string()],
         DType::F32,
+        lanes,
     )
     .await
     .unwrap();
+    let transport = if lanes { "lane" } else { "relay" };
+    assert_eq!(chain.transports(), (transport, transport));
     let (remote_pick, local_pick) = tokio::task::spawn_blocking(move || {
         let (mut head, mut whole, mut chain) = (head, whole, chain);
         // The prompt in two chunks, as a chunked prefill sends it: the first wants no token.

@@ -24,6 +24,7 @@ pub mod kind {
     pub const SAMPLE: u8 = 7;
     pub const PREFIX: u8 = 8;
     pub const POOLED: u8 = 9;
+    pub const LANE: u8 = 10;
 }
 
 /// Encoded size of one [`ChunkHeader`].
@@ -358,6 +359,14 @@ pub enum Frame {
     Prefix(PrefixOp),
     /// Pooled hidden states from the last stage to the request owner (embeddings).
     Pooled(Pooled),
+    /// Setting up a direct connection for a stream's frames (a *lane*): the accepting side offers the
+    /// TCP `port` it listens on and a secret `token` (this frame travels on the encrypted stream);
+    /// the opening side answers with `port` 1 when it connected and 0 when it did not (the token
+    /// then zero). Port 0 in an offer: no lane.
+    Lane {
+        port: u16,
+        token: [u8; 32],
+    },
 }
 
 impl Frame {
@@ -373,6 +382,7 @@ impl Frame {
             Frame::Sample { .. } => kind::SAMPLE,
             Frame::Prefix(_) => kind::PREFIX,
             Frame::Pooled(_) => kind::POOLED,
+            Frame::Lane { .. } => kind::LANE,
         }
     }
 
@@ -424,6 +434,7 @@ impl Frame {
             Frame::Sample { jobs, .. } => 8 + 4 + jobs.iter().map(sample_job_len).sum::<u64>(),
             Frame::Prefix(_) => PREFIX_OP_LEN as u64,
             Frame::Pooled(p) => 8 + 4 + 4 + 8 * p.seq_ids.len() as u64 + 4 * p.values.len() as u64,
+            Frame::Lane { .. } => 2 + 32,
         }
     }
 
@@ -456,6 +467,10 @@ impl Frame {
             }
             Frame::Ping { nonce } | Frame::Pong { nonce } => {
                 out.extend_from_slice(&nonce.to_le_bytes());
+            }
+            Frame::Lane { port, token } => {
+                out.extend_from_slice(&port.to_le_bytes());
+                out.extend_from_slice(token);
             }
             Frame::Error { code, message } => {
                 out.extend_from_slice(&code.to_le_bytes());
@@ -546,6 +561,14 @@ impl Frame {
                 len: c.u32()?,
             }),
             kind::POOLED => Frame::Pooled(decode_pooled(&mut c)?),
+            kind::LANE => {
+                let port = c.u16()?;
+                let mut token = [0u8; 32];
+                for b in &mut token {
+                    *b = c.u8()?;
+                }
+                Frame::Lane { port, token }
+            }
             other => return Err(WireError::UnknownKind(other)),
         };
         c.finish()?;

@@ -40,7 +40,7 @@
 //! | offset | size | field                                                           |
 //! |-------:|-----:|-----------------------------------------------------------------|
 //! | 0      | 4    | magic `b"SHOL"` (`53 48 4F 4C`)                                 |
-//! | 4      | 2    | version u16 (= 2)                                                |
+//! | 4      | 2    | version u16 (= 3)                                                |
 //! | 6      | 2    | body length u16 (= 83 in versions 1 and 2)                       |
 //! | 8      | 32   | node id                                                          |
 //! | 40     | 32   | cluster: hash of the cluster key (never the key)                 |
@@ -79,8 +79,9 @@
 //! | 7    | Sample      | batch_id u64, n u32, n × sample job (57 bytes + 4 per history token + 8 per count + 4 per mask word) |
 //! | 8    | Prefix      | action u8 (1 retain, 2 start, 3 drop, 4 fork), seq_id u64, prefix_id u64, len u32 |
 //! | 9    | Pooled      | batch_id u64, n u32, cols u32, n × seq_id u64, n × cols × f32                |
+//! | 10   | Lane        | port u16, token 32 bytes (version 3: a direct connection's offer / answer)  |
 //!
-//! Kind 0 and kinds above 9 are [`WireError::UnknownKind`].
+//! Kind 0 and kinds above 10 are [`WireError::UnknownKind`].
 //!
 //! Sample job: `seq_id u64, temperature f32, top_p f32, top_k u32, min_p f32, repetition_penalty f32,
 //! frequency_penalty f32, presence_penalty f32, top_logprobs u8, rng_state u64, n u32, n × history

@@ -82,8 +82,17 @@ fn empty_and_unknown_kinds() {
     assert_eq!(decode_err(&[0, 0, 0, 0]), WireError::EmptyFrame);
     assert_eq!(decode_err(&frame_bytes(0, &[])), WireError::UnknownKind(0));
     assert_eq!(
-        decode_err(&frame_bytes(10, &[1, 2])),
-        WireError::UnknownKind(10)
+        decode_err(&frame_bytes(11, &[1, 2])),
+        WireError::UnknownKind(11)
+    );
+    // A lane offer is exactly a port and a 32-byte token.
+    assert!(matches!(
+        decode_err(&frame_bytes(kind::LANE, &[1, 2])),
+        WireError::Truncated { .. }
+    ));
+    assert_eq!(
+        decode_err(&frame_bytes(kind::LANE, &[0; 35])),
+        WireError::TrailingBytes { extra: 1 }
     );
     assert_eq!(
         decode_err(&frame_bytes(255, &[])),

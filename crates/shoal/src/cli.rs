@@ -277,6 +277,14 @@ pub struct ClusterArgs {
     /// Activations on the wire: f16 (half the bytes) or f32 (bit-exact with a single node).
     #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
     pub wire_dtype: String,
+    /// TCP port for the data plane's direct connections between pipeline stages (default: the
+    /// cluster port + 1, or a free one when the cluster port is 0; 0 picks a free one).
+    #[arg(long, value_name = "PORT")]
+    pub data_port: Option<u16>,
+    /// Send activations through the cluster connection only (no direct data-plane connections; for
+    /// networks where only the cluster port is open).
+    #[arg(long)]
+    pub no_lanes: bool,
 }
 
 /// A rate in MB/s: finite and > 0.

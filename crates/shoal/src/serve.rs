@@ -79,6 +79,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let api_keys = shoal_api::auth::ApiKeys::new(args.api_keys()?);
     let cargs = args.cluster.clone();
     let listen = shoal_cluster::parse_peer(&cargs.cluster_listen)?;
+    let lanes = (!cargs.no_lanes).then(|| lane_config(&listen, cargs.data_port));
     let wire_dtype = match cargs.wire_dtype.as_str() {
         "f32" => shoal_wire::DType::F32,
         _ => shoal_wire::DType::F16,
@@ -172,6 +173,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 wire_dtype,
                 model_path: locate,
                 fetch: Some(stage_fetcher(downloads.clone())),
+                lanes,
             },
         )
         .map_err(|e| anyhow::anyhow!("starting the data plane: {e}"))?;
@@ -209,6 +211,32 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .context("serving HTTP")
     })
+}
+
+/// Where the data plane's lanes listen: the cluster's host, on `port` or else the cluster port + 1
+/// (another free one when that is taken; a free one when the cluster port is 0 or not TCP).
+fn lane_config(
+    cluster: &shoal_cluster::Multiaddr,
+    port: Option<u16>,
+) -> shoal_pipeline::LaneConfig {
+    let sock = shoal_cluster::tcp_socket(cluster);
+    let ip = sock.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |s| s.ip());
+    match port {
+        Some(port) => shoal_pipeline::LaneConfig {
+            ip,
+            port,
+            fallback: false,
+        },
+        None => shoal_pipeline::LaneConfig {
+            ip,
+            port: sock
+                .map(|s| s.port())
+                .filter(|&p| p != 0)
+                .and_then(|p| p.checked_add(1))
+                .unwrap_or(0),
+            fallback: true,
+        },
+    }
 }
 
 /// The runtime's fetcher: a stage's bytes (the whole model for a stage holding every layer), with the

@@ -124,6 +124,21 @@ pub fn parse_peer(s: &str) -> Result<Multiaddr, ClusterError> {
     Ok(socket_multiaddr(sa))
 }
 
+/// The IP and TCP port of an `/ip4|ip6/…/tcp/…` address (`None` for any other kind).
+pub fn tcp_socket(addr: &Multiaddr) -> Option<SocketAddr> {
+    use libp2p::multiaddr::Protocol;
+    let mut it = addr.iter();
+    let ip: std::net::IpAddr = match it.next()? {
+        Protocol::Ip4(ip) => ip.into(),
+        Protocol::Ip6(ip) => ip.into(),
+        _ => return None,
+    };
+    match it.next()? {
+        Protocol::Tcp(port) => Some(SocketAddr::new(ip, port)),
+        _ => None,
+    }
+}
+
 pub fn socket_multiaddr(sa: SocketAddr) -> Multiaddr {
     let ip = match sa.ip() {
         IpAddr::V4(v4) => Protocol::Ip4(v4),

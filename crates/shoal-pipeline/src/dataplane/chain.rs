@@ -31,8 +31,8 @@ use crate::error::PipelineError;
 
 use super::path::{Replay, open_on_path, watch_paths};
 use super::{
-    BATCH_TIMEOUT, Inbound, READ_QUEUE, WRITE_QUEUE, encode, handshake, kv_frame, spawn_reader,
-    spawn_writer, wire_instance_id, wire_node_id, wire_pool,
+    Alarm, BATCH_TIMEOUT, Inlet, Outlet, READ_QUEUE, WRITE_QUEUE, encode, handshake, kv_frame,
+    open_lane, spawn_reader, spawn_writer, wire_instance_id, wire_node_id, wire_pool,
 };
 
 /// Moves to another path while one batch waits for its tokens, at most this many times (a path that
@@ -53,23 +53,28 @@ struct Route {
     layers: (usize, usize),
     first: PeerId,
     last: PeerId,
+    /// Whether the streams may move to direct connections (lanes).
+    lanes: bool,
 }
 
 /// The chain's streams and the tasks feeding its event channel, on one path to each node.
 struct Links {
-    down: mpsc::Sender<Vec<u8>>,
-    /// What the engine thread waits on, and only this: token frames straight from the token stream's
-    /// reader task, [`PipelineError::NodeLeft`] from the task watching the membership and
-    /// [`PipelineError::PathLost`] from the one watching the paths. Bounded by the reader's
-    /// [`READ_QUEUE`]: the driver reads every batch's tokens before it sends more than
+    down: Outlet,
+    /// What the engine thread waits on, and only this: token frames (read by the engine thread itself
+    /// from the token stream's lane, or straight from its reader task on a relay),
+    /// [`PipelineError::NodeLeft`] from the task watching the membership and
+    /// [`PipelineError::PathLost`] from the one watching the paths (an [`Alarm`]). A relay's channel
+    /// is bounded by [`READ_QUEUE`]: the driver reads every batch's tokens before it sends more than
     /// [`RemoteChain::info`]'s depth of batches, so it never fills; a stalled engine thread would make
     /// the reader wait rather than buffer.
-    events: mpsc::Receiver<Inbound>,
+    events: Inlet,
     /// The paths the activation and token streams run on.
     down_path: PathId,
     owner_path: PathId,
+    /// How tokens come back (`lane` or `relay`).
+    owner_transport: &'static str,
     /// Kept so the owner stream stays open as long as the links live.
-    _owner: mpsc::Sender<Vec<u8>>,
+    _owner: Outlet,
     /// Dropped with the links, which stops the watches.
     _stop: [oneshot::Sender<()>; 2],
     /// The paths count these streams as this instance's while they live.
@@ -112,6 +117,7 @@ impl RemoteChain {
         layers: &[(usize, usize)],
         nodes: &[String],
         dtype: DType,
+        lanes: bool,
     ) -> Result<Self, PipelineError> {
         let peers: Vec<PeerId> = nodes
             .iter()
@@ -132,6 +138,7 @@ impl RemoteChain {
             layers: layers.first().copied().unwrap_or((0, 0)),
             first,
             last,
+            lanes,
         };
         let links = route.open_bounded(nodes).await?;
         Ok(Self {
@@ -155,6 +162,12 @@ impl RemoteChain {
         (self.links.down_path, self.links.owner_path)
     }
 
+    /// How the chain's streams travel now (activations, tokens): `lane` (a direct connection) or
+    /// `relay` (through the cluster connection).
+    pub fn transports(&self) -> (&'static str, &'static str) {
+        (self.links.down.transport(), self.links.owner_transport)
+    }
+
     /// Marks the pipeline broken by `why` (the first reason is kept for every later call).
     fn lost(&mut self, why: PipelineError) -> PipelineError {
         if self.broken.is_none() {
@@ -175,7 +188,7 @@ impl RemoteChain {
 
     /// Queues `bytes` on the stream to the next stage; `false` when that stream is gone.
     fn try_send(&mut self, bytes: Vec<u8>) -> bool {
-        self.links.down.blocking_send(bytes).is_ok()
+        self.links.down.send(bytes)
     }
 
     /// Sends logged frames; a cut path on the way moves the chain and sends everything again.
@@ -277,7 +290,7 @@ impl RemoteChain {
         let mut pooled = None;
         let mut failovers = 0;
         loop {
-            let cut = match recv_by(&self.rt, &mut self.links.events, deadline) {
+            let cut = match self.links.events.recv_by(&self.rt, deadline) {
                 Ok(Some(Ok(Frame::Tokens { batch_id: b, items }))) if b == batch_id => {
                     return Ok((items, pooled));
                 }
@@ -347,6 +360,14 @@ impl Route {
             ),
         )
         .await?;
+        let owner_lane = open_lane(
+            &mut owner_stream,
+            owner.path.addr,
+            self.last,
+            traffic.clone(),
+            self.lanes,
+        )
+        .await?;
         let down = open_on_path(cluster, self.first, &self.instance, "activation stream").await?;
         let mut down_stream = down.stream;
         let (l0, l1) = self.layers;
@@ -364,10 +385,45 @@ impl Route {
             ),
         )
         .await?;
-        let (or, ow) = owner_stream.split();
-        let (events_tx, events) = mpsc::channel(READ_QUEUE);
-        // The watches only hold weak senders: the channel closes when the reader ends (the token
-        // stream closed), which the engine thread sees at once.
+        let down_lane = open_lane(
+            &mut down_stream,
+            down.path.addr,
+            self.first,
+            traffic.clone(),
+            self.lanes,
+        )
+        .await?;
+        // On a relay the watches only hold weak senders: the channel closes when the reader ends (the
+        // token stream closed), which the engine thread sees at once. On a lane they shut it down.
+        let mut relay_events = None;
+        let (events, owner_out) = match owner_lane {
+            Some(lane) => (Inlet::Lane(lane.reader), Outlet::Lane(lane.writer)),
+            None => {
+                let (or, ow) = owner_stream.split();
+                let (events_tx, events) = mpsc::channel(READ_QUEUE);
+                spawn_reader(or, events_tx.clone(), traffic.clone(), self.last);
+                // Nothing is sent on the owner stream but the handshake: one slot is enough.
+                let (owner_tx, owner_rx) = mpsc::channel(1);
+                spawn_writer(ow, owner_rx, traffic.clone(), self.last);
+                relay_events = Some(events_tx);
+                (Inlet::Relay(events), Outlet::Relay(owner_tx))
+            }
+        };
+        let alarm = match (&relay_events, events.alarm()) {
+            (Some(tx), _) => Alarm::Relay(tx.downgrade()),
+            (None, Some(a)) => a,
+            (None, None) => return Err(PipelineError::NoRemoteStages),
+        };
+        let (down_out, down_writer) = match down_lane {
+            Some(lane) => (Outlet::Lane(lane.writer), None),
+            None => {
+                let (dr, dw) = down_stream.split();
+                drop(dr);
+                let (down_tx, down_rx) = mpsc::channel(WRITE_QUEUE);
+                spawn_writer(dw, down_rx, traffic, self.first);
+                (Outlet::Relay(down_tx.clone()), Some(down_tx))
+            }
+        };
         let (stop_nodes, stop) = oneshot::channel();
         let stage_nodes = nodes.to_vec();
         watch_nodes(
@@ -379,32 +435,27 @@ impl Route {
                     .find(|n| !members.contains(&n.as_str()))
                     .cloned()
             },
-            events_tx.downgrade(),
+            alarm.clone(),
             stop,
         );
-        spawn_reader(or, events_tx.clone(), traffic.clone(), self.last);
-        // Nothing is sent on the owner stream but the handshake: one slot is enough.
-        let (owner_tx, owner_rx) = mpsc::channel(1);
-        spawn_writer(ow, owner_rx, traffic.clone(), self.last);
-        let (dr, dw) = down_stream.split();
-        drop(dr);
-        let (down_tx, down_rx) = mpsc::channel(WRITE_QUEUE);
-        spawn_writer(dw, down_rx, traffic, self.first);
         let (stop_paths, stop) = oneshot::channel();
         watch_paths(
             cluster.paths().watch(),
             vec![(self.first, down.path), (self.last, owner.path)],
-            down_tx.clone(),
-            events_tx.downgrade(),
+            down_writer,
+            alarm,
             stop,
         );
-        drop(events_tx);
+        drop(relay_events);
+        tracing::debug!(instance = %self.instance, down = down_out.transport(),
+            tokens = owner_out.transport(), "pipeline streams open");
         Ok(Links {
-            down: down_tx,
+            owner_transport: owner_out.transport(),
+            down: down_out,
             events,
             down_path: down.path,
             owner_path: owner.path,
-            _owner: owner_tx,
+            _owner: owner_out,
             _stop: [stop_nodes, stop_paths],
             _leases: [down.lease, owner.lease],
         })
@@ -459,33 +510,20 @@ const CUT_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
 /// The longest opening the chain's streams (and their handshakes) may take.
 const OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Waits for the next item of `rx` until `deadline`, blocking a thread outside the runtime `rt` (the
-/// engine thread); `Err` once the deadline passed, `Ok(None)` when the channel closed.
-fn recv_by<T>(
-    rt: &Handle,
-    rx: &mut mpsc::Receiver<T>,
-    deadline: tokio::time::Instant,
-) -> Result<Option<T>, tokio::time::error::Elapsed> {
-    // The timer is made inside the future: this thread has no runtime context of its own.
-    rt.block_on(async { tokio::time::timeout_at(deadline, rx.recv()).await })
-}
-
 /// Watches the cluster membership (`members`) and sends [`PipelineError::NodeLeft`] into `events` as
 /// soon as `missing` names a node of the pipeline gone, then ends; it also ends when `stop` fires (the
 /// chain is dropped) or the membership feed closes.
 fn watch_nodes<T: Send + Sync + 'static>(
     mut members: watch::Receiver<T>,
     missing: impl Fn(&T) -> Option<String> + Send + 'static,
-    events: mpsc::WeakSender<Inbound>,
+    events: Alarm,
     mut stop: oneshot::Receiver<()>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             let gone = missing(&members.borrow_and_update());
             if let Some(node) = gone {
-                if let Some(tx) = events.upgrade() {
-                    let _ = tx.send(Err(PipelineError::NodeLeft { node })).await;
-                }
+                events.ring(PipelineError::NodeLeft { node }).await;
                 return;
             }
             tokio::select! {
@@ -667,91 +705,5 @@ impl Stage for RemoteChain {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The membership as a list of node ids, and what the chain's watch looks for in it.
-    fn gone_from(nodes: &'static [&'static str]) -> impl Fn(&Vec<String>) -> Option<String> {
-        move |members: &Vec<String>| {
-            nodes
-                .iter()
-                .find(|n| !members.iter().any(|m| m == *n))
-                .map(|n| n.to_string())
-        }
-    }
-
-    #[tokio::test]
-    async fn a_node_leaving_is_an_event_on_the_chains_channel() {
-        let (set, members) = watch::channel(vec!["a".to_string(), "b".into(), "c".into()]);
-        let (tx, mut events) = mpsc::channel(READ_QUEUE);
-        let (_stop, stop) = oneshot::channel();
-        let task = watch_nodes(members, gone_from(&["b", "c"]), tx.downgrade(), stop);
-        // Another node coming and going is no event (each change is seen: the test runs the watch
-        // between them).
-        for members in [vec!["b", "c"], vec!["b", "c", "d"]] {
-            set.send_replace(members.into_iter().map(String::from).collect());
-            tokio::task::yield_now().await;
-            assert!(events.try_recv().is_err(), "no node of the chain left");
-        }
-        set.send_replace(vec!["a".into(), "b".into()]);
-        match events.recv().await {
-            Some(Err(PipelineError::NodeLeft { node })) => assert_eq!(node, "c"),
-            other => panic!("expected node c to leave, got {other:?}"),
-        }
-        task.await.unwrap();
-        drop(tx);
-        assert!(
-            events.recv().await.is_none(),
-            "one event, then the watch ends"
-        );
-    }
-
-    #[tokio::test]
-    async fn the_watch_ends_with_its_chain_and_never_keeps_the_channel_open() {
-        let (_set, members) = watch::channel(vec!["b".to_string()]);
-        let (tx, mut events) = mpsc::channel(READ_QUEUE);
-        let (stop_tx, stop) = oneshot::channel::<()>();
-        let task = watch_nodes(members, gone_from(&["b"]), tx.downgrade(), stop);
-        // The reader ending (its sender dropped) closes the channel although the watch still runs.
-        drop(tx);
-        assert!(events.recv().await.is_none());
-        drop(stop_tx);
-        task.await.unwrap();
-    }
-
-    /// Regression: the engine thread is no runtime thread, and making the wait's timer outside the
-    /// runtime's context panicked (the first pipeline request of a real server failed).
-    #[test]
-    fn the_engine_thread_waits_for_tokens_from_outside_the_runtime() {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        let handle = rt.handle().clone();
-        let (tx, mut rx) = mpsc::channel::<u32>(1);
-        let engine_thread = std::thread::spawn(move || {
-            let soon = || tokio::time::Instant::now() + std::time::Duration::from_millis(20);
-            let timed_out = recv_by(&handle, &mut rx, soon()).is_err();
-            handle.spawn(async move {
-                let _ = tx.send(7).await;
-            });
-            let got = recv_by(&handle, &mut rx, soon() + BATCH_TIMEOUT)
-                .ok()
-                .flatten();
-            let closed = recv_by(&handle, &mut rx, soon() + BATCH_TIMEOUT).ok();
-            (timed_out, got, closed)
-        });
-        assert_eq!(engine_thread.join().unwrap(), (true, Some(7), Some(None)));
-    }
-
-    #[tokio::test]
-    async fn a_node_already_gone_is_reported_at_once() {
-        let (_set, members) = watch::channel(vec!["a".to_string()]);
-        let (tx, mut events) = mpsc::channel(READ_QUEUE);
-        let (_stop, stop) = oneshot::channel();
-        watch_nodes(members, gone_from(&["b"]), tx.downgrade(), stop)
-            .await
-            .unwrap();
-        assert!(matches!(
-            events.recv().await,
-            Some(Err(PipelineError::NodeLeft { .. }))
-        ));
-    }
-}
+#[path = "chain_tests.rs"]
+mod tests;

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
+use futures::{AsyncReadExt, StreamExt};
 use libp2p::{PeerId, Stream};
 use shoal_engine::TokenMask;
 use shoal_engine::kvpool::KvShare;
@@ -33,8 +33,9 @@ use crate::error::PipelineError;
 
 use super::path::open_on_path;
 use super::{
-    Inbound, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, encode, engine_pool, handshake, prefix_kv_op,
-    read_handshake, spawn_reader, spawn_writer, wire_instance_id, wire_node_id,
+    Alarm, Inbound, Inlet, Lanes, Outlet, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, accept_lane,
+    encode, engine_pool, handshake, open_lane, prefix_kv_op, read_handshake, spawn_reader,
+    spawn_writer, wire_instance_id, wire_node_id,
 };
 
 /// How long a new upstream stream waits for the stage while the previous stream's thread still runs
@@ -43,6 +44,9 @@ use super::{
 const KICK_AFTER: Duration = Duration::from_secs(2);
 /// … and how long it waits in all.
 const HANDOVER_WAIT: Duration = Duration::from_secs(30);
+/// How long the last stage waits for the driver's token stream when a batch's tokens are ready first
+/// (the driver opens it before the activation stream, but the two are accepted concurrently).
+const OWNER_WAIT: Duration = Duration::from_secs(5);
 
 /// A stage this node hosts for an instance, and where its output goes.
 pub struct HostedStage {
@@ -55,10 +59,12 @@ pub struct HostedStage {
     stage: Mutex<Option<LocalStage>>,
     /// Signalled when the layers are put back.
     stage_back: Condvar,
-    /// The input of the newest upstream stream's thread (weak: it never keeps that input open).
-    upstream: Mutex<Option<mpsc::WeakSender<Inbound>>>,
+    /// Wakes the newest upstream stream's thread (weak: it never keeps that input open).
+    upstream: Mutex<Option<Alarm>>,
     /// Where the last stage sends tokens (the driver's owner stream).
-    owner: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
+    owner: Mutex<Option<Outlet>>,
+    /// Signalled when the owner stream is set.
+    owner_set: Condvar,
     /// This node's KV memory set aside for the stage; the driver holds at most its tokens.
     kv: KvShare,
     /// Time of each activation batch through the stage.
@@ -102,6 +108,7 @@ impl HostedStage {
             stage_back: Condvar::new(),
             upstream: Mutex::new(None),
             owner: Mutex::new(None),
+            owner_set: Condvar::new(),
             kv,
             step_seconds,
             kv_used,
@@ -111,14 +118,37 @@ impl HostedStage {
     /// Errs if adding `tokens` of KV would take the stage past what its node reserved for it (the
     /// driver budgets against that, so only a driver bug gets here: an error, never an allocation
     /// beyond the node's budget).
-    /// Records `input` as the newest upstream's; returns the one it replaces.
-    fn new_upstream(&self, input: &mpsc::Sender<Inbound>) -> Option<mpsc::WeakSender<Inbound>> {
-        self.upstream.lock().ok()?.replace(input.downgrade())
+    /// Records `alarm` as the newest upstream's; returns the one it replaces.
+    fn new_upstream(&self, alarm: Alarm) -> Option<Alarm> {
+        self.upstream.lock().ok()?.replace(alarm)
+    }
+
+    /// Sets where the last stage's tokens go (the driver's newest token stream).
+    fn set_owner(&self, out: Outlet) {
+        if let Ok(mut o) = self.owner.lock() {
+            *o = Some(out);
+        }
+        self.owner_set.notify_all();
+    }
+
+    /// Sends the last stage's answer to the driver (waiting up to [`OWNER_WAIT`] for its token stream);
+    /// `false` when there is none.
+    fn send_tokens(&self, bytes: Vec<u8>) -> bool {
+        let Ok(guard) = self.owner.lock() else {
+            return false;
+        };
+        let Ok((mut guard, _)) = self
+            .owner_set
+            .wait_timeout_while(guard, OWNER_WAIT, |o| o.is_none())
+        else {
+            return false;
+        };
+        guard.as_mut().is_some_and(|o| o.send(bytes))
     }
 
     /// Takes the layers, waiting for another stream's thread to put them back: after [`KICK_AFTER`]
     /// that thread (`previous`'s) is told to end, after [`HANDOVER_WAIT`] this one gives up.
-    fn take_stage(&self, previous: Option<mpsc::WeakSender<Inbound>>) -> Option<LocalStage> {
+    fn take_stage(&self, previous: Option<Alarm>) -> Option<LocalStage> {
         let start = std::time::Instant::now();
         let mut kicked = previous.is_none();
         loop {
@@ -136,14 +166,11 @@ impl HostedStage {
             }
             if !kicked && start.elapsed() >= KICK_AFTER {
                 // A full input means that thread is still working through frames: try again later.
-                kicked = match previous.as_ref().and_then(|w| w.upgrade()) {
-                    Some(tx) => tx
-                        .try_send(Err(PipelineError::StreamClosed {
-                            what: "upstream stream, replaced by a newer one",
-                        }))
-                        .is_ok(),
-                    None => true,
-                };
+                kicked = previous.as_ref().is_none_or(|a| {
+                    a.try_ring(PipelineError::StreamClosed {
+                        what: "upstream stream, replaced by a newer one",
+                    })
+                });
                 if kicked {
                     tracing::warn!(instance = %self.instance, "ending the previous upstream stream's thread");
                 }
@@ -198,8 +225,14 @@ impl Hosts {
     }
 }
 
-/// Accepts data-plane streams for the stages in `hosts` until the node shuts down.
-pub fn serve_stages(cluster: ClusterHandle, hosts: Hosts) -> Result<(), PipelineError> {
+/// Accepts data-plane streams for the stages in `hosts` until the node shuts down, offering each a
+/// lane on `lanes` (none: every stream carries its frames itself, and the streams this node opens
+/// too).
+pub fn serve_stages(
+    cluster: ClusterHandle,
+    hosts: Hosts,
+    lanes: Option<Lanes>,
+) -> Result<(), PipelineError> {
     let mut control = cluster.streams();
     let mut incoming = control
         .accept(STAGE_PROTOCOL)
@@ -208,8 +241,10 @@ pub fn serve_stages(cluster: ClusterHandle, hosts: Hosts) -> Result<(), Pipeline
         while let Some((peer, stream)) = incoming.next().await {
             let cluster = cluster.clone();
             let hosts = hosts.clone();
+            let lanes = lanes.clone();
             tokio::spawn(async move {
-                if let Err(e) = accept_stream(&cluster, &hosts, peer, stream).await {
+                if let Err(e) = accept_stream(&cluster, &hosts, lanes.as_ref(), peer, stream).await
+                {
                     tracing::warn!(%peer, kind = e.error_type(), "data-plane stream refused: {e}");
                 }
             });
@@ -222,6 +257,7 @@ pub fn serve_stages(cluster: ClusterHandle, hosts: Hosts) -> Result<(), Pipeline
 async fn accept_stream(
     cluster: &ClusterHandle,
     hosts: &Hosts,
+    lanes: Option<&Lanes>,
     peer: PeerId,
     mut stream: Stream,
 ) -> Result<(), PipelineError> {
@@ -244,7 +280,14 @@ async fn accept_stream(
     theirs.check_compatible(&ours)?;
     let traffic = cluster.traffic();
     match theirs.role {
-        Role::Owner { .. } => route_tokens(&host, stream, &ours, traffic, peer),
+        Role::Owner { .. } => {
+            if host.next.is_some() {
+                return Err(PipelineError::NotLastStage);
+            }
+            let lane = accept_lane(&mut stream, &ours, lanes, peer).await?;
+            route_tokens(&host, stream, lane, traffic, peer);
+            Ok(())
+        }
         Role::Stage { stage_index, .. } => {
             if stage_index as usize + 1 != host.index {
                 return Err(PipelineError::WrongUpstream {
@@ -252,46 +295,45 @@ async fn accept_stream(
                     to: host.index,
                 });
             }
-            serve_upstream(cluster, &host, stream, &ours, traffic, peer).await
+            serve_upstream(cluster, &host, stream, &ours, lanes, traffic, peer).await
         }
     }
 }
 
-/// The driver's owner stream to the last stage: the route its tokens go back on.
+/// The driver's owner stream to the last stage: the route its tokens go back on (its lane, or the
+/// stream itself).
 fn route_tokens(
     host: &HostedStage,
     stream: Stream,
-    ours: &Handshake,
+    lane: Option<super::Lane>,
     traffic: Arc<Traffic>,
     peer: PeerId,
-) -> Result<(), PipelineError> {
-    if host.next.is_some() {
-        return Err(PipelineError::NotLastStage);
-    }
-    let (r, w) = stream.split();
-    let (tx, rx) = mpsc::channel(WRITE_QUEUE);
-    // Our handshake goes out first, and the token route exists before the driver can send a batch.
-    tx.try_send(ours.encode())
-        .map_err(|_| PipelineError::TokenQueueFull)?;
-    spawn_writer(w, rx, traffic.clone(), peer);
-    if let Ok(mut o) = host.owner.lock() {
-        *o = Some(tx);
-    }
-    // Nothing is expected on this stream; reading it notices the driver going away (one slot:
-    // whatever arrives is dropped as it is read).
-    let (tx, mut rx) = mpsc::channel(1);
-    spawn_reader(r, tx, traffic, peer);
-    tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    Ok(())
+) {
+    let out = match lane {
+        Some(lane) => Outlet::Lane(lane.writer),
+        None => {
+            let (r, w) = stream.split();
+            let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+            spawn_writer(w, rx, traffic.clone(), peer);
+            // Nothing is expected on this stream; reading it notices the driver going away (one
+            // slot: whatever arrives is dropped as it is read).
+            let (rtx, mut rrx) = mpsc::channel(1);
+            spawn_reader(r, rtx, traffic, peer);
+            tokio::spawn(async move { while rrx.recv().await.is_some() {} });
+            Outlet::Relay(tx)
+        }
+    };
+    host.set_owner(out);
 }
 
-/// The previous stage's stream: connects on to the next stage (if any), answers the handshake and
-/// runs the stage on its own thread.
+/// The previous stage's stream: connects on to the next stage (if any), answers the handshake (with a
+/// lane offer) and runs the stage on its own thread.
 async fn serve_upstream(
     cluster: &ClusterHandle,
     host: &Arc<HostedStage>,
     mut stream: Stream,
     ours: &Handshake,
+    lanes: Option<&Lanes>,
     traffic: Arc<Traffic>,
     peer: PeerId,
 ) -> Result<(), PipelineError> {
@@ -300,25 +342,48 @@ async fn serve_upstream(
             let opened = open_on_path(cluster, next, &host.instance, "stream").await?;
             let mut s = opened.stream;
             handshake(&mut s, ours).await?;
-            let (r, w) = s.split();
-            drop(r);
-            let (tx, rx) = mpsc::channel(WRITE_QUEUE);
-            spawn_writer(w, rx, traffic.clone(), next);
-            (Some(tx), Some(opened.lease))
+            let lane = open_lane(
+                &mut s,
+                opened.path.addr,
+                next,
+                traffic.clone(),
+                lanes.is_some(),
+            )
+            .await?;
+            let out = match lane {
+                Some(lane) => Outlet::Lane(lane.writer),
+                None => {
+                    let (r, w) = s.split();
+                    drop(r);
+                    let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+                    spawn_writer(w, rx, traffic.clone(), next);
+                    Outlet::Relay(tx)
+                }
+            };
+            (Some(out), Some(opened.lease))
         }
         None => (None, None),
     };
-    stream.write_all(&ours.encode()).await?;
-    stream.flush().await?;
-    let (r, _w) = stream.split();
-    let (in_tx, in_rx) = mpsc::channel(READ_QUEUE);
-    let previous = host.new_upstream(&in_tx);
-    spawn_reader(r, in_tx, traffic, peer);
+    let lane = accept_lane(&mut stream, ours, lanes, peer).await?;
+    let (input, alarm) = match lane {
+        Some(lane) => {
+            let alarm = Alarm::Lane(lane.reader.interrupt());
+            (Inlet::Lane(lane.reader), alarm)
+        }
+        None => {
+            let (r, _w) = stream.split();
+            let (in_tx, in_rx) = mpsc::channel(READ_QUEUE);
+            let alarm = Alarm::Relay(in_tx.downgrade());
+            spawn_reader(r, in_tx, traffic, peer);
+            (Inlet::Relay(in_rx), alarm)
+        }
+    };
+    let previous = host.new_upstream(alarm);
     let host = host.clone();
     std::thread::Builder::new()
         .name(format!("stage-{}-{}", host.instance, host.index))
         .spawn(move || {
-            run_stage(&host, in_rx, next, previous);
+            run_stage(&host, input, next, previous);
             drop(lease);
         })?;
     Ok(())
@@ -327,28 +392,26 @@ async fn serve_upstream(
 /// Serves one upstream connection: every frame in order, until the upstream closes or a step fails.
 fn run_stage(
     host: &HostedStage,
-    mut input: mpsc::Receiver<Inbound>,
-    next: Option<mpsc::Sender<Vec<u8>>>,
-    previous: Option<mpsc::WeakSender<Inbound>>,
+    mut input: Inlet,
+    mut next: Option<Outlet>,
+    previous: Option<Alarm>,
 ) {
     let Some(mut stage) = host.take_stage(previous) else {
         tracing::warn!(instance = %host.instance, "stage busy with another stream for {HANDOVER_WAIT:?}");
         return;
     };
     let mut jobs: HashMap<u64, Vec<SampleJob>> = HashMap::new();
-    let send = |bytes: Vec<u8>| -> bool {
-        match &next {
-            Some(tx) => tx.blocking_send(bytes).is_ok(),
-            None => match host.owner.lock().ok().and_then(|o| o.clone()) {
-                Some(tx) => tx.blocking_send(bytes).is_ok(),
-                None => false,
-            },
+    let last = next.is_none();
+    let mut send = |bytes: Vec<u8>| -> bool {
+        match &mut next {
+            Some(out) => out.send(bytes),
+            None => host.send_tokens(bytes),
         }
     };
     // Frames passed on unchanged (sampling jobs, KV operations) wait in `held` and go out with the
     // next answer, or before the thread waits for input: one message, one write, one wakeup downstream.
     let mut held = Vec::new();
-    while let Some(frame) = recv_or_flush(&mut input, &mut held, &send) {
+    while let Some(frame) = recv_or_flush(&mut input, &mut held, &mut send) {
         let frame = match frame {
             Ok(f) => f,
             Err(e) => {
@@ -360,7 +423,7 @@ fn run_stage(
         };
         let answer = matches!(frame, Frame::Activations(_));
         let started = std::time::Instant::now();
-        let stepped = step(&mut stage, host, &mut jobs, frame, next.is_none());
+        let stepped = step(&mut stage, host, &mut jobs, frame, last);
         if answer {
             host.step_seconds.record(started.elapsed());
             host.kv_used.set(stage.held_tokens() as f64);
@@ -398,18 +461,22 @@ fn run_stage(
 /// The next frame from upstream; what `held` has is sent first when none is waiting. `None` once the
 /// upstream closed, or when the held frames cannot be sent (the downstream closed).
 fn recv_or_flush(
-    input: &mut mpsc::Receiver<Inbound>,
+    input: &mut Inlet,
     held: &mut Vec<u8>,
-    send: &impl Fn(Vec<u8>) -> bool,
+    send: &mut impl FnMut(Vec<u8>) -> bool,
 ) -> Option<Inbound> {
-    if let Ok(frame) = input.try_recv() {
+    // Only frames held back make it worth looking before waiting.
+    if held.is_empty() {
+        return input.recv();
+    }
+    if let Some(frame) = input.try_recv() {
         return Some(frame);
     }
-    if !held.is_empty() && !send(std::mem::take(held)) {
+    if !send(std::mem::take(held)) {
         tracing::warn!("downstream closed");
         return None;
     }
-    input.blocking_recv()
+    input.recv()
 }
 
 /// Appends an encoded message to what is held (taking it whole when nothing is).
@@ -447,7 +514,11 @@ fn step(
         }
         Frame::Error { code, message } => return Err(PipelineError::Upstream { code, message }),
         other @ Frame::Sample { .. } => Some(other),
-        Frame::Ping { .. } | Frame::Pong { .. } | Frame::Tokens { .. } | Frame::Pooled(_) => None,
+        Frame::Ping { .. }
+        | Frame::Pong { .. }
+        | Frame::Tokens { .. }
+        | Frame::Pooled(_)
+        | Frame::Lane { .. } => None,
     };
     out.as_ref().map(encode).transpose()
 }
@@ -630,10 +701,11 @@ mod tests {
 
     #[test]
     fn held_frames_go_out_together_and_only_when_no_input_waits() {
-        let (tx, mut input) = mpsc::channel(4);
+        let (tx, input) = mpsc::channel(4);
+        let mut input = Inlet::Relay(input);
         tx.try_send(release(1)).unwrap();
         let sent = RefCell::new(Vec::new());
-        let send = |bytes: Vec<u8>| {
+        let mut send = |bytes: Vec<u8>| {
             sent.borrow_mut().push(bytes);
             true
         };
@@ -641,7 +713,7 @@ mod tests {
         append(&mut held, vec![1, 2]);
         append(&mut held, vec![3]);
         // A frame is waiting: it comes first and nothing is sent yet.
-        match recv_or_flush(&mut input, &mut held, &send) {
+        match recv_or_flush(&mut input, &mut held, &mut send) {
             Some(Ok(Frame::Release { seq_ids })) => assert_eq!(seq_ids, [1]),
             other => panic!("expected the waiting frame, got {other:?}"),
         }
@@ -649,15 +721,16 @@ mod tests {
         // Nothing waiting: what is held goes out, as one message, before the thread waits (here the
         // upstream closes, which ends the stage).
         drop(tx);
-        assert!(recv_or_flush(&mut input, &mut held, &send).is_none());
+        assert!(recv_or_flush(&mut input, &mut held, &mut send).is_none());
         assert_eq!(*sent.borrow(), [vec![1, 2, 3]]);
         assert!(held.is_empty());
     }
 
     #[test]
     fn a_downstream_that_refuses_the_held_frames_ends_the_stage() {
-        let (_tx, mut input) = mpsc::channel::<Inbound>(4);
+        let (_tx, input) = mpsc::channel::<Inbound>(4);
+        let mut input = Inlet::Relay(input);
         let mut held = vec![9];
-        assert!(recv_or_flush(&mut input, &mut held, &|_| false).is_none());
+        assert!(recv_or_flush(&mut input, &mut held, &mut |_| false).is_none());
     }
 }

@@ -1,13 +1,18 @@
-//! The data plane: `shoal-wire` frames on dedicated libp2p streams between pipeline neighbours.
+//! The data plane: `shoal-wire` frames between pipeline neighbours, on direct connections (lanes).
 //!
 //! Each instance of `n` stages uses `n` streams: stage k → stage k+1 for `k < n-1` (activations, sampling
 //! jobs, releases, prefix operations, in that order), and one from the driver to the last stage on which
-//! the last stage sends sampled tokens back. The streams ride on the nodes' libp2p connections, so they
-//! are encrypted and authenticated like everything else (pnet + noise), and a dead peer closes them.
+//! the last stage sends sampled tokens back. Each stream opens on the nodes' libp2p connection (on the
+//! chosen path, so authenticated and encrypted like everything else: pnet + noise), and right after the
+//! handshake moves to a lane (`lane.rs`): a TCP connection of its own to the same address, whose keys were
+//! agreed on that stream, read and written by the threads that compute — a hop is one write and one
+//! wakeup. Where no lane can be made (`serve --no-lanes`, a firewall that lets only the cluster port
+//! through) the stream carries the frames itself (the *relay*: reader and writer tasks between the
+//! threads and the stream). `Outlet`, `Inlet` and `Alarm` are the three ends either way.
 //!
 //! - [`RemoteChain`] is the driver's [`Stage`](shoal_engine::stage::Stage) for all stages after its
-//!   own: it sends a batch and waits for its tokens on one channel fed by the token stream's reader and a
-//!   membership watch, failing at once (as [`StageLost`](shoal_engine::EngineError::StageLost)) when a
+//!   own: it sends a batch and waits for its tokens on one `Inlet` (the token lane, which a membership
+//!   and a path watch can interrupt), failing at once (as [`StageLost`](shoal_engine::EngineError::StageLost)) when a
 //!   stream closes or a stage node leaves.
 //! - [`serve_stages`] accepts inbound streams for the stages this node hosts ([`Hosts`]) and runs each on its
 //!   own thread: read → compute → write to the next stage (or tokens to the driver), so sending one batch
@@ -15,10 +20,11 @@
 //!
 //! A step crosses each hop as one message: the driver writes a batch's sampling jobs and activations as
 //! one buffer, a stage holds the frames it passes on (jobs, KV operations) until its answer goes out
-//! (or until it would wait for input), and a stream's writer task joins what is queued into one write —
-//! one multiplexer frame, one packet and one wakeup of the next node per step instead of one per frame.
+//! (or until it would wait for input) — one write, one packet and one wakeup of the next node per step
+//! (on a relay, the stream's writer task joins what is queued into one write, one multiplexer frame).
 
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures::io::{ReadHalf, WriteHalf};
@@ -30,7 +36,9 @@ use shoal_wire::{
     DEFAULT_MAX_FRAME_LEN, Frame, FrameReader, HANDSHAKE_HEADER_LEN, Handshake, PrefixAction,
     PrefixOp,
 };
+use tokio::runtime::Handle;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use shoal_cluster::Traffic;
 
@@ -38,10 +46,14 @@ use crate::error::PipelineError;
 
 mod chain;
 mod host;
+mod lane;
 mod path;
+
+use lane::{Interrupt, Lane, LaneReader, LaneWriter, Received};
 
 pub use chain::RemoteChain;
 pub use host::{HostedStage, Hosts, serve_stages};
+pub use lane::Lanes;
 
 pub const STAGE_PROTOCOL: StreamProtocol = StreamProtocol::new("/shoal/stage/1");
 /// Encoded frames queued to a stream's writer task. A stage is at most a few batches ahead of its
@@ -251,4 +263,232 @@ fn engine_pool(pool: shoal_wire::Pool) -> Pool {
 
 fn encode(frame: &Frame) -> Result<Vec<u8>, PipelineError> {
     Ok(frame.encode()?)
+}
+
+/// Where a stream's frames go: its lane, written by the calling thread, or the stream's writer task
+/// (the relay, when no lane could be set up).
+pub(super) enum Outlet {
+    Lane(LaneWriter),
+    Relay(mpsc::Sender<Vec<u8>>),
+}
+
+impl Outlet {
+    /// Sends one message, blocking while the peer is behind; `false` when the stream is gone.
+    fn send(&mut self, bytes: Vec<u8>) -> bool {
+        match self {
+            Outlet::Lane(w) => match w.send(&bytes) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(kind = e.error_type(), "{e}");
+                    false
+                }
+            },
+            Outlet::Relay(tx) => tx.blocking_send(bytes).is_ok(),
+        }
+    }
+
+    /// Which transport this is, for logs and `/state`.
+    fn transport(&self) -> &'static str {
+        match self {
+            Outlet::Lane(_) => "lane",
+            Outlet::Relay(_) => "relay",
+        }
+    }
+}
+
+/// Where a stream's frames come from: its lane, read by the waiting thread, or the channel its reader
+/// task feeds (with what watchers put there).
+pub(super) enum Inlet {
+    Lane(LaneReader),
+    Relay(mpsc::Receiver<Inbound>),
+}
+
+impl Inlet {
+    /// A frame already here, without waiting.
+    fn try_recv(&mut self) -> Option<Inbound> {
+        match self {
+            Inlet::Lane(r) => r.try_recv(),
+            Inlet::Relay(rx) => rx.try_recv().ok(),
+        }
+    }
+
+    /// The next frame, waiting as long as it takes (on a thread outside the runtime); `None` once
+    /// the stream closed.
+    fn recv(&mut self) -> Option<Inbound> {
+        match self {
+            Inlet::Lane(r) => match r.recv(None) {
+                Received::Inbound(i) => Some(i),
+                Received::Closed | Received::TimedOut => None,
+            },
+            Inlet::Relay(rx) => rx.blocking_recv(),
+        }
+    }
+
+    /// The next frame until `deadline` (`rt`'s timer bounds a relay's wait): `Err` once the deadline
+    /// passed, `Ok(None)` when the stream closed.
+    fn recv_by(&mut self, rt: &Handle, deadline: Instant) -> Result<Option<Inbound>, Elapsed> {
+        match self {
+            Inlet::Lane(r) => match r.recv(Some(deadline.into_std())) {
+                Received::Inbound(i) => Ok(Some(i)),
+                Received::Closed => Ok(None),
+                Received::TimedOut => Err(Elapsed),
+            },
+            // The timer is made inside the future: this thread has no runtime context of its own.
+            Inlet::Relay(rx) => rt
+                .block_on(async { tokio::time::timeout_at(deadline, rx.recv()).await })
+                .map_err(|_| Elapsed),
+        }
+    }
+
+    /// What a watcher holds to put an error in front of whoever waits on this inlet.
+    fn alarm(&self) -> Option<Alarm> {
+        match self {
+            Inlet::Lane(r) => Some(Alarm::Lane(r.interrupt())),
+            Inlet::Relay(_) => None,
+        }
+    }
+}
+
+/// A wait that reached its deadline.
+#[derive(Debug)]
+pub(super) struct Elapsed;
+
+/// How a watcher (or a newer stream) wakes the thread waiting on an [`Inlet`] with an error; weak, so
+/// it never keeps the stream open.
+#[derive(Clone)]
+pub(super) enum Alarm {
+    Lane(Weak<Interrupt>),
+    Relay(mpsc::WeakSender<Inbound>),
+}
+
+impl Alarm {
+    /// Puts `why` in front of the waiting thread (waiting for room on a relay's channel).
+    async fn ring(&self, why: PipelineError) {
+        match self {
+            Alarm::Lane(i) => {
+                if let Some(i) = i.upgrade() {
+                    i.fire(why);
+                }
+            }
+            Alarm::Relay(tx) => {
+                if let Some(tx) = tx.upgrade() {
+                    let _ = tx.send(Err(why)).await;
+                }
+            }
+        }
+    }
+
+    /// [`Self::ring`] without waiting: `false` when a relay's channel is full (try again later).
+    fn try_ring(&self, why: PipelineError) -> bool {
+        match self {
+            Alarm::Lane(i) => {
+                if let Some(i) = i.upgrade() {
+                    i.fire(why);
+                }
+                true
+            }
+            Alarm::Relay(tx) => match tx.upgrade() {
+                Some(tx) => !matches!(
+                    tx.try_send(Err(why)),
+                    Err(mpsc::error::TrySendError::Full(_))
+                ),
+                None => true,
+            },
+        }
+    }
+}
+
+/// Reads one frame from a stream during setup (before its reader task exists).
+async fn read_frame(stream: &mut Stream) -> Result<Frame, PipelineError> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).await?;
+    let n = u32::from_le_bytes(len);
+    if n == 0 || n > 1 << 16 {
+        return Err(PipelineError::ShortHandshake);
+    }
+    let mut buf = len.to_vec();
+    buf.resize(4 + n as usize, 0);
+    stream.read_exact(&mut buf[4..]).await?;
+    match Frame::decode(&buf, DEFAULT_MAX_FRAME_LEN)? {
+        Some((f, _)) => Ok(f),
+        None => Err(PipelineError::ShortHandshake),
+    }
+}
+
+/// The opening side of a stream, after the handshake: takes the acceptor's lane offer, connects to it
+/// at `ip` (the address of the path the stream runs on) and says whether it did. `None`: the stream
+/// itself carries the frames (no offer, lanes off, or the connection failed — logged).
+async fn open_lane(
+    stream: &mut Stream,
+    ip: IpAddr,
+    peer: PeerId,
+    traffic: Arc<Traffic>,
+    use_lanes: bool,
+) -> Result<Option<Lane>, PipelineError> {
+    let Frame::Lane { port, token } = read_frame(stream).await? else {
+        return Err(PipelineError::LaneSetup {
+            peer,
+            why: "expected a lane offer after the handshake".into(),
+        });
+    };
+    let lane = if port != 0 && use_lanes {
+        match lane::connect(SocketAddr::new(ip, port), &token, peer, traffic).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(%peer, %ip, port, kind = e.error_type(),
+                    "no direct connection for a data-plane stream, it goes through the cluster connection: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let answer = Frame::Lane {
+        port: u16::from(lane.is_some()),
+        token: [0; 32],
+    };
+    stream.write_all(&encode(&answer)?).await?;
+    stream.flush().await?;
+    Ok(lane)
+}
+
+/// The accepting side of a stream: sends our handshake and a lane offer (none when `lanes` is `None`),
+/// reads the opener's answer and returns the lane when it connected.
+async fn accept_lane(
+    stream: &mut Stream,
+    ours: &Handshake,
+    lanes: Option<&Lanes>,
+    peer: PeerId,
+) -> Result<Option<Lane>, PipelineError> {
+    let (offer_frame, offer) = match lanes {
+        Some(l) => {
+            let (f, o) = l.offer(peer)?;
+            (f, Some(o))
+        }
+        None => (
+            Frame::Lane {
+                port: 0,
+                token: [0; 32],
+            },
+            None,
+        ),
+    };
+    let mut bytes = ours.encode();
+    bytes.extend(encode(&offer_frame)?);
+    stream.write_all(&bytes).await?;
+    stream.flush().await?;
+    let Frame::Lane { port: used, .. } = read_frame(stream).await? else {
+        return Err(PipelineError::LaneSetup {
+            peer,
+            why: "expected the answer to the lane offer".into(),
+        });
+    };
+    match (used, offer) {
+        (0, _) => Ok(None),
+        (_, Some(offer)) => offer.lane().await.map(Some),
+        (_, None) => Err(PipelineError::LaneSetup {
+            peer,
+            why: "the opening node used a lane that was not offered".into(),
+        }),
+    }
 }

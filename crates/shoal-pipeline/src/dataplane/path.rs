@@ -20,7 +20,7 @@ use shoal_cluster::{ClusterHandle, PathBook, PathId, PathStream};
 use shoal_engine::stage::KvOp;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Inbound, STAGE_PROTOCOL, encode, kv_frame};
+use super::{Alarm, STAGE_PROTOCOL, encode, kv_frame};
 use crate::error::PipelineError;
 
 /// Opens a data-plane stream for `instance` to `peer` on its preferred path (`what` names it in the
@@ -38,14 +38,15 @@ pub(super) async fn open_on_path(
         .map_err(|source| PipelineError::OpenPath { what, peer, source })
 }
 
-/// Sends [`PipelineError::PathLost`] into `events` as soon as a path in `used` is no live connection
-/// any more, or when `writer_gone` fires (the stream's writer ended: the stream broke); ends then,
-/// when `stop` fires, or when the path feed closes.
+/// Rings `events` with [`PipelineError::PathLost`] as soon as a path in `used` is no live connection
+/// any more, or when a relay's `writer` task ended (the stream broke; a lane's writer is the engine
+/// thread, which sees a broken write itself); ends then, when `stop` fires, or when the path feed
+/// closes.
 pub(super) fn watch_paths(
     mut book: watch::Receiver<Arc<PathBook>>,
     used: Vec<(PeerId, PathId)>,
-    writer: mpsc::Sender<Vec<u8>>,
-    events: mpsc::WeakSender<Inbound>,
+    writer: Option<mpsc::Sender<Vec<u8>>>,
+    events: Alarm,
     mut stop: oneshot::Receiver<()>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -59,9 +60,15 @@ pub(super) fn watch_paths(
             if let Some(peer) = gone {
                 break peer;
             }
+            let writer_closed = async {
+                match &writer {
+                    Some(w) => w.closed().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = &mut stop => return,
-                _ = writer.closed() => break used.first().map_or(PeerId::random(), |u| u.0),
+                _ = writer_closed => break used.first().map_or(PeerId::random(), |u| u.0),
                 changed = book.changed() => {
                     if changed.is_err() {
                         return;
@@ -71,9 +78,7 @@ pub(super) fn watch_paths(
         };
         // The writer's sender goes before the event: a switch must not wait on it.
         drop(writer);
-        if let Some(tx) = events.upgrade() {
-            let _ = tx.send(Err(PipelineError::PathLost { peer: lost })).await;
-        }
+        events.ring(PipelineError::PathLost { peer: lost }).await;
     })
 }
 

@@ -64,6 +64,10 @@ pub fn sample_frames(rng: &mut Rng) -> Vec<Frame> {
             seq_ids: vec![1, 2, u64::MAX],
         },
         Frame::Release { seq_ids: vec![] },
+        Frame::Lane {
+            port: 52417,
+            token: [7; 32],
+        },
         Frame::Ping { nonce: 0xDEAD_BEEF },
         Frame::Pong { nonce: u64::MAX },
         Frame::Error {
