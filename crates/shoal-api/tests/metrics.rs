@@ -264,3 +264,67 @@ async fn a_server_without_a_recorder_answers_404() {
     .await;
     assert_eq!(reply.status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_request_relayed_by_another_nodes_balancer_is_counted_once_where_the_client_sent_it() {
+    let state = metered();
+    let before = scrape(&state).await;
+    let body = json!({
+        "model": MODEL_ID,
+        "messages": [{"role": "user", "content": "Name a color."}],
+        "max_tokens": 3,
+    })
+    .to_string();
+    let mut relayed = post_raw("/v1/chat/completions", Some("application/json"), body);
+    relayed.headers_mut().insert(
+        shoal_api::cluster::FORWARDED_HEADER,
+        header::HeaderValue::from_static("1"),
+    );
+    let reply = send_with(state.clone(), relayed).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let after = scrape(&state).await;
+    let chat = [("route", "/v1/chat/completions")];
+    assert_eq!(
+        after.sum("shoal_http_requests_total", &chat),
+        before.sum("shoal_http_requests_total", &chat),
+        "the node the client talked to counted it"
+    );
+    assert_eq!(
+        after.sum("shoal_http_request_duration_seconds_count", &chat),
+        before.sum("shoal_http_request_duration_seconds_count", &chat)
+    );
+    let m = [("model", MODEL_ID)];
+    assert!(
+        after.sum("shoal_generated_tokens_total", &m)
+            > before.sum("shoal_generated_tokens_total", &m),
+        "the engine that served it counts its tokens"
+    );
+}
+
+#[tokio::test]
+async fn an_engine_that_went_leaves_no_preempted_series() {
+    let state = metered();
+    let series = format!("shoal_sequences_preempted{{model=\"{MODEL_ID}\"}}");
+    let with = scrape(&state).await;
+    assert_eq!(
+        with.samples.get(&series),
+        Some(&0.0),
+        "{:?}",
+        with.samples.keys()
+    );
+    assert_eq!(with.types["shoal_sequences_preempted"], "gauge");
+    assert!(state.engine.remove(MODEL_ID).is_some());
+    let without = scrape(&state).await;
+    assert!(
+        !without
+            .samples
+            .keys()
+            .any(|s| s.starts_with("shoal_sequences_preempted")),
+        "a series of an engine that went: {:?}",
+        without
+            .samples
+            .keys()
+            .filter(|s| s.contains("preempted"))
+            .collect::<Vec<_>>()
+    );
+}

@@ -27,7 +27,6 @@ pub mod names {
     pub const PREFIX_LOOKUPS: &str = "shoal_prefix_cache_lookups_total";
     pub const PREFIX_HITS: &str = "shoal_prefix_cache_hits_total";
     pub const PREFIX_EVICTIONS: &str = "shoal_prefix_cache_evictions_total";
-    pub const PREEMPTED: &str = "shoal_sequences_preempted";
     pub const KV_POOL_CAPACITY: &str = "shoal_kv_pool_capacity_bytes";
     pub const KV_POOL_USED: &str = "shoal_kv_pool_used_bytes";
     pub const KV_POOL_IDLE: &str = "shoal_kv_pool_idle_bytes";
@@ -52,7 +51,6 @@ pub(crate) struct Meters {
     cancelled: Counter,
     failed: Counter,
     embedding: Counter,
-    preempted: Gauge,
 }
 
 impl Meters {
@@ -78,7 +76,6 @@ impl Meters {
             cancelled: outcome("cancelled"),
             failed: outcome("failed"),
             embedding: outcome("embedding"),
-            preempted: gauge!(names::PREEMPTED, "model" => m.clone()),
         }
     }
 
@@ -116,11 +113,6 @@ impl Meters {
 
     pub(crate) fn preempted(&self) {
         self.preemptions.increment(1);
-    }
-
-    /// Sequences waiting to resume after a preemption, now.
-    pub(crate) fn preempted_now(&self, n: usize) {
-        self.preempted.set(n as f64);
     }
 
     /// A step (a batch through every stage, launched to outputs) took `took`.

@@ -29,6 +29,8 @@ pub struct EngineStats {
     pub kv_tokens: usize,
     /// Sequence KV caches held across all stages (a sequence in an n-stage pipeline holds n).
     pub stage_sequences: usize,
+    /// Sequences waiting to resume after a preemption.
+    pub preempted: usize,
     /// Requests finished (to their end: a stop or the length limit; each choice and each embedding
     /// counts one), not cancelled or failed ones.
     pub finished: u64,
@@ -51,6 +53,7 @@ impl EngineStats {
             prefilled_tokens: self.prefilled_tokens + other.prefilled_tokens,
             kv_tokens: self.kv_tokens + other.kv_tokens,
             stage_sequences: self.stage_sequences + other.stage_sequences,
+            preempted: self.preempted + other.preempted,
             finished: self.finished + other.finished,
             decode_tok_s: weighted(
                 self.decode_tok_s,
@@ -127,6 +130,7 @@ pub(crate) struct Counters {
     prefilled: AtomicU64,
     kv_tokens: AtomicUsize,
     stage_sequences: AtomicUsize,
+    preempted: AtomicUsize,
     finished: AtomicU64,
     decode_tok_s: Recent,
     ttft_ms: Recent,
@@ -176,6 +180,11 @@ impl Counters {
             .store(stage_sequences, Ordering::Relaxed);
     }
 
+    /// `n` sequences wait to resume after a preemption now.
+    pub(crate) fn preempted_waiting(&self, n: usize) {
+        self.preempted.store(n, Ordering::Relaxed);
+    }
+
     /// A request ran to its end, having measured `what` (one call per finished request, on the engine
     /// thread).
     pub(crate) fn finished(&self, what: Finished) {
@@ -212,6 +221,7 @@ impl Counters {
             prefilled_tokens: self.prefilled.load(Ordering::Relaxed),
             kv_tokens: self.kv_tokens.load(Ordering::Relaxed),
             stage_sequences: self.stage_sequences.load(Ordering::Relaxed),
+            preempted: self.preempted.load(Ordering::Relaxed),
             finished: self.finished.load(Ordering::Relaxed),
             decode_tok_s: self.decode_tok_s.get(),
             ttft_ms: self.ttft_ms.get(),
@@ -234,6 +244,7 @@ mod tests {
         c.generated();
         c.prefilled(7);
         c.holding(12, 2);
+        c.preempted_waiting(3);
         let s = c.snapshot();
         assert_eq!(
             s,
@@ -245,6 +256,7 @@ mod tests {
                 prefilled_tokens: 7,
                 kv_tokens: 12,
                 stage_sequences: 2,
+                preempted: 3,
                 finished: 0,
                 decode_tok_s: None,
                 ttft_ms: None,

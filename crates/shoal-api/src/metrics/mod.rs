@@ -122,8 +122,13 @@ pub fn api_of(path: &str) -> &'static str {
 /// in a path must not make a series), method, model and status, and times it to its response headers
 /// (a stream's first byte). The model is read from a `POST` body's `model` field and kept only when this
 /// node or a member of its cluster has that model (anything else a client sends is `other`: labels
-/// stay bounded).
+/// stay bounded). A request is counted once, on the node the client sent it to, with the status the
+/// client got: one that another node's balancer relayed here ([`crate::cluster::FORWARDED_HEADER`])
+/// is not counted again (the engine's own series count it where it runs).
 pub async fn track(State(state): State<ApiState>, req: Request, next: Next) -> Response {
+    if req.headers().contains_key(crate::cluster::FORWARDED_HEADER) {
+        return next.run(req).await;
+    }
     let started = Instant::now();
     let route = req
         .extensions()

@@ -101,11 +101,6 @@ pub const EVENTS: &[(&str, Kind, &str)] = &[
         "Cached prefixes evicted.",
     ),
     (
-        engine::PREEMPTED,
-        Kind::Gauge,
-        "Sequences waiting to resume after a preemption.",
-    ),
-    (
         engine::KV_POOL_CAPACITY,
         Kind::Gauge,
         "KV cache memory budget of this node.",
@@ -313,6 +308,11 @@ pub const STATE: &[(&str, Kind, &str)] = &[
         "shoal_engine_queue_depth",
         Kind::Gauge,
         "Requests in a model's engine on this node: running plus waiting for admission.",
+    ),
+    (
+        "shoal_sequences_preempted",
+        Kind::Gauge,
+        "Sequences waiting to resume after a preemption in a model's engine on this node.",
     ),
     (
         "shoal_sequences_running",

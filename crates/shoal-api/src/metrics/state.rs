@@ -36,7 +36,8 @@ pub fn render(state: &ApiState) -> String {
     handle.render()
 }
 
-/// Queue and KV of each model's engine on this node.
+/// Queue, preempted sequences and KV of each model's engine on this node (an engine that went has
+/// no series left).
 fn engines(state: &ApiState) {
     for m in state.engine.models() {
         let Ok(engine) = state.engine.get(&m.id) else {
@@ -48,6 +49,7 @@ fn engines(state: &ApiState) {
             .set(s.active_sequences.saturating_add(s.waiting) as f64);
         gauge!("shoal_sequences_running", "model" => model.clone()).set(s.active_sequences as f64);
         gauge!("shoal_sequences_waiting", "model" => model.clone()).set(s.waiting as f64);
+        gauge!("shoal_sequences_preempted", "model" => model.clone()).set(s.preempted as f64);
         gauge!("shoal_engine_kv_tokens", "model" => model).set(s.kv_tokens as f64);
     }
 }

@@ -180,7 +180,7 @@ impl Worker {
         self.kv.trim(self.kv_in_use());
         let held = self.stages.iter().map(|s| s.held_sequences()).sum();
         self.counters.holding(self.kv_in_use(), held);
-        self.meters.preempted_now(self.preempted.len());
+        self.counters.preempted_waiting(self.preempted.len());
     }
 
     /// KV tokens held: running sequences plus cached prefixes.
