@@ -159,7 +159,7 @@ def prometheus(duo, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def traffic(duo, prometheus):
-    """REQUESTS chat requests while Prometheus scrapes, the last one sent to b (which forwards it to a)."""
+    """REQUESTS chat requests while Prometheus scrapes, the last one sent to b (which relays it to a)."""
     a, b, _ = duo
     # A first scrape of both before any request, so rates see the traffic arrive.
     eventually(prometheus, 'up{job="shoal"}', lambda r: len(r) == 2, "a first scrape of both nodes")
@@ -212,12 +212,15 @@ def test_prometheus_scrapes_both_nodes_and_promql_sees_the_traffic(duo, promethe
         lambda r: r and r[0][1] >= REQUESTS,
         "a TTFT per request",
     )
-    eventually(
+    # Each request counted once, where the client sent it: b counts the one it relayed to a, a does not count
+    # it again.
+    chats = eventually(
         prometheus,
-        'sum(shoal_http_requests_total{api="openai", route="/v1/chat/completions", status="200"})',
-        lambda r: r and r[0][1] >= REQUESTS,
+        'sum by (instance) (shoal_http_requests_total{api="openai", route="/v1/chat/completions", status="200"})',
+        lambda r: sum(v for _, v in r) >= REQUESTS,
         "the chat requests counted",
     )
+    assert {m["instance"]: v for m, v in chats} == {host_port(a): REQUESTS - 1, host_port(b): 1}, chats
     # The driver's TTFT p99 from the histogram's buckets (rate over what the scrapes saw).
     p99 = eventually(
         prometheus,

@@ -179,7 +179,8 @@ def test_replicas_are_placed_on_disjoint_nodes_all_or_nothing(pair):
 def test_regression_a_node_joining_while_placing_its_own_instance_keeps_serving():
     """`shoal serve` on a second node places its own instance, pinned, as its own coordinator before it
     has heard of the first node; adopting the first node's table (just as new) dropped it and the node hung
-    at startup. It places the instance again: both nodes serve, each with its own replica."""
+    at startup. Tables now merge without losing an instance (shoal-cluster's state/merge.rs) and serve places
+    once (a lost instance would end it with an error): both nodes serve, each with its own replica."""
     a = ShoalNode(key="replicas-auto")
     nodes = [a]
     try:

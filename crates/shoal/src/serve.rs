@@ -324,52 +324,41 @@ async fn bring_served_model(
 }
 
 /// Places the served model on this node (pinned: every node serves its own replica by default) and
-/// waits until it is loaded. A node that joins a cluster while placing may lose its placement to the
-/// coordinator's table (both tables were new); it places the model again, a few times at most.
+/// waits until it is loaded. Joining a cluster meanwhile keeps the instance (tables merge without losing
+/// one: `shoal_cluster::state::merge`); only a removal (`DELETE /instance`) takes it away.
 async fn place_here(
     cluster: &shoal_cluster::ClusterHandle,
     engines: &shoal_engine::Engines,
     model: &str,
 ) -> anyhow::Result<()> {
-    const ATTEMPTS: usize = 3;
-    let me = cluster.id().to_string();
-    for attempt in 1..=ATTEMPTS {
-        let request = shoal_cluster::PlaceRequest {
-            model: model.to_string(),
-            nodes: Some(vec![me.clone()]),
-            ..Default::default()
-        };
-        let record = cluster
-            .place(request)
-            .await
-            .map_err(|e| anyhow::anyhow!("placing {model} on this node: {e}"))?;
-        let id = record.id.clone();
-        let snap = cluster
-            .wait_for(std::time::Duration::from_secs(600), |s| {
-                let view = s.state.view();
-                let mine = view.instances.iter().find(|i| i.record.id == id);
-                mine.is_none_or(|i| !i.is_loading())
+    let request = shoal_cluster::PlaceRequest {
+        model: model.to_string(),
+        nodes: Some(vec![cluster.id().to_string()]),
+        ..Default::default()
+    };
+    let record = cluster
+        .place(request)
+        .await
+        .map_err(|e| anyhow::anyhow!("placing {model} on this node: {e}"))?;
+    let id = record.id.clone();
+    let snap = cluster
+        .wait_for(std::time::Duration::from_secs(600), |s| {
+            let view = s.state.view();
+            let mine = view.instances.iter().find(|i| i.record.id == id);
+            mine.is_none_or(|i| !i.is_loading())
+        })
+        .await;
+    let view = snap.state.view();
+    match view.instances.iter().find(|i| i.record.id == id) {
+        Some(i) if i.is_ready() && engines.get(model).is_ok() => Ok(()),
+        Some(i) => anyhow::bail!(
+            "loading {model} failed: {}",
+            i.failure().unwrap_or_else(|| match i.status {
+                shoal_cluster::state::InstanceState::Loading =>
+                    "it was still loading after 10 minutes".to_string(),
+                _ => "its instance is ready, but no engine for it started on this node".to_string(),
             })
-            .await;
-        let view = snap.state.view();
-        match view.instances.iter().find(|i| i.record.id == id) {
-            Some(i) if i.is_ready() && engines.get(model).is_ok() => return Ok(()),
-            Some(i) => anyhow::bail!(
-                "loading {model} failed: {}",
-                i.failure().unwrap_or_else(|| match i.status {
-                    shoal_cluster::state::InstanceState::Loading =>
-                        "it was still loading after 10 minutes".to_string(),
-                    _ => "its instance is ready, but no engine for it started on this node"
-                        .to_string(),
-                })
-            ),
-            None => tracing::warn!(
-                model,
-                instance = %id,
-                attempt,
-                "the instance left the table while loading (joined a cluster meanwhile?): placing it again"
-            ),
-        }
+        ),
+        None => anyhow::bail!("the instance of {model} (id {id}) was removed while it loaded"),
     }
-    anyhow::bail!("the instance of {model} was removed while loading, {ATTEMPTS} times")
 }
