@@ -9,8 +9,14 @@
 //! - Batched ([`shoal_placement::NodeInfo::prefill_speed`], layer-tokens per second): one token costs
 //!   `2 · layer_params` flops per layer, so `prefill_speed = flops_per_s / (2 · card.layer_params)`;
 //!   `None` when either is unknown (the planner then prices a batch as one token per step).
+//! - What a token costs besides its layers' weights ([`token_costs`], microseconds): the output head
+//!   (`card.head_bytes` at the measured rate for `card.head_type`, else the rate the layers get), one
+//!   token's attention per layer and cached position (`card.attention_flops_per_position` at the
+//!   measured attention flops) and sampling (`card.vocab_size` entries at the measured pass rate); each
+//!   `None` when the node or the card does not say (the planner then prices the head as layers and
+//!   leaves attention and sampling out).
 
-use shoal_placement::ModelCard;
+use shoal_placement::{ModelCard, NodeInfo};
 
 use crate::facts::{ComputeFacts, NodeFacts, REFERENCE_LAYER, usable};
 
@@ -36,6 +42,55 @@ pub fn decode_speed(f: &NodeFacts, card: &ModelCard) -> f64 {
             f.speed * REFERENCE_LAYER.1 as f64 / layer
         }
         None => f.speed,
+    }
+}
+
+/// The planner's node `f` for the model of `card`, offering `mem_available` bytes.
+pub fn node_info(f: &NodeFacts, card: Option<&ModelCard>, mem_available: u64) -> NodeInfo {
+    let (speed, prefill_speed) = match card {
+        Some(c) => speeds(f, c),
+        None => (f.speed, None),
+    };
+    let costs = card.map(|c| token_costs(&f.compute, c)).unwrap_or_default();
+    NodeInfo {
+        id: f.id.clone(),
+        mem_available,
+        speed,
+        prefill_speed,
+        head_us: costs.head_us,
+        attention_us: costs.attention_us,
+        sample_us: costs.sample_us,
+    }
+}
+
+/// What one token of the model of `card` costs on a node besides its layers' weights, microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TokenCosts {
+    /// The output head's weights streamed once.
+    pub head_us: Option<f64>,
+    /// One token's attention per layer and cached position.
+    pub attention_us: Option<f64>,
+    /// Sampling one token.
+    pub sample_us: Option<f64>,
+}
+
+/// [`TokenCosts`] from the measured compute `c` (see the module docs).
+pub fn token_costs(c: &ComputeFacts, card: &ModelCard) -> TokenCosts {
+    let per = |amount: u64, rate: Option<f64>| match rate {
+        Some(r) if amount > 0 && usable(r) => Some(amount as f64 * 1e6 / r),
+        _ => None,
+    };
+    let head_rate = c
+        .bytes_per_s(&card.head_type)
+        .or_else(|| c.bytes_per_s(&card.weight_type))
+        .or_else(|| c.slowest());
+    TokenCosts {
+        head_us: per(card.head_bytes, head_rate),
+        attention_us: per(
+            card.attention_flops_per_position,
+            Some(c.attention_flops_per_s),
+        ),
+        sample_us: per(card.vocab_size, Some(c.sample_entries_per_s)),
     }
 }
 
@@ -67,6 +122,10 @@ mod tests {
             tied_embeddings: true,
             weight_type: weight_type.into(),
             layer_params,
+            head_type: String::new(),
+            head_params: 0,
+            vocab_size: 0,
+            attention_flops_per_position: 0,
         }
     }
 
@@ -87,6 +146,8 @@ mod tests {
             compute: ComputeFacts {
                 weight_bytes_per_s: rates.iter().map(|(t, r)| (t.to_string(), *r)).collect(),
                 flops_per_s: flops,
+                attention_flops_per_s: 0.0,
+                sample_entries_per_s: 0.0,
                 threads: 2,
                 key: "k".into(),
             },
@@ -138,6 +199,41 @@ mod tests {
         assert_eq!(decode_speed(&unmeasured, &card("q4_0", r, 0)), 4500.0);
         assert_eq!(decode_speed(&unmeasured, &card("q4_0", twice, 0)), 2250.0);
         assert_eq!(decode_speed(&unmeasured, &card("q4_0", 0, 0)), 4500.0);
+    }
+
+    /// The head streams at the rate of its own type (else the layers'), attention and sampling at their
+    /// measured rates; what the node or the card does not say is `None`.
+    #[test]
+    fn head_attention_and_sampling_are_priced_from_their_figures() {
+        let mut n = node(1.0, &[("q4_0", 6e9), ("q8_0", 9e9)], 40e9);
+        n.compute.attention_flops_per_s = 20e9;
+        n.compute.sample_entries_per_s = 5e8;
+        let mut c = card("q4_0", 3_000_000, 0);
+        c.head_bytes = 18_000_000;
+        c.head_type = "q8_0".into();
+        c.attention_flops_per_position = 2000;
+        c.vocab_size = 50_000;
+        let costs = token_costs(&n.compute, &c);
+        assert_eq!(costs.head_us, Some(2000.0), "18 MB at 9 GB/s");
+        assert_eq!(costs.attention_us, Some(0.1), "2000 flops at 20 Gflop/s");
+        assert_eq!(costs.sample_us, Some(100.0), "50 000 entries at 500 M/s");
+        c.head_type = "q6_k".into();
+        assert_eq!(
+            token_costs(&n.compute, &c).head_us,
+            Some(3000.0),
+            "the layers' rate"
+        );
+        let info = node_info(&n, Some(&c), 7);
+        assert_eq!((info.mem_available, info.speed), (7, 2000.0));
+        assert_eq!(info.head_us, Some(3000.0));
+        // An older node (no attention or sampling figure) or an older card (no sizes): not priced.
+        n.compute.attention_flops_per_s = 0.0;
+        c.vocab_size = 0;
+        let costs = token_costs(&n.compute, &c);
+        assert_eq!((costs.attention_us, costs.sample_us), (None, None));
+        let unmeasured = node(4500.0, &[], 0.0);
+        assert_eq!(token_costs(&unmeasured.compute, &c), TokenCosts::default());
+        assert_eq!(node_info(&unmeasured, None, 1).speed, 4500.0);
     }
 
     /// A node that measured streams a model's layers at its measured rate for that model's type, so

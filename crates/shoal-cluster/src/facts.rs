@@ -112,6 +112,13 @@ pub struct ComputeFacts {
     /// compute-bound rate of prompt processing. 0 when not measured.
     #[serde(default)]
     pub flops_per_s: f64,
+    /// Floating-point operations per second of one decode token's attention over cached f16 keys and
+    /// values (`4 · head_dim` per query head and position). 0 when not measured.
+    #[serde(default)]
+    pub attention_flops_per_s: f64,
+    /// Logit entries per second of the sampler's passes over a row (a greedy pick). 0 when not measured.
+    #[serde(default)]
+    pub sample_entries_per_s: f64,
     /// Threads the probe ran on (the engine's thread count).
     #[serde(default)]
     pub threads: usize,

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use shoal_placement::{Constraints, Link, ModelCard, NodeInfo, Placement, Topology};
+use shoal_placement::{Constraints, Link, ModelCard, Placement, Topology};
 
 use crate::ClusterError;
 use crate::error::PlaceError;
@@ -248,18 +248,7 @@ impl ClusterState {
         let nodes = members
             .iter()
             .filter(|f| all || has(f))
-            .map(|f| {
-                let (speed, prefill_speed) = match &card {
-                    Some(c) => crate::compute::speeds(f, c),
-                    None => (f.speed, None),
-                };
-                NodeInfo {
-                    id: f.id.clone(),
-                    mem_available: self.mem_offered(f),
-                    speed,
-                    prefill_speed,
-                }
-            })
+            .map(|f| crate::compute::node_info(f, card.as_ref(), self.mem_offered(f)))
             .collect();
         (
             Topology {

@@ -31,22 +31,9 @@ pub fn logprob(logits: &[f32], id: u32) -> f32 {
     l - log_normalizer(logits)
 }
 
-/// `ln Σ exp(logits)`: a logit minus this is its log-probability.
-pub fn log_normalizer(logits: &[f32]) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    // Vectorized f32 exponentials (every token pays this over the whole vocabulary), summed in f64.
-    let mut buf = [0f32; 256];
-    let mut sum = 0f64;
-    for chunk in logits.chunks(buf.len()) {
-        let b = &mut buf[..chunk.len()];
-        for (d, &l) in b.iter_mut().zip(chunk) {
-            *d = l - max;
-        }
-        shoal_kernels::math::exp_in_place(b);
-        sum += b.iter().map(|&v| f64::from(v)).sum::<f64>();
-    }
-    (max as f64 + sum.ln()) as f32
-}
+/// `ln Σ exp(logits)`: a logit minus this is its log-probability (vectorized f32 exponentials summed
+/// in f64: every token pays this over the whole vocabulary).
+pub use shoal_kernels::math::log_normalizer;
 
 /// The `k` most likely tokens of `logits` with their log-probabilities (`normalizer` is
 /// [`log_normalizer`] of the row), best first, the lower id first on ties.

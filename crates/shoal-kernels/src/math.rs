@@ -1,5 +1,5 @@
-//! Vectorized elementwise helpers for the host forward pass: `exp` over a slice (softmax, SiLU) and
-//! f16 ↔ f32 conversions (the f16 KV cache).
+//! Vectorized elementwise helpers for the host forward pass: `exp` over a slice (softmax, SiLU), the
+//! log-normalizer of a logit row (the sampler's), and f16 ↔ f32 conversions (the f16 KV cache).
 //!
 //! Each has one definition of its arithmetic: the AVX2 path and the portable path perform the same
 //! IEEE operations (fused multiply-adds, round-to-nearest-even), so results are bitwise the same
@@ -36,6 +36,24 @@ pub fn exp(x: f32) -> f32 {
     }
     let y = y.mul_add(r * r, r) + 1.0;
     y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `ln Σ exp(logits)` (a logit minus this is its log-probability): the row's max, then
+/// [`exp_in_place`] of `l − max` in chunks, summed in f64. The sampler pays this over the whole
+/// vocabulary every token (and the compute probe times it).
+pub fn log_normalizer(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut buf = [0f32; 256];
+    let mut sum = 0f64;
+    for chunk in logits.chunks(buf.len()) {
+        let b = &mut buf[..chunk.len()];
+        for (d, &l) in b.iter_mut().zip(chunk) {
+            *d = l - max;
+        }
+        exp_in_place(b);
+        sum += b.iter().map(|&v| f64::from(v)).sum::<f64>();
+    }
+    (max as f64 + sum.ln()) as f32
 }
 
 /// `x[i] = e^x[i]` for every element.

@@ -9,6 +9,15 @@
 //! - **prefill** — [`ProbeConfig::batch_type`] times [`ProbeConfig::batch_rows`] activation rows
 //!   (the engine multiplies prompt chunks that way): **floating-point operations per second**,
 //!   counting `2 · rows · cols · batch` per product.
+//! - **attention** — one decode token's attention ([`crate::attn::attend_f16`], as the engine runs
+//!   it) of [`ProbeConfig::attention_group`] query heads of [`ProbeConfig::attention_head_dim`] over
+//!   [`ProbeConfig::attention_positions`] cached f16 positions, for KV heads filling
+//!   [`ProbeConfig::attention_bytes`] (more than the caches hold: a layer's KV comes from memory after
+//!   the weights streamed through), split over the pool: **floating-point operations per second**,
+//!   counting `4 · head_dim` per query head and position (the `q·k` product and the weighted value).
+//! - **sampling** — the passes the sampler makes over a row of [`ProbeConfig::vocab`] logits for a
+//!   greedy pick (its log-normalizer's max, exponentials and f64 sum, then the arg-max), on one
+//!   thread as the engine samples one row: **entries per second**.
 //!
 //! Each figure is the fastest of up to [`ProbeConfig::rounds`] timed rounds (another process on a
 //! shared machine only ever slows a round down, so the fastest is the machine's capability; the
@@ -57,11 +66,23 @@ pub struct ProbeConfig {
     pub batch_rows: usize,
     /// Bytes of the batched product's matrix (its speed is compute-bound: it may sit in cache).
     pub batch_matrix_bytes: usize,
+    /// Query heads sharing one KV head in the attention probe.
+    pub attention_group: usize,
+    /// Values per head in the attention probe.
+    pub attention_head_dim: usize,
+    /// Cached positions each attention of the probe reads.
+    pub attention_positions: usize,
+    /// Bytes of f16 keys and values the attention probe reads per round (one KV head per
+    /// `attention_positions · attention_head_dim · 4` bytes).
+    pub attention_bytes: usize,
+    /// Entries of the logit row the sampling probe passes over.
+    pub vocab: usize,
 }
 
 impl Default for ProbeConfig {
     /// Every format, a 64 MiB decode matrix, three rounds, `Q4_0` × 32 rows on 2 MiB for prefill,
-    /// 1.5 s.
+    /// attention of 4 query heads of 64 over 1024 positions through 32 MiB of KV, sampling over
+    /// 128 Ki logits, 1.5 s.
     fn default() -> Self {
         Self {
             types: QType::ALL.to_vec(),
@@ -72,6 +93,11 @@ impl Default for ProbeConfig {
             batch_type: QType::Q4_0,
             batch_rows: 32,
             batch_matrix_bytes: 2 << 20,
+            attention_group: 4,
+            attention_head_dim: 64,
+            attention_positions: 1024,
+            attention_bytes: 32 << 20,
+            vocab: 128 << 10,
         }
     }
 }
@@ -95,6 +121,11 @@ pub struct ProbeReport {
     pub rates: Vec<TypeRate>,
     /// Batched rate: floating-point operations per second of the prefill-shaped product.
     pub flops_per_s: f64,
+    /// Decode attention: floating-point operations per second (`4 · head_dim` per query head and
+    /// cached position).
+    pub attention_flops_per_s: f64,
+    /// Sampling: logit entries per second of the sampler's passes over a row.
+    pub sample_entries_per_s: f64,
     /// Wall time of the whole probe, buffer filling included.
     pub elapsed: Duration,
 }
@@ -125,8 +156,9 @@ pub fn probe<P: Parallel + ?Sized>(
     let x: Vec<f32> = (0..cfg.cols * batch)
         .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32)
         .collect();
-    // Product i (the batched one last) may run rounds until `share(i)` after the start.
-    let products = cfg.types.len() + 1;
+    // Product i (the batched one, attention, then sampling last) may run rounds until `share(i)`
+    // after the start.
+    let products = cfg.types.len() + 3;
     let share = |i: usize| start + cfg.budget.mul_f64((i + 1) as f64 / products as f64);
     let rounds = |i: usize| Rounds {
         max: cfg.rounds.max(1),
@@ -145,17 +177,101 @@ pub fn probe<P: Parallel + ?Sized>(
     let t = Product::new(cfg.batch_type, cfg.batch_matrix_bytes, cfg.cols, batch)?;
     let warm = Rounds {
         warm_up: cfg.types.is_empty(),
-        ..rounds(products - 1)
+        ..rounds(products - 3)
     };
     let secs = t.fastest_secs(backend, &mut buf, &x, warm, pool)?;
     let flops = 2.0 * t.rows as f64 * t.cols as f64 * batch as f64;
+    drop(buf);
+    let attention_flops_per_s = attention_rate(cfg, &mut rng, rounds(products - 2), pool)?;
+    let sample_entries_per_s = sample_rate(cfg.vocab, &mut rng, rounds(products - 1))?;
     Ok(ProbeReport {
         backend,
         threads: pool.n_threads().max(1),
         rates,
         flops_per_s: flops / secs,
+        attention_flops_per_s,
+        sample_entries_per_s,
         elapsed: start.elapsed(),
     })
+}
+
+/// Floating-point operations per second of decode attention (see the module docs): every KV head of
+/// the buffer attended once per round, the heads split over the pool's threads.
+fn attention_rate<P: Parallel + ?Sized>(
+    cfg: &ProbeConfig,
+    rng: &mut SplitMix64,
+    rounds: Rounds,
+    pool: &P,
+) -> Result<f64, KernelError> {
+    let (group, hd, len) = (
+        cfg.attention_group.max(1),
+        cfg.attention_head_dim.max(1),
+        cfg.attention_positions.max(1),
+    );
+    let per_head = len * hd; // f16 values of the keys (and as many of the values)
+    let heads = (cfg.attention_bytes / (4 * per_head)).max(1);
+    let kv: Vec<half::f16> = (0..2 * heads * per_head)
+        .map(|_| half::f16::from_f64(rng.next_f64() * 2.0 - 1.0))
+        .collect();
+    let mut q: Vec<f32> = (0..group * hd)
+        .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32)
+        .collect();
+    crate::math::round_to_f16(&mut q);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let n = pool.n_threads().max(1);
+    let outs: Vec<std::sync::Mutex<(Vec<f32>, Vec<f32>)>> = (0..n)
+        .map(|_| std::sync::Mutex::new((Vec::new(), vec![0f32; group * hd])))
+        .collect();
+    let run = || {
+        pool.run_parts(&|t, parts| {
+            let Some(Ok(mut slot)) = outs.get(t).map(|m| m.lock()) else {
+                return;
+            };
+            let (scratch, out) = &mut *slot;
+            for h in (t..heads).step_by(parts.max(1)) {
+                let keys = &kv[2 * h * per_head..(2 * h + 1) * per_head];
+                let values = &kv[(2 * h + 1) * per_head..(2 * h + 2) * per_head];
+                crate::attn::attend_f16(&q, group, keys, values, hd, scale, scratch, out);
+            }
+        });
+        Ok(())
+    };
+    let secs = rounds.time(run)?.into_iter().fold(f64::INFINITY, f64::min);
+    let flops = 4.0 * (heads * group * hd * len) as f64;
+    Ok(flops / secs)
+}
+
+/// Logit entries per second of a greedy pick's passes over a row of `vocab` (see the module docs).
+fn sample_rate(vocab: usize, rng: &mut SplitMix64, rounds: Rounds) -> Result<f64, KernelError> {
+    let row: Vec<f32> = (0..vocab.max(1))
+        .map(|_| (rng.next_f64() * 20.0 - 10.0) as f32)
+        .collect();
+    // Repeated so that one timed call lasts long enough to time (a pass takes ~0.1 ms).
+    const PASSES: usize = 8;
+    let mut picked = 0usize;
+    let secs = rounds
+        .time(|| {
+            for _ in 0..PASSES {
+                picked = picked.wrapping_add(greedy_pass(&row));
+            }
+            Ok(())
+        })?
+        .into_iter()
+        .fold(f64::INFINITY, f64::min);
+    std::hint::black_box(picked);
+    Ok((PASSES * row.len()) as f64 / secs)
+}
+
+/// The sampler's work for a greedy pick: the row's log-normalizer and the index of its largest entry.
+fn greedy_pass(row: &[f32]) -> usize {
+    std::hint::black_box(crate::math::log_normalizer(row));
+    let mut best = (0, f32::NEG_INFINITY);
+    for (i, &l) in row.iter().enumerate() {
+        if l > best.1 {
+            best = (i, l);
+        }
+    }
+    best.0
 }
 
 /// `len` random bytes: a 1 MiB random block, repeated (the kernels do not care, and copying is far
@@ -321,6 +437,8 @@ mod tests {
             budget: Duration::from_secs(5),
             batch_rows: 8,
             batch_matrix_bytes: 256 << 10,
+            attention_bytes: 2 << 20,
+            vocab: 4096,
             ..ProbeConfig::default()
         }
     }
@@ -346,6 +464,17 @@ mod tests {
             Some(report.rates[6].bytes_per_s)
         );
         assert!(report.flops_per_s.is_finite() && report.flops_per_s > 1e6);
+        assert!(
+            report.attention_flops_per_s.is_finite() && report.attention_flops_per_s > 1e6,
+            "{}",
+            report.attention_flops_per_s
+        );
+        // Even a slow machine passes over more than 10 M logits a second (~1 ns each here).
+        assert!(
+            report.sample_entries_per_s.is_finite() && report.sample_entries_per_s > 1e7,
+            "{}",
+            report.sample_entries_per_s
+        );
         assert!(report.elapsed > Duration::ZERO);
     }
 

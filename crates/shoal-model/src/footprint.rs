@@ -38,6 +38,15 @@ pub struct Footprint {
     /// Weights of layer 0's matrices (tensors of two or more dims; norms left out): a token costs
     /// `2 · layer_params` floating-point operations per layer in its matrix products.
     pub layer_params: u64,
+    /// ggml name of the output head matrix's type (`output.weight`, or `token_embd.weight` when the
+    /// embeddings are tied); "" when the file has neither.
+    pub head_type: &'static str,
+    /// Weights of the output head matrix (vocabulary × hidden size).
+    pub head_params: u64,
+    pub vocab_size: usize,
+    /// Floating-point operations of one token's attention per layer and cached position:
+    /// `4 · n_heads · head_dim` (the `q·k` products and the weighted sum of values).
+    pub attention_flops_per_position: u64,
 }
 
 impl Footprint {
@@ -71,6 +80,13 @@ impl Footprint {
             .filter(|(n, i)| n.starts_with(&layer0) && i.shape.rank() >= 2)
             .map(|(_, i)| i.shape.elem_count() as u64)
             .sum();
+        let head = infos
+            .get(names::OUTPUT)
+            .or_else(|| infos.get(names::TOKEN_EMBD));
+        let head_type = head
+            .and_then(|i| ggml_type_of(i.ggml_dtype))
+            .map_or("", |t| t.name);
+        let head_params = head.map_or(0, |i| i.shape.elem_count() as u64);
         Ok(Self {
             n_layers: cfg.n_layers,
             layer_bytes,
@@ -82,6 +98,10 @@ impl Footprint {
             tied_embeddings: gguf.tensor_bytes(names::OUTPUT).is_none(),
             weight_type,
             layer_params,
+            head_type,
+            head_params,
+            vocab_size: cfg.vocab_size,
+            attention_flops_per_position: 4 * (cfg.n_heads * cfg.head_dim) as u64,
         })
     }
 }

@@ -50,6 +50,10 @@ fn real_models_name_their_weight_type_and_layer_params() {
     assert_eq!(smol.weight_type, "Q4_1");
     let (d, kv, ff) = (576u64, 3 * 64u64, 1536u64);
     assert_eq!(smol.layer_params, 2 * d * d + 2 * d * kv + 3 * d * ff);
+    // The head is the tied Q8_0 embedding matrix, 49,152 × 576; 9 query heads of 64 attend.
+    assert_eq!((smol.head_type, smol.vocab_size), ("Q8_0", 49_152));
+    assert_eq!(smol.head_params, 49_152 * d);
+    assert_eq!(smol.attention_flops_per_position, 4 * 9 * 64);
     // Gemma 3 270M "Q4_K_M": rows of 640 values are not whole K-quant super-blocks, so llama.cpp
     // stored the matrices reading the 640-wide hidden state (most layer bytes) as Q5_0.
     let gemma = footprint(&shoal_testkit::fixtures::gemma_path());

@@ -113,6 +113,10 @@ pub fn model_card(path: &Path, id: &str) -> Result<ModelCard, shoal_model::Model
         tied_embeddings: f.tied_embeddings,
         weight_type: f.weight_type.to_ascii_lowercase(),
         layer_params: f.layer_params,
+        head_type: f.head_type.to_ascii_lowercase(),
+        head_params: f.head_params,
+        vocab_size: f.vocab_size as u64,
+        attention_flops_per_position: f.attention_flops_per_position,
     })
 }
 

@@ -1,7 +1,9 @@
 //! The one-stream latency model: what one generated token costs, term by term ([`CostBreakdown`]).
 //!
 //! `latency = Σ stage compute + Σ forward hops + return hop`, in microseconds:
-//! - stage compute: `layers · max(1/speed, 1/prefill_speed)` seconds ([`layer_us`] with one token);
+//! - stage compute ([`Compute::stage_us`]): per layer the weights' roofline `max(1/speed, 1/prefill_speed)`
+//!   plus attention over the context (`attention_us` per cached position); on the last stage the output
+//!   head (its weights streamed once, at the node's rate for the head's type) and sampling;
 //! - forward hop between adjacent stages: `rtt/2 + hidden_bytes_per_token / bandwidth` over the cheapest
 //!   link of the pair (measured values when present, otherwise the link kind's defaults);
 //! - return hop: the sampled token ([`TOKEN_BYTES`]) goes from the last stage back to the first, over a
@@ -12,7 +14,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::links::LinkIndex;
-use crate::model::{Link, LinkKind, ModelCard, NodeInfo, TOKEN_BYTES, Topology};
+use crate::model::{
+    DEFAULT_PROMPT_TOKENS, Link, LinkKind, ModelCard, NodeInfo, TOKEN_BYTES, Topology,
+    decode_context,
+};
 use crate::output::Stage;
 
 /// One message crossing one link.
@@ -55,34 +60,105 @@ impl CostBreakdown {
     }
 }
 
-/// Microseconds one layer of `node` takes for a batch of `tokens` tokens: the roofline
-/// `max(1/speed, tokens/prefill_speed)`, or `tokens/speed` (every token costs a full step) when the
-/// compute-bound rate was not measured (or is not a finite positive number).
-pub(crate) fn layer_us(node: &NodeInfo, tokens: usize) -> f64 {
-    Compute::of(node).layer_us(tokens)
-}
-
-/// A node's two rates, as [`layer_us`] uses them.
+/// What one model costs on one node, per term of [`Compute::stage_us`] (microseconds):
+/// - a layer's weights: the roofline `max(1/speed, tokens/prefill_speed)`, or `tokens/speed` (every token
+///   a full step) when the compute-bound rate was not measured (or is not a finite positive number);
+/// - attention: `attention_us` per layer per cached position each token reads (0 when not measured);
+/// - on the last stage, the output head: its weights streamed once (`head_us`, or `head_bytes /
+///   layer_bytes` layers at `speed` when not measured), or `2 · head_params` flops per token at the node's
+///   batched rate when a batch makes that larger; and sampling, `sample_us` per sampled token (0 when not
+///   measured).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Compute {
     speed: f64,
     prefill_speed: Option<f64>,
+    attention_us: f64,
+    /// The head's weights streamed once.
+    head_stream_us: f64,
+    /// The head's products for one token when compute-bound; `None`: each token streams it again.
+    head_token_us: Option<f64>,
+    sample_us: f64,
+}
+
+/// `v` when it is a finite number `>= 0`.
+fn usable(v: Option<f64>) -> Option<f64> {
+    v.filter(|x| x.is_finite() && *x >= 0.0)
 }
 
 impl Compute {
-    pub fn of(node: &NodeInfo) -> Self {
+    pub fn of(node: &NodeInfo, card: &ModelCard) -> Self {
+        let prefill_speed = node.prefill_speed.filter(|p| p.is_finite() && *p > 0.0);
+        let ratio = |a: u64, b: u64| {
+            if a > 0 && b > 0 {
+                a as f64 / b as f64
+            } else {
+                0.0
+            }
+        };
+        // The head in layers: by bytes for streaming, by parameters (else bytes) for flops.
+        let head_layers = ratio(card.head_bytes, card.layer_bytes);
+        let head_flop_layers = match ratio(card.head_params, card.layer_params) {
+            0.0 => head_layers,
+            r => r,
+        };
         Compute {
             speed: node.speed,
-            prefill_speed: node.prefill_speed,
+            prefill_speed,
+            attention_us: usable(node.attention_us).unwrap_or(0.0),
+            head_stream_us: usable(node.head_us).unwrap_or(head_layers * 1e6 / node.speed),
+            head_token_us: prefill_speed.map(|p| head_flop_layers * 1e6 / p),
+            sample_us: usable(node.sample_us).unwrap_or(0.0),
         }
     }
 
+    /// One layer's weights for a batch of `tokens` tokens (the roofline).
     pub fn layer_us(self, tokens: usize) -> f64 {
         let step = 1e6 / self.speed;
         match self.prefill_speed {
-            Some(p) if p.is_finite() && p > 0.0 => step.max(tokens as f64 * 1e6 / p),
-            _ => tokens as f64 * step,
+            Some(p) => step.max(tokens as f64 * 1e6 / p),
+            None => tokens as f64 * step,
         }
+    }
+
+    /// One layer of a decode step of `tokens` tokens, each attending over `context` cached positions.
+    pub fn decode_layer_us(self, tokens: usize, context: usize) -> f64 {
+        self.layer_us(tokens) + (tokens * context) as f64 * self.attention_us
+    }
+
+    /// The output head for `tokens` rows, `sampled` of them sampled.
+    pub fn head_us(self, tokens: usize, sampled: usize) -> f64 {
+        let t = tokens as f64;
+        let products = match self.head_token_us {
+            Some(c) => self.head_stream_us.max(t * c),
+            None => t * self.head_stream_us,
+        };
+        products + sampled as f64 * self.sample_us
+    }
+
+    /// A stage of `layers` layers for a decode step of `tokens` tokens at `context` (the head and
+    /// sampling too when it is the `last` stage).
+    pub fn stage_us(self, layers: usize, tokens: usize, context: usize, last: bool) -> f64 {
+        let head = if last {
+            self.head_us(tokens, tokens)
+        } else {
+            0.0
+        };
+        layers as f64 * self.decode_layer_us(tokens, context) + head
+    }
+
+    /// A stage of `layers` layers for a prompt chunk of `tokens` tokens after `offset` earlier ones
+    /// (each attends over the positions before it and itself); with `sample` (the last stage, the
+    /// prompt's last chunk) the head and sampling for the chunk's last row.
+    pub fn chunk_us(self, layers: usize, offset: usize, tokens: usize, sample: bool) -> f64 {
+        let (p, c) = (offset as f64, tokens as f64);
+        let positions = c * p + c * (c + 1.0) / 2.0;
+        let head = if sample { self.head_us(1, 1) } else { 0.0 };
+        layers as f64 * (self.layer_us(tokens) + positions * self.attention_us) + head
+    }
+
+    /// What one more cached position adds to one token's time on a stage of `layers` layers.
+    pub fn attention_per_position_us(self, layers: usize) -> f64 {
+        layers as f64 * self.attention_us
     }
 }
 
@@ -117,12 +193,14 @@ pub(crate) fn return_route(links: &LinkIndex, order: &[usize]) -> Option<Vec<(us
         .then_some(route)
 }
 
-/// Predicts the per-token latency of `stages`. `None` when a node is unknown or adjacent stages have no
-/// link.
+/// Predicts the per-token latency of `stages`, attention priced at the default context
+/// ([`crate::decode_context`] of [`crate::DEFAULT_PROMPT_TOKENS`]). `None` when a node is unknown or
+/// adjacent stages have no link.
 pub fn predict(topology: &Topology, card: &ModelCard, stages: &[Stage]) -> Option<CostBreakdown> {
     let links = LinkIndex::new(topology, card.hidden_bytes_per_token);
     let (order, counts) = resolve_stages(topology, stages)?;
-    breakdown(topology, &links, card, &order, &counts)
+    let context = decode_context(DEFAULT_PROMPT_TOKENS);
+    breakdown(topology, &links, card, &order, &counts, context)
 }
 
 /// Node indices and layer counts of `stages`; `None` when a node is unknown.
@@ -144,12 +222,12 @@ pub(crate) fn breakdown(
     card: &ModelCard,
     order: &[usize],
     counts: &[usize],
+    context: usize,
 ) -> Option<CostBreakdown> {
     let node = |i: usize| &topology.nodes[i];
-    let compute_us: Vec<f64> = order
-        .iter()
-        .zip(counts)
-        .map(|(&i, &n)| n as f64 * layer_us(node(i), 1))
+    let last = order.len().saturating_sub(1);
+    let compute_us: Vec<f64> = (order.iter().zip(counts).enumerate())
+        .map(|(s, (&i, &n))| Compute::of(node(i), card).stage_us(n, 1, context, s == last))
         .collect();
     let mut hops = Vec::with_capacity(order.len().saturating_sub(1));
     for w in order.windows(2) {
@@ -194,6 +272,10 @@ mod tests {
             tied_embeddings: false,
             weight_type: String::new(),
             layer_params: 0,
+            head_type: String::new(),
+            head_params: 0,
+            vocab_size: 0,
+            attention_flops_per_position: 0,
         }
     }
 
@@ -203,6 +285,9 @@ mod tests {
             mem_available: 1 << 30,
             speed,
             prefill_speed: None,
+            head_us: None,
+            attention_us: None,
+            sample_us: None,
         }
     }
 
@@ -316,6 +401,7 @@ mod tests {
     #[test]
     fn a_batch_costs_its_roofline() {
         let mut n = node("a", 1000.0);
+        let layer_us = |n: &NodeInfo, t| Compute::of(n, &card()).layer_us(t);
         assert!((layer_us(&n, 1) - 1000.0).abs() < 1e-9);
         assert!(
             (layer_us(&n, 8) - 8000.0).abs() < 1e-9,
@@ -325,5 +411,46 @@ mod tests {
         assert!((layer_us(&n, 1) - 1000.0).abs() < 1e-9, "memory-bound");
         assert!((layer_us(&n, 4) - 1000.0).abs() < 1e-9);
         assert!((layer_us(&n, 16) - 4000.0).abs() < 1e-9, "compute-bound");
+    }
+
+    /// The last stage pays the head (streamed at its measured time, or as `head_bytes / layer_bytes`
+    /// layers when not measured) and sampling; every layer pays attention over the context.
+    #[test]
+    fn the_last_stage_pays_the_head_and_every_layer_its_attention() {
+        let mut c = card();
+        c.head_bytes = 300; // three layers' worth (layer_bytes 100)
+        c.layer_params = 1000;
+        c.head_params = 5000;
+        let mut n = node("a", 1000.0);
+        let us =
+            |n: &NodeInfo, tokens, ctx, last| Compute::of(n, &c).stage_us(2, tokens, ctx, last);
+        assert!(
+            (us(&n, 1, 100, false) - 2000.0).abs() < 1e-9,
+            "nothing measured"
+        );
+        assert!(
+            (us(&n, 1, 100, true) - 5000.0).abs() < 1e-9,
+            "the head as 3 layers"
+        );
+        n.head_us = Some(700.0);
+        n.sample_us = Some(50.0);
+        n.attention_us = Some(0.5);
+        // 2 layers · (1000 + 100 positions · 0.5) + head 700 + sample 50.
+        assert!((us(&n, 1, 100, true) - 2850.0).abs() < 1e-9);
+        assert!((us(&n, 1, 100, false) - 2100.0).abs() < 1e-9);
+        // A batch of 4 without a batched rate: every token streams everything again.
+        assert!((us(&n, 4, 100, true) - 4.0 * 2850.0).abs() < 1e-9);
+        // With one: the head's 5 layers of flops per token at 10 000 layer-tokens/s = 500 µs per token.
+        n.prefill_speed = Some(10_000.0);
+        let head = Compute::of(&n, &c).head_us(4, 4);
+        assert!((head - (2000.0 + 200.0)).abs() < 1e-9, "{head}");
+        assert!(
+            (Compute::of(&n, &c).head_us(1, 0) - 700.0).abs() < 1e-9,
+            "memory-bound"
+        );
+        // A prompt chunk of 4 after 10 tokens reads 4·10 + 1+2+3+4 = 50 positions per layer.
+        let chunk = Compute::of(&n, &c).chunk_us(2, 10, 4, false);
+        assert!((chunk - 2.0 * (1000.0 + 25.0)).abs() < 1e-9, "{chunk}");
+        assert!((Compute::of(&n, &c).attention_per_position_us(2) - 1.0).abs() < 1e-12);
     }
 }

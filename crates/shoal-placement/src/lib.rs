@@ -4,10 +4,11 @@
 //!
 //! # Main types and data flow
 //! - Input: a [`Topology`] ([`NodeInfo`]s with memory, decode `speed` and compute-bound `prefill_speed`,
-//!   undirected [`Link`]s of a [`LinkKind`] with optional measured round trip and bandwidth — a pair with
+//!   and for this model the output head's, attention's and sampling's measured times, undirected [`Link`]s of a [`LinkKind`] with optional measured round trip and bandwidth — a pair with
 //!   no link cannot be adjacent), a [`ModelCard`] (layers, bytes per layer, embedding/head extras, KV
 //!   bytes, activation size) and [`Constraints`] (pinned nodes, manual layer counts, KV reserve, stage
-//!   limit, the [`Goal`] to rank by, the prompt length of the TTFT prediction).
+//!   limit, the [`Goal`] to rank by, the prompt length of the TTFT prediction, the context decode attention
+//!   is priced at).
 //! - [`plan`] validates the input, then takes the manual split as given, or searches node sets and orders
 //!   (`search`: exhaustive up to 6 nodes; above, greedy chains, memory-first and speed-first sets, then
 //!   `refine`'s local search — polynomial), chooses layer counts for the goal (`assign`, within each
@@ -23,8 +24,12 @@
 //! `x.mem_available`.
 //!
 //! # Cost model (microseconds)
-//! A stage of `n` layers on a node takes `t(b) = n · max(1/speed, b/prefill_speed)` for a micro-batch of
-//! `b` tokens (`n · b/speed` when `prefill_speed` is unknown: every token a full step). A hop costs
+//! A stage of `n` layers on a node takes `t(b) = n · (max(1/speed, b/prefill_speed) + b · C · attention_us)`
+//! for a micro-batch of `b` tokens at a context of `C` cached tokens (`n · b/speed` for the weights when
+//! `prefill_speed` is unknown: every token a full step); the last stage adds the output head (`head_us`,
+//! the head's weights streamed once, or its `2 · head_params` flops per token at the batched rate when
+//! larger) and `b · sample_us`. The embedding lookup on the first stage (one row copied per token) is
+//! left out: it reads a few KB. A hop costs
 //! `rtt/2 + bytes/bandwidth` over the pair's cheapest link (measured values replace the kind's defaults:
 //! loopback 20 µs & 10 GB/s, thunderbolt 50 µs & 2.5 GB/s, ethernet 200 µs & 120 MB/s, wifi 2 ms &
 //! 20 MB/s, unknown 5 ms & 10 MB/s); a token's activations are `hidden_bytes_per_token`, a sampled id
@@ -60,13 +65,16 @@ mod verdict;
 pub use cost::{CostBreakdown, Hop, predict};
 pub use error::PlacementError;
 pub use fmt::{fmt_bytes, fmt_tok_s, fmt_us};
-pub use model::{Constraints, Goal, Link, LinkKind, ModelCard, NodeInfo, TOKEN_BYTES, Topology};
+pub use model::{
+    Constraints, DEFAULT_GENERATED_TOKENS, DEFAULT_PROMPT_TOKENS, Goal, Link, LinkKind, ModelCard,
+    NodeInfo, TOKEN_BYTES, Topology, decode_context,
+};
 pub use output::{
     BatchRate, HopPrediction, NodeVerdict, Placement, Prediction, Stage, StagePrediction,
     stages_from_counts,
 };
 pub use plan::{MAX_CANDIDATES, best, plan};
-pub use rates::{BATCH_SIZES, DEFAULT_PROMPT_TOKENS, PREFILL_CHUNK_TOKENS, forecast};
+pub use rates::{BATCH_SIZES, PREFILL_CHUNK_TOKENS, forecast, forecast_at};
 pub use replicas::{group_tok_s, plan_replicas};
 pub use search::{EXHAUSTIVE_NODES, EXHAUSTIVE_ORDER_NODES};
 pub use split::{largest_remainder, split_layers};

@@ -71,6 +71,9 @@ mod tests {
             mem_available: 1,
             speed: 1.0,
             prefill_speed: None,
+            head_us: None,
+            attention_us: None,
+            sample_us: None,
         }
     }
 

@@ -6,6 +6,17 @@ use serde::{Deserialize, Serialize};
 
 /// Size of a sampled token id on the wire.
 pub const TOKEN_BYTES: u64 = 4;
+/// Prompt length the time to first token is predicted for when the constraints name none.
+pub const DEFAULT_PROMPT_TOKENS: usize = 512;
+/// Tokens a request is assumed to generate when pricing attention: a decode step reads the prompt plus
+/// half of them on average.
+pub const DEFAULT_GENERATED_TOKENS: usize = 256;
+
+/// The context a decode step's attention is priced at for a prompt of `prompt_tokens`: the prompt plus
+/// half of [`DEFAULT_GENERATED_TOKENS`] (the average position of a generated token).
+pub fn decode_context(prompt_tokens: usize) -> usize {
+    prompt_tokens.saturating_add(DEFAULT_GENERATED_TOKENS / 2)
+}
 
 /// One machine that can host a pipeline stage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,6 +34,19 @@ pub struct NodeInfo {
     /// (batches are then assumed to cost as much per token as one).
     #[serde(default)]
     pub prefill_speed: Option<f64>,
+    /// Microseconds the output head (final norm + the vocabulary matrix) takes for one token on this node,
+    /// streaming its weights at the node's measured rate for the head's type. `None`: the head is priced as
+    /// `head_bytes / layer_bytes` layers at `speed`.
+    #[serde(default)]
+    pub head_us: Option<f64>,
+    /// Microseconds one token's attention takes per layer per cached position (the context it reads).
+    /// `None`: not measured, attention not priced.
+    #[serde(default)]
+    pub attention_us: Option<f64>,
+    /// Microseconds the last stage takes to sample one token from the vocabulary's logits. `None`: not
+    /// measured, sampling not priced.
+    #[serde(default)]
+    pub sample_us: Option<f64>,
 }
 
 /// The physical kind of a link, in preference order (best first).
@@ -190,6 +214,21 @@ pub struct ModelCard {
     /// token and layer. 0 when unknown.
     #[serde(default)]
     pub layer_params: u64,
+    /// GGUF type name of the output head's matrix (`output.weight`, or `token_embd.weight` when tied):
+    /// nodes price the head at their measured speed for this type. Empty when unknown.
+    #[serde(default)]
+    pub head_type: String,
+    /// Weights of the output head's matrix (vocabulary × hidden size): `2 · head_params` flops per token.
+    /// 0 when unknown.
+    #[serde(default)]
+    pub head_params: u64,
+    /// Entries of the vocabulary the last stage samples from. 0 when unknown.
+    #[serde(default)]
+    pub vocab_size: u64,
+    /// Floating-point operations one token's attention takes per layer per cached position
+    /// (`4 · n_heads · head_dim`: the `q·k` products and the weighted sum of values). 0 when unknown.
+    #[serde(default)]
+    pub attention_flops_per_position: u64,
 }
 
 impl ModelCard {
@@ -260,9 +299,24 @@ pub struct Constraints {
     /// Prompt length (tokens) the predicted time to first token is for; `None`: 512.
     #[serde(default)]
     pub prompt_tokens: Option<usize>,
+    /// Context (tokens already in the KV cache) a decode step's attention is priced at; `None`: the
+    /// prompt plus half of [`crate::DEFAULT_GENERATED_TOKENS`] (see [`crate::decode_context`]).
+    #[serde(default)]
+    pub context_tokens: Option<usize>,
 }
 
 impl Constraints {
+    /// The prompt length of the TTFT prediction ([`DEFAULT_PROMPT_TOKENS`] when unset, at least 1).
+    pub fn prompt(&self) -> usize {
+        self.prompt_tokens.unwrap_or(DEFAULT_PROMPT_TOKENS).max(1)
+    }
+
+    /// The context decode attention is priced at (`context_tokens`, else [`decode_context`] of the prompt).
+    pub fn context(&self) -> usize {
+        self.context_tokens
+            .unwrap_or_else(|| decode_context(self.prompt()))
+    }
+
     /// Automatic placement reserving KV cache for the model's full context.
     pub fn full_context(card: &ModelCard) -> Self {
         Constraints {
@@ -290,6 +344,10 @@ mod tests {
             tied_embeddings: false,
             weight_type: String::new(),
             layer_params: 0,
+            head_type: String::new(),
+            head_params: 0,
+            vocab_size: 0,
+            attention_flops_per_position: 0,
         };
         assert_eq!(c.total_bytes(0), 20 + 100 + 101);
         c.tied_embeddings = true;

@@ -56,6 +56,14 @@ pub struct Prediction {
     pub hops: Vec<HopPrediction>,
     /// The sampled token's way back from the last stage to the first (0 for one stage).
     pub return_us: f64,
+    /// The context (tokens in the KV cache) one stream's decode figures price attention at.
+    #[serde(default)]
+    pub context_tokens: usize,
+    /// What one more token of context adds to one stream's time per token, microseconds (attention on
+    /// every stage): the figures at another context `c` are `token_latency_us + (c − context_tokens) ·
+    /// this`. 0 when the nodes did not measure attention.
+    #[serde(default)]
+    pub attention_us_per_token_of_context: f64,
 }
 
 impl Prediction {
@@ -97,6 +105,12 @@ pub struct StagePrediction {
     pub token_us: f64,
     /// The whole prompt (all its chunks), microseconds.
     pub prompt_us: f64,
+    /// The part of `token_us` that is attention over the priced context.
+    #[serde(default)]
+    pub attention_us: f64,
+    /// The part of `token_us` that is the output head and sampling (0 except on the last stage).
+    #[serde(default)]
+    pub head_us: f64,
 }
 
 /// One forward hop's predicted cost.

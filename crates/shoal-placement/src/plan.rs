@@ -7,7 +7,6 @@ use crate::error::PlacementError;
 use crate::explain::{Facts, SingleNode, explain, single_nodes};
 use crate::model::{Constraints, ModelCard, Topology};
 use crate::output::{NodeVerdict, Placement, stages_from_counts};
-use crate::rates::DEFAULT_PROMPT_TOKENS;
 use crate::refine::refine;
 use crate::search::{Candidate, Ctx, EXHAUSTIVE_NODES, Mode, search_auto, search_orders};
 use crate::split::split_layers;
@@ -57,6 +56,7 @@ fn plan_up_to(
         card,
         constraints.kv_reserve_tokens,
         constraints.goal,
+        constraints.context(),
     );
     let pinned = match &constraints.pinned_nodes {
         Some(ids) => Some(resolve(
@@ -80,7 +80,7 @@ fn plan_up_to(
         }
     }
     let everyone: Vec<usize> = (0..topology.nodes.len()).collect();
-    let prompt = constraints.prompt_tokens.unwrap_or(DEFAULT_PROMPT_TOKENS);
+    let prompt = constraints.prompt();
     let finisher = Finisher {
         ctx: &ctx,
         singles: single_nodes(&ctx, &everyone),
@@ -141,7 +141,14 @@ impl Finisher<'_> {
             Vec::new()
         };
         // The candidate was costed with these links, so the breakdown exists.
-        let cost = breakdown(ctx.topo, &ctx.links, ctx.card, &cand.order, &cand.counts);
+        let cost = breakdown(
+            ctx.topo,
+            &ctx.links,
+            ctx.card,
+            &cand.order,
+            &cand.counts,
+            ctx.context,
+        );
         let explanation = match &cost {
             Some(cost) => explain(
                 ctx,

@@ -2,7 +2,9 @@
 //! token, the goal's ranking figure. [`Timing`] holds the numbers of one candidate (per-stage layer
 //! counts and rates, the links of its hops) and turns them into a [`Prediction`].
 //!
-//! With `t_i(b) = layers_i · layer_us(node_i, b)` (the roofline of `cost::layer_us`), a hop
+//! With `t_i(b)` a stage's decode step of `b` tokens at the priced context (`cost::Compute::stage_us`:
+//! each layer's weight roofline plus its attention over the context, and on the last stage the output
+//! head and sampling), a hop
 //! `h(bytes) = rtt/2 + bytes/bandwidth`, `H` the hidden bytes of one token and `k` stages:
 //! - one stream: `R(1)`, where `R(b) = Σ t_i(b) + Σ h_fwd(b·H) + Σ h_back(b·4)` is a micro-batch's round trip;
 //! - `B` concurrent streams: the engine splits them into `m = min(B, k)` micro-batches of `b = ⌈B/m⌉`
@@ -11,21 +13,21 @@
 //!   `b·H/bandwidth`): `tok/s = B / max(R(b), m·T(b))`;
 //! - time to first token of a prompt of `P` tokens: it is prefilled in chunks of [`PREFILL_CHUNK_TOKENS`]
 //!   and the engine launches a sequence's next chunk only when the previous one has come back, so
-//!   `TTFT = Σ_chunks c (Σ t_i(c) + Σ h_fwd(c·H) + Σ h_back(4))`; compute-bound stages make that
-//!   `≈ Σ_i P·layers_i / prefill_speed_i` plus every chunk's hops.
+//!   `TTFT = Σ_chunks c (Σ p_i(c) + Σ h_fwd(c·H) + Σ h_back(4))`, where `p_i(c)` is the chunk's weights
+//!   roofline and causal attention over the prompt so far (`cost::Compute::chunk_us`), the last stage
+//!   adding the head and sampling for the prompt's last row; compute-bound stages make that
+//!   `≈ Σ_i P·layers_i / prefill_speed_i` plus attention and every chunk's hops.
 //!
 //! The goal's figure, in microseconds per token (lower is better): `R(1)` for latency, `1/tok/s` at the
 //! largest of [`BATCH_SIZES`] for throughput.
 
 use crate::cost::{Compute, resolve_stages, return_route};
 use crate::links::LinkIndex;
-use crate::model::{Goal, Link, LinkKind, ModelCard, TOKEN_BYTES, Topology};
+use crate::model::{Goal, Link, LinkKind, ModelCard, TOKEN_BYTES, Topology, decode_context};
 use crate::output::{BatchRate, HopPrediction, Prediction, Stage, StagePrediction};
 
 /// Batch sizes (concurrent streams) whose aggregate rate is predicted; the last one ranks for throughput.
 pub const BATCH_SIZES: [usize; 4] = [1, 4, 16, 32];
-/// Prompt length the time to first token is predicted for when the constraints name none.
-pub const DEFAULT_PROMPT_TOKENS: usize = 512;
 /// Tokens of one prefill chunk (the engine's default `max_batch_tokens`).
 pub const PREFILL_CHUNK_TOKENS: usize = 256;
 
@@ -72,16 +74,20 @@ pub(crate) struct Timing {
     fwd: Vec<LinkCost>,
     back: Vec<LinkCost>,
     hidden: f64,
+    /// The context (cached tokens) a decode step's attention is priced at.
+    context: usize,
 }
 
 impl Timing {
-    /// `None` when adjacent nodes (or the token's way back) have no link.
+    /// `None` when adjacent nodes (or the token's way back) have no link. Decode attention is priced at
+    /// `context` cached tokens.
     pub fn new(
         topo: &Topology,
         links: &LinkIndex,
         card: &ModelCard,
         order: &[usize],
         counts: &[usize],
+        context: usize,
     ) -> Option<Timing> {
         let fwd = order
             .windows(2)
@@ -93,10 +99,13 @@ impl Timing {
             .collect::<Option<Vec<_>>>()?;
         Some(Timing {
             layers: counts.to_vec(),
-            compute: order.iter().map(|&i| Compute::of(&topo.nodes[i])).collect(),
+            compute: (order.iter())
+                .map(|&i| Compute::of(&topo.nodes[i], card))
+                .collect(),
             fwd,
             back,
             hidden: card.hidden_bytes_per_token as f64,
+            context,
         })
     }
 
@@ -110,8 +119,24 @@ impl Timing {
             .unwrap_or(LinkKind::Loopback)
     }
 
+    fn is_last(&self, i: usize) -> bool {
+        i + 1 == self.layers.len()
+    }
+
     fn stage_us(&self, i: usize, tokens: usize) -> f64 {
-        self.layers[i] as f64 * self.compute[i].layer_us(tokens)
+        let last = self.is_last(i);
+        self.compute[i].stage_us(self.layers[i], tokens, self.context, last)
+    }
+
+    /// Stage `i`'s share of a prompt: every chunk, the head and sampling for the last row on the last
+    /// stage.
+    fn stage_prompt_us(&self, i: usize, prompt_tokens: usize) -> f64 {
+        Self::chunks(prompt_tokens)
+            .map(|(offset, c, last_chunk)| {
+                let sample = last_chunk && self.is_last(i);
+                self.compute[i].chunk_us(self.layers[i], offset, c, sample)
+            })
+            .sum()
     }
 
     /// A micro-batch of `tokens` tokens through every stage and hop, and `back_tokens` ids back.
@@ -183,17 +208,35 @@ impl Timing {
         }
     }
 
-    /// The prompt's chunks, in order.
-    fn chunks(prompt_tokens: usize) -> impl Iterator<Item = usize> {
+    /// The prompt's chunks, in order: (tokens before it, its tokens, whether it is the last).
+    fn chunks(prompt_tokens: usize) -> impl Iterator<Item = (usize, usize, bool)> {
         let p = prompt_tokens.max(1);
-        (0..p.div_ceil(PREFILL_CHUNK_TOKENS))
-            .map(move |c| (p - c * PREFILL_CHUNK_TOKENS).min(PREFILL_CHUNK_TOKENS))
+        let n = p.div_ceil(PREFILL_CHUNK_TOKENS);
+        (0..n).map(move |c| {
+            let offset = c * PREFILL_CHUNK_TOKENS;
+            (offset, (p - offset).min(PREFILL_CHUNK_TOKENS), c + 1 == n)
+        })
     }
 
     /// Each chunk goes through the whole pipeline before the next is launched; one id comes back.
     fn ttft_us(&self, prompt_tokens: usize) -> f64 {
-        Self::chunks(prompt_tokens)
-            .map(|c| self.trip_us(c, 1))
+        let hops: f64 = Self::chunks(prompt_tokens)
+            .map(|(_, c, _)| {
+                let fwd = self.fwd.iter().map(|l| l.send_us(c as f64 * self.hidden));
+                let back = self.back.iter().map(|l| l.send_us(TOKEN_BYTES as f64));
+                fwd.chain(back).sum::<f64>()
+            })
+            .sum();
+        let stages: f64 = (0..self.layers.len())
+            .map(|i| self.stage_prompt_us(i, prompt_tokens))
+            .sum();
+        stages + hops
+    }
+
+    /// What one more cached token adds to one stream's time per token (attention on every stage).
+    fn attention_per_position_us(&self) -> f64 {
+        (self.compute.iter().zip(&self.layers))
+            .map(|(c, &n)| c.attention_per_position_us(n))
             .sum()
     }
 
@@ -237,9 +280,14 @@ impl Timing {
                 node: names[i].to_string(),
                 layers: self.layers[i],
                 token_us: self.stage_us(i, 1),
-                prompt_us: Self::chunks(prompt_tokens)
-                    .map(|c| self.stage_us(i, c))
-                    .sum(),
+                prompt_us: self.stage_prompt_us(i, prompt_tokens),
+                attention_us: self.context as f64
+                    * self.compute[i].attention_per_position_us(self.layers[i]),
+                head_us: if self.is_last(i) {
+                    self.compute[i].head_us(1, 1)
+                } else {
+                    0.0
+                },
             })
             .collect();
         let hops = (self.fwd.iter().enumerate())
@@ -249,7 +297,7 @@ impl Timing {
                 kind: l.kind,
                 token_us: l.send_us(self.hidden),
                 prompt_us: Self::chunks(prompt_tokens)
-                    .map(|c| l.send_us(c as f64 * self.hidden))
+                    .map(|(_, c, _)| l.send_us(c as f64 * self.hidden))
                     .sum(),
             })
             .collect();
@@ -260,6 +308,8 @@ impl Timing {
             aggregate,
             prompt_tokens,
             ttft_us: self.ttft_us(prompt_tokens),
+            context_tokens: self.context,
+            attention_us_per_token_of_context: self.attention_per_position_us(),
             stages,
             hops,
             return_us: self
@@ -271,8 +321,9 @@ impl Timing {
     }
 }
 
-/// Every predicted figure of `stages` (for instance an instance already placed). `None` when a node is
-/// unknown or adjacent stages have no link.
+/// Every predicted figure of `stages` (for instance an instance already placed), decode attention priced
+/// at [`decode_context`] of the prompt (as [`crate::plan`] does when the constraints name no context).
+/// `None` when a node is unknown or adjacent stages have no link.
 pub fn forecast(
     topology: &Topology,
     card: &ModelCard,
@@ -280,9 +331,22 @@ pub fn forecast(
     goal: Goal,
     prompt_tokens: usize,
 ) -> Option<Prediction> {
+    let context = decode_context(prompt_tokens.max(1));
+    forecast_at(topology, card, stages, goal, prompt_tokens, context)
+}
+
+/// [`forecast`] with decode attention priced at `context_tokens` cached tokens.
+pub fn forecast_at(
+    topology: &Topology,
+    card: &ModelCard,
+    stages: &[Stage],
+    goal: Goal,
+    prompt_tokens: usize,
+    context_tokens: usize,
+) -> Option<Prediction> {
     let links = LinkIndex::new(topology, card.hidden_bytes_per_token);
     let (order, counts) = resolve_stages(topology, stages)?;
-    let timing = Timing::new(topology, &links, card, &order, &counts)?;
+    let timing = Timing::new(topology, &links, card, &order, &counts, context_tokens)?;
     let names: Vec<&str> = stages.iter().map(|s| s.node.as_str()).collect();
     Some(timing.prediction(&names, goal, prompt_tokens))
 }
@@ -298,6 +362,9 @@ mod tests {
             mem_available: u64::MAX / 8,
             speed,
             prefill_speed: prefill,
+            head_us: None,
+            attention_us: None,
+            sample_us: None,
         }
     }
 
@@ -422,6 +489,46 @@ mod tests {
         let r32 = p.unwrap().aggregate[3].clone();
         assert_eq!(r32.bound, "link a→b");
         assert!(close(r32.tok_s, 32e6 / (2.0 * 16.0 * 4000.0)));
+    }
+
+    /// Head, sampling and attention show in the figures: on the last stage only for the head, at the
+    /// priced context for attention, and a forecast at another context moves by the stated slope.
+    #[test]
+    fn head_sampling_and_attention_are_priced_where_they_run() {
+        let mut a = node("a", 1000.0, None);
+        let mut b = node("b", 1000.0, None);
+        for n in [&mut a, &mut b] {
+            n.head_us = Some(3000.0);
+            n.sample_us = Some(100.0);
+            n.attention_us = Some(0.01);
+        }
+        let topo = Topology {
+            nodes: vec![a, b],
+            links: vec![link("a", "b")],
+        };
+        let st = stages(&[("a", 10), ("b", 20)]);
+        let p = forecast_at(&topo, &card(100), &st, Goal::Latency, 100, 1000).unwrap();
+        assert_eq!(p.context_tokens, 1000);
+        // a: 10 · (1000 + 1000 · 0.01); b: 20 · 1010 + head 3000 + sample 100; hops 150 + 54.
+        assert!(close(p.stages[0].token_us, 10_100.0));
+        assert!(close(p.stages[0].attention_us, 100.0) && p.stages[0].head_us == 0.0);
+        assert!(close(p.stages[1].token_us, 20_200.0 + 3100.0));
+        assert!(close(p.stages[1].head_us, 3100.0) && close(p.stages[1].attention_us, 200.0));
+        assert!(close(p.token_latency_us, 10_100.0 + 23_300.0 + 204.0));
+        assert!(close(p.attention_us_per_token_of_context, 0.3));
+        let q = forecast_at(&topo, &card(100), &st, Goal::Latency, 100, 200).unwrap();
+        assert!(close(
+            q.token_latency_us,
+            p.token_latency_us - 800.0 * p.attention_us_per_token_of_context
+        ));
+        // The default context is the prompt plus half the assumed generation.
+        let d = forecast(&topo, &card(100), &st, Goal::Latency, 100).unwrap();
+        assert_eq!(d.context_tokens, 100 + crate::DEFAULT_GENERATED_TOKENS / 2);
+        // TTFT of 100 tokens (one chunk): a 100 · 10 · 1000 + attention over 5050 positions per layer;
+        // b likewise for 20 layers, plus the head and sampling of the last row; hop 50 + 10 000, id back 54.
+        let attn = 5050.0 * 0.01;
+        let ttft = 10.0 * (100_000.0 + attn) + 20.0 * (100_000.0 + attn) + 3100.0 + 10_050.0 + 54.0;
+        assert!(close(p.ttft_us, ttft), "{} vs {ttft}", p.ttft_us);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use crate::cost::layer_us;
+use crate::cost::Compute;
 use crate::error::PlacementError;
 use crate::links::LinkIndex;
 use crate::model::{Goal, ModelCard, Topology};
@@ -47,13 +47,21 @@ pub(crate) struct Ctx<'a> {
     pub card: &'a ModelCard,
     pub kv_tokens: usize,
     pub goal: Goal,
+    /// The context decode attention is priced at.
+    pub context: usize,
     pub links: LinkIndex,
     /// Each node's position in id order (the last tie-break).
     rank: Vec<usize>,
 }
 
 impl<'a> Ctx<'a> {
-    pub fn new(topo: &'a Topology, card: &'a ModelCard, kv_tokens: usize, goal: Goal) -> Self {
+    pub fn new(
+        topo: &'a Topology,
+        card: &'a ModelCard,
+        kv_tokens: usize,
+        goal: Goal,
+        context: usize,
+    ) -> Self {
         let mut by_id: Vec<usize> = (0..topo.nodes.len()).collect();
         by_id.sort_by(|&a, &b| topo.nodes[a].id.cmp(&topo.nodes[b].id).then(a.cmp(&b)));
         let mut rank = vec![0; by_id.len()];
@@ -65,6 +73,7 @@ impl<'a> Ctx<'a> {
             card,
             kv_tokens,
             goal,
+            context,
             links: LinkIndex::new(topo, card.hidden_bytes_per_token),
             rank,
         }
@@ -86,17 +95,35 @@ impl<'a> Ctx<'a> {
         order.iter().map(|&i| self.id(i)).collect()
     }
 
-    /// What one layer on node `i` costs for the goal in a pipeline of `k` stages: one token for latency,
-    /// one micro-batch of the largest predicted batch for throughput.
-    pub fn layer_cost(&self, i: usize, k: usize) -> f64 {
-        let tokens = match self.goal {
+    /// Tokens of one micro-batch for the goal in a pipeline of `k` stages: one for latency, one
+    /// micro-batch of the largest predicted batch for throughput.
+    fn goal_tokens(&self, k: usize) -> usize {
+        match self.goal {
             Goal::Latency => 1,
             Goal::Throughput => {
                 let batch = BATCH_SIZES[BATCH_SIZES.len() - 1];
                 batch.div_ceil(batch.min(k).max(1))
             }
-        };
-        layer_us(&self.topo.nodes[i], tokens)
+        }
+    }
+
+    fn compute(&self, i: usize) -> Compute {
+        Compute::of(&self.topo.nodes[i], self.card)
+    }
+
+    /// What one layer on node `i` costs for the goal in a pipeline of `k` stages (its weights and its
+    /// attention over the priced context).
+    pub fn layer_cost(&self, i: usize, k: usize) -> f64 {
+        (self.compute(i)).decode_layer_us(self.goal_tokens(k), self.context)
+    }
+
+    /// What node `i` pays besides its layers as stage `s` of `k`: the head and sampling on the last.
+    pub fn fixed_cost(&self, i: usize, s: usize, k: usize) -> f64 {
+        if s + 1 < k {
+            return 0.0;
+        }
+        let tokens = self.goal_tokens(k);
+        self.compute(i).head_us(tokens, tokens)
     }
 
     /// Best first: better goal figure, then fewer stages, then better worst link, then node ids, then
@@ -131,16 +158,17 @@ impl<'a> Ctx<'a> {
         }
         let names = self.names(order);
         let mems: Vec<u64> = order.iter().map(|&i| self.mem(i)).collect();
-        let costs: Vec<f64> = order
-            .iter()
-            .map(|&i| self.layer_cost(i, order.len()))
+        let k = order.len();
+        let costs: Vec<f64> = order.iter().map(|&i| self.layer_cost(i, k)).collect();
+        let fixed: Vec<f64> = (order.iter().enumerate())
+            .map(|(s, &i)| self.fixed_cost(i, s, k))
             .collect();
         let counts = crate::assign::assign_layers(
             self.card,
             &names,
             &mems,
             self.kv_tokens,
-            &costs,
+            (&costs, &fixed),
             self.goal,
         )?;
         self.costed(order, &counts)
@@ -148,12 +176,17 @@ impl<'a> Ctx<'a> {
 
     /// Costs an order with given layer counts (links already checked).
     pub fn costed(&self, order: &[usize], counts: &[usize]) -> Result<Candidate, PlacementError> {
-        let timing =
-            Timing::new(self.topo, &self.links, self.card, order, counts).ok_or_else(|| {
-                PlacementError::NoRoute {
-                    nodes: order.iter().map(|&i| self.id(i).to_string()).collect(),
-                }
-            })?;
+        let timing = Timing::new(
+            self.topo,
+            &self.links,
+            self.card,
+            order,
+            counts,
+            self.context,
+        )
+        .ok_or_else(|| PlacementError::NoRoute {
+            nodes: order.iter().map(|&i| self.id(i).to_string()).collect(),
+        })?;
         Ok(Candidate {
             order: order.to_vec(),
             counts: counts.to_vec(),

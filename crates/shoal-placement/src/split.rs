@@ -219,6 +219,10 @@ pub(crate) mod tests {
             tied_embeddings: false,
             weight_type: String::new(),
             layer_params: 0,
+            head_type: String::new(),
+            head_params: 0,
+            vocab_size: 0,
+            attention_flops_per_position: 0,
         }
     }
 

@@ -6,7 +6,8 @@
 mod common;
 
 use shoal_placement::{
-    Constraints, Goal, Link, LinkKind, ModelCard, NodeInfo, Placement, Topology, forecast, plan,
+    Constraints, DEFAULT_PROMPT_TOKENS, Goal, Link, LinkKind, ModelCard, NodeInfo, Placement,
+    Topology, decode_context, forecast, plan,
 };
 use shoal_testkit::rng::{Draw, SplitMix64 as Rng};
 
@@ -22,7 +23,19 @@ fn random_card(rng: &mut Rng) -> ModelCard {
         hidden_bytes_per_token: rng.range(256, 16384),
         tied_embeddings: rng.chance(30),
         weight_type: String::new(),
-        layer_params: 0,
+        layer_params: if rng.chance(50) {
+            rng.range(1, 1000) * 1_000_000
+        } else {
+            0
+        },
+        head_type: String::new(),
+        head_params: if rng.chance(50) {
+            rng.range(1, 1000) * 1_000_000
+        } else {
+            0
+        },
+        vocab_size: 0,
+        attention_flops_per_position: 0,
     }
 }
 
@@ -37,6 +50,9 @@ fn random_topology(rng: &mut Rng, card: &ModelCard) -> Topology {
                 mem_available: model / 100 * rng.range(5, 120),
                 speed,
                 prefill_speed: rng.chance(50).then(|| speed * rng.range(1, 64) as f64),
+                head_us: rng.chance(50).then(|| rng.range(0, 200_000) as f64 / speed),
+                attention_us: rng.chance(50).then(|| rng.range(0, 1000) as f64 / speed),
+                sample_us: rng.chance(50).then(|| rng.range(0, 100_000) as f64 / speed),
             }
         })
         .collect();
@@ -66,16 +82,42 @@ fn score(p: &Placement, goal: Goal) -> f64 {
     }
 }
 
-/// A node alone, computed from the formulas (not the planner): `n · max(1/s, b/p)` per step of `b` tokens.
+/// A node alone, computed from the formulas (not the planner), per step of `b` tokens at the default
+/// context `C`: `n · (max(1/s, b/p) + b·C·attention) + head(b) + b·sample`, the head streamed once or its
+/// flops per token at the batched rate.
 fn alone(node: &NodeInfo, card: &ModelCard, goal: Goal) -> f64 {
-    let layer = |b: f64| match node.prefill_speed {
-        Some(p) => (1e6 / node.speed).max(b * 1e6 / p),
-        None => b * 1e6 / node.speed,
+    let ctx = decode_context(DEFAULT_PROMPT_TOKENS) as f64;
+    let ratio = |a: u64, b: u64| {
+        if a > 0 && b > 0 {
+            a as f64 / b as f64
+        } else {
+            0.0
+        }
+    };
+    let layer = |b: f64| {
+        let weights = match node.prefill_speed {
+            Some(p) => (1e6 / node.speed).max(b * 1e6 / p),
+            None => b * 1e6 / node.speed,
+        };
+        weights + b * ctx * node.attention_us.unwrap_or(0.0)
+    };
+    let head_layers = ratio(card.head_bytes, card.layer_bytes);
+    let stream = node.head_us.unwrap_or(head_layers * 1e6 / node.speed);
+    let flop_layers = match ratio(card.head_params, card.layer_params) {
+        0.0 => head_layers,
+        r => r,
+    };
+    let head = |b: f64| {
+        let products = match node.prefill_speed {
+            Some(p) => stream.max(b * flop_layers * 1e6 / p),
+            None => b * stream,
+        };
+        products + b * node.sample_us.unwrap_or(0.0)
     };
     let n = card.n_layers as f64;
     match goal {
-        Goal::Latency => n * layer(1.0),
-        Goal::Throughput => n * layer(32.0) / 32.0,
+        Goal::Latency => n * layer(1.0) + head(1.0),
+        Goal::Throughput => (n * layer(32.0) + head(32.0)) / 32.0,
     }
 }
 

@@ -370,3 +370,26 @@ fn invalid_inputs_are_rejected() {
         "empty_model"
     );
 }
+
+/// The output head runs on the last stage: of two equal nodes, the one that runs it faster ends the
+/// pipeline, and its prediction shows the head there only.
+#[test]
+fn the_last_stage_is_the_node_that_runs_the_head_fastest() {
+    let mut c = card();
+    c.head_bytes = 5 * GB;
+    let mut slow_head = node("a", 20, 1000.0);
+    slow_head.head_us = Some(50_000.0);
+    let mut fast_head = node("b", 20, 1000.0);
+    fast_head.head_us = Some(5_000.0);
+    let topo = Topology {
+        nodes: vec![slow_head, fast_head],
+        links: vec![link("a", "b", LinkKind::Ethernet)],
+    };
+    let p = best(&topo, &c, &auto()).unwrap();
+    assert_eq!(p.stages.last().map(|s| s.node.as_str()), Some("b"));
+    let heads: Vec<f64> = p.prediction.stages.iter().map(|s| s.head_us).collect();
+    assert_eq!(heads, [0.0, 5_000.0]);
+    // 30 layers at 1 ms, the head 5 ms, one hop and the token back.
+    let hops = p.prediction.hops[0].token_us + p.prediction.return_us;
+    assert!((p.predicted_token_latency_us - (35_000.0 + hops)).abs() < 1e-6);
+}

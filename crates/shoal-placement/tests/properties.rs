@@ -19,6 +19,10 @@ fn random_card(rng: &mut Rng) -> ModelCard {
         tied_embeddings: false,
         weight_type: String::new(),
         layer_params: 0,
+        head_type: String::new(),
+        head_params: 0,
+        vocab_size: 0,
+        attention_flops_per_position: 0,
     }
 }
 
@@ -32,6 +36,9 @@ fn random_topology(rng: &mut Rng, card: &ModelCard) -> Topology {
             mem_available: model / 100 * rng.range(5, 120),
             speed: rng.range(10, 5000) as f64,
             prefill_speed: None,
+            head_us: None,
+            attention_us: None,
+            sample_us: None,
         })
         .collect();
     let mut links = Vec::new();
@@ -156,7 +163,9 @@ fn placements_are_valid_for_random_inputs() {
         // A single node that fits is always a candidate, so the best is never slower than it.
         for n in &topo.nodes {
             if card.total_bytes(kv) <= n.mem_available {
-                let alone = card.n_layers as f64 / n.speed * 1e6;
+                // Its layers and the output head (as `head_bytes / layer_bytes` layers: not measured).
+                let head = card.head_bytes as f64 / card.layer_bytes as f64;
+                let alone = (card.n_layers as f64 + head) / n.speed * 1e6;
                 assert!(
                     all[0].predicted_token_latency_us <= alone + 1e-6,
                     "case {case}"
@@ -224,6 +233,10 @@ fn split_follows_memory_when_capacity_is_ample() {
             tied_embeddings: false,
             weight_type: String::new(),
             layer_params: 0,
+            head_type: String::new(),
+            head_params: 0,
+            vocab_size: 0,
+            attention_flops_per_position: 0,
         };
         let mems: Vec<u64> = (0..k).map(|_| rng.range(1000, 100_000)).collect();
         let names = vec!["x"; k];
@@ -258,6 +271,9 @@ fn random_manual_counts_are_taken_verbatim() {
                 mem_available: u64::MAX / 4,
                 speed: 100.0,
                 prefill_speed: None,
+                head_us: None,
+                attention_us: None,
+                sample_us: None,
             })
             .collect();
         let links = (1..k)

@@ -1,5 +1,6 @@
 //! The compute probe at `shoal serve` start: what this node's kernels measure
-//! ([`shoal_kernels::probe()`]: decode bytes/s per weight type, batched flops/s) as the
+//! ([`shoal_kernels::probe()`]: decode bytes/s per weight type, batched flops/s, decode attention
+//! flops/s, sampling entries/s) as the
 //! [`ComputeFacts`] the node publishes, cached so a restart — and every node started on the same
 //! machine, as the tests start many — reads the figures back instead of measuring again.
 //!
@@ -132,6 +133,8 @@ fn measure(threads: usize, key: String) -> ComputeFacts {
             tracing::info!(
                 ms = report.elapsed.as_millis() as u64,
                 gflops = report.flops_per_s / 1e9,
+                attention_gflops = report.attention_flops_per_s / 1e9,
+                sample_ns_per_entry = 1e9 / report.sample_entries_per_s,
                 backend = report.backend.name(),
                 threads,
                 "compute probe: GB/s {}",
@@ -144,6 +147,8 @@ fn measure(threads: usize, key: String) -> ComputeFacts {
                     .map(|r| (r.qtype.name().to_ascii_lowercase(), r.bytes_per_s))
                     .collect(),
                 flops_per_s: report.flops_per_s,
+                attention_flops_per_s: report.attention_flops_per_s,
+                sample_entries_per_s: report.sample_entries_per_s,
                 threads,
                 key,
             }
@@ -178,6 +183,8 @@ mod tests {
         ComputeFacts {
             weight_bytes_per_s: [("q4_0".to_string(), rate)].into(),
             flops_per_s: 1e9,
+            attention_flops_per_s: 2e9,
+            sample_entries_per_s: 5e8,
             threads: 1,
             key: key.into(),
         }

@@ -17,6 +17,10 @@ fn card() -> ModelCard {
         tied_embeddings: false,
         weight_type: String::new(),
         layer_params: 0,
+        head_type: String::new(),
+        head_params: 0,
+        vocab_size: 0,
+        attention_flops_per_position: 0,
     }
 }
 
@@ -532,15 +536,27 @@ fn the_topology_prices_nodes_from_their_measured_compute() {
     s.me_mut().compute = crate::facts::ComputeFacts {
         weight_bytes_per_s: [("q4_0".to_string(), 4e9)].into(),
         flops_per_s: 20e9,
+        attention_flops_per_s: 10e9,
+        sample_entries_per_s: 1e9,
         threads: 2,
         key: "k".into(),
     };
+    m.head_type = "q4_0".into();
+    m.attention_flops_per_position = 1000;
+    m.vocab_size = 50_000;
+    s.me_mut().models = vec![m.clone()];
     let (topo, _) = s.topology("m", true);
     let a = topo.node("a").unwrap();
     // 2 MB layers at 4 GB/s; 2 Mflop per layer-token at 20 Gflop/s.
     assert_eq!((a.speed, a.prefill_speed), (2000.0, Some(10_000.0)));
+    // 10 MB of head at 4 GB/s, 1000 flops per position at 10 Gflop/s, 50 000 entries at 1 G/s.
+    assert_eq!(
+        (a.head_us, a.attention_us, a.sample_us),
+        (Some(2500.0), Some(0.1), Some(50.0))
+    );
     // b measured nothing: its published estimate, scaled from the reference layer to this one.
     let b = topo.node("b").unwrap();
     let reference = crate::facts::REFERENCE_LAYER.1 as f64;
     assert_eq!((b.speed, b.prefill_speed), (5000.0 * reference / 2e6, None));
+    assert_eq!((b.head_us, b.attention_us, b.sample_us), (None, None, None));
 }

@@ -13,6 +13,9 @@ pub fn node(id: &str, mem_gb: u64, speed: f64) -> NodeInfo {
         mem_available: mem_gb * GB,
         speed,
         prefill_speed: None,
+        head_us: None,
+        attention_us: None,
+        sample_us: None,
     }
 }
 
@@ -41,6 +44,10 @@ pub fn card() -> ModelCard {
         tied_embeddings: false,
         weight_type: String::new(),
         layer_params: 0,
+        head_type: String::new(),
+        head_params: 0,
+        vocab_size: 0,
+        attention_flops_per_position: 0,
     }
 }
 
@@ -59,6 +66,10 @@ pub fn card_70b() -> ModelCard {
         tied_embeddings: false,
         weight_type: "q4_k".into(),
         layer_params: 800_000_000,
+        head_type: String::new(),
+        head_params: 0,
+        vocab_size: 0,
+        attention_flops_per_position: 0,
     }
 }
 
@@ -76,6 +87,9 @@ pub fn heterogeneous(n: usize, seed: u64) -> Topology {
                 mem_available: rng.range(4, 64) * GB,
                 speed,
                 prefill_speed: rng.chance(50).then(|| speed * rng.range(4, 64) as f64),
+                head_us: None,
+                attention_us: None,
+                sample_us: None,
             }
         })
         .collect();
