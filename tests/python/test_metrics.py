@@ -157,10 +157,30 @@ def prometheus(duo, tmp_path_factory):
         log.close()
 
 
+def sample(node: ShoalNode, series: str) -> "float | None":
+    """The value of one series (`name{labels}` as /metrics writes it) in a node's /metrics, None if absent."""
+    status, body = http("GET", f"{node.url}/metrics")
+    assert status == 200, body
+    for line in body.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def holds_what_the_driver_holds(a: ShoalNode, b: ShoalNode, iid: str) -> bool:
+    """b's stage holds the KV a's engine holds (the same sequences and cached prefixes on every stage), as of
+    the scrape: not the figure of its last batch."""
+    share = sample(b, f'shoal_kv_share_used_tokens{{instance_id="{iid}",stage="1"}}')
+    return share is not None and share == sample(a, f'shoal_engine_kv_tokens{{model="{MODEL_ID}"}}')
+
+
 @pytest.fixture(scope="module")
 def traffic(duo, prometheus):
     """REQUESTS chat requests while Prometheus scrapes, the last one sent to b (which relays it to a)."""
-    a, b, _ = duo
+    a, b, iid = duo
+    # The engine's warm-up request has come and gone through b's stage: it holds nothing.
+    wait_until("b's stage to give the warm-up's KV back", lambda: holds_what_the_driver_holds(a, b, iid))
+    assert sample(b, f'shoal_kv_share_used_tokens{{instance_id="{iid}",stage="1"}}') == 0
     # A first scrape of both before any request, so rates see the traffic arrive.
     eventually(prometheus, 'up{job="shoal"}', lambda r: len(r) == 2, "a first scrape of both nodes")
     for i in range(REQUESTS):
@@ -260,6 +280,7 @@ def test_prometheus_scrapes_both_nodes_and_promql_sees_the_traffic(duo, promethe
         lambda r: len(r) == 1,
         "what b's stage holds of its share",
     )
+    wait_until("b's stage to hold what a's engine holds", lambda: holds_what_the_driver_holds(a, b, iid))
     # The instance, ready, exported once: by its driver.
     ready = eventually(
         prometheus,

@@ -328,3 +328,22 @@ async fn an_engine_that_went_leaves_no_preempted_series() {
             .collect::<Vec<_>>()
     );
 }
+
+#[tokio::test]
+async fn a_hosted_stages_kv_is_read_at_each_scrape_and_leaves_with_the_stage() {
+    let state = metered();
+    let series = r#"shoal_kv_share_used_tokens{instance_id="i-hosted",stage="1"}"#;
+    let share = shoal_engine::meters::ShareMeter::new("i-hosted".into(), 1);
+    share.used(96);
+    assert_eq!(scrape(&state).await.samples.get(series), Some(&96.0));
+    share.used(12);
+    let held = scrape(&state).await;
+    assert_eq!(held.samples.get(series), Some(&12.0));
+    assert_eq!(held.types["shoal_kv_share_used_tokens"], "gauge");
+    drop(share);
+    let gone = scrape(&state).await;
+    assert!(
+        !gone.samples.keys().any(|s| s.contains("i-hosted")),
+        "a stage that went has no series"
+    );
+}

@@ -6,7 +6,12 @@
 //! the decode loop then only bumps atomics (a counter add, a histogram sample pushed into the
 //! recorder's lock-free bucket) — no label formatting, no registry lookup, no lock per token. The
 //! engine's own warm-up request is never counted.
+//!
+//! [`ShareMeter`]s are the exception: what a hosted pipeline stage holds is read at each scrape
+//! ([`hosted_shares`]), so it leaves with the stage.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
@@ -174,10 +179,107 @@ impl std::fmt::Debug for PoolGauges {
     }
 }
 
+/// The live figures of one pipeline stage this node hosts for another node's engine: the KV tokens it
+/// holds of its share. Read at each scrape ([`hosted_shares`], `shoal_kv_share_used_tokens`), not
+/// recorded into the global recorder, so a stage that went has no series left (a gauge there would
+/// stay, at its last value, forever).
+#[derive(Debug)]
+pub struct ShareMeter(Arc<ShareFigures>);
+
+#[derive(Debug)]
+struct ShareFigures {
+    instance: String,
+    stage: usize,
+    used_tokens: AtomicUsize,
+}
+
+/// Every [`ShareMeter`] alive in this process (weak: a meter dropped with its stage leaves).
+static SHARES: Mutex<Vec<Weak<ShareFigures>>> = Mutex::new(Vec::new());
+
+impl ShareMeter {
+    /// Registers stage `stage` of instance `instance`, holding nothing yet.
+    pub fn new(instance: String, stage: usize) -> Self {
+        let figures = Arc::new(ShareFigures {
+            instance,
+            stage,
+            used_tokens: AtomicUsize::new(0),
+        });
+        if let Ok(mut live) = SHARES.lock() {
+            live.retain(|w| w.strong_count() > 0);
+            live.push(Arc::downgrade(&figures));
+        }
+        Self(figures)
+    }
+
+    /// The stage holds `tokens` of KV now (one relaxed store: cheap enough for every frame).
+    #[inline]
+    pub fn used(&self, tokens: usize) {
+        self.0.used_tokens.store(tokens, Ordering::Relaxed);
+    }
+}
+
+/// One hosted stage's figures as of now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostedShare {
+    pub instance: String,
+    pub stage: usize,
+    pub used_tokens: usize,
+}
+
+/// The figures of every stage this process hosts now, by instance and stage.
+pub fn hosted_shares() -> Vec<HostedShare> {
+    let Ok(live) = SHARES.lock() else {
+        return Vec::new();
+    };
+    let mut shares: Vec<HostedShare> = live
+        .iter()
+        .filter_map(Weak::upgrade)
+        .map(|f| HostedShare {
+            instance: f.instance.clone(),
+            stage: f.stage,
+            used_tokens: f.used_tokens.load(Ordering::Relaxed),
+        })
+        .collect();
+    shares.sort_by(|a, b| (&a.instance, a.stage).cmp(&(&b.instance, b.stage)));
+    shares
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    #[test]
+    fn a_hosted_share_is_listed_while_its_meter_lives() {
+        let mine = |s: &HostedShare| s.instance.starts_with("share-test-");
+        let a = ShareMeter::new("share-test-a".into(), 1);
+        let b = ShareMeter::new("share-test-b".into(), 2);
+        a.used(42);
+        let listed: Vec<HostedShare> = hosted_shares().into_iter().filter(mine).collect();
+        assert_eq!(
+            listed,
+            [
+                HostedShare {
+                    instance: "share-test-a".into(),
+                    stage: 1,
+                    used_tokens: 42
+                },
+                HostedShare {
+                    instance: "share-test-b".into(),
+                    stage: 2,
+                    used_tokens: 0
+                },
+            ]
+        );
+        drop(a);
+        b.used(7);
+        let listed: Vec<(String, usize)> = hosted_shares()
+            .into_iter()
+            .filter(mine)
+            .map(|s| (s.instance, s.used_tokens))
+            .collect();
+        assert_eq!(listed, [("share-test-b".to_string(), 7)]);
+    }
 
     #[test]
     fn events_reach_the_recorder_with_the_model_label() {

@@ -111,14 +111,14 @@ pub const EVENTS: &[(&str, Kind, &str)] = &[
         "KV cache memory reserved on this node (sequences, cached prefixes, hosted stages' shares).",
     ),
     (
+        engine::KV_POOL_IDLE,
+        Kind::Gauge,
+        "KV buffers freed by ended sequences that this node's pool keeps for the next ones.",
+    ),
+    (
         "shoal_stage_step_seconds",
         Kind::Histogram,
         "Time one hosted pipeline stage takes for a batch of activations.",
-    ),
-    (
-        "shoal_kv_share_used_tokens",
-        Kind::Gauge,
-        "KV tokens a stage this node hosts holds of its share, after its latest batch (0 once the stage is gone).",
     ),
     (
         "shoal_instance_failures_total",
@@ -303,6 +303,11 @@ pub const STATE: &[(&str, Kind, &str)] = &[
         "shoal_kv_share_capacity_tokens",
         Kind::Gauge,
         "KV tokens this node set aside for a stage it hosts for another node's instance.",
+    ),
+    (
+        "shoal_kv_share_used_tokens",
+        Kind::Gauge,
+        "KV tokens a stage this node hosts for another node's instance holds of its share now.",
     ),
     (
         "shoal_engine_queue_depth",

@@ -1,5 +1,5 @@
 //! The state series of `GET /metrics`, set at each scrape from what the node knows now: its cluster
-//! snapshot (the data `GET /state` shows) and its engines' live counters.
+//! snapshot (the data `GET /state` shows), its engines' live counters and the KV its hosted stages hold.
 //!
 //! [`render`] builds a fresh recorder, sets every gauge in it and renders it: a node, link, instance or
 //! download that no longer exists simply has no series in the next scrape (nothing to delete, nothing
@@ -22,6 +22,7 @@ pub fn render(state: &ApiState) -> String {
     metrics::with_local_recorder(&recorder, || {
         names::describe(names::STATE);
         engines(state);
+        hosted_shares();
         if let Some(cluster) = &state.cluster {
             let snap = cluster.snapshot();
             let view = snap.state.view();
@@ -51,6 +52,14 @@ fn engines(state: &ApiState) {
         gauge!("shoal_sequences_waiting", "model" => model.clone()).set(s.waiting as f64);
         gauge!("shoal_sequences_preempted", "model" => model.clone()).set(s.preempted as f64);
         gauge!("shoal_engine_kv_tokens", "model" => model).set(s.kv_tokens as f64);
+    }
+}
+
+/// What each stage this node hosts for another node's instance holds of its KV share.
+fn hosted_shares() {
+    for share in shoal_engine::meters::hosted_shares() {
+        gauge!("shoal_kv_share_used_tokens", "instance_id" => share.instance, "stage" => share.stage.to_string())
+            .set(share.used_tokens as f64);
     }
 }
 

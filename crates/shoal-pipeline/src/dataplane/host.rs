@@ -7,8 +7,9 @@
 //! opened on the preferred path to the next node.
 //!
 //! Each activation batch a stage runs is timed into `shoal_stage_step_seconds{instance_id, stage}` (frame
-//! decoded → answer encoded) and leaves the KV tokens it holds in `shoal_kv_share_used_tokens` (0 once
-//! the stage is gone), through handles registered once per hosted stage.
+//! decoded → answer encoded), through a handle registered once per hosted stage; the KV tokens it holds
+//! after each frame go to its `ShareMeter`, read at each scrape (`shoal_kv_share_used_tokens`, gone
+//! with the stage).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -69,15 +70,9 @@ pub struct HostedStage {
     kv: KvShare,
     /// Time of each activation batch through the stage.
     step_seconds: metrics::Histogram,
-    /// KV tokens the stage holds of its share, after its latest batch.
-    kv_used: metrics::Gauge,
-}
-
-impl Drop for HostedStage {
-    /// The stage's share is given back: its gauge says so (the series stays, at 0).
-    fn drop(&mut self) {
-        self.kv_used.set(0.0);
-    }
+    /// KV tokens the stage holds of its share, after its latest frame (read at each scrape; gone with
+    /// the stage).
+    kv_used: shoal_engine::meters::ShareMeter,
 }
 
 impl HostedStage {
@@ -94,11 +89,7 @@ impl HostedStage {
             "instance_id" => instance.clone(),
             "stage" => index.to_string()
         );
-        let kv_used = metrics::gauge!(
-            "shoal_kv_share_used_tokens",
-            "instance_id" => instance.clone(),
-            "stage" => index.to_string()
-        );
+        let kv_used = shoal_engine::meters::ShareMeter::new(instance.clone(), index);
         Self {
             instance,
             index,
@@ -426,8 +417,9 @@ fn run_stage(
         let stepped = step(&mut stage, host, &mut jobs, frame, last);
         if answer {
             host.step_seconds.record(started.elapsed());
-            host.kv_used.set(stage.held_tokens() as f64);
         }
+        // After KV operations too: a freed sequence gives its tokens back without a batch.
+        host.kv_used.used(stage.held_tokens());
         match stepped {
             Ok(None) => continue,
             Ok(Some(bytes)) => {
