@@ -182,3 +182,75 @@ def test_the_hop_takes_the_better_path_and_moves_when_it_is_cut_or_limited(lab):
     finally:
         for n in nodes:
             n.kill()
+
+
+@pytest.fixture(scope="module")
+def lab3():
+    if os.geteuid() != 0:
+        pytest.fail("the lab tests need root (network namespaces): run them as root", pytrace=False)
+    prefix = PREFIX + "3-"
+    subprocess.run([LAB, "down", "--prefix", prefix], check=True, capture_output=True)
+    subprocess.run([LAB, "up", "3", "--paths", "2", "--prefix", prefix], check=True, capture_output=True)
+    ns = [f"{prefix}{i}" for i in range(3)]
+    for n in ns:
+        tbf(n, "eth1", SLOW_TBF)
+    try:
+        yield ns
+    finally:
+        subprocess.run([LAB, "down", "--prefix", prefix], capture_output=True)
+
+
+def test_a_hop_between_two_stage_nodes_moves_when_its_path_is_cut(lab3):
+    """A 3-node pipeline a → b → c: the fast path between b and c alone is cut (a blackhole route on
+    each side; a's paths stay up) while a long greedy request streams. The break travels up the
+    pipeline (c's stream from b ends b's thread, which closes a's lane to b), a sends again what was
+    unconfirmed, b opens its stream to c on the path left: the request completes token for token and
+    b's link to c shows the hop on the slow path."""
+    a = ShoalNode("--no-auto-instance", host="0.0.0.0", netns=lab3[0])
+    nodes = [a]
+    try:
+        port = re.search(r"/tcp/(\d+)", a.cluster_addr).group(1)
+        peers = ["--peer", f"{FAST}10:{port}", "--peer", f"{SLOW}10:{port}"]
+        b = ShoalNode("--no-auto-instance", *peers, host="0.0.0.0", netns=lab3[1])
+        nodes.append(b)
+        c = ShoalNode("--no-auto-instance", *peers, host="0.0.0.0", netns=lab3[2])
+        nodes.append(c)
+
+        def two_paths(x, y):
+            paths = (link(x, y) or {}).get("paths", [])
+            return len(paths) == 2 and all(p["bandwidth_bps"] is not None for p in paths) and paths
+
+        wait_until("two measured paths from b to c", lambda: two_paths(b, c), timeout=120)
+        wait_until("two measured paths from a to b", lambda: two_paths(a, b), timeout=120)
+        status, body = ns_http(a, "POST", "/instance",
+                               {"model": MODEL_ID, "nodes": [a.id, b.id, c.id], "layers": [10, 10, 10]})
+        assert status == 201, body
+        iid = body["id"]
+        wait_until("the instance to be ready",
+                   lambda: any(i["id"] == iid and i["status"] == "ready" for i in cluster(a)["instances"]),
+                   timeout=180)
+        lone = wait_until("the model to answer", lambda: complete(a))
+        assert hop_path(b, c, iid) == f"{FAST}12", link(b, c)
+        driver_paths = (hop_path(a, b, iid), hop_path(a, c, iid))
+
+        proc = ns_http_background(a, "/v1/completions", completion_body())
+        wait_until("the request to be running", lambda: any(
+            x.get("running", 0) > 0 for n in cluster(a)["nodes"] if n["id"] == a.id
+            for x in n.get("load", {}).values()), timeout=30)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        # Only b <-> c on the fast path: a reaches both of them there still.
+        subprocess.run(["ip", "-n", lab3[1], "route", "add", "blackhole", f"{FAST}12/32"], check=True)
+        subprocess.run(["ip", "-n", lab3[2], "route", "add", "blackhole", f"{FAST}11/32"], check=True)
+        out, err = proc.communicate(timeout=300)
+        r = json.loads(out)
+        assert r["status"] == 200, r
+        assert r["body"]["choices"][0]["text"] == lone, "the request's tokens changed"
+        print(f"request completed {time.monotonic() - t0:.1f} s after the cut")
+        wait_until("b's hop to c on the slow path", lambda: hop_path(b, c, iid) == f"{SLOW}12")
+        assert (hop_path(a, b, iid), hop_path(a, c, iid)) == driver_paths, "a's own paths were not cut"
+        assert complete(a) == lone
+        assert sorted(x["id"] for x in cluster(a)["nodes"]) == sorted([a.id, b.id, c.id])
+    finally:
+        for n in nodes:
+            n.kill()

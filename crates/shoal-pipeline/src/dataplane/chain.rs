@@ -396,7 +396,7 @@ impl Route {
         // On a relay the watches only hold weak senders: the channel closes when the reader ends (the
         // token stream closed), which the engine thread sees at once. On a lane they shut it down.
         let mut relay_events = None;
-        let (events, owner_out) = match owner_lane {
+        let (mut events, owner_out) = match owner_lane {
             Some(lane) => (Inlet::Lane(lane.reader), Outlet::Lane(lane.writer)),
             None => {
                 let (or, ow) = owner_stream.split();
@@ -415,7 +415,14 @@ impl Route {
             (None, None) => return Err(PipelineError::NoRemoteStages),
         };
         let (down_out, down_writer) = match down_lane {
-            Some(lane) => (Outlet::Lane(lane.writer), None),
+            Some(lane) => {
+                // A break down the pipeline (a stage's thread ending) closes this lane: the wait for
+                // tokens ends at once and the chain moves.
+                if let Inlet::Lane(r) = &mut events {
+                    r.watch(&lane.writer)?;
+                }
+                (Outlet::Lane(lane.writer), None)
+            }
             None => {
                 let (dr, dw) = down_stream.split();
                 drop(dr);
@@ -483,9 +490,14 @@ impl Route {
             let (clear, gone) = {
                 let b = book.borrow_and_update();
                 let preferred = [self.first, self.last].map(|peer| (peer, b.preferred(&peer)));
-                let clear = preferred.iter().all(|(_, p)| {
-                    p.is_some_and(|p| cut.iter().all(|c| c.connection != p.connection))
-                });
+                // Our own paths still up: the break was further down the pipeline (between two
+                // stages, whose node moves its own stream), so the same paths serve again.
+                let ours_alive = b.is_alive(&self.first, cut[0].connection)
+                    && b.is_alive(&self.last, cut[1].connection);
+                let clear = ours_alive
+                    || preferred.iter().all(|(_, p)| {
+                        p.is_some_and(|p| cut.iter().all(|c| c.connection != p.connection))
+                    });
                 (clear, preferred.into_iter().find(|(_, p)| p.is_none()))
             };
             // No connection left at all: the node is gone, not a path.

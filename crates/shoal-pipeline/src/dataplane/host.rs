@@ -32,7 +32,7 @@ use shoal_cluster::{ClusterHandle, Traffic};
 
 use crate::error::PipelineError;
 
-use super::path::open_on_path;
+use super::path::{open_on_path, watch_paths};
 use super::{
     Alarm, Inbound, Inlet, Lanes, Outlet, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, accept_lane,
     encode, engine_pool, handshake, open_lane, prefix_kv_op, read_handshake, spawn_reader,
@@ -328,7 +328,7 @@ async fn serve_upstream(
     traffic: Arc<Traffic>,
     peer: PeerId,
 ) -> Result<(), PipelineError> {
-    let (next, lease) = match host.next {
+    let (next, lease, next_path) = match host.next {
         Some(next) => {
             let opened = open_on_path(cluster, next, &host.instance, "stream").await?;
             let mut s = opened.stream;
@@ -351,13 +351,18 @@ async fn serve_upstream(
                     Outlet::Relay(tx)
                 }
             };
-            (Some(out), Some(opened.lease))
+            (Some(out), Some(opened.lease), Some((next, opened.path)))
         }
-        None => (None, None),
+        None => (None, None, None),
     };
     let lane = accept_lane(&mut stream, ours, lanes, peer).await?;
     let (input, alarm) = match lane {
-        Some(lane) => {
+        Some(mut lane) => {
+            // The next stage's thread ending (its stream broke) ends this one, and so on up to the
+            // driver, which moves the pipeline.
+            if let Some(Outlet::Lane(w)) = &next {
+                lane.reader.watch(w)?;
+            }
             let alarm = Alarm::Lane(lane.reader.interrupt());
             (Inlet::Lane(lane.reader), alarm)
         }
@@ -369,6 +374,21 @@ async fn serve_upstream(
             (Inlet::Relay(in_rx), alarm)
         }
     };
+    // The path to the next stage cut: this stream's thread ends (and the break travels up).
+    let (stop_watch, stop) = tokio::sync::oneshot::channel();
+    if let Some(used) = next_path {
+        let writer = match &next {
+            Some(Outlet::Relay(tx)) => Some(tx.clone()),
+            _ => None,
+        };
+        watch_paths(
+            cluster.paths().watch(),
+            vec![used],
+            writer,
+            alarm.clone(),
+            stop,
+        );
+    }
     let previous = host.new_upstream(alarm);
     let host = host.clone();
     std::thread::Builder::new()
@@ -376,6 +396,7 @@ async fn serve_upstream(
         .spawn(move || {
             run_stage(&host, input, next, previous);
             drop(lease);
+            drop(stop_watch);
         })?;
     Ok(())
 }

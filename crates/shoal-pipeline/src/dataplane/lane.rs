@@ -294,6 +294,7 @@ impl Lane {
             traffic,
             peer,
             interrupt,
+            watch: None,
         };
         Ok(Lane {
             peer,
@@ -388,6 +389,9 @@ pub struct LaneReader {
     traffic: Arc<Traffic>,
     peer: PeerId,
     interrupt: Arc<Interrupt>,
+    /// The thread's outgoing lane, watched while waiting: its peer closing it (the next stage's
+    /// thread ended) ends this wait too, so a break anywhere down a pipeline travels back up at once.
+    watch: Option<TcpStream>,
 }
 
 /// What a wait on a lane found: a frame or an error, the lane closed, or the deadline passed.
@@ -401,6 +405,12 @@ impl LaneReader {
     /// What watchers hold to wake this reader (weakly: they never keep the socket open).
     pub fn interrupt(&self) -> Weak<Interrupt> {
         Arc::downgrade(&self.interrupt)
+    }
+
+    /// Also ends a wait when `out`'s peer closes it (see the field).
+    pub fn watch(&mut self, out: &LaneWriter) -> std::io::Result<()> {
+        self.watch = Some(out.sock.try_clone()?);
+        Ok(())
     }
 
     /// The next frame, waiting until `deadline` (`None`: as long as it takes).
@@ -418,7 +428,19 @@ impl LaneReader {
                 },
                 None => None,
             };
-            if self.set_timeout(timeout).is_err() {
+            if let Some(out) = &self.watch {
+                match wait_either(&self.sock, out, timeout) {
+                    Ok(Ready::Input) => {}
+                    Ok(Ready::Watched) => {
+                        return Received::Inbound(Err(PipelineError::StreamClosed {
+                            what: "stream to the next stage",
+                        }));
+                    }
+                    Ok(Ready::Neither) => continue,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => return self.ended(Some(e)),
+                }
+            } else if self.set_timeout(timeout).is_err() {
                 return self.ended(None);
             }
             match self.fill() {
@@ -525,6 +547,51 @@ impl LaneReader {
         self.raw.drain(..4 + len);
         Ok(true)
     }
+}
+
+/// What [`wait_either`] found.
+enum Ready {
+    Input,
+    Watched,
+    Neither,
+}
+
+/// Waits (up to `timeout`) until `input` has bytes (or closed) or `watched` is readable — which, for a
+/// lane nobody writes back on, means its peer closed it or it broke.
+fn wait_either(
+    input: &TcpStream,
+    watched: &TcpStream,
+    timeout: Option<Duration>,
+) -> std::io::Result<Ready> {
+    use std::os::fd::AsRawFd;
+    let mut fds = [
+        libc::pollfd {
+            fd: input.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: watched.as_raw_fd(),
+            events: libc::POLLIN | libc::POLLRDHUP,
+            revents: 0,
+        },
+    ];
+    // Rounded up: a deadline is never reported early as reached.
+    let ms = timeout.map_or(-1, |t| {
+        t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+    });
+    // SAFETY: `fds` is a valid array of two pollfd for the duration of the call.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(if fds[0].revents != 0 {
+        Ready::Input
+    } else if fds[1].revents != 0 {
+        Ready::Watched
+    } else {
+        Ready::Neither
+    })
 }
 
 #[cfg(test)]
@@ -648,5 +715,21 @@ mod tests {
             Received::TimedOut
         ));
         assert!(start.elapsed() >= Duration::from_millis(50));
+    }
+
+    #[test]
+    fn a_closed_outgoing_lane_ends_the_wait_on_the_incoming_one() {
+        // A stage: reads `up`, writes `down`. The next stage going away closes `down`'s far end.
+        let (_upstream, mut up) = pair(&[8; 32]);
+        let (down, next) = pair(&[9; 32]);
+        up.reader.watch(&down.writer).unwrap();
+        let waiter = std::thread::spawn(move || match up.reader.recv(None) {
+            Received::Inbound(Err(PipelineError::StreamClosed { what })) => what.to_string(),
+            _ => String::new(),
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        drop(next);
+        assert_eq!(waiter.join().unwrap(), "stream to the next stage");
+        drop(down);
     }
 }
