@@ -14,8 +14,8 @@
 //! page either.
 //!
 //! The rest: one short internal request through every stage — a prompt of [`WARM_UP_PROMPT_TOKENS`]
-//! prefilled as one chunk, then [`WARM_UP_DECODE_TOKENS`] greedy decode steps — run through the same
-//! queue, scheduler and stages as any request. It leaves nothing behind that a user
+//! prefilled as one chunk, then [`WARM_UP_DECODE_TOKENS`] decode steps drawing their tokens as a request
+//! that samples does — run through the same queue, scheduler and stages as any request. It leaves nothing behind that a user
 //! could see: its KV is never kept as a cached prefix (so no later prompt reuses it and outputs stay
 //! those of a cold engine), and the engine's totals and recent averages are reset once it is done (the
 //! engine is not registered before, so nobody has read them).
@@ -102,8 +102,13 @@ impl EngineHandle {
         let request = GenerateRequest {
             model: self.info().id.clone(),
             prompt: Prompt::Tokens(Vec::new()),
+            // Drawn, not greedy: the draw's ranking and cuts are what requests that sample run (its
+            // tokens are thrown away).
             sampling: SamplingParams {
-                temperature: 0.0,
+                temperature: 0.8,
+                top_p: 0.95,
+                top_k: 40,
+                seed: Some(0),
                 ..Default::default()
             },
             max_tokens: NonZeroU32::new(WARM_UP_DECODE_TOKENS),
