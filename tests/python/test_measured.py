@@ -1,19 +1,27 @@
 """Measured next to predicted, on real processes: a one-node instance and a 2-node pipeline of the test model
 (one thread per node, loopback). Each instance's driver publishes its load in its facts once it is ready —
-nothing of its warm-up counted — and `/state` shows it as `measured` beside the planner's `predicted`; after a
-few greedy requests run one at a time, the measured one-stream decode rate agrees with the predicted one
-within the tolerance below; a removed instance's load is no longer published.
+nothing of its warm-up counted — and `/state` shows it as `measured` beside the planner's `predicted` (and its
+figures term by term in `prediction`); after a few greedy requests run one at a time, the measured one-stream
+decode rate agrees with the predicted one within the tolerance below; a removed instance's load is no longer
+published. The output head is priced on the last stage only.
 
-The tolerance is what the cost model achieves today on this model, stated honestly. The prediction streams each
-layer's weights at the node's probed rate (plus the hops) and leaves out the output head, attention, sampling
-and the engine's per-token work; the probe is taken once (cached per binary, CPU and thread count) under
-whatever load the machine had then, and the requests run under the load of the moment. Seen on a shared
-2-core machine (load average 3-8; debug build, one thread per node; 8 runs over two probes, one predicting
-27 tok/s and one 36): measured / predicted 0.44-1.55, one node and two alike; a probe cached while six builds
-ran predicted 16 tok/s and the run measured 34 (2.07). So the nodes here measure their compute afresh, into a
-cache of their own, when the test starts them, and the range is 0.25-4: it catches a cost model off by an
-order or a unit, not the noise of a shared box; the tight agreement on the lab profiles is still to be shown.
-The ratios are printed (`pytest -s`)."""
+The prediction is compared at the context these requests decoded at (their prompt plus half the generated
+tokens): the planner prices attention at its own default context (prompt 512 + 128) and says what each token
+of context adds, so the test moves the figure exactly to its own context.
+
+The tolerance is what the cost model achieves on this model, with a margin for a busy 2-core box, stated
+honestly. The prediction prices every layer's weights streamed at the node's probed rate for their type, the
+output head at the probed rate for its type, attention at the probed attention rate and sampling at the probed
+pass rate (plus the hops); it leaves out that the kernels run ~10-15 % slower on SmolLM2's small matrices than
+on the probe's large one, and each step's small operations (norms, rope, quantizing activations: ~6 %). Seen
+here (2-core VM, debug build, one thread per node, 2026-11-25): measured / predicted 0.66-0.88, one node and two
+alike, over 6 runs at load average 4-6 (before the head, attention and sampling were priced: 0.44-1.55, and
+~0.5 on a quiet machine). The probe is taken when the nodes start and the requests run a few seconds later, so
+a machine whose load changes between the two moves the ratio: while a release build ran beside the test (load
+8-10) it read 0.59-1.72. So the range is 0.5-1.5: a third of the old 0.25-4, it fails a model off by half
+(the old model's ~0.5 on a quiet machine is at its edge), not the noise of a shared box. The nodes measure
+their compute afresh, into a cache of their own, when the test starts them. The ratios are printed
+(`pytest -s`)."""
 
 import os
 import tempfile
@@ -24,8 +32,8 @@ import pytest
 from conftest import MODEL_ID, ShoalNode
 from test_cluster import client, place, remove, state, wait_members, wait_until
 
-# measured / predicted one-stream decode tok/s must lie in this range.
-TOLERANCE = (0.25, 4.0)
+# measured / predicted one-stream decode tok/s must lie in this range (see the module docstring).
+TOLERANCE = (0.5, 1.5)
 REQUESTS = 4
 TOKENS = 48
 
@@ -56,7 +64,15 @@ def load_published(node: ShoalNode, iid: str) -> bool:
     return iid in me.get("load", {})
 
 
-def complete(node: ShoalNode, k: int) -> int:
+def at_context(predicted: dict, context: float) -> float:
+    """The predicted one-stream tok/s at `context` cached tokens: the planner prices attention at its own
+    context (`context_tokens`) and says what each token of context adds (`attention_us_per_token_of_context`)."""
+    us = predicted["token_latency_us"] + (context - predicted["context_tokens"]) * \
+        predicted["attention_us_per_token_of_context"]
+    return 1e6 / us
+
+
+def complete(node: ShoalNode, k: int) -> tuple[int, int]:
     def go():
         try:
             return client(node).completions.create(
@@ -68,7 +84,7 @@ def complete(node: ShoalNode, k: int) -> int:
             raise
 
     r = wait_until("the model to be served", go)
-    return r.usage.completion_tokens
+    return r.usage.completion_tokens, r.usage.prompt_tokens
 
 
 @pytest.mark.parametrize("layout", ["one node", "two nodes"])
@@ -83,13 +99,24 @@ def test_measured_decode_rate_is_published_and_agrees_with_the_prediction(duo, l
         assert measured["decode_tok_s"] is None and measured["ttft_ms"] is None, measured
         # Shown the same on the other member.
         wait_until("b to show a's load", lambda: view_of(b, iid)["measured"] is not None)
-        predicted = view_of(a, iid)["predicted"]["decode_tok_s"]
-        assert predicted and predicted > 0, view_of(a, iid)["predicted"]
+        view = view_of(a, iid)
+        figures = view["prediction"]  # the planner's figures, term by term
+        assert view["predicted"]["decode_tok_s"] == pytest.approx(figures["decode_tok_s"]), view
+        assert figures["decode_tok_s"] > 0 and figures["context_tokens"] > 0, figures
+        last = figures["stages"][-1]
+        assert last["head_us"] > 0, f"the output head is priced on the last stage: {figures}"
+        assert all(s["head_us"] == 0 for s in figures["stages"][:-1]), figures
 
         started = time.monotonic()
+        prompts = []
         for k in range(REQUESTS):
-            assert complete(a, k) == TOKENS
+            generated, prompt = complete(a, k)
+            assert generated == TOKENS
+            prompts.append(prompt)
         wall = time.monotonic() - started
+        # Attention priced where these requests decoded: the prompt plus half the generated tokens.
+        context = sum(prompts) / len(prompts) + TOKENS / 2
+        predicted = at_context(figures, context)
         done = wait_until("the finished requests to be published",
                           lambda: (m := view_of(a, iid)["measured"]) and m["finished"] >= REQUESTS and m)
         assert done["finished"] == REQUESTS and done["running"] == 0 and done["queued"] == 0, done
@@ -99,8 +126,9 @@ def test_measured_decode_rate_is_published_and_agrees_with_the_prediction(duo, l
         assert rate >= (TOKENS - 1) / wall, (rate, wall)
         assert 0 < ttft < wall * 1e3, (ttft, wall)
         ratio = rate / predicted
-        print(f"\n{layout}: measured {rate:.1f} tok/s, predicted {predicted:.1f} tok/s, ratio {ratio:.2f}; "
-              f"TTFT {ttft:.1f} ms")
+        print(f"\n{layout}: measured {rate:.1f} tok/s, predicted {predicted:.1f} tok/s at {context:.0f} tokens "
+              f"of context ({figures['decode_tok_s']:.1f} at {figures['context_tokens']}), ratio {ratio:.2f}; "
+              f"head {last['head_us']:.0f} us; TTFT {ttft:.1f} ms")
         assert TOLERANCE[0] <= ratio <= TOLERANCE[1], \
             f"measured {rate:.1f} tok/s vs predicted {predicted:.1f} (ratio {ratio:.2f}, tolerance {TOLERANCE})"
     finally:
