@@ -393,6 +393,11 @@ impl LocalStage {
     pub fn cached_len(&self, seq_id: u64) -> usize {
         self.caches.get(&seq_id).map_or(0, KvCache::len)
     }
+
+    /// Whether this stage keeps the prefix `prefix_id`.
+    pub fn has_prefix(&self, prefix_id: u64) -> bool {
+        self.prefixes.contains_key(&prefix_id)
+    }
 }
 
 impl Stage for LocalStage {

@@ -60,9 +60,6 @@ pub enum PipelineError {
     /// The path a pipeline's streams ran on closed (and moving to another failed, or was not tried).
     #[error("the path to {peer} closed")]
     PathLost { peer: PeerId },
-    /// The path was cut while a KV operation that cannot be sent twice was unconfirmed.
-    #[error("the path was cut while a {op} was unconfirmed: it cannot be sent again safely")]
-    NoReplay { op: &'static str },
     /// The data-plane protocol was already being accepted on this node.
     #[error("the data-plane protocol is already accepted on this node: {0}")]
     AcceptStreams(libp2p_stream::AlreadyRegistered),
@@ -218,7 +215,6 @@ impl PipelineError {
             PipelineError::LaneSetup { .. } => "lane_setup",
             PipelineError::LaneSealing { .. } => "lane_sealing",
             PipelineError::PathLost { .. } => "path_lost",
-            PipelineError::NoReplay { .. } => "no_replay",
             PipelineError::AcceptStreams(_) => "accept_streams",
             PipelineError::BadNodeId { .. } => "bad_node_id",
             PipelineError::NoRemoteStages => "no_remote_stages",
@@ -267,7 +263,6 @@ impl PipelineError {
                 | PipelineError::StreamClosed { .. }
                 | PipelineError::PathLost { .. }
                 | PipelineError::OpenPath { .. }
-                | PipelineError::NoReplay { .. }
                 | PipelineError::NodeLeft { .. }
                 | PipelineError::NoTokensInTime
                 | PipelineError::OtherBatch { .. }

@@ -246,8 +246,8 @@ impl RemoteChain {
     }
 
     /// A path in use was cut (`why`): opens new streams on the paths left and sends again everything
-    /// not confirmed; the pipeline breaks only when that is impossible (no path, the node left, an
-    /// operation that cannot be sent twice, or the new path breaks too).
+    /// not confirmed; the pipeline breaks only when that is impossible (no path, the node left, or the
+    /// new path breaks too).
     fn fail_over(&mut self, why: PipelineError) -> Result<(), PipelineError> {
         self.check_broken()?;
         let frames = match self.replay.frames() {
@@ -669,7 +669,7 @@ impl RemoteChain {
             KvOp::Start { .. } | KvOp::DropPrefix { .. } | KvOp::Fork { .. } => {}
         }
         let frame = encode(&kv_frame(op))?;
-        self.replay.kv(&op, frame.clone());
+        self.replay.kv(frame.clone());
         self.send_logged(vec![frame])?;
         match op {
             KvOp::Start { seq_id, len, .. }

@@ -686,18 +686,42 @@ fn answer(
     Ok(Some(bytes))
 }
 
-/// Applies one prefix-cache operation to the stage's KV (a started sequence must fit its KV share).
+/// Applies one prefix-cache operation to the stage's KV (a started sequence must fit its KV share) —
+/// so that twice is the same as once: a driver whose path was cut sends again what was unconfirmed.
 fn apply_prefix(
     stage: &mut LocalStage,
     host: &HostedStage,
     op: &PrefixOp,
 ) -> Result<(), PipelineError> {
     let kv = prefix_kv_op(op);
+    if already_applied(stage, kv) {
+        return Ok(());
+    }
     if let KvOp::Start { len, .. } | KvOp::Fork { len, .. } = kv {
         host.check_room(stage, len)?;
     }
     stage.kv(kv)?;
     Ok(())
+}
+
+/// Whether `op` was applied already: what it takes from is gone. The driver sends an operation only
+/// while its source exists, so a source gone means this stage applied it, and what came after it
+/// consumed the result (a fork's copy retained as a prefix, a started prefix dropped). Applied again,
+/// anything else gives the same state; a stage whose caches really went wrong is still caught by the
+/// next batch's start positions (`check_batch`).
+fn already_applied(stage: &LocalStage, op: KvOp) -> bool {
+    let gone = match op {
+        KvOp::Retain { seq_id, .. } | KvOp::Fork { seq_id, .. } => stage.cached_len(seq_id) == 0,
+        KvOp::Start { prefix_id, .. } => !stage.has_prefix(prefix_id),
+        KvOp::DropPrefix { .. } | KvOp::Release { .. } => false,
+    };
+    if gone {
+        tracing::debug!(
+            ?op,
+            "KV operation already applied (sent again after a cut): skipped"
+        );
+    }
+    gone
 }
 
 #[cfg(test)]
@@ -745,5 +769,65 @@ mod tests {
         let mut input = Inlet::Relay(input);
         let mut held = vec![9];
         assert!(recv_or_flush(&mut input, &mut held, &mut |_| false).is_none());
+    }
+
+    #[test]
+    fn prefix_operations_applied_twice_leave_what_once_did() {
+        let path = shoal_testkit::fixtures::model_path();
+        let pool = std::sync::Arc::new(shoal_kernels::ThreadPool::new(1));
+        let range = shoal_model::LayerRange { start: 0, end: 1 };
+        let mut stage = shoal_engine::engine::load_local_stage(&path, range, &pool).unwrap();
+        let chunk = |seq_id, len| ChunkSpec {
+            seq_id,
+            len,
+            want_logits: false,
+            pool: shoal_engine::stage::Pool::None,
+        };
+        stage
+            .forward(
+                &[chunk(1, 4)],
+                StageData::Tokens(vec![1, 504, 3458, 282]),
+                &[],
+            )
+            .unwrap();
+        // Each operation as the stage sees it the first time, then again as a replay sends it.
+        let ops = [
+            KvOp::Fork {
+                seq_id: 1,
+                into: 2,
+                len: 3,
+            },
+            KvOp::Release { seq_id: 1 },
+            KvOp::Retain {
+                seq_id: 2,
+                prefix_id: 9,
+                len: 3,
+            },
+            KvOp::Start {
+                prefix_id: 9,
+                seq_id: 3,
+                len: 2,
+            },
+            KvOp::DropPrefix { prefix_id: 9 },
+        ];
+        for (i, op) in ops.iter().enumerate() {
+            assert!(!already_applied(&stage, *op), "{op:?} not applied yet");
+            stage.kv(*op).unwrap();
+            // Everything applied so far, sent again in order: nothing fails, nothing changes.
+            for again in &ops[..=i] {
+                if !already_applied(&stage, *again) {
+                    stage.kv(*again).unwrap();
+                }
+            }
+        }
+        assert_eq!(
+            (
+                stage.cached_len(1),
+                stage.cached_len(2),
+                stage.cached_len(3)
+            ),
+            (0, 0, 2)
+        );
+        assert!(!stage.has_prefix(9));
     }
 }

@@ -9,8 +9,9 @@
 //! that batch; with the same cache length and the same sampling job it computes the same tokens).
 //! Tokens of a batch already answered that arrive again are dropped by the chain. The stages keep
 //! their KV across upstream streams (`host.rs`), so the new stream carries on where the old one left.
-//! Another KV operation still unconfirmed when a path is cut (a prefix kept, started or dropped, a
-//! fork) cannot be sent twice safely: the pipeline then fails as before ([`PipelineError::NoReplay`]).
+//! KV operations still unconfirmed go again too, in their order: a stage applies each so that twice is
+//! the same as once (`host.rs` `apply_prefix`: a prefix already kept, a sequence already started or
+//! forked, is left as it is; releases and drops of what is gone do nothing).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -91,10 +92,8 @@ enum Logged {
         starts: Vec<(u64, usize)>,
         frames: Vec<Vec<u8>>,
     },
-    /// A release (sending it twice is harmless: unknown sequences are ignored).
-    Release(Vec<u8>),
-    /// Any other KV operation (not safe to send twice).
-    Other(&'static str),
+    /// A KV operation (stages apply each one so that twice is the same as once).
+    Kv(Vec<u8>),
 }
 
 /// What the driver sent since the oldest unanswered batch.
@@ -114,15 +113,8 @@ impl Replay {
     }
 
     /// A KV operation was sent (its encoded frame).
-    pub fn kv(&mut self, op: &KvOp, frame: Vec<u8>) {
-        let entry = match op {
-            KvOp::Release { .. } => Logged::Release(frame),
-            KvOp::Retain { .. } => Logged::Other("kept prefix"),
-            KvOp::Start { .. } => Logged::Other("sequence started from a prefix"),
-            KvOp::DropPrefix { .. } => Logged::Other("dropped prefix"),
-            KvOp::Fork { .. } => Logged::Other("fork"),
-        };
-        self.log.push_back(entry);
+    pub fn kv(&mut self, frame: Vec<u8>) {
+        self.log.push_back(Logged::Kv(frame));
     }
 
     /// The tokens of `batch_id` came back: it and everything sent before it were applied by every
@@ -147,7 +139,6 @@ impl Replay {
         let mut rewind: Vec<(u64, usize)> = Vec::new();
         for entry in &self.log {
             match entry {
-                Logged::Other(op) => return Err(PipelineError::NoReplay { op }),
                 Logged::Batch { starts, .. } => {
                     for &(seq, start) in starts {
                         if !rewind.iter().any(|(s, _)| *s == seq) {
@@ -155,7 +146,7 @@ impl Replay {
                         }
                     }
                 }
-                Logged::Release(_) => {}
+                Logged::Kv(_) => {}
             }
         }
         let mut out = Vec::new();
@@ -167,8 +158,7 @@ impl Replay {
         for entry in &self.log {
             match entry {
                 Logged::Batch { frames, .. } => out.extend(frames.iter().cloned()),
-                Logged::Release(f) => out.push(f.clone()),
-                Logged::Other(_) => {}
+                Logged::Kv(f) => out.push(f.clone()),
             }
         }
         Ok(out)
@@ -216,9 +206,8 @@ mod tests {
         out
     }
 
-    fn release(seq: u64) -> (KvOp, Vec<u8>) {
-        let op = KvOp::Release { seq_id: seq };
-        (op, encode(&kv_frame(op)).unwrap())
+    fn release(seq: u64) -> Vec<u8> {
+        encode(&kv_frame(KvOp::Release { seq_id: seq })).unwrap()
     }
 
     fn ping(n: u64) -> Vec<u8> {
@@ -233,8 +222,7 @@ mod tests {
         r.answered(1);
         assert!(r.is_empty());
         r.batch(2, vec![(7, 10), (8, 0)], vec![ping(2)]);
-        let (op, f) = release(5);
-        r.kv(&op, f);
+        r.kv(release(5));
         r.batch(3, vec![(7, 11)], vec![ping(3)]);
         let frames = decode_all(&r.frames().unwrap());
         let kinds: Vec<String> = frames
@@ -268,7 +256,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unconfirmed_prefix_operation_cannot_be_sent_again() {
+    fn an_unconfirmed_prefix_operation_is_sent_again_in_its_place() {
         let mut r = Replay::default();
         r.batch(4, vec![(1, 3)], vec![ping(4)]);
         let op = KvOp::Retain {
@@ -276,10 +264,32 @@ mod tests {
             prefix_id: 9,
             len: 3,
         };
-        r.kv(&op, encode(&kv_frame(op)).unwrap());
-        assert!(matches!(r.frames(), Err(PipelineError::NoReplay { .. })));
+        r.kv(encode(&kv_frame(op)).unwrap());
+        let kinds = |r: &Replay| -> Vec<String> {
+            decode_all(&r.frames().unwrap())
+                .iter()
+                .map(|f| match f {
+                    Frame::Prefix(p) => format!("{:?} {} {}", p.action, p.seq_id, p.prefix_id),
+                    Frame::Ping { nonce } => format!("batch {nonce}"),
+                    other => format!("{other:?}"),
+                })
+                .collect()
+        };
+        let scratch = u64::MAX - 1;
+        assert_eq!(
+            kinds(&r),
+            [
+                format!("Fork 1 {scratch}"),
+                "Release { seq_ids: [1] }".to_string(),
+                format!("Fork {scratch} 1"),
+                format!("Release {{ seq_ids: [{scratch}] }}"),
+                "batch 4".into(),
+                "Retain 1 9".into(),
+            ]
+        );
+        // The batch answered: the prefix operation is still unconfirmed, and goes alone.
         r.answered(4);
-        assert!(matches!(r.frames(), Err(PipelineError::NoReplay { .. })));
+        assert_eq!(kinds(&r), ["Retain 1 9"]);
         r.batch(5, vec![(2, 0)], vec![ping(5)]);
         r.answered(5);
         assert!(r.frames().unwrap().is_empty());
