@@ -228,6 +228,10 @@ pub struct PathFacts {
     /// Instances whose data-plane streams from this node run on it now (the pipeline hops it carries).
     #[serde(default)]
     pub instances: Vec<String>,
+    /// Those of them relayed: their frames go through the cluster connection, not a direct one (a lane
+    /// could not be made, or `--no-lanes`).
+    #[serde(default)]
+    pub relayed: Vec<String>,
 }
 
 /// One model download on a node, as its owner publishes it.

@@ -163,6 +163,21 @@ async fn refuses_malformed_input_then_matches_one_node(lanes: bool) {
     .unwrap();
     let transport = if lanes { "lane" } else { "relay" };
     assert_eq!(chain.transports(), (transport, transport));
+    // a publishes which of its paths carry the instance's streams, and whether they are relayed.
+    let shown = |snap: &shoal_cluster::Snapshot| {
+        let inst = INSTANCE.to_string();
+        let paths = snap.state.me().links.iter().flat_map(|l| &l.paths);
+        paths
+            .filter(|p| p.instances.contains(&inst))
+            .map(|p| p.relayed.contains(&inst))
+            .collect::<Vec<bool>>()
+    };
+    let snap = a.wait_for(TIMEOUT, |s| !shown(s).is_empty()).await;
+    assert_eq!(
+        shown(&snap),
+        [!lanes],
+        "one path carries both streams, relayed only without lanes"
+    );
     let (remote_pick, local_pick) = tokio::task::spawn_blocking(move || {
         let (mut head, mut whole, mut chain) = (head, whole, chain);
         // The prompt in two chunks, as a chunked prefill sends it: the first wants no token.

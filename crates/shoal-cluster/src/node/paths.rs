@@ -184,10 +184,11 @@ impl PeerPaths {
     }
 
     /// What is published: one entry per address (its best connection), cheapest first.
-    pub fn facts(&self, streams: &HashMap<ConnectionId, Vec<String>>) -> Vec<PathFacts> {
+    pub fn facts(&self, streams: &super::pathstream::StreamsOn) -> Vec<PathFacts> {
         let mut by_addr: BTreeMap<IpAddr, PathFacts> = BTreeMap::new();
         for (c, p) in &self.paths {
-            let users = streams.get(c).cloned().unwrap_or_default();
+            let users = streams.instances.get(c).cloned().unwrap_or_default();
+            let relayed = streams.relayed.get(c).cloned().unwrap_or_default();
             let f = PathFacts {
                 addr: p.addr.to_string(),
                 rtt_us: p.rtt.map(|d| d.as_secs_f64() * 1e6),
@@ -195,18 +196,24 @@ impl PeerPaths {
                 cost_us: p.cost_us(),
                 preferred: self.preferred == Some(*c),
                 instances: users,
+                relayed,
             };
             by_addr
                 .entry(p.addr)
                 .and_modify(|e| {
                     let mut instances = std::mem::take(&mut e.instances);
                     instances.extend(f.instances.iter().cloned());
+                    let mut relayed = std::mem::take(&mut e.relayed);
+                    relayed.extend(f.relayed.iter().cloned());
                     if f.preferred || (!e.preferred && f.cost_us < e.cost_us) {
                         *e = f.clone();
                     }
-                    instances.sort();
-                    instances.dedup();
+                    for v in [&mut instances, &mut relayed] {
+                        v.sort();
+                        v.dedup();
+                    }
                     e.instances = instances;
+                    e.relayed = relayed;
                 })
                 .or_insert(f);
         }
@@ -382,12 +389,17 @@ mod tests {
         p.add(c(3), ip("10.0.0.2"), Instant::now());
         p.set_bandwidth(c(1), 1e9);
         p.set_bandwidth(c(2), 1e6);
-        let streams = HashMap::from([(c(3), vec!["inst".to_string()])]);
+        let streams = super::super::pathstream::StreamsOn {
+            instances: HashMap::from([(c(3), vec!["inst".to_string(), "other".to_string()])]),
+            relayed: HashMap::from([(c(3), vec!["other".to_string()])]),
+        };
         let facts = p.facts(&streams);
         assert_eq!(facts.len(), 2);
         assert_eq!(facts[0].addr, "10.0.0.2");
         assert!(facts[0].preferred && !facts[1].preferred);
-        assert_eq!(facts[0].instances, ["inst"]);
+        assert_eq!(facts[0].instances, ["inst", "other"]);
+        assert_eq!(facts[0].relayed, ["other"]);
+        assert!(facts[1].relayed.is_empty());
         assert_eq!(facts[0].bandwidth_bps, Some(1e9));
         let book = PathBook::collect([(&PeerId::random(), &p)].into_iter());
         assert_eq!(

@@ -238,34 +238,53 @@ impl ConnectionHandler for Handler {
 /// data plane, read by the network task for the published path facts).
 #[derive(Clone, Default)]
 pub struct PathUses {
-    inner: Arc<Mutex<HashMap<ConnectionId, BTreeMap<String, usize>>>>,
+    /// Per connection, per instance: its streams there, and how many of them are relayed.
+    inner: Arc<Mutex<HashMap<ConnectionId, BTreeMap<String, (usize, usize)>>>>,
+}
+
+/// The instances with data-plane streams on each connection, and those of them whose frames go through
+/// the connection itself (relayed: no direct connection could be made).
+#[derive(Debug, Default)]
+pub struct StreamsOn {
+    pub instances: HashMap<ConnectionId, Vec<String>>,
+    pub relayed: HashMap<ConnectionId, Vec<String>>,
 }
 
 impl PathUses {
     fn lease(&self, connection: ConnectionId, instance: &str) -> PathLease {
         if let Ok(mut m) = self.inner.lock() {
-            *m.entry(connection)
+            m.entry(connection)
                 .or_default()
                 .entry(instance.to_string())
-                .or_default() += 1;
+                .or_default()
+                .0 += 1;
         }
         PathLease {
             uses: self.clone(),
             connection,
             instance: instance.to_string(),
+            relayed: false,
         }
     }
 
-    /// The instances with streams on each connection.
-    pub fn snapshot(&self) -> HashMap<ConnectionId, Vec<String>> {
-        self.inner
-            .lock()
-            .map(|m| {
-                m.iter()
-                    .map(|(c, users)| (*c, users.keys().cloned().collect()))
-                    .collect()
-            })
-            .unwrap_or_default()
+    /// The instances with streams on each connection (and the relayed ones).
+    pub fn snapshot(&self) -> StreamsOn {
+        let Ok(m) = self.inner.lock() else {
+            return StreamsOn::default();
+        };
+        let mut out = StreamsOn::default();
+        for (c, users) in m.iter() {
+            out.instances.insert(*c, users.keys().cloned().collect());
+            let relayed: Vec<String> = users
+                .iter()
+                .filter(|(_, (_, r))| *r > 0)
+                .map(|(i, _)| i.clone())
+                .collect();
+            if !relayed.is_empty() {
+                out.relayed.insert(*c, relayed);
+            }
+        }
+        out
     }
 }
 
@@ -274,6 +293,25 @@ pub struct PathLease {
     uses: PathUses,
     connection: ConnectionId,
     instance: String,
+    relayed: bool,
+}
+
+impl PathLease {
+    /// Marks the stream as relayed: its frames go through the connection itself (published in the
+    /// path's facts, `relayed`).
+    pub fn set_relayed(&mut self) {
+        if self.relayed {
+            return;
+        }
+        self.relayed = true;
+        if let Ok(mut m) = self.uses.inner.lock()
+            && let Some(n) = m
+                .get_mut(&self.connection)
+                .and_then(|u| u.get_mut(&self.instance))
+        {
+            n.1 += 1;
+        }
+    }
 }
 
 impl Drop for PathLease {
@@ -282,8 +320,9 @@ impl Drop for PathLease {
             && let Some(users) = m.get_mut(&self.connection)
         {
             if let Some(n) = users.get_mut(&self.instance) {
-                *n -= 1;
-                if *n == 0 {
+                n.0 -= 1;
+                n.1 -= usize::from(self.relayed);
+                if n.0 == 0 {
                     users.remove(&self.instance);
                 }
             }

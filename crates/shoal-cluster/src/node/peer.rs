@@ -262,7 +262,7 @@ impl Peers {
     /// This node's links as published in its facts: one per connected peer, sorted by peer id, with
     /// the preferred path's measurements and every path (`streams`: the instances whose data-plane
     /// streams run on each connection).
-    pub fn link_facts(&self, streams: &HashMap<ConnectionId, Vec<String>>) -> Vec<LinkFacts> {
+    pub fn link_facts(&self, streams: &super::pathstream::StreamsOn) -> Vec<LinkFacts> {
         let mut links: Vec<LinkFacts> = self
             .map
             .iter()
@@ -330,7 +330,7 @@ mod tests {
     }
 
     fn facts(peers: &Peers) -> Vec<LinkFacts> {
-        peers.link_facts(&HashMap::new())
+        peers.link_facts(&super::super::pathstream::StreamsOn::default())
     }
 
     #[test]

@@ -349,7 +349,7 @@ impl Route {
         let me = wire_node_id(&cluster.id());
         let inst = wire_instance_id(&self.instance);
         let traffic = cluster.traffic();
-        let owner = open_on_path(cluster, self.last, &self.instance, "token stream").await?;
+        let mut owner = open_on_path(cluster, self.last, &self.instance, "token stream").await?;
         let mut owner_stream = owner.stream;
         handshake(
             &mut owner_stream,
@@ -368,7 +368,8 @@ impl Route {
             self.lanes,
         )
         .await?;
-        let down = open_on_path(cluster, self.first, &self.instance, "activation stream").await?;
+        let mut down =
+            open_on_path(cluster, self.first, &self.instance, "activation stream").await?;
         let mut down_stream = down.stream;
         let (l0, l1) = self.layers;
         handshake(
@@ -396,6 +397,14 @@ impl Route {
         // On a relay the watches only hold weak senders: the channel closes when the reader ends (the
         // token stream closed), which the engine thread sees at once. On a lane they shut it down.
         let mut relay_events = None;
+        for (lane, lease) in [
+            (&owner_lane, &mut owner.lease),
+            (&down_lane, &mut down.lease),
+        ] {
+            if lane.is_none() {
+                lease.set_relayed();
+            }
+        }
         let (mut events, owner_out) = match owner_lane {
             Some(lane) => (Inlet::Lane(lane.reader), Outlet::Lane(lane.writer)),
             None => {

@@ -330,7 +330,7 @@ async fn serve_upstream(
 ) -> Result<(), PipelineError> {
     let (next, lease, next_path) = match host.next {
         Some(next) => {
-            let opened = open_on_path(cluster, next, &host.instance, "stream").await?;
+            let mut opened = open_on_path(cluster, next, &host.instance, "stream").await?;
             let mut s = opened.stream;
             handshake(&mut s, ours).await?;
             let lane = open_lane(
@@ -344,6 +344,7 @@ async fn serve_upstream(
             let out = match lane {
                 Some(lane) => Outlet::Lane(lane.writer),
                 None => {
+                    opened.lease.set_relayed();
                     let (r, w) = s.split();
                     drop(r);
                     let (tx, rx) = mpsc::channel(WRITE_QUEUE);
