@@ -549,6 +549,13 @@ impl LaneReader {
     }
 }
 
+/// The poll flag for "the peer closed its side" where the OS has one (elsewhere a closed socket polls as
+/// readable, which [`wait_either`] asks for too).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+const PEER_CLOSED: libc::c_short = libc::POLLRDHUP;
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+const PEER_CLOSED: libc::c_short = 0;
+
 /// What [`wait_either`] found.
 enum Ready {
     Input,
@@ -572,7 +579,7 @@ fn wait_either(
         },
         libc::pollfd {
             fd: watched.as_raw_fd(),
-            events: libc::POLLIN | libc::POLLRDHUP,
+            events: libc::POLLIN | PEER_CLOSED,
             revents: 0,
         },
     ];
