@@ -68,18 +68,36 @@ fn sample_whole(whole: &mut LocalStage, job: SampleRef<'_>) -> Pick {
     }
 }
 
+/// How b offers lanes in a run.
+#[derive(Clone, Copy, PartialEq)]
+enum LaneMode {
+    /// On the address a reaches it at: the streams move to lanes.
+    Offered,
+    /// None: the streams carry the frames (the relay).
+    Off,
+    /// On an address a does not connect to (like a closed data port): a falls back to the relay.
+    Unreachable,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_input_is_refused_and_the_pipeline_still_matches_one_node() {
-    refuses_malformed_input_then_matches_one_node(true).await;
+    refuses_malformed_input_then_matches_one_node(LaneMode::Offered).await;
 }
 
 /// The same through the cluster connection itself (the relay, where no direct connection can be made).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_lanes_the_pipeline_still_matches_one_node() {
-    refuses_malformed_input_then_matches_one_node(false).await;
+    refuses_malformed_input_then_matches_one_node(LaneMode::Off).await;
 }
 
-async fn refuses_malformed_input_then_matches_one_node(lanes: bool) {
+/// A lane offered on a port a cannot reach: a says so and both use the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_that_cannot_connect_falls_back_to_the_stream() {
+    refuses_malformed_input_then_matches_one_node(LaneMode::Unreachable).await;
+}
+
+async fn refuses_malformed_input_then_matches_one_node(mode: LaneMode) {
+    let lanes = mode == LaneMode::Offered;
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = node(&da, vec![]).await;
     let a_addr: libp2p::Multiaddr = a.snapshot().listen_addrs[0].parse().unwrap();
@@ -91,7 +109,12 @@ async fn refuses_malformed_input_then_matches_one_node(lanes: bool) {
     let path = shoal_testkit::fixtures::model_path();
     let pool = Arc::new(ThreadPool::new(1));
     let hosts = Hosts::default();
-    let b_lanes = lanes.then(|| Lanes::bind([127, 0, 0, 1].into(), 0, b.traffic()).unwrap());
+    // a dials b's lane at 127.0.0.1 (its path's address); one bound on 127.0.0.2 is not there.
+    let b_lanes = match mode {
+        LaneMode::Offered => Some(Lanes::bind([127, 0, 0, 1].into(), 0, b.traffic()).unwrap()),
+        LaneMode::Off => None,
+        LaneMode::Unreachable => Some(Lanes::bind([127, 0, 0, 2].into(), 0, b.traffic()).unwrap()),
+    };
     serve_stages(b.clone(), hosts.clone(), b_lanes).unwrap();
     let tail = load_local_stage(&path, LayerRange { start: 15, end: 30 }, &pool).unwrap();
     // b's KV budget holds 8 tokens of the whole model (16 of these 15 layers): the stage sets them aside.
@@ -157,7 +180,7 @@ async fn refuses_malformed_input_then_matches_one_node(lanes: bool) {
         &[(0, 15), (15, 30)],
         &[b.id().to_string()],
         DType::F32,
-        lanes,
+        mode != LaneMode::Off,
     )
     .await
     .unwrap();
