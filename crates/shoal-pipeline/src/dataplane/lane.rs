@@ -43,6 +43,15 @@ pub const MAX_RECORD: usize = 1 << 20;
 const TAG_LEN: usize = 16;
 /// How long the accepting side waits for a lane's id and the opening side for the first record.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long an opening node tries to connect a lane: a LAN or VPN answers in far less, and a data port
+/// that drops packets must not hold a pipeline's bring-up (each stream waits this once) …
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// … and how long an address that failed is not tried again (its streams are relayed meanwhile).
+const UNREACHABLE_FOR: Duration = Duration::from_secs(60);
+
+/// Lane addresses that could not be connected lately, and when.
+static UNREACHABLE: std::sync::LazyLock<Mutex<HashMap<SocketAddr, Instant>>> =
+    std::sync::LazyLock::new(Mutex::default);
 /// A write that makes no progress for this long fails (a peer that stopped reading).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Keepalive: probes after this long without traffic, …
@@ -230,8 +239,35 @@ pub(super) async fn connect(
     peer: PeerId,
     traffic: Arc<Traffic>,
 ) -> Result<Lane, PipelineError> {
+    let failed_lately = UNREACHABLE
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&addr).copied())
+        .is_some_and(|t| t.elapsed() < UNREACHABLE_FOR);
+    if failed_lately {
+        return Err(PipelineError::LaneSetup {
+            peer,
+            why: format!("{addr} could not be connected lately"),
+        });
+    }
+    let connected =
+        tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr)).await;
+    let mut sock = match connected {
+        Ok(Ok(sock)) => sock,
+        failed => {
+            if let Ok(mut m) = UNREACHABLE.lock() {
+                m.insert(addr, Instant::now());
+            }
+            return Err(match failed {
+                Ok(Err(e)) => e.into(),
+                _ => std::io::Error::from(ErrorKind::TimedOut).into(),
+            });
+        }
+    };
+    if let Ok(mut m) = UNREACHABLE.lock() {
+        m.remove(&addr);
+    }
     let setup = async {
-        let mut sock = tokio::net::TcpStream::connect(addr).await?;
         sock.set_nodelay(true)?;
         sock.write_all(&lane_id(token)).await?;
         // The first record: 4 length bytes and an empty plaintext's tag.
