@@ -238,9 +238,11 @@ impl ConnectionHandler for Handler {
 /// data plane, read by the network task for the published path facts).
 #[derive(Clone, Default)]
 pub struct PathUses {
-    /// Per connection, per instance: its streams there, and how many of them are relayed.
-    inner: Arc<Mutex<HashMap<ConnectionId, BTreeMap<String, (usize, usize)>>>>,
+    inner: Arc<Mutex<UsesByConnection>>,
 }
+
+/// Per connection, per instance: its streams there, and how many of them are relayed.
+type UsesByConnection = HashMap<ConnectionId, BTreeMap<String, (usize, usize)>>;
 
 /// The instances with data-plane streams on each connection, and those of them whose frames go through
 /// the connection itself (relayed: no direct connection could be made).

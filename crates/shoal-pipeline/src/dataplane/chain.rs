@@ -406,7 +406,10 @@ impl Route {
             }
         }
         let (mut events, owner_out) = match owner_lane {
-            Some(lane) => (Inlet::Lane(lane.reader), Outlet::Lane(lane.writer)),
+            Some(lane) => (
+                Inlet::Lane(Box::new(lane.reader)),
+                Outlet::Lane(lane.writer),
+            ),
             None => {
                 let (or, ow) = owner_stream.split();
                 let (events_tx, events) = mpsc::channel(READ_QUEUE);

@@ -365,7 +365,7 @@ async fn serve_upstream(
                 lane.reader.watch(w)?;
             }
             let alarm = Alarm::Lane(lane.reader.interrupt());
-            (Inlet::Lane(lane.reader), alarm)
+            (Inlet::Lane(Box::new(lane.reader)), alarm)
         }
         None => {
             let (r, _w) = stream.split();

@@ -299,7 +299,7 @@ impl Outlet {
 /// Where a stream's frames come from: its lane, read by the waiting thread, or the channel its reader
 /// task feeds (with what watchers put there).
 pub(super) enum Inlet {
-    Lane(LaneReader),
+    Lane(Box<LaneReader>),
     Relay(mpsc::Receiver<Inbound>),
 }
 
