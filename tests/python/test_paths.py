@@ -93,17 +93,22 @@ def complete(node):
 
 @pytest.fixture(scope="module")
 def lab():
+    yield from two_path_lab(2, PREFIX)
+
+
+def two_path_lab(nodes: int, prefix: str):
+    """`nodes` namespaces joined on two paths, eth1 limited to SLOW_TBF; torn down after."""
     if os.geteuid() != 0:
         pytest.fail("the lab tests need root (network namespaces): run them as root", pytrace=False)
-    subprocess.run([LAB, "down", "--prefix", PREFIX], check=True, capture_output=True)
-    subprocess.run([LAB, "up", "2", "--paths", "2", "--prefix", PREFIX], check=True, capture_output=True)
-    ns = [f"{PREFIX}{i}" for i in range(2)]
+    subprocess.run([LAB, "down", "--prefix", prefix], check=True, capture_output=True)
+    subprocess.run([LAB, "up", str(nodes), "--paths", "2", "--prefix", prefix], check=True, capture_output=True)
+    ns = [f"{prefix}{i}" for i in range(nodes)]
     for n in ns:
         tbf(n, "eth1", SLOW_TBF)
     try:
         yield ns
     finally:
-        subprocess.run([LAB, "down", "--prefix", PREFIX], capture_output=True)
+        subprocess.run([LAB, "down", "--prefix", prefix], capture_output=True)
 
 
 def test_the_hop_takes_the_better_path_and_moves_when_it_is_cut_or_limited(lab):
@@ -186,18 +191,7 @@ def test_the_hop_takes_the_better_path_and_moves_when_it_is_cut_or_limited(lab):
 
 @pytest.fixture(scope="module")
 def lab3():
-    if os.geteuid() != 0:
-        pytest.fail("the lab tests need root (network namespaces): run them as root", pytrace=False)
-    prefix = PREFIX + "3-"
-    subprocess.run([LAB, "down", "--prefix", prefix], check=True, capture_output=True)
-    subprocess.run([LAB, "up", "3", "--paths", "2", "--prefix", prefix], check=True, capture_output=True)
-    ns = [f"{prefix}{i}" for i in range(3)]
-    for n in ns:
-        tbf(n, "eth1", SLOW_TBF)
-    try:
-        yield ns
-    finally:
-        subprocess.run([LAB, "down", "--prefix", prefix], capture_output=True)
+    yield from two_path_lab(3, PREFIX + "3-")
 
 
 def test_a_hop_between_two_stage_nodes_moves_when_its_path_is_cut(lab3):
