@@ -71,10 +71,8 @@ struct Links {
     /// The paths the activation and token streams run on.
     down_path: PathId,
     owner_path: PathId,
-    /// How tokens come back (`lane` or `relay`).
-    owner_transport: &'static str,
-    /// Kept so the owner stream stays open as long as the links live.
-    _owner: Outlet,
+    /// Kept so the owner stream stays open as long as the links live (and says how tokens come back).
+    owner: Outlet,
     /// Dropped with the links, which stops the watches.
     _stop: [oneshot::Sender<()>; 2],
     /// The paths count these streams as this instance's while they live.
@@ -165,7 +163,7 @@ impl RemoteChain {
     /// How the chain's streams travel now (activations, tokens): `lane` (a direct connection) or
     /// `relay` (through the cluster connection).
     pub fn transports(&self) -> (&'static str, &'static str) {
-        (self.links.down.transport(), self.links.owner_transport)
+        (self.links.down.transport(), self.links.owner.transport())
     }
 
     /// Marks the pipeline broken by `why` (the first reason is kept for every later call).
@@ -469,12 +467,11 @@ impl Route {
         tracing::debug!(instance = %self.instance, down = down_out.transport(),
             tokens = owner_out.transport(), "pipeline streams open");
         Ok(Links {
-            owner_transport: owner_out.transport(),
             down: down_out,
             events,
             down_path: down.path,
             owner_path: owner.path,
-            _owner: owner_out,
+            owner: owner_out,
             _stop: [stop_nodes, stop_paths],
             _leases: [down.lease, owner.lease],
         })
