@@ -1,0 +1,145 @@
+//! Shared helpers: one real engine per test binary on the real model, and `oneshot` request helpers.
+
+use std::sync::OnceLock;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use shoal_api::{ApiState, router};
+use shoal_engine::EngineHandle;
+use shoal_engine::engine::{EngineConfig, spawn_from_gguf};
+use tower::ServiceExt;
+
+/// The id the test engine serves its model under.
+pub const MODEL_ID: &str = "smollm2-135m-instruct-q4_1";
+
+pub use shoal_testkit::fixtures::model_path;
+
+/// The engine shared by every test of this binary (loaded once).
+pub fn engine() -> EngineHandle {
+    static ENGINE: OnceLock<EngineHandle> = OnceLock::new();
+    ENGINE.get_or_init(spawn_engine).clone()
+}
+
+/// A new engine on the real model, for tests that must not share [`engine`] (each call loads it).
+pub fn spawn_engine() -> EngineHandle {
+    spawn_from_gguf(
+        &model_path(),
+        MODEL_ID,
+        EngineConfig {
+            threads: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("cannot start the engine on {}: {e}", model_path().display()))
+}
+
+pub fn state() -> ApiState {
+    ApiState::new(engine())
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// The `data:` payloads of an SSE body, in order.
+    pub fn sse_data(&self) -> Vec<String> {
+        sse_data(&self.body)
+    }
+}
+
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .flat_map(|event| event.lines())
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(|d| d.strip_prefix(' ').unwrap_or(d).to_string())
+        .collect()
+}
+
+/// Sends one request through a fresh router (no sockets) and reads the whole body.
+pub async fn send_with(state: ApiState, request: Request<Body>) -> Reply {
+    let response = router(state)
+        .oneshot(request)
+        .await
+        .expect("the router is infallible");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    }
+}
+
+pub async fn send(request: Request<Body>) -> Reply {
+    send_with(state(), request).await
+}
+
+pub fn post_raw(uri: &str, content_type: Option<&str>, body: impl Into<Body>) -> Request<Body> {
+    let mut builder = Request::post(uri);
+    if let Some(ct) = content_type {
+        builder = builder.header(header::CONTENT_TYPE, ct);
+    }
+    builder.body(body.into()).expect("request")
+}
+
+pub async fn post_json(uri: &str, body: &Value) -> Reply {
+    send(post_raw(uri, Some("application/json"), body.to_string())).await
+}
+
+pub async fn get(uri: &str) -> Reply {
+    send(Request::get(uri).body(Body::empty()).expect("request")).await
+}
+
+/// Asserts an OpenAI-shaped error and returns its `error` object.
+#[track_caller]
+pub fn assert_error(reply: &Reply, status: u16, param: Option<&str>) -> Value {
+    assert_eq!(reply.status.as_u16(), status, "body: {}", reply.body);
+    let v = reply.json();
+    let err = v
+        .get("error")
+        .unwrap_or_else(|| panic!("no error object: {}", reply.body))
+        .clone();
+    assert!(
+        err["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{err}"
+    );
+    assert!(err["type"].is_string(), "{err}");
+    assert_eq!(err["param"].as_str(), param, "{err}");
+    err
+}
+
+/// A chat body asking one question.
+pub fn chat_body(question: &str, extra: Value) -> Value {
+    let mut body = serde_json::json!({
+        "model": MODEL_ID,
+        "messages": [{"role": "user", "content": question}],
+    });
+    merge(&mut body, extra);
+    body
+}
+
+pub fn merge(body: &mut Value, extra: Value) {
+    if let (Some(b), Value::Object(e)) = (body.as_object_mut(), extra) {
+        b.extend(e);
+    }
+}
+
+/// The golden chat generations made with llama.cpp.
+pub fn golden_chat() -> Value {
+    shoal_testkit::fixtures::golden("smollm2-135m-q4_1.chat.json")
+}

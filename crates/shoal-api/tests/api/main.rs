@@ -1,0 +1,20 @@
+//! shoal-api's integration tests, one test binary: each file directly under `tests/` would be a binary of
+//! its own (~70 MB each, the whole dependency tree statically linked), so the test files are modules here
+//! and `common` (the shared engine on the real model and the request helpers) is their sibling.
+
+mod common;
+
+mod anthropic;
+mod auth;
+mod cancel;
+mod choices;
+mod disconnect;
+mod embeddings;
+mod errors;
+mod generation;
+mod metrics;
+mod ollama;
+mod ollama_models;
+mod ollama_tools;
+mod progress;
+mod tools;
