@@ -1,6 +1,7 @@
 //! Lanes: a data-plane stream's frames on a direct TCP connection between the two nodes, read and
 //! written by the threads that compute — no task, multiplexer or channel between a stage and its
-//! socket, so a hop costs one write and one wakeup of the thread that waits for it.
+//! socket, so a hop costs one write and one wakeup of the thread that waits for it (and not even the
+//! wakeup in steady decode: the reader polls around the time its input is due, `wait.rs`).
 //!
 //! A lane is set up over the stream it replaces (already authenticated and encrypted by the cluster's
 //! libp2p connection): right after the handshake the accepting node offers a [`Frame::Lane`] with the
@@ -36,6 +37,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 use super::Inbound;
+use super::wait::{Pacer, Ready};
 use crate::error::PipelineError;
 
 /// Plaintext bytes in one record at most (a longer message goes as several records).
@@ -300,7 +302,7 @@ pub(super) struct Lane {
 }
 
 impl Lane {
-    fn new(
+    pub(super) fn new(
         sock: TcpStream,
         peer: PeerId,
         send_key: [u8; 32],
@@ -325,12 +327,12 @@ impl Lane {
             counter: 0,
             raw: Vec::new(),
             scratch: vec![0; READ_CHUNK],
-            timeout: None,
             frames: FrameReader::new(DEFAULT_MAX_FRAME_LEN),
             traffic,
             peer,
             interrupt,
             watch: None,
+            pacer: Pacer::new(),
         };
         Ok(Lane {
             peer,
@@ -419,8 +421,6 @@ pub struct LaneReader {
     raw: Vec<u8>,
     /// Where a read lands (allocated once).
     scratch: Vec<u8>,
-    /// The socket's read timeout as last set (`None`: it blocks).
-    timeout: Option<Duration>,
     frames: FrameReader,
     traffic: Arc<Traffic>,
     peer: PeerId,
@@ -428,6 +428,8 @@ pub struct LaneReader {
     /// The thread's outgoing lane, watched while waiting: its peer closing it (the next stage's
     /// thread ended) ends this wait too, so a break anywhere down a pipeline travels back up at once.
     watch: Option<TcpStream>,
+    /// When the next bytes are due (how a wait spends its time).
+    pacer: Pacer,
 }
 
 /// What a wait on a lane found: a frame or an error, the lane closed, or the deadline passed.
@@ -443,6 +445,11 @@ impl LaneReader {
         Arc::downgrade(&self.interrupt)
     }
 
+    /// Whether waits poll around the input's due time (see [`Pacer`]; on by default).
+    pub fn pace(&mut self, on: bool) {
+        self.pacer.set(on);
+    }
+
     /// Also ends a wait when `out`'s peer closes it (see the field).
     pub fn watch(&mut self, out: &LaneWriter) -> std::io::Result<()> {
         self.watch = Some(out.sock.try_clone()?);
@@ -451,33 +458,30 @@ impl LaneReader {
 
     /// The next frame, waiting until `deadline` (`None`: as long as it takes).
     pub fn recv(&mut self, deadline: Option<Instant>) -> Received {
+        // Only a wait for a message's first bytes says when messages are due (not one for its rest).
+        let mut learn = self.raw.is_empty();
         loop {
             match self.buffered() {
                 Ok(Some(f)) => return Received::Inbound(Ok(f)),
                 Ok(None) => {}
                 Err(e) => return Received::Inbound(Err(e)),
             }
-            let timeout = match deadline {
-                Some(d) => match d.checked_duration_since(Instant::now()) {
-                    Some(left) if !left.is_zero() => Some(left),
-                    _ => return Received::TimedOut,
-                },
-                None => None,
-            };
-            if let Some(out) = &self.watch {
-                match wait_either(&self.sock, out, timeout) {
-                    Ok(Ready::Input) => {}
-                    Ok(Ready::Watched) => {
-                        return Received::Inbound(Err(PipelineError::StreamClosed {
-                            what: "stream to the next stage",
-                        }));
-                    }
-                    Ok(Ready::Neither) => continue,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) => return self.ended(Some(e)),
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Received::TimedOut;
+            }
+            let waited = self
+                .pacer
+                .wait(&self.sock, self.watch.as_ref(), deadline, learn);
+            learn = false;
+            match waited {
+                Ok(Ready::Input) => {}
+                Ok(Ready::Watched) => {
+                    return Received::Inbound(Err(PipelineError::StreamClosed {
+                        what: "stream to the next stage",
+                    }));
                 }
-            } else if self.set_timeout(timeout).is_err() {
-                return self.ended(None);
+                Ok(Ready::Neither) => return Received::TimedOut,
+                Err(e) => return self.ended(Some(e)),
             }
             match self.fill() {
                 Ok(0) => return self.ended(None),
@@ -525,22 +529,6 @@ impl LaneReader {
         }
     }
 
-    /// Sets the socket's read timeout to about `want` (one system call only when it matters: a
-    /// timeout already set that ends no later, and not much earlier, is kept — the caller checks its
-    /// deadline after waking).
-    fn set_timeout(&mut self, want: Option<Duration>) -> std::io::Result<()> {
-        let keep = match (self.timeout, want) {
-            (None, None) => true,
-            (Some(cur), Some(w)) => cur <= w && cur >= w / 2,
-            _ => false,
-        };
-        if !keep {
-            self.sock.set_read_timeout(want)?;
-            self.timeout = want;
-        }
-        Ok(())
-    }
-
     /// Reads what the socket has (blocking as the socket is set); the count read.
     fn fill(&mut self) -> std::io::Result<usize> {
         let n = self.sock.read(&mut self.scratch)?;
@@ -583,58 +571,6 @@ impl LaneReader {
         self.raw.drain(..4 + len);
         Ok(true)
     }
-}
-
-/// The poll flag for "the peer closed its side" where the OS has one (elsewhere a closed socket polls as
-/// readable, which [`wait_either`] asks for too).
-#[cfg(any(target_os = "linux", target_os = "android"))]
-const PEER_CLOSED: libc::c_short = libc::POLLRDHUP;
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-const PEER_CLOSED: libc::c_short = 0;
-
-/// What [`wait_either`] found.
-enum Ready {
-    Input,
-    Watched,
-    Neither,
-}
-
-/// Waits (up to `timeout`) until `input` has bytes (or closed) or `watched` is readable — which, for a
-/// lane nobody writes back on, means its peer closed it or it broke.
-fn wait_either(
-    input: &TcpStream,
-    watched: &TcpStream,
-    timeout: Option<Duration>,
-) -> std::io::Result<Ready> {
-    use std::os::fd::AsRawFd;
-    let mut fds = [
-        libc::pollfd {
-            fd: input.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: watched.as_raw_fd(),
-            events: libc::POLLIN | PEER_CLOSED,
-            revents: 0,
-        },
-    ];
-    // Rounded up: a deadline is never reported early as reached.
-    let ms = timeout.map_or(-1, |t| {
-        t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
-    });
-    // SAFETY: `fds` is a valid array of two pollfd for the duration of the call.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(if fds[0].revents != 0 {
-        Ready::Input
-    } else if fds[1].revents != 0 {
-        Ready::Watched
-    } else {
-        Ready::Neither
-    })
 }
 
 #[cfg(test)]

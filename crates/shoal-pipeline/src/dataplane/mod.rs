@@ -45,9 +45,11 @@ use shoal_cluster::Traffic;
 use crate::error::PipelineError;
 
 mod chain;
+pub mod hopbench;
 mod host;
 mod lane;
 mod path;
+mod wait;
 
 use lane::{Interrupt, Lane, LaneReader, LaneWriter, Received};
 
