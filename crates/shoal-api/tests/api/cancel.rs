@@ -1,63 +1,27 @@
 //! Cancelling a request by id (`POST /v1/cancel/{id}`) and per-request `timeout`, on an engine of this
 //! file's own.
 
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::common::counted::{self, SERIAL, engine, post_json, state};
 use crate::common::*;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use shoal_api::{ApiState, router};
-use shoal_engine::EngineHandle;
+use shoal_api::router;
 use tower::ServiceExt;
 
 /// Long enough that only a cancellation or a timeout can end the generation within the test.
 const LONG: u32 = 4000;
-
-/// Tests that read the engine's counters run one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// This file's own engine, not the shared one, so no other test's sequences show up in its counters
-/// when the tests share a process (`cargo test`). These three shadow `common`'s `engine`, `state` and
-/// `post_json`; the other helpers of `common` would go to the shared engine.
-fn engine() -> EngineHandle {
-    static ENGINE: OnceLock<EngineHandle> = OnceLock::new();
-    ENGINE.get_or_init(spawn_engine).clone()
-}
-
-fn state() -> ApiState {
-    ApiState::new(engine())
-}
-
-async fn post_json(uri: &str, body: &Value) -> Reply {
-    send_with(
-        state(),
-        post_raw(uri, Some("application/json"), body.to_string()),
-    )
-    .await
-}
 
 /// Bound on every wait in this file.
 const WAIT: Duration = Duration::from_secs(60);
 
 /// Waits until the engine holds no sequence, running or queued.
 async fn wait_idle(what: &str) {
-    let engine = engine();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let s = engine.stats();
-        if s.active_sequences == 0 && s.waiting == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: engine still busy after {WAIT:?}: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    counted::wait_idle(what, WAIT).await;
 }
 
 fn long_chat(extra: Value) -> Value {

@@ -2,60 +2,24 @@
 //! Anthropic's) or the handler future (non-streaming) drops the `RequestStream`, and the engine frees the
 //! sequence. On an engine of this file's own.
 
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::common::counted::{self, SERIAL, engine, post_json, state};
 use crate::common::*;
 use axum::http::StatusCode;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use shoal_api::{ApiState, router};
-use shoal_engine::EngineHandle;
+use shoal_api::router;
 use tower::ServiceExt;
 
 const LONG: u32 = 4000;
-
-/// The two tests read the same engine's counters: run them one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// This file's own engine, not the shared one, so no other test's sequences show up in its counters
-/// when the tests share a process (`cargo test`). These three shadow `common`'s `engine`, `state` and
-/// `post_json`; the other helpers of `common` would go to the shared engine.
-fn engine() -> EngineHandle {
-    static ENGINE: OnceLock<EngineHandle> = OnceLock::new();
-    ENGINE.get_or_init(spawn_engine).clone()
-}
-
-fn state() -> ApiState {
-    ApiState::new(engine())
-}
-
-async fn post_json(uri: &str, body: &Value) -> Reply {
-    send_with(
-        state(),
-        post_raw(uri, Some("application/json"), body.to_string()),
-    )
-    .await
-}
 
 /// Tokens the engine may still produce between the client leaving and its next step noticing.
 const SLACK: u64 = 16;
 
 /// Waits until the engine holds no sequence; returns the tokens generated meanwhile.
 async fn wait_idle(what: &str) -> u64 {
-    let engine = engine();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let s = engine.stats();
-        if s.active_sequences == 0 && s.waiting == 0 {
-            return s.generated_tokens;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: engine still busy after 30 s: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    counted::wait_idle(what, Duration::from_secs(30)).await
 }
 
 /// `ignore_eos` so the generation can only end by cancellation or after `LONG` tokens.

@@ -1,5 +1,7 @@
 //! Shared helpers: one real engine per test binary on the real model, and `oneshot` request helpers.
 
+pub mod counted;
+
 use std::sync::OnceLock;
 
 use axum::body::Body;
