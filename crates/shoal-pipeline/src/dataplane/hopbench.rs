@@ -5,15 +5,12 @@
 //! to the first. A round's time less the compute in it is what the hops added; per hop it is that
 //! divided by `stages`. Run by `examples/lane-hops.rs`; the figures are in docs/benchmarks.md.
 
-use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use libp2p::PeerId;
-use shoal_cluster::Traffic;
 use shoal_wire::{Activations, ChunkHeader, DType, Pool};
 
-use super::lane::{Lane, LaneReader, LaneWriter, Received};
+use super::lane::{LaneReader, LaneWriter, Received, loopback_pair};
 use crate::error::PipelineError;
 
 /// What to run.
@@ -51,17 +48,7 @@ impl HopFigures {
 
 /// A lane over a fresh loopback connection: the sending end and the receiving end.
 fn lane_pair(pacing: bool) -> std::io::Result<(LaneWriter, LaneReader)> {
-    let l = TcpListener::bind("127.0.0.1:0")?;
-    let a = TcpStream::connect(l.local_addr()?)?;
-    let (b, _) = l.accept()?;
-    for s in [&a, &b] {
-        s.set_nodelay(true)?;
-    }
-    let traffic = Arc::new(Traffic::default());
-    let peer = PeerId::random();
-    let (k1, k2) = ([1u8; 32], [2u8; 32]);
-    let tx = Lane::new(a, peer, k1, k2, traffic.clone())?;
-    let mut rx = Lane::new(b, peer, k2, k1, traffic)?;
+    let (tx, mut rx) = loopback_pair(&[1; 32])?;
     rx.reader.pace(pacing);
     Ok((tx.writer, rx.reader))
 }

@@ -302,7 +302,7 @@ pub(super) struct Lane {
 }
 
 impl Lane {
-    pub(super) fn new(
+    fn new(
         sock: TcpStream,
         peer: PeerId,
         send_key: [u8; 32],
@@ -340,6 +340,24 @@ impl Lane {
             writer,
         })
     }
+}
+
+/// Two ends of a lane over a fresh loopback connection, keyed from `token` as a real lane is (for tests
+/// and `hopbench`): the opener's and the acceptor's.
+pub(super) fn loopback_pair(token: &[u8; 32]) -> std::io::Result<(Lane, Lane)> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let a = TcpStream::connect(listener.local_addr()?)?;
+    let (b, _) = listener.accept()?;
+    for s in [&a, &b] {
+        s.set_nodelay(true)?;
+    }
+    let (o, c) = (derive(OPENER_KEY, token), derive(ACCEPTOR_KEY, token));
+    let t = Arc::new(Traffic::default());
+    let peer = PeerId::random();
+    Ok((
+        Lane::new(a, peer, o, c, t.clone())?,
+        Lane::new(b, peer, c, o, t)?,
+    ))
 }
 
 fn nonce(counter: u64) -> Nonce {
@@ -579,15 +597,7 @@ mod tests {
 
     /// Two lane ends over a real loopback connection, keyed from one token.
     fn pair(token: &[u8; 32]) -> (Lane, Lane) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (b, _) = listener.accept().unwrap();
-        let (o, c) = (derive(OPENER_KEY, token), derive(ACCEPTOR_KEY, token));
-        let t = Arc::new(Traffic::default());
-        let peer = PeerId::random();
-        let opener = Lane::new(a, peer, o, c, t.clone()).unwrap();
-        let acceptor = Lane::new(b, peer, c, o, t).unwrap();
-        (opener, acceptor)
+        loopback_pair(token).unwrap()
     }
 
     fn frame_of(r: &mut LaneReader) -> Frame {
