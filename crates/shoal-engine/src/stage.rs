@@ -6,7 +6,7 @@
 //! their buffers from its [`KvSource`] once one is bound (the engine binds its node's KV pool, which
 //! keeps freed sequences' buffers for the next).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -270,6 +270,9 @@ pub struct LocalStage {
     model: DecoderStage,
     caches: HashMap<u64, KvCache>,
     prefixes: HashMap<u64, KvCache>,
+    /// Sequences whose cache is a placeholder ([`LocalStage::rewind`] of a sequence gone): computed
+    /// like any other, never copied into a prefix or another sequence.
+    placeholders: HashSet<u64>,
     /// Where new caches take their buffers (each allocates its own until one is bound).
     kv_source: KvSource,
 }
@@ -286,6 +289,7 @@ impl LocalStage {
             model,
             caches: HashMap::new(),
             prefixes: HashMap::new(),
+            placeholders: HashSet::new(),
             kv_source,
         }
     }
@@ -304,6 +308,7 @@ impl LocalStage {
     pub fn clear(&mut self) {
         self.caches.clear();
         self.prefixes.clear();
+        self.placeholders.clear();
     }
 
     /// Tokens of KV held: every sequence's and every kept prefix's.
@@ -398,6 +403,35 @@ impl LocalStage {
     pub fn has_prefix(&self, prefix_id: u64) -> bool {
         self.prefixes.contains_key(&prefix_id)
     }
+
+    /// Whether `seq_id`'s cache is a placeholder (see [`LocalStage::rewind`]).
+    pub fn is_placeholder(&self, seq_id: u64) -> bool {
+        self.placeholders.contains(&seq_id)
+    }
+
+    /// Leaves `seq_id` with exactly its first `len` tokens: cut back when it holds more. When the
+    /// sequence is gone, a placeholder of `len` blank tokens takes its place — for a batch sent again
+    /// after a cut path whose sequence was released after it: the batch computes again, the
+    /// placeholder's outputs mean nothing (their request is over), and its KV is never kept (a
+    /// retain of it frees it, a fork of it copies nothing).
+    pub fn rewind(&mut self, seq_id: u64, len: usize) -> Result<(), EngineError> {
+        match self.caches.get_mut(&seq_id) {
+            Some(kv) if kv.len() >= len => kv.truncate(len),
+            Some(kv) => {
+                return Err(EngineError::Internal(format!(
+                    "sequence {seq_id} holds {} tokens of KV, fewer than the {len} to rewind to",
+                    kv.len()
+                )));
+            }
+            None => {
+                let mut kv = Self::new_cache(&self.model, &self.kv_source);
+                kv.extend_blank(len).map_err(internal)?;
+                self.caches.insert(seq_id, kv);
+                self.placeholders.insert(seq_id);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Stage for LocalStage {
@@ -429,7 +463,13 @@ impl Stage for LocalStage {
         match op {
             KvOp::Release { seq_id } => {
                 self.caches.remove(&seq_id);
+                self.placeholders.remove(&seq_id);
             }
+            // A placeholder's KV means nothing: freed, never kept.
+            KvOp::Retain { seq_id, .. } if self.placeholders.remove(&seq_id) => {
+                self.caches.remove(&seq_id);
+            }
+            KvOp::Fork { seq_id, .. } if self.placeholders.contains(&seq_id) => {}
             KvOp::Retain {
                 seq_id,
                 prefix_id,

@@ -260,6 +260,21 @@ impl KvCache {
         self.len += t;
     }
 
+    /// Appends `t` tokens of zeros (a placeholder whose attention reads nothing of another sequence).
+    pub fn extend_blank(&mut self, t: usize) -> Result<()> {
+        self.reserve(t)?;
+        let (nkv, hd, cap, len) = (self.n_kv_heads, self.head_dim, self.capacity, self.len);
+        for layer in &mut self.layers {
+            for buf in [&mut layer.k, &mut layer.v] {
+                for g in 0..nkv {
+                    buf[(g * cap + len) * hd..][..t * hd].fill(f16::ZERO);
+                }
+            }
+        }
+        self.len += t;
+        Ok(())
+    }
+
     /// Forgets tokens after `len` (used to roll back or reuse a prefix).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
@@ -439,5 +454,31 @@ mod tests {
         assert_eq!(kv.capacity(), 200);
         assert_eq!(kv.host_layer(1).unwrap().k.len(), 3 * 200 * 4);
         check(&mut kv, 5);
+    }
+
+    #[test]
+    fn blank_tokens_are_zeros_even_in_a_kept_buffer_and_follow_what_is_stored() {
+        let kept = Arc::new(Kept::default());
+        for _ in 0..4 {
+            kept.give(vec![f16::NAN; 3 * 200 * 4]);
+        }
+        let mut kv = KvCache::with_buffers(2, 3, 4, Some(kept));
+        kv.reserve(3).unwrap(); // fresh (the kept ones are more than twice as long)
+        fill(&mut kv, 3);
+        kv.extend_blank(KV_GRANULE).unwrap(); // grows into the kept NaN buffers
+        assert_eq!((kv.len(), kv.capacity()), (3 + KV_GRANULE, 200));
+        check(&mut kv, 3);
+        let mut blanks = 0;
+        for layer in 0..2 {
+            let l = kv.host_layer(layer).unwrap();
+            let cap = l.capacity;
+            for g in 0..3 {
+                for i in (g * cap + 3) * 4..(g * cap + 3 + KV_GRANULE) * 4 {
+                    assert_eq!((l.k[i], l.v[i]), (f16::ZERO, f16::ZERO), "slot {i}");
+                    blanks += 1;
+                }
+            }
+        }
+        assert_eq!(blanks, 2 * 3 * KV_GRANULE * 4);
     }
 }

@@ -292,6 +292,10 @@ pub enum PrefixAction {
     /// Start a new sequence — its id travels in `prefix_id` — with a copy of the first `len` tokens of
     /// `seq_id` (`n` choices of one prompt, prefilled once).
     Fork,
+    /// Leave `seq_id` with exactly its first `len` tokens (a driver sending again what a cut path left
+    /// unconfirmed): cut back when it holds more; when it is gone (released after the batch being sent
+    /// again), a placeholder of `len` blank tokens whose outputs mean nothing and whose KV is never kept.
+    Rewind,
 }
 
 impl PrefixAction {
@@ -301,6 +305,7 @@ impl PrefixAction {
             PrefixAction::Start => 2,
             PrefixAction::Drop => 3,
             PrefixAction::Fork => 4,
+            PrefixAction::Rewind => 5,
         }
     }
 
@@ -310,6 +315,7 @@ impl PrefixAction {
             2 => Ok(PrefixAction::Start),
             3 => Ok(PrefixAction::Drop),
             4 => Ok(PrefixAction::Fork),
+            5 => Ok(PrefixAction::Rewind),
             other => Err(WireError::UnknownPrefixAction(other)),
         }
     }

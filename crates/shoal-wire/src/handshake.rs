@@ -6,11 +6,11 @@ use crate::cursor::Cursor;
 
 /// First four bytes on every data-plane connection.
 pub const MAGIC: [u8; 4] = *b"SHOL";
-/// The wire version this crate speaks.
-pub const WIRE_VERSION: u16 = 3;
+/// The wire version this crate speaks (4: the `Prefix` frame's rewind action).
+pub const WIRE_VERSION: u16 = 4;
 /// Bytes before the handshake body: magic, version, body length.
 pub const HANDSHAKE_HEADER_LEN: usize = 8;
-/// Body length of a handshake (versions 1 to 3).
+/// Body length of a handshake (versions 1 to 4).
 pub const HANDSHAKE_V1_BODY_LEN: usize = 83;
 
 const ROLE_STAGE: u8 = 1;

@@ -40,7 +40,7 @@
 //! | offset | size | field                                                           |
 //! |-------:|-----:|-----------------------------------------------------------------|
 //! | 0      | 4    | magic `b"SHOL"` (`53 48 4F 4C`)                                 |
-//! | 4      | 2    | version u16 (= 3)                                                |
+//! | 4      | 2    | version u16 (= 4)                                                |
 //! | 6      | 2    | body length u16 (= 83 in versions 1 and 2)                       |
 //! | 8      | 32   | node id                                                          |
 //! | 40     | 32   | cluster: hash of the cluster key (never the key)                 |
@@ -77,7 +77,7 @@
 //! | 5    | Pong        | nonce u64 (echoes the ping's)                                              |
 //! | 6    | Error       | code u16, message: the rest of the payload, UTF-8                          |
 //! | 7    | Sample      | batch_id u64, n u32, n × sample job (57 bytes + 4 per history token + 8 per count + 4 per mask word) |
-//! | 8    | Prefix      | action u8 (1 retain, 2 start, 3 drop, 4 fork), seq_id u64, prefix_id u64, len u32 |
+//! | 8    | Prefix      | action u8 (1 retain, 2 start, 3 drop, 4 fork, 5 rewind: version 4), seq_id u64, prefix_id u64, len u32 |
 //! | 9    | Pooled      | batch_id u64, n u32, cols u32, n × seq_id u64, n × cols × f32                |
 //! | 10   | Lane        | port u16, token 32 bytes (version 3: a direct connection's offer / answer)  |
 //!

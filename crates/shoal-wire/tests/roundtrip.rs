@@ -293,7 +293,7 @@ fn handshake_roundtrips_with_documented_layout() {
     assert_eq!(bytes.len(), HANDSHAKE_HEADER_LEN + HANDSHAKE_V1_BODY_LEN);
     assert_eq!(bytes.len(), 91);
     assert_eq!(&bytes[..4], b"SHOL");
-    assert_eq!(&bytes[4..8], &[3, 0, 83, 0]);
+    assert_eq!(&bytes[4..8], &[4, 0, 83, 0]);
     assert_eq!(bytes[72], 1);
     assert_eq!(&bytes[73..81], &42u64.to_le_bytes());
     assert_eq!(&bytes[87..91], &30u32.to_le_bytes());
@@ -317,13 +317,13 @@ fn handshake_roundtrips_with_documented_layout() {
 fn handshake_version_mismatch_names_both_versions() {
     let ours = Handshake::new([1; 32], [2; 32], stage());
     let mut theirs = ours;
-    // A node of the previous version (before lanes) is refused, naming both.
-    assert_eq!(WIRE_VERSION, 3);
-    theirs.version = 2;
+    // A node of the previous version (before the rewind action) is refused, naming both.
+    assert_eq!(WIRE_VERSION, 4);
+    theirs.version = 3;
     let err = theirs.check_compatible(&ours).unwrap_err();
-    assert_eq!(err, WireError::VersionMismatch { ours: 3, theirs: 2 });
+    assert_eq!(err, WireError::VersionMismatch { ours: 4, theirs: 3 });
     let msg = err.to_string();
-    assert!(msg.contains("v2") && msg.contains("v3"), "{msg}");
+    assert!(msg.contains("v3") && msg.contains("v4"), "{msg}");
 
     // On the wire: rejected before the body is interpreted, even with a foreign body length.
     let mut bytes = theirs.encode();

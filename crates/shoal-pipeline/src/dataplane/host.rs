@@ -106,9 +106,6 @@ impl HostedStage {
         }
     }
 
-    /// Errs if adding `tokens` of KV would take the stage past what its node reserved for it (the
-    /// driver budgets against that, so only a driver bug gets here: an error, never an allocation
-    /// beyond the node's budget).
     /// Records `alarm` as the newest upstream's; returns the one it replaces.
     fn new_upstream(&self, alarm: Alarm) -> Option<Alarm> {
         self.upstream.lock().ok()?.replace(alarm)
@@ -177,6 +174,9 @@ impl HostedStage {
         self.stage_back.notify_all();
     }
 
+    /// Errs if adding `tokens` of KV would take the stage past what its node reserved for it (the
+    /// driver budgets against that, so only a driver bug gets here: an error, never an allocation
+    /// beyond the node's budget).
     fn check_room(&self, stage: &LocalStage, tokens: usize) -> Result<(), PipelineError> {
         let held = stage.held_tokens();
         if held + tokens > self.kv.tokens() {
@@ -694,7 +694,13 @@ fn apply_prefix(
     host: &HostedStage,
     op: &PrefixOp,
 ) -> Result<(), PipelineError> {
-    let kv = prefix_kv_op(op);
+    let Some(kv) = prefix_kv_op(op) else {
+        // A rewind (sent again after a cut): applied twice, the same as once.
+        let (seq_id, len) = (op.seq_id, op.len as usize);
+        host.check_room(stage, len.saturating_sub(stage.cached_len(seq_id)))?;
+        stage.rewind(seq_id, len)?;
+        return Ok(());
+    };
     if already_applied(stage, kv) {
         return Ok(());
     }
@@ -712,7 +718,9 @@ fn apply_prefix(
 /// next batch's start positions (`check_batch`).
 fn already_applied(stage: &LocalStage, op: KvOp) -> bool {
     let gone = match op {
-        KvOp::Retain { seq_id, .. } | KvOp::Fork { seq_id, .. } => stage.cached_len(seq_id) == 0,
+        KvOp::Retain { seq_id, .. } => stage.cached_len(seq_id) == 0,
+        // A placeholder stands for a sequence released after the fork (`LocalStage::rewind`).
+        KvOp::Fork { seq_id, .. } => stage.cached_len(seq_id) == 0 || stage.is_placeholder(seq_id),
         KvOp::Start { prefix_id, .. } => !stage.has_prefix(prefix_id),
         KvOp::DropPrefix { .. } | KvOp::Release { .. } => false,
     };

@@ -220,10 +220,11 @@ fn kv_frame(op: KvOp) -> Frame {
     }
 }
 
-/// The KV operation a `Prefix` frame carries ([`kv_frame`]'s inverse).
-fn prefix_kv_op(op: &PrefixOp) -> KvOp {
+/// The KV operation a `Prefix` frame carries ([`kv_frame`]'s inverse); `None` for a rewind, which
+/// only a replay sends ([`rewind_frame`]) and a stage applies itself (`LocalStage::rewind`).
+fn prefix_kv_op(op: &PrefixOp) -> Option<KvOp> {
     let (seq_id, prefix_id, len) = (op.seq_id, op.prefix_id, op.len as usize);
-    match op.action {
+    Some(match op.action {
         PrefixAction::Retain => KvOp::Retain {
             seq_id,
             prefix_id,
@@ -240,7 +241,19 @@ fn prefix_kv_op(op: &PrefixOp) -> KvOp {
             into: prefix_id,
             len,
         },
-    }
+        PrefixAction::Rewind => return None,
+    })
+}
+
+/// A frame that leaves `seq_id` with exactly its first `len` tokens on every stage (a placeholder
+/// where it is gone: `LocalStage::rewind`).
+fn rewind_frame(seq_id: u64, len: usize) -> Frame {
+    Frame::Prefix(PrefixOp {
+        action: PrefixAction::Rewind,
+        seq_id,
+        prefix_id: 0,
+        len: len as u32,
+    })
 }
 
 /// A chunk's [`Pool`] as the wire writes it.

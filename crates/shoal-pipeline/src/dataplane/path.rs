@@ -11,7 +11,10 @@
 //! their KV across upstream streams (`host.rs`), so the new stream carries on where the old one left.
 //! KV operations still unconfirmed go again too, in their order: a stage applies each so that twice is
 //! the same as once (`host.rs` `apply_prefix`: a prefix already kept, a sequence already started or
-//! forked, is left as it is; releases and drops of what is gone do nothing).
+//! forked, is left as it is; releases and drops of what is gone do nothing). A sequence released
+//! after its unanswered batch may already be gone from a stage: there the rewind leaves a placeholder
+//! of blank KV, so the batch computes again for its other sequences; the placeholder's token goes to
+//! a request that is over, and its KV is never kept (`LocalStage::rewind`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -21,7 +24,7 @@ use shoal_cluster::{ClusterHandle, PathBook, PathId, PathStream};
 use shoal_engine::stage::KvOp;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Alarm, STAGE_PROTOCOL, encode, kv_frame};
+use super::{Alarm, STAGE_PROTOCOL, encode, kv_frame, rewind_frame};
 use crate::error::PipelineError;
 
 /// Opens a data-plane stream for `instance` to `peer` on its preferred path (`what` names it in the
@@ -151,9 +154,12 @@ impl Replay {
         }
         let mut out = Vec::new();
         for (seq, start) in rewind {
-            for op in rewind_ops(seq, start) {
-                out.push(encode(&kv_frame(op))?);
-            }
+            // From the start, the batch makes the sequence anew; else every stage cuts it back to
+            // where the batch started (or, where it was released since, holds a placeholder).
+            out.push(encode(&match start {
+                0 => kv_frame(KvOp::Release { seq_id: seq }),
+                len => rewind_frame(seq, len),
+            })?);
         }
         for entry in &self.log {
             match entry {
@@ -163,30 +169,6 @@ impl Replay {
         }
         Ok(out)
     }
-}
-
-/// KV operations that leave sequence `seq` with exactly its first `len` tokens on every stage, whether
-/// or not a stage went further: released when `len` is 0, else copied to a scratch sequence and back.
-fn rewind_ops(seq: u64, len: usize) -> Vec<KvOp> {
-    if len == 0 {
-        return vec![KvOp::Release { seq_id: seq }];
-    }
-    // Engine sequence ids count up from 1: the top of the range is free.
-    let scratch = u64::MAX - seq;
-    vec![
-        KvOp::Fork {
-            seq_id: seq,
-            into: scratch,
-            len,
-        },
-        KvOp::Release { seq_id: seq },
-        KvOp::Fork {
-            seq_id: scratch,
-            into: seq,
-            len,
-        },
-        KvOp::Release { seq_id: scratch },
-    ]
 }
 
 #[cfg(test)]
@@ -236,14 +218,10 @@ mod tests {
                 other => format!("{other:?}"),
             })
             .collect();
-        let scratch = u64::MAX - 7;
         assert_eq!(
             kinds,
             [
-                format!("Fork 7 {scratch} 10"),
-                "release [7]".to_string(),
-                format!("Fork {scratch} 7 10"),
-                format!("release [{scratch}]"),
+                "Rewind 7 0 10".to_string(),
                 "release [8]".into(),
                 "batch 2".into(),
                 "release [5]".into(),
@@ -252,7 +230,7 @@ mod tests {
         );
         // Batch 2 answered: only what followed it is left.
         r.answered(2);
-        assert_eq!(decode_all(&r.frames().unwrap()).len(), 6);
+        assert_eq!(decode_all(&r.frames().unwrap()).len(), 3);
     }
 
     #[test]
@@ -275,14 +253,10 @@ mod tests {
                 })
                 .collect()
         };
-        let scratch = u64::MAX - 1;
         assert_eq!(
             kinds(&r),
             [
-                format!("Fork 1 {scratch}"),
-                "Release { seq_ids: [1] }".to_string(),
-                format!("Fork {scratch} 1"),
-                format!("Release {{ seq_ids: [{scratch}] }}"),
+                "Rewind 1 0".to_string(),
                 "batch 4".into(),
                 "Retain 1 9".into(),
             ]

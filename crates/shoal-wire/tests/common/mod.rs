@@ -134,6 +134,12 @@ pub fn sample_frames(rng: &mut Rng) -> Vec<Frame> {
             prefix_id: 4,
             len: 12,
         }),
+        Frame::Prefix(PrefixOp {
+            action: PrefixAction::Rewind,
+            seq_id: 5,
+            prefix_id: 0,
+            len: 9,
+        }),
         Frame::Pooled(Pooled {
             batch_id: 6,
             seq_ids: vec![7, u64::MAX],
