@@ -1,14 +1,15 @@
 //! What a lane hop adds to a token, apart from any model (`shoal_pipeline::dataplane::hopbench`):
 //! a ring of `--stages` threads on real loopback lanes, each busy for `--compute-us` (± `--jitter`)
 //! per step and passing one token's activations (`--hidden` wide, f16) on. Each `--round` runs the
-//! ring with the readers' pacing on and off, alternately, and prints the added time per hop.
+//! ring with the readers' pacing on and off, and on bare loopback TCP with readers that never sleep
+//! (the floor of a TCP hop here), in turn, and prints the added time per hop.
 //!
 //! usage: cargo run --release -p shoal-pipeline --example lane-hops -- [--stages 3] [--compute-us 2500]
 //!        [--jitter 0.05] [--hidden 576] [--steps 1000] [--rounds 4]
 
 use std::time::Duration;
 
-use shoal_pipeline::dataplane::hopbench::{HopBench, run};
+use shoal_pipeline::dataplane::hopbench::{HopBench, Transport, run};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -37,15 +38,15 @@ fn main() {
         "{stages} stages, compute {compute_us} us ± {:.0} %, {hidden}-wide f16 activations, {steps} steps per run",
         jitter * 100.0
     );
-    println!("| round | pacing | per hop µs: p10 | median | p90 | p99 |");
+    println!("| round | hop | per hop µs: p10 | median | p90 | p99 |");
     println!("|---|---|---|---|---|---|");
+    let mut order = [
+        Transport::Lane { pacing: true },
+        Transport::Lane { pacing: false },
+        Transport::Tcp,
+    ];
     for round in 0..rounds {
-        let order = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for pacing in order {
+        for transport in order {
             let bench = HopBench {
                 stages,
                 compute: Duration::from_micros(compute_us),
@@ -53,13 +54,17 @@ fn main() {
                 hidden,
                 warmup: steps / 10,
                 rounds: steps,
-                pacing,
+                transport,
             };
             match run(&bench) {
                 Ok(f) => println!(
                     "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} |",
                     round + 1,
-                    if pacing { "on" } else { "off" },
+                    match transport {
+                        Transport::Lane { pacing: true } => "lane, paced",
+                        Transport::Lane { pacing: false } => "lane, unpaced",
+                        Transport::Tcp => "bare TCP, polling",
+                    },
                     f.quantile(0.1),
                     f.quantile(0.5),
                     f.quantile(0.9),
@@ -71,5 +76,6 @@ fn main() {
                 }
             }
         }
+        order.rotate_left(1);
     }
 }

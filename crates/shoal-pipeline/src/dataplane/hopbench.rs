@@ -4,7 +4,12 @@
 //! the next, like a pipeline's stages passing one stream's activations and the last one's token back
 //! to the first. A round's time less the compute in it is what the hops added; per hop it is that
 //! divided by `stages`. Run by `examples/lane-hops.rs`; the figures are in docs/benchmarks.md.
+//!
+//! [`Transport::Tcp`] runs the same ring on bare loopback TCP (a length prefix, no sealing, readers
+//! that never sleep): the floor any TCP hop has on the machine, to read the lanes' figures against.
 
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use libp2p::PeerId;
@@ -25,8 +30,79 @@ pub struct HopBench {
     pub hidden: usize,
     pub warmup: usize,
     pub rounds: usize,
-    /// Whether readers poll around the due time of their input ([`super::wait`]), or sleep until it.
-    pub pacing: bool,
+    pub transport: Transport,
+}
+
+/// What carries the ring's messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Lanes, whose readers poll around the due time of their input ([`super::wait`]) when `pacing`,
+    /// or sleep until it.
+    Lane { pacing: bool },
+    /// Bare loopback TCP, each reader polling without a pause: the floor of a TCP hop.
+    Tcp,
+}
+
+/// The sending end of one hop.
+enum Out {
+    Lane(LaneWriter),
+    Tcp(TcpStream),
+}
+
+/// The receiving end of one hop (a bare socket's bytes read so far with it).
+enum In {
+    Lane(Box<LaneReader>),
+    Tcp(TcpStream, Vec<u8>),
+}
+
+impl Out {
+    fn send(&mut self, msg: &[u8]) -> Result<(), PipelineError> {
+        match self {
+            Out::Lane(w) => w.send(msg),
+            Out::Tcp(s) => {
+                let mut buf = (msg.len() as u32).to_le_bytes().to_vec();
+                buf.extend_from_slice(msg);
+                s.write_all(&buf).map_err(io)
+            }
+        }
+    }
+}
+
+impl In {
+    /// Waits for the next message; `false` when the ring closed.
+    fn recv(&mut self) -> Result<bool, PipelineError> {
+        match self {
+            In::Lane(r) => match r.recv(None) {
+                Received::Inbound(Ok(_)) => Ok(true),
+                Received::Inbound(Err(e)) => Err(e),
+                _ => Ok(false),
+            },
+            In::Tcp(s, buf) => loop {
+                if let Some(len) = buf
+                    .get(..4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    && buf.len() >= 4 + len as usize
+                {
+                    buf.drain(..4 + len as usize);
+                    return Ok(true);
+                }
+                let mut chunk = [0u8; 8192];
+                match s.read(&mut chunk) {
+                    Ok(0) => return Ok(false),
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => std::hint::spin_loop(),
+                    Err(e) => return Err(io(e)),
+                }
+            },
+        }
+    }
+}
+
+fn io(e: std::io::Error) -> PipelineError {
+    PipelineError::StreamBroke {
+        peer: PeerId::random(),
+        source: e,
+    }
 }
 
 /// Per hop: what each measured round added beyond its compute, microseconds, sorted.
@@ -46,11 +122,25 @@ impl HopFigures {
     }
 }
 
-/// A lane over a fresh loopback connection: the sending end and the receiving end.
-fn lane_pair(pacing: bool) -> std::io::Result<(LaneWriter, LaneReader)> {
-    let (tx, mut rx) = loopback_pair(&[1; 32])?;
-    rx.reader.pace(pacing);
-    Ok((tx.writer, rx.reader))
+/// One hop over a fresh loopback connection: the sending end and the receiving end.
+fn hop(transport: Transport) -> std::io::Result<(Out, In)> {
+    match transport {
+        Transport::Lane { pacing } => {
+            let (tx, mut rx) = loopback_pair(&[1; 32])?;
+            rx.reader.pace(pacing);
+            Ok((Out::Lane(tx.writer), In::Lane(Box::new(rx.reader))))
+        }
+        Transport::Tcp => {
+            let listener = TcpListener::bind("127.0.0.1:0")?;
+            let a = TcpStream::connect(listener.local_addr()?)?;
+            let (b, _) = listener.accept()?;
+            for s in [&a, &b] {
+                s.set_nodelay(true)?;
+            }
+            b.set_nonblocking(true)?;
+            Ok((Out::Tcp(a), In::Tcp(b, Vec::new())))
+        }
+    }
 }
 
 /// Busy for about `d` (as a stage computing).
@@ -64,15 +154,11 @@ fn busy(d: Duration) {
 /// Runs the ring and measures it.
 pub fn run(b: &HopBench) -> Result<HopFigures, PipelineError> {
     let n = b.stages.max(1);
-    let io = |e: std::io::Error| PipelineError::StreamBroke {
-        peer: PeerId::random(),
-        source: e,
-    };
     // Lane i carries stage i's output to stage i + 1 (the last one's back to stage 0).
     let mut writers = Vec::new();
     let mut readers = Vec::new();
     for _ in 0..n {
-        let (w, r) = lane_pair(b.pacing).map_err(io)?;
+        let (w, r) = hop(b.transport).map_err(io)?;
         writers.push(w);
         readers.push(r);
     }
@@ -92,12 +178,8 @@ pub fn run(b: &HopBench) -> Result<HopFigures, PipelineError> {
             for k in 0..total {
                 if i == 0 {
                     started = Instant::now();
-                } else {
-                    match r.recv(None) {
-                        Received::Inbound(Ok(_)) => {}
-                        Received::Inbound(Err(e)) => return Err(e),
-                        _ => return Ok((computes, rounds)),
-                    }
+                } else if !r.recv()? {
+                    return Ok((computes, rounds));
                 }
                 seed = seed
                     .wrapping_mul(6364136223846793005)
@@ -125,10 +207,8 @@ pub fn run(b: &HopBench) -> Result<HopFigures, PipelineError> {
                 )?;
                 w.send(&msg)?;
                 if i == 0 {
-                    match r.recv(None) {
-                        Received::Inbound(Ok(_)) => {}
-                        Received::Inbound(Err(e)) => return Err(e),
-                        _ => return Ok((computes, rounds)),
+                    if !r.recv()? {
+                        return Ok((computes, rounds));
                     }
                     rounds.push(started.elapsed());
                 }
@@ -157,4 +237,33 @@ pub fn run(b: &HopBench) -> Result<HopFigures, PipelineError> {
         .collect();
     added_us.sort_by(f64::total_cmp);
     Ok(HopFigures { added_us })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_transport_carries_the_ring_and_measures_each_round() {
+        for transport in [
+            Transport::Lane { pacing: true },
+            Transport::Lane { pacing: false },
+            Transport::Tcp,
+        ] {
+            let bench = HopBench {
+                stages: 2,
+                compute: Duration::from_micros(300),
+                jitter: 0.05,
+                hidden: 576,
+                warmup: 3,
+                rounds: 20,
+                transport,
+            };
+            let f = run(&bench).unwrap_or_else(|e| panic!("{transport:?}: {e}"));
+            assert_eq!(f.added_us.len(), 20, "{transport:?}");
+            assert!(f.added_us.is_sorted(), "{transport:?}");
+            // A loopback hop takes microseconds; under 100 ms even on a loaded machine.
+            assert!(f.quantile(0.5) < 1e5, "{transport:?}: {:?}", f.added_us);
+        }
+    }
 }

@@ -5,10 +5,11 @@
 //! that happens at every hop of every token. But a stage knows when its input is due: in steady decode
 //! the wait for the next step's bytes is about the same every time (the other stages' compute). So a
 //! [`Pacer`] learns the usual wait (a smoothed figure of recent ones) and a wait goes in three parts:
-//! sleep in `poll` until shortly before the input is due, then poll without sleeping for a short window
-//! (the thread stays on its CPU and sees the bytes the moment they land), then sleep until they come.
-//! The window is a small share of the wait, so a machine whose other stages share its cores loses
-//! little to it, and waits much longer than a step (an idle pipeline) are not learnt: those sleep.
+//! sleep in `ppoll` until a lead before the input is due, then poll without sleeping for twice that
+//! lead (the thread stays on its CPU and sees the bytes the moment they land), then sleep until they
+//! come. The lead is a share of the wait with a cap, so a machine whose other stages share its cores
+//! loses part of it only, and waits much longer than a step (an idle pipeline) are not learnt: those
+//! sleep.
 //! `SHOAL_LANE_SPIN=0` in a node's environment makes every wait sleep (decision 015 has the figures).
 
 use std::net::TcpStream;
@@ -17,11 +18,12 @@ use std::time::{Duration, Instant};
 
 /// Waits longer than this are not a step's (an idle pipeline, a prompt's prefill): not learnt.
 const LEARN_BELOW: Duration = Duration::from_millis(200);
-/// The polling window: this share of the usual wait, …
-const WINDOW_SHARE: f64 = 0.25;
-/// … within these bounds.
-const WINDOW_MIN: Duration = Duration::from_micros(100);
-const WINDOW_MAX: Duration = Duration::from_millis(2);
+/// Polling starts this share of the usual wait before the input is due, …
+const LEAD_SHARE: f64 = 0.3;
+/// … within these bounds, and goes on as long again after it. A lead under a millisecond loses much of
+/// the gain on a VM: a vCPU that just woke from idle runs the next syscalls slowly (decision 015).
+const LEAD_MIN: Duration = Duration::from_micros(100);
+const LEAD_MAX: Duration = Duration::from_millis(2);
 /// Weight of the newest wait in the usual one.
 const SMOOTHING: f64 = 0.25;
 
@@ -84,8 +86,8 @@ impl Pacer {
     /// learnt.
     fn window(&self) -> Option<(Duration, Duration)> {
         let usual = self.usual.filter(|_| !self.off)?;
-        let window = usual.mul_f64(WINDOW_SHARE).clamp(WINDOW_MIN, WINDOW_MAX);
-        Some((usual.saturating_sub(window / 2), window))
+        let lead = usual.mul_f64(LEAD_SHARE).clamp(LEAD_MIN, LEAD_MAX);
+        Some((usual.saturating_sub(lead), 2 * lead))
     }
 
     fn wait_from(
@@ -104,7 +106,7 @@ impl Pacer {
             }
             let stop = until(wake + window);
             while Instant::now() < stop {
-                let ready = poll_once(input, watched, 0)?;
+                let ready = poll_once(input, watched, Some(Duration::ZERO))?;
                 if ready != Ready::Neither {
                     return Ok(ready);
                 }
@@ -122,17 +124,14 @@ fn poll_until(
     deadline: Option<Instant>,
 ) -> std::io::Result<Ready> {
     loop {
-        let ms = match deadline {
-            None => -1,
+        let timeout = match deadline {
+            None => None,
             Some(d) => match d.checked_duration_since(Instant::now()) {
-                // Rounded up: a deadline is never reported early as reached.
-                Some(left) if !left.is_zero() => {
-                    left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
-                }
+                Some(left) if !left.is_zero() => Some(left),
                 _ => return Ok(Ready::Neither),
             },
         };
-        match poll_once(input, watched, ms) {
+        match poll_once(input, watched, timeout) {
             Ok(Ready::Neither) if deadline.is_none() => continue,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             other => return other,
@@ -147,9 +146,13 @@ const PEER_CLOSED: libc::c_short = libc::POLLRDHUP;
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 const PEER_CLOSED: libc::c_short = 0;
 
-/// One `poll(2)` of `input` (for bytes) and `watched` (for its closing), waiting up to `ms`
-/// milliseconds (−1: no end, 0: not at all).
-fn poll_once(input: &TcpStream, watched: Option<&TcpStream>, ms: i32) -> std::io::Result<Ready> {
+/// One poll of `input` (for bytes) and `watched` (for its closing), waiting up to `timeout` (`None`:
+/// no end, zero: not at all).
+fn poll_once(
+    input: &TcpStream,
+    watched: Option<&TcpStream>,
+    timeout: Option<Duration>,
+) -> std::io::Result<Ready> {
     let mut fds = [
         libc::pollfd {
             fd: input.as_raw_fd(),
@@ -162,9 +165,7 @@ fn poll_once(input: &TcpStream, watched: Option<&TcpStream>, ms: i32) -> std::io
             revents: 0,
         },
     ];
-    // SAFETY: `fds` is a valid array of two pollfd for the duration of the call (a negative fd is
-    // ignored by poll).
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    let n = sys_poll(&mut fds, timeout);
     if n < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -175,6 +176,35 @@ fn poll_once(input: &TcpStream, watched: Option<&TcpStream>, ms: i32) -> std::io
     } else {
         Ready::Neither
     })
+}
+
+/// `ppoll(2)`: the timeout to the nanosecond (the timer's slack aside). With `poll(2)`'s milliseconds, a
+/// sleep until shortly before the input is due rounds up to the next millisecond — past the due time,
+/// so the bytes would wake the thread after all.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn sys_poll(fds: &mut [libc::pollfd; 2], timeout: Option<Duration>) -> libc::c_int {
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `fds` is a valid array of two pollfd and `ts_ptr` null or a valid timespec for the
+    // duration of the call (a negative fd is ignored); no signal mask is given.
+    unsafe { libc::ppoll(fds.as_mut_ptr(), 2, ts_ptr, std::ptr::null()) }
+}
+
+/// `poll(2)` where there is no `ppoll`: the timeout rounded up to milliseconds (a deadline is never
+/// reported early; the polling window may start late).
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn sys_poll(fds: &mut [libc::pollfd; 2], timeout: Option<Duration>) -> libc::c_int {
+    let ms = timeout.map_or(-1, |d| {
+        d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+    });
+    // SAFETY: `fds` is a valid array of two pollfd for the duration of the call (a negative fd is
+    // ignored by poll).
+    unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) }
 }
 
 #[cfg(test)]
@@ -218,7 +248,10 @@ mod tests {
             "{usual:?}"
         );
         let (sleep, window) = p.window().unwrap();
-        assert!(window >= WINDOW_MIN && window <= WINDOW_MAX, "{window:?}");
+        assert!(
+            window >= 2 * LEAD_MIN && window <= 2 * LEAD_MAX,
+            "{window:?}"
+        );
         assert!(sleep < usual, "polling starts before the input is due");
         drop(sender.join().unwrap());
     }
