@@ -136,6 +136,19 @@ def test_placing_from_the_page_shows_the_instance_loading_then_ready(browser, tw
     shot(browser, "dashboard-instance.png")
 
 
+# Records, in the page, whether the prefill bar was shown and the first text it showed with an ETA.
+PREFILL_OBSERVER = """
+window.prefillSeen = { shown: false, eta: null };
+const bar = document.getElementById('prefill'), text = document.getElementById('prefill-text');
+new MutationObserver((records) => {
+  if (records.some((r) => r.oldValue !== null)) window.prefillSeen.shown = true;  // 'hidden' removed
+}).observe(bar, { attributes: true, attributeFilter: ['hidden'], attributeOldValue: true });
+new MutationObserver(() => {
+  if (window.prefillSeen.eta === null && text.textContent.includes('ETA')) window.prefillSeen.eta = text.textContent;
+}).observe(text, { childList: true, characterData: true, subtree: true });
+"""
+
+
 def test_a_chat_streams_into_the_page(browser, two_nodes):
     a, b = two_nodes
     place(a, [(a, 15), (b, 15)])  # through the pipeline: the page talks to a, the last stage samples on b
@@ -167,10 +180,12 @@ def test_a_chat_streams_into_the_page(browser, two_nodes):
     # A long prompt: the progress bar counts its prefill chunks (through both stages) before the answer.
     long = "Here are some numbers: " + ", ".join(str(i) for i in range(400)) + ". Which came last?"
     browser.execute_script("document.getElementById('chat-input').value = arguments[0];", long)
+    # The page shows the bar only while the prompt is prefilled (under a second on a quiet machine), which a
+    # poll from here can miss: an observer in the page records what it showed, as it showed it.
+    browser.execute_script(PREFILL_OBSERVER)
     browser.find_element(By.ID, "chat-send").click()
     text = until(browser, "the prefill progress bar with an ETA",
-                 lambda d: d.find_element(By.ID, "prefill").is_displayed()
-                 and "ETA" in (t := d.find_element(By.ID, "prefill-text").text) and t)
+                 lambda d: d.execute_script("return window.prefillSeen.shown && window.prefillSeen.eta"))
     done, total = (int(x) for x in text.split(" tokens")[0].removeprefix("prompt ").split(" / "))
     assert 0 < done < total and total > 1500, text
     shot(browser, "dashboard-prefill.png")
