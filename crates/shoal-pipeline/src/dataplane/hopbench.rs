@@ -9,13 +9,13 @@
 //! that never sleep): the floor any TCP hop has on the machine, to read the lanes' figures against.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use libp2p::PeerId;
 use shoal_wire::{Activations, ChunkHeader, DType, Pool};
 
-use super::lane::{LaneReader, LaneWriter, Received, loopback_pair};
+use super::lane::{LaneReader, LaneWriter, Received, loopback_pair, tcp_loopback_pair};
 use crate::error::PipelineError;
 
 /// What to run.
@@ -131,12 +131,7 @@ fn hop(transport: Transport) -> std::io::Result<(Out, In)> {
             Ok((Out::Lane(tx.writer), In::Lane(Box::new(rx.reader))))
         }
         Transport::Tcp => {
-            let listener = TcpListener::bind("127.0.0.1:0")?;
-            let a = TcpStream::connect(listener.local_addr()?)?;
-            let (b, _) = listener.accept()?;
-            for s in [&a, &b] {
-                s.set_nodelay(true)?;
-            }
+            let (a, b) = tcp_loopback_pair()?;
             b.set_nonblocking(true)?;
             Ok((Out::Tcp(a), In::Tcp(b, Vec::new())))
         }

@@ -342,15 +342,21 @@ impl Lane {
     }
 }
 
-/// Two ends of a lane over a fresh loopback connection, keyed from `token` as a real lane is (for tests
-/// and `hopbench`): the opener's and the acceptor's.
-pub(super) fn loopback_pair(token: &[u8; 32]) -> std::io::Result<(Lane, Lane)> {
+/// The two ends of a fresh loopback TCP connection, Nagle off as on a lane (for tests and `hopbench`).
+pub(super) fn tcp_loopback_pair() -> std::io::Result<(TcpStream, TcpStream)> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let a = TcpStream::connect(listener.local_addr()?)?;
     let (b, _) = listener.accept()?;
     for s in [&a, &b] {
         s.set_nodelay(true)?;
     }
+    Ok((a, b))
+}
+
+/// Two ends of a lane over a fresh loopback connection, keyed from `token` as a real lane is (for tests
+/// and `hopbench`): the opener's and the acceptor's.
+pub(super) fn loopback_pair(token: &[u8; 32]) -> std::io::Result<(Lane, Lane)> {
+    let (a, b) = tcp_loopback_pair()?;
     let (o, c) = (derive(OPENER_KEY, token), derive(ACCEPTOR_KEY, token));
     let t = Arc::new(Traffic::default());
     let peer = PeerId::random();

@@ -211,13 +211,9 @@ fn sys_poll(fds: &mut [libc::pollfd; 2], timeout: Option<Duration>) -> libc::c_i
 mod tests {
     use super::*;
     use std::io::Write;
-    use std::net::TcpListener;
 
     fn pair() -> (TcpStream, TcpStream) {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (b, _) = l.accept().unwrap();
-        (a, b)
+        super::super::lane::tcp_loopback_pair().unwrap()
     }
 
     #[test]
