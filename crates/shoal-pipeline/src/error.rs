@@ -60,6 +60,9 @@ pub enum PipelineError {
     /// The path a pipeline's streams ran on closed (and moving to another failed, or was not tried).
     #[error("the path to {peer} closed")]
     PathLost { peer: PeerId },
+    /// A batch waited this long for its tokens on a path to `peer` that is no longer its preferred one.
+    #[error("no tokens for {waited_ms} ms on a path to {peer} that is no longer preferred")]
+    PathStalled { peer: PeerId, waited_ms: u64 },
     /// The data-plane protocol was already being accepted on this node.
     #[error("the data-plane protocol is already accepted on this node: {0}")]
     AcceptStreams(libp2p_stream::AlreadyRegistered),
@@ -215,6 +218,7 @@ impl PipelineError {
             PipelineError::LaneSetup { .. } => "lane_setup",
             PipelineError::LaneSealing { .. } => "lane_sealing",
             PipelineError::PathLost { .. } => "path_lost",
+            PipelineError::PathStalled { .. } => "path_stalled",
             PipelineError::AcceptStreams(_) => "accept_streams",
             PipelineError::BadNodeId { .. } => "bad_node_id",
             PipelineError::NoRemoteStages => "no_remote_stages",
@@ -262,6 +266,7 @@ impl PipelineError {
                 | PipelineError::Broken { .. }
                 | PipelineError::StreamClosed { .. }
                 | PipelineError::PathLost { .. }
+                | PipelineError::PathStalled { .. }
                 | PipelineError::OpenPath { .. }
                 | PipelineError::NodeLeft { .. }
                 | PipelineError::NoTokensInTime

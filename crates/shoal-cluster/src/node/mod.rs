@@ -357,6 +357,7 @@ impl NetTask {
                     None => return, // every handle dropped: the node is shutting down
                 },
                 Some((peer, connection, bps)) = self.probe_rx.recv() => {
+                    tracing::debug!(%peer, ?connection, ?bps, "bandwidth probe");
                     if let Some(b) = bps {
                         self.peers.set_bandwidth(peer, connection, b);
                     }

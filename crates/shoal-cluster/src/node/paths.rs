@@ -1,8 +1,9 @@
 //! Paths to a peer: every live connection to it is a path over one of its addresses ([`Path`]), with its
 //! own ping round trip and bandwidth probe. [`PeerPaths`] keeps one peer's, picks the one the data plane
 //! should use (the cheapest to carry [`REFERENCE_BYTES`]: `rtt + bytes / bandwidth`, moving away from the
-//! one in use only when another is cheaper by [`SWITCH_MARGIN`], or at once when it dies) and says what
-//! to publish ([`PathFacts`]). [`PathBook`] is what the network task hands the data plane after every
+//! one in use only when another is cheaper by [`SWITCH_MARGIN`], or at once when it dies; never to a
+//! connection not probed yet while another is measured, nor between two connections over one address)
+//! and says what to publish ([`PathFacts`]). [`PathBook`] is what the network task hands the data plane after every
 //! change: the preferred connection per peer and which connections are alive. Plain data, tested
 //! without a swarm.
 
@@ -13,13 +14,14 @@ use std::time::{Duration, Instant};
 use libp2p::PeerId;
 use libp2p::swarm::ConnectionId;
 
+use super::PROBE_BYTES;
 use crate::facts::PathFacts;
 
 /// The message size paths are compared on: an activation batch of a few hundred rows (a decode step of
 /// a small model is smaller, a prompt chunk of a big one larger).
 pub const REFERENCE_BYTES: f64 = 64.0 * 1024.0;
-/// Bandwidth assumed for a path not probed yet (a modest network): a new path does not take over
-/// before it is measured faster.
+/// Bandwidth assumed for a path not probed yet (a modest network), in the cost it shows before its
+/// probe; such a path is chosen only while no path is measured (see [`choose`]).
 const UNMEASURED_BPS: f64 = 12.5e6;
 /// A path replaces the one in use only when it costs less by this share of the current cost …
 const SWITCH_MARGIN: f64 = 0.25;
@@ -29,6 +31,13 @@ const SWITCH_SLACK_US: f64 = 100.0;
 const RTT_GAIN: f64 = 0.3;
 /// A path is probed for bandwidth this often while its peer has paths over two or more addresses.
 pub const REPROBE_EVERY: Duration = Duration::from_secs(2);
+/// Bytes of a probe on a peer with paths over several addresses, and of a repeated probe: small, it
+/// runs beside the data plane (on a slow path, all it sends queues in front of the pings).
+pub const REPROBE_BYTES: usize = 128 << 10;
+/// A repeated probe of a measured path sends about this long's worth of its measured bandwidth …
+const REPROBE_SPAN: Duration = Duration::from_millis(50);
+/// … and at least this many bytes.
+const MIN_REPROBE_BYTES: usize = 16 << 10;
 /// A connection whose peer answers pings on another is closed after this long without a pong.
 pub const PATH_SILENT_FOR: Duration = Duration::from_secs(4);
 
@@ -58,13 +67,18 @@ impl Path {
         }
     }
 
+    /// Whether a probe measured this path's bandwidth.
+    fn is_measured(&self) -> bool {
+        self.bandwidth.is_some_and(|b| b.is_finite() && b > 0.0)
+    }
+
     /// Predicted microseconds to carry [`REFERENCE_BYTES`] one way and hear back: rtt + bytes / rate.
     pub fn cost_us(&self) -> f64 {
         let rtt = self.rtt.map_or(1000.0, |d| d.as_secs_f64() * 1e6);
-        let bps = self
-            .bandwidth
-            .filter(|b| b.is_finite() && *b > 0.0)
-            .unwrap_or(UNMEASURED_BPS);
+        let bps = match self.bandwidth {
+            Some(b) if self.is_measured() => b,
+            _ => UNMEASURED_BPS,
+        };
         rtt + REFERENCE_BYTES / bps * 1e6
     }
 }
@@ -146,12 +160,14 @@ impl PeerPaths {
         Some((c, self.paths.get(&c)?))
     }
 
-    /// Connections due for a bandwidth probe at `now` (marked as probed), each with whether it gets a
-    /// full probe (the first of a peer with one address; with several, every probe is small): each new
-    /// one once, and every [`REPROBE_EVERY`] while the peer has paths over two
+    /// Connections due for a bandwidth probe at `now` (marked as probed), each with the bytes its probe
+    /// sends: each new one once, and every [`REPROBE_EVERY`] while the peer has paths over two
     /// addresses or more (with one, there is no choice to make and the probe would only disturb the
-    /// data plane).
-    pub fn due_for_probe(&mut self, now: Instant) -> Vec<(ConnectionId, bool)> {
+    /// data plane). The first probe of a peer with one address is a full one ([`PROBE_BYTES`]); with
+    /// several, a probe sends at most [`REPROBE_BYTES`], and one of a measured path about
+    /// [`REPROBE_SPAN`] of its bandwidth (at least [`MIN_REPROBE_BYTES`]): a degraded path is not
+    /// flooded by its own measurement every few seconds, in front of the data plane's bytes.
+    pub fn due_for_probe(&mut self, now: Instant) -> Vec<(ConnectionId, usize)> {
         let several = self
             .paths
             .values()
@@ -163,8 +179,14 @@ impl PeerPaths {
                 Some(t) => several && now.duration_since(t) >= REPROBE_EVERY,
             };
             if due_now {
-                let first = p.probed_at.is_none() || p.bandwidth.is_none();
-                due.push((*c, first && !several));
+                let bytes = match p.bandwidth {
+                    // With one address a path is probed only when new (or asked to be again).
+                    _ if !several => PROBE_BYTES,
+                    Some(bps) if p.is_measured() => ((bps * REPROBE_SPAN.as_secs_f64()) as usize)
+                        .clamp(MIN_REPROBE_BYTES, REPROBE_BYTES),
+                    _ => REPROBE_BYTES,
+                };
+                due.push((*c, bytes));
                 p.probed_at = Some(now);
             }
         }
@@ -228,18 +250,28 @@ impl PeerPaths {
 }
 
 /// The path to use among `paths`, given the one in use now: the cheapest, unless the current one is
-/// alive and within [`SWITCH_MARGIN`] (and [`SWITCH_SLACK_US`]) of it.
+/// alive and within [`SWITCH_MARGIN`] (and [`SWITCH_SLACK_US`]) of it, or over the same address. While any path has a measured
+/// bandwidth only those are candidates: a connection not probed yet (a path coming back, or one
+/// redialed right after it was dropped for silence) takes over once its probe says it is faster, never
+/// on the guess of [`UNMEASURED_BPS`].
 pub fn choose(
     paths: &BTreeMap<ConnectionId, Path>,
     current: Option<ConnectionId>,
 ) -> Option<ConnectionId> {
+    let any_measured = paths.values().any(Path::is_measured);
+    let candidate = |p: &Path| !any_measured || p.is_measured();
     let (best, best_path) = paths
         .iter()
+        .filter(|(_, p)| candidate(p))
         .min_by(|a, b| a.1.cost_us().total_cmp(&b.1.cost_us()))?;
-    if let Some(cur) = current.and_then(|c| paths.get(&c).map(|p| (c, p))) {
+    if let Some(cur) = current.and_then(|c| paths.get(&c).map(|p| (c, p)))
+        && candidate(cur.1)
+    {
         let (c, p) = cur;
         let gain = p.cost_us() - best_path.cost_us();
-        if gain < SWITCH_SLACK_US || gain < SWITCH_MARGIN * p.cost_us() {
+        // Two connections over one address are one network path: what tells them apart is jitter.
+        if best_path.addr == p.addr || gain < SWITCH_SLACK_US || gain < SWITCH_MARGIN * p.cost_us()
+        {
             return Some(c);
         }
     }
@@ -316,51 +348,103 @@ mod tests {
         p
     }
 
+    /// The connection `p` prefers.
+    fn chosen(p: &PeerPaths) -> Option<ConnectionId> {
+        p.preferred().map(|x| x.0)
+    }
+
+    /// [`two`], with paths 1 and 2 measured at `one` and `other` bytes per second.
+    fn measured(one: f64, other: f64) -> PeerPaths {
+        let mut p = two();
+        p.set_bandwidth(c(1), one);
+        p.set_bandwidth(c(2), other);
+        p
+    }
+
     #[test]
     fn the_faster_path_is_preferred_once_measured() {
-        let mut p = two();
-        p.set_bandwidth(c(1), 1e9);
-        p.set_bandwidth(c(2), 2.5e6);
-        assert_eq!(p.preferred().map(|x| x.0), Some(c(1)));
+        let mut p = measured(1e9, 2.5e6);
+        assert_eq!(chosen(&p), Some(c(1)));
         // A slower measurement of the other path changes nothing; a faster one of equal rtt and
         // bandwidth does not take over either (no gain).
         p.set_bandwidth(c(2), 1e9);
-        assert_eq!(p.preferred().map(|x| x.0), Some(c(1)));
+        assert_eq!(chosen(&p), Some(c(1)));
     }
 
     #[test]
     fn a_degraded_path_is_left_only_by_a_margin_and_a_dead_one_at_once() {
-        let mut p = two();
-        p.set_bandwidth(c(1), 1e9);
-        p.set_bandwidth(c(2), 1e8);
-        assert_eq!(p.preferred().map(|x| x.0), Some(c(1)));
+        let mut p = measured(1e9, 1e8);
+        assert_eq!(chosen(&p), Some(c(1)));
         // Slightly worse than path 2 (cost ~855 µs vs ~855 µs): within the margin, it stays.
         p.set_bandwidth(c(1), 0.95e8);
-        assert_eq!(p.preferred().map(|x| x.0), Some(c(1)));
+        assert_eq!(chosen(&p), Some(c(1)));
         // Limited to 2 MB/s (cost ~33 ms): path 2 takes over.
         p.set_bandwidth(c(1), 2e6);
-        assert_eq!(p.preferred().map(|x| x.0), Some(c(2)));
+        assert_eq!(chosen(&p), Some(c(2)));
         // Path 1 recovers: back, it is cheaper by far more than the margin.
         p.set_bandwidth(c(1), 1e9);
-        assert_eq!(p.preferred().map(|x| x.0), Some(c(1)));
+        assert_eq!(chosen(&p), Some(c(1)));
         // Cut: the other path at once, whatever it costs.
         p.set_bandwidth(c(2), 1e3);
         assert!(!p.remove(c(1)));
-        assert_eq!(p.preferred().map(|x| x.0), Some(c(2)));
+        assert_eq!(chosen(&p), Some(c(2)));
         assert!(p.remove(c(2)));
         assert!(p.preferred().is_none());
     }
 
     #[test]
+    fn a_path_not_probed_yet_never_takes_over_from_a_measured_one() {
+        let mut p = measured(1e9, 2.5e6);
+        // Path 1 is cut; path 2 (slow) serves.
+        assert!(!p.remove(c(1)));
+        assert_eq!(chosen(&p), Some(c(2)));
+        // The address comes back on a new connection: quick pings, no probe yet. Its guessed cost
+        // (~6 ms) is below path 2's (~27 ms), but it must be measured first (it may be degraded).
+        let now = Instant::now();
+        p.add(c(3), ip("10.0.0.2"), now);
+        p.pong(c(3), Duration::from_micros(200), now);
+        assert_eq!(chosen(&p), Some(c(2)));
+        // Measured degraded: path 2 stays. Measured fast: it takes over.
+        p.set_bandwidth(c(3), 1.5e6);
+        assert_eq!(chosen(&p), Some(c(2)));
+        p.set_bandwidth(c(3), 1e9);
+        assert_eq!(chosen(&p), Some(c(3)));
+        // With nothing measured, the first connection serves until a probe says otherwise.
+        let mut q = PeerPaths::default();
+        q.add(c(1), ip("10.0.0.2"), now);
+        q.add(c(2), ip("10.1.0.2"), now);
+        assert_eq!(chosen(&q), Some(c(1)));
+        q.set_bandwidth(c(2), 2.5e6);
+        assert_eq!(chosen(&q), Some(c(2)));
+        q.set_bandwidth(c(1), 1e9);
+        assert_eq!(chosen(&q), Some(c(1)));
+    }
+
+    #[test]
+    fn connections_over_one_address_are_not_switched_between() {
+        let mut p = measured(1e9, 2.5e6);
+        let now = Instant::now();
+        p.add(c(3), ip("10.0.0.2"), now);
+        p.set_bandwidth(c(3), 1e9);
+        // Round trips of the two connections over 10.0.0.2 jitter (2 ms vs 0.2 ms): path 1 stays.
+        for _ in 0..20 {
+            p.pong(c(1), Duration::from_millis(2), now);
+            p.pong(c(3), Duration::from_micros(200), now);
+        }
+        assert_eq!(chosen(&p), Some(c(1)));
+        // Its connection closing moves the data plane to the other one over the address.
+        assert!(!p.remove(c(1)));
+        assert_eq!(chosen(&p), Some(c(3)));
+    }
+
+    #[test]
     fn a_path_with_a_much_longer_round_trip_loses() {
-        let mut p = two();
-        p.set_bandwidth(c(1), 1e9);
-        p.set_bandwidth(c(2), 1e9);
+        let mut p = measured(1e9, 1e9);
         let now = Instant::now();
         for _ in 0..20 {
             p.pong(c(1), Duration::from_millis(30), now);
         }
-        assert_eq!(p.preferred().map(|x| x.0), Some(c(2)));
+        assert_eq!(chosen(&p), Some(c(2)));
     }
 
     #[test]
@@ -370,7 +454,10 @@ mod tests {
         let mut one = PeerPaths::default();
         one.add(c(1), ip("10.0.0.2"), now);
         one.add(c(3), ip("10.0.0.2"), now);
-        assert_eq!(one.due_for_probe(now), [(c(1), true), (c(3), true)]);
+        assert_eq!(
+            one.due_for_probe(now),
+            [(c(1), PROBE_BYTES), (c(3), PROBE_BYTES)]
+        );
         assert!(
             one.due_for_probe(later).is_empty(),
             "one address: no re-probe"
@@ -378,9 +465,24 @@ mod tests {
         one.reprobe();
         assert_eq!(one.due_for_probe(later).len(), 2);
         let mut p = two();
-        assert_eq!(p.due_for_probe(now), [(c(1), false), (c(2), false)]);
+        let small = [(c(1), REPROBE_BYTES), (c(2), REPROBE_BYTES)];
+        assert_eq!(p.due_for_probe(now), small);
         assert!(p.due_for_probe(now).is_empty());
-        assert_eq!(p.due_for_probe(later), [(c(1), false), (c(2), false)]);
+        assert_eq!(p.due_for_probe(later), small);
+        // Measured: a fast path gets the full repeated probe, a slow one ~50 ms of its bandwidth, and
+        // a crawling one the floor.
+        p.set_bandwidth(c(1), 1e9);
+        p.set_bandwidth(c(2), 1e6);
+        let much_later = later + REPROBE_EVERY;
+        assert_eq!(
+            p.due_for_probe(much_later),
+            [(c(1), REPROBE_BYTES), (c(2), 50_000)]
+        );
+        p.set_bandwidth(c(2), 1e5);
+        assert_eq!(
+            p.due_for_probe(much_later + REPROBE_EVERY),
+            [(c(1), REPROBE_BYTES), (c(2), MIN_REPROBE_BYTES)]
+        );
     }
 
     #[test]

@@ -165,14 +165,14 @@ impl Peers {
             .is_some_and(|l| l.paths.covers(ip))
     }
 
-    /// Connections due for a bandwidth probe now, with whether it is a full one (see
+    /// Connections due for a bandwidth probe now, with the bytes each probe sends (see
     /// `PeerPaths::due_for_probe`).
-    pub fn due_for_probe(&mut self, now: Instant) -> Vec<(PeerId, ConnectionId, bool)> {
+    pub fn due_for_probe(&mut self, now: Instant) -> Vec<(PeerId, ConnectionId, usize)> {
         let mut due = Vec::new();
         for (id, p) in &mut self.map {
             if let Some(l) = p.link.as_mut() {
                 let paths = l.paths.due_for_probe(now);
-                due.extend(paths.into_iter().map(|(c, first)| (*id, c, first)));
+                due.extend(paths.into_iter().map(|(c, bytes)| (*id, c, bytes)));
             }
         }
         due

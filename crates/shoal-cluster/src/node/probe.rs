@@ -15,9 +15,6 @@ use crate::ClusterError;
 
 /// A probe stops sending after this long (a slow path is measured on fewer bytes).
 const PROBE_SEND_FOR: Duration = Duration::from_millis(1000);
-/// Bytes of a probe on a peer with paths over several addresses, and of a repeated probe: small, it
-/// runs beside the data plane (on a slow path, all it sends queues in front of the pings).
-const REPROBE_BYTES: usize = 128 << 10;
 
 impl NetTask {
     /// Probes every path of `peer` again, soon (at the next liveness tick).
@@ -27,10 +24,9 @@ impl NetTask {
 
     /// Starts the probes of the paths due for one; each result comes back to the task's loop.
     pub(super) fn probe_due(&mut self) {
-        for (peer, connection, full) in self.peers.due_for_probe(Instant::now()) {
+        for (peer, connection, bytes) in self.peers.due_for_probe(Instant::now()) {
             let tx = self.probe_tx.clone();
             let control = self.paths.clone();
-            let bytes = if full { PROBE_BYTES } else { REPROBE_BYTES };
             tokio::spawn(async move {
                 let bps = probe(control, peer, connection, bytes).await;
                 let _ = tx.send((peer, connection, bps)).await;

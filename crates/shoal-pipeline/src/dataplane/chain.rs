@@ -6,6 +6,9 @@
 //! so nothing is sent twice). When a path in use is cut — its connection closes, or a stream on it
 //! breaks, while the node stays a member over another path — it moves at once and sends again what
 //! was not confirmed yet ([`Replay`]), so the batches in flight are answered and no request fails.
+//! It does the same, once per batch, when a batch has waited [`STALL_CHECK`] for its tokens while a
+//! node's preferred path runs over another address (a path degraded under a batch in flight: its
+//! bytes may sit in retransmission for far longer than the step).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,6 +41,10 @@ use super::{
 /// Moves to another path while one batch waits for its tokens, at most this many times (a path that
 /// keeps breaking fails the batch).
 const MAX_FAILOVERS_PER_BATCH: usize = 3;
+/// A batch unanswered this long while a node's preferred path runs over another address than the
+/// chain's stream moves the chain there (and sends the batch again) instead of waiting out the old
+/// path.
+const STALL_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A batch sent and not yet answered: the sequences it owes a token and a pooled row, in batch order.
 struct InFlight {
@@ -216,11 +223,7 @@ impl RemoteChain {
         if !alive {
             return self.fail_over(PipelineError::PathLost { peer: first });
         }
-        let moved = |peer: &PeerId, cur: PathId| {
-            book.preferred(peer)
-                .is_some_and(|p| p.connection != cur.connection)
-        };
-        if !moved(&first, self.links.down_path) && !moved(&last, self.links.owner_path) {
+        if self.off_preferred(false).is_none() {
             return Ok(());
         }
         let nodes = self.nodes.clone();
@@ -241,6 +244,25 @@ impl RemoteChain {
             }
         }
         Ok(())
+    }
+
+    /// A node of the chain's streams whose preferred path is not the one its stream runs on (`None`:
+    /// both streams are on their nodes' preferred paths); with `other_address`, only one preferred
+    /// over another address than the stream's (another connection over the same address is the same
+    /// network path, no way around a stall).
+    fn off_preferred(&self, other_address: bool) -> Option<PeerId> {
+        let book = self.route.cluster.paths().book();
+        [
+            (self.route.first, self.links.down_path),
+            (self.route.last, self.links.owner_path),
+        ]
+        .into_iter()
+        .find(|(peer, used)| {
+            book.preferred(peer).is_some_and(|p| {
+                p.connection != used.connection && (!other_address || p.addr != used.addr)
+            })
+        })
+        .map(|(peer, _)| peer)
     }
 
     /// A path in use was cut (`why`): opens new streams on the paths left and sends again everything
@@ -279,16 +301,20 @@ impl RemoteChain {
     /// Blocks the engine thread until the tokens of `batch_id` arrive (after its pooled rows, if it
     /// has any), the pipeline breaks (a stream closes with no other path, a stage fails, a stage node
     /// leaves the cluster: each noticed as it happens), or [`BATCH_TIMEOUT`] passes. A cut path moves
-    /// the chain to another and the wait goes on.
+    /// the chain to another and the wait goes on; so does (once) a wait past [`STALL_CHECK`] while a
+    /// node's preferred path runs over another address.
     fn wait_tokens(
         &mut self,
         batch_id: u64,
     ) -> Result<(Vec<TokenItem>, Option<Pooled>), PipelineError> {
-        let deadline = tokio::time::Instant::now() + BATCH_TIMEOUT;
+        let start = tokio::time::Instant::now();
+        let deadline = start + BATCH_TIMEOUT;
+        let mut check = start + STALL_CHECK;
+        let mut stall_moved = false;
         let mut pooled = None;
         let mut failovers = 0;
         loop {
-            let cut = match self.links.events.recv_by(&self.rt, deadline) {
+            let cut = match self.links.events.recv_by(&self.rt, deadline.min(check)) {
                 Ok(Some(Ok(Frame::Tokens { batch_id: b, items }))) if b == batch_id => {
                     return Ok((items, pooled));
                 }
@@ -326,6 +352,20 @@ impl RemoteChain {
                 Ok(None) => PipelineError::StreamClosed {
                     what: "token stream from the last stage",
                 },
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    check = tokio::time::Instant::now() + STALL_CHECK;
+                    // Once per batch: a long batch is not computed again each time paths flap.
+                    match self.off_preferred(true).filter(|_| !stall_moved) {
+                        Some(peer) => {
+                            stall_moved = true;
+                            PipelineError::PathStalled {
+                                peer,
+                                waited_ms: start.elapsed().as_millis() as u64,
+                            }
+                        }
+                        None => continue,
+                    }
+                }
                 Err(_) => return Err(self.lost(PipelineError::NoTokensInTime)),
             };
             failovers += 1;
