@@ -3,9 +3,9 @@
 //! should use (the cheapest to carry [`REFERENCE_BYTES`]: `rtt + bytes / bandwidth`, moving away from the
 //! one in use only when another is cheaper by [`SWITCH_MARGIN`], or at once when it dies; never to a
 //! connection not probed yet while another is measured, nor between two connections over one address)
-//! and says what to publish ([`PathFacts`]). [`PathBook`] is what the network task hands the data plane after every
-//! change: the preferred connection per peer and which connections are alive. Plain data, tested
-//! without a swarm.
+//! and says what to publish ([`PathFacts`]). [`PathBook`] is what the network task hands the data
+//! plane after every change: the preferred connection per peer and which connections are alive. Plain
+//! data, tested without a swarm.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -250,10 +250,10 @@ impl PeerPaths {
 }
 
 /// The path to use among `paths`, given the one in use now: the cheapest, unless the current one is
-/// alive and within [`SWITCH_MARGIN`] (and [`SWITCH_SLACK_US`]) of it, or over the same address. While any path has a measured
-/// bandwidth only those are candidates: a connection not probed yet (a path coming back, or one
-/// redialed right after it was dropped for silence) takes over once its probe says it is faster, never
-/// on the guess of [`UNMEASURED_BPS`].
+/// alive and within [`SWITCH_MARGIN`] (and [`SWITCH_SLACK_US`]) of it, or over the same address. While
+/// any path has a measured bandwidth only those are candidates: a connection not probed yet (a path
+/// coming back, or one redialed right after it was dropped for silence) takes over once its probe says
+/// it is faster, never on the guess of [`UNMEASURED_BPS`].
 pub fn choose(
     paths: &BTreeMap<ConnectionId, Path>,
     current: Option<ConnectionId>,
