@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use futures::AsyncReadExt;
 use libp2p::PeerId;
-use shoal_cluster::{PathId, PathLease};
+use shoal_cluster::{PathBook, PathId, PathLease};
 use shoal_engine::error::EngineError;
 use shoal_engine::stage::{
     ChunkSpec, KvOp, Launched, Outputs, Pick, Pool, SampleRef, Stage, StageData, StageInfo,
@@ -223,7 +223,7 @@ impl RemoteChain {
         if !alive {
             return self.fail_over(PipelineError::PathLost { peer: first });
         }
-        if self.off_preferred(false).is_none() {
+        if self.off_preferred(&book, false).is_none() {
             return Ok(());
         }
         let nodes = self.nodes.clone();
@@ -246,12 +246,11 @@ impl RemoteChain {
         Ok(())
     }
 
-    /// A node of the chain's streams whose preferred path is not the one its stream runs on (`None`:
-    /// both streams are on their nodes' preferred paths); with `other_address`, only one preferred
-    /// over another address than the stream's (another connection over the same address is the same
-    /// network path, no way around a stall).
-    fn off_preferred(&self, other_address: bool) -> Option<PeerId> {
-        let book = self.route.cluster.paths().book();
+    /// A node of the chain's streams whose preferred path in `book` is not the one its stream runs on
+    /// (`None`: both streams are on their nodes' preferred paths); with `other_address`, only one
+    /// preferred over another address than the stream's (another connection over the same address is
+    /// the same network path, no way around a stall).
+    fn off_preferred(&self, book: &PathBook, other_address: bool) -> Option<PeerId> {
         [
             (self.route.first, self.links.down_path),
             (self.route.last, self.links.owner_path),
@@ -355,7 +354,8 @@ impl RemoteChain {
                 Err(_) if tokio::time::Instant::now() < deadline => {
                     check = tokio::time::Instant::now() + STALL_CHECK;
                     // Once per batch: a long batch is not computed again each time paths flap.
-                    match self.off_preferred(true).filter(|_| !stall_moved) {
+                    let book = self.route.cluster.paths().book();
+                    match self.off_preferred(&book, true).filter(|_| !stall_moved) {
                         Some(peer) => {
                             stall_moved = true;
                             PipelineError::PathStalled {
