@@ -268,6 +268,21 @@ def test_prometheus_scrapes_both_nodes_and_promql_sees_the_traffic(duo, promethe
         "b's hosted stage step time",
     )
     assert steps[0][0]["stage"] == "1"
+    # a, the driver, times each batch's wait for its tokens: the same batches as b's steps, each wait longer
+    # than b's step in it (what is left is the hop there and back).
+    def wait_and_step():
+        series = [f"{name}_{part}" for name in ("shoal_pipeline_wait_seconds", "shoal_stage_step_seconds")
+                  for part in ("count", "sum")]
+        got = {s: query(prometheus, f'{s}{{instance_id="{iid}"}}') for s in series}
+        if any(len(r) != 1 for r in got.values()):
+            return None
+        counts = got["shoal_pipeline_wait_seconds_count"][0][1], got["shoal_stage_step_seconds_count"][0][1]
+        return counts[0] == counts[1] > 0 and got
+
+    got = wait_until("a's wait for each batch b stepped", wait_and_step)
+    assert got["shoal_pipeline_wait_seconds_count"][0][0]["instance"] == host_port(a)
+    waited, stepped = got["shoal_pipeline_wait_seconds_sum"][0][1], got["shoal_stage_step_seconds_sum"][0][1]
+    assert waited > stepped > 0, (waited, stepped)
     eventually(
         prometheus,
         f'shoal_kv_share_capacity_tokens{{instance="{host_port(b)}", instance_id="{iid}"}}',

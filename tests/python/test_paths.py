@@ -91,6 +91,23 @@ def complete(node):
     return body["choices"][0]["text"]
 
 
+def request_through(node, lone, disturb):
+    """A long request streaming through `node`'s pipeline while `disturb` runs: it must give the lone
+    run's text. Returns the seconds from the disturbance to its end."""
+    proc = ns_http_background(node, "/v1/completions", completion_body())
+    wait_until("the request to be running", lambda: any(
+        x.get("running", 0) > 0 for n in cluster(node)["nodes"] if n["id"] == node.id
+        for x in n.get("load", {}).values()), timeout=30)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    disturb()
+    out, err = proc.communicate(timeout=300)
+    r = json.loads(out)
+    assert r["status"] == 200, r
+    assert r["body"]["choices"][0]["text"] == lone, "the request's tokens changed"
+    return time.monotonic() - t0
+
+
 @pytest.fixture(scope="module")
 def lab():
     yield from two_path_lab(2, PREFIX)
@@ -148,18 +165,8 @@ def test_the_hop_takes_the_better_path_and_moves_when_it_is_cut_or_limited(lab):
         def through(disturb, restore, want_during, want_after):
             """A long request in flight while `disturb` runs: same text, and the hop on `want_during`;
             then `restore`, a request, and the hop on `want_after`."""
-            proc = ns_http_background(a, "/v1/completions", completion_body())
-            wait_until("the request to be running", lambda: any(
-                x.get("running", 0) > 0 for n in cluster(a)["nodes"] if n["id"] == a.id
-                for x in n.get("load", {}).values()), timeout=30)
-            time.sleep(0.5)
-            t0 = time.monotonic()
-            disturb()
-            out, err = proc.communicate(timeout=300)
-            r = json.loads(out)
-            assert r["status"] == 200, r
-            assert r["body"]["choices"][0]["text"] == lone, "the request's tokens changed"
-            print(f"request completed {time.monotonic() - t0:.1f} s after the disturbance")
+            took = request_through(a, lone, disturb)
+            print(f"request completed {took:.1f} s after the disturbance")
             wait_until(f"the hop on {want_during}", lambda: hop_path(a, b, iid) == want_during)
             restore()
             # The hop moves between steps: requests until it did (each must give the same text).
@@ -199,7 +206,9 @@ def test_a_hop_between_two_stage_nodes_moves_when_its_path_is_cut(lab3):
     each side; a's paths stay up) while a long greedy request streams. The break travels up the
     pipeline (c's stream from b ends b's thread, which closes a's lane to b), a sends again what was
     unconfirmed, b opens its stream to c on the path left: the request completes token for token and
-    b's link to c shows the hop on the slow path."""
+    b's link to c shows the hop on the slow path. When the fast path is back, b's stream to c (not
+    cut, only no longer on b's preferred path) ends so the pipeline opens again there (`PathMoved`),
+    with every request's tokens unchanged."""
     a = ShoalNode("--no-auto-instance", host="0.0.0.0", netns=lab3[0])
     nodes = [a]
     try:
@@ -227,24 +236,26 @@ def test_a_hop_between_two_stage_nodes_moves_when_its_path_is_cut(lab3):
         assert hop_path(b, c, iid) == f"{FAST}12", link(b, c)
         driver_paths = (hop_path(a, b, iid), hop_path(a, c, iid))
 
-        proc = ns_http_background(a, "/v1/completions", completion_body())
-        wait_until("the request to be running", lambda: any(
-            x.get("running", 0) > 0 for n in cluster(a)["nodes"] if n["id"] == a.id
-            for x in n.get("load", {}).values()), timeout=30)
-        time.sleep(0.5)
-        t0 = time.monotonic()
-        # Only b <-> c on the fast path: a reaches both of them there still.
-        subprocess.run(["ip", "-n", lab3[1], "route", "add", "blackhole", f"{FAST}12/32"], check=True)
-        subprocess.run(["ip", "-n", lab3[2], "route", "add", "blackhole", f"{FAST}11/32"], check=True)
-        out, err = proc.communicate(timeout=300)
-        r = json.loads(out)
-        assert r["status"] == 200, r
-        assert r["body"]["choices"][0]["text"] == lone, "the request's tokens changed"
-        print(f"request completed {time.monotonic() - t0:.1f} s after the cut")
+        def blackhole(op):
+            """Only b <-> c on the fast path: a reaches both of them there still."""
+            subprocess.run(["ip", "-n", lab3[1], "route", op, "blackhole", f"{FAST}12/32"], check=True)
+            subprocess.run(["ip", "-n", lab3[2], "route", op, "blackhole", f"{FAST}11/32"], check=True)
+
+        took = request_through(a, lone, lambda: blackhole("add"))
+        print(f"request completed {took:.1f} s after the cut")
         wait_until("b's hop to c on the slow path", lambda: hop_path(b, c, iid) == f"{SLOW}12")
         assert (hop_path(a, b, iid), hop_path(a, c, iid)) == driver_paths, "a's own paths were not cut"
         assert complete(a) == lone
         assert sorted(x["id"] for x in cluster(a)["nodes"]) == sorted([a.id, b.id, c.id])
+
+        # The fast path back: b's hop to c returns to it, between requests or under one.
+        request_through(a, lone, lambda: blackhole("del"))
+
+        def moved_back():
+            assert complete(a) == lone
+            return hop_path(b, c, iid) == f"{FAST}12"
+        wait_until("b's hop to c back on the fast path", moved_back, timeout=120)
+        assert (hop_path(a, b, iid), hop_path(a, c, iid)) == driver_paths
     finally:
         for n in nodes:
             n.kill()

@@ -63,6 +63,11 @@ pub enum PipelineError {
     /// A batch waited this long for its tokens on a path to `peer` that is no longer its preferred one.
     #[error("no tokens for {waited_ms} ms on a path to {peer} that is no longer preferred")]
     PathStalled { peer: PeerId, waited_ms: u64 },
+    /// A stage's stream to the next stage, `peer`, runs over an address that is no longer its node's
+    /// preferred path to it (a better one came up, or this one degraded): the stage ends its stream so
+    /// the pipeline opens again on the preferred path.
+    #[error("the path to {peer} is no longer the preferred one: moving to the better path")]
+    PathMoved { peer: PeerId },
     /// The data-plane protocol was already being accepted on this node.
     #[error("the data-plane protocol is already accepted on this node: {0}")]
     AcceptStreams(libp2p_stream::AlreadyRegistered),
@@ -219,6 +224,7 @@ impl PipelineError {
             PipelineError::LaneSealing { .. } => "lane_sealing",
             PipelineError::PathLost { .. } => "path_lost",
             PipelineError::PathStalled { .. } => "path_stalled",
+            PipelineError::PathMoved { .. } => "path_moved",
             PipelineError::AcceptStreams(_) => "accept_streams",
             PipelineError::BadNodeId { .. } => "bad_node_id",
             PipelineError::NoRemoteStages => "no_remote_stages",
@@ -267,6 +273,7 @@ impl PipelineError {
                 | PipelineError::StreamClosed { .. }
                 | PipelineError::PathLost { .. }
                 | PipelineError::PathStalled { .. }
+                | PipelineError::PathMoved { .. }
                 | PipelineError::OpenPath { .. }
                 | PipelineError::NodeLeft { .. }
                 | PipelineError::NoTokensInTime

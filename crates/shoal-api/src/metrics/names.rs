@@ -121,6 +121,12 @@ pub const EVENTS: &[(&str, Kind, &str)] = &[
         "Time one hosted pipeline stage takes for a batch of activations.",
     ),
     (
+        "shoal_pipeline_wait_seconds",
+        Kind::Histogram,
+        "Time a driver waits from sending a batch down its pipeline to reading its tokens back: the remote \
+         stages' step times plus every hop's (less the stages' shoal_stage_step_seconds, the hops' cost).",
+    ),
+    (
         "shoal_instance_failures_total",
         Kind::Counter,
         "Stages of instances that failed to come up on this node, by model and error kind.",

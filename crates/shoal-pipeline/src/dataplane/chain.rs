@@ -32,7 +32,7 @@ use shoal_cluster::{ClusterHandle, Snapshot};
 
 use crate::error::PipelineError;
 
-use super::path::{Replay, open_on_path, watch_paths};
+use super::path::{Replay, Watch, off_preferred, open_on_path, watch_paths};
 use super::{
     Alarm, BATCH_TIMEOUT, Inlet, Outlet, READ_QUEUE, WRITE_QUEUE, encode, handshake, kv_frame,
     open_lane, spawn_reader, spawn_writer, wire_instance_id, wire_node_id, wire_pool,
@@ -45,12 +45,16 @@ const MAX_FAILOVERS_PER_BATCH: usize = 3;
 /// chain's stream moves the chain there (and sends the batch again) instead of waiting out the old
 /// path.
 const STALL_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+/// The driver's histogram of a batch's wait for its tokens, by `instance_id`.
+const WAIT_SECONDS: &str = "shoal_pipeline_wait_seconds";
 
 /// A batch sent and not yet answered: the sequences it owes a token and a pooled row, in batch order.
 struct InFlight {
     batch_id: u64,
     sampled: Vec<u64>,
     pooled: Vec<u64>,
+    /// When it was sent (its tokens' wait is timed from here).
+    sent: std::time::Instant,
 }
 
 /// What the chain needs to open its streams again.
@@ -106,6 +110,9 @@ pub struct RemoteChain {
     pending: std::collections::VecDeque<InFlight>,
     /// Tokens of KV the remote stages have room for (the least of them), when they said.
     kv_capacity: Option<usize>,
+    /// `shoal_pipeline_wait_seconds`: a batch sent → its tokens read back. Less the remote stages'
+    /// `shoal_stage_step_seconds`, what is left is the hops' own cost.
+    wait_seconds: metrics::Histogram,
 }
 
 impl RemoteChain {
@@ -159,6 +166,7 @@ impl RemoteChain {
             broken: None,
             kv_capacity: None,
             pending: std::collections::VecDeque::new(),
+            wait_seconds: metrics::histogram!(WAIT_SECONDS, "instance_id" => instance.to_string()),
         })
     }
 
@@ -256,11 +264,7 @@ impl RemoteChain {
             (self.route.last, self.links.owner_path),
         ]
         .into_iter()
-        .find(|(peer, used)| {
-            book.preferred(peer).is_some_and(|p| {
-                p.connection != used.connection && (!other_address || p.addr != used.addr)
-            })
-        })
+        .find(|(peer, used)| off_preferred(book, peer, used, other_address))
         .map(|(peer, _)| peer)
     }
 
@@ -501,6 +505,7 @@ impl Route {
             vec![(self.first, down.path), (self.last, owner.path)],
             down_writer,
             alarm,
+            Watch::Cuts,
             stop,
         );
         drop(relay_events);
@@ -663,6 +668,7 @@ impl RemoteChain {
                 .filter(|c| c.pool != Pool::None)
                 .map(|c| c.seq_id)
                 .collect(),
+            sent: std::time::Instant::now(),
         });
         for c in batch {
             *self.lens.entry(c.seq_id).or_default() += c.len;
@@ -683,6 +689,7 @@ impl RemoteChain {
             });
         }
         let (items, pooled) = self.wait_tokens(flight.batch_id)?;
+        self.wait_seconds.record(flight.sent.elapsed());
         self.replay.answered(flight.batch_id);
         let pooled_ids = pooled.as_ref().map_or(&[][..], |p| &p.seq_ids[..]);
         if items

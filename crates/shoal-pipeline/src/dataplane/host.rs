@@ -32,7 +32,7 @@ use shoal_cluster::{ClusterHandle, Traffic};
 
 use crate::error::PipelineError;
 
-use super::path::{open_on_path, watch_paths};
+use super::path::{Watch, open_on_path, watch_paths};
 use super::{
     Alarm, Inbound, Inlet, Lanes, Outlet, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, accept_lane,
     encode, engine_pool, handshake, open_lane, prefix_kv_op, read_handshake, spawn_reader,
@@ -387,6 +387,7 @@ async fn serve_upstream(
             vec![used],
             writer,
             alarm.clone(),
+            Watch::CutsAndMoves,
             stop,
         );
     }

@@ -42,27 +42,52 @@ pub(super) async fn open_on_path(
         .map_err(|source| PipelineError::OpenPath { what, peer, source })
 }
 
+/// What a path watch reacts to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Watch {
+    /// A path in use closing only: the driver moves to a newly preferred path itself, between steps.
+    Cuts,
+    /// Also the peer's preferred path running over another address than the one in use (a better
+    /// network path, or this one degraded): a stage's stream to the next stage, which only moves when
+    /// the pipeline opens again.
+    CutsAndMoves,
+}
+
 /// Rings `events` with [`PipelineError::PathLost`] as soon as a path in `used` is no live connection
 /// any more, or when a relay's `writer` task ended (the stream broke; a lane's writer is the engine
-/// thread, which sees a broken write itself); ends then, when `stop` fires, or when the path feed
-/// closes.
+/// thread, which sees a broken write itself), and with [`Watch::CutsAndMoves`] with
+/// [`PipelineError::PathMoved`] once a peer's preferred path runs over another address; ends then,
+/// when `stop` fires, or when the path feed closes.
 pub(super) fn watch_paths(
     mut book: watch::Receiver<Arc<PathBook>>,
     used: Vec<(PeerId, PathId)>,
     writer: Option<mpsc::Sender<Vec<u8>>>,
     events: Alarm,
+    watch: Watch,
     mut stop: oneshot::Receiver<()>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let lost = loop {
-            let gone = {
+            let (gone, moved) = {
                 let b = book.borrow_and_update();
-                used.iter()
+                let gone = used
+                    .iter()
                     .find(|(peer, path)| !b.is_alive(peer, path.connection))
-                    .map(|(peer, _)| *peer)
+                    .map(|(peer, _)| *peer);
+                let moved = (watch == Watch::CutsAndMoves)
+                    .then(|| {
+                        used.iter()
+                            .find(|(peer, path)| off_preferred(&b, peer, path, true))
+                    })
+                    .flatten()
+                    .map(|(peer, _)| *peer);
+                (gone, moved)
             };
             if let Some(peer) = gone {
-                break peer;
+                break PipelineError::PathLost { peer };
+            }
+            if let Some(peer) = moved {
+                break PipelineError::PathMoved { peer };
             }
             let writer_closed = async {
                 match &writer {
@@ -72,7 +97,9 @@ pub(super) fn watch_paths(
             };
             tokio::select! {
                 _ = &mut stop => return,
-                _ = writer_closed => break used.first().map_or(PeerId::random(), |u| u.0),
+                _ = writer_closed => break PipelineError::PathLost {
+                    peer: used.first().map_or(PeerId::random(), |u| u.0),
+                },
                 changed = book.changed() => {
                     if changed.is_err() {
                         return;
@@ -82,8 +109,24 @@ pub(super) fn watch_paths(
         };
         // The writer's sender goes before the event: a switch must not wait on it.
         drop(writer);
-        events.ring(PipelineError::PathLost { peer: lost }).await;
+        if let PipelineError::PathMoved { peer } = &lost {
+            tracing::info!(%peer, "the stream to the next stage ends: its node prefers a path over another address");
+        }
+        events.ring(lost).await;
     })
+}
+
+/// Whether `peer`'s preferred path in `book` is not `used`; with `other_address`, only one over another
+/// address than `used` (another connection over the same address is the same network path: nothing to
+/// gain by moving, no way around a stall).
+pub(super) fn off_preferred(
+    book: &PathBook,
+    peer: &PeerId,
+    used: &PathId,
+    other_address: bool,
+) -> bool {
+    book.preferred(peer)
+        .is_some_and(|p| p.connection != used.connection && (!other_address || p.addr != used.addr))
 }
 
 /// One frame group sent down the pipeline and not yet confirmed by the tokens of a later batch.
