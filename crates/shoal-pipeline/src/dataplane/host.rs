@@ -4,7 +4,9 @@
 //! opens new streams, `chain.rs`), the new stream's thread waits for the old one to finish its frames
 //! and carries on with the same caches. An upstream stream that breaks ends its thread quietly (the
 //! driver notices on its side and moves, or the pipeline is torn down); the stage's next stream is
-//! opened on the preferred path to the next node.
+//! opened on the preferred path to the next node. The stream to the next node ends too when that path
+//! is cut or when this node comes to prefer another address for it (`PathMoved`, `path.rs`): the break
+//! travels up to the driver, which opens the pipeline again and sends what was not confirmed.
 //!
 //! Each activation batch a stage runs is timed into `shoal_stage_step_seconds{instance_id, stage}` (frame
 //! decoded → answer encoded), through a handle registered once per hosted stage; the KV tokens it holds
