@@ -74,12 +74,10 @@ pub(super) fn watch_paths(
                     .iter()
                     .find(|(peer, path)| !b.is_alive(peer, path.connection))
                     .map(|(peer, _)| *peer);
-                let moved = (watch == Watch::CutsAndMoves)
-                    .then(|| {
-                        used.iter()
-                            .find(|(peer, path)| off_preferred(&b, peer, path, true))
-                    })
-                    .flatten()
+                let moved = used
+                    .iter()
+                    .filter(|_| watch == Watch::CutsAndMoves)
+                    .find(|(peer, path)| off_preferred(&b, peer, path, true))
                     .map(|(peer, _)| *peer);
                 (gone, moved)
             };
