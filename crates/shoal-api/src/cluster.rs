@@ -161,10 +161,6 @@ pub async fn delete(
     }
 }
 
-/// Header `relay` sets on a request it sends on: the receiving node serves it with its own engine or
-/// fails (503), never forwards it again.
-pub const FORWARDED_HEADER: &str = "x-shoal-forwarded";
-
 /// Middleware on the generation routes: each request for a model goes to the ready instance chosen by
 /// [`crate::balance`] (least predicted queued work, prefix affinity) — this node's engine, or another
 /// driver's API, whose answer (streamed or not) is relayed as it comes. The client may talk to any
@@ -178,7 +174,7 @@ pub async fn forward_to_driver(
     let Some(cluster) = state.cluster.clone() else {
         return next.run(req).await;
     };
-    let forwarded = req.headers().contains_key(FORWARDED_HEADER);
+    let forwarded = crate::relayed::is_relayed(&req);
     let (parts, bytes, model) = match crate::body::read_with_model(req, state.body_limit).await {
         Ok(read) => read,
         Err(response) => return response,
@@ -230,7 +226,7 @@ pub async fn forward_to_driver(
                 }
             }
             Target::Remote { api_url } => {
-                relay(api_url, &path, bytes.clone(), &parts.headers).await
+                relay(&cluster, api_url, &path, bytes.clone(), &parts.headers).await
             }
         };
         match served {
@@ -320,22 +316,25 @@ async fn ensure_instance(
     }
 }
 
-/// Sends the request on to another node's API (marked forwarded, with the client's API key: the nodes
-/// of a cluster share their keys) and streams its answer back. `Err`: the node could not be reached or
+/// Sends the request on to another node's API (marked as relayed by this member, [`crate::relayed`], with
+/// the client's API key: the nodes of a cluster share their keys) and streams its answer back. The
+/// receiving node serves it with its own engine or fails (503), never forwards it again. `Err`: the node could not be reached or
 /// answered 503 (no engine for the model any more, overloaded) — nothing reached the client, so another
 /// instance may serve it; the response is what to answer if none can.
 async fn relay(
+    cluster: &ClusterHandle,
     base: &str,
     path: &str,
     body: axum::body::Bytes,
     headers: &axum::http::HeaderMap,
 ) -> Result<axum::response::Response, axum::response::Response> {
     let url = format!("{base}{path}");
+    let (mark, proof) = crate::relayed::mark(cluster, &axum::http::Method::POST, path, &body);
     let client = reqwest::Client::new();
     let mut req = client
         .post(&url)
         .header("content-type", "application/json")
-        .header(FORWARDED_HEADER, "1")
+        .header(mark.as_str(), proof.as_bytes())
         .body(body);
     for (name, value) in crate::auth::key_headers(headers) {
         req = req.header(name, value);

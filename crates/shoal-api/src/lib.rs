@@ -20,6 +20,8 @@
 //!   live feed `GET /dashboard/events`.
 //! - [`metrics`]: `GET /metrics` in Prometheus' text format (events recorded where they happen, the
 //!   cluster state read at each scrape) and the middleware counting and timing every request.
+//! - [`relayed`]: requests another member sent on carry a proof made with the cluster's key; a client's
+//!   copy of that header is dropped, so no client passes as a node.
 //! - [`cancel`] lets a client stop a request by its response id (`POST /v1/cancel/{id}`); handlers hold
 //!   each request as a [`cancel::LiveRequest`] so they can tell such a cancellation apart.
 //!
@@ -49,6 +51,7 @@ pub mod membership;
 pub mod metrics;
 pub mod ollama;
 pub mod openai;
+pub mod relayed;
 pub mod request_id;
 pub mod sse;
 
@@ -84,7 +87,7 @@ pub struct ApiState {
     pub engine: Engines,
     /// Largest accepted request body in bytes; larger ones get 413.
     pub body_limit: usize,
-    /// Requests cancelled through `POST /v1/cancel/{id}` that are still being answered.
+    /// The tickets of requests still being answered, for `POST /v1/cancel/{id}`.
     pub cancellations: Arc<Cancellations>,
     /// The cluster this node belongs to (`/state`, `/instance…`); `None` for a bare engine.
     pub cluster: Option<shoal_cluster::ClusterHandle>,
@@ -126,9 +129,15 @@ impl ApiState {
             .ok_or_else(|| ApiError::NotFound("this node runs without a cluster".into()))
     }
 
-    /// Wraps a just-submitted request so its handler can learn whether it was cancelled by id.
+    /// Wraps a just-submitted request that clients cannot cancel by id (it has no ticket).
     pub fn track(&self, stream: RequestStream) -> LiveRequest {
-        LiveRequest::new(stream, self.cancellations.clone())
+        LiveRequest::new(stream, None, self.cancellations.clone())
+    }
+
+    /// Wraps a just-submitted request under its [`cancel::Ticket`], so its owner can cancel it by id and
+    /// its handler can learn that it was.
+    pub fn track_ticket(&self, stream: RequestStream, ticket: &Arc<cancel::Ticket>) -> LiveRequest {
+        LiveRequest::new(stream, Some(ticket.clone()), self.cancellations.clone())
     }
 }
 
@@ -177,6 +186,10 @@ pub fn router(state: ApiState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             metrics::track,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            relayed::check,
         ))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(CorsLayer::permissive())

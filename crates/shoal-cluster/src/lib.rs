@@ -17,6 +17,8 @@
 //! - [`compute`]: a node's measured compute ([`facts::ComputeFacts`]) converted into the planner's
 //!   speeds for one model.
 //! - [`proto`]: control messages and the instance table.
+//! - [`relay_proof`]: the mark a node puts on an HTTP request it sends on to another member
+//!   ([`relay_proof::RelayKey`], from the cluster key), which a client cannot make.
 //! - [`doctor`]: `shoal doctor`'s measurements of each peer's link (pings, loss, bandwidth each way, path
 //!   MTU, clock offset) over the cluster's connections, run by `ClusterHandle::doctor`.
 //! - Errors: [`ClusterError`] (one `error_type()` label per variant), with [`PlaceError`] for requests
@@ -37,6 +39,7 @@ pub mod identity;
 pub mod invite;
 pub mod node;
 pub mod proto;
+pub mod relay_proof;
 pub mod state;
 pub mod sysload;
 

@@ -23,6 +23,9 @@ use crate::handle::{EngineHandle, RequestStream};
 use crate::request::{EmbedRequest, Embeddings, Event, FinishReason};
 use crate::stage::Pool;
 
+/// Inputs one request may hold, whichever API it came through (OpenAI's limit).
+pub const MAX_INPUTS: usize = 2048;
+
 /// Inputs of one request queued at once: enough to fill the engine's batches, few enough that a
 /// request with thousands of inputs does not flood the queue.
 const WINDOW: usize = 16;
@@ -108,6 +111,15 @@ impl EngineHandle {
                 message: format!(
                     "model '{}' is a reranker: it has no embeddings",
                     request.model
+                ),
+            });
+        }
+        if request.inputs.len() > MAX_INPUTS {
+            return Err(EngineError::InvalidParam {
+                param: "input",
+                message: format!(
+                    "at most {MAX_INPUTS} inputs per request, got {}",
+                    request.inputs.len()
                 ),
             });
         }

@@ -190,7 +190,10 @@ pub fn remove(args: &RemoveArgs) -> anyhow::Result<()> {
     })
 }
 
-/// `24h`, `90m`, `30s`, `7d`, or `never`.
+/// The longest expiry an invite may have: ten years (`never` for none).
+const MAX_TTL_SECS: u64 = 3650 * 86_400;
+
+/// `24h`, `90m`, `30s`, `7d` (at most [`MAX_TTL_SECS`]), or `never`.
 fn parse_ttl(text: &str) -> anyhow::Result<Option<Duration>> {
     let t = text.trim();
     if t == "never" {
@@ -200,14 +203,23 @@ fn parse_ttl(text: &str) -> anyhow::Result<Option<Duration>> {
     let n: u64 = num
         .parse()
         .with_context(|| format!("--ttl '{text}': expected e.g. 24h, 90m, 7d or never"))?;
-    let secs = match unit {
-        "s" => n,
-        "m" => n * 60,
-        "h" | "" => n * 3600,
-        "d" => n * 86_400,
+    let unit_secs: u64 = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" | "" => 3600,
+        "d" => 86_400,
         _ => anyhow::bail!("--ttl '{text}': the unit is s, m, h or d"),
     };
-    anyhow::ensure!(secs > 0, "--ttl must be longer than 0");
+    anyhow::ensure!(n > 0, "--ttl must be longer than 0");
+    let secs = n
+        .checked_mul(unit_secs)
+        .filter(|&s| s <= MAX_TTL_SECS)
+        .with_context(|| {
+            format!(
+                "--ttl '{text}': at most {} d (use `never` for no expiry)",
+                MAX_TTL_SECS / 86_400
+            )
+        })?;
     Ok(Some(Duration::from_secs(secs)))
 }
 
@@ -238,7 +250,21 @@ mod tests {
         assert_eq!(parse_ttl("90m").unwrap(), Some(Duration::from_secs(5400)));
         assert_eq!(parse_ttl("2").unwrap(), Some(Duration::from_secs(7200)));
         assert_eq!(parse_ttl("7d").unwrap(), Some(Duration::from_secs(604_800)));
-        for bad in ["", "h", "0m", "5y", "-1h"] {
+        assert_eq!(
+            parse_ttl("3650d").unwrap(),
+            Some(Duration::from_secs(MAX_TTL_SECS))
+        );
+        // Overflows (u64::MAX hours) and expiries past any use are refused, not wrapped.
+        for bad in [
+            "",
+            "h",
+            "0m",
+            "5y",
+            "-1h",
+            "3651d",
+            "18446744073709551615h",
+            "99999999999999999999s",
+        ] {
             assert!(parse_ttl(bad).is_err(), "{bad:?}");
         }
     }

@@ -22,8 +22,6 @@ pub mod stream;
 pub mod tools;
 pub mod types;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use axum::Json;
 use axum::Router;
 use axum::extract::State;
@@ -37,6 +35,7 @@ use self::convert::Conversation;
 use self::stream::MessageEvents;
 use self::types::{CountTokensRequest, MessageOut, MessagesRequest, TokenCount, UsageOut};
 use crate::ApiState;
+use crate::cancel::{Caller, Ticket};
 pub use crate::dialect::anthropic::Error;
 use crate::error::ApiError;
 use crate::openai::collect;
@@ -59,12 +58,16 @@ pub fn routes() -> Router<ApiState> {
 /// `POST /v1/messages`.
 pub async fn messages(
     State(state): State<ApiState>,
+    Caller(caller): Caller,
     body: Result<Json<MessagesRequest>, JsonRejection>,
 ) -> Result<Response, Error> {
     let Json(req) = body?;
     let prepared = convert::prepare(&state.engine, req)?;
+    // The request's id, made up front: its seed makes the tool-use ids, unique per request.
+    let ticket = Ticket::new(caller)?;
     let planned = plan(
         &state,
+        ticket.seed(),
         &prepared.model,
         prepared.conversation,
         prepared.guidance,
@@ -87,8 +90,8 @@ pub async fn messages(
         .submit(request)
         .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
     let prompt_tokens = stream.prompt_tokens();
-    let mut live = state.track(stream);
-    let id = format!("msg_{}", live.id());
+    let mut live = state.track_ticket(stream, &ticket);
+    let id = format!("msg_{}", ticket.token());
     let max_tokens = prepared.max_tokens.get();
     let parser = planned.parser;
     if prepared.stream {
@@ -126,7 +129,8 @@ pub async fn count_tokens(
 ) -> Result<Json<TokenCount>, Error> {
     let Json(req) = body?;
     let (model, conversation, guidance) = convert::prepare_count(&state.engine, req)?;
-    let planned = plan(&state, &model, conversation, guidance).await?;
+    // Nothing is generated: the tool-use ids the seed would make never show.
+    let planned = plan(&state, 0, &model, conversation, guidance).await?;
     let input_tokens = state
         .engine
         .count_tokens(&model, &planned.prompt, true)
@@ -148,6 +152,7 @@ pub struct Planned {
 /// chat template.
 async fn plan(
     state: &ApiState,
+    seed: u64,
     model: &str,
     conversation: Conversation,
     guidance: ChatGuidance,
@@ -159,7 +164,6 @@ async fn plan(
     let guides = state.guides.clone();
     let plan_engine = engine.clone();
     let messages = conversation.messages;
-    let seed = call_id_seed();
     // The first constrained request of a model builds its token tables: off the async workers.
     let plan =
         tokio::task::spawn_blocking(move || guides.plan(&plan_engine, messages, &guidance, seed))
@@ -177,20 +181,6 @@ async fn plan(
         processor: plan.processor,
         parser: plan.tool_parser,
     })
-}
-
-/// A seed for a request's tool-call ids, different for every request of this process and across
-/// restarts (the clock).
-fn call_id_seed() -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    nanos
-        ^ COUNTER
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// Anthropic's `stop_reason` for how generation ended.

@@ -123,10 +123,10 @@ pub fn api_of(path: &str) -> &'static str {
 /// (a stream's first byte). The model is read from a `POST` body's `model` field and kept only when this
 /// node or a member of its cluster has that model (anything else a client sends is `other`: labels
 /// stay bounded). A request is counted once, on the node the client sent it to, with the status the
-/// client got: one that another node's balancer relayed here ([`crate::cluster::FORWARDED_HEADER`])
-/// is not counted again (the engine's own series count it where it runs).
+/// client got: one that another node's balancer relayed here ([`crate::relayed::Relayed`], proven) is
+/// not counted again (the engine's own series count it where it runs).
 pub async fn track(State(state): State<ApiState>, req: Request, next: Next) -> Response {
-    if req.headers().contains_key(crate::cluster::FORWARDED_HEADER) {
+    if crate::relayed::is_relayed(&req) {
         return next.run(req).await;
     }
     let started = Instant::now();

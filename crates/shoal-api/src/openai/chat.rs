@@ -33,6 +33,7 @@ use super::types::{
 };
 use super::{SYSTEM_FINGERPRINT, SampledToken, collect_all, submit, total_usage, unix_now};
 use crate::ApiState;
+use crate::cancel::{Caller, Ticket};
 use crate::error::ApiError;
 use crate::sse::to_json;
 
@@ -41,6 +42,7 @@ const PROMPT_PARAM: &str = "messages";
 
 pub async fn chat_completions(
     State(state): State<ApiState>,
+    Caller(caller): Caller,
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(mut req) = body?;
@@ -67,8 +69,9 @@ pub async fn chat_completions(
         .get(&params.model)
         .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
     let created = unix_now();
-    // Call ids: the request's id is not known yet; the clock keeps them apart across restarts.
-    let id_seed = created.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(std::process::id());
+    // The request's id, made up front: its seed makes the tool-call ids, unique per request.
+    let ticket = Ticket::new(caller)?;
+    let id_seed = ticket.seed();
     let guides = state.guides.clone();
     let plan_engine = engine.clone();
     // The first constrained request of a model builds its token tables: off the async workers.
@@ -94,8 +97,8 @@ pub async fn chat_completions(
         timeout: params.timeout,
         logits_processor: plan.processor,
     };
-    let mut choices = submit(&state, request, params.n, PROMPT_PARAM)?;
-    let id = format!("chatcmpl-{}", choices[0].id());
+    let mut choices = submit(&state, request, params.n, PROMPT_PARAM, &ticket)?;
+    let id = format!("chatcmpl-{}", ticket.token());
     let logprobs = logprobs.is_some();
     if params.stream {
         let format = ChatChunks {

@@ -23,6 +23,7 @@ use super::stream::{ChunkFormat, sse_response};
 use super::types::{CompletionRequest, PromptInput, TextChoice, TextCompletion, TextLogprobs};
 use super::{SYSTEM_FINGERPRINT, SampledToken, collect_all, submit, total_usage, unix_now};
 use crate::ApiState;
+use crate::cancel::{Caller, Ticket};
 use crate::error::ApiError;
 use crate::sse::to_json;
 
@@ -30,6 +31,7 @@ const PROMPT_PARAM: &str = "prompt";
 
 pub async fn completions(
     State(state): State<ApiState>,
+    Caller(caller): Caller,
     body: Result<Json<CompletionRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(mut req) = body?;
@@ -55,8 +57,9 @@ pub async fn completions(
         timeout: params.timeout,
         logits_processor: None,
     };
-    let mut choices = submit(&state, request, params.n, PROMPT_PARAM)?;
-    let id = format!("cmpl-{}", choices[0].id());
+    let ticket = Ticket::new(caller)?;
+    let mut choices = submit(&state, request, params.n, PROMPT_PARAM, &ticket)?;
+    let id = format!("cmpl-{}", ticket.token());
     let created = unix_now();
     let logprobs = logprobs.map(|k| Alternatives { k, tokenizer });
     if params.stream {

@@ -112,19 +112,23 @@ pub async fn collect(request: &mut LiveRequest, keep_tokens: bool) -> Result<Gen
     ))
 }
 
-/// Submits the `n` choices of `request` (`n` ≤ [`shoal_engine::request::MAX_CHOICES`]) and tracks them, in
-/// `index` order; a problem with the prompt is reported against `prompt_param`.
+/// Submits the `n` choices of `request` (`n` ≤ [`shoal_engine::request::MAX_CHOICES`]) and tracks them
+/// under `ticket`, in `index` order; a problem with the prompt is reported against `prompt_param`.
 pub fn submit(
     state: &ApiState,
     request: GenerateRequest,
     n: usize,
     prompt_param: &str,
+    ticket: &std::sync::Arc<crate::cancel::Ticket>,
 ) -> Result<Vec<LiveRequest>, ApiError> {
     let streams = state
         .engine
         .submit_n(request, n)
         .map_err(|e| ApiError::from_engine(e, prompt_param))?;
-    Ok(streams.into_iter().map(|s| state.track(s)).collect())
+    Ok(streams
+        .into_iter()
+        .map(|s| state.track_ticket(s, ticket))
+        .collect())
 }
 
 /// Reads every choice's events to the end ([`collect`] each; they run side by side in the engine).

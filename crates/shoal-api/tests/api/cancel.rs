@@ -1,16 +1,18 @@
 //! Cancelling a request by id (`POST /v1/cancel/{id}`) and per-request `timeout`, on an engine of this
 //! file's own.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::common::counted::{self, SERIAL, engine, post_json, state};
 use crate::common::*;
 use axum::Router;
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use shoal_api::router;
+use shoal_api::{ApiState, router};
 use tower::ServiceExt;
 
 /// Long enough that only a cancellation or a timeout can end the generation within the test.
@@ -135,45 +137,34 @@ async fn cancelling_a_stream_by_id_ends_it_with_an_error_event_then_done() {
     assert_eq!(err["code"], "request_not_found", "{err}");
 }
 
-#[tokio::test]
-async fn cancelling_a_non_streaming_request_by_id_answers_409() {
-    let _serial = SERIAL.lock().await;
-    wait_idle("before").await;
-    let app = router(state());
-    // Engine request ids are sequential: a probe tells which id the next request will get.
-    let probe = read_reply(
-        &app,
-        post(
-            "/v1/completions",
-            &json!({"model": MODEL_ID, "prompt": "Hi", "max_tokens": 1}),
-        ),
-    )
-    .await;
-    assert_eq!(probe.status, StatusCode::OK, "{}", probe.body);
-    let probe_id: u64 = probe.json()["id"]
-        .as_str()
-        .and_then(|s| s.strip_prefix("cmpl-"))
-        .and_then(|n| n.parse().ok())
-        .expect("cmpl-N id");
-    let next = probe_id + 1;
-
-    let task = tokio::spawn({
-        let app = app.clone();
-        async move { read_reply(&app, post("/v1/chat/completions", &long_chat(json!({})))).await }
-    });
-    // Cancel as soon as the request is live (its id known to the engine); the bare id form works too.
+/// The token of the one request live in `state` (tests that hold [`SERIAL`] run one at a time).
+async fn live_token(state: &ApiState) -> String {
     let deadline = Instant::now() + WAIT;
     loop {
-        let reply = cancel(&app, &next.to_string()).await;
+        if let [token] = state.cancellations.tokens().as_slice() {
+            return token.clone();
+        }
+        assert!(Instant::now() < deadline, "the request never became live");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Sends `cancel()` until it answers 200 (a request is registered a moment before the engine queues it:
+/// 404 until then), then checks that the non-streaming request of `task` answered 409 `cancelled`.
+async fn cancel_then_409(
+    app: &Router,
+    cancel: impl Fn() -> Request<Body>,
+    task: tokio::task::JoinHandle<Reply>,
+) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let reply = read_reply(app, cancel()).await;
         if reply.status == StatusCode::OK {
-            assert_eq!(reply.json()["id"], next.to_string());
+            assert_eq!(reply.json()["cancelled"], true, "{}", reply.body);
             break;
         }
         assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.body);
-        assert!(
-            Instant::now() < deadline,
-            "request {next} never became live"
-        );
+        assert!(Instant::now() < deadline, "the owner could not cancel");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let reply = tokio::time::timeout(WAIT, task)
@@ -187,40 +178,106 @@ async fn cancelling_a_non_streaming_request_by_id_answers_409() {
 }
 
 #[tokio::test]
-async fn cancelling_an_unknown_request_is_404() {
-    let app = router(state());
-    for id in ["chatcmpl-987654321", "cmpl-987654321", "987654321"] {
-        let reply = cancel(&app, id).await;
-        let err = assert_error(&reply, 404, None);
-        assert_eq!(err["code"], "request_not_found", "{err}");
-        assert_eq!(err["type"], "invalid_request_error", "{err}");
-    }
+async fn cancelling_a_non_streaming_request_by_id_answers_409() {
+    let _serial = SERIAL.lock().await;
+    wait_idle("before").await;
+    let state = state();
+    let app = router(state.clone());
+    let task = tokio::spawn({
+        let app = app.clone();
+        async move { read_reply(&app, post("/v1/chat/completions", &long_chat(json!({})))).await }
+    });
+    // A non-streaming client learns its id only with the answer; the registry knows it meanwhile.
+    let token = live_token(&state).await;
+    let cancel_token = || {
+        Request::post(format!("/v1/cancel/{token}"))
+            .body(Body::empty())
+            .expect("request")
+    };
+    cancel_then_409(&app, cancel_token, task).await;
+}
+
+/// A long request that `owner` starts through `as_client`, which `stranger` cannot cancel (the same 404
+/// as for an id that does not exist, the request still running) and `owner` can.
+async fn only_the_owner_cancels(
+    state: ApiState,
+    as_client: fn(&str, Request<Body>) -> Request<Body>,
+    owner: &str,
+    stranger: &str,
+) {
+    let app = router(state.clone());
+    let task = tokio::spawn({
+        let app = app.clone();
+        let request = as_client(owner, post("/v1/chat/completions", &long_chat(json!({}))));
+        async move { read_reply(&app, request).await }
+    });
+    let id = format!("chatcmpl-{}", live_token(&state).await);
+    let cancel_as = |who: &str| {
+        let request = Request::post(format!("/v1/cancel/{id}"))
+            .body(Body::empty())
+            .expect("request");
+        as_client(who, request)
+    };
+    let refused = read_reply(&app, cancel_as(stranger)).await;
+    let err = assert_error(&refused, 404, None);
+    assert_eq!(err["code"], "request_not_found", "{err}");
+    assert!(
+        !task.is_finished(),
+        "the stranger's cancel stopped the request"
+    );
+    cancel_then_409(&app, || cancel_as(owner), task).await;
 }
 
 #[tokio::test]
-async fn cancelling_a_malformed_id_is_400() {
-    let app = router(state());
-    for id in [
-        "abc",
-        "chatcmpl-",
-        "cmpl-x",
-        "-1",
-        "chatcmpl-1a",
-        "99999999999999999999",
-    ] {
-        let reply = cancel(&app, id).await;
-        let err = assert_error(&reply, 400, Some("id"));
-        assert_eq!(err["code"], "invalid_request_id", "{err}");
+async fn another_client_cannot_cancel_a_request_even_knowing_its_id() {
+    let _serial = SERIAL.lock().await;
+    wait_idle("before").await;
+    // The API reads the peer address the server records for each connection.
+    let from = |ip: &str, mut request: Request<Body>| {
+        let addr: SocketAddr = format!("{ip}:40000").parse().expect("address");
+        request.extensions_mut().insert(ConnectInfo(addr));
+        request
+    };
+    only_the_owner_cancels(state(), from, "10.0.0.1", "10.0.0.2").await;
+}
+
+#[tokio::test]
+async fn with_api_keys_only_the_key_that_started_a_request_cancels_it() {
+    let _serial = SERIAL.lock().await;
+    wait_idle("before").await;
+    let mut state = state();
+    state.api_keys = shoal_api::auth::ApiKeys::new(["key-a", "key-b"]);
+    let keyed = |key: &str, mut request: Request<Body>| {
+        let value = format!("Bearer {key}").parse().expect("header");
+        request.headers_mut().insert("authorization", value);
+        request
+    };
+    only_the_owner_cancels(state, keyed, "key-a", "key-b").await;
+}
+
+#[tokio::test]
+async fn response_ids_are_unguessable_not_sequential() {
+    let _serial = SERIAL.lock().await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let reply = post_json(
+            "/v1/completions",
+            &json!({"model": MODEL_ID, "prompt": "Hi", "max_tokens": 1}),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        let id = reply.json()["id"].as_str().expect("id").to_string();
+        let token = id.strip_prefix("cmpl-").expect("cmpl- id");
+        assert_eq!(token.len(), 24, "{id}");
+        assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+        ids.push(token.to_string());
     }
-    // Only POST cancels.
-    let reply = read_reply(
-        &app,
-        Request::get("/v1/cancel/1")
-            .body(Body::empty())
-            .expect("request"),
-    )
-    .await;
-    assert_error(&reply, 405, None);
+    assert_ne!(ids[0], ids[1]);
+    let as_number = |t: &str| u128::from_str_radix(t, 16).expect("hex");
+    assert!(
+        as_number(&ids[0]).abs_diff(as_number(&ids[1])) > 1_000_000,
+        "{ids:?}"
+    );
 }
 
 #[tokio::test]

@@ -367,3 +367,87 @@ async fn good_request_works_after_bad_ones() {
         Some(&b"application/json"[..])
     );
 }
+
+#[tokio::test]
+async fn json_nested_100000_deep_is_refused_at_once_on_every_api() {
+    let depth = 100_000;
+    let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    for (path, body) in [
+        (
+            CHAT,
+            format!(r#"{{"model":"{MODEL_ID}","messages":{deep}}}"#),
+        ),
+        (
+            COMPLETIONS,
+            format!(r#"{{"model":"{MODEL_ID}","prompt":{deep}}}"#),
+        ),
+        (
+            "/v1/responses",
+            format!(r#"{{"model":"{MODEL_ID}","input":{deep}}}"#),
+        ),
+        (
+            "/v1/embeddings",
+            format!(r#"{{"model":"{MODEL_ID}","input":{deep}}}"#),
+        ),
+        (
+            "/v1/messages",
+            format!(r#"{{"model":"{MODEL_ID}","max_tokens":5,"messages":{deep}}}"#),
+        ),
+        (
+            "/api/chat",
+            format!(r#"{{"model":"{MODEL_ID}","messages":{deep}}}"#),
+        ),
+        (
+            "/api/generate",
+            format!(r#"{{"model":"{MODEL_ID}","options":{deep}}}"#),
+        ),
+        (
+            "/api/embed",
+            format!(r#"{{"model":"{MODEL_ID}","input":{deep}}}"#),
+        ),
+        // The nesting first, before the model the middleware looks for.
+        (CHAT, format!(r#"{{"x":{deep},"model":"{MODEL_ID}"}}"#)),
+    ] {
+        // Bounded: a parser that recursed or looped over the nesting would hang or overflow here.
+        let reply = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            send(post_raw(path, Some("application/json"), body)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{path}: no answer to deep JSON"));
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{path}: {}",
+            reply.body
+        );
+    }
+    // Still serving.
+    let reply = post_json(CHAT, &chat_body("hi", json!({"max_tokens": 1}))).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+}
+
+#[tokio::test]
+async fn more_than_2048_embedding_inputs_are_400_on_the_openai_and_ollama_routes() {
+    let inputs = vec!["a"; 2049];
+    let reply = post_json(
+        "/v1/embeddings",
+        &json!({"model": MODEL_ID, "input": inputs}),
+    )
+    .await;
+    let err = assert_error(&reply, 400, Some("input"));
+    assert!(
+        err["message"].as_str().unwrap_or("").contains("2048"),
+        "{err}"
+    );
+    let reply = post_json("/api/embed", &json!({"model": MODEL_ID, "input": inputs})).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+    assert!(
+        reply.json()["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("2048"),
+        "{}",
+        reply.body
+    );
+}

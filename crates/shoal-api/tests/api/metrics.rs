@@ -267,28 +267,49 @@ async fn a_server_without_a_recorder_answers_404() {
     assert_eq!(reply.status, StatusCode::NOT_FOUND);
 }
 
+/// [`metered`] as a member of a one-node cluster whose key is `cluster_key`.
+async fn metered_member(dir: &std::path::Path, cluster_key: &str) -> ApiState {
+    let mut s = metered();
+    s.cluster = Some(cluster_node(&dir.join("state"), cluster_key).await);
+    s
+}
+
 #[tokio::test]
 async fn a_request_relayed_by_another_nodes_balancer_is_counted_once_where_the_client_sent_it() {
-    let state = metered();
-    let before = scrape(&state).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = metered_member(dir.path(), "metrics-relay").await;
+    let cluster = state.cluster.clone().expect("cluster");
     let body = json!({
         "model": MODEL_ID,
         "messages": [{"role": "user", "content": "Name a color."}],
         "max_tokens": 3,
     })
     .to_string();
-    let mut relayed = post_raw("/v1/chat/completions", Some("application/json"), body);
-    relayed.headers_mut().insert(
-        shoal_api::cluster::FORWARDED_HEADER,
-        header::HeaderValue::from_static("1"),
+    let chat = [("route", "/v1/chat/completions")];
+    let counted = |before: &Scrape, after: &Scrape| {
+        after.sum("shoal_http_requests_total", &chat)
+            - before.sum("shoal_http_requests_total", &chat)
+    };
+    // Marked by a member (a proof made with the cluster's key): served, not counted again here.
+    let before = scrape(&state).await;
+    let mut relayed = post_raw(
+        "/v1/chat/completions",
+        Some("application/json"),
+        body.clone(),
     );
+    let (name, proof) = shoal_api::relayed::mark(
+        &cluster,
+        &axum::http::Method::POST,
+        "/v1/chat/completions",
+        body.as_bytes(),
+    );
+    relayed.headers_mut().insert(name, proof);
     let reply = send_with(state.clone(), relayed).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     let after = scrape(&state).await;
-    let chat = [("route", "/v1/chat/completions")];
     assert_eq!(
-        after.sum("shoal_http_requests_total", &chat),
-        before.sum("shoal_http_requests_total", &chat),
+        counted(&before, &after),
+        0.0,
         "the node the client talked to counted it"
     );
     assert_eq!(
@@ -301,6 +322,50 @@ async fn a_request_relayed_by_another_nodes_balancer_is_counted_once_where_the_c
             > before.sum("shoal_generated_tokens_total", &m),
         "the engine that served it counts its tokens"
     );
+}
+
+#[tokio::test]
+async fn a_client_cannot_pass_as_a_node_with_the_relay_header() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = metered_member(dir.path(), "metrics-forged").await;
+    let body = json!({
+        "model": MODEL_ID,
+        "messages": [{"role": "user", "content": "Name a color."}],
+        "max_tokens": 3,
+    })
+    .to_string();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let other_cluster = shoal_cluster::relay_proof::RelayKey::from_cluster_key("another cluster");
+    let forgeries = [
+        "1".to_string(),
+        format!("v1.{now}.{}", "0".repeat(64)),
+        other_cluster.sign(now, "POST", "/v1/chat/completions", body.as_bytes()),
+    ];
+    let chat = [("route", "/v1/chat/completions")];
+    for forged in forgeries {
+        let before = scrape(&state).await;
+        let mut req = post_raw(
+            "/v1/chat/completions",
+            Some("application/json"),
+            body.clone(),
+        );
+        req.headers_mut().insert(
+            shoal_api::relayed::RELAYED_HEADER,
+            header::HeaderValue::from_str(&forged).expect("header"),
+        );
+        let reply = send_with(state.clone(), req).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        let after = scrape(&state).await;
+        assert_eq!(
+            after.sum("shoal_http_requests_total", &chat)
+                - before.sum("shoal_http_requests_total", &chat),
+            1.0,
+            "{forged}: a client's request with the header must be counted as a client's"
+        );
+    }
 }
 
 #[tokio::test]

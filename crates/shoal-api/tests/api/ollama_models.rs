@@ -72,25 +72,14 @@ async fn a_bare_engine_lists_its_model() {
 }
 
 /// A node with a cluster handle and a models dir holding SmolLM2 under its catalog id.
-async fn node_with_store(dir: &Path) -> ApiState {
+pub(crate) async fn node_with_store(dir: &Path) -> ApiState {
     let models = dir.join("models");
     let folder = models.join(MODEL_ID);
     std::fs::create_dir_all(&folder).expect("models dir");
     let file = model_path();
     let name = file.file_name().expect("file name");
     std::os::unix::fs::symlink(&file, folder.join(name)).expect("link the model");
-    let cluster = shoal_cluster::start(shoal_cluster::ClusterConfig {
-        state_dir: dir.join("state"),
-        cluster_key: "ollama-test".into(),
-        listen: vec![shoal_cluster::parse_peer("127.0.0.1:0").expect("addr")],
-        peers: vec![],
-        mdns: false,
-        api_url: None,
-        models: vec![],
-        backend: "test".into(),
-    })
-    .await
-    .expect("cluster node");
+    let cluster = cluster_node(&dir.join("state"), "ollama-test").await;
     let store = shoal_store::Store::new(&models);
     let mut s = state();
     s.downloads = Some(shoal_transfer::Downloads::new(store, cluster.clone()));

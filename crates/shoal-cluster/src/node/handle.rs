@@ -78,6 +78,8 @@ pub(super) enum Command {
 pub(super) struct Secrets {
     pub(super) state_dir: std::path::PathBuf,
     pub(super) cluster_key: String,
+    /// Signs the requests this node's API sends on to other members.
+    pub(super) relay: crate::relay_proof::RelayKey,
 }
 
 /// Data-plane byte counters per peer (written by the data plane, read by the network task).
@@ -120,6 +122,11 @@ impl ClusterHandle {
 
     pub fn cluster_hash(&self) -> [u8; 32] {
         self.cluster_hash
+    }
+
+    /// The key that marks HTTP requests this node sends on to other members ([`crate::relay_proof`]).
+    pub fn relay_key(&self) -> &crate::relay_proof::RelayKey {
+        &self.secrets.relay
     }
 
     pub fn snapshot(&self) -> Arc<Snapshot> {

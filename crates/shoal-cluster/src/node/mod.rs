@@ -191,6 +191,7 @@ pub async fn start(config: ClusterConfig) -> Result<ClusterHandle, ClusterError>
     let secrets = handle::Secrets {
         state_dir: config.state_dir.clone(),
         cluster_key: config.cluster_key.clone(),
+        relay: crate::relay_proof::RelayKey::from_cluster_key(&config.cluster_key),
     };
     Ok(task.spawn(identity::cluster_hash(&config.cluster_key), secrets))
 }

@@ -24,6 +24,7 @@ use shoal_guide::ToolCallOut;
 use super::params::{CommonParams, token_budget};
 use super::{collect, unix_now};
 use crate::ApiState;
+use crate::cancel::{Caller, Ticket};
 use crate::error::ApiError;
 use crate::sse::stream_response;
 use types::{Input, ResponseObject, ResponsesRequest};
@@ -33,6 +34,7 @@ const PROMPT_PARAM: &str = "input";
 
 pub async fn create_response(
     State(state): State<ApiState>,
+    Caller(caller): Caller,
     body: Result<Json<ResponsesRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(req) = body?;
@@ -54,7 +56,9 @@ pub async fn create_response(
     }
     .validate(&state.engine)?;
     let engine = state.engine.get(&params.model)?;
-    let id_seed = unix_now() ^ u64::from(std::process::id()).rotate_left(32);
+    // The request's id, made up front: its seed makes the tool-call ids, unique per request.
+    let ticket = Ticket::new(caller)?;
+    let id_seed = ticket.seed();
     let plan = state
         .guides
         .plan(&engine, messages, &guidance, id_seed)
@@ -79,9 +83,9 @@ pub async fn create_response(
         .engine
         .submit(request)
         .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
-    let mut stream = state.track(stream);
+    let mut stream = state.track_ticket(stream, &ticket);
     let shell = Shell {
-        id: format!("resp_{}", stream.id()),
+        id: format!("resp_{}", ticket.token()),
         created_at: unix_now(),
         model: params.model,
         instructions: req.instructions.clone(),

@@ -18,6 +18,25 @@ pub const MODEL_ID: &str = "smollm2-135m-instruct-q4_1";
 
 pub use shoal_testkit::fixtures::model_path;
 
+/// A cluster node of its own (one member, on loopback) with its state in `state_dir` and `cluster_key`.
+pub async fn cluster_node(
+    state_dir: &std::path::Path,
+    cluster_key: &str,
+) -> shoal_cluster::ClusterHandle {
+    shoal_cluster::start(shoal_cluster::ClusterConfig {
+        state_dir: state_dir.to_path_buf(),
+        cluster_key: cluster_key.into(),
+        listen: vec![shoal_cluster::parse_peer("127.0.0.1:0").expect("addr")],
+        peers: vec![],
+        mdns: false,
+        api_url: None,
+        models: vec![],
+        backend: "test".into(),
+    })
+    .await
+    .expect("cluster node")
+}
+
 /// The engine shared by every test of this binary (loaded once).
 pub fn engine() -> EngineHandle {
     static ENGINE: OnceLock<EngineHandle> = OnceLock::new();
