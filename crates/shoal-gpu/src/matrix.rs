@@ -1,0 +1,189 @@
+//! Weight matrices on the device: [`GpuMatrix`], repacked at upload from GGUF rows.
+//!
+//! Layouts (what the kernels in `kernels/matvec_*.wgsl` read):
+//! - `F32`: rows of `ceil(k / 4)` vec4s, zero-padded;
+//! - `F16`: rows of `ceil(k / 4)` groups of four halves, zero-padded (read with `unpack2x16float`);
+//! - `Q8_0`: each block's 32 quants as 32 bytes (u32-aligned) in one buffer, its f16 scale in a
+//!   second buffer of f16 pairs;
+//! - `Q4_0`: each block's 16 nibble bytes in ggml's order (u32-aligned), scales as for `Q8_0`.
+//!
+//! A matrix larger than the device's largest storage binding is split by rows into chunks, each
+//! with its own buffers and dispatch; one row larger than a binding is refused
+//! ([`GpuError::TooLarge`]).
+
+use shoal_kernels::{QK, QMatrix, QType};
+use wgpu::util::DeviceExt;
+
+use crate::pipelines::Kernel;
+use crate::{Gpu, GpuError};
+
+/// One chunk of rows and its buffers.
+#[derive(Debug)]
+pub(crate) struct Chunk {
+    pub(crate) rows: u32,
+    pub(crate) weights: wgpu::Buffer,
+    pub(crate) scales: Option<wgpu::Buffer>,
+    /// The kernel's `Params` (rows, padded k, first row): fixed at upload.
+    pub(crate) params: wgpu::Buffer,
+}
+
+/// A `rows × cols` weight matrix on the device, in the layout its kernel reads.
+#[derive(Debug)]
+pub struct GpuMatrix {
+    qtype: QType,
+    rows: usize,
+    cols: usize,
+    pub(crate) chunks: Vec<Chunk>,
+}
+
+impl GpuMatrix {
+    pub fn qtype(&self) -> QType {
+        self.qtype
+    }
+
+    /// Output features (`n`).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features (`k`).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// How many row chunks (one per storage binding) the matrix was split into.
+    pub fn chunks(&self) -> usize {
+        self.chunks.len()
+    }
+
+    pub(crate) fn kernel(&self) -> Kernel {
+        kernel_of(self.qtype).unwrap_or(Kernel::MatvecF32)
+    }
+}
+
+fn kernel_of(qtype: QType) -> Option<Kernel> {
+    Some(match qtype {
+        QType::F32 => Kernel::MatvecF32,
+        QType::F16 => Kernel::MatvecF16,
+        QType::Q8_0 => Kernel::MatvecQ8_0,
+        QType::Q4_0 => Kernel::MatvecQ4_0,
+        _ => return None,
+    })
+}
+
+/// One GGUF row repacked: (weight bytes, f16 scale bytes) appended to the two outputs.
+fn repack_row(qtype: QType, row: &[u8], k: usize, weights: &mut Vec<u8>, scales: &mut Vec<u8>) {
+    match qtype {
+        QType::F32 | QType::F16 => {
+            weights.extend_from_slice(row);
+            let elem = qtype.type_size();
+            weights.resize(weights.len() + (k.div_ceil(4) * 4 - k) * elem, 0);
+        }
+        QType::Q8_0 | QType::Q4_0 => {
+            for block in row.chunks_exact(qtype.type_size()) {
+                scales.extend_from_slice(&block[..2]);
+                weights.extend_from_slice(&block[2..]);
+            }
+        }
+        _ => unreachable!("checked by kernel_of"),
+    }
+}
+
+/// Repacked bytes per row: (weights, scales).
+fn repacked_row_bytes(qtype: QType, k: usize) -> (u64, u64) {
+    let (k4, nb) = (k.div_ceil(4) as u64, (k / QK) as u64);
+    match qtype {
+        QType::F32 => (k4 * 16, 0),
+        QType::F16 => (k4 * 8, 0),
+        QType::Q8_0 => (nb * 32, nb * 2),
+        QType::Q4_0 => (nb * 16, nb * 2),
+        _ => (0, 0),
+    }
+}
+
+/// The `Params` uniform of the matrix-vector kernels.
+fn params_bytes(rows: u32, k: u32, row_offset: u32) -> Vec<u8> {
+    [rows, k, row_offset, 0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect()
+}
+
+impl Gpu {
+    /// Uploads a GGUF weight matrix (`F32`, `F16`, `Q8_0` or `Q4_0`), repacked for its kernel
+    /// and split by rows where it exceeds the largest storage binding.
+    pub fn upload_matrix(&self, w: &QMatrix<'_>) -> Result<GpuMatrix, GpuError> {
+        let row_bytes = w.row_bytes()?;
+        if kernel_of(w.qtype).is_none() {
+            return Err(GpuError::Unsupported(w.qtype.name()));
+        }
+        let k = w.cols;
+        let k_padded = if w.qtype.block_size() == 1 {
+            k.div_ceil(4) * 4
+        } else {
+            k
+        };
+        let k_u32 = u32::try_from(k_padded)
+            .map_err(|_| GpuError::Shape(format!("{k} columns do not fit a u32")))?;
+        let rows_u32 = u32::try_from(w.rows)
+            .map_err(|_| GpuError::Shape(format!("{} rows do not fit a u32", w.rows)))?;
+        let (wrow, srow) = repacked_row_bytes(w.qtype, k);
+        // Scale buffers are f16 pairs: one spare half of room for an odd count.
+        let fits =
+            |rows: u64| rows * wrow <= self.max_binding && rows * srow + 2 <= self.max_binding;
+        if !fits(1) {
+            return Err(GpuError::TooLarge {
+                what: "one weight row",
+                bytes: wrow.max(srow + 2),
+                limit: self.max_binding,
+            });
+        }
+        let per_chunk = {
+            let by_w = self.max_binding / wrow.max(1);
+            let by_s = (self.max_binding - 2).checked_div(srow).unwrap_or(u64::MAX);
+            by_w.min(by_s).min(u64::from(rows_u32.max(1))) as u32
+        };
+        let mut chunks = Vec::new();
+        let mut first = 0u32;
+        while first < rows_u32 {
+            let rows = per_chunk.min(rows_u32 - first);
+            let (mut weights, mut scales) = (Vec::new(), Vec::new());
+            for r in first..first + rows {
+                let start = r as usize * row_bytes;
+                let row = &w.data[start..start + row_bytes];
+                repack_row(w.qtype, row, k, &mut weights, &mut scales);
+            }
+            scales.resize(scales.len().div_ceil(4) * 4, 0);
+            let chunk = self.checked(|| {
+                let storage = |label, contents: &[u8]| {
+                    self.device
+                        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                            label: Some(label),
+                            contents,
+                            usage: wgpu::BufferUsages::STORAGE,
+                        })
+                };
+                Chunk {
+                    rows,
+                    weights: storage("shoal weights", &weights),
+                    scales: (srow > 0).then(|| storage("shoal scales", &scales)),
+                    params: self
+                        .device
+                        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                            label: Some("shoal matvec params"),
+                            contents: &params_bytes(rows, k_u32, first),
+                            usage: wgpu::BufferUsages::UNIFORM,
+                        }),
+                }
+            })?;
+            chunks.push(chunk);
+            first += rows;
+        }
+        Ok(GpuMatrix {
+            qtype: w.qtype,
+            rows: w.rows,
+            cols: w.cols,
+            chunks,
+        })
+    }
+}

@@ -1,0 +1,224 @@
+//! Recording kernels: [`Commands`] collects dispatches into one command buffer, submitted with
+//! [`Commands::submit`]; [`Gpu::read`] waits for it.
+
+use wgpu::util::DeviceExt;
+
+use crate::pipelines::Kernel;
+use crate::{Gpu, GpuError, GpuMatrix, GpuVec};
+
+/// The shape of a matrix-vector workgroup, given to the kernel as override constants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatvecConfig {
+    /// Threads per workgroup (at most 256 and the adapter's limit).
+    pub workgroup: u32,
+    /// Rows each workgroup computes; `workgroup / rows` threads share a row and must be a power of two.
+    pub rows: u32,
+}
+
+impl Default for MatvecConfig {
+    /// 64 threads, 2 rows: 32 threads per row. Not tuned yet on a real GPU (issue 27).
+    fn default() -> Self {
+        Self {
+            workgroup: 64,
+            rows: 2,
+        }
+    }
+}
+
+/// Threads per workgroup of the row kernels (RMS norm, SwiGLU).
+const ROW_WG: u32 = 256;
+
+/// A command buffer being recorded on one [`Gpu`].
+pub struct Commands<'g> {
+    gpu: &'g Gpu,
+    encoder: wgpu::CommandEncoder,
+}
+
+impl Gpu {
+    /// Starts recording kernels.
+    pub fn commands(&self) -> Commands<'_> {
+        Commands {
+            gpu: self,
+            encoder: self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("shoal commands"),
+                }),
+        }
+    }
+
+    fn row_workgroup(&self) -> u32 {
+        // The largest power of two within both the kernels' workgroup memory and the adapter.
+        let mut wg = ROW_WG;
+        while wg > self.max_invocations.max(1) {
+            wg /= 2;
+        }
+        wg
+    }
+
+    fn uniform(&self, words: [u32; 4]) -> wgpu::Buffer {
+        let bytes: Vec<u8> = words.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("shoal params"),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    }
+}
+
+fn same_len(what: &str, a: usize, b: usize) -> Result<(), GpuError> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(GpuError::Shape(format!("{what}: {a} values against {b}")))
+    }
+}
+
+impl Commands<'_> {
+    /// `y = W · x` with the default [`MatvecConfig`].
+    pub fn matvec(&mut self, w: &GpuMatrix, x: &GpuVec, y: &GpuVec) -> Result<(), GpuError> {
+        self.matvec_with(w, x, y, MatvecConfig::default())
+    }
+
+    /// `y = W · x` (`x` of `w.cols()` values, `y` of `w.rows()`), one dispatch per row chunk.
+    pub fn matvec_with(
+        &mut self,
+        w: &GpuMatrix,
+        x: &GpuVec,
+        y: &GpuVec,
+        config: MatvecConfig,
+    ) -> Result<(), GpuError> {
+        same_len("matvec input", x.len(), w.cols())?;
+        same_len("matvec output", y.len(), w.rows())?;
+        let MatvecConfig { workgroup, rows } = config;
+        let ok = (1..=256.min(self.gpu.max_invocations)).contains(&workgroup)
+            && rows >= 1
+            && workgroup % rows == 0
+            && (workgroup / rows).is_power_of_two();
+        if !ok {
+            return Err(GpuError::Config(format!(
+                "workgroup {workgroup} with {rows} rows: need workgroup ≤ 256 (and ≤ {}), \
+                 a power of two threads per row",
+                self.gpu.max_invocations
+            )));
+        }
+        let pipeline = self
+            .gpu
+            .pipeline(w.kernel(), &[("WG", workgroup), ("ROWS", rows)])?;
+        let layout = pipeline.get_bind_group_layout(0);
+        let mut groups = Vec::with_capacity(w.chunks.len());
+        for chunk in &w.chunks {
+            let mut entries = vec![
+                entry(0, &chunk.params),
+                entry(1, &x.buffer),
+                entry(2, &y.buffer),
+                entry(3, &chunk.weights),
+            ];
+            if let Some(s) = &chunk.scales {
+                entries.push(entry(4, s));
+            }
+            let bind = self
+                .gpu
+                .device
+                .create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("shoal matvec"),
+                    layout: &layout,
+                    entries: &entries,
+                });
+            groups.push((bind, self.gpu.grid(chunk.rows.div_ceil(rows))?));
+        }
+        let mut pass = self
+            .encoder
+            .begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        pass.set_pipeline(&pipeline);
+        for (bind, (gx, gy)) in &groups {
+            pass.set_bind_group(0, bind, &[]);
+            pass.dispatch_workgroups(*gx, *gy, 1);
+        }
+        Ok(())
+    }
+
+    /// `y[r] = x[r] / sqrt(mean(x[r]²) + eps) · w` for every row of width `w.len()`.
+    pub fn rms_norm(
+        &mut self,
+        x: &GpuVec,
+        w: &GpuVec,
+        eps: f32,
+        y: &GpuVec,
+    ) -> Result<(), GpuError> {
+        let n = w.len();
+        if n == 0 || !x.len().is_multiple_of(n) {
+            return Err(GpuError::Shape(format!(
+                "rms_norm: {} values are not rows of width {n}",
+                x.len()
+            )));
+        }
+        same_len("rms_norm output", y.len(), x.len())?;
+        let rows = (x.len() / n) as u32;
+        let params = self.gpu.uniform([n as u32, rows, eps.to_bits(), 0]);
+        let wg = self.gpu.row_workgroup();
+        self.dispatch(
+            Kernel::RmsNorm,
+            wg,
+            &[&params, &x.buffer, &w.buffer, &y.buffer],
+            rows,
+        )
+    }
+
+    /// `y = silu(gate) · up`, elementwise.
+    pub fn swiglu(&mut self, gate: &GpuVec, up: &GpuVec, y: &GpuVec) -> Result<(), GpuError> {
+        same_len("swiglu up", up.len(), gate.len())?;
+        same_len("swiglu output", y.len(), gate.len())?;
+        let n = gate.len() as u32;
+        let params = self.gpu.uniform([n, 0, 0, 0]);
+        let wg = self.gpu.row_workgroup();
+        let buffers = [&params, &gate.buffer, &up.buffer, &y.buffer];
+        self.dispatch(Kernel::Swiglu, wg, &buffers, n.div_ceil(wg))
+    }
+
+    /// One dispatch of `groups` workgroups of `kernel` with bindings 0.. = `buffers`.
+    fn dispatch(
+        &mut self,
+        kernel: Kernel,
+        wg: u32,
+        buffers: &[&wgpu::Buffer],
+        groups: u32,
+    ) -> Result<(), GpuError> {
+        if groups == 0 {
+            return Ok(());
+        }
+        let pipeline = self.gpu.pipeline(kernel, &[("WG", wg)])?;
+        let entries: Vec<_> = (0u32..).zip(buffers).map(|(i, b)| entry(i, b)).collect();
+        let bind = self
+            .gpu
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(kernel.name()),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+        let (gx, gy) = self.gpu.grid(groups)?;
+        let mut pass = self
+            .encoder
+            .begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(gx, gy, 1);
+        Ok(())
+    }
+
+    /// Submits what was recorded; wgpu's validation errors come back as [`GpuError::Wgpu`].
+    pub fn submit(self) -> Result<(), GpuError> {
+        let Commands { gpu, encoder } = self;
+        gpu.checked(|| gpu.queue.submit([encoder.finish()]))?;
+        Ok(())
+    }
+}
+
+fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: buffer.as_entire_binding(),
+    }
+}

@@ -1,0 +1,67 @@
+//! The WGSL kernels and the key of the per-device pipeline cache.
+
+use std::borrow::Cow;
+
+const REDUCE: &str = include_str!("kernels/reduce.wgsl");
+const MATVEC: &str = include_str!("kernels/matvec.wgsl");
+const MATVEC_F32: &str = include_str!("kernels/matvec_f32.wgsl");
+const MATVEC_F16: &str = include_str!("kernels/matvec_f16.wgsl");
+const MATVEC_Q8_0: &str = include_str!("kernels/matvec_q8_0.wgsl");
+const MATVEC_Q4_0: &str = include_str!("kernels/matvec_q4_0.wgsl");
+const ROWWISE: &str = include_str!("kernels/rowwise.wgsl");
+const RMS_NORM: &str = include_str!("kernels/rms_norm.wgsl");
+const SWIGLU: &str = include_str!("kernels/swiglu.wgsl");
+
+/// One compute kernel (a WGSL module with entry point `main`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kernel {
+    MatvecF32,
+    MatvecF16,
+    MatvecQ8_0,
+    MatvecQ4_0,
+    RmsNorm,
+    Swiglu,
+}
+
+impl Kernel {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::MatvecF32 => "matvec_f32",
+            Self::MatvecF16 => "matvec_f16",
+            Self::MatvecQ8_0 => "matvec_q8_0",
+            Self::MatvecQ4_0 => "matvec_q4_0",
+            Self::RmsNorm => "rms_norm",
+            Self::Swiglu => "swiglu",
+        }
+    }
+
+    /// The module's WGSL: the reduction helpers where it reduces, its frame (`matvec.wgsl` or
+    /// `rowwise.wgsl`), then the kernel itself (for a matrix-vector product its format's weight
+    /// bindings and `row_dot`).
+    pub(crate) fn source(self) -> Cow<'static, str> {
+        let format = match self {
+            Self::MatvecF32 => MATVEC_F32,
+            Self::MatvecF16 => MATVEC_F16,
+            Self::MatvecQ8_0 => MATVEC_Q8_0,
+            Self::MatvecQ4_0 => MATVEC_Q4_0,
+            Self::RmsNorm => return Cow::Owned(format!("{REDUCE}\n{ROWWISE}\n{RMS_NORM}")),
+            Self::Swiglu => return Cow::Owned(format!("{ROWWISE}\n{SWIGLU}")),
+        };
+        Cow::Owned(format!("{REDUCE}\n{MATVEC}\n{format}"))
+    }
+}
+
+/// A kernel and its override constants (sorted by name).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct PipelineKey {
+    kernel: Kernel,
+    constants: Vec<(&'static str, u32)>,
+}
+
+impl PipelineKey {
+    pub(crate) fn new(kernel: Kernel, constants: &[(&'static str, u32)]) -> Self {
+        let mut constants = constants.to_vec();
+        constants.sort_unstable();
+        Self { kernel, constants }
+    }
+}

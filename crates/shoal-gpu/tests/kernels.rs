@@ -1,0 +1,428 @@
+//! Every GPU kernel against a CPU reference on random data at small and odd shapes.
+//!
+//! These run on whatever adapter comes first: in CI that is Mesa's lavapipe (installed by
+//! scripts/test). With no adapter they FAIL, unless `SHOAL_GPU_TESTS=skip` says to skip them.
+//!
+//! References are straightforward f64 sums over the weights as shoal-kernels dequantizes them
+//! ([`shoal_kernels::dequantize_row`], bitwise ggml's), so the GPU result is checked against the
+//! exact product of the same weights; tolerances are stated per kernel below.
+
+use half::f16;
+use shoal_gpu::{Gpu, GpuError, MatvecConfig, OpenOptions};
+use shoal_kernels::{QK, QMatrix, QType, dequantize_row, row_bytes};
+use shoal_testkit::rng::{Draw, SplitMix64};
+
+/// The first adapter, or `None` when there is none and `SHOAL_GPU_TESTS=skip` is set.
+fn gpu_with(options: OpenOptions) -> Option<Gpu> {
+    let skip = std::env::var("SHOAL_GPU_TESTS").is_ok_and(|v| v == "skip");
+    match Gpu::open_with(0, options) {
+        Ok(gpu) => Some(gpu),
+        Err(GpuError::NoAdapter { .. }) if skip => None,
+        Err(e) => panic!(
+            "no usable GPU adapter ({e}); install Mesa's lavapipe (apt-get install \
+             mesa-vulkan-drivers) or set SHOAL_GPU_TESTS=skip to skip the GPU tests"
+        ),
+    }
+}
+
+fn gpu() -> Option<Gpu> {
+    gpu_with(OpenOptions::default())
+}
+
+/// The shapes every matrix-vector kernel is tested at (k a multiple of the 32-value block).
+const SHAPES: [(usize, usize); 5] = [(1, 32), (7, 64), (33, 96), (64, 256), (129, 544)];
+/// More for the plain formats: k not a multiple of 4 (the padded rows).
+const PLAIN_SHAPES: [(usize, usize); 3] = [(1, 1), (5, 7), (17, 37)];
+
+/// Random GGUF bytes of a `rows × cols` matrix: values in [-1, 1) for F32/F16; for the quants,
+/// random quants and scales of either sign up to 0.05.
+fn random_matrix(rng: &mut SplitMix64, qtype: QType, rows: usize, cols: usize) -> Vec<u8> {
+    let n = rows * cols;
+    match qtype {
+        QType::F32 => (0..n)
+            .flat_map(|_| rng.f32_in(-1.0, 1.0).to_le_bytes())
+            .collect(),
+        QType::F16 => (0..n)
+            .flat_map(|_| f16::from_f32(rng.f32_in(-1.0, 1.0)).to_le_bytes())
+            .collect(),
+        QType::Q8_0 | QType::Q4_0 => {
+            let mut out = Vec::with_capacity(rows * row_bytes(qtype, cols));
+            for _ in 0..n / QK {
+                out.extend_from_slice(&f16::from_f32(rng.f32_in(-0.05, 0.05)).to_le_bytes());
+                out.extend(rng.bytes(qtype.type_size() - 2));
+            }
+            out
+        }
+        _ => unreachable!(),
+    }
+}
+
+fn random_vec(rng: &mut SplitMix64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.f32_in(lo, hi)).collect()
+}
+
+/// `W · x` in f64 from the dequantized weights, and `Σ |w·x|` per row (the scale of rounding).
+fn matvec_reference(w: &QMatrix<'_>, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let rb = row_bytes(w.qtype, w.cols);
+    let mut row = vec![0f32; w.cols];
+    (0..w.rows)
+        .map(|r| {
+            dequantize_row(w.qtype, &w.data[r * rb..(r + 1) * rb], &mut row).unwrap();
+            let exact = row
+                .iter()
+                .zip(x)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b));
+            let mag = row.iter().zip(x).map(|(&a, &b)| f64::from(a * b).abs());
+            (exact.sum::<f64>(), mag.sum::<f64>())
+        })
+        .unzip()
+}
+
+/// Runs `W · x` on the GPU and checks it. Tolerance: every format is decoded exactly (f16 and
+/// the quants are exact in f32) and summed in f32, so `|gpu − exact| ≤ 1e-5 · Σ|w·x| + 1e-6`.
+fn check_matvec(
+    gpu: &Gpu,
+    qtype: QType,
+    rows: usize,
+    cols: usize,
+    config: MatvecConfig,
+    seed: u64,
+) {
+    let mut rng = SplitMix64::new(seed);
+    let bytes = random_matrix(&mut rng, qtype, rows, cols);
+    let w = QMatrix::new(qtype, rows, cols, &bytes).unwrap();
+    let x = random_vec(&mut rng, cols, -1.0, 1.0);
+    let gw = gpu.upload_matrix(&w).unwrap();
+    let gx = gpu.upload(&x).unwrap();
+    let gy = gpu.zeros(rows).unwrap();
+    let mut cmds = gpu.commands();
+    cmds.matvec_with(&gw, &gx, &gy, config).unwrap();
+    cmds.submit().unwrap();
+    let y = gpu.read(&gy).unwrap();
+    let (exact, mag) = matvec_reference(&w, &x);
+    for r in 0..rows {
+        let err = (f64::from(y[r]) - exact[r]).abs();
+        let tol = 1e-5 * mag[r] + 1e-6;
+        assert!(
+            err <= tol,
+            "{} {rows}×{cols} {config:?} row {r}: gpu {} exact {} (err {err:e} > {tol:e})",
+            qtype.name(),
+            y[r],
+            exact[r]
+        );
+    }
+}
+
+fn check_type(qtype: QType) {
+    let Some(gpu) = gpu() else { return };
+    let plain = qtype.block_size() == 1;
+    let extra: &[(usize, usize)] = if plain { &PLAIN_SHAPES } else { &[] };
+    for (i, &(rows, cols)) in SHAPES.iter().chain(extra).enumerate() {
+        check_matvec(
+            &gpu,
+            qtype,
+            rows,
+            cols,
+            MatvecConfig::default(),
+            100 + i as u64,
+        );
+    }
+}
+
+#[test]
+fn matvec_f32_matches_the_cpu() {
+    check_type(QType::F32);
+}
+
+#[test]
+fn matvec_f16_matches_the_cpu() {
+    check_type(QType::F16);
+}
+
+#[test]
+fn matvec_q8_0_matches_the_cpu() {
+    check_type(QType::Q8_0);
+}
+
+#[test]
+fn matvec_q4_0_matches_the_cpu() {
+    check_type(QType::Q4_0);
+}
+
+/// The override constants change the kernel's shape, never its result: one thread per row (no
+/// reduction), a whole workgroup per row, several rows per workgroup.
+#[test]
+fn matvec_is_correct_at_every_workgroup_shape() {
+    let Some(gpu) = gpu() else { return };
+    let configs = [
+        (1, 1),
+        (8, 8),
+        (32, 1),
+        (64, 4),
+        (128, 8),
+        (256, 1),
+        (256, 2),
+    ];
+    for (workgroup, rows) in configs {
+        let config = MatvecConfig { workgroup, rows };
+        for qtype in [QType::Q4_0, QType::Q8_0, QType::F16] {
+            check_matvec(&gpu, qtype, 33, 96, config, 7);
+            check_matvec(&gpu, qtype, 129, 544, config, 8);
+        }
+    }
+}
+
+#[test]
+fn matvec_refuses_shapes_the_kernel_cannot_reduce() {
+    let Some(gpu) = gpu() else { return };
+    let bytes = vec![0u8; row_bytes(QType::Q4_0, 64) * 4];
+    let w = gpu
+        .upload_matrix(&QMatrix::new(QType::Q4_0, 4, 64, &bytes).unwrap())
+        .unwrap();
+    let (x, y) = (gpu.zeros(64).unwrap(), gpu.zeros(4).unwrap());
+    let mut cmds = gpu.commands();
+    for (workgroup, rows) in [(64, 3), (48, 1), (512, 1), (0, 1), (64, 0)] {
+        let err = cmds.matvec_with(&w, &x, &y, MatvecConfig { workgroup, rows });
+        assert!(
+            matches!(err, Err(GpuError::Config(_))),
+            "{workgroup}/{rows}: {err:?}"
+        );
+    }
+    let short = gpu.zeros(63).unwrap();
+    assert!(matches!(
+        cmds.matvec(&w, &short, &y),
+        Err(GpuError::Shape(_))
+    ));
+    assert!(matches!(
+        cmds.matvec(&w, &x, &short),
+        Err(GpuError::Shape(_))
+    ));
+    cmds.submit().unwrap();
+}
+
+/// A matrix above the largest storage binding is split by rows into chunks that give the same
+/// product; a single row above it is refused with a clear error.
+#[test]
+fn large_matrices_are_split_by_rows_and_huge_rows_refused() {
+    let Some(gpu) = gpu_with(OpenOptions {
+        max_binding: Some(4096),
+    }) else {
+        return;
+    };
+    assert_eq!(gpu.max_binding(), 4096);
+    for qtype in [QType::Q4_0, QType::Q8_0, QType::F16, QType::F32] {
+        check_matvec(&gpu, qtype, 129, 544, MatvecConfig::default(), 9);
+        let bytes = vec![0u8; row_bytes(qtype, 544) * 129];
+        let w = gpu
+            .upload_matrix(&QMatrix::new(qtype, 129, 544, &bytes).unwrap())
+            .unwrap();
+        assert!(w.chunks() > 1, "{}: {} chunk(s)", qtype.name(), w.chunks());
+    }
+    let bytes = vec![0u8; row_bytes(QType::F32, 1056) * 2];
+    let err = gpu
+        .upload_matrix(&QMatrix::new(QType::F32, 2, 1056, &bytes).unwrap())
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GpuError::TooLarge {
+                what: "one weight row",
+                bytes: 4224,
+                limit: 4096
+            }
+        ),
+        "{err}"
+    );
+    assert!(matches!(gpu.zeros(1025), Err(GpuError::TooLarge { .. })));
+}
+
+#[test]
+fn formats_without_a_kernel_are_refused() {
+    let Some(gpu) = gpu() else { return };
+    let bytes = vec![0u8; row_bytes(QType::Q4_1, 32)];
+    let err = gpu
+        .upload_matrix(&QMatrix::new(QType::Q4_1, 1, 32, &bytes).unwrap())
+        .unwrap_err();
+    assert!(matches!(err, GpuError::Unsupported("Q4_1")), "{err}");
+}
+
+/// Tolerance: the GPU sums squares in f32 (the reference in f64, as shoal-model's CPU path does),
+/// so each value is within 1e-5 relative (+1e-6 absolute) of the exact result.
+#[test]
+fn rms_norm_matches_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = SplitMix64::new(11);
+    for (rows, n) in [(1, 1), (1, 32), (3, 7), (2, 544), (5, 1000), (1, 4096)] {
+        let x = random_vec(&mut rng, rows * n, -3.0, 3.0);
+        let w = random_vec(&mut rng, n, -2.0, 2.0);
+        let eps = 1e-5;
+        let (gx, gw, gy) = (
+            gpu.upload(&x).unwrap(),
+            gpu.upload(&w).unwrap(),
+            gpu.zeros(rows * n).unwrap(),
+        );
+        let mut cmds = gpu.commands();
+        cmds.rms_norm(&gx, &gw, eps, &gy).unwrap();
+        cmds.submit().unwrap();
+        let y = gpu.read(&gy).unwrap();
+        for (r, (xr, yr)) in x.chunks(n).zip(y.chunks(n)).enumerate() {
+            let ss: f64 = xr.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            let scale = 1.0 / (ss / n as f64 + f64::from(eps)).sqrt();
+            for i in 0..n {
+                let exact = f64::from(xr[i]) * scale * f64::from(w[i]);
+                let err = (f64::from(yr[i]) - exact).abs();
+                assert!(
+                    err <= 1e-5 * exact.abs() + 1e-6,
+                    "{rows}×{n} row {r} [{i}]: gpu {} exact {exact}",
+                    yr[i]
+                );
+            }
+        }
+    }
+}
+
+/// Tolerance: `exp` on the GPU is not correctly rounded (WGSL allows a few ulp, more on some
+/// drivers), so 1e-5 relative (+1e-6 absolute) of the f64 result.
+#[test]
+fn swiglu_matches_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = SplitMix64::new(12);
+    for n in [1, 7, 256, 1000, 70_001] {
+        let gate = random_vec(&mut rng, n, -8.0, 8.0);
+        let up = random_vec(&mut rng, n, -2.0, 2.0);
+        let (gg, gu, gy) = (
+            gpu.upload(&gate).unwrap(),
+            gpu.upload(&up).unwrap(),
+            gpu.zeros(n).unwrap(),
+        );
+        let mut cmds = gpu.commands();
+        cmds.swiglu(&gg, &gu, &gy).unwrap();
+        cmds.submit().unwrap();
+        let y = gpu.read(&gy).unwrap();
+        for i in 0..n {
+            let g = f64::from(gate[i]);
+            let exact = g / (1.0 + (-g).exp()) * f64::from(up[i]);
+            let err = (f64::from(y[i]) - exact).abs();
+            assert!(
+                err <= 1e-5 * exact.abs() + 1e-6,
+                "n {n} [{i}]: gpu {} exact {exact}",
+                y[i]
+            );
+        }
+    }
+}
+
+/// A decoder MLP's chain in one command buffer: norm → gate/up matvecs → SwiGLU → down matvec,
+/// against the same chain on the CPU (f32 between steps, as the GPU keeps them).
+#[test]
+fn a_chained_mlp_matches_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = SplitMix64::new(13);
+    let (d, f) = (96, 160);
+    let x = random_vec(&mut rng, d, -2.0, 2.0);
+    let norm = random_vec(&mut rng, d, 0.5, 1.5);
+    let wg = random_matrix(&mut rng, QType::Q4_0, f, d);
+    let wu = random_matrix(&mut rng, QType::Q8_0, f, d);
+    let wd = random_matrix(&mut rng, QType::F16, d, f);
+    let (wg, wu, wd) = (
+        QMatrix::new(QType::Q4_0, f, d, &wg).unwrap(),
+        QMatrix::new(QType::Q8_0, f, d, &wu).unwrap(),
+        QMatrix::new(QType::F16, d, f, &wd).unwrap(),
+    );
+    let bufs: Vec<_> = [d, f, f, f, d]
+        .iter()
+        .map(|&n| gpu.zeros(n).unwrap())
+        .collect();
+    let [h, g, u, a, out] = &bufs[..] else {
+        unreachable!()
+    };
+    let (gx, gn) = (gpu.upload(&x).unwrap(), gpu.upload(&norm).unwrap());
+    let (gwg, gwu, gwd) = (
+        gpu.upload_matrix(&wg).unwrap(),
+        gpu.upload_matrix(&wu).unwrap(),
+        gpu.upload_matrix(&wd).unwrap(),
+    );
+    let mut cmds = gpu.commands();
+    cmds.rms_norm(&gx, &gn, 1e-6, h).unwrap();
+    cmds.matvec(&gwg, h, g).unwrap();
+    cmds.matvec(&gwu, h, u).unwrap();
+    cmds.swiglu(g, u, a).unwrap();
+    cmds.matvec(&gwd, a, out).unwrap();
+    cmds.submit().unwrap();
+    let y = gpu.read(out).unwrap();
+
+    let ss: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+    let scale = (1.0 / (ss / d as f64 + 1e-6).sqrt()) as f32;
+    let hn: Vec<f32> = x.iter().zip(&norm).map(|(&v, &w)| v * scale * w).collect();
+    let to_f32 = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect::<Vec<_>>();
+    let gc = to_f32(matvec_reference(&wg, &hn).0);
+    let uc = to_f32(matvec_reference(&wu, &hn).0);
+    let ac: Vec<f32> = gc
+        .iter()
+        .zip(&uc)
+        .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+        .collect();
+    let (exact, mag) = matvec_reference(&wd, &ac);
+    // Rounding of every step compounds: 1e-4 of the output's Σ|w·a|.
+    for i in 0..d {
+        let err = (f64::from(y[i]) - exact[i]).abs();
+        assert!(
+            err <= 1e-4 * mag[i] + 1e-5,
+            "[{i}]: gpu {} cpu {}",
+            y[i],
+            exact[i]
+        );
+    }
+}
+
+#[test]
+fn discover_lists_the_adapter_it_opens() {
+    let Some(gpu) = gpu() else { return };
+    let all = Gpu::discover();
+    assert!(!all.is_empty());
+    let info = gpu.info();
+    assert_eq!(info, &all[0]);
+    assert!(!info.name.is_empty());
+    assert!(
+        ["vulkan", "metal", "dx12"].contains(&info.backend),
+        "{info:?}"
+    );
+    assert!(info.max_storage_binding >= 128 << 20, "{info:?}");
+    assert_eq!(
+        gpu.max_binding(),
+        info.max_storage_binding.min(info.max_buffer)
+    );
+    assert!(matches!(
+        Gpu::open(all.len()),
+        Err(GpuError::NoAdapter { found, .. }) if found == all.len()
+    ));
+}
+
+/// With a Vulkan loader but no driver (an ICD list naming nothing), discovery is empty and opening
+/// fails with `NoAdapter`, without a panic. Run in a child process, whose environment is its own.
+#[cfg(target_os = "linux")]
+#[test]
+fn no_driver_means_no_adapter_and_no_panic() {
+    if std::env::var_os("SHOAL_GPU_CHILD").is_some() {
+        assert!(Gpu::discover().is_empty(), "{:?}", Gpu::discover());
+        assert!(matches!(Gpu::open_first(), Ok(None)));
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "no_driver_means_no_adapter_and_no_panic",
+            "--nocapture",
+        ])
+        .env("SHOAL_GPU_CHILD", "1")
+        .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
+        .env("VK_DRIVER_FILES", "/nonexistent/icd.json")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
