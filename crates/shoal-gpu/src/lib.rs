@@ -10,7 +10,8 @@
 //! - [`Gpu::open`] opens one with the adapter's own limits; a [`Gpu`] owns the device, its queue
 //!   and one cache of compiled pipelines (a kernel plus its override constants).
 //! - [`Gpu::upload_matrix`] takes a GGUF weight matrix as shoal-kernels' [`shoal_kernels::QMatrix`]
-//!   (`F32`, `F16`, `Q8_0`, `Q4_0` so far) and repacks it into a layout WGSL reads well: quants
+//!   (`F32`, `F16`, `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, and the K-quants `Q4_K` and
+//!   `Q6_K` of a Q4_K_M file) and repacks it into a layout WGSL reads well: quants
 //!   u32-aligned in one buffer, the blocks' f16 scales in another (see `matrix`); a matrix above
 //!   the largest storage binding is split by rows into chunks, a row above it is refused.
 //! - [`GpuVec`]: f32 activations on the device ([`Gpu::upload`], [`Gpu::zeros`], [`Gpu::read`]).
@@ -21,7 +22,8 @@
 //!
 //! The kernels live in `src/kernels/*.wgsl` (`include_str!`): `matvec.wgsl` is the frame shared by
 //! the matrix-vector kernels (bindings, the workgroup reduction), to which one `matvec_<type>.wgsl`
-//! (weight bindings and `row_dot`) is appended.
+//! (weight bindings and `row_dot`) is appended; the block formats share `matvec_blocks.wgsl`'s row
+//! loop over 32-value units and define only `block_dot`.
 //!
 //! Tests (tests/kernels.rs) compare every kernel against the CPU path on lavapipe at small and odd
 //! shapes; they fail when no adapter exists unless `SHOAL_GPU_TESTS=skip`.

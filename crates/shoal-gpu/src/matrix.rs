@@ -5,13 +5,20 @@
 //! - `F16`: rows of `ceil(k / 4)` groups of four halves, zero-padded (read with `unpack2x16float`);
 //! - `Q8_0`: each block's 32 quants as 32 bytes (u32-aligned) in one buffer, its f16 scale in a
 //!   second buffer of f16 pairs;
-//! - `Q4_0`: each block's 16 nibble bytes in ggml's order (u32-aligned), scales as for `Q8_0`.
+//! - `Q4_0`: each block's 16 nibble bytes in ggml's order (u32-aligned), scales as for `Q8_0`;
+//! - `Q4_1`: nibbles as for `Q4_0`; the scale buffer holds each block's f16 `d` and `m` as one u32;
+//! - `Q5_0` / `Q5_1`: per block 20 bytes, the 16 nibble bytes then the u32 `qh` of fifth bits;
+//!   scales as for `Q4_0` / `Q4_1`;
+//! - `Q4_K`: each super-block's 128 nibble bytes; its scale entry is 5 u32: f16 `d` and `dmin`,
+//!   then the eight 6-bit sub-block scales and the eight mins decoded at upload, one byte each;
+//! - `Q6_K`: each super-block's 128 `ql` and 64 `qh` bytes; its scale entry is 5 u32: the 16 i8
+//!   scales, then f16 `d` (and two zero bytes).
 //!
 //! A matrix larger than the device's largest storage binding is split by rows into chunks, each
 //! with its own buffers and dispatch; one row larger than a binding is refused
 //! ([`GpuError::TooLarge`]).
 
-use shoal_kernels::{QK, QMatrix, QType};
+use shoal_kernels::{QK, QK_K, QMatrix, QType};
 use wgpu::util::DeviceExt;
 
 use crate::pipelines::Kernel;
@@ -67,22 +74,76 @@ fn kernel_of(qtype: QType) -> Option<Kernel> {
         QType::F16 => Kernel::MatvecF16,
         QType::Q8_0 => Kernel::MatvecQ8_0,
         QType::Q4_0 => Kernel::MatvecQ4_0,
+        QType::Q4_1 => Kernel::MatvecQ4_1,
+        QType::Q5_0 => Kernel::MatvecQ5_0,
+        QType::Q5_1 => Kernel::MatvecQ5_1,
+        QType::Q4_K => Kernel::MatvecQ4K,
+        QType::Q6_K => Kernel::MatvecQ6K,
         _ => return None,
     })
 }
 
-/// One GGUF row repacked: (weight bytes, f16 scale bytes) appended to the two outputs.
+/// Where a format's fields sit in its GGUF block: (scale bytes kept together as the block's
+/// entry in the scale buffer, the `qh` bytes, the `qs` bytes), for the 32-value formats.
+fn legacy_fields(qtype: QType) -> (std::ops::Range<usize>, std::ops::Range<usize>, usize) {
+    match qtype {
+        QType::Q8_0 | QType::Q4_0 => (0..2, 2..2, 2),
+        QType::Q4_1 => (0..4, 4..4, 4),
+        QType::Q5_0 => (0..2, 2..6, 6),
+        QType::Q5_1 => (0..4, 4..8, 8),
+        _ => unreachable!("not a 32-value format"),
+    }
+}
+
+/// The eight 6-bit scales and eight 6-bit mins of a `Q4_K` super-block's 12 scale bytes
+/// (ggml's `get_scale_min_k4`).
+fn q4k_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+    for j in 0..8 {
+        (sc[j], m[j]) = if j < 4 {
+            (s[j] & 63, s[j + 4] & 63)
+        } else {
+            (
+                (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
+                (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+            )
+        };
+    }
+    (sc, m)
+}
+
+/// One GGUF row repacked: (weight bytes, scale bytes) appended to the two outputs.
 fn repack_row(qtype: QType, row: &[u8], k: usize, weights: &mut Vec<u8>, scales: &mut Vec<u8>) {
+    let blocks = row.chunks_exact(qtype.type_size());
     match qtype {
         QType::F32 | QType::F16 => {
             weights.extend_from_slice(row);
             let elem = qtype.type_size();
             weights.resize(weights.len() + (k.div_ceil(4) * 4 - k) * elem, 0);
         }
-        QType::Q8_0 | QType::Q4_0 => {
-            for block in row.chunks_exact(qtype.type_size()) {
-                scales.extend_from_slice(&block[..2]);
-                weights.extend_from_slice(&block[2..]);
+        QType::Q8_0 | QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q5_1 => {
+            let (sc, qh, qs) = legacy_fields(qtype);
+            for block in blocks {
+                scales.extend_from_slice(&block[sc.clone()]);
+                weights.extend_from_slice(&block[qs..]);
+                weights.extend_from_slice(&block[qh.clone()]);
+            }
+        }
+        QType::Q4_K => {
+            for block in blocks {
+                let (sc, m) = q4k_scales_mins(&block[4..16]);
+                scales.extend_from_slice(&block[..4]);
+                scales.extend_from_slice(&sc);
+                scales.extend_from_slice(&m);
+                weights.extend_from_slice(&block[16..144]);
+            }
+        }
+        QType::Q6_K => {
+            for block in blocks {
+                scales.extend_from_slice(&block[192..208]);
+                scales.extend_from_slice(&block[208..210]);
+                scales.extend_from_slice(&[0, 0]);
+                weights.extend_from_slice(&block[..192]);
             }
         }
         _ => unreachable!("checked by kernel_of"),
@@ -91,12 +152,17 @@ fn repack_row(qtype: QType, row: &[u8], k: usize, weights: &mut Vec<u8>, scales:
 
 /// Repacked bytes per row: (weights, scales).
 fn repacked_row_bytes(qtype: QType, k: usize) -> (u64, u64) {
-    let (k4, nb) = (k.div_ceil(4) as u64, (k / QK) as u64);
+    let (k4, nb, nk) = (k.div_ceil(4) as u64, (k / QK) as u64, (k / QK_K) as u64);
     match qtype {
         QType::F32 => (k4 * 16, 0),
         QType::F16 => (k4 * 8, 0),
         QType::Q8_0 => (nb * 32, nb * 2),
         QType::Q4_0 => (nb * 16, nb * 2),
+        QType::Q4_1 => (nb * 16, nb * 4),
+        QType::Q5_0 => (nb * 20, nb * 2),
+        QType::Q5_1 => (nb * 20, nb * 4),
+        QType::Q4_K => (nk * 128, nk * 20),
+        QType::Q6_K => (nk * 192, nk * 20),
         _ => (0, 0),
     }
 }

@@ -8,6 +8,12 @@ const MATVEC_F32: &str = include_str!("kernels/matvec_f32.wgsl");
 const MATVEC_F16: &str = include_str!("kernels/matvec_f16.wgsl");
 const MATVEC_Q8_0: &str = include_str!("kernels/matvec_q8_0.wgsl");
 const MATVEC_Q4_0: &str = include_str!("kernels/matvec_q4_0.wgsl");
+const MATVEC_BLOCKS: &str = include_str!("kernels/matvec_blocks.wgsl");
+const MATVEC_Q4_1: &str = include_str!("kernels/matvec_q4_1.wgsl");
+const MATVEC_Q5_0: &str = include_str!("kernels/matvec_q5_0.wgsl");
+const MATVEC_Q5_1: &str = include_str!("kernels/matvec_q5_1.wgsl");
+const MATVEC_Q4_K: &str = include_str!("kernels/matvec_q4_k.wgsl");
+const MATVEC_Q6_K: &str = include_str!("kernels/matvec_q6_k.wgsl");
 const ROWWISE: &str = include_str!("kernels/rowwise.wgsl");
 const RMS_NORM: &str = include_str!("kernels/rms_norm.wgsl");
 const SWIGLU: &str = include_str!("kernels/swiglu.wgsl");
@@ -19,6 +25,11 @@ pub(crate) enum Kernel {
     MatvecF16,
     MatvecQ8_0,
     MatvecQ4_0,
+    MatvecQ4_1,
+    MatvecQ5_0,
+    MatvecQ5_1,
+    MatvecQ4K,
+    MatvecQ6K,
     RmsNorm,
     Swiglu,
 }
@@ -30,24 +41,34 @@ impl Kernel {
             Self::MatvecF16 => "matvec_f16",
             Self::MatvecQ8_0 => "matvec_q8_0",
             Self::MatvecQ4_0 => "matvec_q4_0",
+            Self::MatvecQ4_1 => "matvec_q4_1",
+            Self::MatvecQ5_0 => "matvec_q5_0",
+            Self::MatvecQ5_1 => "matvec_q5_1",
+            Self::MatvecQ4K => "matvec_q4_k",
+            Self::MatvecQ6K => "matvec_q6_k",
             Self::RmsNorm => "rms_norm",
             Self::Swiglu => "swiglu",
         }
     }
 
-    /// The module's WGSL: the reduction helpers where it reduces, its frame (`matvec.wgsl` or
-    /// `rowwise.wgsl`), then the kernel itself (for a matrix-vector product its format's weight
-    /// bindings and `row_dot`).
+    /// The module's WGSL: the reduction helpers where it reduces, its frame (`matvec.wgsl`, plus
+    /// `matvec_blocks.wgsl` for the block formats, or `rowwise.wgsl`), then the kernel itself (for
+    /// a matrix-vector product its format's weight bindings and `row_dot` or `block_dot`).
     pub(crate) fn source(self) -> Cow<'static, str> {
         let format = match self {
-            Self::MatvecF32 => MATVEC_F32,
-            Self::MatvecF16 => MATVEC_F16,
+            Self::MatvecF32 => return Cow::Owned(format!("{REDUCE}\n{MATVEC}\n{MATVEC_F32}")),
+            Self::MatvecF16 => return Cow::Owned(format!("{REDUCE}\n{MATVEC}\n{MATVEC_F16}")),
             Self::MatvecQ8_0 => MATVEC_Q8_0,
             Self::MatvecQ4_0 => MATVEC_Q4_0,
+            Self::MatvecQ4_1 => MATVEC_Q4_1,
+            Self::MatvecQ5_0 => MATVEC_Q5_0,
+            Self::MatvecQ5_1 => MATVEC_Q5_1,
+            Self::MatvecQ4K => MATVEC_Q4_K,
+            Self::MatvecQ6K => MATVEC_Q6_K,
             Self::RmsNorm => return Cow::Owned(format!("{REDUCE}\n{ROWWISE}\n{RMS_NORM}")),
             Self::Swiglu => return Cow::Owned(format!("{ROWWISE}\n{SWIGLU}")),
         };
-        Cow::Owned(format!("{REDUCE}\n{MATVEC}\n{format}"))
+        Cow::Owned(format!("{REDUCE}\n{MATVEC}\n{MATVEC_BLOCKS}\n{format}"))
     }
 }
 

@@ -33,6 +33,19 @@ fn gpu() -> Option<Gpu> {
 const SHAPES: [(usize, usize); 5] = [(1, 32), (7, 64), (33, 96), (64, 256), (129, 544)];
 /// More for the plain formats: k not a multiple of 4 (the padded rows).
 const PLAIN_SHAPES: [(usize, usize); 3] = [(1, 1), (5, 7), (17, 37)];
+/// The K-quants' shapes (k a multiple of the 256-value super-block).
+const K_SHAPES: [(usize, usize); 5] = [(1, 256), (7, 512), (33, 768), (64, 256), (13, 1280)];
+
+/// Byte offsets of the f16 fields of a block (`d`, and `m` or `dmin`), which get finite random
+/// values; every other byte is random.
+fn f16_fields(qtype: QType) -> &'static [usize] {
+    match qtype {
+        QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => &[0],
+        QType::Q4_1 | QType::Q5_1 | QType::Q4_K => &[0, 2],
+        QType::Q6_K => &[208],
+        _ => unreachable!(),
+    }
+}
 
 /// Random GGUF bytes of a `rows × cols` matrix: values in [-1, 1) for F32/F16; for the quants,
 /// random quants and scales of either sign up to 0.05.
@@ -45,15 +58,19 @@ fn random_matrix(rng: &mut SplitMix64, qtype: QType, rows: usize, cols: usize) -
         QType::F16 => (0..n)
             .flat_map(|_| f16::from_f32(rng.f32_in(-1.0, 1.0)).to_le_bytes())
             .collect(),
-        QType::Q8_0 | QType::Q4_0 => {
+        _ => {
+            let size = qtype.type_size();
             let mut out = Vec::with_capacity(rows * row_bytes(qtype, cols));
-            for _ in 0..n / QK {
-                out.extend_from_slice(&f16::from_f32(rng.f32_in(-0.05, 0.05)).to_le_bytes());
-                out.extend(rng.bytes(qtype.type_size() - 2));
+            for _ in 0..n / qtype.block_size() {
+                let mut block = rng.bytes(size);
+                for &at in f16_fields(qtype) {
+                    let v = f16::from_f32(rng.f32_in(-0.05, 0.05));
+                    block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                }
+                out.extend(block);
             }
             out
         }
-        _ => unreachable!(),
     }
 }
 
@@ -115,9 +132,12 @@ fn check_matvec(
 
 fn check_type(qtype: QType) {
     let Some(gpu) = gpu() else { return };
-    let plain = qtype.block_size() == 1;
-    let extra: &[(usize, usize)] = if plain { &PLAIN_SHAPES } else { &[] };
-    for (i, &(rows, cols)) in SHAPES.iter().chain(extra).enumerate() {
+    let shapes: Vec<(usize, usize)> = match qtype.block_size() {
+        1 => SHAPES.iter().chain(&PLAIN_SHAPES).copied().collect(),
+        QK => SHAPES.to_vec(),
+        _ => K_SHAPES.to_vec(),
+    };
+    for (i, &(rows, cols)) in shapes.iter().enumerate() {
         check_matvec(
             &gpu,
             qtype,
@@ -129,24 +149,26 @@ fn check_type(qtype: QType) {
     }
 }
 
-#[test]
-fn matvec_f32_matches_the_cpu() {
-    check_type(QType::F32);
+/// One test per format, each at its shapes.
+macro_rules! matvec_tests {
+    ($($name:ident: $qtype:ident,)*) => {$(
+        #[test]
+        fn $name() {
+            check_type(QType::$qtype);
+        }
+    )*};
 }
 
-#[test]
-fn matvec_f16_matches_the_cpu() {
-    check_type(QType::F16);
-}
-
-#[test]
-fn matvec_q8_0_matches_the_cpu() {
-    check_type(QType::Q8_0);
-}
-
-#[test]
-fn matvec_q4_0_matches_the_cpu() {
-    check_type(QType::Q4_0);
+matvec_tests! {
+    matvec_f32_matches_the_cpu: F32,
+    matvec_f16_matches_the_cpu: F16,
+    matvec_q8_0_matches_the_cpu: Q8_0,
+    matvec_q4_0_matches_the_cpu: Q4_0,
+    matvec_q4_1_matches_the_cpu: Q4_1,
+    matvec_q5_0_matches_the_cpu: Q5_0,
+    matvec_q5_1_matches_the_cpu: Q5_1,
+    matvec_q4_k_matches_the_cpu: Q4_K,
+    matvec_q6_k_matches_the_cpu: Q6_K,
 }
 
 /// The override constants change the kernel's shape, never its result: one thread per row (no
@@ -165,9 +187,12 @@ fn matvec_is_correct_at_every_workgroup_shape() {
     ];
     for (workgroup, rows) in configs {
         let config = MatvecConfig { workgroup, rows };
-        for qtype in [QType::Q4_0, QType::Q8_0, QType::F16] {
+        for qtype in [QType::Q4_0, QType::Q8_0, QType::F16, QType::Q5_1] {
             check_matvec(&gpu, qtype, 33, 96, config, 7);
             check_matvec(&gpu, qtype, 129, 544, config, 8);
+        }
+        for qtype in [QType::Q4_K, QType::Q6_K] {
+            check_matvec(&gpu, qtype, 33, 768, config, 7);
         }
     }
 }
@@ -218,6 +243,9 @@ fn large_matrices_are_split_by_rows_and_huge_rows_refused() {
             .unwrap();
         assert!(w.chunks() > 1, "{}: {} chunk(s)", qtype.name(), w.chunks());
     }
+    for qtype in [QType::Q4_K, QType::Q6_K] {
+        check_matvec(&gpu, qtype, 77, 512, MatvecConfig::default(), 10);
+    }
     let bytes = vec![0u8; row_bytes(QType::F32, 1056) * 2];
     let err = gpu
         .upload_matrix(&QMatrix::new(QType::F32, 2, 1056, &bytes).unwrap())
@@ -239,11 +267,11 @@ fn large_matrices_are_split_by_rows_and_huge_rows_refused() {
 #[test]
 fn formats_without_a_kernel_are_refused() {
     let Some(gpu) = gpu() else { return };
-    let bytes = vec![0u8; row_bytes(QType::Q4_1, 32)];
+    let bytes = vec![0u8; row_bytes(QType::Q2_K, 256)];
     let err = gpu
-        .upload_matrix(&QMatrix::new(QType::Q4_1, 1, 32, &bytes).unwrap())
+        .upload_matrix(&QMatrix::new(QType::Q2_K, 1, 256, &bytes).unwrap())
         .unwrap_err();
-    assert!(matches!(err, GpuError::Unsupported("Q4_1")), "{err}");
+    assert!(matches!(err, GpuError::Unsupported("Q2_K")), "{err}");
 }
 
 /// Tolerance: the GPU sums squares in f32 (the reference in f64, as shoal-model's CPU path does),

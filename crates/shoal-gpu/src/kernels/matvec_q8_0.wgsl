@@ -10,19 +10,12 @@ fn i8x4(v: u32) -> vec4<f32> {
     return vec4<f32>(s >> vec4<u32>(24u));
 }
 
-fn row_dot(row: u32, t: u32, tpr: u32) -> f32 {
-    let nb = params.k / 32u;
-    var acc = 0.0;
-    for (var b = t; b < nb; b += tpr) {
-        let blk = row * nb + b;
-        let lo = wq[2u * blk];
-        let hi = wq[2u * blk + 1u];
-        let xb = 8u * b;
-        var s = dot(i8x4(lo.x), x[xb]) + dot(i8x4(lo.y), x[xb + 1u]);
-        s += dot(i8x4(lo.z), x[xb + 2u]) + dot(i8x4(lo.w), x[xb + 3u]);
-        s += dot(i8x4(hi.x), x[xb + 4u]) + dot(i8x4(hi.y), x[xb + 5u]);
-        s += dot(i8x4(hi.z), x[xb + 6u]) + dot(i8x4(hi.w), x[xb + 7u]);
-        acc += half_at(ws[blk / 2u], blk) * s;
-    }
-    return acc;
+fn block_dot(blk: u32, xb: u32) -> f32 {
+    let lo = wq[2u * blk];
+    let hi = wq[2u * blk + 1u];
+    var s = dot(i8x4(lo.x), x[xb]) + dot(i8x4(lo.y), x[xb + 1u]);
+    s += dot(i8x4(lo.z), x[xb + 2u]) + dot(i8x4(lo.w), x[xb + 3u]);
+    s += dot(i8x4(hi.x), x[xb + 4u]) + dot(i8x4(hi.y), x[xb + 5u]);
+    s += dot(i8x4(hi.z), x[xb + 6u]) + dot(i8x4(hi.w), x[xb + 7u]);
+    return half_at(ws[blk / 2u], blk) * s;
 }

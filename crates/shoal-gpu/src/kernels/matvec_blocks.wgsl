@@ -1,0 +1,51 @@
+// The row loop of the block formats (appended after matvec.wgsl, before one format's file): a
+// row is k / 32 units of 32 values (a legacy block, or one eighth of a K-quant super-block); the
+// row's threads stride over its units and the format's `block_dot(unit, xb)` gives one unit's
+// dot product with x[xb .. xb + 8] (vec4s). `unit` counts from the chunk's first row, so a
+// K-quant super-block is units 8s .. 8s + 7.
+fn row_dot(row: u32, t: u32, tpr: u32) -> f32 {
+    let nb = params.k / 32u;
+    var acc = 0.0;
+    for (var b = t; b < nb; b += tpr) {
+        acc += block_dot(row * nb + b, 8u * b);
+    }
+    return acc;
+}
+
+// The low nibbles of the four bytes of `v`.
+fn nib4(v: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<u32>(v, v >> 8u, v >> 16u, v >> 24u) & vec4<u32>(15u));
+}
+
+// The sum of the 32 values of x from vec4 `xb`.
+fn xsum(xb: u32) -> f32 {
+    let one = vec4<f32>(1.0);
+    var s = dot(x[xb] + x[xb + 1u], one) + dot(x[xb + 2u] + x[xb + 3u], one);
+    s += dot(x[xb + 4u] + x[xb + 5u], one) + dot(x[xb + 6u] + x[xb + 7u], one);
+    return s;
+}
+
+// Σ q·x over a legacy 4-bit block's 32 values (no offset): words q.x..q.w hold values 0..15 in
+// their low nibbles and 16..31 in their high nibbles (ggml's order), each word four values.
+fn nib_dot(q: vec4<u32>, xb: u32) -> f32 {
+    var s = dot(nib4(q.x), x[xb]) + dot(nib4(q.y), x[xb + 1u]);
+    s += dot(nib4(q.z), x[xb + 2u]) + dot(nib4(q.w), x[xb + 3u]);
+    s += dot(nib4(q.x >> 4u), x[xb + 4u]) + dot(nib4(q.y >> 4u), x[xb + 5u]);
+    s += dot(nib4(q.z >> 4u), x[xb + 6u]) + dot(nib4(q.w >> 4u), x[xb + 7u]);
+    return s;
+}
+
+// Bits `e .. e + 3` of `qh` as the fifth bit (0 or 16) of four values.
+fn bit4(qh: u32, e: u32) -> vec4<f32> {
+    let b = (vec4<u32>(qh) >> (vec4<u32>(e) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u);
+    return vec4<f32>(b * 16u);
+}
+
+// Σ q·x over a 5-bit block: `nib_dot` plus the fifth bits from `qh` (bit j for value j).
+fn q5_dot(q: vec4<u32>, qh: u32, xb: u32) -> f32 {
+    var s = nib_dot(q, xb);
+    for (var j = 0u; j < 8u; j++) {
+        s += dot(bit4(qh, 4u * j), x[xb + j]);
+    }
+    return s;
+}

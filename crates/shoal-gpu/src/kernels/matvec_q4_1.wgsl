@@ -1,0 +1,9 @@
+// Q4_1 weights, repacked at upload: nibbles as for Q4_0 (one vec4<u32> per block), and per block
+// one u32 holding f16 d (low half) and f16 m. Values are d · q + m.
+@group(0) @binding(3) var<storage, read> wq: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> ws: array<u32>;
+
+fn block_dot(blk: u32, xb: u32) -> f32 {
+    let dm = unpack2x16float(ws[blk]);
+    return dm.x * nib_dot(wq[blk], xb) + dm.y * xsum(xb);
+}
