@@ -18,12 +18,27 @@
 //! - [`Commands`] records kernels into one command buffer: [`Commands::matvec`] (decode's
 //!   matrix-vector product, f32 in and out, workgroup size and rows per workgroup as WGSL override
 //!   constants via [`MatvecConfig`], no subgroup width assumed), [`Commands::rms_norm`] and
-//!   [`Commands::swiglu`] (the SiLU-gated product of a decoder layer's MLP).
+//!   [`Commands::swiglu`] (the SiLU-gated product of a decoder layer's MLP), [`Commands::add`]
+//!   (the residual add).
+//! - The attention half of a decode step (`layer`): [`Commands::rope`] rotates heads in place
+//!   for one position ([`Rope`]: interleaved/"normal" for Llama and Mistral, NEOX for Qwen,
+//!   Gemma and Phi-3; base, linear scale, partial `dims`, frequency factors; the angle computed
+//!   with the CPU's f32 operations); [`GpuKvCache`] (from [`Gpu::kv_cache`]) holds f16 keys and
+//!   values `[layer][pos][kv_head][head_dim]`, two per u32, written one position at a time by
+//!   [`Commands::kv_write`]; [`Commands::attention`] is decode attention of one query over it
+//!   (grouped-query heads, either scale convention, a sliding window; llama.cpp's CPU numerics:
+//!   f16 query, f16-rounded softmax weights), one workgroup per query head.
+//! - [`Commands::embed`]: one row of an `F32`/`F16`/`Q8_0`/`Q4_0` embedding table uploaded as a
+//!   [`GpuMatrix`], dequantized (times Gemma's scale) into a [`GpuVec`].
 //!
 //! The kernels live in `src/kernels/*.wgsl` (`include_str!`): `matvec.wgsl` is the frame shared by
 //! the matrix-vector kernels (bindings, the workgroup reduction), to which one `matvec_<type>.wgsl`
-//! (weight bindings and `row_dot`) is appended; the block formats share `matvec_blocks.wgsl`'s row
+//! (weight bindings and `row_dot`) is appended; the one-thread-per-item kernels share `grid.wgsl`'s
+//! entry point; the block formats share `matvec_blocks.wgsl`'s row
 //! loop over 32-value units and define only `block_dot`.
+//!
+//! Not here yet: the decoder stage that chains these per layer, prefill (matrix-matrix, causal
+//! attention over a chunk), the other norms and activations, `BF16` and `Q2_K`/`Q3_K`/`Q5_K`.
 //!
 //! Tests (tests/kernels.rs) compare every kernel against the CPU path on lavapipe at small and odd
 //! shapes; they fail when no adapter exists unless `SHOAL_GPU_TESTS=skip`.
@@ -31,6 +46,7 @@
 mod buffer;
 mod device;
 mod error;
+mod layer;
 mod matrix;
 mod ops;
 mod pipelines;
@@ -38,5 +54,6 @@ mod pipelines;
 pub use buffer::GpuVec;
 pub use device::{Gpu, GpuInfo, OpenOptions};
 pub use error::GpuError;
+pub use layer::{Attend, GpuKvCache, KvShape, Rope, RopeMode};
 pub use matrix::GpuMatrix;
 pub use ops::{Commands, MatvecConfig};

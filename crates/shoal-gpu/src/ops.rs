@@ -47,7 +47,7 @@ impl Gpu {
         }
     }
 
-    fn row_workgroup(&self) -> u32 {
+    pub(crate) fn row_workgroup(&self) -> u32 {
         // The largest power of two within both the kernels' workgroup memory and the adapter.
         let mut wg = ROW_WG;
         while wg > self.max_invocations.max(1) {
@@ -56,8 +56,10 @@ impl Gpu {
         wg
     }
 
-    fn uniform(&self, words: [u32; 4]) -> wgpu::Buffer {
-        let bytes: Vec<u8> = words.iter().flat_map(|v| v.to_le_bytes()).collect();
+    /// A uniform buffer of `words` (zero-padded to a multiple of 16 bytes).
+    pub(crate) fn uniform(&self, words: &[u32]) -> wgpu::Buffer {
+        let mut bytes: Vec<u8> = words.iter().flat_map(|v| v.to_le_bytes()).collect();
+        bytes.resize(bytes.len().div_ceil(16).max(1) * 16, 0);
         self.device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("shoal params"),
@@ -67,7 +69,7 @@ impl Gpu {
     }
 }
 
-fn same_len(what: &str, a: usize, b: usize) -> Result<(), GpuError> {
+pub(crate) fn same_len(what: &str, a: usize, b: usize) -> Result<(), GpuError> {
     if a == b {
         Ok(())
     } else {
@@ -75,7 +77,12 @@ fn same_len(what: &str, a: usize, b: usize) -> Result<(), GpuError> {
     }
 }
 
-impl Commands<'_> {
+impl<'g> Commands<'g> {
+    /// The device these commands are recorded for.
+    pub(crate) fn gpu(&self) -> &'g Gpu {
+        self.gpu
+    }
+
     /// `y = W · x` with the default [`MatvecConfig`].
     pub fn matvec(&mut self, w: &GpuMatrix, x: &GpuVec, y: &GpuVec) -> Result<(), GpuError> {
         self.matvec_with(w, x, y, MatvecConfig::default())
@@ -156,7 +163,7 @@ impl Commands<'_> {
         }
         same_len("rms_norm output", y.len(), x.len())?;
         let rows = (x.len() / n) as u32;
-        let params = self.gpu.uniform([n as u32, rows, eps.to_bits(), 0]);
+        let params = self.gpu.uniform(&[n as u32, rows, eps.to_bits()]);
         let wg = self.gpu.row_workgroup();
         self.dispatch(
             Kernel::RmsNorm,
@@ -171,24 +178,46 @@ impl Commands<'_> {
         same_len("swiglu up", up.len(), gate.len())?;
         same_len("swiglu output", y.len(), gate.len())?;
         let n = gate.len() as u32;
-        let params = self.gpu.uniform([n, 0, 0, 0]);
+        let params = self.gpu.uniform(&[n]);
         let wg = self.gpu.row_workgroup();
         let buffers = [&params, &gate.buffer, &up.buffer, &y.buffer];
         self.dispatch(Kernel::Swiglu, wg, &buffers, n.div_ceil(wg))
     }
 
+    /// `y = a + b`, elementwise (the residual add).
+    pub fn add(&mut self, a: &GpuVec, b: &GpuVec, y: &GpuVec) -> Result<(), GpuError> {
+        same_len("add b", b.len(), a.len())?;
+        same_len("add output", y.len(), a.len())?;
+        let n = a.len() as u32;
+        let params = self.gpu.uniform(&[n]);
+        let wg = self.gpu.row_workgroup();
+        let buffers = [&params, &a.buffer, &b.buffer, &y.buffer];
+        self.dispatch(Kernel::Add, wg, &buffers, n.div_ceil(wg))
+    }
+
     /// One dispatch of `groups` workgroups of `kernel` with bindings 0.. = `buffers`.
-    fn dispatch(
+    pub(crate) fn dispatch(
         &mut self,
         kernel: Kernel,
         wg: u32,
         buffers: &[&wgpu::Buffer],
         groups: u32,
     ) -> Result<(), GpuError> {
+        self.dispatch_with(kernel, &[("WG", wg)], buffers, groups)
+    }
+
+    /// [`Commands::dispatch`] with any override constants.
+    pub(crate) fn dispatch_with(
+        &mut self,
+        kernel: Kernel,
+        constants: &[(&'static str, u32)],
+        buffers: &[&wgpu::Buffer],
+        groups: u32,
+    ) -> Result<(), GpuError> {
         if groups == 0 {
             return Ok(());
         }
-        let pipeline = self.gpu.pipeline(kernel, &[("WG", wg)])?;
+        let pipeline = self.gpu.pipeline(kernel, constants)?;
         let entries: Vec<_> = (0u32..).zip(buffers).map(|(i, b)| entry(i, b)).collect();
         let bind = self
             .gpu

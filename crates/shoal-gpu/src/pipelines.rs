@@ -17,6 +17,12 @@ const MATVEC_Q6_K: &str = include_str!("kernels/matvec_q6_k.wgsl");
 const ROWWISE: &str = include_str!("kernels/rowwise.wgsl");
 const RMS_NORM: &str = include_str!("kernels/rms_norm.wgsl");
 const SWIGLU: &str = include_str!("kernels/swiglu.wgsl");
+const ADD: &str = include_str!("kernels/add.wgsl");
+const ROPE: &str = include_str!("kernels/rope.wgsl");
+const KV_WRITE: &str = include_str!("kernels/kv_write.wgsl");
+const ATTENTION: &str = include_str!("kernels/attention.wgsl");
+const EMBED: &str = include_str!("kernels/embed.wgsl");
+const GRID: &str = include_str!("kernels/grid.wgsl");
 
 /// One compute kernel (a WGSL module with entry point `main`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,6 +38,11 @@ pub(crate) enum Kernel {
     MatvecQ6K,
     RmsNorm,
     Swiglu,
+    Add,
+    Rope,
+    KvWrite,
+    Attention,
+    Embed,
 }
 
 impl Kernel {
@@ -48,6 +59,11 @@ impl Kernel {
             Self::MatvecQ6K => "matvec_q6_k",
             Self::RmsNorm => "rms_norm",
             Self::Swiglu => "swiglu",
+            Self::Add => "add",
+            Self::Rope => "rope",
+            Self::KvWrite => "kv_write",
+            Self::Attention => "attention",
+            Self::Embed => "embed",
         }
     }
 
@@ -67,6 +83,11 @@ impl Kernel {
             Self::MatvecQ6K => MATVEC_Q6_K,
             Self::RmsNorm => return Cow::Owned(format!("{REDUCE}\n{ROWWISE}\n{RMS_NORM}")),
             Self::Swiglu => return Cow::Owned(format!("{ROWWISE}\n{SWIGLU}")),
+            Self::Add => return Cow::Owned(format!("{ROWWISE}\n{ADD}")),
+            Self::Attention => return Cow::Owned(format!("{REDUCE}\n{ATTENTION}")),
+            Self::Rope => return Cow::Owned(format!("{GRID}\n{ROPE}")),
+            Self::KvWrite => return Cow::Owned(format!("{GRID}\n{KV_WRITE}")),
+            Self::Embed => return Cow::Owned(format!("{GRID}\n{EMBED}")),
         };
         Cow::Owned(format!("{REDUCE}\n{MATVEC}\n{MATVEC_BLOCKS}\n{format}"))
     }

@@ -454,3 +454,276 @@ fn no_driver_means_no_adapter_and_no_panic() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// shoal-model's `RopeRows` for one position, in f32 exactly as it computes (the angle advanced
+/// by repeated multiplication, divided by the factor, scaled; f32 `cos`/`sin`), applied to every
+/// head. (shoal-model itself is not a dependency: it pulls candle.)
+fn rope_reference(x: &mut [f32], rope: &shoal_gpu::Rope<'_>, factors: Option<&[f32]>, pos: usize) {
+    let (half, neox) = (rope.dims / 2, rope.mode == shoal_gpu::RopeMode::Neox);
+    let theta_scale = rope.theta.powf(-2.0 / rope.dims as f32);
+    let mut angle = pos as f32;
+    let mut cs = Vec::new();
+    for i in 0..half {
+        let ff = factors.map_or(1.0, |f| f[i]);
+        let t = rope.freq_scale * (angle / ff);
+        cs.push((t.cos(), t.sin()));
+        angle *= theta_scale;
+    }
+    for head in x.chunks_exact_mut(rope.head_dim) {
+        for (i, &(c, s)) in cs.iter().enumerate() {
+            let (j0, j1) = if neox {
+                (i, i + half)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (a, b) = (head[j0], head[j1]);
+            head[j0] = a * c - b * s;
+            head[j1] = a * s + b * c;
+        }
+    }
+}
+
+/// Tolerance: the angle is computed with the CPU's f32 operations; the GPU's sin and cos (after
+/// its reduction to [-π, π]) differ from the CPU's by a few 1e-7, so each value is within
+/// 2e-6 · max(|a|, |b|, 1) of the CPU's rotation of its pair, at positions up to 32767.
+#[test]
+fn rope_matches_the_cpu() {
+    use shoal_gpu::{Rope, RopeMode};
+    let Some(gpu) = gpu() else { return };
+    let mut rng = SplitMix64::new(21);
+    let cases = [
+        (RopeMode::Interleaved, 4, 64, 64, 10_000.0, 1.0, false),
+        (RopeMode::Neox, 3, 128, 128, 1_000_000.0, 1.0, false),
+        (RopeMode::Neox, 2, 96, 32, 10_000.0, 0.25, false),
+        (RopeMode::Interleaved, 5, 64, 64, 500_000.0, 1.0, true),
+        (RopeMode::Neox, 1, 256, 256, 10_000.0, 1.0, true),
+    ];
+    for (mode, heads, hd, dims, theta, freq_scale, with_factors) in cases {
+        let factors: Vec<f32> = (0..dims / 2).map(|i| 1.0 + (i % 3) as f32 * 0.5).collect();
+        let gf = gpu.upload(&factors).unwrap();
+        let rope = Rope {
+            mode,
+            head_dim: hd,
+            dims,
+            theta,
+            freq_scale,
+            factors: with_factors.then_some(&gf),
+        };
+        for pos in [0, 1, 17, 1000, 4095, 32_767] {
+            let x = random_vec(&mut rng, heads * hd + 3, -2.0, 2.0);
+            let gx = gpu.upload(&x).unwrap();
+            let mut cmds = gpu.commands();
+            cmds.rope(&gx, 3, heads, rope, pos).unwrap();
+            cmds.submit().unwrap();
+            let y = gpu.read(&gx).unwrap();
+            let mut want = x.clone();
+            let f = with_factors.then_some(&factors[..]);
+            rope_reference(&mut want[3..], &rope, f, pos);
+            assert_eq!(&y[..3], &x[..3], "values before the offset are untouched");
+            for i in 3..x.len() {
+                let err = (y[i] - want[i]).abs();
+                let tol = 2e-6 * x[i].abs().max(want[i].abs()).max(1.0);
+                assert!(
+                    err <= tol,
+                    "{mode:?} {heads}×{hd}/{dims} θ {theta} pos {pos} [{i}]: gpu {} cpu {}",
+                    y[i],
+                    want[i]
+                );
+            }
+        }
+    }
+}
+
+/// Decode attention against shoal-kernels' `attend_f16` (llama.cpp's CPU numerics) and an f64
+/// softmax over the same f16 keys, values and query, after writing every position with
+/// `kv_write`. Tolerances, of `Σ_j |p_j · v_j|` per output: 1e-3 against `attend_f16` (the
+/// GPU's `exp` can move a weight by one f16 rounding step, 2^-11) and 2e-3 against the f64
+/// softmax (which does not round the weights).
+#[test]
+fn decode_attention_matches_the_cpu() {
+    use shoal_gpu::{Attend, KvShape};
+    use shoal_kernels::attn::attend_f16;
+    let Some(gpu) = gpu() else { return };
+    let mut rng = SplitMix64::new(31);
+    let r16 = |v: f32| f16::from_f32(v).to_f32();
+    for (n_heads, n_kv, hd) in [(4, 4, 64), (8, 2, 64), (6, 1, 32), (4, 2, 128), (2, 1, 2)] {
+        let (layers, cap) = (2, 40);
+        let shape = KvShape {
+            layers,
+            capacity: cap,
+            n_heads,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+        };
+        let cache = gpu.kv_cache(shape).unwrap();
+        let kvd = n_kv * hd;
+        // Host copies per layer: [pos][kv_head][hd], rounded to f16.
+        let mut hk = vec![vec![0f32; cap * kvd]; layers];
+        let mut hv = hk.clone();
+        for layer in 0..layers {
+            for pos in 0..cap {
+                // k and v from offsets inside larger vectors, as from a fused QKV row.
+                let k = random_vec(&mut rng, kvd + 5, -2.0, 2.0);
+                let v = random_vec(&mut rng, kvd + 2, -2.0, 2.0);
+                let (gk, gv) = (gpu.upload(&k).unwrap(), gpu.upload(&v).unwrap());
+                let mut cmds = gpu.commands();
+                cmds.kv_write(&cache, layer, pos, &gk, 5, &gv, 2).unwrap();
+                cmds.submit().unwrap();
+                for i in 0..kvd {
+                    hk[layer][pos * kvd + i] = r16(k[5 + i]);
+                    hv[layer][pos * kvd + i] = r16(v[2 + i]);
+                }
+            }
+        }
+        for (layer, pos, window, query_scale) in [
+            (0, 0, 0, None),
+            (1, 7, 0, None),
+            (0, 39, 0, Some(0.125)),
+            (1, 39, 5, None),
+            (0, 20, 1, Some(0.3)),
+        ] {
+            let q = random_vec(&mut rng, n_heads * hd + 1, -2.0, 2.0);
+            let (gq, out) = (gpu.upload(&q).unwrap(), gpu.zeros(n_heads * hd).unwrap());
+            let at = Attend {
+                layer,
+                pos,
+                window,
+                query_scale,
+            };
+            let mut cmds = gpu.commands();
+            cmds.attention(&cache, &gq, 1, at, &out).unwrap();
+            cmds.submit().unwrap();
+            let y = gpu.read(&out).unwrap();
+
+            let len = pos + 1;
+            let first = if window == 0 {
+                0
+            } else {
+                len.saturating_sub(window)
+            };
+            let (qs, scale) = match query_scale {
+                Some(s) => (s, 1.0),
+                None => (1.0, 1.0 / (hd as f32).sqrt()),
+            };
+            let qr: Vec<f32> = q[1..].iter().map(|&v| r16(v * qs)).collect();
+            let group = n_heads / n_kv;
+            for g in 0..n_kv {
+                let keys: Vec<f16> = (first..len)
+                    .flat_map(|j| &hk[layer][j * kvd + g * hd..][..hd])
+                    .map(|&v| f16::from_f32(v))
+                    .collect();
+                let vals: Vec<f16> = (first..len)
+                    .flat_map(|j| &hv[layer][j * kvd + g * hd..][..hd])
+                    .map(|&v| f16::from_f32(v))
+                    .collect();
+                let qg = &qr[g * group * hd..(g + 1) * group * hd];
+                let mut cpu = vec![0f32; group * hd];
+                attend_f16(
+                    qg,
+                    group,
+                    &keys,
+                    &vals,
+                    hd,
+                    scale,
+                    &mut Vec::new(),
+                    &mut cpu,
+                );
+                for (hh, qh) in qg.chunks_exact(hd).enumerate() {
+                    let s: Vec<f64> = keys
+                        .chunks_exact(hd)
+                        .map(|k| {
+                            let d: f64 = qh
+                                .iter()
+                                .zip(k)
+                                .map(|(&a, b)| f64::from(a) * f64::from(b.to_f32()))
+                                .sum();
+                            d * f64::from(scale)
+                        })
+                        .collect();
+                    let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                    let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                    let sum: f64 = e.iter().sum();
+                    for d in 0..hd {
+                        let at = (g * group + hh) * hd + d;
+                        let terms = e
+                            .iter()
+                            .zip(vals.chunks_exact(hd))
+                            .map(|(p, v)| p / sum * f64::from(v[d].to_f32()));
+                        let exact: f64 = terms.clone().sum();
+                        let mag: f64 = terms.map(f64::abs).sum();
+                        let got = f64::from(y[at]);
+                        let ctx = format!(
+                            "{n_heads}/{n_kv}×{hd} layer {layer} pos {pos} window {window} [{at}]"
+                        );
+                        assert!(
+                            (got - f64::from(cpu[hh * hd + d])).abs() <= 1e-3 * mag + 1e-6,
+                            "{ctx}: gpu {got} attend_f16 {}",
+                            cpu[hh * hd + d]
+                        );
+                        assert!(
+                            (got - exact).abs() <= 2e-3 * mag + 1e-6,
+                            "{ctx}: gpu {got} f64 {exact}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Bitwise: the embedding row is decoded with the CPU's f32 operations (`d · q`, then `· scale`),
+/// also from a table split into chunks.
+#[test]
+fn embedding_rows_match_the_cpu_bitwise() {
+    for max_binding in [None, Some(4096)] {
+        let Some(gpu) = gpu_with(OpenOptions { max_binding }) else {
+            return;
+        };
+        let mut rng = SplitMix64::new(41);
+        for qtype in [QType::F32, QType::F16, QType::Q8_0, QType::Q4_0] {
+            let (rows, cols) = (50, 96);
+            let bytes = random_matrix(&mut rng, qtype, rows, cols);
+            let w = QMatrix::new(qtype, rows, cols, &bytes).unwrap();
+            let gw = gpu.upload_matrix(&w).unwrap();
+            let rb = row_bytes(qtype, cols);
+            for (row, scale) in [(0, 1.0f32), (17, 2.5), (49, 9.797_959)] {
+                let y = gpu.zeros(cols).unwrap();
+                let mut cmds = gpu.commands();
+                cmds.embed(&gw, row, scale, &y).unwrap();
+                cmds.submit().unwrap();
+                let mut want = vec![0f32; cols];
+                dequantize_row(qtype, &bytes[row * rb..(row + 1) * rb], &mut want).unwrap();
+                let want: Vec<u32> = want.iter().map(|v| (scale * v).to_bits()).collect();
+                let got: Vec<u32> = gpu.read(&y).unwrap().iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "{} row {row} ({max_binding:?})", qtype.name());
+            }
+            let mut cmds = gpu.commands();
+            assert!(
+                cmds.embed(&gw, rows, 1.0, &gpu.zeros(cols).unwrap())
+                    .is_err()
+            );
+        }
+    }
+}
+
+#[test]
+fn residual_add_is_exact() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = SplitMix64::new(51);
+    for n in [1, 7, 1000, 70_001] {
+        let (a, b) = (
+            random_vec(&mut rng, n, -5.0, 5.0),
+            random_vec(&mut rng, n, -5.0, 5.0),
+        );
+        let (ga, gb, gy) = (
+            gpu.upload(&a).unwrap(),
+            gpu.upload(&b).unwrap(),
+            gpu.zeros(n).unwrap(),
+        );
+        let mut cmds = gpu.commands();
+        cmds.add(&ga, &gb, &gy).unwrap();
+        cmds.submit().unwrap();
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        assert_eq!(gpu.read(&gy).unwrap(), want, "n {n}");
+    }
+}

@@ -21,3 +21,19 @@ fn group_sum(lid: u32, width: u32, value: f32) -> f32 {
     }
     return partial[lid - t];
 }
+
+// The maximum of `value` over each aligned group of `width` threads, as `group_sum`.
+fn group_max(lid: u32, width: u32, value: f32) -> f32 {
+    partial[lid] = value;
+    workgroupBarrier();
+    let t = lid % width;
+    for (var s = width / 2u; s > 0u; s = s / 2u) {
+        if (t < s) {
+            partial[lid] = max(partial[lid], partial[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let m = partial[lid - t];
+    workgroupBarrier();
+    return m;
+}

@@ -1,0 +1,66 @@
+// Rotary embedding in place over `n_heads` heads of `head_dim` values at x[offset ..], for one
+// position. The first `dims` values of a head are rotated in dims / 2 pairs: adjacent pairs
+// (2i, 2i + 1) ("normal", Llama) or the halves (i, i + dims / 2) (NEOX: Qwen, Gemma, Phi-3).
+//
+// The angle of pair i is computed as shoal-model's RopeRows (ggml's rope cache) computes it, with
+// the same f32 operations: pos multiplied i times by theta_scale = theta^(-2 / dims), divided by
+// the pair's frequency factor (when given), times freq_scale. It is then reduced to [-π, π] with
+// 2π in three parts (exact products for |angle| up to ~5·10⁴) before sin and cos, whose
+// accuracy the WGSL spec only promises in that range.
+
+struct Params {
+    n_heads: u32,
+    head_dim: u32,
+    dims: u32,
+    pos: u32,
+    theta_scale: f32,
+    freq_scale: f32,
+    neox: u32,
+    has_factors: u32,
+    offset: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read> factors: array<f32>;
+
+const INV_TWO_PI: f32 = 0.15915494309189535;
+// 2π = C1 + C2 + C3, C1 and C2 with 11 significant bits each.
+const C1: f32 = 6.28125;
+const C2: f32 = 0.0019350051879882812;
+const C3: f32 = 3.019916050561733e-07;
+
+fn run(id: u32) {
+    let half = params.dims / 2u;
+    if (id >= params.n_heads * half) {
+        return;
+    }
+    let head = id / half;
+    let i = id % half;
+    var angle = f32(params.pos);
+    for (var j = 0u; j < i; j++) {
+        angle *= params.theta_scale;
+    }
+    if (params.has_factors != 0u) {
+        angle = angle / factors[i];
+    }
+    let theta = params.freq_scale * angle;
+    let k = round(theta * INV_TWO_PI);
+    let r = ((theta - k * C1) - k * C2) - k * C3;
+    let c = cos(r);
+    let s = sin(r);
+    let base = params.offset + head * params.head_dim;
+    var j0 = base + 2u * i;
+    var j1 = j0 + 1u;
+    if (params.neox != 0u) {
+        j0 = base + i;
+        j1 = j0 + half;
+    }
+    let a = x[j0];
+    let b = x[j1];
+    x[j0] = a * c - b * s;
+    x[j1] = a * s + b * c;
+}

@@ -1,0 +1,351 @@
+//! The rest of a decoder layer's decode step on the device: rotary embedding ([`Commands::rope`]),
+//! the f16 KV cache ([`GpuKvCache`], [`Commands::kv_write`]), decode attention over it
+//! ([`Commands::attention`]) and the embedding-row lookup ([`Commands::embed`]).
+
+use shoal_kernels::QType;
+
+use crate::ops::same_len;
+use crate::pipelines::Kernel;
+use crate::{Commands, Gpu, GpuError, GpuMatrix, GpuVec};
+
+/// Threads per workgroup of the elementwise kernels here (RoPE, KV write, embedding) and of
+/// attention (one workgroup per query head).
+const WG: u32 = 64;
+
+/// Which values of a head a rotary embedding pairs: shoal-model's `RopeStyle`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeMode {
+    /// Adjacent pairs `(x[2i], x[2i+1])` (ggml's "normal" mode: Llama, Mistral).
+    Interleaved,
+    /// The halves `(x[i], x[i + dims/2])` (ggml's NEOX mode: Qwen 2/3, Gemma 3, Phi-3).
+    Neox,
+}
+
+/// One rotary embedding, as shoal-model's `RopeSpec` describes it. The frequency factors
+/// (Llama 3's `rope_freqs`, Phi-3's) are a device vector of `dims / 2` divisors.
+#[derive(Debug, Clone, Copy)]
+pub struct Rope<'a> {
+    pub mode: RopeMode,
+    /// Values per head (the vector holds whole heads).
+    pub head_dim: usize,
+    /// Rotated values per head (even, at most `head_dim`; the rest pass through).
+    pub dims: usize,
+    /// The frequency base (`rope.freq_base`).
+    pub theta: f32,
+    /// Linear position scale (1 without scaling).
+    pub freq_scale: f32,
+    pub factors: Option<&'a GpuVec>,
+}
+
+/// The shape of a [`GpuKvCache`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    pub layers: usize,
+    /// Positions per layer.
+    pub capacity: usize,
+    /// Query heads (sizes the attention's score scratch).
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    /// Values per head: even, at most 256.
+    pub head_dim: usize,
+}
+
+/// A KV cache on the device: keys and values as f16, two per u32, laid out
+/// `[layer][pos][kv_head][head_dim]`, each in one storage buffer; plus the attention's score
+/// scratch (`n_heads × capacity` f32).
+#[derive(Debug)]
+pub struct GpuKvCache {
+    shape: KvShape,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    scores: wgpu::Buffer,
+}
+
+impl GpuKvCache {
+    pub fn shape(&self) -> KvShape {
+        self.shape
+    }
+
+    /// u32 words per position of one layer.
+    fn row_words(&self) -> usize {
+        self.shape.n_kv_heads * self.shape.head_dim / 2
+    }
+
+    fn base(&self, layer: usize, pos: usize) -> u32 {
+        ((layer * self.shape.capacity + pos) * self.row_words()) as u32
+    }
+}
+
+/// How [`Commands::attention`] attends: shoal-model's `AttnSpec` plus the layer and position.
+#[derive(Debug, Clone, Copy)]
+pub struct Attend {
+    pub layer: usize,
+    /// The query's position; keys `0..=pos` (or the window's last ones) are attended.
+    pub pos: usize,
+    /// Keys a query sees, counting itself (0: all earlier positions).
+    pub window: usize,
+    /// Queries are multiplied by this before the `q·k` products and the scores are not scaled;
+    /// `None`: scores are scaled by `1 / sqrt(head_dim)`.
+    pub query_scale: Option<f32>,
+}
+
+fn shape_err(msg: String) -> GpuError {
+    GpuError::Shape(msg)
+}
+
+fn u32_of(what: &str, v: usize) -> Result<u32, GpuError> {
+    u32::try_from(v).map_err(|_| shape_err(format!("{what} {v} does not fit a u32")))
+}
+
+impl Gpu {
+    /// A zeroed KV cache of `shape`; refused when one of its buffers exceeds a storage binding.
+    pub fn kv_cache(&self, shape: KvShape) -> Result<GpuKvCache, GpuError> {
+        let KvShape {
+            layers,
+            capacity,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        } = shape;
+        if head_dim == 0 || head_dim % 2 == 1 || head_dim > 256 {
+            return Err(shape_err(format!(
+                "head_dim {head_dim}: need even, 1..=256"
+            )));
+        }
+        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(shape_err(format!(
+                "{n_heads} query heads are not a multiple of {n_kv_heads} KV heads"
+            )));
+        }
+        let kv_bytes = (layers * capacity * n_kv_heads * head_dim * 2).max(4) as u64;
+        let score_bytes = (n_heads * capacity * 4).max(4) as u64;
+        for (what, bytes) in [("KV cache", kv_bytes), ("attention scores", score_bytes)] {
+            if bytes > self.max_binding {
+                return Err(GpuError::TooLarge {
+                    what,
+                    bytes,
+                    limit: self.max_binding,
+                });
+            }
+        }
+        let buffer = |label, size| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        self.checked(|| GpuKvCache {
+            shape,
+            k: buffer("shoal k cache", kv_bytes),
+            v: buffer("shoal v cache", kv_bytes),
+            scores: buffer("shoal attention scores", score_bytes),
+        })
+    }
+}
+
+impl Commands<'_> {
+    /// Rotates, in place, the heads of `x` from value `offset` on (a `[heads × head_dim]` query
+    /// or key vector, or the `[q | k]` front of a fused QKV row) for position `pos`.
+    pub fn rope(
+        &mut self,
+        x: &GpuVec,
+        offset: usize,
+        heads: usize,
+        rope: Rope<'_>,
+        pos: usize,
+    ) -> Result<(), GpuError> {
+        let Rope {
+            mode,
+            head_dim,
+            dims,
+            theta,
+            freq_scale,
+            factors,
+        } = rope;
+        if dims == 0 || dims % 2 == 1 || dims > head_dim {
+            return Err(shape_err(format!(
+                "rope over {dims} of {head_dim} values: need even, 1..=head_dim"
+            )));
+        }
+        if offset + heads * head_dim > x.len() {
+            return Err(shape_err(format!(
+                "rope: {heads} heads of {head_dim} from {offset} exceed {} values",
+                x.len()
+            )));
+        }
+        if let Some(f) = factors {
+            same_len("rope factors", f.len(), dims / 2)?;
+        }
+        let theta_scale = theta.powf(-2.0 / dims as f32);
+        let params = self.gpu().uniform(&[
+            u32_of("heads", heads)?,
+            u32_of("head_dim", head_dim)?,
+            dims as u32,
+            u32_of("position", pos)?,
+            theta_scale.to_bits(),
+            freq_scale.to_bits(),
+            u32::from(mode == RopeMode::Neox),
+            u32::from(factors.is_some()),
+            u32_of("offset", offset)?,
+        ]);
+        // Without factors the kernel never reads them; a one-value vector fills the binding.
+        let dummy;
+        let factors = match factors {
+            Some(f) => &f.buffer,
+            None => {
+                dummy = self.gpu().zeros(1)?;
+                &dummy.buffer
+            }
+        };
+        let pairs = u32_of("pairs", heads * dims / 2)?;
+        self.dispatch(
+            Kernel::Rope,
+            WG,
+            &[&params, &x.buffer, factors],
+            pairs.div_ceil(WG),
+        )
+    }
+
+    /// Stores one position's keys and values (`n_kv_heads × head_dim` values each, from
+    /// `k[k_off..]` and `v[v_off..]`) in `cache` at `layer`, `pos`, rounded to f16.
+    #[allow(clippy::too_many_arguments)] // two sources with offsets, and where they go
+    pub fn kv_write(
+        &mut self,
+        cache: &GpuKvCache,
+        layer: usize,
+        pos: usize,
+        k: &GpuVec,
+        k_off: usize,
+        v: &GpuVec,
+        v_off: usize,
+    ) -> Result<(), GpuError> {
+        let s = cache.shape;
+        if layer >= s.layers || pos >= s.capacity {
+            return Err(shape_err(format!(
+                "KV write at layer {layer}, position {pos}: the cache holds {} × {}",
+                s.layers, s.capacity
+            )));
+        }
+        let n = 2 * cache.row_words();
+        if k_off + n > k.len() || v_off + n > v.len() {
+            return Err(shape_err(format!(
+                "KV write of {n} values from {k_off} / {v_off}: vectors of {} / {}",
+                k.len(),
+                v.len()
+            )));
+        }
+        let words = cache.row_words() as u32;
+        let params = self.gpu().uniform(&[
+            words,
+            cache.base(layer, pos),
+            u32_of("k offset", k_off)?,
+            u32_of("v offset", v_off)?,
+        ]);
+        let buffers = [&params, &k.buffer, &v.buffer, &cache.k, &cache.v];
+        self.dispatch(Kernel::KvWrite, WG, &buffers, words.div_ceil(WG))
+    }
+
+    /// Decode attention of one query (`n_heads × head_dim` values from `q[q_off..]`) over
+    /// `cache`'s keys and values of `at.layer` up to `at.pos`, into `out` (`n_heads × head_dim`).
+    pub fn attention(
+        &mut self,
+        cache: &GpuKvCache,
+        q: &GpuVec,
+        q_off: usize,
+        at: Attend,
+        out: &GpuVec,
+    ) -> Result<(), GpuError> {
+        let s = cache.shape;
+        let qd = s.n_heads * s.head_dim;
+        if at.layer >= s.layers || at.pos >= s.capacity || q_off + qd > q.len() {
+            return Err(shape_err(format!(
+                "attention at layer {}, position {} from q[{q_off}..] of {}: the cache holds \
+                 {} × {}, {qd} query values",
+                at.layer,
+                at.pos,
+                q.len(),
+                s.layers,
+                s.capacity
+            )));
+        }
+        same_len("attention output", out.len(), qd)?;
+        let len = at.pos + 1;
+        let first = match at.window {
+            0 => 0,
+            w => len.saturating_sub(w),
+        };
+        let (q_scale, score_scale) = match at.query_scale {
+            Some(sc) => (sc, 1.0),
+            None => (1.0, 1.0 / (s.head_dim as f32).sqrt()),
+        };
+        let params = self.gpu().uniform(&[
+            s.head_dim as u32,
+            (s.n_heads / s.n_kv_heads) as u32,
+            s.n_kv_heads as u32,
+            at.pos as u32,
+            first as u32,
+            cache.base(at.layer, 0),
+            s.capacity as u32,
+            u32_of("q offset", q_off)?,
+            q_scale.to_bits(),
+            score_scale.to_bits(),
+        ]);
+        let wg = WG.min(self.gpu().row_workgroup());
+        let buffers = [
+            &params,
+            &q.buffer,
+            &cache.k,
+            &cache.v,
+            &cache.scores,
+            &out.buffer,
+        ];
+        self.dispatch(Kernel::Attention, wg, &buffers, s.n_heads as u32)
+    }
+
+    /// Row `row` of an embedding table (`F32`, `F16`, `Q8_0` or `Q4_0`), dequantized and
+    /// multiplied by `scale` (Gemma's `sqrt(dim)`, else 1), into `y` (`table.cols()` values).
+    pub fn embed(
+        &mut self,
+        table: &GpuMatrix,
+        row: usize,
+        scale: f32,
+        y: &GpuVec,
+    ) -> Result<(), GpuError> {
+        let format = match table.qtype() {
+            QType::F32 => 0,
+            QType::F16 => 1,
+            QType::Q8_0 => 2,
+            QType::Q4_0 => 3,
+            other => return Err(GpuError::Unsupported(other.name())),
+        };
+        same_len("embedding output", y.len(), table.cols())?;
+        let mut first = 0;
+        let Some(chunk) = table.chunks.iter().find(|c| {
+            first += c.rows as usize;
+            row < first
+        }) else {
+            return Err(shape_err(format!(
+                "embedding row {row} of a table of {} rows",
+                table.rows()
+            )));
+        };
+        let in_chunk = row - (first - chunk.rows as usize);
+        let k = match table.qtype().block_size() {
+            1 => table.cols().div_ceil(4) * 4,
+            _ => table.cols(),
+        };
+        let n = table.cols() as u32;
+        let params = self
+            .gpu()
+            .uniform(&[in_chunk as u32, k as u32, n, scale.to_bits()]);
+        let scales = chunk.scales.as_ref().unwrap_or(&chunk.weights);
+        self.dispatch_with(
+            Kernel::Embed,
+            &[("WG", WG), ("FORMAT", format)],
+            &[&params, &chunk.weights, scales, &y.buffer],
+            n.div_ceil(WG),
+        )
+    }
+}
