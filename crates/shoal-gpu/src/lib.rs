@@ -10,8 +10,8 @@
 //! - [`Gpu::open`] opens one with the adapter's own limits; a [`Gpu`] owns the device, its queue
 //!   and one cache of compiled pipelines (a kernel plus its override constants).
 //! - [`Gpu::upload_matrix`] takes a GGUF weight matrix as shoal-kernels' [`shoal_kernels::QMatrix`]
-//!   (`F32`, `F16`, `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, and the K-quants `Q4_K` and
-//!   `Q6_K` of a Q4_K_M file) and repacks it into a layout WGSL reads well: quants
+//!   (every format it reads: `F32`, `F16`, `BF16`, `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, and
+//!   the K-quants `Q2_K` … `Q6_K`) and repacks it into a layout WGSL reads well: quants
 //!   u32-aligned in one buffer, the blocks' f16 scales in another (see `matrix`); a matrix above
 //!   the largest storage binding is split by rows into chunks, a row above it is refused.
 //! - [`GpuVec`]: f32 activations on the device ([`Gpu::upload`], [`Gpu::zeros`], [`Gpu::read`]).
@@ -19,7 +19,10 @@
 //!   matrix-vector product, f32 in and out, workgroup size and rows per workgroup as WGSL override
 //!   constants via [`MatvecConfig`], no subgroup width assumed), [`Commands::rms_norm`] and
 //!   [`Commands::swiglu`] (the SiLU-gated product of a decoder layer's MLP), [`Commands::add`]
-//!   (the residual add).
+//!   (the residual add), [`Commands::matmat`] (prefill's and batches' `Y = X · Wᵀ`, tiled: a
+//!   workgroup dequantizes a tile of weight rows once per 32 values of k into workgroup memory
+//!   and multiplies it with a tile of X's rows; tile sizes as override constants via
+//!   [`MatmatConfig`]).
 //! - The attention half of a decode step (`layer`): [`Commands::rope`] rotates heads in place
 //!   for one position ([`Rope`]: interleaved/"normal" for Llama and Mistral, NEOX for Qwen,
 //!   Gemma and Phi-3; base, linear scale, partial `dims`, frequency factors; the angle computed
@@ -31,22 +34,25 @@
 //! - [`Commands::embed`]: one row of an `F32`/`F16`/`Q8_0`/`Q4_0` embedding table uploaded as a
 //!   [`GpuMatrix`], dequantized (times Gemma's scale) into a [`GpuVec`].
 //!
-//! The kernels live in `src/kernels/*.wgsl` (`include_str!`): `matvec.wgsl` is the frame shared by
-//! the matrix-vector kernels (bindings, the workgroup reduction), to which one `matvec_<type>.wgsl`
-//! (weight bindings and `row_dot`) is appended; the one-thread-per-item kernels share `grid.wgsl`'s
-//! entry point; the block formats share `matvec_blocks.wgsl`'s row
-//! loop over 32-value units and define only `block_dot`.
+//! The kernels live in `src/kernels/*.wgsl` (`include_str!`): `matvec.wgsl` (matrix-vector: the
+//! workgroup reduction) and `matmat.wgsl` (matrix-matrix: the tile loop) are the two frames; to
+//! either is appended `matvec_plain.wgsl` (the plain formats' row loop over vec4s) or
+//! `matvec_blocks.wgsl` (the block formats' row loop over 32-value units and shared decode
+//! helpers), then one `matvec_<type>.wgsl`: its weight bindings and decode (`w4` for the plain
+//! formats; `block_dot` for matvec and `dequant4` for the tiles for the block formats). The
+//! one-thread-per-item kernels share `grid.wgsl`'s entry point.
 //!
-//! Not here yet: the decoder stage that chains these per layer, prefill (matrix-matrix, causal
-//! attention over a chunk), the other norms and activations, `BF16` and `Q2_K`/`Q3_K`/`Q5_K`.
+//! Not here yet: the decoder stage that chains these per layer, causal attention over a prefill
+//! chunk, the other norms and activations.
 //!
-//! Tests (tests/kernels.rs) compare every kernel against the CPU path on lavapipe at small and odd
+//! Tests (tests/kernels.rs, tests/matmat.rs; helpers in tests/common) compare every kernel against the CPU path on lavapipe at small and odd
 //! shapes; they fail when no adapter exists unless `SHOAL_GPU_TESTS=skip`.
 
 mod buffer;
 mod device;
 mod error;
 mod layer;
+mod matmat;
 mod matrix;
 mod ops;
 mod pipelines;
@@ -55,5 +61,6 @@ pub use buffer::GpuVec;
 pub use device::{Gpu, GpuInfo, OpenOptions};
 pub use error::GpuError;
 pub use layer::{Attend, GpuKvCache, KvShape, Rope, RopeMode};
+pub use matmat::MatmatConfig;
 pub use matrix::GpuMatrix;
 pub use ops::{Commands, MatvecConfig};

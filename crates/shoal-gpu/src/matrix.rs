@@ -2,7 +2,8 @@
 //!
 //! Layouts (what the kernels in `kernels/matvec_*.wgsl` read):
 //! - `F32`: rows of `ceil(k / 4)` vec4s, zero-padded;
-//! - `F16`: rows of `ceil(k / 4)` groups of four halves, zero-padded (read with `unpack2x16float`);
+//! - `F16` / `BF16`: rows of `ceil(k / 4)` groups of four halves, zero-padded (`F16` read with
+//!   `unpack2x16float`, `BF16` as the top halves of f32s);
 //! - `Q8_0`: each block's 32 quants as 32 bytes (u32-aligned) in one buffer, its f16 scale in a
 //!   second buffer of f16 pairs;
 //! - `Q4_0`: each block's 16 nibble bytes in ggml's order (u32-aligned), scales as for `Q8_0`;
@@ -13,6 +14,11 @@
 //!   then the eight 6-bit sub-block scales and the eight mins decoded at upload, one byte each;
 //! - `Q6_K`: each super-block's 128 `ql` and 64 `qh` bytes; its scale entry is 5 u32: the 16 i8
 //!   scales, then f16 `d` (and two zero bytes).
+//! - `Q5_K`: each super-block's 128 nibble bytes then its 32 `qh` bytes; scales as for `Q4_K`;
+//! - `Q3_K`: each super-block's 64 `qs` bytes then its 32 `hmask` bytes; its scale entry is 5
+//!   u32 as for `Q6_K`: the sixteen 6-bit scales decoded at upload (minus 32, as i8), then f16 `d`;
+//! - `Q2_K`: each super-block's 64 `qs` bytes; its scale entry is 5 u32: f16 `d` and `dmin`,
+//!   then the 16 bytes of 4-bit scale (low nibble) and min (high nibble) as in the file.
 //!
 //! A matrix larger than the device's largest storage binding is split by rows into chunks, each
 //! with its own buffers and dispatch; one row larger than a binding is refused
@@ -64,23 +70,8 @@ impl GpuMatrix {
     }
 
     pub(crate) fn kernel(&self) -> Kernel {
-        kernel_of(self.qtype).unwrap_or(Kernel::MatvecF32)
+        Kernel::Matvec(self.qtype)
     }
-}
-
-fn kernel_of(qtype: QType) -> Option<Kernel> {
-    Some(match qtype {
-        QType::F32 => Kernel::MatvecF32,
-        QType::F16 => Kernel::MatvecF16,
-        QType::Q8_0 => Kernel::MatvecQ8_0,
-        QType::Q4_0 => Kernel::MatvecQ4_0,
-        QType::Q4_1 => Kernel::MatvecQ4_1,
-        QType::Q5_0 => Kernel::MatvecQ5_0,
-        QType::Q5_1 => Kernel::MatvecQ5_1,
-        QType::Q4_K => Kernel::MatvecQ4K,
-        QType::Q6_K => Kernel::MatvecQ6K,
-        _ => return None,
-    })
 }
 
 /// Where a format's fields sit in its GGUF block: (scale bytes kept together as the block's
@@ -112,11 +103,19 @@ fn q4k_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     (sc, m)
 }
 
+/// The sixteen 6-bit scales of a `Q3_K` super-block's 12 scale bytes, unsigned (0..64; the
+/// format subtracts 32): as shoal-kernels' `k3_scales`.
+fn q3k_scales(s: &[u8]) -> [u8; 16] {
+    std::array::from_fn(|j| {
+        ((s[j % 8] >> (4 * (j / 8))) & 0x0F) | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)
+    })
+}
+
 /// One GGUF row repacked: (weight bytes, scale bytes) appended to the two outputs.
 fn repack_row(qtype: QType, row: &[u8], k: usize, weights: &mut Vec<u8>, scales: &mut Vec<u8>) {
     let blocks = row.chunks_exact(qtype.type_size());
     match qtype {
-        QType::F32 | QType::F16 => {
+        QType::F32 | QType::F16 | QType::BF16 => {
             weights.extend_from_slice(row);
             let elem = qtype.type_size();
             weights.resize(weights.len() + (k.div_ceil(4) * 4 - k) * elem, 0);
@@ -129,13 +128,34 @@ fn repack_row(qtype: QType, row: &[u8], k: usize, weights: &mut Vec<u8>, scales:
                 weights.extend_from_slice(&block[qh.clone()]);
             }
         }
-        QType::Q4_K => {
+        QType::Q4_K | QType::Q5_K => {
             for block in blocks {
                 let (sc, m) = q4k_scales_mins(&block[4..16]);
                 scales.extend_from_slice(&block[..4]);
                 scales.extend_from_slice(&sc);
                 scales.extend_from_slice(&m);
-                weights.extend_from_slice(&block[16..144]);
+                if qtype == QType::Q4_K {
+                    weights.extend_from_slice(&block[16..144]);
+                } else {
+                    weights.extend_from_slice(&block[48..176]);
+                    weights.extend_from_slice(&block[16..48]);
+                }
+            }
+        }
+        QType::Q3_K => {
+            for block in blocks {
+                scales.extend(q3k_scales(&block[96..108]).map(|s| s.wrapping_sub(32)));
+                scales.extend_from_slice(&block[108..110]);
+                scales.extend_from_slice(&[0, 0]);
+                weights.extend_from_slice(&block[32..96]);
+                weights.extend_from_slice(&block[..32]);
+            }
+        }
+        QType::Q2_K => {
+            for block in blocks {
+                scales.extend_from_slice(&block[80..84]);
+                scales.extend_from_slice(&block[..16]);
+                weights.extend_from_slice(&block[16..80]);
             }
         }
         QType::Q6_K => {
@@ -146,7 +166,6 @@ fn repack_row(qtype: QType, row: &[u8], k: usize, weights: &mut Vec<u8>, scales:
                 weights.extend_from_slice(&block[..192]);
             }
         }
-        _ => unreachable!("checked by kernel_of"),
     }
 }
 
@@ -155,7 +174,7 @@ fn repacked_row_bytes(qtype: QType, k: usize) -> (u64, u64) {
     let (k4, nb, nk) = (k.div_ceil(4) as u64, (k / QK) as u64, (k / QK_K) as u64);
     match qtype {
         QType::F32 => (k4 * 16, 0),
-        QType::F16 => (k4 * 8, 0),
+        QType::F16 | QType::BF16 => (k4 * 8, 0),
         QType::Q8_0 => (nb * 32, nb * 2),
         QType::Q4_0 => (nb * 16, nb * 2),
         QType::Q4_1 => (nb * 16, nb * 4),
@@ -163,7 +182,9 @@ fn repacked_row_bytes(qtype: QType, k: usize) -> (u64, u64) {
         QType::Q5_1 => (nb * 20, nb * 4),
         QType::Q4_K => (nk * 128, nk * 20),
         QType::Q6_K => (nk * 192, nk * 20),
-        _ => (0, 0),
+        QType::Q5_K => (nk * 160, nk * 20),
+        QType::Q3_K => (nk * 96, nk * 20),
+        QType::Q2_K => (nk * 64, nk * 20),
     }
 }
 
@@ -176,13 +197,10 @@ fn params_bytes(rows: u32, k: u32, row_offset: u32) -> Vec<u8> {
 }
 
 impl Gpu {
-    /// Uploads a GGUF weight matrix (`F32`, `F16`, `Q8_0` or `Q4_0`), repacked for its kernel
+    /// Uploads a GGUF weight matrix of any format shoal-kernels reads, repacked for its kernels
     /// and split by rows where it exceeds the largest storage binding.
     pub fn upload_matrix(&self, w: &QMatrix<'_>) -> Result<GpuMatrix, GpuError> {
         let row_bytes = w.row_bytes()?;
-        if kernel_of(w.qtype).is_none() {
-            return Err(GpuError::Unsupported(w.qtype.name()));
-        }
         let k = w.cols;
         let k_padded = if w.qtype.block_size() == 1 {
             k.div_ceil(4) * 4

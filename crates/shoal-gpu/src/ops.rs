@@ -217,8 +217,32 @@ impl<'g> Commands<'g> {
         if groups == 0 {
             return Ok(());
         }
+        let numbered: Vec<_> = (0u32..).zip(buffers.iter().copied()).collect();
+        let grid = self.gpu.grid(groups)?;
+        self.dispatch_grid(kernel, constants, &numbered, grid)
+    }
+
+    /// One dispatch of a `(x, y)` grid of `kernel`'s workgroups, with the given bindings.
+    pub(crate) fn dispatch_grid(
+        &mut self,
+        kernel: Kernel,
+        constants: &[(&'static str, u32)],
+        buffers: &[(u32, &wgpu::Buffer)],
+        (gx, gy): (u32, u32),
+    ) -> Result<(), GpuError> {
+        let max = self.gpu.max_groups_per_dim;
+        if gx > max || gy > max {
+            return Err(GpuError::TooLarge {
+                what: "dispatch",
+                bytes: u64::from(gx.max(gy)),
+                limit: u64::from(max),
+            });
+        }
+        if gx == 0 || gy == 0 {
+            return Ok(());
+        }
         let pipeline = self.gpu.pipeline(kernel, constants)?;
-        let entries: Vec<_> = (0u32..).zip(buffers).map(|(i, b)| entry(i, b)).collect();
+        let entries: Vec<_> = buffers.iter().map(|&(i, b)| entry(i, b)).collect();
         let bind = self
             .gpu
             .device
@@ -227,7 +251,6 @@ impl<'g> Commands<'g> {
                 layout: &pipeline.get_bind_group_layout(0),
                 entries: &entries,
             });
-        let (gx, gy) = self.gpu.grid(groups)?;
         let mut pass = self
             .encoder
             .begin_compute_pass(&wgpu::ComputePassDescriptor::default());
@@ -245,7 +268,7 @@ impl<'g> Commands<'g> {
     }
 }
 
-fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+pub(crate) fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
     wgpu::BindGroupEntry {
         binding,
         resource: buffer.as_entire_binding(),

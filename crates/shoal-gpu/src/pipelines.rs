@@ -2,18 +2,13 @@
 
 use std::borrow::Cow;
 
+use shoal_kernels::QType;
+
 const REDUCE: &str = include_str!("kernels/reduce.wgsl");
 const MATVEC: &str = include_str!("kernels/matvec.wgsl");
-const MATVEC_F32: &str = include_str!("kernels/matvec_f32.wgsl");
-const MATVEC_F16: &str = include_str!("kernels/matvec_f16.wgsl");
-const MATVEC_Q8_0: &str = include_str!("kernels/matvec_q8_0.wgsl");
-const MATVEC_Q4_0: &str = include_str!("kernels/matvec_q4_0.wgsl");
-const MATVEC_BLOCKS: &str = include_str!("kernels/matvec_blocks.wgsl");
-const MATVEC_Q4_1: &str = include_str!("kernels/matvec_q4_1.wgsl");
-const MATVEC_Q5_0: &str = include_str!("kernels/matvec_q5_0.wgsl");
-const MATVEC_Q5_1: &str = include_str!("kernels/matvec_q5_1.wgsl");
-const MATVEC_Q4_K: &str = include_str!("kernels/matvec_q4_k.wgsl");
-const MATVEC_Q6_K: &str = include_str!("kernels/matvec_q6_k.wgsl");
+const MATMAT: &str = include_str!("kernels/matmat.wgsl");
+const PLAIN: &str = include_str!("kernels/matvec_plain.wgsl");
+const BLOCKS: &str = include_str!("kernels/matvec_blocks.wgsl");
 const ROWWISE: &str = include_str!("kernels/rowwise.wgsl");
 const RMS_NORM: &str = include_str!("kernels/rms_norm.wgsl");
 const SWIGLU: &str = include_str!("kernels/swiglu.wgsl");
@@ -24,18 +19,34 @@ const ATTENTION: &str = include_str!("kernels/attention.wgsl");
 const EMBED: &str = include_str!("kernels/embed.wgsl");
 const GRID: &str = include_str!("kernels/grid.wgsl");
 
+/// One weight format's WGSL (`kernels/matvec_<type>.wgsl`): its weight bindings and decode, and
+/// whether it is a plain format (every format shoal-kernels reads has one) (`F32`, `F16`, `BF16`: `w4` per vec4) or a block format
+/// (`block_dot` and `dequant4` per 32-value unit).
+fn format_source(qtype: QType) -> (&'static str, bool) {
+    match qtype {
+        QType::F32 => (include_str!("kernels/matvec_f32.wgsl"), true),
+        QType::F16 => (include_str!("kernels/matvec_f16.wgsl"), true),
+        QType::BF16 => (include_str!("kernels/matvec_bf16.wgsl"), true),
+        QType::Q8_0 => (include_str!("kernels/matvec_q8_0.wgsl"), false),
+        QType::Q4_0 => (include_str!("kernels/matvec_q4_0.wgsl"), false),
+        QType::Q4_1 => (include_str!("kernels/matvec_q4_1.wgsl"), false),
+        QType::Q5_0 => (include_str!("kernels/matvec_q5_0.wgsl"), false),
+        QType::Q5_1 => (include_str!("kernels/matvec_q5_1.wgsl"), false),
+        QType::Q2_K => (include_str!("kernels/matvec_q2_k.wgsl"), false),
+        QType::Q3_K => (include_str!("kernels/matvec_q3_k.wgsl"), false),
+        QType::Q4_K => (include_str!("kernels/matvec_q4_k.wgsl"), false),
+        QType::Q5_K => (include_str!("kernels/matvec_q5_k.wgsl"), false),
+        QType::Q6_K => (include_str!("kernels/matvec_q6_k.wgsl"), false),
+    }
+}
+
 /// One compute kernel (a WGSL module with entry point `main`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kernel {
-    MatvecF32,
-    MatvecF16,
-    MatvecQ8_0,
-    MatvecQ4_0,
-    MatvecQ4_1,
-    MatvecQ5_0,
-    MatvecQ5_1,
-    MatvecQ4K,
-    MatvecQ6K,
+    /// Matrix-vector product over weights of one format (decode).
+    Matvec(QType),
+    /// Tiled matrix-matrix product over weights of one format (prefill, batches).
+    Matmat(QType),
     RmsNorm,
     Swiglu,
     Add,
@@ -48,15 +59,8 @@ pub(crate) enum Kernel {
 impl Kernel {
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Self::MatvecF32 => "matvec_f32",
-            Self::MatvecF16 => "matvec_f16",
-            Self::MatvecQ8_0 => "matvec_q8_0",
-            Self::MatvecQ4_0 => "matvec_q4_0",
-            Self::MatvecQ4_1 => "matvec_q4_1",
-            Self::MatvecQ5_0 => "matvec_q5_0",
-            Self::MatvecQ5_1 => "matvec_q5_1",
-            Self::MatvecQ4K => "matvec_q4_k",
-            Self::MatvecQ6K => "matvec_q6_k",
+            Self::Matvec(_) => "matvec",
+            Self::Matmat(_) => "matmat",
             Self::RmsNorm => "rms_norm",
             Self::Swiglu => "swiglu",
             Self::Add => "add",
@@ -67,20 +71,14 @@ impl Kernel {
         }
     }
 
-    /// The module's WGSL: the reduction helpers where it reduces, its frame (`matvec.wgsl`, plus
-    /// `matvec_blocks.wgsl` for the block formats, or `rowwise.wgsl`), then the kernel itself (for
-    /// a matrix-vector product its format's weight bindings and `row_dot` or `block_dot`).
+    /// The module's WGSL: the reduction helpers where it reduces, its frame (`matvec.wgsl` or
+    /// `matmat.wgsl`, then `matvec_plain.wgsl` or `matvec_blocks.wgsl` by format; or
+    /// `rowwise.wgsl`), then the kernel itself (for a product its format's weight bindings and
+    /// decode).
     pub(crate) fn source(self) -> Cow<'static, str> {
-        let format = match self {
-            Self::MatvecF32 => return Cow::Owned(format!("{REDUCE}\n{MATVEC}\n{MATVEC_F32}")),
-            Self::MatvecF16 => return Cow::Owned(format!("{REDUCE}\n{MATVEC}\n{MATVEC_F16}")),
-            Self::MatvecQ8_0 => MATVEC_Q8_0,
-            Self::MatvecQ4_0 => MATVEC_Q4_0,
-            Self::MatvecQ4_1 => MATVEC_Q4_1,
-            Self::MatvecQ5_0 => MATVEC_Q5_0,
-            Self::MatvecQ5_1 => MATVEC_Q5_1,
-            Self::MatvecQ4K => MATVEC_Q4_K,
-            Self::MatvecQ6K => MATVEC_Q6_K,
+        let (frame, qtype) = match self {
+            Self::Matvec(q) => (Cow::Owned(format!("{REDUCE}\n{MATVEC}")), q),
+            Self::Matmat(q) => (Cow::Borrowed(MATMAT), q),
             Self::RmsNorm => return Cow::Owned(format!("{REDUCE}\n{ROWWISE}\n{RMS_NORM}")),
             Self::Swiglu => return Cow::Owned(format!("{ROWWISE}\n{SWIGLU}")),
             Self::Add => return Cow::Owned(format!("{ROWWISE}\n{ADD}")),
@@ -89,7 +87,9 @@ impl Kernel {
             Self::KvWrite => return Cow::Owned(format!("{GRID}\n{KV_WRITE}")),
             Self::Embed => return Cow::Owned(format!("{GRID}\n{EMBED}")),
         };
-        Cow::Owned(format!("{REDUCE}\n{MATVEC}\n{MATVEC_BLOCKS}\n{format}"))
+        let (format, plain) = format_source(qtype);
+        let rows = if plain { PLAIN } else { BLOCKS };
+        Cow::Owned(format!("{frame}\n{rows}\n{format}"))
     }
 }
 

@@ -7,93 +7,15 @@
 //! ([`shoal_kernels::dequantize_row`], bitwise ggml's), so the GPU result is checked against the
 //! exact product of the same weights; tolerances are stated per kernel below.
 
+mod common;
+
+use common::{
+    K_SHAPES, PLAIN_SHAPES, SHAPES, gpu, gpu_with, matvec_reference, random_matrix, random_vec,
+};
 use half::f16;
 use shoal_gpu::{Gpu, GpuError, MatvecConfig, OpenOptions};
 use shoal_kernels::{QK, QMatrix, QType, dequantize_row, row_bytes};
-use shoal_testkit::rng::{Draw, SplitMix64};
-
-/// The first adapter, or `None` when there is none and `SHOAL_GPU_TESTS=skip` is set.
-fn gpu_with(options: OpenOptions) -> Option<Gpu> {
-    let skip = std::env::var("SHOAL_GPU_TESTS").is_ok_and(|v| v == "skip");
-    match Gpu::open_with(0, options) {
-        Ok(gpu) => Some(gpu),
-        Err(GpuError::NoAdapter { .. }) if skip => None,
-        Err(e) => panic!(
-            "no usable GPU adapter ({e}); install Mesa's lavapipe (apt-get install \
-             mesa-vulkan-drivers) or set SHOAL_GPU_TESTS=skip to skip the GPU tests"
-        ),
-    }
-}
-
-fn gpu() -> Option<Gpu> {
-    gpu_with(OpenOptions::default())
-}
-
-/// The shapes every matrix-vector kernel is tested at (k a multiple of the 32-value block).
-const SHAPES: [(usize, usize); 5] = [(1, 32), (7, 64), (33, 96), (64, 256), (129, 544)];
-/// More for the plain formats: k not a multiple of 4 (the padded rows).
-const PLAIN_SHAPES: [(usize, usize); 3] = [(1, 1), (5, 7), (17, 37)];
-/// The K-quants' shapes (k a multiple of the 256-value super-block).
-const K_SHAPES: [(usize, usize); 5] = [(1, 256), (7, 512), (33, 768), (64, 256), (13, 1280)];
-
-/// Byte offsets of the f16 fields of a block (`d`, and `m` or `dmin`), which get finite random
-/// values; every other byte is random.
-fn f16_fields(qtype: QType) -> &'static [usize] {
-    match qtype {
-        QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => &[0],
-        QType::Q4_1 | QType::Q5_1 | QType::Q4_K => &[0, 2],
-        QType::Q6_K => &[208],
-        _ => unreachable!(),
-    }
-}
-
-/// Random GGUF bytes of a `rows × cols` matrix: values in [-1, 1) for F32/F16; for the quants,
-/// random quants and scales of either sign up to 0.05.
-fn random_matrix(rng: &mut SplitMix64, qtype: QType, rows: usize, cols: usize) -> Vec<u8> {
-    let n = rows * cols;
-    match qtype {
-        QType::F32 => (0..n)
-            .flat_map(|_| rng.f32_in(-1.0, 1.0).to_le_bytes())
-            .collect(),
-        QType::F16 => (0..n)
-            .flat_map(|_| f16::from_f32(rng.f32_in(-1.0, 1.0)).to_le_bytes())
-            .collect(),
-        _ => {
-            let size = qtype.type_size();
-            let mut out = Vec::with_capacity(rows * row_bytes(qtype, cols));
-            for _ in 0..n / qtype.block_size() {
-                let mut block = rng.bytes(size);
-                for &at in f16_fields(qtype) {
-                    let v = f16::from_f32(rng.f32_in(-0.05, 0.05));
-                    block[at..at + 2].copy_from_slice(&v.to_le_bytes());
-                }
-                out.extend(block);
-            }
-            out
-        }
-    }
-}
-
-fn random_vec(rng: &mut SplitMix64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.f32_in(lo, hi)).collect()
-}
-
-/// `W · x` in f64 from the dequantized weights, and `Σ |w·x|` per row (the scale of rounding).
-fn matvec_reference(w: &QMatrix<'_>, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
-    let rb = row_bytes(w.qtype, w.cols);
-    let mut row = vec![0f32; w.cols];
-    (0..w.rows)
-        .map(|r| {
-            dequantize_row(w.qtype, &w.data[r * rb..(r + 1) * rb], &mut row).unwrap();
-            let exact = row
-                .iter()
-                .zip(x)
-                .map(|(&a, &b)| f64::from(a) * f64::from(b));
-            let mag = row.iter().zip(x).map(|(&a, &b)| f64::from(a * b).abs());
-            (exact.sum::<f64>(), mag.sum::<f64>())
-        })
-        .unzip()
-}
+use shoal_testkit::rng::SplitMix64;
 
 /// Runs `W · x` on the GPU and checks it. Tolerance: every format is decoded exactly (f16 and
 /// the quants are exact in f32) and summed in f32, so `|gpu − exact| ≤ 1e-5 · Σ|w·x| + 1e-6`.
@@ -169,6 +91,10 @@ matvec_tests! {
     matvec_q5_1_matches_the_cpu: Q5_1,
     matvec_q4_k_matches_the_cpu: Q4_K,
     matvec_q6_k_matches_the_cpu: Q6_K,
+    matvec_bf16_matches_the_cpu: BF16,
+    matvec_q5_k_matches_the_cpu: Q5_K,
+    matvec_q3_k_matches_the_cpu: Q3_K,
+    matvec_q2_k_matches_the_cpu: Q2_K,
 }
 
 /// The override constants change the kernel's shape, never its result: one thread per row (no
@@ -191,7 +117,13 @@ fn matvec_is_correct_at_every_workgroup_shape() {
             check_matvec(&gpu, qtype, 33, 96, config, 7);
             check_matvec(&gpu, qtype, 129, 544, config, 8);
         }
-        for qtype in [QType::Q4_K, QType::Q6_K] {
+        for qtype in [
+            QType::Q4_K,
+            QType::Q6_K,
+            QType::Q5_K,
+            QType::Q3_K,
+            QType::Q2_K,
+        ] {
             check_matvec(&gpu, qtype, 33, 768, config, 7);
         }
     }
@@ -243,7 +175,7 @@ fn large_matrices_are_split_by_rows_and_huge_rows_refused() {
             .unwrap();
         assert!(w.chunks() > 1, "{}: {} chunk(s)", qtype.name(), w.chunks());
     }
-    for qtype in [QType::Q4_K, QType::Q6_K] {
+    for qtype in [QType::Q4_K, QType::Q6_K, QType::Q2_K, QType::Q5_K] {
         check_matvec(&gpu, qtype, 77, 512, MatvecConfig::default(), 10);
     }
     let bytes = vec![0u8; row_bytes(QType::F32, 1056) * 2];
@@ -262,16 +194,6 @@ fn large_matrices_are_split_by_rows_and_huge_rows_refused() {
         "{err}"
     );
     assert!(matches!(gpu.zeros(1025), Err(GpuError::TooLarge { .. })));
-}
-
-#[test]
-fn formats_without_a_kernel_are_refused() {
-    let Some(gpu) = gpu() else { return };
-    let bytes = vec![0u8; row_bytes(QType::Q2_K, 256)];
-    let err = gpu
-        .upload_matrix(&QMatrix::new(QType::Q2_K, 1, 256, &bytes).unwrap())
-        .unwrap_err();
-    assert!(matches!(err, GpuError::Unsupported("Q2_K")), "{err}");
 }
 
 /// Tolerance: the GPU sums squares in f32 (the reference in f64, as shoal-model's CPU path does),

@@ -1,7 +1,7 @@
 // Matrix-vector product y[row_offset + r] = W[r, :] · x for one chunk of a weight matrix (decode).
 //
-// This file is the shared frame (after reduce.wgsl); one of matvec_f32/f16/q8_0/q4_0.wgsl is
-// appended to it and defines the weight bindings and `row_dot`. A workgroup of WG threads computes
+// This file is the shared frame (after reduce.wgsl); matvec_plain.wgsl or matvec_blocks.wgsl (the row
+// loop) and one format's matvec_<type>.wgsl are appended to it. A workgroup of WG threads computes
 // ROWS rows: each row gets WG / ROWS threads (a power of two) that stride over its vec4s or
 // 32-value blocks, and their partial sums are added with `group_sum`.
 //
@@ -39,10 +39,4 @@ fn main(
     if (t == 0u && row < params.rows) {
         y[params.row_offset + row] = sum;
     }
-}
-
-// The f16 scale of block `i`, from an array of f16 pairs (low half first).
-fn half_at(pairs: u32, i: u32) -> f32 {
-    let p = unpack2x16float(pairs);
-    return select(p.x, p.y, (i & 1u) == 1u);
 }

@@ -14,3 +14,8 @@ fn block_dot(blk: u32, xb: u32) -> f32 {
     s += dot(nib4(q.z >> 4u) - m8, x[xb + 6u]) + dot(nib4(q.w >> 4u) - m8, x[xb + 7u]);
     return half_at(ws[blk / 2u], blk) * s;
 }
+
+fn dequant4(blk: u32, j: u32) -> vec4<f32> {
+    let q = nib4(wq[blk][j % 4u] >> (4u * (j / 4u)));
+    return half_at(ws[blk / 2u], blk) * (q - vec4<f32>(8.0));
+}

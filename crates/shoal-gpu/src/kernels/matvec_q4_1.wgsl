@@ -7,3 +7,8 @@ fn block_dot(blk: u32, xb: u32) -> f32 {
     let dm = unpack2x16float(ws[blk]);
     return dm.x * nib_dot(wq[blk], xb) + dm.y * xsum(xb);
 }
+
+fn dequant4(blk: u32, j: u32) -> vec4<f32> {
+    let dm = unpack2x16float(ws[blk]);
+    return dm.x * nib4(wq[blk][j % 4u] >> (4u * (j / 4u))) + vec4<f32>(dm.y);
+}

@@ -23,3 +23,11 @@ fn block_dot(unit: u32, xb: u32) -> f32 {
     let m = f32((ws[e + 3u + sub / 4u] >> byte) & 255u);
     return (dm.x * sc) * s - (dm.y * m) * xsum(xb);
 }
+
+fn dequant4(unit: u32, j: u32) -> vec4<f32> {
+    let sb = unit / 8u;
+    let sub = unit % 8u;
+    let q = nib4(wq[8u * sb + 2u * (sub / 2u) + j / 4u][j % 4u] >> (4u * (sub % 2u)));
+    let dm = k4_dm(5u * sb, sub);
+    return dm.x * q - vec4<f32>(dm.y);
+}

@@ -9,3 +9,8 @@ fn block_dot(blk: u32, xb: u32) -> f32 {
     let q = vec4<u32>(wq[w], wq[w + 1u], wq[w + 2u], wq[w + 3u]);
     return half_at(ws[blk / 2u], blk) * (q5_dot(q, wq[w + 4u], xb) - 16.0 * xsum(xb));
 }
+
+fn dequant4(blk: u32, j: u32) -> vec4<f32> {
+    let w = 5u * blk;
+    return half_at(ws[blk / 2u], blk) * (q5x4(wq[w + j % 4u], wq[w + 4u], j) - vec4<f32>(16.0));
+}

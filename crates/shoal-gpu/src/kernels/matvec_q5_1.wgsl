@@ -9,3 +9,9 @@ fn block_dot(blk: u32, xb: u32) -> f32 {
     let dm = unpack2x16float(ws[blk]);
     return dm.x * q5_dot(q, wq[w + 4u], xb) + dm.y * xsum(xb);
 }
+
+fn dequant4(blk: u32, j: u32) -> vec4<f32> {
+    let w = 5u * blk;
+    let dm = unpack2x16float(ws[blk]);
+    return dm.x * q5x4(wq[w + j % 4u], wq[w + 4u], j) + vec4<f32>(dm.y);
+}

@@ -37,3 +37,16 @@ fn block_dot(unit: u32, xb: u32) -> f32 {
     let d = unpack2x16float(ws[e + 4u]).x;
     return d * (sc0 * s0 + sc1 * s1);
 }
+
+fn dequant4(unit: u32, j: u32) -> vec4<f32> {
+    let u = sb_half_quarter(unit);
+    let sb = u.x;
+    let h = u.y;
+    let t = u.z;
+    let ql = 48u * sb + 16u * h + 8u * (t % 2u);
+    let qh = 48u * sb + 32u + 8u * h;
+    let q = q6x4(wq[ql + j], 4u * (t / 2u), wq[qh + j], 2u * t);
+    let e = 5u * sb;
+    let d = unpack2x16float(ws[e + 4u]).x;
+    return (d * sbyte(e, 8u * h + 2u * t + j / 4u)) * q;
+}

@@ -19,3 +19,7 @@ fn block_dot(blk: u32, xb: u32) -> f32 {
     s += dot(i8x4(hi.z), x[xb + 6u]) + dot(i8x4(hi.w), x[xb + 7u]);
     return half_at(ws[blk / 2u], blk) * s;
 }
+
+fn dequant4(blk: u32, j: u32) -> vec4<f32> {
+    return half_at(ws[blk / 2u], blk) * i8x4(wq[2u * blk + j / 4u][j % 4u]);
+}

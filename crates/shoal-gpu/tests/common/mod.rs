@@ -1,0 +1,97 @@
+//! What the GPU test files share: opening the adapter, random GGUF matrices, the f64 reference.
+
+#![allow(dead_code)] // each test file uses its part
+
+use half::f16;
+use shoal_gpu::{Gpu, GpuError, OpenOptions};
+use shoal_kernels::{QMatrix, QType, dequantize_row, row_bytes};
+use shoal_testkit::rng::{Draw, SplitMix64};
+
+/// The first adapter, or `None` when there is none and `SHOAL_GPU_TESTS=skip` is set.
+pub fn gpu_with(options: OpenOptions) -> Option<Gpu> {
+    let skip = std::env::var("SHOAL_GPU_TESTS").is_ok_and(|v| v == "skip");
+    match Gpu::open_with(0, options) {
+        Ok(gpu) => Some(gpu),
+        Err(GpuError::NoAdapter { .. }) if skip => None,
+        Err(e) => panic!(
+            "no usable GPU adapter ({e}); install Mesa's lavapipe (apt-get install \
+             mesa-vulkan-drivers) or set SHOAL_GPU_TESTS=skip to skip the GPU tests"
+        ),
+    }
+}
+
+pub fn gpu() -> Option<Gpu> {
+    gpu_with(OpenOptions::default())
+}
+
+/// The shapes every matrix-vector kernel is tested at (k a multiple of the 32-value block).
+pub const SHAPES: [(usize, usize); 5] = [(1, 32), (7, 64), (33, 96), (64, 256), (129, 544)];
+/// More for the plain formats: k not a multiple of 4 (the padded rows).
+pub const PLAIN_SHAPES: [(usize, usize); 3] = [(1, 1), (5, 7), (17, 37)];
+/// The K-quants' shapes (k a multiple of the 256-value super-block).
+pub const K_SHAPES: [(usize, usize); 5] = [(1, 256), (7, 512), (33, 768), (64, 256), (13, 1280)];
+
+/// Byte offsets of the f16 fields of a block (`d`, and `m` or `dmin`), which get finite random
+/// values; every other byte is random.
+fn f16_fields(qtype: QType) -> &'static [usize] {
+    match qtype {
+        QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => &[0],
+        QType::Q4_1 | QType::Q5_1 | QType::Q4_K => &[0, 2],
+        QType::Q5_K => &[0, 2],
+        QType::Q6_K => &[208],
+        QType::Q3_K => &[108],
+        QType::Q2_K => &[80, 82],
+        _ => unreachable!(),
+    }
+}
+
+/// Random GGUF bytes of a `rows × cols` matrix: values in [-1, 1) for F32/F16/BF16; for the quants,
+/// random quants and scales of either sign up to 0.05.
+pub fn random_matrix(rng: &mut SplitMix64, qtype: QType, rows: usize, cols: usize) -> Vec<u8> {
+    let n = rows * cols;
+    match qtype {
+        QType::F32 => (0..n)
+            .flat_map(|_| rng.f32_in(-1.0, 1.0).to_le_bytes())
+            .collect(),
+        QType::F16 => (0..n)
+            .flat_map(|_| f16::from_f32(rng.f32_in(-1.0, 1.0)).to_le_bytes())
+            .collect(),
+        QType::BF16 => (0..n)
+            .flat_map(|_| ((rng.f32_in(-1.0, 1.0).to_bits() >> 16) as u16).to_le_bytes())
+            .collect(),
+        _ => {
+            let size = qtype.type_size();
+            let mut out = Vec::with_capacity(rows * row_bytes(qtype, cols));
+            for _ in 0..n / qtype.block_size() {
+                let mut block = rng.bytes(size);
+                for &at in f16_fields(qtype) {
+                    let v = f16::from_f32(rng.f32_in(-0.05, 0.05));
+                    block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                }
+                out.extend(block);
+            }
+            out
+        }
+    }
+}
+
+pub fn random_vec(rng: &mut SplitMix64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.f32_in(lo, hi)).collect()
+}
+
+/// `W · x` in f64 from the dequantized weights, and `Σ |w·x|` per row (the scale of rounding).
+pub fn matvec_reference(w: &QMatrix<'_>, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let rb = row_bytes(w.qtype, w.cols);
+    let mut row = vec![0f32; w.cols];
+    (0..w.rows)
+        .map(|r| {
+            dequantize_row(w.qtype, &w.data[r * rb..(r + 1) * rb], &mut row).unwrap();
+            let exact = row
+                .iter()
+                .zip(x)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b));
+            let mag = row.iter().zip(x).map(|(&a, &b)| f64::from(a * b).abs());
+            (exact.sum::<f64>(), mag.sum::<f64>())
+        })
+        .unzip()
+}
