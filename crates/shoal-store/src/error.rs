@@ -16,6 +16,11 @@ pub enum StoreError {
     BadRef { text: String, why: String },
     #[error("model '{0}' is not present in {1}")]
     NotPresent(String, PathBuf),
+    #[error(
+        "{path} is a symbolic link: a model's folder must be a folder of the models dir itself (nothing \
+         was read or removed through it)"
+    )]
+    LinkedFolder { path: PathBuf },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -1,8 +1,13 @@
-//! What a user (or a peer) names a model by: [`ModelRef::parse`] turns text into a catalog entry, a hub
-//! reference ([`HubRef`]: `org/repo[@revision][:QUANT | /file.gguf]`) or a local path. A hub model's
-//! canonical id ([`HubRef::id`]) parses back to the same reference, so any node can fetch a model from its
-//! id alone; [`dir_name`] maps an id to its folder in the models directory. [`select_gguf`] picks the file
-//! of a repository that a [`Select`] means, from the repository's file list.
+//! What a user (or a peer) names a model by: [`ModelRef::parse`] turns a command-line argument into a
+//! catalog entry, a hub reference ([`HubRef`]: `org/repo[@revision][:QUANT | /file.gguf]`) or the path of
+//! a user's own `.gguf` file; [`ModelRef::parse_id`] does the same for a name that arrived over the network
+//! (an API request, a peer) and never yields a path nor looks at the file system, so a path-like name is
+//! refused the same way whether or not the file exists. [`check_model_id`] is the one rule for a model id:
+//! nothing empty, over-long, absolute, path-like, with `..` or control characters — every id that names a
+//! folder of the models dir passes it first. A hub model's canonical id ([`HubRef::id`]) parses back to
+//! the same reference, so any node can fetch a model from its id alone; [`dir_name`] maps an id to its
+//! folder in the models directory. [`select_gguf`] picks the file of a repository that a [`Select`]
+//! means, from the repository's file list.
 
 use std::path::PathBuf;
 
@@ -45,28 +50,46 @@ pub struct HubRef {
 pub const DEFAULT_QUANT: &str = "Q4_K_M";
 
 impl ModelRef {
-    /// Parses a model argument: an existing path (or one starting with `/`, `.`, `~`, or a bare
-    /// `name.gguf`), a catalog id, or a hub reference.
+    /// Parses a model argument of the command line: a path (one starting with `/`, `.` or `~`, a bare
+    /// `name.gguf`, or an existing `dir/name.gguf`) — which must name a `.gguf` file — else a model id
+    /// ([`ModelRef::parse_id`]). Empty text, control characters (NUL) and text longer than
+    /// [`MAX_NAME_LEN`] are refused.
     pub fn parse(s: &str) -> Result<ModelRef, StoreError> {
         let s = s.trim();
+        let bad = |why: &str| StoreError::BadRef {
+            text: s.chars().take(80).collect(),
+            why: why.into(),
+        };
         if s.is_empty() {
-            return Err(StoreError::BadRef {
-                text: s.into(),
-                why: "empty model name".into(),
-            });
+            return Err(bad("empty model name"));
         }
-        let slashes = s.matches('/').count();
-        let looks_like_path = s.starts_with('/') || s.starts_with('.') || s.starts_with('~');
-        if looks_like_path
-            || ((slashes > 0 || s.ends_with(".gguf")) && std::path::Path::new(s).exists())
-            || (s.ends_with(".gguf") && slashes < 2)
-        {
+        if s.len() > MAX_NAME_LEN {
+            return Err(bad("longer than 4096 bytes"));
+        }
+        if s.chars().any(char::is_control) {
+            return Err(bad("control characters (NUL, newline) in a model name"));
+        }
+        let gguf = s.to_ascii_lowercase().ends_with(".gguf");
+        if looks_like_path(s) || (gguf && std::path::Path::new(s).exists()) {
+            if !gguf {
+                return Err(bad(
+                    "a model path must name a .gguf file (a model id names no path)",
+                ));
+            }
             return Ok(ModelRef::Path(expand_home(s)));
         }
+        Self::parse_id(s)
+    }
+
+    /// Parses a model name that arrived over the network (an API request, a peer's message): a catalog
+    /// id or a hub reference, never a path. Pure: it never looks at the file system, so a path-like name
+    /// gets the same error whether or not such a file exists. The name must pass [`check_model_id`].
+    pub fn parse_id(s: &str) -> Result<ModelRef, StoreError> {
+        check_model_id(s)?;
         if let Some(e) = catalog::find(s) {
             return Ok(ModelRef::Catalog(e));
         }
-        if slashes == 0 {
+        if !s.contains('/') {
             return Err(StoreError::UnknownModel(s.into()));
         }
         HubRef::parse(s).map(ModelRef::Hub)
@@ -90,6 +113,23 @@ fn expand_home(s: &str) -> PathBuf {
         (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
         _ => PathBuf::from(s),
     }
+}
+
+/// The longest model name [`ModelRef::parse`] takes (a path may be long; an id is at most
+/// [`MAX_ID_LEN`] bytes).
+pub const MAX_NAME_LEN: usize = 4096;
+
+/// The longest model id [`check_model_id`] takes.
+pub const MAX_ID_LEN: usize = 256;
+
+/// The longest folder name most file systems allow.
+const MAX_DIR_NAME_LEN: usize = 255;
+
+/// Text shaped like a file path rather than a model id: starting with `/`, `.` or `~`, or a `.gguf`
+/// name with fewer than two `/` (a hub file id is `org/repo/file.gguf`). Decided from the text alone.
+fn looks_like_path(s: &str) -> bool {
+    s.starts_with(['/', '.', '~'])
+        || (s.to_ascii_lowercase().ends_with(".gguf") && s.matches('/').count() < 2)
 }
 
 fn valid_name(s: &str) -> bool {
@@ -120,6 +160,11 @@ impl HubRef {
             let end = r.find([':', '/']).unwrap_or(r.len());
             if end == 0 {
                 return Err(bad("empty revision after '@'"));
+            }
+            if !valid_name(&r[..end]) {
+                return Err(bad(
+                    "a revision holds letters, digits, '-', '_' and '.' (not '..')",
+                ));
             }
             revision = r[..end].to_string();
             rest = &r[end..];
@@ -172,18 +217,22 @@ impl HubRef {
     }
 }
 
-/// Checks that `id` can name a folder of the models dir ([`dir_name`]): nothing that could leave it (`..`,
-/// a leading `.`, backslashes, control characters) and at most 256 bytes. Ids of models that arrive from
-/// elsewhere (a peer, an API request) go through this before a folder is made for them.
+/// Checks that `id` is a model id that names a folder of the models dir ([`dir_name`]) and nothing else:
+/// not empty, at most [`MAX_ID_LEN`] bytes (and a folder name of at most 255), not a path (a leading `/`,
+/// `.` or `~`, a `..` or `.` part, a bare `name.gguf`), no backslashes or control characters (NUL). The
+/// one rule every id goes through before it names a folder: the store's lookups and deletes, the
+/// node's downloads and the API's routes. Decided from the text alone.
 pub fn check_model_id(id: &str) -> Result<(), StoreError> {
     let why = if id.is_empty() {
         "empty"
-    } else if id.len() > 256 {
+    } else if id.len() > MAX_ID_LEN || dir_name(id).len() > MAX_DIR_NAME_LEN {
         "longer than 256 bytes"
-    } else if id.starts_with('.') || id.split(['/', ':']).any(|p| p == ".." || p == ".") {
-        "it could name a folder outside the models dir"
     } else if id.chars().any(|c| c.is_control() || c == '\\') {
-        "control characters or backslashes"
+        "control characters (NUL, newline) or backslashes"
+    } else if id.split(['/', ':']).any(|p| p == ".." || p == ".") {
+        "it could name a folder outside the models dir ('..')"
+    } else if looks_like_path(id) {
+        "a file path (a model is named by its id: a catalog id or org/repo[:QUANT])"
     } else {
         return Ok(());
     };
@@ -349,11 +398,26 @@ mod tests {
             assert!(check_model_id(ok).is_ok(), "{ok}");
         }
         for bad in [
-            "", "..", ".hidden", "org/../x", "a/./b", "x:..", "a\\b", "a\nb",
+            "",
+            "..",
+            ".hidden",
+            "org/../x",
+            "a/./b",
+            "x:..",
+            "a\\b",
+            "a\nb",
+            "a\0b",
+            "/etc/passwd",
+            "~/x",
+            "x.gguf",
+            "dir/x.gguf",
         ] {
             assert!(check_model_id(bad).is_err(), "{bad:?}");
         }
         assert!(check_model_id(&"x".repeat(300)).is_err());
+        // Short enough as an id, too long as a folder name once each ':' is '--'.
+        assert!(check_model_id(&"a:".repeat(100)).is_err());
+        assert!(HubRef::parse("org/repo@..:Q4_K_M").is_err());
     }
 
     fn files(names: &[&str]) -> Vec<String> {

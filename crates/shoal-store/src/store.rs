@@ -4,7 +4,14 @@
 //! a gguf in counts too. [`Store::list`] describes every folder ([`ModelEntry`]: id, size, [`Source`],
 //! [`State`] complete or partial with the bytes present), decided from the file system alone; a name
 //! ending in `.partial` or `.incomplete` never counts as complete. [`Store::model_file`] finds the gguf of
-//! any id (also a hub file only the hub cache has); [`Store::remove`] deletes a folder.
+//! any id (also a hub file only the hub cache has); [`Store::remove`] deletes what shoal wrote in a folder
+//! (`remove`).
+//!
+//! Every id goes through [`Store::model_dir`] ([`check_model_id`](crate::check_model_id): never `..`,
+//! empty, absolute, over-long or NUL), so a model's folder is always a direct child of the root; a folder
+//! that is a symbolic link (maybe leading out of the models dir) is never listed, read or removed. A
+//! model's gguf inside a real folder may be a link (a hub model's points into the hub cache): it is read
+//! through, and a delete removes only the link.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -14,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::catalog;
 use crate::error::{StoreError, io};
 use crate::hub::{Hub, HubConfig};
-use crate::modelref::{ModelRef, dir_name};
+use crate::modelref::{ModelRef, check_model_id, dir_name};
 
 /// Where a model came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,9 +142,17 @@ impl Store {
         self.hub.keep_free
     }
 
-    /// The folder of a model id (`/` and `:` become `--`).
-    pub fn model_dir(&self, id: &str) -> PathBuf {
-        self.root.join(dir_name(id))
+    /// The folder of a model id (`/` and `:` become `--`), there or not yet: always a direct child of the
+    /// root. An id that [`check_model_id`] refuses (`..`, empty, absolute, NUL, over-long) is an error, and
+    /// so is a folder that is a symbolic link ([`StoreError::LinkedFolder`]): nothing is read, written or
+    /// removed through one. The one place every id becomes a path.
+    pub fn model_dir(&self, id: &str) -> Result<PathBuf, StoreError> {
+        check_model_id(id)?;
+        let dir = self.root.join(dir_name(id));
+        if fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(StoreError::LinkedFolder { path: dir });
+        }
+        Ok(dir)
     }
 
     /// Reads `<dir>/model.json` when there is one.
@@ -179,13 +194,25 @@ impl Store {
         size: u64,
         sha256: Option<String>,
     ) -> Result<PathBuf, StoreError> {
-        crate::modelref::check_model_id(id)?;
-        let (source, repo, revision) = match ModelRef::parse(id) {
+        let dir = self.model_dir(id)?;
+        let lower = file_name.to_ascii_lowercase();
+        if file_name.is_empty()
+            || file_name.len() > 255
+            || file_name.starts_with('.')
+            || file_name.contains(['/', '\\'])
+            || file_name.chars().any(char::is_control)
+            || !lower.ends_with(".gguf")
+        {
+            return Err(StoreError::BadRef {
+                text: file_name.chars().take(80).collect(),
+                why: "not the plain name of a .gguf file".into(),
+            });
+        }
+        let (source, repo, revision) = match ModelRef::parse_id(id) {
             Ok(ModelRef::Hub(h)) => (Source::Hub, Some(h.repo), Some(h.revision)),
             Ok(ModelRef::Catalog(_)) => (Source::Catalog, None, None),
             _ => (Source::Path, None, None),
         };
-        let dir = self.model_dir(id);
         let info = ModelInfo {
             id: id.to_string(),
             source,
@@ -200,9 +227,9 @@ impl Store {
         Ok(dir)
     }
 
-    /// Describes one folder (`None` when `dir` is not a folder).
+    /// Describes one folder (`None` when `dir` is not a folder, or is a symbolic link).
     pub fn entry(&self, dir: &Path) -> Option<ModelEntry> {
-        if !dir.is_dir() {
+        if !is_real_dir(dir) {
             return None;
         }
         let name = dir.file_name()?.to_string_lossy().into_owned();
@@ -295,67 +322,47 @@ impl Store {
     /// The folder of `id` exists and holds a complete model. No network involved.
     pub fn is_present(&self, id: &str) -> bool {
         self.find_dir(id)
+            .ok()
+            .flatten()
             .and_then(|d| self.entry(&d))
             .is_some_and(|e| e.state == State::Complete)
     }
 
-    /// The folder of `id`: `dir_name(id)`, else a folder whose model.json names `id`.
-    fn find_dir(&self, id: &str) -> Option<PathBuf> {
-        let d = self.model_dir(id);
-        if d.is_dir() {
-            return Some(d);
+    /// The folder of `id` (`None` when there is none): `dir_name(id)`, else a folder whose model.json
+    /// names `id`. Always a real folder directly in the root: an id [`Store::model_dir`] refuses is an
+    /// error, and so is a folder that is a symbolic link.
+    pub(crate) fn find_dir(&self, id: &str) -> Result<Option<PathBuf>, StoreError> {
+        let d = self.model_dir(id)?;
+        if is_real_dir(&d) {
+            return Ok(Some(d));
         }
-        self.list().into_iter().find(|e| e.id == id).map(|e| e.dir)
+        Ok(self
+            .list()
+            .into_iter()
+            .find(|e| e.id == id && e.dir.parent() == Some(self.root.as_path()))
+            .map(|e| e.dir))
     }
 
     /// The weights file of a complete model, by id: its models-dir folder, else (a hub id) the hub cache.
     /// No network involved.
     pub fn model_file(&self, id: &str) -> Result<PathBuf, StoreError> {
         if let Some(file) = self
-            .find_dir(id)
+            .find_dir(id)?
             .and_then(|d| self.entry(&d))
             .and_then(|e| e.file)
         {
             return Ok(file);
         }
-        if let Ok(ModelRef::Hub(r)) = ModelRef::parse(id)
+        if let Ok(ModelRef::Hub(r)) = ModelRef::parse_id(id)
             && let Some(c) = self.hub()?.cached(&r)
         {
             return Ok(c.path);
         }
         Err(StoreError::NotPresent(id.to_string(), self.root.clone()))
     }
+}
 
-    /// Deletes the folder of `id`. With `purge`, a hub model's blob, snapshot link and partial blob in the
-    /// hub cache go too (otherwise the cache — maybe shared with other tools — is left alone). Returns
-    /// the paths removed.
-    pub fn remove(&self, id: &str, purge: bool) -> Result<Vec<PathBuf>, StoreError> {
-        let dir = self
-            .find_dir(id)
-            .ok_or_else(|| StoreError::NotPresent(id.to_string(), self.root.clone()))?;
-        let mut removed = Vec::new();
-        if purge
-            && let Some(info) = self.info(&dir)?
-            && info.source == Source::Hub
-            && let (Some(repo), Some(commit)) = (&info.repo, &info.commit)
-        {
-            let hub = self.hub()?;
-            let repo_dir = hub.repo_dir(repo);
-            let snap = repo_dir.join("snapshots").join(commit).join(&info.file);
-            let mut paths = vec![snap];
-            if let Some(sha) = &info.sha256 {
-                paths.push(repo_dir.join("blobs").join(sha));
-                paths.push(repo_dir.join("blobs").join(format!("{sha}.incomplete")));
-            }
-            for p in paths {
-                if fs::symlink_metadata(&p).is_ok() {
-                    fs::remove_file(&p).map_err(io(&p))?;
-                    removed.push(p);
-                }
-            }
-        }
-        fs::remove_dir_all(&dir).map_err(io(&dir))?;
-        removed.insert(0, dir);
-        Ok(removed)
-    }
+/// `path` is a folder itself, not a symbolic link to one.
+pub(crate) fn is_real_dir(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
 }

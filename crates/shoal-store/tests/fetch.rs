@@ -76,7 +76,7 @@ fn fetch_extracts_verifies_and_marks_present() {
     assert_eq!(store.present(), vec![e.id.to_string()]);
     assert_eq!(store.model_file(e.id).unwrap(), path);
     // No leftovers from the download.
-    let names: Vec<String> = fs::read_dir(store.model_dir(e.id))
+    let names: Vec<String> = fs::read_dir(store.model_dir(e.id).unwrap())
         .unwrap()
         .map(|d| d.unwrap().file_name().to_string_lossy().into())
         .collect();
@@ -109,7 +109,13 @@ fn checksum_mismatch_leaves_no_model() {
         other => panic!("expected a checksum error, got {other:?}"),
     }
     assert!(!store.is_present(e.id));
-    assert!(!store.model_dir(e.id).join("tiny.gguf.partial").exists());
+    assert!(
+        !store
+            .model_dir(e.id)
+            .unwrap()
+            .join("tiny.gguf.partial")
+            .exists()
+    );
 }
 
 #[test]
@@ -132,7 +138,7 @@ fn pip_failure_is_reported() {
 fn presence_is_decided_from_the_folder_alone() {
     let models = tempfile::tempdir().unwrap();
     let store = Store::new(models.path());
-    let dir = store.model_dir("m");
+    let dir = store.model_dir("m").unwrap();
     assert!(!store.is_present("m"), "missing folder");
     fs::create_dir_all(&dir).unwrap();
     assert!(!store.is_present("m"), "empty folder");
@@ -189,7 +195,7 @@ fn local_store(models: &Path, wheels: &Path) -> Store {
 
 /// The model folder's entries, sorted.
 fn listing(store: &Store, id: &str) -> Vec<String> {
-    let mut names: Vec<String> = fs::read_dir(store.model_dir(id))
+    let mut names: Vec<String> = fs::read_dir(store.model_dir(id).unwrap())
         .map(|rd| {
             rd.map(|d| d.unwrap().file_name().to_string_lossy().into())
                 .collect()
@@ -351,7 +357,7 @@ fn a_partial_file_from_an_interrupted_fetch_is_replaced() {
     let e = split.entry(split.parts.clone());
     let store = split.store();
     // What a fetch killed after its first part leaves: a `.partial` file and a download folder.
-    let dir = store.model_dir(e.id);
+    let dir = store.model_dir(e.id).unwrap();
     fs::create_dir_all(dir.join(".download.partial")).unwrap();
     fs::write(dir.join("split.gguf.partial"), &split.chunks[0]).unwrap();
     assert!(!store.is_present(e.id), "a .partial file is never complete");

@@ -75,7 +75,7 @@ fn a_quant_tag_downloads_its_file_into_the_hub_cache_layout() {
     );
 
     // The models-dir folder: model.json and a link to the snapshot file.
-    let dir = store.model_dir("org/Tiny-GGUF:Q4_K_M");
+    let dir = store.model_dir("org/Tiny-GGUF:Q4_K_M").unwrap();
     assert_eq!(dir.file_name().unwrap(), "org--Tiny-GGUF--Q4_K_M");
     let info = store.info(&dir).unwrap().expect("model.json");
     assert_eq!(info.source, Source::Hub);
@@ -141,7 +141,10 @@ fn a_file_in_the_hub_cache_is_reused_with_the_hub_down() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(!p.downloaded);
         assert_eq!(fs::read(&p.path).unwrap(), content, "{name}");
-        let info = store.info(&store.model_dir(name)).unwrap().unwrap();
+        let info = store
+            .info(&store.model_dir(name).unwrap())
+            .unwrap()
+            .unwrap();
         assert_eq!(info.commit.as_deref(), Some(commit));
         assert_eq!(info.sha256.as_deref(), Some(sha.as_str()));
     }
@@ -507,14 +510,35 @@ fn rm_deletes_the_folder_and_purge_the_cache_files() {
             .unwrap();
     }
     let blobs = dirs.cache.path().join("models--org--Tiny-GGUF/blobs");
+    let dir = store.model_dir("org/Tiny-GGUF:Q4_K_M").unwrap();
     let removed = store.remove("org/Tiny-GGUF:Q4_K_M", false).unwrap();
-    assert_eq!(removed, vec![store.model_dir("org/Tiny-GGUF:Q4_K_M")]);
+    assert!(removed.kept.is_empty(), "{removed:?}");
+    assert_eq!(removed.removed.last(), Some(&dir), "the folder goes last");
+    let mut names: Vec<String> = removed
+        .removed
+        .iter()
+        .filter(|p| p.parent() == Some(dir.as_path()))
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert_eq!(names[1], "model.json");
+    assert!(
+        names[0].ends_with(".gguf"),
+        "the link to the snapshot: {names:?}"
+    );
+    assert!(!dir.exists());
     assert!(
         blobs.join(sha256_hex(&q4)).is_file(),
         "the shared cache is left alone"
     );
     let removed = store.remove("org/Tiny-GGUF:Q8_0", true).unwrap();
-    assert_eq!(removed.len(), 3, "{removed:?}");
+    let in_cache = removed
+        .removed
+        .iter()
+        .filter(|p| p.starts_with(dirs.cache.path()))
+        .count();
+    assert_eq!(in_cache, 2, "the snapshot link and the blob: {removed:?}");
     assert!(!blobs.join(sha256_hex(&q8)).exists());
     assert!(store.list().is_empty());
     assert!(matches!(

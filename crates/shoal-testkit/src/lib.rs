@@ -10,6 +10,8 @@
 //! - [`process`]: tests that run a real binary — a child killed when the test ends
 //!   ([`KillOnDrop`](process::KillOnDrop)) and waiting, with a deadline, for the line it prints when
 //!   ready ([`line_starting_with`](process::line_starting_with)).
+//! - [`tree`]: [`snapshot`](tree::snapshot) of what a folder holds (bytes and times), to prove a
+//!   command left that part of the disk alone.
 //!
 //! It depends on `shoal-kernels` and `serde_json` only, so the tests of any crate (kernels' own
 //! included) can use it without a dependency circle.
@@ -17,3 +19,4 @@
 pub mod fixtures;
 pub mod process;
 pub mod rng;
+pub mod tree;

@@ -109,9 +109,11 @@ impl Downloads {
         *lock(&self.inner.on_complete) = Some(f);
     }
 
-    /// Starts bringing the whole of `model` in the background (`GET /downloads` shows it).
+    /// Starts bringing the whole of `model` in the background (`GET /downloads` shows it). `model` is a
+    /// model id ([`Store::model_dir`]): a path, `..`, an empty or over-long name, a folder that is a
+    /// symbolic link is refused here and never becomes a download.
     pub fn start(&self, model: &str) -> Result<(), TransferError> {
-        check_id(model)?;
+        check_id(&self.inner.store, model)?;
         let this = self.clone();
         let model = model.to_string();
         tokio::spawn(async move {
@@ -147,7 +149,7 @@ impl Downloads {
 
     /// Brings `model` (or the part of it `want` says) here; the file to load from.
     pub async fn fetch(&self, model: &str, want: Want) -> Result<PathBuf, TransferError> {
-        check_id(model)?;
+        check_id(&self.inner.store, model)?;
         if let Ok(path) = self.inner.store.model_file(model) {
             return Ok(path);
         }
@@ -315,7 +317,7 @@ impl Inner {
         model: &str,
         holders: &[PeerId],
     ) -> Result<Option<(Manifest, Vec<PeerId>)>, TransferError> {
-        let expected_sha = match ModelRef::parse(model) {
+        let expected_sha = match ModelRef::parse_id(model) {
             Ok(ModelRef::Catalog(e)) => Some(e.sha256.to_string()),
             _ => None,
         };
@@ -352,7 +354,7 @@ impl Inner {
 
     /// The hub's resolve URL of a hub model as one more ranged source (none offline or for other models).
     async fn hub_source(&self, model: &str) -> Option<Arc<dyn ChunkSource>> {
-        let Ok(ModelRef::Hub(r)) = ModelRef::parse(model) else {
+        let Ok(ModelRef::Hub(r)) = ModelRef::parse_id(model) else {
             return None;
         };
         if self.store.hub_config().offline {
@@ -383,7 +385,7 @@ impl Inner {
         progress: &watch::Sender<FetchProgress>,
         cancel: &CancellationToken,
     ) -> Result<PathBuf, TransferError> {
-        let r = ModelRef::parse(model).map_err(|e| {
+        let r = ModelRef::parse_id(model).map_err(|e| {
             TransferError::Store(format!(
                 "no peer has '{model}', and it is not a hub or catalog model to download: {e}"
             ))
@@ -444,9 +446,14 @@ pub fn holders(snap: &Snapshot, me: &str, model: &str) -> Vec<PeerId> {
         .collect()
 }
 
-/// A model id this node can keep in its models dir ([`shoal_store::check_model_id`]).
-fn check_id(model: &str) -> Result<(), TransferError> {
-    shoal_store::check_model_id(model).map_err(|e| TransferError::Store(e.to_string()))
+/// A model id this node can keep in its models dir ([`Store::model_dir`]: a checked id whose folder, if
+/// there, is no symbolic link): never a path. Names reaching the store from here (a client's, a peer's)
+/// are parsed with [`ModelRef::parse_id`], which never yields a path nor looks at the disk.
+fn check_id(store: &Store, model: &str) -> Result<(), TransferError> {
+    store
+        .model_dir(model)
+        .map(drop)
+        .map_err(|e| TransferError::Store(e.to_string()))
 }
 
 /// The published form of one download's progress.

@@ -169,8 +169,17 @@ fn watch_ctrl_c(cancel: CancelToken, pulling: Arc<AtomicBool>) -> anyhow::Result
 pub fn resolve_model(args: &ModelArgs) -> anyhow::Result<(String, PathBuf)> {
     let store = Store::new(args.models_dir());
     let p = pull_with_progress(&store, &args.model, args.offline)
-        .with_context(|| format!("getting model '{}'", args.model))?;
+        .with_context(|| format!("getting model '{}'", shown(&args.model)))?;
     Ok((p.id, p.path))
+}
+
+/// A model name as an error shows it: at most 80 characters (a hostile name may be kilobytes).
+fn shown(name: &str) -> String {
+    let mut s: String = name.chars().take(80).collect();
+    if s.len() < name.len() {
+        s.push('…');
+    }
+    s
 }
 
 /// `shoal pull MODEL`: prints `ID: PATH` on stdout.
@@ -209,14 +218,27 @@ pub fn models(args: &ModelsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `shoal rm MODEL`.
+/// `shoal rm MODEL`: a model id (as `shoal models` shows it), never a path. Deletes only the files shoal
+/// wrote in the model's folder, then the folder when it is empty; says what it left.
 pub fn rm(args: &RmArgs) -> anyhow::Result<()> {
     let store = Store::new(models_dir_or_default(&args.models_dir));
-    let removed = store
+    let done = store
         .remove(&args.id, args.purge)
-        .with_context(|| format!("removing '{}'", args.id))?;
-    for p in removed {
+        .with_context(|| format!("removing '{}'", shown(&args.id)))?;
+    // A folder that went stands for the files in it.
+    let gone = |p: &PathBuf| {
+        p.parent()
+            .is_some_and(|d| done.removed.iter().any(|r| r == d))
+    };
+    for p in done.removed.iter().filter(|p| !gone(p)) {
         println!("removed {}", p.display());
+    }
+    if !done.kept.is_empty() {
+        let names: Vec<String> = done.kept.iter().map(|p| p.display().to_string()).collect();
+        eprintln!(
+            "shoal: kept the folder: it holds files shoal did not write: {}",
+            names.join(", ")
+        );
     }
     Ok(())
 }
