@@ -5,6 +5,12 @@
 //! The list comes from the cluster snapshot (each node publishes its own downloads in its facts), so any
 //! node answers for all. Starting and cancelling act on this node's [`shoal_transfer::Downloads`]; a
 //! request naming another node is forwarded to that node's API.
+//!
+//! The model is a model id ([`shoal_store::check_model_id`]: never a path, `..`, empty, NUL or over-long)
+//! and the node a node id, both checked before anything else (a 400 otherwise). A forwarded request is
+//! built from those checked parts: the member's API address from the cluster's facts, then each path
+//! segment percent-encoded on its own ([`peer_url`]) — client text is never pasted into a URL, so a model
+//! such as `../instance/x` can neither climb out of `/downloads/` nor reach another route of the peer.
 
 use std::collections::BTreeMap;
 
@@ -51,26 +57,19 @@ pub async fn start(
     body: Result<Json<StartBody>, axum::extract::rejection::JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let Json(body) = body.map_err(|e| ApiError::invalid("body", e.body_text()))?;
-    if body.model.trim().is_empty() {
-        return Err(ApiError::invalid("model", "'model' must not be empty"));
-    }
-    if let Some(url) = other_node_url(&state, body.node.as_deref())? {
-        let payload = json!({ "model": body.model });
-        return forward(
-            reqwest::Method::POST,
-            format!("{url}/downloads"),
-            Some(payload),
-            &headers,
-        )
-        .await;
+    let model = model_id(&body.model)?;
+    if let Some(base) = other_node_url(&state, body.node.as_deref())? {
+        let payload = json!({ "model": model });
+        let url = peer_url(&base, &["downloads"])?;
+        return forward(reqwest::Method::POST, url, Some(payload), &headers).await;
     }
     let downloads = local(&state)?;
     downloads
-        .start(&body.model)
+        .start(model)
         .map_err(|e| ApiError::invalid("model", e.to_string()))?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "model": body.model, "state": "running" })),
+        Json(json!({ "model": model, "state": "running" })),
     ))
 }
 
@@ -88,16 +87,12 @@ pub async fn cancel(
     Path(model): Path<String>,
     Query(q): Query<NodeQuery>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    if let Some(url) = other_node_url(&state, q.node.as_deref())? {
-        return forward(
-            reqwest::Method::DELETE,
-            format!("{url}/downloads/{model}"),
-            None,
-            &headers,
-        )
-        .await;
+    let model = model_id(&model)?;
+    if let Some(base) = other_node_url(&state, q.node.as_deref())? {
+        let url = peer_url(&base, &["downloads", model])?;
+        return forward(reqwest::Method::DELETE, url, None, &headers).await;
     }
-    if local(&state)?.cancel(&model) {
+    if local(&state)?.cancel(model) {
         Ok((
             StatusCode::OK,
             Json(json!({ "model": model, "state": "cancelled" })),
@@ -116,8 +111,27 @@ fn local(state: &ApiState) -> Result<&shoal_transfer::Downloads, ApiError> {
         .ok_or_else(|| ApiError::NotFound("this node does not download models".into()))
 }
 
-/// The API URL of `node` when it names another member; `None` for this node (or no node given).
+/// The model of a request, checked as a model id (trimmed); a 400 in the API's shape otherwise.
+fn model_id(model: &str) -> Result<&str, ApiError> {
+    let model = model.trim();
+    shoal_store::check_model_id(model).map_err(|e| ApiError::invalid("model", e.to_string()))?;
+    Ok(model)
+}
+
+/// The longest node id taken (a libp2p peer id in base58 is about 52 characters).
+const MAX_NODE_LEN: usize = 128;
+
+/// The API URL of `node` when it names another member; `None` for this node (or no node given). A node
+/// that is not a node id (base58 letters and digits) is a 400, before any lookup.
 fn other_node_url(state: &ApiState, node: Option<&str>) -> Result<Option<String>, ApiError> {
+    if let Some(n) = node
+        && (n.is_empty() || n.len() > MAX_NODE_LEN || !n.bytes().all(|b| b.is_ascii_alphanumeric()))
+    {
+        return Err(ApiError::invalid(
+            "node",
+            "'node' is not a node id (the id GET /state lists)",
+        ));
+    }
     let (Some(node), Some(cluster)) = (node, state.cluster.as_ref()) else {
         return Ok(None);
     };
@@ -136,15 +150,33 @@ fn other_node_url(state: &ApiState, node: Option<&str>) -> Result<Option<String>
         .ok_or_else(|| ApiError::invalid("node", format!("node '{node}' has no API address")))
 }
 
+/// `segments` under a member's API address `base` (from its facts): each segment percent-encoded on its
+/// own (`/` as `%2F`), so no segment adds a path level or climbs out of the route; the model segment is a
+/// checked id besides, with no `..` part. Only `http` and `https` addresses are used.
+fn peer_url(base: &str, segments: &[&str]) -> Result<reqwest::Url, ApiError> {
+    let bad = |why: String| ApiError::Internal(format!("the member's API address '{base}': {why}"));
+    let mut url = reqwest::Url::parse(base).map_err(|e| bad(e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(bad("not http or https".into()));
+    }
+    url.set_query(None);
+    url.set_fragment(None);
+    url.path_segments_mut()
+        .map_err(|()| bad("not a base URL".into()))?
+        .pop_if_empty()
+        .extend(segments);
+    Ok(url)
+}
+
 /// Sends the request to another node's API and answers with its status and JSON body.
 async fn forward(
     method: reqwest::Method,
-    url: String,
+    url: reqwest::Url,
     body: Option<Value>,
     headers: &axum::http::HeaderMap,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let client = reqwest::Client::new();
-    let mut req = client.request(method, &url);
+    let mut req = client.request(method, url.clone());
     for (name, value) in crate::auth::key_headers(headers) {
         req = req.header(name, value);
     }
@@ -161,4 +193,30 @@ async fn forward(
         .await
         .map_err(|e| ApiError::Internal(format!("answer of {url}: {e}")))?;
     Ok((status, Json(value)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forwarded_delete_cannot_reach_another_route_of_the_peer() {
+        // The requests: the model climbed out of /downloads/ into /instance/… and /state.
+        for hostile in ["../instance/abc", "../../state", "..", "a/../../state"] {
+            assert!(model_id(hostile).is_err(), "{hostile}");
+        }
+        // Even unchecked, each segment stays one segment under /downloads/.
+        let url = peer_url("http://10.0.0.2:52415", &["downloads", "../../state"]).expect("url");
+        assert_eq!(
+            url.as_str(),
+            "http://10.0.0.2:52415/downloads/..%2F..%2Fstate"
+        );
+        let url =
+            peer_url("http://10.0.0.2:52415/", &["downloads", "org/repo:Q4_K_M"]).expect("url");
+        assert_eq!(url.path(), "/downloads/org%2Frepo:Q4_K_M");
+        let url = peer_url("http://h:1/api?x=1#f", &["downloads", "m?node=x#y"]).expect("url");
+        assert_eq!(url.as_str(), "http://h:1/api/downloads/m%3Fnode=x%23y");
+        assert!(peer_url("file:///etc", &["downloads"]).is_err());
+        assert!(peer_url("not a url", &["downloads"]).is_err());
+    }
 }

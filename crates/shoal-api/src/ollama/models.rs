@@ -205,6 +205,9 @@ pub async fn show(
 ) -> Result<Json<ShowResponse>, Error> {
     let Json(req) = body?;
     let name = req.model()?;
+    // Only ever compared with the ids of known models, but a name that is no model id (a path, `..`,
+    // NUL, over-long) is refused as such, as on every route that takes a model name.
+    shoal_store::check_model_id(&name).map_err(|e| ApiError::invalid("model", e.to_string()))?;
     let verbose = req.verbose.unwrap_or(false);
     let wanted = name.clone();
     let known = known_async(&state, move |id| {

@@ -3,9 +3,11 @@
 //!
 //! The name is checked before anything is sent: a catalog id, or a hub reference the hub resolves to a
 //! file (its LFS sha256 and size become the `digest` and `total` of the progress lines), or a model a
-//! member of the cluster has; anything else is a 404 (a path or a bad name a 400). Then the download runs
-//! as its own task — it finishes even if the client goes away, `GET /downloads` shows it, and a second
-//! pull of the same model waits for it — while the answer reports it:
+//! member of the cluster has; anything else is a 404 (a path or a bad name a 400, decided from the text
+//! alone: [`ModelRef::parse_id`] never looks at the disk, so a path answers the same whether or not the
+//! file exists). Then the download runs as its own task — it finishes even if the client goes away,
+//! `GET /downloads` shows it, and a second pull of the same model waits for it — while the answer
+//! reports it:
 //!
 //! `{"status":"pulling manifest"}`, then `{"status":"downloading <digest>","digest","total","completed"}`
 //! as bytes arrive (bytes a previous run left count as completed), `{"status":"verifying sha256
@@ -116,21 +118,22 @@ async fn plan(state: &ApiState, downloads: &Downloads, name: &str) -> Result<Pla
             "pull model manifest: model \"{name}\" not found: {why}"
         )))
     };
-    let r = match ModelRef::parse(name) {
+    // A name from the network: a catalog id or a hub reference, never a path, and nothing on the disk is
+    // looked at to decide — an existing and a missing file get the same 400.
+    let r = match ModelRef::parse_id(name) {
         Ok(r) => r,
         Err(e @ StoreError::UnknownModel(_)) => return Err(not_found(&e)),
-        Err(e) => return Err(ApiError::invalid("model", e.to_string()).into()),
-    };
-    let id = match &r {
-        ModelRef::Path(_) => {
+        Err(e) => {
             return Err(ApiError::invalid(
                 "model",
-                "a file path cannot be pulled; start `shoal serve --model PATH` or copy the file into the models directory",
+                format!(
+                    "{e}; a file is served with `shoal serve --model PATH` or copied into the models directory"
+                ),
             )
             .into());
         }
-        other => other.id(),
     };
+    let id = r.id();
     shoal_store::check_model_id(&id).map_err(|e| ApiError::invalid("model", e.to_string()))?;
     let unknown_digest = Plan {
         id: id.clone(),

@@ -12,6 +12,7 @@ mod disconnect;
 mod embeddings;
 mod errors;
 mod generation;
+mod hostile_names;
 mod metrics;
 mod ollama;
 mod ollama_models;
