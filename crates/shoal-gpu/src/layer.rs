@@ -1,6 +1,7 @@
-//! The rest of a decoder layer's decode step on the device: rotary embedding ([`Commands::rope`]),
-//! the f16 KV cache ([`GpuKvCache`], [`Commands::kv_write`]), decode attention over it
-//! ([`Commands::attention`]) and the embedding-row lookup ([`Commands::embed`]).
+//! The rest of a decoder layer's step on the device: rotary embedding ([`Commands::rope`]), the
+//! f16 KV cache ([`GpuKvCache`], [`Commands::kv_write`], [`Commands::kv_write_rows`] for a
+//! chunk), decode attention over it ([`Commands::attention`]), causal attention of a prefill
+//! chunk ([`Commands::attention_rows`]) and the embedding-row lookup ([`Commands::embed`]).
 
 use shoal_kernels::QType;
 
@@ -221,30 +222,59 @@ impl Commands<'_> {
         v: &GpuVec,
         v_off: usize,
     ) -> Result<(), GpuError> {
+        self.kv_write_rows(cache, layer, pos, 1, k, k_off, v, v_off, 0)
+    }
+
+    /// [`Commands::kv_write`] of `rows` consecutive positions from `pos` in one dispatch: row `r`'s
+    /// keys from `k[k_off + r·stride..]`, its values from `v[v_off + r·stride..]` (a prefill
+    /// chunk's fused QKV rows: `stride` the row length).
+    #[allow(clippy::too_many_arguments)] // two sources with offsets, and where they go
+    pub fn kv_write_rows(
+        &mut self,
+        cache: &GpuKvCache,
+        layer: usize,
+        pos: usize,
+        rows: usize,
+        k: &GpuVec,
+        k_off: usize,
+        v: &GpuVec,
+        v_off: usize,
+        stride: usize,
+    ) -> Result<(), GpuError> {
         let s = cache.shape;
-        if layer >= s.layers || pos >= s.capacity {
+        if layer >= s.layers || pos + rows > s.capacity {
             return Err(shape_err(format!(
-                "KV write at layer {layer}, position {pos}: the cache holds {} × {}",
-                s.layers, s.capacity
+                "KV write at layer {layer}, positions {pos}..{}: the cache holds {} × {}",
+                pos + rows,
+                s.layers,
+                s.capacity
             )));
         }
+        if rows == 0 {
+            return Ok(());
+        }
         let n = 2 * cache.row_words();
-        if k_off + n > k.len() || v_off + n > v.len() {
+        let last = (rows - 1) * stride;
+        if k_off + last + n > k.len() || v_off + last + n > v.len() {
             return Err(shape_err(format!(
-                "KV write of {n} values from {k_off} / {v_off}: vectors of {} / {}",
+                "KV write of {rows} rows of {n} values from {k_off} / {v_off}, stride {stride}: \
+                 vectors of {} / {}",
                 k.len(),
                 v.len()
             )));
         }
         let words = cache.row_words() as u32;
+        let total = u32_of("KV words", rows * cache.row_words())?;
         let params = self.gpu().uniform(&[
             words,
             cache.base(layer, pos),
             u32_of("k offset", k_off)?,
             u32_of("v offset", v_off)?,
+            rows as u32,
+            u32_of("stride", stride)?,
         ]);
         let buffers = [&params, &k.buffer, &v.buffer, &cache.k, &cache.v];
-        self.dispatch(Kernel::KvWrite, WG, &buffers, words.div_ceil(WG))
+        self.dispatch(Kernel::KvWrite, WG, &buffers, total.div_ceil(WG))
     }
 
     /// Decode attention of one query (`n_heads × head_dim` values from `q[q_off..]`) over
@@ -257,12 +287,41 @@ impl Commands<'_> {
         at: Attend,
         out: &GpuVec,
     ) -> Result<(), GpuError> {
+        let qd = cache.shape.n_heads * cache.shape.head_dim;
+        self.attention_rows(cache, q, q_off, qd, 1, at, out)
+    }
+
+    /// Causal attention of a prefill chunk: `rows` queries, row `r` at position `at.pos + r`
+    /// (`n_heads × head_dim` values from `q[q_off + r·q_stride..]`: `q_stride` is the row length
+    /// of a fused QKV chunk, or `n_heads × head_dim`), each over `cache`'s keys and values of
+    /// `at.layer` at positions up to its own (the window's last ones when `at.window > 0`); those
+    /// must be written already ([`Commands::kv_write_rows`] for the chunk). `out` receives
+    /// `rows × n_heads × head_dim` values. Each row is computed exactly as [`Commands::attention`]
+    /// at its position. The scores use the cache's scratch when they fit it, else a scratch
+    /// buffer of `rows × n_heads × min(at.pos + rows, window)` f32 made for this call (refused
+    /// with [`GpuError::TooLarge`] above a storage binding: split the chunk).
+    #[allow(clippy::too_many_arguments)] // the query rows, where they attend, and the output
+    pub fn attention_rows(
+        &mut self,
+        cache: &GpuKvCache,
+        q: &GpuVec,
+        q_off: usize,
+        q_stride: usize,
+        rows: usize,
+        at: Attend,
+        out: &GpuVec,
+    ) -> Result<(), GpuError> {
         let s = cache.shape;
         let qd = s.n_heads * s.head_dim;
-        if at.layer >= s.layers || at.pos >= s.capacity || q_off + qd > q.len() {
+        let end = at.pos + rows;
+        let q_need = match rows {
+            0 => 0,
+            _ => q_off + (rows - 1) * q_stride + qd,
+        };
+        if at.layer >= s.layers || end > s.capacity || q_need > q.len() {
             return Err(shape_err(format!(
-                "attention at layer {}, position {} from q[{q_off}..] of {}: the cache holds \
-                 {} × {}, {qd} query values",
+                "attention at layer {}, positions {}..{end} from q[{q_off}..] (stride \
+                 {q_stride}) of {}: the cache holds {} × {}, {qd} query values a row",
                 at.layer,
                 at.pos,
                 q.len(),
@@ -270,11 +329,37 @@ impl Commands<'_> {
                 s.capacity
             )));
         }
-        same_len("attention output", out.len(), qd)?;
-        let len = at.pos + 1;
-        let first = match at.window {
-            0 => 0,
-            w => len.saturating_sub(w),
+        same_len("attention output", out.len(), rows * qd)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        // Scores per (row, head): the longest row's keys.
+        let stride = match at.window {
+            0 => end,
+            w => w.min(end),
+        };
+        let score_words = rows * s.n_heads * stride;
+        let scratch;
+        let scores = if score_words <= s.n_heads * s.capacity {
+            &cache.scores
+        } else {
+            let bytes = (score_words * 4) as u64;
+            if bytes > self.gpu().max_binding {
+                return Err(GpuError::TooLarge {
+                    what: "attention scores",
+                    bytes,
+                    limit: self.gpu().max_binding,
+                });
+            }
+            scratch = self.gpu().checked(|| {
+                self.gpu().device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("shoal prefill attention scores"),
+                    size: bytes,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                })
+            })?;
+            &scratch
         };
         let (q_scale, score_scale) = match at.query_scale {
             Some(sc) => (sc, 1.0),
@@ -285,23 +370,20 @@ impl Commands<'_> {
             (s.n_heads / s.n_kv_heads) as u32,
             s.n_kv_heads as u32,
             at.pos as u32,
-            first as u32,
+            u32_of("window", at.window)?,
             cache.base(at.layer, 0),
-            s.capacity as u32,
+            stride as u32,
             u32_of("q offset", q_off)?,
             q_scale.to_bits(),
             score_scale.to_bits(),
+            u32_of("q stride", q_stride)?,
+            qd as u32,
         ]);
         let wg = WG.min(self.gpu().row_workgroup());
-        let buffers = [
-            &params,
-            &q.buffer,
-            &cache.k,
-            &cache.v,
-            &cache.scores,
-            &out.buffer,
-        ];
-        self.dispatch(Kernel::Attention, wg, &buffers, s.n_heads as u32)
+        let buffers = [&params, &q.buffer, &cache.k, &cache.v, scores, &out.buffer];
+        let numbered: Vec<_> = (0u32..).zip(buffers).collect();
+        let grid = (s.n_heads as u32, u32_of("rows", rows)?);
+        self.dispatch_grid(Kernel::Attention, &[("WG", wg)], &numbered, grid)
     }
 
     /// Row `row` of an embedding table (`F32`, `F16`, `Q8_0` or `Q4_0`), dequantized and

@@ -27,10 +27,15 @@
 //!   for one position ([`Rope`]: interleaved/"normal" for Llama and Mistral, NEOX for Qwen,
 //!   Gemma and Phi-3; base, linear scale, partial `dims`, frequency factors; the angle computed
 //!   with the CPU's f32 operations); [`GpuKvCache`] (from [`Gpu::kv_cache`]) holds f16 keys and
-//!   values `[layer][pos][kv_head][head_dim]`, two per u32, written one position at a time by
-//!   [`Commands::kv_write`]; [`Commands::attention`] is decode attention of one query over it
+//!   values `[layer][pos][kv_head][head_dim]`, two per u32, written by [`Commands::kv_write`]
+//!   (one position) or [`Commands::kv_write_rows`] (a chunk's consecutive positions from fused
+//!   QKV rows, one dispatch); [`Commands::attention`] is decode attention of one query over it
 //!   (grouped-query heads, either scale convention, a sliding window; llama.cpp's CPU numerics:
-//!   f16 query, f16-rounded softmax weights), one workgroup per query head.
+//!   f16 query, f16-rounded softmax weights), one workgroup per query head;
+//!   [`Commands::attention_rows`] is causal attention of a prefill chunk (row `r` at position
+//!   `pos + r` attends to positions up to its own, within the window), one workgroup per (query
+//!   head, row), each row bitwise what decode attention gives at its position, as shoal-model's
+//!   CPU attention computes a chunk row by row.
 //! - [`Commands::embed`]: one row of an `F32`/`F16`/`Q8_0`/`Q4_0` embedding table uploaded as a
 //!   [`GpuMatrix`], dequantized (times Gemma's scale) into a [`GpuVec`].
 //!
@@ -42,11 +47,12 @@
 //! formats; `block_dot` for matvec and `dequant4` for the tiles for the block formats). The
 //! one-thread-per-item kernels share `grid.wgsl`'s entry point.
 //!
-//! Not here yet: the decoder stage that chains these per layer, causal attention over a prefill
-//! chunk, the other norms and activations.
+//! Not here yet: the decoder stage that chains these per layer, the other norms and activations,
+//! a split-K attention for long contexts (one workgroup per (head, row) reads every key).
 //!
-//! Tests (tests/kernels.rs, tests/matmat.rs; helpers in tests/common) compare every kernel against the CPU path on lavapipe at small and odd
-//! shapes; they fail when no adapter exists unless `SHOAL_GPU_TESTS=skip`.
+//! Tests (tests/kernels.rs, tests/matmat.rs, tests/prefill_attention.rs; helpers in
+//! tests/common) compare every kernel against the CPU path on lavapipe at small and odd shapes;
+//! they fail when no adapter exists unless `SHOAL_GPU_TESTS=skip`.
 
 mod buffer;
 mod device;

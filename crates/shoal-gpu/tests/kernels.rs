@@ -10,7 +10,8 @@
 mod common;
 
 use common::{
-    K_SHAPES, PLAIN_SHAPES, SHAPES, gpu, gpu_with, matvec_reference, random_matrix, random_vec,
+    HEAD_LAYOUTS, K_SHAPES, PLAIN_SHAPES, SHAPES, check_attention, gpu, gpu_with, kv_shape_of,
+    matvec_reference, random_matrix, random_vec,
 };
 use half::f16;
 use shoal_gpu::{Gpu, GpuError, MatvecConfig, OpenOptions};
@@ -458,25 +459,17 @@ fn rope_matches_the_cpu() {
 
 /// Decode attention against shoal-kernels' `attend_f16` (llama.cpp's CPU numerics) and an f64
 /// softmax over the same f16 keys, values and query, after writing every position with
-/// `kv_write`. Tolerances, of `Σ_j |p_j · v_j|` per output: 1e-3 against `attend_f16` (the
-/// GPU's `exp` can move a weight by one f16 rounding step, 2^-11) and 2e-3 against the f64
-/// softmax (which does not round the weights).
+/// `kv_write`; tolerances as `common::check_attention` states.
 #[test]
 fn decode_attention_matches_the_cpu() {
-    use shoal_gpu::{Attend, KvShape};
-    use shoal_kernels::attn::attend_f16;
+    use shoal_gpu::Attend;
     let Some(gpu) = gpu() else { return };
     let mut rng = SplitMix64::new(31);
     let r16 = |v: f32| f16::from_f32(v).to_f32();
-    for (n_heads, n_kv, hd) in [(4, 4, 64), (8, 2, 64), (6, 1, 32), (4, 2, 128), (2, 1, 2)] {
-        let (layers, cap) = (2, 40);
-        let shape = KvShape {
-            layers,
-            capacity: cap,
-            n_heads,
-            n_kv_heads: n_kv,
-            head_dim: hd,
-        };
+    for layout in HEAD_LAYOUTS {
+        let (n_heads, n_kv, hd) = layout;
+        let shape = kv_shape_of(layout);
+        let (layers, cap) = (shape.layers, shape.capacity);
         let cache = gpu.kv_cache(shape).unwrap();
         let kvd = n_kv * hd;
         // Host copies per layer: [pos][kv_head][hd], rounded to f16.
@@ -539,55 +532,11 @@ fn decode_attention_matches_the_cpu() {
                     .map(|&v| f16::from_f32(v))
                     .collect();
                 let qg = &qr[g * group * hd..(g + 1) * group * hd];
-                let mut cpu = vec![0f32; group * hd];
-                attend_f16(
-                    qg,
-                    group,
-                    &keys,
-                    &vals,
-                    hd,
-                    scale,
-                    &mut Vec::new(),
-                    &mut cpu,
+                let got = &y[g * group * hd..(g + 1) * group * hd];
+                let ctx = format!(
+                    "{n_heads}/{n_kv}×{hd} layer {layer} pos {pos} window {window} kv head {g}"
                 );
-                for (hh, qh) in qg.chunks_exact(hd).enumerate() {
-                    let s: Vec<f64> = keys
-                        .chunks_exact(hd)
-                        .map(|k| {
-                            let d: f64 = qh
-                                .iter()
-                                .zip(k)
-                                .map(|(&a, b)| f64::from(a) * f64::from(b.to_f32()))
-                                .sum();
-                            d * f64::from(scale)
-                        })
-                        .collect();
-                    let m = s.iter().cloned().fold(f64::MIN, f64::max);
-                    let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
-                    let sum: f64 = e.iter().sum();
-                    for d in 0..hd {
-                        let at = (g * group + hh) * hd + d;
-                        let terms = e
-                            .iter()
-                            .zip(vals.chunks_exact(hd))
-                            .map(|(p, v)| p / sum * f64::from(v[d].to_f32()));
-                        let exact: f64 = terms.clone().sum();
-                        let mag: f64 = terms.map(f64::abs).sum();
-                        let got = f64::from(y[at]);
-                        let ctx = format!(
-                            "{n_heads}/{n_kv}×{hd} layer {layer} pos {pos} window {window} [{at}]"
-                        );
-                        assert!(
-                            (got - f64::from(cpu[hh * hd + d])).abs() <= 1e-3 * mag + 1e-6,
-                            "{ctx}: gpu {got} attend_f16 {}",
-                            cpu[hh * hd + d]
-                        );
-                        assert!(
-                            (got - exact).abs() <= 2e-3 * mag + 1e-6,
-                            "{ctx}: gpu {got} f64 {exact}"
-                        );
-                    }
-                }
+                check_attention(qg, group, &keys, &vals, hd, scale, got, &ctx);
             }
         }
     }

@@ -1,26 +1,30 @@
-// Decode attention of one query (at position `pos`) over the f16 KV cache, one workgroup per
-// query head (after reduce.wgsl). Query head h reads KV head h / group (grouped-query attention).
+// Causal attention of a chunk of query rows (row r at position pos0 + r; one row for decode) over
+// the f16 KV cache, one workgroup per (query head, row): workgroup (h, r) of a (n_heads, rows) grid
+// (after reduce.wgsl). Query head h reads KV head h / group (grouped-query attention). Every row is
+// computed as a decode query at its own position would be, so a chunk gives bitwise the rows of
+// one-at-a-time decode (shoal-model's CPU attention does the same per row).
 //
 // Numerics follow shoal-kernels' attend_f16 (llama.cpp's CPU path): the query is multiplied by
-// q_scale and rounded to f16; scores are q·k · score_scale over keys first .. pos (first > 0 for
-// a sliding window); softmax subtracts the max, exponentiates, multiplies by 1 / sum and rounds
-// the weights to f16; each output value is a chain of fused multiply-adds over the keys in order.
-// The scores go through a scratch buffer of [n_heads][capacity] f32.
+// q_scale and rounded to f16; scores are q·k · score_scale over keys first ..= pos (first =
+// max(0, pos + 1 - window) for a sliding window); softmax subtracts the max, exponentiates,
+// multiplies by 1 / sum and rounds the weights to f16; each output value is a chain of fused
+// multiply-adds over the keys in order.
+// The scores go through a scratch buffer of [rows][n_heads][stride] f32, indexed from `first`.
 override WG: u32 = 64u;
 
 struct Params {
     head_dim: u32,
     group: u32,      // query heads per KV head
     n_kv: u32,
-    pos: u32,        // the query's position: keys first ..= pos are attended
-    first: u32,
+    pos0: u32,       // row r's position is pos0 + r: keys first ..= pos0 + r are attended
+    window: u32,     // keys a query sees, counting itself (0: all)
     layer_base: u32, // word index of this layer in the caches
-    capacity: u32,   // positions per layer (row length of the scratch)
-    q_off: u32,      // index of the first query value in q
+    stride: u32,     // scores per (row, head) in the scratch
+    q_off: u32,      // index of row 0's first query value in q
     q_scale: f32,
     score_scale: f32,
-    _pad0: u32,
-    _pad1: u32,
+    q_stride: u32,   // values from one row's query to the next's in q
+    out_stride: u32, // values from one row's output to the next's (n_heads × head_dim)
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -38,21 +42,31 @@ fn round_f16(v: f32) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
     let h = wid.x;
+    let r = wid.y;
     let hd = params.head_dim;
     let hw = hd / 2u;
     let g = h / params.group;
     for (var d = lid; d < hd; d += WG) {
-        qh[d] = round_f16(q[params.q_off + h * hd + d] * params.q_scale);
+        qh[d] = round_f16(q[params.q_off + r * params.q_stride + h * hd + d] * params.q_scale);
     }
     workgroupBarrier();
-    let len = params.pos + 1u;
-    let sbase = h * params.capacity;
+    let len = params.pos0 + r + 1u;
+    var first = 0u;
+    if (params.window != 0u && len > params.window) {
+        first = len - params.window;
+    }
+    // Score of key j at scores[sbase + j - first].
+    let sbase = (r * nwg.x + h) * params.stride;
     let row = params.n_kv * hw;
     let kvbase = params.layer_base + g * hw;
     var m = -3.0e38;
-    for (var j = params.first + lid; j < len; j += WG) {
+    for (var j = first + lid; j < len; j += WG) {
         let kb = kvbase + j * row;
         var s = 0.0;
         for (var i = 0u; i < hw; i++) {
@@ -61,29 +75,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             s = fma(qh[2u * i + 1u], kv.y, s);
         }
         s *= params.score_scale;
-        scores[sbase + j] = s;
+        scores[sbase + j - first] = s;
         m = max(m, s);
     }
     m = group_max(lid, WG, m);
     var l = 0.0;
-    for (var j = params.first + lid; j < len; j += WG) {
-        let e = exp(scores[sbase + j] - m);
-        scores[sbase + j] = e;
+    for (var j = first + lid; j < len; j += WG) {
+        let e = exp(scores[sbase + j - first] - m);
+        scores[sbase + j - first] = e;
         l += e;
     }
     let inv = 1.0 / group_sum(lid, WG, l);
-    for (var j = params.first + lid; j < len; j += WG) {
-        scores[sbase + j] = round_f16(scores[sbase + j] * inv);
+    for (var j = first + lid; j < len; j += WG) {
+        scores[sbase + j - first] = round_f16(scores[sbase + j - first] * inv);
     }
     storageBarrier();
     for (var d = lid; d < hd; d += WG) {
         var acc = 0.0;
         let vb = kvbase + d / 2u;
         let hi = (d & 1u) == 1u;
-        for (var j = params.first; j < len; j++) {
+        for (var j = first; j < len; j++) {
             let p = unpack2x16float(vc[vb + j * row]);
-            acc = fma(scores[sbase + j], select(p.x, p.y, hi), acc);
+            acc = fma(scores[sbase + j - first], select(p.x, p.y, hi), acc);
         }
-        out[h * hd + d] = acc;
+        out[r * params.out_stride + h * hd + d] = acc;
     }
 }

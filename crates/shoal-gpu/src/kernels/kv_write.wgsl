@@ -1,12 +1,16 @@
-// Writes one position's keys and values into the f16 KV cache: `words` u32 (two halves each,
-// low half first) from k[k_off ..] and v[v_off ..] to the caches at word `base` (the cache is
-// [layer][pos][kv_head][head_dim] halves; the host computes base for a layer and position).
+// Writes the keys and values of `rows` consecutive positions into the f16 KV cache: per row r,
+// `words` u32 (two halves each, low half first) from k[k_off + r·stride ..] and
+// v[v_off + r·stride ..] to the caches at word `base + r·words` (the cache is
+// [layer][pos][kv_head][head_dim] halves, so a layer's positions are consecutive; the host
+// computes base for a layer and the first position).
 
 struct Params {
     words: u32,
     base: u32,
     k_off: u32,
     v_off: u32,
+    rows: u32,
+    stride: u32, // values from one row's k (and v) to the next's
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -16,9 +20,11 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> vc: array<u32>;
 
 fn run(i: u32) {
-    if (i < params.words) {
-        let ki = params.k_off + 2u * i;
-        let vi = params.v_off + 2u * i;
+    if (i < params.words * params.rows) {
+        let r = i / params.words;
+        let w = i % params.words;
+        let ki = params.k_off + r * params.stride + 2u * w;
+        let vi = params.v_off + r * params.stride + 2u * w;
         kc[params.base + i] = pack2x16float(vec2<f32>(k[ki], k[ki + 1u]));
         vc[params.base + i] = pack2x16float(vec2<f32>(v[vi], v[vi + 1u]));
     }

@@ -95,3 +95,82 @@ pub fn matvec_reference(w: &QMatrix<'_>, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
         })
         .unzip()
 }
+
+/// Checks one KV head's attention output `got` (`group × hd` values: the group's query heads)
+/// against shoal-kernels' `attend_f16` over the same f16-rounded query `qg`, `keys` and `values`
+/// (`[pos][hd]`), and against an f64 softmax over them. Tolerances, of `Σ_j |p_j · v_j|` per
+/// output value: 1e-3 against `attend_f16` (the GPU's `exp` can move a weight by one f16
+/// rounding step, 2^-11) and 2e-3 against the f64 softmax (which does not round the weights).
+#[allow(clippy::too_many_arguments)] // attend_f16's arguments, the result and its context
+pub fn check_attention(
+    qg: &[f32],
+    group: usize,
+    keys: &[f16],
+    values: &[f16],
+    hd: usize,
+    scale: f32,
+    got: &[f32],
+    ctx: &str,
+) {
+    let mut cpu = vec![0f32; group * hd];
+    shoal_kernels::attn::attend_f16(
+        qg,
+        group,
+        keys,
+        values,
+        hd,
+        scale,
+        &mut Vec::new(),
+        &mut cpu,
+    );
+    for (hh, qh) in qg.chunks_exact(hd).enumerate() {
+        let s: Vec<f64> = keys
+            .chunks_exact(hd)
+            .map(|k| {
+                let d: f64 = qh
+                    .iter()
+                    .zip(k)
+                    .map(|(&a, b)| f64::from(a) * f64::from(b.to_f32()))
+                    .sum();
+                d * f64::from(scale)
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::MIN, f64::max);
+        let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        for d in 0..hd {
+            let at = hh * hd + d;
+            let terms = e
+                .iter()
+                .zip(values.chunks_exact(hd))
+                .map(|(p, v)| p / sum * f64::from(v[d].to_f32()));
+            let exact: f64 = terms.clone().sum();
+            let mag: f64 = terms.map(f64::abs).sum();
+            let (g, want) = (f64::from(got[at]), f64::from(cpu[at]));
+            assert!(
+                (g - want).abs() <= 1e-3 * mag + 1e-6,
+                "{ctx} head {hh} [{d}]: gpu {g} attend_f16 {want}"
+            );
+            assert!(
+                (g - exact).abs() <= 2e-3 * mag + 1e-6,
+                "{ctx} head {hh} [{d}]: gpu {g} f64 {exact}"
+            );
+        }
+    }
+}
+
+/// The attention tests' head layouts `(n_heads, n_kv_heads, head_dim)`: plain, GQA 2–6 query
+/// heads per KV head, head_dim 2–128.
+pub const HEAD_LAYOUTS: [(usize, usize, usize); 5] =
+    [(4, 4, 64), (8, 2, 64), (6, 1, 32), (4, 2, 128), (2, 1, 2)];
+
+/// The attention tests' KV shape: 2 layers of 40 positions.
+pub fn kv_shape_of((n_heads, n_kv_heads, head_dim): (usize, usize, usize)) -> shoal_gpu::KvShape {
+    shoal_gpu::KvShape {
+        layers: 2,
+        capacity: 40,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+    }
+}
