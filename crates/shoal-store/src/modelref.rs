@@ -132,6 +132,12 @@ fn looks_like_path(s: &str) -> bool {
         || (s.to_ascii_lowercase().ends_with(".gguf") && s.matches('/').count() < 2)
 }
 
+/// A file path inside a hub repository that stays inside it: `/`-separated names of letters, digits,
+/// `-`, `_` and `.`, none of them `.` or `..`.
+pub(crate) fn valid_repo_path(f: &str) -> bool {
+    f.split('/').all(valid_name)
+}
+
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s != "."
@@ -180,7 +186,7 @@ impl HubRef {
             if !f.to_ascii_lowercase().ends_with(".gguf") {
                 return Err(bad("the file must be a .gguf"));
             }
-            if f.split('/').any(|part| !valid_name(part)) {
+            if !valid_repo_path(f) {
                 return Err(bad("bad file path"));
             }
             check_not_split(f)?;

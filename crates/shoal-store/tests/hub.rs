@@ -546,3 +546,26 @@ fn rm_deletes_the_folder_and_purge_the_cache_files() {
         Err(StoreError::NotPresent(..))
     ));
 }
+
+#[test]
+fn a_hub_answering_a_commit_that_leaves_the_cache_writes_nothing_outside_it() {
+    let hub = FakeHub::start(&[]);
+    tiny_repo(&hub);
+    let dirs = Dirs::new();
+    let store = dirs.store(&hub.url);
+    let rt = rt();
+    // A hostile hub (HF_ENDPOINT can name any server) answers a commit that climbs out of the cache.
+    let escape = format!("shoal-escape-{}", std::process::id());
+    let outside = dirs.cache.path().parent().unwrap().join(&escape);
+    hub.add(REPO, ".commit", format!("../../../{escape}").as_bytes());
+    for name in ["org/Tiny-GGUF:q4_k_m", "org/Tiny-GGUF/Tiny-Q8_0.gguf"] {
+        let err = rt
+            .block_on(store.pull_named(name, &PullOptions::default()))
+            .expect_err("a commit that is not a hash must be refused");
+        assert!(matches!(err, StoreError::BadAnswer { .. }), "{name}: {err}");
+        assert!(err.to_string().contains("40-digit hash"), "{name}: {err}");
+    }
+    assert!(!outside.exists(), "{} was written", outside.display());
+    // Nothing in the models dir claims the model either.
+    assert!(store.list().is_empty(), "{:?}", store.list());
+}

@@ -310,6 +310,14 @@ impl Hub {
                 url: url.clone(),
                 message: e.to_string(),
             })?;
+        // The commit and the file names become folders of the hub cache: a hub (or a stand-in named by
+        // HF_ENDPOINT) that answers anything else is refused, never followed out of the cache.
+        if !is_commit(&api.sha) {
+            return Err(StoreError::BadAnswer {
+                url,
+                message: "the revision's commit is not a 40-digit hash".into(),
+            });
+        }
         Ok(RepoListing {
             commit: api.sha,
             files: api.siblings.into_iter().map(|s| s.rfilename).collect(),
@@ -338,12 +346,17 @@ impl Hub {
             url: url.clone(),
             message: m.into(),
         };
-        let commit =
-            header(&resp, "x-repo-commit").ok_or_else(|| bad("no X-Repo-Commit header"))?;
+        // The commit, the file and the etag become paths in the hub cache: only plain names pass.
+        if !crate::modelref::valid_repo_path(file) {
+            return Err(bad("the file name could leave the repository's folder"));
+        }
+        let commit = header(&resp, "x-repo-commit")
+            .filter(|c| is_commit(c))
+            .ok_or_else(|| bad("no X-Repo-Commit header holding a 40-digit hash"))?;
         let etag = header(&resp, "x-linked-etag")
             .or_else(|| header(&resp, "etag"))
             .map(|e| unquote_etag(&e))
-            .filter(|e| !e.is_empty() && !e.contains(['/', '\\']))
+            .filter(|e| !e.is_empty() && e.bytes().all(|b| b.is_ascii_alphanumeric()))
             .ok_or_else(|| bad("no usable ETag / X-Linked-Etag header"))?;
         let size = header(&resp, "x-linked-size")
             .or_else(|| header(&resp, "content-length"))
