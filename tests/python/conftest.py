@@ -10,6 +10,7 @@ import json
 import os
 import queue
 import re
+import signal
 import subprocess
 import tempfile
 import threading
@@ -137,6 +138,24 @@ class ShoalNode:
     def restart(self) -> None:
         self.kill()
         self.start()
+
+
+@pytest.fixture
+def bounded(request):
+    """Fails the test using it once it has run its module's `BOUND_S` seconds (default 120), whatever it
+    waits on (SIGALRM): for tests that hold sockets a node might leave hanging."""
+    seconds = getattr(request.module, "BOUND_S", 120)
+
+    def expired(*_):
+        raise TimeoutError(f"{request.node.name} ran past its {seconds} s bound")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(scope="session")

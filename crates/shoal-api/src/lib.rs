@@ -1,7 +1,8 @@
 //! shoal-api: the HTTP API on axum, talking to the engine through [`shoal_engine::EngineHandle`].
 //!
-//! - [`router`] builds the whole [`axum::Router`] from an [`ApiState`]; [`serve`] runs it on a listener
-//!   until a shutdown future resolves. Tests drive the router with `oneshot`, no sockets.
+//! - [`router`] builds the whole [`axum::Router`] from an [`ApiState`]; [`serve`] ([`server`]: our own
+//!   accept loop with a header timeout and a connection cap) runs it on a listener until a shutdown
+//!   future resolves. Tests drive the router with `oneshot`, no sockets.
 //! - [`openai`] holds the OpenAI-compatible routes. A handler parses the body ([`openai::types`]),
 //!   checks it into the engine's validated [`shoal_engine::GenerateRequest`] ([`openai::params`]) and
 //!   submits it; the engine answers with a [`shoal_engine::RequestStream`] of events.
@@ -53,9 +54,9 @@ pub mod ollama;
 pub mod openai;
 pub mod relayed;
 pub mod request_id;
+pub mod server;
 pub mod sse;
 
-use std::future::Future;
 use std::sync::Arc;
 
 use axum::Json;
@@ -72,6 +73,7 @@ use tower_http::trace::TraceLayer;
 
 use cancel::{Cancellations, LiveRequest};
 pub use error::ApiError;
+pub use server::{ServeConfig, serve};
 
 /// The API's default port.
 pub const DEFAULT_PORT: u16 = 52415;
@@ -197,17 +199,6 @@ pub fn router(state: ApiState) -> Router {
         .layer(CatchPanicLayer::custom(panicked))
         .layer(axum::middleware::from_fn(request_id::assign))
         .with_state(state)
-}
-
-/// Serves the API on `listener` until `shutdown` resolves, then lets running requests finish.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: ApiState,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
 }
 
 async fn health() -> Json<Value> {

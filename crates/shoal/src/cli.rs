@@ -27,7 +27,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Serve a model over the OpenAI-compatible HTTP API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Stream an answer to a prompt in the terminal.
     Chat(ChatArgs),
     /// Measure prefill and decode speed, TTFT and inter-token latency.
@@ -234,6 +234,13 @@ pub struct ServeArgs {
     /// Read API keys from this file, one per line (lines starting with # are ignored).
     #[arg(long)]
     pub api_key_file: Option<PathBuf>,
+    /// How long a connection may take to send a request's headers, in milliseconds (also between
+    /// requests of a kept-alive connection).
+    #[arg(long, hide = true, env = "SHOAL_HEADER_TIMEOUT_MS")]
+    pub header_timeout_ms: Option<u64>,
+    /// Connections served at once [default: from the open-files limit].
+    #[arg(long, hide = true, env = "SHOAL_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// Publish the compute figures in this JSON file (the shape of `/state`'s `nodes[].compute`)
     /// instead of measuring them at start: figures measured once on a quiet machine, or a node
     /// declared slower than it is.

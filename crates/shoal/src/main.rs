@@ -30,7 +30,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     logs::init(cli.log.as_deref(), cli.log_format)?;
     match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Chat(args) => chat::run(args),
         Command::Bench(args) => bench(args),
         Command::Pull(args) => models::pull(&args),

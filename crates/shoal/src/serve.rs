@@ -9,7 +9,9 @@
 //! served model comes from a peer that has it (waiting a few seconds for peers to show up), else from
 //! the internet with a progress bar → the model is placed here and the API serves. The Prometheus
 //! recorder is installed before anything else (`shoal_api::metrics::install`), so every metric handle
-//! the engine, pipeline and cluster register records into it; `GET /metrics` renders it.
+//! the engine, pipeline and cluster register records into it; `GET /metrics` renders it. The soft
+//! open-files limit is raised to the hard one, and the API serves at most a number of connections
+//! below it (`serve_config`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -77,6 +79,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => crate::compute::measure_or_load(engine_config.threads),
     };
     let api_keys = shoal_api::auth::ApiKeys::new(args.api_keys()?);
+    let serve_config = serve_config(&args);
     let cargs = args.cluster.clone();
     let listen = shoal_cluster::parse_peer(&cargs.cluster_listen)?;
     let lanes = (!cargs.no_lanes).then(|| lane_config(&listen, cargs.data_port));
@@ -207,10 +210,58 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        shoal_api::serve(listener, state, shutdown)
+        shoal_api::serve(listener, state, serve_config, shutdown)
             .await
             .context("serving HTTP")
     })
+}
+
+/// How the API serves connections: the header timeout given (else the default) and the connection cap
+/// given, else one below the open-files limit, raised first to the hard limit.
+fn serve_config(args: &ServeArgs) -> shoal_api::ServeConfig {
+    let fd_limit = raise_open_files_limit();
+    let config = shoal_api::ServeConfig {
+        header_timeout: args
+            .header_timeout_ms
+            .map_or(shoal_api::server::DEFAULT_HEADER_TIMEOUT, |ms| {
+                Duration::from_millis(ms.max(1))
+            }),
+        max_connections: args
+            .max_connections
+            .unwrap_or_else(|| shoal_api::server::max_connections_for(fd_limit))
+            .max(1),
+    };
+    tracing::debug!(fd_limit, ?config, "serving connections");
+    config
+}
+
+/// Raises this process's soft limit on open files to its hard limit (a node serving many connections,
+/// model files and a cluster's sockets needs more than the usual 1,024); the soft limit in force after.
+fn raise_open_files_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given, which lives for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return 1024;
+    }
+    // macOS refuses an unlimited soft limit for open files: try the hard limit, then 10,240 (OPEN_MAX).
+    for want in [limit.rlim_max, limit.rlim_max.min(10_240)] {
+        if want <= limit.rlim_cur {
+            break;
+        }
+        let raised = libc::rlimit {
+            rlim_cur: want,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit only reads the struct it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit.rlim_cur = want;
+            break;
+        }
+    }
+    limit.rlim_cur
 }
 
 /// Where the data plane's lanes listen: the cluster's host, on `port` or else the cluster port + 1
