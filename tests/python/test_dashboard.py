@@ -23,16 +23,21 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 WAIT_S = 60
 
 
-@pytest.fixture
-def browser():
+def chromium(*extra_args: str) -> webdriver.Chrome:
+    """Headless Chromium through Debian's chromedriver, with `extra_args` on its command line."""
     for path in (CHROMIUM, CHROMEDRIVER):
         if not Path(path).is_file():
             pytest.fail(f"{path} is missing: install Debian's chromium and chromium-driver", pytrace=False)
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1500"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", *extra_args):
         options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+@pytest.fixture
+def browser():
+    driver = chromium("--window-size=1400,1500")
     try:
         yield driver
     finally:

@@ -13,6 +13,8 @@
 //! - [`error::ApiError`] is every failure; its one `IntoResponse` impl writes OpenAI's error shape with
 //!   the right status and hides internal details.
 //!
+//! - [`guard`]: the edge against strangers — which web origins may use the node (CORS, state-changing
+//!   requests from other origins refused, DNS rebinding refused on loopback).
 //! - [`request_id`]: every request's id (the client's `x-request-id` or a new one), answered in the
 //!   response and named by the request's span in every log line about it.
 //! - [`auth`]: API keys — with keys configured every route but `/health`, `/cluster/enroll` and the dashboard's page
@@ -48,6 +50,7 @@ pub mod dialect;
 pub mod doctor;
 pub mod downloads;
 pub mod error;
+pub mod guard;
 pub mod membership;
 pub mod metrics;
 pub mod ollama;
@@ -68,7 +71,6 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use shoal_engine::{Engines, RequestStream};
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::cors::CorsLayer;
 use tower_http::trace::TraceLayer;
 
 use cancel::{Cancellations, LiveRequest};
@@ -106,6 +108,9 @@ pub struct ApiState {
     /// The process's Prometheus recorder ([`metrics::install`]) that `GET /metrics` renders; `None`:
     /// that route answers 404.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// The web origins allowed to use this node, and the `Host` check of a loopback node
+    /// ([`guard::origin`]).
+    pub origins: guard::origin::OriginPolicy,
 }
 
 impl ApiState {
@@ -121,6 +126,7 @@ impl ApiState {
             metrics: None,
             body_limit: DEFAULT_BODY_LIMIT,
             cancellations: Arc::default(),
+            origins: guard::origin::OriginPolicy::default(),
         }
     }
 
@@ -143,9 +149,11 @@ impl ApiState {
     }
 }
 
-/// All routes, with body limit, CORS (browser clients on other origins) and request tracing.
+/// All routes, with body limit, CORS and the origin policy (browser clients on other origins) and request
+/// tracing.
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.body_limit;
+    let cors = state.origins.cors();
     let generation = Router::new()
         .route("/v1/chat/completions", post(openai::chat::chat_completions))
         .route("/v1/completions", post(openai::completions::completions))
@@ -194,7 +202,11 @@ pub fn router(state: ApiState) -> Router {
             relayed::check,
         ))
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(CorsLayer::permissive())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::origin::refuse_foreign,
+        ))
+        .layer(cors)
         .layer(TraceLayer::new_for_http().make_span_with(request_id::span))
         .layer(CatchPanicLayer::custom(panicked))
         .layer(axum::middleware::from_fn(request_id::assign))

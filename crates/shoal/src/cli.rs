@@ -234,6 +234,16 @@ pub struct ServeArgs {
     /// Read API keys from this file, one per line (lines starting with # are ignored).
     #[arg(long)]
     pub api_key_file: Option<PathBuf>,
+    /// Also let web pages of this origin use the API (besides the node's own pages, pages on this
+    /// machine and desktop apps), e.g. `https://chat.example.com`, `http://host:*` (any port) or `*`
+    /// (any page); repeatable; env SHOAL_ORIGINS (comma-separated).
+    #[arg(
+        long = "cors-origin",
+        env = "SHOAL_ORIGINS",
+        value_delimiter = ',',
+        value_name = "ORIGIN"
+    )]
+    pub cors_origins: Vec<String>,
     /// How long a connection may take to send a request's headers, in milliseconds (also between
     /// requests of a kept-alive connection).
     #[arg(long, hide = true, env = "SHOAL_HEADER_TIMEOUT_MS")]

@@ -79,6 +79,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => crate::compute::measure_or_load(engine_config.threads),
     };
     let api_keys = shoal_api::auth::ApiKeys::new(args.api_keys()?);
+    let origins = shoal_api::guard::origin::OriginPolicy::new(&args.cors_origins)
+        .map_err(|e| anyhow::anyhow!("--cors-origin / SHOAL_ORIGINS: {e}"))?;
     let serve_config = serve_config(&args);
     let cargs = args.cluster.clone();
     let listen = shoal_cluster::parse_peer(&cargs.cluster_listen)?;
@@ -207,6 +209,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         state.downloads = Some(downloads);
         state.api_keys = api_keys;
         state.metrics = Some(metrics);
+        state.origins = origins;
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };

@@ -77,13 +77,16 @@ pub fn max_connections_for(fd_limit: u64) -> usize {
     fd_limit.saturating_sub(reserve).clamp(8, 16_384) as usize
 }
 
-/// Serves the API on `listener` until `shutdown` resolves, then lets running requests finish.
+/// Serves the API on `listener` until `shutdown` resolves, then lets running requests finish. The
+/// state's origin policy learns the address listened on (a loopback node checks the `Host` of requests:
+/// [`crate::guard::origin`]).
 pub async fn serve(
     listener: TcpListener,
-    state: ApiState,
+    mut state: ApiState,
     config: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    state.origins = state.origins.bound_to(listener.local_addr()?);
     serve_router(listener, crate::router(state), config, shutdown).await
 }
 

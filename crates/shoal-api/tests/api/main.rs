@@ -17,5 +17,6 @@ mod metrics;
 mod ollama;
 mod ollama_models;
 mod ollama_tools;
+mod origins;
 mod progress;
 mod tools;

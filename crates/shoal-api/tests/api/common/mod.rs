@@ -5,7 +5,7 @@ pub mod counted;
 use std::sync::OnceLock;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, Request, StatusCode, header};
+use axum::http::{HeaderMap, Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use shoal_api::{ApiState, router};
@@ -116,6 +116,24 @@ pub fn post_raw(uri: &str, content_type: Option<&str>, body: impl Into<Body>) ->
         builder = builder.header(header::CONTENT_TYPE, ct);
     }
     builder.body(body.into()).expect("request")
+}
+
+/// A request with any method, headers and body.
+pub fn request_with(
+    method: Method,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: Body,
+) -> Request<Body> {
+    let mut b = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(body).expect("request")
+}
+
+pub fn json_body(v: Value) -> Body {
+    Body::from(v.to_string())
 }
 
 pub async fn post_json(uri: &str, body: &Value) -> Reply {
