@@ -65,6 +65,9 @@ pub enum ApiError {
     /// Authenticated, or not needing to be, but refused (403): an invite that is expired or used up.
     #[error("{0}")]
     Forbidden(String),
+    /// Too many failed tries from this address (429, with Retry-After).
+    #[error("too many failed attempts from this address: retry in {retry_after_secs} s")]
+    TooManyRequests { retry_after_secs: u64 },
     /// Anything that is our fault (500). The detail is logged, never sent.
     #[error("internal error: {0}")]
     Internal(String),
@@ -105,6 +108,7 @@ impl ApiError {
             }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -140,6 +144,9 @@ impl ApiError {
             ApiError::StageLost(_) => ("server_error", None, Some("stage_lost")),
             ApiError::Unauthorized(_) => ("invalid_request_error", None, Some("invalid_api_key")),
             ApiError::Forbidden(_) => ("permission_error", None, Some("forbidden")),
+            ApiError::TooManyRequests { .. } => {
+                ("rate_limit_error", None, Some("rate_limit_exceeded"))
+            }
             ApiError::Internal(_) => ("server_error", None, None),
         };
         let message = match self {
@@ -183,11 +190,13 @@ impl IntoResponse for ApiError {
             tracing::debug!(status = status.as_u16(), error = %self, "request rejected");
         }
         let mut response = (status, axum::Json(self.body())).into_response();
-        if matches!(self, ApiError::Overloaded) {
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                HeaderValue::from_static(RETRY_AFTER_SECS),
-            );
+        let retry_after = match self {
+            ApiError::Overloaded => Some(HeaderValue::from_static(RETRY_AFTER_SECS)),
+            ApiError::TooManyRequests { retry_after_secs } => Some(retry_after_secs.into()),
+            _ => None,
+        };
+        if let Some(v) = retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, v);
         }
         response
     }
@@ -357,6 +366,36 @@ mod tests {
             ApiError::from(EngineError::Stopped).status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
+    }
+
+    #[test]
+    fn too_many_requests_is_429_with_retry_after() {
+        let response = ApiError::TooManyRequests {
+            retry_after_secs: 42,
+        }
+        .into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .map(|v| v.as_bytes()),
+            Some(&b"42"[..])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_json_body_over_the_limit_is_413_not_400() {
+        use axum::extract::FromRequest;
+        // axum's own default limit (2 MB) when no DefaultBodyLimit is set.
+        let big = axum::http::Request::post("/")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(axum::body::Body::from(vec![b' '; 3 << 20]))
+            .expect("a request");
+        let rejection = axum::Json::<serde_json::Value>::from_request(big, &())
+            .await
+            .expect_err("over the limit");
+        assert_eq!(ApiError::from(rejection), ApiError::PayloadTooLarge);
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //!   the right status and hides internal details.
 //!
 //! - [`guard`]: the edge against strangers — which web origins may use the node (CORS, state-changing
-//!   requests from other origins refused, DNS rebinding refused on loopback).
+//!   requests from other origins refused, DNS rebinding refused on loopback), bodies declared over the
+//!   limit refused at once, failed enrolments limited per address.
 //! - [`request_id`]: every request's id (the client's `x-request-id` or a new one), answered in the
 //!   response and named by the request's span in every log line about it.
 //! - [`auth`]: API keys — with keys configured every route but `/health`, `/cluster/enroll` and the dashboard's page
@@ -111,6 +112,8 @@ pub struct ApiState {
     /// The web origins allowed to use this node, and the `Host` check of a loopback node
     /// ([`guard::origin`]).
     pub origins: guard::origin::OriginPolicy,
+    /// Failed `POST /cluster/enroll` tries per client address ([`guard::attempts`]).
+    pub enroll_attempts: Arc<guard::attempts::FailedAttempts>,
 }
 
 impl ApiState {
@@ -127,6 +130,7 @@ impl ApiState {
             body_limit: DEFAULT_BODY_LIMIT,
             cancellations: Arc::default(),
             origins: guard::origin::OriginPolicy::default(),
+            enroll_attempts: Arc::default(),
         }
     }
 
@@ -180,7 +184,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/instance/{id}", axum::routing::delete(cluster::delete))
         .route("/links/probe", post(cluster::probe_links))
         .route("/doctor", post(doctor::doctor))
-        .route(membership::ENROLL_PATH, post(membership::enroll))
+        .route(
+            membership::ENROLL_PATH,
+            post(membership::enroll).layer(DefaultBodyLimit::max(membership::ENROLL_BODY_LIMIT)),
+        )
         .route("/cluster/remove", post(membership::remove))
         .route("/downloads", get(downloads::list).post(downloads::start))
         .route(
@@ -202,6 +209,10 @@ pub fn router(state: ApiState) -> Router {
             relayed::check,
         ))
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::declared_too_large,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard::origin::refuse_foreign,

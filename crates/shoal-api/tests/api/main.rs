@@ -13,6 +13,7 @@ mod embeddings;
 mod errors;
 mod generation;
 mod hostile_names;
+mod limits;
 mod metrics;
 mod ollama;
 mod ollama_models;
