@@ -56,7 +56,8 @@ pub async fn start(
     headers: axum::http::HeaderMap,
     body: Result<Json<StartBody>, axum::extract::rejection::JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let Json(body) = body.map_err(|e| ApiError::invalid("body", e.body_text()))?;
+    // The one mapping of body rejections: an over-long body is a 413 however it was sent.
+    let Json(body) = body?;
     let model = model_id(&body.model)?;
     if let Some(base) = other_node_url(&state, body.node.as_deref())? {
         let payload = json!({ "model": model });

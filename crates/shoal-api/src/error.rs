@@ -31,7 +31,7 @@ pub enum ApiError {
     #[error("the request body is too large")]
     PayloadTooLarge,
     /// The requested model is not served here (404).
-    #[error("the model '{model}' does not exist")]
+    #[error("the model '{}' does not exist", shown_name(model))]
     ModelNotFound { model: String },
     /// No such route (404).
     #[error("{0}")]
@@ -265,6 +265,16 @@ impl From<ClusterError> for ApiError {
             | ClusterError::ListenTimeout
             | ClusterError::Address { .. }) => ApiError::Internal(e.to_string()),
         }
+    }
+}
+
+/// A name a client sent, as an error message repeats it: at most 80 characters (a 64 KiB model name
+/// must not come back as a 64 KiB error, nor fill the log).
+pub fn shown_name(name: &str) -> String {
+    const MAX: usize = 80;
+    match name.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &name[..cut]),
+        None => name.to_string(),
     }
 }
 

@@ -174,13 +174,7 @@ pub fn resolve_model(args: &ModelArgs) -> anyhow::Result<(String, PathBuf)> {
 }
 
 /// A model name as an error shows it: at most 80 characters (a hostile name may be kilobytes).
-fn shown(name: &str) -> String {
-    let mut s: String = name.chars().take(80).collect();
-    if s.len() < name.len() {
-        s.push('…');
-    }
-    s
-}
+pub(crate) use shoal_api::error::shown_name as shown;
 
 /// `shoal pull MODEL`: prints `ID: PATH` on stdout.
 pub fn pull(args: &PullArgs) -> anyhow::Result<()> {

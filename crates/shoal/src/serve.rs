@@ -339,7 +339,7 @@ async fn bring_served_model(
     wait: Duration,
 ) -> anyhow::Result<(String, PathBuf)> {
     let id = ModelRef::parse(&model.model)
-        .with_context(|| format!("getting model '{}'", model.model))?
+        .with_context(|| format!("getting model '{}'", crate::models::shown(&model.model)))?
         .id();
     let me = cluster.id().to_string();
     let snap = cluster

@@ -35,6 +35,7 @@ impl Error {
     pub fn message(&self) -> String {
         match &self.0 {
             ApiError::ModelNotFound { model } => {
+                let model = crate::error::shown_name(model);
                 format!("model \"{model}\" not found, try pulling it first")
             }
             ApiError::InvalidRequest {
