@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use shoal_model::LayerRange;
 
+use crate::gpu_stage::Device;
 use crate::kvpool::KvPool;
 
 /// Engine tuning.
@@ -38,6 +39,11 @@ pub struct EngineConfig {
     /// The node's KV memory shared with the other engines on it; `None` = a pool of `kv_budget_bytes`
     /// for this engine alone.
     pub kv_pool: Option<Arc<KvPool>>,
+    /// Where the local stages run (every one of them: a whole model or each `stages` range).
+    pub device: Device,
+    /// Device memory a GPU stage's KV may take, all its sequences and prefixes together (not
+    /// paid from `kv_budget_bytes`).
+    pub device_kv_budget_bytes: usize,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +59,8 @@ impl Default for EngineConfig {
             prefix_cache_tokens: 8192,
             kv_budget_bytes: 2 << 30,
             kv_pool: None,
+            device: Device::Cpu,
+            device_kv_budget_bytes: 1 << 30,
         }
     }
 }

@@ -9,14 +9,18 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use shoal_gpu::Gpu;
 use shoal_kernels::ThreadPool;
 use shoal_model::chat::ChatTemplate;
 use shoal_model::gguf::GgufFile;
+use shoal_model::gpu::GpuDecoderStage;
 use shoal_model::tokenizer::Tokenizer;
-use shoal_model::{DecoderStage, KvSource, LayerRange, ModelConfig};
+use shoal_model::{DecoderStage, KvSource, LayerRange, ModelConfig, ModelError};
 
 pub use crate::config::{EngineConfig, default_threads};
 use crate::error::EngineError;
+pub use crate::gpu_stage::Device;
+use crate::gpu_stage::{GpuStage, open_gpu};
 use crate::handle::{EngineHandle, ModelInfo};
 use crate::kvpool::KvPool;
 use crate::stage::{LocalStage, Stage};
@@ -34,13 +38,43 @@ pub struct LoadedModel {
     pub kv_source: KvSource,
 }
 
+/// Where a model's local stages run: the device, and on a GPU the device memory their KV may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Placement {
+    pub device: Device,
+    pub device_kv_budget_bytes: usize,
+}
+
+impl Placement {
+    /// The placement `config` asks for.
+    pub fn of(config: &EngineConfig) -> Self {
+        Self {
+            device: config.device,
+            device_kv_budget_bytes: config.device_kv_budget_bytes,
+        }
+    }
+}
+
 impl LoadedModel {
-    /// Loads a GGUF model as one local stage per range in `ranges` (all layers when `None`).
+    /// Loads a GGUF model as one local stage per range in `ranges` (all layers when `None`), on
+    /// the CPU.
     pub fn from_gguf(
         path: &Path,
         id: &str,
         ranges: Option<&[LayerRange]>,
         pool: &Arc<ThreadPool>,
+    ) -> Result<Self, EngineError> {
+        Self::from_gguf_on(path, id, ranges, pool, Placement::default())
+    }
+
+    /// [`LoadedModel::from_gguf`] with the stages on `placement`'s device (a GPU stage per range
+    /// on [`Device::Gpu`]).
+    pub fn from_gguf_on(
+        path: &Path,
+        id: &str,
+        ranges: Option<&[LayerRange]>,
+        pool: &Arc<ThreadPool>,
+        placement: Placement,
     ) -> Result<Self, EngineError> {
         let err = |e: &dyn std::fmt::Display| {
             EngineError::Internal(format!("loading {}: {e}", path.display()))
@@ -59,12 +93,18 @@ impl LoadedModel {
         let ranges = ranges.unwrap_or(&full);
         let mut stages: Vec<Box<dyn Stage>> = Vec::with_capacity(ranges.len());
         let kv_source = KvSource::default();
+        let gpu = match placement.device {
+            Device::Cpu => None,
+            Device::Gpu(i) => Some(open_gpu(i)?),
+        };
         for r in ranges {
-            let stage = DecoderStage::load(&mut gguf, *r, pool).map_err(|e| err(&e))?;
-            stages.push(Box::new(LocalStage::with_kv_source(
-                stage,
-                kv_source.clone(),
-            )));
+            stages.push(match &gpu {
+                None => {
+                    let stage = DecoderStage::load(&mut gguf, *r, pool).map_err(|e| err(&e))?;
+                    Box::new(LocalStage::with_kv_source(stage, kv_source.clone()))
+                }
+                Some(gpu) => Box::new(load_gpu_stage(&mut gguf, *r, gpu, placement, path)?),
+            });
         }
         drop(gguf);
         release_freed_heap();
@@ -107,6 +147,42 @@ pub fn load_local_stage(
     Ok(LocalStage::new(stage))
 }
 
+/// Loads layers `range` of `gguf` onto `gpu` as a [`GpuStage`].
+fn load_gpu_stage(
+    gguf: &mut GgufFile,
+    range: LayerRange,
+    gpu: &Arc<Gpu>,
+    placement: Placement,
+    path: &Path,
+) -> Result<GpuStage, EngineError> {
+    let stage = GpuDecoderStage::load(gguf, range, gpu).map_err(|e| match e {
+        ModelError::Gpu(g) => EngineError::Device(format!("loading {}: {g}", path.display())),
+        other => EngineError::Internal(format!("loading {}: {other}", path.display())),
+    })?;
+    Ok(GpuStage::new(stage, placement.device_kv_budget_bytes))
+}
+
+/// Loads layers `range` of a GGUF model as a stage on `placement`'s device (what a node hosting
+/// one stage of a pipeline runs).
+pub fn load_stage_on(
+    path: &Path,
+    range: LayerRange,
+    pool: &Arc<ThreadPool>,
+    placement: Placement,
+) -> Result<Box<dyn Stage>, EngineError> {
+    match placement.device {
+        Device::Cpu => Ok(Box::new(load_local_stage(path, range, pool)?)),
+        Device::Gpu(i) => {
+            let gpu = open_gpu(i)?;
+            let mut gguf = GgufFile::open(path)
+                .map_err(|e| EngineError::Internal(format!("loading {}: {e}", path.display())))?;
+            Ok(Box::new(load_gpu_stage(
+                &mut gguf, range, &gpu, placement, path,
+            )?))
+        }
+    }
+}
+
 /// Loads `path` and starts its engine thread.
 pub fn spawn_from_gguf(
     path: &Path,
@@ -114,7 +190,8 @@ pub fn spawn_from_gguf(
     config: EngineConfig,
 ) -> Result<EngineHandle, EngineError> {
     let pool = Arc::new(ThreadPool::new(config.threads.max(1)));
-    let model = LoadedModel::from_gguf(path, id, config.stages.as_deref(), &pool)?;
+    let placement = Placement::of(&config);
+    let model = LoadedModel::from_gguf_on(path, id, config.stages.as_deref(), &pool, placement)?;
     spawn(model, config)
 }
 

@@ -35,6 +35,10 @@ pub enum EngineError {
     /// A pipeline stage on another node went away (node died, link cut, stage failed).
     #[error("a pipeline stage was lost: {0}")]
     StageLost(String),
+    /// The device a stage was asked to run on is missing or refused (no GPU adapter, a
+    /// sequence's KV above the adapter's binding limit, a weight format without a GPU kernel).
+    #[error("device: {0}")]
+    Device(String),
     #[error("internal engine error: {0}")]
     Internal(String),
 }
@@ -53,6 +57,7 @@ impl EngineError {
             EngineError::Overloaded => "overloaded",
             EngineError::Stopped => "stopped",
             EngineError::StageLost(_) => "stage_lost",
+            EngineError::Device(_) => "device",
             EngineError::Internal(_) => "internal",
         }
     }

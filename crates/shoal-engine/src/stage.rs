@@ -6,12 +6,11 @@
 //! their buffers from its [`KvSource`] once one is bound (the engine binds its node's KV pool, which
 //! keeps freed sequences' buffers for the next).
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use shoal_kernels::ThreadPool;
-use shoal_model::{DecoderStage, HostMatrix, KvCache, KvSource, SeqChunk, StageInput};
+use shoal_model::{DecoderStage, HostMatrix, KvCache, KvSource, StageOutput};
 
 /// What the last stage returns of a chunk's final hidden states, for embeddings.
 pub use shoal_model::Pool;
@@ -19,6 +18,7 @@ pub use shoal_model::Pool;
 use crate::error::EngineError;
 use crate::logits::TokenMask;
 use crate::sampler::{self, Sampler};
+use crate::seqkv::{SeqKvs, internal};
 
 /// One sequence's part of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,11 +268,7 @@ pub fn kv_all_lossy(stages: &mut [Box<dyn Stage>], op: KvOp) {
 /// Layers running in this process.
 pub struct LocalStage {
     model: DecoderStage,
-    caches: HashMap<u64, KvCache>,
-    prefixes: HashMap<u64, KvCache>,
-    /// Sequences whose cache is a placeholder ([`LocalStage::rewind`] of a sequence gone): computed
-    /// like any other, never copied into a prefix or another sequence.
-    placeholders: HashSet<u64>,
+    kvs: SeqKvs<KvCache>,
     /// Where new caches take their buffers (each allocates its own until one is bound).
     kv_source: KvSource,
 }
@@ -287,9 +283,7 @@ impl LocalStage {
     pub fn with_kv_source(model: DecoderStage, kv_source: KvSource) -> Self {
         Self {
             model,
-            caches: HashMap::new(),
-            prefixes: HashMap::new(),
-            placeholders: HashSet::new(),
+            kvs: SeqKvs::default(),
             kv_source,
         }
     }
@@ -306,18 +300,12 @@ impl LocalStage {
 
     /// Frees every sequence and prefix (the pipeline that fed this stage is gone).
     pub fn clear(&mut self) {
-        self.caches.clear();
-        self.prefixes.clear();
-        self.placeholders.clear();
+        self.kvs.clear();
     }
 
     /// Tokens of KV held: every sequence's and every kept prefix's.
     pub fn held_tokens(&self) -> usize {
-        self.caches
-            .values()
-            .chain(self.prefixes.values())
-            .map(KvCache::len)
-            .sum()
+        self.kvs.held_tokens()
     }
 
     /// Bytes one token of KV takes in this stage's layers.
@@ -329,16 +317,27 @@ impl LocalStage {
 
     /// Bytes of KV cache allocated across all sequences and kept prefixes.
     pub fn kv_bytes(&self) -> usize {
-        self.caches
-            .values()
-            .chain(self.prefixes.values())
-            .map(KvCache::allocated_bytes)
-            .sum()
+        self.kvs.kv_bytes()
     }
 }
 
-fn internal(e: impl std::fmt::Display) -> EngineError {
-    EngineError::Internal(e.to_string())
+/// What a local stage returns for its model's output: hidden states, or on the last stage the
+/// logits (sampled here when `sampling` asks, on `pool`'s threads) and pooled rows.
+pub(crate) fn stage_data(
+    is_last: bool,
+    out: StageOutput,
+    sampling: &[SampleRef<'_>],
+    pool: Option<&ThreadPool>,
+) -> Result<StageData, EngineError> {
+    let (mut logits, pooled) = (out.main, out.pooled);
+    Ok(match (is_last, sampling.is_empty()) {
+        (true, false) => StageData::Sampled(Outputs {
+            picks: sample_rows(&mut logits, sampling, pool)?,
+            pooled,
+        }),
+        (true, true) => StageData::Logits { logits, pooled },
+        (false, _) => StageData::Hidden(logits),
+    })
 }
 
 impl LocalStage {
@@ -349,64 +348,35 @@ impl LocalStage {
         input: StageData,
         sampling: &[SampleRef<'_>],
     ) -> Result<StageData, EngineError> {
-        // Take each sequence's cache out of the map so the model can borrow them all mutably.
-        let mut taken: Vec<KvCache> = batch
-            .iter()
-            .map(|c| {
-                self.caches
-                    .remove(&c.seq_id)
-                    .unwrap_or_else(|| Self::new_cache(&self.model, &self.kv_source))
-            })
-            .collect();
-        let result = {
-            let mut chunks: Vec<SeqChunk<'_>> = taken
-                .iter_mut()
-                .zip(batch)
-                .map(|(kv, c)| SeqChunk {
-                    kv,
-                    len: c.len,
-                    want_logits: c.want_logits,
-                    pool: c.pool,
-                })
-                .collect();
-
-            match input {
-                StageData::Tokens(ids) => self.model.run(StageInput::Tokens(&ids), &mut chunks),
-                StageData::Hidden(h) => self.model.run(StageInput::Hidden(h), &mut chunks),
-                StageData::Logits { .. } | StageData::Sampled(_) => {
-                    return Err(EngineError::Internal("logits sent into a stage".into()));
-                }
-            }
-        };
-        for (kv, c) in taken.into_iter().zip(batch) {
-            self.caches.insert(c.seq_id, kv);
-        }
+        let (model, source) = (&self.model, &self.kv_source);
+        let result = self.kvs.run_batch(
+            batch,
+            input,
+            || Self::new_cache(model, source),
+            |input, chunks| model.run(input, chunks),
+        );
         let out = result.map_err(internal)?;
-        let (mut logits, pooled) = (out.main, out.pooled);
-        Ok(match (self.model.is_last(), sampling.is_empty()) {
-            // Sampled here, on this stage's threads.
-            (true, false) => StageData::Sampled(Outputs {
-                picks: sample_rows(&mut logits, sampling, Some(&**self.model.pool()))?,
-                pooled,
-            }),
-            (true, true) => StageData::Logits { logits, pooled },
-            (false, _) => StageData::Hidden(logits),
-        })
+        stage_data(
+            self.model.is_last(),
+            out,
+            sampling,
+            Some(&**self.model.pool()),
+        )
     }
 
     /// Tokens held in this stage's KV cache for `seq_id`.
     pub fn cached_len(&self, seq_id: u64) -> usize {
-        self.caches.get(&seq_id).map_or(0, KvCache::len)
+        self.kvs.cached_len(seq_id)
     }
 
     /// Whether this stage keeps the prefix `prefix_id`.
     pub fn has_prefix(&self, prefix_id: u64) -> bool {
-        self.prefixes.contains_key(&prefix_id)
+        self.kvs.has_prefix(prefix_id)
     }
 
     /// Whether `seq_id`'s cache is a placeholder (see [`LocalStage::rewind`]).
     pub fn is_placeholder(&self, seq_id: u64) -> bool {
-        self.placeholders.contains(&seq_id)
+        self.kvs.is_placeholder(seq_id)
     }
 
     /// Leaves `seq_id` with exactly its first `len` tokens: cut back when it holds more. When the
@@ -415,22 +385,9 @@ impl LocalStage {
     /// placeholder's outputs mean nothing (their request is over), and its KV is never kept (a
     /// retain of it frees it, a fork of it copies nothing).
     pub fn rewind(&mut self, seq_id: u64, len: usize) -> Result<(), EngineError> {
-        match self.caches.get_mut(&seq_id) {
-            Some(kv) if kv.len() >= len => kv.truncate(len),
-            Some(kv) => {
-                return Err(EngineError::Internal(format!(
-                    "sequence {seq_id} holds {} tokens of KV, fewer than the {len} to rewind to",
-                    kv.len()
-                )));
-            }
-            None => {
-                let mut kv = Self::new_cache(&self.model, &self.kv_source);
-                kv.extend_blank(len).map_err(internal)?;
-                self.caches.insert(seq_id, kv);
-                self.placeholders.insert(seq_id);
-            }
-        }
-        Ok(())
+        let (model, source) = (&self.model, &self.kv_source);
+        self.kvs
+            .rewind(seq_id, len, || Self::new_cache(model, source))
     }
 }
 
@@ -460,59 +417,11 @@ impl Stage for LocalStage {
     }
 
     fn kv(&mut self, op: KvOp) -> Result<(), EngineError> {
-        match op {
-            KvOp::Release { seq_id } => {
-                self.caches.remove(&seq_id);
-                self.placeholders.remove(&seq_id);
-            }
-            // A placeholder's KV means nothing: freed, never kept.
-            KvOp::Retain { seq_id, .. } if self.placeholders.remove(&seq_id) => {
-                self.caches.remove(&seq_id);
-            }
-            KvOp::Fork { seq_id, .. } if self.placeholders.contains(&seq_id) => {}
-            KvOp::Retain {
-                seq_id,
-                prefix_id,
-                len,
-            } => {
-                let kv = self
-                    .caches
-                    .remove(&seq_id)
-                    .ok_or_else(|| EngineError::Internal(format!("no KV for sequence {seq_id}")))?;
-                // A compact copy: the running cache grows ahead of its length.
-                self.prefixes
-                    .insert(prefix_id, kv.copy_prefix(len).map_err(internal)?);
-            }
-            KvOp::Start {
-                prefix_id,
-                seq_id,
-                len,
-            } => {
-                let prefix = self
-                    .prefixes
-                    .get(&prefix_id)
-                    .ok_or_else(|| EngineError::Internal(format!("no prefix {prefix_id}")))?;
-                let kv = prefix.copy_prefix(len).map_err(internal)?;
-                self.caches.insert(seq_id, kv);
-            }
-            KvOp::DropPrefix { prefix_id } => {
-                self.prefixes.remove(&prefix_id);
-            }
-            KvOp::Fork { seq_id, into, len } => {
-                let kv = self
-                    .caches
-                    .get(&seq_id)
-                    .ok_or_else(|| EngineError::Internal(format!("no KV for sequence {seq_id}")))?
-                    .copy_prefix(len)
-                    .map_err(internal)?;
-                self.caches.insert(into, kv);
-            }
-        }
-        Ok(())
+        self.kvs.apply(op)
     }
 
     fn held_sequences(&self) -> usize {
-        self.caches.len()
+        self.kvs.sequences()
     }
 }
 

@@ -7,7 +7,8 @@ use crate::{Gpu, GpuError};
 
 /// `len` f32 values in a storage buffer. The buffer holds a whole number of vec4s (the padding
 /// is zero and no kernel writes it), so the matrix-vector kernels read it as `array<vec4<f32>>`.
-#[derive(Debug)]
+/// Cloning shares the buffer (a handle, not a copy).
+#[derive(Debug, Clone)]
 pub struct GpuVec {
     pub(crate) buffer: wgpu::Buffer,
     len: usize,

@@ -90,6 +90,13 @@ pub struct Attend {
     pub query_scale: Option<f32>,
 }
 
+/// The positions a RoPE dispatch rotates for: one, or one per row.
+#[derive(Clone, Copy)]
+enum Positions<'a> {
+    One(usize),
+    Rows(&'a [u32]),
+}
+
 fn shape_err(msg: String) -> GpuError {
     GpuError::Shape(msg)
 }
@@ -133,7 +140,9 @@ impl Gpu {
             self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
                 size,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: false,
             })
         };
@@ -143,6 +152,38 @@ impl Gpu {
             v: buffer("shoal v cache", kv_bytes),
             scores: buffer("shoal attention scores", score_bytes),
         })
+    }
+}
+
+impl Gpu {
+    /// Copies the keys and values of positions `0..len` of every layer from `src` to `dst` (a
+    /// bigger cache a sequence grows into, a prefix kept, a fork), on the device, ordered before
+    /// any later submission.
+    pub fn kv_copy(&self, src: &GpuKvCache, dst: &GpuKvCache, len: usize) -> Result<(), GpuError> {
+        let (a, b) = (src.shape, dst.shape);
+        let same = a.layers == b.layers && a.n_kv_heads == b.n_kv_heads && a.head_dim == b.head_dim;
+        if !same || len > a.capacity || len > b.capacity {
+            return Err(shape_err(format!(
+                "KV copy of {len} positions from {a:?} into {b:?}"
+            )));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let mut encoder = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("shoal kv copy"),
+            });
+        let bytes = (len * src.row_words() * 4) as u64;
+        for layer in 0..a.layers {
+            let from = u64::from(src.base(layer, 0)) * 4;
+            let to = u64::from(dst.base(layer, 0)) * 4;
+            encoder.copy_buffer_to_buffer(&src.k, from, &dst.k, to, bytes);
+            encoder.copy_buffer_to_buffer(&src.v, from, &dst.v, to, bytes);
+        }
+        self.checked(|| self.queue.submit([encoder.finish()]))?;
+        Ok(())
     }
 }
 
@@ -157,6 +198,30 @@ impl Commands<'_> {
         rope: Rope<'_>,
         pos: usize,
     ) -> Result<(), GpuError> {
+        self.rope_at(x, (offset, 0), heads, rope, Positions::One(pos))
+    }
+
+    /// [`Commands::rope`] of `positions.len()` rows in one dispatch: row `r`'s heads from
+    /// `x[offset + r·stride..]`, rotated for position `positions[r]`.
+    pub fn rope_rows(
+        &mut self,
+        x: &GpuVec,
+        (offset, stride): (usize, usize),
+        heads: usize,
+        rope: Rope<'_>,
+        positions: &[u32],
+    ) -> Result<(), GpuError> {
+        self.rope_at(x, (offset, stride), heads, rope, Positions::Rows(positions))
+    }
+
+    fn rope_at(
+        &mut self,
+        x: &GpuVec,
+        (offset, stride): (usize, usize),
+        heads: usize,
+        rope: Rope<'_>,
+        positions: Positions<'_>,
+    ) -> Result<(), GpuError> {
         let Rope {
             mode,
             head_dim,
@@ -170,9 +235,17 @@ impl Commands<'_> {
                 "rope over {dims} of {head_dim} values: need even, 1..=head_dim"
             )));
         }
-        if offset + heads * head_dim > x.len() {
+        let rows = match positions {
+            Positions::One(_) => 1,
+            Positions::Rows(p) => p.len(),
+        };
+        if rows == 0 {
+            return Ok(());
+        }
+        if offset + (rows - 1) * stride + heads * head_dim > x.len() {
             return Err(shape_err(format!(
-                "rope: {heads} heads of {head_dim} from {offset} exceed {} values",
+                "rope: {rows} rows of {heads} heads of {head_dim} from {offset} (stride {stride}) \
+                 exceed {} values",
                 x.len()
             )));
         }
@@ -180,17 +253,25 @@ impl Commands<'_> {
             same_len("rope factors", f.len(), dims / 2)?;
         }
         let theta_scale = theta.powf(-2.0 / dims as f32);
+        let (pos, list) = match positions {
+            Positions::One(p) => (u32_of("position", p)?, None),
+            Positions::Rows(p) => (0, Some(p)),
+        };
         let params = self.gpu().uniform(&[
             u32_of("heads", heads)?,
             u32_of("head_dim", head_dim)?,
             dims as u32,
-            u32_of("position", pos)?,
+            pos,
             theta_scale.to_bits(),
             freq_scale.to_bits(),
             u32::from(mode == RopeMode::Neox),
             u32::from(factors.is_some()),
             u32_of("offset", offset)?,
+            rows as u32,
+            u32_of("stride", stride)?,
+            u32::from(list.is_some()),
         ]);
+        let positions = self.gpu().storage_u32(list.unwrap_or(&[0]));
         // Without factors the kernel never reads them; a one-value vector fills the binding.
         let dummy;
         let factors = match factors {
@@ -200,11 +281,11 @@ impl Commands<'_> {
                 &dummy.buffer
             }
         };
-        let pairs = u32_of("pairs", heads * dims / 2)?;
+        let pairs = u32_of("pairs", rows * heads * dims / 2)?;
         self.dispatch(
             Kernel::Rope,
             WG,
-            &[&params, &x.buffer, factors],
+            &[&params, &x.buffer, factors, &positions],
             pairs.div_ceil(WG),
         )
     }

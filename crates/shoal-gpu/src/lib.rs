@@ -47,8 +47,14 @@
 //! formats; `block_dot` for matvec and `dequant4` for the tiles for the block formats). The
 //! one-thread-per-item kernels share `grid.wgsl`'s entry point.
 //!
-//! Not here yet: the decoder stage that chains these per layer, the other norms and activations,
-//! a split-K attention for long contexts (one workgroup per (head, row) reads every key).
+//! - For a whole layer over a batch: [`Commands::rope_rows`] (every row at its own position in
+//!   one dispatch), [`Commands::geglu`] (Gemma's GELU-gated product, ggml's f16-table numerics),
+//!   [`Commands::add_rows`] (a bias added to every row), [`Commands::copy_rows`] (splitting a
+//!   fused product, picking rows) and [`Gpu::kv_copy`] (a sequence's KV into a bigger cache, a
+//!   prefix or a fork). shoal-model's `gpu::GpuDecoderStage` chains them into a stage.
+//!
+//! Not here yet: a split-K attention for long contexts (one workgroup per (head, row) reads
+//! every key).
 //!
 //! Tests (tests/kernels.rs, tests/matmat.rs, tests/prefill_attention.rs; helpers in
 //! tests/common) compare every kernel against the CPU path on lavapipe at small and odd shapes;

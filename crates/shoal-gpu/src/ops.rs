@@ -56,6 +56,18 @@ impl Gpu {
         wg
     }
 
+    /// A read-only storage buffer of `words` (at least one).
+    pub(crate) fn storage_u32(&self, words: &[u32]) -> wgpu::Buffer {
+        let mut bytes: Vec<u8> = words.iter().flat_map(|v| v.to_le_bytes()).collect();
+        bytes.resize(bytes.len().max(4), 0);
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("shoal u32s"),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::STORAGE,
+            })
+    }
+
     /// A uniform buffer of `words` (zero-padded to a multiple of 16 bytes).
     pub(crate) fn uniform(&self, words: &[u32]) -> wgpu::Buffer {
         let mut bytes: Vec<u8> = words.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -175,24 +187,81 @@ impl<'g> Commands<'g> {
 
     /// `y = silu(gate) · up`, elementwise.
     pub fn swiglu(&mut self, gate: &GpuVec, up: &GpuVec, y: &GpuVec) -> Result<(), GpuError> {
-        same_len("swiglu up", up.len(), gate.len())?;
-        same_len("swiglu output", y.len(), gate.len())?;
+        self.gated(gate, up, y, 0)
+    }
+
+    /// `y = gelu(gate) · up`, elementwise, GELU's tanh approximation as ggml's CPU computes it
+    /// (shoal-model's `geglu`: input and result rounded to f16, exact outside ±10).
+    pub fn geglu(&mut self, gate: &GpuVec, up: &GpuVec, y: &GpuVec) -> Result<(), GpuError> {
+        self.gated(gate, up, y, 1)
+    }
+
+    fn gated(&mut self, gate: &GpuVec, up: &GpuVec, y: &GpuVec, gelu: u32) -> Result<(), GpuError> {
+        same_len("gated product up", up.len(), gate.len())?;
+        same_len("gated product output", y.len(), gate.len())?;
         let n = gate.len() as u32;
         let params = self.gpu.uniform(&[n]);
         let wg = self.gpu.row_workgroup();
         let buffers = [&params, &gate.buffer, &up.buffer, &y.buffer];
-        self.dispatch(Kernel::Swiglu, wg, &buffers, n.div_ceil(wg))
+        let constants = [("WG", wg), ("GELU", gelu)];
+        self.dispatch_with(Kernel::Swiglu, &constants, &buffers, n.div_ceil(wg))
     }
 
-    /// `y = a + b`, elementwise (the residual add).
+    /// `y = a + b`, elementwise (the residual add). `y` must be another vector than `a` and `b`.
     pub fn add(&mut self, a: &GpuVec, b: &GpuVec, y: &GpuVec) -> Result<(), GpuError> {
         same_len("add b", b.len(), a.len())?;
+        self.add_rows(a, b, y)
+    }
+
+    /// `y = a + b` with `b` (a bias of `b.len()` values) added to every row of `a`.
+    pub fn add_rows(&mut self, a: &GpuVec, b: &GpuVec, y: &GpuVec) -> Result<(), GpuError> {
         same_len("add output", y.len(), a.len())?;
+        if b.is_empty() || !a.len().is_multiple_of(b.len()) {
+            return Err(GpuError::Shape(format!(
+                "add: {} values are not rows of {}",
+                a.len(),
+                b.len()
+            )));
+        }
         let n = a.len() as u32;
-        let params = self.gpu.uniform(&[n]);
+        let params = self.gpu.uniform(&[n, b.len() as u32]);
         let wg = self.gpu.row_workgroup();
         let buffers = [&params, &a.buffer, &b.buffer, &y.buffer];
-        self.dispatch(Kernel::Add, wg, &buffers, n.div_ceil(wg))
+        let constants = [("WG", wg), ("BCAST", u32::from(b.len() != a.len()))];
+        self.dispatch_with(Kernel::Add, &constants, &buffers, n.div_ceil(wg))
+    }
+
+    /// Copies `rows` rows of `cols` values from `src[src_off + r·src_stride..]` to
+    /// `dst[dst_off + r·dst_stride..]` (`dst` another vector than `src`).
+    #[allow(clippy::too_many_arguments)] // where from, where to, how much
+    pub fn copy_rows(
+        &mut self,
+        src: &GpuVec,
+        (src_off, src_stride): (usize, usize),
+        dst: &GpuVec,
+        (dst_off, dst_stride): (usize, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), GpuError> {
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        let last = |off: usize, stride: usize| off + (rows - 1) * stride + cols;
+        if last(src_off, src_stride) > src.len() || last(dst_off, dst_stride) > dst.len() {
+            return Err(GpuError::Shape(format!(
+                "copy of {rows} rows of {cols} from {src_off} (stride {src_stride}) of {} to \
+                 {dst_off} (stride {dst_stride}) of {}",
+                src.len(),
+                dst.len()
+            )));
+        }
+        let words = [rows, cols, src_off, src_stride, dst_off, dst_stride]
+            .map(|v| u32::try_from(v).unwrap_or(u32::MAX));
+        let total = u32::try_from(rows * cols)
+            .map_err(|_| GpuError::Shape(format!("{rows} × {cols} values do not fit a u32")))?;
+        let params = self.gpu.uniform(&words);
+        let buffers = [&params, &src.buffer, &dst.buffer];
+        self.dispatch(Kernel::CopyRows, 64, &buffers, total.div_ceil(64))
     }
 
     /// One dispatch of `groups` workgroups of `kernel` with bindings 0.. = `buffers`.

@@ -17,6 +17,7 @@ const ROPE: &str = include_str!("kernels/rope.wgsl");
 const KV_WRITE: &str = include_str!("kernels/kv_write.wgsl");
 const ATTENTION: &str = include_str!("kernels/attention.wgsl");
 const EMBED: &str = include_str!("kernels/embed.wgsl");
+const COPY_ROWS: &str = include_str!("kernels/copy_rows.wgsl");
 const GRID: &str = include_str!("kernels/grid.wgsl");
 
 /// One weight format's WGSL (`kernels/matvec_<type>.wgsl`): its weight bindings and decode, and
@@ -54,6 +55,7 @@ pub(crate) enum Kernel {
     KvWrite,
     Attention,
     Embed,
+    CopyRows,
 }
 
 impl Kernel {
@@ -68,6 +70,7 @@ impl Kernel {
             Self::KvWrite => "kv_write",
             Self::Attention => "attention",
             Self::Embed => "embed",
+            Self::CopyRows => "copy_rows",
         }
     }
 
@@ -86,6 +89,7 @@ impl Kernel {
             Self::Rope => return Cow::Owned(format!("{GRID}\n{ROPE}")),
             Self::KvWrite => return Cow::Owned(format!("{GRID}\n{KV_WRITE}")),
             Self::Embed => return Cow::Owned(format!("{GRID}\n{EMBED}")),
+            Self::CopyRows => return Cow::Owned(format!("{GRID}\n{COPY_ROWS}")),
         };
         let (format, plain) = format_source(qtype);
         let rows = if plain { PLAIN } else { BLOCKS };

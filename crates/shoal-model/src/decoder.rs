@@ -18,6 +18,7 @@ use std::sync::Arc;
 use shoal_kernels::ThreadPool;
 
 use crate::attention::{self, AttnSpec, Heads};
+use crate::block::{BlockSpec, MatrixSpec, StageSpec, read_norm, read_opt_norm};
 use crate::config::{LayerRange, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
@@ -37,8 +38,9 @@ pub enum StageInput<'a> {
 
 /// One sequence's share of a batch: its next `len` tokens (rows of the input, in batch order) start at
 /// position `kv.len()`.
-pub struct SeqChunk<'a> {
-    pub kv: &'a mut KvCache,
+/// `K` is the sequence's cache: [`KvCache`] on the host, [`crate::gpu::GpuKv`] on a GPU stage.
+pub struct SeqChunk<'a, K = KvCache> {
+    pub kv: &'a mut K,
     pub len: usize,
     /// On the last stage: produce logits for this chunk's last token.
     pub want_logits: bool,
@@ -98,123 +100,59 @@ pub struct DecoderStage {
     pool: Arc<ThreadPool>,
 }
 
-/// Reads an optional F32 vector of `len` values.
-fn opt_vec(g: &mut GgufFile, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
-    if !g.has_tensor(name) {
-        return Ok(None);
-    }
-    vector(g, name, len).map(Some)
+/// Loads the matrices `spec` names, stacked as one [`LinearSet`], and checks its shape.
+fn load_set(g: &mut GgufFile, spec: &MatrixSpec) -> Result<LinearSet> {
+    let parts: Vec<Part<'_>> = spec
+        .parts
+        .iter()
+        .map(|p| Part {
+            weight: &p.weight,
+            bias: p.bias.as_deref(),
+        })
+        .collect();
+    let set = LinearSet::load(g, &parts)?;
+    spec.check(set.out_features(), set.in_features())?;
+    Ok(set)
 }
 
-/// Reads an F32 vector of `len` values (norm weights).
-fn vector(g: &mut GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
-    let v = g.read_f32_vec(name)?;
-    if v.len() != len {
-        return Err(ModelError::BadShape {
-            name: name.into(),
-            got: vec![v.len()],
-            expected: vec![len],
-        });
-    }
-    Ok(v)
+fn load_block(g: &mut GgufFile, spec: &BlockSpec) -> Result<Block> {
+    Ok(Block {
+        qkv: load_set(g, &spec.qkv)?,
+        wo: load_set(g, &spec.wo)?,
+        gate_up: load_set(g, &spec.gate_up)?,
+        down: load_set(g, &spec.down)?,
+        attn_norm: read_norm(g, &spec.attn_norm)?,
+        q_norm: read_opt_norm(g, &spec.q_norm)?,
+        k_norm: read_opt_norm(g, &spec.k_norm)?,
+        post_attn_norm: read_opt_norm(g, &spec.post_attn_norm)?,
+        ffn_norm: read_norm(g, &spec.ffn_norm)?,
+        post_ffn_norm: read_opt_norm(g, &spec.post_ffn_norm)?,
+        local: spec.local,
+    })
 }
 
-fn check_out(set: &LinearSet, name: &str, out: usize, input: usize) -> Result<()> {
-    if set.out_features() != out || set.in_features() != input {
+/// Checks a loaded output head's width.
+pub(crate) fn check_head(rows: usize, cols: usize, cfg: &ModelConfig) -> Result<()> {
+    if cols != cfg.dim {
         return Err(ModelError::BadShape {
-            name: name.into(),
-            got: vec![set.out_features(), set.in_features()],
-            expected: vec![out, input],
+            name: names::OUTPUT.into(),
+            got: vec![rows, cols],
+            expected: vec![rows, cfg.dim],
         });
     }
     Ok(())
 }
 
-fn load_block(g: &mut GgufFile, cfg: &ModelConfig, i: usize) -> Result<Block> {
-    let (dim, hd) = (cfg.dim, cfg.head_dim);
-    let (qd, kvd) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
-    let w = |p: &str| names::blk(i, p);
-    let b = |p: &str| names::blk_bias(i, p);
-    let fused_qkv = g.has_tensor(&w("attn_qkv"));
-    let qkv = if fused_qkv {
-        let (wn, bn) = (w("attn_qkv"), b("attn_qkv"));
-        LinearSet::load(
-            g,
-            &[Part {
-                weight: &wn,
-                bias: Some(&bn),
-            }],
-        )?
-    } else {
-        let names: Vec<(String, String)> = ["attn_q", "attn_k", "attn_v"]
-            .iter()
-            .map(|p| (w(p), b(p)))
-            .collect();
-        let parts: Vec<Part<'_>> = names
-            .iter()
-            .map(|(wn, bn)| Part {
-                weight: wn,
-                bias: Some(bn),
-            })
-            .collect();
-        LinearSet::load(g, &parts)?
-    };
-    check_out(&qkv, &w("attn_qkv"), qd + 2 * kvd, dim)?;
-    let wo = LinearSet::load(
-        g,
-        &[Part {
-            weight: &w("attn_output"),
-            bias: None,
-        }],
-    )?;
-    check_out(&wo, &w("attn_output"), dim, qd)?;
-    let gate_up = if g.has_tensor(&w("ffn_gate")) {
-        let (gn, un) = (w("ffn_gate"), w("ffn_up"));
-        LinearSet::load(
-            g,
-            &[
-                Part {
-                    weight: &gn,
-                    bias: None,
-                },
-                Part {
-                    weight: &un,
-                    bias: None,
-                },
-            ],
-        )?
-    } else {
-        // Phi-3: `ffn_up` holds gate and up stacked.
-        LinearSet::load(
-            g,
-            &[Part {
-                weight: &w("ffn_up"),
-                bias: None,
-            }],
-        )?
-    };
-    check_out(&gate_up, &w("ffn_up"), 2 * cfg.ffn_dim, dim)?;
-    let down = LinearSet::load(
-        g,
-        &[Part {
-            weight: &w("ffn_down"),
-            bias: None,
-        }],
-    )?;
-    check_out(&down, &w("ffn_down"), dim, cfg.ffn_dim)?;
-    Ok(Block {
-        attn_norm: vector(g, &w("attn_norm"), dim)?,
-        qkv,
-        q_norm: opt_vec(g, &w("attn_q_norm"), hd)?,
-        k_norm: opt_vec(g, &w("attn_k_norm"), hd)?,
-        wo,
-        post_attn_norm: opt_vec(g, &w("post_attention_norm"), dim)?,
-        ffn_norm: vector(g, &w("ffn_norm"), dim)?,
-        gate_up,
-        down,
-        post_ffn_norm: opt_vec(g, &w("post_ffw_norm"), dim)?,
-        local: cfg.arch.local_layers.get(i).copied().unwrap_or(false),
-    })
+/// Checks a loaded embedding table's width.
+pub(crate) fn check_embedding_dim(dim: usize, cfg: &ModelConfig) -> Result<()> {
+    if dim != cfg.dim {
+        return Err(ModelError::BadShape {
+            name: names::TOKEN_EMBD.into(),
+            got: vec![dim],
+            expected: vec![cfg.dim],
+        });
+    }
+    Ok(())
 }
 
 impl DecoderStage {
@@ -222,81 +160,45 @@ impl DecoderStage {
     /// reading only those tensors.
     pub fn load(gguf: &mut GgufFile, range: LayerRange, pool: &Arc<ThreadPool>) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(gguf)?;
-        let range = LayerRange::new(range.start, range.end, cfg.n_layers)?;
-        let blocks = (range.start..range.end)
-            .map(|i| load_block(gguf, &cfg, i))
+        let spec = StageSpec::describe(gguf, &cfg, range)?;
+        let blocks = spec
+            .blocks
+            .iter()
+            .map(|b| load_block(gguf, b))
             .collect::<Result<Vec<_>>>()?;
-        let first = range.is_first();
-        let last = range.is_last(cfg.n_layers);
-        let tied = !gguf.has_tensor(names::OUTPUT);
-        let embed = if first || (last && tied) {
+        let embed = if spec.embedding {
             let e = Embedding::from_raw(names::TOKEN_EMBD, gguf.read_raw(names::TOKEN_EMBD)?)?;
-            if e.dim() != cfg.dim {
-                return Err(ModelError::BadShape {
-                    name: names::TOKEN_EMBD.into(),
-                    got: vec![e.dim()],
-                    expected: vec![cfg.dim],
-                });
-            }
+            check_embedding_dim(e.dim(), &cfg)?;
             Some(e)
         } else {
             None
         };
-        let (output_norm, head) = if last {
-            let head = match (&embed, tied) {
-                (Some(e), true) => LinearSet::single(QLinear::new(e.shared(), None)?),
-                _ => LinearSet::load(
-                    gguf,
-                    &[Part {
-                        weight: names::OUTPUT,
-                        bias: None,
-                    }],
-                )?,
-            };
-            check_out(&head, names::OUTPUT, head.out_features(), cfg.dim)?;
-            (Some(vector(gguf, names::OUTPUT_NORM, cfg.dim)?), Some(head))
-        } else {
-            (None, None)
-        };
-        let factors = match () {
-            _ if gguf.has_tensor(names::ROPE_FREQS) => Some(gguf.read_f32_vec(names::ROPE_FREQS)?),
-            _ if gguf.has_tensor(names::ROPE_FACTORS_SHORT) => {
-                Some(gguf.read_f32_vec(names::ROPE_FACTORS_SHORT)?)
+        let (output_norm, head) = match &spec.last {
+            Some(last) => {
+                let head = match (&embed, last.tied) {
+                    (Some(e), true) => LinearSet::single(QLinear::new(e.shared(), None)?),
+                    _ => LinearSet::load(
+                        gguf,
+                        &[Part {
+                            weight: names::OUTPUT,
+                            bias: None,
+                        }],
+                    )?,
+                };
+                check_head(head.out_features(), head.in_features(), &cfg)?;
+                (Some(read_norm(gguf, &last.norm)?), Some(head))
             }
-            _ => None,
-        };
-        let a = &cfg.arch;
-        if let Some(f) = &factors
-            && f.len() != a.rope_dims / 2
-        {
-            return Err(ModelError::BadShape {
-                name: names::ROPE_FREQS.into(),
-                got: vec![f.len()],
-                expected: vec![a.rope_dims / 2],
-            });
-        }
-        let rope_global = RopeSpec {
-            style: a.rope,
-            dims: a.rope_dims,
-            theta: cfg.rope_theta,
-            freq_scale: a.rope_freq_scale,
-            factors,
-        };
-        let rope_local = RopeSpec {
-            theta: a.local_rope_theta,
-            freq_scale: 1.0,
-            factors: None,
-            ..rope_global.clone()
+            None => (None, None),
         };
         Ok(Self {
-            embed: embed.filter(|_| first),
+            embed: embed.filter(|_| spec.first),
             cfg,
-            range,
+            range: spec.range,
             blocks,
             output_norm,
             head,
-            rope_global,
-            rope_local,
+            rope_global: spec.rope_global,
+            rope_local: spec.rope_local,
             pool: pool.clone(),
         })
     }
@@ -341,19 +243,7 @@ impl DecoderStage {
     /// Runs the batch: [`DecoderStage::forward`]'s output and, on the last stage, the pooled final
     /// hidden states of the chunks that ask ([`SeqChunk::pool`]).
     pub fn run(&self, input: StageInput<'_>, seqs: &mut [SeqChunk<'_>]) -> Result<StageOutput> {
-        let total: usize = seqs.iter().map(|s| s.len).sum();
-        if seqs.iter().any(|s| s.len == 0) {
-            return Err(ModelError::BadInput("empty sequence chunk".into()));
-        }
-        for s in seqs.iter() {
-            let needed = s.kv.len() + s.len;
-            if needed > self.cfg.context_length {
-                return Err(ModelError::ContextFull {
-                    needed,
-                    context_length: self.cfg.context_length,
-                });
-            }
-        }
+        let total = check_batch(seqs.iter().map(|s| (s.kv.len(), s.len)), &self.cfg)?;
         let mut x = match (input, &self.embed) {
             (StageInput::Tokens(ids), Some(embed)) if ids.len() == total => {
                 embed.lookup(ids, self.cfg.arch.embed_scale)?
@@ -392,7 +282,7 @@ impl DecoderStage {
             });
         };
         let dim = self.cfg.dim;
-        let pooled = self.pool_rows(&x, seqs, norm)?;
+        let pooled = pool_rows(&x, seqs, norm, dim, self.cfg.rms_eps)?;
         let mut picked = Vec::new();
         let mut end = 0;
         for s in seqs.iter() {
@@ -416,37 +306,6 @@ impl DecoderStage {
             main: HostMatrix::new(rows, head.out_features(), logits)?,
             pooled,
         })
-    }
-
-    /// The last stage's pooled rows: for each chunk that asks, the final-normed rows of its tokens in
-    /// `x` summed, or its last or first one (`0 × dim` when no chunk asks).
-    fn pool_rows(&self, x: &[f32], seqs: &[SeqChunk<'_>], norm: &[f32]) -> Result<HostMatrix> {
-        let dim = self.cfg.dim;
-        let mut out = Vec::new();
-        let mut normed = vec![0f32; dim];
-        let mut start = 0;
-        for s in seqs {
-            let rows = start..start + s.len;
-            start += s.len;
-            let pick = match s.pool {
-                Pool::None => continue,
-                Pool::Sum => rows,
-                Pool::Last => rows.end - 1..rows.end,
-                Pool::First => rows.start..rows.start + 1,
-            };
-            let mut acc = vec![0f32; dim];
-            for r in pick {
-                ops::rms_norm(
-                    &x[r * dim..(r + 1) * dim],
-                    norm,
-                    self.cfg.rms_eps,
-                    &mut normed,
-                );
-                ops::add_assign(&mut acc, &normed);
-            }
-            out.extend_from_slice(&acc);
-        }
-        HostMatrix::new(out.len() / dim.max(1), dim, out)
     }
 
     /// Every layer of the stage over the batch's hidden states `x` (`total × dim`), in place.
@@ -530,4 +389,59 @@ fn residual(x: &mut [f32], y: &mut [f32], post_norm: Option<&[f32]>, eps: f32, t
         }
         None => ops::add_assign(x, y),
     }
+}
+
+/// The last stage's pooled rows: for each chunk that asks, the final-normed rows of its tokens in
+/// `x` (`rows × dim`, before the final norm) summed, or its last or first one (`0 × dim` when no
+/// chunk asks).
+pub(crate) fn pool_rows<K>(
+    x: &[f32],
+    seqs: &[SeqChunk<'_, K>],
+    norm: &[f32],
+    dim: usize,
+    eps: f32,
+) -> Result<HostMatrix> {
+    let mut out = Vec::new();
+    let mut normed = vec![0f32; dim];
+    let mut start = 0;
+    for s in seqs {
+        let rows = start..start + s.len;
+        start += s.len;
+        let pick = match s.pool {
+            Pool::None => continue,
+            Pool::Sum => rows,
+            Pool::Last => rows.end - 1..rows.end,
+            Pool::First => rows.start..rows.start + 1,
+        };
+        let mut acc = vec![0f32; dim];
+        for r in pick {
+            ops::rms_norm(&x[r * dim..(r + 1) * dim], norm, eps, &mut normed);
+            ops::add_assign(&mut acc, &normed);
+        }
+        out.extend_from_slice(&acc);
+    }
+    HostMatrix::new(out.len() / dim.max(1), dim, out)
+}
+
+/// Checks a batch's chunks (`(tokens held, new tokens)` each): none empty, none past the context.
+/// Returns the batch's rows.
+pub(crate) fn check_batch(
+    chunks: impl Iterator<Item = (usize, usize)>,
+    cfg: &ModelConfig,
+) -> Result<usize> {
+    let mut total = 0;
+    for (held, len) in chunks {
+        if len == 0 {
+            return Err(ModelError::BadInput("empty sequence chunk".into()));
+        }
+        let needed = held + len;
+        if needed > cfg.context_length {
+            return Err(ModelError::ContextFull {
+                needed,
+                context_length: cfg.context_length,
+            });
+        }
+        total += len;
+    }
+    Ok(total)
 }

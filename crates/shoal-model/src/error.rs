@@ -42,6 +42,10 @@ pub enum ModelError {
         needed: usize,
         context_length: usize,
     },
+    /// The GPU refused or failed (no adapter, a tensor or KV cache above its binding limit, a
+    /// weight format without a kernel, a device error).
+    #[error("GPU: {0}")]
+    Gpu(#[from] shoal_gpu::GpuError),
     #[error("tensor error: {0}")]
     Candle(#[from] candle_core::Error),
 }

@@ -17,18 +17,25 @@
 //! - [`linear::LinearSet`] keeps quantized weights quantized and runs them through `shoal-kernels` SIMD
 //!   kernels (several matrices reading one input, e.g. Q | K | V, in one call).
 //!
-//! Everything runs on the CPU: the candle-op path for GPU devices was removed (decision 008).
+//! - [`block`] describes once which tensors a stage reads (names, optional parts, shapes); both
+//!   loaders read it. [`gpu::GpuDecoderStage`] is the same stage on a GPU (shoal-gpu's WGSL
+//!   kernels, decision 016): weights uploaded once and kept quantized, each sequence's KV on the
+//!   device ([`gpu::GpuKv`]), the same `run` over the same inputs and outputs.
+//!
+//! The CPU path is shoal-kernels' (the candle-op path for GPU devices was removed: decision 008).
 //!
 //! No tokio, no sockets: this crate is pure computation and file reading.
 
 pub mod arch;
 pub mod attention;
+pub mod block;
 pub mod chat;
 pub mod config;
 pub mod decoder;
 pub mod error;
 pub mod footprint;
 pub mod gguf;
+pub mod gpu;
 pub mod kv;
 pub mod linear;
 pub mod matrix;

@@ -43,8 +43,9 @@ pub fn kernel_qtype(name: &str, dtype: GgmlDType) -> Result<QType> {
     })
 }
 
-/// A `[rows, cols]` weight tensor as a packed matrix.
-fn packed(name: &str, raw: RawTensor) -> Result<PackedMatrix> {
+/// A weight tensor's `(rows, cols, format)`: it must be a `[rows, cols]` matrix of a format the
+/// kernels read.
+pub(crate) fn matrix_shape(name: &str, raw: &RawTensor) -> Result<(usize, usize, QType)> {
     let [rows, cols] = raw.dims[..] else {
         return Err(ModelError::BadShape {
             name: name.into(),
@@ -52,7 +53,12 @@ fn packed(name: &str, raw: RawTensor) -> Result<PackedMatrix> {
             expected: vec![0, 0],
         });
     };
-    let qtype = kernel_qtype(name, raw.dtype)?;
+    Ok((rows, cols, kernel_qtype(name, raw.dtype)?))
+}
+
+/// A `[rows, cols]` weight tensor as a packed matrix.
+fn packed(name: &str, raw: RawTensor) -> Result<PackedMatrix> {
+    let (rows, cols, qtype) = matrix_shape(name, &raw)?;
     PackedMatrix::from_rows(qtype, rows, cols, raw.data)
         .map_err(|e| ModelError::BadInput(format!("{name}: {e}")))
 }

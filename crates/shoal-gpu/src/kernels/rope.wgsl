@@ -1,5 +1,5 @@
-// Rotary embedding in place over `n_heads` heads of `head_dim` values at x[offset ..], for one
-// position. The first `dims` values of a head are rotated in dims / 2 pairs: adjacent pairs
+// Rotary embedding in place over `n_heads` heads of `head_dim` values at x[offset + r·stride ..]
+// for each of `rows` rows, row r at position `positions[r]` (or `pos` when has_positions is 0). The first `dims` values of a head are rotated in dims / 2 pairs: adjacent pairs
 // (2i, 2i + 1) ("normal", Llama) or the halves (i, i + dims / 2) (NEOX: Qwen, Gemma, Phi-3).
 //
 // The angle of pair i is computed as shoal-model's RopeRows (ggml's rope cache) computes it, with
@@ -18,14 +18,15 @@ struct Params {
     neox: u32,
     has_factors: u32,
     offset: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    rows: u32,
+    stride: u32,
+    has_positions: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read> factors: array<f32>;
+@group(0) @binding(3) var<storage, read> positions: array<u32>;
 
 const INV_TWO_PI: f32 = 0.15915494309189535;
 // 2π = C1 + C2 + C3, C1 and C2 with 11 significant bits each.
@@ -35,12 +36,18 @@ const C3: f32 = 3.019916050561733e-07;
 
 fn run(id: u32) {
     let half = params.dims / 2u;
-    if (id >= params.n_heads * half) {
+    let per_row = params.n_heads * half;
+    if (id >= per_row * params.rows) {
         return;
     }
-    let head = id / half;
+    let row = id / per_row;
+    let head = (id % per_row) / half;
     let i = id % half;
-    var angle = f32(params.pos);
+    var p = params.pos;
+    if (params.has_positions != 0u) {
+        p = positions[row];
+    }
+    var angle = f32(p);
     for (var j = 0u; j < i; j++) {
         angle *= params.theta_scale;
     }
@@ -52,7 +59,7 @@ fn run(id: u32) {
     let r = ((theta - k * C1) - k * C2) - k * C3;
     let c = cos(r);
     let s = sin(r);
-    let base = params.offset + head * params.head_dim;
+    let base = params.offset + row * params.stride + head * params.head_dim;
     var j0 = base + 2u * i;
     var j1 = j0 + 1u;
     if (params.neox != 0u) {

@@ -5,7 +5,9 @@
 
 use std::path::PathBuf;
 
-use crate::common::{argmax, ids, load_whole, step};
+use std::path::Path;
+
+use crate::common::{Model, argmax, gpu, ids, load_gpu_whole, load_whole, step};
 use shoal_model::gguf::GgufFile;
 use shoal_model::tokenizer::Tokenizer;
 
@@ -50,11 +52,22 @@ fn tolerance(ftype: &str) -> f32 {
 
 #[test]
 fn logits_and_greedy_tokens_match_llama_cpp_for_every_architecture_and_type() {
+    check_every_fixture(load_whole);
+}
+
+/// The same on a GPU stage (lavapipe in CI): the same tolerances hold with f32 activations.
+#[test]
+fn on_the_gpu_logits_and_greedy_tokens_match_llama_cpp_for_every_architecture_and_type() {
+    let Some(gpu) = gpu() else { return };
+    check_every_fixture(|p| load_gpu_whole(p, &gpu));
+}
+
+fn check_every_fixture<S: Model>(load: impl Fn(&Path) -> Vec<S>) {
     let mut report = Vec::new();
     let mut failures = Vec::new();
     for (path, r) in fixtures() {
         let name = path.file_name().unwrap().to_string_lossy().to_string();
-        let stages = load_whole(&path);
+        let stages = load(&path);
         let prompt = ids(&r["prompt"]);
         let want: Vec<Vec<f32>> = r["logits"]
             .as_array()
@@ -67,7 +80,7 @@ fn logits_and_greedy_tokens_match_llama_cpp_for_every_architecture_and_type() {
             prompt.len(),
             "{name}: one logits row per prompt position"
         );
-        let mut kvs = vec![stages[0].new_kv_cache()];
+        let mut kvs = vec![stages[0].new_kv()];
         let (mut worst, mut last) = (0f32, Vec::new());
         for (pos, (&tok, w)) in prompt.iter().zip(&want).enumerate() {
             let got = step(&stages, &mut kvs, &[tok]);

@@ -4,9 +4,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use shoal_gpu::{Gpu, GpuError};
 use shoal_kernels::ThreadPool;
 use shoal_model::gguf::GgufFile;
-use shoal_model::{DecoderStage, LayerRange, Pool, SeqChunk, StageInput};
+use shoal_model::gpu::{GpuDecoderStage, GpuKv};
+use shoal_model::{DecoderStage, HostMatrix, KvCache, LayerRange, Pool, SeqChunk, StageInput};
 use shoal_testkit::fixtures::golden;
 
 /// Every layer of the model at `path` as one stage.
@@ -30,8 +32,78 @@ pub fn load_from(path: &Path, ranges: &[(usize, usize)]) -> Vec<DecoderStage> {
         .collect()
 }
 
+/// A stage the decoding helpers drive: the CPU's or the GPU's, each with its KV cache type.
+pub trait Model {
+    type Kv;
+    fn new_kv(&self) -> Self::Kv;
+    fn forward_chunks(
+        &self,
+        input: StageInput<'_>,
+        seqs: &mut [SeqChunk<'_, Self::Kv>],
+    ) -> HostMatrix;
+}
+
+impl Model for DecoderStage {
+    type Kv = KvCache;
+    fn new_kv(&self) -> KvCache {
+        self.new_kv_cache()
+    }
+    fn forward_chunks(&self, input: StageInput<'_>, seqs: &mut [SeqChunk<'_>]) -> HostMatrix {
+        self.forward(input, seqs).expect("forward")
+    }
+}
+
+impl Model for GpuDecoderStage {
+    type Kv = GpuKv;
+    fn new_kv(&self) -> GpuKv {
+        self.new_kv_cache()
+    }
+    fn forward_chunks(
+        &self,
+        input: StageInput<'_>,
+        seqs: &mut [SeqChunk<'_, GpuKv>],
+    ) -> HostMatrix {
+        self.forward(input, seqs).expect("forward on the GPU")
+    }
+}
+
+/// The first GPU adapter, or `None` when there is none and `SHOAL_GPU_TESTS=skip` is set (the GPU
+/// tests fail, never skip, on a machine without one otherwise).
+pub fn gpu() -> Option<Arc<Gpu>> {
+    let skip = std::env::var("SHOAL_GPU_TESTS").is_ok_and(|v| v == "skip");
+    match Gpu::open(0) {
+        Ok(gpu) => Some(Arc::new(gpu)),
+        Err(GpuError::NoAdapter { .. }) if skip => None,
+        Err(e) => panic!(
+            "no usable GPU adapter ({e}); install Mesa's lavapipe (apt-get install \
+             mesa-vulkan-drivers) or set SHOAL_GPU_TESTS=skip to skip the GPU tests"
+        ),
+    }
+}
+
+/// Layer ranges of the model at `path` as GPU stages on `gpu`.
+pub fn load_gpu(path: &Path, ranges: &[(usize, usize)], gpu: &Arc<Gpu>) -> Vec<GpuDecoderStage> {
+    let mut g = GgufFile::open(path).expect("open model");
+    ranges
+        .iter()
+        .map(|&(s, e)| {
+            GpuDecoderStage::load(&mut g, LayerRange { start: s, end: e }, gpu)
+                .expect("load on GPU")
+        })
+        .collect()
+}
+
+/// Every layer of the model at `path` as one GPU stage.
+pub fn load_gpu_whole(path: &Path, gpu: &Arc<Gpu>) -> Vec<GpuDecoderStage> {
+    let g = GgufFile::open(path).expect("open model");
+    let n = shoal_model::ModelConfig::from_gguf(&g)
+        .expect("config")
+        .n_layers;
+    load_gpu(path, &[(0, n)], gpu)
+}
+
 /// Runs `tokens` as one prefill chunk through the chained stages; returns the last position's logits.
-pub fn step(stages: &[DecoderStage], kvs: &mut [shoal_model::KvCache], tokens: &[u32]) -> Vec<f32> {
+pub fn step<S: Model>(stages: &[S], kvs: &mut [S::Kv], tokens: &[u32]) -> Vec<f32> {
     let mut input = StageInput::Tokens(tokens);
     let mut out = None;
     for (stage, kv) in stages.iter().zip(kvs.iter_mut()) {
@@ -41,7 +113,7 @@ pub fn step(stages: &[DecoderStage], kvs: &mut [shoal_model::KvCache], tokens: &
             want_logits: true,
             pool: Pool::None,
         }];
-        let t = stage.forward(input, &mut chunk).expect("forward");
+        let t = stage.forward_chunks(input, &mut chunk);
         input = StageInput::Hidden(t.clone());
         out = Some(t);
     }
@@ -50,8 +122,8 @@ pub fn step(stages: &[DecoderStage], kvs: &mut [shoal_model::KvCache], tokens: &
     logits.into_data()
 }
 
-pub fn greedy(stages: &[DecoderStage], prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut kvs: Vec<_> = stages.iter().map(|s| s.new_kv_cache()).collect();
+pub fn greedy<S: Model>(stages: &[S], prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut kvs: Vec<_> = stages.iter().map(|s| s.new_kv()).collect();
     let mut logits = step(stages, &mut kvs, prompt);
     let (mut toks, mut all) = (Vec::new(), Vec::new());
     for _ in 0..n {
@@ -94,7 +166,17 @@ pub fn margin(top: &serde_json::Value) -> f64 {
 }
 
 /// Greedy tokens equal llama.cpp's up to each prompt's first near-tie; at least `min_compared` compared.
-pub fn check_greedy(stages: &[DecoderStage], golden_name: &str, min_compared: usize) {
+pub fn check_greedy<S: Model>(stages: &[S], golden_name: &str, min_compared: usize) {
+    check_greedy_within(stages, golden_name, min_compared, NEAR_TIE);
+}
+
+/// [`check_greedy`] with near ties below `near_tie` nats.
+pub fn check_greedy_within<S: Model>(
+    stages: &[S],
+    golden_name: &str,
+    min_compared: usize,
+    near_tie: f64,
+) {
     let cases = golden(golden_name);
     let mut compared = 0;
     for case in cases.as_array().expect("cases") {
@@ -119,7 +201,7 @@ pub fn check_greedy(stages: &[DecoderStage], golden_name: &str, min_compared: us
         }
         let (got, _) = greedy(stages, &prompt, 16);
         for pos in 0..16 {
-            if margins[pos].is_some_and(|m| m < NEAR_TIE) {
+            if margins[pos].is_some_and(|m| m < near_tie) {
                 break;
             }
             assert_eq!(
@@ -135,7 +217,7 @@ pub fn check_greedy(stages: &[DecoderStage], golden_name: &str, min_compared: us
 
 /// Teacher-forced top-1 log-probabilities within `mean_tol` of llama.cpp's on average, `worst_tol` at
 /// worst.
-pub fn check_logprobs(stages: &[DecoderStage], golden_name: &str, mean_tol: f64, worst_tol: f64) {
+pub fn check_logprobs<S: Model>(stages: &[S], golden_name: &str, mean_tol: f64, worst_tol: f64) {
     let cases = golden(golden_name);
     let (mut sum, mut n, mut worst) = (0f64, 0usize, 0f64);
     for case in cases.as_array().expect("cases") {
@@ -146,7 +228,7 @@ pub fn check_logprobs(stages: &[DecoderStage], golden_name: &str, mean_tol: f64,
             continue; // not per token (see above)
         }
         // Teacher forcing: feed llama.cpp's tokens so every position has the same context.
-        let mut kvs = vec![stages[0].new_kv_cache()];
+        let mut kvs = vec![stages[0].new_kv()];
         let mut logits = step(stages, &mut kvs, &prompt);
         for (pos, top) in tops.iter().enumerate() {
             let id = top[0]["id"].as_u64().expect("id") as usize;

@@ -1,0 +1,244 @@
+//! What a decoder stage reads from a GGUF file, described once for every loader (the CPU's
+//! [`crate::DecoderStage`] and the GPU's [`crate::gpu::GpuDecoderStage`]): [`BlockSpec`] names one
+//! layer's tensors (which optional parts the file has, how the matrices are split or fused, the
+//! shape each must have), [`StageSpec`] the stage's ends (embedding, final norm, output head or
+//! the tied embedding) and its rotary embeddings. Loaders read the names, upload or pack the
+//! tensors as they like, and check the shapes with [`MatrixSpec::check`] and [`read_norm`].
+
+use crate::config::{LayerRange, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::gguf::{GgufFile, names};
+use crate::ops::RopeSpec;
+
+/// One weight tensor of a [`MatrixSpec`], and its bias when the file has one.
+#[derive(Debug, Clone)]
+pub struct PartSpec {
+    pub weight: String,
+    pub bias: Option<String>,
+}
+
+/// Matrices reading one input whose outputs sit side by side (`[q | k | v]`, `[gate | up]`): the
+/// parts in output order, and the shape the whole must have.
+#[derive(Debug, Clone)]
+pub struct MatrixSpec {
+    pub parts: Vec<PartSpec>,
+    /// The name errors report.
+    pub name: String,
+    /// Output features of all parts together.
+    pub out: usize,
+    /// Input features.
+    pub input: usize,
+}
+
+impl MatrixSpec {
+    fn new(
+        g: &GgufFile,
+        name: String,
+        weights: &[(String, Option<String>)],
+        out: usize,
+        input: usize,
+    ) -> Self {
+        let parts = weights
+            .iter()
+            .map(|(w, b)| PartSpec {
+                weight: w.clone(),
+                bias: b.clone().filter(|b| g.has_tensor(b)),
+            })
+            .collect();
+        Self {
+            parts,
+            name,
+            out,
+            input,
+        }
+    }
+
+    /// Checks a loaded matrix of `out × input`.
+    pub fn check(&self, out: usize, input: usize) -> Result<()> {
+        if out != self.out || input != self.input {
+            return Err(ModelError::BadShape {
+                name: self.name.clone(),
+                got: vec![out, input],
+                expected: vec![self.out, self.input],
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A norm weight vector: its name and length.
+#[derive(Debug, Clone)]
+pub struct NormSpec {
+    pub name: String,
+    pub len: usize,
+}
+
+/// One decoder layer's tensors: `x += post_norm(attn(norm(x)))`, `x += post_norm(ffn(norm(x)))`.
+#[derive(Debug, Clone)]
+pub struct BlockSpec {
+    pub attn_norm: NormSpec,
+    /// Outputs `[q | k | v]`: one fused tensor or three.
+    pub qkv: MatrixSpec,
+    /// Per-head Q/K norms (Qwen 3, Gemma 3), when the file has them.
+    pub q_norm: Option<NormSpec>,
+    pub k_norm: Option<NormSpec>,
+    pub wo: MatrixSpec,
+    pub post_attn_norm: Option<NormSpec>,
+    pub ffn_norm: NormSpec,
+    /// Outputs `[gate | up]`: two tensors, or Phi-3's one with both stacked.
+    pub gate_up: MatrixSpec,
+    pub down: MatrixSpec,
+    pub post_ffn_norm: Option<NormSpec>,
+    /// A sliding-window layer.
+    pub local: bool,
+}
+
+fn norm(name: String, len: usize) -> NormSpec {
+    NormSpec { name, len }
+}
+
+fn opt_norm(g: &GgufFile, name: String, len: usize) -> Option<NormSpec> {
+    g.has_tensor(&name).then(|| norm(name, len))
+}
+
+impl BlockSpec {
+    /// Layer `i`'s tensors in `g`.
+    pub fn describe(g: &GgufFile, cfg: &ModelConfig, i: usize) -> Self {
+        let (dim, hd) = (cfg.dim, cfg.head_dim);
+        let (qd, kvd) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+        let w = |p: &str| names::blk(i, p);
+        let wb = |p: &str| (w(p), Some(names::blk_bias(i, p)));
+        let plain = |p: &str| (w(p), None);
+        let qkv_parts: Vec<_> = if g.has_tensor(&w("attn_qkv")) {
+            vec![wb("attn_qkv")]
+        } else {
+            ["attn_q", "attn_k", "attn_v"].map(wb).to_vec()
+        };
+        let gate_up_parts: Vec<_> = if g.has_tensor(&w("ffn_gate")) {
+            vec![plain("ffn_gate"), plain("ffn_up")]
+        } else {
+            // Phi-3: `ffn_up` holds gate and up stacked.
+            vec![plain("ffn_up")]
+        };
+        let m = |name: &str, parts: &[(String, Option<String>)], out, input| {
+            MatrixSpec::new(g, w(name), parts, out, input)
+        };
+        Self {
+            attn_norm: norm(w("attn_norm"), dim),
+            qkv: m("attn_qkv", &qkv_parts, qd + 2 * kvd, dim),
+            q_norm: opt_norm(g, w("attn_q_norm"), hd),
+            k_norm: opt_norm(g, w("attn_k_norm"), hd),
+            wo: m("attn_output", &[plain("attn_output")], dim, qd),
+            post_attn_norm: opt_norm(g, w("post_attention_norm"), dim),
+            ffn_norm: norm(w("ffn_norm"), dim),
+            gate_up: m("ffn_up", &gate_up_parts, 2 * cfg.ffn_dim, dim),
+            down: m("ffn_down", &[plain("ffn_down")], dim, cfg.ffn_dim),
+            post_ffn_norm: opt_norm(g, w("post_ffw_norm"), dim),
+            local: cfg.arch.local_layers.get(i).copied().unwrap_or(false),
+        }
+    }
+}
+
+/// Reads a norm's F32 vector, checking its length.
+pub fn read_norm(g: &mut GgufFile, spec: &NormSpec) -> Result<Vec<f32>> {
+    let v = g.read_f32_vec(&spec.name)?;
+    if v.len() != spec.len {
+        return Err(ModelError::BadShape {
+            name: spec.name.clone(),
+            got: vec![v.len()],
+            expected: vec![spec.len],
+        });
+    }
+    Ok(v)
+}
+
+/// [`read_norm`] of a norm the file may lack.
+pub fn read_opt_norm(g: &mut GgufFile, spec: &Option<NormSpec>) -> Result<Option<Vec<f32>>> {
+    spec.as_ref().map(|s| read_norm(g, s)).transpose()
+}
+
+/// A stage's ends and its rotary embeddings.
+#[derive(Debug, Clone)]
+pub struct StageSpec {
+    pub range: LayerRange,
+    /// The token embedding is needed: on the first stage, or as the head on a last stage whose
+    /// file ties them.
+    pub embedding: bool,
+    /// The stage looks tokens up (the first stage).
+    pub first: bool,
+    /// The final norm and head (the last stage), and whether the head is the tied embedding.
+    pub last: Option<Head>,
+    pub blocks: Vec<BlockSpec>,
+    /// Rotary embedding of the global layers, and of the sliding-window ones.
+    pub rope_global: RopeSpec,
+    pub rope_local: RopeSpec,
+}
+
+/// The last stage's final norm and output head.
+#[derive(Debug, Clone)]
+pub struct Head {
+    pub norm: NormSpec,
+    /// `output.weight` is absent: the head is the token embedding.
+    pub tied: bool,
+}
+
+impl StageSpec {
+    /// Layers `range` of `cfg`'s model in `g` (the range checked), reading only the rotary
+    /// embedding's frequency factors.
+    pub fn describe(g: &mut GgufFile, cfg: &ModelConfig, range: LayerRange) -> Result<Self> {
+        let range = LayerRange::new(range.start, range.end, cfg.n_layers)?;
+        let first = range.is_first();
+        let tied = !g.has_tensor(names::OUTPUT);
+        let last = range.is_last(cfg.n_layers).then(|| Head {
+            norm: norm(names::OUTPUT_NORM.into(), cfg.dim),
+            tied,
+        });
+        let (rope_global, rope_local) = rope_specs(g, cfg)?;
+        Ok(Self {
+            embedding: first || last.as_ref().is_some_and(|h| h.tied),
+            first,
+            last,
+            blocks: (range.start..range.end)
+                .map(|i| BlockSpec::describe(g, cfg, i))
+                .collect(),
+            range,
+            rope_global,
+            rope_local,
+        })
+    }
+}
+
+/// The global and the local (sliding-window layers') rotary embeddings.
+fn rope_specs(g: &mut GgufFile, cfg: &ModelConfig) -> Result<(RopeSpec, RopeSpec)> {
+    let factors = match () {
+        _ if g.has_tensor(names::ROPE_FREQS) => Some(g.read_f32_vec(names::ROPE_FREQS)?),
+        _ if g.has_tensor(names::ROPE_FACTORS_SHORT) => {
+            Some(g.read_f32_vec(names::ROPE_FACTORS_SHORT)?)
+        }
+        _ => None,
+    };
+    let a = &cfg.arch;
+    if let Some(f) = &factors
+        && f.len() != a.rope_dims / 2
+    {
+        return Err(ModelError::BadShape {
+            name: names::ROPE_FREQS.into(),
+            got: vec![f.len()],
+            expected: vec![a.rope_dims / 2],
+        });
+    }
+    let global = RopeSpec {
+        style: a.rope,
+        dims: a.rope_dims,
+        theta: cfg.rope_theta,
+        freq_scale: a.rope_freq_scale,
+        factors,
+    };
+    let local = RopeSpec {
+        theta: a.local_rope_theta,
+        freq_scale: 1.0,
+        factors: None,
+        ..global.clone()
+    };
+    Ok((global, local))
+}
