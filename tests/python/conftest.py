@@ -60,7 +60,7 @@ class ShoalNode:
     def __init__(
         self, *args: str, state_dir: "str | None" = None, key: "str | None" = "python-tests", threads: int = 1,
         host: str = "127.0.0.1", netns: "str | None" = None, mdns: bool = False,
-        models_dir: "str | Path | None" = None, env: "dict | None" = None,
+        models_dir: "str | Path | None" = None, env: "dict | None" = None, wrap: "list[str] | None" = None,
     ):
         self.args = list(args)
         self.threads = threads
@@ -68,6 +68,8 @@ class ShoalNode:
         self.key = key
         self.models_dir = Path(models_dir) if models_dir else _models_dir()
         self.env = env
+        # A command the node runs under (its arguments then follow), e.g. `unshare` with a script.
+        self.wrap = list(wrap or [])
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="shoal-test-state-")
         self.proc = None
         self.log: "list[str]" = []
@@ -82,6 +84,8 @@ class ShoalNode:
             *(["--cluster-key", self.key] if self.key else []), *([] if self.mdns else ["--no-mdns"]),
             *self.args,
         ]
+        if self.wrap:
+            self.cmd = [*self.wrap, *self.cmd]
         if self.netns:
             self.cmd = ["ip", "netns", "exec", self.netns, *self.cmd]
         self.proc = subprocess.Popen(

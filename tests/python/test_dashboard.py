@@ -105,6 +105,9 @@ def test_the_page_lists_both_nodes_and_the_link_between_them(browser, two_nodes)
     this = read(browser, "this node's card",
                 lambda d: d.find_element(By.CSS_SELECTOR, f'.node-card[data-node="{a.id}"]').text)
     assert "this node" in this and "cores" in this and "memory" in this
+    gpus = until(browser, "this node's GPU by name and backend (lavapipe is installed here)", lambda d: (
+        t := d.find_element(By.CSS_SELECTOR, f'.node-card[data-node="{a.id}"] .gpus').text) and "llvmpipe" in t and t)
+    assert "vulkan" in gpus, gpus
     ends = until(browser, "the link", lambda d: [(e.get_attribute("data-a"), e.get_attribute("data-b"))
                                                 for e in d.find_elements(By.CSS_SELECTOR, "#topology line.link")])
     assert len(ends) == 1 and set(ends[0]) == {a.id, b.id}, ends

@@ -141,6 +141,7 @@ mod tests {
             temperature_c: None,
             power_w: None,
             accelerator: "cpu".into(),
+            gpus: Vec::new(),
             backend: "cpu".into(),
             speed,
             compute: ComputeFacts {

@@ -1,9 +1,11 @@
-//! What a node publishes about itself: resources, models, links, and the instances it runs.
+//! What a node publishes about itself: resources, GPUs, models, links, and the instances it runs.
 //!
 //! Each fact has one owner: only node X writes X's [`NodeFacts`]; everyone else keeps the latest copy
 //! it received. Collected from the OS (sysinfo, `/sys/class/net`, Linux PSI in `/proc/pressure`), from
 //! the local model store, and from the compute probe `shoal serve` runs at start ([`ComputeFacts`];
-//! `crate::compute` turns it into the planner's speeds for one model).
+//! `crate::compute` turns it into the planner's speeds for one model). The GPUs ([`GpuFacts`]) are
+//! found by the binary at start (this crate does not depend on the GPU crate) and handed in with
+//! `ClusterHandle::set_gpus`.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -39,6 +41,11 @@ pub struct NodeFacts {
     pub accelerator: String,
     /// Compute backend in use, e.g. `cpu-avx2`.
     pub backend: String,
+    /// The GPUs this node found at start (software ones such as lavapipe included), in discovery
+    /// order (a GPU's index is its position); empty on a machine without a GPU or a Vulkan loader,
+    /// and from nodes that predate it.
+    #[serde(default)]
+    pub gpus: Vec<GpuFacts>,
     /// Compute speed in layer-steps per second of a reference layer (SmolLM2-135M's, Q4_1): from the
     /// probe ([`ComputeFacts::reference_speed`]) once it ran, else an estimate from the core count.
     /// Nodes that know [`NodeFacts::compute`] price each model from that instead; this stays for
@@ -76,6 +83,32 @@ pub struct NodeFacts {
     pub seq: u64,
     /// Unix seconds when this node process started.
     pub started: u64,
+}
+
+/// One GPU of a node, as published.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFacts {
+    /// The adapter's name as its driver gives it (`NVIDIA H100 80GB HBM3`, `llvmpipe (LLVM 15.0.6,
+    /// 256 bits)`).
+    pub name: String,
+    /// The vendor's name from the PCI vendor id (`NVIDIA`, `AMD`, `Intel`, `Apple`, `Mesa`, …; the id
+    /// in hex when unknown).
+    pub vendor: String,
+    /// `discrete`, `integrated`, `virtual`, `cpu` (a software driver such as lavapipe) or `other`.
+    pub device_type: String,
+    /// The API it runs through: `vulkan`, `metal` or `dx12`.
+    pub backend: String,
+    /// The driver's name and its version string (`llvmpipe`, `Mesa 22.3.6 (LLVM 15.0.6)`).
+    #[serde(default)]
+    pub driver: String,
+    #[serde(default)]
+    pub driver_info: String,
+    /// The device's memory, total and free, in bytes: `None` today, since wgpu (through which shoal
+    /// finds GPUs) tells neither.
+    #[serde(default)]
+    pub memory_total: Option<u64>,
+    #[serde(default)]
+    pub memory_free: Option<u64>,
 }
 
 /// A node taken out of the cluster with `shoal remove`.
@@ -548,6 +581,23 @@ mod tests {
         assert_eq!(c.reference_speed(), Some(4e9 / 2_216_448.0));
         c.weight_bytes_per_s.insert("q4_1".into(), 5e9);
         assert_eq!(c.reference_speed(), Some(5e9 / 2_216_448.0));
+    }
+
+    #[test]
+    fn gpus_default_to_none_from_nodes_that_predate_them() {
+        let old = serde_json::json!({
+            "id": "a", "name": "a", "api_url": null, "addrs": [],
+            "memory": {"total": 1, "available": 1, "pressure": 0.0},
+            "cpu_cores": 1, "accelerator": "cpu", "backend": "cpu", "speed": 1.0,
+            "models": [], "links": [], "instances": {}, "seq": 1, "started": 0,
+        });
+        let facts: NodeFacts = serde_json::from_value(old).expect("older facts still parse");
+        assert!(facts.gpus.is_empty());
+        let gpu: GpuFacts = serde_json::from_value(serde_json::json!({
+            "name": "g", "vendor": "AMD", "device_type": "discrete", "backend": "vulkan",
+        }))
+        .expect("a GPU without driver or memory parses");
+        assert_eq!((gpu.driver.as_str(), gpu.memory_total), ("", None));
     }
 
     #[test]

@@ -154,6 +154,7 @@ pub fn render(r: &Report) -> String {
         gib(l.memory_total_bytes),
         gib(l.memory_available_bytes)
     );
+    render_gpus(&mut s, &l.gpus);
     let _ = writeln!(s, "  models   {}", l.models_dir.display());
     for m in &l.models {
         let check = match &m.checksum {
@@ -199,6 +200,33 @@ pub fn render(r: &Report) -> String {
         }
     }
     s
+}
+
+/// One line per GPU found, or why finding none is fine.
+fn render_gpus(s: &mut String, gpus: &[shoal_cluster::facts::GpuFacts]) {
+    if gpus.is_empty() {
+        let _ = writeln!(
+            s,
+            "  gpu      none found (no GPU, no driver or no Vulkan loader): fine, shoal computes on the CPU"
+        );
+    }
+    for (i, g) in gpus.iter().enumerate() {
+        let driver = [g.driver.as_str(), g.driver_info.as_str()]
+            .into_iter()
+            .filter(|d| !d.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let driver = if driver.is_empty() {
+            String::new()
+        } else {
+            format!(", driver {driver}")
+        };
+        let _ = writeln!(
+            s,
+            "  gpu      {}{driver}, memory unknown (wgpu does not tell)",
+            crate::gpus::describe(i, g)
+        );
+    }
 }
 
 fn render_peer(s: &mut String, p: &PeerReport) {
@@ -278,9 +306,43 @@ mod tests {
         assert!(text.contains("    rtt p50 0.30 ms p99 0.90 ms, loss 0% of 50 pings, up 940.0 Mbit/s down 930.0 Mbit/s, mtu 1500, clock +0.2 ms\n"), "{text}");
         assert!(text.contains("  peer …QQQ999: UNREACHABLE (no connection: lost 3 s ago, redialing /ip4/10.0.0.3/tcp/52416)\n"), "{text}");
         assert!(text.contains("problems:\n  error: peer …QQQ999 is unreachable: no connection: lost 3 s ago, redialing /ip4/10.0.0.3/tcp/52416\n    hint: check that `shoal serve` runs there"), "{text}");
+        assert!(
+            text.contains("  gpu      none found (no GPU, no driver or no Vulkan loader): fine, shoal computes on the CPU\n"),
+            "{text}"
+        );
         let json = serde_json::to_value(&report).expect("json");
         assert_eq!(json["ok"], false);
         assert_eq!(json["peers"][1]["reachable"], false);
         assert_eq!(json["problems"][0]["severity"], "error");
+    }
+
+    #[test]
+    fn the_text_report_lists_each_gpu_with_its_backend_and_driver() {
+        let mut local = problems::tests::healthy_local();
+        local.gpus = vec![shoal_cluster::facts::GpuFacts {
+            name: "llvmpipe".into(),
+            vendor: "Mesa".into(),
+            device_type: "cpu".into(),
+            backend: "vulkan".into(),
+            driver: "llvmpipe".into(),
+            driver_info: "Mesa 22.3.6".into(),
+            memory_total: None,
+            memory_free: None,
+        }];
+        let report = Report {
+            ok: true,
+            url: "http://127.0.0.1:52415".into(),
+            local,
+            node: None,
+            peers: None,
+            problems: Vec::new(),
+        };
+        let text = render(&report);
+        assert!(
+            text.contains("  gpu      gpu:0 llvmpipe (Mesa, cpu, vulkan), driver llvmpipe Mesa 22.3.6, memory unknown (wgpu does not tell)\n"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).expect("json");
+        assert_eq!(json["local"]["gpus"][0]["backend"], "vulkan");
     }
 }

@@ -1,7 +1,8 @@
 //! The `shoal` binary: CLI, configuration, wiring and tracing setup.
 //!
 //! - `shoal serve` (`serve`): join the cluster, bring the model here (peers first), place it, serve the API.
-//!   At start it measures this machine's compute, or reads it from the cache (`compute`).
+//!   At start it measures this machine's compute, or reads it from the cache (`compute`), and finds its
+//!   GPUs (`gpus`).
 //! - `shoal chat "prompt"`: stream an answer in the terminal (in-process, or from a server with `--url`).
 //! - `shoal bench`: prefill / decode throughput, TTFT and inter-token latency (run by `shoal-bench`).
 //! - `shoal pull` / `shoal models` / `shoal rm`: fetch, list and delete models (`models`).
@@ -15,6 +16,7 @@ mod chat;
 mod cli;
 mod compute;
 mod doctor;
+mod gpus;
 mod logs;
 mod membership;
 mod models;

@@ -2,8 +2,9 @@
 //! serve the HTTP API.
 //!
 //! Order: the served model is looked up locally (a path, the models dir, the hub cache) without the
-//! network → this node's compute is measured (or read from the cache, [`crate::compute`]) → the
-//! cluster node starts, publishing those figures, offering every complete local model → this node's
+//! network → this node's compute is measured (or read from the cache, [`crate::compute`]) → its GPUs
+//! are found on the runtime's blocking pool ([`crate::gpus`], one log line) while the cluster node
+//! starts, publishing those figures and the GPUs, offering every complete local model → this node's
 //! [`shoal_transfer::Downloads`] and blob server start (peers may fetch from us at once; the complete
 //! models' chunk manifests are made in the background, once per file) → a missing
 //! served model comes from a peer that has it (waiting a few seconds for peers to show up), else from
@@ -94,6 +95,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    // Off the async workers: the Vulkan loader and every driver are asked (it can take a moment).
+    let gpus = rt.spawn_blocking(crate::gpus::discover_and_log);
     rt.block_on(async move {
         let (cluster_key, peers) = crate::membership::cluster_key_and_peers(&cargs).await?;
         let peers = peers
@@ -122,6 +125,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .context("starting the cluster node")?;
         cluster.set_compute(compute).await;
+        cluster.set_gpus(gpus.await.unwrap_or_default()).await;
         println!("shoal: node {}", cluster.id());
         for a in &cluster.snapshot().listen_addrs {
             println!("shoal: cluster listening on {a}");

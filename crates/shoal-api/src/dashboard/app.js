@@ -217,7 +217,13 @@ function renderTopology(s) {
 // Facts shown in their own lines; any other field a node publishes (CPU load, temperature, power, …)
 // is listed as it comes.
 const KNOWN = new Set(['id', 'name', 'api_url', 'memory', 'cpu_cores', 'accelerator', 'backend', 'started',
-  'me', 'coordinator', 'running', 'queued', 'tok_s']);
+  'me', 'coordinator', 'running', 'queued', 'tok_s', 'gpus']);
+
+// Each GPU a node found, by name and backend ("none" without one: it computes on its CPU).
+function gpuList(gpus) {
+  if (!gpus || gpus.length === 0) return 'none';
+  return gpus.map((g) => `${g.name} · ${g.backend}`).join('; ');
+}
 
 function factValue(k, v) {
   if (v === null || v === undefined) return '–';
@@ -242,6 +248,7 @@ function renderNodes(s) {
         n.coordinator && el('span', { class: 'badge' }, 'coordinator')),
       el('dl', {},
         el('dt', {}, 'cores'), el('dd', {}, `${n.cpu_cores} · ${n.accelerator || ''} ${n.backend || ''}`),
+        el('dt', {}, 'gpu'), el('dd', { class: 'gpus' }, gpuList(n.gpus)),
         el('dt', {}, 'memory'), el('dd', {}, `${bytes(m.total - m.available)} of ${bytes(m.total)} used`,
           el('div', { class: 'bar' }, el('div', { style: `width:${Math.round(100 * (m.used || 0))}%` }))),
         el('dt', {}, 'pressure'), el('dd', {}, pct(m.pressure)),

@@ -1,6 +1,7 @@
 //! What the dashboard's feed sends: [`build`] turns the body of `GET /state` (this node's view of the
 //! cluster, [`crate::cluster::state_value`]) into the page's one JSON snapshot — nodes (with the facts a
-//! person reads, any optional ones passed through, and the tokens per second each serves), links (both
+//! person reads, any optional ones passed through, their GPUs' name, vendor, type and backend, and the
+//! tokens per second each serves), links (both
 //! directions' live bytes per second), instances (stages and their load progress), downloads and models
 //! (offline when no node has them complete). [`Rates`] remembers recent token counters so a node's
 //! tok/s is a rate, not a total.
@@ -125,7 +126,22 @@ fn node(f: &Value, me: &str, coordinator: &str, rates: &mut Rates, now: Instant)
     out.insert("running".into(), json!(sum("running")));
     out.insert("queued".into(), json!(sum("queued")));
     out.insert("tok_s".into(), json!(tok_s));
+    // Replaces the facts' list: only what the card shows, a list even from nodes that predate GPUs.
+    out.insert(
+        "gpus".into(),
+        Value::Array(list(&f["gpus"]).iter().map(gpu).collect()),
+    );
     Value::Object(out)
+}
+
+/// A GPU as the node card shows it (its driver and unknown memory left out).
+fn gpu(g: &Value) -> Value {
+    json!({
+        "name": str_of(g, "name"),
+        "vendor": str_of(g, "vendor"),
+        "device_type": str_of(g, "device_type"),
+        "backend": str_of(g, "backend"),
+    })
 }
 
 /// The cluster's links, each with the bytes per second its two ends measured sending to each other.

@@ -11,6 +11,9 @@ fn state(generated: u64) -> Value {
                 {
                     "id": "a", "name": "alpha", "api_url": "http://a", "cpu_cores": 8,
                     "accelerator": "cpu", "backend": "cpu-avx2", "speed": 1.0, "seq": 7,
+                    "gpus": [{"name": "llvmpipe", "vendor": "Mesa", "device_type": "cpu",
+                              "backend": "vulkan", "driver": "llvmpipe", "driver_info": "Mesa 22",
+                              "memory_total": null, "memory_free": null}],
                     "addrs": ["/ip4/1.2.3.4"], "compute": {"flops_per_s": 1.0},
                     "memory": {"total": 1000, "available": 400, "pressure": 0.1, "used": 0.6},
                     "cpu": {"load": 0.5, "temperature_c": 61.0},
@@ -41,6 +44,20 @@ fn state(generated: u64) -> Value {
             }],
         },
     })
+}
+
+#[test]
+fn nodes_list_their_gpus_name_and_backend_and_none_for_older_nodes() {
+    let s = build(&state(0), &mut Rates::default(), Instant::now());
+    assert_eq!(
+        s["nodes"][0]["gpus"],
+        json!([{"name": "llvmpipe", "vendor": "Mesa", "device_type": "cpu", "backend": "vulkan"}])
+    );
+    assert_eq!(
+        s["nodes"][1]["gpus"],
+        json!([]),
+        "a node that predates GPUs has none"
+    );
 }
 
 #[test]

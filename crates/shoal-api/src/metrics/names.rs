@@ -166,6 +166,11 @@ pub const STATE: &[(&str, Kind, &str)] = &[
         "This node (1), with its name, backend and accelerator.",
     ),
     (
+        "shoal_gpu_info",
+        Kind::Gauge,
+        "Each GPU this node found (1), by index, with its name, vendor, backend and device type.",
+    ),
+    (
         "shoal_node_start_time_seconds",
         Kind::Gauge,
         "When this node's process started, Unix seconds.",

@@ -68,6 +68,13 @@ fn node(me: &NodeFacts) {
     let id = me.id.clone();
     gauge!("shoal_node_info", "node" => id.clone(), "name" => me.name.clone(), "backend" => me.backend.clone(), "accelerator" => me.accelerator.clone())
         .set(1.0);
+    for (index, g) in me.gpus.iter().enumerate() {
+        gauge!("shoal_gpu_info", "node" => id.clone(), "index" => index.to_string(),
+            "name" => cut(&g.name, 64), "vendor" => cut(&g.vendor, 32),
+            "backend" => known(&g.backend, &["vulkan", "metal", "dx12"]),
+            "device_type" => known(&g.device_type, &["discrete", "integrated", "virtual", "cpu"]))
+        .set(1.0);
+    }
     gauge!("shoal_node_start_time_seconds", "node" => id.clone()).set(me.started as f64);
     gauge!("shoal_node_cpu_cores", "node" => id.clone()).set(me.cpu_cores as f64);
     if let Some(load) = me.cpu_load {
@@ -92,6 +99,16 @@ fn node(me: &NodeFacts) {
         gauge!("shoal_kv_share_capacity_tokens", "node" => id.clone(), "instance_id" => instance.clone())
             .set(*tokens as f64);
     }
+}
+
+/// `s` cut to at most `max` characters (a label value stays bounded).
+fn cut(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
+
+/// `s` when it is one of `values`, else `other`.
+fn known(s: &str, values: &[&'static str]) -> &'static str {
+    values.iter().find(|v| **v == s).copied().unwrap_or("other")
 }
 
 /// The cluster as this node sees it.
@@ -228,5 +245,21 @@ fn stage_state(s: &InstanceStatus) -> &'static str {
         InstanceStatus::Loading => "loading",
         InstanceStatus::Ready => "ready",
         InstanceStatus::Failed { .. } => "failed",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_labels_stay_bounded() {
+        assert_eq!(cut(&"x".repeat(500), 64).len(), 64);
+        assert_eq!(cut("llvmpipe", 64), "llvmpipe");
+        assert_eq!(known("vulkan", &["vulkan", "metal"]), "vulkan");
+        assert_eq!(
+            known("a peer's novel backend", &["vulkan", "metal"]),
+            "other"
+        );
     }
 }

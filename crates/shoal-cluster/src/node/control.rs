@@ -255,6 +255,14 @@ impl NetTask {
                     self.push_facts();
                 }
             }
+            Command::SetGpus(gpus) => {
+                let me = self.state.me_mut();
+                if me.gpus != gpus {
+                    me.gpus = gpus;
+                    self.refresh_own_facts();
+                    self.push_facts();
+                }
+            }
             Command::Probe => {
                 let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
                 for peer in peers {

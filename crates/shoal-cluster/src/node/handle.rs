@@ -12,7 +12,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::TABLE_PROPAGATION;
 use crate::ClusterError;
-use crate::facts::{ComputeFacts, DownloadFacts, InstanceLoad, InstanceStatus, RemovedNode};
+use crate::facts::{
+    ComputeFacts, DownloadFacts, GpuFacts, InstanceLoad, InstanceStatus, RemovedNode,
+};
 use crate::invite::{EnrollReply, EnrollRequest, InviteBook};
 use crate::proto::{InstanceRecord, PlaceRequest};
 use crate::state::{ClusterState, ClusterView};
@@ -68,6 +70,7 @@ pub(super) enum Command {
     SetDownloads(Vec<DownloadFacts>),
     SetModels(Vec<ModelCard>),
     SetCompute(ComputeFacts),
+    SetGpus(Vec<GpuFacts>),
     Probe,
     RemoveNode(String, Reply<RemovedNode>),
     /// The peers `shoal doctor` checks (`diagnose`).
@@ -261,6 +264,11 @@ impl ClusterHandle {
     /// [`NodeFacts::speed`]: crate::facts::NodeFacts::speed
     pub async fn set_compute(&self, compute: ComputeFacts) {
         let _ = self.commands.send(Command::SetCompute(compute)).await;
+    }
+
+    /// Publishes the GPUs this node found (`NodeFacts::gpus`, replacing the previous list), at once.
+    pub async fn set_gpus(&self, gpus: Vec<GpuFacts>) {
+        let _ = self.commands.send(Command::SetGpus(gpus)).await;
     }
 
     /// Takes a member out of the cluster for good (`shoal remove NODE`): by id, id suffix or name.

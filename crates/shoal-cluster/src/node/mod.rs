@@ -210,6 +210,7 @@ pub fn local_facts(id: PeerId, config: &ClusterConfig) -> NodeFacts {
         temperature_c: None,
         power_w: None,
         accelerator: "cpu".into(),
+        gpus: Vec::new(),
         backend: config.backend.clone(),
         speed: facts::estimate_speed(cores),
         compute: facts::ComputeFacts::default(),

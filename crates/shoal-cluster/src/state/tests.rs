@@ -49,6 +49,7 @@ fn facts(id: &str, seq: u64) -> NodeFacts {
         temperature_c: None,
         power_w: None,
         accelerator: "cpu".into(),
+        gpus: Vec::new(),
         backend: "cpu".into(),
         speed: 5000.0,
         compute: Default::default(),

@@ -1,6 +1,7 @@
 //! This node's part of the doctor's report, read on this machine without any running node: host, CPU
 //! (cores, model, the kernels' SIMD level detected at run time and every level the CPU supports),
-//! memory and its pressure (Linux PSI), and the models directory (each model present, complete or
+//! memory and its pressure (Linux PSI), the GPUs found ([`crate::gpus::discover`]; none is fine: shoal
+//! then computes on the CPU), and the models directory (each model present, complete or
 //! partial, its size against what `model.json` recorded, and its sha256: recorded, verified with
 //! `--verify`, or not matching).
 
@@ -26,6 +27,9 @@ pub struct LocalReport {
     /// Share of the last 10 s in which some task waited for memory (PSI `some avg10`), in [0, 1];
     /// `None` where the kernel has no PSI.
     pub memory_pressure: Option<f32>,
+    /// The GPUs found (Vulkan, Metal, DX12; software ones such as lavapipe included); empty without a
+    /// GPU, a driver or a Vulkan loader. Their memory is not known (`None`): wgpu does not tell it.
+    pub gpus: Vec<shoal_cluster::facts::GpuFacts>,
     pub models_dir: PathBuf,
     pub models: Vec<ModelCheck>,
 }
@@ -105,6 +109,7 @@ pub fn gather(models_dir: &Path, verify: bool) -> LocalReport {
         memory_total_bytes: memory.total,
         memory_available_bytes: memory.available,
         memory_pressure: psi.then_some(memory.pressure),
+        gpus: crate::gpus::discover(),
         models_dir: models_dir.to_path_buf(),
         models,
     }

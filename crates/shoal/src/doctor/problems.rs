@@ -263,6 +263,7 @@ pub(super) mod tests {
             memory_total_bytes: 16 << 30,
             memory_available_bytes: 8 << 30,
             memory_pressure: Some(0.0),
+            gpus: Vec::new(),
             models_dir: "/models".into(),
             models: vec![ModelCheck {
                 id: "m".into(),

@@ -1,0 +1,129 @@
+"""A node's GPUs, found at start and published, through the real binary on loopback:
+
+- with Mesa's software Vulkan driver (lavapipe) installed, `/state` lists its `llvmpipe` adapter in the
+  node's facts (device type cpu, backend vulkan, memory unknown), `/metrics` has its `shoal_gpu_info`
+  series, and the log says once what was found;
+- with the Vulkan loader unopenable (`libvulkan.so.1` bind-mounted over by /dev/null in a private mount
+  namespace, so nothing else on the machine sees it), shoal starts, says exactly once that no GPU was
+  found, answers a chat completion on the CPU, lists no GPU in `/state`, and never panics.
+
+Every wait is bounded (the `bounded` fixture, `BOUND_S`).
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from conftest import ShoalNode
+
+BOUND_S = 120
+WAIT_S = 20
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        assert r.status == 200
+        return r.read().decode()
+
+
+def my_gpus(node: ShoalNode) -> list:
+    """This node's `gpus` fact as `/state` shows it."""
+    state = json.loads(get(f"{node.url}/state"))
+    me = [n for n in state["cluster"]["nodes"] if n["id"] == state["node"]]
+    assert len(me) == 1, state
+    return me[0].get("gpus")
+
+
+def wait_for_gpus(node: ShoalNode) -> list:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        gpus = my_gpus(node)
+        if gpus or time.monotonic() > deadline:
+            return gpus
+        time.sleep(0.2)
+
+
+def vulkan_loader() -> "str | None":
+    """The file `libvulkan.so.1` resolves to (ldconfig's cache), or None where there is no loader."""
+    out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    for line in out.splitlines():
+        m = re.match(r"\s*libvulkan\.so\.1 \(.*x86-64.*\) => (\S+)", line) or re.match(
+            r"\s*libvulkan\.so\.1 \(.*\) => (\S+)", line)
+        if m:
+            return os.path.realpath(m.group(1))
+    return None
+
+
+def log_of(node: ShoalNode) -> str:
+    return node.stderr_tail(400)
+
+
+def test_state_and_metrics_list_the_lavapipe_gpu_and_the_log_names_it_once(bounded):
+    node = ShoalNode(key="gpu-facts")
+    try:
+        gpus = wait_for_gpus(node)
+        lavapipe = [g for g in gpus if "llvmpipe" in g["name"]]
+        assert len(lavapipe) == 1, f"lavapipe is installed here: {gpus}"
+        g = lavapipe[0]
+        assert (g["device_type"], g["backend"], g["vendor"]) == ("cpu", "vulkan", "Mesa"), g
+        assert g["driver"], g
+        assert g["memory_total"] is None and g["memory_free"] is None, "wgpu tells no memory"
+        index = gpus.index(g)
+
+        metrics = get(f"{node.url}/metrics")
+        series = [l for l in metrics.splitlines() if l.startswith("shoal_gpu_info{")]
+        mine = [l for l in series if f'node="{node.id}"' in l and f'index="{index}"' in l]
+        assert len(mine) == 1, series
+        line = mine[0]
+        for label in ('backend="vulkan"', 'device_type="cpu"', 'vendor="Mesa"', 'name="llvmpipe'):
+            assert label in line, line
+        assert line.rsplit(" ", 1)[1] == "1", line
+        assert "# TYPE shoal_gpu_info gauge" in metrics
+
+        log = log_of(node)
+        found = [l for l in log.splitlines() if "GPU found:" in l or "GPUs found:" in l]
+        assert len(found) == 1 and "llvmpipe" in found[0], log
+        assert "no GPU found" not in log, log
+    finally:
+        node.kill()
+
+
+def test_without_a_vulkan_loader_shoal_says_once_no_gpu_was_found_and_serves_on_cpu(bounded):
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is needed to hide the Vulkan loader", pytrace=False)
+    loader = vulkan_loader()
+    # In a private mount namespace (nothing outside sees it), the loader's file reads as /dev/null:
+    # opening it fails as if it were not installed.
+    script = 'if [ -n "$1" ]; then mount --bind /dev/null "$1" || exit 97; fi; shift; exec "$@"'
+    as_root = [] if os.geteuid() == 0 else ["--map-root-user"]
+    wrap = ["unshare", "--mount", "--propagation", "private", *as_root, "sh", "-c", script, "sh", loader or ""]
+    node = ShoalNode(key="gpu-facts-no-loader", wrap=wrap)
+    try:
+        body = json.dumps({
+            "model": "smollm2-135m-instruct-q4_1",
+            "messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 4, "temperature": 0,
+        }).encode()
+        req = urllib.request.Request(
+            f"{node.url}/v1/chat/completions", data=body, headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            answer = json.loads(r.read())
+        assert answer["choices"][0]["message"]["content"], answer
+        assert answer["usage"]["completion_tokens"] > 0, answer
+
+        assert my_gpus(node) == [], "no loader: no GPU published"
+        metrics = get(f"{node.url}/metrics")
+        assert not [l for l in metrics.splitlines() if l.startswith("shoal_gpu_info{")]
+
+        log = log_of(node)
+        said = [l for l in log.splitlines() if "no GPU found" in l]
+        assert len(said) == 1 and "serving on CPU" in said[0], log
+        assert " ERROR " not in log and "panicked" not in log, log
+    finally:
+        node.kill()
