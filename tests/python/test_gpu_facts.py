@@ -49,15 +49,12 @@ def wait_for_gpus(node: ShoalNode) -> list:
         time.sleep(0.2)
 
 
-def vulkan_loader() -> "str | None":
-    """The file `libvulkan.so.1` resolves to (ldconfig's cache), or None where there is no loader."""
+def vulkan_loaders() -> "list[str]":
+    """The files `libvulkan.so.1` resolves to (ldconfig's cache, every architecture); empty where there is
+    no loader."""
     out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
-    for line in out.splitlines():
-        m = re.match(r"\s*libvulkan\.so\.1 \(.*x86-64.*\) => (\S+)", line) or re.match(
-            r"\s*libvulkan\.so\.1 \(.*\) => (\S+)", line)
-        if m:
-            return os.path.realpath(m.group(1))
-    return None
+    found = [m.group(1) for m in (re.match(r"\s*libvulkan\.so\.1 \(.*\) => (\S+)", l) for l in out.splitlines()) if m]
+    return sorted({os.path.realpath(f) for f in found})
 
 
 def log_of(node: ShoalNode) -> str:
@@ -97,12 +94,12 @@ def test_state_and_metrics_list_the_lavapipe_gpu_and_the_log_names_it_once(bound
 def test_without_a_vulkan_loader_shoal_says_once_no_gpu_was_found_and_serves_on_cpu(bounded):
     if shutil.which("unshare") is None:
         pytest.fail("unshare (util-linux) is needed to hide the Vulkan loader", pytrace=False)
-    loader = vulkan_loader()
-    # In a private mount namespace (nothing outside sees it), the loader's file reads as /dev/null:
+    # In a private mount namespace (nothing outside sees it), each loader file reads as /dev/null:
     # opening it fails as if it were not installed.
-    script = 'if [ -n "$1" ]; then mount --bind /dev/null "$1" || exit 97; fi; shift; exec "$@"'
+    script = 'while [ "$1" != -- ]; do mount --bind /dev/null "$1" || exit 97; shift; done; shift; exec "$@"'
     as_root = [] if os.geteuid() == 0 else ["--map-root-user"]
-    wrap = ["unshare", "--mount", "--propagation", "private", *as_root, "sh", "-c", script, "sh", loader or ""]
+    wrap = ["unshare", "--mount", "--propagation", "private", *as_root,
+            "sh", "-c", script, "sh", *vulkan_loaders(), "--"]
     node = ShoalNode(key="gpu-facts-no-loader", wrap=wrap)
     try:
         body = json.dumps({
