@@ -234,6 +234,8 @@ impl ApiError {
             EngineError::Stopped => ApiError::Unavailable,
             EngineError::StageLost(detail) => ApiError::StageLost(detail),
             EngineError::Internal(detail) => ApiError::Internal(detail),
+            // A GPU that failed under a stage: a server-side fault, its details kept for the log.
+            e @ EngineError::Device(_) => ApiError::Internal(e.to_string()),
         }
     }
 }
