@@ -4,7 +4,7 @@
 //! GPU adapter exists unless `SHOAL_GPU_TESTS=skip`.
 
 use crate::common::{
-    Model, check_greedy, check_greedy_within, check_logprobs, gpu, greedy, load_from, load_gpu,
+    Model, check_greedy, check_greedy_within, check_logprobs_of, gpu, greedy, load_from, load_gpu,
 };
 use shoal_model::{Pool, SeqChunk, StageInput};
 use shoal_testkit::fixtures::{gemma_path, model_path};
@@ -20,7 +20,8 @@ fn smollm2_greedy_tokens_on_the_gpu_match_llama_cpp_up_to_the_first_near_tie() {
     let Some(gpu) = gpu() else { return };
     let stages = load_gpu(&model_path(), &[(0, 30)], &gpu);
     check_greedy_within(&stages, "smollm2-135m-q4_1.greedy.json", 30, GPU_NEAR_TIE);
-    check_logprobs(&stages, "smollm2-135m-q4_1.greedy.json", 0.05, 0.45);
+    // Two prompts' 64 positions (all eight passed too, in 16 minutes on lavapipe).
+    check_logprobs_of(&stages, "smollm2-135m-q4_1.greedy.json", 2, (0.05, 0.45));
 }
 
 #[test]

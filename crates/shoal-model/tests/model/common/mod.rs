@@ -218,9 +218,20 @@ pub fn check_greedy_within<S: Model>(
 /// Teacher-forced top-1 log-probabilities within `mean_tol` of llama.cpp's on average, `worst_tol` at
 /// worst.
 pub fn check_logprobs<S: Model>(stages: &[S], golden_name: &str, mean_tol: f64, worst_tol: f64) {
-    let cases = golden(golden_name);
+    check_logprobs_of(stages, golden_name, usize::MAX, (mean_tol, worst_tol));
+}
+
+/// [`check_logprobs`] over the first `cases` prompts only (the GPU tests on lavapipe: each
+/// position is a forward pass).
+pub fn check_logprobs_of<S: Model>(
+    stages: &[S],
+    golden_name: &str,
+    cases: usize,
+    (mean_tol, worst_tol): (f64, f64),
+) {
+    let all = golden(golden_name);
     let (mut sum, mut n, mut worst) = (0f64, 0usize, 0f64);
-    for case in cases.as_array().expect("cases") {
+    for case in all.as_array().expect("cases").iter().take(cases) {
         let prompt = ids(&case["prompt_tokens"]);
         let expected = ids(&case["completion_tokens"]);
         let tops = case["top_logprobs"].as_array().expect("top_logprobs");
