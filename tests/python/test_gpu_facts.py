@@ -3,6 +3,9 @@
 - with Mesa's software Vulkan driver (lavapipe) installed, `/state` lists its `llvmpipe` adapter in the
   node's facts (device type cpu, backend vulkan, memory unknown), `/metrics` has its `shoal_gpu_info`
   series, and the log says once what was found;
+- `--device gpu` runs the node's model on that GPU (lavapipe here) and answers greedy requests with the
+  CPU's text; a `--device gpu:N` with no such adapter stops `shoal serve` with an error naming the adapters
+  found;
 - with the Vulkan loader unopenable (`libvulkan.so.1` bind-mounted over by /dev/null in a private mount
   namespace, so nothing else on the machine sees it), shoal starts, says exactly once that no GPU was
   found, answers a chat completion on the CPU, lists no GPU in `/state`, and never panics.
@@ -20,7 +23,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ShoalNode
+from conftest import ShoalNode, _binary, _models_dir
 
 BOUND_S = 120
 WAIT_S = 20
@@ -124,3 +127,66 @@ def test_without_a_vulkan_loader_shoal_says_once_no_gpu_was_found_and_serves_on_
         assert " ERROR " not in log and "panicked" not in log, log
     finally:
         node.kill()
+
+
+def greedy(node: ShoalNode, question: str) -> "list[dict]":
+    """The greedy answer's tokens, each with its log-probability and the top 3 alternatives."""
+    body = json.dumps({
+        "model": "smollm2-135m-instruct-q4_1",
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 16, "temperature": 0, "logprobs": True, "top_logprobs": 3,
+    }).encode()
+    req = urllib.request.Request(
+        f"{node.url}/v1/chat/completions", data=body, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=BOUND_S) as r:
+        return json.loads(r.read())["choices"][0]["logprobs"]["content"]
+
+
+# The GPU multiplies f32 activations where the CPU path (as llama.cpp) rounds them to 8 bits first, so the
+# two may pick differently where the CPU's two best tokens are this close (nats); never elsewhere.
+NEAR_TIE = 0.5
+
+
+def test_serve_with_device_gpu_answers_greedy_requests_as_the_cpu_up_to_near_ties(bounded):
+    questions = ["What is the capital of France?", "Name three colors.", "Count from one to five."]
+    cpu = ShoalNode(key="gpu-device-cpu")
+    try:
+        want = [greedy(cpu, q) for q in questions]
+    finally:
+        cpu.kill()
+    gpu = ShoalNode("--device", "gpu", key="gpu-device-gpu")
+    try:
+        got = [greedy(gpu, q) for q in questions]
+    finally:
+        gpu.kill()
+    same = 0
+    for q, w, g in zip(questions, want, got):
+        assert w and g, (q, w, g)
+        for i, (wt, gt) in enumerate(zip(w, g)):
+            if wt["token"] == gt["token"]:
+                continue
+            # Where they part, the GPU's pick is one of the CPU's best, within a near tie of its first.
+            alts = {a["token"]: a["logprob"] for a in w[i]["top_logprobs"]}
+            assert gt["token"] in alts, (q, i, wt, gt)
+            assert wt["logprob"] - alts[gt["token"]] < NEAR_TIE, (q, i, wt, gt)
+            break
+        else:
+            assert len(w) == len(g), (q, w, g)
+            same += 1
+    assert same >= 1, "at least one answer is token for token the CPU's"
+
+
+def test_a_device_with_no_such_gpu_stops_serve_with_an_error_naming_the_adapters(bounded, tmp_path):
+    out = subprocess.run(
+        [str(_binary()), "serve", "--device", "gpu:7", "--api-port", "0", "--models-dir", str(_models_dir()),
+         "--state-dir", str(tmp_path), "--cluster-listen", "127.0.0.1:0", "--no-mdns", "--threads", "1"],
+        capture_output=True, text=True, timeout=BOUND_S, env={**os.environ, "RUST_BACKTRACE": "0"},
+    )
+    assert out.returncode != 0, out.stderr[-2000:]
+    err = out.stderr
+    assert "cannot use GPU 7" in err and "adapters found" in err and "llvmpipe" in err, err[-2000:]
+    assert "panicked" not in err, err[-2000:]
+    # A typo is refused before anything starts.
+    bad = subprocess.run([str(_binary()), "serve", "--device", "tpu"], capture_output=True, text=True,
+                         timeout=BOUND_S)
+    assert bad.returncode != 0 and "expected cpu, gpu, gpu:N or auto" in bad.stderr, bad.stderr

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use libp2p::PeerId;
-use shoal_engine::engine::{EngineConfig, LoadedModel, load_local_stage, spawn};
+use shoal_engine::engine::{EngineConfig, LoadedModel, Placement, load_local_stage, spawn};
 use shoal_engine::kvpool::{KvPool, KvShare};
 use shoal_engine::stage::LocalStage;
 use shoal_engine::{EngineHandle, Engines};
@@ -516,8 +516,10 @@ impl Node {
         range: LayerRange,
     ) -> Result<EngineHandle, PipelineError> {
         let (pool2, model) = (self.pool.clone(), rec.model.clone());
+        // The driver's own layers run where the node's engine config says (`--device`).
+        let placement = Placement::of(&self.config.engine);
         let mut loaded = tokio::task::spawn_blocking(move || {
-            LoadedModel::from_gguf(&path, &model, Some(&[range]), &pool2)
+            LoadedModel::from_gguf_on(&path, &model, Some(&[range]), &pool2, placement)
         })
         .await??;
         if rec.stages.len() > 1 {
