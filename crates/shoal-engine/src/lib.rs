@@ -28,6 +28,7 @@
 //! pool), recorded through the `metrics` facade on the engine thread with handles registered once.
 
 mod admission;
+pub mod batch;
 mod config;
 pub mod embed;
 pub mod engine;

@@ -10,7 +10,7 @@ use shoal_model::gpu::GpuKv;
 use shoal_model::{KvCache, ModelError, SeqChunk, StageInput, StageOutput};
 
 use crate::error::EngineError;
-use crate::stage::{ChunkSpec, KvOp, StageData};
+use crate::batch::{ChunkSpec, KvOp, StageData};
 
 /// One sequence's KV cache, on the host or a device.
 pub trait StageKv: Sized {

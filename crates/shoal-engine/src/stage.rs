@@ -12,25 +12,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use shoal_kernels::ThreadPool;
 use shoal_model::{DecoderStage, HostMatrix, KvCache, KvSource, StageOutput};
 
-/// What the last stage returns of a chunk's final hidden states, for embeddings.
-pub use shoal_model::Pool;
+pub use crate::batch::{ChunkSpec, KvOp, Outputs, Pick, Pool, StageData};
 
 use crate::error::EngineError;
 use crate::logits::TokenMask;
 use crate::sampler::{self, Sampler};
 use crate::seqkv::{SeqKvs, internal};
-
-/// One sequence's part of a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChunkSpec {
-    pub seq_id: u64,
-    /// Tokens of this sequence in the batch (1 when decoding).
-    pub len: usize,
-    /// Whether the last stage must return logits for this chunk's last token.
-    pub want_logits: bool,
-    /// What the last stage returns of this chunk's final hidden states (embeddings).
-    pub pool: Pool,
-}
 
 /// How to sample one chunk that wants logits: the owner's sampler state, the sequence so far and the
 /// tokens its constraint allows (constrained decoding), if any. A stage that samples (a remote last
@@ -41,52 +28,6 @@ pub struct SampleRef<'a> {
     pub sampler: &'a Sampler,
     pub history: &'a [u32],
     pub mask: Option<&'a TokenMask>,
-}
-
-/// A token picked by the last stage, with its log-probability and the most likely alternatives when
-/// the request asked for them (both of the model's raw logits: before the mask, penalties and
-/// temperature).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Pick {
-    pub id: u32,
-    pub logprob: f32,
-    /// `(token, logprob)`, best first; empty unless asked.
-    pub top: Vec<(u32, f32)>,
-}
-
-/// What flows between stages (activations in host memory: a stage on another node sends them as they
-/// are, local layers compute in them).
-pub enum StageData {
-    Tokens(Vec<u32>),
-    /// `(total tokens, dim)` hidden states.
-    Hidden(HostMatrix),
-    /// The last stage's `(chunks wanting logits, vocab)` logits and `(chunks pooling, dim)` pooled
-    /// rows.
-    Logits {
-        logits: HostMatrix,
-        pooled: HostMatrix,
-    },
-    /// Tokens already sampled, one per chunk wanting logits, in batch order (a remote last stage samples
-    /// where the logits are, so only token ids travel back), and the pooled rows.
-    Sampled(Outputs),
-}
-
-/// What a batch produced for the engine: one pick per chunk wanting logits and one pooled row per
-/// chunk pooling, each in batch order.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Outputs {
-    pub picks: Vec<Pick>,
-    /// `(chunks pooling, dim)`; `0 × 0` when none pools.
-    pub pooled: HostMatrix,
-}
-
-impl From<Vec<Pick>> for Outputs {
-    fn from(picks: Vec<Pick>) -> Self {
-        Outputs {
-            picks,
-            pooled: HostMatrix::default(),
-        }
-    }
 }
 
 /// Samples one row of logits as `job` says; what a last stage that samples runs for each chunk.
@@ -173,30 +114,6 @@ pub enum Launched {
     Ready(StageData),
     /// On its way (to other nodes); [`Stage::complete`] with this ticket waits for the result.
     Pending(u64),
-}
-
-/// An operation on the KV a stage keeps for sequences and cached prefixes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvOp {
-    /// Free everything held for the sequence (unknown ids are ignored).
-    Release { seq_id: u64 },
-    /// Keep the first `len` tokens of the sequence's KV as prefix `prefix_id` and free the sequence.
-    Retain {
-        seq_id: u64,
-        prefix_id: u64,
-        len: usize,
-    },
-    /// Start the sequence with a copy of the first `len` tokens of prefix `prefix_id`.
-    Start {
-        prefix_id: u64,
-        seq_id: u64,
-        len: usize,
-    },
-    /// Free the prefix (unknown ids are ignored).
-    DropPrefix { prefix_id: u64 },
-    /// Start sequence `into` with a copy of the first `len` tokens of sequence `seq_id`'s KV (the
-    /// choices of one prompt share its prefill).
-    Fork { seq_id: u64, into: u64, len: usize },
 }
 
 /// What a stage is, fixed when it is built: what the engine needs to budget and pipeline it.
