@@ -1,5 +1,6 @@
 //! The flags of `shoal bench` (all but the model's, which the binary owns and resolves).
 
+use crate::device::{DeviceChoice, parse_device};
 use crate::error::BenchError;
 
 /// What to measure and how often; the binary flattens these into `shoal bench` after its model flags.
@@ -17,6 +18,10 @@ pub struct BenchArgs {
     /// Repetitions per thread count (the median is reported).
     #[arg(short = 'r', long, default_value_t = 3)]
     pub repetitions: usize,
+    /// Where the engine's layers run in the in-process benchmarks: `cpu`, `gpu` (the first GPU), `gpu:N`
+    /// (as `shoal doctor` numbers them) or `auto` (the first hardware GPU, else the CPU), as `shoal serve`.
+    #[arg(long, env = "SHOAL_DEVICE", default_value = "cpu", value_parser = parse_device)]
+    pub device: DeviceChoice,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

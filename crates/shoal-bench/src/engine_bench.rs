@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use shoal_engine::engine::EngineConfig;
+use shoal_engine::engine::{Device, EngineConfig};
 use shoal_engine::{EngineHandle, Event, GenerateRequest, Prompt, SamplingParams};
 use shoal_kernels::rng::SplitMix64;
 
@@ -25,6 +25,20 @@ struct Row {
     ttft_ms: f64,
     itl_p50_ms: f64,
     itl_p99_ms: f64,
+}
+
+/// `cpu` or `gpu:N`, as `--device` takes it.
+fn device_name(device: Device) -> String {
+    match device {
+        Device::Cpu => "cpu".to_string(),
+        Device::Gpu(i) => format!("gpu:{i}"),
+    }
+}
+
+/// How many token ids prompts draw from: the first 49,000 (as before the tiny models), or the
+/// whole vocabulary when it is smaller.
+fn draw_range(engine: &EngineHandle) -> u64 {
+    (engine.tokenizer().vocab_size() as u64).clamp(1, 49_000)
 }
 
 /// Runs one greedy request of `n` tokens; returns (time to first token, arrival times, token ids).
@@ -95,6 +109,7 @@ fn run_second_turn(
     path: &Path,
     id: &str,
     threads: &[usize],
+    device: Device,
 ) -> Result<(), BenchError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -106,16 +121,18 @@ fn run_second_turn(
             threads: t.max(1),
             max_batch_tokens: args.prompt_tokens.max(1),
             prefix_cache_tokens: prefix,
+            device,
             ..Default::default()
         };
         let cached = shoal_engine::engine::spawn_from_gguf(path, id, config(65_536))?;
         let plain = shoal_engine::engine::spawn_from_gguf(path, id, config(0))?;
+        let vocab = draw_range(&plain);
         let (mut with, mut without) = (Vec::new(), Vec::new());
         for _ in 0..args.repetitions.max(1) {
             let turn1: Vec<u32> = (0..args.prompt_tokens)
-                .map(|_| (rng.next_u64() % 49_000) as u32)
+                .map(|_| (rng.next_u64() % vocab) as u32)
                 .collect();
-            let extra: Vec<u32> = (0..16).map(|_| (rng.next_u64() % 49_000) as u32).collect();
+            let extra: Vec<u32> = (0..16).map(|_| (rng.next_u64() % vocab) as u32).collect();
             with.push(rt.block_on(second_turn_ttft(&cached, id, &turn1, &extra))?);
             without.push(rt.block_on(second_turn_ttft(&plain, id, &turn1, &extra))?);
         }
@@ -133,10 +150,15 @@ fn run_second_turn(
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "model": id, "second_turn": rows }))?
+            serde_json::to_string_pretty(
+                &serde_json::json!({ "model": id, "device": device_name(device), "second_turn": rows })
+            )?
         );
     } else {
-        println!("model {id}: second-turn TTFT, prefix cache on vs off");
+        println!(
+            "model {id} on {}: second-turn TTFT, prefix cache on vs off",
+            device_name(device)
+        );
         println!("threads  turn2 tokens  cached ms  uncached ms  cached/uncached");
         for r in &rows {
             println!(
@@ -174,6 +196,7 @@ fn run_streams(
     id: &str,
     threads: &[usize],
     streams: &[usize],
+    device: Device,
 ) -> Result<(), BenchError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -184,9 +207,11 @@ fn run_streams(
         let config = EngineConfig {
             threads: t.max(1),
             max_running: streams.iter().copied().max().unwrap_or(1).max(1),
+            device,
             ..Default::default()
         };
         let engine = shoal_engine::engine::spawn_from_gguf(path, id, config)?;
+        let vocab = draw_range(&engine);
         rt.block_on(timed(&engine, id, vec![1, 2, 3], 2))?;
         for &n in streams {
             let (mut agg, mut dec, mut itl) = (Vec::new(), Vec::new(), Vec::new());
@@ -194,7 +219,7 @@ fn run_streams(
                 let prompts: Vec<Vec<u32>> = (0..n.max(1))
                     .map(|_| {
                         (0..args.prompt_tokens.max(1))
-                            .map(|_| (rng.next_u64() % 49_000) as u32)
+                            .map(|_| (rng.next_u64() % vocab) as u32)
                             .collect()
                     })
                     .collect();
@@ -237,12 +262,16 @@ fn run_streams(
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "model": id, "streams": rows }))?
+            serde_json::to_string_pretty(
+                &serde_json::json!({ "model": id, "device": device_name(device), "streams": rows })
+            )?
         );
     } else {
         println!(
-            "model {id}: N concurrent sequences, -p {} -n {}",
-            args.prompt_tokens, args.gen_tokens
+            "model {id} on {}: N concurrent sequences, -p {} -n {}",
+            device_name(device),
+            args.prompt_tokens,
+            args.gen_tokens
         );
         println!("threads  streams  aggregate tok/s  decode tok/s  ITL p50 ms  ITL p99 ms");
         for r in &rows {
@@ -255,16 +284,18 @@ fn run_streams(
     Ok(())
 }
 
-/// Benchmarks the model `id` at `path` in engines started here: `--second-turn`, `--streams`, or by
-/// default prefill and decode of one sequence, at every `--threads` count; prints a table or JSON.
+/// Benchmarks the model `id` at `path` in engines started here on `--device`: `--second-turn`,
+/// `--streams`, or by default prefill and decode of one sequence, at every `--threads` count; prints a
+/// table or JSON (with the device it ran on).
 pub fn run(args: &BenchArgs, id: &str, path: &Path) -> Result<(), BenchError> {
     let threads = parse_list(&args.threads, "--threads")?;
+    let device = args.device.resolve_here();
     if args.second_turn {
-        return run_second_turn(args, path, id, &threads);
+        return run_second_turn(args, path, id, &threads, device);
     }
     if let Some(streams) = &args.streams {
         let streams = parse_list(streams, "--streams")?;
-        return run_streams(args, path, id, &threads, &streams);
+        return run_streams(args, path, id, &threads, &streams, device);
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -275,10 +306,11 @@ pub fn run(args: &BenchArgs, id: &str, path: &Path) -> Result<(), BenchError> {
         let config = EngineConfig {
             threads: t.max(1),
             max_batch_tokens: args.prompt_tokens.max(1),
+            device,
             ..Default::default()
         };
         let engine = shoal_engine::engine::spawn_from_gguf(path, id, config)?;
-        let vocab = 49_000u64;
+        let vocab = draw_range(&engine);
         let row = rt.block_on(async {
             // Warm-up: touch every weight once.
             timed(&engine, id, vec![1, 2, 3], 2).await?;
@@ -322,10 +354,12 @@ pub fn run(args: &BenchArgs, id: &str, path: &Path) -> Result<(), BenchError> {
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "model": id, "results": rows }))?
+            serde_json::to_string_pretty(
+                &serde_json::json!({ "model": id, "device": device_name(device), "results": rows })
+            )?
         );
     } else {
-        println!("model {id}");
+        println!("model {id} on {}", device_name(device));
         println!(
             "threads  pp{:<5} tok/s  tg{:<5} tok/s  TTFT ms  ITL p50 ms  ITL p99 ms",
             args.prompt_tokens, args.gen_tokens

@@ -11,6 +11,8 @@
 //!   against any OpenAI-compatible server, or 4 streams with a long prompt arriving mid-way.
 //! - [`run_memory_bandwidth`] (`membw`): `--memory-bandwidth` — the machine's read bandwidth per thread
 //!   count, the denominator of the decode roofline.
+//! - [`DeviceChoice`] (`device`): `--device cpu|gpu|gpu:N|auto`, shared with `shoal serve` and `chat`;
+//!   the in-process benchmarks run their engines there.
 //! - Shared parts: `prompts` (distinct prompts no prefix cache helps), `client` (one timed streaming
 //!   completion), [`sse`] (the JSON POST and server-sent-events reader `shoal chat --url` uses too),
 //!   `stats` (median, percentile), [`BenchError`].
@@ -20,6 +22,7 @@
 
 mod args;
 mod client;
+mod device;
 mod engine_bench;
 mod error;
 mod long_prompt;
@@ -30,6 +33,7 @@ pub mod sse;
 mod stats;
 
 pub use args::BenchArgs;
+pub use device::{DeviceChoice, parse_device};
 pub use engine_bench::run as run_in_process;
 pub use error::BenchError;
 pub use membw::run as run_memory_bandwidth;

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use shoal_engine::engine::{Device, EngineConfig, default_threads};
+use shoal_bench::{DeviceChoice, parse_device};
+use shoal_engine::engine::{EngineConfig, default_threads};
 use shoal_model::LayerRange;
 
 #[derive(Parser)]
@@ -182,42 +183,6 @@ pub struct EngineArgs {
     pub device: DeviceChoice,
 }
 
-/// `--device`, as given.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceChoice {
-    Cpu,
-    Gpu(usize),
-    Auto,
-}
-
-fn parse_device(s: &str) -> Result<DeviceChoice, String> {
-    let s = s.trim().to_ascii_lowercase();
-    match s.as_str() {
-        "cpu" => Ok(DeviceChoice::Cpu),
-        "gpu" => Ok(DeviceChoice::Gpu(0)),
-        "auto" => Ok(DeviceChoice::Auto),
-        _ => s
-            .strip_prefix("gpu:")
-            .and_then(|n| n.parse().ok())
-            .map(DeviceChoice::Gpu)
-            .ok_or_else(|| format!("'{s}': expected cpu, gpu, gpu:N or auto")),
-    }
-}
-
-impl DeviceChoice {
-    /// The engine's device: `auto` asks the GPUs found (`device_type` of each, in discovery order).
-    pub fn resolve(self, device_types: impl FnOnce() -> Vec<&'static str>) -> Device {
-        match self {
-            DeviceChoice::Cpu => Device::Cpu,
-            DeviceChoice::Gpu(i) => Device::Gpu(i),
-            DeviceChoice::Auto => device_types()
-                .iter()
-                .position(|t| matches!(*t, "discrete" | "integrated" | "virtual"))
-                .map_or(Device::Cpu, Device::Gpu),
-        }
-    }
-}
-
 impl EngineArgs {
     pub fn config(&self) -> anyhow::Result<EngineConfig> {
         let stages = match &self.stages {
@@ -233,12 +198,7 @@ impl EngineArgs {
             stages,
             kv_budget_bytes: self.kv_budget_mib.max(1) << 20,
             prefix_cache_tokens: self.prefix_cache_tokens,
-            device: self.device.resolve(|| {
-                shoal_gpu::Gpu::discover()
-                    .iter()
-                    .map(|g| g.device_type)
-                    .collect()
-            }),
+            device: self.device.resolve_here(),
             ..EngineConfig::default()
         })
     }
@@ -484,27 +444,6 @@ pub struct BenchCommand {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn device_choices_parse_and_auto_skips_software_drivers() {
-        assert_eq!(parse_device("cpu"), Ok(DeviceChoice::Cpu));
-        assert_eq!(parse_device("GPU"), Ok(DeviceChoice::Gpu(0)));
-        assert_eq!(parse_device("gpu:2"), Ok(DeviceChoice::Gpu(2)));
-        assert_eq!(parse_device("auto"), Ok(DeviceChoice::Auto));
-        for bad in ["", "gpu:", "gpu:x", "gpu:-1", "tpu", "cuda"] {
-            assert!(parse_device(bad).is_err(), "{bad:?}");
-        }
-        let auto = |types: Vec<&'static str>| DeviceChoice::Auto.resolve(|| types);
-        assert_eq!(auto(vec![]), Device::Cpu);
-        // lavapipe is slower than the CPU path it stands in for.
-        assert_eq!(auto(vec!["cpu"]), Device::Cpu);
-        assert_eq!(auto(vec!["cpu", "discrete"]), Device::Gpu(1));
-        assert_eq!(auto(vec!["integrated"]), Device::Gpu(0));
-        assert_eq!(
-            DeviceChoice::Gpu(3).resolve(|| unreachable!()),
-            Device::Gpu(3)
-        );
-    }
 
     #[test]
     fn stage_specs_parse_and_reject_garbage() {
