@@ -4,7 +4,7 @@
 //! GPU adapter exists unless `SHOAL_GPU_TESTS=skip`.
 
 use crate::common::{
-    Model, check_greedy, check_greedy_within, check_logprobs_of, gpu, greedy, load_from, load_gpu,
+    Model, NEAR_TIE, check_greedy_within, check_logprobs_of, gpu, greedy, load_from, load_gpu,
 };
 use shoal_model::{Pool, SeqChunk, StageInput};
 use shoal_testkit::fixtures::{gemma_path, model_path};
@@ -19,7 +19,13 @@ const GPU_NEAR_TIE: f64 = 0.4;
 fn smollm2_greedy_tokens_on_the_gpu_match_llama_cpp_up_to_the_first_near_tie() {
     let Some(gpu) = gpu() else { return };
     let stages = load_gpu(&model_path(), &[(0, 30)], &gpu);
-    check_greedy_within(&stages, "smollm2-135m-q4_1.greedy.json", 30, GPU_NEAR_TIE);
+    check_greedy_within(
+        &stages,
+        "smollm2-135m-q4_1.greedy.json",
+        usize::MAX,
+        30,
+        GPU_NEAR_TIE,
+    );
     // Two prompts' 64 positions (all eight passed too, in 16 minutes on lavapipe).
     check_logprobs_of(&stages, "smollm2-135m-q4_1.greedy.json", 2, (0.05, 0.45));
 }
@@ -27,10 +33,13 @@ fn smollm2_greedy_tokens_on_the_gpu_match_llama_cpp_up_to_the_first_near_tie() {
 #[test]
 fn gemma3_greedy_tokens_on_the_gpu_match_llama_cpp_up_to_the_first_near_tie() {
     let Some(gpu) = gpu() else { return };
-    check_greedy(
+    // Three prompts (all passed too): lavapipe is slow.
+    check_greedy_within(
         &load_gpu(&gemma_path(), &[(0, 18)], &gpu),
         "gemma3-270m-q4_k_m.greedy.json",
-        24,
+        3,
+        12,
+        NEAR_TIE,
     );
 }
 

@@ -167,19 +167,20 @@ pub fn margin(top: &serde_json::Value) -> f64 {
 
 /// Greedy tokens equal llama.cpp's up to each prompt's first near-tie; at least `min_compared` compared.
 pub fn check_greedy<S: Model>(stages: &[S], golden_name: &str, min_compared: usize) {
-    check_greedy_within(stages, golden_name, min_compared, NEAR_TIE);
+    check_greedy_within(stages, golden_name, usize::MAX, min_compared, NEAR_TIE);
 }
 
-/// [`check_greedy`] with near ties below `near_tie` nats.
+/// [`check_greedy`] over the first `max_cases` prompts, with near ties below `near_tie` nats.
 pub fn check_greedy_within<S: Model>(
     stages: &[S],
     golden_name: &str,
+    max_cases: usize,
     min_compared: usize,
     near_tie: f64,
 ) {
     let cases = golden(golden_name);
     let mut compared = 0;
-    for case in cases.as_array().expect("cases") {
+    for case in cases.as_array().expect("cases").iter().take(max_cases) {
         let prompt = ids(&case["prompt_tokens"]);
         let expected = ids(&case["completion_tokens"]);
         let tops = case["top_logprobs"].as_array().expect("top_logprobs");
