@@ -30,7 +30,7 @@ use crate::error::GuideError;
 pub struct FunctionTool {
     pub name: String,
     pub description: Option<String>,
-    /// JSON schema of the arguments object (`{"type": "object"}` when the client gave none).
+    /// JSON schema of the arguments object (an empty parameter list, `{}`, when the client gave none).
     pub parameters: Value,
 }
 
@@ -55,7 +55,11 @@ impl FunctionTool {
             });
         }
         let parameters = match parameters {
-            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+            // OpenAI: "omitting parameters defines a function with an empty parameter list" — so its
+            // arguments are `{}`, never a free-form object a small model can ramble in.
+            None | Some(Value::Null) => {
+                json!({"type": "object", "properties": {}, "additionalProperties": false})
+            }
             Some(p @ Value::Object(_)) => p,
             Some(_) => {
                 return Err(GuideError::ToolSchema {
@@ -299,7 +303,10 @@ mod tests {
         let bad = FunctionTool::new("f", None, Some(json!("x"))).expect_err("not a schema");
         assert_eq!(bad.param(), Some("tools"));
         let t = FunctionTool::new("f", None, None).expect("ok");
-        assert_eq!(t.parameters, json!({"type": "object", "properties": {}}));
+        assert_eq!(
+            t.parameters,
+            json!({"type": "object", "properties": {}, "additionalProperties": false})
+        );
     }
 
     #[test]
