@@ -9,8 +9,8 @@ use std::collections::{HashMap, HashSet};
 use shoal_model::gpu::GpuKv;
 use shoal_model::{KvCache, ModelError, SeqChunk, StageInput, StageOutput};
 
-use crate::error::EngineError;
 use crate::batch::{ChunkSpec, KvOp, StageData};
+use crate::error::EngineError;
 
 /// One sequence's KV cache, on the host or a device.
 pub trait StageKv: Sized {
