@@ -89,8 +89,12 @@ def test_an_instance_moves_to_a_faster_node_that_joins_without_losing_a_request(
         # Requests asked of either node are served by the new placement, with the same answer.
         for n in nodes:
             assert ask(n, 160) == reference
-        load = next(f for f in state(fast)["cluster"]["nodes"] if f["id"] == fast.id)["load"][after["id"]]
-        assert load["finished"] >= 1, load
+        # ... and counted in the new instance's published load (facts refresh on their own beat, so the
+        # count is waited for rather than read once).
+        def counted():
+            load = next(f for f in state(fast)["cluster"]["nodes"] if f["id"] == fast.id)["load"].get(after["id"])
+            return load is not None and load["finished"] >= 1 and load
+        wait_until("the new instance's finished requests to be published", counted, 30)
     finally:
         for n in nodes:
             n.kill()

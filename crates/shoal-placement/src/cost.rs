@@ -1,7 +1,8 @@
 //! The one-stream latency model: what one generated token costs, term by term ([`CostBreakdown`]).
 //!
 //! `latency = Σ stage compute + Σ forward hops + return hop`, in microseconds:
-//! - stage compute ([`Compute::stage_us`]): per layer the weights' roofline `max(1/speed, 1/prefill_speed)`
+//! - stage compute ([`Compute::stage_us`]): per layer the weights' decode step `1/speed` (the decode probe's
+//!   rate, arithmetic included; a batch takes the roofline with the batched rate, see [`Compute`])
 //!   plus attention over the context (`attention_us` per cached position); on the last stage the output
 //!   head (its weights streamed once, at the node's rate for the head's type) and sampling;
 //! - forward hop between adjacent stages: `rtt/2 + hidden_bytes_per_token / bandwidth` over the cheapest
@@ -61,8 +62,10 @@ impl CostBreakdown {
 }
 
 /// What one model costs on one node, per term of [`Compute::stage_us`] (microseconds):
-/// - a layer's weights: the roofline `max(1/speed, tokens/prefill_speed)`, or `tokens/speed` (every token
-///   a full step) when the compute-bound rate was not measured (or is not a finite positive number);
+/// - a layer's weights: the roofline `max(1/speed, tokens/max(prefill_speed, speed))` (one token costs
+///   exactly its measured decode step: the batched rate never makes a lone token compute-bound), or
+///   `tokens/speed` (every token a full step) when the compute-bound rate was not measured (or is not a
+///   finite positive number);
 /// - attention: `attention_us` per layer per cached position each token reads (0 when not measured);
 /// - on the last stage, the output head: its weights streamed once (`head_us`, or `head_bytes /
 ///   layer_bytes` layers at `speed` when not measured), or `2 · head_params` flops per token at the node's
@@ -87,7 +90,13 @@ fn usable(v: Option<f64>) -> Option<f64> {
 
 impl Compute {
     pub fn of(node: &NodeInfo, card: &ModelCard) -> Self {
-        let prefill_speed = node.prefill_speed.filter(|p| p.is_finite() && *p > 0.0);
+        // A batch is never slower per token than its tokens decoded one at a time: the decode rate was
+        // measured on the decode kernel, its arithmetic included, while the batched rate comes from
+        // one format's batched kernel (a slower format's, on some CPUs, than the model's own).
+        let prefill_speed = node
+            .prefill_speed
+            .filter(|p| p.is_finite() && *p > 0.0)
+            .map(|p| p.max(node.speed));
         let ratio = |a: u64, b: u64| {
             if a > 0 && b > 0 {
                 a as f64 / b as f64
@@ -411,6 +420,11 @@ mod tests {
         assert!((layer_us(&n, 1) - 1000.0).abs() < 1e-9, "memory-bound");
         assert!((layer_us(&n, 4) - 1000.0).abs() < 1e-9);
         assert!((layer_us(&n, 16) - 4000.0).abs() < 1e-9, "compute-bound");
+        // A batched rate below the decode rate (measured on a slower format's batched kernel): one
+        // token is its decode step, a batch no slower than its tokens one at a time.
+        n.prefill_speed = Some(500.0);
+        assert!((layer_us(&n, 1) - 1000.0).abs() < 1e-9, "one token: its decode step");
+        assert!((layer_us(&n, 4) - 4000.0).abs() < 1e-9, "b tokens: b steps at most");
     }
 
     /// The last stage pays the head (streamed at its measured time, or as `head_bytes / layer_bytes`

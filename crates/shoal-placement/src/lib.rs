@@ -24,9 +24,10 @@
 //! `x.mem_available`.
 //!
 //! # Cost model (microseconds)
-//! A stage of `n` layers on a node takes `t(b) = n · (max(1/speed, b/prefill_speed) + b · C · attention_us)`
-//! for a micro-batch of `b` tokens at a context of `C` cached tokens (`n · b/speed` for the weights when
-//! `prefill_speed` is unknown: every token a full step); the last stage adds the output head (`head_us`,
+//! A stage of `n` layers on a node takes `t(b) = n · (max(1/speed, b/p) + b · C · attention_us)`
+//! for a micro-batch of `b` tokens at a context of `C` cached tokens, where `p = max(prefill_speed, speed)`
+//! (a batch is never slower than its tokens one at a time, and one token costs exactly its measured decode
+//! step); `n · b/speed` for the weights when `prefill_speed` is unknown: every token a full step; the last stage adds the output head (`head_us`,
 //! the head's weights streamed once, or its `2 · head_params` flops per token at the batched rate when
 //! larger) and `b · sample_us`. The embedding lookup on the first stage (one row copied per token) is
 //! left out: it reads a few KB. A hop costs
