@@ -86,7 +86,7 @@ pub struct NodeFacts {
 }
 
 /// One GPU of a node, as published.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GpuFacts {
     /// The adapter's name as its driver gives it (`NVIDIA H100 80GB HBM3`, `llvmpipe (LLVM 15.0.6,
     /// 256 bits)`).
@@ -109,6 +109,10 @@ pub struct GpuFacts {
     pub memory_total: Option<u64>,
     #[serde(default)]
     pub memory_free: Option<u64>,
+    /// What shoal's GPU kernels measured on this device (the same figures the CPU probe gives:
+    /// weight bytes/s per type, batched flop/s, attention flop/s); `None` until measured.
+    #[serde(default)]
+    pub compute: Option<ComputeFacts>,
 }
 
 /// A node taken out of the cluster with `shoal remove`.

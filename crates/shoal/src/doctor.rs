@@ -328,6 +328,7 @@ mod tests {
             driver_info: "Mesa 22.3.6".into(),
             memory_total: None,
             memory_free: None,
+            compute: None,
         }];
         let report = Report {
             ok: true,

@@ -23,6 +23,8 @@ pub fn fact(info: &GpuInfo) -> GpuFacts {
         // wgpu exposes no memory size or budget (see `shoal_gpu::GpuInfo`).
         memory_total: None,
         memory_free: None,
+        // Measured later, by the GPU probe.
+        compute: None,
     }
 }
 
@@ -99,6 +101,7 @@ mod tests {
                 driver_info: "Mesa 22.3.6 (LLVM 15.0.6)".into(),
                 memory_total: None,
                 memory_free: None,
+                compute: None,
             }
         );
         let json = serde_json::to_value(&g).expect("serializes");
