@@ -112,7 +112,7 @@ pub use format::{ActType, Layout, QK, QK_K, QType, row_bytes};
 pub use matmul::{QMatrix, matmul, matmul_quantized, matmul_quantized_with};
 pub use packed::PackedMatrix;
 pub use pool::{Parallel, RayonCurrent, ThreadPool};
-pub use probe::{ProbeConfig, ProbeReport, TypeRate, probe};
+pub use probe::{ProbeConfig, ProbeReport, TypeRate, probe, probe_weights};
 pub use quant::{
     dequantize_row, quantize_row_q4_1, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k,
 };

@@ -274,6 +274,15 @@ fn greedy_pass(row: &[f32]) -> usize {
     best.0
 }
 
+/// `len` bytes of valid weights of `qtype` (random quants, sane scales: see the module docs), as
+/// this probe streams them; shoal-gpu's probe times its kernels on the same bytes. Whole blocks
+/// (rows) of `qtype` are made valid; a tail shorter than a block is left random.
+pub fn probe_weights(qtype: QType, len: usize, seed: u64) -> Vec<u8> {
+    let mut buf = random_bytes(&mut SplitMix64::new(seed), len);
+    make_valid(qtype, &mut buf);
+    buf
+}
+
 /// `len` random bytes: a 1 MiB random block, repeated (the kernels do not care, and copying is far
 /// faster than drawing).
 fn random_bytes(rng: &mut SplitMix64, len: usize) -> Vec<u8> {
