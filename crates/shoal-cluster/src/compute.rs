@@ -15,10 +15,15 @@
 //!   measured attention flops) and sampling (`card.vocab_size` entries at the measured pass rate); each
 //!   `None` when the node or the card does not say (the planner then prices the head as layers and
 //!   leaves attention and sampling out).
+//! - A GPU ([`gpu_info`], the planner's [`shoal_placement::GpuInfo`]): the GPU the node's device policy
+//!   offers (`--device gpu:N`: that one, used whatever it measured; `auto`: the one measured fastest,
+//!   used when faster than the CPU), its speeds and costs from its own measured [`ComputeFacts`] by the
+//!   same conversions (a named GPU not measured yet is priced as the CPU), its memory the device's free
+//!   memory, else its total, else the host's (a GPU sharing it).
 
-use shoal_placement::{ModelCard, NodeInfo};
+use shoal_placement::{GpuInfo, ModelCard, NodeInfo};
 
-use crate::facts::{ComputeFacts, NodeFacts, REFERENCE_LAYER, usable};
+use crate::facts::{ComputeFacts, DevicePolicy, GpuFacts, NodeFacts, REFERENCE_LAYER, usable};
 
 /// The planner's decode speed and batched rate of node `f` for the model of `card`.
 pub fn speeds(f: &NodeFacts, card: &ModelCard) -> (f64, Option<f64>) {
@@ -29,20 +34,76 @@ pub fn speeds(f: &NodeFacts, card: &ModelCard) -> (f64, Option<f64>) {
 /// node whose published speed is.
 pub fn decode_speed(f: &NodeFacts, card: &ModelCard) -> f64 {
     let layer = card.layer_bytes as f64;
-    let measured = f
-        .compute
-        .bytes_per_s(&card.weight_type)
-        .or_else(|| f.compute.slowest());
-    match measured {
-        Some(rate) if card.layer_bytes > 0 => rate / layer,
-        // Measured, but the card does not say its layer size: the reference layer's rate.
-        Some(_) => f.compute.reference_speed().unwrap_or(f.speed),
+    match measured_decode_speed(&f.compute, card) {
+        Some(speed) => speed,
+        None if f.compute.slowest().is_some() => f.speed,
         // Not measured: the published estimate is for the reference layer; a bigger layer is slower.
         None if card.layer_bytes > 0 && usable(f.speed) => {
             f.speed * REFERENCE_LAYER.1 as f64 / layer
         }
         None => f.speed,
     }
+}
+
+/// Layer-steps per second from measured compute `c` (the rate for the card's type, else the slowest
+/// measured, over its layer's bytes; the reference layer's when the card does not say them); `None`
+/// when `c` measured nothing.
+fn measured_decode_speed(c: &ComputeFacts, card: &ModelCard) -> Option<f64> {
+    let rate = c.bytes_per_s(&card.weight_type).or_else(|| c.slowest())?;
+    if card.layer_bytes > 0 {
+        Some(rate / card.layer_bytes as f64)
+    } else {
+        // Measured, but the card does not say its layer size: the reference layer's rate.
+        c.reference_speed()
+    }
+}
+
+/// The GPU node `f` offers the planner for the model of `card`, by its device policy: `gpu:N` that
+/// GPU, always used (its measured speeds, else the CPU's); `auto` the GPU measured fastest, used
+/// when faster than the CPU; `cpu` none. Its memory is what the device says is free (else its
+/// total, else — a GPU sharing the host's memory, as lavapipe and Apple's do — `host_mem`).
+pub fn gpu_info(f: &NodeFacts, card: &ModelCard, host_mem: u64) -> Option<GpuInfo> {
+    let measured = |g: &GpuFacts| {
+        g.compute
+            .as_ref()
+            .and_then(|c| measured_decode_speed(c, card))
+    };
+    let (index, always) = match f.device {
+        DevicePolicy::Cpu => return None,
+        DevicePolicy::Gpu(i) => (i, true),
+        DevicePolicy::Auto => {
+            let best = (f.gpus.iter().enumerate())
+                .filter_map(|(i, g)| measured(g).map(|s| (i, s)))
+                .max_by(|a, b| a.1.total_cmp(&b.1))?;
+            (best.0, false)
+        }
+    };
+    let g = f.gpus.get(index)?;
+    let mem_available = g.memory_free.or(g.memory_total).unwrap_or(host_mem);
+    let Some(c) = g.compute.as_ref().filter(|_| measured(g).is_some()) else {
+        // Named but not measured: priced as the CPU.
+        let (speed, prefill_speed) = speeds(f, card);
+        let costs = token_costs(&f.compute, card);
+        return Some(GpuInfo {
+            index,
+            mem_available,
+            speed,
+            prefill_speed,
+            head_us: costs.head_us,
+            attention_us: costs.attention_us,
+            always,
+        });
+    };
+    let costs = token_costs(c, card);
+    Some(GpuInfo {
+        index,
+        mem_available,
+        speed: measured(g)?,
+        prefill_speed: prefill_speed(c, card),
+        head_us: costs.head_us,
+        attention_us: costs.attention_us,
+        always,
+    })
 }
 
 /// The planner's node `f` for the model of `card`, offering `mem_available` bytes.
@@ -60,6 +121,7 @@ pub fn node_info(f: &NodeFacts, card: Option<&ModelCard>, mem_available: u64) ->
         head_us: costs.head_us,
         attention_us: costs.attention_us,
         sample_us: costs.sample_us,
+        gpu: card.and_then(|c| gpu_info(f, c, mem_available)),
     }
 }
 
@@ -142,6 +204,7 @@ mod tests {
             power_w: None,
             accelerator: "cpu".into(),
             gpus: Vec::new(),
+            device: Default::default(),
             backend: "cpu".into(),
             speed,
             compute: ComputeFacts {
@@ -235,6 +298,52 @@ mod tests {
         let unmeasured = node(4500.0, &[], 0.0);
         assert_eq!(token_costs(&unmeasured.compute, &c), TokenCosts::default());
         assert_eq!(node_info(&unmeasured, None, 1).speed, 4500.0);
+    }
+
+    /// A node's GPU reaches the planner by its device policy, its speeds converted from its own
+    /// measured compute exactly as the CPU's are.
+    #[test]
+    fn the_device_policy_decides_which_gpu_the_planner_sees() {
+        let mut n = node(1.0, &[("q4_0", 6e9)], 40e9);
+        let fast = GpuFacts {
+            name: "fast".into(),
+            memory_total: Some(24 << 30),
+            memory_free: Some(20 << 30),
+            compute: Some(ComputeFacts {
+                weight_bytes_per_s: [("q4_0".to_string(), 60e9)].into_iter().collect(),
+                flops_per_s: 400e9,
+                ..n.compute.clone()
+            }),
+            ..GpuFacts::default()
+        };
+        let unmeasured = GpuFacts {
+            name: "lavapipe".into(),
+            ..GpuFacts::default()
+        };
+        n.gpus = vec![unmeasured, fast];
+        let c = card("q4_0", 3_000_000, 4_000_000);
+        assert_eq!(node_info(&n, Some(&c), 7).gpu, None, "--device cpu");
+        n.device = DevicePolicy::Auto;
+        let g = node_info(&n, Some(&c), 7)
+            .gpu
+            .expect("auto: the measured GPU");
+        assert_eq!((g.index, g.mem_available, g.always), (1, 20 << 30, false));
+        assert_eq!((g.speed, g.prefill_speed), (20_000.0, Some(50_000.0)));
+        // Named, but not measured: used whatever, priced as the CPU, in the host's memory.
+        n.device = DevicePolicy::Gpu(0);
+        let g = node_info(&n, Some(&c), 7).gpu.expect("gpu:0");
+        assert_eq!((g.index, g.mem_available, g.always), (0, 7, true));
+        assert_eq!((g.speed, g.prefill_speed), (2000.0, Some(5000.0)));
+        // A GPU index the node does not have: none.
+        n.device = DevicePolicy::Gpu(5);
+        assert_eq!(node_info(&n, Some(&c), 7).gpu, None);
+        // Older nodes publish no policy: CPU only.
+        let old: DevicePolicy = serde_json::from_str("\"cpu\"").unwrap();
+        assert_eq!(old, DevicePolicy::default());
+        assert_eq!(
+            serde_json::to_string(&DevicePolicy::Gpu(1)).unwrap(),
+            r#"{"gpu":1}"#
+        );
     }
 
     /// A node that measured streams a model's layers at its measured rate for that model's type, so

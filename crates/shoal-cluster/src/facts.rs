@@ -46,6 +46,10 @@ pub struct NodeFacts {
     /// and from nodes that predate it.
     #[serde(default)]
     pub gpus: Vec<GpuFacts>,
+    /// Which GPU this node offers the planner for its stages' layers (`--device`); `cpu` for nodes
+    /// that predate it.
+    #[serde(default)]
+    pub device: DevicePolicy,
     /// Compute speed in layer-steps per second of a reference layer (SmolLM2-135M's, Q4_1): from the
     /// probe ([`ComputeFacts::reference_speed`]) once it ran, else an estimate from the core count.
     /// Nodes that know [`NodeFacts::compute`] price each model from that instead; this stays for
@@ -83,6 +87,19 @@ pub struct NodeFacts {
     pub seq: u64,
     /// Unix seconds when this node process started.
     pub started: u64,
+}
+
+/// Which GPU a node offers the planner for the layers of the stages placed on it (its `--device`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DevicePolicy {
+    /// None: every layer on the CPU.
+    #[default]
+    Cpu,
+    /// This GPU (its index in [`NodeFacts::gpus`]), for every layer that fits, whatever it measured.
+    Gpu(usize),
+    /// The GPU measured fastest, when it is faster than the CPU.
+    Auto,
 }
 
 /// One GPU of a node, as published.

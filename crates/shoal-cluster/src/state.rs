@@ -522,11 +522,7 @@ mod failure_sentences {
 
     #[test]
     fn a_failed_instance_reads_as_a_sentence_naming_each_failed_stage() {
-        let stage = |node: &str, start, end| shoal_placement::Stage {
-            node: node.into(),
-            start,
-            end,
-        };
+        let stage = |node: &str, start, end| shoal_placement::Stage::cpu(node, start, end);
         let view = InstanceView {
             record: InstanceRecord {
                 id: "i1".into(),

@@ -15,20 +15,66 @@ use crate::error::PlacementError;
 use crate::model::{Goal, ModelCard};
 use crate::split::{capacity, fill};
 
+/// What each stage's layers cost, in stage order.
+pub(crate) struct Costs<'a> {
+    /// One layer on the stage's CPU.
+    pub cpu_us: &'a [f64],
+    /// The layers the stage's GPU takes at most and one layer's cost there (`(0, _)`: no GPU). A
+    /// stage's first layers go to its GPU.
+    pub gpu: &'a [(usize, f64)],
+    /// Besides its layers (the head and sampling on the last stage).
+    pub fixed_us: &'a [f64],
+}
+
+impl Costs<'_> {
+    /// Stage `i`'s layers' time with `count` of them.
+    fn layers_us(&self, i: usize, count: usize) -> f64 {
+        let (g, g_us) = self.gpu.get(i).copied().unwrap_or((0, 0.0));
+        let on_gpu = count.min(g);
+        on_gpu as f64 * g_us + (count - on_gpu) as f64 * self.cpu_us[i]
+    }
+}
+
 /// Layer counts per stage (each >= 1, summing to `n_layers`, within memory) for `goal`.
 pub(crate) fn assign_layers(
     card: &ModelCard,
     names: &[&str],
     mems: &[u64],
     kv_tokens: usize,
-    (cost_us, fixed_us): (&[f64], &[f64]),
+    costs: Costs<'_>,
     goal: Goal,
 ) -> Result<Vec<usize>, PlacementError> {
     let cap = capacity(card, names, mems, kv_tokens)?;
+    let n = card.n_layers;
     Ok(match goal {
-        Goal::Latency => fastest_first(card.n_layers, &cap.caps, &cap.usable, cost_us),
-        Goal::Throughput => balanced(card.n_layers, &cap.caps, cost_us, fixed_us),
+        Goal::Latency if costs.gpu.iter().all(|g| g.0 == 0) => {
+            fastest_first(n, &cap.caps, &cap.usable, costs.cpu_us)
+        }
+        Goal::Latency => cheapest_next(n, &cap.caps, &costs),
+        Goal::Throughput => balanced(n, &cap.caps, &costs),
     })
+}
+
+/// Minimises `Σ time_i(counts_i)` when a stage's layers cost more past its GPU's (requires `len <= n
+/// <= Σ caps`, every cap >= 1): one layer each, then every next layer to the stage it adds least to
+/// (ties: the earlier stage) — exact, since each stage's time is convex in its layers (a GPU is only
+/// used when faster than its node's CPU).
+fn cheapest_next(n: usize, caps: &[usize], costs: &Costs<'_>) -> Vec<usize> {
+    let k = caps.len();
+    let mut counts = vec![1; k];
+    let added = |i: usize, c: usize| costs.layers_us(i, c + 1) - costs.layers_us(i, c);
+    for _ in k..n {
+        let next = (0..k).filter(|&i| counts[i] < caps[i]).min_by(|&x, &y| {
+            added(x, counts[x])
+                .total_cmp(&added(y, counts[y]))
+                .then(x.cmp(&y))
+        });
+        match next {
+            Some(i) => counts[i] += 1,
+            None => break,
+        }
+    }
+    counts
 }
 
 /// Minimises `Σ counts_i · cost_i` (requires `len <= n <= Σ caps`, every cap >= 1).
@@ -60,16 +106,16 @@ fn fastest_first(n: usize, caps: &[usize], usable: &[u128], cost: &[f64]) -> Vec
     counts
 }
 
-/// Minimises `max counts_i · cost_i + fixed_i` (requires `len <= n <= Σ caps`, every cap >= 1; a
+/// Minimises `max time_i(counts_i) + fixed_i` (requires `len <= n <= Σ caps`, every cap >= 1; a
 /// missing `fixed_i` is 0).
-fn balanced(n: usize, caps: &[usize], cost: &[f64], fixed: &[f64]) -> Vec<usize> {
+fn balanced(n: usize, caps: &[usize], costs: &Costs<'_>) -> Vec<usize> {
     let k = caps.len();
     let mut counts = vec![1; k];
-    let extra = |i: usize| fixed.get(i).copied().unwrap_or(0.0);
+    let extra = |i: usize| costs.fixed_us.get(i).copied().unwrap_or(0.0);
     for _ in k..n {
         let next = (0..k).filter(|&i| counts[i] < caps[i]).min_by(|&x, &y| {
-            let tx = (counts[x] + 1) as f64 * cost[x] + extra(x);
-            let ty = (counts[y] + 1) as f64 * cost[y] + extra(y);
+            let tx = costs.layers_us(x, counts[x] + 1) + extra(x);
+            let ty = costs.layers_us(y, counts[y] + 1) + extra(y);
             tx.total_cmp(&ty)
                 .then((caps[y] - counts[y]).cmp(&(caps[x] - counts[x])))
                 .then(x.cmp(&y))
@@ -87,6 +133,15 @@ mod tests {
     use super::*;
     use crate::split::split_layers;
 
+    /// Costs of stages without GPUs.
+    fn cpu<'a>(cpu_us: &'a [f64], fixed_us: &'a [f64]) -> Costs<'a> {
+        Costs {
+            cpu_us,
+            gpu: &[],
+            fixed_us,
+        }
+    }
+
     fn card(n_layers: usize) -> ModelCard {
         crate::split::tests::card(n_layers, 10)
     }
@@ -99,7 +154,7 @@ mod tests {
             &["a", "b"],
             &[200, 400],
             0,
-            (&[1.0, 4.0], &[]),
+            cpu(&[1.0, 4.0], &[]),
             Goal::Latency,
         );
         assert_eq!(counts.unwrap(), [20, 10]);
@@ -109,7 +164,7 @@ mod tests {
             &["b", "a"],
             &[400, 200],
             0,
-            (&[4.0, 1.0], &[]),
+            cpu(&[4.0, 1.0], &[]),
             Goal::Latency,
         );
         assert_eq!(counts.unwrap(), [10, 20]);
@@ -122,7 +177,7 @@ mod tests {
             &["a", "b", "c"],
             &[1000, 1000, 1000],
             0,
-            (&[9.0, 1.0, 9.0], &[]),
+            cpu(&[9.0, 1.0, 9.0], &[]),
             Goal::Latency,
         );
         assert_eq!(counts.unwrap(), [1, 28, 1]);
@@ -133,7 +188,7 @@ mod tests {
         let c = card(31);
         let mems = [240, 160, 330];
         let names = ["a", "b", "c"];
-        let got = assign_layers(&c, &names, &mems, 0, (&[2.0; 3], &[]), Goal::Latency).unwrap();
+        let got = assign_layers(&c, &names, &mems, 0, cpu(&[2.0; 3], &[]), Goal::Latency).unwrap();
         assert_eq!(got, split_layers(&c, &names, &mems, 0).unwrap());
     }
 
@@ -145,7 +200,7 @@ mod tests {
             &["a", "b"],
             &[1000, 1000],
             0,
-            (&[2.0, 1.0], &[]),
+            cpu(&[2.0, 1.0], &[]),
             Goal::Throughput,
         );
         assert_eq!(counts.unwrap(), [10, 20]);
@@ -155,7 +210,7 @@ mod tests {
             &["a", "b"],
             &[1000, 150],
             0,
-            (&[2.0, 1.0], &[]),
+            cpu(&[2.0, 1.0], &[]),
             Goal::Throughput,
         );
         assert_eq!(counts.unwrap(), [15, 15]);
@@ -169,7 +224,7 @@ mod tests {
             &["a", "b"],
             &[1000, 1000],
             0,
-            (&[1.0, 1.0], &[0.0, 10.0]),
+            cpu(&[1.0, 1.0], &[0.0, 10.0]),
             Goal::Throughput,
         );
         assert_eq!(counts.unwrap(), [20, 10]);
@@ -182,7 +237,7 @@ mod tests {
             &["a", "b"],
             &[100, 100],
             0,
-            (&[1.0, 1.0], &[]),
+            cpu(&[1.0, 1.0], &[]),
             Goal::Latency,
         );
         assert_eq!(err.unwrap_err().error_type(), "does_not_fit");

@@ -171,6 +171,80 @@ impl Compute {
     }
 }
 
+/// What one stage costs on its node when its first `gpu_layers` layers run on the node's GPU and the
+/// rest on its CPU: the sum of the two parts, each at its own device's [`Compute`]; the head and
+/// sampling on the GPU's part only when it holds every layer of a last stage.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Split {
+    cpu: Compute,
+    /// The GPU's compute and the layers a stage puts there at most.
+    gpu: Option<(Compute, usize)>,
+}
+
+impl Split {
+    /// `node` for the model of `card`, its first `gpu_layers` layers on its GPU (none when the node
+    /// uses no GPU).
+    pub fn of(node: &NodeInfo, card: &ModelCard, gpu_layers: usize) -> Self {
+        let gpu = node
+            .gpu_node()
+            .filter(|_| gpu_layers > 0)
+            .map(|g| (Compute::of(&g, card), gpu_layers));
+        Split {
+            cpu: Compute::of(node, card),
+            gpu,
+        }
+    }
+
+    /// The GPU's compute and the layers it takes of a stage of `layers`, when it takes any.
+    fn gpu_part(self, layers: usize) -> Option<(Compute, usize)> {
+        self.gpu
+            .map(|(c, k)| (c, k.min(layers)))
+            .filter(|p| p.1 > 0)
+    }
+
+    /// [`Compute::stage_us`] of both parts.
+    pub fn stage_us(self, layers: usize, tokens: usize, context: usize, last: bool) -> f64 {
+        match self.gpu_part(layers) {
+            None => self.cpu.stage_us(layers, tokens, context, last),
+            Some((g, k)) if k == layers => g.stage_us(k, tokens, context, last),
+            Some((g, k)) => {
+                g.stage_us(k, tokens, context, false)
+                    + self.cpu.stage_us(layers - k, tokens, context, last)
+            }
+        }
+    }
+
+    /// [`Compute::chunk_us`] of both parts.
+    pub fn chunk_us(self, layers: usize, offset: usize, tokens: usize, sample: bool) -> f64 {
+        match self.gpu_part(layers) {
+            None => self.cpu.chunk_us(layers, offset, tokens, sample),
+            Some((g, k)) if k == layers => g.chunk_us(k, offset, tokens, sample),
+            Some((g, k)) => {
+                g.chunk_us(k, offset, tokens, false)
+                    + self.cpu.chunk_us(layers - k, offset, tokens, sample)
+            }
+        }
+    }
+
+    /// [`Compute::head_us`] on the part that holds the head of a last stage of `layers` layers.
+    pub fn head_us(self, layers: usize, tokens: usize, sampled: usize) -> f64 {
+        match self.gpu_part(layers) {
+            Some((g, k)) if k == layers => g.head_us(tokens, sampled),
+            _ => self.cpu.head_us(tokens, sampled),
+        }
+    }
+
+    /// [`Compute::attention_per_position_us`] of both parts.
+    pub fn attention_per_position_us(self, layers: usize) -> f64 {
+        match self.gpu_part(layers) {
+            None => self.cpu.attention_per_position_us(layers),
+            Some((g, k)) => {
+                g.attention_per_position_us(k) + self.cpu.attention_per_position_us(layers - k)
+            }
+        }
+    }
+}
+
 fn hop(from: &str, to: &str, link: &Link, bytes: u64) -> Hop {
     Hop {
         from: from.to_string(),
@@ -209,7 +283,8 @@ pub fn predict(topology: &Topology, card: &ModelCard, stages: &[Stage]) -> Optio
     let links = LinkIndex::new(topology, card.hidden_bytes_per_token);
     let (order, counts) = resolve_stages(topology, stages)?;
     let context = decode_context(DEFAULT_PROMPT_TOKENS);
-    breakdown(topology, &links, card, &order, &counts, context)
+    let gpu: Vec<usize> = stages.iter().map(Stage::gpu_layers).collect();
+    breakdown(topology, &links, card, (&order, &counts, &gpu), context)
 }
 
 /// Node indices and layer counts of `stages`; `None` when a node is unknown.
@@ -229,14 +304,16 @@ pub(crate) fn breakdown(
     topology: &Topology,
     links: &LinkIndex,
     card: &ModelCard,
-    order: &[usize],
-    counts: &[usize],
+    (order, counts, gpu): (&[usize], &[usize], &[usize]),
     context: usize,
 ) -> Option<CostBreakdown> {
     let node = |i: usize| &topology.nodes[i];
     let last = order.len().saturating_sub(1);
     let compute_us: Vec<f64> = (order.iter().zip(counts).enumerate())
-        .map(|(s, (&i, &n))| Compute::of(node(i), card).stage_us(n, 1, context, s == last))
+        .map(|(s, (&i, &n))| {
+            let on_gpu = gpu.get(s).copied().unwrap_or(0);
+            Split::of(node(i), card, on_gpu).stage_us(n, 1, context, s == last)
+        })
         .collect();
     let mut hops = Vec::with_capacity(order.len().saturating_sub(1));
     for w in order.windows(2) {
@@ -297,6 +374,7 @@ mod tests {
             head_us: None,
             attention_us: None,
             sample_us: None,
+            gpu: None,
         }
     }
 
@@ -311,11 +389,7 @@ mod tests {
     }
 
     fn stage(node: &str, start: usize, end: usize) -> Stage {
-        Stage {
-            node: node.into(),
-            start,
-            end,
-        }
+        Stage::cpu(node, start, end)
     }
 
     #[test]
@@ -423,8 +497,14 @@ mod tests {
         // A batched rate below the decode rate (measured on a slower format's batched kernel): one
         // token is its decode step, a batch no slower than its tokens one at a time.
         n.prefill_speed = Some(500.0);
-        assert!((layer_us(&n, 1) - 1000.0).abs() < 1e-9, "one token: its decode step");
-        assert!((layer_us(&n, 4) - 4000.0).abs() < 1e-9, "b tokens: b steps at most");
+        assert!(
+            (layer_us(&n, 1) - 1000.0).abs() < 1e-9,
+            "one token: its decode step"
+        );
+        assert!(
+            (layer_us(&n, 4) - 4000.0).abs() < 1e-9,
+            "b tokens: b steps at most"
+        );
     }
 
     /// The last stage pays the head (streamed at its measured time, or as `head_bytes / layer_bytes`

@@ -26,14 +26,14 @@ pub(crate) fn single_nodes(ctx: &Ctx, pool: &[usize]) -> Vec<SingleNode> {
     pool.iter()
         .map(|&i| {
             let node = &ctx.topo.nodes[i];
-            let alone = (needed <= node.mem_available)
+            let alone = (needed <= ctx.mem(i))
                 .then(|| ctx.costed(&[i], &[ctx.card.n_layers]).ok())
                 .flatten()
                 .map(|c| (c.timing.token_latency_us(), c.score));
             SingleNode {
                 id: node.id.clone(),
                 needed,
-                has: node.mem_available,
+                has: ctx.mem(i),
                 alone,
             }
         })
@@ -110,16 +110,20 @@ fn stages_and_hops(ctx: &Ctx, f: &Facts, out: &mut String) {
         if i > 0 {
             out.push_str(", ");
         }
+        let gpu = match f.cand.gpu.get(i).copied().unwrap_or(0) {
+            0 => String::new(),
+            g => format!(", {g} on its GPU"),
+        };
         let _ = write!(
             out,
-            "{} layers {}–{} ({} layer{}, {} of {}, {})",
+            "{} layers {}–{} ({} layer{}{gpu}, {} of {}, {})",
             node.id,
             start,
             start + n - 1,
             n,
             if n == 1 { "" } else { "s" },
             fmt_bytes(used),
-            fmt_bytes(node.mem_available),
+            fmt_bytes(ctx.mem(node_idx)),
             fmt_us(f.cost.compute_us[i]),
         );
         start += n;

@@ -4,7 +4,8 @@
 //!
 //! # Main types and data flow
 //! - Input: a [`Topology`] ([`NodeInfo`]s with memory, decode `speed` and compute-bound `prefill_speed`,
-//!   and for this model the output head's, attention's and sampling's measured times, undirected [`Link`]s of a [`LinkKind`] with optional measured round trip and bandwidth — a pair with
+//!   and for this model the output head's, attention's and sampling's measured times, and a GPU's own
+//!   when the node offers one, undirected [`Link`]s of a [`LinkKind`] with optional measured round trip and bandwidth — a pair with
 //!   no link cannot be adjacent), a [`ModelCard`] (layers, bytes per layer, embedding/head extras, KV
 //!   bytes, activation size) and [`Constraints`] (pinned nodes, manual layer counts, KV reserve, stage
 //!   limit, the [`Goal`] to rank by, the prompt length of the TTFT prediction, the context decode attention
@@ -21,7 +22,19 @@
 //! # Memory
 //! A stage of `n` layers on node `x` needs `n · (layer_bytes + kv_reserve_tokens · kv_bytes_per_token_per_layer)`
 //! plus `embed_bytes` if it is the first stage and `head_bytes` if it is the last, and must not exceed
-//! `x.mem_available`.
+//! what `x` offers a stage ([`NodeInfo::stage_mem`]): `x.mem_available`, plus the whole layers its GPU
+//! holds when it uses one.
+//!
+//! # GPUs
+//! A node may offer a GPU ([`NodeInfo::gpu`], a [`GpuInfo`]: its own memory and its own measured speeds,
+//! in the same units). It is used when its decode speed beats the node's CPU's, or always when the node's
+//! policy names it (`always`). It holds `g = ⌊(gpu memory − embed_bytes − head_bytes) / per-layer bytes⌋`
+//! layers with their KV reserve ([`NodeInfo::gpu_layers`]: room is kept for the embedding and the head,
+//! which it holds when its stage is first, or last with every layer on it). A stage of `n` layers there
+//! runs its first `k = min(n, g)` layers on the GPU and the rest on the CPU, and its record says so
+//! ([`Stage::gpu`]); it is priced as the sum of the two parts, each at its own device's terms below, the
+//! head on the GPU only when `k = n`. Layer counts treat a stage's time as its GPU layers at the GPU's
+//! cost and the rest at the CPU's (convex, so filling the cheapest next layer is exact for latency).
 //!
 //! # Cost model (microseconds)
 //! A stage of `n` layers on a node takes `t(b) = n · (max(1/speed, b/p) + b · C · attention_us)`
@@ -67,12 +80,12 @@ pub use cost::{CostBreakdown, Hop, predict};
 pub use error::PlacementError;
 pub use fmt::{fmt_bytes, fmt_tok_s, fmt_us};
 pub use model::{
-    Constraints, DEFAULT_GENERATED_TOKENS, DEFAULT_PROMPT_TOKENS, Goal, Link, LinkKind, ModelCard,
-    NodeInfo, TOKEN_BYTES, Topology, decode_context,
+    Constraints, DEFAULT_GENERATED_TOKENS, DEFAULT_PROMPT_TOKENS, Goal, GpuInfo, Link, LinkKind,
+    ModelCard, NodeInfo, TOKEN_BYTES, Topology, decode_context,
 };
 pub use output::{
-    BatchRate, HopPrediction, NodeVerdict, Placement, Prediction, Stage, StagePrediction,
-    stages_from_counts,
+    BatchRate, GpuLayers, HopPrediction, NodeVerdict, Placement, Prediction, Stage,
+    StagePrediction, stages_from_counts,
 };
 pub use plan::{MAX_CANDIDATES, best, plan};
 pub use rates::{BATCH_SIZES, PREFILL_CHUNK_TOKENS, forecast, forecast_at};

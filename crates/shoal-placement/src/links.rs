@@ -74,6 +74,7 @@ mod tests {
             head_us: None,
             attention_us: None,
             sample_us: None,
+            gpu: None,
         }
     }
 

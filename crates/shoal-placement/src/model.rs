@@ -47,6 +47,86 @@ pub struct NodeInfo {
     /// measured, sampling not priced.
     #[serde(default)]
     pub sample_us: Option<f64>,
+    /// The GPU this node offers for its stages' first layers, when its device policy offers one
+    /// (nodes that predate it, and CPU-only nodes: `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuInfo>,
+}
+
+/// A node's GPU as the planner sees it: a device with its own memory and its own measured speeds,
+/// in the units of [`NodeInfo`]'s. A stage on the node puts its first layers here — as many as
+/// [`NodeInfo::gpu_layers`] says — and the rest on the CPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// The GPU's index on its node (its position in the node's published GPUs).
+    pub index: usize,
+    /// Bytes of device memory it offers for layers' weights and their KV cache.
+    pub mem_available: u64,
+    /// Decode layer-steps per second of the model's layers on this GPU (as [`NodeInfo::speed`]).
+    pub speed: f64,
+    /// Batched layer-tokens per second (as [`NodeInfo::prefill_speed`]).
+    #[serde(default)]
+    pub prefill_speed: Option<f64>,
+    /// The output head for one token on this GPU, microseconds (as [`NodeInfo::head_us`]).
+    #[serde(default)]
+    pub head_us: Option<f64>,
+    /// One token's attention per layer and cached position, microseconds (as
+    /// [`NodeInfo::attention_us`]).
+    #[serde(default)]
+    pub attention_us: Option<f64>,
+    /// Used whatever it measured (the node's policy names this GPU: `--device gpu[:N]`); otherwise
+    /// only when its decode speed beats the CPU's (`--device auto`).
+    #[serde(default)]
+    pub always: bool,
+}
+
+impl NodeInfo {
+    /// The GPU this node's stages use for the model of `card`: offered, and faster than the CPU
+    /// (or named by the node's policy).
+    pub fn used_gpu(&self) -> Option<&GpuInfo> {
+        self.gpu
+            .as_ref()
+            .filter(|g| g.always || (g.speed.is_finite() && g.speed > self.speed))
+    }
+
+    /// Layers of the model of `card` a stage on this node puts on its GPU at most: as many as the
+    /// GPU's memory holds with their KV reserve of `kv_tokens` tokens each, after keeping room for
+    /// the embedding and the head (which the GPU holds when the stage is first, or last with every
+    /// layer on it); 0 when no GPU is used. A stage of `n` layers runs `min(n, this)` of them there.
+    pub fn gpu_layers(&self, card: &ModelCard, kv_tokens: usize) -> usize {
+        let Some(g) = self.used_gpu() else {
+            return 0;
+        };
+        let extras = card.embed_bytes.saturating_add(card.head_bytes);
+        let usable = g.mem_available.saturating_sub(extras);
+        let per_layer = card.per_layer_bytes(kv_tokens);
+        usable.checked_div(per_layer).map_or(card.n_layers, |c| {
+            usize::try_from(c).unwrap_or(usize::MAX).min(card.n_layers)
+        })
+    }
+
+    /// Memory a stage of the model of `card` has on this node: the host's, plus the whole layers its
+    /// GPU holds ([`NodeInfo::gpu_layers`]; the embedding and the head are counted on the host).
+    pub fn stage_mem(&self, card: &ModelCard, kv_tokens: usize) -> u64 {
+        let gpu = (self.gpu_layers(card, kv_tokens) as u64)
+            .saturating_mul(card.per_layer_bytes(kv_tokens));
+        self.mem_available.saturating_add(gpu)
+    }
+
+    /// The node as its GPU alone: the GPU's memory and speeds, sampling on the host.
+    pub(crate) fn gpu_node(&self) -> Option<NodeInfo> {
+        let g = self.used_gpu()?;
+        Some(NodeInfo {
+            id: self.id.clone(),
+            mem_available: g.mem_available,
+            speed: g.speed,
+            prefill_speed: g.prefill_speed,
+            head_us: g.head_us,
+            attention_us: g.attention_us,
+            sample_us: self.sample_us,
+            gpu: None,
+        })
+    }
 }
 
 /// The physical kind of a link, in preference order (best first).

@@ -6,17 +6,44 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{Goal, LinkKind};
 
-/// One pipeline stage: `node` runs layers `start..end` (end exclusive).
+/// One pipeline stage: `node` runs layers `start..end` (end exclusive), the first of them on one of
+/// its GPUs when `gpu` says so.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Stage {
     pub node: String,
     pub start: usize,
     pub end: usize,
+    /// The stage's first layers on a GPU of its node, the rest on its CPU; `None` (and records from
+    /// nodes that predate it): all on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuLayers>,
+}
+
+/// Where a stage's GPU layers run: the first `layers` of the stage on GPU `index` of its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GpuLayers {
+    pub index: usize,
+    pub layers: usize,
 }
 
 impl Stage {
+    /// A stage of layers `start..end` on `node`, all on its CPU.
+    pub fn cpu(node: impl Into<String>, start: usize, end: usize) -> Self {
+        Self {
+            node: node.into(),
+            start,
+            end,
+            gpu: None,
+        }
+    }
+
     pub fn layers(&self) -> usize {
         self.end - self.start
+    }
+
+    /// Layers of this stage on its node's GPU (0: all on the CPU).
+    pub fn gpu_layers(&self) -> usize {
+        self.gpu.map_or(0, |g| g.layers.min(self.layers()))
     }
 }
 
@@ -142,11 +169,7 @@ pub fn stages_from_counts(nodes: &[&str], counts: &[usize]) -> Vec<Stage> {
         .iter()
         .zip(counts)
         .map(|(node, &n)| {
-            let stage = Stage {
-                node: (*node).to_string(),
-                start,
-                end: start + n,
-            };
+            let stage = Stage::cpu(*node, start, start + n);
             start += n;
             stage
         })

@@ -6,7 +6,7 @@ use crate::cost::breakdown;
 use crate::error::PlacementError;
 use crate::explain::{Facts, SingleNode, explain, single_nodes};
 use crate::model::{Constraints, ModelCard, Topology};
-use crate::output::{NodeVerdict, Placement, stages_from_counts};
+use crate::output::{GpuLayers, NodeVerdict, Placement, Stage, stages_from_counts};
 use crate::refine::refine;
 use crate::search::{Candidate, Ctx, EXHAUSTIVE_NODES, Mode, search_auto, search_orders};
 use crate::split::split_layers;
@@ -145,8 +145,7 @@ impl Finisher<'_> {
             ctx.topo,
             &ctx.links,
             ctx.card,
-            &cand.order,
-            &cand.counts,
+            (&cand.order, &cand.counts, &cand.gpu),
             ctx.context,
         );
         let explanation = match &cost {
@@ -164,13 +163,27 @@ impl Finisher<'_> {
             None => String::new(),
         };
         Placement {
-            stages: stages_from_counts(&names, &cand.counts),
+            stages: with_gpus(ctx, &cand, stages_from_counts(&names, &cand.counts)),
             predicted_token_latency_us: cost.map_or(prediction.token_latency_us, |c| c.total_us),
             explanation,
             prediction,
             nodes,
         }
     }
+}
+
+/// `stages` with each one's GPU layers as the candidate was costed with them.
+fn with_gpus(ctx: &Ctx, cand: &Candidate, mut stages: Vec<Stage>) -> Vec<Stage> {
+    for ((stage, &i), &layers) in stages.iter_mut().zip(&cand.order).zip(&cand.gpu) {
+        stage.gpu = ctx.topo.nodes[i]
+            .used_gpu()
+            .filter(|_| layers > 0)
+            .map(|g| GpuLayers {
+                index: g.index,
+                layers,
+            });
+    }
+    stages
 }
 
 fn validate(topology: &Topology, card: &ModelCard) -> Result<(), PlacementError> {
@@ -286,11 +299,11 @@ fn manual(
     for (i, (&idx, (_, n))) in order.iter().zip(counts).enumerate() {
         let node = &ctx.topo.nodes[idx];
         let needed = card.stage_bytes(*n, i == 0, i + 1 == k, ctx.kv_tokens);
-        if needed > node.mem_available {
+        if needed > ctx.mem(idx) {
             return Err(PlacementError::NodeDoesNotFit {
                 node: node.id.clone(),
                 needed,
-                available: node.mem_available,
+                available: ctx.mem(idx),
             });
         }
     }
@@ -301,19 +314,13 @@ fn manual(
 /// Why the search found nothing: not enough memory on the best `max_k` nodes, or no linked order.
 fn diagnose(ctx: &Ctx, pool: &[usize], max_k: usize) -> PlacementError {
     let mut by_mem = pool.to_vec();
-    by_mem.sort_by(|&x, &y| {
-        let (a, b) = (&ctx.topo.nodes[x], &ctx.topo.nodes[y]);
-        b.mem_available.cmp(&a.mem_available).then(x.cmp(&y))
-    });
+    by_mem.sort_by(|&x, &y| ctx.mem(y).cmp(&ctx.mem(x)).then(x.cmp(&y)));
     by_mem.truncate(max_k.min(ctx.card.n_layers));
     let names: Vec<&str> = by_mem
         .iter()
         .map(|&i| ctx.topo.nodes[i].id.as_str())
         .collect();
-    let mems: Vec<u64> = by_mem
-        .iter()
-        .map(|&i| ctx.topo.nodes[i].mem_available)
-        .collect();
+    let mems: Vec<u64> = by_mem.iter().map(|&i| ctx.mem(i)).collect();
     let fits = (1..=mems.len())
         .any(|k| split_layers(ctx.card, &names[..k], &mems[..k], ctx.kv_tokens).is_ok());
     if fits {

@@ -21,7 +21,7 @@
 //! The goal's figure, in microseconds per token (lower is better): `R(1)` for latency, `1/tok/s` at the
 //! largest of [`BATCH_SIZES`] for throughput.
 
-use crate::cost::{Compute, resolve_stages, return_route};
+use crate::cost::{Split, resolve_stages, return_route};
 use crate::links::LinkIndex;
 use crate::model::{Goal, Link, LinkKind, ModelCard, TOKEN_BYTES, Topology, decode_context};
 use crate::output::{BatchRate, HopPrediction, Prediction, Stage, StagePrediction};
@@ -70,7 +70,8 @@ enum Bound {
 #[derive(Debug, Clone)]
 pub(crate) struct Timing {
     layers: Vec<usize>,
-    compute: Vec<Compute>,
+    /// Each stage's compute: its node's CPU, and its GPU for the stage's first layers.
+    compute: Vec<Split>,
     fwd: Vec<LinkCost>,
     back: Vec<LinkCost>,
     hidden: f64,
@@ -85,8 +86,7 @@ impl Timing {
         topo: &Topology,
         links: &LinkIndex,
         card: &ModelCard,
-        order: &[usize],
-        counts: &[usize],
+        (order, counts, gpu): (&[usize], &[usize], &[usize]),
         context: usize,
     ) -> Option<Timing> {
         let fwd = order
@@ -99,8 +99,8 @@ impl Timing {
             .collect::<Option<Vec<_>>>()?;
         Some(Timing {
             layers: counts.to_vec(),
-            compute: (order.iter())
-                .map(|&i| Compute::of(&topo.nodes[i], card))
+            compute: (order.iter().enumerate())
+                .map(|(s, &i)| Split::of(&topo.nodes[i], card, gpu.get(s).copied().unwrap_or(0)))
                 .collect(),
             fwd,
             back,
@@ -284,7 +284,7 @@ impl Timing {
                 attention_us: self.context as f64
                     * self.compute[i].attention_per_position_us(self.layers[i]),
                 head_us: if self.is_last(i) {
-                    self.compute[i].head_us(1, 1)
+                    self.compute[i].head_us(self.layers[i], 1, 1)
                 } else {
                     0.0
                 },
@@ -346,7 +346,14 @@ pub fn forecast_at(
 ) -> Option<Prediction> {
     let links = LinkIndex::new(topology, card.hidden_bytes_per_token);
     let (order, counts) = resolve_stages(topology, stages)?;
-    let timing = Timing::new(topology, &links, card, &order, &counts, context_tokens)?;
+    let gpu: Vec<usize> = stages.iter().map(Stage::gpu_layers).collect();
+    let timing = Timing::new(
+        topology,
+        &links,
+        card,
+        (&order, &counts, &gpu),
+        context_tokens,
+    )?;
     let names: Vec<&str> = stages.iter().map(|s| s.node.as_str()).collect();
     Some(timing.prediction(&names, goal, prompt_tokens))
 }
@@ -365,6 +372,7 @@ mod tests {
             head_us: None,
             attention_us: None,
             sample_us: None,
+            gpu: None,
         }
     }
 

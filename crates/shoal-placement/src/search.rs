@@ -37,6 +37,8 @@ pub(crate) struct Candidate {
     pub order: Vec<usize>,
     /// Layers per stage.
     pub counts: Vec<usize>,
+    /// Of those, the first ones on the stage's node's GPU (0: all on the CPU).
+    pub gpu: Vec<usize>,
     pub timing: Timing,
     /// The goal's figure in microseconds per token (lower is better).
     pub score: f64,
@@ -87,8 +89,14 @@ impl<'a> Ctx<'a> {
         &self.topo.nodes[i].id
     }
 
+    /// Memory node `i` offers a stage: the host's and the whole layers its GPU holds.
     pub fn mem(&self, i: usize) -> u64 {
-        self.topo.nodes[i].mem_available
+        self.topo.nodes[i].stage_mem(self.card, self.kv_tokens)
+    }
+
+    /// Layers a stage on node `i` puts on its GPU at most (0 without one).
+    pub fn gpu_cap(&self, i: usize) -> usize {
+        self.topo.nodes[i].gpu_layers(self.card, self.kv_tokens)
     }
 
     pub fn names(&self, order: &[usize]) -> Vec<&str> {
@@ -111,10 +119,23 @@ impl<'a> Ctx<'a> {
         Compute::of(&self.topo.nodes[i], self.card)
     }
 
-    /// What one layer on node `i` costs for the goal in a pipeline of `k` stages (its weights and its
-    /// attention over the priced context).
+    /// What one layer on node `i`'s CPU costs for the goal in a pipeline of `k` stages (its weights
+    /// and its attention over the priced context).
     pub fn layer_cost(&self, i: usize, k: usize) -> f64 {
         (self.compute(i)).decode_layer_us(self.goal_tokens(k), self.context)
+    }
+
+    /// The layers node `i`'s GPU takes of a stage at most and what one of them costs there (as
+    /// [`Ctx::layer_cost`]); `(0, 0.0)` without a GPU.
+    pub fn gpu_layer_cost(&self, i: usize, k: usize) -> (usize, f64) {
+        let node = &self.topo.nodes[i];
+        match (self.gpu_cap(i), node.gpu_node()) {
+            (cap, Some(g)) if cap > 0 => {
+                let c = Compute::of(&g, self.card);
+                (cap, c.decode_layer_us(self.goal_tokens(k), self.context))
+            }
+            _ => (0, 0.0),
+        }
     }
 
     /// What node `i` pays besides its layers as stage `s` of `k`: the head and sampling on the last.
@@ -163,12 +184,17 @@ impl<'a> Ctx<'a> {
         let fixed: Vec<f64> = (order.iter().enumerate())
             .map(|(s, &i)| self.fixed_cost(i, s, k))
             .collect();
+        let gpu: Vec<(usize, f64)> = order.iter().map(|&i| self.gpu_layer_cost(i, k)).collect();
         let counts = crate::assign::assign_layers(
             self.card,
             &names,
             &mems,
             self.kv_tokens,
-            (&costs, &fixed),
+            crate::assign::Costs {
+                cpu_us: &costs,
+                gpu: &gpu,
+                fixed_us: &fixed,
+            },
             self.goal,
         )?;
         self.costed(order, &counts)
@@ -176,12 +202,14 @@ impl<'a> Ctx<'a> {
 
     /// Costs an order with given layer counts (links already checked).
     pub fn costed(&self, order: &[usize], counts: &[usize]) -> Result<Candidate, PlacementError> {
+        let gpu: Vec<usize> = (order.iter().zip(counts))
+            .map(|(&i, &n)| self.gpu_cap(i).min(n))
+            .collect();
         let timing = Timing::new(
             self.topo,
             &self.links,
             self.card,
-            order,
-            counts,
+            (order, counts, &gpu),
             self.context,
         )
         .ok_or_else(|| PlacementError::NoRoute {
@@ -190,6 +218,7 @@ impl<'a> Ctx<'a> {
         Ok(Candidate {
             order: order.to_vec(),
             counts: counts.to_vec(),
+            gpu,
             score: timing.score_us(self.goal),
             timing,
         })

@@ -53,6 +53,7 @@ fn random_topology(rng: &mut Rng, card: &ModelCard) -> Topology {
                 head_us: rng.chance(50).then(|| rng.range(0, 200_000) as f64 / speed),
                 attention_us: rng.chance(50).then(|| rng.range(0, 1000) as f64 / speed),
                 sample_us: rng.chance(50).then(|| rng.range(0, 100_000) as f64 / speed),
+                gpu: None,
             }
         })
         .collect();

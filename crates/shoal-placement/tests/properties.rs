@@ -39,6 +39,7 @@ fn random_topology(rng: &mut Rng, card: &ModelCard) -> Topology {
             head_us: None,
             attention_us: None,
             sample_us: None,
+            gpu: None,
         })
         .collect();
     let mut links = Vec::new();
@@ -274,6 +275,7 @@ fn random_manual_counts_are_taken_verbatim() {
                 head_us: None,
                 attention_us: None,
                 sample_us: None,
+                gpu: None,
             })
             .collect();
         let links = (1..k)

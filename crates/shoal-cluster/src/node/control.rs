@@ -263,6 +263,14 @@ impl NetTask {
                     self.push_facts();
                 }
             }
+            Command::SetDevice(device) => {
+                let me = self.state.me_mut();
+                if me.device != device {
+                    me.device = device;
+                    self.refresh_own_facts();
+                    self.push_facts();
+                }
+            }
             Command::Probe => {
                 let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
                 for peer in peers {

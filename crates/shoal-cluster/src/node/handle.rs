@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::TABLE_PROPAGATION;
 use crate::ClusterError;
 use crate::facts::{
-    ComputeFacts, DownloadFacts, GpuFacts, InstanceLoad, InstanceStatus, RemovedNode,
+    ComputeFacts, DevicePolicy, DownloadFacts, GpuFacts, InstanceLoad, InstanceStatus, RemovedNode,
 };
 use crate::invite::{EnrollReply, EnrollRequest, InviteBook};
 use crate::proto::{InstanceRecord, PlaceRequest};
@@ -71,6 +71,7 @@ pub(super) enum Command {
     SetModels(Vec<ModelCard>),
     SetCompute(ComputeFacts),
     SetGpus(Vec<GpuFacts>),
+    SetDevice(DevicePolicy),
     Probe,
     RemoveNode(String, Reply<RemovedNode>),
     /// The peers `shoal doctor` checks (`diagnose`).
@@ -269,6 +270,11 @@ impl ClusterHandle {
     /// Publishes the GPUs this node found (`NodeFacts::gpus`, replacing the previous list), at once.
     pub async fn set_gpus(&self, gpus: Vec<GpuFacts>) {
         let _ = self.commands.send(Command::SetGpus(gpus)).await;
+    }
+
+    /// Publishes which GPU this node offers the planner for its stages' layers (`--device`), at once.
+    pub async fn set_device(&self, device: DevicePolicy) {
+        let _ = self.commands.send(Command::SetDevice(device)).await;
     }
 
     /// Takes a member out of the cluster for good (`shoal remove NODE`): by id, id suffix or name.

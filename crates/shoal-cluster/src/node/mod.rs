@@ -211,6 +211,7 @@ pub fn local_facts(id: PeerId, config: &ClusterConfig) -> NodeFacts {
         power_w: None,
         accelerator: "cpu".into(),
         gpus: Vec::new(),
+        device: Default::default(),
         backend: config.backend.clone(),
         speed: facts::estimate_speed(cores),
         compute: facts::ComputeFacts::default(),

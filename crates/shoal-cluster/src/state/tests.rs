@@ -50,6 +50,7 @@ fn facts(id: &str, seq: u64) -> NodeFacts {
         power_w: None,
         accelerator: "cpu".into(),
         gpus: Vec::new(),
+        device: Default::default(),
         backend: "cpu".into(),
         speed: 5000.0,
         compute: Default::default(),

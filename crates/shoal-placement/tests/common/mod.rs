@@ -16,6 +16,7 @@ pub fn node(id: &str, mem_gb: u64, speed: f64) -> NodeInfo {
         head_us: None,
         attention_us: None,
         sample_us: None,
+        gpu: None,
     }
 }
 
@@ -90,6 +91,7 @@ pub fn heterogeneous(n: usize, seed: u64) -> Topology {
                 head_us: None,
                 attention_us: None,
                 sample_us: None,
+                gpu: None,
             }
         })
         .collect();
