@@ -166,6 +166,7 @@ fn repack_row(qtype: QType, row: &[u8], k: usize, weights: &mut Vec<u8>, scales:
                 weights.extend_from_slice(&block[..192]);
             }
         }
+        other => unreachable!("{}: no GPU kernel (refused at upload)", other.name()),
     }
 }
 
@@ -185,6 +186,7 @@ fn repacked_row_bytes(qtype: QType, k: usize) -> (u64, u64) {
         QType::Q5_K => (nk * 160, nk * 20),
         QType::Q3_K => (nk * 96, nk * 20),
         QType::Q2_K => (nk * 64, nk * 20),
+        other => unreachable!("{}: no GPU kernel (refused at upload)", other.name()),
     }
 }
 
@@ -197,10 +199,14 @@ fn params_bytes(rows: u32, k: u32, row_offset: u32) -> Vec<u8> {
 }
 
 impl Gpu {
-    /// Uploads a GGUF weight matrix of any format shoal-kernels reads, repacked for its kernels
+    /// Uploads a GGUF weight matrix of any format shoal-kernels reads but the IQ formats and MXFP4
+    /// (`GpuError::Unsupported`), repacked for its kernels
     /// and split by rows where it exceeds the largest storage binding.
     pub fn upload_matrix(&self, w: &QMatrix<'_>) -> Result<GpuMatrix, GpuError> {
         let row_bytes = w.row_bytes()?;
+        if w.qtype.is_iq() {
+            return Err(GpuError::Unsupported(w.qtype.name()));
+        }
         let k = w.cols;
         let k_padded = if w.qtype.block_size() == 1 {
             k.div_ceil(4) * 4

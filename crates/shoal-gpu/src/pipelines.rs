@@ -38,6 +38,7 @@ fn format_source(qtype: QType) -> (&'static str, bool) {
         QType::Q4_K => (include_str!("kernels/matvec_q4_k.wgsl"), false),
         QType::Q5_K => (include_str!("kernels/matvec_q5_k.wgsl"), false),
         QType::Q6_K => (include_str!("kernels/matvec_q6_k.wgsl"), false),
+        other => unreachable!("{}: no GPU kernel (refused at upload)", other.name()),
     }
 }
 

@@ -46,6 +46,10 @@ fn weights(qtype: QType, n: usize, k: usize, seed: u64) -> Vec<u8> {
         QType::Q2_K => &[(80, 0.01), (82, 0.02)],
         QType::Q3_K => &[(108, 0.01)],
         QType::Q6_K => &[(208, 0.001)],
+        QType::IQ4_NL | QType::IQ4_XS | QType::IQ3_S | QType::IQ3_XXS => &[(0, 0.01)],
+        QType::IQ2_XXS | QType::IQ2_XS | QType::IQ2_S | QType::IQ1_S => &[(0, 0.01)],
+        // Any exponent byte, and IQ1_M's d spread over its scale words, times the same.
+        QType::MXFP4 | QType::IQ1_M => &[],
     };
     if !scales.is_empty() {
         for b in data.chunks_exact_mut(qtype.type_size()) {
@@ -74,6 +78,7 @@ fn main() {
         .map(|s| {
             QType::ALL
                 .into_iter()
+                .chain(QType::IQ)
                 .find(|t| t.name().eq_ignore_ascii_case(s))
                 .unwrap_or_else(|| panic!("unknown type {s}"))
         })

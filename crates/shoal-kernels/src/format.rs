@@ -29,6 +29,15 @@
 //!
 //! Plain formats: `F32`, `F16` (ggml type 1) and `BF16` (30, the top half of an f32).
 //!
+//! The non-linear and grid formats (layouts and their decoding in `iq`):
+//! - 32-value blocks with `Q8_0` activations: `IQ4_NL` (20), 18 bytes: f16 `d`, 16 nibble bytes
+//!   (as `Q4_0`) indexing a table of 16 values in -127..113; `MXFP4` (39), 17 bytes: an E8M0
+//!   exponent byte `e` (scale `2^(e - 128)`), 16 nibble bytes indexing the doubled E2M1 values.
+//! - 256-value super-blocks with `Q8_K` activations: `IQ4_XS` (23, 136 bytes: 6-bit scales per 32
+//!   values, `IQ4_NL`'s table); the grid formats, whose values are rows of a fixed table of 8 (or
+//!   4) magnitudes with sign bits: `IQ2_XXS` (16, 66 bytes), `IQ2_XS` (17, 74), `IQ2_S` (22, 82),
+//!   `IQ3_XXS` (18, 98), `IQ3_S` (21, 110), `IQ1_S` (19, 50), `IQ1_M` (29, 56).
+//!
 //! Activation formats ([`ActType`], what a matmul quantizes its input to, as ggml pairs them):
 //! - `Q8_0` (34-byte blocks: f16 `d`, 32 × i8) for `Q4_0`, `Q5_0` and `Q8_0` weights;
 //! - `Q8_1` (36 bytes: f16 `d`, f16 `s = d·Σq`, 32 × i8) for `Q4_1` and `Q5_1`;
@@ -72,6 +81,17 @@ pub(crate) const Q4_K_BYTES: usize = 144;
 pub(crate) const Q5_K_BYTES: usize = 176;
 /// Bytes per `Q6_K` super-block.
 pub(crate) const Q6_K_BYTES: usize = 210;
+/// Bytes per block of the IQ formats and `MXFP4`.
+pub(crate) const IQ4_NL_BYTES: usize = 18;
+pub(crate) const MXFP4_BYTES: usize = 17;
+pub(crate) const IQ4_XS_BYTES: usize = 136;
+pub(crate) const IQ3_S_BYTES: usize = 110;
+pub(crate) const IQ3_XXS_BYTES: usize = 98;
+pub(crate) const IQ2_XXS_BYTES: usize = 66;
+pub(crate) const IQ2_XS_BYTES: usize = 74;
+pub(crate) const IQ2_S_BYTES: usize = 82;
+pub(crate) const IQ1_S_BYTES: usize = 50;
+pub(crate) const IQ1_M_BYTES: usize = 56;
 /// Bytes per `Q8_K` block: f32 `d`, 256 × i8, 16 × i16.
 pub(crate) const Q8_K_BYTES: usize = 292;
 
@@ -121,10 +141,45 @@ pub enum QType {
     Q5_K,
     /// 6-bit K-quant: 8-bit signed scales per 16 values.
     Q6_K,
+    /// 4-bit non-linear values with a per-block f16 scale (ggml `IQ4_NL`).
+    IQ4_NL,
+    /// 4-bit E2M1 values with a per-block power-of-two scale (OCP microscaling, ggml `MXFP4`).
+    MXFP4,
+    /// `IQ4_NL`'s values in 256-value super-blocks with 6-bit scales per 32.
+    IQ4_XS,
+    /// 3.44 bits per value: 4-value grid rows of 512, sign bits, 4-bit scales per 32.
+    IQ3_S,
+    /// 3.06 bits per value: 4-value grid rows of 256, sign indices, 4-bit scales per 32.
+    IQ3_XXS,
+    /// 2.06 bits per value: 8-value grid rows of 256, sign indices, 4-bit scales per 32.
+    IQ2_XXS,
+    /// 2.31 bits per value: 8-value grid rows of 512, sign indices, 4-bit scales per 16.
+    IQ2_XS,
+    /// 2.56 bits per value: 8-value grid rows of 1024, sign bits, 4-bit scales per 16.
+    IQ2_S,
+    /// 1.56 bits per value: 8-value ternary grid rows of 2048, 3-bit scales and a shift per 32.
+    IQ1_S,
+    /// 1.75 bits per value: as `IQ1_S` with 3-bit scales per 16 and a shift per 8.
+    IQ1_M,
 }
 
 impl QType {
-    /// Every format, in ggml type id order.
+    /// The IQ formats and `MXFP4` (CPU kernels only; not in [`QType::ALL`]).
+    pub const IQ: [QType; 10] = [
+        Self::IQ4_NL,
+        Self::MXFP4,
+        Self::IQ4_XS,
+        Self::IQ3_S,
+        Self::IQ3_XXS,
+        Self::IQ2_XXS,
+        Self::IQ2_XS,
+        Self::IQ2_S,
+        Self::IQ1_S,
+        Self::IQ1_M,
+    ];
+
+    /// The plain formats, the 32-value formats and the K-quants, in ggml type id order (the IQ
+    /// formats are in [`QType::IQ`]).
     pub const ALL: [QType; 13] = [
         Self::F32,
         Self::F16,
@@ -146,7 +201,10 @@ impl QType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => QK,
+            Self::IQ4_NL | Self::MXFP4 => QK,
             Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K => QK_K,
+            Self::IQ4_XS | Self::IQ3_S | Self::IQ3_XXS => QK_K,
+            Self::IQ2_XXS | Self::IQ2_XS | Self::IQ2_S | Self::IQ1_S | Self::IQ1_M => QK_K,
         }
     }
 
@@ -165,6 +223,16 @@ impl QType {
             Self::Q4_K => Q4_K_BYTES,
             Self::Q5_K => Q5_K_BYTES,
             Self::Q6_K => Q6_K_BYTES,
+            Self::IQ4_NL => IQ4_NL_BYTES,
+            Self::MXFP4 => MXFP4_BYTES,
+            Self::IQ4_XS => IQ4_XS_BYTES,
+            Self::IQ3_S => IQ3_S_BYTES,
+            Self::IQ3_XXS => IQ3_XXS_BYTES,
+            Self::IQ2_XXS => IQ2_XXS_BYTES,
+            Self::IQ2_XS => IQ2_XS_BYTES,
+            Self::IQ2_S => IQ2_S_BYTES,
+            Self::IQ1_S => IQ1_S_BYTES,
+            Self::IQ1_M => IQ1_M_BYTES,
         }
     }
 
@@ -173,12 +241,34 @@ impl QType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => ActType::F32,
             Self::Q4_1 | Self::Q5_1 => ActType::Q8_1,
-            Self::Q4_0 | Self::Q5_0 | Self::Q8_0 => ActType::Q8_0,
+            Self::Q4_0 | Self::Q5_0 | Self::Q8_0 | Self::IQ4_NL | Self::MXFP4 => ActType::Q8_0,
             Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K => ActType::Q8_K,
+            Self::IQ4_XS | Self::IQ3_S | Self::IQ3_XXS | Self::IQ2_XXS | Self::IQ2_XS => {
+                ActType::Q8_K
+            }
+            Self::IQ2_S | Self::IQ1_S | Self::IQ1_M => ActType::Q8_K,
         }
     }
 
-    /// Whether this is a K-quant (256-value super-blocks, `Q8_K` activations).
+    /// Whether this is one of the IQ formats or `MXFP4` ([`QType::IQ`]).
+    pub const fn is_iq(self) -> bool {
+        matches!(
+            self,
+            Self::IQ4_NL
+                | Self::MXFP4
+                | Self::IQ4_XS
+                | Self::IQ3_S
+                | Self::IQ3_XXS
+                | Self::IQ2_XXS
+                | Self::IQ2_XS
+                | Self::IQ2_S
+                | Self::IQ1_S
+                | Self::IQ1_M
+        )
+    }
+
+    /// Whether this format has 256-value super-blocks and `Q8_K` activations (the K-quants and
+    /// the 256-value IQ formats).
     pub const fn is_k_quant(self) -> bool {
         matches!(self.act_type(), ActType::Q8_K)
     }
@@ -198,7 +288,17 @@ impl QType {
             Self::Q4_K => 12,
             Self::Q5_K => 13,
             Self::Q6_K => 14,
+            Self::IQ2_XXS => 16,
+            Self::IQ2_XS => 17,
+            Self::IQ3_XXS => 18,
+            Self::IQ1_S => 19,
+            Self::IQ4_NL => 20,
+            Self::IQ3_S => 21,
+            Self::IQ2_S => 22,
+            Self::IQ4_XS => 23,
+            Self::IQ1_M => 29,
             Self::BF16 => 30,
+            Self::MXFP4 => 39,
         }
     }
 
@@ -217,7 +317,17 @@ impl QType {
             12 => Self::Q4_K,
             13 => Self::Q5_K,
             14 => Self::Q6_K,
+            16 => Self::IQ2_XXS,
+            17 => Self::IQ2_XS,
+            18 => Self::IQ3_XXS,
+            19 => Self::IQ1_S,
+            20 => Self::IQ4_NL,
+            21 => Self::IQ3_S,
+            22 => Self::IQ2_S,
+            23 => Self::IQ4_XS,
+            29 => Self::IQ1_M,
             30 => Self::BF16,
+            39 => Self::MXFP4,
             _ => return None,
         })
     }
@@ -238,6 +348,16 @@ impl QType {
             Self::Q4_K => "Q4_K",
             Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
+            Self::IQ4_NL => "IQ4_NL",
+            Self::MXFP4 => "MXFP4",
+            Self::IQ4_XS => "IQ4_XS",
+            Self::IQ3_S => "IQ3_S",
+            Self::IQ3_XXS => "IQ3_XXS",
+            Self::IQ2_XXS => "IQ2_XXS",
+            Self::IQ2_XS => "IQ2_XS",
+            Self::IQ2_S => "IQ2_S",
+            Self::IQ1_S => "IQ1_S",
+            Self::IQ1_M => "IQ1_M",
         }
     }
 

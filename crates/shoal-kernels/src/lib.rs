@@ -6,10 +6,13 @@
 //! - [`QType`]: weight formats, with ggml's type ids and block layouts (described in `format`):
 //!   `F32`, `F16`, `BF16`; the 32-value formats `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`; the
 //!   K-quants `Q2_K`, `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K` (256-value super-blocks: a row's length
-//!   must be a multiple of 256, else [`KernelError::BadRowLength`]). [`ActType`] is the matching
+//!   must be a multiple of 256, else [`KernelError::BadRowLength`]); and [`QType::IQ`]: `IQ4_NL`
+//!   and `MXFP4` (32-value blocks) and `IQ4_XS`, `IQ3_S`, `IQ3_XXS`, `IQ2_XXS`, `IQ2_XS`,
+//!   `IQ2_S`, `IQ1_S`, `IQ1_M` (256-value super-blocks). [`ActType`] is the matching
 //!   activation format, paired as ggml pairs them: `Q8_0` (f16 `d`, 32 × i8) for `Q4_0`, `Q5_0`,
-//!   `Q8_0`; `Q8_1` (plus f16 `s = d·Σq`) for `Q4_1`, `Q5_1`; `Q8_K` (f32 `d` per 256 values,
-//!   sums of 16 quants) for the K-quants; `F32` (the input as it is) for `F32`, `F16`, `BF16`.
+//!   `Q8_0`, `IQ4_NL`, `MXFP4`; `Q8_1` (plus f16 `s = d·Σq`) for `Q4_1`, `Q5_1`; `Q8_K` (f32 `d`
+//!   per 256 values, sums of 16 quants) for the K-quants and the 256-value IQ formats; `F32` (the
+//!   input as it is) for `F32`, `F16`, `BF16`.
 //! - [`QMatrix`]: a borrowed `rows × cols` weight matrix (`rows` = output features `n`, `cols` =
 //!   input features `k`), row-major GGML rows.
 //! - [`Activations`]: `m` activation rows quantized once into the format the weights need (the
@@ -30,6 +33,11 @@
 //!   whole 256-value super-block (`vpmaddubsw`, then `vpmaddwd` — `vpdpwssd` on AVX-VNNI — with
 //!   the 16- or 32-value scales), their minimums and offsets taken through the activations'
 //!   sums of 16, and one or two FMAs per super-block; `F16`/`BF16` converted eight at a time.
+//!   `IQ4_NL`/`MXFP4` are signed 32-value formats whose nibbles become table values with one
+//!   `vpshufb`; the 256-value IQ formats gather grid rows per 32 values, apply sign bits to the
+//!   activations (`vpsignb`) and sum exact integers over the super-block with their 16- or
+//!   32-value scales (`vpmaddubsw`, `vpmaddwd`/`vpdpwssd`), then one float step per super-block,
+//!   bitwise equal to the scalar reference.
 //!   `Q4_K`/`Q5_K` (AVX2, AVX-VNNI) multiply tiles of four weight rows × eight activation rows:
 //!   the four rows are interleaved in registers by 8-byte chunks, so the products of a 32-value
 //!   sub-block of four rows are added as `i16` and scaled by one `vpmaddwd` (5 multiplies per 32
@@ -72,11 +80,13 @@
 //! 1. `error`, `format` (block formats and their byte layouts, [`Layout`], f16 and K-scale
 //!    helpers) and `pool` — the shared types;
 //! 2. `acts` (the [`Activations`] buffer and its layout) and `gemm` (one matmul's checked operands,
-//!    which the row kernels read and write through);
+//!    which the row kernels read and write through), and `iq` (the IQ formats' lookup grids,
+//!    generated from the `gguf` package's tables by `scripts/fixtures/iq_grids.py`, and their
+//!    portable decoding);
 //! 3. the kernels: [`scalar`] (the reference: per-format decoders, dequantization, dots and the
 //!    scalar matmul rows) and `x86` (AVX2/AVX-VNNI: `kernels` for the 32-value formats, `kquants`
-//!    for the K-quants and `Q8_K` quantization, `plain` for `F32`/`F16`/`BF16`; `avx512` for
-//!    16-row groups), plus [`math`] and [`attn`] on top of `x86`;
+//!    for the K-quants and `Q8_K` quantization, `iq` for the IQ formats, `plain` for
+//!    `F32`/`F16`/`BF16`; `avx512` for 16-row groups), plus [`math`] and [`attn`] on top of `x86`;
 //! 4. `backend`: [`Backend`] detection and the dispatch (`quantize_q8`, `quantize_q8k`,
 //!    `gemm_rows`, [`vec_dot`]) down into `x86` or `scalar`;
 //! 5. the entry points over the dispatch: `quant` (quantizing [`Activations`] and single rows),
@@ -94,6 +104,7 @@ mod backend;
 mod error;
 mod format;
 mod gemm;
+mod iq;
 pub mod math;
 mod matmul;
 mod packed;

@@ -1,6 +1,7 @@
-//! Every dequantizer against the `gguf` Python package's reference dequantization of the same
-//! bytes (fixtures written by `scripts/fixtures/dequant_reference.py`), and the K-quants' row
-//! length rule at the public boundary.
+//! Every dequantizer (the IQ formats and `MXFP4` included) against the `gguf` Python package's
+//! reference dequantization of the same bytes (fixtures written by
+//! `scripts/fixtures/dequant_reference.py`), and the K-quants' row length rule at the public
+//! boundary.
 
 mod common;
 
@@ -10,8 +11,10 @@ use shoal_kernels::{
     matmul, quantize_row_q8_k, scalar,
 };
 
-/// Values per fixture (4 super-blocks of a K-quant, 32 blocks of the others).
+/// Values per fixture (4 super-blocks of a K-quant, 32 blocks of the others), and per fixture of
+/// the IQ formats and `MXFP4` (8 super-blocks, 64 blocks of 32).
 const N: usize = 1024;
+const N_IQ: usize = 2048;
 
 macro_rules! fixture {
     ($name:literal) => {
@@ -36,6 +39,16 @@ fn fixture(qtype: QType) -> (&'static [u8], &'static [u8]) {
         QType::Q4_K => fixture!("Q4_K"),
         QType::Q5_K => fixture!("Q5_K"),
         QType::Q6_K => fixture!("Q6_K"),
+        QType::IQ4_NL => fixture!("IQ4_NL"),
+        QType::MXFP4 => fixture!("MXFP4"),
+        QType::IQ4_XS => fixture!("IQ4_XS"),
+        QType::IQ3_S => fixture!("IQ3_S"),
+        QType::IQ3_XXS => fixture!("IQ3_XXS"),
+        QType::IQ2_XXS => fixture!("IQ2_XXS"),
+        QType::IQ2_XS => fixture!("IQ2_XS"),
+        QType::IQ2_S => fixture!("IQ2_S"),
+        QType::IQ1_S => fixture!("IQ1_S"),
+        QType::IQ1_M => fixture!("IQ1_M"),
         QType::F32 => unreachable!("F32 has no fixture"),
     }
 }
@@ -44,25 +57,27 @@ fn fixture(qtype: QType) -> (&'static [u8], &'static [u8]) {
 /// multiply-add on either side), so even the sign of zero agrees.
 #[test]
 fn every_dequantizer_matches_the_gguf_package_bitwise() {
-    for qtype in QType::ALL.into_iter().filter(|&t| t != QType::F32) {
+    let types = QType::ALL.into_iter().chain(QType::IQ);
+    for qtype in types.filter(|&t| t != QType::F32) {
+        let n = if qtype.is_iq() { N_IQ } else { N };
         let (blocks, values) = fixture(qtype);
         let want: Vec<f32> = values
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        assert_eq!(want.len(), N, "{qtype:?} fixture size");
-        let mut got = vec![f32::NAN; N];
+        assert_eq!(want.len(), n, "{qtype:?} fixture size");
+        let mut got = vec![f32::NAN; n];
         dequantize_row(qtype, blocks, &mut got).expect("decode");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.to_bits(), w.to_bits(), "{qtype:?} value {i}: {g} vs {w}");
         }
         // The same bytes as a 4-row matrix: each row decodes to its quarter.
         let rows = 4;
-        let w = QMatrix::new(qtype, rows, N / rows, blocks).expect("matrix");
+        let w = QMatrix::new(qtype, rows, n / rows, blocks).expect("matrix");
         let p = PackedMatrix::new(&w).expect("packed");
-        let mut row = vec![0f32; N / rows];
+        let mut row = vec![0f32; n / rows];
         for r in 0..rows {
-            let quarter = &want[r * N / rows..(r + 1) * N / rows];
+            let quarter = &want[r * n / rows..(r + 1) * n / rows];
             w.dequantize_row(r, &mut row).expect("row");
             assert_eq!(row, quarter, "{qtype:?} row {r}");
             p.dequantize_row(r, &mut row).expect("packed row");
@@ -92,6 +107,16 @@ fn block_sizes_and_ids_are_ggmls() {
         (QType::Q5_K, 13, 256, 176),
         (QType::Q6_K, 14, 256, 210),
         (QType::BF16, 30, 1, 2),
+        (QType::IQ2_XXS, 16, 256, 66),
+        (QType::IQ2_XS, 17, 256, 74),
+        (QType::IQ3_XXS, 18, 256, 98),
+        (QType::IQ1_S, 19, 256, 50),
+        (QType::IQ4_NL, 20, 32, 18),
+        (QType::IQ3_S, 21, 256, 110),
+        (QType::IQ2_S, 22, 256, 82),
+        (QType::IQ4_XS, 23, 256, 136),
+        (QType::IQ1_M, 29, 256, 56),
+        (QType::MXFP4, 39, 32, 17),
     ];
     for (qtype, id, block, size) in table {
         assert_eq!(qtype.ggml_type_id(), id, "{qtype:?}");
@@ -99,9 +124,11 @@ fn block_sizes_and_ids_are_ggmls() {
         assert_eq!((qtype.block_size(), qtype.type_size()), (block, size));
         assert_eq!(qtype.name(), format!("{qtype:?}"));
         assert_eq!(qtype.is_k_quant(), block == 256);
+        assert_eq!(qtype.is_iq(), QType::IQ.contains(&qtype), "{qtype:?}");
+        assert_eq!(qtype.is_iq(), id >= 16 && id != 30, "{qtype:?}");
     }
-    assert_eq!(QType::ALL.len(), table.len());
-    for id in [4, 5, 9, 15, 16, 29, 31, u32::MAX] {
+    assert_eq!(QType::ALL.len() + QType::IQ.len(), table.len());
+    for id in [4, 5, 9, 15, 24, 31, 40, u32::MAX] {
         assert_eq!(QType::from_ggml_type_id(id), None, "id {id}");
     }
     assert_eq!(

@@ -12,6 +12,10 @@ use crate::format::{
 };
 
 use super::{check, check_blocks};
+use crate::iq::{
+    self, e8m0_half,
+    grids::{KVALUES_IQ4NL, KVALUES_MXFP4},
+};
 
 /// A 32-value block of a legacy format: `value = d · q (+ m)`.
 pub(crate) struct Block32 {
@@ -63,6 +67,22 @@ pub(crate) fn decode32(qtype: QType, wb: &[u8]) -> Block32 {
                 .zip(&wb[2..34])
                 .for_each(|(v, &b)| *v = i32::from(b as i8));
             None
+        }
+        QType::IQ4_NL => {
+            nibbles(&mut q, &wb[2..18]);
+            q.iter_mut()
+                .for_each(|v| *v = i32::from(KVALUES_IQ4NL[*v as usize]));
+            None
+        }
+        QType::MXFP4 => {
+            nibbles(&mut q, &wb[1..17]);
+            q.iter_mut()
+                .for_each(|v| *v = i32::from(KVALUES_MXFP4[*v as usize]));
+            return Block32 {
+                q,
+                d: e8m0_half(wb[0]),
+                m: None,
+            };
         }
         _ => unreachable!("decode32: {} is not a 32-value format", qtype.name()),
     };
@@ -170,7 +190,13 @@ pub(crate) fn dequantize_blocks(qtype: QType, bytes: &[u8], out: &mut [f32]) {
                 *v = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
             }
         }
-        QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q5_1 | QType::Q8_0 => {
+        QType::Q4_0
+        | QType::Q4_1
+        | QType::Q5_0
+        | QType::Q5_1
+        | QType::Q8_0
+        | QType::IQ4_NL
+        | QType::MXFP4 => {
             for (wb, o) in bytes.chunks_exact(size).zip(out.chunks_exact_mut(QK)) {
                 let blk = decode32(qtype, wb);
                 for (v, &q) in o.iter_mut().zip(&blk.q) {
@@ -194,6 +220,18 @@ pub(crate) fn dequantize_blocks(qtype: QType, bytes: &[u8], out: &mut [f32]) {
                         };
                     }
                 }
+            }
+        }
+        QType::IQ4_XS
+        | QType::IQ3_S
+        | QType::IQ3_XXS
+        | QType::IQ2_XXS
+        | QType::IQ2_XS
+        | QType::IQ2_S
+        | QType::IQ1_S
+        | QType::IQ1_M => {
+            for (wb, o) in bytes.chunks_exact(size).zip(out.chunks_exact_mut(QK_K)) {
+                iq::dequantize_block(qtype, wb, o);
             }
         }
     }

@@ -13,6 +13,7 @@ use crate::gemm::Gemm;
 
 use super::dequant::{decode_k, decode32};
 use super::{check, check_blocks};
+use crate::iq;
 
 /// One activation row as 32-value Q8 blocks.
 trait Q8Blocks {
@@ -142,6 +143,41 @@ fn dot_k(qtype: QType, nb: usize, w: &[u8], x: &impl Q8KBlocks) -> f32 {
     sum
 }
 
+/// A 256-value IQ weight row (`nb` super-blocks) · a `Q8_K` activation row: per super-block the
+/// exact integer `Σ_g sc_g Σ q_w q_x`, then `acc += (d·d_x) · sumi` — the float operations of the
+/// SIMD kernels (`x86::iq`), so those are bitwise equal to this.
+fn dot_iq(qtype: QType, nb: usize, w: &[u8], x: &impl Q8KBlocks) -> f32 {
+    let size = qtype.type_size();
+    assert!(
+        w.len() == nb * size,
+        "dot_iq: {} bytes for {nb} blocks",
+        w.len()
+    );
+    let mut sum = 0.0f32;
+    for (b, wb) in w.chunks_exact(size).enumerate() {
+        let (xq, dx, _) = x.block(b);
+        let blk = iq::decode(qtype, wb);
+        let mut sumi = 0i32;
+        for g in 0..16 {
+            let group: i32 = (16 * g..16 * (g + 1))
+                .map(|i| i32::from(blk.q[i]) * i32::from(xq[i] as i8))
+                .sum();
+            sumi += i32::from(blk.sc[g]) * group;
+        }
+        sum += (blk.d * dx) * sumi as f32;
+    }
+    sum
+}
+
+/// A K-quant or 256-value IQ row · a `Q8_K` row.
+fn dot_q8k(qtype: QType, nb: usize, w: &[u8], x: &impl Q8KBlocks) -> f32 {
+    if qtype.is_iq() {
+        dot_iq(qtype, nb, w, x)
+    } else {
+        dot_k(qtype, nb, w, x)
+    }
+}
+
 /// A plain-format weight row (`F32`, `F16`, `BF16` bytes) · `f32` activations, in order.
 fn dot_plain(qtype: QType, w: &[u8], x: &[f32]) -> f32 {
     let size = qtype.type_size();
@@ -180,7 +216,7 @@ pub fn vec_dot(qtype: QType, k: usize, w: &[u8], x: &[u8]) -> f32 {
                 .collect();
             dot_plain(qtype, w, &xf)
         }
-        ActType::Q8_K => dot_k(qtype, nb, w, &GgmlQ8K(x)),
+        ActType::Q8_K => dot_q8k(qtype, nb, w, &GgmlQ8K(x)),
         ActType::Q8_0 | ActType::Q8_1 => dot32(qtype, nb, w, &GgmlQ8 { bytes: x, act }),
     }
 }
@@ -246,7 +282,7 @@ pub(crate) fn gemm_rows(g: &Gemm<'_>, rows: std::ops::Range<usize>) {
             let (qs, sc, lane) = (g.x.q_row(r), g.x.sc_group(r / 4), r % 4);
             let v = if act == ActType::Q8_K {
                 let sums = g.x.bsums_row(r);
-                dot_k(g.qtype, nb, w, &PackedQ8K { qs, sc, sums, lane })
+                dot_q8k(g.qtype, nb, w, &PackedQ8K { qs, sc, sums, lane })
             } else {
                 dot32(g.qtype, nb, w, &PackedQ8 { qs, sc, lane })
             };

@@ -86,7 +86,7 @@ impl MulSum for Vnni {
 
 /// The 32 quants of 16 nibble bytes at `p`: low nibbles in lanes 0..16, high nibbles in 16..32.
 #[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(crate) unsafe fn nibbles(p: *const u8) -> __m256i {
     unsafe {
         let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()));
         // Shift the upper copy by 4 (across bytes; the mask drops what crossed over).
@@ -160,11 +160,22 @@ impl MinBlock for Q51 {
     }
 }
 
-/// A 32-value format with signed quants, `value = d·q`: f16 `d` at the start of each block.
+/// A 32-value format with signed quants, `value = d·q`: f16 `d` at the start of each block
+/// unless the format says otherwise (`MXFP4`).
 pub(crate) trait SymBlock {
     const BYTES: usize;
     /// The block's 32 signed quants.
     unsafe fn quants(wb: *const u8) -> __m256i;
+    /// The block's `d` in lane 0.
+    #[inline(always)]
+    unsafe fn d1(wb: *const u8) -> __m128 {
+        unsafe { weight_scales(wb) }
+    }
+    /// The block's `d` in every lane.
+    #[inline(always)]
+    unsafe fn d8(wb: *const u8) -> __m256 {
+        unsafe { _mm256_cvtph_ps(_mm_set1_epi16(wb.cast::<i16>().read_unaligned())) }
+    }
 }
 
 /// `Q8_0`: 32 × i8 after `d`.
@@ -447,7 +458,7 @@ pub(crate) unsafe fn sym_dot1<B: SymBlock, M: MulSum, A: ActRow>(
         let (acc0, acc1) = blocks2!(nb, _mm256_setzero_ps(), |b, acc| {
             let wb = w.add(b * B::BYTES);
             prefetch_weights(wb);
-            let prod = _mm_mul_ps(weight_scales(wb), a.scales(b));
+            let prod = _mm_mul_ps(B::d1(wb), a.scales(b));
             let qw = B::quants(wb);
             let s = _mm256_cvtepi32_ps(mul_sum_i8::<M>(_mm256_abs_epi8(qw), qw, load256(a.qs(b))));
             _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), s, acc)
@@ -469,7 +480,7 @@ pub(crate) unsafe fn sym_dot4<B: SymBlock, M: MulSum>(
         let (e, o) = blocks2!(nb, (z, z, z, z), |b, acc| {
             let wb = w.add(b * B::BYTES);
             prefetch_weights(wb);
-            let dw = _mm256_cvtph_ps(_mm_set1_epi16(wb.cast::<i16>().read_unaligned()));
+            let dw = B::d8(wb);
             // Lane 2r: dw·d_r.
             let prod = _mm256_mul_ps(dw, _mm256_loadu_ps(sc.add(b * 8)));
             let qw = B::quants(wb);

@@ -390,7 +390,7 @@ unsafe fn block_sum<K: KBlock, M: MulSum>(wb: *const u8, h: &Header, x: *const u
 
 /// The sum of the eight `i32` lanes of `v` (exact: the callers' sums stay far below 2³¹).
 #[inline(always)]
-unsafe fn hsum_i32(v: __m256i) -> i32 {
+pub(crate) unsafe fn hsum_i32(v: __m256i) -> i32 {
     unsafe {
         let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
         let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));

@@ -14,6 +14,7 @@
 //! take four weight rows at a time as well ([`gemm_k`]).
 
 pub(crate) mod avx512;
+mod iq;
 mod kernels;
 mod kquants;
 mod ktile;
@@ -95,6 +96,7 @@ unsafe fn vec_dot_vnni_tf(qtype: QType, k: usize, w: &[u8], x: &[u8]) -> f32 {
 
 #[inline(always)]
 unsafe fn dot_ggml<M: MulSum>(qtype: QType, k: usize, w: &[u8], x: &[u8]) -> f32 {
+    use iq::{Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Iq4Nl, Iq4Xs, Mxfp4, iq_dot1};
     use kernels::{Q40, Q41, Q50, Q51, Q80};
     use kquants::{Q2K, Q3K, Q4K, Q5K, Q6K};
     let (w, x, nb, nbk) = (w.as_ptr(), x.as_ptr(), k / QK, k / QK_K);
@@ -115,6 +117,16 @@ unsafe fn dot_ggml<M: MulSum>(qtype: QType, k: usize, w: &[u8], x: &[u8]) -> f32
             QType::Q4_K => kquants::k_dot1::<Q4K, M, _>(nbk, w, GgmlQ8K(x)),
             QType::Q5_K => kquants::k_dot1::<Q5K, M, _>(nbk, w, GgmlQ8K(x)),
             QType::Q6_K => kquants::k_dot1::<Q6K, M, _>(nbk, w, GgmlQ8K(x)),
+            QType::IQ4_NL => kernels::sym_dot1::<Iq4Nl, M, _>(nb, w, GgmlQ80(x)),
+            QType::MXFP4 => kernels::sym_dot1::<Mxfp4, M, _>(nb, w, GgmlQ80(x)),
+            QType::IQ4_XS => iq_dot1::<Iq4Xs, M, _>(nbk, w, GgmlQ8K(x)),
+            QType::IQ3_S => iq_dot1::<Iq3S, M, _>(nbk, w, GgmlQ8K(x)),
+            QType::IQ3_XXS => iq_dot1::<Iq3Xxs, M, _>(nbk, w, GgmlQ8K(x)),
+            QType::IQ2_XXS => iq_dot1::<Iq2Xxs, M, _>(nbk, w, GgmlQ8K(x)),
+            QType::IQ2_XS => iq_dot1::<Iq2Xs, M, _>(nbk, w, GgmlQ8K(x)),
+            QType::IQ2_S => iq_dot1::<Iq2S, M, _>(nbk, w, GgmlQ8K(x)),
+            QType::IQ1_S => iq_dot1::<Iq1S, M, _>(nbk, w, GgmlQ8K(x)),
+            QType::IQ1_M => iq_dot1::<Iq1M, M, _>(nbk, w, GgmlQ8K(x)),
         }
     }
 }
@@ -160,6 +172,7 @@ unsafe fn gemm_vnni_tf(g: &Gemm<'_>, rows: Range<usize>) {
 
 #[inline(always)]
 unsafe fn gemm<M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
+    use iq::{Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Iq4Nl, Iq4Xs, Mxfp4};
     use kernels::{Q40, Q41, Q50, Q51, Q80};
     use kquants::{Q2K, Q3K, Q4K, Q5K, Q6K};
     // SAFETY (all): the caller checked that weight rows hold `nb` blocks of the format and that
@@ -179,6 +192,16 @@ unsafe fn gemm<M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
             QType::Q4_K => gemm_k::<Q4K, M>(g, rows),
             QType::Q5_K => gemm_k::<Q5K, M>(g, rows),
             QType::Q6_K => gemm_k::<Q6K, M>(g, rows),
+            QType::IQ4_NL => gemm_q::<Sym<Iq4Nl, M>>(g, rows),
+            QType::MXFP4 => gemm_q::<Sym<Mxfp4, M>>(g, rows),
+            QType::IQ4_XS => gemm_q::<Iqs<Iq4Xs, M>>(g, rows),
+            QType::IQ3_S => gemm_q::<Iqs<Iq3S, M>>(g, rows),
+            QType::IQ3_XXS => gemm_q::<Iqs<Iq3Xxs, M>>(g, rows),
+            QType::IQ2_XXS => gemm_q::<Iqs<Iq2Xxs, M>>(g, rows),
+            QType::IQ2_XS => gemm_q::<Iqs<Iq2Xs, M>>(g, rows),
+            QType::IQ2_S => gemm_q::<Iqs<Iq2S, M>>(g, rows),
+            QType::IQ1_S => gemm_q::<Iqs<Iq1S, M>>(g, rows),
+            QType::IQ1_M => gemm_q::<Iqs<Iq1M, M>>(g, rows),
         }
     }
 }
@@ -195,6 +218,7 @@ trait QDots {
 struct Min<B, M>(std::marker::PhantomData<(B, M)>);
 struct Sym<B, M>(std::marker::PhantomData<(B, M)>);
 struct Plain<P>(std::marker::PhantomData<P>);
+struct Iqs<B, M>(std::marker::PhantomData<(B, M)>);
 
 /// The quants of rows `r..r + 4` and their group's scales.
 #[inline(always)]
@@ -237,6 +261,18 @@ impl<B: SymBlock, M: MulSum> QDots for Sym<B, M> {
     #[inline(always)]
     unsafe fn dot1(nb: usize, w: *const u8, x: &Activations, r: usize) -> f32 {
         unsafe { kernels::sym_dot1::<B, M, Packed>(nb, w, row1(x, r)) }
+    }
+}
+
+impl<B: iq::IqSuper, M: MulSum> QDots for Iqs<B, M> {
+    #[inline(always)]
+    unsafe fn dot4(nb: usize, w: *const u8, x: &Activations, r: usize) -> [f32; 4] {
+        let rows = [0, 1, 2, 3].map(|i| packed_k(x, r + i));
+        unsafe { iq::iq_dot4::<B, M, PackedK>(nb, w, rows) }
+    }
+    #[inline(always)]
+    unsafe fn dot1(nb: usize, w: *const u8, x: &Activations, r: usize) -> f32 {
+        unsafe { iq::iq_dot1::<B, M, PackedK>(nb, w, packed_k(x, r)) }
     }
 }
 

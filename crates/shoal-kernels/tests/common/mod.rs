@@ -8,8 +8,20 @@ use shoal_kernels::{
 
 pub use shoal_testkit::rng::{Draw, SplitMix64 as Rng};
 
-/// Every weight format.
-pub const TYPES: [QType; 13] = QType::ALL;
+/// Every weight format: [`QType::ALL`] then [`QType::IQ`].
+pub const TYPES: [QType; 23] = {
+    let mut t = [QType::F32; 23];
+    let mut i = 0;
+    while i < 23 {
+        t[i] = if i < 13 {
+            QType::ALL[i]
+        } else {
+            QType::IQ[i - 13]
+        };
+        i += 1;
+    }
+    t
+};
 
 /// `k` rounded up to whole blocks of `qtype` (the K-quants need multiples of 256).
 pub fn fit_k(qtype: QType, k: usize) -> usize {
@@ -108,6 +120,30 @@ pub fn random_raw(rng: &mut Rng, qtype: QType, rows: usize, k: usize) -> Vec<u8>
         QType::Q3_K => (108, None, 0.01),
         QType::Q4_K | QType::Q5_K => (0, Some(2), 0.001),
         QType::Q6_K => (208, None, 0.0001),
+        QType::IQ4_XS | QType::IQ3_S | QType::IQ3_XXS => (0, None, 0.001),
+        QType::IQ4_NL | QType::IQ2_XXS | QType::IQ2_XS | QType::IQ2_S | QType::IQ1_S => {
+            (0, None, 0.01)
+        }
+        QType::MXFP4 => {
+            // The E8M0 exponent byte: scales 2^-10 .. 2^2.
+            for b in out.chunks_exact_mut(qtype.type_size()) {
+                b[0] = 118 + (rng.next_u64() % 13) as u8;
+            }
+            return out;
+        }
+        QType::IQ1_M => {
+            // The f16 d is spread over the top nibbles of the four scale words.
+            for b in out.chunks_exact_mut(qtype.type_size()) {
+                let d = half::f16::from_f32(rng.f32_in(-1.0, 1.0) * 0.01).to_bits();
+                for i in 0..4 {
+                    let at = 48 + 2 * i;
+                    let w = u16::from_le_bytes([b[at], b[at + 1]]) & 0x0FFF;
+                    let w = w | (((d >> (4 * i)) & 0xF) << 12);
+                    b[at..at + 2].copy_from_slice(&w.to_le_bytes());
+                }
+            }
+            return out;
+        }
         _ => unreachable!("plain formats handled above"),
     };
     for b in out.chunks_exact_mut(qtype.type_size()) {

@@ -1,0 +1,144 @@
+//! The IQ formats and `MXFP4` (their dequantizers, ids and sizes are checked in `dequant.rs`):
+//! the scalar dot product against the dequantized weights, and
+//! every backend against the scalar one — bitwise for the 256-value formats (the same integer
+//! sums and float steps), within rounding for the 32-value ones — at odd shapes and batch sizes.
+
+mod common;
+
+use common::{Rng, activations, dequantize_acts, random_raw};
+use shoal_kernels::{
+    Activations, Backend, PackedMatrix, QMatrix, QType, ThreadPool, dequantize_row, matmul,
+    matmul_quantized_with, scalar, vec_dot_with,
+};
+
+/// One row of `qtype` (`k` values) · one activation row, in ggml bytes.
+fn ggml_acts(qtype: QType, x: &[f32]) -> Vec<u8> {
+    let a = Activations::quantize(qtype.act_type(), x, 1, x.len()).expect("acts");
+    a.ggml_row(0).expect("row")
+}
+
+/// The scalar dot equals the dequantized weights · the dequantized activations, summed in f64,
+/// within f32 rounding of the per-block float steps: ≤ 1e-5 of Σ|w·x| (plus 1e-6).
+#[test]
+fn scalar_iq_dot_matches_dequantized_product() {
+    let mut rng = Rng::new(29);
+    for qtype in QType::IQ {
+        for k in [256, 512, 1280] {
+            let w = random_raw(&mut rng, qtype, 1, k);
+            let x = activations(&mut rng, k);
+            let xq = ggml_acts(qtype, &x);
+            let acts = Activations::quantize(qtype.act_type(), &x, 1, k).expect("acts");
+            let xf = dequantize_acts(&acts, 1, k);
+            let mut wf = vec![0f32; k];
+            dequantize_row(qtype, &w, &mut wf).expect("decode");
+            let want: f64 = wf
+                .iter()
+                .zip(&xf)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            let mag: f64 = wf
+                .iter()
+                .zip(&xf)
+                .map(|(&a, &b)| f64::from((a * b).abs()))
+                .sum();
+            let got = scalar::vec_dot(qtype, k, &w, &xq);
+            let tol = 1e-5 * mag + 1e-6;
+            assert!(
+                (f64::from(got) - want).abs() <= tol,
+                "{qtype:?} k={k}: {got} vs {want} (tol {tol})"
+            );
+            assert!(
+                mag > 0.0,
+                "{qtype:?} k={k}: an all-zero product tests nothing"
+            );
+        }
+    }
+}
+
+/// Every backend's `vec_dot` against the scalar one: bitwise for the 256-value formats (the same
+/// integer sums and float steps), within rounding of the block order for `IQ4_NL` / `MXFP4`.
+#[test]
+fn every_backend_iq_dot_matches_scalar() {
+    let mut rng = Rng::new(2911);
+    for backend in Backend::supported() {
+        for qtype in QType::IQ {
+            for blocks in [1, 2, 3, 7, 11] {
+                let k = blocks * qtype.block_size();
+                let w = random_raw(&mut rng, qtype, 1, k);
+                let x = activations(&mut rng, k);
+                let xq = ggml_acts(qtype, &x);
+                let want = scalar::vec_dot(qtype, k, &w, &xq);
+                let got = vec_dot_with(backend, qtype, k, &w, &xq);
+                if qtype.block_size() == 256 {
+                    assert_eq!(got.to_bits(), want.to_bits(), "{backend:?} {qtype:?} k={k}");
+                } else {
+                    let mut wf = vec![0f32; k];
+                    dequantize_row(qtype, &w, &mut wf).expect("decode");
+                    let xf = dequantize_acts(
+                        &Activations::quantize(qtype.act_type(), &x, 1, k).expect("acts"),
+                        1,
+                        k,
+                    );
+                    let mag: f32 = wf.iter().zip(&xf).map(|(a, b)| (a * b).abs()).sum();
+                    let tol = 1e-5 * mag + 1e-6;
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{backend:?} {qtype:?} k={k}: {got} vs {want} (tol {tol})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The matmul of every backend (four-row and one-row kernels, thread splits, odd row counts)
+/// equals the scalar backend's matmul, and each output equals the row's `vec_dot`.
+#[test]
+fn every_backend_iq_matmul_matches_scalar() {
+    let mut rng = Rng::new(2912);
+    let pool = ThreadPool::new(2);
+    for qtype in QType::IQ {
+        for (n, k, m) in [(5, 256, 1), (19, 512, 6), (33, 768, 13)] {
+            let w = random_raw(&mut rng, qtype, n, k);
+            let x = activations(&mut rng, m * k);
+            let mat = QMatrix::new(qtype, n, k, &w).expect("matrix");
+            let acts = Activations::quantize(qtype.act_type(), &x, m, k).expect("acts");
+            let mut want = vec![0f32; m * n];
+            matmul_quantized_with(Backend::Scalar, &mat, &acts, &mut want, &pool).expect("scalar");
+            for r in 0..m {
+                let xq = acts.ggml_row(r).expect("row");
+                for j in 0..n {
+                    let row = mat.row(j).expect("row");
+                    let v = scalar::vec_dot(qtype, k, row, &xq);
+                    assert_eq!(
+                        v.to_bits(),
+                        want[r * n + j].to_bits(),
+                        "{qtype:?} ({r}, {j})"
+                    );
+                }
+            }
+            for backend in Backend::supported() {
+                let mut got = vec![0f32; m * n];
+                matmul_quantized_with(backend, &mat, &acts, &mut got, &pool).expect("matmul");
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    let tol = if qtype.block_size() == 256 {
+                        0.0
+                    } else {
+                        1e-4 * e.abs() + 1e-5
+                    };
+                    assert!(
+                        (g - e).abs() <= tol,
+                        "{backend:?} {qtype:?} n={n} k={k} m={m} out[{i}]: {g} vs {e}"
+                    );
+                }
+            }
+            // The packed matrix (the engine's path) on the detected backend.
+            let p = PackedMatrix::new(&mat).expect("packed");
+            let mut got = vec![0f32; m * n];
+            p.matmul(&x, m, &mut got, &pool).expect("packed matmul");
+            let mut plain = vec![0f32; m * n];
+            matmul(&mat, &x, m, &mut plain, &pool).expect("matmul");
+            assert_eq!(got, plain, "{qtype:?} packed vs rows");
+        }
+    }
+}
