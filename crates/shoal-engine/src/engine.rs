@@ -22,6 +22,7 @@ use crate::error::EngineError;
 pub use crate::gpu_stage::Device;
 use crate::gpu_stage::{GpuStage, open_gpu};
 use crate::handle::{EngineHandle, ModelInfo};
+pub use crate::hybrid::HybridStage;
 use crate::kvpool::KvPool;
 use crate::stage::{LocalStage, Stage};
 use crate::stats::Counters;
@@ -38,20 +39,60 @@ pub struct LoadedModel {
     pub kv_source: KvSource,
 }
 
-/// Where a model's local stages run: the device, and on a GPU the device memory their KV may take.
+/// Where a model's local stages run: the device, on a GPU the device memory their KV may take, and
+/// how many of each stage's layers go on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Placement {
     pub device: Device,
     pub device_kv_budget_bytes: usize,
+    /// On [`Device::Gpu`]: the first this many layers of each stage on the GPU, the rest on the CPU
+    /// (a [`HybridStage`]); `None`: all of them.
+    pub gpu_layers: Option<usize>,
 }
 
 impl Placement {
-    /// The placement `config` asks for.
+    /// The placement `config` asks for (every layer on its device).
     pub fn of(config: &EngineConfig) -> Self {
         Self {
             device: config.device,
             device_kv_budget_bytes: config.device_kv_budget_bytes,
+            gpu_layers: None,
         }
+    }
+
+    /// All layers on the CPU.
+    pub fn cpu() -> Self {
+        Self::default()
+    }
+
+    /// The first `layers` layers of each stage on GPU `index` (all of them when the stage has no
+    /// more), their KV taking at most `device_kv_budget_bytes` of its memory.
+    pub fn gpu(index: usize, layers: usize, device_kv_budget_bytes: usize) -> Self {
+        Self {
+            device: Device::Gpu(index),
+            device_kv_budget_bytes,
+            gpu_layers: Some(layers),
+        }
+    }
+
+    /// How `range` splits: the GPU's part (possibly empty) and the CPU's (possibly empty).
+    fn split(&self, range: LayerRange) -> (LayerRange, LayerRange) {
+        let on_gpu = match (self.device, self.gpu_layers) {
+            (Device::Cpu, _) => 0,
+            (Device::Gpu(_), None) => range.len(),
+            (Device::Gpu(_), Some(k)) => k.min(range.len()),
+        };
+        let cut = range.start + on_gpu;
+        (
+            LayerRange {
+                start: range.start,
+                end: cut,
+            },
+            LayerRange {
+                start: cut,
+                end: range.end,
+            },
+        )
     }
 }
 
@@ -103,7 +144,10 @@ impl LoadedModel {
                     let stage = DecoderStage::load(&mut gguf, *r, pool).map_err(|e| err(&e))?;
                     Box::new(LocalStage::with_kv_source(stage, kv_source.clone()))
                 }
-                Some(gpu) => Box::new(load_gpu_stage(&mut gguf, *r, gpu, placement, path)?),
+                Some(gpu) => {
+                    let parts = (gpu, pool, &kv_source);
+                    Box::new(load_hybrid(&mut gguf, *r, parts, placement, path)?)
+                }
             });
         }
         drop(gguf);
@@ -162,8 +206,54 @@ fn load_gpu_stage(
     Ok(GpuStage::new(stage, placement.device_kv_budget_bytes))
 }
 
-/// Loads layers `range` of a GGUF model as a stage on `placement`'s device (what a node hosting
-/// one stage of a pipeline runs).
+/// Loads layers `range` of `gguf` as a [`HybridStage`]: the GPU's part on `gpu`, the rest on the
+/// CPU (its caches taking buffers from `kv_source`), as `placement` splits it.
+fn load_hybrid(
+    gguf: &mut GgufFile,
+    range: LayerRange,
+    (gpu, pool, kv_source): (&Arc<Gpu>, &Arc<ThreadPool>, &KvSource),
+    placement: Placement,
+    path: &Path,
+) -> Result<HybridStage, EngineError> {
+    let (on_gpu, on_cpu) = placement.split(range);
+    let cpu = |gguf: &mut GgufFile| -> Result<LocalStage, EngineError> {
+        let stage = DecoderStage::load(gguf, on_cpu, pool)
+            .map_err(|e| EngineError::Internal(format!("loading {}: {e}", path.display())))?;
+        Ok(LocalStage::with_kv_source(stage, kv_source.clone()))
+    };
+    Ok(match (on_gpu.len(), on_cpu.len()) {
+        (0, _) => cpu(gguf)?.into(),
+        (_, 0) => load_gpu_stage(gguf, on_gpu, gpu, placement, path)?.into(),
+        _ => {
+            let g = load_gpu_stage(gguf, on_gpu, gpu, placement, path)?;
+            HybridStage::split(g, cpu(gguf)?)?
+        }
+    })
+}
+
+/// Loads layers `range` of a GGUF model as one stage where `placement` says: all on the CPU, all
+/// on a GPU, or the first layers on a GPU and the rest on the CPU (what a node runs for one stage
+/// of a pipeline: its own, or one it hosts for another node's).
+pub fn load_hybrid_stage(
+    path: &Path,
+    range: LayerRange,
+    pool: &Arc<ThreadPool>,
+    placement: Placement,
+) -> Result<HybridStage, EngineError> {
+    let Device::Gpu(i) = placement.device else {
+        return Ok(load_local_stage(path, range, pool)?.into());
+    };
+    let gpu = open_gpu(i)?;
+    let mut gguf = GgufFile::open(path)
+        .map_err(|e| EngineError::Internal(format!("loading {}: {e}", path.display())))?;
+    let parts = (&gpu, pool, &KvSource::default());
+    let stage = load_hybrid(&mut gguf, range, parts, placement, path)?;
+    drop(gguf);
+    release_freed_heap();
+    Ok(stage)
+}
+
+/// [`load_hybrid_stage`] behind the stage seam.
 pub fn load_stage_on(
     path: &Path,
     range: LayerRange,
@@ -172,14 +262,7 @@ pub fn load_stage_on(
 ) -> Result<Box<dyn Stage>, EngineError> {
     match placement.device {
         Device::Cpu => Ok(Box::new(load_local_stage(path, range, pool)?)),
-        Device::Gpu(i) => {
-            let gpu = open_gpu(i)?;
-            let mut gguf = GgufFile::open(path)
-                .map_err(|e| EngineError::Internal(format!("loading {}: {e}", path.display())))?;
-            Ok(Box::new(load_gpu_stage(
-                &mut gguf, range, &gpu, placement, path,
-            )?))
-        }
+        Device::Gpu(_) => Ok(Box::new(load_hybrid_stage(path, range, pool, placement)?)),
     }
 }
 

@@ -35,6 +35,7 @@ pub mod engine;
 pub mod error;
 pub mod gpu_stage;
 pub mod handle;
+pub mod hybrid;
 mod kv_account;
 pub mod kvpool;
 pub mod logits;

@@ -1,14 +1,16 @@
 //! GPU stages behind the stage seam (lavapipe in CI): a [`GpuStage`]'s batched decode, prefix reuse
 //! and forks give each sequence's lone-run tokens; a pipeline of a GPU stage and a CPU stage gives
-//! the CPU's tokens; an engine on `Device::Gpu` serves greedy requests as the CPU engine does; a GPU
-//! index with no adapter is an `EngineError::Device`. These fail when no adapter exists unless
-//! `SHOAL_GPU_TESTS=skip`.
+//! the CPU's tokens, and so does one stage split between the two (its first layers on the GPU, a
+//! `HybridStage`, KV operations and rewinds on both parts); an engine on `Device::Gpu` serves
+//! greedy requests as the CPU engine does; a GPU index with no adapter is an
+//! `EngineError::Device`. These fail when no adapter exists unless `SHOAL_GPU_TESTS=skip`.
 
 use std::sync::Arc;
 
 use shoal_engine::EngineError;
 use shoal_engine::engine::{
-    Device, EngineConfig, Placement, load_local_stage, load_stage_on, spawn_from_gguf,
+    Device, EngineConfig, Placement, load_hybrid_stage, load_local_stage, load_stage_on,
+    spawn_from_gguf,
 };
 use shoal_engine::stage::{ChunkSpec, KvOp, Pool, Stage, StageData};
 use shoal_engine::{Event, Prompt};
@@ -39,6 +41,7 @@ fn gpu_placement() -> Placement {
     Placement {
         device: Device::Gpu(0),
         device_kv_budget_bytes: 64 << 20,
+        gpu_layers: None,
     }
 }
 
@@ -62,15 +65,7 @@ fn step(stages: &mut [Box<dyn Stage>], batch: &[ChunkSpec], tokens: Vec<u32>) ->
     for s in stages.iter_mut() {
         data = shoal_engine::stage::forward(s.as_mut(), batch, data, &[]).expect("forward");
     }
-    let StageData::Logits { logits, .. } = data else {
-        panic!("no logits");
-    };
-    (0..logits.rows())
-        .map(|i| {
-            let row = logits.row(i).expect("row");
-            (0..row.len()).fold(0, |b, j| if row[j] > row[b] { j } else { b }) as u32
-        })
-        .collect()
+    greedy(data)
 }
 
 /// `n` greedy tokens of `prompt` alone as sequence `id`.
@@ -170,6 +165,116 @@ fn a_gpu_stage_then_a_cpu_stage_give_the_cpu_s_tokens() {
         alone(&mut mixed, 1, &prompt, 4),
         alone(&mut one_node, 1, &prompt, 4)
     );
+}
+
+/// llama.cpp's `-ngl` per stage: the first 3 layers on the GPU, the other 27 on the CPU, as one
+/// stage. Its greedy tokens are the all-CPU stage's; every KV operation, the rewind and the counts
+/// hold for both parts.
+#[test]
+fn a_stage_split_between_the_gpu_and_the_cpu_gives_the_cpu_s_tokens() {
+    if !have_gpu() {
+        return;
+    }
+    let pool = Arc::new(ThreadPool::new(1));
+    let full = LayerRange { start: 0, end: 30 };
+    let split = load_hybrid_stage(&model_path(), full, &pool, Placement::gpu(0, 3, 64 << 20))
+        .expect("split stage");
+    assert_eq!((split.gpu_layers(), split.cpu_layers()), (3, 27));
+    assert_eq!(split.layers(), (0, 30));
+    let info = Stage::info(&split);
+    assert_eq!(info.local_kv_layers, 27, "the CPU part's KV is the host's");
+    assert!(
+        info.kv_token_capacity.is_some_and(|c| c > 1000),
+        "the GPU part's is the device's"
+    );
+    assert_eq!(
+        split.host_kv_bytes_per_token(),
+        27 * split.model_kv_bytes_per_token() / 30
+    );
+    let mut split: Vec<Box<dyn Stage>> = vec![Box::new(split)];
+    let mut cpu: Vec<Box<dyn Stage>> = vec![Box::new(
+        load_local_stage(&model_path(), full, &pool).expect("CPU stage"),
+    )];
+    let prompt = [504u32, 3575, 282, 4649, 314];
+    let want = alone(&mut cpu, 1, &prompt, 4);
+    assert_eq!(alone(&mut split, 1, &prompt, 4), want);
+    // The prompt kept as a prefix, started again as sequence 2 and forked into 3: both parts follow.
+    let s = &mut split[0];
+    step_into(s.as_mut(), 1, &prompt);
+    s.kv(KvOp::Retain {
+        seq_id: 1,
+        prefix_id: 7,
+        len: prompt.len() - 1,
+    })
+    .expect("retain");
+    s.kv(KvOp::Start {
+        prefix_id: 7,
+        seq_id: 2,
+        len: prompt.len() - 1,
+    })
+    .expect("start");
+    let first = step(&mut split, &[spec(2, 1)], vec![prompt[prompt.len() - 1]]);
+    assert_eq!(first[0], want[0]);
+    split[0]
+        .kv(KvOp::Fork {
+            seq_id: 2,
+            into: 3,
+            len: prompt.len(),
+        })
+        .expect("fork");
+    assert_eq!(split[0].held_sequences(), 2);
+    let next = step(
+        &mut split,
+        &[spec(2, 1), spec(3, 1)],
+        vec![want[0], want[0]],
+    );
+    assert_eq!(next, vec![want[1], want[1]]);
+    // Rewound by one token on both parts, sequence 3 computes its last token again.
+    let mut hybrid = load_hybrid_stage(&model_path(), full, &pool, Placement::gpu(0, 3, 64 << 20))
+        .expect("split stage");
+    let run = |h: &mut shoal_engine::engine::HybridStage, tokens: &[u32]| {
+        let batch = [spec(9, tokens.len())];
+        let out = h
+            .forward(&batch, StageData::Tokens(tokens.to_vec()), &[])
+            .expect("forward");
+        greedy(out)[0]
+    };
+    let t0 = run(&mut hybrid, &prompt);
+    let t1 = run(&mut hybrid, &[t0]);
+    assert_eq!((hybrid.cached_len(9), hybrid.held_tokens()), (6, 6));
+    hybrid.rewind(9, 5).expect("rewind");
+    assert_eq!(hybrid.cached_len(9), 5);
+    assert_eq!(
+        run(&mut hybrid, &[t0]),
+        t1,
+        "after the rewind, the same token"
+    );
+    assert_eq!((t0, t1), (want[0], want[1]));
+    hybrid.apply(KvOp::Release { seq_id: 9 }).expect("release");
+    assert_eq!(
+        (Stage::held_sequences(&hybrid), hybrid.held_tokens()),
+        (0, 0)
+    );
+}
+
+/// Runs `prompt` as sequence `id` through `stage` (its KV kept).
+fn step_into(stage: &mut dyn Stage, id: u64, prompt: &[u32]) {
+    let batch = [spec(id, prompt.len())];
+    shoal_engine::stage::forward(stage, &batch, StageData::Tokens(prompt.to_vec()), &[])
+        .expect("forward");
+}
+
+/// The greedy token of each logits row.
+fn greedy(data: StageData) -> Vec<u32> {
+    let StageData::Logits { logits, .. } = data else {
+        panic!("no logits");
+    };
+    (0..logits.rows())
+        .map(|i| {
+            let row = logits.row(i).expect("row");
+            (0..row.len()).fold(0, |b, j| if row[j] > row[b] { j } else { b }) as u32
+        })
+        .collect()
 }
 
 #[tokio::test]
