@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use futures::executor::block_on;
 
-use crate::GpuError;
+use crate::{GpuError, GpuMemory};
 use crate::pipelines::{Kernel, PipelineKey};
 
 /// The backends shoal uses: Vulkan (Linux, Windows; the loader is opened at run time, never
@@ -16,10 +16,8 @@ pub(crate) const BACKENDS: wgpu::Backends = wgpu::Backends::VULKAN
 
 /// What wgpu tells about one adapter, without opening it.
 ///
-/// Not knowable through wgpu: the device's memory, total or free. wgpu exposes neither (Vulkan's
-/// memory heaps and `VK_EXT_memory_budget`, Metal's `recommendedMaxWorkingSetSize` and DXGI's
-/// budget sit below its portable API), so the largest buffer and binding are what is reported
-/// here; a per-backend query through wgpu's hal is left to the GPU stage's facts.
+/// The device's memory is not in wgpu's portable API: [`GpuInfo::memory`] reads it through the
+/// hal where the backend allows (Vulkan; see [`GpuMemory`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuInfo {
     /// Index for [`Gpu::open`], in the order the backends enumerate adapters.
@@ -45,6 +43,8 @@ pub struct GpuInfo {
     pub max_buffer: u64,
     /// The range of subgroup widths the driver may use (the kernels never assume one).
     pub subgroup_sizes: (u32, u32),
+    /// The device's memory, total and free, as its driver tells it when asked (at discovery).
+    pub memory: GpuMemory,
 }
 
 /// Options for [`Gpu::open_with`].
@@ -129,6 +129,7 @@ fn info_of(index: usize, adapter: &wgpu::Adapter) -> GpuInfo {
         max_storage_binding: limits.max_storage_buffer_binding_size,
         max_buffer: limits.max_buffer_size,
         subgroup_sizes: (a.subgroup_min_size, a.subgroup_max_size),
+        memory: crate::memory::read(adapter),
     }
 }
 

@@ -53,6 +53,12 @@
 //!   fused product, picking rows) and [`Gpu::kv_copy`] (a sequence's KV into a bigger cache, a
 //!   prefix or a fork). shoal-model's `gpu::GpuDecoderStage` chains them into a stage.
 //!
+//! - [`GpuInfo::memory`] ([`GpuMemory`], module `memory`): the device's memory read through
+//!   wgpu's Vulkan hal (device-local heaps, `VK_EXT_memory_budget`); not read on Metal or DX12.
+//! - [`probe()`] ([`GpuProbeConfig`], [`GpuProbe`]): the CPU compute probe's figures measured with
+//!   these kernels — decode weight bytes/s per format, the tiled product's and decode
+//!   attention's flop/s — many dispatches per command buffer, the fastest of a few rounds.
+//!
 //! Not here yet: a split-K attention for long contexts (one workgroup per (head, row) reads
 //! every key).
 //!
@@ -66,8 +72,10 @@ mod error;
 mod layer;
 mod matmat;
 mod matrix;
+mod memory;
 mod ops;
 mod pipelines;
+mod probe;
 
 pub use buffer::GpuVec;
 pub use device::{Gpu, GpuInfo, OpenOptions};
@@ -75,4 +83,6 @@ pub use error::GpuError;
 pub use layer::{Attend, GpuKvCache, KvShape, Rope, RopeMode};
 pub use matmat::MatmatConfig;
 pub use matrix::GpuMatrix;
+pub use memory::GpuMemory;
 pub use ops::{Commands, MatvecConfig};
+pub use probe::{GPU_TYPES, GpuProbe, GpuProbeConfig, MAX_REPS, probe};
