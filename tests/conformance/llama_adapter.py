@@ -1,0 +1,88 @@
+"""Pytest plugin (`-p llama_adapter`) that points llama.cpp's server test suite at a real `shoal serve`.
+
+The suite drives llama-server through `utils.ServerProcess`: a test sets fields that become llama-server's
+command-line flags, calls `start()`, then sends requests to `make_url(path)`. The adapter replaces only
+that plumbing, never a test's requests or assertions:
+- `ServerProcess.start` reaches a shoal node (the default test model; one node per API key, since
+  `--api-key` is the one flag both servers share) instead of launching llama-server, and names the
+  served model as shoal does (`model_alias` = shoal's catalog id, llama-server's `--alias` is its own flag);
+  `stop` leaves the shared node running; `ServerPreset.load_all` (llama-server's model downloads) does
+  nothing.
+- `make_url` sends llama-server's unprefixed aliases of OpenAI routes (`/chat/completions`, `/models`)
+  to the `/v1/...` routes OpenAI defines.
+- `openai.OpenAI` as the tests import it gets `/v1` appended to a base URL without it, and a model name
+  shoal does not serve (`gpt-3.5-turbo-instruct`, `davinci-002`, ...) replaced by the served one:
+  llama-server answers any name with its one model, shoal (as OpenAI) answers 404 `model_not_found`.
+
+Tests that exercise llama-server-only features are skipped and shoal's known defects marked, by the
+explicit lists in `llama_expectations.py`; the terminal summary prints the counts and both lists' use.
+"""
+
+import sys
+from pathlib import Path
+
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import expectations  # noqa: E402
+import llama_expectations  # noqa: E402
+import shoal_node  # noqa: E402
+import suite  # noqa: E402
+
+SUITE = suite.llama_server_tests()
+sys.path.insert(0, str(SUITE))
+import utils  # noqa: E402  (llama.cpp's tests/utils.py)
+
+# llama-server's aliases of OpenAI's routes, and where OpenAI (and shoal) serve them. Its `/completion`,
+# `/completions` and `/embeddings` are its native routes, with shapes of their own: they stay as they are.
+OPENAI_ALIASES = {"/chat/completions": "/v1/chat/completions", "/models": "/v1/models"}
+
+
+def _start(self, timeout_seconds: int = utils.DEFAULT_HTTP_TIMEOUT) -> None:
+    node = shoal_node.node(*(["--api-key", self.api_key] if self.api_key else []))
+    host, _, port = node.url.removeprefix("http://").rpartition(":")
+    self.server_host, self.server_port = host, int(port)
+    self.model_alias = shoal_node.MODEL_ID
+    self.ready = True
+    utils.server_instances.add(self)
+
+
+def _stop(self) -> None:
+    utils.server_instances.discard(self)
+
+
+_make_url = utils.ServerProcess.make_url
+
+
+def _make_url_v1(self, path: str, host: "str | None" = None) -> str:
+    return _make_url(self, OPENAI_ALIASES.get(path, path), host)
+
+
+utils.ServerProcess.start = _start
+utils.ServerProcess.stop = _stop
+utils.ServerProcess.make_url = _make_url_v1
+utils.ServerPreset.load_all = staticmethod(lambda: None)
+
+
+class ShoalOpenAI(openai.OpenAI):
+    """`openai.OpenAI` as llama-server's tests use it, aimed at shoal (see the module's overview)."""
+
+    def __init__(self, *args, base_url=None, **kwargs):
+        if base_url is not None and not str(base_url).rstrip("/").endswith("/v1"):
+            base_url = str(base_url).rstrip("/") + "/v1"
+        super().__init__(*args, base_url=base_url, **kwargs)
+
+    def _build_request(self, options, *args, **kwargs):
+        if isinstance(options.json_data, dict) and options.json_data.get("model") not in (None, shoal_node.MODEL_ID):
+            options.json_data = {**options.json_data, "model": shoal_node.MODEL_ID}
+        return super()._build_request(options, *args, **kwargs)
+
+
+openai.OpenAI = ShoalOpenAI
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(expectations.Expectations(
+        "llama.cpp server tests against shoal", llama_expectations.SKIPS, llama_expectations.KNOWN_DEFECTS,
+        skip_prefix="llama-server only: ",
+        extra_skip=lambda item: llama_expectations.SLOW if item.get_closest_marker("slow") else None))
