@@ -10,7 +10,6 @@ use crate::config::ModelConfig;
 use crate::decoder::names;
 use crate::error::Result;
 use crate::gguf::GgufFile;
-use crate::gguf::types::ggml_type_of;
 use crate::kv;
 
 /// Bytes and shapes of a model, per part a pipeline stage may hold.
@@ -63,11 +62,10 @@ impl Footprint {
         let embed_bytes = bytes(names::TOKEN_EMBD);
         let head_bytes =
             bytes(names::OUTPUT_NORM) + gguf.tensor_bytes(names::OUTPUT).unwrap_or(embed_bytes);
-        let infos = &gguf.content().tensor_infos;
+        let infos = gguf.tensors();
         let mut by_type: BTreeMap<&'static str, u64> = BTreeMap::new();
         for (name, info) in infos.iter().filter(|(n, _)| n.starts_with(names::BLK)) {
-            let ty = ggml_type_of(info.ggml_dtype).map_or("", |t| t.name);
-            *by_type.entry(ty).or_default() += bytes(name);
+            *by_type.entry(info.ty.name).or_default() += bytes(name);
         }
         // Most bytes; a tie goes to the first name (BTreeMap order), so the choice is stable.
         let weight_type = by_type
@@ -77,16 +75,14 @@ impl Footprint {
             .map_or("", |(t, _)| *t);
         let layer_params = infos
             .iter()
-            .filter(|(n, i)| n.starts_with(&layer0) && i.shape.rank() >= 2)
-            .map(|(_, i)| i.shape.elem_count() as u64)
+            .filter(|(n, i)| n.starts_with(&layer0) && i.dims.len() >= 2)
+            .map(|(_, i)| elements(&i.dims))
             .sum();
         let head = infos
             .get(names::OUTPUT)
             .or_else(|| infos.get(names::TOKEN_EMBD));
-        let head_type = head
-            .and_then(|i| ggml_type_of(i.ggml_dtype))
-            .map_or("", |t| t.name);
-        let head_params = head.map_or(0, |i| i.shape.elem_count() as u64);
+        let head_type = head.map_or("", |i| i.ty.name);
+        let head_params = head.map_or(0, |i| elements(&i.dims));
         Ok(Self {
             n_layers: cfg.n_layers,
             layer_bytes,
@@ -104,4 +100,9 @@ impl Footprint {
             attention_flops_per_position: 4 * (cfg.n_heads * cfg.head_dim) as u64,
         })
     }
+}
+
+/// Elements of a tensor of `dims`.
+fn elements(dims: &[usize]) -> u64 {
+    dims.iter().map(|&d| d as u64).product()
 }

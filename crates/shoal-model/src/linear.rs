@@ -8,38 +8,17 @@
 
 use std::sync::Arc;
 
-use candle_core::quantized::GgmlDType;
 use shoal_kernels::{ActType, Activations, PackedMatrix, QType, ThreadPool};
 
 use crate::error::{ModelError, Result};
+use crate::gguf::types::GgmlType;
 use crate::gguf::{GgufFile, RawTensor};
 
-/// The ggml type id of a candle dtype (GGUF's numbering).
-fn ggml_type_id(dtype: GgmlDType) -> u32 {
-    match dtype {
-        GgmlDType::F32 => 0,
-        GgmlDType::F16 => 1,
-        GgmlDType::Q4_0 => 2,
-        GgmlDType::Q4_1 => 3,
-        GgmlDType::Q5_0 => 6,
-        GgmlDType::Q5_1 => 7,
-        GgmlDType::Q8_0 => 8,
-        GgmlDType::Q8_1 => 9,
-        GgmlDType::Q2K => 10,
-        GgmlDType::Q3K => 11,
-        GgmlDType::Q4K => 12,
-        GgmlDType::Q5K => 13,
-        GgmlDType::Q6K => 14,
-        GgmlDType::Q8K => 15,
-        GgmlDType::BF16 => 30,
-    }
-}
-
-/// The kernels' format for a tensor, or the load error naming the tensor and its type.
-pub fn kernel_qtype(name: &str, dtype: GgmlDType) -> Result<QType> {
-    QType::from_ggml_type_id(ggml_type_id(dtype)).ok_or_else(|| ModelError::UnsupportedTensorType {
+/// The kernels' format for a tensor of type `ty`, or the load error naming the tensor and its type.
+pub fn kernel_qtype(name: &str, ty: &GgmlType) -> Result<QType> {
+    ty.qtype().ok_or_else(|| ModelError::UnsupportedTensorType {
         name: name.into(),
-        dtype: format!("{dtype:?}"),
+        dtype: format!("{} (id {})", ty.name, ty.id),
     })
 }
 
@@ -53,7 +32,7 @@ pub(crate) fn matrix_shape(name: &str, raw: &RawTensor) -> Result<(usize, usize,
             expected: vec![0, 0],
         });
     };
-    Ok((rows, cols, kernel_qtype(name, raw.dtype)?))
+    Ok((rows, cols, kernel_qtype(name, raw.ty)?))
 }
 
 /// A `[rows, cols]` weight tensor as a packed matrix.
@@ -160,9 +139,9 @@ impl LinearSet {
         let (mut col, mut in_features) = (0, None);
         let mut iter = raws.into_iter().peekable();
         while let Some((name, first, bias)) = iter.next() {
-            let (dtype, mut stack) = (first.dtype, vec![(first, bias)]);
+            let (ty, mut stack) = (first.ty.id, vec![(first, bias)]);
             while let Some((_, next, _)) = iter.peek()
-                && next.dtype == dtype
+                && next.ty.id == ty
             {
                 if let Some((_, raw, bias)) = iter.next() {
                     stack.push((raw, bias));
@@ -251,15 +230,12 @@ fn stack_rows(name: &str, stack: &mut [(RawTensor, Option<Vec<f32>>)]) -> Result
     if stack.len() == 1 {
         let (raw, _) = &mut stack[0];
         return Ok(RawTensor {
-            dtype: raw.dtype,
+            ty: raw.ty,
             dims: raw.dims.clone(),
             data: std::mem::take(&mut raw.data),
         });
     }
-    let (dtype, cols) = (
-        stack[0].0.dtype,
-        stack[0].0.dims.get(1).copied().unwrap_or(0),
-    );
+    let (ty, cols) = (stack[0].0.ty, stack[0].0.dims.get(1).copied().unwrap_or(0));
     let mut rows = 0;
     let mut data = Vec::with_capacity(stack.iter().map(|(p, _)| p.data.len()).sum());
     for (p, _) in stack.iter_mut() {
@@ -274,7 +250,7 @@ fn stack_rows(name: &str, stack: &mut [(RawTensor, Option<Vec<f32>>)]) -> Result
         data.extend_from_slice(&std::mem::take(&mut p.data));
     }
     Ok(RawTensor {
-        dtype,
+        ty,
         dims: vec![rows, cols],
         data,
     })
@@ -347,15 +323,20 @@ mod tests {
 
     #[test]
     fn a_type_the_kernels_cannot_multiply_names_the_tensor_and_the_type() {
-        let err = kernel_qtype("blk.3.ffn_up.weight", GgmlDType::Q8K)
+        use crate::gguf::types::ggml_type;
+        let q8k = ggml_type(15).expect("Q8_K");
+        let err = kernel_qtype("blk.3.ffn_up.weight", q8k)
             .map(|_| ())
             .expect_err("Q8_K is an activation format")
             .to_string();
         assert!(
-            err.contains("blk.3.ffn_up.weight") && err.contains("Q8K"),
+            err.contains("blk.3.ffn_up.weight") && err.contains("Q8_K (id 15)"),
             "{err}"
         );
-        assert!(err.contains("Q4_K") && err.contains("Q6_K"), "{err}");
-        assert!(kernel_qtype("w", GgmlDType::Q4K).is_ok());
+        assert!(err.contains("Q4_K") && err.contains("IQ4_XS"), "{err}");
+        for (id, q) in [(12, QType::Q4_K), (23, QType::IQ4_XS), (39, QType::MXFP4)] {
+            let t = ggml_type(id).expect("a type");
+            assert_eq!(kernel_qtype("w", t).ok(), Some(q));
+        }
     }
 }

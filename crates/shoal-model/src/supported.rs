@@ -5,5 +5,5 @@
 pub const ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3"];
 
 /// Tensor types the kernels multiply (ggml's names).
-pub const TENSOR_TYPES: &str =
-    "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
+pub const TENSOR_TYPES: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, \
+     IQ4_NL, IQ4_XS, MXFP4, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M";

@@ -62,7 +62,7 @@ pub async fn fetch_stage(
         .map_err(|e| TransferError::Task(e.to_string()))?;
         match parsed {
             Ok((data, n, g)) if data < prefix || prefix >= manifest.size => {
-                break shoal_model::stage_byte_ranges(g.content(), layers.start, layers.end, n)?;
+                break shoal_model::stage_byte_ranges(&g, layers.start, layers.end, n)?;
             }
             Err(e) if prefix >= manifest.size => return Err(e.into()),
             _ => prefix = prefix.saturating_mul(2).min(manifest.size),

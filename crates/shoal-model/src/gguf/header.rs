@@ -1,6 +1,8 @@
 //! The bounds-checked GGUF v2/v3 header reader: [`read`] parses the magic, version, metadata and tensor
 //! directory of a file into candle's public [`Content`] (so the tokenizer and config code keep reading
-//! [`Value`]s), through a buffered reader ([`Source`]) that knows how many bytes the file has left.
+//! [`Value`]s) plus shoal's own directory of every tensor ([`TensorEntry`]: candle's `TensorInfo` cannot
+//! hold the types candle lacks, such as the IQ formats, so `Content::tensor_infos` lists only the others),
+//! through a buffered reader ([`Source`]) that knows how many bytes the file has left.
 //!
 //! Nothing the file declares is trusted before it is checked:
 //! - every read of a fixed-size field first checks that the file still holds those bytes;
@@ -15,7 +17,7 @@
 //!
 //! So every allocation is bounded by bytes the file really holds, and every problem is a
 //! [`ModelError::InvalidGguf`] naming what is wrong (or, for a tensor type shoal cannot load,
-//! [`ModelError::UnsupportedTensorType`] naming the tensor and its type: "IQ4_XS (id 23)"), never a panic.
+//! [`ModelError::UnsupportedTensorType`] naming the tensor and its type: "TQ2_0 (id 35)"), never a panic.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -23,10 +25,10 @@ use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
-use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::{Content, TensorInfo, Value, ValueType, VersionedMagic};
 
-use super::types::ggml_type;
+use super::TensorEntry;
+use super::types::{GgmlType, ggml_type};
 use crate::error::{ModelError, Result};
 
 /// Alignment of tensor data when the file does not set `general.alignment`.
@@ -49,8 +51,9 @@ const MIN_KV_BYTES: u64 = 8 + 4 + 1;
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 8 + 4 + 8;
 
 /// Parses the header of the GGUF file `file` (at `path`, for messages) and checks its tensor directory
-/// against the file's size.
-pub fn read(file: &mut File, path: &Path) -> Result<Content> {
+/// against the file's size: the metadata and the tensors candle can represent as candle's [`Content`],
+/// and every tensor in shoal's directory.
+pub fn read(file: &mut File, path: &Path) -> Result<(Content, HashMap<String, TensorEntry>)> {
     let io = |source| ModelError::Io {
         path: path.display().to_string(),
         source,
@@ -85,26 +88,36 @@ pub fn read(file: &mut File, path: &Path) -> Result<Content> {
         .checked_next_multiple_of(alignment)
         .ok_or_else(|| src.bad(format!("alignment {alignment} overflows the data offset")))?;
     let mut tensor_infos = HashMap::with_capacity(tensors.len());
-    for (name, info, bytes) in tensors {
-        let start = data_start.checked_add(info.offset);
-        match start.and_then(|s| s.checked_add(bytes)) {
+    let mut entries = HashMap::with_capacity(tensors.len());
+    for (name, entry) in tensors {
+        let start = data_start.checked_add(entry.offset);
+        match start.and_then(|s| s.checked_add(entry.bytes)) {
             Some(end) if end <= size => {}
             _ => {
                 return Err(src.bad(format!(
-                    "tensor {name}: its {bytes} bytes at offset {} (data starts at {data_start}) run past \
+                    "tensor {name}: its {} bytes at offset {} (data starts at {data_start}) run past \
                      the end of the file ({size} bytes)",
-                    info.offset
+                    entry.bytes, entry.offset
                 )));
             }
         }
-        tensor_infos.insert(name, info);
+        if let Some(dtype) = entry.ty.dtype {
+            let info = TensorInfo {
+                ggml_dtype: dtype,
+                shape: entry.dims.clone().into(),
+                offset: entry.offset,
+            };
+            tensor_infos.insert(name.clone(), info);
+        }
+        entries.insert(name, entry);
     }
-    Ok(Content {
+    let content = Content {
         magic,
         metadata,
         tensor_infos,
         tensor_data_offset: data_start,
-    })
+    };
+    Ok((content, entries))
 }
 
 fn read_magic(src: &mut Source) -> Result<VersionedMagic> {
@@ -172,12 +185,12 @@ fn alignment(metadata: &HashMap<String, Value>) -> std::result::Result<u64, Stri
     Ok(a)
 }
 
-/// Reads the tensor directory: each tensor's name, checked info and data size in bytes, in file order.
+/// Reads the tensor directory: each tensor's name and checked entry, in file order.
 fn read_tensor_infos(
     src: &mut Source,
     n_tensors: u64,
     alignment: u64,
-) -> Result<Vec<(String, TensorInfo, u64)>> {
+) -> Result<Vec<(String, TensorEntry)>> {
     let mut tensors = Vec::with_capacity(prealloc(n_tensors));
     let mut seen = HashSet::with_capacity(prealloc(n_tensors));
     for i in 0..n_tensors {
@@ -194,7 +207,7 @@ fn read_tensor_infos(
         }
         let type_id = src.u32(&|| format!("the type of tensor {name}"))?;
         let offset = src.u64(&|| format!("the data offset of tensor {name}"))?;
-        let (dtype, bytes) = tensor_layout(&name, &dims, type_id).map_err(|e| e.at(src.path))?;
+        let (ty, bytes) = tensor_layout(&name, &dims, type_id).map_err(|e| e.at(src.path))?;
         if offset % alignment != 0 {
             return Err(src.bad(format!(
                 "tensor {name}: data offset {offset} is not a multiple of the alignment {alignment}"
@@ -214,12 +227,13 @@ fn read_tensor_infos(
                     "tensor {name}: dims {dims:?} do not fit this machine"
                 ))
             })?;
-        let info = TensorInfo {
-            ggml_dtype: dtype,
-            shape: shape.into(),
+        let entry = TensorEntry {
+            ty,
+            dims: shape,
             offset,
+            bytes,
         };
-        tensors.push((name, info, bytes));
+        tensors.push((name, entry));
     }
     Ok(tensors)
 }
@@ -251,12 +265,12 @@ impl LayoutError {
     }
 }
 
-/// Checks a tensor's dims (GGUF order, innermost first) and type id; returns its candle dtype and data size.
+/// Checks a tensor's dims (GGUF order, innermost first) and type id; returns its type and data size.
 pub fn tensor_layout(
     name: &str,
     dims: &[u64],
     type_id: u32,
-) -> std::result::Result<(GgmlDType, u64), LayoutError> {
+) -> std::result::Result<(&'static GgmlType, u64), LayoutError> {
     let invalid = |m: String| LayoutError::Invalid(format!("tensor {name}: {m}"));
     if dims.contains(&0) {
         return Err(invalid(format!("dims {dims:?} include a zero")));
@@ -269,14 +283,13 @@ pub fn tensor_layout(
     let Some(ty) = ggml_type(type_id) else {
         return Err(invalid(format!("unknown ggml type id {type_id}")));
     };
-    let Some(dtype) = ty.dtype else {
+    let Some((block, type_size)) = ty.layout() else {
         return Err(LayoutError::Unsupported {
             tensor: name.to_string(),
             type_name: ty.name,
             type_id,
         });
     };
-    let block = dtype.block_size() as u64;
     if !dims[0].is_multiple_of(block) {
         return Err(invalid(format!(
             "rows of {} elements are not whole {} blocks of {block}",
@@ -284,9 +297,9 @@ pub fn tensor_layout(
         )));
     }
     let bytes = (elements / block)
-        .checked_mul(dtype.type_size() as u64)
+        .checked_mul(type_size)
         .ok_or_else(|| invalid(format!("dims {dims:?} overflow its size in bytes")))?;
-    Ok((dtype, bytes))
+    Ok((ty, bytes))
 }
 
 fn prealloc(declared: u64) -> usize {

@@ -1,7 +1,8 @@
 //! GGUF access: metadata getters and reading single tensors by name (raw bytes or candle tensors).
 //!
 //! [`GgufFile::open`] parses the header with our own bounds-checked reader (`header.rs`) into candle's
-//! [`Content`] (metadata [`Value`]s and the tensor directory), then keeps the file open; [`GgufFile::read_raw`]
+//! [`Content`] (metadata [`Value`]s, and the tensors of the types candle knows) and shoal's directory of every
+//! tensor ([`TensorEntry`]: the IQ formats and MXFP4 too), then keeps the file open; [`GgufFile::read_raw`]
 //! reads one tensor's bytes into a [`RawTensor`] (checking again that they are inside the file), so a stage
 //! reads only its own layers. [`types`] names every ggml type id, so an unloadable tensor type is reported by
 //! name. A damaged or hostile file is an error naming what is wrong, never a panic or a huge allocation.
@@ -15,27 +16,40 @@ pub mod types;
 
 pub use ranges::{stage_byte_ranges, stage_byte_ranges_at};
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
+use candle_core::quantized::QTensor;
 use candle_core::quantized::ggml_file::qtensor_from_ggml;
-use candle_core::quantized::gguf_file::{Content, TensorInfo, Value};
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::gguf_file::{Content, Value};
 
 use crate::error::{ModelError, Result};
+use types::GgmlType;
 
 /// An open GGUF file: parsed header, tensor directory and a reader for tensor data.
 pub struct GgufFile {
     path: PathBuf,
     file: File,
     content: Content,
+    tensors: HashMap<String, TensorEntry>,
+}
+
+/// One tensor of a file's directory, checked at open: its type (one shoal loads), row-major dims, offset
+/// from the start of the tensor data, and size in bytes (within the file).
+#[derive(Debug, Clone)]
+pub struct TensorEntry {
+    pub ty: &'static GgmlType,
+    pub dims: Vec<usize>,
+    pub offset: u64,
+    pub bytes: u64,
 }
 
 /// A tensor read as raw GGML bytes, dims in GGML order reversed to row-major (`[rows, cols]`).
 pub struct RawTensor {
-    pub dtype: GgmlDType,
+    pub ty: &'static GgmlType,
     /// Row-major dims: for a weight matrix `[out_features, in_features]`.
     pub dims: Vec<usize>,
     pub data: Vec<u8>,
@@ -48,11 +62,12 @@ impl GgufFile {
             source,
         };
         let mut file = File::open(path).map_err(io)?;
-        let content = header::read(&mut file, path)?;
+        let (content, tensors) = header::read(&mut file, path)?;
         Ok(Self {
             path: path.to_path_buf(),
             file,
             content,
+            tensors,
         })
     }
 
@@ -60,8 +75,14 @@ impl GgufFile {
         &self.path
     }
 
+    /// The metadata and the tensors of the types candle knows (see [`GgufFile::tensors`] for all).
     pub fn content(&self) -> &Content {
         &self.content
+    }
+
+    /// Every tensor of the file, by name.
+    pub fn tensors(&self) -> &HashMap<String, TensorEntry> {
+        &self.tensors
     }
 
     pub fn value(&self, key: &str) -> Option<&Value> {
@@ -104,34 +125,33 @@ impl GgufFile {
 
     /// Bytes of tensor `name`'s data in the file (quantized size); `None` if there is no such tensor.
     pub fn tensor_bytes(&self, name: &str) -> Option<u64> {
-        self.content.tensor_infos.get(name).map(data_bytes)
+        self.tensors.get(name).map(|t| t.bytes)
     }
 
     /// Names of every tensor in the file.
     pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
-        self.content.tensor_infos.keys().map(String::as_str)
+        self.tensors.keys().map(String::as_str)
     }
 
     pub fn has_tensor(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(name)
+        self.tensors.contains_key(name)
     }
 
     /// Reads one tensor's raw bytes (only that tensor's bytes are read from disk). The file's size is checked
     /// again first: it may have shrunk since it was opened.
     pub fn read_raw(&mut self, name: &str) -> Result<RawTensor> {
-        let info =
-            self.content
-                .tensor_infos
-                .get(name)
-                .ok_or_else(|| ModelError::MissingTensor {
-                    name: name.to_string(),
-                })?;
+        let info = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+            })?;
         let path = self.path.display().to_string();
         let io = |source| ModelError::Io {
             path: path.clone(),
             source,
         };
-        let size = data_bytes(info);
+        let size = info.bytes;
         let start = self.content.tensor_data_offset.saturating_add(info.offset);
         let file_len = self.file.metadata().map_err(io)?.len();
         if start.saturating_add(size) > file_len {
@@ -150,29 +170,25 @@ impl GgufFile {
         let mut data = vec![0u8; len];
         self.file.seek(SeekFrom::Start(start)).map_err(io)?;
         self.file.read_exact(&mut data).map_err(io)?;
-        // candle's shapes (and ours) are row-major, outermost first.
-        let dims = info.shape.dims().to_vec();
         Ok(RawTensor {
-            dtype: info.ggml_dtype,
-            dims,
+            ty: info.ty,
+            dims: info.dims.clone(),
             data,
         })
     }
 
-    /// Reads one tensor as a candle quantized tensor on `device`.
+    /// Reads one tensor as a candle quantized tensor on `device` (of a type candle knows).
     pub fn read_qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
         let raw = self.read_raw(name)?;
-        Ok(qtensor_from_ggml(raw.dtype, &raw.data, raw.dims, device)?)
+        let dtype = raw.ty.dtype.ok_or_else(|| raw.unsupported(name))?;
+        Ok(qtensor_from_ggml(dtype, &raw.data, raw.dims, device)?)
     }
 
     /// Reads an F32 vector tensor (norm weights).
     pub fn read_f32_vec(&mut self, name: &str) -> Result<Vec<f32>> {
         let raw = self.read_raw(name)?;
-        if raw.dtype != GgmlDType::F32 {
-            return Err(ModelError::UnsupportedTensorType {
-                name: name.to_string(),
-                dtype: format!("{:?}", raw.dtype),
-            });
+        if raw.ty.id != 0 {
+            return Err(raw.unsupported(name));
         }
         Ok(raw
             .data
@@ -182,9 +198,12 @@ impl GgufFile {
     }
 }
 
-/// Bytes of a tensor's data. The header reader checked at open that this neither overflows nor runs past the
-/// file, so the plain arithmetic here cannot overflow.
-fn data_bytes(info: &TensorInfo) -> u64 {
-    let dtype = info.ggml_dtype;
-    info.shape.elem_count() as u64 / dtype.block_size() as u64 * dtype.type_size() as u64
+impl RawTensor {
+    /// The error for a tensor (`name`) whose type cannot serve where it was asked for.
+    pub fn unsupported(&self, name: &str) -> ModelError {
+        ModelError::UnsupportedTensorType {
+            name: name.to_string(),
+            dtype: format!("{} (id {})", self.ty.name, self.ty.id),
+        }
+    }
 }

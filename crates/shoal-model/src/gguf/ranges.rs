@@ -14,13 +14,13 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::{Content, Value};
 
 use super::header::DEFAULT_ALIGNMENT;
-use super::{GgufFile, data_bytes, names};
+use super::{GgufFile, names};
 use crate::error::{ModelError, Result};
 
-/// The byte ranges of the file whose header is `content` that a stage of layers `start..end` of
+/// The byte ranges of the file `gguf` (only its header is needed) that a stage of layers `start..end` of
 /// `n_layers` reads (sorted, disjoint, merged across alignment padding).
 pub fn stage_byte_ranges(
-    content: &Content,
+    gguf: &GgufFile,
     start: usize,
     end: usize,
     n_layers: usize,
@@ -32,7 +32,7 @@ pub fn stage_byte_ranges(
             n_layers,
         });
     }
-    let infos = &content.tensor_infos;
+    let (content, infos) = (gguf.content(), gguf.tensors());
     let has = |name: &str| infos.contains_key(name);
     let mut tensors: Vec<&str> = Vec::new();
     let prefixes: Vec<String> = (start..end).map(names::blk_prefix).collect();
@@ -64,7 +64,7 @@ pub fn stage_byte_ranges(
     let mut ranges: Vec<Range<u64>> = vec![header];
     ranges.extend(tensors.iter().filter_map(|n| infos.get(*n)).map(|info| {
         let start = data.saturating_add(info.offset);
-        start..start.saturating_add(data_bytes(info))
+        start..start.saturating_add(info.bytes)
     }));
     ranges.sort_by_key(|r| r.start);
     let gap = alignment(content);
@@ -85,7 +85,7 @@ pub fn stage_byte_ranges_at(
     end: usize,
     n_layers: usize,
 ) -> Result<Vec<Range<u64>>> {
-    stage_byte_ranges(GgufFile::open(path)?.content(), start, end, n_layers)
+    stage_byte_ranges(&GgufFile::open(path)?, start, end, n_layers)
 }
 
 /// The file's tensor alignment: the most padding between two neighbouring tensors.

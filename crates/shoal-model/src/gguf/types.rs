@@ -1,8 +1,11 @@
-//! The ggml tensor type ids a GGUF file may name: each id's name (as llama.cpp prints it) and the candle
-//! [`GgmlDType`] shoal loads it as, if any. The header reader looks every tensor's type up here, so a file
-//! with a type shoal cannot load fails at open with the type's name ("IQ4_XS (id 23)"), not a number.
+//! The ggml tensor type ids a GGUF file may name: each id's name (as llama.cpp prints it), the candle
+//! [`GgmlDType`] it corresponds to, if any, and whether shoal loads it ([`GgmlType::layout`]: the types
+//! shoal-kernels multiply — [`QType::from_ggml_type_id`], the IQ formats and MXFP4 included — and the
+//! other candle types). The header reader looks every tensor's type up here, so a file with a type shoal
+//! cannot load fails at open with the type's name ("TQ2_0 (id 35)"), not a number.
 
 use candle_core::quantized::GgmlDType;
+use shoal_kernels::QType;
 
 /// One ggml tensor type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,8 +14,25 @@ pub struct GgmlType {
     pub id: u32,
     /// llama.cpp's name for it (`Q4_K`, `IQ4_XS`, ...).
     pub name: &'static str,
-    /// How shoal loads it; `None` for types shoal cannot load (IQ types, integer tensors, removed types).
+    /// The candle dtype of the same layout; `None` for the types candle lacks (IQ types, MXFP4, integer
+    /// tensors, removed types).
     pub dtype: Option<GgmlDType>,
+}
+
+impl GgmlType {
+    /// The kernels' format for this type, if they multiply it.
+    pub fn qtype(&self) -> Option<QType> {
+        QType::from_ggml_type_id(self.id)
+    }
+
+    /// `(values per block, bytes per block)` of a type shoal loads; `None` for the others.
+    pub fn layout(&self) -> Option<(u64, u64)> {
+        match (self.qtype(), self.dtype) {
+            (Some(q), _) => Some((q.block_size() as u64, q.type_size() as u64)),
+            (None, Some(d)) => Some((d.block_size() as u64, d.type_size() as u64)),
+            (None, None) => None,
+        }
+    }
 }
 
 const fn t(id: u32, name: &'static str, dtype: Option<GgmlDType>) -> GgmlType {
@@ -90,6 +110,29 @@ mod tests {
         assert_eq!(ggml_type(12).and_then(|t| t.dtype), Some(GgmlDType::Q4K));
         assert!(ggml_type(43).is_none());
         assert!(ggml_type(u32::MAX).is_none());
+    }
+
+    #[test]
+    fn layouts_agree_with_candle_and_the_kernels() {
+        for t in TYPES {
+            if let (Some(q), Some(d)) = (t.qtype(), t.dtype) {
+                assert_eq!(
+                    (q.block_size(), q.type_size()),
+                    (d.block_size(), d.type_size())
+                );
+            }
+            assert_eq!(
+                t.layout().is_some(),
+                t.qtype().is_some() || t.dtype.is_some()
+            );
+        }
+        for q in QType::ALL.into_iter().chain(QType::IQ) {
+            let t = ggml_type(q.ggml_type_id()).expect("a ggml id");
+            assert_eq!((t.name, t.qtype()), (q.name(), Some(q)));
+        }
+        assert_eq!(ggml_type(23).and_then(GgmlType::layout), Some((256, 136)));
+        assert_eq!(ggml_type(39).and_then(GgmlType::layout), Some((32, 17)));
+        assert_eq!(ggml_type(35).and_then(GgmlType::layout), None); // TQ2_0
     }
 
     #[test]

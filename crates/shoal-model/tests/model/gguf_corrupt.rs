@@ -3,7 +3,7 @@
 //! (`gguf_writer`) and then corrupted field by field.
 
 use crate::gguf_writer::{
-    self, Built, IQ4_XS, T_ARRAY, T_U8, TempDir, tensor, tiny, v_array, v_u32,
+    self, Built, IQ4_XS, MXFP4, T_ARRAY, T_U8, TQ2_0, TempDir, tensor, tiny, v_array, v_u32,
 };
 use shoal_model::ModelError;
 use shoal_model::gguf::GgufFile;
@@ -241,8 +241,8 @@ fn unknown_and_unloadable_tensor_types_are_named() {
     g.tensors.push(tensor(
         "blk.0.ffn_up.weight",
         &[256, 2],
-        IQ4_XS,
-        vec![0; 272],
+        TQ2_0,
+        vec![0; 132],
     ));
     match open(&g.build().bytes) {
         Err(e @ ModelError::UnsupportedTensorType { .. }) => {
@@ -250,8 +250,8 @@ fn unknown_and_unloadable_tensor_types_are_named() {
                 unreachable!()
             };
             assert_eq!(name, "blk.0.ffn_up.weight");
-            assert_eq!(dtype, "IQ4_XS (id 23)");
-            assert_has(&e.to_string(), &["blk.0.ffn_up.weight", "IQ4_XS (id 23)"]);
+            assert_eq!(dtype, "TQ2_0 (id 35)");
+            assert_has(&e.to_string(), &["blk.0.ffn_up.weight", "TQ2_0 (id 35)"]);
         }
         other => panic!("expected UnsupportedTensorType, got {:?}", other.err()),
     }
@@ -262,6 +262,41 @@ fn unknown_and_unloadable_tensor_types_are_named() {
         open(&g.build().bytes),
         Err(ModelError::UnsupportedTensorType { dtype, .. }) if dtype == "Q4_2 (id 4)"
     ));
+}
+
+/// The IQ formats and MXFP4, which candle lacks, load with their kernel formats and sizes.
+#[test]
+fn iq_and_mxfp4_tensors_load() {
+    use shoal_kernels::{PackedMatrix, QType};
+    let mut g = tiny();
+    let iq: Vec<u8> = (0..272u32).map(|i| (i * 7 % 251) as u8).collect();
+    let mx: Vec<u8> = (0..17 * 16u32).map(|i| (i * 5 % 247) as u8).collect();
+    g.tensors
+        .push(tensor("blk.0.ffn_up.weight", &[256, 2], IQ4_XS, iq.clone()));
+    g.tensors
+        .push(tensor("blk.0.ffn_down.weight", &[64, 8], MXFP4, mx.clone()));
+    let mut f = open(&g.build().bytes).expect("IQ4_XS and MXFP4 load");
+    assert_eq!(f.tensor_bytes("blk.0.ffn_up.weight"), Some(272));
+    assert_eq!(f.tensor_bytes("blk.0.ffn_down.weight"), Some(272));
+    for (name, qtype, data, dims) in [
+        ("blk.0.ffn_up.weight", QType::IQ4_XS, &iq, [2, 256]),
+        ("blk.0.ffn_down.weight", QType::MXFP4, &mx, [8, 64]),
+    ] {
+        let raw = f.read_raw(name).expect("read");
+        assert_eq!(
+            (raw.ty.name, &raw.data, raw.dims.as_slice()),
+            (qtype.name(), data, &dims[..])
+        );
+        let q = shoal_model::linear::kernel_qtype(name, raw.ty).expect("a kernel format");
+        assert_eq!(q, qtype);
+        let m = PackedMatrix::from_rows(q, dims[0], dims[1], raw.data).expect("a matrix");
+        let mut row = vec![0f32; dims[1]];
+        m.dequantize_row(1, &mut row).expect("row");
+        assert!(row.iter().any(|v| *v != 0.0), "{name} decodes to zeros");
+    }
+    // Candle's directory lists only the types candle knows; shoal's lists every tensor.
+    assert!(!f.content().tensor_infos.contains_key("blk.0.ffn_up.weight"));
+    assert_eq!(f.tensors().len(), f.content().tensor_infos.len() + 2);
 }
 
 #[test]

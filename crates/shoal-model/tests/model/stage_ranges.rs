@@ -116,8 +116,8 @@ fn the_ranges_follow_the_loader_rule() {
         data + info.offset
     };
     let covered = |ranges: &[Range<u64>], name: &str| ranges.iter().any(|r| r.contains(&at(name)));
-    let first = stage_byte_ranges(c, 0, 1, 2).unwrap();
-    let last = stage_byte_ranges(c, 1, 2, 2).unwrap();
+    let first = stage_byte_ranges(&g, 0, 1, 2).unwrap();
+    let last = stage_byte_ranges(&g, 1, 2, 2).unwrap();
     assert_eq!(first[0].start, 0, "the header comes first");
     assert!(first[0].end >= data);
     for (ranges, yes, no) in [
@@ -147,6 +147,6 @@ fn the_ranges_follow_the_loader_rule() {
             assert!(!covered(ranges, n), "{n} included");
         }
     }
-    assert!(stage_byte_ranges(c, 1, 1, 2).is_err());
-    assert!(stage_byte_ranges(c, 0, 3, 2).is_err());
+    assert!(stage_byte_ranges(&g, 1, 1, 2).is_err());
+    assert!(stage_byte_ranges(&g, 0, 3, 2).is_err());
 }

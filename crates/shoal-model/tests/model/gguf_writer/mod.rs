@@ -19,6 +19,8 @@ pub const T_ARRAY: u32 = 9;
 pub const F32: u32 = 0;
 pub const Q8_0: u32 = 8;
 pub const IQ4_XS: u32 = 23;
+pub const TQ2_0: u32 = 35;
+pub const MXFP4: u32 = 39;
 
 pub struct Tensor {
     pub name: String,
