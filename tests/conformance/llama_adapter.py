@@ -10,9 +10,11 @@ that plumbing, never a test's requests or assertions:
   nothing.
 - `make_url` sends llama-server's unprefixed aliases of OpenAI routes (`/chat/completions`, `/models`)
   to the `/v1/...` routes OpenAI defines.
-- `openai.OpenAI` as the tests import it gets `/v1` appended to a base URL without it, and a model name
-  shoal does not serve (`gpt-3.5-turbo-instruct`, `davinci-002`, ...) replaced by the served one:
-  llama-server answers any name with its one model, shoal (as OpenAI) answers 404 `model_not_found`.
+- a request's model name that shoal does not serve (`test`, `gpt-3.5-turbo-instruct`, `davinci-002`, ...)
+  is replaced by the served one, in `make_request` / `make_stream_request` and in `openai.OpenAI` as the
+  tests import it (which also gets `/v1` appended to a base URL without it): llama-server answers any
+  name with its one model, shoal (as OpenAI and Anthropic) answers 404 `model_not_found`. Nothing else
+  of a request is touched.
 
 Tests that exercise llama-server-only features are skipped and shoal's known defects marked, by the
 explicit lists in `llama_expectations.py`; the terminal summary prints the counts and both lists' use.
@@ -58,7 +60,27 @@ def _make_url_v1(self, path: str, host: "str | None" = None) -> str:
     return _make_url(self, OPENAI_ALIASES.get(path, path), host)
 
 
+def _served_model(data):
+    """`data` with a model name shoal does not serve replaced by the served one (see the overview)."""
+    if isinstance(data, dict) and data.get("model") not in (None, shoal_node.MODEL_ID):
+        return {**data, "model": shoal_node.MODEL_ID}
+    return data
+
+
+_make_request, _make_stream_request = utils.ServerProcess.make_request, utils.ServerProcess.make_stream_request
+
+
+def _make_request_served(self, method, path, data=None, *args, **kwargs):
+    return _make_request(self, method, path, _served_model(data), *args, **kwargs)
+
+
+def _make_stream_request_served(self, method, path, data=None, *args, **kwargs):
+    return _make_stream_request(self, method, path, _served_model(data), *args, **kwargs)
+
+
 utils.ServerProcess.start = _start
+utils.ServerProcess.make_request = _make_request_served
+utils.ServerProcess.make_stream_request = _make_stream_request_served
 utils.ServerProcess.stop = _stop
 utils.ServerProcess.make_url = _make_url_v1
 utils.ServerPreset.load_all = staticmethod(lambda: None)
@@ -73,8 +95,7 @@ class ShoalOpenAI(openai.OpenAI):
         super().__init__(*args, base_url=base_url, **kwargs)
 
     def _build_request(self, options, *args, **kwargs):
-        if isinstance(options.json_data, dict) and options.json_data.get("model") not in (None, shoal_node.MODEL_ID):
-            options.json_data = {**options.json_data, "model": shoal_node.MODEL_ID}
+        options.json_data = _served_model(options.json_data)
         return super()._build_request(options, *args, **kwargs)
 
 

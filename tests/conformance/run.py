@@ -15,9 +15,11 @@ sys.path.insert(0, str(HERE))
 import suite  # noqa: E402
 
 # llama.cpp's test files of the OpenAI surface: chat completions, completions, tool calls, embeddings,
-# the models list (test_basic) and errors (test_security: API keys; invalid requests are in the others).
+# the models list (test_basic) and errors (test_security: API keys; invalid requests are in the others);
+# and of the Responses and Anthropic Messages APIs.
 LLAMA_FILES = ["unit/test_basic.py", "unit/test_chat_completion.py", "unit/test_completion.py",
-               "unit/test_tool_call.py", "unit/test_embedding.py", "unit/test_security.py"]
+               "unit/test_tool_call.py", "unit/test_embedding.py", "unit/test_security.py",
+               "unit/test_compat_oai_responses.py", "unit/test_compat_anthropic.py"]
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning", "-rfE"]
 
 
