@@ -21,6 +21,7 @@ class Expectations:
         """`extra_skip(item)`: a reason to skip a test that no pattern names, or None."""
         self.title, self.skips, self.defects, self.skip_prefix = title, skips, defects, skip_prefix
         self.extra_skip = extra_skip
+        self.extra_skipped: "set[str]" = set()
         self.used: "set[str]" = set()
         self.defect_items: "dict[str, str]" = {}
         self.outcomes: "dict[str, str]" = {}
@@ -39,6 +40,7 @@ class Expectations:
             self.used.add(pattern)
             item.add_marker(pytest.mark.skip(reason=f"{self.skip_prefix}{self.skips[pattern]}"))
         elif extra_skip is not None:
+            self.extra_skipped.add(item.nodeid)
             item.add_marker(pytest.mark.skip(reason=f"{self.skip_prefix}{extra_skip}"))
         elif (pattern := self._match(item.nodeid, self.defects)) is not None:
             self.used.add(pattern)
@@ -58,11 +60,14 @@ class Expectations:
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         counts = dict.fromkeys(("passed", "skipped", "failed", "xfailed", "xpassed"), 0)
-        for outcome in self.outcomes.values():
+        for nodeid, outcome in self.outcomes.items():
             counts[outcome] = counts.get(outcome, 0) + 1
+            if outcome == "skipped" and nodeid in self.extra_skipped:
+                counts["skipped_unlisted"] = counts.get("skipped_unlisted", 0) + 1
         write = terminalreporter.write_line
         write("")
-        write(f"== {self.title}: {counts['passed']} passed, {counts['skipped']} skipped, {counts['failed']} failed, "
+        write(f"== {self.title}: {counts['passed']} passed, {counts['skipped']} skipped "
+              f"({counts.get('skipped_unlisted', 0)} of them marked slow upstream), {counts['failed']} failed, "
               f"{counts['xfailed']} known shoal defects (issue 28), {counts['xpassed']} of those now passing")
         for nodeid, reason in sorted(self.defect_items.items()):
             write(f"   known shoal defect [{self.outcomes.get(nodeid, 'not run')}] {nodeid}: {reason}")

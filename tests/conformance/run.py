@@ -43,7 +43,7 @@ def main(extra: "list[str]") -> int:
     for rc, result in runs:
         c = result["counts"]
         print(f"   {result['title']}: {c.get('passed', 0)} passed, {c.get('skipped', 0)} skipped "
-              f"(each for its listed reason), {c.get('failed', 0)} failed, "
+              f"({c.get('skipped_unlisted', 0)} marked slow upstream, the rest by the list), {c.get('failed', 0)} failed, "
               f"{c.get('xfailed', 0) + c.get('xpassed', 0)} known shoal defects (issue 28)"
               + ("" if rc == 0 else f" — pytest exited with {rc}"))
         for nodeid, defect in sorted(result.get("defects", {}).items()):
