@@ -36,11 +36,11 @@ pub(crate) struct IqBlock {
 /// doubled E2M1 values), built from bits as ggml's `ggml_e8m0_to_fp32_half` (subnormal below
 /// `e = 2`).
 #[inline(always)]
-pub(crate) fn e8m0_half(e: u8) -> f32 {
+pub(crate) const fn e8m0_half(e: u8) -> f32 {
     let bits = if e < 2 {
         0x0020_0000u32 << e
     } else {
-        u32::from(e - 1) << 23
+        ((e - 1) as u32) << 23
     };
     f32::from_bits(bits)
 }

@@ -86,6 +86,17 @@ impl SymBlock for Iq4Nl {
     }
 }
 
+/// [`e8m0_half`] of every byte (1 KB, stays in L1: one load instead of a branch and a build).
+static E8M0_HALF: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        t[e] = e8m0_half(e as u8);
+        e += 1;
+    }
+    t
+};
+
 /// `MXFP4`: E8M0 byte, 16 nibble bytes indexing `KVALUES_MXFP4`.
 pub(crate) struct Mxfp4;
 
@@ -97,11 +108,11 @@ impl SymBlock for Mxfp4 {
     }
     #[inline(always)]
     unsafe fn d1(wb: *const u8) -> __m128 {
-        unsafe { _mm_set_ss(e8m0_half(wb.read())) }
+        unsafe { _mm_load_ss(&E8M0_HALF[usize::from(wb.read())]) }
     }
     #[inline(always)]
     unsafe fn d8(wb: *const u8) -> __m256 {
-        unsafe { _mm256_set1_ps(e8m0_half(wb.read())) }
+        unsafe { _mm256_broadcast_ss(&E8M0_HALF[usize::from(wb.read())]) }
     }
 }
 
