@@ -66,8 +66,10 @@ class Expectations:
                 counts["skipped_unlisted"] = counts.get("skipped_unlisted", 0) + 1
         write = terminalreporter.write_line
         write("")
-        write(f"== {self.title}: {counts['passed']} passed, {counts['skipped']} skipped "
-              f"({counts.get('skipped_unlisted', 0)} of them marked slow upstream), {counts['failed']} failed, "
+        unlisted = counts.get("skipped_unlisted")
+        unlisted = f" ({unlisted} of them marked slow upstream)" if unlisted else ""
+        write(f"== {self.title}: {counts['passed']} passed, {counts['skipped']} skipped{unlisted}, "
+              f"{counts['failed']} failed, "
               f"{counts['xfailed']} known shoal defects (issue 28), {counts['xpassed']} of those now passing")
         for nodeid, reason in sorted(self.defect_items.items()):
             write(f"   known shoal defect [{self.outcomes.get(nodeid, 'not run')}] {nodeid}: {reason}")

@@ -10,7 +10,8 @@ Tests marked `slow` by llama.cpp are skipped for `SLOW`. An entry that matches n
 SLOW = "marked slow: needs the hub models it names (7B and up), run by llama.cpp only with SLOW_TESTS"
 
 # The reasons shared by many entries.
-NATIVE = "llama-server's native routes (/completion, /completions, /tokenize, /slots, /props, /apply-template), not OpenAI's"
+NATIVE = ("llama-server's native routes (/completion, /completions, /tokenize, /slots, /props, /apply-template), "
+          "not OpenAI's")
 STORIES = "exact text, token counts or ids of llama.cpp's own test model (stories260K / bert-bge-small)"
 CLI = "a llama-server command-line flag"
 
@@ -103,13 +104,15 @@ SKIPS: "dict[str, str]" = {
     "unit/test_embedding.py::test_embedding_usage_multiple": STORIES,
     # --- test_security.py
     "unit/test_security.py::test_access_static_assets_without_api_key": "its web UI's asset paths",
-    "unit/test_security.py::test_incorrect_api_key[[]*": NATIVE + "; also its 401 type authentication_error (OpenAI: invalid_request_error, code invalid_api_key)",
+    "unit/test_security.py::test_incorrect_api_key[[]*":
+        NATIVE + "; also its 401 type authentication_error (OpenAI: invalid_request_error, code invalid_api_key)",
     "unit/test_security.py::test_correct_api_key": NATIVE,
     "unit/test_security.py::test_correct_api_key_anthropic_header": NATIVE,
     "unit/test_security.py::test_openai_library_correct_api_key":
         f"{CLI} (--n-predict 64) bounds its chat sent without max_tokens; sampled, the 135M model runs on to the "
         "context's end (minutes; OpenAI sets no default). The API key on OpenAI's routes: tests/python/test_api_keys.py",
-    "unit/test_security.py::test_cors_options[[]*": f"{CLI} (--cors-origins) on its native /completions (shoal's own CORS policy: tests/python/test_web_origins.py)",
+    "unit/test_security.py::test_cors_options[[]*":
+        f"{CLI} (--cors-origins) on its native /completions (shoal's own CORS policy: tests/python/test_web_origins.py)",
     "unit/test_security.py::test_cors_origins_localhost_reflects[[]*": f"{CLI} (--cors-origins localhost)",
     "unit/test_security.py::test_cors_origins_localhost_rejects[[]*": f"{CLI} (--cors-origins localhost)",
     "unit/test_security.py::test_cors_origins_defaults_to_localhost_with_tools_enabled": f"{CLI} (--tools)",

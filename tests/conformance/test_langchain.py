@@ -56,6 +56,20 @@ def test_bind_tools_forced(shoal_url, cls, strict):
     check_weather_args(call["args"])
 
 
+@pytest.mark.parametrize("cls", [ChatOpenAI, ChatAnthropic], ids=["ChatOpenAI", "ChatAnthropic"])
+def test_bind_tools_forced_stream(shoal_url, cls):
+    """The forced call streamed: LangChain's tool-call chunks add up to one valid call."""
+    llm = _chat(cls, shoal_url).bind_tools([GetWeather], tool_choice="GetWeather", strict=True)
+    chunks = list(llm.stream(TOOL_PROMPT))
+    message = chunks[0]
+    for chunk in chunks[1:]:
+        message = message + chunk
+    assert not message.invalid_tool_calls, message.invalid_tool_calls
+    assert len(message.tool_calls) == 1, f"no tool call in {len(chunks)} chunks: {message}"
+    assert message.tool_calls[0]["name"] == "GetWeather"
+    check_weather_args(message.tool_calls[0]["args"])
+
+
 def test_bind_tools_ollama(shoal_url):
     """Ollama's API cannot force a call: the answer is text or a valid call, whichever the model picks."""
     message = _chat(ChatOllama, shoal_url).bind_tools([GetWeather]).invoke(TOOL_PROMPT)
@@ -69,6 +83,11 @@ def test_bind_tools_ollama(shoal_url):
 
 @pytest.mark.parametrize("cls", CLASSES, ids=IDS)
 def test_with_structured_output(shoal_url, cls):
-    person = _chat(cls, shoal_url).with_structured_output(Person).invoke(STRUCTURED_PROMPT)
+    result = _chat(cls, shoal_url).with_structured_output(Person, include_raw=True).invoke(STRUCTURED_PROMPT)
+    assert result["parsing_error"] is None, result
+    person = result["parsed"]
     assert isinstance(person, Person)
     assert person.name.strip()
+    raw = result["raw"].content
+    if isinstance(raw, str) and raw:  # the JSON as shoal wrote it (ChatAnthropic's comes as a tool call)
+        assert "\n" not in raw and "  " not in raw, f"whitespace runs in constrained JSON: {raw!r}"
