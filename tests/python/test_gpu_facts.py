@@ -1,8 +1,12 @@
 """A node's GPUs, found at start and published, through the real binary on loopback:
 
 - with Mesa's software Vulkan driver (lavapipe) installed, `/state` lists its `llvmpipe` adapter in the
-  node's facts (device type cpu, backend vulkan, memory unknown), `/metrics` has its `shoal_gpu_info`
-  series, and the log says once what was found;
+  node's facts (device type cpu, backend vulkan, its memory as the Vulkan driver lists it, its compute not
+  measured under `--device cpu`), `/metrics` has its `shoal_gpu_info` series, and the log says once what
+  was found;
+- `--device auto` measures lavapipe with shoal's GPU kernels: `/state` publishes every type's decode rate
+  (> 0) and the memory, `/metrics` has `shoal_gpu_weight_bytes_per_second`, and the node serves on the CPU
+  (lavapipe measures slower than the CPU path), saying why in its log;
 - `--device gpu` runs the node's model on that GPU (lavapipe here) and answers greedy requests with the
   CPU's text; a `--device gpu:N` with no such adapter stops `shoal serve` with an error naming the adapters
   found;
@@ -73,7 +77,9 @@ def test_state_and_metrics_list_the_lavapipe_gpu_and_the_log_names_it_once(bound
         g = lavapipe[0]
         assert (g["device_type"], g["backend"], g["vendor"]) == ("cpu", "vulkan", "Mesa"), g
         assert g["driver"], g
-        assert g["memory_total"] is None and g["memory_free"] is None, "wgpu tells no memory"
+        assert g["memory_total"] > 0, g
+        assert g["memory_free"] is None or g["memory_free"] <= g["memory_total"], g
+        assert g.get("compute") is None, "--device cpu measures no GPU"
         index = gpus.index(g)
 
         metrics = get(f"{node.url}/metrics")
@@ -90,6 +96,56 @@ def test_state_and_metrics_list_the_lavapipe_gpu_and_the_log_names_it_once(bound
         found = [l for l in log.splitlines() if "GPU found:" in l or "GPUs found:" in l]
         assert len(found) == 1 and "llvmpipe" in found[0], log
         assert "no GPU found" not in log, log
+    finally:
+        node.kill()
+
+
+# The decode kernels' types shoal-gpu measures (ggml names, lowercase).
+GPU_TYPES = ["f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
+             "bf16"]
+
+
+def test_device_auto_publishes_lavapipes_measured_compute_and_serves_on_the_faster_cpu(bounded):
+    node = ShoalNode("--device", "auto", key="gpu-device-auto")
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            gpus = my_gpus(node)
+            lavapipe = [g for g in gpus if "llvmpipe" in g["name"]]
+            if (lavapipe and lavapipe[0].get("compute")) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert len(lavapipe) == 1, gpus
+        g = lavapipe[0]
+        assert g["memory_total"] > 0, g
+        compute = g["compute"]
+        assert compute, f"--device auto measures every GPU: {g}"
+        rates = compute["weight_bytes_per_s"]
+        assert sorted(rates) == sorted(GPU_TYPES), rates
+        assert all(r > 0 for r in rates.values()), rates
+        assert compute["flops_per_s"] > 0 and compute["attention_flops_per_s"] > 0, compute
+        assert compute["key"] and g["name"] in compute["key"], compute
+        # Sampling stays on the host: the CPU's figure.
+        state = json.loads(get(f"{node.url}/state"))
+        me = [n for n in state["cluster"]["nodes"] if n["id"] == state["node"]][0]
+        assert compute["sample_entries_per_s"] == me["compute"]["sample_entries_per_s"], (compute, me["compute"])
+        assert rates["q4_1"] < me["compute"]["weight_bytes_per_s"]["q4_1"], "lavapipe is slower than the CPU path"
+
+        index = gpus.index(g)
+        metrics = get(f"{node.url}/metrics")
+        series = [l for l in metrics.splitlines() if l.startswith("shoal_gpu_weight_bytes_per_second{")
+                  and f'gpu="{index}"' in l and f'node="{node.id}"' in l]
+        assert len(series) == len(GPU_TYPES), series
+        assert any('type="q4_k"' in l for l in series), series
+
+        # The served model (Q4_1) runs on the CPU, and the log says why.
+        assert greedy(node, "Say hi."), "it answers"
+        log = log_of(node)
+        why = [l for l in log.splitlines() if "--device auto:" in l]
+        assert len(why) == 1, log
+        assert f"gpu:{index} measures" in why[0] and "on q4_1" in why[0], why
+        assert "not faster than the CPU's" in why[0] and why[0].rstrip().endswith("serving on CPU"), why
+        assert "panicked" not in log, log
     finally:
         node.kill()
 

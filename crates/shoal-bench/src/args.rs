@@ -19,7 +19,8 @@ pub struct BenchArgs {
     #[arg(short = 'r', long, default_value_t = 3)]
     pub repetitions: usize,
     /// Where the engine's layers run in the in-process benchmarks: `cpu`, `gpu` (the first GPU), `gpu:N`
-    /// (as `shoal doctor` numbers them) or `auto` (the first hardware GPU, else the CPU), as `shoal serve`.
+    /// (as `shoal doctor` numbers them) or `auto` (the GPU measured faster than the CPU on the model's main
+    /// weight type, else the CPU), as `shoal serve`.
     #[arg(long, env = "SHOAL_DEVICE", default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceChoice,
     /// Print JSON instead of a table.

@@ -12,7 +12,7 @@
 //! - [`run_memory_bandwidth`] (`membw`): `--memory-bandwidth` — the machine's read bandwidth per thread
 //!   count, the denominator of the decode roofline.
 //! - [`DeviceChoice`] (`device`): `--device cpu|gpu|gpu:N|auto`, shared with `shoal serve` and `chat`;
-//!   the in-process benchmarks run their engines there.
+//!   the in-process benchmarks run their engines there; `auto` by measured [`Rates`].
 //! - Shared parts: `prompts` (distinct prompts no prefix cache helps), `client` (one timed streaming
 //!   completion), [`sse`] (the JSON POST and server-sent-events reader `shoal chat --url` uses too),
 //!   `stats` (median, percentile), [`BenchError`].
@@ -33,7 +33,7 @@ pub mod sse;
 mod stats;
 
 pub use args::BenchArgs;
-pub use device::{DeviceChoice, parse_device};
+pub use device::{DeviceChoice, Rates, parse_device};
 pub use engine_bench::run as run_in_process;
 pub use error::BenchError;
 pub use membw::run as run_memory_bandwidth;

@@ -120,8 +120,9 @@ pub struct GpuFacts {
     pub driver: String,
     #[serde(default)]
     pub driver_info: String,
-    /// The device's memory, total and free, in bytes: `None` today, since wgpu (through which shoal
-    /// finds GPUs) tells neither.
+    /// The device's memory, total and free, in bytes, as its driver tells it: on Vulkan the
+    /// device-local heaps (host memory on an integrated GPU or lavapipe) and, where the driver has
+    /// `VK_EXT_memory_budget`, what may still be allocated; `None` where not read (Metal, DX12).
     #[serde(default)]
     pub memory_total: Option<u64>,
     #[serde(default)]

@@ -31,7 +31,9 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
 }
 
 async fn local(args: &ChatArgs, id: String, path: std::path::PathBuf) -> anyhow::Result<()> {
-    let engine = shoal_engine::engine::spawn_from_gguf(&path, &id, args.engine.config()?)?;
+    let mut config = args.engine.config()?;
+    config.device = crate::gpus::resolve_for_model(args.engine.device, &path, config.threads);
+    let engine = shoal_engine::engine::spawn_from_gguf(&path, &id, config)?;
     let prompt = engine.render_chat(&messages(args))?;
     let sampling = SamplingParams {
         temperature: args.temperature,

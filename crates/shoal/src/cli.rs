@@ -176,8 +176,8 @@ pub struct EngineArgs {
     #[arg(long)]
     pub stages: Option<String>,
     /// Where the layers this node drives run: `cpu`, `gpu` (the first GPU), `gpu:N` (as `shoal doctor`
-    /// numbers them), or `auto` (the first hardware GPU — discrete, integrated or virtual, never a
-    /// software driver such as lavapipe — else the CPU; auto does not measure yet which is faster).
+    /// numbers them), or `auto` (the GPU whose measured decode rate for the model's main weight type
+    /// beats the CPU's, else the CPU; the log says why).
     /// Stages hosted for another node's pipeline run on the CPU.
     #[arg(long, env = "SHOAL_DEVICE", default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceChoice,

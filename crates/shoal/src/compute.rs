@@ -11,8 +11,10 @@
 //! reading what the first wrote (several probes at once would measure a shared CPU). Nothing here
 //! fails a start: without a home, a writable cache or a working probe the node publishes what it has
 //! (unmeasured facts make the cluster fall back to its core-count estimate), and says so in the log.
-//! `serve --compute FILE` skips the probe and publishes the figures in FILE ([`from_file`]).
+//! The GPU probes' figures use the same cache and lock ([`cached_or_measure`], keys from
+//! `crate::gpus`). `serve --compute FILE` skips the probe and publishes the figures in FILE ([`from_file`]).
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::Write;
@@ -22,7 +24,7 @@ use anyhow::Context;
 use std::time::UNIX_EPOCH;
 
 use shoal_cluster::facts::{ComputeFacts, cpu_model};
-use shoal_kernels::{Backend, ProbeConfig, ThreadPool, probe};
+use shoal_kernels::{Backend, ProbeConfig, ThreadPool, TypeRate, probe};
 
 /// The figures for `threads` threads: from the cache when its key matches, else measured now (about
 /// 1.5 s) and cached.
@@ -30,6 +32,13 @@ pub fn measure_or_load(threads: usize) -> ComputeFacts {
     let threads = threads.max(1);
     let key = cache_key(threads);
     cached(cache_dir(), &key, || measure(threads, key.clone()))
+}
+
+/// The figures cached under `key` in this node's cache, else `measure()`'s (cached when measured):
+/// the one cache, and lock, that the CPU probe and the GPU probes ([`crate::gpus`]) share, so
+/// nodes starting together measure one device at a time.
+pub fn cached_or_measure(key: &str, measure: impl FnOnce() -> ComputeFacts) -> ComputeFacts {
+    cached(cache_dir(), key, measure)
 }
 
 /// Figures given by the user (`serve --compute FILE`), in the shape `/state` shows them.
@@ -67,11 +76,7 @@ fn cached(dir: Option<PathBuf>, key: &str, measure: impl FnOnce() -> ComputeFact
         .map_err(|e| tracing::warn!(dir = %dir.display(), "compute probe lock: {e}"))
         .ok();
     let path = dir.join(format!("{:016x}.json", hash(key)));
-    if let Some(cached) = std::fs::read(&path)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<ComputeFacts>(&bytes).ok())
-        .filter(|c| c.key == key && c.is_measured())
-    {
+    if let Some(cached) = read_cached(&path, key) {
         tracing::info!(file = %path.display(), "compute probe: cached figures");
         return cached;
     }
@@ -82,6 +87,19 @@ fn cached(dir: Option<PathBuf>, key: &str, measure: impl FnOnce() -> ComputeFact
         tracing::warn!(file = %path.display(), "compute probe cache: {e}");
     }
     facts
+}
+
+/// The measured facts in `path` when their key is `key`.
+fn read_cached(path: &Path, key: &str) -> Option<ComputeFacts> {
+    std::fs::read(path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<ComputeFacts>(&bytes).ok())
+        .filter(|c| c.key == key && c.is_measured())
+}
+
+/// The figures cached under `key`, without measuring (`shoal doctor`).
+pub fn cached_only(key: &str) -> Option<ComputeFacts> {
+    read_cached(&cache_dir()?.join(format!("{:016x}.json", hash(key))), key)
 }
 
 /// `~/.cache/shoal/compute` (`$XDG_CACHE_HOME/shoal/compute` when set).
@@ -95,6 +113,17 @@ fn cache_dir() -> Option<PathBuf> {
 
 /// What the figures are valid for (see the module docs).
 fn cache_key(threads: usize) -> String {
+    format!(
+        "{}; cpu {}; kernels {}; threads {threads}",
+        build_id(),
+        cpu_model(),
+        Backend::detect().name(),
+    )
+}
+
+/// This binary, as the cache keys name it: `shoal VERSION (SIZE bytes, modified NANOS)`, so a
+/// rebuild measures again.
+pub fn build_id() -> String {
     let build = std::env::current_exe()
         .and_then(std::fs::metadata)
         .map(|m| {
@@ -106,12 +135,7 @@ fn cache_key(threads: usize) -> String {
             format!("{} bytes, modified {modified}", m.len())
         })
         .unwrap_or_else(|_| "unknown build".into());
-    format!(
-        "shoal {} ({build}); cpu {}; kernels {}; threads {threads}",
-        env!("CARGO_PKG_VERSION"),
-        cpu_model(),
-        Backend::detect().name(),
-    )
+    format!("shoal {} ({build})", env!("CARGO_PKG_VERSION"))
 }
 
 fn hash(key: &str) -> u64 {
@@ -125,11 +149,7 @@ fn measure(threads: usize, key: String) -> ComputeFacts {
     let pool = ThreadPool::new(threads);
     match probe(&pool, &ProbeConfig::default()) {
         Ok(report) => {
-            let rates: Vec<String> = report
-                .rates
-                .iter()
-                .map(|r| format!("{} {:.2}", r.qtype.name(), r.bytes_per_s / 1e9))
-                .collect();
+            let (weight_bytes_per_s, rates) = published(&report.rates);
             tracing::info!(
                 ms = report.elapsed.as_millis() as u64,
                 gflops = report.flops_per_s / 1e9,
@@ -137,15 +157,10 @@ fn measure(threads: usize, key: String) -> ComputeFacts {
                 sample_ns_per_entry = 1e9 / report.sample_entries_per_s,
                 backend = report.backend.name(),
                 threads,
-                "compute probe: GB/s {}",
-                rates.join(", ")
+                "compute probe: GB/s {rates}"
             );
             ComputeFacts {
-                weight_bytes_per_s: report
-                    .rates
-                    .iter()
-                    .map(|r| (r.qtype.name().to_ascii_lowercase(), r.bytes_per_s))
-                    .collect(),
+                weight_bytes_per_s,
                 flops_per_s: report.flops_per_s,
                 attention_flops_per_s: report.attention_flops_per_s,
                 sample_entries_per_s: report.sample_entries_per_s,
@@ -162,6 +177,20 @@ fn measure(threads: usize, key: String) -> ComputeFacts {
             }
         }
     }
+}
+
+/// Decode rates as published (by lowercase type name) and as logged (`Q4_0 1.23, …` in GB/s): the
+/// CPU probe's and the GPU probes' ([`crate::gpus`]).
+pub fn published(rates: &[TypeRate]) -> (BTreeMap<String, f64>, String) {
+    let map = rates
+        .iter()
+        .map(|r| (r.qtype.name().to_ascii_lowercase(), r.bytes_per_s))
+        .collect();
+    let text: Vec<String> = rates
+        .iter()
+        .map(|r| format!("{} {:.2}", r.qtype.name(), r.bytes_per_s / 1e9))
+        .collect();
+    (map, text.join(", "))
 }
 
 /// Writes `facts` to a temporary file beside `path`, then renames it over `path`, so a reader never

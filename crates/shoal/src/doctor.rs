@@ -223,8 +223,10 @@ fn render_gpus(s: &mut String, gpus: &[shoal_cluster::facts::GpuFacts]) {
         };
         let _ = writeln!(
             s,
-            "  gpu      {}{driver}, memory unknown (wgpu does not tell)",
-            crate::gpus::describe(i, g)
+            "  gpu      {}{driver}, {}; {}",
+            crate::gpus::describe(i, g),
+            crate::gpus::memory_text(g),
+            crate::gpus::compute_text(g.compute.as_ref()),
         );
     }
 }
@@ -330,7 +332,7 @@ mod tests {
             memory_free: None,
             compute: None,
         }];
-        let report = Report {
+        let mut report = Report {
             ok: true,
             url: "http://127.0.0.1:52415".into(),
             local,
@@ -340,7 +342,20 @@ mod tests {
         };
         let text = render(&report);
         assert!(
-            text.contains("  gpu      gpu:0 llvmpipe (Mesa, cpu, vulkan), driver llvmpipe Mesa 22.3.6, memory unknown (wgpu does not tell)\n"),
+            text.contains("  gpu      gpu:0 llvmpipe (Mesa, cpu, vulkan), driver llvmpipe Mesa 22.3.6, memory unknown (not read on this backend); not measured yet (shoal serve --device auto or gpu:N measures it)\n"),
+            "{text}"
+        );
+        let mut measured = shoal_cluster::facts::ComputeFacts {
+            weight_bytes_per_s: [("q4_k".to_string(), 1.25e9), ("f16".to_string(), 3e9)].into(),
+            flops_per_s: 4e9,
+            ..Default::default()
+        };
+        measured.attention_flops_per_s = 2e9;
+        let g = &mut report.local.gpus[0];
+        (g.memory_total, g.memory_free, g.compute) = (Some(3 << 30), Some(1 << 30), Some(measured));
+        let text = render(&report);
+        assert!(
+            text.contains(", driver llvmpipe Mesa 22.3.6, memory 3.0 GiB (1.0 GiB free); decode GB/s q4_k 1.25, f16 3.00; batched 4.0 GFLOP/s, attention 2.0 GFLOP/s\n"),
             "{text}"
         );
         let json = serde_json::to_value(&report).expect("json");

@@ -58,5 +58,17 @@ fn bench(args: cli::BenchCommand) -> anyhow::Result<()> {
         )?);
     }
     let (id, path) = resolve_model(&args.model)?;
-    Ok(shoal_bench::run_in_process(&args.bench, &id, &path)?)
+    let mut bench = args.bench;
+    if bench.device == shoal_bench::DeviceChoice::Auto {
+        // Measured at the largest thread count benchmarked.
+        let threads = (bench.threads.split(','))
+            .filter_map(|t| t.trim().parse::<usize>().ok())
+            .max()
+            .unwrap_or(1);
+        bench.device = match gpus::resolve_for_model(bench.device, &path, threads) {
+            shoal_engine::engine::Device::Cpu => shoal_bench::DeviceChoice::Cpu,
+            shoal_engine::engine::Device::Gpu(i) => shoal_bench::DeviceChoice::Gpu(i),
+        };
+    }
+    Ok(shoal_bench::run_in_process(&bench, &id, &path)?)
 }

@@ -3,8 +3,9 @@
 //!
 //! Order: the served model is looked up locally (a path, the models dir, the hub cache) without the
 //! network → this node's compute is measured (or read from the cache, [`crate::compute`]) → its GPUs
-//! are found on the runtime's blocking pool ([`crate::gpus`], one log line) while the cluster node
-//! starts, publishing those figures and the GPUs, offering every complete local model → this node's
+//! are found, and those `--device` may use measured, on the runtime's blocking pool
+//! ([`crate::gpus`]; `--device auto` then picks the faster of CPU and GPU for the engine) while the
+//! cluster node starts, publishing those figures and the GPUs, offering every complete local model → this node's
 //! [`shoal_transfer::Downloads`] and blob server start (peers may fetch from us at once; the complete
 //! models' chunk manifests are made in the background, once per file) → a missing
 //! served model comes from a peer that has it (waiting a few seconds for peers to show up), else from
@@ -28,6 +29,9 @@ use crate::cli::ServeArgs;
 /// How long a node whose model is missing waits for a peer that has it: with `--peer`, and with mDNS only.
 const HOLDER_WAIT_STATIC: Duration = Duration::from_secs(15);
 const HOLDER_WAIT_MDNS: Duration = Duration::from_secs(3);
+/// How long the start waits for the GPUs to be found and measured (a driver that hangs must not
+/// hang the node: it then serves on CPU and publishes no GPU).
+const GPU_WAIT: Duration = Duration::from_secs(120);
 /// How often a download the node waits on is reported on stderr.
 const REPORT_EVERY: Duration = Duration::from_secs(2);
 
@@ -95,8 +99,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    // Off the async workers: the Vulkan loader and every driver are asked (it can take a moment).
-    let gpus = rt.spawn_blocking(crate::gpus::discover_and_log);
+    // Off the async workers: the Vulkan loader and every driver are asked, and the GPUs `--device`
+    // may use are measured (or read from the cache): it can take a moment.
+    let device_choice = args.engine.device;
+    let gpus = {
+        let cpu = compute.clone();
+        rt.spawn_blocking(move || crate::gpus::discover_probe_and_log(device_choice, &cpu))
+    };
+    let cpu_compute = compute.clone();
     rt.block_on(async move {
         let (cluster_key, peers) = crate::membership::cluster_key_and_peers(&cargs).await?;
         let peers = peers
@@ -125,7 +135,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .context("starting the cluster node")?;
         cluster.set_compute(compute).await;
-        cluster.set_gpus(gpus.await.unwrap_or_default()).await;
+        let gpus = match tokio::time::timeout(GPU_WAIT, gpus).await {
+            Ok(found) => found.unwrap_or_default(),
+            Err(_) => {
+                tracing::warn!(
+                    "finding and measuring the GPUs took over {} s: none published, serving on CPU",
+                    GPU_WAIT.as_secs()
+                );
+                Vec::new()
+            }
+        };
+        let mut engine_config = engine_config;
+        if device_choice == shoal_bench::DeviceChoice::Auto {
+            let weight_type = local
+                .as_ref()
+                .map(|(_, path)| crate::gpus::weight_type(path))
+                .unwrap_or_default();
+            engine_config.device =
+                crate::gpus::resolve(device_choice, &weight_type, &cpu_compute, &gpus);
+        }
+        cluster.set_gpus(gpus).await;
         println!("shoal: node {}", cluster.id());
         for a in &cluster.snapshot().listen_addrs {
             println!("shoal: cluster listening on {a}");

@@ -222,7 +222,12 @@ const KNOWN = new Set(['id', 'name', 'api_url', 'memory', 'cpu_cores', 'accelera
 // Each GPU a node found, by name and backend ("none" without one: it computes on its CPU).
 function gpuList(gpus) {
   if (!gpus || gpus.length === 0) return 'none';
-  return gpus.map((g) => `${g.name} · ${g.backend}`).join('; ');
+  return gpus.map((g) => {
+    let text = `${g.name} · ${g.backend}`;
+    if (g.memory_total) text += ` · ${(g.memory_total / 2 ** 30).toFixed(1)} GiB`;
+    if (g.q4_k_bytes_per_s) text += ` · q4_k ${(g.q4_k_bytes_per_s / 1e9).toFixed(2)} GB/s`;
+    return text;
+  }).join('; ');
 }
 
 function factValue(k, v) {

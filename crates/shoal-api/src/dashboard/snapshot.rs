@@ -141,6 +141,9 @@ fn gpu(g: &Value) -> Value {
         "vendor": str_of(g, "vendor"),
         "device_type": str_of(g, "device_type"),
         "backend": str_of(g, "backend"),
+        "memory_total": g["memory_total"],
+        // The GPU probe's decode rate for the commonest weight type; null until measured.
+        "q4_k_bytes_per_s": g["compute"]["weight_bytes_per_s"]["q4_k"],
     })
 }
 

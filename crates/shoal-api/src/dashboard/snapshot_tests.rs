@@ -13,7 +13,8 @@ fn state(generated: u64) -> Value {
                     "accelerator": "cpu", "backend": "cpu-avx2", "speed": 1.0, "seq": 7,
                     "gpus": [{"name": "llvmpipe", "vendor": "Mesa", "device_type": "cpu",
                               "backend": "vulkan", "driver": "llvmpipe", "driver_info": "Mesa 22",
-                              "memory_total": null, "memory_free": null}],
+                              "memory_total": 2147483648u64, "memory_free": null,
+                              "compute": {"weight_bytes_per_s": {"q4_k": 1.5e9, "f16": 3e9}}}],
                     "addrs": ["/ip4/1.2.3.4"], "compute": {"flops_per_s": 1.0},
                     "memory": {"total": 1000, "available": 400, "pressure": 0.1, "used": 0.6},
                     "cpu": {"load": 0.5, "temperature_c": 61.0},
@@ -47,11 +48,12 @@ fn state(generated: u64) -> Value {
 }
 
 #[test]
-fn nodes_list_their_gpus_name_and_backend_and_none_for_older_nodes() {
+fn nodes_list_their_gpus_name_backend_memory_and_q4_k_rate_and_none_for_older_nodes() {
     let s = build(&state(0), &mut Rates::default(), Instant::now());
     assert_eq!(
         s["nodes"][0]["gpus"],
-        json!([{"name": "llvmpipe", "vendor": "Mesa", "device_type": "cpu", "backend": "vulkan"}])
+        json!([{"name": "llvmpipe", "vendor": "Mesa", "device_type": "cpu", "backend": "vulkan",
+                 "memory_total": 2147483648u64, "q4_k_bytes_per_s": 1.5e9}])
     );
     assert_eq!(
         s["nodes"][1]["gpus"],

@@ -171,6 +171,21 @@ pub const STATE: &[(&str, Kind, &str)] = &[
         "Each GPU this node found (1), by index, with its name, vendor, backend and device type.",
     ),
     (
+        "shoal_gpu_memory_total_bytes",
+        Kind::Gauge,
+        "A GPU's device-local memory as its driver tells it (Vulkan), by gpu index.",
+    ),
+    (
+        "shoal_gpu_memory_free_bytes",
+        Kind::Gauge,
+        "What may still be allocated on a GPU (Vulkan's memory budget), by gpu index.",
+    ),
+    (
+        "shoal_gpu_weight_bytes_per_second",
+        Kind::Gauge,
+        "A GPU's measured decode rate: weight bytes per second of shoal's matrix-vector kernel, by gpu index and weight type.",
+    ),
+    (
         "shoal_node_start_time_seconds",
         Kind::Gauge,
         "When this node's process started, Unix seconds.",

@@ -74,6 +74,21 @@ fn node(me: &NodeFacts) {
             "backend" => known(&g.backend, &["vulkan", "metal", "dx12"]),
             "device_type" => known(&g.device_type, &["discrete", "integrated", "virtual", "cpu"]))
         .set(1.0);
+        let gpu = index.to_string();
+        if let Some(total) = g.memory_total {
+            gauge!("shoal_gpu_memory_total_bytes", "node" => id.clone(), "gpu" => gpu.clone())
+                .set(total as f64);
+        }
+        if let Some(free) = g.memory_free {
+            gauge!("shoal_gpu_memory_free_bytes", "node" => id.clone(), "gpu" => gpu.clone())
+                .set(free as f64);
+        }
+        // The types the GPU probe measures: a bounded set of label values.
+        for (ty, rate) in g.compute.iter().flat_map(|c| &c.weight_bytes_per_s) {
+            gauge!("shoal_gpu_weight_bytes_per_second", "node" => id.clone(), "gpu" => gpu.clone(),
+                "type" => cut(ty, 16))
+            .set(*rate);
+        }
     }
     gauge!("shoal_node_start_time_seconds", "node" => id.clone()).set(me.started as f64);
     gauge!("shoal_node_cpu_cores", "node" => id.clone()).set(me.cpu_cores as f64);

@@ -28,7 +28,8 @@ pub struct LocalReport {
     /// `None` where the kernel has no PSI.
     pub memory_pressure: Option<f32>,
     /// The GPUs found (Vulkan, Metal, DX12; software ones such as lavapipe included); empty without a
-    /// GPU, a driver or a Vulkan loader. Their memory is not known (`None`): wgpu does not tell it.
+    /// GPU, a driver or a Vulkan loader; their memory where the backend tells it (Vulkan), their
+    /// compute as the GPU probe's cache holds it.
     pub gpus: Vec<shoal_cluster::facts::GpuFacts>,
     pub models_dir: PathBuf,
     pub models: Vec<ModelCheck>,
