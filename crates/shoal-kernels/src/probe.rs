@@ -80,12 +80,12 @@ pub struct ProbeConfig {
 }
 
 impl Default for ProbeConfig {
-    /// Every format, a 64 MiB decode matrix, three rounds, `Q4_0` × 32 rows on 2 MiB for prefill,
+    /// Every format ([`QType::ALL`], then [`QType::IQ`]), a 64 MiB decode matrix, three rounds, `Q4_0` × 32 rows on 2 MiB for prefill,
     /// attention of 4 query heads of 64 over 1024 positions through 32 MiB of KV, sampling over
     /// 128 Ki logits, 1.5 s.
     fn default() -> Self {
         Self {
-            types: QType::ALL.to_vec(),
+            types: QType::ALL.into_iter().chain(QType::IQ).collect(),
             matrix_bytes: 64 << 20,
             cols: 4096,
             rounds: 3,
@@ -398,6 +398,21 @@ fn make_valid(qtype: QType, data: &mut [u8]) {
         QType::F32 => set_bits(data, 0x807F_FFFF_807F_FFFF, 0x3F00_0000_3F00_0000),
         QType::F16 => set_bits(data, 0x83FF_83FF_83FF_83FF, 0x3800_3800_3800_3800),
         QType::BF16 => set_bits(data, 0x807F_807F_807F_807F, 0x3F00_3F00_3F00_3F00),
+        // An E8M0 exponent byte: scale 2^-1.
+        QType::MXFP4 => data
+            .chunks_exact_mut(qtype.type_size())
+            .for_each(|b| b[0] = 127),
+        // The f16 `d` spread over the top nibbles of the four scale words at 48.
+        QType::IQ1_M => {
+            let d = half::f16::from_f32(0.01).to_bits();
+            for b in data.chunks_exact_mut(qtype.type_size()) {
+                for i in 0..4 {
+                    let w = u16::from_le_bytes([b[48 + 2 * i], b[49 + 2 * i]]) & 0x0FFF;
+                    let w = w | (((d >> (4 * i)) & 0xF) << 12);
+                    b[48 + 2 * i..50 + 2 * i].copy_from_slice(&w.to_le_bytes());
+                }
+            }
+        }
         _ => {
             let (d_at, m_at) = scale_offsets(qtype);
             let d = half::f16::from_f32(0.01).to_le_bytes();
@@ -428,7 +443,8 @@ fn scale_offsets(qtype: QType) -> (usize, Option<usize>) {
         QType::Q2_K => (80, Some(82)),
         QType::Q3_K => (108, None),
         QType::Q6_K => (208, None),
-        // Q4_0, Q5_0, Q8_0 (and the plain formats, never asked: handled by `make_valid`).
+        // Q4_0, Q5_0, Q8_0, the IQ formats (and the plain formats, MXFP4 and IQ1_M, never asked:
+        // handled by `make_valid`).
         _ => (0, None),
     }
 }
@@ -459,7 +475,10 @@ mod tests {
         assert_eq!(report.threads, 2);
         assert_eq!(report.backend, Backend::detect());
         let types: Vec<QType> = report.rates.iter().map(|r| r.qtype).collect();
-        assert_eq!(types, QType::ALL.to_vec());
+        assert_eq!(
+            types,
+            QType::ALL.into_iter().chain(QType::IQ).collect::<Vec<_>>()
+        );
         for r in &report.rates {
             assert!(
                 r.bytes_per_s.is_finite() && r.bytes_per_s > 1e6,
@@ -541,7 +560,7 @@ mod tests {
     fn the_weights_are_valid() {
         let mut rng = SplitMix64::new(9);
         let cols = 256;
-        for qtype in QType::ALL {
+        for qtype in QType::ALL.into_iter().chain(QType::IQ) {
             let rb = qtype.try_row_bytes(cols).expect("row");
             let mut data: Vec<u8> = (0..4 * rb).map(|_| rng.next_u64() as u8).collect();
             make_valid(qtype, &mut data);
