@@ -53,12 +53,6 @@ fn ksign(i: u32) -> i64 {
     SIGNS[usize::from(KSIGNS[(i & 127) as usize])] as i64
 }
 
-/// The sign vector of a raw sign byte.
-#[inline(always)]
-fn bsign(b: u8) -> i64 {
-    SIGNS[usize::from(b)] as i64
-}
-
 #[inline(always)]
 unsafe fn rd16(p: *const u8) -> u16 {
     unsafe { p.cast::<u16>().read_unaligned() }
@@ -129,6 +123,32 @@ pub(crate) trait IqSuper {
     /// Values `32 c..32 c + 32`: (unsigned magnitudes, a vector whose signs are the values',
     /// `i16` scales: lanes 0..8 those of values 0..16, lanes 8..16 of values 16..32).
     unsafe fn chunk(wb: *const u8, c: usize) -> (__m256i, __m256i, __m256i);
+}
+
+/// Eight 4-byte grid rows as one vector, built in registers (a store of the rows and a wide load
+/// would stall on store forwarding).
+#[inline(always)]
+unsafe fn rows32(g: [u32; 8]) -> __m256i {
+    let g = g.map(|v| v as i32);
+    unsafe { _mm256_setr_epi32(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]) }
+}
+
+/// The sign vector of 32 raw sign bits (4 bytes at `p`, bit `j` for value `j`): one broadcast,
+/// one `vpshufb` handing lane `j` byte `j / 8`, and a compare with its bit.
+#[inline(always)]
+unsafe fn bit_signs(p: *const u8) -> __m256i {
+    unsafe {
+        let v = _mm256_set1_epi32(rd32u(p) as i32);
+        let pick = _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, pick), bit), bit);
+        _mm256_or_si256(set, _mm256_set1_epi8(1))
+    }
 }
 
 /// One scale for all 32 values.
@@ -224,9 +244,8 @@ impl IqSuper for Iq2S {
                 let low = usize::from(wb.add(2 + 4 * c + l).read());
                 IQ2S_GRID[low | (((qh >> (2 * l)) & 3) << 8)]
             });
-            let s = [0, 1, 2, 3].map(|l| bsign(wb.add(34 + 4 * c + l).read()));
-            let (aq, sg) = grid64(g, s);
-            (aq, sg, nib_scales(wb, 74, c))
+            let aq = _mm256_set_epi64x(g[3] as i64, g[2] as i64, g[1] as i64, g[0] as i64);
+            (aq, bit_signs(wb.add(34 + 4 * c)), nib_scales(wb, 74, c))
         }
     }
 }
@@ -242,7 +261,7 @@ impl IqSuper for Iq3Xxs {
             let aux = rd32u(wb.add(66 + 4 * c));
             let g: [u32; 8] =
                 std::array::from_fn(|i| IQ3XXS_GRID[usize::from(wb.add(2 + 8 * c + i).read())]);
-            let aq = _mm256_loadu_si256(g.as_ptr().cast());
+            let aq = rows32(g);
             let s = [0, 1, 2, 3].map(|l| ksign(aux >> (7 * l)));
             let sg = _mm256_set_epi64x(s[3], s[2], s[1], s[0]);
             (aq, sg, scale32(2 * (aux >> 28) as i32 + 1))
@@ -263,9 +282,8 @@ impl IqSuper for Iq3S {
                 let low = usize::from(wb.add(2 + 8 * c + i).read());
                 IQ3S_GRID[low | (((qh >> i) & 1) << 8)]
             });
-            let aq = _mm256_loadu_si256(g.as_ptr().cast());
-            let s = [0, 1, 2, 3].map(|l| bsign(wb.add(74 + 4 * c + l).read()));
-            let sg = _mm256_set_epi64x(s[3], s[2], s[1], s[0]);
+            let aq = rows32(g);
+            let sg = bit_signs(wb.add(74 + 4 * c));
             let ls = i32::from((wb.add(106 + c / 2).read() >> (4 * (c % 2))) & 0x0F);
             (aq, sg, scale32(2 * ls + 1))
         }
