@@ -1,9 +1,13 @@
 //! The grammars shoal asks llguidance for: a JSON answer ([`ResponseFormat`]) and a forced tool call
 //! in a family's format ([`tool_call_lark`]: Lark text with each tool's call embedded as `%json`).
 //!
-//! Every JSON the model writes under a constraint uses the same options ([`with_json_options`]):
-//! whitespace between items is allowed but bounded, so a small model cannot fill its budget with
-//! blank lines (llama.cpp's JSON grammars bound it the same way).
+//! Every JSON the model writes under a constraint uses the same options ([`with_json_options`]): fixed
+//! separators — `", "` between items and `": "` after keys, as Python's `json.dumps` and the families'
+//! own templates write JSON — and no other whitespace outside strings, as xgrammar's
+//! `any_whitespace=False` (vLLM's `disable-any-whitespace`) and OpenAI's strict mode leave none. Free
+//! runs of whitespace let a small model sampled at temperature 1 spend its budget on blank lines before
+//! it closes a call; the single spaces keep the text the model knows (SmolLM2 forced to `{"city":"Paris"`
+//! wanders into extra keys where `{"city": "Paris"` closes).
 
 use serde_json::{Value, json};
 
@@ -27,18 +31,15 @@ pub enum ResponseFormat {
     },
 }
 
-/// Whitespace allowed between JSON items: up to 20 spaces, tabs or line breaks (indented output
-/// stays possible, endless blank lines do not).
-const JSON_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,20}";
-
 /// `schema` with shoal's JSON options (`x-guidance`) unless the schema sets its own.
 pub(crate) fn with_json_options(schema: &Value) -> Result<Value, String> {
     let Value::Object(map) = schema else {
         return Err("a JSON schema must be an object".into());
     };
     let mut map = map.clone();
-    map.entry("x-guidance")
-        .or_insert_with(|| json!({"whitespace_pattern": JSON_WHITESPACE}));
+    map.entry("x-guidance").or_insert_with(
+        || json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+    );
     Ok(Value::Object(map))
 }
 

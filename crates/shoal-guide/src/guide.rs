@@ -55,6 +55,35 @@ pub struct ToolCallParser {
     ids: CallIds,
 }
 
+/// The call an answer was writing when its token budget ran out ([`crate::tools::cut`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CutToolCall {
+    /// Its place among the answer's calls (after the finished ones).
+    pub index: usize,
+    pub id: String,
+    /// The function's name, when it was written whole.
+    pub name: Option<String>,
+    /// The arguments as written so far: JSON text, usually unfinished.
+    pub arguments: String,
+}
+
+impl CutToolCall {
+    /// The arguments as far as they parse (an object; `{}` when nothing does): what an API that
+    /// wants an object, not text, reports.
+    pub fn input(&self) -> Value {
+        crate::tools::cut::arguments_so_far(&self.arguments)
+    }
+}
+
+/// A finished answer split into content and calls, the one cut short by the token budget included.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ParsedAnswer {
+    pub content: String,
+    pub calls: Vec<ToolCallOut>,
+    /// The call the answer was writing when its token budget ran out.
+    pub cut: Option<CutToolCall>,
+}
+
 /// One call of an answer, with its id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolCallOut {
@@ -80,8 +109,12 @@ impl ToolCallParser {
     /// Content and calls of a finished answer.
     pub fn parse(&self, text: &str) -> (String, Vec<ToolCallOut>) {
         let parsed = parse(self.format, text);
-        let calls = parsed
-            .calls
+        (parsed.content, self.with_ids(parsed.calls))
+    }
+
+    /// Calls in answer order, each with its id.
+    fn with_ids(&self, calls: Vec<crate::tools::parse::ParsedCall>) -> Vec<ToolCallOut> {
+        calls
             .into_iter()
             .enumerate()
             .map(|(i, c)| ToolCallOut {
@@ -89,8 +122,35 @@ impl ToolCallParser {
                 name: c.name,
                 arguments: c.arguments,
             })
-            .collect();
-        (parsed.content, calls)
+            .collect()
+    }
+
+    /// Content and calls of a finished answer; `cut_off`: it ended at its token budget, so a call it
+    /// was writing then is [`ParsedAnswer::cut`] — never text in the family's call format.
+    pub fn parse_ended(&self, text: &str, cut_off: bool) -> ParsedAnswer {
+        let cut = cut_off
+            .then(|| crate::tools::cut::cut_calls(self.format, text))
+            .flatten();
+        let Some(cut) = cut else {
+            let (content, calls) = self.parse(text);
+            return ParsedAnswer {
+                content,
+                calls,
+                cut: None,
+            };
+        };
+        let calls = self.with_ids(cut.calls);
+        let index = calls.len();
+        ParsedAnswer {
+            content: cut.content,
+            cut: Some(CutToolCall {
+                index,
+                id: self.ids.id(index),
+                name: cut.cut.name,
+                arguments: cut.cut.arguments,
+            }),
+            calls,
+        }
     }
 
     /// An incremental parser for a streamed answer (same ids as [`ToolCallParser::parse`]).

@@ -30,7 +30,8 @@ pub mod tools;
 pub use error::GuideError;
 pub use grammar::ResponseFormat;
 pub use guide::{
-    ChatGuidance, ChatPlan, Guides, ModelGuide, ToolCallOut, ToolCallParser, plan_with,
+    ChatGuidance, ChatPlan, CutToolCall, Guides, ModelGuide, ParsedAnswer, ToolCallOut,
+    ToolCallParser, plan_with,
 };
 pub use processor::GuidedProcessor;
 /// A call an assistant message carries (shoal-model's, re-exported for API modules).

@@ -129,6 +129,53 @@ fn the_vocabulary_becomes_a_trie_whose_masks_follow_json() {
     assert!(p.is_complete());
 }
 
+/// Constrained JSON has fixed separators and no other whitespace: `", "` and `": "`, nothing before,
+/// inside brackets or after the object — a space or a line break inside a string is still text.
+#[test]
+fn constrained_json_leaves_no_room_for_whitespace() {
+    let tokenizer = engine().tokenizer().clone();
+    let guide = guides().for_tokenizer(&tokenizer).expect("guide");
+    let mut p = guide
+        .response_format(&ResponseFormat::JsonObject)
+        .expect("compiles")
+        .expect("a constraint");
+    let one = |t: &str| match tokenizer.encode(t, false).as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    };
+    // Never allowed outside a string: runs, line breaks, tabs.
+    let blanks: Vec<u32> = ["\n", "  ", "\t", "   ", "\n\n"]
+        .iter()
+        .filter_map(|t| one(t))
+        .collect();
+    assert!(blanks.len() >= 3, "single-token blanks: {blanks:?}");
+    let space = one(" ").expect("a space token");
+    let refuses = |p: &mut shoal_guide::GuidedProcessor, at: &str, space_too: bool| {
+        let mask = p.mask().expect("mask");
+        for &b in &blanks {
+            assert!(!mask.allows(b), "{:?} allowed {at}", tokenizer.decode(&[b]));
+        }
+        if space_too {
+            assert!(!mask.allows(space), "a space allowed {at}");
+        }
+    };
+    refuses(&mut p, "before the object", true);
+    let mut fed = String::new();
+    let mut checked = 0;
+    for t in tokenizer.encode("{\"a\": \"x y\", \"b\": [1, 2]}", false) {
+        assert!(p.mask().expect("mask").allows(t), "{fed:?} then {t}");
+        p.accept(t).expect("accepted");
+        fed.push_str(&tokenizer.decode(&[t]));
+        if fed.ends_with([':', ',', '{', '[']) {
+            refuses(&mut p, &format!("after {fed:?}"), fed.ends_with(['{', '[']));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "checked after {checked} separators only");
+    assert!(p.is_complete());
+    refuses(&mut p, "after the object", true);
+}
+
 #[test]
 fn a_schema_constrained_generation_is_valid_json_of_that_schema() {
     let schema = json!({

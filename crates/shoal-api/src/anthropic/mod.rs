@@ -12,6 +12,11 @@
 //! statuses ([`error`]), malformed JSON and wrong types included. The `anthropic-version` header is
 //! accepted and not required.
 //!
+//! An answer the token budget cut inside a tool call ends with that call as a `tool_use` block whose
+//! `input` is its arguments as far as they parse (`{}` before any; the name empty when it was not
+//! written whole) and `stop_reason: "max_tokens"` — streamed, as one `input_json_delta` of that
+//! input, so the accumulated JSON always parses (decision 019).
+//!
 //! `stop_reason` comes from the engine's end: an end-of-generation token is `end_turn` (`tool_use` when
 //! the answer called tools), a stop sequence `stop_sequence` (named in `stop_sequence`, as the engine
 //! reports it), the token budget `max_tokens`, and a full context window
@@ -101,7 +106,8 @@ pub async fn messages(
     }
     let done = collect(&mut live, false).await?;
     let usage = UsageOut::from(done.usage);
-    let (content, called) = tools::content(done.text, parser.as_ref());
+    let cut_off = done.finish_reason == FinishReason::Length;
+    let (content, called) = tools::content(done.text, parser.as_ref(), cut_off);
     let body = MessageOut {
         id,
         kind: MESSAGE_TYPE,

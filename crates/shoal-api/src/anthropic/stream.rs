@@ -16,6 +16,7 @@
 
 use serde::Serialize;
 use serde_json::json;
+use shoal_engine::FinishReason;
 use shoal_guide::{ToolCallStream, ToolEvent};
 
 use super::types::{ContentOut, MessageOut, UsageOut};
@@ -189,33 +190,64 @@ impl MessageEvents {
                     ..
                 } => {
                     self.close_text(&mut frames);
-                    let index = self.next_block;
-                    self.next_block += 1;
                     self.called = true;
                     let content_block = ContentOut::ToolUse {
                         id,
                         name,
                         input: json!({}),
                     };
-                    frames.extend([
-                        StreamEvent::ContentBlockStart {
-                            index,
-                            content_block,
-                        }
-                        .frame(),
-                        StreamEvent::ContentBlockDelta {
-                            index,
-                            delta: Delta::InputJsonDelta {
-                                partial_json: arguments,
-                            },
-                        }
-                        .frame(),
-                        StreamEvent::ContentBlockStop { index }.frame(),
-                    ]);
+                    self.tool_use_block(content_block, arguments, &mut frames);
+                }
+                ToolEvent::Cut {
+                    index,
+                    id,
+                    name,
+                    arguments,
+                } => {
+                    self.close_text(&mut frames);
+                    let cut = shoal_guide::CutToolCall {
+                        index,
+                        id: id.clone(),
+                        name: name.clone(),
+                        arguments,
+                    };
+                    let input = cut.input().to_string();
+                    let content_block = ContentOut::ToolUse {
+                        id,
+                        name: name.unwrap_or_default(),
+                        input: json!({}),
+                    };
+                    self.tool_use_block(content_block, input, &mut frames);
                 }
             }
         }
         frames
+    }
+
+    /// One `tool_use` block at the next index: opened, its input as one `input_json_delta`, closed.
+    fn tool_use_block(
+        &mut self,
+        content_block: ContentOut,
+        input: String,
+        frames: &mut Vec<Frame>,
+    ) {
+        let index = self.next_block;
+        self.next_block += 1;
+        frames.extend([
+            StreamEvent::ContentBlockStart {
+                index,
+                content_block,
+            }
+            .frame(),
+            StreamEvent::ContentBlockDelta {
+                index,
+                delta: Delta::InputJsonDelta {
+                    partial_json: input,
+                },
+            }
+            .frame(),
+            StreamEvent::ContentBlockStop { index }.frame(),
+        ]);
     }
 }
 
@@ -244,6 +276,11 @@ impl StreamFormat for MessageEvents {
 
     fn finish(&mut self, finish: Finish) -> Vec<Frame> {
         let mut frames = match &mut self.tools {
+            // Cut by the budget inside a call: a last tool_use block, not text.
+            Some(tools) if finish.reason == FinishReason::Length => {
+                let events = tools.finish_cut();
+                self.tool_events(events)
+            }
             Some(tools) => {
                 let events = tools.finish();
                 self.tool_events(events)
@@ -289,7 +326,7 @@ fn error_frame(err: &ApiError) -> Frame {
 #[cfg(test)]
 mod tests {
     use serde_json::Value;
-    use shoal_engine::{FinishReason, Usage};
+    use shoal_engine::Usage;
     use shoal_guide::{ToolCallParser, ToolFormat};
 
     use super::*;

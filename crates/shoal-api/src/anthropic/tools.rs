@@ -11,7 +11,8 @@
 
 use serde_json::Value;
 use shoal_guide::{
-    ChatGuidance, FunctionTool, GuideError, ResponseFormat, ToolCallOut, ToolCallParser, ToolChoice,
+    ChatGuidance, CutToolCall, FunctionTool, GuideError, ResponseFormat, ToolCallOut,
+    ToolCallParser, ToolChoice,
 };
 
 use super::types::{ContentOut, ToolChoiceIn, ToolIn};
@@ -132,21 +133,31 @@ fn output_format(format: Value) -> Result<ResponseFormat, ApiError> {
 }
 
 /// An answer's content blocks and whether it called tools: the calls as `tool_use` blocks after the
-/// text; without calls (or without tools) the whole text is one text block.
-pub fn content(text: String, parser: Option<&ToolCallParser>) -> (Vec<ContentOut>, bool) {
+/// text; without calls (or without tools) the whole text is one text block. `cut_off`: the answer ran
+/// out of tokens, so a call it was writing is a last `tool_use` block whose `input` is its arguments
+/// as far as they parse ([`shoal_guide::CutToolCall::input`]; `{}` before any), never text.
+pub fn content(
+    text: String,
+    parser: Option<&ToolCallParser>,
+    cut_off: bool,
+) -> (Vec<ContentOut>, bool) {
     let Some(parser) = parser else {
         return (vec![ContentOut::Text { text }], false);
     };
-    let (prose, calls) = parser.parse(&text);
-    if calls.is_empty() {
+    let parsed = parser.parse_ended(&text, cut_off);
+    if parsed.calls.is_empty() && parsed.cut.is_none() {
         return (vec![ContentOut::Text { text }], false);
     }
-    let mut blocks = Vec::with_capacity(calls.len() + 1);
-    if !prose.is_empty() {
-        blocks.push(ContentOut::Text { text: prose });
+    let called = !parsed.calls.is_empty();
+    let mut blocks = Vec::with_capacity(parsed.calls.len() + 2);
+    if !parsed.content.is_empty() {
+        blocks.push(ContentOut::Text {
+            text: parsed.content,
+        });
     }
-    blocks.extend(calls.into_iter().map(tool_use));
-    (blocks, true)
+    blocks.extend(parsed.calls.into_iter().map(tool_use));
+    blocks.extend(parsed.cut.map(cut_tool_use));
+    (blocks, called)
 }
 
 /// A call as a `tool_use` block (its arguments as the JSON value `input`).
@@ -155,6 +166,16 @@ pub fn tool_use(call: ToolCallOut) -> ContentOut {
         id: call.id,
         name: call.name,
         input: shoal_guide::tools::parse::arguments_value(&call.arguments),
+    }
+}
+
+/// The call the token budget cut as a `tool_use` block: its name (empty when not written whole yet),
+/// its arguments as far as they parse.
+pub fn cut_tool_use(call: CutToolCall) -> ContentOut {
+    ContentOut::ToolUse {
+        input: call.input(),
+        id: call.id,
+        name: call.name.unwrap_or_default(),
     }
 }
 
@@ -290,7 +311,7 @@ mod tests {
                 input: json!({"city": "Paris"}),
             }
         );
-        let (blocks, called) = content("plain".into(), None);
+        let (blocks, called) = content("plain".into(), None, false);
         assert_eq!(
             (blocks, called),
             (

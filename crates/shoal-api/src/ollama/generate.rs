@@ -10,7 +10,7 @@
 //! `messages` list or an empty `prompt` only checks that the model is loaded and answers `done_reason:
 //! "load"`, as Ollama does. Both answer as [`super::stream::respond`] says.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use axum::Json;
 use axum::extract::State;
@@ -28,6 +28,7 @@ use super::stream::{Answer, Kind, Run, json_response, ndjson_response, respond};
 use super::tools::{self, format_processor, guide_error, to_chat_messages};
 use super::types::{ChatRequest, Ending, GenerateRequest};
 use crate::ApiState;
+use crate::cancel::{Owner, Ticket};
 use crate::error::ApiError;
 
 pub async fn chat(
@@ -82,11 +83,8 @@ async fn plan(
     messages: Vec<ChatMessage>,
     guidance: ChatGuidance,
 ) -> Result<ChatPlan, Error> {
-    // Call ids: the clock and the process keep them apart across requests and restarts.
-    let id_seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-        ^ u64::from(std::process::id());
+    // Call ids: from the request's own random id, unique per request.
+    let id_seed = Ticket::new(Owner::Unknown)?.seed();
     let (guides, engine) = (state.guides.clone(), engine.clone());
     tokio::task::spawn_blocking(move || guides.plan(&engine, messages, &guidance, id_seed))
         .await

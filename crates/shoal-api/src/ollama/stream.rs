@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use shoal_engine::request::TopLogprob;
 use shoal_engine::{Event, FinishReason};
-use shoal_guide::{ToolCallOut, ToolCallParser, ToolCallStream, ToolEvent};
+use shoal_guide::{CutToolCall, ToolCallOut, ToolCallParser, ToolCallStream, ToolEvent};
 
 use super::tools::ollama_call;
 use super::types::{
@@ -236,7 +236,7 @@ async fn collect(mut run: Run, answer: &Answer) -> Result<String, Error> {
                     metrics: Some(metrics),
                 };
                 let (text, calls) = match &answer.tools {
-                    Some(parser) => split_calls(parser, text),
+                    Some(parser) => split_calls(parser, text, reason == "length"),
                     None => (text, Vec::new()),
                 };
                 return Ok(answer.object(text, calls, Some(end), logprobs));
@@ -247,17 +247,38 @@ async fn collect(mut run: Run, answer: &Answer) -> Result<String, Error> {
 }
 
 /// A finished answer's text without the calls it makes, and the calls (none: the text as it is).
-fn split_calls(parser: &ToolCallParser, text: String) -> (String, Vec<OllamaToolCall>) {
-    let (content, calls) = parser.parse(&text);
-    if calls.is_empty() {
+/// `cut_off`: the budget ran out, so a call it was writing is the last call, its arguments as far as
+/// they parse.
+fn split_calls(
+    parser: &ToolCallParser,
+    text: String,
+    cut_off: bool,
+) -> (String, Vec<OllamaToolCall>) {
+    let parsed = parser.parse_ended(&text, cut_off);
+    if parsed.calls.is_empty() && parsed.cut.is_none() {
         return (text, Vec::new());
     }
-    let calls = calls
+    let mut calls: Vec<OllamaToolCall> = parsed
+        .calls
         .into_iter()
         .enumerate()
         .map(|(i, c)| ollama_call(i, c))
         .collect();
-    (content, calls)
+    calls.extend(parsed.cut.map(cut_call));
+    (parsed.content, calls)
+}
+
+/// The call the budget cut, as Ollama writes calls: its arguments as far as they parse.
+fn cut_call(call: CutToolCall) -> OllamaToolCall {
+    let arguments = call.input().to_string();
+    ollama_call(
+        call.index,
+        ToolCallOut {
+            id: call.id,
+            name: call.name.unwrap_or_default(),
+            arguments,
+        },
+    )
 }
 
 /// Text and complete calls out of streamed tool-parser events.
@@ -280,6 +301,17 @@ fn from_events(events: Vec<ToolEvent>) -> (String, Vec<OllamaToolCall>) {
                     arguments,
                 },
             )),
+            ToolEvent::Cut {
+                index,
+                id,
+                name,
+                arguments,
+            } => calls.push(cut_call(CutToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            })),
         }
     }
     (text, calls)
@@ -327,7 +359,11 @@ impl Lines {
             }
             Step::Done { reason, metrics } => {
                 if let Some(stream) = &mut self.tools {
-                    let (text, calls) = from_events(stream.finish());
+                    let events = match reason {
+                        "length" => stream.finish_cut(),
+                        _ => stream.finish(),
+                    };
+                    let (text, calls) = from_events(events);
                     self.piece(text, calls);
                 }
                 let end = Ending {

@@ -181,40 +181,41 @@ fn constrains(guidance: &ChatGuidance) -> bool {
         )
 }
 
-/// The assistant message of a finished answer: calls split out where tools were offered.
+/// The assistant message of a finished answer: calls split out where tools were offered. An answer
+/// the token budget cut inside a call reports that call as written so far (its name when known, the
+/// unfinished `arguments`) with `finish_reason: "length"`, as OpenAI does — never shoal's call format
+/// as text.
 fn answer(
     text: String,
     reason: FinishReason,
     parser: Option<&ToolCallParser>,
 ) -> (AssistantMessage, &'static str) {
-    let Some(parser) = parser else {
-        let message = AssistantMessage {
-            role: "assistant",
-            content: Some(text),
-            tool_calls: None,
-        };
-        return (message, reason.as_str());
+    let plain = |text: String| AssistantMessage {
+        role: "assistant",
+        content: Some(text),
+        tool_calls: None,
     };
-    let (content, calls) = parser.parse(&text);
-    if calls.is_empty() {
-        let message = AssistantMessage {
-            role: "assistant",
-            content: Some(text),
-            tool_calls: None,
-        };
-        return (message, reason.as_str());
+    let Some(parser) = parser else {
+        return (plain(text), reason.as_str());
+    };
+    let parsed = parser.parse_ended(&text, reason == FinishReason::Length);
+    if parsed.calls.is_empty() && parsed.cut.is_none() {
+        return (plain(text), reason.as_str());
     }
+    let called = !parsed.calls.is_empty();
+    let mut calls: Vec<ToolCallJson> = parsed
+        .calls
+        .into_iter()
+        .map(|c| ToolCallJson::new(c, None))
+        .collect();
+    calls.extend(parsed.cut.map(|c| ToolCallJson::cut(c, None)));
+    let content = parsed.content;
     let message = AssistantMessage {
         role: "assistant",
         content: (!content.is_empty()).then_some(content),
-        tool_calls: Some(
-            calls
-                .into_iter()
-                .map(|c| ToolCallJson::new(c, None))
-                .collect(),
-        ),
+        tool_calls: Some(calls),
     };
-    (message, finish_reason(reason, true))
+    (message, finish_reason(reason, called))
 }
 
 /// `tool_calls` when the model stopped by itself after calling; otherwise the engine's reason.
@@ -393,6 +394,10 @@ impl ChunkFormat for ChatChunks {
             .get_mut(index as usize)
             .and_then(|s| s.tools.as_mut());
         let (delta, called) = match tools {
+            // Cut by the budget inside a call: the call as written so far, not text.
+            Some(stream) if reason == FinishReason::Length => {
+                (tool_delta(stream.finish_cut()), stream.saw_calls())
+            }
             Some(stream) => (tool_delta(stream.finish()), stream.saw_calls()),
             None => (Delta::default(), false),
         };
@@ -424,6 +429,20 @@ fn tool_delta(events: Vec<ToolEvent>) -> Delta {
                 arguments,
             } => calls.push(ToolCallJson::new(
                 shoal_guide::ToolCallOut {
+                    id,
+                    name,
+                    arguments,
+                },
+                Some(index),
+            )),
+            ToolEvent::Cut {
+                index,
+                id,
+                name,
+                arguments,
+            } => calls.push(ToolCallJson::cut(
+                shoal_guide::CutToolCall {
+                    index,
                     id,
                     name,
                     arguments,

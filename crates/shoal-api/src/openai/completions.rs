@@ -1,5 +1,8 @@
 //! `POST /v1/completions`: raw text or token ids in, text out (no chat template).
 //!
+//! Without `max_tokens` a completion stops after [`DEFAULT_MAX_TOKENS`] (16) tokens, OpenAI's documented
+//! default for this endpoint (vLLM's too); the chat routes keep running to the end of the turn.
+//!
 //! A text prompt is submitted with `add_bos: true`, so the engine adds BOS exactly when the model's
 //! GGUF asks for it (as llama.cpp does); token-id prompts are used as given. `n` choices come from one
 //! prefill (each streamed with its `index`; usage counts the prompt once). `logprobs: k` (at most 20)
@@ -12,6 +15,7 @@ use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
 use std::collections::BTreeMap;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use shoal_engine::request::MAX_TOP_LOGPROBS;
@@ -28,6 +32,9 @@ use crate::error::ApiError;
 use crate::sse::to_json;
 
 const PROMPT_PARAM: &str = "prompt";
+
+/// The token budget of a completion that names none (OpenAI's default for `/v1/completions`).
+pub const DEFAULT_MAX_TOKENS: NonZeroU32 = NonZeroU32::new(16).expect("16 is not zero");
 
 pub async fn completions(
     State(state): State<ApiState>,
@@ -50,7 +57,7 @@ pub async fn completions(
         model: params.model.clone(),
         prompt,
         sampling: params.sampling,
-        max_tokens: params.max_tokens,
+        max_tokens: Some(params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
         stop: params.stop,
         add_bos,
         ignore_eos: params.ignore_eos,

@@ -251,4 +251,17 @@ impl ToolCallJson {
             },
         }
     }
+
+    /// The call the token budget cut: its name (empty when not written whole yet) and its arguments
+    /// as written so far.
+    pub fn cut(call: shoal_guide::CutToolCall, index: Option<usize>) -> Self {
+        Self::new(
+            ToolCallOut {
+                id: call.id,
+                name: call.name.unwrap_or_default(),
+                arguments: call.arguments,
+            },
+            index,
+        )
+    }
 }

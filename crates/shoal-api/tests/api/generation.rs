@@ -2,7 +2,7 @@
 //! determinism, SSE framing, stop sequences, the golden chat prompt.
 
 use crate::common::{self, *};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use serde_json::{Value, json};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -19,29 +19,6 @@ fn content(v: &Value) -> String {
         .as_str()
         .expect("content")
         .to_string()
-}
-
-/// Parsed SSE chunks (without the final `[DONE]`, which is checked to be last).
-fn chunks(reply: &common::Reply) -> Vec<Value> {
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
-    let ct = reply
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    assert!(ct.starts_with("text/event-stream"), "content-type {ct}");
-    let data = reply.sse_data();
-    assert_eq!(
-        data.last().map(String::as_str),
-        Some("[DONE]"),
-        "{}",
-        reply.body
-    );
-    assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1);
-    data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).expect("chunk JSON"))
-        .collect()
 }
 
 #[tokio::test]
@@ -168,7 +145,7 @@ async fn chat_stream_framing_and_usage() {
         &mut streamed,
         json!({"stream": true, "stream_options": {"include_usage": true}}),
     );
-    let chunks = chunks(&post_json(CHAT, &streamed).await);
+    let chunks = common::chunks(&post_json(CHAT, &streamed).await);
     let first = &chunks[0];
     assert_eq!(first["object"], "chat.completion.chunk");
     assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
@@ -205,7 +182,7 @@ async fn chat_stream_framing_and_usage() {
     // Without include_usage there is no usage chunk.
     let mut plain = body.clone();
     merge(&mut plain, json!({"stream": true}));
-    let chunks = self::chunks(&post_json(CHAT, &plain).await);
+    let chunks = common::chunks(&post_json(CHAT, &plain).await);
     assert!(
         chunks
             .iter()
@@ -248,7 +225,7 @@ async fn stop_sequence_never_appears() {
     );
 
     merge(&mut body, json!({"stream": true, "stop": stop.clone()}));
-    let chunks = chunks(&post_json(CHAT, &body).await);
+    let chunks = common::chunks(&post_json(CHAT, &body).await);
     let text: String = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
@@ -312,7 +289,7 @@ async fn completions_non_stream_and_stream() {
         &mut streamed,
         json!({"stream": true, "stream_options": {"include_usage": true}}),
     );
-    let chunks = chunks(&post_json(COMPLETIONS, &streamed).await);
+    let chunks = common::chunks(&post_json(COMPLETIONS, &streamed).await);
     assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
     let joined: String = chunks
         .iter()

@@ -8,6 +8,7 @@ mod anthropic;
 mod auth;
 mod cancel;
 mod choices;
+mod cut_calls;
 mod disconnect;
 mod embeddings;
 mod errors;

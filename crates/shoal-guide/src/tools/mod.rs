@@ -15,8 +15,10 @@
 //!   (llama.cpp's "generic" handling, in shoal's own words).
 //!
 //! Parsing a model's output back into calls is [`parse`] (finished text) and [`stream`]
-//! (incremental, for streamed answers).
+//! (incremental, for streamed answers); an answer the token budget cut inside a call is read by
+//! [`cut`] into the calls it finished and the one it was writing.
 
+pub mod cut;
 pub mod parse;
 pub mod stream;
 

@@ -9,6 +9,7 @@
 //! be a call is sent as content at the end, so nothing the model wrote is lost.
 
 use super::ToolFormat;
+use super::cut::cut_calls;
 use super::parse::{
     CallIds, HERMES_CLOSE, HERMES_OPEN, MISTRAL_CALLS, PYTHON_TAG, ParsedCall, parse,
 };
@@ -24,6 +25,16 @@ pub enum ToolEvent {
         id: String,
         name: String,
         /// The arguments as JSON text.
+        arguments: String,
+    },
+    /// The call the answer was writing when its token budget ran out (only from
+    /// [`ToolCallStream::finish_cut`]); always the last event.
+    Cut {
+        index: usize,
+        id: String,
+        /// The function's name, when it was written whole.
+        name: Option<String>,
+        /// The arguments as written so far (unfinished JSON text).
         arguments: String,
     },
 }
@@ -139,6 +150,35 @@ impl ToolCallStream {
                 }
             }
         }
+        events
+    }
+
+    /// Ends a stream whose answer ran out of tokens: as [`ToolCallStream::finish`], except that a call
+    /// cut short is a [`ToolEvent::Cut`] (after the calls it finished) rather than text.
+    pub fn finish_cut(&mut self) -> Vec<ToolEvent> {
+        let Some(cut) = self
+            .calls_text
+            .as_deref()
+            .and_then(|text| cut_calls(self.format, text))
+        else {
+            return self.finish();
+        };
+        self.calls_text = None;
+        let mut events = Vec::new();
+        let held = std::mem::take(&mut self.held);
+        self.send_content(held, &mut events);
+        if !cut.content.trim().is_empty() {
+            self.send_content(cut.content, &mut events);
+        }
+        for call in cut.calls.into_iter().skip(self.emitted) {
+            self.emit(call, &mut events);
+        }
+        events.push(ToolEvent::Cut {
+            index: self.emitted,
+            id: self.ids.id(self.emitted),
+            name: cut.cut.name,
+            arguments: cut.cut.arguments,
+        });
         events
     }
 
@@ -300,5 +340,41 @@ mod tests {
             assert_eq!(got, whole.calls, "cut at {cut}");
             assert_eq!(content(&ev).trim(), whole.content, "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn a_call_cut_by_the_budget_ends_the_stream_as_a_cut_call() {
+        let text = "On it.<tool_call>\n{\"name\":\"a\",\"arguments\":{}}\n</tool_call>\n<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Pa";
+        for cut in (1..text.len()).step_by(7) {
+            let mut s =
+                ToolCallStream::new(ToolFormat::Hermes, CallIds::new(1, ToolFormat::Hermes));
+            let mut ev = s.push(&text[..cut]);
+            ev.extend(s.push(&text[cut..]));
+            ev.extend(s.finish_cut());
+            assert_eq!(content(&ev), "On it.", "cut at {cut}");
+            assert_eq!(
+                calls(&ev),
+                vec![(0, "a".into(), "{}".into())],
+                "cut at {cut}"
+            );
+            let last = ev.last().expect("events");
+            let ToolEvent::Cut {
+                index,
+                id,
+                name,
+                arguments,
+            } = last
+            else {
+                panic!("cut at {cut}: {last:?}");
+            };
+            assert_eq!((*index, name.as_deref()), (1, Some("get_weather")));
+            assert_eq!(id, &CallIds::new(1, ToolFormat::Hermes).id(1));
+            assert_eq!(arguments, "{\"city\":\"Pa");
+        }
+        // Text that ran out is text.
+        let mut s = ToolCallStream::new(ToolFormat::Generic, CallIds::new(1, ToolFormat::Generic));
+        let mut ev = s.push("Hello {\"a\":");
+        ev.extend(s.finish_cut());
+        assert_eq!(content(&ev), "Hello {\"a\":");
     }
 }

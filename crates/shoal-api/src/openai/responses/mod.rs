@@ -19,7 +19,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use shoal_engine::{ChatMessage, FinishReason, GenerateRequest, Prompt, Usage};
-use shoal_guide::ToolCallOut;
+use shoal_guide::ParsedAnswer;
 
 use super::params::{CommonParams, token_budget};
 use super::{collect, unix_now};
@@ -59,10 +59,15 @@ pub async fn create_response(
     // The request's id, made up front: its seed makes the tool-call ids, unique per request.
     let ticket = Ticket::new(caller)?;
     let id_seed = ticket.seed();
-    let plan = state
-        .guides
-        .plan(&engine, messages, &guidance, id_seed)
-        .map_err(super::tools::guide_error)?;
+    let (guides, plan_engine, plan_guidance) =
+        (state.guides.clone(), engine.clone(), guidance.clone());
+    // The first constrained request of a model builds its token tables: off the async workers.
+    let plan = tokio::task::spawn_blocking(move || {
+        guides.plan(&plan_engine, messages, &plan_guidance, id_seed)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("planning the request failed: {e}")))?
+    .map_err(super::tools::guide_error)?;
     let prompt = state
         .engine
         .render_chat_tools(&params.model, &plan.messages, &plan.tools)
@@ -106,11 +111,15 @@ pub async fn create_response(
         return Ok(stream_response(stream, events));
     }
     let done = collect(&mut stream, false).await?;
-    let (content, calls) = match plan.tool_parser {
-        Some(parser) => parser.parse(&done.text),
-        None => (done.text, Vec::new()),
+    let cut_off = done.finish_reason == FinishReason::Length;
+    let parsed = match plan.tool_parser {
+        Some(parser) => parser.parse_ended(&done.text, cut_off),
+        None => ParsedAnswer {
+            content: done.text,
+            ..ParsedAnswer::default()
+        },
     };
-    let body = shell.finished(&content, &calls, done.finish_reason, done.usage);
+    let body = shell.finished(&parsed, done.finish_reason, done.usage);
     Ok(Json(body).into_response())
 }
 
@@ -146,19 +155,20 @@ impl Shell {
     }
 
     /// The finished response: `completed`, or `incomplete` when the token budget ran out. The output
-    /// is the message (when there is text, or nothing else) and then one item per call.
+    /// is the message (when there is text, or nothing else) and then one item per call, the one the
+    /// budget cut last (`status: "incomplete"`).
     pub fn finished(
         &self,
-        content: &str,
-        calls: &[ToolCallOut],
+        answer: &ParsedAnswer,
         reason: FinishReason,
         usage: Usage,
     ) -> ResponseObject {
         let mut output = Vec::new();
-        if !content.is_empty() || calls.is_empty() {
-            output.push(self.message(content, finish_status(reason)));
+        if !answer.content.is_empty() || (answer.calls.is_empty() && answer.cut.is_none()) {
+            output.push(self.message(&answer.content, finish_status(reason)));
         }
-        output.extend(calls.iter().map(tools::function_call_item));
+        output.extend(answer.calls.iter().map(tools::function_call_item));
+        output.extend(answer.cut.iter().map(tools::cut_call_item));
         self.ended(output, reason, usage)
     }
 

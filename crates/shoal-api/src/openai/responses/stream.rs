@@ -8,7 +8,8 @@
 //! response. A failure midway is an `error` event followed by `response.failed`.
 
 use serde_json::{Value, json};
-use shoal_guide::{ToolCallOut, ToolCallStream, ToolEvent};
+use shoal_engine::FinishReason;
+use shoal_guide::{CutToolCall, ToolCallOut, ToolCallStream, ToolEvent};
 
 use super::{Shell, finish_status, output_text, tools};
 use crate::error::ApiError;
@@ -23,7 +24,8 @@ pub struct ResponseEvents {
     text: String,
     /// Output index of the message item once it is open.
     message_index: Option<usize>,
-    calls: Vec<ToolCallOut>,
+    /// The finished items of the calls, in order.
+    calls: Vec<Value>,
     /// Output items opened so far.
     items: usize,
     seq: u64,
@@ -90,9 +92,25 @@ impl ResponseEvents {
 
     /// One complete call: its own item, opened, filled and closed.
     fn call(&mut self, call: ToolCallOut, frames: &mut Vec<Frame>) {
+        self.call_item(
+            tools::function_call_item(&call),
+            &call.arguments,
+            true,
+            frames,
+        );
+    }
+
+    /// The call the token budget cut: its item opened, its arguments as written so far, and closed
+    /// as `incomplete` (no `function_call_arguments.done`: they never were).
+    fn cut_call(&mut self, call: CutToolCall, frames: &mut Vec<Frame>) {
+        self.call_item(tools::cut_call_item(&call), &call.arguments, false, frames);
+    }
+
+    /// A call's item: added (in progress, no arguments), its `arguments` as one delta (`.done` too
+    /// when `finished`), and `done` as the closed item.
+    fn call_item(&mut self, done: Value, arguments: &str, finished: bool, frames: &mut Vec<Frame>) {
         let index = self.items;
         self.items += 1;
-        let done = tools::function_call_item(&call);
         let mut added = done.clone();
         added["status"] = json!("in_progress");
         added["arguments"] = json!("");
@@ -101,19 +119,23 @@ impl ResponseEvents {
             "response.output_item.added",
             json!({ "output_index": index, "item": added }),
         ));
-        frames.push(self.event(
-            "response.function_call_arguments.delta",
-            json!({ "item_id": item_id, "output_index": index, "delta": call.arguments }),
-        ));
-        frames.push(self.event(
-            "response.function_call_arguments.done",
-            json!({ "item_id": item_id, "output_index": index, "arguments": call.arguments }),
-        ));
+        if finished || !arguments.is_empty() {
+            frames.push(self.event(
+                "response.function_call_arguments.delta",
+                json!({ "item_id": item_id, "output_index": index, "delta": arguments }),
+            ));
+        }
+        if finished {
+            frames.push(self.event(
+                "response.function_call_arguments.done",
+                json!({ "item_id": item_id, "output_index": index, "arguments": arguments }),
+            ));
+        }
         frames.push(self.event(
             "response.output_item.done",
             json!({ "output_index": index, "item": done }),
         ));
-        self.calls.push(call);
+        self.calls.push(done);
     }
 
     fn parsed(&mut self, events: Vec<ToolEvent>, frames: &mut Vec<Frame>) {
@@ -127,6 +149,20 @@ impl ResponseEvents {
                     ..
                 } => self.call(
                     ToolCallOut {
+                        id,
+                        name,
+                        arguments,
+                    },
+                    frames,
+                ),
+                ToolEvent::Cut {
+                    index,
+                    id,
+                    name,
+                    arguments,
+                } => self.cut_call(
+                    CutToolCall {
+                        index,
                         id,
                         name,
                         arguments,
@@ -172,7 +208,12 @@ impl StreamFormat for ResponseEvents {
 
     fn finish(&mut self, finish: Finish) -> Vec<Frame> {
         let mut frames = Vec::new();
-        if let Some(events) = self.parser.as_mut().map(ToolCallStream::finish) {
+        let cut_off = finish.reason == FinishReason::Length;
+        let ending = |p: &mut ToolCallStream| match cut_off {
+            true => p.finish_cut(),
+            false => p.finish(),
+        };
+        if let Some(events) = self.parser.as_mut().map(ending) {
             self.parsed(events, &mut frames);
         }
         // An answer with neither text nor calls still has its (empty) message, as the non-streamed one.
@@ -180,7 +221,7 @@ impl StreamFormat for ResponseEvents {
             self.message_index = Some(self.open_message(&mut frames));
         }
         // The output in the order the items were opened.
-        let mut calls = self.calls.iter().map(tools::function_call_item);
+        let mut calls = self.calls.iter().cloned();
         let output: Vec<Value> = (0..self.items)
             .filter_map(|i| {
                 if Some(i) == self.message_index {

@@ -6,7 +6,9 @@
 
 use serde_json::{Value, json};
 use shoal_engine::ChatMessage;
-use shoal_guide::{ChatGuidance, FunctionTool, ResponseFormat, ToolCall, ToolCallOut, ToolChoice};
+use shoal_guide::{
+    ChatGuidance, CutToolCall, FunctionTool, ResponseFormat, ToolCall, ToolCallOut, ToolChoice,
+};
 
 use super::types::ResponsesRequest;
 use crate::error::ApiError;
@@ -152,4 +154,16 @@ pub fn function_call_item(call: &ToolCallOut) -> Value {
         "arguments": call.arguments,
         "status": "completed",
     })
+}
+
+/// The output item of the call the token budget cut: `status: "incomplete"`, its name (empty when
+/// not written whole yet) and its arguments as written so far.
+pub fn cut_call_item(call: &CutToolCall) -> Value {
+    let mut item = function_call_item(&ToolCallOut {
+        id: call.id.clone(),
+        name: call.name.clone().unwrap_or_default(),
+        arguments: call.arguments.clone(),
+    });
+    item["status"] = json!("incomplete");
+    item
 }

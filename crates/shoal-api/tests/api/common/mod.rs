@@ -182,3 +182,26 @@ pub fn merge(body: &mut Value, extra: Value) {
 pub fn golden_chat() -> Value {
     shoal_testkit::fixtures::golden("smollm2-135m-q4_1.chat.json")
 }
+
+/// Parsed SSE chunks (without the final `[DONE]`, which is checked to be last).
+pub fn chunks(reply: &Reply) -> Vec<Value> {
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let ct = reply
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    assert!(ct.starts_with("text/event-stream"), "content-type {ct}");
+    let data = reply.sse_data();
+    assert_eq!(
+        data.last().map(String::as_str),
+        Some("[DONE]"),
+        "{}",
+        reply.body
+    );
+    assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1);
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).expect("chunk JSON"))
+        .collect()
+}
