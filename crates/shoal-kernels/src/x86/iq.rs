@@ -292,18 +292,12 @@ impl IqSuper for Iq3S {
 
 /// `8 g + δ` from ternary grid rows `g` (i8 -1, 0, 1) and shifts `δ` (±1 per byte).
 #[inline(always)]
-unsafe fn ternary(g: [u64; 4], delta: [i64; 4]) -> (__m256i, __m256i) {
+unsafe fn ternary(g: [u64; 4], delta: __m256i) -> (__m256i, __m256i) {
     unsafe {
-        let (gv, dv) = grid64(g, delta);
-        let q = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), gv), dv);
+        let gv = _mm256_set_epi64x(g[3] as i64, g[2] as i64, g[1] as i64, g[0] as i64);
+        let q = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), gv), delta);
         (_mm256_abs_epi8(q), q)
     }
-}
-
-/// `±1` in every byte: `-1` when `neg`.
-#[inline(always)]
-fn shift(neg: bool) -> i64 {
-    if neg { -1 } else { 0x0101_0101_0101_0101 }
 }
 
 pub(crate) struct Iq1S;
@@ -318,7 +312,8 @@ impl IqSuper for Iq1S {
                 let low = usize::from(wb.add(2 + 4 * c + l).read());
                 IQ1S_GRID[low | (((qh >> (3 * l)) & 7) << 8)]
             });
-            let (aq, q) = ternary(g, [shift(qh & 0x8000 != 0); 4]);
+            let delta = _mm256_set1_epi8(if qh & 0x8000 != 0 { -1 } else { 1 });
+            let (aq, q) = ternary(g, delta);
             (aq, q, scale32(2 * ((qh >> 12) & 7) as i32 + 1))
         }
     }
@@ -344,7 +339,13 @@ impl IqSuper for Iq1M {
                 .map(|l| usize::from(wb.add(32 + 2 * c + l / 2).read() >> (4 * (l % 2))));
             let g = [0, 1, 2, 3]
                 .map(|l| IQ1S_GRID[usize::from(wb.add(4 * c + l).read()) | ((nib[l] & 7) << 8)]);
-            let (aq, q) = ternary(g, nib.map(|n| shift(n & 8 != 0)));
+            // Bit 3 of each group's nibble (bits 3 and 7 of the two bytes): -1 where set, else 1.
+            let qh = _mm256_set1_epi16(rd16(wb.add(32 + 2 * c)) as i16);
+            let (lo, hi) = (0x0808_0808_0808_0808_i64, 0x8080_8080_8080_8080_u64 as i64);
+            let pick = _mm256_setr_epi64x(0, 0, 0x0101_0101_0101_0101, 0x0101_0101_0101_0101);
+            let bit = _mm256_setr_epi64x(lo, hi, lo, hi);
+            let neg = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, pick), bit), bit);
+            let (aq, q) = ternary(g, _mm256_or_si256(neg, _mm256_set1_epi8(1)));
             let sw = i32::from(rd16(wb.add(48 + 2 * (c / 2))));
             let (lo, hi) = ((sw >> (6 * (c % 2))) & 7, (sw >> (6 * (c % 2) + 3)) & 7);
             (aq, q, scale16(2 * lo + 1, 2 * hi + 1))
