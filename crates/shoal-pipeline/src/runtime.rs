@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use libp2p::PeerId;
-use shoal_engine::engine::{EngineConfig, LoadedModel, Placement, load_local_stage, spawn};
+use shoal_engine::engine::{
+    EngineConfig, HybridStage, LoadedModel, Placement, load_hybrid_stage, spawn,
+};
 use shoal_engine::kvpool::{KvPool, KvShare};
-use shoal_engine::stage::LocalStage;
 use shoal_engine::{EngineHandle, Engines};
 use shoal_kernels::ThreadPool;
 use shoal_model::LayerRange;
@@ -26,7 +27,7 @@ use shoal_placement::ModelCard;
 use shoal_wire::DType;
 use tokio::sync::watch;
 
-use crate::dataplane::{HostedStage, Hosts, Lanes, RemoteChain, serve_stages};
+use crate::dataplane::{HostedStage, Hosts, Lanes, RemoteChain, StageKv, serve_stages};
 use crate::error::PipelineError;
 use shoal_cluster::InstanceRecord;
 use shoal_cluster::facts::{InstanceLoad, InstanceStatus};
@@ -490,11 +491,14 @@ impl Node {
     ) -> Result<(), PipelineError> {
         let stage = &rec.stages[index];
         let pool = self.pool.clone();
+        // Where its record says: its first layers on this node's GPU, or all on the CPU.
+        let placement = stage_placement(stage, &self.config.engine);
         let local =
-            tokio::task::spawn_blocking(move || load_local_stage(&path, range, &pool)).await??;
+            tokio::task::spawn_blocking(move || load_hybrid_stage(&path, range, &pool, placement))
+                .await??;
         let kv = reserve_kv(&self.config, &local)?;
         self.cluster
-            .set_kv_capacity(rec.id.clone(), kv.tokens() as u64)
+            .set_kv_capacity(rec.id.clone(), kv.tokens as u64)
             .await;
         let next = next_node(rec, index)?;
         self.hosts.insert(HostedStage::new(
@@ -516,8 +520,9 @@ impl Node {
         range: LayerRange,
     ) -> Result<EngineHandle, PipelineError> {
         let (pool2, model) = (self.pool.clone(), rec.model.clone());
-        // The driver's own layers run where the node's engine config says (`--device`).
-        let placement = Placement::of(&self.config.engine);
+        // The driver's own layers run where the instance's record says (the planner followed the
+        // node's `--device`).
+        let placement = stage_placement(&rec.stages[0], &self.config.engine);
         let mut loaded = tokio::task::spawn_blocking(move || {
             LoadedModel::from_gguf_on(&path, &model, Some(&[range]), &pool2, placement)
         })
@@ -648,23 +653,39 @@ fn load_of(s: &shoal_engine::EngineStats) -> InstanceLoad {
     }
 }
 
-/// Sets aside this node's KV share for a hosted stage: the driver cannot draw on this node's pool as
-/// its sequences grow (as many tokens as the budget holds for the whole model, or what is left).
-fn reserve_kv(config: &RuntimeConfig, local: &LocalStage) -> Result<KvShare, PipelineError> {
+/// Where a stage's layers run, as its record says: the first `gpu.layers` on GPU `gpu.index` (their
+/// KV within the engine config's device budget) and the rest on the CPU, or all on the CPU.
+fn stage_placement(stage: &shoal_placement::Stage, engine: &EngineConfig) -> Placement {
+    match stage.gpu {
+        Some(g) => Placement::gpu(g.index, g.layers, engine.device_kv_budget_bytes),
+        None => Placement::cpu(),
+    }
+}
+
+/// Sets aside this node's KV share for a hosted stage's CPU layers: the driver cannot draw on this
+/// node's pool as its sequences grow (as many tokens as the budget holds for the whole model, or
+/// what is left); a GPU part's device budget bounds the tokens too.
+fn reserve_kv(config: &RuntimeConfig, local: &HybridStage) -> Result<StageKv, PipelineError> {
+    let device = local.device_kv_tokens();
+    let host_bytes = local.host_kv_bytes_per_token();
+    if host_bytes == 0 {
+        let tokens = device.unwrap_or(0);
+        return Ok(StageKv {
+            share: None,
+            tokens,
+        });
+    }
     let kv_pool = config
         .engine
         .kv_pool
         .clone()
         .ok_or(PipelineError::NoKvPool)?;
-    let m = local.model();
-    let model_token_bytes = m
-        .config()
-        .kv_bytes_per_token(m.config().n_layers, m.kv_value_bytes());
-    Ok(KvShare::reserve(
-        &kv_pool,
-        local.kv_bytes_per_token(),
-        model_token_bytes,
-    )?)
+    let share = KvShare::reserve(&kv_pool, host_bytes, local.model_kv_bytes_per_token())?;
+    let tokens = device.map_or(share.tokens(), |d| d.min(share.tokens()));
+    Ok(StageKv {
+        share: Some(share),
+        tokens,
+    })
 }
 
 /// The node of the stage after `index` in `rec`; `None` for the last stage.

@@ -178,7 +178,9 @@ pub struct EngineArgs {
     /// Where the layers this node drives run: `cpu`, `gpu` (the first GPU), `gpu:N` (as `shoal doctor`
     /// numbers them), or `auto` (the GPU whose measured decode rate for the model's main weight type
     /// beats the CPU's, else the CPU; the log says why).
-    /// Stages hosted for another node's pipeline run on the CPU.
+    /// In a cluster the node publishes this choice and the planner puts each stage's first layers
+    /// on that GPU (as many as fit; under `auto` only when measured faster), the node's own and those
+    /// it hosts for other nodes' pipelines.
     #[arg(long, env = "SHOAL_DEVICE", default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceChoice,
 }

@@ -135,6 +135,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .context("starting the cluster node")?;
         cluster.set_compute(compute).await;
+        // Which GPU this node offers the planner: the layers placed here, driven or hosted, run
+        // where their instance's record says.
+        cluster.set_device(device_policy(args.engine.device)).await;
         let gpus = match tokio::time::timeout(GPU_WAIT, gpus).await {
             Ok(found) => found.unwrap_or_default(),
             Err(_) => {
@@ -447,5 +450,16 @@ async fn place_here(
             })
         ),
         None => anyhow::bail!("the instance of {model} (id {id}) was removed while it loaded"),
+    }
+}
+
+/// `--device` as the policy this node publishes for the planner.
+fn device_policy(choice: shoal_bench::DeviceChoice) -> shoal_cluster::facts::DevicePolicy {
+    use shoal_bench::DeviceChoice;
+    use shoal_cluster::facts::DevicePolicy;
+    match choice {
+        DeviceChoice::Cpu => DevicePolicy::Cpu,
+        DeviceChoice::Gpu(i) => DevicePolicy::Gpu(i),
+        DeviceChoice::Auto => DevicePolicy::Auto,
     }
 }

@@ -20,9 +20,10 @@ use std::time::Duration;
 use futures::{AsyncReadExt, StreamExt};
 use libp2p::{PeerId, Stream};
 use shoal_engine::TokenMask;
+use shoal_engine::engine::HybridStage;
 use shoal_engine::kvpool::KvShare;
 use shoal_engine::sampler::Sampler;
-use shoal_engine::stage::{ChunkSpec, KvOp, LocalStage, SampleRef, Stage, StageData};
+use shoal_engine::stage::{ChunkSpec, KvOp, SampleRef, Stage, StageData};
 use shoal_model::HostMatrix;
 use shoal_wire::{
     Activations, DEFAULT_MAX_FRAME_LEN, Frame, Handshake, Pooled, PrefixOp, Role, SampleJob,
@@ -58,8 +59,8 @@ pub struct HostedStage {
     pub layers: (usize, usize),
     /// The next stage's node; `None` for the last stage.
     pub next: Option<PeerId>,
-    /// The layers; `None` while a pipeline stream is using them.
-    stage: Mutex<Option<LocalStage>>,
+    /// The layers (on the CPU, a GPU, or both); `None` while a pipeline stream is using them.
+    stage: Mutex<Option<HybridStage>>,
     /// Signalled when the layers are put back.
     stage_back: Condvar,
     /// Wakes the newest upstream stream's thread (weak: it never keeps that input open).
@@ -69,7 +70,7 @@ pub struct HostedStage {
     /// Signalled when the owner stream is set.
     owner_set: Condvar,
     /// This node's KV memory set aside for the stage; the driver holds at most its tokens.
-    kv: KvShare,
+    kv: StageKv,
     /// Time of each activation batch through the stage.
     step_seconds: metrics::Histogram,
     /// KV tokens the stage holds of its share, after its latest frame (read at each scrape; gone with
@@ -83,8 +84,8 @@ impl HostedStage {
         index: usize,
         layers: (usize, usize),
         next: Option<PeerId>,
-        stage: LocalStage,
-        kv: KvShare,
+        stage: impl Into<HybridStage>,
+        kv: impl Into<StageKv>,
     ) -> Self {
         let step_seconds = metrics::histogram!(
             "shoal_stage_step_seconds",
@@ -97,12 +98,12 @@ impl HostedStage {
             index,
             layers,
             next,
-            stage: Mutex::new(Some(stage)),
+            stage: Mutex::new(Some(stage.into())),
             stage_back: Condvar::new(),
             upstream: Mutex::new(None),
             owner: Mutex::new(None),
             owner_set: Condvar::new(),
-            kv,
+            kv: kv.into(),
             step_seconds,
             kv_used,
         }
@@ -138,7 +139,7 @@ impl HostedStage {
 
     /// Takes the layers, waiting for another stream's thread to put them back: after [`KICK_AFTER`]
     /// that thread (`previous`'s) is told to end, after [`HANDOVER_WAIT`] this one gives up.
-    fn take_stage(&self, previous: Option<Alarm>) -> Option<LocalStage> {
+    fn take_stage(&self, previous: Option<Alarm>) -> Option<HybridStage> {
         let start = std::time::Instant::now();
         let mut kicked = previous.is_none();
         loop {
@@ -169,7 +170,7 @@ impl HostedStage {
     }
 
     /// Puts the layers back (with their caches) for the next stream.
-    fn put_stage(&self, stage: LocalStage) {
+    fn put_stage(&self, stage: HybridStage) {
         if let Ok(mut s) = self.stage.lock() {
             *s = Some(stage);
         }
@@ -179,18 +180,34 @@ impl HostedStage {
     /// Errs if adding `tokens` of KV would take the stage past what its node reserved for it (the
     /// driver budgets against that, so only a driver bug gets here: an error, never an allocation
     /// beyond the node's budget).
-    fn check_room(&self, stage: &LocalStage, tokens: usize) -> Result<(), PipelineError> {
+    fn check_room(&self, stage: &HybridStage, tokens: usize) -> Result<(), PipelineError> {
         let held = stage.held_tokens();
-        if held + tokens > self.kv.tokens() {
+        if held + tokens > self.kv.tokens {
             return Err(PipelineError::KvFull {
                 stage: self.index,
                 instance: self.instance.clone(),
                 held,
                 tokens,
-                reserved: self.kv.tokens(),
+                reserved: self.kv.tokens,
             });
         }
         Ok(())
+    }
+}
+
+/// The KV room of a hosted stage: this node's host share for its CPU layers (none when every layer
+/// runs on a GPU), and the tokens it holds — the share's, bounded by the GPU part's device budget.
+pub struct StageKv {
+    pub share: Option<KvShare>,
+    pub tokens: usize,
+}
+
+impl From<KvShare> for StageKv {
+    fn from(share: KvShare) -> Self {
+        Self {
+            tokens: share.tokens(),
+            share: Some(share),
+        }
     }
 }
 
@@ -507,7 +524,7 @@ fn append(held: &mut Vec<u8>, bytes: Vec<u8>) {
 
 /// Applies one frame; returns the encoded frame to pass on (to the next stage, or tokens to the driver).
 fn step(
-    stage: &mut LocalStage,
+    stage: &mut HybridStage,
     host: &HostedStage,
     jobs: &mut HashMap<u64, Vec<SampleJob>>,
     frame: Frame,
@@ -543,7 +560,7 @@ fn step(
 /// Runs one batch of activations through the stage; returns the encoded answer (activations for the
 /// next stage, or the last stage's tokens).
 fn forward(
-    stage: &mut LocalStage,
+    stage: &mut HybridStage,
     host: &HostedStage,
     jobs: &mut HashMap<u64, Vec<SampleJob>>,
     a: &Activations,
@@ -600,7 +617,7 @@ fn forward(
 /// Errs if the batch would take the stage past its KV share, or a chunk does not start where its
 /// sequence's cache ends.
 fn check_batch(
-    stage: &LocalStage,
+    stage: &HybridStage,
     host: &HostedStage,
     a: &Activations,
 ) -> Result<(), PipelineError> {
@@ -693,7 +710,7 @@ fn answer(
 /// Applies one prefix-cache operation to the stage's KV (a started sequence must fit its KV share) —
 /// so that twice is the same as once: a driver whose path was cut sends again what was unconfirmed.
 fn apply_prefix(
-    stage: &mut LocalStage,
+    stage: &mut HybridStage,
     host: &HostedStage,
     op: &PrefixOp,
 ) -> Result<(), PipelineError> {
@@ -719,7 +736,7 @@ fn apply_prefix(
 /// consumed the result (a fork's copy retained as a prefix, a started prefix dropped). Applied again,
 /// anything else gives the same state; a stage whose caches really went wrong is still caught by the
 /// next batch's start positions (`check_batch`).
-fn already_applied(stage: &LocalStage, op: KvOp) -> bool {
+fn already_applied(stage: &HybridStage, op: KvOp) -> bool {
     let gone = match op {
         KvOp::Retain { seq_id, .. } => stage.cached_len(seq_id) == 0,
         // A placeholder stands for a sequence released after the fork (`LocalStage::rewind`).

@@ -50,7 +50,9 @@ fn prefix_operations_applied_twice_leave_what_once_did() {
     let path = shoal_testkit::fixtures::model_path();
     let pool = std::sync::Arc::new(shoal_kernels::ThreadPool::new(1));
     let range = shoal_model::LayerRange { start: 0, end: 1 };
-    let mut stage = shoal_engine::engine::load_local_stage(&path, range, &pool).unwrap();
+    let mut stage: HybridStage = shoal_engine::engine::load_local_stage(&path, range, &pool)
+        .unwrap()
+        .into();
     let chunk = |seq_id, len| ChunkSpec {
         seq_id,
         len,
@@ -109,7 +111,7 @@ fn prefix_operations_applied_twice_leave_what_once_did() {
 /// it, fed frame by frame as its upstream thread would.
 struct Fed {
     host: HostedStage,
-    stage: LocalStage,
+    stage: HybridStage,
     jobs: HashMap<u64, Vec<SampleJob>>,
 }
 
@@ -151,7 +153,11 @@ fn decode_one(bytes: &[u8]) -> Frame {
 
 /// The driver's side: layer 0 run here, its hidden states encoded as batch `batch_id` of `chunks`
 /// (sequence, tokens), each starting where the driver's cache of it ends.
-fn batch(head: &mut LocalStage, batch_id: u64, chunks: &[(u64, &[u32])]) -> Vec<u8> {
+fn batch(
+    head: &mut shoal_engine::stage::LocalStage,
+    batch_id: u64,
+    chunks: &[(u64, &[u32])],
+) -> Vec<u8> {
     let specs: Vec<ChunkSpec> = chunks
         .iter()
         .map(|&(seq_id, t)| ChunkSpec {

@@ -54,7 +54,7 @@ mod wait;
 use lane::{Interrupt, Lane, LaneReader, LaneWriter, Received};
 
 pub use chain::RemoteChain;
-pub use host::{HostedStage, Hosts, serve_stages};
+pub use host::{HostedStage, Hosts, StageKv, serve_stages};
 pub use lane::Lanes;
 
 pub const STAGE_PROTOCOL: StreamProtocol = StreamProtocol::new("/shoal/stage/1");
