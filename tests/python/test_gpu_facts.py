@@ -6,7 +6,7 @@
   was found;
 - `--device auto` measures lavapipe with shoal's GPU kernels: `/state` publishes every type's decode rate
   (> 0) and the memory, `/metrics` has `shoal_gpu_weight_bytes_per_second`, and the node serves on the CPU
-  (lavapipe measures slower than the CPU path), saying why in its log;
+  (lavapipe measures slower than the CPU path), saying why in its log; `shoal doctor` shows the rates;
 - `--device gpu` runs the node's model on that GPU (lavapipe here) and answers greedy requests with the
   CPU's text; a `--device gpu:N` with no such adapter stops `shoal serve` with an error naming the adapters
   found;
@@ -146,6 +146,13 @@ def test_device_auto_publishes_lavapipes_measured_compute_and_serves_on_the_fast
         assert f"gpu:{index} measures" in why[0] and "on q4_1" in why[0], why
         assert "not faster than the CPU's" in why[0] and why[0].rstrip().endswith("serving on CPU"), why
         assert "panicked" not in log, log
+
+        # `shoal doctor` reads the same cache: the GPU's memory and measured rates on its line.
+        text = subprocess.run([str(_binary()), "doctor", "--url", node.url], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "SHOAL_MODELS_DIR": str(_models_dir())}).stdout
+        line = [l for l in text.splitlines() if l.strip().startswith("gpu") and "llvmpipe" in l]
+        assert len(line) == 1, text
+        assert "memory " in line[0] and "decode GB/s q4_0 " in line[0] and "q4_k " in line[0], line
     finally:
         node.kill()
 
