@@ -7,6 +7,7 @@
 - `--device auto` measures lavapipe with shoal's GPU kernels: `/state` publishes every type's decode rate
   (> 0) and the memory, `/metrics` has `shoal_gpu_weight_bytes_per_second`, and the node serves on the CPU
   (lavapipe measures slower than the CPU path), saying why in its log; `shoal doctor` shows the rates;
+  `shoal chat` and `shoal bench` with `--device auto` run on the CPU and say why;
 - `--device gpu` runs the node's model on that GPU (lavapipe here) and answers greedy requests with the
   CPU's text; a `--device gpu:N` with no such adapter stops `shoal serve` with an error naming the adapters
   found;
@@ -155,6 +156,22 @@ def test_device_auto_publishes_lavapipes_measured_compute_and_serves_on_the_fast
         assert "memory " in line[0] and "decode GB/s q4_0 " in line[0] and "q4_k " in line[0], line
     finally:
         node.kill()
+
+
+def test_chat_and_bench_with_device_auto_run_on_the_cpu_and_say_why(bounded):
+    model = ["--model", "smollm2-135m-instruct-q4_1", "--models-dir", str(_models_dir()), "--device", "auto"]
+    runs = {
+        "chat": [*model, "--max-tokens", "4", "--temperature", "0", "--threads", "1", "Say hi."],
+        "bench": [*model, "-p", "8", "-n", "2", "-r", "1"],
+    }
+    for command, args in runs.items():
+        out = subprocess.run([str(_binary()), command, *args], capture_output=True, text=True, timeout=BOUND_S)
+        assert out.returncode == 0, (command, out.stderr[-2000:])
+        why = [l for l in out.stderr.splitlines() if "--device auto:" in l]
+        assert len(why) == 1 and "on q4_1" in why[0] and why[0].rstrip().endswith("serving on CPU"), \
+            (command, out.stderr[-2000:])
+        assert out.stdout.strip(), command
+    assert "on cpu" in out.stdout, out.stdout
 
 
 def test_without_a_vulkan_loader_shoal_says_once_no_gpu_was_found_and_serves_on_cpu(bounded):
