@@ -13,8 +13,8 @@
 //!   (as ggml's AVX2 kernels do); sign bytes expand through [`SIGNS`] (one `u64` of `±1` bytes per
 //!   8 sign bits).
 //!
-//! [`iq_dot1`] multiplies one activation row, [`iq_dot4`] four (decoding each chunk once) with
-//! the same operations per row.
+//! [`iq_dot1`] multiplies one activation row, [`iq_dot4`] four and [`iq_dot_rows`] any number
+//! (decoding each super-block once for them) with the same operations per row.
 
 use std::arch::x86_64::*;
 
@@ -414,4 +414,38 @@ pub(crate) unsafe fn iq_dot4<B: IqSuper, M: MulSum, A: ActRowK>(
     a: [A; 4],
 ) -> [f32; 4] {
     unsafe { iq_dotn::<B, M, A, 4>(nb, w, a) }
+}
+
+/// IQ weights · the rows `a` into `out` (one value per row): each super-block decoded once for
+/// all rows, each row taking exactly the operations of [`iq_dot1`] (bitwise equal to it).
+#[inline(always)]
+pub(crate) unsafe fn iq_dot_rows<B: IqSuper, M: MulSum, A: ActRowK>(
+    nb: usize,
+    w: *const u8,
+    a: &[A],
+    out: &mut [f32],
+) {
+    unsafe {
+        out.fill(0.0);
+        for b in 0..nb {
+            let wb = w.add(b * B::BYTES);
+            prefetch_weights(wb);
+            // A plain loop, not `array::from_fn`: its closure is not compiled with the caller's
+            // target features, so every SIMD step would become a call.
+            let z = _mm256_setzero_si256();
+            let mut chunks = [(z, z, z); QK_K / 32];
+            for (c, ch) in chunks.iter_mut().enumerate() {
+                *ch = B::chunk(wb, c);
+            }
+            let d = B::d(wb);
+            for (r, o) in a.iter().zip(out.iter_mut()) {
+                let qs = r.qs(b);
+                let mut acc = _mm256_setzero_si256();
+                for (c, &(aq, sg, sc)) in chunks.iter().enumerate() {
+                    acc = madd32::<M>(acc, aq, sg, sc, qs.add(32 * c));
+                }
+                *o += (d * r.d(b)) * hsum_i32(acc) as f32;
+            }
+        }
+    }
 }
