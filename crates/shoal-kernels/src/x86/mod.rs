@@ -4,14 +4,16 @@
 //! slices have the lengths the kernels read, then enters a `#[target_feature]` function in which
 //! the generic `#[inline(always)]` kernels are compiled: [`kernels`] (the 32-value formats and
 //! the shared helpers), [`kquants`] (the K-quants, `Q8_K` quantization), [`ktile`] (the
-//! four-weight-row × four-activation-row tiles of `Q4_K`/`Q5_K`) and [`plain`] (`F32`,
-//! `F16`, `BF16`). [`avx512`] holds the 16-row-group kernels of the AVX-512 VNNI backend.
+//! four-weight-row × four-activation-row tiles of `Q4_K`/`Q5_K`), [`iq`] (the IQ formats and
+//! `MXFP4`) and [`plain`] (`F32`, `F16`, `BF16`). [`avx512`] holds the 16-row-group kernels of
+//! the AVX-512 VNNI backend (`Q4_1`, `Q8_0`; the other formats run the AVX-VNNI kernels there).
 //!
 //! [`gemm_rows`] is the weight-stationary loop every format shares: for each tile of activation
 //! rows, each weight row of the chunk is dotted against four activation rows at a time (one
 //! decode of each weight block for four rows, [`QDots::dot4`]), the rest one by one
 //! ([`QDots::dot1`], the same float operations per output). The K-quants with 32-value scales
-//! take four weight rows at a time as well ([`gemm_k`]).
+//! take four weight rows at a time as well ([`gemm_k`]); the 256-value IQ formats decode each
+//! super-block once per tile when the batch has 8 rows or more ([`gemm_iq`]).
 
 pub(crate) mod avx512;
 mod iq;
