@@ -7,11 +7,13 @@
 //! cannot be guessed, and only the owner may cancel: anyone else gets the same 404 as for an id that
 //! does not exist, so the route tells a stranger nothing.
 //!
-//! The route finds the ticket in [`Cancellations`] (the tickets of requests still being answered), asks
-//! the engine to stop each of its sequences ([`shoal_engine::EngineHandle::cancel`]) and marks it, so the
-//! handler still serving that request can tell the client why its answer stopped: a non-streaming
-//! request answers 409 ([`ApiError::Cancelled`]), a stream ends with a `cancelled` error event and
-//! `[DONE]` ([`crate::sse`]).
+//! The route finds the ticket in [`Cancellations`] (the tickets of requests still being answered) and
+//! asks the engine to stop each of its sequences ([`shoal_engine::EngineHandle::cancel`]). The engine
+//! ends a cancelled request itself, queued or running, with a `Done { Cancelled }` event, which the
+//! handler still holding the stream reads as a cancellation by id ([`crate::generate::Outcome`]): a
+//! non-streaming request answers 409 ([`ApiError::Cancelled`]), a stream ends with a `cancelled` error
+//! event and `[DONE]`. The registry is what only the API knows — which client-visible id names which
+//! engine sequences, and whose request it is (decision 019); it keeps no flag of its own.
 //!
 //! Handlers hold each submitted request as a [`LiveRequest`], which pairs the engine's
 //! [`RequestStream`] with its ticket and drops the ticket from the registry when the last of the
@@ -19,7 +21,6 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use axum::Json;
@@ -81,7 +82,6 @@ pub struct Ticket {
     token: String,
     seed: u64,
     owner: Owner,
-    cancelled: AtomicBool,
     /// The engine ids of its sequences still held by the handler (one per choice).
     engine_ids: Mutex<Vec<u64>>,
 }
@@ -102,7 +102,6 @@ impl Ticket {
             token,
             seed: u64::from_le_bytes(seed),
             owner,
-            cancelled: AtomicBool::new(false),
             engine_ids: Mutex::new(Vec::new()),
         }))
     }
@@ -200,11 +199,9 @@ impl LiveRequest {
         &mut self.stream
     }
 
-    /// Whether a client cancelled this request through `POST /v1/cancel/{id}`.
-    pub fn cancelled_by_id(&self) -> bool {
-        self.ticket
-            .as_ref()
-            .is_some_and(|t| t.cancelled.load(Ordering::SeqCst))
+    /// The prompt's length in tokens.
+    pub fn prompt_tokens(&self) -> usize {
+        self.stream.prompt_tokens()
     }
 }
 
@@ -264,15 +261,12 @@ pub async fn cancel_request(
     let Some(ticket) = state.cancellations.owned(token, &caller) else {
         return Err(ApiError::RequestNotFound { id });
     };
-    // Mark first: the handler may see the stream end as soon as the engine's flag is set.
-    ticket.cancelled.store(true, Ordering::SeqCst);
     let ids = ticket.ids().clone();
     let mut stopped = false;
     for engine_id in ids {
         stopped |= state.engine.cancel(engine_id);
     }
     if !stopped {
-        ticket.cancelled.store(false, Ordering::SeqCst);
         return Err(ApiError::RequestNotFound { id });
     }
     tracing::debug!(request = %ticket.token, "cancelled by id");

@@ -3,11 +3,15 @@
 //! - [`router`] builds the whole [`axum::Router`] from an [`ApiState`]; [`serve`] ([`server`]: our own
 //!   accept loop with a header timeout and a connection cap) runs it on a listener until a shutdown
 //!   future resolves. Tests drive the router with `oneshot`, no sockets.
-//! - [`openai`] holds the OpenAI-compatible routes. A handler parses the body ([`openai::types`]),
-//!   checks it into the engine's validated [`shoal_engine::GenerateRequest`] ([`openai::params`]) and
-//!   submits it; the engine answers with a [`shoal_engine::RequestStream`] of events.
-//! - Non-streaming answers gather the events into one JSON object; streaming answers hand the
-//!   `RequestStream` to an SSE body ([`sse`]). Either way the stream lives exactly as long as the client's
+//! - [`openai`], [`anthropic`] and [`ollama`] hold each API's routes: its request and response shapes
+//!   and the conversions between them and shoal's. A chat-like handler (OpenAI chat and Responses,
+//!   Anthropic Messages, Ollama chat) turns its body into one validated [`generate::Chat`] and hands it
+//!   to the one generation path ([`generate`]): the request's id allocated up front, shoal-guide's plan
+//!   built off the async workers, one submit; the engine answers with a
+//!   [`shoal_engine::RequestStream`] of events, each read once into a [`generate::Outcome`] that every
+//!   output format renders.
+//! - Non-streaming answers gather the outcomes into one JSON object; streaming answers hand the
+//!   request to an SSE body ([`sse`]) or NDJSON lines (Ollama). Either way the stream lives exactly as long as the client's
 //!   request: when the client disconnects, axum drops the handler future or the body, the `RequestStream`
 //!   is dropped, and the engine cancels the sequence at its next step.
 //! - [`error::ApiError`] is every failure; its one `IntoResponse` impl writes OpenAI's error shape with
@@ -51,6 +55,7 @@ pub mod dialect;
 pub mod doctor;
 pub mod downloads;
 pub mod error;
+pub mod generate;
 pub mod guard;
 pub mod membership;
 pub mod metrics;

@@ -1,8 +1,8 @@
 //! Server-sent events: turns a request's engine events into an SSE body.
 //!
 //! [`stream_response`] drives one request's [`LiveRequest`] (and through it the `RequestStream`) and
-//! asks a [`StreamFormat`] what to send for each engine event: the opening, each token, the end, a
-//! failure midway, a cancellation by id. Each answer is a list of [`Frame`]s, `data:` payloads with an
+//! asks a [`StreamFormat`] what to send for each [`Outcome`] of its engine events
+//! ([`crate::generate`]): the opening, each token, the end, a failure midway, a cancellation by id. Each answer is a list of [`Frame`]s, `data:` payloads with an
 //! optional `event:` name. When the client goes away, axum drops the response body, which drops this
 //! stream and with it the `RequestStream`, and the engine cancels the sequence at its next step.
 //! Nothing here spawns a task, so nothing keeps a request alive behind the client's back.
@@ -14,14 +14,13 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 
+use crate::cancel::LiveRequest;
+use crate::error::ApiError;
+use crate::generate::{self, Finish, Outcome};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use serde::Serialize;
-use shoal_engine::{Event, FinishReason, Usage};
-
-use crate::cancel::LiveRequest;
-use crate::error::ApiError;
 
 /// One server-sent event: its `data:` payload and, for APIs that name their events, its `event:` name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,22 +44,14 @@ impl Frame {
     }
 }
 
-/// How a generation ended, as a stream format sees it (never `Cancelled`: see [`StreamFormat::cancelled`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Finish {
-    pub reason: FinishReason,
-    pub usage: Usage,
-    /// The stop sequence that ended generation, when one did.
-    pub stop_sequence: Option<String>,
-}
-
 /// How one API writes a request's stream. Each method returns the events to send, possibly none.
 pub trait StreamFormat: Send + 'static {
     /// Sent before the first token.
     fn opening(&mut self) -> Vec<Frame>;
     /// One sampled token; `text` may be empty while a character or a possible stop sequence is incomplete.
     fn token(&mut self, text: &str, logprob: f32) -> Vec<Frame>;
-    /// Generation ended; the stream ends after these events.
+    /// Generation ended (never `Cancelled`: see [`StreamFormat::cancelled`]); the stream ends after
+    /// these events.
     fn finish(&mut self, finish: Finish) -> Vec<Frame>;
     /// The request failed midway; the stream ends after these events.
     fn error(&mut self, err: &ApiError) -> Vec<Frame>;
@@ -131,53 +122,24 @@ pub fn event_stream<F: StreamFormat>(
 }
 
 impl<F: StreamFormat> State<F> {
-    /// Waits for the next engine event and queues what it turns into.
+    /// Waits for the next outcome and queues what it turns into.
     async fn step(&mut self) {
-        let frames = match self.stream.stream().next().await {
-            Some(Event::Token { text, logprob, .. }) => self.format.token(&text, logprob),
-            Some(Event::Done {
-                finish_reason: FinishReason::Cancelled,
-                ..
-            }) => {
-                // We still hold the stream, so the request was cancelled by id.
-                self.cancelled()
-            }
-            Some(Event::Done {
-                finish_reason,
-                usage,
-                stop_sequence,
-            }) => {
+        let frames = match generate::next(&mut self.stream).await {
+            Outcome::Token(token) => self.format.token(&token.text, token.logprob),
+            Outcome::Finished(finish) => {
                 self.finished = true;
-                self.format.finish(Finish {
-                    reason: finish_reason,
-                    usage,
-                    stop_sequence,
-                })
+                self.format.finish(finish)
             }
-            Some(Event::Error(err)) => {
-                tracing::warn!(request = self.stream.id(), error = %err, "generation failed midway");
+            Outcome::Cancelled => {
                 self.finished = true;
-                self.format.error(&ApiError::from(err))
+                self.format.cancelled()
             }
-            // A request cancelled while still queued is dropped from the queue without a final event.
-            None if self.stream.cancelled_by_id() => self.cancelled(),
-            None => {
-                let err = ApiError::Internal(
-                    "the engine closed the request's stream without finishing".into(),
-                );
-                tracing::error!(request = self.stream.id(), "{err}");
+            Outcome::Failed(err) => {
                 self.finished = true;
                 self.format.error(&err)
             }
         };
         self.queue.extend(frames);
-    }
-
-    /// The end of a stream cancelled by id.
-    fn cancelled(&mut self) -> Vec<Frame> {
-        tracing::debug!(request = self.stream.id(), "stream cancelled by id");
-        self.finished = true;
-        self.format.cancelled()
     }
 }
 

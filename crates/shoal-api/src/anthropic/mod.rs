@@ -2,11 +2,12 @@
 //! `POST /v1/messages/count_tokens`, answered the way the `anthropic` SDKs expect.
 //!
 //! A handler parses its body ([`types`]), checks it into a [`convert::Prepared`] (the conversation,
-//! the tools and output format as shoal-guide's `ChatGuidance` from [`tools`], the sampling knobs), has
-//! shoal-guide plan it ([`plan`]: the messages and tools the template sees, the constraint for a forced
-//! call or a schema, the tool-call parser), renders it through the model's chat template and submits one
-//! [`shoal_engine::GenerateRequest`]. A non-streaming answer gathers the engine's events
-//! ([`crate::openai::collect`]) into one [`types::MessageOut`], calls split out as `tool_use` blocks; a
+//! the tools and output format as shoal-guide's `ChatGuidance` from [`tools`], the sampling knobs) and
+//! hands it to the one front half ([`crate::generate::start`]: shoal-guide's plan — the messages and
+//! tools the template sees, the constraint for a forced call or a schema, the tool-call parser — off the
+//! async workers, the render with the assistant prefill appended, one submit). A non-streaming answer
+//! gathers the outcomes ([`crate::generate::collect`]) into one [`types::MessageOut`], calls split out as
+//! `tool_use` blocks; a
 //! streaming one hands the request to [`crate::sse`] with [`stream::MessageEvents`], which writes
 //! Anthropic's named events. Every failure is an [`Error`]: an [`ApiError`] in Anthropic's shape and
 //! statuses ([`error`]), malformed JSON and wrong types included. The `anthropic-version` header is
@@ -33,17 +34,16 @@ use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use shoal_engine::{FinishReason, GenerateRequest, LogitsProcessor, Prompt};
-use shoal_guide::{ChatGuidance, ToolCallParser};
+use shoal_engine::{FinishReason, SamplingParams};
+use shoal_guide::ToolCallParser;
 
-use self::convert::Conversation;
 use self::stream::MessageEvents;
 use self::types::{CountTokensRequest, MessageOut, MessagesRequest, TokenCount, UsageOut};
 use crate::ApiState;
-use crate::cancel::{Caller, Ticket};
+use crate::cancel::Caller;
 pub use crate::dialect::anthropic::Error;
 use crate::error::ApiError;
-use crate::openai::collect;
+use crate::generate::{self, Chat, Started, collect};
 use crate::sse::stream_response;
 
 /// `type` of a message object.
@@ -68,37 +68,31 @@ pub async fn messages(
 ) -> Result<Response, Error> {
     let Json(req) = body?;
     let prepared = convert::prepare(&state.engine, req)?;
-    // The request's id, made up front: its seed makes the tool-use ids, unique per request.
-    let ticket = Ticket::new(caller)?;
-    let planned = plan(
-        &state,
-        ticket.seed(),
-        &prepared.model,
-        prepared.conversation,
-        prepared.guidance,
-    )
-    .await?;
-    let request = GenerateRequest {
+    let chat = Chat {
         model: prepared.model.clone(),
-        prompt: Prompt::Text(planned.prompt),
+        messages: prepared.conversation.messages,
+        guidance: prepared.guidance,
+        prefill: prepared.conversation.prefill,
         sampling: prepared.sampling,
         max_tokens: Some(prepared.max_tokens),
         stop: prepared.stop,
-        // render_chat_tools cut the template's own BOS where the tokenizer adds one.
-        add_bos: true,
         ignore_eos: false,
         timeout: None,
-        logits_processor: planned.processor,
+        n: 1,
+        prompt_param: PROMPT_PARAM,
+        guide_error: tools::guide_error,
     };
-    let stream = state
-        .engine
-        .submit(request)
-        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
-    let prompt_tokens = stream.prompt_tokens();
-    let mut live = state.track_ticket(stream, &ticket);
+    let Started {
+        choices,
+        ticket,
+        parser,
+        prompt_tokens,
+    } = generate::start(&state, caller, chat).await?;
+    let Some(mut live) = choices.into_iter().next() else {
+        return Err(ApiError::Internal("no choice was submitted".into()).into());
+    };
     let id = format!("msg_{}", ticket.token());
     let max_tokens = prepared.max_tokens.get();
-    let parser = planned.parser;
     if prepared.stream {
         let tools = parser.as_ref().map(ToolCallParser::stream);
         let events = MessageEvents::new(id, prepared.model, prompt_tokens, max_tokens, tools);
@@ -135,58 +129,31 @@ pub async fn count_tokens(
 ) -> Result<Json<TokenCount>, Error> {
     let Json(req) = body?;
     let (model, conversation, guidance) = convert::prepare_count(&state.engine, req)?;
-    // Nothing is generated: the tool-use ids the seed would make never show.
-    let planned = plan(&state, 0, &model, conversation, guidance).await?;
-    let input_tokens = state
-        .engine
-        .count_tokens(&model, &planned.prompt, true)
-        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
-    Ok(Json(TokenCount { input_tokens }))
-}
-
-/// A request planned by shoal-guide and rendered.
-pub struct Planned {
-    /// The rendered conversation (prefill appended), ready to submit with `add_bos`.
-    pub prompt: String,
-    /// The constraint of a forced call or an output format.
-    pub processor: Option<Box<dyn LogitsProcessor>>,
-    /// Present when the answer may hold tool calls.
-    pub parser: Option<ToolCallParser>,
-}
-
-/// Plans `conversation` with its tools ([`shoal_guide::Guides::plan`]) and renders it with `model`'s
-/// chat template.
-async fn plan(
-    state: &ApiState,
-    seed: u64,
-    model: &str,
-    conversation: Conversation,
-    guidance: ChatGuidance,
-) -> Result<Planned, ApiError> {
     let engine = state
         .engine
-        .get(model)
+        .get(&model)
         .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
-    let guides = state.guides.clone();
-    let plan_engine = engine.clone();
-    let messages = conversation.messages;
-    // The first constrained request of a model builds its token tables: off the async workers.
-    let plan =
-        tokio::task::spawn_blocking(move || guides.plan(&plan_engine, messages, &guidance, seed))
-            .await
-            .map_err(|e| ApiError::Internal(format!("planning the request failed: {e}")))?
-            .map_err(tools::guide_error)?;
-    let mut prompt = engine
-        .render_chat_tools(&plan.messages, &plan.tools)
+    let chat = Chat {
+        model,
+        messages: conversation.messages,
+        guidance,
+        prefill: conversation.prefill,
+        sampling: SamplingParams::default(),
+        max_tokens: None,
+        stop: Vec::new(),
+        ignore_eos: false,
+        timeout: None,
+        n: 1,
+        prompt_param: PROMPT_PARAM,
+        guide_error: tools::guide_error,
+    };
+    // Nothing is generated: the tool-use ids the seed would make never show.
+    let planned = generate::plan(&state, &engine, 0, &chat).await?;
+    let input_tokens = state
+        .engine
+        .count_tokens(&chat.model, &planned.prompt, true)
         .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
-    if let Some(prefill) = conversation.prefill {
-        prompt.push_str(&prefill);
-    }
-    Ok(Planned {
-        prompt,
-        processor: plan.processor,
-        parser: plan.tool_parser,
-    })
+    Ok(Json(TokenCount { input_tokens }))
 }
 
 /// Anthropic's `stop_reason` for how generation ended.

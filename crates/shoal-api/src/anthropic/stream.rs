@@ -23,7 +23,8 @@ use super::types::{ContentOut, MessageOut, UsageOut};
 use super::{MESSAGE_TYPE, ROLE, stop_reason};
 use crate::dialect::anthropic::Error;
 use crate::error::ApiError;
-use crate::sse::{Finish, Frame, StreamFormat, to_json};
+use crate::generate::Finish;
+use crate::sse::{Frame, StreamFormat, to_json};
 
 /// One streaming event; its `type` is also the SSE event name.
 #[derive(Debug, Serialize)]

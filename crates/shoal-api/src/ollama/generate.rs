@@ -1,10 +1,10 @@
 //! `POST /api/chat` and `POST /api/generate`.
 //!
-//! Chat messages (`system`, `user`, `assistant` with its `tool_calls`, `tool`) and the `tools` go
-//! through shoal-guide's plan ([`super::tools`]) and are rendered with the model's own chat template
-//! ([`shoal_engine::EngineHandle::render_chat_tools`]), then submitted with `add_bos` (the engine adds
-//! BOS where the model wants one, the render cut the template's own) and the plan's constraint (`format`
-//! as JSON or a schema). `generate` renders `system` + `prompt` through the template; with `raw: true`,
+//! Chat messages (`system`, `user`, `assistant` with its `tool_calls`, `tool`), the `tools` and
+//! `format` ([`super::tools`]) go to the one front half ([`crate::generate::start`]: shoal-guide's plan
+//! off the async workers, the render with the model's own chat template, one submit with `add_bos` —
+//! the engine adds BOS where the model wants one, the render cut the template's own — and the plan's
+//! constraint, `format` as JSON or a schema). `generate` renders `system` + `prompt` through the template; with `raw: true`,
 //! or for a model without a chat template, the prompt is used as is; its `format` constrains the same
 //! way. An empty
 //! `messages` list or an empty `prompt` only checks that the model is loaded and answers `done_reason:
@@ -20,7 +20,6 @@ use shoal_engine::{
     ChatMessage, EngineError, EngineHandle, GenerateRequest as EngineRequest, LogitsProcessor,
     Prompt,
 };
-use shoal_guide::{ChatGuidance, ChatPlan};
 
 use super::Error;
 use super::params::{Checked, Common, check};
@@ -28,11 +27,13 @@ use super::stream::{Answer, Kind, Run, json_response, ndjson_response, respond};
 use super::tools::{self, format_processor, guide_error, to_chat_messages};
 use super::types::{ChatRequest, Ending, GenerateRequest};
 use crate::ApiState;
-use crate::cancel::{Owner, Ticket};
+use crate::cancel::Caller;
 use crate::error::ApiError;
+use crate::generate::{self, Chat};
 
 pub async fn chat(
     State(state): State<ApiState>,
+    Caller(caller): Caller,
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Result<Response, Error> {
     let started = Instant::now();
@@ -55,45 +56,27 @@ pub async fn chat(
         return Ok(loaded(&answer, checked.stream));
     }
     let messages = to_chat_messages(messages)?;
-    let engine = state
-        .engine
-        .get(&checked.model)
-        .map_err(|e| ApiError::from_engine(e, "messages"))?;
-    let plan = plan(&state, &engine, messages, guidance).await?;
-    let prompt = engine
-        .render_chat_tools(&plan.messages, &plan.tools)
-        .map_err(|e| ApiError::from_engine(e, "messages"))?;
-    answer.tools = plan.tool_parser;
-    let run = submit(
-        &state,
-        &checked,
-        prompt,
-        plan.processor,
-        "messages",
-        started,
-    )?;
+    let chat = Chat {
+        model: checked.model.clone(),
+        messages,
+        guidance,
+        prefill: None,
+        sampling: checked.sampling.clone(),
+        max_tokens: checked.max_tokens,
+        stop: checked.stop.clone(),
+        ignore_eos: false,
+        timeout: None,
+        n: 1,
+        prompt_param: "messages",
+        guide_error: |e| guide_error(e).0,
+    };
+    let started_chat = generate::start(&state, caller, chat).await?;
+    answer.tools = started_chat.parser;
+    let Some(live) = started_chat.choices.into_iter().next() else {
+        return Err(ApiError::Internal("no choice was submitted".into()).into());
+    };
+    let run = Run::new(live, started);
     Ok(respond(run, answer, checked.stream).await)
-}
-
-/// shoal-guide's plan for the messages and tools; the first constrained request of a model builds
-/// its token tables, so this runs off the async workers.
-async fn plan(
-    state: &ApiState,
-    engine: &EngineHandle,
-    messages: Vec<ChatMessage>,
-    guidance: ChatGuidance,
-) -> Result<ChatPlan, Error> {
-    // Call ids: from the request's own random id, unique per request.
-    let id_seed = Ticket::new(Owner::Unknown)?.seed();
-    let (guides, engine) = (state.guides.clone(), engine.clone());
-    tokio::task::spawn_blocking(move || guides.plan(&engine, messages, &guidance, id_seed))
-        .await
-        .map_err(|e| {
-            Error(ApiError::Internal(format!(
-                "planning the request failed: {e}"
-            )))
-        })?
-        .map_err(guide_error)
 }
 
 pub async fn generate(

@@ -1,4 +1,5 @@
-//! Answering a submitted request the Ollama way: [`Run`] reads the engine's events and times them,
+//! Answering a submitted request the Ollama way: [`Run`] reads the request's outcomes
+//! ([`crate::generate::Outcome`]) and times them,
 //! [`Answer`] shapes chat or generate objects, and [`respond`] sends either NDJSON lines
 //! (`application/x-ndjson`: one object per token, then the last one with `done: true`, `done_reason` and
 //! the measurements) or, with `stream: false`, one object holding the whole text.
@@ -22,7 +23,6 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use shoal_engine::request::TopLogprob;
-use shoal_engine::{Event, FinishReason};
 use shoal_guide::{CutToolCall, ToolCallOut, ToolCallParser, ToolCallStream, ToolEvent};
 
 use super::tools::ollama_call;
@@ -33,6 +33,7 @@ use super::types::{
 use super::{Error, now_rfc3339};
 use crate::cancel::LiveRequest;
 use crate::error::ApiError;
+use crate::generate::{self, Outcome};
 
 /// A running request and its clock.
 pub struct Run {
@@ -42,7 +43,7 @@ pub struct Run {
     first_token: Option<Instant>,
 }
 
-/// What the next engine event means to an Ollama answer.
+/// What the next outcome means to an Ollama answer: its text, or its end with the measurements.
 pub enum Step {
     Token {
         text: String,
@@ -68,33 +69,21 @@ impl Run {
     }
 
     pub async fn next(&mut self) -> Step {
-        match self.request.stream().next().await {
-            Some(Event::Token {
-                text,
-                logprob,
-                top_logprobs,
-                ..
-            }) => {
+        match generate::next(&mut self.request).await {
+            Outcome::Token(token) => {
                 self.first_token.get_or_insert_with(Instant::now);
                 Step::Token {
-                    text,
-                    logprob,
-                    top: top_logprobs,
+                    text: token.text,
+                    logprob: token.logprob,
+                    top: token.top,
                 }
             }
-            Some(Event::Done {
-                finish_reason: FinishReason::Cancelled,
-                ..
-            }) => Step::Failed(Error(ApiError::Cancelled)),
-            Some(Event::Done {
-                finish_reason,
-                usage,
-                ..
-            }) => {
+            Outcome::Finished(finish) => {
                 let now = Instant::now();
                 let first = self.first_token.unwrap_or(now);
+                let usage = finish.usage;
                 Step::Done {
-                    reason: finish_reason.as_str(),
+                    reason: finish.reason.as_str(),
                     metrics: Metrics {
                         total_duration: nanos(now - self.started),
                         load_duration: nanos(self.queued - self.started),
@@ -105,15 +94,8 @@ impl Run {
                     },
                 }
             }
-            Some(Event::Error(err)) => {
-                tracing::warn!(request = self.request.id(), error = %err, "generation failed");
-                Step::Failed(Error(ApiError::from(err)))
-            }
-            // A request cancelled (by id) while still queued is dropped without a final event.
-            None if self.request.cancelled_by_id() => Step::Failed(Error(ApiError::Cancelled)),
-            None => Step::Failed(Error(ApiError::Internal(
-                "the engine closed the request's stream without finishing".into(),
-            ))),
+            Outcome::Cancelled => Step::Failed(Error(ApiError::Cancelled)),
+            Outcome::Failed(err) => Step::Failed(Error(err)),
         }
     }
 }

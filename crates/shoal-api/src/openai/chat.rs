@@ -10,16 +10,17 @@
 //! and vLLM report them).
 //!
 //! `tools`, `tool_choice` and `response_format` go through [`super::tools`] into shoal-guide's
-//! [`shoal_guide::Guides::plan`]: the messages and tools the template sees, the constraint the engine
-//! applies while decoding (a forced call, or the JSON schema), and the parser that splits the answer
-//! into `content` and `tool_calls` (`finish_reason: "tool_calls"`), whole or as stream deltas.
+//! guidance; the request goes to the one front half ([`crate::generate::start`]: the guide plan — the
+//! messages and tools the template sees, the constraint the engine applies while decoding (a forced
+//! call, or the JSON schema), the parser that splits the answer into `content` and `tool_calls`
+//! (`finish_reason: "tool_calls"`), whole or as stream deltas — render and submit).
 
 use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
 use shoal_engine::request::MAX_TOP_LOGPROBS;
-use shoal_engine::{ChatMessage, FinishReason, GenerateRequest, Prompt, Usage};
+use shoal_engine::{ChatMessage, FinishReason, Usage};
 use shoal_guide::{
     ChatGuidance, ResponseFormat, ToolCallParser, ToolCallStream, ToolChoice, ToolEvent,
 };
@@ -31,10 +32,11 @@ use super::types::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatLogprobs,
     ChatMessageIn, ChatRequest, Delta, MessageContent, Role, TokenLogprob, TopLogprob,
 };
-use super::{SYSTEM_FINGERPRINT, SampledToken, collect_all, submit, total_usage, unix_now};
+use super::{SYSTEM_FINGERPRINT, unix_now};
 use crate::ApiState;
-use crate::cancel::{Caller, Ticket};
+use crate::cancel::Caller;
 use crate::error::ApiError;
+use crate::generate::{self, Chat, SampledToken, Started, collect_all, total_usage};
 use crate::sse::to_json;
 
 /// The request field a prompt problem is reported against.
@@ -64,40 +66,27 @@ pub async fn chat_completions(
         ));
     }
     let messages = to_chat_messages(req.messages)?;
-    let engine = state
-        .engine
-        .get(&params.model)
-        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
     let created = unix_now();
-    // The request's id, made up front: its seed makes the tool-call ids, unique per request.
-    let ticket = Ticket::new(caller)?;
-    let id_seed = ticket.seed();
-    let guides = state.guides.clone();
-    let plan_engine = engine.clone();
-    // The first constrained request of a model builds its token tables: off the async workers.
-    let plan = tokio::task::spawn_blocking(move || {
-        guides.plan(&plan_engine, messages, &guidance, id_seed)
-    })
-    .await
-    .map_err(|e| ApiError::Internal(format!("planning the request failed: {e}")))?
-    .map_err(tools::guide_error)?;
-    let prompt = engine
-        .render_chat_tools(&plan.messages, &plan.tools)
-        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
-    let tool_parser = plan.tool_parser;
-    let request = GenerateRequest {
+    let chat = Chat {
         model: params.model.clone(),
-        prompt: Prompt::Text(prompt),
+        messages,
+        guidance,
+        prefill: None,
         sampling: params.sampling,
         max_tokens: params.max_tokens,
         stop: params.stop,
-        // render_chat cut the template's own BOS where the tokenizer adds one.
-        add_bos: true,
         ignore_eos: params.ignore_eos,
         timeout: params.timeout,
-        logits_processor: plan.processor,
+        n: params.n,
+        prompt_param: PROMPT_PARAM,
+        guide_error: tools::guide_error,
     };
-    let mut choices = submit(&state, request, params.n, PROMPT_PARAM, &ticket)?;
+    let Started {
+        mut choices,
+        ticket,
+        parser: tool_parser,
+        ..
+    } = generate::start(&state, caller, chat).await?;
     let id = format!("chatcmpl-{}", ticket.token());
     let logprobs = logprobs.is_some();
     if params.stream {

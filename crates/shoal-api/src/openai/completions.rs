@@ -25,10 +25,11 @@ use shoal_model::tokenizer::Tokenizer;
 use super::params::CommonParams;
 use super::stream::{ChunkFormat, sse_response};
 use super::types::{CompletionRequest, PromptInput, TextChoice, TextCompletion, TextLogprobs};
-use super::{SYSTEM_FINGERPRINT, SampledToken, collect_all, submit, total_usage, unix_now};
+use super::{SYSTEM_FINGERPRINT, unix_now};
 use crate::ApiState;
 use crate::cancel::{Caller, Ticket};
 use crate::error::ApiError;
+use crate::generate::{SampledToken, collect_all, submit, total_usage};
 use crate::sse::to_json;
 
 const PROMPT_PARAM: &str = "prompt";

@@ -1,6 +1,6 @@
 //! OpenAI's streams for chat and completions: the events of a request's `n` choices (one
 //! [`LiveRequest`] each) merged as they come into one SSE body of chunks, each choice's chunks carrying
-//! its `index`, shaped by a [`ChunkFormat`].
+//! its `index`, shaped by a [`ChunkFormat`] from each event's [`Outcome`] ([`crate::generate`]).
 //!
 //! Order: each choice's opening chunk (chat: the `role` delta), then token chunks as the engine sends
 //! them, a `finish_reason` chunk per choice as each ends, then — once every choice ended — the usage
@@ -25,9 +25,9 @@ use futures::Stream;
 use shoal_engine::{Event, FinishReason, Prefill, Usage};
 use tokio::sync::watch;
 
-use super::{SampledToken, total_usage};
 use crate::cancel::LiveRequest;
 use crate::error::ApiError;
+use crate::generate::{self, Outcome, SampledToken, total_usage};
 use crate::sse::error_json;
 
 /// How chat or completions shape their chunks; `index` is the choice's. Each method returns a
@@ -170,34 +170,12 @@ impl<F: ChunkFormat> State<F> {
     /// Queues what one event of choice `i` turns into.
     fn handle(&mut self, i: usize, event: Option<Event>) {
         let index = i as u32;
-        match event {
-            Some(Event::Token {
-                id,
-                text,
-                logprob,
-                top_logprobs,
-            }) => {
-                let token = SampledToken {
-                    id,
-                    text,
-                    logprob,
-                    top: top_logprobs,
-                };
-                self.queue.extend(self.format.token(index, token));
-            }
-            // We still hold the stream, so the request was cancelled by id.
-            Some(Event::Done {
-                finish_reason: FinishReason::Cancelled,
-                ..
-            }) => self.cancelled(),
-            Some(Event::Done {
-                finish_reason,
-                usage,
-                ..
-            }) => {
+        match generate::outcome(event, &self.choices[i]) {
+            Outcome::Token(token) => self.queue.extend(self.format.token(index, token)),
+            Outcome::Finished(finish) => {
                 self.queue
-                    .push_back(self.format.finish(index, finish_reason));
-                self.ended[i] = Some(usage);
+                    .push_back(self.format.finish(index, finish.reason));
+                self.ended[i] = Some(finish.usage);
                 if self.ended.iter().all(Option::is_some) {
                     if self.include_usage {
                         let usage = total_usage(self.ended.iter().flatten().copied());
@@ -207,19 +185,8 @@ impl<F: ChunkFormat> State<F> {
                     self.finished = true;
                 }
             }
-            Some(Event::Error(err)) => {
-                tracing::warn!(request = self.choices[i].id(), error = %err, "generation failed midway");
-                self.fail(&ApiError::from(err));
-            }
-            // A request cancelled while still queued is dropped from the queue without a final event.
-            None if self.choices[i].cancelled_by_id() => self.cancelled(),
-            None => {
-                let err = ApiError::Internal(
-                    "the engine closed the request's stream without finishing".into(),
-                );
-                tracing::error!(request = self.choices[i].id(), "{err}");
-                self.fail(&err);
-            }
+            Outcome::Cancelled => self.cancelled(),
+            Outcome::Failed(err) => self.fail(&err),
         }
     }
 
@@ -231,10 +198,6 @@ impl<F: ChunkFormat> State<F> {
 
     /// The end of a stream cancelled by id: an error event saying so, then `[DONE]`.
     fn cancelled(&mut self) {
-        tracing::debug!(
-            request = self.choices.first().map(LiveRequest::id),
-            "stream cancelled by id"
-        );
         self.queue.push_back(error_json(&ApiError::Cancelled));
         self.queue.push_back("[DONE]".to_string());
         self.finished = true;

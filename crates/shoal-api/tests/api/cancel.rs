@@ -364,3 +364,58 @@ async fn a_bad_timeout_is_400_naming_it() {
         }
     }
 }
+
+/// Decision 019: the engine ends a cancelled request itself — taken off its queue before it ever ran, or
+/// stopped while running — with `Done { Cancelled }`, so the API's cancellation registry needs no flag of
+/// its own to tell a cancellation by id from a stream that broke: it only maps the client's id to the
+/// engine's sequences and their owner.
+#[tokio::test]
+async fn the_engine_ends_a_cancelled_request_itself_queued_or_running() {
+    use shoal_engine::{Event, FinishReason, GenerateRequest, Prompt};
+    let _serial = SERIAL.lock().await;
+    wait_idle("before").await;
+    let handle = engine();
+    for attempt in 0..12 {
+        let request = GenerateRequest {
+            model: MODEL_ID.into(),
+            prompt: Prompt::Text("Once upon a time".into()),
+            sampling: Default::default(),
+            max_tokens: std::num::NonZeroU32::new(LONG),
+            stop: Vec::new(),
+            add_bos: true,
+            ignore_eos: true,
+            timeout: None,
+            logits_processor: None,
+        };
+        let mut stream = handle.submit(request).expect("submitted");
+        // At once (mostly still queued), or after the first token (running).
+        if attempt % 2 == 1 {
+            let first = tokio::time::timeout(WAIT, stream.next())
+                .await
+                .expect("a token");
+            assert!(matches!(first, Some(Event::Token { .. })), "{first:?}");
+        }
+        assert!(handle.cancel(stream.id()), "{attempt}: live");
+        let end = tokio::time::timeout(WAIT, async {
+            loop {
+                match stream.next().await {
+                    Some(Event::Token { .. }) => continue,
+                    other => return other,
+                }
+            }
+        })
+        .await
+        .expect("the stream ends");
+        assert!(
+            matches!(
+                end,
+                Some(Event::Done {
+                    finish_reason: FinishReason::Cancelled,
+                    ..
+                })
+            ),
+            "{attempt}: {end:?}"
+        );
+    }
+    wait_idle("after").await;
+}

@@ -3,8 +3,9 @@
 //! The request ([`types::ResponsesRequest`]) is checked field by field ([`unsupported`]: a documented
 //! field shoal does not implement is a 400 naming it), its `instructions` and `input` items (messages,
 //! `function_call`s, `function_call_output`s) become chat messages ([`to_messages`]); its function
-//! tools, `tool_choice` and `text.format` become shoal-guide's guidance ([`tools`]), which plans the
-//! prompt (rendered with the model's own template), the constraint and the tool-call parser. The answer
+//! tools, `tool_choice` and `text.format` become shoal-guide's guidance ([`tools`]); the one front half
+//! ([`crate::generate::start`]) plans the prompt (rendered with the model's own template), the
+//! constraint and the tool-call parser off the async workers, and submits. The answer
 //! is one `response` object (a `message` item and `function_call` items) or the Responses event stream
 //! ([`stream::ResponseEvents`]: `response.created` … `response.output_text.delta` …
 //! `response.completed`, each event numbered).
@@ -18,14 +19,15 @@ use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use shoal_engine::{ChatMessage, FinishReason, GenerateRequest, Prompt, Usage};
+use shoal_engine::{ChatMessage, FinishReason, Usage};
 use shoal_guide::ParsedAnswer;
 
 use super::params::{CommonParams, token_budget};
-use super::{collect, unix_now};
+use super::unix_now;
 use crate::ApiState;
-use crate::cancel::{Caller, Ticket};
+use crate::cancel::Caller;
 use crate::error::ApiError;
+use crate::generate::{self, Chat, Started, collect};
 use crate::sse::stream_response;
 use types::{Input, ResponseObject, ResponsesRequest};
 
@@ -41,6 +43,7 @@ pub async fn create_response(
     unsupported(&req)?;
     let messages = to_messages(&req)?;
     let guidance = tools::guidance(&req)?;
+    let parallel_tool_calls = guidance.parallel_tool_calls;
     let max_tokens = req
         .max_output_tokens
         .map(|v| token_budget("max_output_tokens", v))
@@ -55,40 +58,29 @@ pub async fn create_response(
         ..CommonParams::default()
     }
     .validate(&state.engine)?;
-    let engine = state.engine.get(&params.model)?;
-    // The request's id, made up front: its seed makes the tool-call ids, unique per request.
-    let ticket = Ticket::new(caller)?;
-    let id_seed = ticket.seed();
-    let (guides, plan_engine, plan_guidance) =
-        (state.guides.clone(), engine.clone(), guidance.clone());
-    // The first constrained request of a model builds its token tables: off the async workers.
-    let plan = tokio::task::spawn_blocking(move || {
-        guides.plan(&plan_engine, messages, &plan_guidance, id_seed)
-    })
-    .await
-    .map_err(|e| ApiError::Internal(format!("planning the request failed: {e}")))?
-    .map_err(super::tools::guide_error)?;
-    let prompt = state
-        .engine
-        .render_chat_tools(&params.model, &plan.messages, &plan.tools)
-        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
-    let request = GenerateRequest {
+    let chat = Chat {
         model: params.model.clone(),
-        prompt: Prompt::Text(prompt),
+        messages,
+        guidance,
+        prefill: None,
         sampling: params.sampling.clone(),
         max_tokens,
         stop: Vec::new(),
-        // render_chat cut the template's own BOS where the tokenizer adds one.
-        add_bos: true,
         ignore_eos: false,
         timeout: params.timeout,
-        logits_processor: plan.processor,
+        n: 1,
+        prompt_param: PROMPT_PARAM,
+        guide_error: super::tools::guide_error,
     };
-    let stream = state
-        .engine
-        .submit(request)
-        .map_err(|e| ApiError::from_engine(e, PROMPT_PARAM))?;
-    let mut stream = state.track_ticket(stream, &ticket);
+    let Started {
+        choices,
+        ticket,
+        parser,
+        ..
+    } = generate::start(&state, caller, chat).await?;
+    let Some(mut stream) = choices.into_iter().next() else {
+        return Err(ApiError::Internal("no choice was submitted".into()));
+    };
     let shell = Shell {
         id: format!("resp_{}", ticket.token()),
         created_at: unix_now(),
@@ -102,17 +94,17 @@ pub async fn create_response(
         metadata: req.metadata.clone().unwrap_or_else(|| json!({})),
         tools: req.tools.clone().unwrap_or_default(),
         tool_choice: req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
-        parallel_tool_calls: guidance.parallel_tool_calls,
+        parallel_tool_calls,
         text: json!({ "format": req.text.as_ref().and_then(|t| t.format.clone())
             .unwrap_or_else(|| json!({ "type": "text" })) }),
     };
     if params.stream {
-        let events = stream::ResponseEvents::new(shell, plan.tool_parser.map(|p| p.stream()));
+        let events = stream::ResponseEvents::new(shell, parser.map(|p| p.stream()));
         return Ok(stream_response(stream, events));
     }
     let done = collect(&mut stream, false).await?;
     let cut_off = done.finish_reason == FinishReason::Length;
-    let parsed = match plan.tool_parser {
+    let parsed = match parser {
         Some(parser) => parser.parse_ended(&done.text, cut_off),
         None => ParsedAnswer {
             content: done.text,

@@ -13,7 +13,8 @@ use shoal_guide::{CutToolCall, ToolCallOut, ToolCallStream, ToolEvent};
 
 use super::{Shell, finish_status, output_text, tools};
 use crate::error::ApiError;
-use crate::sse::{Finish, Frame, StreamFormat, to_json};
+use crate::generate::Finish;
+use crate::sse::{Frame, StreamFormat, to_json};
 
 /// Writes one response's events.
 pub struct ResponseEvents {
