@@ -248,7 +248,14 @@ impl ClusterState {
         let nodes = members
             .iter()
             .filter(|f| all || has(f))
-            .map(|f| crate::compute::node_info(f, card.as_ref(), self.mem_offered(f)))
+            .map(|f| {
+                let mut n = crate::compute::node_info(f, card.as_ref(), self.mem_offered(f));
+                if let Some(g) = n.gpu.as_mut() {
+                    // What the table's instances already put on it.
+                    g.mem_available = g.mem_available.saturating_sub(self.hosted(&f.id).gpu);
+                }
+                n
+            })
             .collect();
         (
             Topology {

@@ -14,6 +14,10 @@
 //!   them `ready`);
 //! - `reserve`: a tenth of `total`, between 256 MiB and 2 GiB, for the OS and other programs.
 //!
+//! A stage whose record puts its first layers on the node's GPU counts those layers (weights and KV
+//! reserve) in [`Hosted::gpu`] instead, which [`ClusterState::topology`] takes off the device memory the
+//! node's GPU offers.
+//!
 //! Why both terms, and no double count: a stage's weights are read into the process's own memory
 //! (not mapped from the file), so once loaded they are already missing from the OS's `available`; the
 //! first term takes off only what has yet to arrive. The KV cache is allocated as requests come, so
@@ -45,6 +49,8 @@ pub struct Hosted {
     pub bytes: u64,
     /// Weights of the stages not loaded yet.
     pub pending: u64,
+    /// Full size of the layers those stages put on the node's GPU (counted there, not in `bytes`).
+    pub gpu: u64,
 }
 
 impl ClusterState {
@@ -71,6 +77,7 @@ impl ClusterState {
                 .filter(|s| s.0 == node)
             {
                 out.bytes = out.bytes.saturating_add(s.1);
+                out.gpu = out.gpu.saturating_add(s.3);
                 if !loaded {
                     out.pending = out.pending.saturating_add(s.2);
                 }
@@ -86,7 +93,7 @@ impl ClusterState {
         &self,
         inst: &'a InstanceRecord,
         kv_tokens: Option<u64>,
-    ) -> Vec<(&'a str, u64, u64)> {
+    ) -> Vec<(&'a str, u64, u64, u64)> {
         let Some(card) = self.card_of(&inst.model) else {
             return Vec::new();
         };
@@ -99,9 +106,17 @@ impl ClusterState {
             .enumerate()
             .map(|(i, s)| {
                 let (first, is_last) = (i == 0, i == last);
-                let full = card.stage_bytes(s.layers(), first, is_last, kv);
-                let weights = card.stage_bytes(s.layers(), first, is_last, 0);
-                (s.node.as_str(), full, weights)
+                // The layers its record puts on the GPU are in device memory (the extras stay
+                // counted on the host, as the planner counts them).
+                let on_gpu = s.gpu_layers() as u64;
+                let gpu = on_gpu.saturating_mul(card.per_layer_bytes(kv));
+                let full = card
+                    .stage_bytes(s.layers(), first, is_last, kv)
+                    .saturating_sub(gpu);
+                let weights = card
+                    .stage_bytes(s.layers(), first, is_last, 0)
+                    .saturating_sub(on_gpu.saturating_mul(card.layer_bytes));
+                (s.node.as_str(), full, weights, gpu)
             })
             .collect()
     }

@@ -419,7 +419,8 @@ fn a_second_model_is_offered_what_the_first_leaves() {
         s.hosted("a"),
         Hosted {
             bytes: full,
-            pending: weights
+            pending: weights,
+            gpu: 0
         }
     );
     // Loading: its weights are not in memory yet, so they come off what is available.
@@ -561,4 +562,41 @@ fn the_topology_prices_nodes_from_their_measured_compute() {
     let reference = crate::facts::REFERENCE_LAYER.1 as f64;
     assert_eq!((b.speed, b.prefill_speed), (5000.0 * reference / 2e6, None));
     assert_eq!((b.head_us, b.attention_us, b.sample_us), (None, None, None));
+}
+
+/// A node whose `--device gpu` offers a 2 GiB GPU: `big` puts the layers the GPU holds there (its
+/// record says so), they count against the GPU's memory instead of the host's, and the next model is
+/// offered what the GPU has left.
+#[test]
+fn layers_on_a_gpu_count_against_its_memory_not_the_hosts() {
+    let mut s = one_node_three_models();
+    let me = s.me_mut();
+    me.device = crate::facts::DevicePolicy::Gpu(0);
+    me.gpus = vec![crate::facts::GpuFacts {
+        memory_total: Some(2 << 30),
+        ..Default::default()
+    }];
+    let rec = s.place(&auto("big"), "b1".into()).unwrap();
+    // 301 MiB per layer with its KV reserve; 2 GiB less room for the 20 MiB of extras holds 6.
+    let per_layer = 301 * MIB;
+    let gpu = shoal_placement::GpuLayers {
+        index: 0,
+        layers: 6,
+    };
+    assert_eq!(rec.stages[0].gpu, Some(gpu), "{:?}", rec.stages);
+    let (weights, full) = (
+        (3000 + 20 - 6 * 300) * MIB,
+        (3000 + 20 + 10) * MIB - 6 * per_layer,
+    );
+    assert_eq!(
+        s.hosted("a"),
+        Hosted {
+            bytes: full,
+            pending: weights,
+            gpu: 6 * per_layer
+        }
+    );
+    let small = s.topology("small", false).0;
+    let offered = small.nodes[0].gpu.as_ref().expect("the GPU is offered");
+    assert_eq!(offered.mem_available, (2 << 30) - 6 * per_layer);
 }
