@@ -15,6 +15,10 @@ use shoal_api::ApiState;
 use shoal_api::metrics::names::{self, Kind};
 use shoal_engine::EngineHandle;
 
+/// The process's one recorder counts every metered request: the tests that read deltas of the same series
+/// take turns, or one's chat request lands between another's two scrapes.
+static COUNTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The node's state with the process's recorder installed before the engine registers its handles: an
 /// engine of this file's own, as another test in the process may have started the shared one first.
 fn metered() -> ApiState {
@@ -79,6 +83,7 @@ async fn scrape(state: &ApiState) -> Scrape {
 
 #[tokio::test]
 async fn a_chat_request_moves_the_counters_and_every_family_is_typed_and_listed() {
+    let _turn = COUNTING.lock().await;
     let state = metered();
     let before = scrape(&state).await;
     let reply = send_with(
@@ -175,6 +180,7 @@ async fn a_chat_request_moves_the_counters_and_every_family_is_typed_and_listed(
 
 #[tokio::test]
 async fn routes_are_templates_and_unknown_models_are_other() {
+    let _turn = COUNTING.lock().await;
     let state = metered();
     let missing = send_with(
         state.clone(),
@@ -276,6 +282,7 @@ async fn metered_member(dir: &std::path::Path, cluster_key: &str) -> ApiState {
 
 #[tokio::test]
 async fn a_request_relayed_by_another_nodes_balancer_is_counted_once_where_the_client_sent_it() {
+    let _turn = COUNTING.lock().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let state = metered_member(dir.path(), "metrics-relay").await;
     let cluster = state.cluster.clone().expect("cluster");
@@ -326,6 +333,7 @@ async fn a_request_relayed_by_another_nodes_balancer_is_counted_once_where_the_c
 
 #[tokio::test]
 async fn a_client_cannot_pass_as_a_node_with_the_relay_header() {
+    let _turn = COUNTING.lock().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let state = metered_member(dir.path(), "metrics-forged").await;
     let body = json!({
