@@ -1,6 +1,8 @@
 //! Turns the cluster's instance table into what runs on this node.
 //!
-//! For each instance that uses this node: stage 0 → load its layers, wait until every other stage
+//! For each instance that uses this node, every stage's layers load where its record says (its first
+//! `gpu.layers` on this node's GPU and the rest on the CPU, one `HybridStage`; all on the CPU when the
+//! record has no `gpu`): stage 0 → load its layers, wait until every other stage
 //! reports `ready`, connect a [`RemoteChain`], start an engine serving the model and warm it up (one
 //! short internal request through every stage, [`EngineHandle::warm_up`]) before it is registered in
 //! [`Engines`] for the API and reported ready; any other stage → load its layers and host them ([`Hosts`]). Load state is

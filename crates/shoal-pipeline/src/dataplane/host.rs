@@ -1,4 +1,7 @@
-//! The stage side: [`HostedStage`]s served to the upstream node of their pipeline.
+//! The stage side: [`HostedStage`]s served to the upstream node of their pipeline. A hosted stage's
+//! layers are a `HybridStage` (on the CPU, on this node's GPU, or its first layers on the GPU and the
+//! rest on the CPU, as its record says); its KV room ([`StageKv`]) is this node's host share for the
+//! CPU layers, bounded by the GPU part's device budget.
 //!
 //! A stage keeps its KV across upstream streams: when its pipeline moves to another path (the driver
 //! opens new streams, `chain.rs`), the new stream's thread waits for the old one to finish its frames
