@@ -264,6 +264,11 @@ function renderNodes(s) {
   replace($('#nodes'), cards);
 }
 
+/** " · gpu:0 ×k layers" when a stage's first layers run on a GPU of its node, else nothing. */
+function gpuLabel(st) {
+  return st.gpu ? ` · gpu:${st.gpu.index} ×${st.gpu.layers} layers` : '';
+}
+
 function stageLabel(st) {
   if (st.state === 'downloading' && st.needed) return `downloading ${pct(st.done / st.needed)}`;
   if (st.state === 'failed') return 'failed';
@@ -301,7 +306,7 @@ function renderInstances(s) {
       el('div', { class: 'stages' }, i.stages.map((st) => el('div', {
         class: 'stage ' + (st.state || ''), style: `flex:${st.end - st.start}`,
         title: st.error || '',
-      }, `${nodeName(st.node)} · layers ${st.start}–${st.end - 1} · ${stageLabel(st)}`))),
+      }, `${nodeName(st.node)} · layers ${st.start}–${st.end - 1}${gpuLabel(st)} · ${stageLabel(st)}`))),
       el('div', { class: 'muted' },
         `predicted ${i.predicted_tok_s ? i.predicted_tok_s.toFixed(1) : '–'} tok/s · measured ` +
         `${m.decode_tok_s ? m.decode_tok_s.toFixed(1) : '–'} tok/s, TTFT ${m.ttft_ms ? m.ttft_ms.toFixed(0) + ' ms' : '–'} · ` +

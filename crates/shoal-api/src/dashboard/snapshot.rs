@@ -171,7 +171,7 @@ fn links(links: &Value, facts: &[&Value]) -> Vec<Value> {
         .collect()
 }
 
-/// An instance: its stages (node, layers, each stage's load state) and figures.
+/// An instance: its stages (node, layers — those on a GPU —, each stage's load state) and figures.
 fn instance(i: &Value) -> Value {
     let stages: Vec<Value> = list(&i["stages"])
         .iter()
@@ -182,6 +182,8 @@ fn instance(i: &Value) -> Value {
                 "node": s["node"],
                 "start": s["start"],
                 "end": s["end"],
+                // Its first layers on a GPU of its node ({index, layers}), when its record says so.
+                "gpu": s["gpu"],
                 "state": status["state"],
                 "done": status["done"],
                 "needed": status["needed"],

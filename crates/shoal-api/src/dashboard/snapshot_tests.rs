@@ -38,7 +38,8 @@ fn state(generated: u64) -> Value {
             "links": [{"a": "a", "b": "b", "kind": "ethernet", "rtt_us": 250.0, "bandwidth_bps": 1e8}],
             "instances": [{
                 "id": "i1", "model": "m", "status": "loading",
-                "stages": [{"node": "a", "start": 0, "end": 2}, {"node": "b", "start": 2, "end": 4}],
+                "stages": [{"node": "a", "start": 0, "end": 2, "gpu": {"index": 0, "layers": 1}},
+                           {"node": "b", "start": 2, "end": 4}],
                 "stage_status": [{"state": "ready"}, {"state": "downloading", "done": 3, "needed": 9}],
                 "predicted": {"decode_tok_s": 40.0},
                 "measured": {"running": 1, "finished": 3},
@@ -106,6 +107,12 @@ fn instances_show_each_stage_and_its_progress() {
         (Some("b"), Some(2))
     );
     assert_eq!(st["state"], "downloading");
+    // Where a stage's layers run: the first on a GPU when its record says so, else nothing.
+    assert_eq!(
+        i["stages"][0]["gpu"],
+        serde_json::json!({"index": 0, "layers": 1})
+    );
+    assert!(st["gpu"].is_null());
     assert_eq!(
         (st["done"].as_u64(), st["needed"].as_u64()),
         (Some(3), Some(9))
