@@ -157,9 +157,7 @@ impl Stage for GpuStage {
     }
 
     fn complete(&mut self, ticket: u64) -> Result<StageData, EngineError> {
-        Err(EngineError::Internal(format!(
-            "batch {ticket}: GPU layers never leave a batch pending"
-        )))
+        crate::stage::never_pending(ticket)
     }
 
     fn kv(&mut self, op: KvOp) -> Result<(), EngineError> {

@@ -210,9 +210,7 @@ impl Stage for HybridStage {
     }
 
     fn complete(&mut self, ticket: u64) -> Result<StageData, EngineError> {
-        Err(EngineError::Internal(format!(
-            "batch {ticket}: local layers never leave a batch pending"
-        )))
+        crate::stage::never_pending(ticket)
     }
 
     fn kv(&mut self, op: KvOp) -> Result<(), EngineError> {

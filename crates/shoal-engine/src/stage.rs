@@ -328,9 +328,7 @@ impl Stage for LocalStage {
     }
 
     fn complete(&mut self, ticket: u64) -> Result<StageData, EngineError> {
-        Err(EngineError::Internal(format!(
-            "batch {ticket}: local layers never leave a batch pending"
-        )))
+        never_pending(ticket)
     }
 
     fn kv(&mut self, op: KvOp) -> Result<(), EngineError> {
@@ -340,6 +338,14 @@ impl Stage for LocalStage {
     fn held_sequences(&self) -> usize {
         self.kvs.sequences()
     }
+}
+
+/// What [`Stage::complete`] answers on layers in this process (CPU or GPU): they compute a batch at
+/// once and never leave one pending.
+pub(crate) fn never_pending(ticket: u64) -> Result<StageData, EngineError> {
+    Err(EngineError::Internal(format!(
+        "batch {ticket}: local layers never leave a batch pending"
+    )))
 }
 
 /// The result of [`launch_pipeline`].
