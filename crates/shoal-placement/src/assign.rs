@@ -230,6 +230,38 @@ mod tests {
         assert_eq!(counts.unwrap(), [20, 10]);
     }
 
+    /// A stage whose first layers run on a faster GPU: those layers are cheap, the rest cost the CPU's.
+    #[test]
+    fn a_gpu_segment_is_filled_first_and_balanced_as_a_piecewise_time() {
+        let gpu = [(12, 1.0), (0, 0.0)];
+        let costs = |fixed_us| Costs {
+            cpu_us: &[10.0, 4.0],
+            gpu: &gpu,
+            fixed_us,
+        };
+        // Latency: a's 12 GPU layers (1 each) first, then b's CPU (4) before a's CPU (10).
+        let counts = assign_layers(
+            &card(30),
+            &["a", "b"],
+            &[1000, 1000],
+            0,
+            costs(&[]),
+            Goal::Latency,
+        );
+        assert_eq!(counts.unwrap(), [12, 18]);
+        // Throughput: the slower stage as fast as can be — a's time is 12 + 10·(n − 12) past its GPU,
+        // b's 4·m: a = 16, b = 14 take 52 and 56; a = 15 leaves b 60, a = 17 takes 62 itself.
+        let counts = assign_layers(
+            &card(30),
+            &["a", "b"],
+            &[1000, 1000],
+            0,
+            costs(&[]),
+            Goal::Throughput,
+        );
+        assert_eq!(counts.unwrap(), [16, 14]);
+    }
+
     #[test]
     fn memory_errors_are_the_splits_errors() {
         let err = assign_layers(

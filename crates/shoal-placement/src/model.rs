@@ -113,9 +113,10 @@ impl NodeInfo {
         self.mem_available.saturating_add(gpu)
     }
 
-    /// The node as its GPU alone: the GPU's memory and speeds, sampling on the host.
+    /// The node as its GPU alone: the GPU's memory and speeds, sampling on the host (whether or not
+    /// the planner would use it: a stage record may say it runs there).
     pub(crate) fn gpu_node(&self) -> Option<NodeInfo> {
-        let g = self.used_gpu()?;
+        let g = self.gpu.as_ref()?;
         Some(NodeInfo {
             id: self.id.clone(),
             mem_available: g.mem_available,
