@@ -12,6 +12,7 @@ mod cut_calls;
 mod disconnect;
 mod embeddings;
 mod errors;
+mod front;
 mod generation;
 mod hostile_names;
 mod limits;
