@@ -30,8 +30,9 @@
 //!   cluster state read at each scrape) and the middleware counting and timing every request.
 //! - [`relayed`]: requests another member sent on carry a proof made with the cluster's key; a client's
 //!   copy of that header is dropped, so no client passes as a node.
-//! - [`cancel`] lets a client stop a request by its response id (`POST /v1/cancel/{id}`); handlers hold
-//!   each request as a [`cancel::LiveRequest`] so they can tell such a cancellation apart.
+//! - [`cancel`] lets a client stop a request by its response id (`POST /v1/cancel/{id}`): handlers hold
+//!   each request as a [`cancel::LiveRequest`] under its ticket, which maps the client's id to the
+//!   engine's sequences and its owner; the engine ends the request with `Done { Cancelled }`.
 //!
 //! - [`cluster`] holds the cluster routes, answered from the node's [`shoal_cluster::ClusterHandle`], and
 //!   the middleware that sends each generation request to an instance of its model chosen by

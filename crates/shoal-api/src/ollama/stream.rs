@@ -442,3 +442,41 @@ pub fn json_response(body: String) -> Response {
     )
         .into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use shoal_guide::ToolFormat;
+
+    use super::*;
+
+    const CUT: &str =
+        "{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par";
+
+    #[test]
+    fn a_call_cut_by_the_budget_is_the_last_call_with_its_arguments_so_far() {
+        let parser = ToolCallParser::new(ToolFormat::Generic, 5);
+        let (text, calls) = split_calls(&parser, CUT.to_string(), true);
+        assert_eq!(text, "");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].function.name, "get_weather");
+        assert_eq!(calls[0].function.arguments, json!({"city": "Par"}));
+        // Not cut by the budget: what the model wrote is text.
+        let (text, calls) = split_calls(&parser, CUT.to_string(), false);
+        assert_eq!((text.as_str(), calls.len()), (CUT, 0));
+        // Streamed: the same call at the end.
+        let mut stream = parser.stream();
+        let mut events = stream.push(CUT);
+        events.extend(stream.finish_cut());
+        let (text, streamed) = from_events(events);
+        assert_eq!(text, "");
+        assert_eq!(
+            serde_json::to_value(&streamed).ok(),
+            serde_json::to_value(&calls_cut(&parser)).ok()
+        );
+    }
+
+    fn calls_cut(parser: &ToolCallParser) -> Vec<OllamaToolCall> {
+        split_calls(parser, CUT.to_string(), true).1
+    }
+}
