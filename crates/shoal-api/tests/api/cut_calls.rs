@@ -295,16 +295,26 @@ async fn concurrent_tool_calling_requests_get_their_own_call_ids() {
 }
 
 #[tokio::test]
-async fn completions_without_max_tokens_stop_at_sixteen_and_chat_does_not() {
+async fn completions_without_max_tokens_stop_at_sixteen_and_the_chat_routes_do_not() {
     let body = json!({"model": MODEL_ID, "prompt": "Once upon a time", "ignore_eos": true});
     let v = post_json("/v1/completions", &body).await.json();
     assert_eq!(v["usage"]["completion_tokens"], 16, "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
-    // Chat keeps running to the end of the turn.
+    // OpenAI chat keeps running to the end of the turn.
     let chat = chat_body(
         "List the seven days of the week, one per line.",
         json!({"temperature": 0}),
     );
     let v = post_json(CHAT, &chat).await.json();
     assert!(v["usage"]["completion_tokens"].as_u64() > Some(16), "{v}");
+    // So do Ollama's generate and chat.
+    let ask = "List the seven days of the week, one per line.";
+    let generate =
+        json!({"model": MODEL_ID, "prompt": ask, "stream": false, "options": {"temperature": 0}});
+    let v = post_json("/api/generate", &generate).await.json();
+    assert!(v["eval_count"].as_u64() > Some(16), "{v}");
+    let chat = json!({"model": MODEL_ID, "stream": false, "options": {"temperature": 0},
+                      "messages": [{"role": "user", "content": ask}]});
+    let v = post_json("/api/chat", &chat).await.json();
+    assert!(v["eval_count"].as_u64() > Some(16), "{v}");
 }
