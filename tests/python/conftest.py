@@ -146,9 +146,10 @@ class ShoalNode:
 
 @pytest.fixture
 def bounded(request):
-    """Fails the test using it once it has run its module's `BOUND_S` seconds (default 120), whatever it
-    waits on (SIGALRM): for tests that hold sockets a node might leave hanging."""
-    seconds = getattr(request.module, "BOUND_S", 120)
+    """Fails the test using it once it has run its own `BOUND_S` seconds (an attribute of the test function),
+    else its module's (default 120), whatever it waits on (SIGALRM): for tests that hold sockets a node might
+    leave hanging."""
+    seconds = getattr(request.function, "BOUND_S", None) or getattr(request.module, "BOUND_S", 120)
 
     def expired(*_):
         raise TimeoutError(f"{request.node.name} ran past its {seconds} s bound")

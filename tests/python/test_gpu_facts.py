@@ -256,6 +256,11 @@ def test_serve_with_device_gpu_answers_greedy_requests_as_the_cpu_up_to_near_tie
     assert same >= 1, "at least one answer is token for token the CPU's"
 
 
+# lavapipe decodes the whole model on two CPU cores at ~0.5 tok/s under load: 3 answers of 16 tokens plus
+# the warm-up took 111 s on a busy 2-core VM (2026-11-28).
+test_serve_with_device_gpu_answers_greedy_requests_as_the_cpu_up_to_near_ties.BOUND_S = 300
+
+
 def test_a_device_with_no_such_gpu_stops_serve_with_an_error_naming_the_adapters(bounded, tmp_path):
     out = subprocess.run(
         [str(_binary()), "serve", "--device", "gpu:7", "--api-port", "0", "--models-dir", str(_models_dir()),

@@ -148,6 +148,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 Vec::new()
             }
         };
+        // A GPU named with `--device gpu:N` that this machine does not have stops the start, naming the
+        // adapters found (serving on the CPU instead would hide the mistake).
+        if let shoal_bench::DeviceChoice::Gpu(i) = device_choice
+            && i >= gpus.len()
+        {
+            shoal_engine::gpu_stage::open_gpu(i)?;
+        }
         let mut engine_config = engine_config;
         if device_choice == shoal_bench::DeviceChoice::Auto {
             let weight_type = local
