@@ -59,13 +59,57 @@ pub(crate) fn response_schema(format: &ResponseFormat) -> Result<Option<Value>, 
 fn call_schema(tool: &FunctionTool, arguments_key: &str) -> Value {
     let mut properties = serde_json::Map::new();
     properties.insert("name".into(), json!({"const": tool.name}));
-    properties.insert(arguments_key.into(), tool.parameters.clone());
+    properties.insert(arguments_key.into(), closed(&tool.parameters));
     json!({
         "type": "object",
         "properties": properties,
         "required": ["name", arguments_key],
         "additionalProperties": false,
     })
+}
+
+/// A tool's parameter schema with every object that lists its `properties` but leaves
+/// `additionalProperties` unset closed (`false`), as OpenAI's strict mode and xgrammar's require: JSON Schema's default ("any other key
+/// too") let a greedy small model add keys — even repeat one — until its budget ran out, and the call
+/// came back cut. An object that says `additionalProperties` or has `patternProperties` keeps what it
+/// says, one without `properties` stays free-form, and the branches of an `allOf` stay open (closing
+/// each would forbid the others' keys) while their properties are closed.
+pub(crate) fn closed(schema: &Value) -> Value {
+    close(schema, true)
+}
+
+fn close(schema: &Value, close_here: bool) -> Value {
+    let Value::Object(map) = schema else {
+        return schema.clone();
+    };
+    let mut out = serde_json::Map::with_capacity(map.len() + 1);
+    for (key, value) in map {
+        let value = match (key.as_str(), value) {
+            // Maps of names to schemas.
+            ("properties" | "$defs" | "definitions" | "patternProperties", Value::Object(m)) => {
+                Value::Object(m.iter().map(|(k, v)| (k.clone(), close(v, true))).collect())
+            }
+            ("allOf", Value::Array(items)) => {
+                Value::Array(items.iter().map(|v| close(v, false)).collect())
+            }
+            ("anyOf" | "oneOf" | "prefixItems", Value::Array(items)) => {
+                Value::Array(items.iter().map(|v| close(v, true)).collect())
+            }
+            // (`not` and `if` are conditions: closing them would change what they say.)
+            ("items" | "additionalProperties" | "then" | "else", v) => close(v, true),
+            _ => value.clone(),
+        };
+        out.insert(key.clone(), value);
+    }
+    if close_here
+        && map.contains_key("properties")
+        && !map.contains_key("additionalProperties")
+        && !map.contains_key("patternProperties")
+        && !map.contains_key("unevaluatedProperties")
+    {
+        out.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    Value::Object(out)
 }
 
 /// `%json {...}` for a schema, with shoal's JSON options.
@@ -130,7 +174,7 @@ pub(crate) fn tool_call_lark(
                 Ok(format!(
                     "{tc} {} {args} {}",
                     literal(&t.name),
-                    json_rule(&t.parameters)?
+                    json_rule(&closed(&t.parameters))?
                 ))
             })?;
             let repeat = if parallel { "+" } else { "" };
@@ -177,6 +221,47 @@ mod tests {
         let g = tool_call_lark(ToolFormat::MistralJson, &[&a], true, &tc).expect("builds");
         assert!(
             g.starts_with("start: <[5]> \"[\" body (\", \" body)* \"]\""),
+            "{g}"
+        );
+    }
+
+    #[test]
+    fn tool_objects_that_list_their_properties_are_closed_unless_they_say_otherwise() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+                "tags": {"type": "array", "items": {"properties": {"k": {"type": "string"}}}},
+                "extra": {"type": "object", "additionalProperties": true, "properties": {}},
+                "free": {"type": "object"},
+                "both": {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+            },
+            "required": ["city"],
+        });
+        let c = closed(&schema);
+        assert_eq!(c["additionalProperties"], false);
+        assert_eq!(c["properties"]["where"]["additionalProperties"], false);
+        assert_eq!(
+            c["properties"]["tags"]["items"]["additionalProperties"],
+            false
+        );
+        assert_eq!(c["properties"]["extra"]["additionalProperties"], true);
+        assert_eq!(c["properties"]["free"], json!({"type": "object"}));
+        assert!(
+            c["properties"]["both"]["allOf"][0]
+                .get("additionalProperties")
+                .is_none()
+        );
+        assert_eq!(c["required"], json!(["city"]));
+        // The call's grammar holds the closed arguments.
+        let t = FunctionTool::new("w", None, Some(schema)).expect("valid");
+        let none = |_: &str| None;
+        let g = tool_call_lark(ToolFormat::Hermes, &[&t], false, &none).expect("builds");
+        // The call object, its arguments, `where` and the items of `tags`.
+        assert_eq!(
+            g.matches(r#""additionalProperties":false"#).count(),
+            4,
             "{g}"
         );
     }

@@ -49,10 +49,13 @@ pub struct ChatPlan {
 }
 
 /// Splits one answer into content and calls, whole or streaming.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ToolCallParser {
     format: ToolFormat,
     ids: CallIds,
+    /// The one function a forced call can name (a forced named function, or `required` with one
+    /// tool): a call the budget cut before its name was written whole still names it.
+    forced: Option<String>,
 }
 
 /// The call an answer was writing when its token budget ran out ([`crate::tools::cut`]).
@@ -99,7 +102,14 @@ impl ToolCallParser {
         Self {
             format,
             ids: CallIds::new(id_seed, format),
+            forced: None,
         }
+    }
+
+    /// The same parser for answers forced to call `name`.
+    pub fn forcing(mut self, name: Option<String>) -> Self {
+        self.forced = name;
+        self
     }
 
     pub fn format(&self) -> ToolFormat {
@@ -146,7 +156,7 @@ impl ToolCallParser {
             cut: Some(CutToolCall {
                 index,
                 id: self.ids.id(index),
-                name: cut.cut.name,
+                name: cut.cut.name.or_else(|| self.forced.clone()),
                 arguments: cut.cut.arguments,
             }),
             calls,
@@ -155,7 +165,7 @@ impl ToolCallParser {
 
     /// An incremental parser for a streamed answer (same ids as [`ToolCallParser::parse`]).
     pub fn stream(&self) -> ToolCallStream {
-        ToolCallStream::new(self.format, self.ids)
+        ToolCallStream::new(self.format, self.ids).forcing(self.forced.clone())
     }
 }
 
@@ -351,6 +361,43 @@ pub fn plan_with(
         messages: prepared.messages,
         tools: prepared.tools,
         processor,
-        tool_parser: offered.then(|| ToolCallParser::new(format, id_seed)),
+        tool_parser: offered.then(|| {
+            let only = match forced.as_deref() {
+                Some([one]) => Some(one.name.clone()),
+                _ => None,
+            };
+            ToolCallParser::new(format, id_seed).forcing(only)
+        }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::stream::ToolEvent;
+
+    /// A forced call cut before its name was written whole still names the forced function, whole
+    /// and streamed; an unforced one says it does not know.
+    #[test]
+    fn a_forced_call_cut_before_its_name_names_the_forced_function() {
+        let text = "<tool_call>\n{\"name\": \"GetWea";
+        let free = ToolCallParser::new(ToolFormat::Hermes, 7);
+        let forced = free.clone().forcing(Some("GetWeather".into()));
+        assert_eq!(free.parse_ended(text, true).cut.expect("cut").name, None);
+        let cut = forced.parse_ended(text, true).cut.expect("cut");
+        assert_eq!(cut.name.as_deref(), Some("GetWeather"));
+        assert_eq!(cut.arguments, "");
+        let mut stream = forced.stream();
+        stream.push(text);
+        let events = stream.finish_cut();
+        let Some(ToolEvent::Cut { name, .. }) = events.last() else {
+            panic!("{events:?}");
+        };
+        assert_eq!(name.as_deref(), Some("GetWeather"));
+        // A name the model wrote whole is its own.
+        let text = "<tool_call>\n{\"name\": \"GetWeather\", \"arguments\": {\"ci";
+        let cut = forced.parse_ended(text, true).cut.expect("cut");
+        assert_eq!(cut.name.as_deref(), Some("GetWeather"));
+        assert_eq!(cut.arguments, "{\"ci");
+    }
 }

@@ -52,6 +52,9 @@ pub struct ToolCallStream {
     emitted: usize,
     /// Whether any non-whitespace content went out (a bare-JSON call must come first).
     wrote_content: bool,
+    /// The one function a forced call can name: a call cut before its name was written whole still
+    /// names it.
+    forced: Option<String>,
 }
 
 impl ToolCallStream {
@@ -63,7 +66,14 @@ impl ToolCallStream {
             calls_text: None,
             emitted: 0,
             wrote_content: false,
+            forced: None,
         }
+    }
+
+    /// The same stream for an answer forced to call `name` (see [`ToolCallStream::finish_cut`]).
+    pub fn forcing(mut self, name: Option<String>) -> Self {
+        self.forced = name;
+        self
     }
 
     /// Whether any call was emitted so far.
@@ -176,7 +186,7 @@ impl ToolCallStream {
         events.push(ToolEvent::Cut {
             index: self.emitted,
             id: self.ids.id(self.emitted),
-            name: cut.cut.name,
+            name: cut.cut.name.or_else(|| self.forced.clone()),
             arguments: cut.cut.arguments,
         });
         events
