@@ -26,8 +26,14 @@ impl Default for MatmatConfig {
 }
 
 impl Commands<'_> {
-    /// `Y = X · Wᵀ` with the default [`MatmatConfig`].
+    /// `Y = X · Wᵀ` with the default [`MatmatConfig`]; one row of `X` takes [`Commands::matvec`].
     pub fn matmat(&mut self, w: &GpuMatrix, x: &GpuVec, y: &GpuVec) -> Result<(), GpuError> {
+        // One row (a decode step of one sequence, the head's one wanted row): the matrix × vector
+        // kernel, which reads each weight once with every thread of a row on it — the decode kernel the
+        // GPU probe measures, so the planner's GPU speed is this path's.
+        if x.len() == w.cols() && y.len() == w.rows() {
+            return self.matvec(w, x, y);
+        }
         self.matmat_with(w, x, y, MatmatConfig::default())
     }
 
