@@ -42,10 +42,16 @@ impl GgufFacts {
     pub fn read(path: &Path, verbose: bool) -> Result<Self, ModelError> {
         let gguf = GgufFile::open(path)?;
         let content = gguf.content();
-        let parameter_count = content
-            .tensor_infos
+        // Every tensor of the file, those of types candle does not know (IQ, MXFP4) included.
+        let parameter_count = gguf
+            .tensors()
             .values()
-            .map(|t| t.shape.elem_count() as u64)
+            .map(|t| {
+                t.dims
+                    .iter()
+                    .map(|&d| d as u64)
+                    .fold(1u64, u64::saturating_mul)
+            })
             .fold(0u64, u64::saturating_add);
         let mut model_info = Map::new();
         let mut keys: Vec<&String> = content.metadata.keys().collect();
