@@ -131,7 +131,7 @@ impl ModelConfig {
         if head_dim == 0
             || !head_dim.is_multiple_of(2)
             || rope_dims > head_dim
-            || rope_dims % 2 != 0
+            || !rope_dims.is_multiple_of(2)
         {
             return Err(bad(format!(
                 "bad head size {head_dim} / rotary dims {rope_dims}"

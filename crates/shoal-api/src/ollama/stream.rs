@@ -472,7 +472,7 @@ mod tests {
         assert_eq!(text, "");
         assert_eq!(
             serde_json::to_value(&streamed).ok(),
-            serde_json::to_value(&calls_cut(&parser)).ok()
+            serde_json::to_value(calls_cut(&parser)).ok()
         );
     }
 
