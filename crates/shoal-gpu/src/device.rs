@@ -5,8 +5,8 @@ use std::sync::Mutex;
 
 use futures::executor::block_on;
 
-use crate::{GpuError, GpuMemory};
 use crate::pipelines::{Kernel, PipelineKey};
+use crate::{GpuError, GpuMemory};
 
 /// The backends shoal uses: Vulkan (Linux, Windows; the loader is opened at run time, never
 /// linked), Metal (macOS) and DX12 (Windows). GL and WebGPU are not built.
