@@ -80,26 +80,23 @@ pub fn gpu_info(f: &NodeFacts, card: &ModelCard, host_mem: u64) -> Option<GpuInf
     };
     let g = f.gpus.get(index)?;
     let mem_available = g.memory_free.or(g.memory_total).unwrap_or(host_mem);
-    let Some(c) = g.compute.as_ref().filter(|_| measured(g).is_some()) else {
+    let gpu = g
+        .compute
+        .as_ref()
+        .and_then(|c| Some((c, measured_decode_speed(c, card)?)));
+    let (speed, prefill_speed, costs) = match gpu {
+        Some((c, speed)) => (speed, prefill_speed(c, card), token_costs(c, card)),
         // Named but not measured: priced as the CPU.
-        let (speed, prefill_speed) = speeds(f, card);
-        let costs = token_costs(&f.compute, card);
-        return Some(GpuInfo {
-            index,
-            mem_available,
-            speed,
-            prefill_speed,
-            head_us: costs.head_us,
-            attention_us: costs.attention_us,
-            always,
-        });
+        None => {
+            let (speed, prefill_speed) = speeds(f, card);
+            (speed, prefill_speed, token_costs(&f.compute, card))
+        }
     };
-    let costs = token_costs(c, card);
     Some(GpuInfo {
         index,
         mem_available,
-        speed: measured(g)?,
-        prefill_speed: prefill_speed(c, card),
+        speed,
+        prefill_speed,
         head_us: costs.head_us,
         attention_us: costs.attention_us,
         always,

@@ -107,6 +107,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         rt.spawn_blocking(move || crate::gpus::discover_probe_and_log(device_choice, &cpu))
     };
     let cpu_compute = compute.clone();
+    let cards = model_cards(&store, local.as_ref());
+    // The served model's main weight type (its card comes first): what `--device auto` compares.
+    let weight_type = match local {
+        Some((ref id, _)) => cards
+            .iter()
+            .find(|c| &c.id == id)
+            .map(|c| c.weight_type.clone())
+            .unwrap_or_default(),
+        None => String::new(),
+    };
     rt.block_on(async move {
         let (cluster_key, peers) = crate::membership::cluster_key_and_peers(&cargs).await?;
         let peers = peers
@@ -129,7 +139,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             peers,
             mdns: !cargs.no_mdns,
             api_url: Some(format!("http://{addr}")),
-            models: model_cards(&store, local.as_ref()),
+            models: cards,
             backend: format!("cpu-{}", shoal_kernels::Backend::detect().name()),
         })
         .await
@@ -157,10 +167,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         let mut engine_config = engine_config;
         if device_choice == shoal_bench::DeviceChoice::Auto {
-            let weight_type = local
-                .as_ref()
-                .map(|(_, path)| crate::gpus::weight_type(path))
-                .unwrap_or_default();
             engine_config.device =
                 crate::gpus::resolve(device_choice, &weight_type, &cpu_compute, &gpus);
         }
