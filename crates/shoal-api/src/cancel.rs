@@ -233,7 +233,7 @@ pub fn parse_request_id(id: &str) -> Option<&str> {
 }
 
 /// The answer to a successful cancellation.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Cancellation {
     /// The id as the client gave it.
     pub id: String,

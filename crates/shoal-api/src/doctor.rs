@@ -16,7 +16,7 @@ const MAX_PINGS: usize = 1000;
 const MAX_TRANSFER_MS: u64 = 10_000;
 
 /// What a caller may change.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DoctorBody {
     pings: Option<usize>,

@@ -40,7 +40,7 @@ pub async fn list(State(state): State<ApiState>) -> Result<Json<Value>, ApiError
 }
 
 /// Body of `POST /downloads`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StartBody {
     model: String,

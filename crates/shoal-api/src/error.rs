@@ -167,12 +167,12 @@ impl ApiError {
 }
 
 /// `{"error": {...}}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     pub error: ErrorObject,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ErrorObject {
     pub message: String,
     #[serde(rename = "type")]

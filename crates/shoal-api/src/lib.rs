@@ -62,8 +62,10 @@ pub mod membership;
 pub mod metrics;
 pub mod ollama;
 pub mod openai;
+pub mod openapi;
 pub mod relayed;
 pub mod request_id;
+pub mod route_table;
 pub mod server;
 pub mod sse;
 
@@ -74,7 +76,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::post;
 use serde_json::{Value, json};
 use shoal_engine::{Engines, RequestStream};
 use tower_http::catch_panic::CatchPanicLayer;
@@ -82,6 +84,7 @@ use tower_http::trace::TraceLayer;
 
 use cancel::{Cancellations, LiveRequest};
 pub use error::ApiError;
+pub use route_table::Routes;
 pub use server::{ServeConfig, serve};
 
 /// The API's default port.
@@ -164,42 +167,9 @@ impl ApiState {
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.body_limit;
     let cors = state.origins.cors();
-    let generation = Router::new()
-        .route("/v1/chat/completions", post(openai::chat::chat_completions))
-        .route("/v1/completions", post(openai::completions::completions))
-        .route("/v1/embeddings", post(openai::embeddings::embeddings))
-        .route("/v1/responses", post(openai::responses::create_response))
-        .merge(anthropic::routes())
-        .merge(ollama::routes())
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            cluster::forward_to_driver,
-        ));
-    Router::new()
-        .merge(generation)
-        .merge(ollama::plain_routes())
-        .merge(dashboard::routes())
-        .route("/v1/cancel/{id}", post(cancel::cancel_request))
-        .route("/v1/models", get(openai::list_models))
-        .route("/v1/models/{*id}", get(openai::get_model))
-        .route("/health", get(health))
-        .route("/metrics", get(metrics::get_metrics))
-        .route("/state", get(cluster::get_state))
-        .route("/instance/previews", get(cluster::previews))
-        .route("/instance", post(cluster::create))
-        .route("/instance/{id}", axum::routing::delete(cluster::delete))
-        .route("/links/probe", post(cluster::probe_links))
-        .route("/doctor", post(doctor::doctor))
-        .route(
-            membership::ENROLL_PATH,
-            post(membership::enroll).layer(DefaultBodyLimit::max(membership::ENROLL_BODY_LIMIT)),
-        )
-        .route("/cluster/remove", post(membership::remove))
-        .route("/downloads", get(downloads::list).post(downloads::start))
-        .route(
-            "/downloads/{*model}",
-            axum::routing::delete(downloads::cancel),
-        )
+    routes(&state)
+        .into_router()
+        .merge(ollama::unknown_routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -228,6 +198,49 @@ pub fn router(state: ApiState) -> Router {
         .layer(CatchPanicLayer::custom(panicked))
         .layer(axum::middleware::from_fn(request_id::assign))
         .with_state(state)
+}
+
+/// Every route of the API, with the layers of some of them (generation requests go to their model's
+/// driver; enrolment bodies are small): the list the OpenAPI document is checked against.
+pub fn routes(state: &ApiState) -> Routes {
+    let generation = Routes::new()
+        .post("/v1/chat/completions", openai::chat::chat_completions)
+        .post("/v1/completions", openai::completions::completions)
+        .post("/v1/embeddings", openai::embeddings::embeddings)
+        .post("/v1/responses", openai::responses::create_response)
+        .merge(anthropic::routes())
+        .merge(ollama::routes())
+        .map(|r| {
+            r.route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                cluster::forward_to_driver,
+            ))
+        });
+    Routes::new()
+        .merge(generation)
+        .merge(ollama::plain_routes())
+        .merge(dashboard::routes())
+        .post("/v1/cancel/{id}", cancel::cancel_request)
+        .get("/v1/models", openai::list_models)
+        .get("/v1/models/{*id}", openai::get_model)
+        .get("/health", health)
+        .get("/metrics", metrics::get_metrics)
+        .get("/state", cluster::get_state)
+        .get("/instance/previews", cluster::previews)
+        .post("/instance", cluster::create)
+        .delete("/instance/{id}", cluster::delete)
+        .post("/links/probe", cluster::probe_links)
+        .post("/doctor", doctor::doctor)
+        .on(
+            "POST",
+            membership::ENROLL_PATH,
+            post(membership::enroll).layer(DefaultBodyLimit::max(membership::ENROLL_BODY_LIMIT)),
+        )
+        .post("/cluster/remove", membership::remove)
+        .get("/downloads", downloads::list)
+        .post("/downloads", downloads::start)
+        .delete("/downloads/{*model}", downloads::cancel)
+        .get("/openapi.json", openapi::openapi_json)
 }
 
 async fn health() -> Json<Value> {

@@ -76,7 +76,7 @@ fn id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '-' || c == '_'
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct RemoveNode {
     /// The node's id, the end of its id (6+ characters) or its name.
     node: String,

@@ -29,11 +29,9 @@ pub mod tools;
 pub mod types;
 
 use axum::Json;
-use axum::Router;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use shoal_engine::{FinishReason, SamplingParams};
 use shoal_guide::ToolCallParser;
 
@@ -44,6 +42,7 @@ use crate::cancel::Caller;
 pub use crate::dialect::anthropic::Error;
 use crate::error::ApiError;
 use crate::generate::{self, Chat, Started, collect};
+use crate::route_table::Routes;
 use crate::sse::stream_response;
 
 /// `type` of a message object.
@@ -54,10 +53,10 @@ const ROLE: &str = "assistant";
 const PROMPT_PARAM: &str = "messages";
 
 /// The generation routes (each takes a `model` in its body).
-pub fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/v1/messages", post(messages))
-        .route("/v1/messages/count_tokens", post(count_tokens))
+pub fn routes() -> Routes {
+    Routes::new()
+        .post("/v1/messages", messages)
+        .post("/v1/messages/count_tokens", count_tokens)
 }
 
 /// `POST /v1/messages`.

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// `POST /v1/messages` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = anthropic::MessagesRequest)]
 pub struct MessagesRequest {
     pub model: String,
     pub messages: Vec<InputMessage>,
@@ -38,13 +39,15 @@ pub struct MessagesRequest {
 }
 
 /// `output_config`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = anthropic::OutputConfig)]
 pub struct OutputConfig {
     pub format: Option<Value>,
 }
 
 /// `POST /v1/messages/count_tokens` body: a messages request without the generation knobs.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = anthropic::CountTokensRequest)]
 pub struct CountTokensRequest {
     pub model: String,
     pub messages: Vec<InputMessage>,
@@ -55,7 +58,8 @@ pub struct CountTokensRequest {
     pub output_config: Option<OutputConfig>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[schema(as = anthropic::Role)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     User,
@@ -72,14 +76,16 @@ impl Role {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = anthropic::InputMessage)]
 pub struct InputMessage {
     pub role: Role,
     pub content: Content,
 }
 
 /// Message or system content: a string or a list of content blocks.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = anthropic::Content)]
 #[serde(
     untagged,
     expecting = "expected a string or an array of content blocks"
@@ -91,7 +97,8 @@ pub enum Content {
 
 /// One content block as sent; which fields matter depends on `type` (`text`: `text`; `tool_use`:
 /// `id`, `name`, `input`; `tool_result`: `tool_use_id`, `content`, `is_error`).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[schema(as = anthropic::Block)]
 pub struct Block {
     #[serde(rename = "type")]
     pub kind: String,
@@ -106,7 +113,8 @@ pub struct Block {
 
 /// A tool the model may call. Anthropic's server tools (`web_search_…`, `bash_…`: a `type` other than
 /// `custom`) are refused by name in [`super::tools`].
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = anthropic::ToolIn)]
 pub struct ToolIn {
     #[serde(rename = "type")]
     pub kind: Option<String>,
@@ -116,7 +124,8 @@ pub struct ToolIn {
 }
 
 /// `tool_choice`: `{"type": "auto" | "any" | "tool" | "none", "name"?, "disable_parallel_tool_use"?}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = anthropic::ToolChoiceIn)]
 pub struct ToolChoiceIn {
     #[serde(rename = "type")]
     pub kind: String,
@@ -125,7 +134,8 @@ pub struct ToolChoiceIn {
 }
 
 /// `thinking`: extended thinking, `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = anthropic::Thinking)]
 pub struct Thinking {
     #[serde(rename = "type")]
     pub kind: String,
@@ -135,7 +145,8 @@ pub struct Thinking {
 // Responses
 
 /// `message`: the whole answer, also the (empty-content) payload of `message_start`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = anthropic::MessageOut)]
 pub struct MessageOut {
     pub id: String,
     #[serde(rename = "type")]
@@ -149,7 +160,8 @@ pub struct MessageOut {
 }
 
 /// A content block of the answer.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[schema(as = anthropic::ContentOut)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentOut {
     Text {
@@ -165,7 +177,8 @@ pub enum ContentOut {
 /// Token counts. Anthropic's `input_tokens` are the prompt tokens computed for this request; those whose
 /// KV came from shoal's prefix cache are `cache_read_input_tokens` (the prompt is their sum). Nothing is
 /// ever written to a cache on request, so `cache_creation_input_tokens` is 0.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[schema(as = anthropic::UsageOut)]
 pub struct UsageOut {
     pub input_tokens: u32,
     pub output_tokens: u32,
@@ -185,7 +198,8 @@ impl From<shoal_engine::Usage> for UsageOut {
 }
 
 /// `POST /v1/messages/count_tokens` answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = anthropic::TokenCount)]
 pub struct TokenCount {
     pub input_tokens: usize,
 }

@@ -19,14 +19,13 @@ pub mod snapshot;
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
 use futures::Stream;
 
+use crate::route_table::Routes;
 use crate::{ApiError, ApiState};
 
 const INDEX_HTML: &str = include_str!("index.html");
@@ -40,12 +39,12 @@ const CHECK_EVERY: Duration = Duration::from_millis(500);
 pub const OLLAMA_ROOT: &str = "Ollama is running";
 
 /// The dashboard's routes.
-pub fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/", get(root))
-        .route("/dashboard/app.js", get(app_js))
-        .route("/dashboard/style.css", get(style_css))
-        .route("/dashboard/events", get(events))
+pub fn routes() -> Routes {
+    Routes::new()
+        .get("/", root)
+        .get("/dashboard/app.js", app_js)
+        .get("/dashboard/style.css", style_css)
+        .get("/dashboard/events", events)
 }
 
 /// Whether the request comes from a browser navigating to the page.
@@ -135,11 +134,11 @@ fn feed(
                     f.tick.tick().await;
                 }
             }
-            let body = match crate::cluster::state_value(&f.state) {
-                Ok(v) => snapshot::build(&v, &mut f.rates, Instant::now()),
-                Err(e) => serde_json::json!({ "error": e.to_string() }),
+            let text = match crate::cluster::state_value(&f.state) {
+                Ok(v) => serde_json::to_string(&snapshot::build(&v, &mut f.rates, Instant::now()))
+                    .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }).to_string()),
+                Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
             };
-            let text = body.to_string();
             if text != f.last {
                 f.last.clone_from(&text);
                 return Some((Ok(SseEvent::default().data(text)), f));

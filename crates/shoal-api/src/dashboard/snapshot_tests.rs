@@ -1,4 +1,10 @@
 use super::*;
+use serde_json::json;
+
+/// The snapshot as the feed sends it: its JSON.
+fn snap(state: &Value, rates: &mut Rates, now: Instant) -> Value {
+    serde_json::to_value(build(state, rates, now)).unwrap()
+}
 
 /// A `/state` body of two nodes `a` (this node, driving instance `i1` over both) and `b`, shaped as the
 /// cluster writes it.
@@ -17,7 +23,8 @@ fn state(generated: u64) -> Value {
                               "compute": {"weight_bytes_per_s": {"q4_k": 1.5e9, "f16": 3e9}}}],
                     "addrs": ["/ip4/1.2.3.4"], "compute": {"flops_per_s": 1.0},
                     "memory": {"total": 1000, "available": 400, "pressure": 0.1, "used": 0.6},
-                    "cpu": {"load": 0.5, "temperature_c": 61.0},
+                    "cpu_load": 0.5, "temperature_c": 61.0, "power_w": null,
+                    "device": "auto", "started": 1700000000u64,
                     "models": [{"id": "m", "n_layers": 4, "layer_bytes": 10, "embed_bytes": 5,
                                 "head_bytes": 5, "context_length": 2048}],
                     "links": [{"peer": "b", "kind": "ethernet", "tx_bytes_per_s": 1500.0}],
@@ -50,7 +57,7 @@ fn state(generated: u64) -> Value {
 
 #[test]
 fn nodes_list_their_gpus_name_backend_memory_and_q4_k_rate_and_none_for_older_nodes() {
-    let s = build(&state(0), &mut Rates::default(), Instant::now());
+    let s = snap(&state(0), &mut Rates::default(), Instant::now());
     assert_eq!(
         s["nodes"][0]["gpus"],
         json!([{"name": "llvmpipe", "vendor": "Mesa", "device_type": "cpu", "backend": "vulkan",
@@ -64,30 +71,55 @@ fn nodes_list_their_gpus_name_backend_memory_and_q4_k_rate_and_none_for_older_no
 }
 
 #[test]
-fn nodes_keep_what_a_person_reads_and_any_new_fact() {
-    let s = build(&state(0), &mut Rates::default(), Instant::now());
+fn nodes_keep_what_a_person_reads_and_nothing_else() {
+    let s = snap(&state(0), &mut Rates::default(), Instant::now());
     let a = &s["nodes"][0];
     assert_eq!(a["name"], "alpha");
     assert_eq!(a["me"], true);
     assert_eq!(a["coordinator"], false);
     assert_eq!(s["nodes"][1]["coordinator"], true);
     assert_eq!(a["memory"]["used"], 0.6);
-    assert_eq!(
-        a["cpu"]["temperature_c"], 61.0,
-        "facts added later pass through"
-    );
+    assert_eq!(a["temperature_c"], 61.0);
+    assert_eq!(a["cpu_load"], 0.5);
+    assert_eq!(a["device"], "auto");
     assert_eq!(
         (a["running"].as_u64(), a["queued"].as_u64()),
         (Some(1), Some(2))
     );
-    for hidden in HIDDEN_NODE_FIELDS {
-        assert!(a.get(hidden).is_none(), "{hidden} is not sent");
-    }
+    // Exactly the fields of `NodeView`: what the page reads, nothing large or internal.
+    let keys: Vec<&str> = a.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "id",
+            "name",
+            "api_url",
+            "memory",
+            "cpu_cores",
+            "cpu_load",
+            "temperature_c",
+            "power_w",
+            "accelerator",
+            "backend",
+            "gpus",
+            "device",
+            "started",
+            "me",
+            "coordinator",
+            "running",
+            "queued",
+            "tok_s"
+        ]
+    );
+    // A node that published fewer facts (an older one) still has every field, null where unknown.
+    let b = &s["nodes"][1];
+    assert!(b["api_url"].is_null() && b["temperature_c"].is_null());
+    assert_eq!(b["cpu_cores"], 4);
 }
 
 #[test]
 fn links_carry_both_directions_live_bytes() {
-    let s = build(&state(0), &mut Rates::default(), Instant::now());
+    let s = snap(&state(0), &mut Rates::default(), Instant::now());
     let l = &s["links"][0];
     assert_eq!(l["kind"], "ethernet");
     assert_eq!(l["rtt_us"], 250.0);
@@ -97,7 +129,7 @@ fn links_carry_both_directions_live_bytes() {
 
 #[test]
 fn instances_show_each_stage_and_its_progress() {
-    let s = build(&state(0), &mut Rates::default(), Instant::now());
+    let s = snap(&state(0), &mut Rates::default(), Instant::now());
     let i = &s["instances"][0];
     assert_eq!(i["status"], "loading");
     assert_eq!(i["predicted_tok_s"], 40.0);
@@ -121,7 +153,7 @@ fn instances_show_each_stage_and_its_progress() {
 
 #[test]
 fn downloads_name_their_node_and_models_not_complete_anywhere_are_offline() {
-    let s = build(&state(0), &mut Rates::default(), Instant::now());
+    let s = snap(&state(0), &mut Rates::default(), Instant::now());
     let d = &s["downloads"][0];
     assert_eq!(
         (d["node"].as_str(), d["done"].as_u64()),
@@ -140,16 +172,51 @@ fn downloads_name_their_node_and_models_not_complete_anywhere_are_offline() {
 fn a_nodes_tok_s_is_the_rate_of_its_generated_tokens() {
     let mut rates = Rates::default();
     let t0 = Instant::now();
-    let s = build(&state(100), &mut rates, t0);
+    let s = snap(&state(100), &mut rates, t0);
     assert_eq!(s["nodes"][0]["tok_s"], 0.0, "one sample is no rate");
-    let s = build(&state(150), &mut rates, t0 + Duration::from_secs(2));
+    let s = snap(&state(150), &mut rates, t0 + Duration::from_secs(2));
     assert_eq!(s["nodes"][0]["tok_s"], 25.0);
     // Idle for longer than the window: the rate falls to zero.
-    let s = build(&state(150), &mut rates, t0 + Duration::from_secs(6));
-    let s2 = build(&state(150), &mut rates, t0 + Duration::from_secs(10));
+    let s = snap(&state(150), &mut rates, t0 + Duration::from_secs(6));
+    let s2 = snap(&state(150), &mut rates, t0 + Duration::from_secs(10));
     assert!(s["nodes"][0]["tok_s"].as_f64().unwrap() < 25.0);
     assert_eq!(s2["nodes"][0]["tok_s"], 0.0);
     // A total that went down (an instance removed) starts again instead of a negative rate.
-    let s = build(&state(10), &mut rates, t0 + Duration::from_secs(11));
+    let s = snap(&state(10), &mut rates, t0 + Duration::from_secs(11));
     assert_eq!(s["nodes"][0]["tok_s"], 0.0);
+}
+
+#[test]
+fn links_instances_downloads_and_models_are_the_json_the_page_reads() {
+    let s = snap(&state(0), &mut Rates::default(), Instant::now());
+    assert_eq!(
+        (s["node"].as_str(), s["coordinator"].as_str()),
+        (Some("a"), Some("b"))
+    );
+    assert_eq!(
+        s["links"],
+        json!([{"a": "a", "b": "b", "kind": "ethernet", "rtt_us": 250.0, "bandwidth_bps": 1e8,
+                "a_to_b_bytes_per_s": 1500.0, "b_to_a_bytes_per_s": 300.0}])
+    );
+    assert_eq!(
+        s["instances"],
+        json!([{"id": "i1", "model": "m", "status": "loading", "stages": [
+                   {"node": "a", "start": 0, "end": 2, "gpu": {"index": 0, "layers": 1},
+                    "state": "ready", "done": null, "needed": null, "error": null},
+                   {"node": "b", "start": 2, "end": 4, "gpu": null,
+                    "state": "downloading", "done": 3, "needed": 9, "error": null}],
+                "predicted_tok_s": 40.0, "measured": {"running": 1, "finished": 3}}])
+    );
+    assert_eq!(
+        s["downloads"],
+        json!([{"model": "big", "state": "running", "needed": 100, "done": 25, "file_size": 100,
+                "bytes_per_s": 5.0, "eta_s": 15.0, "refused_chunks": 0, "error": null, "node": "a"}])
+    );
+    assert_eq!(
+        s["models"],
+        json!([{"id": "big", "online": false, "nodes": [], "layers": null, "bytes": null,
+                "context_length": null},
+               {"id": "m", "online": true, "nodes": ["a"], "layers": 4, "bytes": 50,
+                "context_length": 2048}])
+    );
 }

@@ -11,12 +11,9 @@ fn get(uri: &str, accept: Option<&str>) -> Request<Body> {
     b.body(Body::empty()).expect("request")
 }
 
-async fn call(
-    router: Router<ApiState>,
-    state: ApiState,
-    req: Request<Body>,
-) -> (StatusCode, String, String) {
-    let r = router
+async fn call(routes: Routes, state: ApiState, req: Request<Body>) -> (StatusCode, String, String) {
+    let r = routes
+        .into_router()
         .with_state(state)
         .oneshot(req)
         .await

@@ -41,14 +41,16 @@ impl From<shoal_engine::EngineError> for Error {
 }
 
 /// `{"type": "error", "error": {...}}`, also the payload of a stream's `error` event.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = anthropic::ErrorBody)]
 pub struct ErrorBody {
     #[serde(rename = "type")]
     pub kind: &'static str,
     pub error: ErrorObject,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = anthropic::ErrorObject)]
 pub struct ErrorObject {
     #[serde(rename = "type")]
     pub kind: &'static str,

@@ -23,7 +23,8 @@ use crate::ApiState;
 use crate::error::ApiError;
 
 /// `POST /api/embed` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = ollama::EmbedRequest)]
 pub struct EmbedRequest {
     #[serde(default)]
     pub model: String,
@@ -35,7 +36,8 @@ pub struct EmbedRequest {
 }
 
 /// `input`: one text or several.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = ollama::EmbedInput)]
 #[serde(untagged, expecting = "expected a string or an array of strings")]
 pub enum EmbedInput {
     One(String),
@@ -43,7 +45,8 @@ pub enum EmbedInput {
 }
 
 /// `POST /api/embeddings` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = ollama::EmbeddingsRequest)]
 pub struct EmbeddingsRequest {
     #[serde(default)]
     pub model: String,
@@ -52,7 +55,8 @@ pub struct EmbeddingsRequest {
     pub keep_alive: Option<KeepAlive>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::EmbedResponse)]
 pub struct EmbedResponse {
     pub model: String,
     pub embeddings: Vec<Vec<f32>>,
@@ -61,7 +65,8 @@ pub struct EmbedResponse {
     pub prompt_eval_count: u32,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::EmbeddingsResponse)]
 pub struct EmbeddingsResponse {
     pub embedding: Vec<f32>,
 }

@@ -44,34 +44,40 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::Json;
 use axum::Router;
 use axum::http::{Method, Uri, header};
-use axum::routing::{any, delete, get, post};
+use axum::routing::any;
 use serde_json::json;
 
 use crate::ApiState;
 use crate::error::ApiError;
+use crate::route_table::Routes;
 
 /// The generation routes (their JSON body names a `model`; the cluster forwards them to its driver).
-pub fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/api/chat", post(generate::chat))
-        .route("/api/generate", post(generate::generate))
-        .route("/api/embed", post(embed::embed))
-        .route("/api/embeddings", post(embed::embeddings))
-        .route_layer(axum::middleware::map_request(json_body))
+pub fn routes() -> Routes {
+    Routes::new()
+        .post("/api/chat", generate::chat)
+        .post("/api/generate", generate::generate)
+        .post("/api/embed", embed::embed)
+        .post("/api/embeddings", embed::embeddings)
+        .map(|r| r.route_layer(axum::middleware::map_request(json_body)))
 }
 
 /// The routes without a model to forward by.
-pub fn plain_routes() -> Router<ApiState> {
-    Router::new()
-        .route("/api/tags", get(models::tags))
-        .route("/api/ps", get(models::ps))
+pub fn plain_routes() -> Routes {
+    Routes::new()
+        .get("/api/tags", models::tags)
+        .get("/api/ps", models::ps)
         // Answered from this node's store and the cluster's model cards: showing a model never places it.
-        .route("/api/show", post(models::show))
-        .route("/api/delete", delete(models::delete))
-        .route("/api/pull", post(pull::pull))
-        .route("/api/version", get(version))
-        .route_layer(axum::middleware::map_request(json_body))
-        .route("/api/{*rest}", any(unknown_route))
+        .post("/api/show", models::show)
+        .delete("/api/delete", models::delete)
+        .post("/api/pull", pull::pull)
+        .get("/api/version", version)
+        .map(|r| r.route_layer(axum::middleware::map_request(json_body)))
+}
+
+/// Ollama's answer to every other `/api/…` path and method: a 404 in its shape (a fallback, not a
+/// route of the API: it is in no list of routes).
+pub fn unknown_routes() -> Router<ApiState> {
+    Router::new().route("/api/{*rest}", any(unknown_route))
 }
 
 /// Ollama reads every body as JSON whatever its `Content-Type` (its own docs send `curl -d '{…}'`, which

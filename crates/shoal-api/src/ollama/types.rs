@@ -12,7 +12,8 @@ use crate::error::ApiError;
 use crate::openai::types::StopInput;
 
 /// `POST /api/chat` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = ollama::ChatRequest)]
 pub struct ChatRequest {
     #[serde(default)]
     pub model: String,
@@ -28,7 +29,8 @@ pub struct ChatRequest {
 }
 
 /// One chat message.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = ollama::MessageIn)]
 pub struct MessageIn {
     pub role: String,
     pub content: Option<String>,
@@ -41,7 +43,8 @@ pub struct MessageIn {
 }
 
 /// `POST /api/generate` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = ollama::GenerateRequest)]
 pub struct GenerateRequest {
     #[serde(default)]
     pub model: String,
@@ -63,7 +66,8 @@ pub struct GenerateRequest {
 
 /// `keep_alive`: a duration string (`"5m"`, `"-1"`) or a number of seconds. Accepted and not acted on:
 /// shoal keeps a placed model loaded until its instance is removed.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = ollama::KeepAlive)]
 #[serde(
     untagged,
     expecting = "expected a duration string or a number of seconds"
@@ -76,7 +80,8 @@ pub enum KeepAlive {
 /// `options`: the Modelfile parameters a request may set. Unknown keys are ignored, as Ollama does;
 /// options that only tune loading or the hardware (`num_gpu`, `num_thread`, `use_mmap`, …) are ignored
 /// too, since shoal sizes those itself.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[schema(as = ollama::Options)]
 pub struct Options {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
@@ -96,7 +101,8 @@ pub struct Options {
 }
 
 /// `POST /api/show`, `DELETE /api/delete` bodies (`name` is the older spelling of `model`).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = ollama::ModelRequest)]
 pub struct ModelRequest {
     pub model: Option<String>,
     pub name: Option<String>,
@@ -123,7 +129,8 @@ pub fn required_model(model: Option<&str>, name: Option<&str>) -> Result<String,
 }
 
 /// `POST /api/pull` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = ollama::PullRequest)]
 pub struct PullRequest {
     pub model: Option<String>,
     pub name: Option<String>,
@@ -139,7 +146,8 @@ impl PullRequest {
 }
 
 /// A chat answer (one NDJSON line when streaming, the whole answer otherwise).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::ChatResponse)]
 pub struct ChatResponse {
     pub model: String,
     pub created_at: String,
@@ -151,7 +159,8 @@ pub struct ChatResponse {
     pub logprobs: Option<Vec<Logprob>>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::MessageOut)]
 pub struct MessageOut {
     pub role: &'static str,
     pub content: String,
@@ -160,13 +169,15 @@ pub struct MessageOut {
 }
 
 /// A call in `message.tool_calls`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::OllamaToolCall)]
 pub struct OllamaToolCall {
     pub id: String,
     pub function: OllamaFunction,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::OllamaFunction)]
 pub struct OllamaFunction {
     /// The call's place among the answer's calls.
     pub index: usize,
@@ -176,7 +187,8 @@ pub struct OllamaFunction {
 }
 
 /// A generate answer (one NDJSON line when streaming, the whole answer otherwise).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::GenerateResponse)]
 pub struct GenerateResponse {
     pub model: String,
     pub created_at: String,
@@ -189,14 +201,16 @@ pub struct GenerateResponse {
 }
 
 /// What the last object of an answer adds: why it ended and what it took (durations in nanoseconds).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::Ending)]
 pub struct Ending {
     pub done_reason: &'static str,
     #[serde(flatten)]
     pub metrics: Option<Metrics>,
 }
 
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::Metrics)]
 pub struct Metrics {
     pub total_duration: u64,
     pub load_duration: u64,
@@ -208,7 +222,8 @@ pub struct Metrics {
 
 /// A sampled token's log-probability (`logprobs: true`), with the most likely alternatives
 /// (`top_logprobs`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::Logprob)]
 pub struct Logprob {
     pub token: String,
     pub logprob: f32,
@@ -218,7 +233,8 @@ pub struct Logprob {
 }
 
 /// One of the most likely tokens at a position.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::TokenLogprob)]
 pub struct TokenLogprob {
     pub token: String,
     pub logprob: f32,
@@ -226,7 +242,8 @@ pub struct TokenLogprob {
 }
 
 /// `details` of a model in `/api/tags`, `/api/ps` and `/api/show`.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::ModelDetails)]
 pub struct ModelDetails {
     pub parent_model: String,
     pub format: String,
@@ -237,7 +254,8 @@ pub struct ModelDetails {
 }
 
 /// One model of `GET /api/tags`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::ListedModel)]
 pub struct ListedModel {
     pub name: String,
     pub model: String,
@@ -248,7 +266,8 @@ pub struct ListedModel {
 }
 
 /// One model of `GET /api/ps`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::RunningModel)]
 pub struct RunningModel {
     pub name: String,
     pub model: String,
@@ -261,7 +280,8 @@ pub struct RunningModel {
 }
 
 /// `POST /api/show` answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::ShowResponse)]
 pub struct ShowResponse {
     pub modelfile: String,
     pub parameters: String,
@@ -273,7 +293,8 @@ pub struct ShowResponse {
 }
 
 /// One line of `POST /api/pull` progress.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::Progress)]
 pub struct Progress {
     pub status: String,
     #[serde(skip_serializing_if = "Option::is_none")]

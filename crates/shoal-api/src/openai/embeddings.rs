@@ -27,7 +27,7 @@ pub use shoal_engine::embed::MAX_INPUTS;
 const INPUT_PARAM: &str = "input";
 
 /// `POST /v1/embeddings` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingRequest {
     pub input: PromptInput,
     pub model: Option<String>,
@@ -36,7 +36,7 @@ pub struct EmbeddingRequest {
 }
 
 /// The answer: `{"object": "list", "data": [...], "model", "usage"}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EmbeddingList {
     pub object: &'static str,
     pub data: Vec<EmbeddingObject>,
@@ -44,7 +44,7 @@ pub struct EmbeddingList {
     pub usage: EmbeddingUsage,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EmbeddingObject {
     pub object: &'static str,
     pub index: usize,
@@ -52,14 +52,14 @@ pub struct EmbeddingObject {
 }
 
 /// A vector as floats, or as the base64 of its little-endian f32 bytes.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Vector {
     Float(Vec<f32>),
     Base64(String),
 }
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, utoipa::ToSchema)]
 pub struct EmbeddingUsage {
     pub prompt_tokens: u32,
     pub total_tokens: u32,

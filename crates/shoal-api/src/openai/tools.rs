@@ -223,7 +223,7 @@ pub fn tool_result(
 }
 
 /// A call as OpenAI writes it in a message, and (with `index`) in a stream delta.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ToolCallJson {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub index: Option<usize>,
@@ -233,7 +233,7 @@ pub struct ToolCallJson {
     pub function: FunctionCallJson,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct FunctionCallJson {
     pub name: String,
     pub arguments: String,

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/chat/completions` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ChatRequest {
     pub messages: Vec<ChatMessageIn>,
     pub model: Option<String>,
@@ -51,7 +51,7 @@ pub struct ChatRequest {
 /// Documented request fields shoal does not implement; each is a 400 naming it when set to anything
 /// that would change the answer (`null`, `{}`, `[]`, `["text"]` modalities and `medium` verbosity are
 /// what a client sends by default and pass).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 pub struct Unimplemented {
     pub logit_bias: Option<serde_json::Value>,
     pub audio: Option<serde_json::Value>,
@@ -65,14 +65,14 @@ pub struct Unimplemented {
 }
 
 /// One entry of `tools`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ToolIn {
     #[serde(rename = "type")]
     pub kind: String,
     pub function: FunctionIn,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct FunctionIn {
     pub name: String,
     pub description: Option<String>,
@@ -81,7 +81,7 @@ pub struct FunctionIn {
 }
 
 /// One of an assistant message's `tool_calls`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ToolCallIn {
     pub id: Option<String>,
     #[serde(rename = "type")]
@@ -89,7 +89,7 @@ pub struct ToolCallIn {
     pub function: FunctionCallIn,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct FunctionCallIn {
     pub name: String,
     /// JSON text (OpenAI's shape); an object is taken too.
@@ -97,7 +97,7 @@ pub struct FunctionCallIn {
 }
 
 /// `POST /v1/completions` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct CompletionRequest {
     pub prompt: PromptInput,
     pub model: Option<String>,
@@ -128,7 +128,7 @@ pub struct CompletionRequest {
     pub logit_bias: Option<serde_json::Value>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
     /// shoal's own: while the prompt is processed, SSE comments `: prefill {"done":N,"total":M}`
@@ -137,7 +137,7 @@ pub struct StreamOptions {
 }
 
 /// `stop`: one string or a list of them.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged, expecting = "expected a string or an array of strings")]
 pub enum StopInput {
     One(String),
@@ -154,7 +154,7 @@ impl StopInput {
 }
 
 /// `prompt` of `/v1/completions`: text, token ids, or a batch of either (only batches of one are served).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(
     untagged,
     expecting = "expected a string, an array of strings, an array of token ids or an array of token-id arrays"
@@ -166,7 +166,7 @@ pub enum PromptInput {
     TokenBatches(Vec<Vec<u32>>),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     System,
@@ -190,7 +190,7 @@ impl Role {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ChatMessageIn {
     pub role: Role,
     /// `null` is allowed (assistant turns that only carried tool calls) and reads as empty text.
@@ -205,14 +205,14 @@ pub struct ChatMessageIn {
 }
 
 /// Message content: a string or a list of typed parts.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged, expecting = "expected a string or an array of content parts")]
 pub enum MessageContent {
     Text(String),
     Parts(Vec<ContentPart>),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
@@ -222,7 +222,7 @@ pub struct ContentPart {
 // ---------------------------------------------------------------------------------------------------
 // Responses
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, utoipa::ToSchema)]
 pub struct UsageOut {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
@@ -230,7 +230,7 @@ pub struct UsageOut {
     pub prompt_tokens_details: PromptTokensDetails,
 }
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, utoipa::ToSchema)]
 pub struct PromptTokensDetails {
     pub cached_tokens: u32,
 }
@@ -249,7 +249,7 @@ impl From<shoal_engine::Usage> for UsageOut {
 }
 
 /// `chat.completion`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ChatCompletion {
     pub id: String,
     pub object: &'static str,
@@ -260,7 +260,7 @@ pub struct ChatCompletion {
     pub usage: UsageOut,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
@@ -268,7 +268,7 @@ pub struct ChatChoice {
     pub finish_reason: &'static str,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct AssistantMessage {
     pub role: &'static str,
     /// `null` when the answer is only tool calls.
@@ -278,7 +278,7 @@ pub struct AssistantMessage {
 }
 
 /// `chat.completion.chunk`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ChatChunk {
     pub id: String,
     pub object: &'static str,
@@ -290,7 +290,7 @@ pub struct ChatChunk {
     pub usage: Option<UsageOut>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ChatChunkChoice {
     pub index: u32,
     pub delta: Delta,
@@ -298,7 +298,7 @@ pub struct ChatChunkChoice {
     pub finish_reason: Option<&'static str>,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct Delta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
@@ -310,12 +310,12 @@ pub struct Delta {
 }
 
 /// Chat log-probabilities: each sampled token's own and its `top_logprobs` alternatives (when asked).
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct ChatLogprobs {
     pub content: Vec<TokenLogprob>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TokenLogprob {
     /// The text this token made decodable (may be empty inside a multi-byte character).
     pub token: String,
@@ -324,7 +324,7 @@ pub struct TokenLogprob {
     pub top_logprobs: Vec<TopLogprob>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TopLogprob {
     pub token: String,
     pub logprob: f32,
@@ -332,7 +332,7 @@ pub struct TopLogprob {
 }
 
 /// `text_completion`, also the shape of its stream chunks.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TextCompletion {
     pub id: String,
     pub object: &'static str,
@@ -344,7 +344,7 @@ pub struct TextCompletion {
     pub usage: Option<UsageOut>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TextChoice {
     pub index: u32,
     pub text: String,
@@ -354,7 +354,7 @@ pub struct TextChoice {
 
 /// Legacy completion log-probabilities: the sampled tokens' own, and with `logprobs: k > 0` one
 /// `{token text: logprob}` object per token (`null` for `logprobs: 0`).
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct TextLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<f32>,
@@ -363,13 +363,13 @@ pub struct TextLogprobs {
 }
 
 /// `GET /v1/models`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<ModelObject>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ModelObject {
     pub id: String,
     pub object: &'static str,

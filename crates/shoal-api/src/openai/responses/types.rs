@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// `POST /v1/responses`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 pub struct ResponsesRequest {
     pub model: Option<String>,
     pub input: Option<Input>,
@@ -43,7 +43,7 @@ pub struct ResponsesRequest {
 }
 
 /// `input`: a plain string (one user message) or a list of items.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Input {
     Text(String),
@@ -51,7 +51,7 @@ pub enum Input {
 }
 
 /// `text`: how the output is shaped.
-#[derive(Debug, Default, Deserialize, Serialize, Clone)]
+#[derive(Debug, Default, Deserialize, Serialize, Clone, utoipa::ToSchema)]
 pub struct TextConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<Value>,
@@ -60,7 +60,7 @@ pub struct TextConfig {
 }
 
 /// The `response` object.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ResponseObject {
     pub id: String,
     pub object: &'static str,
@@ -88,7 +88,7 @@ pub struct ResponseObject {
     pub metadata: Value,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ResponseUsage {
     pub input_tokens: u32,
     pub input_tokens_details: Value,
