@@ -64,6 +64,10 @@ class Expectations:
             counts[outcome] = counts.get(outcome, 0) + 1
             if outcome == "skipped" and nodeid in self.extra_skipped:
                 counts["skipped_unlisted"] = counts.get("skipped_unlisted", 0) + 1
+        by_file: "dict[str, dict[str, int]]" = {}  # the same counts per test file
+        for nodeid, outcome in self.outcomes.items():
+            file = by_file.setdefault(nodeid.split("::")[0], {})
+            file[outcome] = file.get(outcome, 0) + 1
         write = terminalreporter.write_line
         write("")
         unlisted = counts.get("skipped_unlisted")
@@ -78,6 +82,7 @@ class Expectations:
             write(f"   list entry that matched no test: {p}")
         summary = os.environ.get("SHOAL_CONFORMANCE_SUMMARY")
         if summary:
-            Path(summary).write_text(json.dumps({"title": self.title, "counts": counts, "defects": {
-                nodeid: {"reason": reason, "outcome": self.outcomes.get(nodeid, "not run")}
-                for nodeid, reason in self.defect_items.items()}}))
+            Path(summary).write_text(json.dumps({
+                "title": self.title, "counts": counts, "files": by_file, "defects": {
+                    nodeid: {"reason": reason, "outcome": self.outcomes.get(nodeid, "not run")}
+                    for nodeid, reason in self.defect_items.items()}}))

@@ -1,7 +1,8 @@
 """The conformance step of scripts/test: llama.cpp's server test suite (fetched, see suite.py) through
-llama_adapter.py, then the client-library tests of this folder, each against a real `shoal serve`
-($SHOAL_BIN, the default test model); prints both runs' counts and the known shoal defects, and fails when
-a test fails. Extra arguments go to both pytest runs (e.g. `-x`, `-k name`)."""
+llama_adapter.py, then the client-library tests of this folder (litellm, LangChain, the `llm` CLI, Vercel's
+AI SDK), each against a real `shoal serve` ($SHOAL_BIN, the default test model); prints both runs' counts,
+each test file's, and the known shoal defects, and fails when a test fails. Extra arguments go to both pytest
+runs (e.g. `-x`, `-k name`)."""
 
 import json
 import os
@@ -48,6 +49,9 @@ def main(extra: "list[str]") -> int:
               f"{c.get('failed', 0)} failed, "
               f"{c.get('xfailed', 0) + c.get('xpassed', 0)} known shoal defects (issue 28)"
               + ("" if rc == 0 else f" — pytest exited with {rc}"))
+        for file, fc in sorted(result.get("files", {}).items()):
+            print(f"      {file}: {fc.get('passed', 0)} passed, {fc.get('skipped', 0)} skipped, "
+                  f"{fc.get('failed', 0)} failed, {fc.get('xfailed', 0) + fc.get('xpassed', 0)} known defects")
         for nodeid, defect in sorted(result.get("defects", {}).items()):
             print(f"      known shoal defect [{defect['outcome']}] {nodeid}: {defect['reason']}")
         failed |= rc != 0

@@ -1,0 +1,117 @@
+// Vercel's AI SDK against a real shoal: generateText, streamText, generateObject and generateText's
+// Output.object (a zod schema), and one tool-calling step (a zod input schema), through three providers:
+// the OpenAI-compatible one (/v1/chat/completions), Anthropic's (/v1/messages) and the Ollama community
+// provider (/api/chat). Usage: `node calls.mjs <shoal url> <model id>`. Prints one JSON object per call
+// on its own line ({provider, call, ...what came back} or {provider, call, error}); the assertions are
+// test_ai_sdk.py's, which runs this from an install of package.json outside the repository.
+import { createAnthropic } from '@ai-sdk/anthropic';
+import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
+import { Output, generateObject, generateText, streamText, tool } from 'ai';
+import { createOllama } from 'ollama-ai-provider-v2';
+import { z } from 'zod';
+
+globalThis.AI_SDK_LOG_WARNINGS = false; // each result carries its warnings
+
+const [url, modelId] = process.argv.slice(2);
+if (!url || !modelId) {
+  console.error('usage: node calls.mjs <shoal url> <model id>');
+  process.exit(2);
+}
+
+const PROMPT = 'What is the capital of France?';
+const TOOL_PROMPT = 'What is the weather in Paris?';
+const STRUCTURED_PROMPT = 'John is 30 years old. Extract the person.';
+const MAX_TOKENS = 48;
+
+const providers = {
+  openai_compatible: createOpenAICompatible({
+    name: 'shoal', baseURL: `${url}/v1`, apiKey: 'none', supportsStructuredOutputs: true, includeUsage: true,
+  }).chatModel(modelId),
+  anthropic: createAnthropic({ baseURL: `${url}/v1`, apiKey: 'none' })(modelId),
+  ollama: createOllama({ baseURL: `${url}/api` })(modelId),
+};
+// Ollama's API has no way to force a call; the other two take AI SDK's `toolChoice: 'required'`.
+const forcesTools = { openai_compatible: true, anthropic: true, ollama: false };
+
+// The Ollama provider writes temperature and maxOutputTokens as top-level fields of /api/chat, where
+// Ollama's API has none (Ollama ignores them, as shoal does): its own options go in providerOptions.
+function settings(provider, maxTokens = MAX_TOKENS) {
+  const ollama = { ollama: { options: { temperature: 0, num_predict: maxTokens } } };
+  return {
+    temperature: 0, maxOutputTokens: maxTokens, maxRetries: 0,
+    ...(provider === 'ollama' ? { providerOptions: ollama } : {}),
+  };
+}
+
+function usage(u) {
+  return { inputTokens: u?.inputTokens ?? null, outputTokens: u?.outputTokens ?? null };
+}
+
+const calls = {
+  async generateText(model, provider) {
+    const r = await generateText({ model, prompt: PROMPT, ...settings(provider) });
+    return { text: r.text, finishReason: r.finishReason, usage: usage(r.usage), warnings: r.warnings };
+  },
+  async streamText(model, provider) {
+    const r = streamText({ model, system: 'Answer in one sentence.', prompt: PROMPT, ...settings(provider) });
+    const chunks = [];
+    for await (const chunk of r.textStream) chunks.push(chunk);
+    return {
+      chunks: chunks.length, text: chunks.join(''), finishReason: await r.finishReason,
+      usage: usage(await r.usage),
+    };
+  },
+  async generateObject(model, provider) {
+    const r = await generateObject({
+      model, prompt: STRUCTURED_PROMPT, schema: z.object({ name: z.string(), age: z.number().int() }),
+      ...settings(provider, 64),
+    });
+    return { object: r.object, finishReason: r.finishReason, usage: usage(r.usage), warnings: r.warnings };
+  },
+  // AI SDK 7's successor of generateObject: generateText with an output setting.
+  async outputObject(model, provider) {
+    const r = await generateText({
+      model, prompt: STRUCTURED_PROMPT, ...settings(provider, 64),
+      output: Output.object({ schema: z.object({ name: z.string(), age: z.number().int() }) }),
+    });
+    return { object: r.output, finishReason: r.finishReason, usage: usage(r.usage), warnings: r.warnings };
+  },
+  async tools(model, provider) {
+    const executed = [];
+    const r = await generateText({
+      model, prompt: TOOL_PROMPT, ...settings(provider, 64),
+      tools: {
+        GetWeather: tool({
+          description: 'Get the current weather of a city.',
+          inputSchema: z.object({ city: z.string().describe('the city') }),
+          execute: async ({ city }) => {
+            executed.push(city);
+            return `It is sunny in ${city}.`;
+          },
+        }),
+      },
+      ...(forcesTools[provider] ? { toolChoice: 'required' } : {}),
+    });
+    return {
+      forced: forcesTools[provider], text: r.text, finishReason: r.finishReason, steps: r.steps.length,
+      toolCalls: r.toolCalls.map((c) => ({ toolName: c.toolName, toolCallId: c.toolCallId, input: c.input })),
+      toolResults: r.toolResults.map((t) => ({ toolName: t.toolName, output: t.output })),
+      executed, warnings: r.warnings,
+    };
+  },
+};
+
+for (const [provider, model] of Object.entries(providers)) {
+  for (const [call, run] of Object.entries(calls)) {
+    const started = Date.now();
+    let line;
+    try {
+      line = { provider, call, ...(await run(model, provider)) };
+    } catch (e) {
+      line = { provider, call, error: `${e?.name}: ${e?.message}`, cause: e?.cause ? String(e.cause) : undefined,
+        responseBody: e?.responseBody ?? e?.lastError?.responseBody, text: e?.text };
+    }
+    line.ms = Date.now() - started;
+    console.log(JSON.stringify(line));
+  }
+}
