@@ -82,7 +82,7 @@
 //! 2. `acts` (the [`Activations`] buffer and its layout) and `gemm` (one matmul's checked operands,
 //!    which the row kernels read and write through), and `iq` (the IQ formats' lookup grids,
 //!    generated from the `gguf` package's tables by `scripts/fixtures/iq_grids.py`, and their
-//!    portable decoding);
+//!    portable decoding; [`iq_tables`] hands the tables to shoal-gpu);
 //! 3. the kernels: [`scalar`] (the reference: per-format decoders, dequantization, dots and the
 //!    scalar matmul rows) and `x86` (AVX2/AVX-VNNI: `kernels` for the 32-value formats, `kquants`
 //!    for the K-quants and `Q8_K` quantization, `iq` for the IQ formats, `plain` for
@@ -120,6 +120,7 @@ pub use acts::Activations;
 pub use backend::{Backend, vec_dot, vec_dot_with};
 pub use error::KernelError;
 pub use format::{ActType, Layout, QK, QK_K, QType, row_bytes};
+pub use iq::{IqTables, iq_tables};
 pub use matmul::{QMatrix, matmul, matmul_quantized, matmul_quantized_with};
 pub use packed::PackedMatrix;
 pub use pool::{Parallel, RayonCurrent, ThreadPool};

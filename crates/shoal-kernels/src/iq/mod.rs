@@ -25,6 +25,42 @@ use grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS, KVALUES_IQ4NL,
 };
 
+/// The lookup tables of the IQ formats and `MXFP4` as other back ends read them (shoal-gpu uploads
+/// them to the device once): the very tables of [`grids`], so there is one source of truth.
+#[derive(Debug, Clone, Copy)]
+pub struct IqTables {
+    /// `IQ4_NL` / `IQ4_XS`: the 16 non-linear 4-bit values.
+    pub kvalues_iq4nl: &'static [i8; 16],
+    /// `MXFP4`: the 16 E2M1 values doubled (the E8M0 scale taken as `2^(e - 128)`, its half).
+    pub kvalues_mxfp4: &'static [i8; 16],
+    /// `IQ2_XXS` / `IQ2_XS` / `IQ3_XXS`: 7 sign bits plus an even-parity 8th, per 7-bit index.
+    pub ksigns: &'static [u8; 128],
+    /// Grid rows, 8 unsigned byte values each, little-endian.
+    pub iq2xxs: &'static [u64; 256],
+    pub iq2xs: &'static [u64; 512],
+    pub iq2s: &'static [u64; 1024],
+    /// Grid rows, 4 unsigned byte values each, little-endian.
+    pub iq3xxs: &'static [u32; 256],
+    pub iq3s: &'static [u32; 512],
+    /// `IQ1_S` / `IQ1_M` grid rows: 8 values in -1..=1, one i8 byte each.
+    pub iq1s: &'static [u64; 2048],
+}
+
+/// The IQ lookup tables ([`IqTables`]).
+pub fn iq_tables() -> IqTables {
+    IqTables {
+        kvalues_iq4nl: &KVALUES_IQ4NL,
+        kvalues_mxfp4: &grids::KVALUES_MXFP4,
+        ksigns: &KSIGNS,
+        iq2xxs: &IQ2XXS_GRID,
+        iq2xs: &IQ2XS_GRID,
+        iq2s: &IQ2S_GRID,
+        iq3xxs: &IQ3XXS_GRID,
+        iq3s: &IQ3S_GRID,
+        iq1s: &IQ1S_GRID,
+    }
+}
+
 /// A decoded 256-value super-block: value `i` = `d · sc[i / 16] · q[i]`, exactly.
 pub(crate) struct IqBlock {
     pub(crate) q: [i8; QK_K],
