@@ -1,7 +1,7 @@
 //! Finding adapters and opening one: [`Gpu::discover`], [`Gpu::open`], [`Gpu::open_first`].
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use futures::executor::block_on;
 
@@ -66,6 +66,8 @@ pub struct Gpu {
     pub(crate) max_groups_per_dim: u32,
     pub(crate) max_invocations: u32,
     pub(crate) pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    /// The IQ formats' lookup tables, uploaded with the first IQ matrix (`iq`).
+    pub(crate) iq_tables: OnceLock<wgpu::Buffer>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -196,6 +198,7 @@ impl Gpu {
             max_groups_per_dim: limits.max_compute_workgroups_per_dimension,
             max_invocations: limits.max_compute_invocations_per_workgroup,
             pipelines: Mutex::new(HashMap::new()),
+            iq_tables: OnceLock::new(),
         })
     }
 

@@ -10,10 +10,13 @@
 //! - [`Gpu::open`] opens one with the adapter's own limits; a [`Gpu`] owns the device, its queue
 //!   and one cache of compiled pipelines (a kernel plus its override constants).
 //! - [`Gpu::upload_matrix`] takes a GGUF weight matrix as shoal-kernels' [`shoal_kernels::QMatrix`]
-//!   (every format it reads: `F32`, `F16`, `BF16`, `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, and
-//!   the K-quants `Q2_K` … `Q6_K`) and repacks it into a layout WGSL reads well: quants
-//!   u32-aligned in one buffer, the blocks' f16 scales in another (see `matrix`); a matrix above
-//!   the largest storage binding is split by rows into chunks, a row above it is refused.
+//!   (every format it reads: `F32`, `F16`, `BF16`, `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, the
+//!   K-quants `Q2_K` … `Q6_K`, and the IQ formats `IQ4_NL`, `IQ4_XS`, `IQ3_S`, `IQ3_XXS`,
+//!   `IQ2_XXS`, `IQ2_XS`, `IQ2_S`, `IQ1_S`, `IQ1_M` and `MXFP4`) and repacks it into a layout WGSL
+//!   reads well: quants u32-aligned in one buffer, the blocks' f16 scales in another (see `matrix`
+//!   and, for the IQ formats, `iq`, which also uploads their lookup grids once per device from
+//!   shoal-kernels' tables); a matrix above the largest storage binding is split by rows into
+//!   chunks, a row above it is refused.
 //! - [`GpuVec`]: f32 activations on the device ([`Gpu::upload`], [`Gpu::zeros`], [`Gpu::read`]).
 //! - [`Commands`] records kernels into one command buffer: [`Commands::matvec`] (decode's
 //!   matrix-vector product, f32 in and out, workgroup size and rows per workgroup as WGSL override
@@ -44,8 +47,10 @@
 //! either is appended `matvec_plain.wgsl` (the plain formats' row loop over vec4s) or
 //! `matvec_blocks.wgsl` (the block formats' row loop over 32-value units and shared decode
 //! helpers), then one `matvec_<type>.wgsl`: its weight bindings and decode (`w4` for the plain
-//! formats; `block_dot` for matvec and `dequant4` for the tiles for the block formats). The
-//! one-thread-per-item kernels share `grid.wgsl`'s entry point.
+//! formats; `block_dot` for matvec and `dequant4` for the tiles for the block formats; the IQ
+//! formats and `MXFP4` come after their tables' generated offsets and `matvec_iq.wgsl`, which makes
+//! both from the format's `iq_scale` and `iq4`). The one-thread-per-item kernels share
+//! `grid.wgsl`'s entry point.
 //!
 //! - For a whole layer over a batch: [`Commands::rope_rows`] (every row at its own position in
 //!   one dispatch), [`Commands::geglu`] (Gemma's GELU-gated product, ggml's f16-table numerics),
@@ -69,6 +74,7 @@
 mod buffer;
 mod device;
 mod error;
+mod iq;
 mod layer;
 mod matmat;
 mod matrix;

@@ -88,6 +88,9 @@ impl Commands<'_> {
                 buffers.push((4, s));
             }
             buffers.push((5, &batch));
+            if w.qtype().is_iq() {
+                buffers.push((7, gpu.iq_tables()?));
+            }
             let groups = (chunk.rows.div_ceil(tm), n32.div_ceil(tn));
             self.dispatch_grid(kernel, &constants, &buffers, groups)?;
         }

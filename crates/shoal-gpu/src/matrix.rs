@@ -18,7 +18,8 @@
 //! - `Q3_K`: each super-block's 64 `qs` bytes then its 32 `hmask` bytes; its scale entry is 5
 //!   u32 as for `Q6_K`: the sixteen 6-bit scales decoded at upload (minus 32, as i8), then f16 `d`;
 //! - `Q2_K`: each super-block's 64 `qs` bytes; its scale entry is 5 u32: f16 `d` and `dmin`,
-//!   then the 16 bytes of 4-bit scale (low nibble) and min (high nibble) as in the file.
+//!   then the 16 bytes of 4-bit scale (low nibble) and min (high nibble) as in the file;
+//! - the IQ formats and `MXFP4`: see `iq` (their lookup tables are one more buffer per device).
 //!
 //! A matrix larger than the device's largest storage binding is split by rows into chunks, each
 //! with its own buffers and dispatch; one row larger than a binding is refused
@@ -27,6 +28,7 @@
 use shoal_kernels::{QK, QK_K, QMatrix, QType};
 use wgpu::util::DeviceExt;
 
+use crate::iq;
 use crate::pipelines::Kernel;
 use crate::{Gpu, GpuError};
 
@@ -166,7 +168,7 @@ fn repack_row(qtype: QType, row: &[u8], k: usize, weights: &mut Vec<u8>, scales:
                 weights.extend_from_slice(&block[..192]);
             }
         }
-        other => unreachable!("{}: no GPU kernel (refused at upload)", other.name()),
+        iq => iq::repack_row(iq, row, weights, scales),
     }
 }
 
@@ -186,7 +188,7 @@ fn repacked_row_bytes(qtype: QType, k: usize) -> (u64, u64) {
         QType::Q5_K => (nk * 160, nk * 20),
         QType::Q3_K => (nk * 96, nk * 20),
         QType::Q2_K => (nk * 64, nk * 20),
-        other => unreachable!("{}: no GPU kernel (refused at upload)", other.name()),
+        iq => iq::repacked_row_bytes(iq, k),
     }
 }
 
@@ -199,13 +201,29 @@ fn params_bytes(rows: u32, k: u32, row_offset: u32) -> Vec<u8> {
 }
 
 impl Gpu {
-    /// Uploads a GGUF weight matrix of any format shoal-kernels reads but the IQ formats and MXFP4
-    /// (`GpuError::Unsupported`), repacked for its kernels
-    /// and split by rows where it exceeds the largest storage binding.
+    /// The IQ formats' lookup tables on this device (see `iq`), uploaded on first use.
+    pub(crate) fn iq_tables(&self) -> Result<&wgpu::Buffer, GpuError> {
+        if let Some(b) = self.iq_tables.get() {
+            return Ok(b);
+        }
+        let buffer = self.checked(|| {
+            self.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("shoal iq tables"),
+                    contents: &iq::table_bytes(),
+                    usage: wgpu::BufferUsages::STORAGE,
+                })
+        })?;
+        Ok(self.iq_tables.get_or_init(|| buffer))
+    }
+
+    /// Uploads a GGUF weight matrix of any format shoal-kernels reads, repacked for its kernels
+    /// and split by rows where it exceeds the largest storage binding (an IQ or `MXFP4` matrix
+    /// also uploads the IQ lookup tables, once per device).
     pub fn upload_matrix(&self, w: &QMatrix<'_>) -> Result<GpuMatrix, GpuError> {
         let row_bytes = w.row_bytes()?;
         if w.qtype.is_iq() {
-            return Err(GpuError::Unsupported(w.qtype.name()));
+            self.iq_tables()?;
         }
         let k = w.cols;
         let k_padded = if w.qtype.block_size() == 1 {

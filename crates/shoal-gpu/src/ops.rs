@@ -137,6 +137,9 @@ impl<'g> Commands<'g> {
             if let Some(s) = &chunk.scales {
                 entries.push(entry(4, s));
             }
+            if w.qtype().is_iq() {
+                entries.push(entry(7, self.gpu.iq_tables()?));
+            }
             let bind = self
                 .gpu
                 .device

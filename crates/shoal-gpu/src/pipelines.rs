@@ -19,10 +19,12 @@ const ATTENTION: &str = include_str!("kernels/attention.wgsl");
 const EMBED: &str = include_str!("kernels/embed.wgsl");
 const COPY_ROWS: &str = include_str!("kernels/copy_rows.wgsl");
 const GRID: &str = include_str!("kernels/grid.wgsl");
+const IQ: &str = include_str!("kernels/matvec_iq.wgsl");
 
-/// One weight format's WGSL (`kernels/matvec_<type>.wgsl`): its weight bindings and decode, and
-/// whether it is a plain format (every format shoal-kernels reads has one) (`F32`, `F16`, `BF16`: `w4` per vec4) or a block format
-/// (`block_dot` and `dequant4` per 32-value unit).
+/// One weight format's WGSL (`kernels/matvec_<type>.wgsl`; every format shoal-kernels reads has
+/// one): its weight bindings and decode, and whether it is a plain format (`F32`, `F16`, `BF16`:
+/// `w4` per vec4) or a block format (`block_dot` and `dequant4` per 32-value unit; the IQ formats
+/// and `MXFP4` give `iq_scale` and `iq4` to `matvec_iq.wgsl`, which makes those).
 fn format_source(qtype: QType) -> (&'static str, bool) {
     match qtype {
         QType::F32 => (include_str!("kernels/matvec_f32.wgsl"), true),
@@ -38,7 +40,7 @@ fn format_source(qtype: QType) -> (&'static str, bool) {
         QType::Q4_K => (include_str!("kernels/matvec_q4_k.wgsl"), false),
         QType::Q5_K => (include_str!("kernels/matvec_q5_k.wgsl"), false),
         QType::Q6_K => (include_str!("kernels/matvec_q6_k.wgsl"), false),
-        other => unreachable!("{}: no GPU kernel (refused at upload)", other.name()),
+        iq => (crate::iq::format_source(iq), false),
     }
 }
 
@@ -78,7 +80,7 @@ impl Kernel {
     /// The module's WGSL: the reduction helpers where it reduces, its frame (`matvec.wgsl` or
     /// `matmat.wgsl`, then `matvec_plain.wgsl` or `matvec_blocks.wgsl` by format; or
     /// `rowwise.wgsl`), then the kernel itself (for a product its format's weight bindings and
-    /// decode).
+    /// decode; for the IQ formats and `MXFP4` after their tables' offsets and `matvec_iq.wgsl`).
     pub(crate) fn source(self) -> Cow<'static, str> {
         let (frame, qtype) = match self {
             Self::Matvec(q) => (Cow::Owned(format!("{REDUCE}\n{MATVEC}")), q),
@@ -94,6 +96,10 @@ impl Kernel {
         };
         let (format, plain) = format_source(qtype);
         let rows = if plain { PLAIN } else { BLOCKS };
+        if qtype.is_iq() {
+            let offsets = crate::iq::wgsl_offsets();
+            return Cow::Owned(format!("{frame}\n{rows}\n{offsets}\n{IQ}\n{format}"));
+        }
         Cow::Owned(format!("{frame}\n{rows}\n{format}"))
     }
 }

@@ -39,7 +39,7 @@ use crate::{Attend, Commands, Gpu, GpuError, GpuInfo, KvShape};
 
 /// The formats shoal's GPU kernels read (every one [`Gpu::upload_matrix`] takes), in ggml type id
 /// order: the probe's default [`GpuProbeConfig::types`].
-pub const GPU_TYPES: [QType; 13] = [
+pub const GPU_TYPES: [QType; 23] = [
     QType::F32,
     QType::F16,
     QType::Q4_0,
@@ -52,7 +52,17 @@ pub const GPU_TYPES: [QType; 13] = [
     QType::Q4_K,
     QType::Q5_K,
     QType::Q6_K,
+    QType::IQ2_XXS,
+    QType::IQ2_XS,
+    QType::IQ3_XXS,
+    QType::IQ1_S,
+    QType::IQ4_NL,
+    QType::IQ3_S,
+    QType::IQ2_S,
+    QType::IQ4_XS,
+    QType::IQ1_M,
     QType::BF16,
+    QType::MXFP4,
 ];
 
 /// The most dispatches one timed command buffer holds.

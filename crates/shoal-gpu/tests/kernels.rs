@@ -19,7 +19,9 @@ use shoal_kernels::{QK, QMatrix, QType, dequantize_row, row_bytes};
 use shoal_testkit::rng::SplitMix64;
 
 /// Runs `W · x` on the GPU and checks it. Tolerance: every format is decoded exactly (f16 and
-/// the quants are exact in f32) and summed in f32, so `|gpu − exact| ≤ 1e-5 · Σ|w·x| + 1e-6`.
+/// the quants are exact in f32; the IQ formats' grid values times their sub-block scales and
+/// ±1/8 shifts, and `MXFP4`'s powers of two, too) and summed in f32, so
+/// `|gpu − exact| ≤ 1e-5 · Σ|w·x| + 1e-6`.
 fn check_matvec(
     gpu: &Gpu,
     qtype: QType,
@@ -96,6 +98,16 @@ matvec_tests! {
     matvec_q5_k_matches_the_cpu: Q5_K,
     matvec_q3_k_matches_the_cpu: Q3_K,
     matvec_q2_k_matches_the_cpu: Q2_K,
+    matvec_iq4_nl_matches_the_cpu: IQ4_NL,
+    matvec_mxfp4_matches_the_cpu: MXFP4,
+    matvec_iq4_xs_matches_the_cpu: IQ4_XS,
+    matvec_iq2_xxs_matches_the_cpu: IQ2_XXS,
+    matvec_iq2_xs_matches_the_cpu: IQ2_XS,
+    matvec_iq2_s_matches_the_cpu: IQ2_S,
+    matvec_iq3_xxs_matches_the_cpu: IQ3_XXS,
+    matvec_iq3_s_matches_the_cpu: IQ3_S,
+    matvec_iq1_s_matches_the_cpu: IQ1_S,
+    matvec_iq1_m_matches_the_cpu: IQ1_M,
 }
 
 /// The override constants change the kernel's shape, never its result: one thread per row (no
@@ -114,7 +126,13 @@ fn matvec_is_correct_at_every_workgroup_shape() {
     ];
     for (workgroup, rows) in configs {
         let config = MatvecConfig { workgroup, rows };
-        for qtype in [QType::Q4_0, QType::Q8_0, QType::F16, QType::Q5_1] {
+        for qtype in [
+            QType::Q4_0,
+            QType::Q8_0,
+            QType::F16,
+            QType::Q5_1,
+            QType::MXFP4,
+        ] {
             check_matvec(&gpu, qtype, 33, 96, config, 7);
             check_matvec(&gpu, qtype, 129, 544, config, 8);
         }
@@ -124,6 +142,8 @@ fn matvec_is_correct_at_every_workgroup_shape() {
             QType::Q5_K,
             QType::Q3_K,
             QType::Q2_K,
+            QType::IQ2_S,
+            QType::IQ1_M,
         ] {
             check_matvec(&gpu, qtype, 33, 768, config, 7);
         }

@@ -1,5 +1,6 @@
 //! The tiled matrix-matrix kernel (prefill, batches) against the f64 reference, for every weight
-//! format, at batch sizes 1, 2, 5, 16 and 33 and odd numbers of weight rows.
+//! format (the IQ formats and `MXFP4` included), at batch sizes 1, 2, 5, 16 and 33 and odd numbers
+//! of weight rows.
 //!
 //! Tolerance, as for the matrix-vector kernels: every format is decoded exactly in f32 and the
 //! products summed in f32, so each output is within `1e-5 · Σ|w·x| + 1e-6` of the exact product
@@ -70,6 +71,20 @@ fn matmat_matches_the_cpu_for_every_format_and_batch() {
     }
 }
 
+/// The IQ formats and `MXFP4` (not in `QType::ALL`), at the same shapes and batches.
+#[test]
+fn matmat_matches_the_cpu_for_every_iq_format_and_batch() {
+    let Some(gpu) = gpu() else { return };
+    for (q, &qtype) in QType::IQ.iter().enumerate() {
+        for (s, &shape) in shapes(qtype).iter().enumerate() {
+            for (b, &n) in BATCHES.iter().enumerate() {
+                let seed = 50_000 + 1000 * q as u64 + 10 * s as u64 + b as u64;
+                check_matmat(&gpu, qtype, shape, n, MatmatConfig::default(), seed);
+            }
+        }
+    }
+}
+
 /// The tile's override constants change its shape, never its result.
 #[test]
 fn matmat_is_correct_at_every_tile_shape() {
@@ -86,6 +101,8 @@ fn matmat_is_correct_at_every_tile_shape() {
             QType::Q4_K,
             QType::Q6_K,
             QType::Q3_K,
+            QType::IQ4_XS,
+            QType::IQ2_XXS,
         ] {
             let cols = if qtype.block_size() == 256 { 512 } else { 96 };
             for n in [1, 5, 33] {
@@ -104,7 +121,14 @@ fn matmat_over_split_matrices_matches_the_cpu() {
     }) else {
         return;
     };
-    for qtype in [QType::F32, QType::Q8_0, QType::Q4_K, QType::Q2_K] {
+    for qtype in [
+        QType::F32,
+        QType::Q8_0,
+        QType::Q4_K,
+        QType::Q2_K,
+        QType::MXFP4,
+        QType::IQ3_S,
+    ] {
         for n in [1, 3] {
             check_matmat(&gpu, qtype, (77, 256), n, MatmatConfig::default(), 5);
         }

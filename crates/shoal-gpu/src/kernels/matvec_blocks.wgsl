@@ -103,3 +103,9 @@ fn sb_half_quarter(unit: u32) -> vec3<u32> {
 fn bytes4(v: u32, s: u32, mask: u32) -> vec4<u32> {
     return ((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) >> vec4<u32>(s)) & vec4<u32>(mask);
 }
+
+// The four signed bytes of `v`, low byte first.
+fn i8x4(v: u32) -> vec4<f32> {
+    let s = vec4<i32>(bitcast<i32>(v << 24u), bitcast<i32>(v << 16u), bitcast<i32>(v << 8u), bitcast<i32>(v));
+    return vec4<f32>(s >> vec4<u32>(24u));
+}

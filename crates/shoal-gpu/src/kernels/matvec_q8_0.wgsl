@@ -4,12 +4,6 @@
 @group(0) @binding(3) var<storage, read> wq: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> ws: array<u32>;
 
-// The four signed bytes of `v`, low byte first.
-fn i8x4(v: u32) -> vec4<f32> {
-    let s = vec4<i32>(bitcast<i32>(v << 24u), bitcast<i32>(v << 16u), bitcast<i32>(v << 8u), bitcast<i32>(v));
-    return vec4<f32>(s >> vec4<u32>(24u));
-}
-
 fn block_dot(blk: u32, xb: u32) -> f32 {
     let lo = wq[2u * blk];
     let hi = wq[2u * blk + 1u];

@@ -41,12 +41,35 @@ fn f16_fields(qtype: QType) -> &'static [usize] {
         QType::Q6_K => &[208],
         QType::Q3_K => &[108],
         QType::Q2_K => &[80, 82],
+        // `MXFP4` has an exponent byte and `IQ1_M` its `d` in four nibbles (`set_iq_scale`).
+        QType::MXFP4 | QType::IQ1_M => &[],
+        q if q.is_iq() => &[0],
         _ => unreachable!(),
     }
 }
 
+/// The scale of an `MXFP4` block (an E8M0 exponent: 2^-8 .. 2^-1 of its doubled values, up to 12)
+/// or an `IQ1_M` super-block (f16 `d` up to 0.05 of either sign, one nibble in the top of each of
+/// its four scale words at 48); every other byte stays random.
+fn set_iq_scale(rng: &mut SplitMix64, qtype: QType, block: &mut [u8]) {
+    match qtype {
+        QType::MXFP4 => block[0] = 120 + rng.below(8) as u8,
+        QType::IQ1_M => {
+            let d = f16::from_f32(rng.f32_in(-0.05, 0.05)).to_bits();
+            for i in 0..4 {
+                let at = 48 + 2 * i;
+                let w = u16::from_le_bytes([block[at], block[at + 1]]) & 0x0FFF;
+                let w = w | (((d >> (4 * i)) & 0xF) << 12);
+                block[at..at + 2].copy_from_slice(&w.to_le_bytes());
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Random GGUF bytes of a `rows × cols` matrix: values in [-1, 1) for F32/F16/BF16; for the quants,
-/// random quants and scales of either sign up to 0.05.
+/// random quants and scales of either sign up to 0.05 (every byte pattern of the IQ formats'
+/// indices, signs and sub-block scales is a valid block: random bytes reach every grid row).
 pub fn random_matrix(rng: &mut SplitMix64, qtype: QType, rows: usize, cols: usize) -> Vec<u8> {
     let n = rows * cols;
     match qtype {
@@ -68,6 +91,7 @@ pub fn random_matrix(rng: &mut SplitMix64, qtype: QType, rows: usize, cols: usiz
                     let v = f16::from_f32(rng.f32_in(-0.05, 0.05));
                     block[at..at + 2].copy_from_slice(&v.to_le_bytes());
                 }
+                set_iq_scale(rng, qtype, &mut block);
                 out.extend(block);
             }
             out
