@@ -1,6 +1,7 @@
 """Vercel's AI SDK (the `ai` npm package) against a real shoal, through its OpenAI-compatible, Anthropic and
 Ollama providers: `generateText`, `streamText`, `generateObject` and `generateText`'s `Output.object` with
-a zod schema, and one tool-calling step with a zod input schema. ai-sdk/calls.mjs makes the calls and
+a zod schema, tool calls with a zod input schema (one step, generated and streamed; two steps, the
+result sent back; a conversation holding a call and its result). ai-sdk/calls.mjs makes the calls and
 prints what came back, one JSON line per call; the assertions are here.
 
 The packages are pinned by ai-sdk/package.json and package-lock.json (committed without the lock's
@@ -26,6 +27,7 @@ PACKAGE_FILES = ("package.json", "package-lock.json")
 SCRIPT = "calls.mjs"
 TIMEOUT_S = 300
 PROVIDERS = ["openai_compatible", "anthropic", "ollama"]
+FORCING = ["openai_compatible", "anthropic"]  # the providers whose API can force a call (not Ollama's)
 MAX_TOKENS = 48  # calls.mjs's cap of the text calls
 
 
@@ -107,19 +109,68 @@ def test_structured_output(results, provider, call):
     _check_usage(r, 64)
 
 
+def _check_call(r: dict, call: dict, ran: bool = True) -> str:
+    """`call` is a valid GetWeather call (that the SDK ran, if `ran`); its city."""
+    assert call["toolName"] == "GetWeather" and call["toolCallId"] and not call["invalid"], r
+    city = check_weather_args(call["input"]).city
+    if ran:
+        assert city in r["executed"], r
+        assert {"toolName": "GetWeather", "output": f"It is sunny in {city}."} in r["toolResults"], r
+    return city
+
+
+@pytest.mark.parametrize("call", ["tools", "streamTools"])
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_tools(results, provider):
-    """One step with a zod tool: forced with `toolChoice: 'required'` where the API can force a call (not
-    Ollama's), then the SDK validates the input and runs the tool."""
-    r = _result(results, provider, "tools")
+def test_tools(results, provider, call):
+    """One step with a zod tool, generated and streamed: forced by name where the API can force a call (not
+    Ollama's), so exactly one call, whose input the SDK validates before running the tool."""
+    r = _result(results, provider, call)
     assert r["steps"] == 1, r
     if r["forced"] or r["toolCalls"]:
-        assert len(r["toolCalls"]) == 1, f"no tool call: {r}"
-        call = r["toolCalls"][0]
-        assert call["toolName"] == "GetWeather" and call["toolCallId"], r
-        city = check_weather_args(call["input"]).city
-        assert r["executed"] == [city], r
-        assert r["toolResults"] == [{"toolName": "GetWeather", "output": f"It is sunny in {city}."}], r
+        assert len(r["toolCalls"]) == 1, f"not one tool call: {r}"
+        _check_call(r, r["toolCalls"][0])
+        assert r["executed"] == [r["toolCalls"][0]["input"]["city"]], r
         assert r["finishReason"] == "tool-calls", r
+        if call == "streamTools":  # the arguments came as deltas of a streamed call
+            assert "tool-input-delta" in r["parts"], r
     else:
         assert r["text"].strip() and not r["executed"], r
+
+
+@pytest.mark.parametrize("provider", FORCING)
+def test_tools_required(results, provider):
+    """`toolChoice: 'required'`: one call or more (parallel calls are allowed, and a small model may repeat
+    the call until the token cap cuts the last one); every call but a cut last one is valid, and all ran
+    unless the answer was cut (the SDK runs no tool of a step that ended with an invalid call)."""
+    r = _result(results, provider, "toolsRequired")
+    calls = r["toolCalls"]
+    assert calls, f"no tool call: {r}"
+    assert r["finishReason"] in ("tool-calls", "length"), r
+    cut = r["finishReason"] == "length"
+    whole = calls[:-1] if cut and calls[-1]["invalid"] else calls
+    assert whole, f"no whole call: {r}"
+    for call in whole:
+        _check_call(r, call, ran=not cut)
+
+
+@pytest.mark.parametrize("provider", FORCING)
+def test_two_steps(results, provider):
+    """A forced call, its result sent back (an assistant tool call and a tool result in the API's own
+    shape), then an answer in a second step."""
+    r = _result(results, provider, "twoSteps")
+    first, second = r["steps"]  # exactly two
+    assert first["finishReason"] == "tool-calls" and len(first["toolCalls"]) == 1, r
+    assert r["executed"] == [check_weather_args(first["toolCalls"][0]["input"]).city], r
+    assert not second["toolCalls"] and second["text"].strip(), r
+    assert second["finishReason"] in ("stop", "length"), r
+    assert 0 < second["usage"]["outputTokens"] <= 64, r
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_tool_history(results, provider):
+    """A conversation holding a call and its result (written by hand; the way to send one to Ollama's API):
+    answered with text, and its prompt is longer than the question alone by the call and the result."""
+    r = _result(results, provider, "toolHistory")
+    assert r["text"].strip() and not r["toolCalls"], r
+    assert r["finishReason"] in ("stop", "length"), r
+    assert r["usage"]["inputTokens"] >= r["plainInputTokens"] + 20, r

@@ -6,7 +6,7 @@
 // test_ai_sdk.py's, which runs this from an install of package.json outside the repository.
 import { createAnthropic } from '@ai-sdk/anthropic';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
-import { Output, generateObject, generateText, streamText, tool } from 'ai';
+import { Output, generateObject, generateText, stepCountIs, streamText, tool } from 'ai';
 import { createOllama } from 'ollama-ai-provider-v2';
 import { z } from 'zod';
 
@@ -30,8 +30,10 @@ const providers = {
   anthropic: createAnthropic({ baseURL: `${url}/v1`, apiKey: 'none' })(modelId),
   ollama: createOllama({ baseURL: `${url}/api` })(modelId),
 };
-// Ollama's API has no way to force a call; the other two take AI SDK's `toolChoice: 'required'`.
+// Ollama's API has no way to force a call; the other two take AI SDK's toolChoice (a named tool, or
+// 'required'). The calls that need a forced call are made only where it can be forced.
 const forcesTools = { openai_compatible: true, anthropic: true, ollama: false };
+const FORCED_ONLY = new Set(['toolsRequired', 'twoSteps']);
 
 // The Ollama provider writes temperature and maxOutputTokens as top-level fields of /api/chat, where
 // Ollama's API has none (Ollama ignores them, as shoal does): its own options go in providerOptions.
@@ -76,33 +78,95 @@ const calls = {
     });
     return { object: r.output, finishReason: r.finishReason, usage: usage(r.usage), warnings: r.warnings };
   },
+  // One step with a forced call: the named tool (one call), or `required` (one or more: shoal lets the
+  // model make parallel calls, and a small one may repeat the call until the token cap cuts the last).
   async tools(model, provider) {
+    return toolStep(model, provider, forcesTools[provider] ? NAMED : undefined);
+  },
+  async toolsRequired(model, provider) {
+    return toolStep(model, provider, 'required');
+  },
+  async streamTools(model, provider) {
+    const executed = [];
+    const r = streamText({
+      model, prompt: TOOL_PROMPT, ...settings(provider, 64), tools: weatherTool(executed),
+      ...(forcesTools[provider] ? { toolChoice: NAMED } : {}),
+    });
+    const parts = new Set();
+    for await (const part of r.fullStream) parts.add(part.type);
+    return {
+      forced: forcesTools[provider], text: await r.text, finishReason: await r.finishReason, steps: 1,
+      toolCalls: (await r.toolCalls).map(callShape), toolResults: (await r.toolResults).map(resultShape),
+      executed, parts: [...parts],
+    };
+  },
+  // Two steps: a forced call, its result sent back (an assistant tool call and a tool result in the
+  // conversation, in each API's shape), then an answer with toolChoice 'none'.
+  async twoSteps(model, provider) {
     const executed = [];
     const r = await generateText({
-      model, prompt: TOOL_PROMPT, ...settings(provider, 64),
-      tools: {
-        GetWeather: tool({
-          description: 'Get the current weather of a city.',
-          inputSchema: z.object({ city: z.string().describe('the city') }),
-          execute: async ({ city }) => {
-            executed.push(city);
-            return `It is sunny in ${city}.`;
-          },
-        }),
-      },
-      ...(forcesTools[provider] ? { toolChoice: 'required' } : {}),
+      model, prompt: TOOL_PROMPT, ...settings(provider, 64), tools: weatherTool(executed), toolChoice: NAMED,
+      stopWhen: stepCountIs(2), prepareStep: ({ stepNumber }) => (stepNumber === 0 ? {} : { toolChoice: 'none' }),
     });
     return {
-      forced: forcesTools[provider], text: r.text, finishReason: r.finishReason, steps: r.steps.length,
-      toolCalls: r.toolCalls.map((c) => ({ toolName: c.toolName, toolCallId: c.toolCallId, input: c.input })),
-      toolResults: r.toolResults.map((t) => ({ toolName: t.toolName, output: t.output })),
-      executed, warnings: r.warnings,
+      text: r.text, finishReason: r.finishReason, executed,
+      steps: r.steps.map((s) => ({ finishReason: s.finishReason, toolCalls: s.toolCalls.map(callShape),
+        text: s.text, usage: usage(s.usage) })),
+    };
+  },
+  // A conversation that already holds a call and its result, written by hand: what every provider sends
+  // back after a tool ran (the only way to send one to Ollama's API, which cannot force the call).
+  async toolHistory(model, provider) {
+    const messages = [
+      { role: 'user', content: TOOL_PROMPT },
+      { role: 'assistant', content: [
+        { type: 'tool-call', toolCallId: 'call_1', toolName: 'GetWeather', input: { city: 'Paris' } }] },
+      { role: 'tool', content: [{ type: 'tool-result', toolCallId: 'call_1', toolName: 'GetWeather',
+        output: { type: 'text', value: 'It is sunny in Paris.' } }] },
+    ];
+    const r = await generateText({ model, messages, ...settings(provider), tools: weatherTool([]), toolChoice: 'none' });
+    const plain = await generateText({ model, prompt: TOOL_PROMPT, ...settings(provider, 1) });
+    return {
+      text: r.text, finishReason: r.finishReason, usage: usage(r.usage), toolCalls: r.toolCalls.map(callShape),
+      plainInputTokens: plain.usage.inputTokens,
     };
   },
 };
 
+const NAMED = { type: 'tool', toolName: 'GetWeather' };
+
+function weatherTool(executed) {
+  return {
+    GetWeather: tool({
+      description: 'Get the current weather of a city.',
+      inputSchema: z.object({ city: z.string().describe('the city') }),
+      execute: async ({ city }) => {
+        executed.push(city);
+        return `It is sunny in ${city}.`;
+      },
+    }),
+  };
+}
+
+const callShape = (c) => ({ toolName: c.toolName, toolCallId: c.toolCallId, input: c.input, invalid: !!c.invalid });
+const resultShape = (t) => ({ toolName: t.toolName, output: t.output });
+
+async function toolStep(model, provider, toolChoice) {
+  const executed = [];
+  const r = await generateText({
+    model, prompt: TOOL_PROMPT, ...settings(provider, 64), tools: weatherTool(executed),
+    ...(toolChoice ? { toolChoice } : {}),
+  });
+  return {
+    forced: !!toolChoice, text: r.text, finishReason: r.finishReason, steps: r.steps.length,
+    toolCalls: r.toolCalls.map(callShape), toolResults: r.toolResults.map(resultShape), executed,
+    warnings: r.warnings,
+  };
+}
+
 for (const [provider, model] of Object.entries(providers)) {
   for (const [call, run] of Object.entries(calls)) {
+    if (FORCED_ONLY.has(call) && !forcesTools[provider]) continue;
     const started = Date.now();
     let line;
     try {
