@@ -146,7 +146,8 @@ def test_schema(llm_cli, backend, stream):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_functions(llm_cli, backend):
     """llm cannot force a call (it sends no tool_choice): the answer is text, or a call of the tool that llm
-    ran with valid arguments and whose result it sent back for a final answer."""
+    ran with valid arguments and whose result it sent back for a final answer. Either way the tool reached
+    shoal, which describes it to the model in the prompt."""
     functions = llm_cli.home / "functions.py"
     functions.write_text(FUNCTIONS)
     model, cap = BACKENDS[backend]
@@ -156,6 +157,8 @@ def test_functions(llm_cli, backend):
     records = records[next(i for i, r in enumerate(records) if r["prompt"] == TOOL_PROMPT):]
     first = records[0]
     assert [t["name"] for t in first["tools"]] == ["GetWeather"], first["tools"]
+    plain = llm_cli.prompt(backend, TOOL_PROMPT, max_tokens=1)
+    assert first["input_tokens"] >= plain["input_tokens"] + 30, (first["input_tokens"], plain["input_tokens"])
     if first["tool_calls"]:
         ran = [json.loads(line) for line in llm_cli.tool_calls.read_text().splitlines()]
         assert len(ran) == len(first["tool_calls"]) >= 1

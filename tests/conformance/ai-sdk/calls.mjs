@@ -124,7 +124,9 @@ const calls = {
       { role: 'tool', content: [{ type: 'tool-result', toolCallId: 'call_1', toolName: 'GetWeather',
         output: { type: 'text', value: 'It is sunny in Paris.' } }] },
     ];
-    const r = await generateText({ model, messages, ...settings(provider), tools: weatherTool([]), toolChoice: 'none' });
+    const r = await generateText({
+      model, messages, ...settings(provider), tools: weatherTool([]), toolChoice: 'none',
+    });
     const plain = await generateText({ model, prompt: TOOL_PROMPT, ...settings(provider, 1) });
     return {
       text: r.text, finishReason: r.finishReason, usage: usage(r.usage), toolCalls: r.toolCalls.map(callShape),
