@@ -1,8 +1,9 @@
 """Vercel's AI SDK (the `ai` npm package) against a real shoal, through its OpenAI-compatible, Anthropic and
 Ollama providers: `generateText`, `streamText`, `generateObject` and `generateText`'s `Output.object` with
-a zod schema, tool calls with a zod input schema (one step, generated and streamed; two steps, the
-result sent back; a conversation holding a call and its result). ai-sdk/calls.mjs makes the calls and
-prints what came back, one JSON line per call; the assertions are here.
+a zod schema, stop sequences, tool calls with a zod input schema (one step, generated and streamed; two
+steps, the result sent back; a conversation holding a call and its result) and `embedMany`.
+ai-sdk/calls.mjs makes the calls and prints what came back, one JSON line per call; the assertions are
+here.
 
 The packages are pinned by ai-sdk/package.json and package-lock.json (committed without the lock's
 `resolved` URLs: npm takes each package from the configured registry and checks its integrity hash) and
@@ -95,6 +96,32 @@ def test_stream_text(results, provider):
     assert r["chunks"] > 1 and r["text"].strip(), r
     assert r["finishReason"] in ("stop", "length"), r
     _check_usage(r, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_stop_sequences(results, provider):
+    """generateText's call again with a stop sequence (Ollama's provider drops stopSequences: passed in
+    its options), generated and streamed: the same text, cut where the stop sequence began, left out."""
+    r = _result(results, provider, "stopSequences")
+    full = _result(results, provider, "generateText")["text"]
+    stop = r["stop"]
+    assert r["streamed"] == r["text"], r
+    assert stop not in r["text"] and r["finishReason"] == r["streamedFinishReason"] == "stop", r
+    if stop in full:  # greedy: the answer without the stop sequence, up to where it began
+        assert full.index(stop) == len(r["text"]) and full.startswith(r["text"]), (full, r)
+        if provider == "anthropic":
+            assert r["rawFinishReason"] == "stop_sequence", r
+    else:
+        assert r["text"] == full, (full, r)
+
+
+@pytest.mark.parametrize("provider", ["openai_compatible", "ollama"])
+def test_embed_many(results, provider):
+    """embedMany through the provider's embedding model (/v1/embeddings, /api/embed)."""
+    r = _result(results, provider, "embedMany")
+    a, b = r["embeddings"]
+    assert len(a) == len(b) > 1 and a != b, r["usage"]
+    assert r["usage"]["tokens"] > 0, r["usage"]
 
 
 @pytest.mark.parametrize("call", ["generateObject", "outputObject"])

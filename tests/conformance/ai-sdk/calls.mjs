@@ -1,12 +1,12 @@
 // Vercel's AI SDK against a real shoal: generateText, streamText, generateObject and generateText's
-// Output.object (a zod schema), and one tool-calling step (a zod input schema), through three providers:
-// the OpenAI-compatible one (/v1/chat/completions), Anthropic's (/v1/messages) and the Ollama community
-// provider (/api/chat). Usage: `node calls.mjs <shoal url> <model id>`. Prints one JSON object per call
+// Output.object (a zod schema), stop sequences, tool calls (a zod input schema) and embedMany, through
+// three providers: the OpenAI-compatible one (/v1/chat/completions, /v1/embeddings), Anthropic's
+// (/v1/messages) and the Ollama community provider (/api/chat, /api/embed). Usage: `node calls.mjs <shoal url> <model id>`. Prints one JSON object per call
 // on its own line ({provider, call, ...what came back} or {provider, call, error}); the assertions are
 // test_ai_sdk.py's, which runs this from an install of package.json outside the repository.
 import { createAnthropic } from '@ai-sdk/anthropic';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
-import { Output, generateObject, generateText, stepCountIs, streamText, tool } from 'ai';
+import { Output, embedMany, generateObject, generateText, stepCountIs, streamText, tool } from 'ai';
 import { createOllama } from 'ollama-ai-provider-v2';
 import { z } from 'zod';
 
@@ -23,25 +23,33 @@ const TOOL_PROMPT = 'What is the weather in Paris?';
 const STRUCTURED_PROMPT = 'John is 30 years old. Extract the person.';
 const MAX_TOKENS = 48;
 
+const openaiCompatible = createOpenAICompatible({
+  name: 'shoal', baseURL: `${url}/v1`, apiKey: 'none', supportsStructuredOutputs: true, includeUsage: true,
+});
+const ollama = createOllama({ baseURL: `${url}/api` });
 const providers = {
-  openai_compatible: createOpenAICompatible({
-    name: 'shoal', baseURL: `${url}/v1`, apiKey: 'none', supportsStructuredOutputs: true, includeUsage: true,
-  }).chatModel(modelId),
+  openai_compatible: openaiCompatible.chatModel(modelId),
   anthropic: createAnthropic({ baseURL: `${url}/v1`, apiKey: 'none' })(modelId),
-  ollama: createOllama({ baseURL: `${url}/api` })(modelId),
+  ollama: ollama(modelId),
+};
+// Embedding models (/v1/embeddings, /api/embed); Anthropic's API has none.
+const embeddingModels = {
+  openai_compatible: openaiCompatible.textEmbeddingModel(modelId), ollama: ollama.embedding(modelId),
 };
 // Ollama's API has no way to force a call; the other two take AI SDK's toolChoice (a named tool, or
 // 'required'). The calls that need a forced call are made only where it can be forced.
 const forcesTools = { openai_compatible: true, anthropic: true, ollama: false };
 const FORCED_ONLY = new Set(['toolsRequired', 'twoSteps']);
+const STOP = 'Paris';
 
 // The Ollama provider writes temperature and maxOutputTokens as top-level fields of /api/chat, where
-// Ollama's API has none (Ollama ignores them, as shoal does): its own options go in providerOptions.
-function settings(provider, maxTokens = MAX_TOKENS) {
-  const ollama = { ollama: { options: { temperature: 0, num_predict: maxTokens } } };
+// Ollama's API has none (Ollama ignores them, as shoal does), and drops stopSequences: its own options
+// go in providerOptions.
+function settings(provider, maxTokens = MAX_TOKENS, stop = undefined) {
+  const options = { temperature: 0, num_predict: maxTokens, ...(stop ? { stop } : {}) };
   return {
-    temperature: 0, maxOutputTokens: maxTokens, maxRetries: 0,
-    ...(provider === 'ollama' ? { providerOptions: ollama } : {}),
+    temperature: 0, maxOutputTokens: maxTokens, maxRetries: 0, ...(stop ? { stopSequences: stop } : {}),
+    ...(provider === 'ollama' ? { providerOptions: { ollama: { options } } } : {}),
   };
 }
 
@@ -53,6 +61,15 @@ const calls = {
   async generateText(model, provider) {
     const r = await generateText({ model, prompt: PROMPT, ...settings(provider) });
     return { text: r.text, finishReason: r.finishReason, usage: usage(r.usage), warnings: r.warnings };
+  },
+  // generateText's prompt and settings again with a stop sequence, generated and streamed.
+  async stopSequences(model, provider) {
+    const r = await generateText({ model, prompt: PROMPT, ...settings(provider, MAX_TOKENS, [STOP]) });
+    const s = streamText({ model, prompt: PROMPT, ...settings(provider, MAX_TOKENS, [STOP]) });
+    return {
+      stop: STOP, text: r.text, finishReason: r.finishReason, rawFinishReason: r.rawFinishReason,
+      streamed: await s.text, streamedFinishReason: await s.finishReason,
+    };
   },
   async streamText(model, provider) {
     const r = streamText({ model, system: 'Answer in one sentence.', prompt: PROMPT, ...settings(provider) });
@@ -166,18 +183,28 @@ async function toolStep(model, provider, toolChoice) {
   };
 }
 
+async function embeddings(model) {
+  const r = await embedMany({ model, values: ['hello', 'the weather in Paris'], maxRetries: 0 });
+  return { embeddings: r.embeddings, usage: r.usage };
+}
+
+async function report(provider, call, run) {
+  const started = Date.now();
+  let line;
+  try {
+    line = { provider, call, ...(await run()) };
+  } catch (e) {
+    line = { provider, call, error: `${e?.name}: ${e?.message}`, cause: e?.cause ? String(e.cause) : undefined,
+      responseBody: e?.responseBody ?? e?.lastError?.responseBody, text: e?.text };
+  }
+  line.ms = Date.now() - started;
+  console.log(JSON.stringify(line));
+}
+
 for (const [provider, model] of Object.entries(providers)) {
   for (const [call, run] of Object.entries(calls)) {
     if (FORCED_ONLY.has(call) && !forcesTools[provider]) continue;
-    const started = Date.now();
-    let line;
-    try {
-      line = { provider, call, ...(await run(model, provider)) };
-    } catch (e) {
-      line = { provider, call, error: `${e?.name}: ${e?.message}`, cause: e?.cause ? String(e.cause) : undefined,
-        responseBody: e?.responseBody ?? e?.lastError?.responseBody, text: e?.text };
-    }
-    line.ms = Date.now() - started;
-    console.log(JSON.stringify(line));
+    await report(provider, call, () => run(model, provider));
   }
+  if (embeddingModels[provider]) await report(provider, 'embedMany', () => embeddings(embeddingModels[provider]));
 }
