@@ -1,9 +1,10 @@
 // Vercel's AI SDK against a real shoal: generateText, streamText, generateObject and generateText's
 // Output.object (a zod schema), stop sequences, tool calls (a zod input schema) and embedMany, through
 // three providers: the OpenAI-compatible one (/v1/chat/completions, /v1/embeddings), Anthropic's
-// (/v1/messages) and the Ollama community provider (/api/chat, /api/embed). Usage: `node calls.mjs <shoal url> <model id>`. Prints one JSON object per call
-// on its own line ({provider, call, ...what came back} or {provider, call, error}); the assertions are
-// test_ai_sdk.py's, which runs this from an install of package.json outside the repository.
+// (/v1/messages) and the Ollama community provider (/api/chat, /api/embed).
+// Usage: `node calls.mjs <shoal url> <model id>`. Prints one JSON object per call on its own line
+// ({provider, call, ...what came back} or {provider, call, error}); the assertions are test_ai_sdk.py's,
+// which runs this from an install of package.json outside the repository.
 import { createAnthropic } from '@ai-sdk/anthropic';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { Output, embedMany, generateObject, generateText, stepCountIs, streamText, tool } from 'ai';
