@@ -6,6 +6,14 @@
 //! `attn_qkv` or a fused gate+up `ffn_up`, rope frequency factors, an untied output head) or is a property
 //! of the family, listed here in [`Family`]: the rotary style, the FFN activation, embedding scaling,
 //! the default sliding-window pattern and the local-layer rope base.
+//!
+//! Mixture-of-experts families (`qwen3moe`, `qwen2moe`) are the same decoder whose feed-forward is a
+//! routed set of experts ([`crate::ffn`], decision 020): the family fixes the routing ([`Routing`]: a
+//! softmax over the router's logits, top-k, and whether the k weights are renormalised to sum to 1);
+//! the expert counts come from the metadata (`expert_count`, `expert_used_count`,
+//! `expert_feed_forward_length`) and a shared expert (`ffn_*_shexp`, gated by
+//! `sigmoid(ffn_gate_inp_shexp · x)`) is used when the file has its tensors. Other mixture-of-experts
+//! architectures (`gpt-oss`, `deepseek2`, `glm4moe`, …) are refused by name.
 
 use crate::error::{ModelError, Result};
 
@@ -26,6 +34,20 @@ pub enum Arch {
     Gemma3,
     /// Phi-3 / Phi-3.5 mini: fused QKV and fused gate+up.
     Phi3,
+    /// Qwen 1.5-MoE / Qwen 2-MoE: Qwen 2's attention (Q/K/V biases), routed experts whose top-k softmax
+    /// weights are used as they are, plus a shared expert gated by a sigmoid.
+    Qwen2Moe,
+    /// Qwen 3 MoE (30B-A3B, 235B-A22B): Qwen 3's attention (Q/K norms), routed experts whose top-k
+    /// softmax weights are renormalised to sum to 1.
+    Qwen3Moe,
+}
+
+/// How a mixture-of-experts family turns the router's logits into expert weights: softmax over all
+/// experts, keep the `expert_used_count` largest, and (when `norm_weights`) divide them by their sum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Routing {
+    /// Renormalise the top-k weights to sum to 1 (llama.cpp's `norm_w`: Qwen 3 MoE yes, Qwen 2 MoE no).
+    pub norm_weights: bool,
 }
 
 /// How rotary embeddings pair up the values of a head.
@@ -60,6 +82,8 @@ pub struct Family {
     pub local_rope_base: f32,
     /// Whether `attention.sliding_window` is honoured (llama.cpp ignores Phi-3's).
     pub uses_sliding_window: bool,
+    /// A mixture-of-experts feed-forward and its routing (`None`: a dense one).
+    pub routing: Option<Routing>,
 }
 
 impl Arch {
@@ -75,6 +99,8 @@ impl Arch {
             "qwen3" => Self::Qwen3,
             "gemma3" => Self::Gemma3,
             "phi3" => Self::Phi3,
+            "qwen2moe" => Self::Qwen2Moe,
+            "qwen3moe" => Self::Qwen3Moe,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
         })
     }
@@ -87,6 +113,8 @@ impl Arch {
             Self::Qwen3 => "qwen3",
             Self::Gemma3 => "gemma3",
             Self::Phi3 => "phi3",
+            Self::Qwen2Moe => "qwen2moe",
+            Self::Qwen3Moe => "qwen3moe",
         }
     }
 
@@ -99,6 +127,7 @@ impl Arch {
             swa_pattern: 0,
             local_rope_base: 10_000.0,
             uses_sliding_window: false,
+            routing: None,
         };
         match self {
             Self::Llama | Self::Mistral => Family {
@@ -106,6 +135,16 @@ impl Arch {
                 ..base
             },
             Self::Qwen2 | Self::Qwen3 | Self::Phi3 => base,
+            Self::Qwen2Moe => Family {
+                routing: Some(Routing {
+                    norm_weights: false,
+                }),
+                ..base
+            },
+            Self::Qwen3Moe => Family {
+                routing: Some(Routing { norm_weights: true }),
+                ..base
+            },
             Self::Gemma3 => Family {
                 activation: Activation::GeluTanh,
                 scale_embeddings: true,
@@ -137,6 +176,24 @@ mod tests {
         assert!(err.contains("mamba"), "{err}");
         for name in Arch::SUPPORTED {
             assert!(err.contains(name), "{err} should list {name}");
+        }
+    }
+
+    #[test]
+    fn moe_families_route_as_llama_cpp_does_and_other_moe_architectures_are_refused_by_name() {
+        let q3 = Arch::from_name("qwen3moe").unwrap().family();
+        let q2 = Arch::from_name("qwen2moe").unwrap().family();
+        assert_eq!(q3.routing, Some(Routing { norm_weights: true }));
+        assert_eq!(
+            q2.routing,
+            Some(Routing {
+                norm_weights: false
+            })
+        );
+        assert_eq!(Arch::Qwen3.family().routing, None);
+        for name in ["gpt-oss", "deepseek2", "glm4moe"] {
+            let err = Arch::from_name(name).map(|_| ()).unwrap_err().to_string();
+            assert!(err.contains(&format!("'{name}'")), "{err}");
         }
     }
 }

@@ -4,8 +4,10 @@
 //! shape each must have), [`StageSpec`] the stage's ends (embedding, final norm, output head or
 //! the tied embedding) and its rotary embeddings. Loaders read the names, upload or pack the
 //! tensors as they like, and check the shapes with [`MatrixSpec::check`] and [`read_norm`].
+//! A layer's feed-forward is [`FfnSpec`]: dense (`[gate | up]`, `down`) or a mixture of experts
+//! ([`MoeSpec`]: the router, the three 3-D expert tensors, an optional gated shared expert).
 
-use crate::config::{LayerRange, ModelConfig};
+use crate::config::{Experts, LayerRange, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, names};
 use crate::ops::RopeSpec;
@@ -85,12 +87,62 @@ pub struct BlockSpec {
     pub wo: MatrixSpec,
     pub post_attn_norm: Option<NormSpec>,
     pub ffn_norm: NormSpec,
-    /// Outputs `[gate | up]`: two tensors, or Phi-3's one with both stacked.
-    pub gate_up: MatrixSpec,
-    pub down: MatrixSpec,
+    pub ffn: FfnSpec,
     pub post_ffn_norm: Option<NormSpec>,
     /// A sliding-window layer.
     pub local: bool,
+}
+
+/// A layer's feed-forward.
+#[derive(Debug, Clone)]
+pub enum FfnSpec {
+    Dense(DenseSpec),
+    Moe(MoeSpec),
+}
+
+/// `down(act(gate(x)) * up(x))`.
+#[derive(Debug, Clone)]
+pub struct DenseSpec {
+    /// Outputs `[gate | up]`: two tensors, or Phi-3's one with both stacked.
+    pub gate_up: MatrixSpec,
+    pub down: MatrixSpec,
+}
+
+/// One 3-D tensor holding every routed expert's matrix (`[count, rows, cols]` row-major: `count`
+/// contiguous `rows × cols` matrices).
+#[derive(Debug, Clone)]
+pub struct ExpertTensor {
+    pub name: String,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl ExpertTensor {
+    /// Checks a tensor's row-major dims against `[count, rows, cols]`.
+    pub fn check(&self, dims: &[usize], count: usize) -> Result<()> {
+        let expected = vec![count, self.rows, self.cols];
+        if dims != expected {
+            return Err(ModelError::BadShape {
+                name: self.name.clone(),
+                got: dims.to_vec(),
+                expected,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A mixture-of-experts feed-forward: `Σ_top-k w_e · expert_e(x)` (+ `sigmoid(g · x) · shared(x)`).
+#[derive(Debug, Clone)]
+pub struct MoeSpec {
+    /// `ffn_gate_inp`: the router, `count × dim`.
+    pub router: MatrixSpec,
+    pub gate_exps: ExpertTensor,
+    pub up_exps: ExpertTensor,
+    pub down_exps: ExpertTensor,
+    /// The shared expert and its gate vector (`ffn_gate_inp_shexp`), when the file has them.
+    pub shared: Option<(DenseSpec, NormSpec)>,
+    pub experts: Experts,
 }
 
 fn norm(name: String, len: usize) -> NormSpec {
@@ -114,14 +166,23 @@ impl BlockSpec {
         } else {
             ["attn_q", "attn_k", "attn_v"].map(wb).to_vec()
         };
-        let gate_up_parts: Vec<_> = if g.has_tensor(&w("ffn_gate")) {
-            vec![plain("ffn_gate"), plain("ffn_up")]
-        } else {
-            // Phi-3: `ffn_up` holds gate and up stacked.
-            vec![plain("ffn_up")]
-        };
         let m = |name: &str, parts: &[(String, Option<String>)], out, input| {
             MatrixSpec::new(g, w(name), parts, out, input)
+        };
+        let ffn = match cfg.arch.experts {
+            Some(experts) => FfnSpec::Moe(MoeSpec::describe(g, cfg, i, experts)),
+            None => {
+                let gate_up_parts: Vec<_> = if g.has_tensor(&w("ffn_gate")) {
+                    vec![plain("ffn_gate"), plain("ffn_up")]
+                } else {
+                    // Phi-3: `ffn_up` holds gate and up stacked.
+                    vec![plain("ffn_up")]
+                };
+                FfnSpec::Dense(DenseSpec {
+                    gate_up: m("ffn_up", &gate_up_parts, 2 * cfg.ffn_dim, dim),
+                    down: m("ffn_down", &[plain("ffn_down")], dim, cfg.ffn_dim),
+                })
+            }
         };
         Self {
             attn_norm: norm(w("attn_norm"), dim),
@@ -131,10 +192,51 @@ impl BlockSpec {
             wo: m("attn_output", &[plain("attn_output")], dim, qd),
             post_attn_norm: opt_norm(g, w("post_attention_norm"), dim),
             ffn_norm: norm(w("ffn_norm"), dim),
-            gate_up: m("ffn_up", &gate_up_parts, 2 * cfg.ffn_dim, dim),
-            down: m("ffn_down", &[plain("ffn_down")], dim, cfg.ffn_dim),
+            ffn,
             post_ffn_norm: opt_norm(g, w("post_ffw_norm"), dim),
             local: cfg.arch.local_layers.get(i).copied().unwrap_or(false),
+        }
+    }
+}
+
+impl MoeSpec {
+    /// Layer `i`'s experts in `g`.
+    fn describe(g: &GgufFile, cfg: &ModelConfig, i: usize, experts: Experts) -> Self {
+        let (dim, ff) = (cfg.dim, experts.ff);
+        let w = |p: &str| names::blk(i, p);
+        let expert = |p: &str, rows, cols| ExpertTensor {
+            name: w(p),
+            rows,
+            cols,
+        };
+        let shared = g.has_tensor(&w("ffn_gate_shexp")).then(|| {
+            let sff = experts.shared_ff;
+            let parts = [(w("ffn_gate_shexp"), None), (w("ffn_up_shexp"), None)];
+            let ffn = DenseSpec {
+                gate_up: MatrixSpec::new(g, w("ffn_up_shexp"), &parts, 2 * sff, dim),
+                down: MatrixSpec::new(
+                    g,
+                    w("ffn_down_shexp"),
+                    &[(w("ffn_down_shexp"), None)],
+                    dim,
+                    sff,
+                ),
+            };
+            (ffn, norm(w("ffn_gate_inp_shexp"), dim))
+        });
+        Self {
+            router: MatrixSpec::new(
+                g,
+                w("ffn_gate_inp"),
+                &[(w("ffn_gate_inp"), None)],
+                experts.count,
+                dim,
+            ),
+            gate_exps: expert("ffn_gate_exps", ff, dim),
+            up_exps: expert("ffn_up_exps", ff, dim),
+            down_exps: expert("ffn_down_exps", dim, ff),
+            shared,
+            experts,
         }
     }
 }

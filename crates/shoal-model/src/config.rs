@@ -1,6 +1,6 @@
 //! Architecture-independent model shape, read from GGUF metadata.
 
-use crate::arch::{Activation, Arch, RopeStyle};
+use crate::arch::{Activation, Arch, RopeStyle, Routing};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
@@ -46,6 +46,24 @@ pub struct ArchParams {
     pub activation: Activation,
     /// How an embedding pools the final hidden states (`{arch}.pooling_type`).
     pub pooling: Pooling,
+    /// A mixture-of-experts feed-forward's shape and routing (`None`: dense).
+    pub experts: Option<Experts>,
+}
+
+/// A mixture-of-experts layer's shape (`{arch}.expert_*` keys) and its family's routing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Experts {
+    /// Routed experts per layer (`expert_count`).
+    pub count: usize,
+    /// Experts each token uses (`expert_used_count`, the k of top-k).
+    pub used: usize,
+    /// Hidden size of one routed expert (`expert_feed_forward_length`; absent: `feed_forward_length / used`,
+    /// as llama.cpp).
+    pub ff: usize,
+    /// Hidden size of the shared expert, when the file has one (`expert_shared_feed_forward_length`;
+    /// absent: `feed_forward_length`).
+    pub shared_ff: usize,
+    pub routing: Routing,
 }
 
 /// How embeddings pool a sequence's final hidden states (after the output norm): llama.cpp's
@@ -91,6 +109,7 @@ impl ArchParams {
             embed_scale: 1.0,
             activation: Activation::Silu,
             pooling: Pooling::Mean,
+            experts: None,
         }
     }
 }
@@ -166,13 +185,18 @@ impl ModelConfig {
             Arch::Gemma3 | Arch::Phi3 => Some(1.0 / (head_dim as f32).sqrt()),
             _ => None,
         };
+        let ffn_dim = gguf.get_u32(&k("feed_forward_length"))? as usize;
+        let experts = match family.routing {
+            Some(routing) => Some(experts(gguf, &k, ffn_dim, routing)?),
+            None => None,
+        };
         let cfg = Self {
             n_layers,
             dim,
             n_heads,
             n_kv_heads,
             head_dim,
-            ffn_dim: gguf.get_u32(&k("feed_forward_length"))? as usize,
+            ffn_dim,
             vocab_size,
             context_length: context_length(gguf, &k),
             rope_theta: gguf.get_f32(&k("rope.freq_base")).unwrap_or(10_000.0),
@@ -197,6 +221,7 @@ impl ModelConfig {
                 },
                 activation: family.activation,
                 pooling: Pooling::from_gguf(gguf.get_u32(&k("pooling_type")).ok()),
+                experts,
             },
             architecture: name,
         };
@@ -211,6 +236,36 @@ impl ModelConfig {
     pub fn kv_bytes_per_token(&self, layers: usize, value_bytes: usize) -> usize {
         2 * layers * self.n_kv_heads * self.head_dim * value_bytes
     }
+}
+
+/// A mixture-of-experts family's expert counts and sizes, checked.
+fn experts(
+    gguf: &GgufFile,
+    k: &dyn Fn(&str) -> String,
+    ffn_dim: usize,
+    routing: Routing,
+) -> Result<Experts> {
+    let count = gguf.get_u32(&k("expert_count"))? as usize;
+    let used = gguf.get_u32(&k("expert_used_count"))? as usize;
+    if count == 0 || used == 0 || used > count {
+        return Err(ModelError::InvalidGguf {
+            path: gguf.path().display().to_string(),
+            message: format!("{used} experts used of {count}"),
+        });
+    }
+    let ff = gguf
+        .get_u32(&k("expert_feed_forward_length"))
+        .map_or(ffn_dim / used, |v| v as usize);
+    let shared_ff = gguf
+        .get_u32(&k("expert_shared_feed_forward_length"))
+        .map_or(ffn_dim, |v| v as usize);
+    Ok(Experts {
+        count,
+        used,
+        ff,
+        shared_ff,
+        routing,
+    })
 }
 
 /// The trained context length; Phi-3's long-context (`longrope`) files serve their original context with

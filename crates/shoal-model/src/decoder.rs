@@ -6,7 +6,7 @@
 //! `x += post_norm(attn(norm(x)))`, `x += post_norm(ffn(norm(x)))`, where the optional pieces (Q/K/V
 //! biases, per-head Q/K norms, post norms, fused QKV or gate+up) are used when the file has their tensors
 //! and the rest (rotary style, activation, sliding windows, embedding scale) comes from
-//! [`crate::config::ArchParams`].
+//! [`crate::config::ArchParams`]. The feed-forward is dense or a mixture of experts ([`crate::ffn`]).
 //!
 //! `forward` runs a batch of sequence chunks: rows of the hidden state are the concatenation of every
 //! chunk's tokens, so all matrix multiplications are batched across sequences and only attention runs
@@ -18,9 +18,10 @@ use std::sync::Arc;
 use shoal_kernels::ThreadPool;
 
 use crate::attention::{self, AttnSpec, Heads};
-use crate::block::{BlockSpec, MatrixSpec, StageSpec, read_norm, read_opt_norm};
+use crate::block::{BlockSpec, StageSpec, read_norm, read_opt_norm};
 use crate::config::{LayerRange, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::ffn::{Ffn, FfnScratch, load_set};
 use crate::gguf::GgufFile;
 use crate::kv::{KvCache, VALUE_BYTES};
 use crate::linear::{Embedding, LinearScratch, LinearSet, Part, QLinear};
@@ -80,9 +81,8 @@ struct Block {
     wo: LinearSet,
     post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
-    /// Outputs `[gate | up]`.
-    gate_up: LinearSet,
-    down: LinearSet,
+    /// Dense or a mixture of experts.
+    ffn: Ffn,
     post_ffn_norm: Option<Vec<f32>>,
     /// A sliding-window layer.
     local: bool,
@@ -100,27 +100,11 @@ pub struct DecoderStage {
     pool: Arc<ThreadPool>,
 }
 
-/// Loads the matrices `spec` names, stacked as one [`LinearSet`], and checks its shape.
-fn load_set(g: &mut GgufFile, spec: &MatrixSpec) -> Result<LinearSet> {
-    let parts: Vec<Part<'_>> = spec
-        .parts
-        .iter()
-        .map(|p| Part {
-            weight: &p.weight,
-            bias: p.bias.as_deref(),
-        })
-        .collect();
-    let set = LinearSet::load(g, &parts)?;
-    spec.check(set.out_features(), set.in_features())?;
-    Ok(set)
-}
-
 fn load_block(g: &mut GgufFile, spec: &BlockSpec) -> Result<Block> {
     Ok(Block {
         qkv: load_set(g, &spec.qkv)?,
         wo: load_set(g, &spec.wo)?,
-        gate_up: load_set(g, &spec.gate_up)?,
-        down: load_set(g, &spec.down)?,
+        ffn: Ffn::load(g, &spec.ffn)?,
         attn_norm: read_norm(g, &spec.attn_norm)?,
         q_norm: read_opt_norm(g, &spec.q_norm)?,
         k_norm: read_opt_norm(g, &spec.k_norm)?,
@@ -319,10 +303,10 @@ impl DecoderStage {
         let rope_local = any_local.then(|| RopeRows::new(&self.rope_local, positions()));
         let mut h = vec![0f32; total * dim];
         let mut attn = vec![0f32; total * qd];
-        let mut act = vec![0f32; total * c.ffn_dim];
         // Matmul outputs and quantized inputs, reused by every layer.
-        let (mut qkv, mut o, mut gu, mut down) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut qkv, mut o, mut down) = (Vec::new(), Vec::new(), Vec::new());
         let mut scratch = LinearScratch::default();
+        let mut ffn_scratch = FfnScratch::default();
         let pool = &*self.pool;
         for (li, blk) in self.blocks.iter().enumerate() {
             ops::rms_norm(x, &blk.attn_norm, c.rms_eps, &mut h);
@@ -363,11 +347,14 @@ impl DecoderStage {
             blk.wo.forward(&attn, total, &mut o, &mut scratch, pool)?;
             residual(x, &mut o, blk.post_attn_norm.as_deref(), c.rms_eps, &mut h);
             ops::rms_norm(x, &blk.ffn_norm, c.rms_eps, &mut h);
-            blk.gate_up
-                .forward(&h, total, &mut gu, &mut scratch, pool)?;
-            ops::gated_par(c.arch.activation, &gu, c.ffn_dim, &mut act, pool);
-            blk.down
-                .forward(&act, total, &mut down, &mut scratch, pool)?;
+            blk.ffn.forward(
+                &h,
+                total,
+                c.arch.activation,
+                &mut down,
+                &mut ffn_scratch,
+                pool,
+            )?;
             residual(
                 x,
                 &mut down,

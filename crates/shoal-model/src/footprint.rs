@@ -2,7 +2,9 @@
 //! data): the figures the placement planner needs for every architecture this crate loads — bytes per
 //! part a stage may hold, KV and activation bytes per token, and for the cost model the weight type
 //! that holds most of the layers' bytes (nodes publish their measured speed per type) and the
-//! parameters of one layer (its matrix products' flops per token).
+//! parameters of one layer (its matrix products' flops per token). A mixture-of-experts layer holds
+//! every expert but a token reads only `expert_used_count` of them: `layer_bytes` is what a stage holds,
+//! `active_layer_bytes` what one token reads (router, attention, shared expert and k routed experts).
 
 use std::collections::BTreeMap;
 
@@ -16,8 +18,11 @@ use crate::kv;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Footprint {
     pub n_layers: usize,
-    /// Weight bytes of one transformer layer (layer 0's tensors).
+    /// Weight bytes of one transformer layer (layer 0's tensors): what a stage holds per layer.
     pub layer_bytes: u64,
+    /// Weight bytes one token reads in one layer: `layer_bytes`, or in a mixture-of-experts layer the
+    /// routed experts' bytes (`*_exps` tensors) scaled by `expert_used_count / expert_count`.
+    pub active_layer_bytes: u64,
     /// Extra bytes on the first stage: the token embeddings.
     pub embed_bytes: u64,
     /// Extra bytes on the last stage: the final norm and the output head (with tied embeddings the last
@@ -37,6 +42,9 @@ pub struct Footprint {
     /// Weights of layer 0's matrices (tensors of two or more dims; norms left out): a token costs
     /// `2 · layer_params` floating-point operations per layer in its matrix products.
     pub layer_params: u64,
+    /// The weights one token multiplies by in one layer (`layer_params` with the routed experts scaled
+    /// as in `active_layer_bytes`).
+    pub active_layer_params: u64,
     /// ggml name of the output head matrix's type (`output.weight`, or `token_embd.weight` when the
     /// embeddings are tied); "" when the file has neither.
     pub head_type: &'static str,
@@ -78,6 +86,18 @@ impl Footprint {
             .filter(|(n, i)| n.starts_with(&layer0) && i.dims.len() >= 2)
             .map(|(_, i)| elements(&i.dims))
             .sum();
+        // The routed experts' share of layer 0, and the fraction of it a token reads.
+        let (routed_bytes, routed_params) = infos
+            .iter()
+            .filter(|(n, _)| n.starts_with(&layer0) && n.ends_with(names::EXPERTS_SUFFIX))
+            .fold((0u64, 0u64), |(b, p), (n, i)| {
+                (b + bytes(n), p + elements(&i.dims))
+            });
+        let (used, count) = cfg
+            .arch
+            .experts
+            .map_or((1, 1), |e| (e.used as u64, e.count as u64));
+        let active = |total: u64, routed: u64| total - routed + routed * used / count;
         let head = infos
             .get(names::OUTPUT)
             .or_else(|| infos.get(names::TOKEN_EMBD));
@@ -86,6 +106,7 @@ impl Footprint {
         Ok(Self {
             n_layers: cfg.n_layers,
             layer_bytes,
+            active_layer_bytes: active(layer_bytes, routed_bytes),
             embed_bytes,
             head_bytes,
             kv_bytes_per_token_per_layer: cfg.kv_bytes_per_token(1, kv::VALUE_BYTES) as u64,
@@ -94,6 +115,7 @@ impl Footprint {
             tied_embeddings: gguf.tensor_bytes(names::OUTPUT).is_none(),
             weight_type,
             layer_params,
+            active_layer_params: active(layer_params, routed_params),
             head_type,
             head_params,
             vocab_size: cfg.vocab_size,

@@ -5,8 +5,9 @@
 //! - [`config::ModelConfig`] is the architecture-independent shape of a model (layers, dims, heads);
 //!   [`Footprint`] is what it costs to hold (bytes per layer, embeddings, head, KV per token), for placement.
 //! - [`tokenizer::Tokenizer`] and [`chat::ChatTemplate`] come from the GGUF metadata.
-//! - [`arch::Arch`] names the families shoal runs (llama, mistral, qwen2, qwen3, gemma3, phi3) and what
-//!   sets each apart, as data; [`config::ArchParams`] is that resolved for one file.
+//! - [`arch::Arch`] names the families shoal runs (llama, mistral, qwen2, qwen3, gemma3, phi3, and the
+//!   mixture-of-experts qwen2moe and qwen3moe) and what sets each apart, as data; [`config::ArchParams`]
+//!   is that resolved for one file. [`ffn`] is a layer's feed-forward: dense or routed experts.
 //! - [`decoder::DecoderStage`] is one pipeline stage of any of them: layers `[start, end)`, plus the
 //!   token embedding on the first stage and the final norm and output head on the last. Its `forward`
 //!   takes a batch of sequence chunks (several sequences decoding one token each, or prompts being
@@ -33,6 +34,7 @@ pub mod chat;
 pub mod config;
 pub mod decoder;
 pub mod error;
+pub mod ffn;
 pub mod footprint;
 pub mod gguf;
 pub mod gpu;
@@ -44,7 +46,7 @@ pub mod supported;
 pub mod tokenizer;
 
 pub use arch::Arch;
-pub use config::{ArchParams, LayerRange, ModelConfig, Pooling};
+pub use config::{ArchParams, Experts, LayerRange, ModelConfig, Pooling};
 pub use decoder::{DecoderStage, Pool, SeqChunk, StageInput, StageOutput};
 pub use error::ModelError;
 pub use footprint::Footprint;

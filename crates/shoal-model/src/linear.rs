@@ -133,8 +133,15 @@ impl LinearSet {
                 Some(b) if gguf.has_tensor(b) => Some(gguf.read_f32_vec(b)?),
                 _ => None,
             };
-            raws.push((p.weight, raw, bias));
+            raws.push((p.weight.to_string(), raw, bias));
         }
+        Self::from_raws(raws)
+    }
+
+    /// The set of matrices already read: `(name, weight, bias)` in output order (neighbours of the
+    /// same type stacked). Mixture-of-experts layers build each expert's set from slices of the
+    /// 3-D expert tensors this way.
+    pub fn from_raws(raws: Vec<(String, RawTensor, Option<Vec<f32>>)>) -> Result<Self> {
         let mut groups = Vec::new();
         let (mut col, mut in_features) = (0, None);
         let mut iter = raws.into_iter().peekable();
@@ -147,10 +154,10 @@ impl LinearSet {
                     stack.push((raw, bias));
                 }
             }
-            let w = packed(name, stack_rows(name, &mut stack)?)?;
+            let w = packed(&name, stack_rows(&name, &mut stack)?)?;
             if *in_features.get_or_insert(w.cols()) != w.cols() {
                 return Err(ModelError::BadShape {
-                    name: name.into(),
+                    name,
                     got: vec![w.rows(), w.cols()],
                     expected: vec![w.rows(), in_features.unwrap_or(0)],
                 });

@@ -2,7 +2,9 @@
 //! uses nothing, so `error` can name them without depending on the modules that implement them.
 
 /// `general.architecture` values [`crate::arch::Arch`] loads.
-pub const ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3"];
+pub const ARCHITECTURES: &[&str] = &[
+    "llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe",
+];
 
 /// Tensor types the kernels multiply (ggml's names).
 pub const TENSOR_TYPES: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, \

@@ -8,6 +8,9 @@ pub const OUTPUT: &str = "output.weight";
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
 /// Phi-3's rope factors for the original context.
 pub const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
+/// How the names of the routed experts' 3-D tensors end (`ffn_gate_exps.weight`, `ffn_up_exps.weight`,
+/// `ffn_down_exps.weight`).
+pub const EXPERTS_SUFFIX: &str = "_exps.weight";
 /// The prefix every layer tensor's name starts with.
 pub const BLK: &str = "blk.";
 /// The prefix every tensor name of layer `i` starts with.

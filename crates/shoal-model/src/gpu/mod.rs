@@ -27,7 +27,7 @@ use shoal_kernels::{QMatrix, QType};
 pub use kv::GpuKv;
 
 use crate::arch::RopeStyle;
-use crate::block::{MatrixSpec, StageSpec, read_norm, read_opt_norm};
+use crate::block::{FfnSpec, MatrixSpec, StageSpec, read_norm, read_opt_norm};
 use crate::config::{LayerRange, ModelConfig};
 use crate::decoder::{
     SeqChunk, StageInput, StageOutput, check_batch, check_embedding_dim, check_head, names,
@@ -165,6 +165,13 @@ impl GpuDecoderStage {
         let spec = StageSpec::describe(gguf, &cfg, range)?;
         let mut blocks = Vec::with_capacity(spec.blocks.len());
         for b in &spec.blocks {
+            let FfnSpec::Dense(ffn) = &b.ffn else {
+                return Err(ModelError::Unsupported(format!(
+                    "mixture-of-experts layers ({}) on the GPU; run this model on the CPU \
+                     (--device cpu)",
+                    cfg.architecture
+                )));
+            };
             blocks.push(GpuBlock {
                 attn_norm: upload_norm(gguf, gpu, &b.attn_norm)?,
                 qkv: load_linear(gguf, gpu, &b.qkv)?,
@@ -173,8 +180,8 @@ impl GpuDecoderStage {
                 wo: load_linear(gguf, gpu, &b.wo)?,
                 post_attn_norm: upload_opt_norm(gguf, gpu, &b.post_attn_norm)?,
                 ffn_norm: upload_norm(gguf, gpu, &b.ffn_norm)?,
-                gate_up: load_linear(gguf, gpu, &b.gate_up)?,
-                down: load_linear(gguf, gpu, &b.down)?,
+                gate_up: load_linear(gguf, gpu, &ffn.gate_up)?,
+                down: load_linear(gguf, gpu, &ffn.down)?,
                 post_ffn_norm: upload_opt_norm(gguf, gpu, &b.post_ffn_norm)?,
                 local: b.local,
             });

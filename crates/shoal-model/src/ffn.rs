@@ -1,0 +1,307 @@
+//! A layer's feed-forward, the one place the decoder's layers differ in kind ([`crate::block::FfnSpec`]):
+//! [`DenseFfn`] (`down(act(gate·x) * up·x)`) or [`MoeFfn`], a mixture of experts (decision 020).
+//!
+//! A mixture-of-experts layer routes each token: the router's logits (`ffn_gate_inp · x`, one per
+//! expert) go through a softmax, the `k` largest are kept (and, for Qwen 3 MoE, renormalised to sum
+//! to 1), and the token's output is `Σ w_e · expert_e(x)`; Qwen 2 MoE adds a shared expert scaled by
+//! `sigmoid(ffn_gate_inp_shexp · x)`. The experts' 3-D GGUF tensors are `count` contiguous matrices, so
+//! each expert is loaded as an ordinary [`LinearSet`] over its slice (packed like the dense matrices).
+//!
+//! Compute is grouped by expert: the batch's rows routed to expert `e` are gathered, multiplied by `e`'s
+//! matrices in one matmul each (so in prefill and batched decode every used expert's weights are read
+//! once per step), and scattered back with their weights. A single decoding token reads only its top-k
+//! experts, the router and the shared expert.
+
+use shoal_kernels::ThreadPool;
+
+use crate::arch::Activation;
+use crate::block::{DenseSpec, ExpertTensor, FfnSpec, MatrixSpec, MoeSpec, read_norm};
+use crate::error::{ModelError, Result};
+use crate::gguf::{GgufFile, RawTensor};
+use crate::linear::{LinearScratch, LinearSet, Part};
+use crate::ops;
+
+/// Loads the matrices `spec` names, stacked as one [`LinearSet`], and checks its shape.
+pub(crate) fn load_set(g: &mut GgufFile, spec: &MatrixSpec) -> Result<LinearSet> {
+    let parts: Vec<Part<'_>> = spec
+        .parts
+        .iter()
+        .map(|p| Part {
+            weight: &p.weight,
+            bias: p.bias.as_deref(),
+        })
+        .collect();
+    let set = LinearSet::load(g, &parts)?;
+    spec.check(set.out_features(), set.in_features())?;
+    Ok(set)
+}
+
+/// A layer's feed-forward, loaded.
+pub(crate) enum Ffn {
+    Dense(DenseFfn),
+    Moe(MoeFfn),
+}
+
+/// Buffers the feed-forward reuses from layer to layer.
+#[derive(Default)]
+pub(crate) struct FfnScratch {
+    lin: LinearScratch,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    /// Router logits (then probabilities), `rows × experts`.
+    logits: Vec<f32>,
+    /// Per expert: the rows routed to it and their weights.
+    routes: Vec<Vec<(usize, f32)>>,
+    /// One expert's gathered input rows and its output.
+    rows_in: Vec<f32>,
+    rows_out: Vec<f32>,
+}
+
+impl Ffn {
+    pub(crate) fn load(g: &mut GgufFile, spec: &FfnSpec) -> Result<Self> {
+        Ok(match spec {
+            FfnSpec::Dense(d) => Self::Dense(DenseFfn::load(g, d)?),
+            FfnSpec::Moe(m) => Self::Moe(MoeFfn::load(g, m)?),
+        })
+    }
+
+    /// `out = ffn(x)` for `m` rows of `x`.
+    pub(crate) fn forward(
+        &self,
+        x: &[f32],
+        m: usize,
+        act: Activation,
+        out: &mut Vec<f32>,
+        s: &mut FfnScratch,
+        pool: &ThreadPool,
+    ) -> Result<()> {
+        match self {
+            Self::Dense(d) => d.forward(x, m, act, out, s, pool),
+            Self::Moe(e) => e.forward(x, m, act, out, s, pool),
+        }
+    }
+}
+
+/// `down(act(gate · x) * (up · x))`, gate and up as one set.
+pub(crate) struct DenseFfn {
+    gate_up: LinearSet,
+    down: LinearSet,
+    ff: usize,
+}
+
+impl DenseFfn {
+    fn load(g: &mut GgufFile, spec: &DenseSpec) -> Result<Self> {
+        Ok(Self {
+            gate_up: load_set(g, &spec.gate_up)?,
+            down: load_set(g, &spec.down)?,
+            ff: spec.down.input,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &[f32],
+        m: usize,
+        act: Activation,
+        out: &mut Vec<f32>,
+        s: &mut FfnScratch,
+        pool: &ThreadPool,
+    ) -> Result<()> {
+        self.gate_up
+            .forward(x, m, &mut s.gate_up, &mut s.lin, pool)?;
+        s.act.resize(m * self.ff, 0.0);
+        ops::gated_par(act, &s.gate_up, self.ff, &mut s.act, pool);
+        self.down.forward(&s.act, m, out, &mut s.lin, pool)
+    }
+}
+
+/// Routed experts (and a gated shared expert).
+pub(crate) struct MoeFfn {
+    router: LinearSet,
+    experts: Vec<DenseFfn>,
+    /// The shared expert and its gate vector.
+    shared: Option<(DenseFfn, Vec<f32>)>,
+    used: usize,
+    norm_weights: bool,
+}
+
+/// The `count` matrices of a 3-D expert tensor, each as its own `rows × cols` tensor.
+fn split_experts(g: &mut GgufFile, t: &ExpertTensor, count: usize) -> Result<Vec<RawTensor>> {
+    let raw = g.read_raw(&t.name)?;
+    t.check(&raw.dims, count)?;
+    let per = raw.data.len() / count;
+    if per * count != raw.data.len() {
+        return Err(ModelError::BadShape {
+            name: t.name.clone(),
+            got: vec![raw.data.len()],
+            expected: vec![per * count],
+        });
+    }
+    Ok(raw
+        .data
+        .chunks_exact(per)
+        .map(|c| RawTensor {
+            ty: raw.ty,
+            dims: vec![t.rows, t.cols],
+            data: c.to_vec(),
+        })
+        .collect())
+}
+
+impl MoeFfn {
+    fn load(g: &mut GgufFile, spec: &MoeSpec) -> Result<Self> {
+        let n = spec.experts.count;
+        let router = load_set(g, &spec.router)?;
+        let gates = split_experts(g, &spec.gate_exps, n)?;
+        let ups = split_experts(g, &spec.up_exps, n)?;
+        let downs = split_experts(g, &spec.down_exps, n)?;
+        let experts = gates
+            .into_iter()
+            .zip(ups)
+            .zip(downs)
+            .map(|((gate, up), down)| {
+                Ok(DenseFfn {
+                    gate_up: LinearSet::from_raws(vec![
+                        (spec.gate_exps.name.clone(), gate, None),
+                        (spec.up_exps.name.clone(), up, None),
+                    ])?,
+                    down: LinearSet::from_raws(vec![(spec.down_exps.name.clone(), down, None)])?,
+                    ff: spec.experts.ff,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let shared = match &spec.shared {
+            Some((ffn, gate)) => Some((DenseFfn::load(g, ffn)?, read_norm(g, gate)?)),
+            None => None,
+        };
+        Ok(Self {
+            router,
+            experts,
+            shared,
+            used: spec.experts.used,
+            norm_weights: spec.experts.routing.norm_weights,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &[f32],
+        m: usize,
+        act: Activation,
+        out: &mut Vec<f32>,
+        s: &mut FfnScratch,
+        pool: &ThreadPool,
+    ) -> Result<()> {
+        let dim = self.router.in_features();
+        let n = self.experts.len();
+        self.router.forward(x, m, &mut s.logits, &mut s.lin, pool)?;
+        s.routes.resize_with(n, Vec::new);
+        s.routes.iter_mut().for_each(Vec::clear);
+        for (t, probs) in s.logits.chunks_exact_mut(n).enumerate() {
+            route(probs, self.used, self.norm_weights, |e, w| {
+                s.routes[e].push((t, w))
+            });
+        }
+        out.clear();
+        out.resize(m * dim, 0.0);
+        let mut routes = std::mem::take(&mut s.routes);
+        for (expert, rows) in self.experts.iter().zip(&routes) {
+            if rows.is_empty() {
+                continue;
+            }
+            s.rows_in.clear();
+            for &(t, _) in rows {
+                s.rows_in.extend_from_slice(&x[t * dim..(t + 1) * dim]);
+            }
+            let mut rows_in = std::mem::take(&mut s.rows_in);
+            let mut rows_out = std::mem::take(&mut s.rows_out);
+            expert.forward(&rows_in, rows.len(), act, &mut rows_out, s, pool)?;
+            for (&(t, w), y) in rows.iter().zip(rows_out.chunks_exact(dim)) {
+                for (o, &v) in out[t * dim..(t + 1) * dim].iter_mut().zip(y) {
+                    *o += w * v;
+                }
+            }
+            std::mem::swap(&mut s.rows_in, &mut rows_in);
+            std::mem::swap(&mut s.rows_out, &mut rows_out);
+        }
+        std::mem::swap(&mut s.routes, &mut routes);
+        if let Some((ffn, gate)) = &self.shared {
+            let mut y = std::mem::take(&mut s.rows_out);
+            ffn.forward(x, m, act, &mut y, s, pool)?;
+            for ((xr, yr), o) in x
+                .chunks_exact(dim)
+                .zip(y.chunks_exact(dim))
+                .zip(out.chunks_exact_mut(dim))
+            {
+                let g = xr.iter().zip(gate).map(|(a, b)| a * b).sum::<f32>();
+                let g = 1.0 / (1.0 + (-g).exp());
+                for (o, &v) in o.iter_mut().zip(yr) {
+                    *o += g * v;
+                }
+            }
+            s.rows_out = y;
+        }
+        Ok(())
+    }
+}
+
+/// One token's routing: `logits` (one per expert) become softmax probabilities in place; the `k`
+/// largest (first index on a tie) are handed to `pick` with their weight, renormalised to sum to 1
+/// when `norm` (the sum clamped below at f16's smallest normal, as llama.cpp does).
+fn route(logits: &mut [f32], k: usize, norm: bool, mut pick: impl FnMut(usize, f32)) {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut sum = 0f32;
+    for v in logits.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    logits.iter_mut().for_each(|v| *v /= sum);
+    let mut chosen = [0usize; 64];
+    let k = k.min(logits.len()).min(chosen.len());
+    for i in 0..k {
+        let mut best = usize::MAX;
+        for (e, &p) in logits.iter().enumerate() {
+            if !chosen[..i].contains(&e) && (best == usize::MAX || p > logits[best]) {
+                best = e;
+            }
+        }
+        chosen[i] = best;
+    }
+    let total: f32 = chosen[..k].iter().map(|&e| logits[e]).sum();
+    let scale = if norm {
+        1.0 / total.max(6.103_515_6e-5)
+    } else {
+        1.0
+    };
+    for &e in &chosen[..k] {
+        pick(e, logits[e] * scale);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn picks(logits: &[f32], k: usize, norm: bool) -> Vec<(usize, f32)> {
+        let mut l = logits.to_vec();
+        let mut out = Vec::new();
+        route(&mut l, k, norm, |e, w| out.push((e, w)));
+        out
+    }
+
+    #[test]
+    fn routing_keeps_the_top_k_softmax_weights_renormalised_or_not() {
+        let logits = [0.0, 2.0, 1.0, -1.0];
+        let z: f32 = logits.iter().map(|v: &f32| v.exp()).sum();
+        let p = |i: usize| logits[i].exp() / z;
+        let raw = picks(&logits, 2, false);
+        assert_eq!(raw.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2]);
+        assert!((raw[0].1 - p(1)).abs() < 1e-6 && (raw[1].1 - p(2)).abs() < 1e-6);
+        let normed = picks(&logits, 2, true);
+        assert!((normed[0].1 - p(1) / (p(1) + p(2))).abs() < 1e-6);
+        assert!((normed[0].1 + normed[1].1 - 1.0).abs() < 1e-6);
+        // A tie goes to the first expert; k = all experts keeps every one.
+        assert_eq!(picks(&[1.0, 1.0, 0.0], 1, true)[0], (0, 1.0));
+        assert_eq!(picks(&logits, 4, false).len(), 4);
+    }
+}
