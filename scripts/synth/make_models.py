@@ -6,7 +6,9 @@ Fixtures (into --out, default crates/shoal-model/tests/fixtures/synth):
   (BF16, Q8_0, Q4_0, Q5_0, Q5_1: block types that need rows of 32 only);
 - tier `k` (n_embd 256, rows a multiple of 256, so llama-quantize makes real K-quants): `<family>-k-q4_k_m.gguf`
   for llama, qwen2, qwen3, gemma3 and phi3 (the families whose quantized path differs from llama's), plus Q5_K_M
-  of `llama`; their F16 bases go to a temporary folder and are not kept (--keep-bases keeps them).
+  of `llama`, and the mixture-of-experts qwen3moe and qwen2moe (tier k only); their F16 bases go to a
+  temporary folder and are not kept (--keep-bases keeps them).
+`--families A B` writes only those families and replaces only their entries in the existing manifest.json.
 The set is cut to keep the committed fixtures near 10 MB; see the README next to them.
 - `manifest.json`: per fixture the family, tier, dims, the prompt token ids (BOS first where the family adds
   BOS) and the texts whose tokenization reference.py records.
@@ -119,14 +121,17 @@ def make_fixtures(out: Path, seed: int, binary: Path, families: list[str], keep_
                     path = out / f"{name}.gguf"
                     if ftype != "F16":
                         quantize(binary, base, path, ftype)
-                    entries.append({
+                    entry = {
                         "name": name, "file": path.name, "family": fname, "arch": fam.arch, "tier": tier,
                         "ftype": ftype, "label": fam.label,
                         "dims": {k: getattr(dims, k) for k in dims.__dataclass_fields__},
                         "add_bos": bool(vocab.add_bos), "prompt": prompt_ids(seed, fam, vocab),
                         "texts": TEXTS_COMMON + [TEXTS_SPECIAL[fam.vocab]],
                         "bytes": path.stat().st_size,
-                    })
+                    }
+                    if fam.experts:
+                        entry["experts"] = {k: getattr(fam.experts, k) for k in fam.experts.__dataclass_fields__}
+                    entries.append(entry)
                     print(f"{path.name:32s} {path.stat().st_size:>9,d} bytes")
     return entries
 
@@ -191,6 +196,8 @@ def main() -> None:
     ap.add_argument("--quantize", type=Path, default=DEFAULT_QUANTIZE, help="llama-quantize binary")
     ap.add_argument("--keep-bases", action="store_true", help="also keep the k-tier F16 bases")
     ap.add_argument("--bench-1b", action="store_true", help="write the ~1B benchmark model instead")
+    ap.add_argument("--families", nargs="*", choices=list(sa.FAMILIES),
+                    help="only these families (their manifest entries replaced, the others kept)")
     args = ap.parse_args()
     if not args.quantize.is_file():
         sys.exit(f"llama-quantize not found at {args.quantize} (cmake --build build --target llama-quantize)")
@@ -198,7 +205,17 @@ def main() -> None:
         make_bench_1b(args.out or BENCH_OUT, args.seed, args.quantize)
         return
     args.out = args.out or DEFAULT_OUT
-    entries = make_fixtures(args.out, args.seed, args.quantize, list(sa.FAMILIES), args.keep_bases)
+    families = args.families or list(sa.FAMILIES)
+    entries = make_fixtures(args.out, args.seed, args.quantize, families, args.keep_bases)
+    if args.families:
+        old = json.loads((args.out / "manifest.json").read_text())
+        if old["seed"] != args.seed:
+            sys.exit(f"--families with seed {args.seed}, but manifest.json was made with {old['seed']}")
+        fresh = {e["name"]: e for e in entries}
+        kept = [e for e in old["fixtures"] if e["family"] not in args.families]
+        # the families' order in FAMILIES, as a full run writes them
+        order = {f: i for i, f in enumerate(sa.FAMILIES)}
+        entries = sorted(kept + list(fresh.values()), key=lambda e: order[e["family"]])
     manifest = {"seed": args.seed, "gguf_py": metadata.version("gguf"), "numpy": np.__version__, "fixtures": entries}
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
     total = sum(e["bytes"] for e in entries)

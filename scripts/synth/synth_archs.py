@@ -2,7 +2,7 @@
 
 A `Family` names the GGUF architecture, the tokenizer kind (see synth_vocab.family_vocab), the metadata the converter
 writes for that family and the per-family tensor features (QKV bias, QK-norm, Gemma's post norms, Phi-3's fused
-QKV and gate+up, Llama 3's rope_freqs). `Dims` are the sizes of one tier: `s` (tiny, embedding 64: every
+QKV and gate+up, Llama 3's rope_freqs, mixture-of-experts layers). `Dims` are the sizes of one tier: `s` (tiny, embedding 64: every
 architecture in F16 and the legacy block types) and `k` (embedding 256: rows a multiple of 256 so llama-quantize
 makes real K-quants; only the families whose quantized path differs from llama's have one). `tensor_specs()` yields (name, shape, maker) in writing order, so a big model can be
 written one tensor at a time; numpy shapes are ggml's reversed.
@@ -29,6 +29,8 @@ OUT_GAIN = 3.0
 # norm carry the gain instead (stored, as the converter stores them, as the norm's 1 + w)
 GEMMA_POST_NORM = 2.5
 GEMMA_OUTPUT_NORM = 4.0
+# router (ffn_gate_inp) weights: logits of std ~3, so a token's expert probabilities are spread but decisive
+ROUTER_STD = 3.0
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,21 @@ class Family:
     gemma: bool = False  # post-attention/post-ffw norms, norms stored as 1 + w, embeddings scaled by sqrt(n_embd)
     fused: bool = False  # phi3: attn_qkv and ffn_up = [gate; up]
     llama3_rope: bool = False
+    experts: "Experts | None" = None  # a mixture-of-experts feed-forward instead of the dense one
     write_vocab_size: bool = False  # LlamaModel writes <arch>.vocab_size and rope.dimension_count
     write_head_dim: bool = False  # config.json has head_dim -> key_length / value_length
     extra_u32: dict[str, int] = field(default_factory=dict)  # further <arch>.* keys the converter writes
     label: str = ""
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts layer: `count` routed experts of hidden size `ff`, `used` per token, and (when
+    `shared_ff`) a shared expert gated by sigmoid(ffn_gate_inp_shexp . x), as Qwen 1.5/2 MoE."""
+    count: int
+    used: int
+    ff: int
+    shared_ff: int = 0
 
 
 def _dims(d: int, n_head: int, hd: int, n_kv: int, ff: int, layers: int, vocab: int = 512) -> Dims:
@@ -95,6 +108,15 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            context=4096, rope_base=10000.0, rms_eps=1e-5, tied=False, fused=True,
            extra_u32={"rope.scaling.original_context_length": 4096, "attention.sliding_window": 2047},
            label="Phi-3-like: fused attn_qkv, ffn_up = [gate; up], sliding_window key (ignored by llama.cpp)"),
+    Family("qwen3moe", "qwen3moe", "qwen3", {"k": _dims(256, 2, 128, 1, 256, 2)},
+           context=40960, rope_base=1000000.0, rms_eps=1e-6, qk_norm=True, write_head_dim=True,
+           experts=Experts(count=8, used=2, ff=128),
+           label="Qwen3-30B-A3B-like: 8 routed experts, top-2 renormalised, QK-norm, tied"),
+    Family("qwen2moe", "qwen2moe", "qwen2", {"k": _dims(256, 4, 64, 2, 256, 2)},
+           context=32768, rope_base=1000000.0, rms_eps=1e-6, qkv_bias=True, tied=False,
+           experts=Experts(count=8, used=4, ff=64, shared_ff=256),
+           label="Qwen1.5-MoE-like: 8 routed experts, top-4 softmax weights as they are, sigmoid-gated "
+                 "shared expert, Q/K/V bias, untied"),
 ]}
 
 
@@ -133,6 +155,12 @@ def write_metadata(w, fam: Family, dims: Dims) -> None:
         w.add_uint32(f"{a}.rope.dimension_count", dims.head_dim)
     for key, val in fam.extra_u32.items():
         w.add_uint32(f"{a}.{key}", val)
+    if fam.experts:
+        w.add_uint32(f"{a}.expert_count", fam.experts.count)
+        w.add_uint32(f"{a}.expert_used_count", fam.experts.used)
+        w.add_uint32(f"{a}.expert_feed_forward_length", fam.experts.ff)
+        if fam.experts.shared_ff:
+            w.add_uint32(f"{a}.expert_shared_feed_forward_length", fam.experts.shared_ff)
     if fam.write_vocab_size:
         w.add_uint32(f"{a}.vocab_size", dims.n_vocab)
         w.add_uint32(f"{a}.rope.dimension_count", dims.head_dim)
@@ -162,14 +190,18 @@ Maker = Callable[[type], np.ndarray]
 
 
 def tensor_specs(fam: Family, dims: Dims, seed: int, tier: str) -> Iterator[tuple[str, tuple[int, ...], Maker]]:
-    """(name, numpy shape, make(dtype)) for every tensor of one model, in writing order; 2-D weights are made in
-    the requested dtype, 1-D tensors always in F32."""
+    """(name, numpy shape, make(dtype)) for every tensor of one model, in writing order; 2-D and 3-D weights are
+    made in the requested dtype, 1-D tensors and the routers (ffn_gate_inp, ffn_gate_inp_shexp: the converter
+    keeps them F32) always in F32."""
     r = _Rng(seed, fam.name, tier)
     d, hd, ff, v = dims.n_embd, dims.head_dim, dims.n_ff, dims.n_vocab
     q_dim, kv_dim = dims.n_head * hd, dims.n_kv * hd
 
     def normal(name: str, shape: tuple[int, ...], std: float, mean: float = 0.0):
-        return name, shape, lambda dt: r.normal(name, shape, std, mean, dt if len(shape) == 2 else np.float32)
+        return name, shape, lambda dt: r.normal(name, shape, std, mean, dt if len(shape) >= 2 else np.float32)
+
+    def f32(name: str, shape: tuple[int, ...], std: float):
+        return name, shape, lambda dt: r.normal(name, shape, std, 0.0, np.float32)
 
     def norm(name: str, n: int, mean: float = 1.0):
         return normal(name, (n,), NORM_JITTER * mean, mean)
@@ -207,6 +239,9 @@ def tensor_specs(fam: Family, dims: Dims, seed: int, tier: str) -> Iterator[tupl
         if fam.gemma:
             yield norm(p + "post_attention_norm.weight", d, GEMMA_POST_NORM)
         yield norm(p + "ffn_norm.weight", d)
+        if fam.experts:
+            yield from _moe_specs(p, fam.experts, d, normal, f32)
+            continue
         gate_up = [(p + "ffn_gate.weight", ff, 1.0 / math.sqrt(d)), (p + "ffn_up.weight", ff, 1.0 / math.sqrt(d))]
         if fam.fused:
             yield fused(p + "ffn_up.weight", gate_up)
@@ -219,3 +254,18 @@ def tensor_specs(fam: Family, dims: Dims, seed: int, tier: str) -> Iterator[tupl
     yield norm("output_norm.weight", d, GEMMA_OUTPUT_NORM if fam.gemma else 1.0)
     if not fam.tied:
         yield normal("output.weight", (v, d), LOGIT_STD / math.sqrt(d))
+
+
+def _moe_specs(p: str, ex: Experts, d: int, normal, f32):
+    """A mixture-of-experts layer's tensors after ffn_norm, as the converter writes them: the router, the
+    experts stacked in 3-D tensors (numpy [count, rows, cols]), then the shared expert."""
+    yield f32(p + "ffn_gate_inp.weight", (ex.count, d), ROUTER_STD / math.sqrt(d))
+    yield normal(p + "ffn_gate_exps.weight", (ex.count, ex.ff, d), 1.0 / math.sqrt(d))
+    yield normal(p + "ffn_up_exps.weight", (ex.count, ex.ff, d), 1.0 / math.sqrt(d))
+    yield normal(p + "ffn_down_exps.weight", (ex.count, d, ex.ff), OUT_GAIN / math.sqrt(ex.ff))
+    if ex.shared_ff:
+        f = ex.shared_ff
+        yield f32(p + "ffn_gate_inp_shexp.weight", (1, d), 1.0 / math.sqrt(d))
+        yield normal(p + "ffn_gate_shexp.weight", (f, d), 1.0 / math.sqrt(d))
+        yield normal(p + "ffn_up_shexp.weight", (f, d), 1.0 / math.sqrt(d))
+        yield normal(p + "ffn_down_shexp.weight", (d, f), OUT_GAIN / math.sqrt(f))

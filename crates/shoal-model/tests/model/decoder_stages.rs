@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use crate::common::{argmax, check_greedy, check_logprobs, greedy, load_from, step};
+use crate::common::{
+    argmax, check_greedy, check_logprobs, greedy, greedy_together, load_from, step,
+};
 use shoal_kernels::ThreadPool;
 use shoal_model::gguf::GgufFile;
 use shoal_model::{DecoderStage, HostMatrix, LayerRange, Pool, SeqChunk, StageInput};
@@ -58,32 +60,7 @@ fn batched_sequences_equal_sequences_run_alone() {
     ];
     let alone: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&stages, p, 6).0).collect();
     // Prefill all three in one batch, then decode them together.
-    let mut kvs: Vec<_> = prompts.iter().map(|_| s.new_kv_cache()).collect();
-    let mut next: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
-    let mut got = vec![Vec::new(); 3];
-    for _ in 0..6 {
-        let flat: Vec<u32> = next.concat();
-        let mut chunks: Vec<SeqChunk> = kvs
-            .iter_mut()
-            .zip(&next)
-            .map(|(kv, t)| SeqChunk {
-                kv,
-                len: t.len(),
-                want_logits: true,
-                pool: Pool::None,
-            })
-            .collect();
-        let logits: HostMatrix = s
-            .forward(StageInput::Tokens(&flat), &mut chunks)
-            .expect("forward");
-        let rows: Vec<&[f32]> = logits.data().chunks(logits.cols()).collect();
-        assert_eq!(rows.len(), 3);
-        for (i, row) in rows.iter().enumerate() {
-            let t = argmax(row);
-            got[i].push(t);
-            next[i] = vec![t];
-        }
-    }
+    let got = greedy_together(s, &prompts, 6);
     assert_eq!(got, alone);
 }
 

@@ -13,8 +13,10 @@ fn footprint(path: &std::path::Path) -> Footprint {
 }
 
 /// Matrix weights of one layer from its dims: Q and O (`n_embd × n_head·head_dim` each), K and V
-/// (`n_embd × n_kv·head_dim` each), gate, up and down (`n_embd × n_ff` each).
-fn params_of(d: &serde_json::Value) -> u64 {
+/// (`n_embd × n_kv·head_dim` each), gate, up and down (`n_embd × n_ff` each); with `experts`, the
+/// router (`count × n_embd`), every routed expert's gate, up and down (`n_embd × ff` each) and the
+/// shared expert's (`n_embd × shared_ff` each) instead. Returns (all, what one token multiplies by).
+fn params_of(d: &serde_json::Value, experts: &serde_json::Value) -> (u64, u64) {
     let n = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("dims.{k}"));
     let (embd, q, kv, ff) = (
         n("n_embd"),
@@ -22,7 +24,14 @@ fn params_of(d: &serde_json::Value) -> u64 {
         n("n_kv") * n("head_dim"),
         n("n_ff"),
     );
-    2 * embd * q + 2 * embd * kv + 3 * embd * ff
+    let attn = 2 * embd * q + 2 * embd * kv;
+    if experts.is_null() {
+        return (attn + 3 * embd * ff, attn + 3 * embd * ff);
+    }
+    let e = |k: &str| experts[k].as_u64().unwrap_or_else(|| panic!("experts.{k}"));
+    let fixed = attn + e("count") * embd + 3 * embd * e("shared_ff");
+    let expert = 3 * embd * e("ff");
+    (fixed + e("count") * expert, fixed + e("used") * expert)
 }
 
 #[test]
@@ -39,7 +48,14 @@ fn synthetic_models_name_their_weight_type_and_layer_params() {
         let ftype = f["ftype"].as_str().expect("ftype");
         let want = ftype.strip_suffix("_M").unwrap_or(ftype);
         assert_eq!(fp.weight_type, want, "{name}");
-        assert_eq!(fp.layer_params, params_of(&f["dims"]), "{name}");
+        let (all, active) = params_of(&f["dims"], &f["experts"]);
+        assert_eq!(fp.layer_params, all, "{name}");
+        assert_eq!(fp.active_layer_params, active, "{name}");
+        assert_eq!(
+            fp.active_layer_bytes < fp.layer_bytes,
+            all > active,
+            "{name}"
+        );
     }
 }
 

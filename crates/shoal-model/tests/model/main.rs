@@ -19,6 +19,7 @@ mod gguf_real;
 mod gpu_stage;
 mod kv_reuse;
 mod model_load_errors;
+mod moe;
 mod stage_ranges;
 mod synthetic;
 mod tokenizer_gemma;

@@ -135,6 +135,37 @@ pub fn greedy<S: Model>(stages: &[S], prompt: &[u32], n: usize) -> (Vec<u32>, Ve
     (toks, all)
 }
 
+/// `n` greedy tokens of every prompt, prefilled in one batch and then decoded together on `s`.
+pub fn greedy_together(s: &DecoderStage, prompts: &[&[u32]], n: usize) -> Vec<Vec<u32>> {
+    let mut kvs: Vec<_> = prompts.iter().map(|_| s.new_kv_cache()).collect();
+    let mut next: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+    let mut got = vec![Vec::new(); prompts.len()];
+    for _ in 0..n {
+        let flat: Vec<u32> = next.concat();
+        let mut chunks: Vec<SeqChunk> = kvs
+            .iter_mut()
+            .zip(&next)
+            .map(|(kv, t)| SeqChunk {
+                kv,
+                len: t.len(),
+                want_logits: true,
+                pool: Pool::None,
+            })
+            .collect();
+        let logits: HostMatrix = s
+            .forward(StageInput::Tokens(&flat), &mut chunks)
+            .expect("forward");
+        let rows: Vec<&[f32]> = logits.data().chunks(logits.cols()).collect();
+        assert_eq!(rows.len(), prompts.len());
+        for (i, row) in rows.iter().enumerate() {
+            let t = argmax(row);
+            got[i].push(t);
+            next[i] = vec![t];
+        }
+    }
+    got
+}
+
 pub fn argmax(v: &[f32]) -> u32 {
     v.iter()
         .enumerate()
