@@ -1,8 +1,9 @@
 """Simon Willison's `llm` CLI against a real shoal, as its users run it: shoal as an OpenAI-compatible model
 (`extra-openai-models.yaml`) and, through the llm-ollama plugin, as an Ollama server (`OLLAMA_HOST`). A
-prompt streamed and not, a system prompt, a conversation continued with `-c`, options (`-o`), tools
-(`--functions`) and schemas (`--schema`). Each command runs in its own process with a fresh user dir, and
-what it logged (`--json`, or `llm logs --json`) is what the tests read."""
+prompt streamed and not, a system prompt, a conversation continued with `-c`, options (`-o`: temperature,
+the token cap, JSON mode, stop), tools (`--functions`) and schemas (`--schema`, `--schema-multi`). Each
+command runs in its own process with a fresh user dir, and what it logged (`--json`, or `llm logs --json`)
+is what the tests read."""
 
 import json
 import os
@@ -141,6 +142,37 @@ def test_schema(llm_cli, backend, stream):
     assert record["schema_json"]["properties"]["age"]["type"] == "integer", record["schema_json"]
     assert "\n" not in record["response"].strip() and "  " not in record["response"], \
         f"whitespace runs in constrained JSON: {record['response']!r}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_schema_multi(llm_cli, backend):
+    """`--schema-multi`: an object whose `items` are each of the schema."""
+    model, cap = BACKENDS[backend]
+    out = llm_cli.run("-m", model, "-o", cap, "96", "-o", "temperature", "0", "--schema-multi", "name, age int",
+                      "John is 30 and Mary is 25. Extract the people.")
+    items = json.loads(out)["items"]
+    assert items and all(Person.model_validate(item).name.strip() for item in items), out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_json_object(llm_cli, backend):
+    """`-o json_object 1`: JSON mode (OpenAI's response_format json_object, Ollama's format "json")."""
+    record = llm_cli.prompt(backend, "-o", "json_object", "1", "-o", "temperature", "0",
+                            "Give me a JSON object describing Paris.", max_tokens=64)
+    assert isinstance(json.loads(record["response"]), dict), record["response"]
+
+
+def test_stop(llm_cli):
+    """`-o stop` (OpenAI's; llm cannot pass llm-ollama's list-valued `stop` from the command line): the
+    answer ends before the stop sequence, and its text up to there is the answer without a stop."""
+    full = llm_cli.prompt("openai", "-o", "temperature", "0", PROMPT, max_tokens=48)["response"]
+    stopped = llm_cli.prompt("openai", "-o", "temperature", "0", "-o", "stop", "Paris", PROMPT, max_tokens=48)
+    text = stopped["response"]
+    assert "Paris" not in text and stopped["response_json"]["choices"][0]["finish_reason"] == "stop", stopped
+    if "Paris" in full:  # greedy: the same answer, cut where the stop sequence began
+        assert full.index("Paris") == len(text) and full.startswith(text), (full, text)
+    else:
+        assert text == full
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
