@@ -124,16 +124,21 @@ def test_embed_many(results, provider):
     assert r["usage"]["tokens"] > 0, r["usage"]
 
 
-@pytest.mark.parametrize("call", ["generateObject", "outputObject"])
-@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize(("provider", "call"), [
+    *((p, c) for p in PROVIDERS for c in ("generateObject", "outputObject")),
+    ("anthropic", "generateObjectOutputFormat"),
+])
 def test_structured_output(results, provider, call):
     """A zod object (generateObject, or generateText with `Output.object`): a JSON-schema response_format
-    (OpenAI-compatible), the forced `json` tool (Anthropic), Ollama's `format`; each constrained by shoal,
-    and checked by the SDK against the zod schema."""
+    (OpenAI-compatible), the forced `json` tool or `output_config.format` (Anthropic), Ollama's `format`;
+    each constrained by shoal, and checked by the SDK against the zod schema."""
     r = _result(results, provider, call)
     person = Person.model_validate(r["object"])
     assert person.name.strip(), r
     _check_usage(r, 64)
+    if call == "generateObjectOutputFormat":  # no `json` tool described in the prompt this time
+        tool_mode = _result(results, provider, "generateObject")
+        assert r["usage"]["inputTokens"] < tool_mode["usage"]["inputTokens"], (r, tool_mode)
 
 
 def _check_call(r: dict, call: dict, ran: bool = True) -> str:
