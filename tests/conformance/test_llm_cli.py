@@ -49,7 +49,11 @@ class Llm:
         self.home = home
 
     def run(self, *args: str) -> str:
-        p = subprocess.run([sys.executable, "-m", "llm", *args], env=self.env, capture_output=True, text=True,
+        # llm-ollama asks the server for its models at every start of llm: commands that use no Ollama
+        # model (the OpenAI-compatible one, `llm logs`) load no plugin, which saves about a second each.
+        ollama = any(a.startswith("ollama/") for a in args)
+        env = self.env if ollama else {**self.env, "LLM_LOAD_PLUGINS": ""}
+        p = subprocess.run([sys.executable, "-m", "llm", *args], env=env, capture_output=True, text=True,
                            timeout=TIMEOUT_S, cwd=self.home)
         assert p.returncode == 0, f"llm {' '.join(args)} exited with {p.returncode}:\n{p.stderr}"
         return p.stdout
@@ -134,14 +138,11 @@ def test_schema(llm_cli, backend, stream):
     """`--schema` (llm's DSL) is shoal's constrained decoding: the answer is JSON of that schema."""
     model, cap = BACKENDS[backend]
     out = llm_cli.run("-m", model, "-o", cap, "64", "-o", "temperature", "0", "--schema", "name, age int",
-                      STRUCTURED_PROMPT,
-                      *([] if stream else ["--no-stream"]))
+                      STRUCTURED_PROMPT, *([] if stream else ["--no-stream"]))
     person = Person.model_validate(json.loads(out))
     assert person.name.strip(), out
-    [record] = llm_cli.logs(1)
-    assert record["schema_json"]["properties"]["age"]["type"] == "integer", record["schema_json"]
-    assert "\n" not in record["response"].strip() and "  " not in record["response"], \
-        f"whitespace runs in constrained JSON: {record['response']!r}"
+    answer = out.strip()  # as shoal wrote it (llm prints the answer and a newline)
+    assert "\n" not in answer and "  " not in answer, f"whitespace runs in constrained JSON: {answer!r}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
