@@ -1,13 +1,16 @@
 //! From a node's measured compute ([`ComputeFacts`]) to the planner's speeds for one model: the one
 //! place these units are converted.
 //!
-//! - Decode ([`shoal_placement::NodeInfo::speed`], layer-steps per second): a decode step streams a
-//!   layer's weights once, so `speed = bytes_per_s[card.weight_type] / card.layer_bytes`. A type the
+//! - Decode ([`shoal_placement::NodeInfo::speed`], layer-steps per second): a decode step streams the
+//!   weights a token reads in a layer once, so `speed = bytes_per_s[card.weight_type] /
+//!   card.read_layer_bytes()` (a mixture-of-experts layer's active bytes — router, attention, shared
+//!   and top-k experts — not every expert it holds). A type the
 //!   node did not measure (or a card that names none) takes the node's slowest measured rate; a node
 //!   that measured nothing (an older version) keeps its published [`NodeFacts::speed`], an estimate for
 //!   a reference layer, scaled to this model's layer size (see [`REFERENCE_LAYER`]).
 //! - Batched ([`shoal_placement::NodeInfo::prefill_speed`], layer-tokens per second): one token costs
-//!   `2 · layer_params` flops per layer, so `prefill_speed = flops_per_s / (2 · card.layer_params)`;
+//!   `2 · layer_params` flops per layer (the active ones of an MoE layer), so `prefill_speed =
+//!   flops_per_s / (2 · card.read_layer_params())`;
 //!   `None` when either is unknown (the planner then prices a batch as one token per step).
 //! - What a token costs besides its layers' weights ([`token_costs`], microseconds): the output head
 //!   (`card.head_bytes` at the measured rate for `card.head_type`, else the rate the layers get), one
@@ -33,14 +36,12 @@ pub fn speeds(f: &NodeFacts, card: &ModelCard) -> (f64, Option<f64>) {
 /// Layer-steps per second of one decode stream (see the module docs); always finite and > 0 for a
 /// node whose published speed is.
 pub fn decode_speed(f: &NodeFacts, card: &ModelCard) -> f64 {
-    let layer = card.layer_bytes as f64;
+    let layer = card.read_layer_bytes() as f64;
     match measured_decode_speed(&f.compute, card) {
         Some(speed) => speed,
         None if f.compute.slowest().is_some() => f.speed,
         // Not measured: the published estimate is for the reference layer; a bigger layer is slower.
-        None if card.layer_bytes > 0 && usable(f.speed) => {
-            f.speed * REFERENCE_LAYER.1 as f64 / layer
-        }
+        None if layer > 0.0 && usable(f.speed) => f.speed * REFERENCE_LAYER.1 as f64 / layer,
         None => f.speed,
     }
 }
@@ -50,8 +51,9 @@ pub fn decode_speed(f: &NodeFacts, card: &ModelCard) -> f64 {
 /// when `c` measured nothing.
 fn measured_decode_speed(c: &ComputeFacts, card: &ModelCard) -> Option<f64> {
     let rate = c.bytes_per_s(&card.weight_type).or_else(|| c.slowest())?;
-    if card.layer_bytes > 0 {
-        Some(rate / card.layer_bytes as f64)
+    let layer = card.read_layer_bytes();
+    if layer > 0 {
+        Some(rate / layer as f64)
     } else {
         // Measured, but the card does not say its layer size: the reference layer's rate.
         c.reference_speed()
@@ -71,6 +73,9 @@ pub fn gpu_info(f: &NodeFacts, card: &ModelCard, host_mem: u64) -> Option<GpuInf
     let (index, always) = match f.device {
         DevicePolicy::Cpu => return None,
         DevicePolicy::Gpu(i) => (i, true),
+        // The GPU stage has no mixture-of-experts layers: `auto` keeps such a model on the CPU (a
+        // named GPU is tried, and its stage refuses the model by name).
+        DevicePolicy::Auto if card.has_experts() => return None,
         DevicePolicy::Auto => {
             let best = (f.gpus.iter().enumerate())
                 .filter_map(|(i, g)| measured(g).map(|s| (i, s)))
@@ -156,10 +161,11 @@ pub fn token_costs(c: &ComputeFacts, card: &ModelCard) -> TokenCosts {
 /// Layer-tokens per second when many tokens are batched; `None` when not measured or the card does
 /// not say its layer's parameters.
 pub fn prefill_speed(c: &ComputeFacts, card: &ModelCard) -> Option<f64> {
-    if card.layer_params == 0 || !usable(c.flops_per_s) {
+    let params = card.read_layer_params();
+    if params == 0 || !usable(c.flops_per_s) {
         return None;
     }
-    Some(c.flops_per_s / (2.0 * card.layer_params as f64))
+    Some(c.flops_per_s / (2.0 * params as f64))
 }
 
 #[cfg(test)]
@@ -181,6 +187,8 @@ mod tests {
             tied_embeddings: true,
             weight_type: weight_type.into(),
             layer_params,
+            active_layer_bytes: 0,
+            active_layer_params: 0,
             head_type: String::new(),
             head_params: 0,
             vocab_size: 0,
@@ -235,6 +243,28 @@ mod tests {
         assert_eq!(decode_speed(&n, &card("q8_0", 3_000_000, 0)), 3000.0);
         // Halving the layer doubles the speed.
         assert_eq!(decode_speed(&n, &card("q4_0", 1_500_000, 0)), 4000.0);
+    }
+
+    #[test]
+    fn a_mixture_of_experts_layer_is_priced_by_the_bytes_and_flops_a_token_reads() {
+        let n = node(1.0, &[("q4_k", 6e9)], 40e9);
+        // 30 MB held per layer, of which a token reads 3 MB (router, attention, top-k experts) and
+        // multiplies by 4M of its 40M parameters: the speeds of a 3 MB, 4M-parameter dense layer.
+        let mut moe = card("q4_k", 30_000_000, 40_000_000);
+        (moe.active_layer_bytes, moe.active_layer_params) = (3_000_000, 4_000_000);
+        assert_eq!(
+            speeds(&n, &moe),
+            speeds(&n, &card("q4_k", 3_000_000, 4_000_000))
+        );
+        assert_eq!(decode_speed(&n, &moe), 2000.0);
+        // Memory still counts every expert.
+        assert_eq!(moe.per_layer_bytes(0), 30_000_000);
+        // Not measured: the published estimate scales by the bytes read, too.
+        let old = node(4500.0, &[], 0.0);
+        assert_eq!(
+            decode_speed(&old, &moe),
+            decode_speed(&old, &card("q4_k", 3_000_000, 0))
+        );
     }
 
     #[test]
@@ -326,6 +356,11 @@ mod tests {
             .expect("auto: the measured GPU");
         assert_eq!((g.index, g.mem_available, g.always), (1, 20 << 30, false));
         assert_eq!((g.speed, g.prefill_speed), (20_000.0, Some(50_000.0)));
+        // A mixture-of-experts model: the GPU stage cannot run it, so `auto` offers no GPU.
+        let mut moe = c.clone();
+        moe.layer_bytes *= 10;
+        moe.active_layer_bytes = c.layer_bytes;
+        assert_eq!(node_info(&n, Some(&moe), 7).gpu, None, "auto, experts");
         // Named, but not measured: used whatever, priced as the CPU, in the host's memory.
         n.device = DevicePolicy::Gpu(0);
         let g = node_info(&n, Some(&c), 7).gpu.expect("gpu:0");

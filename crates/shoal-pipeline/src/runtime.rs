@@ -116,6 +116,8 @@ pub fn model_card(path: &Path, id: &str) -> Result<ModelCard, shoal_model::Model
         tied_embeddings: f.tied_embeddings,
         weight_type: f.weight_type.to_ascii_lowercase(),
         layer_params: f.layer_params,
+        active_layer_bytes: f.active_layer_bytes,
+        active_layer_params: f.active_layer_params,
         head_type: f.head_type.to_ascii_lowercase(),
         head_params: f.head_params,
         vocab_size: f.vocab_size as u64,

@@ -68,7 +68,7 @@ impl CostBreakdown {
 ///   finite positive number);
 /// - attention: `attention_us` per layer per cached position each token reads (0 when not measured);
 /// - on the last stage, the output head: its weights streamed once (`head_us`, or `head_bytes /
-///   layer_bytes` layers at `speed` when not measured), or `2 · head_params` flops per token at the node's
+///   read_layer_bytes` layers at `speed` when not measured), or `2 · head_params` flops per token at the node's
 ///   batched rate when a batch makes that larger; and sampling, `sample_us` per sampled token (0 when not
 ///   measured).
 #[derive(Debug, Clone, Copy)]
@@ -105,8 +105,9 @@ impl Compute {
             }
         };
         // The head in layers: by bytes for streaming, by parameters (else bytes) for flops.
-        let head_layers = ratio(card.head_bytes, card.layer_bytes);
-        let head_flop_layers = match ratio(card.head_params, card.layer_params) {
+        // (A layer here is what a token reads of it: the active experts of a mixture-of-experts one.)
+        let head_layers = ratio(card.head_bytes, card.read_layer_bytes());
+        let head_flop_layers = match ratio(card.head_params, card.read_layer_params()) {
             0.0 => head_layers,
             r => r,
         };
@@ -358,6 +359,8 @@ mod tests {
             tied_embeddings: false,
             weight_type: String::new(),
             layer_params: 0,
+            active_layer_bytes: 0,
+            active_layer_params: 0,
             head_type: String::new(),
             head_params: 0,
             vocab_size: 0,
@@ -546,5 +549,29 @@ mod tests {
         let chunk = Compute::of(&n, &c).chunk_us(2, 10, 4, false);
         assert!((chunk - 2.0 * (1000.0 + 25.0)).abs() < 1e-9, "{chunk}");
         assert!((Compute::of(&n, &c).attention_per_position_us(2) - 1.0).abs() < 1e-12);
+    }
+
+    /// A mixture-of-experts card: the node's speed is per layer a token reads (its active bytes), so the
+    /// unmeasured head is priced in those layers, and the head's flops in active parameters.
+    #[test]
+    fn an_moe_head_is_priced_in_the_layers_a_token_reads() {
+        let mut c = card();
+        c.layer_bytes = 1000; // every expert
+        c.active_layer_bytes = 100; // what a token reads
+        c.head_bytes = 300;
+        c.layer_params = 10_000;
+        c.active_layer_params = 1000;
+        c.head_params = 5000;
+        let mut n = node("a", 1000.0);
+        let last = Compute::of(&n, &c).stage_us(2, 1, 0, true);
+        assert!(
+            (last - 5000.0).abs() < 1e-9,
+            "2 layers + the head as 3: {last}"
+        );
+        n.prefill_speed = Some(10_000.0);
+        n.head_us = Some(700.0);
+        // The head's 5 active layers of flops per token at 10 000 layer-tokens/s: 500 µs a token.
+        let head = Compute::of(&n, &c).head_us(4, 0);
+        assert!((head - 2000.0).abs() < 1e-9, "{head}");
     }
 }

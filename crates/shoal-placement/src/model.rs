@@ -295,6 +295,16 @@ pub struct ModelCard {
     /// token and layer. 0 when unknown.
     #[serde(default)]
     pub layer_params: u64,
+    /// Weight bytes one token reads in one layer, when that is less than `layer_bytes`: a
+    /// mixture-of-experts layer holds every expert but a token reads only the router, attention, the
+    /// shared expert and its top-k routed experts. Decode is priced by these bytes
+    /// ([`ModelCard::read_layer_bytes`]); memory by `layer_bytes`. 0: the same as `layer_bytes`.
+    #[serde(default)]
+    pub active_layer_bytes: u64,
+    /// The weights one token multiplies by in one layer (as `active_layer_bytes`, for flops). 0: the
+    /// same as `layer_params`.
+    #[serde(default)]
+    pub active_layer_params: u64,
     /// GGUF type name of the output head's matrix (`output.weight`, or `token_embd.weight` when tied):
     /// nodes price the head at their measured speed for this type. Empty when unknown.
     #[serde(default)]
@@ -333,6 +343,30 @@ impl ModelCard {
             .kv_bytes_per_token_per_layer
             .saturating_mul(kv_tokens as u64);
         self.layer_bytes.saturating_add(kv)
+    }
+
+    /// Weight bytes one decode token reads per layer (what its decode step streams): the active bytes
+    /// of a mixture-of-experts layer, else the layer's bytes.
+    pub fn read_layer_bytes(&self) -> u64 {
+        match self.active_layer_bytes {
+            0 => self.layer_bytes,
+            b => b,
+        }
+    }
+
+    /// A token reads less of a layer than the layer holds: a mixture of experts (which the GPU stage
+    /// does not run, so `--device auto` keeps such a model on the CPU).
+    pub fn has_experts(&self) -> bool {
+        self.active_layer_bytes != 0 && self.active_layer_bytes < self.layer_bytes
+    }
+
+    /// Weights one token multiplies by per layer (`2 ·` that in flops): the active parameters of a
+    /// mixture-of-experts layer, else the layer's.
+    pub fn read_layer_params(&self) -> u64 {
+        match self.active_layer_params {
+            0 => self.layer_params,
+            p => p,
+        }
     }
 
     /// Bytes the whole model needs (all layers, both extras, KV reserve).
@@ -425,6 +459,8 @@ mod tests {
             tied_embeddings: false,
             weight_type: String::new(),
             layer_params: 0,
+            active_layer_bytes: 0,
+            active_layer_params: 0,
             head_type: String::new(),
             head_params: 0,
             vocab_size: 0,

@@ -219,6 +219,8 @@ pub(crate) mod tests {
             tied_embeddings: false,
             weight_type: String::new(),
             layer_params: 0,
+            active_layer_bytes: 0,
+            active_layer_params: 0,
             head_type: String::new(),
             head_params: 0,
             vocab_size: 0,

@@ -28,6 +28,8 @@ fn random_card(rng: &mut Rng) -> ModelCard {
         } else {
             0
         },
+        active_layer_bytes: 0,
+        active_layer_params: 0,
         head_type: String::new(),
         head_params: if rng.chance(50) {
             rng.range(1, 1000) * 1_000_000
@@ -102,9 +104,9 @@ fn alone(node: &NodeInfo, card: &ModelCard, goal: Goal) -> f64 {
         };
         weights + b * ctx * node.attention_us.unwrap_or(0.0)
     };
-    let head_layers = ratio(card.head_bytes, card.layer_bytes);
+    let head_layers = ratio(card.head_bytes, card.read_layer_bytes());
     let stream = node.head_us.unwrap_or(head_layers * 1e6 / node.speed);
-    let flop_layers = match ratio(card.head_params, card.layer_params) {
+    let flop_layers = match ratio(card.head_params, card.read_layer_params()) {
         0.0 => head_layers,
         r => r,
     };

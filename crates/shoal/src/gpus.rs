@@ -151,6 +151,14 @@ pub fn weight_type(path: &Path) -> String {
         .unwrap_or_default()
 }
 
+/// Whether the model at `path` has mixture-of-experts layers (a token reads less of a layer than it
+/// holds), which only the CPU stage runs.
+pub fn has_experts(path: &Path) -> bool {
+    shoal_model::gguf::GgufFile::open(path)
+        .and_then(|g| shoal_model::Footprint::from_gguf(&g))
+        .is_ok_and(|f| f.active_layer_bytes < f.layer_bytes)
+}
+
 /// The engine's device for `choice`: `auto` compares the measured rates of `weight_type` on the
 /// CPU (`cpu`) and the GPUs (`gpus`); the reason is logged.
 pub fn resolve(
@@ -190,6 +198,12 @@ fn rates(weight_type: &str, cpu: &ComputeFacts, gpus: &[GpuFacts]) -> Rates {
 pub fn resolve_for_model(choice: DeviceChoice, path: &Path, threads: usize) -> Device {
     if choice != DeviceChoice::Auto {
         return choice.resolve_here();
+    }
+    if has_experts(path) {
+        tracing::info!(
+            "--device auto: a mixture-of-experts model runs on the CPU (no GPU kernels)"
+        );
+        return Device::Cpu;
     }
     let cpu = crate::compute::measure_or_load(threads);
     let gpus = discover_probe_and_log(choice, &cpu);

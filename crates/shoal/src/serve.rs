@@ -109,14 +109,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let cpu_compute = compute.clone();
     let cards = model_cards(&store, local.as_ref());
     // The served model's main weight type (its card comes first): what `--device auto` compares.
-    let weight_type = match local {
-        Some((ref id, _)) => cards
-            .iter()
-            .find(|c| &c.id == id)
-            .map(|c| c.weight_type.clone())
-            .unwrap_or_default(),
-        None => String::new(),
-    };
+    let served_card = local
+        .as_ref()
+        .and_then(|(id, _)| cards.iter().find(|c| &c.id == id));
+    let weight_type = served_card.map_or_else(String::new, |c| c.weight_type.clone());
+    // The GPU stage has no mixture-of-experts layers: `auto` keeps such a model on the CPU.
+    let experts = served_card.is_some_and(|c| c.has_experts());
     rt.block_on(async move {
         let (cluster_key, peers) = crate::membership::cluster_key_and_peers(&cargs).await?;
         let peers = peers
@@ -167,8 +165,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         let mut engine_config = engine_config;
         if device_choice == shoal_bench::DeviceChoice::Auto {
-            engine_config.device =
-                crate::gpus::resolve(device_choice, &weight_type, &cpu_compute, &gpus);
+            engine_config.device = if experts {
+                tracing::info!(
+                    "--device auto: a mixture-of-experts model runs on the CPU (no GPU kernels)"
+                );
+                shoal_engine::gpu_stage::Device::Cpu
+            } else {
+                crate::gpus::resolve(device_choice, &weight_type, &cpu_compute, &gpus)
+            };
         }
         cluster.set_gpus(gpus).await;
         println!("shoal: node {}", cluster.id());
