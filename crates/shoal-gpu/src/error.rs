@@ -17,9 +17,6 @@ pub enum GpuError {
         #[source]
         source: wgpu::RequestDeviceError,
     },
-    /// A weight format with no GPU kernel yet.
-    #[error("{0} weights have no GPU kernel yet")]
-    Unsupported(&'static str),
     /// A tensor (or one row of it) needs a larger buffer binding than the adapter allows.
     #[error("{what} needs {bytes} bytes in one buffer binding; this adapter allows {limit}")]
     TooLarge {

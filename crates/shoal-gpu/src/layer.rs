@@ -3,8 +3,6 @@
 //! chunk), decode attention over it ([`Commands::attention`]), causal attention of a prefill
 //! chunk ([`Commands::attention_rows`]) and the embedding-row lookup ([`Commands::embed`]).
 
-use shoal_kernels::QType;
-
 use crate::ops::same_len;
 use crate::pipelines::Kernel;
 use crate::{Commands, Gpu, GpuError, GpuMatrix, GpuVec};
@@ -467,7 +465,7 @@ impl Commands<'_> {
         self.dispatch_grid(Kernel::Attention, &[("WG", wg)], &numbered, grid)
     }
 
-    /// Row `row` of an embedding table (`F32`, `F16`, `Q8_0` or `Q4_0`), dequantized and
+    /// Row `row` of an embedding table (any format [`Gpu::upload_matrix`] takes), dequantized and
     /// multiplied by `scale` (Gemma's `sqrt(dim)`, else 1), into `y` (`table.cols()` values).
     pub fn embed(
         &mut self,
@@ -476,13 +474,6 @@ impl Commands<'_> {
         scale: f32,
         y: &GpuVec,
     ) -> Result<(), GpuError> {
-        let format = match table.qtype() {
-            QType::F32 => 0,
-            QType::F16 => 1,
-            QType::Q8_0 => 2,
-            QType::Q4_0 => 3,
-            other => return Err(GpuError::Unsupported(other.name())),
-        };
         same_len("embedding output", y.len(), table.cols())?;
         let mut first = 0;
         let Some(chunk) = table.chunks.iter().find(|c| {
@@ -503,12 +494,14 @@ impl Commands<'_> {
         let params = self
             .gpu()
             .uniform(&[in_chunk as u32, k as u32, n, scale.to_bits()]);
-        let scales = chunk.scales.as_ref().unwrap_or(&chunk.weights);
-        self.dispatch_with(
-            Kernel::Embed,
-            &[("WG", WG), ("FORMAT", format)],
-            &[&params, &chunk.weights, scales, &y.buffer],
-            n.div_ceil(WG),
-        )
+        let mut buffers = vec![(0, &params), (1, &y.buffer), (3, &chunk.weights)];
+        if let Some(s) = &chunk.scales {
+            buffers.push((4, s));
+        }
+        if table.qtype().is_iq() {
+            buffers.push((7, self.gpu().iq_tables()?));
+        }
+        let grid = self.gpu().grid(n.div_ceil(4).div_ceil(WG))?;
+        self.dispatch_grid(Kernel::Embed(table.qtype()), &[("WG", WG)], &buffers, grid)
     }
 }

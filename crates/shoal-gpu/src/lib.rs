@@ -39,8 +39,9 @@
 //!   `pos + r` attends to positions up to its own, within the window), one workgroup per (query
 //!   head, row), each row bitwise what decode attention gives at its position, as shoal-model's
 //!   CPU attention computes a chunk row by row.
-//! - [`Commands::embed`]: one row of an `F32`/`F16`/`Q8_0`/`Q4_0` embedding table uploaded as a
-//!   [`GpuMatrix`], dequantized (times Gemma's scale) into a [`GpuVec`].
+//! - [`Commands::embed`]: one row of an embedding table of any format, uploaded as a
+//!   [`GpuMatrix`], dequantized by its format's matrix decode (times Gemma's scale) into a
+//!   [`GpuVec`] (`embed.wgsl`, a third frame for the format files).
 //!
 //! The kernels live in `src/kernels/*.wgsl` (`include_str!`): `matvec.wgsl` (matrix-vector: the
 //! workgroup reduction) and `matmat.wgsl` (matrix-matrix: the tile loop) are the two frames; to

@@ -57,7 +57,8 @@ pub(crate) enum Kernel {
     Rope,
     KvWrite,
     Attention,
-    Embed,
+    /// One row of an embedding table of one format, dequantized.
+    Embed(QType),
     CopyRows,
 }
 
@@ -72,26 +73,26 @@ impl Kernel {
             Self::Rope => "rope",
             Self::KvWrite => "kv_write",
             Self::Attention => "attention",
-            Self::Embed => "embed",
+            Self::Embed(_) => "embed",
             Self::CopyRows => "copy_rows",
         }
     }
 
-    /// The module's WGSL: the reduction helpers where it reduces, its frame (`matvec.wgsl` or
-    /// `matmat.wgsl`, then `matvec_plain.wgsl` or `matvec_blocks.wgsl` by format; or
+    /// The module's WGSL: the reduction helpers where it reduces, its frame (`matvec.wgsl`,
+    /// `matmat.wgsl` or `embed.wgsl`, then `matvec_plain.wgsl` or `matvec_blocks.wgsl` by format; or
     /// `rowwise.wgsl`), then the kernel itself (for a product its format's weight bindings and
     /// decode; for the IQ formats and `MXFP4` after their tables' offsets and `matvec_iq.wgsl`).
     pub(crate) fn source(self) -> Cow<'static, str> {
         let (frame, qtype) = match self {
             Self::Matvec(q) => (Cow::Owned(format!("{REDUCE}\n{MATVEC}")), q),
             Self::Matmat(q) => (Cow::Borrowed(MATMAT), q),
+            Self::Embed(q) => (Cow::Owned(format!("{GRID}\n{EMBED}")), q),
             Self::RmsNorm => return Cow::Owned(format!("{REDUCE}\n{ROWWISE}\n{RMS_NORM}")),
             Self::Swiglu => return Cow::Owned(format!("{ROWWISE}\n{SWIGLU}")),
             Self::Add => return Cow::Owned(format!("{ROWWISE}\n{ADD}")),
             Self::Attention => return Cow::Owned(format!("{REDUCE}\n{ATTENTION}")),
             Self::Rope => return Cow::Owned(format!("{GRID}\n{ROPE}")),
             Self::KvWrite => return Cow::Owned(format!("{GRID}\n{KV_WRITE}")),
-            Self::Embed => return Cow::Owned(format!("{GRID}\n{EMBED}")),
             Self::CopyRows => return Cow::Owned(format!("{GRID}\n{COPY_ROWS}")),
         };
         let (format, plain) = format_source(qtype);

@@ -14,7 +14,7 @@ use common::{
     matvec_reference, random_matrix, random_vec,
 };
 use half::f16;
-use shoal_gpu::{Gpu, GpuError, MatvecConfig, OpenOptions};
+use shoal_gpu::{GPU_TYPES, Gpu, GpuError, MatvecConfig, OpenOptions};
 use shoal_kernels::{QK, QMatrix, QType, dequantize_row, row_bytes};
 use shoal_testkit::rng::SplitMix64;
 
@@ -562,8 +562,9 @@ fn decode_attention_matches_the_cpu() {
     }
 }
 
-/// Bitwise: the embedding row is decoded with the CPU's f32 operations (`d · q`, then `· scale`),
-/// also from a table split into chunks.
+/// Bitwise, for every format: the embedding row is decoded as the matrix kernels decode it, and
+/// every decoded value is exact in f32 (a scale times small integers, or `d·q ± m` with `d·q`
+/// exact, rounded once as the CPU rounds it), then `· scale`; also from a table split into chunks.
 #[test]
 fn embedding_rows_match_the_cpu_bitwise() {
     for max_binding in [None, Some(4096)] {
@@ -571,13 +572,17 @@ fn embedding_rows_match_the_cpu_bitwise() {
             return;
         };
         let mut rng = SplitMix64::new(41);
-        for qtype in [QType::F32, QType::F16, QType::Q8_0, QType::Q4_0] {
-            let (rows, cols) = (50, 96);
+        for qtype in GPU_TYPES {
+            let (rows, cols) = match qtype.block_size() {
+                1 => (50, 94),
+                QK => (50, 96),
+                _ => (20, 256),
+            };
             let bytes = random_matrix(&mut rng, qtype, rows, cols);
             let w = QMatrix::new(qtype, rows, cols, &bytes).unwrap();
             let gw = gpu.upload_matrix(&w).unwrap();
             let rb = row_bytes(qtype, cols);
-            for (row, scale) in [(0, 1.0f32), (17, 2.5), (49, 9.797_959)] {
+            for (row, scale) in [(0, 1.0f32), (17, 2.5), (rows - 1, 9.797_959)] {
                 let y = gpu.zeros(cols).unwrap();
                 let mut cmds = gpu.commands();
                 cmds.embed(&gw, row, scale, &y).unwrap();

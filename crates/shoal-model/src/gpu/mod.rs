@@ -22,7 +22,7 @@ mod layers;
 use std::sync::Arc;
 
 use shoal_gpu::{Gpu, GpuMatrix, GpuVec, KvShape, Rope, RopeMode};
-use shoal_kernels::{QMatrix, QType};
+use shoal_kernels::QMatrix;
 
 pub use kv::GpuKv;
 
@@ -35,7 +35,7 @@ use crate::decoder::{
 };
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, RawTensor};
-use crate::linear::{Embedding, matrix_shape};
+use crate::linear::matrix_shape;
 use crate::matrix::HostMatrix;
 use crate::ops::RopeSpec;
 
@@ -56,13 +56,6 @@ struct GpuBlock {
     down: GpuLinear,
     post_ffn_norm: Option<GpuVec>,
     local: bool,
-}
-
-/// The first stage's token lookup: on the device for the formats the embedding kernel reads,
-/// else from the table in host memory (rows uploaded per batch).
-enum Lookup {
-    Device(Arc<GpuMatrix>),
-    Host(Embedding),
 }
 
 /// A rotary embedding and its frequency factors on the device.
@@ -97,7 +90,9 @@ pub struct GpuDecoderStage {
     gpu: Arc<Gpu>,
     cfg: ModelConfig,
     range: LayerRange,
-    lookup: Option<Lookup>,
+    /// The first stage's token lookup: the embedding table on the device (every format; shared
+    /// with a tied head).
+    lookup: Option<Arc<GpuMatrix>>,
     blocks: Vec<GpuBlock>,
     /// The final norm, on the device and (for pooling) on the host.
     output_norm: Option<(GpuVec, Vec<f32>)>,
@@ -193,12 +188,7 @@ impl GpuDecoderStage {
             let t = Arc::new(upload(gpu, names::TOKEN_EMBD, &raw)?);
             check_embedding_dim(t.cols(), &cfg)?;
             if spec.first {
-                lookup = Some(match t.qtype() {
-                    QType::F32 | QType::F16 | QType::Q8_0 | QType::Q4_0 => {
-                        Lookup::Device(t.clone())
-                    }
-                    _ => Lookup::Host(Embedding::from_raw(names::TOKEN_EMBD, raw)?),
-                });
+                lookup = Some(t.clone());
             }
             table = Some(t);
         }
@@ -295,11 +285,7 @@ impl GpuDecoderStage {
                     ids.len()
                 )));
             }
-            (StageInput::Tokens(ids), Some(Lookup::Host(e))) => {
-                self.gpu
-                    .write(&x, &e.lookup(ids, self.cfg.arch.embed_scale)?)?;
-            }
-            (StageInput::Tokens(ids), Some(Lookup::Device(t))) => {
+            (StageInput::Tokens(ids), Some(t)) => {
                 let row = self.gpu.zeros(dim)?;
                 for (r, &id) in ids.iter().enumerate() {
                     cmd.embed(t, id as usize, self.cfg.arch.embed_scale, &row)?;
