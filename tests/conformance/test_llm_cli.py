@@ -176,6 +176,22 @@ def test_stop(llm_cli):
         assert text == full
 
 
+@pytest.mark.parametrize("max_tokens", [12, 40, 64], ids=["cut_in_prose", "cut_before_name", "cut_in_call"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_functions_cut_off(llm_cli, backend, max_tokens):
+    """A tool offered and the answer ended by the token cap: the same answer streamed and not, at
+    temperature 0. (To this prompt the model writes a sentence, then a markdown JSON block that describes
+    a call: cut in the sentence, before the call's name or inside the call, it is text either way.)"""
+    functions = llm_cli.home / "functions.py"
+    functions.write_text(FUNCTIONS)
+    model, cap = BACKENDS[backend]
+    args = ["-m", model, "-o", cap, str(max_tokens), "-o", "temperature", "0", "--functions", str(functions),
+            "--cl", "2", "Use a tool to find the weather in Paris."]
+    streamed = llm_cli.run(*args).strip()
+    assert streamed
+    assert llm_cli.run(*args, "--no-stream").strip() == streamed
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_functions(llm_cli, backend):
     """llm cannot force a call (it sends no tool_choice): the answer is text, or a call of the tool that llm
