@@ -16,6 +16,7 @@ mod footprint;
 mod gemma3;
 mod gguf_corrupt;
 mod gguf_real;
+mod gpu_iq;
 mod gpu_stage;
 mod kv_reuse;
 mod model_load_errors;
