@@ -243,6 +243,17 @@ pub struct Cancellation {
 
 /// `POST /v1/cancel/{id}`: 200 when the caller's request was live, 404 when no request of the caller's
 /// with that id is queued or running, 400 when the id is not a request id.
+#[utoipa::path(
+    post,
+    path = "/v1/cancel/{id}",
+    operation_id = "post_v1_cancel_id",
+    tag = "openai",
+    params(("id" = String, Path, description = "The response id (`chatcmpl-…`, `cmpl-…`, `resp_…`, `msg_…`).")),
+    responses(
+        (status = 200, description = "The request was live and is cancelled.", body = Cancellation),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn cancel_request(
     State(state): State<ApiState>,
     Caller(caller): Caller,

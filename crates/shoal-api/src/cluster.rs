@@ -21,6 +21,16 @@ use crate::{ApiError, ApiState};
 /// `GET /state`: this node's view of the cluster (`cluster` is the same on every member), plus this
 /// node's own `engines` (the counters of each model's engine here: what its instance served) and
 /// `routing` (requests this node sent to each instance, and how many of them are still running).
+#[utoipa::path(
+    get,
+    path = "/state",
+    operation_id = "get_state",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "This node's view of the cluster (`node`, `cluster`), its `engines` and `routing`.", body = Object),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn get_state(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
     state_value(&state).map(Json)
 }
@@ -47,7 +57,8 @@ pub fn state_value(state: &ApiState) -> Result<Value, ApiError> {
 }
 
 /// Query of `GET /instance/previews`: lists are comma-separated.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct PreviewQuery {
     model: Option<String>,
@@ -57,6 +68,7 @@ pub struct PreviewQuery {
     kv_reserve_tokens: Option<usize>,
     replicas: Option<usize>,
     /// `latency` or `throughput`.
+    #[param(value_type = Option<String>)]
     goal: Option<shoal_cluster::proto::Goal>,
 }
 
@@ -100,6 +112,17 @@ impl PreviewQuery {
 
 /// `GET /instance/previews?model=…`: candidate placements, best first, each explained and costed. With
 /// `replicas=N`: `replicas`, the N placements on disjoint nodes `POST /instance` would make.
+#[utoipa::path(
+    get,
+    path = "/instance/previews",
+    operation_id = "get_instance_previews",
+    tag = "cluster",
+    params(PreviewQuery),
+    responses(
+        (status = 200, description = "`{\"model\", \"previews\": […]}`: candidate placements, best first (with `replicas`: `replicas`).", body = Object),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn previews(
     State(state): State<ApiState>,
     query: Result<Query<PreviewQuery>, axum::extract::rejection::QueryRejection>,
@@ -117,6 +140,17 @@ pub async fn previews(
 
 /// `POST /instance`: places an instance through the coordinator; 201 with the instance. With
 /// `replicas`: 201 with `instances`, every replica placed (all or nothing).
+#[utoipa::path(
+    post,
+    path = "/instance",
+    operation_id = "post_instance",
+    tag = "cluster",
+    request_body = Object,
+    responses(
+        (status = 201, description = "The instance placed (with `replicas`: `{\"model\", \"instances\": […]}`).", body = Object),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn create(
     State(state): State<ApiState>,
     body: Result<Json<PlaceRequest>, axum::extract::rejection::JsonRejection>,
@@ -139,6 +173,16 @@ pub async fn create(
 
 /// `POST /links/probe`: measures the bandwidth to every connected peer again (results appear in
 /// `/state` → `links[].bandwidth_bps` within a few seconds).
+#[utoipa::path(
+    post,
+    path = "/links/probe",
+    operation_id = "post_links_probe",
+    tag = "cluster",
+    responses(
+        (status = 202, description = "`{\"probing\": N}`: peers being measured again.", body = Object),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn probe_links(
     State(state): State<ApiState>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
@@ -149,6 +193,17 @@ pub async fn probe_links(
 }
 
 /// `DELETE /instance/{id}`.
+#[utoipa::path(
+    delete,
+    path = "/instance/{id}",
+    operation_id = "delete_instance_id",
+    tag = "cluster",
+    params(("id" = String, Path, description = "The instance id.")),
+    responses(
+        (status = 200, description = "`{\"id\", \"deleted\": true}`.", body = Object),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn delete(
     State(state): State<ApiState>,
     Path(id): Path<String>,

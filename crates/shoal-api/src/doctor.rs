@@ -49,6 +49,17 @@ impl DoctorBody {
 }
 
 /// `POST /doctor`: `{"node": ID, "name": HOST, "peers": [PeerReport…]}`.
+#[utoipa::path(
+    post,
+    path = "/doctor",
+    operation_id = "post_doctor",
+    tag = "cluster",
+    request_body = Option<DoctorBody>,
+    responses(
+        (status = 200, description = "`{\"node\", \"name\", \"peers\": […]}`: fresh link measurements to every peer.", body = Object),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn doctor(
     State(state): State<ApiState>,
     body: Option<Json<DoctorBody>>,

@@ -24,6 +24,16 @@ use shoal_cluster::facts::DownloadFacts;
 use crate::{ApiError, ApiState};
 
 /// `GET /downloads`: `{"nodes": {node id: [download, …]}}` for every member.
+#[utoipa::path(
+    get,
+    path = "/downloads",
+    operation_id = "get_downloads",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "Every node's downloads.", body = Object),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn list(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
     let cluster = state
         .cluster
@@ -51,6 +61,17 @@ pub struct StartBody {
 
 /// `POST /downloads`: starts fetching `model` (peers first, then the internet) and answers at once with
 /// 202; progress shows in `GET /downloads`.
+#[utoipa::path(
+    post,
+    path = "/downloads",
+    operation_id = "post_downloads",
+    tag = "cluster",
+    request_body = StartBody,
+    responses(
+        (status = 202, description = "`{\"model\", \"state\": \"running\"}`; progress shows in `GET /downloads`.", body = Object),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn start(
     State(state): State<ApiState>,
     headers: axum::http::HeaderMap,
@@ -82,6 +103,17 @@ pub struct NodeQuery {
 }
 
 /// `DELETE /downloads/{model}`: cancels a running download (its verified part is kept for a resume).
+#[utoipa::path(
+    delete,
+    path = "/downloads/{model}",
+    operation_id = "delete_downloads_model",
+    tag = "cluster",
+    params(("model" = String, Path, description = "The model id (it may contain `/`)."), ("node" = Option<String>, Query, description = "The node that runs it (default: this one).")),
+    responses(
+        (status = 200, description = "Cancelled; its verified part is kept for a resume.", body = Object),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn cancel(
     State(state): State<ApiState>,
     headers: axum::http::HeaderMap,

@@ -1,6 +1,8 @@
 //! shoal-api: the HTTP API on axum, talking to the engine through [`shoal_engine::EngineHandle`].
 //!
-//! - [`router`] builds the whole [`axum::Router`] from an [`ApiState`]; [`serve`] ([`server`]: our own
+//! - [`router`] builds the whole [`axum::Router`] from an [`ApiState`], its routes listed once by
+//!   [`routes`] ([`route_table::Routes`]: the router and the list of what it serves, which the tests
+//!   check [`openapi`]'s document against); [`serve`] ([`server`]: our own
 //!   accept loop with a header timeout and a connection cap) runs it on a listener until a shutdown
 //!   future resolves. Tests drive the router with `oneshot`, no sockets.
 //! - [`openai`], [`anthropic`] and [`ollama`] hold each API's routes: its request and response shapes
@@ -41,7 +43,7 @@
 //!   cancelled through this node's [`shoal_transfer::Downloads`]).
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`, `POST /v1/embeddings`, `POST /v1/cancel/{id}`,
-//! `GET /v1/models`, `GET /v1/models/{id}`, `GET /`, `GET /dashboard/events`, `GET /health`, `GET /metrics`, `GET /state`, `GET /instance/previews`,
+//! `GET /v1/models`, `GET /v1/models/{id}`, `GET /`, `GET /dashboard/events`, `GET /health`, `GET /metrics`, `GET /openapi.json`, `GET /state`, `GET /instance/previews`,
 //! `POST /instance`, `DELETE /instance/{id}`, `POST /links/probe`, `POST /doctor` ([`doctor`]: fresh link measurements to every peer), `POST /cluster/enroll`, `POST /cluster/remove`, `GET`/`POST /downloads`,
 //! `DELETE /downloads/{model}`.
 
@@ -66,6 +68,7 @@ pub mod openapi;
 pub mod relayed;
 pub mod request_id;
 pub mod route_table;
+pub mod schema;
 pub mod server;
 pub mod sse;
 
@@ -243,6 +246,15 @@ pub fn routes(state: &ApiState) -> Routes {
         .get("/openapi.json", openapi::openapi_json)
 }
 
+#[utoipa::path(
+    get,
+    path = "/health",
+    operation_id = "get_health",
+    tag = "shoal",
+    responses(
+        (status = 200, description = "`{\"status\": \"ok\"}`; needs no key.", body = Object)
+    )
+)]
 async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }

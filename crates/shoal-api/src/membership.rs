@@ -30,6 +30,17 @@ pub const ENROLL_BODY_LIMIT: usize = 4096;
 const FIELD_MAX: usize = 128;
 
 /// `POST /cluster/enroll`: checks the invite and answers the sealed cluster key.
+#[utoipa::path(
+    post,
+    path = "/cluster/enroll",
+    operation_id = "post_cluster_enroll",
+    tag = "cluster",
+    request_body = Object,
+    responses(
+        (status = 200, description = "The sealed cluster key, for a node with a valid invite.", body = Object),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn enroll(
     State(state): State<ApiState>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
@@ -83,6 +94,17 @@ pub struct RemoveNode {
 }
 
 /// `POST /cluster/remove` `{"node": …}`.
+#[utoipa::path(
+    post,
+    path = "/cluster/remove",
+    operation_id = "post_cluster_remove",
+    tag = "cluster",
+    request_body = RemoveNode,
+    responses(
+        (status = 200, description = "The node is removed.", body = Object),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn remove(
     State(state): State<ApiState>,
     body: Result<Json<RemoveNode>, JsonRejection>,

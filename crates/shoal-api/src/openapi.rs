@@ -16,7 +16,54 @@ use utoipa::OpenApi;
         title = "shoal",
         description = "shoal's HTTP API: OpenAI-, Anthropic- and Ollama-compatible generation, and the cluster's own routes."
     ),
-    paths(openapi_json)
+    paths(
+        crate::openai::chat::chat_completions,
+        crate::openai::completions::completions,
+        crate::openai::embeddings::embeddings,
+        crate::openai::responses::create_response,
+        crate::openai::list_models,
+        crate::openai::get_model,
+        crate::cancel::cancel_request,
+        crate::anthropic::messages,
+        crate::anthropic::count_tokens,
+        crate::ollama::generate::chat,
+        crate::ollama::generate::generate,
+        crate::ollama::embed::embed,
+        crate::ollama::embed::embeddings,
+        crate::ollama::models::tags,
+        crate::ollama::models::ps,
+        crate::ollama::models::show,
+        crate::ollama::models::delete,
+        crate::ollama::pull::pull,
+        crate::ollama::version,
+        crate::dashboard::root,
+        crate::dashboard::app_js,
+        crate::dashboard::style_css,
+        crate::dashboard::events,
+        crate::health,
+        crate::metrics::get_metrics,
+        crate::cluster::get_state,
+        crate::cluster::previews,
+        crate::cluster::create,
+        crate::cluster::delete,
+        crate::cluster::probe_links,
+        crate::doctor::doctor,
+        crate::membership::enroll,
+        crate::membership::remove,
+        crate::downloads::list,
+        crate::downloads::start,
+        crate::downloads::cancel,
+        openapi_json,
+    ),
+    // The error shapes, named by the routes' error responses (`crate::schema`), which do not add them.
+    components(schemas(crate::error::ErrorBody, crate::dialect::anthropic::ErrorBody)),
+    tags(
+        (name = "openai", description = "OpenAI-compatible generation, embeddings and models."),
+        (name = "anthropic", description = "Anthropic's Messages API."),
+        (name = "ollama", description = "Ollama's API."),
+        (name = "cluster", description = "The cluster: its state, instances, members, links and downloads."),
+        (name = "shoal", description = "The node: dashboard, health, metrics and this document."),
+    )
 )]
 pub struct ApiDoc;
 
@@ -34,9 +81,14 @@ pub fn document() -> &'static str {
 #[utoipa::path(
     get,
     path = "/openapi.json",
+    operation_id = "get_openapi_json",
     tag = "shoal",
     responses((status = 200, description = "This document (OpenAPI 3.1).", content_type = "application/json", body = Object))
 )]
 pub async fn openapi_json() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], document()).into_response()
 }
+
+#[cfg(test)]
+#[path = "openapi_tests.rs"]
+mod tests;

@@ -60,6 +60,17 @@ pub fn routes() -> Routes {
 }
 
 /// `POST /v1/messages`.
+#[utoipa::path(
+    post,
+    path = "/v1/messages",
+    operation_id = "post_v1_messages",
+    tag = "anthropic",
+    request_body = types::MessagesRequest,
+    responses(
+        (status = 200, description = "The message; with `stream: true`, Anthropic's events (`message_start`, `content_block_delta`, …, `message_stop`) as server-sent events.", content((types::MessageOut = "application/json"), (Object = "text/event-stream"))),
+        crate::schema::AnthropicErrors
+    )
+)]
 pub async fn messages(
     State(state): State<ApiState>,
     Caller(caller): Caller,
@@ -122,6 +133,17 @@ pub async fn messages(
 
 /// `POST /v1/messages/count_tokens`: the prompt's tokens (system, messages and tools as the template
 /// renders them), counted by the model's tokenizer as a generation would count them.
+#[utoipa::path(
+    post,
+    path = "/v1/messages/count_tokens",
+    operation_id = "post_v1_messages_count_tokens",
+    tag = "anthropic",
+    request_body = types::CountTokensRequest,
+    responses(
+        (status = 200, description = "The prompt's token count.", body = types::TokenCount),
+        crate::schema::AnthropicErrors
+    )
+)]
 pub async fn count_tokens(
     State(state): State<ApiState>,
     body: Result<Json<CountTokensRequest>, JsonRejection>,

@@ -107,6 +107,8 @@ pub struct Block {
     pub name: Option<String>,
     pub input: Option<Value>,
     pub tool_use_id: Option<String>,
+    /// A `tool_result`'s content (a string or blocks).
+    #[schema(no_recursion)]
     pub content: Option<Content>,
     pub is_error: Option<bool>,
 }
@@ -150,10 +152,14 @@ pub struct Thinking {
 pub struct MessageOut {
     pub id: String,
     #[serde(rename = "type")]
+    #[schema(schema_with = schema::message)]
     pub kind: &'static str,
+    #[schema(schema_with = schema::assistant)]
     pub role: &'static str,
     pub model: String,
     pub content: Vec<ContentOut>,
+    /// Null in `message_start`.
+    #[schema(schema_with = schema::stop_reason)]
     pub stop_reason: Option<&'static str>,
     pub stop_sequence: Option<String>,
     pub usage: UsageOut,
@@ -202,4 +208,27 @@ impl From<shoal_engine::Usage> for UsageOut {
 #[schema(as = anthropic::TokenCount)]
 pub struct TokenCount {
     pub input_tokens: usize,
+}
+
+/// The OpenAPI schemas of fields whose values are a fixed few.
+mod schema {
+    use crate::schema::one_of;
+    use utoipa::openapi::schema::Object;
+
+    pub fn message() -> Object {
+        one_of(&["message"], false)
+    }
+    pub fn assistant() -> Object {
+        one_of(&["assistant"], false)
+    }
+    pub fn stop_reason() -> Object {
+        let reasons = [
+            "end_turn",
+            "max_tokens",
+            "stop_sequence",
+            "tool_use",
+            "model_context_window_exceeded",
+        ];
+        one_of(&reasons, true)
+    }
 }

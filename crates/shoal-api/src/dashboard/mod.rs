@@ -56,6 +56,15 @@ fn wants_html(headers: &HeaderMap) -> bool {
         .any(|v| v.contains("text/html"))
 }
 
+#[utoipa::path(
+    get,
+    path = "/",
+    operation_id = "get_root",
+    tag = "shoal",
+    responses(
+        (status = 200, description = "The dashboard page to a browser (`Accept: text/html`), else Ollama's `Ollama is running`.", content((String = "text/html"), (String = "text/plain")))
+    )
+)]
 async fn root(headers: HeaderMap) -> Response {
     if wants_html(&headers) {
         return ([(header::CACHE_CONTROL, "no-cache")], Html(INDEX_HTML)).into_response();
@@ -67,10 +76,28 @@ async fn root(headers: HeaderMap) -> Response {
         .into_response()
 }
 
+#[utoipa::path(
+    get,
+    path = "/dashboard/app.js",
+    operation_id = "get_dashboard_app_js",
+    tag = "shoal",
+    responses(
+        (status = 200, description = "The dashboard's script.", content_type = "text/javascript", body = String)
+    )
+)]
 async fn app_js() -> Response {
     asset("text/javascript; charset=utf-8", APP_JS)
 }
 
+#[utoipa::path(
+    get,
+    path = "/dashboard/style.css",
+    operation_id = "get_dashboard_style_css",
+    tag = "shoal",
+    responses(
+        (status = 200, description = "The dashboard's style sheet.", content_type = "text/css", body = String)
+    )
+)]
 async fn style_css() -> Response {
     asset("text/css; charset=utf-8", STYLE_CSS)
 }
@@ -87,6 +114,16 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 }
 
 /// `GET /dashboard/events`: the snapshot as SSE `data:` events, one whenever it changed.
+#[utoipa::path(
+    get,
+    path = "/dashboard/events",
+    operation_id = "get_dashboard_events",
+    tag = "shoal",
+    responses(
+        (status = 200, description = "The dashboard's feed: a snapshot as a server-sent event whenever it changed (or `{\"error\": …}` when the state cannot be read).", content_type = "text/event-stream", body = snapshot::Snapshot),
+        crate::schema::OpenAiErrors
+    )
+)]
 async fn events(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let changes = state.cluster()?.subscribe();
     Ok(Sse::new(feed(state, changes))

@@ -88,6 +88,16 @@ pub fn install() -> PrometheusHandle {
 
 /// `GET /metrics`: the recorded events, then the cluster state as of now. 404 when this server was
 /// built without a recorder ([`ApiState::metrics`] is `None`).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "get_metrics",
+    tag = "shoal",
+    responses(
+        (status = 200, description = "Prometheus' text format.", content_type = "text/plain", body = String),
+        (status = 404, description = "The node runs without a metrics recorder.")
+    )
+)]
 pub async fn get_metrics(State(state): State<ApiState>) -> Response {
     let Some(handle) = &state.metrics else {
         return ApiError::NotFound("metrics are not enabled on this server".into()).into_response();

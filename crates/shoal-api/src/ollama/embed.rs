@@ -72,6 +72,17 @@ pub struct EmbeddingsResponse {
 }
 
 /// `POST /api/embed`.
+#[utoipa::path(
+    post,
+    path = "/api/embed",
+    operation_id = "post_api_embed",
+    tag = "ollama",
+    request_body = EmbedRequest,
+    responses(
+        (status = 200, description = "One vector per input.", body = EmbedResponse),
+        crate::schema::OllamaErrors
+    )
+)]
 pub async fn embed(
     State(state): State<ApiState>,
     body: Result<Json<EmbedRequest>, JsonRejection>,
@@ -101,6 +112,17 @@ pub async fn embed(
 }
 
 /// `POST /api/embeddings` (Ollama's older route).
+#[utoipa::path(
+    post,
+    path = "/api/embeddings",
+    operation_id = "post_api_embeddings",
+    tag = "ollama",
+    request_body = EmbeddingsRequest,
+    responses(
+        (status = 200, description = "The prompt's vector.", body = EmbeddingsResponse),
+        crate::schema::OllamaErrors
+    )
+)]
 pub async fn embeddings(
     State(state): State<ApiState>,
     body: Result<Json<EmbeddingsRequest>, JsonRejection>,

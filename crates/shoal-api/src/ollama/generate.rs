@@ -31,6 +31,17 @@ use crate::cancel::Caller;
 use crate::error::ApiError;
 use crate::generate::{self, Chat};
 
+#[utoipa::path(
+    post,
+    path = "/api/chat",
+    operation_id = "post_api_chat",
+    tag = "ollama",
+    request_body = super::types::ChatRequest,
+    responses(
+        (status = 200, description = "The answer; streamed (the default) as one JSON object per line, the last with `done: true`.", content((super::types::ChatResponse = "application/json"), (super::types::ChatResponse = "application/x-ndjson"))),
+        crate::schema::OllamaErrors
+    )
+)]
 pub async fn chat(
     State(state): State<ApiState>,
     Caller(caller): Caller,
@@ -79,6 +90,17 @@ pub async fn chat(
     Ok(respond(run, answer, checked.stream).await)
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/generate",
+    operation_id = "post_api_generate",
+    tag = "ollama",
+    request_body = super::types::GenerateRequest,
+    responses(
+        (status = 200, description = "The answer; streamed (the default) as one JSON object per line, the last with `done: true`.", content((super::types::GenerateResponse = "application/json"), (super::types::GenerateResponse = "application/x-ndjson"))),
+        crate::schema::OllamaErrors
+    )
+)]
 pub async fn generate(
     State(state): State<ApiState>,
     body: Result<Json<GenerateRequest>, JsonRejection>,

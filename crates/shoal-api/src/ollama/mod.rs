@@ -91,6 +91,15 @@ async fn json_body(mut req: axum::extract::Request) -> axum::extract::Request {
 }
 
 /// `GET /api/version`.
+#[utoipa::path(
+    get,
+    path = "/api/version",
+    operation_id = "get_api_version",
+    tag = "ollama",
+    responses(
+        (status = 200, description = "`{\"version\": \"…\"}`: shoal's version.", body = Object)
+    )
+)]
 async fn version() -> Json<serde_json::Value> {
     Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
 }

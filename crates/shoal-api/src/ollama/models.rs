@@ -143,6 +143,16 @@ async fn known_async(
 }
 
 /// `GET /api/tags`.
+#[utoipa::path(
+    get,
+    path = "/api/tags",
+    operation_id = "get_api_tags",
+    tag = "ollama",
+    responses(
+        (status = 200, description = "`{\"models\": [ListedModel…]}`: the models this node's store and the cluster know.", body = Object),
+        crate::schema::OllamaErrors
+    )
+)]
 pub async fn tags(State(state): State<ApiState>) -> Result<Json<Value>, Error> {
     let models: Vec<ListedModel> = known_async(&state, |_| true)
         .await?
@@ -164,6 +174,16 @@ const NEVER: &str = "9999-12-31T23:59:59Z";
 
 /// `GET /api/ps`: the models with a ready instance this node answers for (its engines and those other
 /// members drive).
+#[utoipa::path(
+    get,
+    path = "/api/ps",
+    operation_id = "get_api_ps",
+    tag = "ollama",
+    responses(
+        (status = 200, description = "`{\"models\": [RunningModel…]}`: the models with a ready instance.", body = Object),
+        crate::schema::OllamaErrors
+    )
+)]
 pub async fn ps(State(state): State<ApiState>) -> Result<Json<Value>, Error> {
     let served = crate::cluster::served_models(&state);
     let ids: Vec<String> = served.iter().map(|m| m.id.clone()).collect();
@@ -199,6 +219,17 @@ fn find(known: Vec<Known>, name: &str) -> Option<Known> {
 }
 
 /// `POST /api/show`.
+#[utoipa::path(
+    post,
+    path = "/api/show",
+    operation_id = "post_api_show",
+    tag = "ollama",
+    request_body = super::types::ModelRequest,
+    responses(
+        (status = 200, description = "The model's details.", body = super::types::ShowResponse),
+        crate::schema::OllamaErrors
+    )
+)]
 pub async fn show(
     State(state): State<ApiState>,
     body: Result<Json<ModelRequest>, JsonRejection>,
@@ -273,6 +304,17 @@ pub async fn show(
 /// `DELETE /api/delete`: removes a complete model's folder from this node's store (a hub model's shared
 /// cache stays, as with `shoal rm`) and stops offering it to the cluster. A running instance keeps
 /// serving from memory until it is removed.
+#[utoipa::path(
+    delete,
+    path = "/api/delete",
+    operation_id = "delete_api_delete",
+    tag = "ollama",
+    request_body = super::types::ModelRequest,
+    responses(
+        (status = 200, description = "Removed from this node's store.", body = Object),
+        crate::schema::OllamaErrors
+    )
+)]
 pub async fn delete(
     State(state): State<ApiState>,
     body: Result<Json<ModelRequest>, JsonRejection>,

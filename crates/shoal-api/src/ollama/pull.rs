@@ -49,6 +49,17 @@ struct Plan {
     present: bool,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/pull",
+    operation_id = "post_api_pull",
+    tag = "ollama",
+    request_body = super::types::PullRequest,
+    responses(
+        (status = 200, description = "Progress; streamed (the default) as one object per line, ending with `{\"status\": \"success\"}`.", content((super::types::Progress = "application/json"), (super::types::Progress = "application/x-ndjson"))),
+        crate::schema::OllamaErrors
+    )
+)]
 pub async fn pull(
     State(state): State<ApiState>,
     body: Result<Json<PullRequest>, JsonRejection>,

@@ -153,7 +153,9 @@ pub struct ChatResponse {
     pub created_at: String,
     pub message: MessageOut,
     pub done: bool,
+    /// On the last object only: why it ended and what it took.
     #[serde(flatten)]
+    #[schema(value_type = EndingFields)]
     pub end: Option<Ending>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<Vec<Logprob>>,
@@ -194,23 +196,40 @@ pub struct GenerateResponse {
     pub created_at: String,
     pub response: String,
     pub done: bool,
+    /// On the last object only: why it ended and what it took.
     #[serde(flatten)]
+    #[schema(value_type = EndingFields)]
     pub end: Option<Ending>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<Vec<Logprob>>,
 }
 
 /// What the last object of an answer adds: why it ended and what it took (durations in nanoseconds).
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-#[schema(as = ollama::Ending)]
+#[derive(Debug, Serialize)]
 pub struct Ending {
     pub done_reason: &'static str,
     #[serde(flatten)]
     pub metrics: Option<Metrics>,
 }
 
-#[derive(Debug, Clone, Copy, Default, Serialize, utoipa::ToSchema)]
-#[schema(as = ollama::Metrics)]
+/// What [`Ending`] adds to an answer's last object, as the document states it: fields absent from the
+/// other objects of a stream (a flattened `Option` the derive cannot describe).
+#[derive(utoipa::ToSchema)]
+#[schema(as = ollama::EndingFields)]
+#[allow(dead_code)]
+pub struct EndingFields {
+    /// `stop`, `length`, `cancelled`, or `load` (an empty request only loads the model).
+    done_reason: Option<String>,
+    /// Nanoseconds.
+    total_duration: Option<u64>,
+    load_duration: Option<u64>,
+    prompt_eval_count: Option<u32>,
+    prompt_eval_duration: Option<u64>,
+    eval_count: Option<u32>,
+    eval_duration: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Metrics {
     pub total_duration: u64,
     pub load_duration: u64,

@@ -42,6 +42,17 @@ use crate::sse::to_json;
 /// The request field a prompt problem is reported against.
 const PROMPT_PARAM: &str = "messages";
 
+#[utoipa::path(
+    post,
+    path = "/v1/chat/completions",
+    operation_id = "post_v1_chat_completions",
+    tag = "openai",
+    request_body = ChatRequest,
+    responses(
+        (status = 200, description = "The completion; with `stream: true`, `chat.completion.chunk` objects as server-sent events ending with `data: [DONE]`.", content((ChatCompletion = "application/json"), (ChatChunk = "text/event-stream"))),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn chat_completions(
     State(state): State<ApiState>,
     Caller(caller): Caller,

@@ -37,6 +37,17 @@ const PROMPT_PARAM: &str = "prompt";
 /// The token budget of a completion that names none (OpenAI's default for `/v1/completions`).
 pub const DEFAULT_MAX_TOKENS: NonZeroU32 = NonZeroU32::new(16).expect("16 is not zero");
 
+#[utoipa::path(
+    post,
+    path = "/v1/completions",
+    operation_id = "post_v1_completions",
+    tag = "openai",
+    request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "The completion; with `stream: true`, the same object per chunk as server-sent events ending with `data: [DONE]`.", content((TextCompletion = "application/json"), (TextCompletion = "text/event-stream"))),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn completions(
     State(state): State<ApiState>,
     Caller(caller): Caller,

@@ -65,6 +65,17 @@ pub struct EmbeddingUsage {
     pub total_tokens: u32,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/embeddings",
+    operation_id = "post_v1_embeddings",
+    tag = "openai",
+    request_body = EmbeddingRequest,
+    responses(
+        (status = 200, description = "One vector per input.", body = EmbeddingList),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn embeddings(
     State(state): State<ApiState>,
     body: Result<Json<EmbeddingRequest>, JsonRejection>,

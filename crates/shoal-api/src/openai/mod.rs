@@ -36,6 +36,16 @@ pub fn unix_now() -> u64 {
 }
 
 /// `GET /v1/models`.
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    operation_id = "get_v1_models",
+    tag = "openai",
+    responses(
+        (status = 200, description = "The models this node answers for.", body = ModelList),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn list_models(State(state): State<ApiState>) -> Json<ModelList> {
     let data = crate::cluster::served_models(&state)
         .into_iter()
@@ -48,6 +58,17 @@ pub async fn list_models(State(state): State<ApiState>) -> Json<ModelList> {
 }
 
 /// `GET /v1/models/{id}` (ids may contain `/`).
+#[utoipa::path(
+    get,
+    path = "/v1/models/{id}",
+    operation_id = "get_v1_models_id",
+    tag = "openai",
+    params(("id" = String, Path, description = "The model id (it may contain `/`).")),
+    responses(
+        (status = 200, description = "The model.", body = ModelObject),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn get_model(
     State(state): State<ApiState>,
     Path(id): Path<String>,

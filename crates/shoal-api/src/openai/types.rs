@@ -252,6 +252,7 @@ impl From<shoal_engine::Usage> for UsageOut {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ChatCompletion {
     pub id: String,
+    #[schema(schema_with = schema::chat_completion)]
     pub object: &'static str,
     pub created: u64,
     pub model: String,
@@ -265,11 +266,14 @@ pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
     pub logprobs: Option<ChatLogprobs>,
+    /// `tool_calls` when the model stopped after calling.
+    #[schema(schema_with = schema::chat_finish)]
     pub finish_reason: &'static str,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct AssistantMessage {
+    #[schema(schema_with = schema::assistant)]
     pub role: &'static str,
     /// `null` when the answer is only tool calls.
     pub content: Option<String>,
@@ -281,6 +285,7 @@ pub struct AssistantMessage {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ChatChunk {
     pub id: String,
+    #[schema(schema_with = schema::chat_chunk)]
     pub object: &'static str,
     pub created: u64,
     pub model: String,
@@ -295,12 +300,15 @@ pub struct ChatChunkChoice {
     pub index: u32,
     pub delta: Delta,
     pub logprobs: Option<ChatLogprobs>,
+    /// Null until the last chunk of the choice.
+    #[schema(schema_with = schema::chat_finish_or_null)]
     pub finish_reason: Option<&'static str>,
 }
 
 #[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct Delta {
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = schema::assistant)]
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
@@ -335,6 +343,7 @@ pub struct TopLogprob {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TextCompletion {
     pub id: String,
+    #[schema(schema_with = schema::text_completion)]
     pub object: &'static str,
     pub created: u64,
     pub model: String,
@@ -349,6 +358,8 @@ pub struct TextChoice {
     pub index: u32,
     pub text: String,
     pub logprobs: Option<TextLogprobs>,
+    /// Null until the last chunk of a stream.
+    #[schema(schema_with = schema::text_finish_or_null)]
     pub finish_reason: Option<&'static str>,
 }
 
@@ -388,5 +399,36 @@ impl From<shoal_engine::ModelInfo> for ModelObject {
             owned_by: m.owned_by,
             context_length: m.context_length,
         }
+    }
+}
+
+/// The OpenAPI schemas of fields whose values are a fixed few (`&'static str` in the types).
+mod schema {
+    use crate::schema::one_of;
+    use utoipa::openapi::schema::Object;
+
+    const CHAT_FINISH: [&str; 4] = ["stop", "length", "tool_calls", "cancelled"];
+    const TEXT_FINISH: [&str; 3] = ["stop", "length", "cancelled"];
+
+    pub fn chat_completion() -> Object {
+        one_of(&["chat.completion"], false)
+    }
+    pub fn chat_chunk() -> Object {
+        one_of(&["chat.completion.chunk"], false)
+    }
+    pub fn text_completion() -> Object {
+        one_of(&["text_completion"], false)
+    }
+    pub fn assistant() -> Object {
+        one_of(&["assistant"], false)
+    }
+    pub fn chat_finish() -> Object {
+        one_of(&CHAT_FINISH, false)
+    }
+    pub fn chat_finish_or_null() -> Object {
+        one_of(&CHAT_FINISH, true)
+    }
+    pub fn text_finish_or_null() -> Object {
+        one_of(&TEXT_FINISH, true)
     }
 }

@@ -34,6 +34,17 @@ use types::{Input, ResponseObject, ResponsesRequest};
 /// The request field a prompt problem is reported against.
 const PROMPT_PARAM: &str = "input";
 
+#[utoipa::path(
+    post,
+    path = "/v1/responses",
+    operation_id = "post_v1_responses",
+    tag = "openai",
+    request_body = ResponsesRequest,
+    responses(
+        (status = 200, description = "The response; with `stream: true`, Responses events (`response.created`, `response.output_text.delta`, …, `response.completed`) as server-sent events.", content((ResponseObject = "application/json"), (Object = "text/event-stream"))),
+        crate::schema::OpenAiErrors
+    )
+)]
 pub async fn create_response(
     State(state): State<ApiState>,
     Caller(caller): Caller,
