@@ -64,6 +64,11 @@ pub fn cut_calls(format: ToolFormat, text: &str) -> Option<CutCalls> {
                 Some(fenced) => fenced.strip_prefix("json").unwrap_or(fenced),
                 None => body,
             };
+            // The finished-answer parser takes a call only when the whole answer is the object, so
+            // prose before a `{"tool_calls": …` block is text, cut or not.
+            if !body.trim_start().starts_with('{') {
+                return None;
+            }
             let compact: String = body
                 .chars()
                 .filter(|c| !c.is_whitespace())
@@ -457,6 +462,19 @@ mod tests {
         let got = cut_calls(ToolFormat::Hermes, text).expect("cut");
         assert_eq!(got.calls.len(), 1);
         assert_eq!(got.cut, cut(Some("b"), ""));
+    }
+
+    /// Regression (found by the `llm` CLI, conformance): prose followed by a generic call block that the
+    /// budget cut was read as a call, dropping the prose; the finished-answer parser reads it as text.
+    #[test]
+    fn prose_then_a_cut_generic_block_is_text() {
+        for text in [
+            "Sure, let me check. {\"tool_calls\": [{\"name\": \"get_we",
+            "I will call it:\n{\"tool_calls\": [",
+        ] {
+            assert_eq!(cut_calls(ToolFormat::Generic, text), None, "{text}");
+        }
+        assert!(cut_calls(ToolFormat::Generic, "{\"tool_calls\": [{\"name\": \"get_we").is_some());
     }
 
     #[test]
