@@ -97,7 +97,7 @@ pub struct BlockSpec {
 #[derive(Debug, Clone)]
 pub enum FfnSpec {
     Dense(DenseSpec),
-    Moe(MoeSpec),
+    Moe(Box<MoeSpec>),
 }
 
 /// `down(act(gate(x)) * up(x))`.
@@ -170,7 +170,7 @@ impl BlockSpec {
             MatrixSpec::new(g, w(name), parts, out, input)
         };
         let ffn = match cfg.arch.experts {
-            Some(experts) => FfnSpec::Moe(MoeSpec::describe(g, cfg, i, experts)),
+            Some(experts) => FfnSpec::Moe(Box::new(MoeSpec::describe(g, cfg, i, experts))),
             None => {
                 let gate_up_parts: Vec<_> = if g.has_tensor(&w("ffn_gate")) {
                     vec![plain("ffn_gate"), plain("ffn_up")]
