@@ -1,5 +1,6 @@
 //! The IQ formats and `MXFP4` on the device: their lookup tables, uploaded once per device (by
-//! `matrix`) from shoal-kernels' own ([`shoal_kernels::iq_tables`], one source of truth), and their repacking.
+//! `matrix`) from shoal-kernels' own ([`shoal_kernels::iq_tables`], one source of truth), and
+//! their repacking.
 //!
 //! The tables live in one storage buffer of u32 words (binding 7 of the IQ kernels), in the order
 //! of `tables()`: the 16 `IQ4_NL` and the 16 `MXFP4` values and the 128 `ksigns` bytes one per
@@ -7,27 +8,30 @@
 //! row. Each kernel's WGSL gets the tables' word offsets as constants ([`wgsl_offsets`]), generated
 //! from the same list that fills the buffer.
 //!
-//! Layouts after repacking (what `kernels/matvec_iq*.wgsl` read; "entry" is a super-block's or
-//! block's part of the scale buffer):
-//! - `IQ4_NL`: the 16 nibble bytes of each block (as `Q4_0`); entry: f16 `d` (f16 pairs);
-//! - `MXFP4`: the 16 nibble bytes; entry: the E8M0 byte (four blocks per u32);
-//! - `IQ4_XS`: the 128 nibble bytes (16 per 32 values, as `Q4_0`); entry 3 u32: f16 `d`, two
-//!   zero bytes, the eight 6-bit scales decoded at upload minus 32, as i8;
+//! Repacking splits each block into two byte ranges of the GGUF block, nothing decoded and nothing
+//! added ([`fields`]): the quants (u32-aligned, one buffer) and the scale entry (another buffer:
+//! f16 `d` as f16 pairs, `MXFP4`'s E8M0 byte four blocks per u32, or two u32 for `IQ4_XS` and
+//! `IQ1_M`), so a matrix takes on the device exactly its bytes in the file. What
+//! `kernels/matvec_iq*.wgsl` read, per block or 256-value super-block:
+//! - `IQ4_NL`: the 16 nibble bytes (as `Q4_0`); entry f16 `d`;
+//! - `MXFP4`: the 16 nibble bytes; entry the E8M0 byte;
+//! - `IQ4_XS`: the 128 nibble bytes (16 per 32 values, as `Q4_0`); entry the block's first 8 bytes:
+//!   f16 `d`, u16 `scales_h` (2 high bits per 32 values), 4 bytes `scales_l` (a low nibble per 32);
 //! - `IQ2_XXS`: the 64 `qs` bytes (per 32 values: 4 grid indices, a u32 of 4 × 7 sign bits and
-//!   the 4-bit scale); entry: f16 `d` (f16 pairs);
-//! - `IQ2_XS`: the 64 `qs` bytes (u16 per 8 values: 9-bit grid index, 7-bit sign index); entry 3
-//!   u32: f16 `d`, two zero bytes, the 8 bytes of 4-bit scales as in the file;
-//! - `IQ2_S`: the 32 grid index bytes, 32 sign bytes and 8 `qh` bytes (72); entry as `IQ2_XS`;
-//! - `IQ3_XXS`: the 64 grid index bytes and the 8 u32 of signs and scales (96); entry: f16 `d`;
-//! - `IQ3_S`: the 64 grid index bytes, 8 `qh` bytes and 32 sign bytes (104); entry 2 u32: f16
-//!   `d`, two zero bytes, the 4 scale bytes;
-//! - `IQ1_S`: the 32 grid index bytes and 8 u16 `qh` (48); entry: f16 `d`;
-//! - `IQ1_M`: the 32 grid index bytes and 16 `qh` bytes (48); entry 3 u32: f16 `d` (gathered at
-//!   upload from the scale words' top nibbles), two zero bytes, the 4 u16 scale words.
+//!   the 4-bit scale); entry f16 `d`;
+//! - `IQ2_XS`: the 64 `qs` bytes (u16 per 8 values: 9-bit grid index, 7-bit sign index), then the
+//!   8 scale bytes (72); entry f16 `d`;
+//! - `IQ2_S`: 32 grid index bytes, 32 sign bytes, 8 `qh` bytes, 8 scale bytes (80); entry f16 `d`;
+//! - `IQ3_XXS`: the 64 grid index bytes and the 8 u32 of signs and scales (96); entry f16 `d`;
+//! - `IQ3_S`: 64 grid index bytes, 8 `qh` bytes, 32 sign bytes, 4 scale bytes (108); entry f16 `d`;
+//! - `IQ1_S`: the 32 grid index bytes and 8 u16 `qh` (48); entry f16 `d`;
+//! - `IQ1_M`: the 32 grid index bytes and 16 `qh` bytes (48); entry the 4 u16 scale words (3-bit
+//!   scales, and f16 `d` in their top nibbles).
 
 use std::fmt::Write as _;
+use std::ops::Range;
 
-use shoal_kernels::{QK, QK_K, QType, iq_tables};
+use shoal_kernels::{QType, iq_tables};
 
 /// The WGSL name of each table and its words, in buffer order.
 fn tables() -> Vec<(&'static str, Vec<u32>)> {
@@ -72,81 +76,37 @@ pub(crate) fn table_bytes() -> Vec<u8> {
         .collect()
 }
 
-/// The f16 `d` of an `IQ1_M` super-block from the top nibbles of its four scale words at 48.
-fn iq1m_d(block: &[u8]) -> [u8; 2] {
-    let s = |i: usize| u16::from_le_bytes([block[48 + 2 * i], block[49 + 2 * i]]);
-    let bits = (s(0) >> 12) | ((s(1) >> 8) & 0x00F0) | ((s(2) >> 4) & 0x0F00) | (s(3) & 0xF000);
-    bits.to_le_bytes()
-}
-
-/// The eight `IQ4_XS` scales of a super-block (6 bits: low nibbles at 4, high pairs at 2) minus 32.
-fn iq4xs_scales(block: &[u8]) -> [u8; 8] {
-    let sh = u16::from_le_bytes([block[2], block[3]]);
-    std::array::from_fn(|ib| {
-        let lo = (block[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
-        let ls = lo | (((sh >> (2 * ib)) & 3) as u8) << 4;
-        ls.wrapping_sub(32)
-    })
+/// Where a block's quants and its scale entry sit in the GGUF block of `qtype`.
+fn fields(qtype: QType) -> (Range<usize>, Range<usize>) {
+    match qtype {
+        QType::IQ4_NL => (2..18, 0..2),
+        QType::MXFP4 => (1..17, 0..1),
+        QType::IQ4_XS => (8..136, 0..8),
+        QType::IQ2_XXS => (2..66, 0..2),
+        QType::IQ2_XS => (2..74, 0..2),
+        QType::IQ2_S => (2..82, 0..2),
+        QType::IQ3_XXS => (2..98, 0..2),
+        QType::IQ3_S => (2..110, 0..2),
+        QType::IQ1_S => (2..50, 0..2),
+        QType::IQ1_M => (0..48, 48..56),
+        other => unreachable!("{} is not an IQ format", other.name()),
+    }
 }
 
 /// Appends one GGUF row of an IQ format (or `MXFP4`), repacked, to `weights` and `scales`.
 pub(crate) fn repack_row(qtype: QType, row: &[u8], weights: &mut Vec<u8>, scales: &mut Vec<u8>) {
+    let (quants, entry) = fields(qtype);
     for block in row.chunks_exact(qtype.type_size()) {
-        // (weight bytes of the block, the scale entry's bytes after `d`, where `d` has a padded entry)
-        let (quants, extra): (&[u8], Option<&[u8]>) = match qtype {
-            QType::IQ4_NL => (&block[2..18], None),
-            QType::MXFP4 => {
-                scales.push(block[0]);
-                weights.extend_from_slice(&block[1..17]);
-                continue;
-            }
-            QType::IQ4_XS => {
-                scales.extend_from_slice(&block[..2]);
-                scales.extend_from_slice(&[0, 0]);
-                scales.extend_from_slice(&iq4xs_scales(block));
-                weights.extend_from_slice(&block[8..136]);
-                continue;
-            }
-            QType::IQ2_XXS => (&block[2..66], None),
-            QType::IQ2_XS => (&block[2..66], Some(&block[66..74])),
-            QType::IQ2_S => (&block[2..74], Some(&block[74..82])),
-            QType::IQ3_XXS => (&block[2..98], None),
-            QType::IQ3_S => (&block[2..106], Some(&block[106..110])),
-            QType::IQ1_S => (&block[2..50], None),
-            QType::IQ1_M => {
-                scales.extend_from_slice(&iq1m_d(block));
-                scales.extend_from_slice(&[0, 0]);
-                scales.extend_from_slice(&block[48..56]);
-                weights.extend_from_slice(&block[..48]);
-                continue;
-            }
-            other => unreachable!("{} is not an IQ format", other.name()),
-        };
-        scales.extend_from_slice(&block[..2]);
-        if let Some(extra) = extra {
-            scales.extend_from_slice(&[0, 0]);
-            scales.extend_from_slice(extra);
-        }
-        weights.extend_from_slice(quants);
+        weights.extend_from_slice(&block[quants.clone()]);
+        scales.extend_from_slice(&block[entry.clone()]);
     }
 }
 
 /// Repacked bytes per row of `k` values: (weights, scales).
 pub(crate) fn repacked_row_bytes(qtype: QType, k: usize) -> (u64, u64) {
-    let (nb, nk) = ((k / QK) as u64, (k / QK_K) as u64);
-    match qtype {
-        QType::IQ4_NL => (nb * 16, nb * 2),
-        QType::MXFP4 => (nb * 16, nb),
-        QType::IQ4_XS => (nk * 128, nk * 12),
-        QType::IQ2_XXS => (nk * 64, nk * 2),
-        QType::IQ2_XS => (nk * 64, nk * 12),
-        QType::IQ2_S => (nk * 72, nk * 12),
-        QType::IQ3_XXS => (nk * 96, nk * 2),
-        QType::IQ3_S => (nk * 104, nk * 8),
-        QType::IQ1_S => (nk * 48, nk * 2),
-        QType::IQ1_M => (nk * 48, nk * 12),
-        other => unreachable!("{} is not an IQ format", other.name()),
-    }
+    let blocks = (k / qtype.block_size()) as u64;
+    let (quants, entry) = fields(qtype);
+    (blocks * quants.len() as u64, blocks * entry.len() as u64)
 }
 
 /// The WGSL of one IQ format's weight bindings and decode (`kernels/matvec_<type>.wgsl`).
@@ -163,5 +123,27 @@ pub(crate) fn format_source(qtype: QType) -> &'static str {
         QType::IQ1_S => include_str!("kernels/matvec_iq1_s.wgsl"),
         QType::IQ1_M => include_str!("kernels/matvec_iq1_m.wgsl"),
         other => unreachable!("{} is not an IQ format", other.name()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Repacking keeps every byte of a block exactly once (so a matrix takes on the device its
+    /// size in the file) and the quants of a block stay whole u32s.
+    #[test]
+    fn repacking_keeps_every_byte_of_a_block_once() {
+        for qtype in QType::IQ {
+            let (quants, entry) = fields(qtype);
+            let mut seen = vec![0u8; qtype.type_size()];
+            for i in quants.clone().chain(entry) {
+                seen[i] += 1;
+            }
+            assert!(seen.iter().all(|&n| n == 1), "{}: {seen:?}", qtype.name());
+            assert_eq!(quants.len() % 4, 0, "{}", qtype.name());
+            let (w, s) = repacked_row_bytes(qtype, 512);
+            assert_eq!(w + s, shoal_kernels::row_bytes(qtype, 512) as u64);
+        }
     }
 }

@@ -1,19 +1,18 @@
-// IQ3_S weights, repacked at upload: per 256-value super-block 26 u32: 64 grid index bytes (one
+// IQ3_S weights, repacked at upload: per 256-value super-block 27 u32: 64 grid index bytes (one
 // per 4 values), 8 `qh` bytes (the 9th index bit, one byte per 32 values), 32 sign bytes (one bit
-// per value); a 2-u32 scale entry: f16 d, then the 4 scale bytes (4-bit ls per 32 values, low
-// nibble first). Value = d · (1 + 2 ls) · iq3s_grid byte · sign.
+// per value), 4 scale bytes (4-bit ls per 32 values, low nibble first); f16 d per super-block in
+// an array of f16 pairs. Value = d · (1 + 2 ls) · iq3s_grid byte · sign.
 @group(0) @binding(3) var<storage, read> wq: array<u32>;
 @group(0) @binding(4) var<storage, read> ws: array<u32>;
 
 fn iq_scale(unit: u32) -> f32 {
-    let e = 2u * (unit / 8u);
-    let ib = unit % 8u;
-    let ls = (ubyte(e + 1u, ib / 2u) >> (4u * (ib % 2u))) & 15u;
-    return unpack2x16float(ws[e]).x * f32(1u + 2u * ls);
+    let sb = unit / 8u;
+    let ls = (wq[27u * sb + 26u] >> (4u * (unit % 8u))) & 15u;
+    return half_at(ws[sb / 2u], sb) * f32(1u + 2u * ls);
 }
 
 fn iq4(unit: u32, j: u32) -> vec4<f32> {
-    let w = 26u * (unit / 8u);
+    let w = 27u * (unit / 8u);
     let ib = unit % 8u;
     let lo = (wq[w + 2u * ib + j / 4u] >> (8u * (j % 4u))) & 255u;
     let hi = (wq[w + 16u + ib / 4u] >> (8u * (ib % 4u) + j)) & 1u;
