@@ -221,4 +221,19 @@ mod tests {
         let short = GgufValue::Array(vec![GgufValue::I32(-1), GgufValue::Bool(true)]);
         assert_eq!(to_json(&short, false), serde_json::json!([-1, true]));
     }
+
+    /// A mixture-of-experts file's 3-D expert tensors count every expert's weights.
+    #[test]
+    fn the_parameter_count_includes_every_expert() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shoal-model/tests/fixtures/synth/qwen3moe-k-q4_k_m.gguf");
+        let facts = GgufFacts::read(&path, false).expect("read");
+        // n_embd 256, vocab 512 (tied), 2 layers of: norms 256 + 256, Q 256x256, K and V 128x256,
+        // O 256x256, Q/K norms 128 each, the router 8x256, and 8 experts of gate, up (128x256) and
+        // down (256x128).
+        let (d, v) = (256u64, 512u64);
+        let layer = 2 * d + 2 * d * d + 2 * 128 * d + 2 * 128 + 8 * d + 8 * 3 * 128 * d;
+        assert_eq!(facts.parameter_count, v * d + d + 2 * layer);
+        assert_eq!(facts.details().parameter_size, "2.10M");
+    }
 }
