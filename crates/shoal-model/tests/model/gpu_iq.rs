@@ -2,7 +2,8 @@
 //! of the same file. No IQ fixture is committed (llama-quantize makes the grid formats only with an
 //! importance matrix), so the models are made here from the synthetic fixtures: llama-s-q4_0 with
 //! its `Q4_0` matrices relabelled `IQ4_NL` (the same 18-byte blocks), and llama-k-q4_k_m with every
-//! layer matrix replaced by random valid blocks of one IQ format at the original's magnitude. These
+//! matrix (the tied embedding too) replaced by random valid blocks of one IQ format at the
+//! original's magnitude. These
 //! fail when no GPU adapter exists unless `SHOAL_GPU_TESTS=skip`.
 
 use std::path::{Path, PathBuf};
@@ -159,9 +160,10 @@ fn random_weights(
     out
 }
 
-/// llama-k-q4_k_m (n_embd and n_ff 256: every layer matrix's rows a multiple of 256) with every
-/// layer matrix replaced by random valid `qtype` weights of the original's root mean square (the
-/// embedding, norms and tied head as they are), written into `dir`; and how many were replaced.
+/// llama-k-q4_k_m (n_embd and n_ff 256: every matrix's rows a multiple of 256) with every layer
+/// matrix and the token embedding (which is also its tied output head) replaced by random valid
+/// `qtype` weights of the original's root mean square (norms as they are), written into `dir`; and
+/// how many matrices were replaced.
 fn retyped_model(dir: &TempDir, qtype: QType) -> (PathBuf, usize) {
     let src = fixture("llama-k-q4_k_m.gguf");
     let g = GgufFile::open(&src).expect("open fixture");
@@ -177,8 +179,8 @@ fn retyped_model(dir: &TempDir, qtype: QType) -> (PathBuf, usize) {
         let t = &g.tensors()[name];
         let ty = type_at(&bytes, *entry, name);
         let old = &bytes[data0 + t.offset as usize..][..t.bytes as usize];
-        let layer_matrix = name.starts_with("blk.") && t.dims.len() == 2;
-        let (id, new) = if layer_matrix {
+        let matrix = t.dims.len() == 2 && (name.starts_with("blk.") || name == "token_embd.weight");
+        let (id, new) = if matrix {
             let (rows, cols) = (t.dims[0], t.dims[1]);
             let from = QType::from_ggml_type_id(t.ty.id).expect("a kernel type");
             let mut v = vec![0f32; rows * cols];
@@ -222,8 +224,8 @@ fn an_iq4_nl_model_runs_on_a_gpu_stage_as_on_the_cpu() {
     );
 }
 
-/// For every IQ format and `MXFP4`: a model whose 14 layer matrices are of that format loads on a
-/// GPU stage and gives the CPU stage's logits.
+/// For every IQ format and `MXFP4`: a model whose 14 layer matrices and token embedding (the tied
+/// head too) are of that format loads on a GPU stage and gives the CPU stage's logits.
 #[test]
 fn models_of_every_iq_format_run_on_a_gpu_stage_as_on_the_cpu() {
     let Some(gpu) = gpu() else { return };
@@ -231,7 +233,7 @@ fn models_of_every_iq_format_run_on_a_gpu_stage_as_on_the_cpu() {
     let mut failures = Vec::new();
     for qtype in QType::IQ {
         let (path, replaced) = retyped_model(&dir, qtype);
-        assert_eq!(replaced, 14, "{}: layer matrices replaced", qtype.name());
+        assert_eq!(replaced, 15, "{}: matrices replaced", qtype.name());
         let worst = gpu_against_cpu(&path, &gpu, qtype.name());
         if worst > TOLERANCE {
             failures.push(format!("{}: {worst:.4}", qtype.name()));
