@@ -13,7 +13,7 @@ The set is cut to keep the committed fixtures near 10 MB; see the README next to
 - `manifest.json`: per fixture the family, tier, dims, the prompt token ids (BOS first where the family adds
   BOS) and the texts whose tokenization reference.py records.
 `--bench-1b [--out DIR]` instead writes a Llama-3.2-1B-shaped model in Q4_K_M for benchmarks (not committed;
-default folder bench-out/synth, which git ignores).
+default folder bench-out/synth, which git ignores); `--bench-moe` a Qwen3-MoE-shaped one (64 experts, 8 used).
 
 Families, metadata and tensors: synth_archs.py; tokenizers: synth_vocab.py.
 """
@@ -21,6 +21,7 @@ Families, metadata and tensors: synth_archs.py; tokenizers: synth_vocab.py.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from importlib import metadata
 import os
@@ -155,31 +156,46 @@ def bench_vocab(n_vocab: int) -> sv.Vocab:
 
 
 def make_bench_1b(out: Path, seed: int, binary: Path) -> None:
-    """Llama 3.2 1B's shape (2048 x 16 layers, ffn 8192, 32/8 heads, 128256 vocab, tied) in Q4_K_M, written
-    tensor by tensor so the F16 base never sits in memory as a whole; the base is deleted afterwards."""
-    fam = sa.FAMILIES["llama3"]
+    """Llama 3.2 1B's shape (2048 x 16 layers, ffn 8192, 32/8 heads, 128256 vocab, tied) in Q4_K_M."""
     dims = sa.Dims(n_embd=2048, n_head=32, head_dim=64, n_kv=8, n_ff=8192, n_layer=16, n_vocab=128256)
+    make_bench(out, seed, binary, sa.FAMILIES["llama3"], dims, "synth-llama3-1b", "Synthetic llama3 1B (benchmark)")
+
+
+def make_bench_moe(out: Path, seed: int, binary: Path) -> None:
+    """A Qwen3-MoE-shaped model in Q4_K_M: 1024 x 8 layers, 64 experts of ff 512 with 8 used, 16/4 heads of 64,
+    vocab 32768, tied: ~0.84 B parameters held, ~0.15 B read per token (not committed)."""
+    fam = dataclasses.replace(sa.FAMILIES["qwen3moe"], experts=sa.Experts(count=64, used=8, ff=512))
+    dims = sa.Dims(n_embd=1024, n_head=16, head_dim=64, n_kv=4, n_ff=4096, n_layer=8, n_vocab=32768)
+    make_bench(out, seed, binary, fam, dims, "synth-qwen3moe-a0.15b", "Synthetic qwen3moe (benchmark)")
+
+
+def make_bench(out: Path, seed: int, binary: Path, fam: sa.Family, dims: sa.Dims, stem: str, title: str) -> None:
+    """`fam` at `dims` in Q4_K_M, written tensor by tensor so the F16 base never sits in memory as a whole; the
+    base is deleted afterwards."""
     vocab = bench_vocab(dims.n_vocab)
     out.mkdir(parents=True, exist_ok=True)
-    base = out / "synth-llama3-1b-f16.gguf"
-    dst = out / "synth-llama3-1b-q4_k_m.gguf"
+    base = out / f"{stem}-f16.gguf"
+    dst = out / f"{stem}-q4_k_m.gguf"
     t0 = time.time()
     w = gguf.GGUFWriter(str(base), fam.arch)
     w.add_type("model")
-    w.add_name("Synthetic llama3 1B (benchmark)")
+    w.add_name(title)
     sa.write_metadata(w, fam, dims)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     sv.write_vocab(w, vocab)
     specs = list(sa.tensor_specs(fam, dims, seed, "bench"))
-    for name, shape, _ in specs:
-        dtype = np.float16 if len(shape) == 2 else np.float32
+    made = []
+    for name, shape, make in specs:
+        # 2-D and 3-D weights F16, the rest (and the routers, which the maker keeps F32) as made
+        dtype = np.float16 if len(shape) >= 2 and "ffn_gate_inp" not in name else np.float32
+        made.append(dtype)
         w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for name, shape, make in specs:
-        w.write_tensor_data(make(np.float16))
+    for (name, shape, make), dtype in zip(specs, made):
+        w.write_tensor_data(make(np.float16).astype(dtype, copy=False))
     w.close()
     print(f"F16 base {base.stat().st_size:,d} bytes in {time.time() - t0:.0f} s")
     t0 = time.time()
@@ -196,6 +212,7 @@ def main() -> None:
     ap.add_argument("--quantize", type=Path, default=DEFAULT_QUANTIZE, help="llama-quantize binary")
     ap.add_argument("--keep-bases", action="store_true", help="also keep the k-tier F16 bases")
     ap.add_argument("--bench-1b", action="store_true", help="write the ~1B benchmark model instead")
+    ap.add_argument("--bench-moe", action="store_true", help="write the Qwen3-MoE-shaped benchmark model instead")
     ap.add_argument("--families", nargs="*", choices=list(sa.FAMILIES),
                     help="only these families (their manifest entries replaced, the others kept)")
     args = ap.parse_args()
@@ -203,6 +220,9 @@ def main() -> None:
         sys.exit(f"llama-quantize not found at {args.quantize} (cmake --build build --target llama-quantize)")
     if args.bench_1b:
         make_bench_1b(args.out or BENCH_OUT, args.seed, args.quantize)
+        return
+    if args.bench_moe:
+        make_bench_moe(args.out or BENCH_OUT, args.seed, args.quantize)
         return
     args.out = args.out or DEFAULT_OUT
     families = args.families or list(sa.FAMILIES)
