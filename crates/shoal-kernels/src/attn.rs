@@ -34,6 +34,27 @@ pub fn attend_f16(
     scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    attend_f16_sinks(q, n_q, keys, values, hd, scale, None, scratch, out);
+}
+
+/// [`attend_f16`] with optional attention sinks (gpt-oss): one logit per query head that joins the
+/// softmax's denominator (and its maximum) but weights no value, so a head may attend to "nothing".
+/// `sinks` holds `n_q` logits, in the heads' order; `None` is [`attend_f16`].
+///
+/// # Panics
+/// As [`attend_f16`], and if `sinks` does not hold `n_q` values.
+#[allow(clippy::too_many_arguments)] // the operands of one attention
+pub fn attend_f16_sinks(
+    q: &[f32],
+    n_q: usize,
+    keys: &[f16],
+    values: &[f16],
+    hd: usize,
+    scale: f32,
+    sinks: Option<&[f32]>,
+    scratch: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     assert!(hd > 0, "attend_f16: head_dim is 0");
     let len = keys.len() / hd;
     assert!(
@@ -41,7 +62,8 @@ pub fn attend_f16(
             && keys.len() == len * hd
             && values.len() == keys.len()
             && q.len() == n_q * hd
-            && out.len() == n_q * hd,
+            && out.len() == n_q * hd
+            && sinks.is_none_or(|s| s.len() == n_q),
         "attend_f16: slice lengths do not match the heads"
     );
     scratch.clear();
@@ -49,8 +71,8 @@ pub fn attend_f16(
     let (w, kf) = scratch.split_at_mut(n_q * len);
     let fast = simd_available();
     scores(fast, q, keys, hd, scale, w, kf);
-    for w in w.chunks_exact_mut(len) {
-        softmax_to_f16(fast, w);
+    for (h, w) in w.chunks_exact_mut(len).enumerate() {
+        softmax_to_f16(fast, w, sinks.map(|s| s[h]));
     }
     weighted_sum(fast, w, values, hd, out);
 }
@@ -118,12 +140,15 @@ fn hsum(v: [f32; L]) -> f32 {
     (a[0] + a[1]) + (a[2] + a[3])
 }
 
-/// `w = round_f16(softmax(w))`.
-fn softmax_to_f16(fast: bool, w: &mut [f32]) {
+/// `w = round_f16(softmax(w))`; a sink logit joins the maximum and the denominator (as llama.cpp's
+/// `soft_max_ext` with sinks), so the weights then sum to less than 1.
+fn softmax_to_f16(fast: bool, w: &mut [f32], sink: Option<f32>) {
     let max = w.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let max = sink.map_or(max, |s| max.max(s));
     w.iter_mut().for_each(|x| *x -= max);
     exp_in_place(w);
-    let inv = 1.0 / sum(fast, w);
+    let total = sum(fast, w) + sink.map_or(0.0, |s| (s - max).exp());
+    let inv = 1.0 / total;
     w.iter_mut().for_each(|x| *x *= inv);
     round_to_f16(w);
 }
@@ -580,9 +605,21 @@ mod tests {
 
     /// The same attention in f64, for the accuracy check.
     fn reference(q: &[f32], k: &[f16], v: &[f16], hd: usize, scale: f32) -> Vec<f32> {
+        reference_sinks(q, k, v, hd, scale, None)
+    }
+
+    /// The f64 attention with an optional sink logit per head in the softmax's denominator.
+    fn reference_sinks(
+        q: &[f32],
+        k: &[f16],
+        v: &[f16],
+        hd: usize,
+        scale: f32,
+        sinks: Option<&[f32]>,
+    ) -> Vec<f32> {
         let len = k.len() / hd;
         let mut out = Vec::new();
-        for qh in q.chunks_exact(hd) {
+        for (h, qh) in q.chunks_exact(hd).enumerate() {
             let s: Vec<f64> = k
                 .chunks_exact(hd)
                 .map(|kj| {
@@ -594,9 +631,11 @@ mod tests {
                     d * f64::from(scale)
                 })
                 .collect();
+            let sink = sinks.map(|s| f64::from(s[h]));
             let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let max = sink.map_or(max, |z| max.max(z));
             let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
-            let total: f64 = e.iter().sum();
+            let total: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |z| (z - max).exp());
             for d in 0..hd {
                 let o: f64 = (0..len)
                     .map(|j| e[j] / total * f64::from(v[j * hd + d].to_f32()))
@@ -613,7 +652,7 @@ mod tests {
         let mut s = vec![0f32; n_q * len];
         scores(fast, q, k, hd, scale, &mut s, &mut vec![0f32; L * hd]);
         for w in s.chunks_exact_mut(len) {
-            softmax_to_f16(fast, w);
+            softmax_to_f16(fast, w, None);
         }
         let mut out = vec![0f32; n_q * hd];
         weighted_sum(fast, &s, v, hd, &mut out);
@@ -679,5 +718,36 @@ mod tests {
             &mut Vec::new(),
             &mut [0.0; 64],
         );
+    }
+
+    #[test]
+    fn sinks_join_the_softmax_denominator_as_the_f64_reference_does() {
+        for (n_q, hd, len) in [(1, 64, 1), (4, 64, 9), (2, 8, 33), (3, 12, 130)] {
+            let (q, k, v) = inputs(n_q, len, hd, (n_q * 31 + len) as u32);
+            let scale = 1.0 / (hd as f32).sqrt();
+            // Sinks below, near and far above the scores (the last makes every weight tiny).
+            let sinks: Vec<f32> = (0..n_q).map(|h| [-4.0, 0.5, 2.0, 9.0][h % 4]).collect();
+            let with = |sinks: Option<&[f32]>| {
+                let mut out = vec![0f32; n_q * hd];
+                attend_f16_sinks(&q, n_q, &k, &v, hd, scale, sinks, &mut Vec::new(), &mut out);
+                out
+            };
+            let got = with(Some(&sinks));
+            let want = reference_sinks(&q, &k, &v, hd, scale, Some(&sinks));
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 2e-3 * (1.0 + w.abs()),
+                    "n_q {n_q} hd {hd} len {len} at {i}: {g} vs {w}"
+                );
+            }
+            // A sink shrinks the output: without it the result is plain attention, and differs.
+            let mut plain = vec![0f32; n_q * hd];
+            attend_f16(&q, n_q, &k, &v, hd, scale, &mut Vec::new(), &mut plain);
+            assert_eq!(plain, with(None));
+            assert_ne!(plain, got);
+            // A very low sink is no sink at all.
+            let low = with(Some(&vec![-1e4f32; n_q]));
+            assert_eq!(low, plain);
+        }
     }
 }

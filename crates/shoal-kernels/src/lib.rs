@@ -66,7 +66,8 @@
 //!
 //! - [`attn::attend_f16`]: attention of the query heads sharing one KV head against its f16 cache
 //!   (scores, softmax, weighted values) converting each cached row once; AVX-512, AVX2 and portable
-//!   paths are bitwise equal, like the helpers of [`math`].
+//!   paths are bitwise equal, like the helpers of [`math`]. [`attn::attend_f16_sinks`] adds gpt-oss's
+//!   attention sinks (a per-head logit in the softmax's denominator).
 //! - [`probe()`]: the compute probe — decode bytes/s per format ([`TypeRate`]) and the batched
 //!   flops/s on a pool, as a [`ProbeReport`] (`shoal serve` caches and publishes it).
 //!
