@@ -98,7 +98,7 @@ pub fn load_or_create(state_dir: &Path) -> Result<Keypair, ClusterError> {
     }
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create(true).truncate(true);
@@ -115,10 +115,15 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// The private-network key derived from a cluster key (any length, any bytes).
 pub fn cluster_psk(cluster_key: &str) -> PreSharedKey {
+    PreSharedKey::new(cluster_psk_bytes(cluster_key))
+}
+
+/// The bytes of [`cluster_psk`] (the XSalsa20 key of the private network).
+pub fn cluster_psk_bytes(cluster_key: &str) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(b"shoal cluster key v1\0");
     h.update(cluster_key.as_bytes());
-    PreSharedKey::new(h.finalize().into())
+    h.finalize().into()
 }
 
 /// A hash that names the cluster without revealing its key (the data-plane handshake carries it).

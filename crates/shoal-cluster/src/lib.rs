@@ -37,6 +37,7 @@ mod error;
 pub mod facts;
 pub mod identity;
 pub mod invite;
+pub mod keyring;
 pub mod node;
 pub mod proto;
 pub mod relay_proof;

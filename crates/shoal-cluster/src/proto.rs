@@ -27,6 +27,9 @@ pub enum ControlMsg {
     Remove { id: String },
     /// The sender's members and their addresses, so every node connects to every other (full mesh).
     Members(Vec<(String, Vec<String>)>),
+    /// The sender's cluster key ring ([`crate::keyring`]): on every new connection and after a
+    /// rotation; the higher key is adopted.
+    Rekey(Box<crate::keyring::KeyOffer>),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -72,7 +72,14 @@ impl NetTask {
         msg: ControlMsg,
         channel: ResponseChannel<ControlReply>,
     ) {
+        if self.refused.contains(&peer) {
+            return; // connected with an earlier key without being a member: never answered
+        }
         let reply = match msg {
+            ControlMsg::Rekey(offer) => {
+                self.on_rekey(peer, &offer);
+                ControlReply::Ack
+            }
             ControlMsg::Facts(facts) => {
                 self.on_peer_facts(peer, *facts);
                 ControlReply::Ack

@@ -69,6 +69,13 @@ impl NetTask {
             ConnectedPoint::Dialer { address, .. } => (address, Some(address)),
             ConnectedPoint::Listener { send_back_addr, .. } => (send_back_addr, None),
         };
+        let stale = dialed
+            .is_none()
+            .then(|| self.keys.take_stale(remote))
+            .flatten();
+        if !self.admit(peer, connection, stale) {
+            return;
+        }
         self.dials.established(connection, peer, dialed);
         let ip = ip_of(remote);
         let kind = ip.map_or(LinkKind::Unknown, facts::link_kind);
@@ -78,7 +85,9 @@ impl NetTask {
         let id = peer.to_string();
         self.state.peer_connected(&id);
         tracing::debug!(%peer, %remote, "connected");
-        // Publish the new link at once (placement needs it), then greet the peer.
+        // The key ring first (a member back with an earlier key needs the current one), then publish
+        // the new link at once (placement needs it), then greet the peer.
+        self.send_keys(peer);
         self.refresh_own_facts();
         self.push_facts();
         self.send_facts_to(peer);

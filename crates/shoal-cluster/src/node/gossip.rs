@@ -82,7 +82,7 @@ impl NetTask {
         self.send_to_all(&table);
     }
 
-    fn send(&mut self, peer: PeerId, msg: ControlMsg) {
+    pub(super) fn send(&mut self, peer: PeerId, msg: ControlMsg) {
         self.swarm.behaviour_mut().control.send_request(&peer, msg);
     }
 

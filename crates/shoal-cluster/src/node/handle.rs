@@ -78,12 +78,19 @@ pub(super) enum Command {
     DoctorTargets(oneshot::Sender<Vec<super::diagnose::Target>>),
 }
 
-/// What invites need: where the invite book is and the key it hands out.
+/// What invites need: where the invite book is and the key ring whose current key it hands out (and
+/// from which the relay key and the data plane's cluster hash come).
 pub(super) struct Secrets {
     pub(super) state_dir: std::path::PathBuf,
-    pub(super) cluster_key: String,
-    /// Signs the requests this node's API sends on to other members.
-    pub(super) relay: crate::relay_proof::RelayKey,
+    pub(super) keys: super::pnet::SharedKeys,
+}
+
+impl Secrets {
+    /// The current cluster key.
+    fn current_key(&self) -> String {
+        let ring = self.keys.ring.read().unwrap_or_else(|e| e.into_inner());
+        ring.current().key.clone()
+    }
 }
 
 /// Data-plane byte counters per peer (written by the data plane, read by the network task).
@@ -115,7 +122,6 @@ pub struct ClusterHandle {
     pub(super) streams: libp2p_stream::Control,
     pub(super) paths: super::Paths,
     pub(super) traffic: Arc<Traffic>,
-    pub(super) cluster_hash: [u8; 32],
     pub(super) secrets: Arc<Secrets>,
 }
 
@@ -124,13 +130,27 @@ impl ClusterHandle {
         self.id
     }
 
+    /// The data-plane handshake's name of the cluster, from the current cluster key (it changes when
+    /// the key is rotated).
     pub fn cluster_hash(&self) -> [u8; 32] {
-        self.cluster_hash
+        crate::identity::cluster_hash(&self.secrets.current_key())
     }
 
-    /// The key that marks HTTP requests this node sends on to other members ([`crate::relay_proof`]).
-    pub fn relay_key(&self) -> &crate::relay_proof::RelayKey {
-        &self.secrets.relay
+    /// The epoch of the current cluster key ([`crate::keyring`]).
+    pub fn key_epoch(&self) -> u64 {
+        let ring = self
+            .secrets
+            .keys
+            .ring
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        ring.current().epoch
+    }
+
+    /// The key that marks HTTP requests this node sends on to other members ([`crate::relay_proof`]),
+    /// from the current cluster key.
+    pub fn relay_key(&self) -> crate::relay_proof::RelayKey {
+        crate::relay_proof::RelayKey::from_cluster_key(&self.secrets.current_key())
     }
 
     pub fn snapshot(&self) -> Arc<Snapshot> {
@@ -294,7 +314,7 @@ impl ClusterHandle {
         }
         let secret =
             InviteBook::new(&self.secrets.state_dir).redeem(req, crate::clock::unix_now())?;
-        let mut reply = crate::invite::seal(&secret, &req.node, &self.secrets.cluster_key);
+        let mut reply = crate::invite::seal(&secret, &req.node, &self.secrets.current_key());
         reply.addrs = snap
             .state
             .member_facts()

@@ -45,9 +45,11 @@ mod dial;
 mod events;
 mod gossip;
 mod handle;
+mod keys;
 mod paths;
 mod pathstream;
 mod peer;
+mod pnet;
 mod probe;
 mod removal;
 mod swarm;
@@ -167,8 +169,10 @@ fn random_id() -> String {
 pub async fn start(config: ClusterConfig) -> Result<ClusterHandle, ClusterError> {
     let key = identity::load_or_create(&config.state_dir)?;
     let id = key.public().to_peer_id();
-    let psk = identity::cluster_psk(&config.cluster_key);
-    let mut swarm = swarm::build(key, psk, config.mdns)?;
+    let ring = crate::keyring::KeyRing::load(&config.state_dir, &config.cluster_key);
+    tracing::info!(epoch = ring.current().epoch, "cluster key");
+    let keys = pnet::SharedKeys::new(ring);
+    let mut swarm = swarm::build(key, keys.clone(), config.mdns)?;
     let listen_addrs = swarm::listen(&mut swarm, &config.listen).await?;
     let mut streams = swarm.behaviour().streams.new_control();
     probe::serve(&mut streams)?;
@@ -185,15 +189,15 @@ pub async fn start(config: ClusterConfig) -> Result<ClusterHandle, ClusterError>
         listen_addrs,
         &config.peers,
         streams,
+        keys.clone(),
     );
     task.removed = removed;
     task.block_saved();
     let secrets = handle::Secrets {
         state_dir: config.state_dir.clone(),
-        cluster_key: config.cluster_key.clone(),
-        relay: crate::relay_proof::RelayKey::from_cluster_key(&config.cluster_key),
+        keys,
     };
-    Ok(task.spawn(identity::cluster_hash(&config.cluster_key), secrets))
+    Ok(task.spawn(secrets))
 }
 
 /// What this node publishes about itself at start (links, addresses and instances come later).
@@ -257,6 +261,10 @@ struct NetTask {
     removed: Removed,
     /// CPU load, temperature and power readings between two fact refreshes.
     host: crate::sysload::HostSampler,
+    /// The cluster key ring, shared with the transport and the handle.
+    keys: pnet::SharedKeys,
+    /// Nodes that connected with an earlier key without being members: their messages are ignored.
+    refused: std::collections::HashSet<PeerId>,
 }
 
 /// A request to the coordinator waiting for its reply, and the handle waiting for the result.
@@ -273,6 +281,7 @@ impl NetTask {
         listen_addrs: Vec<Multiaddr>,
         static_peers: &[Multiaddr],
         streams: libp2p_stream::Control,
+        keys: pnet::SharedKeys,
     ) -> Self {
         let (probe_tx, probe_rx) = mpsc::channel(PROBE_RESULTS);
         let paths = swarm.behaviour().paths.control();
@@ -295,13 +304,15 @@ impl NetTask {
             published: None,
             removed: Removed::default(),
             host: crate::sysload::HostSampler::default(),
+            keys,
+            refused: Default::default(),
         };
         task.refresh_own_facts();
         task
     }
 
     /// Runs the task on the current tokio runtime; the handle is the only way to reach it.
-    fn spawn(self, cluster_hash: [u8; 32], secrets: handle::Secrets) -> ClusterHandle {
+    fn spawn(self, secrets: handle::Secrets) -> ClusterHandle {
         let (snap_tx, snap_rx) = watch::channel(Arc::new(self.snapshot()));
         let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
         let handle = ClusterHandle {
@@ -315,7 +326,6 @@ impl NetTask {
                 uses: self.path_uses.clone(),
             },
             traffic: self.traffic.clone(),
-            cluster_hash,
             secrets: Arc::new(secrets),
         };
         tokio::spawn(self.run(cmd_rx, snap_tx));

@@ -124,6 +124,7 @@ impl NetTask {
             });
         }
         self.ban(node.clone());
+        self.rotate_if_stale(true);
         Ok(node)
     }
 
@@ -155,6 +156,7 @@ impl NetTask {
                 self.ban(node.clone());
             }
         }
+        self.rotate_if_stale(false);
     }
 
     pub(super) fn is_removed(&self, peer: &PeerId) -> bool {

@@ -7,7 +7,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use libp2p::core::transport::upgrade::Version;
 use libp2p::identity::Keypair;
-use libp2p::pnet::{PnetConfig, PreSharedKey};
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
@@ -42,11 +41,11 @@ pub(super) struct Behaviour {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The swarm of the node with `key`, reachable only from nodes with the same cluster key (`psk`); mDNS
-/// discovery only when `mdns` is set.
+/// The swarm of the node with `key`, reachable only from nodes holding a key of the ring in `keys`
+/// (`pnet`); mDNS discovery only when `mdns` is set.
 pub(super) fn build(
     key: Keypair,
-    psk: PreSharedKey,
+    keys: super::pnet::SharedKeys,
     mdns: bool,
 ) -> Result<Swarm<Behaviour>, ClusterError> {
     let swarm = libp2p::SwarmBuilder::with_existing_identity(key)
@@ -55,11 +54,13 @@ pub(super) fn build(
             let noise = noise::Config::new(key)?;
             let tcp = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true));
             Ok::<_, BoxError>(
-                tcp.and_then(move |socket, _| PnetConfig::new(psk).handshake(socket))
-                    .upgrade(Version::V1Lazy)
-                    .authenticate(noise)
-                    .multiplex(yamux::Config::default())
-                    .timeout(HANDSHAKE_TIMEOUT),
+                tcp.and_then(move |socket, endpoint| {
+                    super::pnet::handshake(socket, endpoint, keys.clone())
+                })
+                .upgrade(Version::V1Lazy)
+                .authenticate(noise)
+                .multiplex(yamux::Config::default())
+                .timeout(HANDSHAKE_TIMEOUT),
             )
         })
         .map_err(|e| ClusterError::network("building the transport", &e))?

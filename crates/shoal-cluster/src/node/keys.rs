@@ -1,0 +1,129 @@
+//! Rotating the cluster key ([`crate::keyring`]) in the network task: who rotates, who gets the new
+//! key, and who may still connect with an old one.
+//!
+//! - The node that runs `shoal remove` rotates at once; the coordinator rotates when it learns of a
+//!   removal its key was not made without (a removal done elsewhere, or two at once: the key that won
+//!   may have reached the other removed node).
+//! - A rotation sends the ring ([`ControlMsg::Rekey`]) to every connected member that is not removed,
+//!   over its noise-encrypted control connection; every connection that opens (and is admitted) gets
+//!   the ring too, so a member that was away, or joined with an invite, converges on the highest key;
+//!   a node that adopts a key passes it on to its other members.
+//! - A connection made with an earlier key (see `pnet`) is admitted only from an identity that was a
+//!   member and is not removed — it is then handed the current key; from anyone else it is closed at
+//!   once and whatever it sends is ignored.
+
+use libp2p::PeerId;
+use libp2p::swarm::ConnectionId;
+
+use super::NetTask;
+use crate::keyring::KeyOffer;
+use crate::proto::ControlMsg;
+
+impl NetTask {
+    /// Whether a new connection may stay; `stale`: the epoch of the earlier key it was made with.
+    pub(super) fn admit(
+        &mut self,
+        peer: PeerId,
+        connection: ConnectionId,
+        stale: Option<u64>,
+    ) -> bool {
+        let id = peer.to_string();
+        let mut ring = self.keys.ring.write().unwrap_or_else(|e| e.into_inner());
+        let Some(epoch) = stale else {
+            // It holds the current key: a member (one that may come back later with this key).
+            if let Err(e) = ring.add_member(&id) {
+                tracing::warn!("could not record member {id}: {e}");
+            }
+            self.refused.remove(&peer);
+            return true;
+        };
+        if ring.is_member(&id) && !self.is_removed(&peer) {
+            tracing::info!(%peer, epoch, current = ring.current().epoch, "a member came back with an earlier cluster key: handing it the current one");
+            self.refused.remove(&peer);
+            return true;
+        }
+        drop(ring);
+        tracing::warn!(%peer, epoch, "connection refused: made with an earlier cluster key by a node that is not a member");
+        self.refused.insert(peer);
+        let _ = self.swarm.close_connection(connection);
+        false
+    }
+
+    /// Sends `peer` this node's key ring.
+    pub(super) fn send_keys(&mut self, peer: PeerId) {
+        let offer = self.ring_offer();
+        self.send(peer, ControlMsg::Rekey(Box::new(offer)));
+    }
+
+    fn ring_offer(&self) -> KeyOffer {
+        self.keys
+            .ring
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .offer_to_send()
+    }
+
+    /// A member's key ring: adopted when its key ranks higher.
+    pub(super) fn on_rekey(&mut self, peer: PeerId, offer: &KeyOffer) {
+        if self.is_removed(&peer) || self.refused.contains(&peer) {
+            return;
+        }
+        let adopted = {
+            let mut ring = self.keys.ring.write().unwrap_or_else(|e| e.into_inner());
+            match ring.offer(offer) {
+                Ok(adopted) => adopted,
+                Err(e) => {
+                    tracing::warn!("could not save the cluster key from {peer}: {e}");
+                    false
+                }
+            }
+        };
+        if adopted {
+            tracing::info!(%peer, epoch = offer.current.epoch, "cluster key changed: adopted the key a member sent");
+            metrics::counter!("shoal_cluster_key_changes_total", "how" => "adopted").increment(1);
+            // On to the other members: only a strictly higher key is passed on, so this ends.
+            self.send_keys_to_members(Some(peer));
+        }
+        self.rotate_if_stale(false);
+    }
+
+    /// Sends the ring to every connected member that is not removed (nor `except`).
+    fn send_keys_to_members(&mut self, except: Option<PeerId>) {
+        let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+        for peer in peers {
+            if Some(peer) != except && !self.is_removed(&peer) && !self.refused.contains(&peer) {
+                self.send_keys(peer);
+            }
+        }
+    }
+
+    /// Rotates the key when this node removed a node itself (`own`) or is the coordinator, and the
+    /// current key was made before a removal this node knows of.
+    pub(super) fn rotate_if_stale(&mut self, own: bool) {
+        if !own && !self.state.is_coordinator() {
+            return;
+        }
+        let removed: Vec<String> = self.removed.list().iter().map(|r| r.id.clone()).collect();
+        let rotated = {
+            let mut ring = self.keys.ring.write().unwrap_or_else(|e| e.into_inner());
+            if ring.excludes_all(removed.iter().map(String::as_str)) {
+                return;
+            }
+            match ring.rotate(removed.iter().map(String::as_str)) {
+                Ok(key) => key.epoch,
+                Err(e) => {
+                    tracing::error!(
+                        "could not save a new cluster key, keeping the old one in use: {e}"
+                    );
+                    return;
+                }
+            }
+        };
+        tracing::warn!(
+            epoch = rotated,
+            "cluster key rotated after a removal: sending it to every remaining member"
+        );
+        metrics::counter!("shoal_cluster_key_changes_total", "how" => "rotated").increment(1);
+        self.send_keys_to_members(None);
+    }
+}
