@@ -1,0 +1,305 @@
+//! Reasoning separated from the answer, once for every API: a model that thinks first (Qwen3, QwQ,
+//! DeepSeek R1 and its distills, GLM-4.5+, and any family whose template writes `<think>`) writes its
+//! thoughts between `<think>` and `</think>`, then the answer. [`Splitter`] reads the answer's text as it
+//! streams and hands back each piece as reasoning or content, holding back only what could still be the
+//! start of a tag; the same splitter reads a whole answer ([`split`]), so streamed and non-streamed
+//! answers agree. Each API renders the two parts its own way (OpenAI chat's `reasoning_content`, the
+//! Responses API's `reasoning` item, Anthropic's `thinking` block, Ollama's `thinking`); the tool-call
+//! parser and the client's stop strings see only the content.
+//!
+//! Where the thoughts start:
+//! - the prompt already opened them (DeepSeek R1's template ends the generation prompt with `<think>\n`;
+//!   [`Splitter::new`] with `inside: true`, see [`prompt_opens_thinking`]): everything up to `</think>` is
+//!   reasoning;
+//! - otherwise the answer may open them itself: an answer whose first non-blank text is `<think>` is
+//!   reasoning until `</think>`; any other answer is all content (a prompt that closed an empty block —
+//!   Qwen3 with `enable_thinking: false` — or a model that does not think).
+//!
+//! As llama.cpp's `deepseek` reasoning format: the blank text after `<think>` and before and after
+//! `</think>` belongs to neither part; an answer cut inside its thoughts is all reasoning.
+
+/// The tag that opens a model's thoughts.
+pub const OPEN: &str = "<think>";
+/// The tag that closes them.
+pub const CLOSE: &str = "</think>";
+
+/// What one piece of the answer's text turned out to be.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Parts {
+    pub reasoning: String,
+    pub content: String,
+}
+
+impl Parts {
+    pub fn is_empty(&self) -> bool {
+        self.reasoning.is_empty() && self.content.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Nothing but blank text yet: the answer may still open its thoughts.
+    Start,
+    /// Inside the thoughts; `held` is blank text, or what may begin `</think>`, not yet given out.
+    Thinking,
+    /// Just after `</think>`: blank text is dropped.
+    Closed,
+    /// The answer proper: everything is content.
+    Content,
+}
+
+/// The streaming reader of one answer (one per choice).
+#[derive(Debug, Clone)]
+pub struct Splitter {
+    state: State,
+    /// Text read but not given out yet.
+    held: String,
+    /// Whether any reasoning was given out (the blank text before the first is dropped).
+    started: bool,
+}
+
+impl Splitter {
+    /// A reader of an answer whose prompt opened the thoughts (`inside`) or did not.
+    pub fn new(inside: bool) -> Self {
+        Self {
+            state: if inside {
+                State::Thinking
+            } else {
+                State::Start
+            },
+            held: String::new(),
+            started: false,
+        }
+    }
+
+    /// The parts of the next piece of text.
+    pub fn push(&mut self, text: &str) -> Parts {
+        let mut out = Parts::default();
+        self.held.push_str(text);
+        loop {
+            match self.state {
+                State::Start => {
+                    let trimmed = self.held.trim_start();
+                    if let Some(rest) = trimmed.strip_prefix(OPEN) {
+                        self.held = rest.to_owned();
+                        self.state = State::Thinking;
+                    } else if OPEN.starts_with(trimmed) {
+                        // Blank, or a beginning of `<think>`: wait for more.
+                        return out;
+                    } else {
+                        self.state = State::Content;
+                    }
+                }
+                State::Thinking => {
+                    if let Some(at) = self.held.find(CLOSE) {
+                        let rest = self.held[at + CLOSE.len()..].to_owned();
+                        self.held.truncate(at);
+                        self.give_reasoning(&mut out, true);
+                        self.held = rest;
+                        self.state = State::Closed;
+                        continue;
+                    }
+                    self.give_reasoning(&mut out, false);
+                    return out;
+                }
+                State::Closed => {
+                    let trimmed = self.held.trim_start();
+                    if trimmed.is_empty() {
+                        self.held.clear();
+                        return out;
+                    }
+                    self.held = trimmed.to_owned();
+                    self.state = State::Content;
+                }
+                State::Content => {
+                    out.content.push_str(&self.held);
+                    self.held.clear();
+                    return out;
+                }
+            }
+        }
+    }
+
+    /// What is still held when the answer ended.
+    pub fn finish(&mut self) -> Parts {
+        let mut out = Parts::default();
+        match self.state {
+            State::Start => out.content = std::mem::take(&mut self.held),
+            State::Thinking => self.give_reasoning(&mut out, true),
+            State::Closed => {}
+            State::Content => out.content = std::mem::take(&mut self.held),
+        }
+        self.held.clear();
+        out
+    }
+
+    /// Gives out the held reasoning but for what may still begin `</think>` or be blank text before it
+    /// (everything when `all`, less the blank text at its end).
+    fn give_reasoning(&mut self, out: &mut Parts, all: bool) {
+        if !self.started {
+            let trimmed = self.held.trim_start();
+            if trimmed.len() != self.held.len() {
+                self.held = trimmed.to_owned();
+            }
+        }
+        // Held back: what may begin `</think>` (nothing when `all`), and the blank text before it.
+        let tag = if all {
+            0
+        } else {
+            partial_tag(&self.held, CLOSE)
+        };
+        let body = &self.held[..self.held.len() - tag];
+        let keep = tag + (body.len() - body.trim_end().len());
+        let give = self.held.len() - keep;
+        if give > 0 {
+            out.reasoning.push_str(&self.held[..give]);
+            self.started = true;
+            self.held.drain(..give);
+        }
+        if all {
+            self.held.clear();
+        }
+    }
+}
+
+/// The length of the longest end of `text` that is a proper beginning of `tag`.
+fn partial_tag(text: &str, tag: &str) -> usize {
+    (1..tag.len())
+        .rev()
+        .find(|&n| {
+            text.len() >= n
+                && text.is_char_boundary(text.len() - n)
+                && tag.starts_with(&text[text.len() - n..])
+        })
+        .unwrap_or(0)
+}
+
+/// The parts of a whole answer.
+pub fn split(text: &str, inside: bool) -> Parts {
+    let mut s = Splitter::new(inside);
+    let mut parts = s.push(text);
+    let rest = s.finish();
+    parts.reasoning.push_str(&rest.reasoning);
+    parts.content.push_str(&rest.content);
+    parts
+}
+
+/// Whether a rendered prompt leaves the thoughts open: its last `<think>` has no `</think>` after it
+/// (DeepSeek R1's generation prompt; a Qwen3 prompt whose thinking is off closes an empty block).
+pub fn prompt_opens_thinking(prompt: &str) -> bool {
+    match prompt.rfind(OPEN) {
+        Some(at) => !prompt[at..].contains(CLOSE),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Qwen3 answer as the model writes it (thinking on: it opens the block itself).
+    const QWEN3: &str =
+        "<think>\nOkay, the user asks for 7*8. That is 56.\n</think>\n\n7 × 8 = **56**.";
+    /// DeepSeek R1: the prompt opened the block, so the answer starts inside it.
+    const R1: &str = "Alright, 7 times 8... 56.\n</think>\n\nThe answer is 56.";
+
+    fn parts(reasoning: &str, content: &str) -> Parts {
+        Parts {
+            reasoning: reasoning.into(),
+            content: content.into(),
+        }
+    }
+
+    /// Every way of cutting `text` into two pieces, and into pieces of one character, reads as the whole.
+    fn streamed_agrees(text: &str, inside: bool) {
+        let whole = split(text, inside);
+        let mut cuts: Vec<Vec<&str>> = (0..=text.len())
+            .filter(|&i| text.is_char_boundary(i))
+            .map(|i| vec![&text[..i], &text[i..]])
+            .collect();
+        let mut chars = Vec::new();
+        let mut start = 0;
+        for (i, _) in text.char_indices().skip(1) {
+            chars.push(&text[start..i]);
+            start = i;
+        }
+        chars.push(&text[start..]);
+        cuts.push(chars);
+        for pieces in cuts {
+            let mut s = Splitter::new(inside);
+            let mut got = Parts::default();
+            for p in pieces.iter().chain(std::iter::once(&"")) {
+                let part = s.push(p);
+                got.reasoning.push_str(&part.reasoning);
+                got.content.push_str(&part.content);
+            }
+            let rest = s.finish();
+            got.reasoning.push_str(&rest.reasoning);
+            got.content.push_str(&rest.content);
+            assert_eq!(got, whole, "{pieces:?}");
+        }
+    }
+
+    #[test]
+    fn qwen3_opens_its_thoughts_itself() {
+        assert_eq!(
+            split(QWEN3, false),
+            parts(
+                "Okay, the user asks for 7*8. That is 56.",
+                "7 × 8 = **56**."
+            )
+        );
+        streamed_agrees(QWEN3, false);
+    }
+
+    #[test]
+    fn r1_starts_inside_the_thoughts_its_prompt_opened() {
+        assert_eq!(
+            split(R1, true),
+            parts("Alright, 7 times 8... 56.", "The answer is 56.")
+        );
+        streamed_agrees(R1, true);
+        assert!(prompt_opens_thinking("<｜Assistant｜><think>\n"));
+        assert!(!prompt_opens_thinking(
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        ));
+        assert!(!prompt_opens_thinking("<|im_start|>assistant\n"));
+    }
+
+    #[test]
+    fn answers_without_thoughts_are_content() {
+        for text in [
+            "Hello!",
+            "  <thinking> is not the tag",
+            "56 <think>late</think>",
+            "<",
+        ] {
+            assert_eq!(split(text, false), parts("", text), "{text}");
+            streamed_agrees(text, false);
+        }
+    }
+
+    #[test]
+    fn an_answer_cut_inside_its_thoughts_is_reasoning() {
+        let text = "<think>\nLet me count: 1, 2, 3 </th";
+        assert_eq!(split(text, false), parts("Let me count: 1, 2, 3 </th", ""));
+        streamed_agrees(text, false);
+        // A tag cut short stays held until the end, then is reasoning.
+        let mut s = Splitter::new(true);
+        assert_eq!(s.push("a </thi"), parts("a", ""));
+        assert_eq!(s.finish(), parts(" </thi", ""));
+    }
+
+    #[test]
+    fn empty_thoughts_and_tool_calls_after_them() {
+        let text = "<think>\n\n</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+        assert_eq!(
+            split(text, false),
+            parts(
+                "",
+                "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>"
+            )
+        );
+        streamed_agrees(text, false);
+    }
+}
