@@ -11,7 +11,7 @@
 //! Earlier keys are kept (the last [`KEEP_PREVIOUS`]) only to let a member that was away when the key
 //! changed in again: a connection made with an earlier key is admitted only from an identity in
 //! [`KeyRing::is_member`] and not removed, which is then handed the current key (see `node::keys`).
-//! See decision 020.
+//! See decision 021.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

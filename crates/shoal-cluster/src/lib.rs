@@ -4,6 +4,9 @@
 //!
 //! - [`identity`]: the node key in `--state-dir` (a restarted node is the same node) and the cluster key
 //!   (libp2p private network: nodes with another key cannot connect).
+//! - [`keyring`]: the cluster key's epochs — `shoal remove` rotates it, the remaining members agree on
+//!   the new key over their connections, a member that was away is let in with an earlier key by its
+//!   identity and handed the new one (`node::keys`, `node::pnet`; decision 021).
 //! - [`node`]: the libp2p swarm task (TCP + pnet + noise + yamux; ping for failure detection, mDNS and
 //!   static peers for discovery, JSON request-response for control messages) and its [`ClusterHandle`],
 //!   which also hands out libp2p streams to the data plane of `shoal-pipeline`. The task keeps one
