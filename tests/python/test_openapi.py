@@ -1,6 +1,6 @@
 """`GET /openapi.json` of the real server: a valid OpenAPI 3.1 document (openapi-spec-validator), whose
 response schemas the server's real answers satisfy — an OpenAI chat completion and its streamed chunks,
-the models list, an Anthropic message, Ollama's chat lines — and which a wrong answer does not."""
+the listings (models, tags, ps, version, health), an Anthropic message, Ollama's chat lines — and which a wrong answer does not."""
 
 import copy
 import json
@@ -108,11 +108,17 @@ def test_real_stream_chunks_satisfy_the_chunk_schema(server_url, spec):
     assert chunks[-1]["usage"]["completion_tokens"] > 0
 
 
-def test_the_real_models_list_satisfies_its_schema(server_url, spec):
-    validator = response_validator(spec, "/v1/models", "get", "200", "application/json")
-    models = get_json(f"{server_url}/v1/models")
-    assert any(m["id"] == MODEL_ID for m in models["data"])
-    validator.validate(models)
+@pytest.mark.parametrize("path", ["/v1/models", "/api/tags", "/api/ps", "/api/version", "/health"])
+def test_real_listings_satisfy_their_schemas(server_url, spec, path):
+    validator = response_validator(spec, path, "get", "200", "application/json")
+    answer = get_json(f"{server_url}{path}")
+    validator.validate(answer)
+    if path in ("/v1/models", "/api/tags", "/api/ps"):
+        listed = answer["data"] if path == "/v1/models" else answer["models"]
+        assert any(m.get("id", m.get("model")) == MODEL_ID for m in listed), answer
+    wrong = dict(answer)
+    wrong.pop(next(iter(answer)))
+    assert not validator.is_valid(wrong), f"{path} without its first field passes"
 
 
 def test_a_real_anthropic_message_satisfies_its_schema(server_url, spec):

@@ -80,7 +80,6 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
 use axum::response::IntoResponse;
 use axum::routing::post;
-use serde_json::{Value, json};
 use shoal_engine::{Engines, RequestStream};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
@@ -246,17 +245,28 @@ pub fn routes(state: &ApiState) -> Routes {
         .get("/openapi.json", openapi::openapi_json)
 }
 
+/// `GET /health` answer: `{"status": "ok"}`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Health {
+    #[schema(schema_with = health_ok)]
+    pub status: &'static str,
+}
+
+fn health_ok() -> utoipa::openapi::schema::Object {
+    schema::one_of(&["ok"], false)
+}
+
 #[utoipa::path(
     get,
     path = "/health",
     operation_id = "get_health",
     tag = "shoal",
     responses(
-        (status = 200, description = "`{\"status\": \"ok\"}`; needs no key.", body = Object)
+        (status = 200, description = "The node answers; needs no key.", body = Health)
     )
 )]
-async fn health() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
+async fn health() -> Json<Health> {
+    Json(Health { status: "ok" })
 }
 
 /// A handler that panicked (a bug) answers a 500 in OpenAI's shape instead of dropping the connection;
@@ -284,6 +294,7 @@ async fn method_not_allowed(method: Method, uri: Uri) -> axum::response::Respons
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     #[tokio::test]
     async fn a_panicking_handler_answers_a_500_in_openai_shape() {

@@ -45,7 +45,6 @@ use axum::Json;
 use axum::Router;
 use axum::http::{Method, Uri, header};
 use axum::routing::any;
-use serde_json::json;
 
 use crate::ApiState;
 use crate::error::ApiError;
@@ -97,11 +96,13 @@ async fn json_body(mut req: axum::extract::Request) -> axum::extract::Request {
     operation_id = "get_api_version",
     tag = "ollama",
     responses(
-        (status = 200, description = "`{\"version\": \"…\"}`: shoal's version.", body = Object)
+        (status = 200, description = "shoal's version.", body = types::VersionResponse)
     )
 )]
-async fn version() -> Json<serde_json::Value> {
-    Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
+async fn version() -> Json<types::VersionResponse> {
+    Json(types::VersionResponse {
+        version: env!("CARGO_PKG_VERSION"),
+    })
 }
 
 /// Any other `/api/…` path (`/api/copy`, `/api/create`, `/api/push`, `/api/blobs/…`): 404 in Ollama's shape.

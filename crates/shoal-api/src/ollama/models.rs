@@ -17,7 +17,9 @@ use axum::extract::rejection::JsonRejection;
 use serde_json::{Value, json};
 
 use super::details::GgufFacts;
-use super::types::{ListedModel, ModelDetails, ModelRequest, RunningModel, ShowResponse};
+use super::types::{
+    ListedModel, ModelDetails, ModelRequest, PsResponse, RunningModel, ShowResponse, TagsResponse,
+};
 use super::{Error, rfc3339};
 use crate::ApiState;
 use crate::error::ApiError;
@@ -149,11 +151,11 @@ async fn known_async(
     operation_id = "get_api_tags",
     tag = "ollama",
     responses(
-        (status = 200, description = "`{\"models\": [ListedModel…]}`: the models this node's store and the cluster know.", body = Object),
+        (status = 200, description = "The models this node's store and the cluster know.", body = TagsResponse),
         crate::schema::OllamaErrors
     )
 )]
-pub async fn tags(State(state): State<ApiState>) -> Result<Json<Value>, Error> {
+pub async fn tags(State(state): State<ApiState>) -> Result<Json<TagsResponse>, Error> {
     let models: Vec<ListedModel> = known_async(&state, |_| true)
         .await?
         .into_iter()
@@ -166,7 +168,7 @@ pub async fn tags(State(state): State<ApiState>) -> Result<Json<Value>, Error> {
             details: k.details(),
         })
         .collect();
-    Ok(Json(json!({ "models": models })))
+    Ok(Json(TagsResponse { models }))
 }
 
 /// Loaded models never expire by themselves: they stay until their instance is removed.
@@ -180,11 +182,11 @@ const NEVER: &str = "9999-12-31T23:59:59Z";
     operation_id = "get_api_ps",
     tag = "ollama",
     responses(
-        (status = 200, description = "`{\"models\": [RunningModel…]}`: the models with a ready instance.", body = Object),
+        (status = 200, description = "The models with a ready instance.", body = PsResponse),
         crate::schema::OllamaErrors
     )
 )]
-pub async fn ps(State(state): State<ApiState>) -> Result<Json<Value>, Error> {
+pub async fn ps(State(state): State<ApiState>) -> Result<Json<PsResponse>, Error> {
     let served = crate::cluster::served_models(&state);
     let ids: Vec<String> = served.iter().map(|m| m.id.clone()).collect();
     let known = known_async(&state, move |id| ids.iter().any(|m| m == id)).await?;
@@ -204,7 +206,7 @@ pub async fn ps(State(state): State<ApiState>) -> Result<Json<Value>, Error> {
             }
         })
         .collect();
-    Ok(Json(json!({ "models": models })))
+    Ok(Json(PsResponse { models }))
 }
 
 /// The known model `name` names (itself, or without an Ollama-style `:latest`).

@@ -284,6 +284,27 @@ pub struct ListedModel {
     pub details: ModelDetails,
 }
 
+/// `GET /api/tags` answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::TagsResponse)]
+pub struct TagsResponse {
+    pub models: Vec<ListedModel>,
+}
+
+/// `GET /api/ps` answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::PsResponse)]
+pub struct PsResponse {
+    pub models: Vec<RunningModel>,
+}
+
+/// `GET /api/version` answer: shoal's version.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::VersionResponse)]
+pub struct VersionResponse {
+    pub version: &'static str,
+}
+
 /// One model of `GET /api/ps`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[schema(as = ollama::RunningModel)]
