@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use shoal_model::Pooling;
 use shoal_model::chat::{AddedSpecials, ChatTemplate};
@@ -24,7 +24,7 @@ use crate::request::{Event, GenerateRequest, MAX_CHOICES, Prefill, Prompt};
 use crate::stats::{Counters, EngineStats};
 
 /// One chat message, as adapters pass them to the model's chat template.
-pub use shoal_model::chat::ChatMessage;
+pub use shoal_model::chat::{ChatMessage, Thinking};
 
 /// A model the engine serves.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -134,6 +134,17 @@ impl EngineHandle {
         messages: &[ChatMessage],
         tools: &[serde_json::Value],
     ) -> Result<String, EngineError> {
+        self.render_chat_thinking(messages, tools, &Thinking::default())
+    }
+
+    /// [`EngineHandle::render_chat_tools`] with what the request asks of the model's thinking
+    /// (`enable_thinking`, `reasoning_effort`: [`Thinking`]).
+    pub fn render_chat_thinking(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        thinking: &Thinking,
+    ) -> Result<String, EngineError> {
         if messages.is_empty() {
             return Err(EngineError::InvalidParam {
                 param: "messages",
@@ -155,7 +166,7 @@ impl EngineHandle {
             eos: false,
         };
         template
-            .apply_tools(messages, tools, true, added)
+            .apply_thinking_at(messages, tools, true, added, SystemTime::now(), thinking)
             .map_err(|e| EngineError::Template(e.to_string()))
     }
 

@@ -54,7 +54,7 @@ pub mod warmup;
 mod worker;
 
 pub use error::EngineError;
-pub use handle::{ChatMessage, EngineHandle, ModelInfo, RequestStream};
+pub use handle::{ChatMessage, EngineHandle, ModelInfo, RequestStream, Thinking};
 pub use logits::{ConstraintError, LogitsProcessor, TokenMask};
 pub use registry::Engines;
 pub use request::{

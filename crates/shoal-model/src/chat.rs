@@ -148,6 +148,16 @@ pub struct ChatTemplate {
     source: String,
 }
 
+/// What a request asks of the model's thinking, for the templates that read it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Thinking {
+    /// `enable_thinking` (Qwen3, GLM-4.5+, DeepSeek V3.1, …); `None` keeps the template's default (on
+    /// where its output depends on it, as llama.cpp).
+    pub enable: Option<bool>,
+    /// `reasoning_effort` (gpt-oss's `low`, `medium`, `high`); `None` leaves it undefined.
+    pub effort: Option<String>,
+}
+
 impl ChatTemplate {
     /// Compiles `source` (Jinja, as found in HF `tokenizer_config.json` or GGUF metadata) and probes
     /// what it supports.
@@ -235,8 +245,32 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         now: SystemTime,
     ) -> Result<String, ChatTemplateError> {
+        self.render_thinking_at(
+            messages,
+            tools,
+            add_generation_prompt,
+            now,
+            &Thinking::default(),
+        )
+    }
+
+    /// [`ChatTemplate::render_tools_at`] with what the request asks of the model's thinking.
+    pub fn render_thinking_at(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        now: SystemTime,
+        thinking: &Thinking,
+    ) -> Result<String, ChatTemplateError> {
         let messages = self.prepare(messages);
         let mut ctx = self.context(&messages, now, self.tool_caps.object_arguments);
+        if let Some(enable) = thinking.enable {
+            ctx.insert("enable_thinking", Value::from(enable));
+        }
+        if let Some(effort) = &thinking.effort {
+            ctx.insert("reasoning_effort", Value::from(effort.as_str()));
+        }
         if !tools.is_empty() {
             ctx.insert("tools", tools::json_list(tools));
         }
@@ -296,7 +330,28 @@ impl ChatTemplate {
         added: AddedSpecials,
         now: SystemTime,
     ) -> Result<String, ChatTemplateError> {
-        let mut text = self.render_tools_at(messages, tools, add_generation_prompt, now)?;
+        self.apply_thinking_at(
+            messages,
+            tools,
+            add_generation_prompt,
+            added,
+            now,
+            &Thinking::default(),
+        )
+    }
+
+    /// [`ChatTemplate::apply_tools_at`] with what the request asks of the model's thinking.
+    pub fn apply_thinking_at(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        added: AddedSpecials,
+        now: SystemTime,
+        thinking: &Thinking,
+    ) -> Result<String, ChatTemplateError> {
+        let mut text =
+            self.render_thinking_at(messages, tools, add_generation_prompt, now, thinking)?;
         if added.bos && text.starts_with(&self.bos_token) {
             text.drain(..self.bos_token.len());
         }

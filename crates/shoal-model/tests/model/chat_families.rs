@@ -20,7 +20,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use shoal_model::chat::{AddedSpecials, ChatMessage, ChatTemplate, ChatTemplateError};
+use shoal_model::chat::{AddedSpecials, ChatMessage, ChatTemplate, ChatTemplateError, Thinking};
 
 fn msgs(turns: &[(&str, &str)]) -> Vec<ChatMessage> {
     turns
@@ -256,6 +256,54 @@ fn qwen3_like_history_and_thinking() {
     // A template that does not look at `enable_thinking` gets false.
     let plain = ChatTemplate::new(CHATML_LIKE, "", "").expect("compiles");
     assert!(!plain.enable_thinking());
+}
+
+/// A request turns thinking off (or on) for the render, whatever the template's default, and its
+/// `reasoning_effort` reaches the templates that read it (gpt-oss).
+#[test]
+fn a_request_sets_enable_thinking_and_reasoning_effort() {
+    let t = ChatTemplate::new(QWEN3_LIKE, "", "").expect("compiles");
+    let turns = msgs(&[("user", "3+3?")]);
+    let render = |thinking: &Thinking| {
+        t.render_thinking_at(&turns, &[], true, july_fifth(), thinking)
+            .expect("renders")
+    };
+    let off = Thinking {
+        enable: Some(false),
+        effort: None,
+    };
+    assert!(render(&off).ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    let default = render(&Thinking::default());
+    assert!(default.ends_with("<|im_start|>assistant\n"), "{default}");
+    assert_eq!(
+        render(&Thinking {
+            enable: Some(true),
+            effort: None
+        }),
+        default
+    );
+    let effort = ChatTemplate::new(
+        "Reasoning: {{ reasoning_effort | default('medium') }}",
+        "",
+        "",
+    )
+    .expect("compiles");
+    let high = Thinking {
+        enable: None,
+        effort: Some("high".into()),
+    };
+    assert_eq!(
+        effort
+            .render_thinking_at(&turns, &[], true, july_fifth(), &high)
+            .expect("renders"),
+        "Reasoning: high"
+    );
+    assert_eq!(
+        effort
+            .render_at(&turns, true, july_fifth())
+            .expect("renders"),
+        "Reasoning: medium"
+    );
 }
 
 /// Mistral: `selectattr(..., "equalto", ...) | list`, a namespace counter, comparing a message with
