@@ -3,7 +3,8 @@ remaining members agree on a new key (epoch + 1, the same key in every member's
 `<state-dir>/cluster-keys.json`); the removed node, restarted with the old key it still holds and told a
 member's address, stays alone, and so does a new identity made with the old key; a member that was stopped
 during the removal comes back with its old key, is let in by its identity and leaves with the new key; and
-the cluster still serves (a pipeline across a member and the returning one, asked through a third)."""
+a machine invited afterwards is handed the new key; and the cluster still serves (a pipeline across a
+member and the returning one, asked through a third)."""
 
 import json
 import os
@@ -51,7 +52,7 @@ def test_removal_rotates_the_key_and_a_returning_member_gets_the_new_one():
     b = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr)
     c = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr)
     d = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr)
-    stranger = None
+    stranger = e = None
     nodes = (a, b, c, d)
     try:
         everyone = sorted(n.id for n in nodes)
@@ -99,6 +100,15 @@ def test_removal_rotates_the_key_and_a_returning_member_gets_the_new_one():
         wait_until("d to come back on the new key", lambda: all(members(n) == back for n in (a, b, d)),
                    timeout=30)
 
+        # A machine invited now is handed the new key (and takes the cluster's epoch from its members).
+        token = subprocess.run([str(_binary()), "invite", "--state-dir", a.state_dir, "--url", a.url],
+                               capture_output=True, text=True, timeout=30)
+        assert token.returncode == 0, token.stderr
+        e = ShoalNode("--no-auto-instance", "--join", token.stdout.strip(), key=None)
+        joined = sorted([a.id, b.id, d.id, e.id])
+        wait_until("e to join on the new key", lambda: all(members(n) == joined for n in (a, b, d, e))
+                   and ring(e)["current"] == ring(a)["current"], timeout=30)
+
         # Serving works across the new key: a pipeline over a and d (the data plane's handshake names the
         # cluster by the current key), asked through b (relayed with the current key's proof).
         place(b, [(a, 15), (d, 15)])
@@ -107,9 +117,9 @@ def test_removal_rotates_the_key_and_a_returning_member_gets_the_new_one():
             model=MODEL_ID, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8,
             temperature=0)
         assert reply.choices[0].message.content.strip(), reply
-        stays_out(c, (a, b, d), seconds=0.5)
+        stays_out(c, (a, b, d, e), seconds=0.5)
     finally:
-        for n in (stranger, d, c, b, a):
+        for n in (e, stranger, d, c, b, a):
             if n:
                 n.kill()
 

@@ -126,6 +126,11 @@ impl KeyRing {
         removed.into_iter().all(|r| self.ring.excludes.contains(r))
     }
 
+    /// Whether the current key was made without `id` (a removed node: it must never be sent the ring).
+    pub fn excludes(&self, id: &str) -> bool {
+        self.ring.excludes.contains(id)
+    }
+
     /// Whether `id` connected with a current key once (a member that may return with an old key).
     pub fn is_member(&self, id: &str) -> bool {
         self.ring.members.contains(id)
@@ -226,7 +231,9 @@ mod tests {
         assert_eq!(k1.epoch, 1);
         assert_eq!(k1.key.len(), 64);
         assert_ne!(k1.key, "k0");
-        assert!(ring.excludes_all(["node-x"]));
+        assert!(
+            ring.excludes_all(["node-x"]) && ring.excludes("node-x") && !ring.excludes("node-b")
+        );
         assert!(!ring.excludes_all(["node-x", "node-y"]));
         assert!(
             ring.is_member("node-b") && !ring.is_member("node-x"),

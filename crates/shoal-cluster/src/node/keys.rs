@@ -37,7 +37,7 @@ impl NetTask {
             self.refused.remove(&peer);
             return true;
         };
-        if ring.is_member(&id) && !self.is_removed(&peer) {
+        if ring.is_member(&id) && !ring.excludes(&id) && !self.is_removed(&peer) {
             tracing::info!(%peer, epoch, current = ring.current().epoch, "a member came back with an earlier cluster key: handing it the current one");
             self.refused.remove(&peer);
             return true;
@@ -49,9 +49,14 @@ impl NetTask {
         false
     }
 
-    /// Sends `peer` this node's key ring.
+    /// Sends `peer` this node's key ring — unless the current key was made without it: a node can
+    /// adopt a rotated key before it hears of the removal that caused it, and must not pass the key on
+    /// to the removed node it is still connected to.
     pub(super) fn send_keys(&mut self, peer: PeerId) {
         let offer = self.ring_offer();
+        if offer.excludes.contains(&peer.to_string()) {
+            return;
+        }
         self.send(peer, ControlMsg::Rekey(Box::new(offer)));
     }
 
