@@ -1,6 +1,6 @@
 """`GET /openapi.json` of the real server: a valid OpenAPI 3.1 document (openapi-spec-validator), whose
 response schemas the server's real answers satisfy — an OpenAI chat completion and its streamed chunks,
-the listings (models, tags, ps, version, health), an Anthropic message, Ollama's chat lines — and which a wrong answer does not."""
+the listings (models, tags, ps, version, health), an Anthropic message and its stream's events, Ollama's chat lines — and which a wrong answer does not."""
 
 import copy
 import json
@@ -106,6 +106,31 @@ def test_real_stream_chunks_satisfy_the_chunk_schema(server_url, spec):
     for chunk in chunks:
         validator.validate(chunk)
     assert chunks[-1]["usage"]["completion_tokens"] > 0
+    # The error that ends a failed stream is stated too; a chunk with an unknown finish reason is not.
+    validator.validate({"error": {"message": "m", "type": "server_error", "param": None, "code": None}})
+    last = next(c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
+    wrong = copy.deepcopy(last)
+    wrong["choices"][0]["finish_reason"] = "bored"
+    assert not validator.is_valid(wrong)
+
+
+def test_real_anthropic_stream_events_satisfy_their_schema(server_url, spec):
+    validator = response_validator(spec, "/v1/messages", "post", "200", "text/event-stream")
+    body = {"model": MODEL_ID, "max_tokens": 8, "stream": True,
+            "messages": [{"role": "user", "content": "Say hello."}]}
+    events = []
+    with post(f"{server_url}/v1/messages", body) as r:
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: "):
+                events.append(json.loads(line[len("data: "):]))
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_delta" in kinds, kinds
+    for event in events:
+        validator.validate(event)
+    wrong = copy.deepcopy(next(e for e in events if e["type"] == "message_delta"))
+    wrong["delta"]["stop_reason"] = "tired"
+    assert not validator.is_valid(wrong), "an unknown stop_reason passes"
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/api/tags", "/api/ps", "/api/version", "/health"])

@@ -67,7 +67,7 @@ pub fn routes() -> Routes {
     tag = "anthropic",
     request_body = types::MessagesRequest,
     responses(
-        (status = 200, description = "The message; with `stream: true`, Anthropic's events (`message_start`, `content_block_delta`, …, `message_stop`) as server-sent events.", content((types::MessageOut = "application/json"), (Object = "text/event-stream"))),
+        (status = 200, description = "The message; with `stream: true`, Anthropic's events (`message_start`, `content_block_delta`, …, `message_stop`) as server-sent events.", content((types::MessageOut = "application/json"), (stream::StreamData = "text/event-stream"))),
         crate::schema::AnthropicErrors
     )
 )]

@@ -26,8 +26,20 @@ use crate::error::ApiError;
 use crate::generate::Finish;
 use crate::sse::{Frame, StreamFormat, to_json};
 
+/// What the `data` of one SSE event of a streamed message carries, as the OpenAPI document states it: an
+/// event, or the error that ends the stream.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = anthropic::StreamData)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum StreamData {
+    Event(StreamEvent),
+    Error(crate::dialect::anthropic::ErrorBody),
+}
+
 /// One streaming event; its `type` is also the SSE event name.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = anthropic::StreamEvent)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum StreamEvent {
     MessageStart {
@@ -72,7 +84,8 @@ impl StreamEvent {
 }
 
 /// A change to a content block.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = anthropic::Delta)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Delta {
     TextDelta { text: String },
@@ -80,8 +93,10 @@ pub enum Delta {
 }
 
 /// The end of the message: why it stopped.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = anthropic::MessageDelta)]
 pub struct MessageDelta {
+    #[schema(schema_with = super::types::schema::stop_reason)]
     pub stop_reason: &'static str,
     pub stop_sequence: Option<String>,
 }

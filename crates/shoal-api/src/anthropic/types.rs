@@ -159,7 +159,7 @@ pub struct MessageOut {
     pub model: String,
     pub content: Vec<ContentOut>,
     /// Null in `message_start`.
-    #[schema(schema_with = schema::stop_reason)]
+    #[schema(schema_with = schema::stop_reason_or_null)]
     pub stop_reason: Option<&'static str>,
     pub stop_sequence: Option<String>,
     pub usage: UsageOut,
@@ -211,7 +211,7 @@ pub struct TokenCount {
 }
 
 /// The OpenAPI schemas of fields whose values are a fixed few.
-mod schema {
+pub(crate) mod schema {
     use crate::schema::one_of;
     use utoipa::openapi::schema::Object;
 
@@ -221,14 +221,18 @@ mod schema {
     pub fn assistant() -> Object {
         one_of(&["assistant"], false)
     }
+    const STOP_REASONS: [&str; 5] = [
+        "end_turn",
+        "max_tokens",
+        "stop_sequence",
+        "tool_use",
+        "model_context_window_exceeded",
+    ];
+
     pub fn stop_reason() -> Object {
-        let reasons = [
-            "end_turn",
-            "max_tokens",
-            "stop_sequence",
-            "tool_use",
-            "model_context_window_exceeded",
-        ];
-        one_of(&reasons, true)
+        one_of(&STOP_REASONS, false)
+    }
+    pub fn stop_reason_or_null() -> Object {
+        one_of(&STOP_REASONS, true)
     }
 }

@@ -49,7 +49,7 @@ const PROMPT_PARAM: &str = "messages";
     tag = "openai",
     request_body = ChatRequest,
     responses(
-        (status = 200, description = "The completion; with `stream: true`, `chat.completion.chunk` objects as server-sent events ending with `data: [DONE]`.", content((ChatCompletion = "application/json"), (ChatChunk = "text/event-stream"))),
+        (status = 200, description = "The completion; with `stream: true`, `chat.completion.chunk` objects as server-sent events ending with `data: [DONE]`.", content((ChatCompletion = "application/json"), (super::types::ChatStreamData = "text/event-stream"))),
         crate::schema::OpenAiErrors
     )
 )]

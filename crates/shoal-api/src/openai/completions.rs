@@ -44,7 +44,7 @@ pub const DEFAULT_MAX_TOKENS: NonZeroU32 = NonZeroU32::new(16).expect("16 is not
     tag = "openai",
     request_body = CompletionRequest,
     responses(
-        (status = 200, description = "The completion; with `stream: true`, the same object per chunk as server-sent events ending with `data: [DONE]`.", content((TextCompletion = "application/json"), (TextCompletion = "text/event-stream"))),
+        (status = 200, description = "The completion; with `stream: true`, the same object per chunk as server-sent events ending with `data: [DONE]`.", content((TextCompletion = "application/json"), (super::types::TextStreamData = "text/event-stream"))),
         crate::schema::OpenAiErrors
     )
 )]

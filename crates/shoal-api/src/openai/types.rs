@@ -317,6 +317,25 @@ pub struct Delta {
     pub tool_calls: Option<Vec<super::tools::ToolCallJson>>,
 }
 
+/// What the `data` of one SSE event of a streamed chat completion carries, as the OpenAPI document
+/// states it: a chunk, or the error that ends the stream (`[DONE]`, the last event, is no JSON).
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum ChatStreamData {
+    Chunk(ChatChunk),
+    Error(crate::error::ErrorBody),
+}
+
+/// The same for a streamed text completion.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum TextStreamData {
+    Chunk(TextCompletion),
+    Error(crate::error::ErrorBody),
+}
+
 /// Chat log-probabilities: each sampled token's own and its `top_logprobs` alternatives (when asked).
 #[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct ChatLogprobs {
