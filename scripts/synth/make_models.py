@@ -6,7 +6,8 @@ Fixtures (into --out, default crates/shoal-model/tests/fixtures/synth):
   (BF16, Q8_0, Q4_0, Q5_0, Q5_1: block types that need rows of 32 only);
 - tier `k` (n_embd 256, rows a multiple of 256, so llama-quantize makes real K-quants): `<family>-k-q4_k_m.gguf`
   for llama, qwen2, qwen3, gemma3 and phi3 (the families whose quantized path differs from llama's), plus Q5_K_M
-  of `llama`, and the mixture-of-experts qwen3moe and qwen2moe (tier k only); their F16 bases go to a
+  of `llama`, the mixture-of-experts qwen3moe and qwen2moe (tier k only) and gpt-oss (`-k-mxfp4_moe`: MXFP4
+  experts); their F16 bases go to a
   temporary folder and are not kept (--keep-bases keeps them).
 `--families A B` writes only those families and replaces only their entries in the existing manifest.json.
 The set is cut to keep the committed fixtures near 10 MB; see the README next to them.
@@ -47,7 +48,8 @@ PROMPT_LEN = 24
 
 # the file types written per tier and family (F16 directly, the rest with llama-quantize from the F16 base)
 S_VARIANTS = {"llama": ["F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q5_1"]}
-K_VARIANTS = {"llama": ["Q4_K_M", "Q5_K_M"]}
+# gpt-oss ships its experts in MXFP4: llama-quantize's MXFP4_MOE makes them so
+K_VARIANTS = {"llama": ["Q4_K_M", "Q5_K_M"], "gpt-oss": ["MXFP4_MOE"]}
 DEFAULT_VARIANTS = {"s": ["F16"], "k": ["Q4_K_M"]}
 
 TEXTS_COMMON = [
@@ -63,6 +65,7 @@ TEXTS_SPECIAL = {
     "mistral": "[INST] What's 7*8? [/INST] 56</s>",
     "gemma3": "<start_of_turn>user\nWhat's 7*8?<end_of_turn>\n<start_of_turn>model\n",
     "phi3": "<|user|>\nWhat's 7*8?<|end|>\n<|assistant|>\n",
+    "gpt-oss": "<|start|>user<|message|>What's 7*8?<|end|><|start|>assistant<|channel|>final<|message|>56<|return|>",
 }
 
 

@@ -31,6 +31,8 @@ GEMMA_POST_NORM = 2.5
 GEMMA_OUTPUT_NORM = 4.0
 # router (ffn_gate_inp) weights: logits of std ~3, so a token's expert probabilities are spread but decisive
 ROUTER_STD = 3.0
+# gpt-oss experts: gate/up pre-activations of std ~3, so llama.cpp's swiglu_oai clamp at 7 is met now and then
+OSS_GATE_UP_STD = 3.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,9 @@ class Family:
     fused: bool = False  # phi3: attn_qkv and ffn_up = [gate; up]
     llama3_rope: bool = False
     experts: "Experts | None" = None  # a mixture-of-experts feed-forward instead of the dense one
+    # gpt-oss: biases on Q/K/V/O, attn_sinks, the FFN norm named post_attention_norm, router and expert biases,
+    # YaRN rope keys; the experts' activation is llama.cpp's swiglu_oai
+    gpt_oss: bool = False
     write_vocab_size: bool = False  # LlamaModel writes <arch>.vocab_size and rope.dimension_count
     write_head_dim: bool = False  # config.json has head_dim -> key_length / value_length
     extra_u32: dict[str, int] = field(default_factory=dict)  # further <arch>.* keys the converter writes
@@ -117,6 +122,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            experts=Experts(count=8, used=4, ff=64, shared_ff=256),
            label="Qwen1.5-MoE-like: 8 routed experts, top-4 softmax weights as they are, sigmoid-gated "
                  "shared expert, Q/K/V bias, untied"),
+    Family("gpt-oss", "gpt-oss", "gpt-oss", {"k": _dims(256, 4, 64, 2, 128, 2)},
+           context=131072, rope_base=150000.0, rms_eps=1e-5, tied=False, qkv_bias=True, write_head_dim=True,
+           experts=Experts(count=4, used=2, ff=128), gpt_oss=True,
+           extra_u32={"attention.sliding_window": 8},
+           label="gpt-oss-20b-like: 4 experts of ff 128, top-2 over the biased router logits then softmax, "
+                 "swiglu_oai, per-expert biases, Q/K/V/O biases, attention sinks, sliding window 8 on even layers, "
+                 "YaRN (factor 32, original context 4096), gpt-4o pre-tokenizer, untied"),
 ]}
 
 
@@ -161,6 +173,10 @@ def write_metadata(w, fam: Family, dims: Dims) -> None:
         w.add_uint32(f"{a}.expert_feed_forward_length", fam.experts.ff)
         if fam.experts.shared_ff:
             w.add_uint32(f"{a}.expert_shared_feed_forward_length", fam.experts.shared_ff)
+    if fam.gpt_oss:
+        w.add_string(f"{a}.rope.scaling.type", "yarn")
+        w.add_float32(f"{a}.rope.scaling.factor", 32.0)
+        w.add_uint32(f"{a}.rope.scaling.original_context_length", 4096)
     if fam.write_vocab_size:
         w.add_uint32(f"{a}.vocab_size", dims.n_vocab)
         w.add_uint32(f"{a}.rope.dimension_count", dims.head_dim)
@@ -236,6 +252,9 @@ def tensor_specs(fam: Family, dims: Dims, seed: int, tier: str) -> Iterator[tupl
             yield norm(p + "attn_q_norm.weight", hd)
             yield norm(p + "attn_k_norm.weight", hd)
         yield normal(p + "attn_output.weight", (d, q_dim), OUT_GAIN / math.sqrt(q_dim))
+        if fam.gpt_oss:
+            yield from _oss_specs(p, fam.experts, d, dims.n_head, normal, f32)
+            continue
         if fam.gemma:
             yield norm(p + "post_attention_norm.weight", d, GEMMA_POST_NORM)
         yield norm(p + "ffn_norm.weight", d)
@@ -269,3 +288,19 @@ def _moe_specs(p: str, ex: Experts, d: int, normal, f32):
         yield normal(p + "ffn_gate_shexp.weight", (f, d), 1.0 / math.sqrt(d))
         yield normal(p + "ffn_up_shexp.weight", (f, d), 1.0 / math.sqrt(d))
         yield normal(p + "ffn_down_shexp.weight", (d, f), OUT_GAIN / math.sqrt(f))
+
+
+def _oss_specs(p: str, ex: Experts, d: int, n_head: int, normal, f32):
+    """A gpt-oss layer's tensors after attn_output: its bias, the sinks (one logit per head), the FFN norm (named
+    post_attention_norm, as llama.cpp loads it), the router with its bias and the experts with theirs."""
+    yield normal(p + "attn_output.bias", (d,), 0.2)
+    yield normal(p + "attn_sinks.weight", (n_head,), 1.0, 1.0)
+    yield normal(p + "post_attention_norm.weight", (d,), NORM_JITTER, 1.0)
+    yield f32(p + "ffn_gate_inp.weight", (ex.count, d), ROUTER_STD / math.sqrt(d))
+    yield normal(p + "ffn_gate_inp.bias", (ex.count,), 0.5)
+    yield normal(p + "ffn_gate_exps.weight", (ex.count, ex.ff, d), OSS_GATE_UP_STD / math.sqrt(d))
+    yield f32(p + "ffn_gate_exps.bias", (ex.count, ex.ff), 0.2)
+    yield normal(p + "ffn_up_exps.weight", (ex.count, ex.ff, d), OSS_GATE_UP_STD / math.sqrt(d))
+    yield f32(p + "ffn_up_exps.bias", (ex.count, ex.ff), 0.2)
+    yield normal(p + "ffn_down_exps.weight", (ex.count, d, ex.ff), 1.0 / math.sqrt(ex.ff))
+    yield f32(p + "ffn_down_exps.bias", (ex.count, d), 0.2)

@@ -187,6 +187,11 @@ MISTRAL_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content']"
     " + ' [/INST]' }}{% else %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
 )
+# a harmony-like template (gpt-oss's own is far longer: channels, tools, a system preamble)
+HARMONY_TEMPLATE = (
+    "{% for message in messages %}{{ '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start|>assistant' }}{% endif %}"
+)
 PHI3_TEMPLATE = (
     "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
@@ -215,6 +220,14 @@ def family_vocab(kind: str, n_vocab: int) -> Vocab:
         v.special_ids = {"eos": v.id_of("<|im_end|>"), "pad": v.id_of("<|endoftext|>"),
                          "bos": v.id_of("<|endoftext|>")}
         v.add_bos, v.chat_template = False, CHATML_TEMPLATE
+    elif kind == "gpt-oss":  # o200k_harmony: specials last, pre-tokenizer gpt-4o, no BOS added
+        back = [("<|startoftext|>", CONTROL), ("<|endoftext|>", CONTROL), ("<|return|>", CONTROL),
+                ("<|constrain|>", CONTROL), ("<|channel|>", CONTROL), ("<|start|>", CONTROL), ("<|end|>", CONTROL),
+                ("<|message|>", CONTROL), ("<|call|>", CONTROL)]
+        v = bpe_vocab(n_vocab, "gpt-4o", [], back)
+        v.special_ids = {"bos": v.id_of("<|startoftext|>"), "eos": v.id_of("<|return|>"),
+                         "pad": v.id_of("<|endoftext|>")}
+        v.add_bos, v.chat_template = False, HARMONY_TEMPLATE
     elif kind == "tinyllama":  # Llama 2 style SentencePiece: <unk> <s> </s>, bytes, pieces
         v = spm_vocab(n_vocab, [("<unk>", UNKNOWN), ("<s>", CONTROL), ("</s>", CONTROL)], [])
         v.special_ids = {"bos": 1, "eos": 2, "unk": 0}

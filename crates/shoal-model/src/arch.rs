@@ -12,8 +12,17 @@
 //! softmax over the router's logits, top-k, and whether the k weights are renormalised to sum to 1);
 //! the expert counts come from the metadata (`expert_count`, `expert_used_count`,
 //! `expert_feed_forward_length`) and a shared expert (`ffn_*_shexp`, gated by
-//! `sigmoid(ffn_gate_inp_shexp · x)`) is used when the file has its tensors. Other mixture-of-experts
-//! architectures (`gpt-oss`, `deepseek2`, `glm4moe`, …) are refused by name.
+//! `sigmoid(ffn_gate_inp_shexp · x)`) is used when the file has its tensors.
+//!
+//! `gpt-oss` (gpt-oss-20b/120b) is the same decoder again. What its files carry is used because it is
+//! there: biases on Q/K/V/O, on the router and on every expert (`ffn_*_exps.bias`), attention sinks
+//! (`attn_sinks`: a per-head logit in the softmax's denominator) and YaRN rope scaling
+//! (`rope.scaling.type yarn`, see [`crate::ops::Yarn`]). What the family fixes: the routing
+//! ([`Gating::TopKThenSoftmax`]: the k largest biased router logits, then a softmax over those k), the
+//! experts' activation ([`Activation::SwigluOai`], llama.cpp's clamped `swiglu_oai`), sliding windows on
+//! every other layer (the even ones), local layers rotated like the global ones, and the FFN norm read
+//! from `post_attention_norm` (the name llama.cpp loads it by). Other mixture-of-experts architectures
+//! (`deepseek2`, `glm4moe`, …) are refused by name.
 
 use crate::error::{ModelError, Result};
 
@@ -40,14 +49,29 @@ pub enum Arch {
     /// Qwen 3 MoE (30B-A3B, 235B-A22B): Qwen 3's attention (Q/K norms), routed experts whose top-k
     /// softmax weights are renormalised to sum to 1.
     Qwen3Moe,
+    /// gpt-oss (20b, 120b): biased attention with sinks, alternating sliding-window and full layers,
+    /// YaRN rope, biased experts routed top-k-then-softmax through the clamped SwiGLU.
+    #[serde(rename = "gpt-oss")]
+    GptOss,
 }
 
-/// How a mixture-of-experts family turns the router's logits into expert weights: softmax over all
-/// experts, keep the `expert_used_count` largest, and (when `norm_weights`) divide them by their sum.
+/// How a mixture-of-experts family turns the router's logits into expert weights: pick the
+/// `expert_used_count` largest, weight them by [`Gating`], and (when `norm_weights`) divide the
+/// weights by their sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Routing {
     /// Renormalise the top-k weights to sum to 1 (llama.cpp's `norm_w`: Qwen 3 MoE yes, Qwen 2 MoE no).
     pub norm_weights: bool,
+    pub gating: Gating,
+}
+
+/// Where the softmax of a router sits (llama.cpp's `LLAMA_EXPERT_GATING_FUNC_TYPE_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Gating {
+    /// Softmax over every expert's logit, then the k largest probabilities (Qwen's `SOFTMAX`).
+    SoftmaxThenTopK,
+    /// The k largest logits, then a softmax over those k (gpt-oss's `SOFTMAX_WEIGHT`).
+    TopKThenSoftmax,
 }
 
 /// How rotary embeddings pair up the values of a head.
@@ -66,6 +90,9 @@ pub enum Activation {
     Silu,
     /// GELU, tanh approximation (GeGLU).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU (llama.cpp's `swiglu_oai`, α 1.702, limit 7):
+    /// `min(g, 7) · sigmoid(1.702 · min(g, 7)) · (clamp(u, -7, 7) + 1)`.
+    SwigluOai,
 }
 
 /// What a family fixes that its GGUF metadata does not say.
@@ -78,12 +105,15 @@ pub struct Family {
     /// With a sliding window: every `n`-th layer (the last of each group of `n`) is global, the others
     /// local; used when the file has no `attention.sliding_window_pattern`.
     pub swa_pattern: usize,
-    /// Rope base of the local layers when the file gives none (`rope.freq_base_swa`).
-    pub local_rope_base: f32,
+    /// Rope base of the local layers when the file gives none (`rope.freq_base_swa`); `None`: the
+    /// local layers rotate exactly as the global ones (the same base and scaling: gpt-oss).
+    pub local_rope_base: Option<f32>,
     /// Whether `attention.sliding_window` is honoured (llama.cpp ignores Phi-3's).
     pub uses_sliding_window: bool,
     /// A mixture-of-experts feed-forward and its routing (`None`: a dense one).
     pub routing: Option<Routing>,
+    /// The name of the norm before the feed-forward (`ffn_norm`; gpt-oss: `post_attention_norm`).
+    pub ffn_norm: &'static str,
 }
 
 impl Arch {
@@ -101,6 +131,7 @@ impl Arch {
             "phi3" => Self::Phi3,
             "qwen2moe" => Self::Qwen2Moe,
             "qwen3moe" => Self::Qwen3Moe,
+            "gpt-oss" => Self::GptOss,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
         })
     }
@@ -115,6 +146,7 @@ impl Arch {
             Self::Phi3 => "phi3",
             Self::Qwen2Moe => "qwen2moe",
             Self::Qwen3Moe => "qwen3moe",
+            Self::GptOss => "gpt-oss",
         }
     }
 
@@ -125,9 +157,14 @@ impl Arch {
             activation: Activation::Silu,
             scale_embeddings: false,
             swa_pattern: 0,
-            local_rope_base: 10_000.0,
+            local_rope_base: Some(10_000.0),
             uses_sliding_window: false,
             routing: None,
+            ffn_norm: "ffn_norm",
+        };
+        let softmax_first = |norm_weights| Routing {
+            norm_weights,
+            gating: Gating::SoftmaxThenTopK,
         };
         match self {
             Self::Llama | Self::Mistral => Family {
@@ -136,13 +173,23 @@ impl Arch {
             },
             Self::Qwen2 | Self::Qwen3 | Self::Phi3 => base,
             Self::Qwen2Moe => Family {
-                routing: Some(Routing {
-                    norm_weights: false,
-                }),
+                routing: Some(softmax_first(false)),
                 ..base
             },
             Self::Qwen3Moe => Family {
-                routing: Some(Routing { norm_weights: true }),
+                routing: Some(softmax_first(true)),
+                ..base
+            },
+            Self::GptOss => Family {
+                activation: Activation::SwigluOai,
+                swa_pattern: 2,
+                local_rope_base: None,
+                uses_sliding_window: true,
+                routing: Some(Routing {
+                    norm_weights: false,
+                    gating: Gating::TopKThenSoftmax,
+                }),
+                ffn_norm: "post_attention_norm",
                 ..base
             },
             Self::Gemma3 => Family {
@@ -183,15 +230,17 @@ mod tests {
     fn moe_families_route_as_llama_cpp_does_and_other_moe_architectures_are_refused_by_name() {
         let q3 = Arch::from_name("qwen3moe").unwrap().family();
         let q2 = Arch::from_name("qwen2moe").unwrap().family();
-        assert_eq!(q3.routing, Some(Routing { norm_weights: true }));
+        let oss = Arch::from_name("gpt-oss").unwrap().family();
+        let routing = |f: Family| f.routing.map(|r| (r.norm_weights, r.gating));
+        assert_eq!(routing(q3), Some((true, Gating::SoftmaxThenTopK)));
+        assert_eq!(routing(q2), Some((false, Gating::SoftmaxThenTopK)));
+        assert_eq!(routing(oss), Some((false, Gating::TopKThenSoftmax)));
         assert_eq!(
-            q2.routing,
-            Some(Routing {
-                norm_weights: false
-            })
+            (oss.activation, oss.swa_pattern, oss.ffn_norm),
+            (Activation::SwigluOai, 2, "post_attention_norm")
         );
         assert_eq!(Arch::Qwen3.family().routing, None);
-        for name in ["gpt-oss", "deepseek2", "glm4moe"] {
+        for name in ["deepseek2", "glm4moe"] {
             let err = Arch::from_name(name).map(|_| ()).unwrap_err().to_string();
             assert!(err.contains(&format!("'{name}'")), "{err}");
         }

@@ -5,14 +5,15 @@
 //! cache type), queries are rounded to f16 for the `q·k` products and attention weights are
 //! rounded to f16 before weighting the values. Every output row is computed the same way whatever the
 //! chunking or batching, so chunked prefill and batched decode give bitwise the same results as one
-//! sequence run alone.
+//! sequence run alone. Attention sinks (gpt-oss: a per-head logit in the softmax's denominator) come
+//! with the layer's [`AttnSpec`].
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::f16;
 use shoal_kernels::ThreadPool;
-use shoal_kernels::attn::attend_f16;
+use shoal_kernels::attn::attend_f16_sinks;
 use shoal_kernels::math::{f32_to_f16, round_to_f16};
 
 pub use crate::ops::RopeRows;
@@ -27,13 +28,15 @@ pub struct Heads {
 
 /// How one layer attends.
 #[derive(Debug, Clone, Copy)]
-pub struct AttnSpec {
+pub struct AttnSpec<'a> {
     pub heads: Heads,
     /// Keys a query sees, counting itself (0: all earlier positions).
     pub window: usize,
     /// Queries are multiplied by this before the `q·k` products (and the scores are not scaled);
     /// `None`: scores are scaled by `1 / sqrt(head_dim)`.
     pub query_scale: Option<f32>,
+    /// One sink logit per query head (`attn_sinks`), when the layer has them.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// One layer's host KV storage: `[kv head][capacity][head_dim]` f16 keys and values.
@@ -59,7 +62,7 @@ pub struct SeqChunk<'a> {
 pub fn attend(
     qkv: &mut [f32],
     chunks: &mut [SeqChunk<'_>],
-    spec: AttnSpec,
+    spec: AttnSpec<'_>,
     rope: &RopeRows,
     out: &mut [f32],
     pool: &ThreadPool,
@@ -138,13 +141,14 @@ pub fn attend(
                     w => len.saturating_sub(w),
                 };
                 let q = &qkv[(starts[ci] + i) * row + g * group * hd..][..group * hd];
-                attend_f16(
+                attend_f16_sinks(
                     q,
                     group,
                     &k[first * hd..len * hd],
                     &v[first * hd..len * hd],
                     hd,
                     scale,
+                    spec.sinks.map(|s| &s[g * group..(g + 1) * group]),
                     &mut scratch,
                     &mut o[i * group * hd..(i + 1) * group * hd],
                 );

@@ -5,7 +5,9 @@
 //! the tied embedding) and its rotary embeddings. Loaders read the names, upload or pack the
 //! tensors as they like, and check the shapes with [`MatrixSpec::check`] and [`read_norm`].
 //! A layer's feed-forward is [`FfnSpec`]: dense (`[gate | up]`, `down`) or a mixture of experts
-//! ([`MoeSpec`]: the router, the three 3-D expert tensors, an optional gated shared expert).
+//! ([`MoeSpec`]: the router, the three 3-D expert tensors, an optional gated shared expert). Biases
+//! (Q/K/V/O, the router's, each expert's rows of `ffn_*_exps.bias`) and attention sinks are used when
+//! the file has them (gpt-oss).
 
 use crate::config::{Experts, LayerRange, ModelConfig};
 use crate::error::{ModelError, Result};
@@ -85,6 +87,8 @@ pub struct BlockSpec {
     pub q_norm: Option<NormSpec>,
     pub k_norm: Option<NormSpec>,
     pub wo: MatrixSpec,
+    /// Attention sinks (`attn_sinks`, one logit per query head: gpt-oss), when the file has them.
+    pub sinks: Option<NormSpec>,
     pub post_attn_norm: Option<NormSpec>,
     pub ffn_norm: NormSpec,
     pub ffn: FfnSpec,
@@ -109,12 +113,13 @@ pub struct DenseSpec {
 }
 
 /// One 3-D tensor holding every routed expert's matrix (`[count, rows, cols]` row-major: `count`
-/// contiguous `rows × cols` matrices).
+/// contiguous `rows × cols` matrices), and the 2-D `[count, rows]` bias beside it when the file has one.
 #[derive(Debug, Clone)]
 pub struct ExpertTensor {
     pub name: String,
     pub rows: usize,
     pub cols: usize,
+    pub bias: Option<String>,
 }
 
 impl ExpertTensor {
@@ -161,6 +166,7 @@ impl BlockSpec {
         let w = |p: &str| names::blk(i, p);
         let wb = |p: &str| (w(p), Some(names::blk_bias(i, p)));
         let plain = |p: &str| (w(p), None);
+        let family = cfg.arch.arch.family();
         let qkv_parts: Vec<_> = if g.has_tensor(&w("attn_qkv")) {
             vec![wb("attn_qkv")]
         } else {
@@ -189,9 +195,12 @@ impl BlockSpec {
             qkv: m("attn_qkv", &qkv_parts, qd + 2 * kvd, dim),
             q_norm: opt_norm(g, w("attn_q_norm"), hd),
             k_norm: opt_norm(g, w("attn_k_norm"), hd),
-            wo: m("attn_output", &[plain("attn_output")], dim, qd),
-            post_attn_norm: opt_norm(g, w("post_attention_norm"), dim),
-            ffn_norm: norm(w("ffn_norm"), dim),
+            wo: m("attn_output", &[wb("attn_output")], dim, qd),
+            sinks: opt_norm(g, w("attn_sinks"), cfg.n_heads),
+            // gpt-oss's pre-FFN norm is named `post_attention_norm`: then it is not a post norm.
+            post_attn_norm: opt_norm(g, w("post_attention_norm"), dim)
+                .filter(|_| family.ffn_norm != "post_attention_norm"),
+            ffn_norm: norm(w(family.ffn_norm), dim),
             ffn,
             post_ffn_norm: opt_norm(g, w("post_ffw_norm"), dim),
             local: cfg.arch.local_layers.get(i).copied().unwrap_or(false),
@@ -208,6 +217,7 @@ impl MoeSpec {
             name: w(p),
             rows,
             cols,
+            bias: Some(names::blk_bias(i, p)).filter(|b| g.has_tensor(b)),
         };
         let shared = g.has_tensor(&w("ffn_gate_shexp")).then(|| {
             let sff = experts.shared_ff;
@@ -228,7 +238,7 @@ impl MoeSpec {
             router: MatrixSpec::new(
                 g,
                 w("ffn_gate_inp"),
-                &[(w("ffn_gate_inp"), None)],
+                &[(w("ffn_gate_inp"), Some(names::blk_bias(i, "ffn_gate_inp")))],
                 experts.count,
                 dim,
             ),
@@ -335,12 +345,17 @@ fn rope_specs(g: &mut GgufFile, cfg: &ModelConfig) -> Result<(RopeSpec, RopeSpec
         theta: cfg.rope_theta,
         freq_scale: a.rope_freq_scale,
         factors,
+        yarn: a.yarn,
     };
-    let local = RopeSpec {
-        theta: a.local_rope_theta,
-        freq_scale: 1.0,
-        factors: None,
-        ..global.clone()
+    let local = match a.local_rope_theta {
+        Some(theta) => RopeSpec {
+            theta,
+            freq_scale: 1.0,
+            factors: None,
+            yarn: None,
+            ..global.clone()
+        },
+        None => global.clone(),
     };
     Ok((global, local))
 }

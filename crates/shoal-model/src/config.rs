@@ -3,6 +3,7 @@
 use crate::arch::{Activation, Arch, RopeStyle, Routing};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
+use crate::ops::Yarn;
 
 /// The shape of a decoder-only transformer, as much as placement and the engine need; the
 /// per-architecture details are in [`ArchParams`].
@@ -32,8 +33,10 @@ pub struct ArchParams {
     pub rope_dims: usize,
     /// Linear rope scaling: positions are multiplied by this (`1 / rope.scaling.factor`).
     pub rope_freq_scale: f32,
-    /// Rope base of the sliding-window layers.
-    pub local_rope_theta: f32,
+    /// YaRN's mix of interpolated and extrapolated frequencies (`rope.scaling.type yarn`).
+    pub yarn: Option<Yarn>,
+    /// Rope base of the sliding-window layers (`None`: they rotate as the global layers do).
+    pub local_rope_theta: Option<f32>,
     /// Keys a sliding-window layer attends to (0: no sliding window).
     pub sliding_window: usize,
     /// Per layer: whether it is a sliding-window layer.
@@ -102,7 +105,8 @@ impl ArchParams {
             rope: RopeStyle::Interleaved,
             rope_dims: head_dim,
             rope_freq_scale: 1.0,
-            local_rope_theta: 10_000.0,
+            yarn: None,
+            local_rope_theta: Some(10_000.0),
             sliding_window: 0,
             local_layers: vec![false; n_layers],
             query_scale: None,
@@ -169,6 +173,7 @@ impl ModelConfig {
         };
         let n_layers = gguf.get_u32(&k("block_count"))? as usize;
         let rope_freq_scale = rope_scaling(gguf, &k)?;
+        let yarn = yarn(gguf, &k, rope_freq_scale);
         let window = gguf
             .get_u32(&k("attention.sliding_window"))
             .map_or(0, |w| w as usize);
@@ -208,9 +213,11 @@ impl ModelConfig {
                 rope: family.rope,
                 rope_dims,
                 rope_freq_scale,
+                yarn,
                 local_rope_theta: gguf
                     .get_f32(&k("rope.freq_base_swa"))
-                    .unwrap_or(family.local_rope_base),
+                    .ok()
+                    .or(family.local_rope_base),
                 sliding_window,
                 local_layers,
                 query_scale,
@@ -318,13 +325,48 @@ fn rope_scaling(gguf: &GgufFile, k: &dyn Fn(&str) -> String) -> Result<f32> {
     let factor = gguf.get_f32(&k("rope.scaling.factor")).unwrap_or(1.0);
     match kind {
         "none" => Ok(1.0),
-        "linear" if factor > 0.0 => Ok(1.0 / factor),
+        "linear" | "yarn" if factor > 0.0 => Ok(1.0 / factor),
         // Llama 3's scaling travels as the `rope_freqs` tensor; Phi-3's as `rope_factors_*` tensors.
         "llama3" | "longrope" => Ok(1.0),
         other => Err(ModelError::Unsupported(format!(
             "rope scaling `{other}` (factor {factor})"
         ))),
     }
+}
+
+/// YaRN's parameters when `rope.scaling.type` is `yarn`, as llama.cpp resolves them: extrapolation mix
+/// 1, betas 32 and 1, the original context (`rope.scaling.original_context_length`, else the trained
+/// one), and an attention factor such that rotated values are scaled by
+/// `rope.scaling.attn_factor · (1 + 0.1 · ln factor)` in all.
+fn yarn(gguf: &GgufFile, k: &dyn Fn(&str) -> String, freq_scale: f32) -> Option<Yarn> {
+    if gguf.get_str(&k("rope.scaling.type")).ok()? != "yarn" {
+        return None;
+    }
+    let factor = 1.0 / freq_scale;
+    let mscale = if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * factor.ln() + 1.0
+    };
+    // llama.cpp cancels the scale ggml's rope applies itself (`1 + 0.1 ln(1 / freq_scale)`).
+    let attn_factor = mscale
+        * (1.0 / (1.0 + 0.1 * factor.ln()))
+        * gguf.get_f32(&k("rope.scaling.attn_factor")).unwrap_or(1.0);
+    let orig_ctx = gguf
+        .get_u32(&k("rope.scaling.original_context_length"))
+        .or_else(|_| gguf.get_u32(&k("context_length")))
+        .map_or(2048, |v| v as usize);
+    Some(Yarn {
+        orig_ctx,
+        ext_factor: 1.0,
+        attn_factor,
+        beta_fast: gguf
+            .get_f32(&k("rope.scaling.yarn_beta_fast"))
+            .unwrap_or(32.0),
+        beta_slow: gguf
+            .get_f32(&k("rope.scaling.yarn_beta_slow"))
+            .unwrap_or(1.0),
+    })
 }
 
 /// Half-open range of layers `[start, end)` a stage holds.

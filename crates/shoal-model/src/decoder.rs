@@ -4,7 +4,8 @@
 //! last the final norm and the output head (the embedding matrix itself when the file has no
 //! `output.weight`). Checkpoint tensor names live in `names`. Each layer is
 //! `x += post_norm(attn(norm(x)))`, `x += post_norm(ffn(norm(x)))`, where the optional pieces (Q/K/V
-//! biases, per-head Q/K norms, post norms, fused QKV or gate+up) are used when the file has their tensors
+//! biases, per-head Q/K norms, post norms, fused QKV or gate+up, attention sinks) are used when the file has
+//! their tensors
 //! and the rest (rotary style, activation, sliding windows, embedding scale) comes from
 //! [`crate::config::ArchParams`]. The feed-forward is dense or a mixture of experts ([`crate::ffn`]).
 //!
@@ -79,6 +80,8 @@ struct Block {
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     wo: LinearSet,
+    /// Attention sinks, one logit per query head (gpt-oss).
+    sinks: Option<Vec<f32>>,
     post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     /// Dense or a mixture of experts.
@@ -108,6 +111,7 @@ fn load_block(g: &mut GgufFile, spec: &BlockSpec) -> Result<Block> {
         attn_norm: read_norm(g, &spec.attn_norm)?,
         q_norm: read_opt_norm(g, &spec.q_norm)?,
         k_norm: read_opt_norm(g, &spec.k_norm)?,
+        sinks: read_opt_norm(g, &spec.sinks)?,
         post_attn_norm: read_opt_norm(g, &spec.post_attn_norm)?,
         ffn_norm: read_norm(g, &spec.ffn_norm)?,
         post_ffn_norm: read_opt_norm(g, &spec.post_ffn_norm)?,
@@ -338,6 +342,7 @@ impl DecoderStage {
                 },
                 window: if blk.local { c.arch.sliding_window } else { 0 },
                 query_scale: c.arch.query_scale,
+                sinks: blk.sinks.as_deref(),
             };
             let rope = match (&rope_local, blk.local) {
                 (Some(r), true) => r,

@@ -4,7 +4,9 @@
 //! A mixture-of-experts layer routes each token: the router's logits (`ffn_gate_inp · x`, one per
 //! expert) go through a softmax, the `k` largest are kept (and, for Qwen 3 MoE, renormalised to sum
 //! to 1), and the token's output is `Σ w_e · expert_e(x)`; Qwen 2 MoE adds a shared expert scaled by
-//! `sigmoid(ffn_gate_inp_shexp · x)`. The experts' 3-D GGUF tensors are `count` contiguous matrices, so
+//! `sigmoid(ffn_gate_inp_shexp · x)`. gpt-oss keeps the `k` largest logits (its router has a bias) and
+//! takes the softmax over those `k` only ([`Gating`]); its experts carry biases (rows of the 2-D
+//! `ffn_*_exps.bias`, given to each expert's matrices like a dense layer's bias). The experts' 3-D GGUF tensors are `count` contiguous matrices, so
 //! each expert is loaded as an ordinary [`LinearSet`] over its slice (packed like the dense matrices).
 //!
 //! Compute is grouped by expert: the batch's rows routed to expert `e` are gathered, multiplied by `e`'s
@@ -14,7 +16,7 @@
 
 use shoal_kernels::ThreadPool;
 
-use crate::arch::Activation;
+use crate::arch::{Activation, Gating, Routing};
 use crate::block::{DenseSpec, ExpertTensor, FfnSpec, MatrixSpec, MoeSpec, read_norm};
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, RawTensor};
@@ -122,11 +124,29 @@ pub(crate) struct MoeFfn {
     /// The shared expert and its gate vector.
     shared: Option<(DenseFfn, Vec<f32>)>,
     used: usize,
-    norm_weights: bool,
+    routing: Routing,
 }
 
-/// The `count` matrices of a 3-D expert tensor, each as its own `rows × cols` tensor.
-fn split_experts(g: &mut GgufFile, t: &ExpertTensor, count: usize) -> Result<Vec<RawTensor>> {
+/// One expert's matrix: its name, its slice of the 3-D tensor and its row of the bias.
+type ExpertPart = (String, RawTensor, Option<Vec<f32>>);
+
+/// The `count` matrices of a 3-D expert tensor, each as its own `rows × cols` tensor, with its bias
+/// (a row of the `[count, rows]` bias tensor) when the file has one.
+fn split_experts(g: &mut GgufFile, t: &ExpertTensor, count: usize) -> Result<Vec<ExpertPart>> {
+    let biases = match &t.bias {
+        Some(name) => {
+            let b = g.read_f32_vec(name)?;
+            if b.len() != count * t.rows {
+                return Err(ModelError::BadShape {
+                    name: name.clone(),
+                    got: vec![b.len()],
+                    expected: vec![count, t.rows],
+                });
+            }
+            b.chunks_exact(t.rows).map(|r| Some(r.to_vec())).collect()
+        }
+        None => vec![None; count],
+    };
     let raw = g.read_raw(&t.name)?;
     t.check(&raw.dims, count)?;
     let per = raw.data.len() / count;
@@ -140,10 +160,14 @@ fn split_experts(g: &mut GgufFile, t: &ExpertTensor, count: usize) -> Result<Vec
     Ok(raw
         .data
         .chunks_exact(per)
-        .map(|c| RawTensor {
-            ty: raw.ty,
-            dims: vec![t.rows, t.cols],
-            data: c.to_vec(),
+        .zip(biases)
+        .map(|(c, bias)| {
+            let m = RawTensor {
+                ty: raw.ty,
+                dims: vec![t.rows, t.cols],
+                data: c.to_vec(),
+            };
+            (t.name.clone(), m, bias)
         })
         .collect())
 }
@@ -161,11 +185,8 @@ impl MoeFfn {
             .zip(downs)
             .map(|((gate, up), down)| {
                 Ok(DenseFfn {
-                    gate_up: LinearSet::from_raws(vec![
-                        (spec.gate_exps.name.clone(), gate, None),
-                        (spec.up_exps.name.clone(), up, None),
-                    ])?,
-                    down: LinearSet::from_raws(vec![(spec.down_exps.name.clone(), down, None)])?,
+                    gate_up: LinearSet::from_raws(vec![gate, up])?,
+                    down: LinearSet::from_raws(vec![down])?,
                     ff: spec.experts.ff,
                 })
             })
@@ -179,7 +200,7 @@ impl MoeFfn {
             experts,
             shared,
             used: spec.experts.used,
-            norm_weights: spec.experts.routing.norm_weights,
+            routing: spec.experts.routing,
         })
     }
 
@@ -198,7 +219,7 @@ impl MoeFfn {
         s.routes.resize_with(n, Vec::new);
         s.routes.iter_mut().for_each(Vec::clear);
         for (t, probs) in s.logits.chunks_exact_mut(n).enumerate() {
-            route(probs, self.used, self.norm_weights, |e, w| {
+            route(probs, self.used, self.routing, |e, w| {
                 s.routes[e].push((t, w))
             });
         }
@@ -245,17 +266,15 @@ impl MoeFfn {
     }
 }
 
-/// One token's routing: `logits` (one per expert) become softmax probabilities in place; the `k`
-/// largest (first index on a tie) are handed to `pick` with their weight, renormalised to sum to 1
-/// when `norm` (the sum clamped below at f16's smallest normal, as llama.cpp does).
-fn route(logits: &mut [f32], k: usize, norm: bool, mut pick: impl FnMut(usize, f32)) {
-    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let mut sum = 0f32;
-    for v in logits.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+/// One token's routing: the `k` largest of `logits` (one per expert; first index on a tie) are handed
+/// to `pick` with their weight. With [`Gating::SoftmaxThenTopK`] `logits` become softmax
+/// probabilities in place first and the weights are the chosen probabilities; with
+/// [`Gating::TopKThenSoftmax`] the weights are the softmax of the chosen logits. They are renormalised
+/// to sum to 1 when `norm_weights` (the sum clamped below at f16's smallest normal, as llama.cpp does).
+fn route(logits: &mut [f32], k: usize, routing: Routing, mut pick: impl FnMut(usize, f32)) {
+    if routing.gating == Gating::SoftmaxThenTopK {
+        softmax(logits);
     }
-    logits.iter_mut().for_each(|v| *v /= sum);
     let mut chosen = [0usize; 64];
     let k = k.min(logits.len()).min(chosen.len());
     for i in 0..k {
@@ -267,15 +286,34 @@ fn route(logits: &mut [f32], k: usize, norm: bool, mut pick: impl FnMut(usize, f
         }
         chosen[i] = best;
     }
-    let total: f32 = chosen[..k].iter().map(|&e| logits[e]).sum();
-    let scale = if norm {
+    let mut weights = [0f32; 64];
+    for (w, &e) in weights.iter_mut().zip(&chosen[..k]) {
+        *w = logits[e];
+    }
+    let weights = &mut weights[..k];
+    if routing.gating == Gating::TopKThenSoftmax {
+        softmax(weights);
+    }
+    let total: f32 = weights.iter().sum();
+    let scale = if routing.norm_weights {
         1.0 / total.max(6.103_515_6e-5)
     } else {
         1.0
     };
-    for &e in &chosen[..k] {
-        pick(e, logits[e] * scale);
+    for (&e, &w) in chosen[..k].iter().zip(weights.iter()) {
+        pick(e, w * scale);
     }
+}
+
+/// `v = softmax(v)` in place.
+fn softmax(v: &mut [f32]) {
+    let max = v.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut sum = 0f32;
+    for x in v.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    v.iter_mut().for_each(|x| *x /= sum);
 }
 
 #[cfg(test)]
@@ -283,10 +321,31 @@ mod tests {
     use super::*;
 
     fn picks(logits: &[f32], k: usize, norm: bool) -> Vec<(usize, f32)> {
+        let routing = Routing {
+            norm_weights: norm,
+            gating: Gating::SoftmaxThenTopK,
+        };
         let mut l = logits.to_vec();
         let mut out = Vec::new();
-        route(&mut l, k, norm, |e, w| out.push((e, w)));
+        route(&mut l, k, routing, |e, w| out.push((e, w)));
         out
+    }
+
+    #[test]
+    fn gpt_oss_routing_takes_the_softmax_over_the_chosen_logits_only() {
+        let routing = Routing {
+            norm_weights: false,
+            gating: Gating::TopKThenSoftmax,
+        };
+        let mut l = vec![0.0, 2.0, 1.0, -1.0];
+        let mut out = Vec::new();
+        route(&mut l, 2, routing, |e, w| out.push((e, w)));
+        let z = 2f32.exp() + 1f32.exp();
+        assert_eq!(out.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2]);
+        assert!((out[0].1 - 2f32.exp() / z).abs() < 1e-6);
+        assert!((out[0].1 + out[1].1 - 1.0).abs() < 1e-6);
+        // The logits are left as they were (no softmax over every expert).
+        assert_eq!(l, [0.0, 2.0, 1.0, -1.0]);
     }
 
     #[test]

@@ -83,7 +83,8 @@ impl Footprint {
             .map_or("", |(t, _)| *t);
         let layer_params = infos
             .iter()
-            .filter(|(n, i)| n.starts_with(&layer0) && i.dims.len() >= 2)
+            // Matrices only: gpt-oss's per-expert biases are 2-D too.
+            .filter(|(n, i)| n.starts_with(&layer0) && n.ends_with(".weight") && i.dims.len() >= 2)
             .map(|(_, i)| elements(&i.dims))
             .sum();
         // The routed experts' share of layer 0, and the fraction of it a token reads.

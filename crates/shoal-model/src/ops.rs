@@ -64,7 +64,8 @@ pub fn add_assign(x: &mut [f32], y: &[f32]) {
 }
 
 /// What a rotary embedding needs: which values pair up, how many are rotated, the base, a linear
-/// position scale and optional per-frequency divisors (Llama 3's `rope_freqs`, Phi-3's short factors).
+/// position scale, optional per-frequency divisors (Llama 3's `rope_freqs`, Phi-3's short factors) and
+/// YaRN's mix of scaled and unscaled frequencies.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RopeSpec {
     pub style: RopeStyle,
@@ -73,6 +74,50 @@ pub struct RopeSpec {
     pub theta: f32,
     pub freq_scale: f32,
     pub factors: Option<Vec<f32>>,
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN (ggml's `rope_yarn`): frequency pairs below the correction range keep their unscaled angle
+/// (extrapolate), those above it take the scaled one (`freq_scale ·`, interpolate), the range between
+/// ramps linearly; with `ext_factor ≠ 0` cos and sin are scaled by
+/// `attn_factor · (1 + 0.1 · ln(1 / freq_scale))`.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Yarn {
+    /// The context the model was trained on before scaling (`rope.scaling.original_context_length`).
+    pub orig_ctx: usize,
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
+impl Yarn {
+    /// The correction range `[low, high]` in pair indices (ggml's `ggml_rope_yarn_corr_dims`).
+    fn corr_dims(&self, dims: usize, base: f32) -> [f32; 2] {
+        let n = dims as f32;
+        let corr = |rot: f32| {
+            n * (self.orig_ctx as f32 / (rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln())
+        };
+        [
+            corr(self.beta_fast).floor().max(0.0),
+            corr(self.beta_slow).ceil().min(n - 1.0),
+        ]
+    }
+
+    /// `(angle, cos/sin scale)` of pair `i` whose unscaled angle is `extrap`.
+    fn angle(&self, extrap: f32, freq_scale: f32, corr: [f32; 2], i: usize) -> (f32, f32) {
+        let interp = freq_scale * extrap;
+        if self.ext_factor == 0.0 {
+            return (interp, self.attn_factor);
+        }
+        let y = (i as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+        let ramp = (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor;
+        let theta = interp * (1.0 - ramp) + extrap * ramp;
+        (
+            theta,
+            self.attn_factor * (1.0 + 0.1 * (1.0 / freq_scale).ln()),
+        )
+    }
 }
 
 /// `cos` and `sin` of every rotated pair for the rows of one batch (`rows × dims/2`), computed the way
@@ -90,14 +135,25 @@ impl RopeRows {
     pub fn new(spec: &RopeSpec, positions: impl Iterator<Item = usize>) -> Self {
         let half = spec.dims / 2;
         let theta_scale = spec.theta.powf(-2.0 / spec.dims as f32);
+        let corr = spec.yarn.map(|y| y.corr_dims(spec.dims, spec.theta));
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
         for p in positions {
             let mut angle = p as f32;
             for i in 0..half {
                 let ff = spec.factors.as_ref().and_then(|f| f.get(i)).copied();
-                let theta = spec.freq_scale * (angle / ff.unwrap_or(1.0));
-                cos.push(theta.cos());
-                sin.push(theta.sin());
+                let extrap = angle / ff.unwrap_or(1.0);
+                match (&spec.yarn, corr) {
+                    (Some(y), Some(corr)) => {
+                        let (theta, m) = y.angle(extrap, spec.freq_scale, corr, i);
+                        cos.push(theta.cos() * m);
+                        sin.push(theta.sin() * m);
+                    }
+                    _ => {
+                        let theta = spec.freq_scale * extrap;
+                        cos.push(theta.cos());
+                        sin.push(theta.sin());
+                    }
+                }
                 angle *= theta_scale;
             }
         }
@@ -180,12 +236,28 @@ fn gelu_f16_table() -> &'static [f32] {
     })
 }
 
+/// gpt-oss's clamped SwiGLU over rows of `[gate (n) | up (n)]` (ggml's `swiglu_oai`):
+/// `out = g · sigmoid(1.702 · g) · (u + 1)` with `g = min(gate, 7)`, `u = clamp(up, -7, 7)`.
+pub fn swiglu_oai(gate_up: &[f32], n: usize, out: &mut [f32]) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    for (gu, o) in gate_up.chunks_exact(2 * n).zip(out.chunks_exact_mut(n)) {
+        let (g, u) = gu.split_at(n);
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            let x = g.min(LIMIT);
+            let y = u.clamp(-LIMIT, LIMIT);
+            *o = x / (1.0 + (ALPHA * -x).exp()) * (y + 1.0);
+        }
+    }
+}
+
 /// The gated activation over rows of `[gate | up]`, rows split over `pool`'s threads (every row
 /// computed exactly as alone).
 pub fn gated_par(act: Activation, gate_up: &[f32], n: usize, out: &mut [f32], pool: &ThreadPool) {
     let f = match act {
         Activation::Silu => swiglu,
         Activation::GeluTanh => geglu,
+        Activation::SwigluOai => swiglu_oai,
     };
     let rows = out.len() / n.max(1);
     let nt = pool.n_threads();
@@ -263,6 +335,7 @@ mod tests {
             theta: 10_000.0,
             freq_scale: 1.0,
             factors: None,
+            yarn: None,
         }
     }
 
@@ -302,5 +375,47 @@ mod tests {
         assert_eq!(out[0], 0.0);
         assert!((out[1] - 0.841_192 * 3.0).abs() < 3e-3, "{}", out[1]);
         assert_eq!(out[2], 6.0);
+    }
+
+    #[test]
+    fn swiglu_oai_clamps_the_gate_above_and_the_up_both_ways() {
+        let mut out = [0f32; 3];
+        swiglu_oai(&[1.0, 9.0, -2.0, 0.5, -12.0, 20.0], 3, &mut out);
+        let f = |g: f32, u: f32| g / (1.0 + (-1.702 * g).exp()) * (u + 1.0);
+        assert!((out[0] - f(1.0, 0.5)).abs() < 1e-6);
+        assert!((out[1] - f(7.0, -7.0)).abs() < 1e-5, "{}", out[1]);
+        assert!((out[2] - f(-2.0, 7.0)).abs() < 1e-6, "{}", out[2]);
+    }
+
+    #[test]
+    fn yarn_keeps_fast_pairs_scales_slow_ones_and_scales_the_magnitude() {
+        let yarn = Yarn {
+            orig_ctx: 4096,
+            ext_factor: 1.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        };
+        let s = RopeSpec {
+            style: RopeStyle::Neox,
+            dims: 64,
+            theta: 150_000.0,
+            freq_scale: 1.0 / 32.0,
+            factors: None,
+            yarn: Some(yarn),
+        };
+        // ggml's correction range for these numbers: pairs 8 to 18.
+        assert_eq!(yarn.corr_dims(64, 150_000.0), [8.0, 18.0]);
+        let t = RopeRows::new(&s, [5].into_iter());
+        let m = 1.0 + 0.1 * 32f32.ln();
+        let freq = |i: usize| 150_000f32.powf(-2.0 * i as f32 / 64.0);
+        for (i, scale) in [(0, 1.0), (5, 1.0), (20, 1.0 / 32.0), (31, 1.0 / 32.0)] {
+            let theta = 5.0 * freq(i) * scale;
+            assert!((t.cos[i] - theta.cos() * m).abs() < 1e-4, "pair {i}");
+            assert!((t.sin[i] - theta.sin() * m).abs() < 1e-4, "pair {i}");
+        }
+        // Halfway through the ramp, half of each.
+        let mid = 5.0 * freq(13) * (0.5 + 0.5 / 32.0);
+        assert!((t.cos[13] - mid.cos() * m).abs() < 1e-4);
     }
 }

@@ -3,7 +3,7 @@
 
 /// `general.architecture` values [`crate::arch::Arch`] loads.
 pub const ARCHITECTURES: &[&str] = &[
-    "llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe",
+    "llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe", "gpt-oss",
 ];
 
 /// Tensor types the kernels multiply (ggml's names).

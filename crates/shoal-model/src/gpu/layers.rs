@@ -200,6 +200,12 @@ impl GpuDecoderStage {
             match c.arch.activation {
                 Activation::Silu => cmd.swiglu(&gate, &up, &act)?,
                 Activation::GeluTanh => cmd.geglu(&gate, &up, &act)?,
+                // Only gpt-oss's experts use it, and the GPU stage refuses their files at load.
+                Activation::SwigluOai => {
+                    return Err(crate::error::ModelError::Unsupported(
+                        "gpt-oss's clamped SwiGLU on the GPU".into(),
+                    ));
+                }
             }
             blk.down.forward(cmd, &mut s, &act, total, &[&o])?;
             residual(cmd, &x, &o, blk.post_ffn_norm.as_ref(), eps, &post, &x_next)?;

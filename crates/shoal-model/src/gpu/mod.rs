@@ -167,6 +167,13 @@ impl GpuDecoderStage {
                     cfg.architecture
                 )));
             };
+            if b.sinks.is_some() || cfg.arch.yarn.is_some() {
+                return Err(ModelError::Unsupported(format!(
+                    "attention sinks and YaRN rope ({}) on the GPU; run this model on the CPU \
+                     (--device cpu)",
+                    cfg.architecture
+                )));
+            }
             blocks.push(GpuBlock {
                 attn_norm: upload_norm(gguf, gpu, &b.attn_norm)?,
                 qkv: load_linear(gguf, gpu, &b.qkv)?,

@@ -19,6 +19,11 @@ const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
 /// Qwen 2 (also stablelm2): like Llama 3 but every digit is its own piece.
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// gpt-4o / o200k (gpt-oss, Llama 4): cased words keep a leading capital run and a trailing lower run
+/// with their contraction, numbers in runs of up to three digits, punctuation keeps trailing newlines
+/// and slashes (the tokenizer.json regex; llama.cpp runs an equivalent spelled without `\p{Lu}`).
+const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// The family of pre-tokenizers we know, named after llama.cpp's `LLAMA_VOCAB_PRE_TYPE_*`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PreTokenizerKind {
@@ -33,6 +38,8 @@ pub enum PreTokenizerKind {
     Qwen2,
     /// llama.cpp's `default` pre-tokenizer (punctuation runs, GPT-2, number runs, 3-digit groups).
     Default,
+    /// gpt-4o's regex (`gpt-4o`: gpt-oss; `llama4`, `kanana2`, `talkie`).
+    Gpt4o,
 }
 
 impl PreTokenizerKind {
@@ -51,6 +58,7 @@ impl PreTokenizerKind {
             "qwen2" | "stablelm2" | "deepseek-r1-qwen" | "megrez" | "hunyuan" | "kormo"
             | "f2llmv2" | "solar-open" => Self::Qwen2,
             "default" => Self::Default,
+            "gpt-4o" | "llama4" | "kanana2" | "talkie" => Self::Gpt4o,
             _ => return None,
         };
         Some(kind)
@@ -64,6 +72,7 @@ impl PreTokenizerKind {
             Self::Llama3 => &[LLAMA3],
             Self::Qwen2 => &[QWEN2],
             Self::Default => &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
+            Self::Gpt4o => &[GPT4O],
         }
     }
 }

@@ -44,9 +44,11 @@ fn synthetic_models_name_their_weight_type_and_layer_params() {
     for f in fixtures {
         let name = f["name"].as_str().expect("name");
         let fp = footprint(&dir.join(f["file"].as_str().expect("file")));
-        // "Q4_K_M" files hold mostly Q4_K (Q6_K for a few matrices).
+        // "Q4_K_M" files hold mostly Q4_K (Q6_K for a few matrices); "MXFP4_MOE" mostly MXFP4
+        // (the experts; Q8_0 for the rest).
         let ftype = f["ftype"].as_str().expect("ftype");
         let want = ftype.strip_suffix("_M").unwrap_or(ftype);
+        let want = want.strip_suffix("_MOE").unwrap_or(want);
         assert_eq!(fp.weight_type, want, "{name}");
         let (all, active) = params_of(&f["dims"], &f["experts"]);
         assert_eq!(fp.layer_params, all, "{name}");

@@ -1,4 +1,4 @@
-//! Mixture-of-experts stages on the synthetic `qwen3moe` and `qwen2moe` fixtures (decision 020), beyond the
+//! Mixture-of-experts stages on the synthetic `qwen3moe`, `qwen2moe` and `gpt-oss` fixtures (decision 020), beyond the
 //! llama.cpp comparison every fixture gets in `synthetic`: the grouped-by-expert prefill and batched
 //! decode give the one-token-at-a-time results bitwise, a two-stage split gives the one-stage tokens, a
 //! GPU stage refuses the experts by name, and the footprint prices a token by the experts it reads.
@@ -16,7 +16,11 @@ use crate::synthetic::{fixtures, is_moe};
 fn moe_fixtures() -> Vec<(PathBuf, serde_json::Value)> {
     let out: Vec<_> = fixtures().into_iter().filter(|(_, r)| is_moe(r)).collect();
     let archs: Vec<_> = out.iter().map(|(_, r)| r["arch"].clone()).collect();
-    assert_eq!(archs, ["qwen2moe", "qwen3moe"], "the MoE fixtures");
+    assert_eq!(
+        archs,
+        ["gpt-oss", "qwen2moe", "qwen3moe"],
+        "the MoE fixtures"
+    );
     out
 }
 

@@ -24,7 +24,7 @@ pub fn fixtures() -> Vec<(PathBuf, serde_json::Value)> {
         })
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
-    assert!(out.len() >= 21, "only {} synthetic fixtures", out.len());
+    assert!(out.len() >= 22, "only {} synthetic fixtures", out.len());
     out
 }
 
@@ -64,9 +64,11 @@ fn on_the_gpu_logits_and_greedy_tokens_match_llama_cpp_for_every_architecture_an
     check_every_fixture(|p| load_gpu_whole(p, &gpu), |r| !is_moe(r));
 }
 
-/// A mixture-of-experts fixture (its reference's `arch` is `qwen3moe`, `qwen2moe`, …).
+/// A mixture-of-experts fixture (its reference's `arch` is `qwen3moe`, `qwen2moe`, `gpt-oss`, …).
 pub fn is_moe(r: &serde_json::Value) -> bool {
-    r["arch"].as_str().is_some_and(|a| a.ends_with("moe"))
+    r["arch"]
+        .as_str()
+        .is_some_and(|a| a.ends_with("moe") || a == "gpt-oss")
 }
 
 /// Every fixture `keep` accepts, checked against its reference.
