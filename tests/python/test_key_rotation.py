@@ -69,8 +69,8 @@ def test_removal_rotates_the_key_and_a_returning_member_gets_the_new_one():
         assert out.returncode == 0 and c.id in out.stdout, out.stderr
         rest = sorted([a.id, b.id])
         wait_until("a and b to drop c", lambda: members(a) == rest and members(b) == rest, timeout=15)
-        wait_until("a and b to hold a new key at epoch 1", lambda: all(
-            ring(n)["current"]["epoch"] == 1 for n in (a, b)), timeout=15)
+        wait_until("a and b to hold one new key at epoch 1", lambda: ring(a)["current"]["epoch"] == 1
+                   and ring(a)["current"] == ring(b)["current"], timeout=15)
         ra, rb = ring(a), ring(b)
         new = ra["current"]
         assert rb["current"] == new, "one key everywhere"

@@ -19,6 +19,7 @@ impl NetTask {
         self.push_facts();
         let members = self.members_msg();
         self.send_to_all(&members);
+        self.rotate_if_stale(false);
         if self.state.is_coordinator() {
             // Moves forward first (a ready replacement sends its old instance draining), then looks for
             // placements predicted faster on today's members, links and speeds.

@@ -1,9 +1,10 @@
 //! Rotating the cluster key ([`crate::keyring`]) in the network task: who rotates, who gets the new
 //! key, and who may still connect with an old one.
 //!
-//! - The node that runs `shoal remove` rotates at once; the coordinator rotates when it learns of a
-//!   removal its key was not made without (a removal done elsewhere, or two at once: the key that won
-//!   may have reached the other removed node).
+//! - The node that runs `shoal remove` rotates at once; the coordinator rotates when its key was not
+//!   made without a removal it knows of, [`ROTATE_GRACE`] after it heard of it (the removing node's key
+//!   usually arrives first; two removals at once: the key that won may have reached the other removed
+//!   node; the removing node died before it sent its key).
 //! - A rotation sends the ring ([`ControlMsg::Rekey`]) to every connected member that is not removed,
 //!   over its noise-encrypted control connection; every connection that opens (and is admitted) gets
 //!   the ring too, so a member that was away, or joined with an invite, converges on the highest key;
@@ -12,12 +13,18 @@
 //!   member and is not removed — it is then handed the current key; from anyone else it is closed at
 //!   once and whatever it sends is ignored.
 
+use std::time::Duration;
+
 use libp2p::PeerId;
 use libp2p::swarm::ConnectionId;
 
 use super::NetTask;
 use crate::keyring::KeyOffer;
 use crate::proto::ControlMsg;
+
+/// How long the coordinator waits after hearing of a removal before it rotates the key itself: the node
+/// that removed has rotated already, and its key is on its way (checked again every gossip round).
+pub(super) const ROTATE_GRACE: Duration = Duration::from_secs(3);
 
 impl NetTask {
     /// Whether a new connection may stay; `stale`: the epoch of the earlier key it was made with.
@@ -105,7 +112,10 @@ impl NetTask {
     /// Rotates the key when this node removed a node itself (`own`) or is the coordinator, and the
     /// current key was made before a removal this node knows of.
     pub(super) fn rotate_if_stale(&mut self, own: bool) {
-        if !own && !self.state.is_coordinator() {
+        let waited = self
+            .removal_heard
+            .is_none_or(|t| t.elapsed() >= ROTATE_GRACE);
+        if !own && !(self.state.is_coordinator() && waited) {
             return;
         }
         let removed: Vec<String> = self.removed.list().iter().map(|r| r.id.clone()).collect();

@@ -265,6 +265,9 @@ struct NetTask {
     keys: pnet::SharedKeys,
     /// Nodes that connected with an earlier key without being members: their messages are ignored.
     refused: std::collections::HashSet<PeerId>,
+    /// When this node last learned of a removal (the coordinator waits [`keys::ROTATE_GRACE`] after it
+    /// for the removing node's new key before it makes one itself).
+    removal_heard: Option<Instant>,
 }
 
 /// A request to the coordinator waiting for its reply, and the handle waiting for the result.
@@ -306,6 +309,7 @@ impl NetTask {
             host: crate::sysload::HostSampler::default(),
             keys,
             refused: Default::default(),
+            removal_heard: None,
         };
         task.refresh_own_facts();
         task

@@ -138,6 +138,7 @@ impl NetTask {
         }
         tracing::warn!(%peer, name = %node.name, "node removed from the cluster: its connections are refused from now on");
         self.swarm.behaviour_mut().blocked.block_peer(peer);
+        self.removal_heard = Some(std::time::Instant::now());
         self.peers.forget(&peer);
         self.dials.forget_peer(&node.id);
         if self.state.peer_gone(&node.id) {
