@@ -171,3 +171,7 @@ def test_real_ollama_chat_lines_satisfy_their_schema(server_url, spec, stream):
     assert lines[-1]["done"] and lines[-1]["eval_count"] > 0
     if stream:
         assert "done_reason" not in lines[0], "only the last line ends the answer"
+        validator.validate({"error": "the model went away"})  # the line that ends a failed stream
+    wrong = dict(lines[-1])
+    del wrong["done"]
+    assert not validator.is_valid(wrong), "an answer without `done` passes"

@@ -56,7 +56,11 @@ use utoipa::OpenApi;
         openapi_json,
     ),
     // The error shapes, named by the routes' error responses (`crate::schema`), which do not add them.
-    components(schemas(crate::error::ErrorBody, crate::dialect::anthropic::ErrorBody)),
+    components(schemas(
+        crate::error::ErrorBody,
+        crate::dialect::anthropic::ErrorBody,
+        crate::ollama::types::ErrorLine
+    )),
     tags(
         (name = "openai", description = "OpenAI-compatible generation, embeddings and models."),
         (name = "anthropic", description = "Anthropic's Messages API."),

@@ -51,8 +51,8 @@ pub enum AnthropicErrors {
 pub enum OllamaErrors {
     /// A refused request.
     #[response(status = "4XX")]
-    Refused { error: String },
+    Refused(crate::ollama::types::ErrorLine),
     /// A failure of the server.
     #[response(status = "5XX")]
-    Failed { error: String },
+    Failed(crate::ollama::types::ErrorLine),
 }

@@ -38,7 +38,7 @@ use crate::generate::{self, Chat};
     tag = "ollama",
     request_body = super::types::ChatRequest,
     responses(
-        (status = 200, description = "The answer; streamed (the default) as one JSON object per line, the last with `done: true`.", content((super::types::ChatResponse = "application/json"), (super::types::ChatResponse = "application/x-ndjson"))),
+        (status = 200, description = "The answer; streamed (the default) as one JSON object per line, the last with `done: true`.", content((super::types::ChatResponse = "application/json"), (super::types::ChatLine = "application/x-ndjson"))),
         crate::schema::OllamaErrors
     )
 )]
@@ -97,7 +97,7 @@ pub async fn chat(
     tag = "ollama",
     request_body = super::types::GenerateRequest,
     responses(
-        (status = 200, description = "The answer; streamed (the default) as one JSON object per line, the last with `done: true`.", content((super::types::GenerateResponse = "application/json"), (super::types::GenerateResponse = "application/x-ndjson"))),
+        (status = 200, description = "The answer; streamed (the default) as one JSON object per line, the last with `done: true`.", content((super::types::GenerateResponse = "application/json"), (super::types::GenerateLine = "application/x-ndjson"))),
         crate::schema::OllamaErrors
     )
 )]

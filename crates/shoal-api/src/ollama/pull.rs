@@ -56,7 +56,7 @@ struct Plan {
     tag = "ollama",
     request_body = super::types::PullRequest,
     responses(
-        (status = 200, description = "Progress; streamed (the default) as one object per line, ending with `{\"status\": \"success\"}`.", content((super::types::Progress = "application/json"), (super::types::Progress = "application/x-ndjson"))),
+        (status = 200, description = "Progress; streamed (the default) as one object per line, ending with `{\"status\": \"success\"}`.", content((super::types::Progress = "application/json"), (super::types::PullLine = "application/x-ndjson"))),
         crate::schema::OllamaErrors
     )
 )]

@@ -355,3 +355,42 @@ impl Progress {
         }
     }
 }
+
+/// Ollama's error shape as the OpenAPI document states it: a refused request's body, and the line that
+/// ends a failed stream ([`crate::dialect::ollama::Error`] writes it).
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::ErrorLine)]
+#[allow(dead_code)]
+pub struct ErrorLine {
+    pub error: String,
+}
+
+/// A line of a streamed chat: an answer object, or the error that ends a failed stream.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::ChatLine)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum ChatLine {
+    Answer(ChatResponse),
+    Error(ErrorLine),
+}
+
+/// A line of a streamed generation: an answer object, or the error that ends a failed stream.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::GenerateLine)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum GenerateLine {
+    Answer(GenerateResponse),
+    Error(ErrorLine),
+}
+
+/// A line of a pull's progress: a step, or the error that ends a failed pull.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::PullLine)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum PullLine {
+    Progress(Progress),
+    Error(ErrorLine),
+}
