@@ -206,6 +206,21 @@ mod tests {
     }
 
     #[test]
+    fn gpt4o_splits_cased_runs_three_digit_groups_and_keeps_slashes_after_punctuation() {
+        let kind = PreTokenizerKind::from_gguf_name("gpt-4o").expect("known");
+        assert_eq!(kind, PreTokenizerKind::Gpt4o);
+        assert_eq!(
+            split(kind, "Hello WORLD's 12345 x//\n"),
+            ["Hello", " WORLD's", " ", "123", "45", " x", "//\n"]
+        );
+        // A capital run then a lower run is one word; a lower-to-upper change starts the next.
+        assert_eq!(
+            split(kind, "HTMLParser camelCase"),
+            ["HTMLParser", " camel", "Case"]
+        );
+    }
+
+    #[test]
     fn gpt2_keeps_number_runs_with_space() {
         assert_eq!(split(PreTokenizerKind::Gpt2, "a 123"), ["a", " 123"]);
     }
