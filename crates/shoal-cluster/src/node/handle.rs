@@ -136,17 +136,6 @@ impl ClusterHandle {
         crate::identity::cluster_hash(&self.secrets.current_key())
     }
 
-    /// The epoch of the current cluster key ([`crate::keyring`]).
-    pub fn key_epoch(&self) -> u64 {
-        let ring = self
-            .secrets
-            .keys
-            .ring
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
-        ring.current().epoch
-    }
-
     /// The key that marks HTTP requests this node sends on to other members ([`crate::relay_proof`]),
     /// from the current cluster key.
     pub fn relay_key(&self) -> crate::relay_proof::RelayKey {

@@ -115,7 +115,7 @@ impl NetTask {
         let waited = self
             .removal_heard
             .is_none_or(|t| t.elapsed() >= ROTATE_GRACE);
-        if !own && !(self.state.is_coordinator() && waited) {
+        if !(own || self.state.is_coordinator() && waited) {
             return;
         }
         let removed: Vec<String> = self.removed.list().iter().map(|r| r.id.clone()).collect();
