@@ -456,12 +456,16 @@ impl ChatTemplate {
             ChatMessage::new("system", "System message"),
             ChatMessage::new("user", "User message"),
         ];
+        // `strftime_now` is one of llama.cpp's globals, there in its probe too: gpt-oss's template
+        // formats the date before it reads the system message.
+        let strftime_now = self.context(&messages, UNIX_EPOCH, false)["strftime_now"].clone();
         let ctx = BTreeMap::from([
             ("messages", message_values(&messages, Some(&read), false)),
             ("tools", Value::from(Vec::<Value>::new())),
             ("bos_token", Value::from("")),
             ("eos_token", Value::from("")),
             ("add_generation_prompt", Value::from(true)),
+            ("strftime_now", strftime_now),
         ]);
         let _ = self.execute(ctx);
         read.load(Ordering::Relaxed)

@@ -107,6 +107,32 @@ fn system_turn_merges_into_the_next_when_the_template_ignores_it() {
     assert!(chatml.supports_system_role());
 }
 
+/// gpt-oss's template formats today's date (`strftime_now`, one of llama.cpp's globals) before it
+/// reads the system message as the developer message: the system role is supported (the probe has the
+/// clock), so the system turn is not merged into the user's.
+#[test]
+fn a_harmony_like_system_turn_becomes_the_developer_message() {
+    const HARMONY_LIKE: &str = "<|start|>system<|message|>Current date: {{ strftime_now('%Y-%m-%d') }}<|end|>\
+{% if messages[0].role == 'system' %}<|start|>developer<|message|>{{ messages[0].content }}<|end|>\
+{% set rest = messages[1:] %}{% else %}{% set rest = messages %}{% endif %}\
+{% for m in rest %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}\
+{% if add_generation_prompt %}<|start|>assistant{% endif %}";
+    let t = ChatTemplate::new(HARMONY_LIKE, "<|startoftext|>", "<|return|>").expect("compiles");
+    assert!(t.supports_system_role());
+    let out = t
+        .render_at(
+            &msgs(&[("system", "Be brief."), ("user", "Hi")]),
+            true,
+            july_fifth(),
+        )
+        .expect("renders");
+    assert_eq!(
+        out,
+        "<|start|>system<|message|>Current date: 2024-07-05<|end|>\
+         <|start|>developer<|message|>Be brief.<|end|><|start|>user<|message|>Hi<|end|><|start|>assistant"
+    );
+}
+
 const CHATML_LIKE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
 {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
