@@ -73,19 +73,23 @@ fn gemma_like_turns_trim_and_alternation() {
     }
 }
 
+/// A system turn then a user's "Hi", rendered on 2024-07-05 with the generation prompt.
+fn system_then_hi(t: &ChatTemplate) -> String {
+    t.render_at(
+        &msgs(&[("system", "Be brief."), ("user", "Hi")]),
+        true,
+        july_fifth(),
+    )
+    .expect("renders")
+}
+
 /// The template never reads a system message's content, so (as llama.cpp does) the system message is
 /// put in front of the first user message, with a newline; alone, it is dropped.
 #[test]
 fn system_turn_merges_into_the_next_when_the_template_ignores_it() {
     let t = ChatTemplate::new(GEMMA_LIKE, "<bos>", "<eos>").expect("compiles");
     assert!(!t.supports_system_role());
-    let out = t
-        .render_at(
-            &msgs(&[("system", "Be brief."), ("user", "Hi")]),
-            true,
-            july_fifth(),
-        )
-        .expect("renders");
+    let out = system_then_hi(&t);
     assert_eq!(
         out,
         "<bos><start_of_turn>user\nBe brief.\nHi<end_of_turn>\n<start_of_turn>model\n"
@@ -119,13 +123,7 @@ fn a_harmony_like_system_turn_becomes_the_developer_message() {
 {% if add_generation_prompt %}<|start|>assistant{% endif %}";
     let t = ChatTemplate::new(HARMONY_LIKE, "<|startoftext|>", "<|return|>").expect("compiles");
     assert!(t.supports_system_role());
-    let out = t
-        .render_at(
-            &msgs(&[("system", "Be brief."), ("user", "Hi")]),
-            true,
-            july_fifth(),
-        )
-        .expect("renders");
+    let out = system_then_hi(&t);
     assert_eq!(
         out,
         "<|start|>system<|message|>Current date: 2024-07-05<|end|>\
