@@ -26,6 +26,10 @@ use crate::proto::ControlMsg;
 /// that removed has rotated already, and its key is on its way (checked again every gossip round).
 pub(super) const ROTATE_GRACE: Duration = Duration::from_secs(3);
 
+/// Identities refused for an earlier key remembered at most (forgotten all at once past it: they are
+/// only refused again).
+const REFUSED_MAX: usize = 4096;
+
 impl NetTask {
     /// Whether a new connection may stay; `stale`: the epoch of the earlier key it was made with.
     pub(super) fn admit(
@@ -50,8 +54,14 @@ impl NetTask {
             return true;
         }
         drop(ring);
-        tracing::warn!(%peer, epoch, "connection refused: made with an earlier cluster key by a node that is not a member");
-        self.refused.insert(peer);
+        if self.refused.len() >= REFUSED_MAX {
+            self.refused.clear();
+        }
+        if self.refused.insert(peer) {
+            tracing::warn!(%peer, epoch, "connection refused: made with an earlier cluster key by a node that is not a member");
+        } else {
+            tracing::debug!(%peer, epoch, "connection refused again: earlier cluster key, not a member");
+        }
         let _ = self.swarm.close_connection(connection);
         false
     }
