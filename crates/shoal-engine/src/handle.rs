@@ -137,6 +137,14 @@ impl EngineHandle {
         self.render_chat_thinking(messages, tools, &Thinking::default())
     }
 
+    /// Whether the model's chat template writes `<think>` blocks (its answers may start with thoughts).
+    pub fn writes_thinking(&self) -> bool {
+        self.inner
+            .template
+            .as_ref()
+            .is_some_and(|t| t.writes_thinking())
+    }
+
     /// [`EngineHandle::render_chat_tools`] with what the request asks of the model's thinking
     /// (`enable_thinking`, `reasoning_effort`: [`Thinking`]).
     pub fn render_chat_thinking(

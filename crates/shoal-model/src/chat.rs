@@ -379,6 +379,12 @@ impl ChatTemplate {
         self.enable_thinking
     }
 
+    /// Whether the model thinks in `<think>` blocks: its template writes them (Qwen3, QwQ, DeepSeek R1
+    /// and its distills, GLM-4.5+), so an answer may start with its thoughts.
+    pub fn writes_thinking(&self) -> bool {
+        self.source.contains("<think>")
+    }
+
     /// What the template does with tools and tool calls.
     pub fn tool_caps(&self) -> ToolCaps {
         self.tool_caps

@@ -83,6 +83,7 @@ pub async fn messages(
         messages: prepared.conversation.messages,
         guidance: prepared.guidance,
         prefill: prepared.conversation.prefill,
+        thinking: Default::default(),
         sampling: prepared.sampling,
         max_tokens: Some(prepared.max_tokens),
         stop: prepared.stop,
@@ -97,6 +98,7 @@ pub async fn messages(
         ticket,
         parser,
         prompt_tokens,
+        ..
     } = generate::start(&state, caller, chat).await?;
     let Some(mut live) = choices.into_iter().next() else {
         return Err(ApiError::Internal("no choice was submitted".into()).into());
@@ -159,6 +161,7 @@ pub async fn count_tokens(
         messages: conversation.messages,
         guidance,
         prefill: conversation.prefill,
+        thinking: Default::default(),
         sampling: SamplingParams::default(),
         max_tokens: None,
         stop: Vec::new(),

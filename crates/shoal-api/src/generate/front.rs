@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_engine::{
-    ChatMessage, EngineHandle, GenerateRequest, LogitsProcessor, Prompt, SamplingParams,
+    ChatMessage, EngineHandle, GenerateRequest, LogitsProcessor, Prompt, SamplingParams, Thinking,
 };
 use shoal_guide::{ChatGuidance, GuideError, ToolCallParser};
 
@@ -36,6 +36,8 @@ pub struct Chat {
     pub guidance: ChatGuidance,
     /// Text the answer starts with, appended to the rendered prompt (Anthropic's assistant prefill).
     pub prefill: Option<String>,
+    /// What the request asks of the model's thinking (`enable_thinking`, `reasoning_effort`).
+    pub thinking: Thinking,
     pub sampling: SamplingParams,
     pub max_tokens: Option<NonZeroU32>,
     pub stop: Vec<String>,
@@ -59,6 +61,9 @@ pub struct Started {
     pub parser: Option<ToolCallParser>,
     /// The prompt's length in tokens.
     pub prompt_tokens: usize,
+    /// Present when the answer may hold the model's thoughts: read it with
+    /// [`super::reasoning::Splitter::new`]`(inside)` (`inside`: the prompt opened them).
+    pub reasoning: Option<bool>,
 }
 
 /// Plans, renders and submits `chat` for `caller` (see the module doc).
@@ -88,6 +93,7 @@ pub async fn start(state: &ApiState, caller: Owner, chat: Chat) -> Result<Starte
         ticket,
         parser: planned.parser,
         prompt_tokens,
+        reasoning: planned.reasoning,
     })
 }
 
@@ -99,6 +105,8 @@ pub struct Planned {
     pub processor: Option<Box<dyn LogitsProcessor>>,
     /// Present when the answer may hold tool calls.
     pub parser: Option<ToolCallParser>,
+    /// Present when the answer may hold the model's thoughts (see [`Started::reasoning`]).
+    pub reasoning: Option<bool>,
 }
 
 /// Plans `chat`'s conversation and tools ([`shoal_guide::Guides::plan`], on the blocking pool) with
@@ -117,16 +125,28 @@ pub async fn plan(
             .await
             .map_err(|e| ApiError::Internal(format!("planning the request failed: {e}")))?
             .map_err(chat.guide_error)?;
+    // A constrained answer (a schema, a forced call) is constrained from its first token: no thoughts.
+    let constrained = plan.processor.is_some();
+    let thinking = match constrained {
+        true => Thinking {
+            enable: Some(false),
+            ..chat.thinking.clone()
+        },
+        false => chat.thinking.clone(),
+    };
     let mut prompt = engine
-        .render_chat_tools(&plan.messages, &plan.tools)
+        .render_chat_thinking(&plan.messages, &plan.tools, &thinking)
         .map_err(|e| ApiError::from_engine(e, chat.prompt_param))?;
     if let Some(prefill) = &chat.prefill {
         prompt.push_str(prefill);
     }
+    let reasoning = (!constrained && engine.writes_thinking())
+        .then(|| super::reasoning::prompt_opens_thinking(&prompt));
     Ok(Planned {
         prompt,
         processor: plan.processor,
         parser: plan.tool_parser,
+        reasoning,
     })
 }
 

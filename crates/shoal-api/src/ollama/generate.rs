@@ -72,6 +72,7 @@ pub async fn chat(
         messages,
         guidance,
         prefill: None,
+        thinking: Default::default(),
         sampling: checked.sampling.clone(),
         max_tokens: checked.max_tokens,
         stop: checked.stop.clone(),

@@ -36,6 +36,7 @@ use super::{SYSTEM_FINGERPRINT, unix_now};
 use crate::ApiState;
 use crate::cancel::Caller;
 use crate::error::ApiError;
+use crate::generate::reasoning::{self, Parts, Splitter};
 use crate::generate::{self, Chat, SampledToken, Started, collect_all, total_usage};
 use crate::sse::to_json;
 
@@ -68,6 +69,10 @@ pub async fn chat_completions(
     super::params::refuse_unimplemented(&req.unimplemented)?;
     let logprobs = wants_logprobs(&req)?;
     let guidance = tools::guidance(&mut req)?;
+    let thinking = super::params::thinking(
+        req.reasoning_effort.as_deref(),
+        req.chat_template_kwargs.as_ref(),
+    )?;
     let mut params = CommonParams::from(&mut req).validate(&state.engine)?;
     params.sampling.top_logprobs = logprobs.unwrap_or(0);
     if params.ignore_eos && constrains(&guidance) {
@@ -83,6 +88,7 @@ pub async fn chat_completions(
         messages,
         guidance,
         prefill: None,
+        thinking,
         sampling: params.sampling,
         max_tokens: params.max_tokens,
         stop: params.stop,
@@ -96,6 +102,7 @@ pub async fn chat_completions(
         mut choices,
         ticket,
         parser: tool_parser,
+        reasoning,
         ..
     } = generate::start(&state, caller, chat).await?;
     let id = format!("chatcmpl-{}", ticket.token());
@@ -110,6 +117,7 @@ pub async fn chat_completions(
                 .map(|_| ChoiceState {
                     pending: Vec::new(),
                     tools: tool_parser.as_ref().map(ToolCallParser::stream),
+                    reasoning: reasoning.map(Splitter::new),
                 })
                 .collect(),
         };
@@ -128,7 +136,16 @@ pub async fn chat_completions(
             let logprobs = logprobs.then(|| ChatLogprobs {
                 content: d.tokens.into_iter().map(token_logprob).collect(),
             });
-            let (message, finish_reason) = answer(d.text, d.finish_reason, tool_parser.as_ref());
+            let parts = match reasoning {
+                Some(inside) => reasoning::split(&d.text, inside),
+                None => Parts {
+                    reasoning: String::new(),
+                    content: d.text,
+                },
+            };
+            let (mut message, finish_reason) =
+                answer(parts.content, d.finish_reason, tool_parser.as_ref());
+            message.reasoning_content = (!parts.reasoning.is_empty()).then_some(parts.reasoning);
             ChatChoice {
                 index: index as u32,
                 message,
@@ -193,6 +210,7 @@ fn answer(
     let plain = |text: String| AssistantMessage {
         role: "assistant",
         content: Some(text),
+        reasoning_content: None,
         tool_calls: None,
     };
     let Some(parser) = parser else {
@@ -213,6 +231,7 @@ fn answer(
     let message = AssistantMessage {
         role: "assistant",
         content: (!content.is_empty()).then_some(content),
+        reasoning_content: None,
         tool_calls: Some(calls),
     };
     (message, finish_reason(reason, called))
@@ -319,6 +338,8 @@ struct ChoiceState {
     pending: Vec<TokenLogprob>,
     /// Splits calls out of the text where tools were offered.
     tools: Option<ToolCallStream>,
+    /// Splits the model's thoughts from its answer where it may think.
+    reasoning: Option<Splitter>,
 }
 
 impl ChatChunks {
@@ -350,7 +371,7 @@ impl ChunkFormat for ChatChunks {
         let delta = Delta {
             role: Some("assistant"),
             content: Some(String::new()),
-            tool_calls: None,
+            ..Delta::default()
         };
         let choice = ChatChunkChoice {
             index,
@@ -368,15 +389,16 @@ impl ChunkFormat for ChatChunks {
         if logprobs {
             state.pending.push(token_logprob(token));
         }
-        let delta = match &mut state.tools {
-            Some(stream) => tool_delta(stream.push(&text)),
-            None if text.is_empty() => Delta::default(),
-            None => Delta {
-                content: Some(text),
-                ..Delta::default()
+        let parts = match &mut state.reasoning {
+            Some(splitter) => splitter.push(&text),
+            None => Parts {
+                reasoning: String::new(),
+                content: text,
             },
         };
-        if delta.content.is_none() && delta.tool_calls.is_none() {
+        let delta = content_delta(state, parts);
+        if delta.content.is_none() && delta.tool_calls.is_none() && delta.reasoning_content.is_none()
+        {
             return None;
         }
         let choice = ChatChunkChoice {
@@ -389,16 +411,23 @@ impl ChunkFormat for ChatChunks {
     }
 
     fn finish(&mut self, index: u32, reason: FinishReason) -> String {
-        let tools = self
-            .choices
-            .get_mut(index as usize)
-            .and_then(|s| s.tools.as_mut());
-        let (delta, called) = match tools {
-            // Cut by the budget inside a call: the call as written so far, not text.
-            Some(stream) if reason == FinishReason::Length => {
-                (tool_delta(stream.finish_cut()), stream.saw_calls())
+        let state = self.choices.get_mut(index as usize);
+        let (delta, called) = match state {
+            Some(state) => {
+                // What the splitter still held goes out first, through the tool parser as any text.
+                let held = state.reasoning.as_mut().map(Splitter::finish);
+                let mut delta = held.map(|p| content_delta(state, p)).unwrap_or_default();
+                let (end, called) = match &mut state.tools {
+                    // Cut by the budget inside a call: the call as written so far, not text.
+                    Some(stream) if reason == FinishReason::Length => {
+                        (tool_delta(stream.finish_cut()), stream.saw_calls())
+                    }
+                    Some(stream) => (tool_delta(stream.finish()), stream.saw_calls()),
+                    None => (Delta::default(), false),
+                };
+                merge(&mut delta, end);
+                (delta, called)
             }
-            Some(stream) => (tool_delta(stream.finish()), stream.saw_calls()),
             None => (Delta::default(), false),
         };
         let choice = ChatChunkChoice {
@@ -412,6 +441,31 @@ impl ChunkFormat for ChatChunks {
 
     fn usage(&mut self, usage: Usage) -> String {
         self.chunk(Vec::new(), Some(usage))
+    }
+}
+
+/// The delta of one piece of a choice's answer: its thoughts as `reasoning_content`, the rest as
+/// content — through the tool parser where tools were offered.
+fn content_delta(state: &mut ChoiceState, parts: Parts) -> Delta {
+    let mut delta = match &mut state.tools {
+        Some(stream) => tool_delta(stream.push(&parts.content)),
+        None if parts.content.is_empty() => Delta::default(),
+        None => Delta {
+            content: Some(parts.content),
+            ..Delta::default()
+        },
+    };
+    delta.reasoning_content = (!parts.reasoning.is_empty()).then_some(parts.reasoning);
+    delta
+}
+
+/// `more` appended to `delta` (text joined, calls after calls).
+fn merge(delta: &mut Delta, more: Delta) {
+    if let Some(text) = more.content {
+        delta.content.get_or_insert_with(String::new).push_str(&text);
+    }
+    if let Some(calls) = more.tool_calls {
+        delta.tool_calls.get_or_insert_with(Vec::new).extend(calls);
     }
 }
 
@@ -454,6 +508,7 @@ fn tool_delta(events: Vec<ToolEvent>) -> Delta {
     Delta {
         role: None,
         content: (!content.is_empty()).then_some(content),
+        reasoning_content: None,
         tool_calls: (!calls.is_empty()).then_some(calls),
     }
 }

@@ -131,7 +131,7 @@ pub(crate) fn refuse_unimplemented(u: &super::types::Unimplemented) -> Result<()
         _ => false,
     };
     let text_only = |v: &Value| v.as_array().is_some_and(|a| a.iter().all(|m| m == "text"));
-    let checks: [(&str, &Option<Value>, bool, &str); 9] = [
+    let checks: [(&str, &Option<Value>, bool, &str); 8] = [
         (
             "logit_bias",
             &u.logit_bias,
@@ -173,12 +173,6 @@ pub(crate) fn refuse_unimplemented(u: &super::types::Unimplemented) -> Result<()
             &u.web_search_options,
             false,
             "web search is not supported",
-        ),
-        (
-            "reasoning_effort",
-            &u.reasoning_effort,
-            false,
-            "reasoning_effort is not supported by the models served",
         ),
         (
             "verbosity",
@@ -339,4 +333,64 @@ mod tests {
             Some(Duration::from_secs(86_400))
         );
     }
+}
+
+/// What a chat request asks of the model's thinking: `reasoning_effort` and the `enable_thinking` /
+/// `reasoning_effort` of `chat_template_kwargs` (the latter win, as they name the template's own variables).
+pub(crate) fn thinking(
+    effort: Option<&str>,
+    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<shoal_engine::Thinking, ApiError> {
+    let mut thinking = effort_thinking("reasoning_effort", effort)?;
+    for (key, value) in kwargs.into_iter().flatten() {
+        let param = "chat_template_kwargs";
+        match (key.as_str(), value) {
+            ("enable_thinking", serde_json::Value::Bool(b)) => thinking.enable = Some(*b),
+            ("reasoning_effort", serde_json::Value::String(e)) => {
+                thinking.effort = effort_thinking(param, Some(e))?.effort
+            }
+            ("enable_thinking" | "reasoning_effort", _) => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!("chat_template_kwargs.{key} has the wrong type (enable_thinking: boolean, reasoning_effort: string)"),
+                ));
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!("chat_template_kwargs.{key} is not supported: only enable_thinking and reasoning_effort are read"),
+                ));
+            }
+        }
+    }
+    Ok(thinking)
+}
+
+/// A `reasoning_effort` value (OpenAI's levels) as the template's variables.
+pub(crate) fn effort_thinking(
+    param: &str,
+    effort: Option<&str>,
+) -> Result<shoal_engine::Thinking, ApiError> {
+    let effort = match effort {
+        None => return Ok(shoal_engine::Thinking::default()),
+        Some("none") => {
+            return Ok(shoal_engine::Thinking {
+                enable: Some(false),
+                effort: None,
+            });
+        }
+        Some("minimal" | "low") => "low",
+        Some("medium") => "medium",
+        Some("high") => "high",
+        Some(other) => {
+            return Err(ApiError::invalid(
+                param,
+                format!("reasoning_effort must be none, minimal, low, medium or high, got {other:?}"),
+            ));
+        }
+    };
+    Ok(shoal_engine::Thinking {
+        enable: Some(true),
+        effort: Some(effort.to_string()),
+    })
 }

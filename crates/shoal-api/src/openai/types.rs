@@ -42,6 +42,14 @@ pub struct ChatRequest {
     /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`, read by
     /// [`super::tools`].
     pub response_format: Option<serde_json::Value>,
+    /// `none`, `minimal`, `low`, `medium` or `high`: `none` turns a thinking model's thoughts off
+    /// (`enable_thinking: false`), the others pass to templates that read `reasoning_effort` (gpt-oss;
+    /// `minimal` as `low`).
+    pub reasoning_effort: Option<String>,
+    /// Variables for the chat template (llama-server's and vLLM's extension): `enable_thinking` (bool)
+    /// and `reasoning_effort` (string) are read; any other is a 400 naming it.
+    #[schema(value_type = Option<Object>)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Documented by OpenAI, not implemented: refused by name when they would change the answer
     /// ([`super::params::refuse_unimplemented`]).
     #[serde(flatten)]
@@ -60,7 +68,6 @@ pub struct Unimplemented {
     pub functions: Option<serde_json::Value>,
     pub function_call: Option<serde_json::Value>,
     pub web_search_options: Option<serde_json::Value>,
-    pub reasoning_effort: Option<serde_json::Value>,
     pub verbosity: Option<serde_json::Value>,
 }
 
@@ -277,6 +284,10 @@ pub struct AssistantMessage {
     pub role: &'static str,
     /// `null` when the answer is only tool calls.
     pub content: Option<String>,
+    /// The model's thoughts before its answer (models that think in `<think>` blocks), as llama-server
+    /// and vLLM return them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<super::tools::ToolCallJson>>,
 }
@@ -312,6 +323,9 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// A piece of the model's thoughts (see [`AssistantMessage::reasoning_content`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Complete calls, each with its `index` (OpenAI clients also take a call whole).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<super::tools::ToolCallJson>>,

@@ -276,7 +276,15 @@ async fn documented_parameters_shoal_does_not_implement_are_400_by_name() {
             json!({"web_search_options": {"search_context_size": "low"}}),
             "web_search_options",
         ),
-        (json!({"reasoning_effort": "high"}), "reasoning_effort"),
+        (json!({"reasoning_effort": "extreme"}), "reasoning_effort"),
+        (
+            json!({"chat_template_kwargs": {"enable_thinking": "no"}}),
+            "chat_template_kwargs",
+        ),
+        (
+            json!({"chat_template_kwargs": {"add_vision_id": true}}),
+            "chat_template_kwargs",
+        ),
         (json!({"verbosity": "low"}), "verbosity"),
     ] {
         let reply = post_json(CHAT, &chat_body("hi", extra.clone())).await;
@@ -284,7 +292,7 @@ async fn documented_parameters_shoal_does_not_implement_are_400_by_name() {
     }
     // What clients send by default passes, and so do fields no API documents.
     let defaults = json!({"logit_bias": {}, "modalities": ["text"], "verbosity": "medium",
-        "reasoning_effort": null, "store": false, "metadata": {"a": "b"}, "user": "u",
+        "reasoning_effort": "high", "chat_template_kwargs": {"enable_thinking": false}, "store": false, "metadata": {"a": "b"}, "user": "u",
         "service_tier": "auto", "some_client_extra": 1, "max_tokens": 2});
     let reply = post_json(CHAT, &chat_body("hi", defaults)).await;
     assert_eq!(reply.status, 200, "{}", reply.body);

@@ -22,4 +22,5 @@ mod ollama_models;
 mod ollama_tools;
 mod origins;
 mod progress;
+mod reasoning;
 mod tools;

@@ -74,6 +74,7 @@ pub async fn create_response(
         messages,
         guidance,
         prefill: None,
+        thinking: Default::default(),
         sampling: params.sampling.clone(),
         max_tokens,
         stop: Vec::new(),

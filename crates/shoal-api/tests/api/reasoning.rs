@@ -1,0 +1,132 @@
+//! Reasoning output: a model whose template thinks in `<think>` blocks (the synthetic Qwen 3 with an
+//! R1-style template: the generation prompt opens the thoughts) answers with `reasoning_content`, streamed
+//! and not alike; `reasoning_effort: "none"` or `chat_template_kwargs.enable_thinking: false` close the
+//! block in the prompt, and the answer is content.
+
+use std::sync::OnceLock;
+
+use axum::body::Body;
+use axum::http::{Method, Request, header};
+use serde_json::{Value, json};
+use shoal_api::ApiState;
+use shoal_engine::EngineHandle;
+use shoal_engine::engine::{EngineConfig, spawn_from_gguf};
+
+use crate::common::{Reply, send_with, sse_data};
+
+const MODEL: &str = "qwen3-think";
+
+fn engine() -> EngineHandle {
+    static ENGINE: OnceLock<EngineHandle> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../shoal-model/tests/fixtures/synth/qwen3-think-s-f16.gguf");
+            let config = EngineConfig {
+                threads: 1,
+                ..Default::default()
+            };
+            spawn_from_gguf(&path, MODEL, config).expect("the think fixture loads")
+        })
+        .clone()
+}
+
+async fn chat(extra: Value) -> Reply {
+    let mut body = json!({"model": MODEL, "max_tokens": 12, "temperature": 0,
+        "messages": [{"role": "user", "content": "What is 7 times 8?"}]});
+    crate::common::merge(&mut body, extra);
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("request");
+    send_with(ApiState::new(engine()), request).await
+}
+
+#[tokio::test]
+async fn thoughts_opened_by_the_prompt_are_reasoning_content_streamed_or_not() {
+    let reply = chat(json!({})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let v = reply.json();
+    let message = &v["choices"][0]["message"];
+    let reasoning = message["reasoning_content"]
+        .as_str()
+        .expect("reasoning_content");
+    assert!(!reasoning.is_empty());
+    // The random model never closes its thoughts within 12 tokens: no answer after them.
+    assert_eq!(message["content"], "", "{message}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+
+    let reply = chat(json!({"stream": true})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let (mut streamed, mut content) = (String::new(), String::new());
+    for data in sse_data(&reply.body) {
+        if data == "[DONE]" {
+            continue;
+        }
+        let chunk: Value = serde_json::from_str(&data).expect("a chunk");
+        let delta = &chunk["choices"][0]["delta"];
+        streamed.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
+        content.push_str(delta["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!(
+        streamed, reasoning,
+        "the stream's thoughts are the answer's"
+    );
+    assert_eq!(content, "");
+}
+
+#[tokio::test]
+async fn thinking_turned_off_closes_the_block_and_the_answer_is_content() {
+    let on = chat(json!({})).await.json();
+    for extra in [
+        json!({"reasoning_effort": "none"}),
+        json!({"chat_template_kwargs": {"enable_thinking": false}}),
+    ] {
+        let reply = chat(extra.clone()).await;
+        assert_eq!(reply.status, 200, "{extra}: {}", reply.body);
+        let v = reply.json();
+        let message = &v["choices"][0]["message"];
+        assert!(
+            message.get("reasoning_content").is_none(),
+            "{extra}: {message}"
+        );
+        assert!(
+            !message["content"].as_str().unwrap_or("").is_empty(),
+            "{extra}"
+        );
+        // The closed block is in the prompt: `\n</think>\n\n` costs tokens.
+        let (off_prompt, on_prompt) = (
+            v["usage"]["prompt_tokens"].as_u64().expect("usage"),
+            on["usage"]["prompt_tokens"].as_u64().expect("usage"),
+        );
+        assert!(
+            off_prompt > on_prompt,
+            "{extra}: {off_prompt} vs {on_prompt}"
+        );
+    }
+    // An effort keeps thinking on.
+    let v = chat(json!({"reasoning_effort": "high"})).await.json();
+    assert_eq!(
+        v["choices"][0]["message"]["reasoning_content"],
+        on["choices"][0]["message"]["reasoning_content"]
+    );
+}
+
+#[tokio::test]
+async fn a_constrained_answer_does_not_think() {
+    let reply = chat(json!({"max_tokens": 30, "response_format": {"type": "json_object"}})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let v = reply.json();
+    let message = &v["choices"][0]["message"];
+    assert!(message.get("reasoning_content").is_none(), "{message}");
+    assert!(
+        message["content"]
+            .as_str()
+            .expect("content")
+            .trim_start()
+            .starts_with('{'),
+        "{message}"
+    );
+}
