@@ -4,7 +4,8 @@ remaining members agree on a new key (epoch + 1, the same key in every member's
 member's address, stays alone, and so does a new identity made with the old key; a member that was stopped
 during the removal comes back with its old key, is let in by its identity and leaves with the new key; and
 a machine invited afterwards is handed the new key; and the cluster still serves (a pipeline across a
-member and the returning one, asked through a third)."""
+member and the returning one, asked through a third). Two removals at once, on two members, settle on one
+key made without both removed nodes, which neither of them holds."""
 
 import json
 import os
@@ -123,3 +124,37 @@ def test_removal_rotates_the_key_and_a_returning_member_gets_the_new_one():
             if n:
                 n.kill()
 
+
+
+@pytest.mark.usefixtures("bounded")
+def test_two_removals_at_once_settle_on_one_key_neither_removed_node_holds():
+    a = ShoalNode("--no-auto-instance")
+    rest = [ShoalNode("--no-auto-instance", "--peer", a.cluster_addr) for _ in range(4)]
+    b, c, x, y = rest
+    nodes = (a, b, c, x, y)
+    try:
+        everyone = sorted(n.id for n in nodes)
+        wait_until("all five to meet", lambda: all(members(n) == everyone for n in nodes), timeout=30)
+        # x removed through a and y through b, at the same time.
+        calls = [subprocess.Popen([str(_binary()), "remove", who.id, "--url", via.url], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for who, via in ((x, a), (y, b))]
+        for call in calls:
+            out, err = call.communicate(timeout=30)
+            assert call.returncode == 0, err
+        left = sorted([a.id, b.id, c.id])
+        wait_until("one key made without both", lambda: all(members(n) == left for n in (a, b, c))
+                   and ring(a)["current"] == ring(b)["current"] == ring(c)["current"]
+                   and ring(a)["excludes"] == sorted([x.id, y.id]), timeout=20)
+        final = ring(a)["current"]
+        assert final["epoch"] >= 1
+        for gone in (x, y):
+            held = [ring(gone)["current"], *ring(gone)["previous"]]
+            assert final not in held, f"{gone.id} holds the key made without it"
+        # Settled: no further rotation (the coordinator's wait after hearing of a removal has passed).
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            assert all(ring(n)["current"] == final for n in (a, b, c)), "the key changed again"
+            time.sleep(0.2)
+    finally:
+        for n in nodes:
+            n.kill()
