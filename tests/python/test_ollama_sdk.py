@@ -128,9 +128,6 @@ def test_errors_raise_response_error_with_the_status(oc):
         oc.generate(model=MODEL_ID, prompt="hi", options={"top_p": 5})
     assert e.value.status_code == 400 and "options.top_p" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
-        oc.generate(model=MODEL_ID, prompt="hi", think=True)
-    assert e.value.status_code == 400 and "think" in e.value.error
-    with pytest.raises(ollama.ResponseError) as e:
         oc.show("no-such-model")
     assert e.value.status_code == 404
     # Still serving.

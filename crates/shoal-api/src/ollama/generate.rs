@@ -72,7 +72,7 @@ pub async fn chat(
         messages,
         guidance,
         prefill: None,
-        thinking: Default::default(),
+        thinking: checked.thinking.clone(),
         sampling: checked.sampling.clone(),
         max_tokens: checked.max_tokens,
         stop: checked.stop.clone(),
@@ -84,6 +84,7 @@ pub async fn chat(
     };
     let started_chat = generate::start(&state, caller, chat).await?;
     answer.tools = started_chat.parser;
+    answer.reasoning = started_chat.reasoning;
     let Some(live) = started_chat.choices.into_iter().next() else {
         return Err(ApiError::Internal("no choice was submitted".into()).into());
     };
@@ -121,7 +122,7 @@ pub async fn generate(
     )?;
     refuse_generate_fields(&req)?;
     let format = tools::response_format(req.format.as_ref())?;
-    let answer = answer(Kind::Generate, &checked);
+    let mut answer = answer(Kind::Generate, &checked);
     let prompt = req.prompt.take().unwrap_or_default();
     if prompt.is_empty() {
         return Ok(loaded(&answer, checked.stream));
@@ -131,11 +132,22 @@ pub async fn generate(
         .get(&checked.model)
         .map_err(|e| ApiError::from_engine(e, "prompt"))?;
     let processor = format_processor(&state.guides, &engine, &format).await?;
-    let text = if req.raw == Some(true) {
+    let raw = req.raw == Some(true);
+    let thinking = match processor.is_some() {
+        // A constrained answer is constrained from its first token: no thoughts.
+        true => shoal_engine::Thinking {
+            enable: Some(false),
+            ..checked.thinking.clone()
+        },
+        false => checked.thinking.clone(),
+    };
+    let text = if raw {
         prompt
     } else {
-        templated(&engine, req.system.take(), prompt)?
+        templated(&engine, req.system.take(), prompt, &thinking)?
     };
+    answer.reasoning = (!raw && processor.is_none() && engine.writes_thinking())
+        .then(|| generate::reasoning::prompt_opens_thinking(&text));
     let run = submit(&state, &checked, text, processor, "prompt", started)?;
     Ok(respond(run, answer, checked.stream).await)
 }
@@ -146,6 +158,7 @@ fn answer(kind: Kind, checked: &Checked) -> Answer {
         model: checked.model.clone(),
         logprobs: checked.logprobs,
         tools: None,
+        reasoning: None,
     }
 }
 
@@ -155,7 +168,13 @@ fn loaded(answer: &Answer, stream: bool) -> Response {
         done_reason: "load",
         metrics: None,
     };
-    let object = answer.object(String::new(), Vec::new(), Some(end), Vec::new());
+    let object = answer.object(
+        String::new(),
+        String::new(),
+        Vec::new(),
+        Some(end),
+        Vec::new(),
+    );
     if stream {
         ndjson_response(futures::stream::iter([object + "\n"]))
     } else {
@@ -168,6 +187,7 @@ fn templated(
     engine: &EngineHandle,
     system: Option<String>,
     prompt: String,
+    thinking: &shoal_engine::Thinking,
 ) -> Result<String, Error> {
     let system = system.filter(|s| !s.is_empty());
     let mut messages = Vec::with_capacity(2);
@@ -175,7 +195,7 @@ fn templated(
         messages.push(ChatMessage::new("system", s.clone()));
     }
     messages.push(ChatMessage::new("user", prompt.clone()));
-    match engine.render_chat(&messages) {
+    match engine.render_chat_thinking(&messages, &[], thinking) {
         Ok(text) => Ok(text),
         Err(EngineError::NoChatTemplate { .. }) if system.is_none() => Ok(prompt),
         Err(e @ EngineError::NoChatTemplate { .. }) => Err(ApiError::invalid(

@@ -44,12 +44,15 @@ pub struct Checked {
     pub stream: bool,
     /// Each sampled token's log-probability in the answer (with `sampling.top_logprobs` alternatives).
     pub logprobs: bool,
+    /// `think`: `true` / `false` turn a thinking model's thoughts on or off, `"low"`, `"medium"`,
+    /// `"high"` set the effort (gpt-oss); unset keeps the template's default.
+    pub thinking: shoal_engine::Thinking,
 }
 
 /// Checks `c` against the model it names.
 pub fn check(state: &ApiState, c: Common<'_>) -> Result<Checked, Error> {
     let model = served_model(state, c.model)?;
-    refuse_unsupported(&c)?;
+    let thinking = think(c.think)?;
     let top_logprobs = top_logprobs(c.top_logprobs)?;
     let options = c.options.unwrap_or_default();
     refuse_sampling_methods(&options)?;
@@ -98,6 +101,7 @@ pub fn check(state: &ApiState, c: Common<'_>) -> Result<Checked, Error> {
         stop: valid.stop,
         stream: c.stream.unwrap_or(true),
         logprobs: c.logprobs.unwrap_or(false) || top_logprobs > 0,
+        thinking,
     })
 }
 
@@ -131,20 +135,26 @@ fn num_predict(value: Option<i64>) -> Result<Option<NonZeroU32>, Error> {
     }
 }
 
-/// Documented request fields shoal does not implement: a 400 naming each, never ignored.
-fn refuse_unsupported(c: &Common<'_>) -> Result<(), Error> {
-    let thinking = match c.think {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-        Some(_) => true,
-    };
-    if thinking {
-        return Err(ApiError::invalid(
+/// Ollama's `think`: a boolean, or an effort level (`"low"`, `"medium"`, `"high"`, as gpt-oss takes).
+fn think(value: Option<&Value>) -> Result<shoal_engine::Thinking, Error> {
+    match value {
+        None | Some(Value::Null) => Ok(shoal_engine::Thinking::default()),
+        Some(Value::Bool(b)) => Ok(shoal_engine::Thinking {
+            enable: Some(*b),
+            effort: None,
+        }),
+        Some(Value::String(level)) if matches!(level.as_str(), "low" | "medium" | "high") => {
+            Ok(shoal_engine::Thinking {
+                enable: Some(true),
+                effort: Some(level.clone()),
+            })
+        }
+        Some(other) => Err(ApiError::invalid(
             "think",
-            "think is not supported: shoal does not separate a model's thinking from its answer",
+            format!("think must be true, false, \"low\", \"medium\" or \"high\", got {other}"),
         )
-        .into());
+        .into()),
     }
-    Ok(())
 }
 
 /// Sampling methods the engine does not have: accepted only when set to their "off" value.
@@ -247,24 +257,21 @@ mod tests {
 
     #[test]
     fn unsupported_fields_are_named() {
-        let t = Value::Bool(true);
-        let c = Common {
-            think: Some(&t),
-            ..Common::default()
-        };
-        assert!(refuse_unsupported(&c).is_err_and(|e| e.message().starts_with("think")));
-        let effort = Value::String("high".into());
-        let c = Common {
-            think: Some(&effort),
-            ..Common::default()
-        };
-        assert!(refuse_unsupported(&c).is_err());
-        let off = Value::Bool(false);
-        let c = Common {
-            think: Some(&off),
-            ..Common::default()
-        };
-        assert!(refuse_unsupported(&c).is_ok());
+        let on = think(Some(&Value::Bool(true))).expect("a boolean");
+        assert_eq!(on.enable, Some(true));
+        assert_eq!(
+            think(Some(&Value::Bool(false))).expect("a boolean").enable,
+            Some(false)
+        );
+        let high = think(Some(&Value::String("high".into()))).expect("a level");
+        assert_eq!(high.effort.as_deref(), Some("high"));
+        assert_eq!(
+            think(None).expect("unset"),
+            shoal_engine::Thinking::default()
+        );
+        for bad in [Value::String("max".into()), Value::from(1)] {
+            assert!(think(Some(&bad)).is_err_and(|e| e.message().starts_with("think")));
+        }
         let o = Options {
             mirostat: Some(2),
             ..Options::default()

@@ -33,6 +33,7 @@ use super::types::{
 use super::{Error, now_rfc3339};
 use crate::cancel::LiveRequest;
 use crate::error::ApiError;
+use crate::generate::reasoning::{self, Parts, Splitter};
 use crate::generate::{self, Outcome};
 
 /// A running request and its clock.
@@ -123,6 +124,8 @@ pub struct Answer {
     pub logprobs: bool,
     /// Splits tool calls out of the text where tools were offered (chat only).
     pub tools: Option<ToolCallParser>,
+    /// Present when the answer may start with the model's thoughts: whether the prompt opened them ([`crate::generate::Started::reasoning`]).
+    pub reasoning: Option<bool>,
 }
 
 impl Answer {
@@ -130,6 +133,7 @@ impl Answer {
     pub fn object(
         &self,
         text: String,
+        thinking: String,
         calls: Vec<OllamaToolCall>,
         end: Option<Ending>,
         logprobs: Vec<Logprob>,
@@ -143,6 +147,7 @@ impl Answer {
                 message: MessageOut {
                     role: "assistant",
                     content: text,
+                    thinking: (!thinking.is_empty()).then_some(thinking),
                     tool_calls: (!calls.is_empty()).then_some(calls),
                 },
                 done,
@@ -153,6 +158,7 @@ impl Answer {
                 model,
                 created_at,
                 response: text,
+                thinking: (!thinking.is_empty()).then_some(thinking),
                 done,
                 end,
                 logprobs,
@@ -217,11 +223,18 @@ async fn collect(mut run: Run, answer: &Answer) -> Result<String, Error> {
                     done_reason: reason,
                     metrics: Some(metrics),
                 };
-                let (text, calls) = match &answer.tools {
-                    Some(parser) => split_calls(parser, text, reason == "length"),
-                    None => (text, Vec::new()),
+                let parts = match answer.reasoning {
+                    Some(inside) => reasoning::split(&text, inside),
+                    None => Parts {
+                        reasoning: String::new(),
+                        content: text,
+                    },
                 };
-                return Ok(answer.object(text, calls, Some(end), logprobs));
+                let (text, calls) = match &answer.tools {
+                    Some(parser) => split_calls(parser, parts.content, reason == "length"),
+                    None => (parts.content, Vec::new()),
+                };
+                return Ok(answer.object(text, parts.reasoning, calls, Some(end), logprobs));
             }
             Step::Failed(e) => return Err(e),
         }
@@ -304,6 +317,8 @@ struct Lines {
     answer: Answer,
     /// Splits calls out of the streamed text where tools were offered.
     tools: Option<ToolCallStream>,
+    /// Splits the model's thoughts from its answer where it may think.
+    reasoning: Option<Splitter>,
     /// Log-probabilities of tokens whose text has not been sent yet (empty pieces).
     pending: Vec<Logprob>,
     /// Lines ready to send.
@@ -312,14 +327,24 @@ struct Lines {
 }
 
 impl Lines {
-    /// Queues a line for `text` and `calls` unless both are empty.
-    fn piece(&mut self, text: String, calls: Vec<OllamaToolCall>) {
-        if text.is_empty() && calls.is_empty() {
+    /// Queues a line for `text`, `thinking` and `calls` unless all are empty.
+    fn piece(&mut self, text: String, thinking: String, calls: Vec<OllamaToolCall>) {
+        if text.is_empty() && thinking.is_empty() && calls.is_empty() {
             return;
         }
         let logprobs = std::mem::take(&mut self.pending);
-        let line = self.answer.object(text, calls, None, logprobs);
+        let line = self.answer.object(text, thinking, calls, None, logprobs);
         self.queue.push_back(line + "\n");
+    }
+
+    /// Queues the line of one piece of the answer: its thoughts, and its content through the tool
+    /// parser where tools were offered.
+    fn parts(&mut self, parts: Parts) {
+        let (text, calls) = match &mut self.tools {
+            Some(stream) => from_events(stream.push(&parts.content)),
+            None => (parts.content, Vec::new()),
+        };
+        self.piece(text, parts.reasoning, calls);
     }
 
     /// Waits for the next engine event and queues what it turns into.
@@ -333,29 +358,39 @@ impl Lines {
                 if self.answer.logprobs {
                     self.pending.push(logprob(&text, lp, top));
                 }
-                let (text, calls) = match &mut self.tools {
-                    Some(stream) => from_events(stream.push(&text)),
-                    None => (text, Vec::new()),
+                let parts = match &mut self.reasoning {
+                    Some(splitter) => splitter.push(&text),
+                    None => Parts {
+                        reasoning: String::new(),
+                        content: text,
+                    },
                 };
-                self.piece(text, calls);
+                self.parts(parts);
             }
             Step::Done { reason, metrics } => {
+                if let Some(held) = self.reasoning.as_mut().map(Splitter::finish) {
+                    self.parts(held);
+                }
                 if let Some(stream) = &mut self.tools {
                     let events = match reason {
                         "length" => stream.finish_cut(),
                         _ => stream.finish(),
                     };
                     let (text, calls) = from_events(events);
-                    self.piece(text, calls);
+                    self.piece(text, String::new(), calls);
                 }
                 let end = Ending {
                     done_reason: reason,
                     metrics: Some(metrics),
                 };
                 let logprobs = std::mem::take(&mut self.pending);
-                let line = self
-                    .answer
-                    .object(String::new(), Vec::new(), Some(end), logprobs);
+                let line = self.answer.object(
+                    String::new(),
+                    String::new(),
+                    Vec::new(),
+                    Some(end),
+                    logprobs,
+                );
                 self.queue.push_back(line + "\n");
                 self.finished = true;
             }
@@ -386,6 +421,7 @@ fn lines(run: Run, answer: Answer) -> impl futures::Stream<Item = String> + Send
     let state = Lines {
         run,
         tools: answer.tools.as_ref().map(ToolCallParser::stream),
+        reasoning: answer.reasoning.map(Splitter::new),
         answer,
         pending: Vec::new(),
         queue: VecDeque::new(),

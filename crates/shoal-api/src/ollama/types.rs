@@ -166,6 +166,9 @@ pub struct ChatResponse {
 pub struct MessageOut {
     pub role: &'static str,
     pub content: String,
+    /// The model's thoughts before its answer (models that think in `<think>` blocks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<OllamaToolCall>>,
 }
@@ -195,6 +198,9 @@ pub struct GenerateResponse {
     pub model: String,
     pub created_at: String,
     pub response: String,
+    /// The model's thoughts before its answer (models that think in `<think>` blocks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
     pub done: bool,
     /// On the last object only: why it ended and what it took.
     #[serde(flatten)]

@@ -350,7 +350,7 @@ async fn bad_input_is_a_4xx_in_ollamas_shape() {
             400,
             "messages[0].images",
         ),
-        ("/api/chat", chat(json!({"think": true})), 400, "think"),
+        ("/api/chat", chat(json!({"think": "max"})), 400, "think"),
         ("/api/chat", chat(json!({"format": 5})), 400, "format"),
         ("/api/chat", chat(json!({"format": "yaml"})), 400, "format"),
         (

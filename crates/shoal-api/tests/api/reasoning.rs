@@ -130,3 +130,78 @@ async fn a_constrained_answer_does_not_think() {
         "{message}"
     );
 }
+
+async fn ollama(route: &str, body: Value) -> Reply {
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(route)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("request");
+    send_with(ApiState::new(engine()), request).await
+}
+
+/// The NDJSON lines of a streamed Ollama answer, joined: (thinking, content).
+fn ndjson_parts(body: &str, content_of: fn(&Value) -> &Value) -> (String, String) {
+    let (mut thinking, mut content) = (String::new(), String::new());
+    for line in body.lines().filter(|l| !l.is_empty()) {
+        let v: Value = serde_json::from_str(line).expect("a JSON line");
+        let holder = content_of(&v);
+        thinking.push_str(holder["thinking"].as_str().unwrap_or(""));
+        content.push_str(
+            holder["content"]
+                .as_str()
+                .or(v["response"].as_str())
+                .unwrap_or(""),
+        );
+    }
+    (thinking, content)
+}
+
+#[tokio::test]
+async fn ollama_chat_and_generate_answer_thinking_apart_and_think_false_turns_it_off() {
+    let chat_body = |extra: Value| {
+        let mut b = json!({"model": MODEL, "messages": [{"role": "user", "content": "What is 7 times 8?"}],
+            "options": {"num_predict": 12, "temperature": 0}});
+        crate::common::merge(&mut b, extra);
+        b
+    };
+    let whole = ollama("/api/chat", chat_body(json!({"stream": false}))).await;
+    assert_eq!(whole.status, 200, "{}", whole.body);
+    let v = whole.json();
+    let thinking = v["message"]["thinking"].as_str().expect("message.thinking");
+    assert!(!thinking.is_empty());
+    assert_eq!(v["message"]["content"], "");
+    let streamed = ollama("/api/chat", chat_body(json!({"think": true}))).await;
+    assert_eq!(streamed.status, 200, "{}", streamed.body);
+    assert_eq!(
+        ndjson_parts(&streamed.body, |v| &v["message"]),
+        (thinking.to_string(), String::new())
+    );
+    let off = ollama(
+        "/api/chat",
+        chat_body(json!({"stream": false, "think": false})),
+    )
+    .await;
+    let v = off.json();
+    assert!(v["message"].get("thinking").is_none(), "{v}");
+    assert!(
+        !v["message"]["content"].as_str().unwrap_or("").is_empty(),
+        "{v}"
+    );
+    let bad = ollama("/api/chat", chat_body(json!({"think": "max"}))).await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+
+    let gen_body = json!({"model": MODEL, "prompt": "What is 7 times 8?", "stream": false,
+        "options": {"num_predict": 12, "temperature": 0}});
+    let v = ollama("/api/generate", gen_body.clone()).await.json();
+    assert_eq!(v["thinking"].as_str(), Some(thinking), "{v}");
+    assert_eq!(v["response"], "");
+    let mut raw = gen_body;
+    crate::common::merge(&mut raw, json!({"raw": true}));
+    let v = ollama("/api/generate", raw).await.json();
+    assert!(
+        v.get("thinking").is_none(),
+        "a raw prompt is not read for thoughts: {v}"
+    );
+}
