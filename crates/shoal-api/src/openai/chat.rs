@@ -397,7 +397,9 @@ impl ChunkFormat for ChatChunks {
             },
         };
         let delta = content_delta(state, parts);
-        if delta.content.is_none() && delta.tool_calls.is_none() && delta.reasoning_content.is_none()
+        if delta.content.is_none()
+            && delta.tool_calls.is_none()
+            && delta.reasoning_content.is_none()
         {
             return None;
         }
@@ -462,7 +464,10 @@ fn content_delta(state: &mut ChoiceState, parts: Parts) -> Delta {
 /// `more` appended to `delta` (text joined, calls after calls).
 fn merge(delta: &mut Delta, more: Delta) {
     if let Some(text) = more.content {
-        delta.content.get_or_insert_with(String::new).push_str(&text);
+        delta
+            .content
+            .get_or_insert_with(String::new)
+            .push_str(&text);
     }
     if let Some(calls) = more.tool_calls {
         delta.tool_calls.get_or_insert_with(Vec::new).extend(calls);

@@ -352,13 +352,17 @@ pub(crate) fn thinking(
             ("enable_thinking" | "reasoning_effort", _) => {
                 return Err(ApiError::invalid(
                     param,
-                    format!("chat_template_kwargs.{key} has the wrong type (enable_thinking: boolean, reasoning_effort: string)"),
+                    format!(
+                        "chat_template_kwargs.{key} has the wrong type (enable_thinking: boolean, reasoning_effort: string)"
+                    ),
                 ));
             }
             _ => {
                 return Err(ApiError::invalid(
                     param,
-                    format!("chat_template_kwargs.{key} is not supported: only enable_thinking and reasoning_effort are read"),
+                    format!(
+                        "chat_template_kwargs.{key} is not supported: only enable_thinking and reasoning_effort are read"
+                    ),
                 ));
             }
         }
@@ -385,7 +389,9 @@ pub(crate) fn effort_thinking(
         Some(other) => {
             return Err(ApiError::invalid(
                 param,
-                format!("reasoning_effort must be none, minimal, low, medium or high, got {other:?}"),
+                format!(
+                    "reasoning_effort must be none, minimal, low, medium or high, got {other:?}"
+                ),
             ));
         }
     };
