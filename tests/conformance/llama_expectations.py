@@ -131,9 +131,6 @@ SKIPS: "dict[str, str]" = {
         f"{CLI} (-hf of a multimodal model with its mmproj)",
     "unit/test_compat_anthropic.py::test_anthropic_empty_messages":
         "an empty `messages` accepted (its permissive choice; Anthropic answers 400, as shoal does)",
-    "unit/test_compat_anthropic.py::test_anthropic_thinking":
-        "`thinking` enabled on a model without reasoning accepted (shoal: 400 naming the parameter, its rule "
-        "for what it does not implement)",
     "unit/test_compat_anthropic.py::test_anthropic_thinking_history_in_count_tokens":
         f"{CLI} (--chat-template-file of Qwen3) for thinking blocks in the history",
     "unit/test_compat_anthropic.py::test_anthropic_thinking_history_in_template":

@@ -64,3 +64,26 @@ def test_ollama_sdk_reads_thinking_and_think_false_turns_it_off(node):
     assert not off.message.thinking and off.message.content
     g = oc.generate(model=model, prompt="What is 7 times 8?", options={"num_predict": 12, "temperature": 0})
     assert g.thinking == r.message.thinking and g.response == ""
+
+
+def test_anthropic_sdk_reads_thinking_blocks_when_thinking_is_enabled(node):
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=node.url, api_key="x", max_retries=0, timeout=60)
+    model = model_id(node.url)
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    r = claude.messages.create(model=model, max_tokens=12, messages=MESSAGES, thinking=thinking,
+                               extra_body={"temperature": 0})
+    assert [b.type for b in r.content] == ["thinking"] and r.content[0].thinking
+    with claude.messages.stream(model=model, max_tokens=12, messages=MESSAGES, thinking=thinking,
+                                extra_body={"temperature": 0}) as stream:
+        final = stream.get_final_message()
+    assert final.content[0].type == "thinking" and final.content[0].thinking == r.content[0].thinking
+    # Without `thinking` (Anthropic's default) the model answers without its thoughts.
+    plain = claude.messages.create(model=model, max_tokens=12, messages=MESSAGES, extra_body={"temperature": 0})
+    assert [b.type for b in plain.content] == ["text"] and plain.content[0].text
+    # The thinking block sent back with the conversation is accepted.
+    again = claude.messages.create(model=model, max_tokens=4, messages=[
+        *MESSAGES, {"role": "assistant", "content": r.content}, {"role": "user", "content": "And 8 times 9?"}],
+        thinking=thinking)
+    assert again.content

@@ -50,11 +50,13 @@ pub struct Prepared {
     pub max_tokens: NonZeroU32,
     pub stop: Vec<String>,
     pub stream: bool,
+    /// What `thinking` asks of the model's thoughts.
+    pub thinking: shoal_engine::Thinking,
 }
 
 /// Checks a `POST /v1/messages` body.
 pub fn prepare(engine: &Engines, req: MessagesRequest) -> Result<Prepared, ApiError> {
-    refuse_thinking(req.thinking.as_ref())?;
+    let thinking = thinking(req.thinking.as_ref())?;
     if req.mcp_servers.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(
             "mcp_servers",
@@ -85,6 +87,7 @@ pub fn prepare(engine: &Engines, req: MessagesRequest) -> Result<Prepared, ApiEr
         max_tokens,
         stop,
         stream: req.stream.unwrap_or(false),
+        thinking,
     })
 }
 
@@ -93,7 +96,7 @@ pub fn prepare_count(
     engine: &Engines,
     req: CountTokensRequest,
 ) -> Result<(String, Conversation, ChatGuidance), ApiError> {
-    refuse_thinking(req.thinking.as_ref())?;
+    thinking(req.thinking.as_ref())?;
     let format = req.output_config.and_then(|c| c.format);
     let guidance = guidance(req.tools, req.tool_choice, format)?;
     let model = resolve_model(engine, Some(req.model))?;
@@ -126,18 +129,30 @@ fn sampling(
     Ok(params.validate().map_err(shoal_engine::EngineError::from)?)
 }
 
-/// Extended thinking is not offered: only `{"type": "disabled"}` is accepted.
-fn refuse_thinking(thinking: Option<&Thinking>) -> Result<(), ApiError> {
-    match thinking {
-        Some(t) if t.kind != "disabled" => Err(ApiError::invalid(
-            "thinking",
-            format!(
-                "extended thinking ('{}') is not supported by this server; omit `thinking` or set it to {{\"type\": \"disabled\"}}",
-                t.kind
-            ),
-        )),
-        _ => Ok(()),
+/// Extended thinking: `enabled` (or `adaptive`) lets a thinking model think — its thoughts come back as
+/// a `thinking` block —, `disabled` or no `thinking` turns its thoughts off (Anthropic's default). The
+/// `budget_tokens` is checked (at least 1) but not enforced apart from `max_tokens`.
+fn thinking(thinking: Option<&Thinking>) -> Result<shoal_engine::Thinking, ApiError> {
+    let enable = match thinking.map(|t| t.kind.as_str()) {
+        None | Some("disabled") => false,
+        Some("enabled" | "adaptive") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "thinking.type",
+                format!("thinking.type must be enabled, adaptive or disabled, got {other:?}"),
+            ));
+        }
+    };
+    if let Some(Some(0)) = thinking.map(|t| t.budget_tokens) {
+        return Err(ApiError::invalid(
+            "thinking.budget_tokens",
+            "thinking.budget_tokens must be at least 1",
+        ));
     }
+    Ok(shoal_engine::Thinking {
+        enable: Some(enable),
+        effort: None,
+    })
 }
 
 /// The system prompt and messages as chat messages; a final assistant text is the prefill.
@@ -263,6 +278,8 @@ fn assistant_turn(param: &str, content: Content) -> Result<ChatMessage, ApiError
         let param = format!("{param}[{j}]");
         if block.kind == "tool_use" {
             calls.push(tool_call(&param, block)?);
+        } else if matches!(block.kind.as_str(), "thinking" | "redacted_thinking") {
+            // An earlier answer's thoughts, sent back: as Anthropic, not shown to the model again.
         } else {
             texts.push(block_text(&param, block)?);
         }
@@ -373,16 +390,22 @@ mod tests {
     }
 
     #[test]
-    fn thinking_is_refused_by_name() {
-        let enabled = Thinking {
-            kind: "enabled".into(),
+    fn thinking_is_on_only_when_asked() {
+        let of = |kind: &str| Thinking {
+            kind: kind.into(),
+            budget_tokens: Some(2048),
         };
-        let err = refuse_thinking(Some(&enabled)).expect_err("thinking");
-        assert_eq!(param_of(err).as_deref(), Some("thinking"));
-        let disabled = Thinking {
-            kind: "disabled".into(),
-        };
-        assert!(refuse_thinking(Some(&disabled)).is_ok());
+        assert_eq!(
+            thinking(Some(&of("enabled"))).expect("enabled").enable,
+            Some(true)
+        );
+        assert_eq!(
+            thinking(Some(&of("disabled"))).expect("disabled").enable,
+            Some(false)
+        );
+        assert_eq!(thinking(None).expect("default").enable, Some(false));
+        let err = thinking(Some(&of("maybe"))).expect_err("unknown type");
+        assert_eq!(param_of(err).as_deref(), Some("thinking.type"));
     }
 
     fn messages(value: serde_json::Value) -> Vec<InputMessage> {

@@ -36,11 +36,14 @@ use shoal_engine::{FinishReason, SamplingParams};
 use shoal_guide::ToolCallParser;
 
 use self::stream::MessageEvents;
-use self::types::{CountTokensRequest, MessageOut, MessagesRequest, TokenCount, UsageOut};
+use self::types::{
+    ContentOut, CountTokensRequest, MessageOut, MessagesRequest, TokenCount, UsageOut,
+};
 use crate::ApiState;
 use crate::cancel::Caller;
 pub use crate::dialect::anthropic::Error;
 use crate::error::ApiError;
+use crate::generate::reasoning::{self, Parts, Splitter};
 use crate::generate::{self, Chat, Started, collect};
 use crate::route_table::Routes;
 use crate::sse::stream_response;
@@ -83,7 +86,7 @@ pub async fn messages(
         messages: prepared.conversation.messages,
         guidance: prepared.guidance,
         prefill: prepared.conversation.prefill,
-        thinking: Default::default(),
+        thinking: prepared.thinking.clone(),
         sampling: prepared.sampling,
         max_tokens: Some(prepared.max_tokens),
         stop: prepared.stop,
@@ -98,7 +101,7 @@ pub async fn messages(
         ticket,
         parser,
         prompt_tokens,
-        ..
+        reasoning,
     } = generate::start(&state, caller, chat).await?;
     let Some(mut live) = choices.into_iter().next() else {
         return Err(ApiError::Internal("no choice was submitted".into()).into());
@@ -107,13 +110,39 @@ pub async fn messages(
     let max_tokens = prepared.max_tokens.get();
     if prepared.stream {
         let tools = parser.as_ref().map(ToolCallParser::stream);
-        let events = MessageEvents::new(id, prepared.model, prompt_tokens, max_tokens, tools);
+        let splitter = reasoning.map(Splitter::new);
+        let events = MessageEvents::new(
+            id,
+            prepared.model,
+            prompt_tokens,
+            max_tokens,
+            tools,
+            splitter,
+        );
         return Ok(stream_response(live, events));
     }
     let done = collect(&mut live, false).await?;
     let usage = UsageOut::from(done.usage);
     let cut_off = done.finish_reason == FinishReason::Length;
-    let (content, called) = tools::content(done.text, parser.as_ref(), cut_off);
+    let parts = match reasoning {
+        Some(inside) => reasoning::split(&done.text, inside),
+        None => Parts {
+            reasoning: String::new(),
+            content: done.text,
+        },
+    };
+    let (mut content, called) = tools::content(parts.content, parser.as_ref(), cut_off);
+    if !parts.reasoning.is_empty() {
+        // Only thoughts (the budget ran out inside them): no empty text block after them.
+        content.retain(|b| !matches!(b, ContentOut::Text { text } if text.is_empty()));
+        content.insert(
+            0,
+            ContentOut::Thinking {
+                thinking: parts.reasoning,
+                signature: String::new(),
+            },
+        );
+    }
     let body = MessageOut {
         id,
         kind: MESSAGE_TYPE,

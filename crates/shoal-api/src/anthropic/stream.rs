@@ -24,6 +24,7 @@ use super::{MESSAGE_TYPE, ROLE, stop_reason};
 use crate::dialect::anthropic::Error;
 use crate::error::ApiError;
 use crate::generate::Finish;
+use crate::generate::reasoning::{Parts, Splitter};
 use crate::sse::{Frame, StreamFormat, to_json};
 
 /// What the `data` of one SSE event of a streamed message carries, as the OpenAPI document states it: an
@@ -90,6 +91,8 @@ impl StreamEvent {
 pub enum Delta {
     TextDelta { text: String },
     InputJsonDelta { partial_json: String },
+    ThinkingDelta { thinking: String },
+    SignatureDelta { signature: String },
 }
 
 /// The end of the message: why it stopped.
@@ -112,6 +115,10 @@ pub struct MessageEvents {
     next_block: usize,
     /// The text block being written, if one is open.
     open_text: Option<usize>,
+    /// Splits the model's thoughts from its answer where it may think.
+    reasoning: Option<Splitter>,
+    /// The thinking block being written, if one is open.
+    open_thinking: Option<usize>,
     /// Whether a call was sent.
     called: bool,
 }
@@ -126,6 +133,7 @@ impl MessageEvents {
         prompt_tokens: usize,
         max_tokens: u32,
         tools: Option<ToolCallStream>,
+        reasoning: Option<Splitter>,
     ) -> Self {
         let start = MessageOut {
             id,
@@ -148,8 +156,76 @@ impl MessageEvents {
             tools,
             next_block: 0,
             open_text: None,
+            reasoning,
+            open_thinking: None,
             called: false,
         }
+    }
+
+    /// A piece of the model's thoughts: into the thinking block, opened first (it is the first block).
+    fn thinking(&mut self, thinking: String, frames: &mut Vec<Frame>) {
+        if thinking.is_empty() {
+            return;
+        }
+        let index = match self.open_thinking {
+            Some(index) => index,
+            None => {
+                let index = self.next_block;
+                self.next_block += 1;
+                self.open_thinking = Some(index);
+                frames.push(
+                    StreamEvent::ContentBlockStart {
+                        index,
+                        content_block: ContentOut::Thinking {
+                            thinking: String::new(),
+                            signature: String::new(),
+                        },
+                    }
+                    .frame(),
+                );
+                index
+            }
+        };
+        frames.push(
+            StreamEvent::ContentBlockDelta {
+                index,
+                delta: Delta::ThinkingDelta { thinking },
+            }
+            .frame(),
+        );
+    }
+
+    /// Closes the thinking block, if one is open: its (empty) signature, then its stop.
+    fn close_thinking(&mut self, frames: &mut Vec<Frame>) {
+        if let Some(index) = self.open_thinking.take() {
+            frames.extend([
+                StreamEvent::ContentBlockDelta {
+                    index,
+                    delta: Delta::SignatureDelta {
+                        signature: String::new(),
+                    },
+                }
+                .frame(),
+                StreamEvent::ContentBlockStop { index }.frame(),
+            ]);
+        }
+    }
+
+    /// The frames of one piece of the answer: its thoughts, then its content (through the tool parser
+    /// where tools were offered).
+    fn parts(&mut self, parts: Parts) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        self.thinking(parts.reasoning, &mut frames);
+        if parts.content.is_empty() {
+            return frames;
+        }
+        if let Some(tools) = &mut self.tools {
+            let events = tools.push(&parts.content);
+            frames.extend(self.tool_events(events));
+        } else {
+            self.text(parts.content, &mut frames);
+        }
+        frames
     }
 
     /// Opens a text block: its `content_block_start`.
@@ -177,6 +253,7 @@ impl MessageEvents {
         if text.is_empty() {
             return;
         }
+        self.close_thinking(frames);
         let index = match self.open_text {
             Some(index) => index,
             None => {
@@ -205,6 +282,7 @@ impl MessageEvents {
                     arguments,
                     ..
                 } => {
+                    self.close_thinking(&mut frames);
                     self.close_text(&mut frames);
                     self.called = true;
                     let content_block = ContentOut::ToolUse {
@@ -220,6 +298,7 @@ impl MessageEvents {
                     name,
                     arguments,
                 } => {
+                    self.close_thinking(&mut frames);
                     self.close_text(&mut frames);
                     let cut = shoal_guide::CutToolCall {
                         index,
@@ -273,7 +352,8 @@ impl StreamFormat for MessageEvents {
             return Vec::new();
         };
         let mut frames = vec![StreamEvent::MessageStart { message }.frame()];
-        if self.tools.is_none() {
+        // Without tools or thoughts the text block opens at once; otherwise with what comes first.
+        if self.tools.is_none() && self.reasoning.is_none() {
             frames.push(self.open_text());
         }
         frames.push(StreamEvent::Ping.frame());
@@ -281,17 +361,20 @@ impl StreamFormat for MessageEvents {
     }
 
     fn token(&mut self, text: &str, _logprob: f32) -> Vec<Frame> {
-        if let Some(tools) = &mut self.tools {
-            let events = tools.push(text);
-            return self.tool_events(events);
-        }
-        let mut frames = Vec::new();
-        self.text(text.to_string(), &mut frames);
-        frames
+        let parts = match &mut self.reasoning {
+            Some(splitter) => splitter.push(text),
+            None => Parts {
+                reasoning: String::new(),
+                content: text.to_string(),
+            },
+        };
+        self.parts(parts)
     }
 
     fn finish(&mut self, finish: Finish) -> Vec<Frame> {
-        let mut frames = match &mut self.tools {
+        let held = self.reasoning.as_mut().map(Splitter::finish);
+        let mut frames = held.map(|p| self.parts(p)).unwrap_or_default();
+        frames.extend(match &mut self.tools {
             // Cut by the budget inside a call: a last tool_use block, not text.
             Some(tools) if finish.reason == FinishReason::Length => {
                 let events = tools.finish_cut();
@@ -302,7 +385,8 @@ impl StreamFormat for MessageEvents {
                 self.tool_events(events)
             }
             None => Vec::new(),
-        };
+        });
+        self.close_thinking(&mut frames);
         if self.next_block == 0 {
             frames.push(self.open_text());
         }
@@ -376,7 +460,7 @@ mod tests {
 
     #[test]
     fn text_streams_in_anthropics_order_and_errors_are_error_events() {
-        let mut m = MessageEvents::new("msg_1".into(), "m".into(), 20, 16, None);
+        let mut m = MessageEvents::new("msg_1".into(), "m".into(), 20, 16, None, None);
         let open = events(m.opening());
         assert_eq!(
             names(&open),
@@ -407,7 +491,7 @@ mod tests {
     #[test]
     fn calls_become_tool_use_blocks_after_the_text() {
         let tools = ToolCallParser::new(ToolFormat::Hermes, 3).stream();
-        let mut m = MessageEvents::new("msg_2".into(), "m".into(), 20, 64, Some(tools));
+        let mut m = MessageEvents::new("msg_2".into(), "m".into(), 20, 64, Some(tools), None);
         assert_eq!(names(&events(m.opening())), ["message_start", "ping"]);
         let mut all = Vec::new();
         for piece in [
@@ -447,7 +531,7 @@ mod tests {
     #[test]
     fn an_answer_without_text_or_calls_still_has_a_text_block() {
         let tools = ToolCallParser::new(ToolFormat::Hermes, 3).stream();
-        let mut m = MessageEvents::new("msg_3".into(), "m".into(), 20, 64, Some(tools));
+        let mut m = MessageEvents::new("msg_3".into(), "m".into(), 20, 64, Some(tools), None);
         m.opening();
         let end = events(m.finish(done(FinishReason::Stop, 1)));
         assert_eq!(
@@ -460,5 +544,46 @@ mod tests {
             ]
         );
         assert_eq!(end[2].1["delta"]["stop_reason"], "end_turn");
+    }
+
+    #[test]
+    fn thoughts_are_a_thinking_block_before_the_text() {
+        let mut m = MessageEvents::new(
+            "msg_4".into(),
+            "m".into(),
+            20,
+            64,
+            None,
+            Some(Splitter::new(false)),
+        );
+        assert_eq!(names(&events(m.opening())), ["message_start", "ping"]);
+        let mut all = Vec::new();
+        for piece in ["<thi", "nk>\nSeven eights", " are 56.\n</th", "ink>\n\n56."] {
+            all.extend(events(m.token(piece, 0.0)));
+        }
+        all.extend(events(m.finish(done(FinishReason::Stop, 12))));
+        let thinking: String = all
+            .iter()
+            .filter(|(_, v)| v["delta"]["type"] == "thinking_delta")
+            .map(|(_, v)| v["delta"]["thinking"].as_str().expect("text"))
+            .collect();
+        assert_eq!(thinking, "Seven eights are 56.");
+        assert_eq!(all[0].1["content_block"]["type"], "thinking");
+        assert_eq!(all[0].1["index"], 0);
+        let signature = all
+            .iter()
+            .position(|(_, v)| v["delta"]["type"] == "signature_delta");
+        let text_start = all
+            .iter()
+            .position(|(n, v)| *n == "content_block_start" && v["content_block"]["type"] == "text")
+            .expect("a text block");
+        assert!(signature.expect("a signature") < text_start);
+        assert_eq!(all[text_start].1["index"], 1);
+        let text: String = all
+            .iter()
+            .filter(|(_, v)| v["delta"]["type"] == "text_delta")
+            .map(|(_, v)| v["delta"]["text"].as_str().expect("text"))
+            .collect();
+        assert_eq!(text, "56.");
     }
 }

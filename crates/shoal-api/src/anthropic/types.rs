@@ -141,6 +141,9 @@ pub struct ToolChoiceIn {
 pub struct Thinking {
     #[serde(rename = "type")]
     pub kind: String,
+    /// The thoughts' budget (Anthropic: at least 1024 and below `max_tokens`); checked, not enforced
+    /// apart from `max_tokens`.
+    pub budget_tokens: Option<u64>,
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -170,6 +173,12 @@ pub struct MessageOut {
 #[schema(as = anthropic::ContentOut)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentOut {
+    /// The model's thoughts before its answer (with `thinking` enabled). shoal signs nothing: the
+    /// signature is empty; thinking blocks sent back in a conversation are dropped, as Anthropic does.
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
     Text {
         text: String,
     },

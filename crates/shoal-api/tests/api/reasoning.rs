@@ -205,3 +205,53 @@ async fn ollama_chat_and_generate_answer_thinking_apart_and_think_false_turns_it
         "a raw prompt is not read for thoughts: {v}"
     );
 }
+
+#[tokio::test]
+async fn anthropic_thinking_enabled_is_a_thinking_block_and_off_by_default() {
+    let body = |extra: Value| {
+        let mut b = json!({"model": MODEL, "max_tokens": 12, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is 7 times 8?"}]});
+        crate::common::merge(&mut b, extra);
+        b
+    };
+    let on = ollama(
+        "/v1/messages",
+        body(json!({"thinking": {"type": "enabled", "budget_tokens": 1024}})),
+    )
+    .await;
+    assert_eq!(on.status, 200, "{}", on.body);
+    let v = on.json();
+    assert_eq!(v["content"][0]["type"], "thinking", "{v}");
+    let thinking = v["content"][0]["thinking"].as_str().expect("thinking");
+    assert!(!thinking.is_empty());
+    assert_eq!(v["content"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(v["stop_reason"], "max_tokens");
+    // Streamed: the same thoughts in thinking_delta events.
+    let streamed = ollama(
+        "/v1/messages",
+        body(json!({"stream": true, "thinking": {"type": "enabled", "budget_tokens": 1024}})),
+    )
+    .await;
+    let deltas: String = sse_data(&streamed.body)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|e| e["delta"]["type"] == "thinking_delta")
+        .map(|e| e["delta"]["thinking"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(deltas, thinking);
+    // No `thinking` (Anthropic's default) turns the thoughts off: the answer is text.
+    let v = ollama("/v1/messages", body(json!({}))).await.json();
+    assert_eq!(v["content"][0]["type"], "text", "{v}");
+    assert!(!v["content"][0]["text"].as_str().unwrap_or("").is_empty());
+    // A thinking block sent back in the conversation is dropped, not refused.
+    let back = ollama(
+        "/v1/messages",
+        json!({"model": MODEL, "max_tokens": 4, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": ""},
+                                               {"type": "text", "text": "Hello"}]},
+            {"role": "user", "content": "and?"}]}),
+    )
+    .await;
+    assert_eq!(back.status, 200, "{}", back.body);
+}
