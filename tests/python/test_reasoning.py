@@ -87,3 +87,19 @@ def test_anthropic_sdk_reads_thinking_blocks_when_thinking_is_enabled(node):
         *MESSAGES, {"role": "assistant", "content": r.content}, {"role": "user", "content": "And 8 times 9?"}],
         thinking=thinking)
     assert again.content
+
+
+def test_openai_sdk_responses_carry_a_reasoning_item(node):
+    client = openai.OpenAI(base_url=f"{node.url}/v1", api_key="x", max_retries=0, timeout=60)
+    model = model_id(node.url)
+    r = client.responses.create(model=model, input="What is 7 times 8?", max_output_tokens=12, temperature=0)
+    assert [item.type for item in r.output] == ["reasoning"]
+    thoughts = r.output[0].content[0].text
+    assert thoughts
+    deltas = [e.delta for e in client.responses.create(model=model, input="What is 7 times 8?",
+                                                       max_output_tokens=12, temperature=0, stream=True)
+              if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == thoughts
+    off = client.responses.create(model=model, input="What is 7 times 8?", max_output_tokens=12, temperature=0,
+                                  reasoning={"effort": "none"})
+    assert [item.type for item in off.output] == ["message"] and off.output_text

@@ -255,3 +255,49 @@ async fn anthropic_thinking_enabled_is_a_thinking_block_and_off_by_default() {
     .await;
     assert_eq!(back.status, 200, "{}", back.body);
 }
+
+#[tokio::test]
+async fn responses_put_the_thoughts_in_a_reasoning_item_streamed_or_not() {
+    let body = |extra: Value| {
+        let mut b = json!({"model": MODEL, "input": "What is 7 times 8?", "max_output_tokens": 12,
+            "temperature": 0});
+        crate::common::merge(&mut b, extra);
+        b
+    };
+    let v = ollama("/v1/responses", body(json!({}))).await.json();
+    assert_eq!(v["output"][0]["type"], "reasoning", "{v}");
+    let thoughts = v["output"][0]["content"][0]["text"]
+        .as_str()
+        .expect("reasoning text");
+    assert!(!thoughts.is_empty());
+    assert_eq!(v["output"].as_array().map(Vec::len), Some(1), "{v}");
+    let streamed = ollama("/v1/responses", body(json!({"stream": true}))).await;
+    let events: Vec<Value> = sse_data(&streamed.body)
+        .iter()
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect();
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.reasoning_text.delta")
+        .map(|e| e["delta"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(deltas, thoughts);
+    let last = events.last().expect("events");
+    let output = &last["response"]["output"];
+    assert_eq!(output.as_array().map(Vec::len), Some(1), "{last}");
+    assert_eq!(output[0]["content"], v["output"][0]["content"], "{last}");
+    // `reasoning.effort: none` turns the thoughts off: a message.
+    let v = ollama(
+        "/v1/responses",
+        body(json!({"reasoning": {"effort": "none"}})),
+    )
+    .await
+    .json();
+    assert_eq!(v["output"][0]["type"], "message", "{v}");
+    let bad = ollama(
+        "/v1/responses",
+        body(json!({"reasoning": {"effort": "max"}})),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+}

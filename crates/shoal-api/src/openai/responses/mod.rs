@@ -27,6 +27,7 @@ use super::unix_now;
 use crate::ApiState;
 use crate::cancel::Caller;
 use crate::error::ApiError;
+use crate::generate::reasoning::{Parts, Splitter};
 use crate::generate::{self, Chat, Started, collect};
 use crate::sse::stream_response;
 use types::{Input, ResponseObject, ResponsesRequest};
@@ -74,7 +75,7 @@ pub async fn create_response(
         messages,
         guidance,
         prefill: None,
-        thinking: Default::default(),
+        thinking: reasoning_thinking(req.reasoning.as_ref())?,
         sampling: params.sampling.clone(),
         max_tokens,
         stop: Vec::new(),
@@ -88,6 +89,7 @@ pub async fn create_response(
         choices,
         ticket,
         parser,
+        reasoning,
         ..
     } = generate::start(&state, caller, chat).await?;
     let Some(mut stream) = choices.into_iter().next() else {
@@ -111,20 +113,45 @@ pub async fn create_response(
             .unwrap_or_else(|| json!({ "type": "text" })) }),
     };
     if params.stream {
-        let events = stream::ResponseEvents::new(shell, parser.map(|p| p.stream()));
+        let splitter = reasoning.map(Splitter::new);
+        let events = stream::ResponseEvents::new(shell, parser.map(|p| p.stream()), splitter);
         return Ok(stream_response(stream, events));
     }
     let done = collect(&mut stream, false).await?;
     let cut_off = done.finish_reason == FinishReason::Length;
-    let parsed = match parser {
-        Some(parser) => parser.parse_ended(&done.text, cut_off),
-        None => ParsedAnswer {
+    let parts = match reasoning {
+        Some(inside) => generate::reasoning::split(&done.text, inside),
+        None => Parts {
+            reasoning: String::new(),
             content: done.text,
+        },
+    };
+    let parsed = match parser {
+        Some(parser) => parser.parse_ended(&parts.content, cut_off),
+        None => ParsedAnswer {
+            content: parts.content,
             ..ParsedAnswer::default()
         },
     };
-    let body = shell.finished(&parsed, done.finish_reason, done.usage);
+    let body = shell.finished(&parts.reasoning, &parsed, done.finish_reason, done.usage);
     Ok(Json(body).into_response())
+}
+
+/// `reasoning.effort` as the template's variables (`none` turns a thinking model's thoughts off).
+fn reasoning_thinking(reasoning: Option<&Value>) -> Result<shoal_engine::Thinking, ApiError> {
+    let effort = reasoning
+        .and_then(|r| r.get("effort"))
+        .filter(|e| !e.is_null());
+    match effort {
+        None => Ok(shoal_engine::Thinking::default()),
+        Some(Value::String(e)) => {
+            crate::openai::params::effort_thinking("reasoning.effort", Some(e))
+        }
+        Some(other) => Err(ApiError::invalid(
+            "reasoning.effort",
+            format!("reasoning.effort must be a string, got {other}"),
+        )),
+    }
 }
 
 /// What every `response` object of one request shares; the output and status come at the end.
@@ -163,12 +190,17 @@ impl Shell {
     /// budget cut last (`status: "incomplete"`).
     pub fn finished(
         &self,
+        reasoning: &str,
         answer: &ParsedAnswer,
         reason: FinishReason,
         usage: Usage,
     ) -> ResponseObject {
         let mut output = Vec::new();
-        if !answer.content.is_empty() || (answer.calls.is_empty() && answer.cut.is_none()) {
+        if !reasoning.is_empty() {
+            output.push(self.reasoning(reasoning, "completed"));
+        }
+        let nothing_else = answer.calls.is_empty() && answer.cut.is_none() && reasoning.is_empty();
+        if !answer.content.is_empty() || nothing_else {
             output.push(self.message(&answer.content, finish_status(reason)));
         }
         output.extend(answer.calls.iter().map(tools::function_call_item));
@@ -181,6 +213,26 @@ impl Shell {
         let status = finish_status(reason);
         let details = (status == "incomplete").then(|| json!({ "reason": "max_output_tokens" }));
         self.object(status, details, output, Some(usage))
+    }
+
+    /// The id of the reasoning item.
+    pub fn reasoning_id(&self) -> String {
+        format!("rs_{}", self.id.trim_start_matches("resp_"))
+    }
+
+    /// The reasoning item holding the model's thoughts (`text`: as far as they went).
+    pub fn reasoning(&self, text: &str, status: &str) -> Value {
+        json!({
+            "type": "reasoning",
+            "id": self.reasoning_id(),
+            "status": status,
+            "summary": [],
+            "content": if text.is_empty() {
+                json!([])
+            } else {
+                json!([{ "type": "reasoning_text", "text": text }])
+            },
+        })
     }
 
     /// The output message item holding `text`.
@@ -265,16 +317,6 @@ fn unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
     }
     if req.prompt.is_some() {
         return refuse("prompt", "stored prompt templates are not supported");
-    }
-    if req
-        .reasoning
-        .as_ref()
-        .is_some_and(|r| !r.is_null() && r.get("effort").is_some_and(|e| !e.is_null()))
-    {
-        return refuse(
-            "reasoning",
-            "reasoning effort is not supported by the models shoal serves",
-        );
     }
     if req.top_logprobs.is_some_and(|k| k != 0) {
         return refuse(

@@ -14,6 +14,7 @@ use shoal_guide::{CutToolCall, ToolCallOut, ToolCallStream, ToolEvent};
 use super::{Shell, finish_status, output_text, tools};
 use crate::error::ApiError;
 use crate::generate::Finish;
+use crate::generate::reasoning::{Parts, Splitter};
 use crate::sse::{Frame, StreamFormat, to_json};
 
 /// Writes one response's events.
@@ -27,19 +28,28 @@ pub struct ResponseEvents {
     message_index: Option<usize>,
     /// The finished items of the calls, in order.
     calls: Vec<Value>,
+    /// Splits the model's thoughts from its answer where it may think.
+    splitter: Option<Splitter>,
+    /// The thoughts so far.
+    reasoning: String,
+    /// Output index of the reasoning item once it is open, and whether it is still open.
+    reasoning_index: Option<(usize, bool)>,
     /// Output items opened so far.
     items: usize,
     seq: u64,
 }
 
 impl ResponseEvents {
-    pub fn new(shell: Shell, parser: Option<ToolCallStream>) -> Self {
+    pub fn new(shell: Shell, parser: Option<ToolCallStream>, splitter: Option<Splitter>) -> Self {
         ResponseEvents {
             shell,
             parser,
             text: String::new(),
             message_index: None,
             calls: Vec::new(),
+            splitter,
+            reasoning: String::new(),
+            reasoning_index: None,
             items: 0,
             seq: 0,
         }
@@ -57,11 +67,66 @@ impl ResponseEvents {
         json!({ "item_id": self.shell.message_id(), "output_index": index, "content_index": 0 })
     }
 
+    /// A piece of the model's thoughts: opens the reasoning item first if needed.
+    fn thinking(&mut self, text: &str, frames: &mut Vec<Frame>) {
+        if text.is_empty() {
+            return;
+        }
+        let index = match self.reasoning_index {
+            Some((i, _)) => i,
+            None => {
+                let i = self.items;
+                self.items += 1;
+                self.reasoning_index = Some((i, true));
+                let item = self.shell.reasoning("", "in_progress");
+                frames.push(self.event(
+                    "response.output_item.added",
+                    json!({ "output_index": i, "item": item }),
+                ));
+                i
+            }
+        };
+        self.reasoning.push_str(text);
+        let body = json!({ "item_id": self.shell.reasoning_id(), "output_index": index,
+            "content_index": 0, "delta": text });
+        frames.push(self.event("response.reasoning_text.delta", body));
+    }
+
+    /// Closes the reasoning item, if one is open.
+    fn close_thinking(&mut self, frames: &mut Vec<Frame>) {
+        let Some((index, true)) = self.reasoning_index else {
+            return;
+        };
+        self.reasoning_index = Some((index, false));
+        let body = json!({ "item_id": self.shell.reasoning_id(), "output_index": index,
+            "content_index": 0, "text": self.reasoning });
+        frames.push(self.event("response.reasoning_text.done", body));
+        let item = self.shell.reasoning(&self.reasoning, "completed");
+        frames.push(self.event(
+            "response.output_item.done",
+            json!({ "output_index": index, "item": item }),
+        ));
+    }
+
+    /// One piece of the answer: its thoughts, then its content (through the tool parser where tools
+    /// were offered).
+    fn parts(&mut self, parts: Parts, frames: &mut Vec<Frame>) {
+        self.thinking(&parts.reasoning, frames);
+        if parts.content.is_empty() {
+            return;
+        }
+        match self.parser.as_mut().map(|p| p.push(&parts.content)) {
+            Some(events) => self.parsed(events, frames),
+            None => self.content(&parts.content, frames),
+        }
+    }
+
     /// Text for the user: opens the message item first if needed.
     fn content(&mut self, text: &str, frames: &mut Vec<Frame>) {
         if text.is_empty() {
             return;
         }
+        self.close_thinking(frames);
         let index = match self.message_index {
             Some(i) => i,
             None => {
@@ -110,6 +175,7 @@ impl ResponseEvents {
     /// A call's item: added (in progress, no arguments), its `arguments` as one delta (`.done` too
     /// when `finished`), and `done` as the closed item.
     fn call_item(&mut self, done: Value, arguments: &str, finished: bool, frames: &mut Vec<Frame>) {
+        self.close_thinking(frames);
         let index = self.items;
         self.items += 1;
         let mut added = done.clone();
@@ -200,15 +266,23 @@ impl StreamFormat for ResponseEvents {
 
     fn token(&mut self, text: &str, _logprob: f32) -> Vec<Frame> {
         let mut frames = Vec::new();
-        match self.parser.as_mut().map(|p| p.push(text)) {
-            Some(events) => self.parsed(events, &mut frames),
-            None => self.content(text, &mut frames),
-        }
+        let parts = match &mut self.splitter {
+            Some(splitter) => splitter.push(text),
+            None => Parts {
+                reasoning: String::new(),
+                content: text.to_string(),
+            },
+        };
+        self.parts(parts, &mut frames);
         frames
     }
 
     fn finish(&mut self, finish: Finish) -> Vec<Frame> {
         let mut frames = Vec::new();
+        if let Some(held) = self.splitter.as_mut().map(Splitter::finish) {
+            self.parts(held, &mut frames);
+        }
+        self.close_thinking(&mut frames);
         let cut_off = finish.reason == FinishReason::Length;
         let ending = |p: &mut ToolCallStream| match cut_off {
             true => p.finish_cut(),
@@ -218,7 +292,7 @@ impl StreamFormat for ResponseEvents {
             self.parsed(events, &mut frames);
         }
         // An answer with neither text nor calls still has its (empty) message, as the non-streamed one.
-        if self.message_index.is_none() && self.calls.is_empty() {
+        if self.message_index.is_none() && self.calls.is_empty() && self.reasoning.is_empty() {
             self.message_index = Some(self.open_message(&mut frames));
         }
         // The output in the order the items were opened.
@@ -227,6 +301,8 @@ impl StreamFormat for ResponseEvents {
             .filter_map(|i| {
                 if Some(i) == self.message_index {
                     Some(self.shell.message(&self.text, finish_status(finish.reason)))
+                } else if Some(i) == self.reasoning_index.map(|(r, _)| r) {
+                    Some(self.shell.reasoning(&self.reasoning, "completed"))
                 } else {
                     calls.next()
                 }
