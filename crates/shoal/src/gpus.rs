@@ -174,9 +174,9 @@ pub fn resolve(
     device
 }
 
-/// The decode rates `--device auto` compares: of `weight_type` (a GPU that did not measure it has
-/// no kernel for it: none); for an unknown type ("") or one the CPU probe did not measure, the
-/// slowest measured type's.
+/// The decode rates `--device auto` compares: of `weight_type` (a GPU whose cached figures predate
+/// that type's kernel did not measure it: none); for an unknown type ("") or one the CPU probe did
+/// not measure, the slowest measured type's.
 fn rates(weight_type: &str, cpu: &ComputeFacts, gpus: &[GpuFacts]) -> Rates {
     let slowest = |c: &ComputeFacts| c.slowest().filter(|_| weight_type.is_empty());
     Rates {
@@ -368,8 +368,8 @@ mod tests {
             resolve(DeviceChoice::Auto, "q8_0", &cpu, &gpus[..1]),
             Device::Gpu(0)
         );
-        // A type the GPU did not measure has no GPU kernel: the CPU; the CPU counts a type it
-        // did not measure at its slowest.
+        // A type the GPU did not measure (figures cached before its kernel existed): the CPU; the
+        // CPU counts a type it did not measure at its slowest.
         let r = rates("iq4_xs", &cpu, &gpus);
         assert_eq!((r.cpu, r.gpus), (Some(10e9), vec![None, None, None]));
         assert_eq!(
