@@ -51,8 +51,8 @@ pub enum AnthropicErrors {
 pub enum OllamaErrors {
     /// A refused request.
     #[response(status = "4XX")]
-    Refused(crate::ollama::types::ErrorLine),
+    Refused(crate::dialect::ollama::ErrorLine),
     /// A failure of the server.
     #[response(status = "5XX")]
-    Failed(crate::ollama::types::ErrorLine),
+    Failed(crate::dialect::ollama::ErrorLine),
 }

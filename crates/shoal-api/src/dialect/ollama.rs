@@ -83,3 +83,12 @@ mod tests {
         assert!(!e.message().contains("secret"));
     }
 }
+
+/// Ollama's error shape as the OpenAPI document states it: a refused request's body, and the line that
+/// ends a failed stream ([`Error`] writes it).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = ollama::ErrorLine)]
+#[allow(dead_code)]
+pub struct ErrorLine {
+    pub error: String,
+}

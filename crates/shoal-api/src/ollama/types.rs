@@ -362,14 +362,7 @@ impl Progress {
     }
 }
 
-/// Ollama's error shape as the OpenAPI document states it: a refused request's body, and the line that
-/// ends a failed stream ([`crate::dialect::ollama::Error`] writes it).
-#[derive(Serialize, utoipa::ToSchema)]
-#[schema(as = ollama::ErrorLine)]
-#[allow(dead_code)]
-pub struct ErrorLine {
-    pub error: String,
-}
+pub use crate::dialect::ollama::ErrorLine;
 
 /// A line of a streamed chat: an answer object, or the error that ends a failed stream.
 #[derive(Serialize, utoipa::ToSchema)]
