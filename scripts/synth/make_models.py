@@ -6,7 +6,7 @@ Fixtures (into --out, default crates/shoal-model/tests/fixtures/synth):
   (BF16, Q8_0, Q4_0, Q5_0, Q5_1: block types that need rows of 32 only);
 - tier `k` (n_embd 256, rows a multiple of 256, so llama-quantize makes real K-quants): `<family>-k-q4_k_m.gguf`
   for llama, qwen2, qwen3, gemma3 and phi3 (the families whose quantized path differs from llama's), plus Q5_K_M
-  of `llama`, the mixture-of-experts qwen3moe and qwen2moe (tier k only) and gpt-oss (`-k-mxfp4_moe`: MXFP4
+  of `llama`, the mixture-of-experts qwen3moe, qwen2moe and glm4moe (tier k only) and gpt-oss (`-k-mxfp4_moe`: MXFP4
   experts); their F16 bases go to a
   temporary folder and are not kept (--keep-bases keeps them).
 `--families A B` writes only those families and replaces only their entries in the existing manifest.json.

@@ -65,6 +65,11 @@ class Family:
     # gpt-oss: biases on Q/K/V/O, attn_sinks, the FFN norm named post_attention_norm, router and expert biases,
     # YaRN rope keys; the experts' activation is llama.cpp's swiglu_oai
     gpt_oss: bool = False
+    # glm4moe: the FFN norm named post_attention_norm, leading dense layers (extra_u32's
+    # leading_dense_block_count), sigmoid routing with a selection bias (exp_probs_b), an ungated shared expert,
+    # and `nextn` multi-token-prediction layers after the n_layer of the model (block_count counts them)
+    glm: bool = False
+    nextn: int = 0
     write_vocab_size: bool = False  # LlamaModel writes <arch>.vocab_size and rope.dimension_count
     write_head_dim: bool = False  # config.json has head_dim -> key_length / value_length
     extra_u32: dict[str, int] = field(default_factory=dict)  # further <arch>.* keys the converter writes
@@ -129,6 +134,14 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            label="gpt-oss-20b-like: 4 experts of ff 128, top-2 over the biased router logits then softmax, "
                  "swiglu_oai, per-expert biases, Q/K/V/O biases, attention sinks, sliding window 8 on even layers, "
                  "YaRN (factor 32, original context 4096), gpt-4o pre-tokenizer, untied"),
+    Family("glm4moe", "glm4moe", "qwen2", {"k": _dims(256, 4, 64, 2, 256, 3)},
+           context=131072, rope_base=1000000.0, rms_eps=1e-5, tied=False, qkv_bias=True, qk_norm=True,
+           write_head_dim=True, experts=Experts(count=8, used=2, ff=32, shared_ff=32), glm=True, nextn=1,
+           extra_u32={"rope.dimension_count": 32, "leading_dense_block_count": 1, "expert_shared_count": 1,
+                      "expert_gating_func": 2, "nextn_predict_layers": 1},
+           label="GLM-4.5-like: layer 0 dense, then 8 experts top-2 chosen on sigmoid scores + exp_probs_b, "
+                 "weighted by the scores renormalised and scaled by 2.5, an ungated shared expert; Q/K/V bias, "
+                 "QK-norm, rotary on half of each head, one nextn (MTP) layer after the 3, qwen2 tokenizer, untied"),
 ]}
 
 
@@ -152,7 +165,7 @@ def llama3_rope_factors(head_dim: int, base: float, factor: float = 32.0, low: f
 def write_metadata(w, fam: Family, dims: Dims) -> None:
     """The `<arch>.*` keys in the converter's order (TextModel.set_gguf_parameters plus the family's own)."""
     a = fam.arch
-    w.add_uint32(f"{a}.block_count", dims.n_layer)
+    w.add_uint32(f"{a}.block_count", dims.n_layer + fam.nextn)
     w.add_uint32(f"{a}.context_length", fam.context)
     w.add_uint32(f"{a}.embedding_length", dims.n_embd)
     w.add_uint32(f"{a}.feed_forward_length", dims.n_ff)
@@ -171,8 +184,11 @@ def write_metadata(w, fam: Family, dims: Dims) -> None:
         w.add_uint32(f"{a}.expert_count", fam.experts.count)
         w.add_uint32(f"{a}.expert_used_count", fam.experts.used)
         w.add_uint32(f"{a}.expert_feed_forward_length", fam.experts.ff)
-        if fam.experts.shared_ff:
+        if fam.experts.shared_ff and not fam.glm:  # GLM's converter writes expert_shared_count instead
             w.add_uint32(f"{a}.expert_shared_feed_forward_length", fam.experts.shared_ff)
+    if fam.glm:
+        w.add_float32(f"{a}.expert_weights_scale", 2.5)
+        w.add_bool(f"{a}.expert_weights_norm", True)
     if fam.gpt_oss:
         w.add_string(f"{a}.rope.scaling.type", "yarn")
         w.add_float32(f"{a}.rope.scaling.factor", 32.0)
@@ -234,7 +250,7 @@ def tensor_specs(fam: Family, dims: Dims, seed: int, tier: str) -> Iterator[tupl
     yield normal("token_embd.weight", (v, d), emb_std)
     if fam.llama3_rope:
         yield "rope_freqs.weight", (hd // 2,), lambda dt: llama3_rope_factors(hd, fam.rope_base)
-    for i in range(dims.n_layer):
+    for i in range(dims.n_layer + fam.nextn):
         p = f"blk.{i}."
         yield norm(p + "attn_norm.weight", d)
         qkv = [(p + "attn_q.weight", q_dim, 1.2 / math.sqrt(d)), (p + "attn_k.weight", kv_dim, 1.2 / math.sqrt(d)),
@@ -254,6 +270,9 @@ def tensor_specs(fam: Family, dims: Dims, seed: int, tier: str) -> Iterator[tupl
         yield normal(p + "attn_output.weight", (d, q_dim), OUT_GAIN / math.sqrt(q_dim))
         if fam.gpt_oss:
             yield from _oss_specs(p, fam.experts, d, dims.n_head, normal, f32)
+            continue
+        if fam.glm:
+            yield from _glm_specs(p, fam, dims, i, normal, f32, norm)
             continue
         if fam.gemma:
             yield norm(p + "post_attention_norm.weight", d, GEMMA_POST_NORM)
@@ -304,3 +323,30 @@ def _oss_specs(p: str, ex: Experts, d: int, n_head: int, normal, f32):
     yield f32(p + "ffn_up_exps.bias", (ex.count, ex.ff), 0.2)
     yield normal(p + "ffn_down_exps.weight", (ex.count, d, ex.ff), 1.0 / math.sqrt(ex.ff))
     yield f32(p + "ffn_down_exps.bias", (ex.count, d), 0.2)
+
+
+def _glm_specs(p: str, fam: Family, dims: Dims, i: int, normal, f32, norm):
+    """A glm4moe layer's tensors after attn_output: the FFN norm (post_attention_norm), a dense FFN on the leading
+    layers, else the router, the selection bias (exp_probs_b), the experts and the ungated shared expert; a nextn
+    layer (i >= n_layer) then has its MTP tensors, which llama.cpp (and shoal) do not run."""
+    ex, d, ff = fam.experts, dims.n_embd, dims.n_ff
+    yield norm(p + "post_attention_norm.weight", d)
+    if i < fam.extra_u32.get("leading_dense_block_count", 0):
+        yield normal(p + "ffn_gate.weight", (ff, d), 1.0 / math.sqrt(d))
+        yield normal(p + "ffn_up.weight", (ff, d), 1.0 / math.sqrt(d))
+        yield normal(p + "ffn_down.weight", (d, ff), OUT_GAIN / math.sqrt(ff))
+        return
+    yield f32(p + "ffn_gate_inp.weight", (ex.count, d), ROUTER_STD / math.sqrt(d))
+    yield f32(p + "exp_probs_b.bias", (ex.count,), 0.5)
+    yield normal(p + "ffn_gate_exps.weight", (ex.count, ex.ff, d), 1.0 / math.sqrt(d))
+    yield normal(p + "ffn_up_exps.weight", (ex.count, ex.ff, d), 1.0 / math.sqrt(d))
+    yield normal(p + "ffn_down_exps.weight", (ex.count, d, ex.ff), OUT_GAIN / math.sqrt(ex.ff))
+    f = ex.shared_ff
+    yield normal(p + "ffn_gate_shexp.weight", (f, d), 1.0 / math.sqrt(d))
+    yield normal(p + "ffn_up_shexp.weight", (f, d), 1.0 / math.sqrt(d))
+    yield normal(p + "ffn_down_shexp.weight", (d, f), OUT_GAIN / math.sqrt(f))
+    if i >= dims.n_layer:
+        yield normal(p + "nextn.eh_proj.weight", (d, 2 * d), 1.0 / math.sqrt(2 * d))
+        yield norm(p + "nextn.enorm.weight", d)
+        yield norm(p + "nextn.hnorm.weight", d)
+        yield norm(p + "nextn.shared_head_norm.weight", d)

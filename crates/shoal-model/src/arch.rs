@@ -22,7 +22,17 @@
 //! experts' activation ([`Activation::SwigluOai`], llama.cpp's clamped `swiglu_oai`), sliding windows on
 //! every other layer (the even ones), local layers rotated like the global ones, and the FFN norm read
 //! from `post_attention_norm` (the name llama.cpp loads it by). Other mixture-of-experts architectures
-//! (`deepseek2`, `glm4moe`, …) are refused by name.
+//! (`deepseek2`, …) are refused by name.
+//!
+//! `glm4moe` (GLM-4.5 / 4.6 / 4.7 and their Air builds) is the same decoder once more: Q/K/V biases
+//! and optional Q/K norms are used because the file has them, partial rotary (`rope.dimension_count`
+//! below the head size: only the first values of each head rotated, NEOX) comes from the metadata, the
+//! FFN norm is read from `post_attention_norm`, the first `leading_dense_block_count` layers have a
+//! dense feed-forward, and the routing is [`Gating::Sigmoid`]: sigmoid scores, the top k chosen on the
+//! scores plus a per-expert bias (`exp_probs_b`), weighted by the unbiased scores, renormalised when
+//! `expert_weights_norm` and scaled by `expert_weights_scale`; the shared expert is added ungated. The
+//! `nextn_predict_layers` multi-token-prediction layers at the end of the file are not run (llama.cpp
+//! skips them too): the model has `block_count − nextn_predict_layers` layers.
 
 use crate::error::{ModelError, Result};
 
@@ -53,6 +63,9 @@ pub enum Arch {
     /// YaRN rope, biased experts routed top-k-then-softmax through the clamped SwiGLU.
     #[serde(rename = "gpt-oss")]
     GptOss,
+    /// GLM-4.5 / 4.6 / 4.7 (and Air): leading dense layers, then sigmoid-routed experts with a selection
+    /// bias and an ungated shared expert; Q/K/V biases, partial rotary.
+    Glm4Moe,
 }
 
 /// How a mixture-of-experts family turns the router's logits into expert weights: pick the
@@ -60,7 +73,8 @@ pub enum Arch {
 /// weights by their sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Routing {
-    /// Renormalise the top-k weights to sum to 1 (llama.cpp's `norm_w`: Qwen 3 MoE yes, Qwen 2 MoE no).
+    /// Renormalise the top-k weights to sum to 1 (llama.cpp's `norm_w`: Qwen 3 MoE yes, Qwen 2 MoE no;
+    /// GLM-4.5 as its `expert_weights_norm` says).
     pub norm_weights: bool,
     pub gating: Gating,
 }
@@ -72,6 +86,9 @@ pub enum Gating {
     SoftmaxThenTopK,
     /// The k largest logits, then a softmax over those k (gpt-oss's `SOFTMAX_WEIGHT`).
     TopKThenSoftmax,
+    /// `sigmoid` of every logit; the k largest of the scores plus the selection bias (`exp_probs_b`)
+    /// are chosen, weighted by their unbiased scores (GLM-4.5's `SIGMOID`).
+    Sigmoid,
 }
 
 /// How rotary embeddings pair up the values of a head.
@@ -132,6 +149,7 @@ impl Arch {
             "qwen2moe" => Self::Qwen2Moe,
             "qwen3moe" => Self::Qwen3Moe,
             "gpt-oss" => Self::GptOss,
+            "glm4moe" => Self::Glm4Moe,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
         })
     }
@@ -147,6 +165,7 @@ impl Arch {
             Self::Qwen2Moe => "qwen2moe",
             Self::Qwen3Moe => "qwen3moe",
             Self::GptOss => "gpt-oss",
+            Self::Glm4Moe => "glm4moe",
         }
     }
 
@@ -192,6 +211,15 @@ impl Arch {
                 ffn_norm: "post_attention_norm",
                 ..base
             },
+            // `norm_weights` is replaced by the file's `expert_weights_norm` (see `crate::config`).
+            Self::Glm4Moe => Family {
+                routing: Some(Routing {
+                    norm_weights: false,
+                    gating: Gating::Sigmoid,
+                }),
+                ffn_norm: "post_attention_norm",
+                ..base
+            },
             Self::Gemma3 => Family {
                 activation: Activation::GeluTanh,
                 scale_embeddings: true,
@@ -231,6 +259,7 @@ mod tests {
         let q3 = Arch::from_name("qwen3moe").unwrap().family();
         let q2 = Arch::from_name("qwen2moe").unwrap().family();
         let oss = Arch::from_name("gpt-oss").unwrap().family();
+        let glm = Arch::from_name("glm4moe").unwrap().family();
         let routing = |f: Family| f.routing.map(|r| (r.norm_weights, r.gating));
         assert_eq!(routing(q3), Some((true, Gating::SoftmaxThenTopK)));
         assert_eq!(routing(q2), Some((false, Gating::SoftmaxThenTopK)));
@@ -239,8 +268,13 @@ mod tests {
             (oss.activation, oss.swa_pattern, oss.ffn_norm),
             (Activation::SwigluOai, 2, "post_attention_norm")
         );
+        assert_eq!(routing(glm).map(|r| r.1), Some(Gating::Sigmoid));
+        assert_eq!(
+            (glm.rope, glm.ffn_norm),
+            (RopeStyle::Neox, "post_attention_norm")
+        );
         assert_eq!(Arch::Qwen3.family().routing, None);
-        for name in ["deepseek2", "glm4moe"] {
+        for name in ["deepseek2", "llama4"] {
             let err = Arch::from_name(name).map(|_| ()).unwrap_err().to_string();
             assert!(err.contains(&format!("'{name}'")), "{err}");
         }

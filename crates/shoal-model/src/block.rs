@@ -145,8 +145,11 @@ pub struct MoeSpec {
     pub gate_exps: ExpertTensor,
     pub up_exps: ExpertTensor,
     pub down_exps: ExpertTensor,
-    /// The shared expert and its gate vector (`ffn_gate_inp_shexp`), when the file has them.
-    pub shared: Option<(DenseSpec, NormSpec)>,
+    /// The shared expert and its gate vector (`ffn_gate_inp_shexp`; none: added ungated, GLM-4.5), when
+    /// the file has them.
+    pub shared: Option<(DenseSpec, Option<NormSpec>)>,
+    /// The per-expert bias added to the scores only to choose the top k (`exp_probs_b`: GLM-4.5).
+    pub selection_bias: Option<NormSpec>,
     pub experts: Experts,
 }
 
@@ -175,7 +178,7 @@ impl BlockSpec {
         let m = |name: &str, parts: &[(String, Option<String>)], out, input| {
             MatrixSpec::new(g, w(name), parts, out, input)
         };
-        let ffn = match cfg.arch.experts {
+        let ffn = match cfg.arch.experts.filter(|e| i >= e.leading_dense) {
             Some(experts) => FfnSpec::Moe(Box::new(MoeSpec::describe(g, cfg, i, experts))),
             None => {
                 let gate_up_parts: Vec<_> = if g.has_tensor(&w("ffn_gate")) {
@@ -232,7 +235,7 @@ impl MoeSpec {
                     sff,
                 ),
             };
-            (ffn, norm(w("ffn_gate_inp_shexp"), dim))
+            (ffn, opt_norm(g, w("ffn_gate_inp_shexp"), dim))
         });
         Self {
             router: MatrixSpec::new(
@@ -246,6 +249,7 @@ impl MoeSpec {
             up_exps: expert("ffn_up_exps", ff, dim),
             down_exps: expert("ffn_down_exps", dim, ff),
             shared,
+            selection_bias: opt_norm(g, names::blk_bias(i, "exp_probs_b"), experts.count),
             experts,
         }
     }

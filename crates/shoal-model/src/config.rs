@@ -1,6 +1,6 @@
 //! Architecture-independent model shape, read from GGUF metadata.
 
-use crate::arch::{Activation, Arch, RopeStyle, Routing};
+use crate::arch::{Activation, Arch, Gating, RopeStyle, Routing};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use crate::ops::Yarn;
@@ -54,7 +54,7 @@ pub struct ArchParams {
 }
 
 /// A mixture-of-experts layer's shape (`{arch}.expert_*` keys) and its family's routing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Experts {
     /// Routed experts per layer (`expert_count`).
     pub count: usize,
@@ -64,9 +64,13 @@ pub struct Experts {
     /// as llama.cpp).
     pub ff: usize,
     /// Hidden size of the shared expert, when the file has one (`expert_shared_feed_forward_length`;
-    /// absent: `feed_forward_length`).
+    /// absent: `expert_shared_count` experts of `ff` when the file says so, else `feed_forward_length`).
     pub shared_ff: usize,
     pub routing: Routing,
+    /// Factor on the chosen experts' weights (`expert_weights_scale`; absent or 0: 1, as llama.cpp).
+    pub weights_scale: f32,
+    /// The first layers whose feed-forward is dense (`leading_dense_block_count`: GLM-4.5).
+    pub leading_dense: usize,
 }
 
 /// How embeddings pool a sequence's final hidden states (after the output norm): llama.cpp's
@@ -171,7 +175,10 @@ impl ModelConfig {
                 }
             },
         };
-        let n_layers = gguf.get_u32(&k("block_count"))? as usize;
+        // GLM-4.5's multi-token-prediction layers sit after the model's own; like llama.cpp, shoal does
+        // not run them.
+        let nextn = gguf.get_u32(&k("nextn_predict_layers")).unwrap_or(0) as usize;
+        let n_layers = (gguf.get_u32(&k("block_count"))? as usize).saturating_sub(nextn);
         let rope_freq_scale = rope_scaling(gguf, &k)?;
         let yarn = yarn(gguf, &k, rope_freq_scale);
         let window = gguf
@@ -263,15 +270,35 @@ fn experts(
     let ff = gguf
         .get_u32(&k("expert_feed_forward_length"))
         .map_or(ffn_dim / used, |v| v as usize);
+    let shared_count = gguf.get_u32(&k("expert_shared_count")).ok();
     let shared_ff = gguf
         .get_u32(&k("expert_shared_feed_forward_length"))
-        .map_or(ffn_dim, |v| v as usize);
+        .map_or(shared_count.map_or(ffn_dim, |n| n as usize * ff), |v| {
+            v as usize
+        });
+    // The sigmoid-routed family (GLM-4.5) says in its file whether to renormalise and how to scale;
+    // the others' are fixed, as llama.cpp fixes them.
+    let sigmoid = routing.gating == Gating::Sigmoid;
+    let mut routing = routing;
+    if let (true, Some(candle_core::quantized::gguf_file::Value::Bool(b))) =
+        (sigmoid, gguf.value(&k("expert_weights_norm")))
+    {
+        routing.norm_weights = *b;
+    }
+    let weights_scale = match gguf.get_f32(&k("expert_weights_scale")) {
+        Ok(s) if sigmoid && s != 0.0 => s,
+        _ => 1.0,
+    };
     Ok(Experts {
         count,
         used,
         ff,
         shared_ff,
         routing,
+        weights_scale,
+        leading_dense: gguf
+            .get_u32(&k("leading_dense_block_count"))
+            .map_or(0, |v| v as usize),
     })
 }
 

@@ -5,7 +5,9 @@
 //! expert) go through a softmax, the `k` largest are kept (and, for Qwen 3 MoE, renormalised to sum
 //! to 1), and the token's output is `Σ w_e · expert_e(x)`; Qwen 2 MoE adds a shared expert scaled by
 //! `sigmoid(ffn_gate_inp_shexp · x)`. gpt-oss keeps the `k` largest logits (its router has a bias) and
-//! takes the softmax over those `k` only ([`Gating`]); its experts carry biases (rows of the 2-D
+//! takes the softmax over those `k` only ([`Gating`]); GLM-4.5 takes sigmoid scores, chooses the `k`
+//! largest of score + `exp_probs_b` and weights them by their unbiased scores (renormalised and scaled
+//! as its file says), and adds its shared expert ungated. gpt-oss's experts carry biases (rows of the 2-D
 //! `ffn_*_exps.bias`, given to each expert's matrices like a dense layer's bias). The experts' 3-D GGUF tensors are `count` contiguous matrices, so
 //! each expert is loaded as an ordinary [`LinearSet`] over its slice (packed like the dense matrices).
 //!
@@ -121,10 +123,14 @@ impl DenseFfn {
 pub(crate) struct MoeFfn {
     router: LinearSet,
     experts: Vec<DenseFfn>,
-    /// The shared expert and its gate vector.
-    shared: Option<(DenseFfn, Vec<f32>)>,
+    /// The shared expert and its gate vector (none: ungated).
+    shared: Option<(DenseFfn, Option<Vec<f32>>)>,
     used: usize,
     routing: Routing,
+    /// Added to the scores only to choose the experts (`exp_probs_b`).
+    selection_bias: Option<Vec<f32>>,
+    /// Factor on the chosen weights.
+    scale: f32,
 }
 
 /// One expert's matrix: its name, its slice of the 3-D tensor and its row of the bias.
@@ -192,15 +198,25 @@ impl MoeFfn {
             })
             .collect::<Result<Vec<_>>>()?;
         let shared = match &spec.shared {
-            Some((ffn, gate)) => Some((DenseFfn::load(g, ffn)?, read_norm(g, gate)?)),
+            Some((ffn, gate)) => {
+                let gate = gate.as_ref().map(|n| read_norm(g, n)).transpose()?;
+                Some((DenseFfn::load(g, ffn)?, gate))
+            }
             None => None,
         };
+        let selection_bias = spec
+            .selection_bias
+            .as_ref()
+            .map(|n| read_norm(g, n))
+            .transpose()?;
         Ok(Self {
             router,
             experts,
             shared,
             used: spec.experts.used,
             routing: spec.experts.routing,
+            selection_bias,
+            scale: spec.experts.weights_scale,
         })
     }
 
@@ -219,9 +235,13 @@ impl MoeFfn {
         s.routes.resize_with(n, Vec::new);
         s.routes.iter_mut().for_each(Vec::clear);
         for (t, probs) in s.logits.chunks_exact_mut(n).enumerate() {
-            route(probs, self.used, self.routing, |e, w| {
-                s.routes[e].push((t, w))
-            });
+            let how = Route {
+                k: self.used,
+                routing: self.routing,
+                bias: self.selection_bias.as_deref(),
+                scale: self.scale,
+            };
+            route(probs, &how, |e, w| s.routes[e].push((t, w)));
         }
         out.clear();
         out.resize(m * dim, 0.0);
@@ -254,8 +274,13 @@ impl MoeFfn {
                 .zip(y.chunks_exact(dim))
                 .zip(out.chunks_exact_mut(dim))
             {
-                let g = xr.iter().zip(gate).map(|(a, b)| a * b).sum::<f32>();
-                let g = 1.0 / (1.0 + (-g).exp());
+                let g = match gate {
+                    Some(gate) => {
+                        let g = xr.iter().zip(gate).map(|(a, b)| a * b).sum::<f32>();
+                        1.0 / (1.0 + (-g).exp())
+                    }
+                    None => 1.0,
+                };
                 for (o, &v) in o.iter_mut().zip(yr) {
                     *o += g * v;
                 }
@@ -266,21 +291,38 @@ impl MoeFfn {
     }
 }
 
+/// How one token picks its experts: the `k` of top-k, the family's routing, the selection bias (added to
+/// the scores only to choose) and the factor on the weights.
+struct Route<'a> {
+    k: usize,
+    routing: Routing,
+    bias: Option<&'a [f32]>,
+    scale: f32,
+}
+
 /// One token's routing: the `k` largest of `logits` (one per expert; first index on a tie) are handed
 /// to `pick` with their weight. With [`Gating::SoftmaxThenTopK`] `logits` become softmax
 /// probabilities in place first and the weights are the chosen probabilities; with
-/// [`Gating::TopKThenSoftmax`] the weights are the softmax of the chosen logits. They are renormalised
-/// to sum to 1 when `norm_weights` (the sum clamped below at f16's smallest normal, as llama.cpp does).
-fn route(logits: &mut [f32], k: usize, routing: Routing, mut pick: impl FnMut(usize, f32)) {
-    if routing.gating == Gating::SoftmaxThenTopK {
-        softmax(logits);
+/// [`Gating::TopKThenSoftmax`] the weights are the softmax of the chosen logits; with
+/// [`Gating::Sigmoid`] `logits` become sigmoid scores in place, the k largest of score + bias are
+/// chosen and the weights are their scores. They are renormalised to sum to 1 when `norm_weights` (the
+/// sum clamped below at f16's smallest normal, as llama.cpp does), then multiplied by `scale`.
+fn route(logits: &mut [f32], how: &Route, mut pick: impl FnMut(usize, f32)) {
+    let routing = how.routing;
+    match routing.gating {
+        Gating::SoftmaxThenTopK => softmax(logits),
+        Gating::Sigmoid => logits
+            .iter_mut()
+            .for_each(|x| *x = 1.0 / (1.0 + (-*x).exp())),
+        Gating::TopKThenSoftmax => {}
     }
+    let select = |e: usize| logits[e] + how.bias.map_or(0.0, |b| b[e]);
     let mut chosen = [0usize; 64];
-    let k = k.min(logits.len()).min(chosen.len());
+    let k = how.k.min(logits.len()).min(chosen.len());
     for i in 0..k {
         let mut best = usize::MAX;
-        for (e, &p) in logits.iter().enumerate() {
-            if !chosen[..i].contains(&e) && (best == usize::MAX || p > logits[best]) {
+        for e in 0..logits.len() {
+            if !chosen[..i].contains(&e) && (best == usize::MAX || select(e) > select(best)) {
                 best = e;
             }
         }
@@ -296,9 +338,9 @@ fn route(logits: &mut [f32], k: usize, routing: Routing, mut pick: impl FnMut(us
     }
     let total: f32 = weights.iter().sum();
     let scale = if routing.norm_weights {
-        1.0 / total.max(6.103_515_6e-5)
+        how.scale / total.max(6.103_515_6e-5)
     } else {
-        1.0
+        how.scale
     };
     for (&e, &w) in chosen[..k].iter().zip(weights.iter()) {
         pick(e, w * scale);
@@ -327,8 +369,45 @@ mod tests {
         };
         let mut l = logits.to_vec();
         let mut out = Vec::new();
-        route(&mut l, k, routing, |e, w| out.push((e, w)));
+        route(&mut l, &plain(k, routing), |e, w| out.push((e, w)));
         out
+    }
+
+    fn plain(k: usize, routing: Routing) -> Route<'static> {
+        Route {
+            k,
+            routing,
+            bias: None,
+            scale: 1.0,
+        }
+    }
+
+    #[test]
+    fn glm_routing_chooses_on_the_biased_scores_and_weights_by_the_unbiased_ones() {
+        let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let logits = [2.0, 1.0, 0.0, -1.0];
+        // The bias lifts expert 3 over all (0.27 + 3), then 0 (0.88) beats 1 (0.73): chosen are 3 and 0,
+        // weighted by sigmoid(-1) and sigmoid(2).
+        let bias = [0.0, 0.0, 0.0, 3.0];
+        for (norm, scale) in [(true, 2.5), (false, 1.0)] {
+            let how = Route {
+                k: 2,
+                routing: Routing {
+                    norm_weights: norm,
+                    gating: Gating::Sigmoid,
+                },
+                bias: Some(&bias),
+                scale,
+            };
+            let mut l = logits.to_vec();
+            let mut out = Vec::new();
+            route(&mut l, &how, |e, w| out.push((e, w)));
+            assert_eq!(out.iter().map(|r| r.0).collect::<Vec<_>>(), [3, 0]);
+            let (a, b) = (sig(-1.0), sig(2.0));
+            let z = if norm { a + b } else { 1.0 };
+            assert!((out[0].1 - scale * a / z).abs() < 1e-6, "{out:?}");
+            assert!((out[1].1 - scale * b / z).abs() < 1e-6, "{out:?}");
+        }
     }
 
     #[test]
@@ -339,7 +418,7 @@ mod tests {
         };
         let mut l = vec![0.0, 2.0, 1.0, -1.0];
         let mut out = Vec::new();
-        route(&mut l, 2, routing, |e, w| out.push((e, w)));
+        route(&mut l, &plain(2, routing), |e, w| out.push((e, w)));
         let z = 2f32.exp() + 1f32.exp();
         assert_eq!(out.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2]);
         assert!((out[0].1 - 2f32.exp() / z).abs() < 1e-6);

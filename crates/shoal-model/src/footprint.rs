@@ -61,7 +61,9 @@ impl Footprint {
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(gguf)?;
         let bytes = |name: &str| gguf.tensor_bytes(name).unwrap_or(0);
-        let layer0 = names::blk_prefix(0);
+        // A layer stands for them all: the first mixture-of-experts one where leading layers are dense
+        // (GLM-4.5), so a layer is priced by its experts.
+        let layer0 = names::blk_prefix(cfg.arch.experts.map_or(0, |e| e.leading_dense));
         let layer_bytes = gguf
             .tensor_names()
             .filter(|n| n.starts_with(&layer0))
