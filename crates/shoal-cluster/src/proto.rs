@@ -32,6 +32,8 @@ pub enum ControlMsg {
     Rekey(Box<crate::keyring::KeyOffer>),
 }
 
+// One reply per control request (rare, small beside the connection's costs): not worth boxing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ControlReply {
     Ack,

@@ -302,7 +302,8 @@ mod tests {
             m.evicted(2);
             m.preempted();
         });
-        let values: Vec<(String, Vec<(String, String)>, DebugValue)> = snapshotter
+        type Labelled = (String, Vec<(String, String)>, DebugValue);
+        let values: Vec<Labelled> = snapshotter
             .snapshot()
             .into_vec()
             .into_iter()

@@ -368,7 +368,7 @@ pub use crate::dialect::ollama::ErrorLine;
 #[derive(Serialize, utoipa::ToSchema)]
 #[schema(as = ollama::ChatLine)]
 #[serde(untagged)]
-#[allow(dead_code)]
+#[allow(dead_code, clippy::large_enum_variant)]
 pub enum ChatLine {
     Answer(ChatResponse),
     Error(ErrorLine),

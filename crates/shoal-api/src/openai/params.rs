@@ -303,38 +303,6 @@ impl From<&mut CompletionRequest> for CommonParams {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn token_budget_rejects_non_positive() {
-        assert!(token_budget("max_tokens", 0).is_err());
-        assert!(token_budget("max_tokens", -3).is_err());
-        assert_eq!(token_budget("max_tokens", 5).ok(), NonZeroU32::new(5));
-        assert_eq!(
-            token_budget("max_tokens", i64::MAX).ok(),
-            Some(NonZeroU32::MAX)
-        );
-    }
-
-    #[test]
-    fn timeout_must_be_positive_and_bounded() {
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, MAX_TIMEOUT_SECS + 1.0] {
-            let err = request_timeout(bad).expect_err("must be refused");
-            assert!(
-                matches!(&err, ApiError::InvalidRequest { param: Some(p), .. } if p == "timeout"),
-                "{err:?}"
-            );
-        }
-        assert_eq!(request_timeout(0.25).ok(), Some(Duration::from_millis(250)));
-        assert_eq!(
-            request_timeout(MAX_TIMEOUT_SECS).ok(),
-            Some(Duration::from_secs(86_400))
-        );
-    }
-}
-
 /// What a chat request asks of the model's thinking: `reasoning_effort` and the `enable_thinking` /
 /// `reasoning_effort` of `chat_template_kwargs` (the latter win, as they name the template's own variables).
 pub(crate) fn thinking(
@@ -399,4 +367,36 @@ pub(crate) fn effort_thinking(
         enable: Some(true),
         effort: Some(effort.to_string()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_budget_rejects_non_positive() {
+        assert!(token_budget("max_tokens", 0).is_err());
+        assert!(token_budget("max_tokens", -3).is_err());
+        assert_eq!(token_budget("max_tokens", 5).ok(), NonZeroU32::new(5));
+        assert_eq!(
+            token_budget("max_tokens", i64::MAX).ok(),
+            Some(NonZeroU32::MAX)
+        );
+    }
+
+    #[test]
+    fn timeout_must_be_positive_and_bounded() {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, MAX_TIMEOUT_SECS + 1.0] {
+            let err = request_timeout(bad).expect_err("must be refused");
+            assert!(
+                matches!(&err, ApiError::InvalidRequest { param: Some(p), .. } if p == "timeout"),
+                "{err:?}"
+            );
+        }
+        assert_eq!(request_timeout(0.25).ok(), Some(Duration::from_millis(250)));
+        assert_eq!(
+            request_timeout(MAX_TIMEOUT_SECS).ok(),
+            Some(Duration::from_secs(86_400))
+        );
+    }
 }
