@@ -26,7 +26,7 @@
 //!
 //! `encode` never adds BOS. Whether a prompt needs one is [`Tokenizer::add_bos`]
 //! (`tokenizer.ggml.add_bos_token`; llama.cpp's default when missing: yes for SentencePiece and Llama 3,
-//! no otherwise); [`Tokenizer::encode_prompt`] applies it. SmolLM2 has `add_bos_token = false`, and
+//! no otherwise; GLM's pre-tokenizers have no BOS at all, as llama.cpp clears theirs); [`Tokenizer::encode_prompt`] applies it. SmolLM2 has `add_bos_token = false`, and
 //! llama.cpp's golden counts confirm no BOS is added to raw or chat prompts (its BOS id 1 is
 //! `<|im_start|>`, which the chat template already writes itself); Gemma 3 has `true` (`<bos>` = 2).
 //!
@@ -146,7 +146,9 @@ impl Tokenizer {
                 (found, _, _) => Ok(found),
             }
         };
-        let bos = spm_default("tokenizer.ggml.bos_token_id", 1)?;
+        let pre_name = meta::opt_str_key(md, "tokenizer.ggml.pre")?;
+        let bos = spm_default("tokenizer.ggml.bos_token_id", 1)?
+            .filter(|_| !pre_name.is_some_and(|n| pretok::NO_BOS.contains(&n)));
         let eos = spm_default("tokenizer.ggml.eos_token_id", 2)?;
         let unk = spm_default("tokenizer.ggml.unknown_token_id", 0)?;
         let pad = id("tokenizer.ggml.padding_token_id")?;
@@ -161,8 +163,7 @@ impl Tokenizer {
                     Some(_) => meta::str_array(md, "tokenizer.ggml.merges")?,
                     None => Vec::new(),
                 };
-                let pre =
-                    PreTokenizer::for_gguf_name(meta::opt_str_key(md, "tokenizer.ggml.pre")?)?;
+                let pre = PreTokenizer::for_gguf_name(pre_name)?;
                 let bpe = Box::new(bpe::Bpe::new(&tokens, &merges)?);
                 Model::Bpe { bpe, pre }
             }

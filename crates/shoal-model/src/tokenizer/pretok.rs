@@ -54,7 +54,8 @@ impl PreTokenizerKind {
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
             | "minerva-7b" | "mellum2" => Self::DigitsThenGpt2,
             "llama3" | "llama-v3" | "llama-bpe" | "dbrx" | "smaug-bpe" | "falcon3"
-            | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "jina-v5-nano" => Self::Llama3,
+            | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "jina-v5-nano" | "chatglm-bpe"
+            | "glm4" | "glm5" => Self::Llama3,
             "qwen2" | "stablelm2" | "deepseek-r1-qwen" | "megrez" | "hunyuan" | "kormo"
             | "f2llmv2" | "solar-open" => Self::Qwen2,
             "default" => Self::Default,
@@ -78,7 +79,11 @@ impl PreTokenizerKind {
 }
 
 /// Names of the Llama 3 kind for which llama.cpp does *not* set `ignore_merges` (same regex).
-const LLAMA3_WITH_MERGES: &[&str] = &["dbrx", "smaug-bpe"];
+const LLAMA3_WITH_MERGES: &[&str] = &["dbrx", "smaug-bpe", "chatglm-bpe"];
+
+/// Pre-tokenizer names whose files never start a prompt with BOS, whatever their BOS id says
+/// (llama.cpp clears it for GLM's tokenizers: GLM-4.5's chat template writes `[gMASK]<sop>` itself).
+pub const NO_BOS: &[&str] = &["chatglm-bpe", "glm4", "glm5"];
 
 /// Splits raw text into words with a fixed list of compiled regexes.
 #[derive(Debug)]
@@ -218,6 +223,22 @@ mod tests {
             split(kind, "HTMLParser camelCase"),
             ["HTMLParser", " camel", "Case"]
         );
+    }
+
+    #[test]
+    fn glm_tokenizers_split_like_llama3_and_glm4_ignores_merges() {
+        let kind = PreTokenizerKind::from_gguf_name("glm4").expect("known");
+        assert_eq!(kind, PreTokenizerKind::Llama3);
+        assert_eq!(
+            split(kind, "It's 12345!"),
+            ["It", "'s", " ", "123", "45", "!"]
+        );
+        let merges = |n| {
+            PreTokenizer::for_gguf_name(Some(n))
+                .expect("pre")
+                .ignore_merges
+        };
+        assert!(merges("glm4") && merges("glm5") && !merges("chatglm-bpe"));
     }
 
     #[test]
