@@ -152,6 +152,17 @@ impl ModelConfig {
                 "key length {head_dim} differs from value length {value_dim}"
             )));
         }
+        // Multi-section rope (GLM-4.5V and other vision-language files: llama.cpp's `use_mrope`, any
+        // section non-zero) is not implemented: refuse it rather than rotate as plain NEOX.
+        if let Some(candle_core::quantized::gguf_file::Value::Array(sections)) =
+            gguf.value(&k("rope.dimension_sections"))
+            && sections.iter().any(|v| v.to_u32().map_or(true, |s| s != 0))
+        {
+            return Err(ModelError::Unsupported(format!(
+                "multi-section rope ({}); shoal rotates one section",
+                k("rope.dimension_sections")
+            )));
+        }
         let rope_dims = gguf
             .get_u32(&k("rope.dimension_count"))
             .map_or(head_dim, |d| d as usize);

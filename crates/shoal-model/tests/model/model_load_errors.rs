@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::gguf_writer::{TempDir, tiny, v_str};
+use crate::gguf_writer::{T_U32, TempDir, tiny, v_array, v_str, v_u32};
 use shoal_kernels::ThreadPool;
 use shoal_model::gguf::GgufFile;
 use shoal_model::{DecoderStage, LayerRange, ModelConfig};
@@ -46,6 +46,42 @@ fn an_unsupported_mixture_of_experts_architecture_is_named() {
                 && err.contains("glm4moe"),
             "{err}"
         );
+    }
+}
+
+/// Multi-section rope (GLM-4.5V's `rope.dimension_sections`) is refused by name, not rotated as one
+/// section; all-zero sections (no multi-section rope, as llama.cpp reads them) load.
+#[test]
+fn multi_section_rope_is_refused_by_name() {
+    for (sections, refused) in [([8u32, 8, 0, 0], true), ([0, 0, 0, 0], false)] {
+        let mut g = tiny();
+        for (key, v) in [
+            ("embedding_length", 64),
+            ("block_count", 1),
+            ("feed_forward_length", 128),
+            ("attention.head_count", 2),
+            ("attention.head_count_kv", 2),
+        ] {
+            g.metadata.push((format!("llama.{key}"), v_u32(v)));
+        }
+        let elems: Vec<Vec<u8>> = sections.iter().map(|s| s.to_le_bytes().to_vec()).collect();
+        g.metadata.push((
+            "llama.rope.dimension_sections".into(),
+            v_array(T_U32, &elems),
+        ));
+        let dir = TempDir::new();
+        let path = dir.write("mrope.gguf", &g.build().bytes);
+        let file = GgufFile::open(&path).expect("a valid GGUF");
+        let got = ModelConfig::from_gguf(&file).map(|_| ());
+        if refused {
+            let err = got.expect_err("refused").to_string();
+            assert!(
+                err.contains("multi-section rope") && err.contains("llama.rope.dimension_sections"),
+                "{err}"
+            );
+        } else {
+            got.expect("no sections in use");
+        }
     }
 }
 
