@@ -23,6 +23,12 @@ pub enum WireError {
     /// Unknown role tag in the handshake.
     #[error("unknown handshake role tag {0}")]
     UnknownRole(u8),
+    /// An owner's handshake with stage fields that are not zero (an owner has none; the encoding is
+    /// canonical, so garbage there is refused rather than ignored).
+    #[error(
+        "an owner's handshake carries stage fields (stage {stage}, layers {start}..{end}): they must be zero"
+    )]
+    OwnerStageFields { stage: u16, start: u32, end: u32 },
     /// A stage announced a layer range with start > end.
     #[error("invalid layer range {start}..{end}")]
     LayerRange { start: u32, end: u32 },
@@ -73,6 +79,7 @@ impl WireError {
             WireError::ClusterMismatch => "cluster_mismatch",
             WireError::HandshakeLength { .. } => "handshake_length",
             WireError::UnknownRole(_) => "unknown_role",
+            WireError::OwnerStageFields { .. } => "owner_stage_fields",
             WireError::LayerRange { .. } => "layer_range",
             WireError::FrameTooLarge { .. } => "frame_too_large",
             WireError::EmptyFrame => "empty_frame",

@@ -150,7 +150,15 @@ impl Handshake {
                 layer_start,
                 layer_end,
             },
-            // Stage fields are written as zeros for owners and ignored on read.
+            // Stage fields are written as zeros for owners, and must read as zeros (found by the
+            // handshake fuzz target: a decoded handshake encodes back to its bytes).
+            ROLE_OWNER if (stage_index, layer_start, layer_end) != (0, 0, 0) => {
+                return Err(WireError::OwnerStageFields {
+                    stage: stage_index,
+                    start: layer_start,
+                    end: layer_end,
+                });
+            }
             ROLE_OWNER => Role::Owner { instance_id },
             other => return Err(WireError::UnknownRole(other)),
         };

@@ -441,4 +441,18 @@ fn corrupted_handshakes_are_errors() {
         Handshake::decode(&bad),
         Err(WireError::LayerRange { start: 20, end: 15 })
     );
+    // Regression (the handshake fuzz target): an owner's handshake with stage fields decoded, and then
+    // encoded to other bytes; they must be zero.
+    let owner = Handshake::new([1; 32], [2; 32], Role::Owner { instance_id: 7 }).encode();
+    let mut bad = owner.clone();
+    bad[81] = 3;
+    assert_eq!(
+        Handshake::decode(&bad),
+        Err(WireError::OwnerStageFields {
+            stage: 3,
+            start: 0,
+            end: 0
+        })
+    );
+    assert!(Handshake::decode(&owner).is_ok());
 }
