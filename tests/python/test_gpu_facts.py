@@ -103,7 +103,7 @@ def test_state_and_metrics_list_the_lavapipe_gpu_and_the_log_names_it_once(bound
 
 # The decode kernels' types shoal-gpu measures (ggml names, lowercase).
 GPU_TYPES = ["f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
-             "bf16"]
+             "bf16", "iq4_nl", "iq4_xs", "mxfp4", "iq3_s", "iq3_xxs", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m"]
 
 
 def test_device_auto_publishes_lavapipes_measured_compute_and_serves_on_the_faster_cpu(bounded):

@@ -35,7 +35,8 @@ def test_json_lines_name_the_request_id_and_carry_no_colour_codes():
         assert r.headers["x-request-id"] == "py-logs-1"
         # A timed-out request: the engine thread's warning names the request's id (a new one: the
         # client's id was not sane, so the response carries the one the node made).
-        r = chat(node.url, "not a sane id!", max_tokens=200, timeout=0.05)
+        # ignore_eos: 200 tokens always outlast 50 ms (an answer that stops early once finished in time).
+        r = chat(node.url, "not a sane id!", max_tokens=200, ignore_eos=True, timeout=0.05)
         assert r.status_code == 408, r.text
         made = r.headers["x-request-id"]
         assert made != "not a sane id!" and len(made) == 16

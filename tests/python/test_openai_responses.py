@@ -69,7 +69,7 @@ def test_the_event_stream_adds_up_to_the_same_answer(client):
 @pytest.mark.parametrize("extra, param", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"background": True}, "background"),
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input[0].content[0]"),
