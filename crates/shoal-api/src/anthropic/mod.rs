@@ -43,7 +43,7 @@ use crate::ApiState;
 use crate::cancel::Caller;
 pub use crate::dialect::anthropic::Error;
 use crate::error::ApiError;
-use crate::generate::reasoning::{self, Parts, Splitter};
+use crate::generate::reasoning::{self, Splitter};
 use crate::generate::{self, Chat, Started, collect};
 use crate::route_table::Routes;
 use crate::sse::stream_response;
@@ -124,13 +124,7 @@ pub async fn messages(
     let done = collect(&mut live, false).await?;
     let usage = UsageOut::from(done.usage);
     let cut_off = done.finish_reason == FinishReason::Length;
-    let parts = match reasoning {
-        Some(inside) => reasoning::split(&done.text, inside),
-        None => Parts {
-            reasoning: String::new(),
-            content: done.text,
-        },
-    };
+    let parts = reasoning::answer(done.text, reasoning);
     let (mut content, called) = tools::content(parts.content, parser.as_ref(), cut_off);
     if !parts.reasoning.is_empty() {
         // Only thoughts (the budget ran out inside them): no empty text block after them.

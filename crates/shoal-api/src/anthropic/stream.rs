@@ -24,7 +24,7 @@ use super::{MESSAGE_TYPE, ROLE, stop_reason};
 use crate::dialect::anthropic::Error;
 use crate::error::ApiError;
 use crate::generate::Finish;
-use crate::generate::reasoning::{Parts, Splitter};
+use crate::generate::reasoning::{self, Parts, Splitter};
 use crate::sse::{Frame, StreamFormat, to_json};
 
 /// What the `data` of one SSE event of a streamed message carries, as the OpenAPI document states it: an
@@ -361,13 +361,7 @@ impl StreamFormat for MessageEvents {
     }
 
     fn token(&mut self, text: &str, _logprob: f32) -> Vec<Frame> {
-        let parts = match &mut self.reasoning {
-            Some(splitter) => splitter.push(text),
-            None => Parts {
-                reasoning: String::new(),
-                content: text.to_string(),
-            },
-        };
+        let parts = reasoning::piece(self.reasoning.as_mut(), text);
         self.parts(parts)
     }
 

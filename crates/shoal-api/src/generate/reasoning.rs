@@ -184,6 +184,30 @@ pub fn split(text: &str, inside: bool) -> Parts {
     parts
 }
 
+/// The parts of a whole answer as an API reads it: split where the model may think (`reasoning`: the
+/// request's [`super::Started::reasoning`]), else all content.
+pub fn answer(text: String, reasoning: Option<bool>) -> Parts {
+    match reasoning {
+        Some(inside) => split(&text, inside),
+        None => Parts {
+            reasoning: String::new(),
+            content: text,
+        },
+    }
+}
+
+/// The parts of the next streamed piece: through the answer's splitter where the model may think, else
+/// all content.
+pub fn piece(splitter: Option<&mut Splitter>, text: &str) -> Parts {
+    match splitter {
+        Some(splitter) => splitter.push(text),
+        None => Parts {
+            reasoning: String::new(),
+            content: text.to_string(),
+        },
+    }
+}
+
 /// Whether a rendered prompt leaves the thoughts open: its last `<think>` has no `</think>` after it
 /// (DeepSeek R1's generation prompt; a Qwen3 prompt whose thinking is off closes an empty block).
 pub fn prompt_opens_thinking(prompt: &str) -> bool {

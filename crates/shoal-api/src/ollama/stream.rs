@@ -223,13 +223,7 @@ async fn collect(mut run: Run, answer: &Answer) -> Result<String, Error> {
                     done_reason: reason,
                     metrics: Some(metrics),
                 };
-                let parts = match answer.reasoning {
-                    Some(inside) => reasoning::split(&text, inside),
-                    None => Parts {
-                        reasoning: String::new(),
-                        content: text,
-                    },
-                };
+                let parts = reasoning::answer(text, answer.reasoning);
                 let (text, calls) = match &answer.tools {
                     Some(parser) => split_calls(parser, parts.content, reason == "length"),
                     None => (parts.content, Vec::new()),
@@ -358,13 +352,7 @@ impl Lines {
                 if self.answer.logprobs {
                     self.pending.push(logprob(&text, lp, top));
                 }
-                let parts = match &mut self.reasoning {
-                    Some(splitter) => splitter.push(&text),
-                    None => Parts {
-                        reasoning: String::new(),
-                        content: text,
-                    },
-                };
+                let parts = reasoning::piece(self.reasoning.as_mut(), &text);
                 self.parts(parts);
             }
             Step::Done { reason, metrics } => {

@@ -136,13 +136,7 @@ pub async fn chat_completions(
             let logprobs = logprobs.then(|| ChatLogprobs {
                 content: d.tokens.into_iter().map(token_logprob).collect(),
             });
-            let parts = match reasoning {
-                Some(inside) => reasoning::split(&d.text, inside),
-                None => Parts {
-                    reasoning: String::new(),
-                    content: d.text,
-                },
-            };
+            let parts = reasoning::answer(d.text, reasoning);
             let (mut message, finish_reason) =
                 answer(parts.content, d.finish_reason, tool_parser.as_ref());
             message.reasoning_content = (!parts.reasoning.is_empty()).then_some(parts.reasoning);
@@ -389,13 +383,7 @@ impl ChunkFormat for ChatChunks {
         if logprobs {
             state.pending.push(token_logprob(token));
         }
-        let parts = match &mut state.reasoning {
-            Some(splitter) => splitter.push(&text),
-            None => Parts {
-                reasoning: String::new(),
-                content: text,
-            },
-        };
+        let parts = reasoning::piece(state.reasoning.as_mut(), &text);
         let delta = content_delta(state, parts);
         if delta.content.is_none()
             && delta.tool_calls.is_none()

@@ -27,7 +27,7 @@ use super::unix_now;
 use crate::ApiState;
 use crate::cancel::Caller;
 use crate::error::ApiError;
-use crate::generate::reasoning::{Parts, Splitter};
+use crate::generate::reasoning::Splitter;
 use crate::generate::{self, Chat, Started, collect};
 use crate::sse::stream_response;
 use types::{Input, ResponseObject, ResponsesRequest};
@@ -119,13 +119,7 @@ pub async fn create_response(
     }
     let done = collect(&mut stream, false).await?;
     let cut_off = done.finish_reason == FinishReason::Length;
-    let parts = match reasoning {
-        Some(inside) => generate::reasoning::split(&done.text, inside),
-        None => Parts {
-            reasoning: String::new(),
-            content: done.text,
-        },
-    };
+    let parts = generate::reasoning::answer(done.text, reasoning);
     let parsed = match parser {
         Some(parser) => parser.parse_ended(&parts.content, cut_off),
         None => ParsedAnswer {

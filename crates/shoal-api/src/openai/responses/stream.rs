@@ -14,7 +14,7 @@ use shoal_guide::{CutToolCall, ToolCallOut, ToolCallStream, ToolEvent};
 use super::{Shell, finish_status, output_text, tools};
 use crate::error::ApiError;
 use crate::generate::Finish;
-use crate::generate::reasoning::{Parts, Splitter};
+use crate::generate::reasoning::{self, Parts, Splitter};
 use crate::sse::{Frame, StreamFormat, to_json};
 
 /// Writes one response's events.
@@ -266,13 +266,7 @@ impl StreamFormat for ResponseEvents {
 
     fn token(&mut self, text: &str, _logprob: f32) -> Vec<Frame> {
         let mut frames = Vec::new();
-        let parts = match &mut self.splitter {
-            Some(splitter) => splitter.push(text),
-            None => Parts {
-                reasoning: String::new(),
-                content: text.to_string(),
-            },
-        };
+        let parts = reasoning::piece(self.splitter.as_mut(), text);
         self.parts(parts, &mut frames);
         frames
     }
