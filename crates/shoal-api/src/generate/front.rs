@@ -127,13 +127,7 @@ pub async fn plan(
             .map_err(chat.guide_error)?;
     // A constrained answer (a schema, a forced call) is constrained from its first token: no thoughts.
     let constrained = plan.processor.is_some();
-    let thinking = match constrained {
-        true => Thinking {
-            enable: Some(false),
-            ..chat.thinking.clone()
-        },
-        false => chat.thinking.clone(),
-    };
+    let thinking = super::reasoning::thinking_for(&chat.thinking, constrained);
     let mut prompt = engine
         .render_chat_thinking(&plan.messages, &plan.tools, &thinking)
         .map_err(|e| ApiError::from_engine(e, chat.prompt_param))?;

@@ -208,6 +208,18 @@ pub fn piece(splitter: Option<&mut Splitter>, text: &str) -> Parts {
     }
 }
 
+/// What the template is told of thinking: the request's ask, but off for a constrained answer (a schema,
+/// a forced call), which is constrained from its first token and so has no room for thoughts.
+pub fn thinking_for(asked: &shoal_engine::Thinking, constrained: bool) -> shoal_engine::Thinking {
+    match constrained {
+        true => shoal_engine::Thinking {
+            enable: Some(false),
+            ..asked.clone()
+        },
+        false => asked.clone(),
+    }
+}
+
 /// Whether a rendered prompt leaves the thoughts open: its last `<think>` has no `</think>` after it
 /// (DeepSeek R1's generation prompt; a Qwen3 prompt whose thinking is off closes an empty block).
 pub fn prompt_opens_thinking(prompt: &str) -> bool {

@@ -133,14 +133,7 @@ pub async fn generate(
         .map_err(|e| ApiError::from_engine(e, "prompt"))?;
     let processor = format_processor(&state.guides, &engine, &format).await?;
     let raw = req.raw == Some(true);
-    let thinking = match processor.is_some() {
-        // A constrained answer is constrained from its first token: no thoughts.
-        true => shoal_engine::Thinking {
-            enable: Some(false),
-            ..checked.thinking.clone()
-        },
-        false => checked.thinking.clone(),
-    };
+    let thinking = generate::reasoning::thinking_for(&checked.thinking, processor.is_some());
     let text = if raw {
         prompt
     } else {
