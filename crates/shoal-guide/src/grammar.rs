@@ -132,6 +132,22 @@ pub(crate) fn fixed(text: &str, control_token: &dyn Fn(&str) -> Option<u32>) -> 
     }
 }
 
+const CHANNEL: &str = "<|channel|>";
+const MESSAGE: &str = "<|message|>";
+
+/// The Lark grammar of a JSON answer (`schema`, shoal's options already in it) as gpt-oss writes one:
+/// a message on the final channel.
+pub(crate) fn harmony_answer_lark(
+    schema: &Value,
+    control_token: &dyn Fn(&str) -> Option<u32>,
+) -> String {
+    format!(
+        "start: {} \"final\" {} %json {schema}\n",
+        fixed(CHANNEL, control_token),
+        fixed(MESSAGE, control_token)
+    )
+}
+
 /// The Lark grammar of a forced call to one of `tools` in `format`: one call, or one or more when
 /// `parallel`. `control_token` maps a marker text to its control-token id, if the vocabulary has one.
 pub(crate) fn tool_call_lark(
@@ -180,6 +196,19 @@ pub(crate) fn tool_call_lark(
             let repeat = if parallel { "+" } else { "" };
             format!("start: call{repeat}\ncall: {calls}\n")
         }
+        // gpt-oss writes one call per turn: a commentary message addressed to the function.
+        ToolFormat::Harmony => {
+            let (channel, message) = (fixed(CHANNEL, control_token), fixed(MESSAGE, control_token));
+            let constrain = fixed("<|constrain|>", control_token);
+            let calls = alternatives(&|t| {
+                Ok(format!(
+                    "{channel} {} {constrain} \"json\" {message} {}",
+                    literal(&format!("commentary to=functions.{} ", t.name)),
+                    json_rule(&closed(&t.parameters))?
+                ))
+            })?;
+            format!("start: call\ncall: {calls}\n")
+        }
         ToolFormat::Generic => {
             let items: Vec<Value> = tools.iter().map(|t| call_schema(t, key)).collect();
             let mut list = json!({"type": "array", "items": {"anyOf": items}, "minItems": 1});
@@ -222,6 +251,29 @@ mod tests {
         assert!(
             g.starts_with("start: <[5]> \"[\" body (\", \" body)* \"]\""),
             "{g}"
+        );
+    }
+
+    #[test]
+    fn harmony_calls_and_answers_are_messages_on_their_channels() {
+        let a = tool("get_weather");
+        let specials = |t: &str| match t {
+            "<|channel|>" => Some(1),
+            "<|constrain|>" => Some(2),
+            "<|message|>" => Some(3),
+            _ => None,
+        };
+        let g = tool_call_lark(ToolFormat::Harmony, &[&a], true, &specials).expect("builds");
+        assert!(
+            g.starts_with(
+                "start: call\ncall: <[1]> \"commentary to=functions.get_weather \" <[2]> \"json\" <[3]> %json {"
+            ),
+            "{g}"
+        );
+        let g = harmony_answer_lark(&json!({"type": "object"}), &specials);
+        assert_eq!(
+            g,
+            "start: <[1]> \"final\" <[3]> %json {\"type\":\"object\"}\n"
         );
     }
 

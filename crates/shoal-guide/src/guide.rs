@@ -18,7 +18,9 @@ use shoal_model::chat::{ChatTemplate, ToolCaps};
 use shoal_model::tokenizer::{TokenType, Tokenizer};
 
 use crate::error::GuideError;
-use crate::grammar::{ResponseFormat, response_schema, tool_call_lark, with_json_options};
+use crate::grammar::{
+    ResponseFormat, harmony_answer_lark, response_schema, tool_call_lark, with_json_options,
+};
 use crate::processor::GuidedProcessor;
 use crate::tokens::tok_env;
 use crate::tools::parse::{CallIds, parse};
@@ -228,6 +230,41 @@ impl ModelGuide {
             .transpose()
     }
 
+    /// A processor for a response format as a model of `format` writes its answer: harmony's on its
+    /// final channel, every other family's as the bare JSON (`None` for free text).
+    pub fn response_format_for(
+        &self,
+        response: &ResponseFormat,
+        format: ToolFormat,
+    ) -> Result<Option<GuidedProcessor>, GuideError> {
+        if format != ToolFormat::Harmony {
+            return self.response_format(response);
+        }
+        let Some(schema) = response_schema(response)? else {
+            return Ok(None);
+        };
+        // The schema alone first, so a bad one is the client's error.
+        self.json_schema(schema.clone())?;
+        let control = |text: &str| self.marker_token(format, text);
+        let lark = harmony_answer_lark(&schema, &control);
+        self.compile(TopLevelGrammar::from_lark(lark), |message| {
+            GuideError::Schema { message }
+        })
+        .map(Some)
+    }
+
+    /// The token a grammar writes a marker of `format` as: its control token, or for harmony (whose
+    /// `<|channel|>`, `<|message|>` and `<|constrain|>` are user-defined, as llama.cpp types them)
+    /// its special token of either kind.
+    fn marker_token(&self, format: ToolFormat, text: &str) -> Option<u32> {
+        let id = self.tokenizer.token_id(text)?;
+        match self.tokenizer.token_type(id) {
+            Some(TokenType::Control) => Some(id),
+            Some(TokenType::UserDefined) if format == ToolFormat::Harmony => Some(id),
+            _ => None,
+        }
+    }
+
     /// A processor that forces a call to one of `tools` in `format`. Each tool's parameters schema
     /// is compiled alone first, so a bad one is reported by its tool's name.
     pub fn forced_call(
@@ -249,11 +286,7 @@ impl ModelGuide {
                 }
             })?;
         }
-        let control = |text: &str| {
-            self.tokenizer
-                .token_id(text)
-                .filter(|&id| self.tokenizer.token_type(id) == Some(TokenType::Control))
-        };
+        let control = |text: &str| self.marker_token(format, text);
         let lark = tool_call_lark(format, tools, parallel, &control)?;
         self.compile(TopLevelGrammar::from_lark(lark), |message| {
             GuideError::Internal { message }
@@ -352,8 +385,8 @@ pub fn plan_with(
     let processor: Option<Box<dyn LogitsProcessor>> = match (&forced, &guidance.response_format) {
         (Some(forced), _) => Some(Box::new(guide()?.forced_call(format, forced, parallel)?)),
         (None, ResponseFormat::Text) => None,
-        (None, format) => guide()?
-            .response_format(format)?
+        (None, response) => guide()?
+            .response_format_for(response, format)?
             .map(|p| Box::new(p) as Box<dyn LogitsProcessor>),
     };
     let offered = !tools.is_empty() && guidance.tool_choice != ToolChoice::None;

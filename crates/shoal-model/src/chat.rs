@@ -385,6 +385,13 @@ impl ChatTemplate {
         self.source.contains("<think>")
     }
 
+    /// Whether the model writes OpenAI's harmony format (gpt-oss): its template writes `<|channel|>`
+    /// headers, so an answer is messages on the `analysis`, `commentary` and `final` channels.
+    /// Decided once, when the template is compiled.
+    pub fn writes_channels(&self) -> bool {
+        !self.developer_is_system
+    }
+
     /// What the template does with tools and tool calls.
     pub fn tool_caps(&self) -> ToolCaps {
         self.tool_caps

@@ -14,7 +14,8 @@ use serde_json::Value;
 
 use super::ToolFormat;
 use super::parse::{
-    HERMES_CLOSE, HERMES_OPEN, MISTRAL_ARGS, MISTRAL_CALLS, PYTHON_TAG, ParsedCall,
+    HARMONY_CALL, HARMONY_MESSAGE, HERMES_CLOSE, HERMES_OPEN, MISTRAL_ARGS, MISTRAL_CALLS,
+    PYTHON_TAG, ParsedCall,
 };
 
 /// A call the answer was writing when the token budget ran out.
@@ -58,6 +59,7 @@ pub fn cut_calls(format: ToolFormat, text: &str) -> Option<CutCalls> {
             )
         }
         ToolFormat::MistralArgs => mistral_args(text),
+        ToolFormat::Harmony => harmony(text),
         ToolFormat::Generic => {
             let body = text.trim_start();
             let body = match body.strip_prefix("```") {
@@ -93,6 +95,31 @@ fn hermes(text: &str) -> Option<CutCalls> {
     cut.content = before.content.trim().to_owned();
     cut.calls = before.calls;
     Some(cut)
+}
+
+/// Harmony, in [`super::parse::harmony_call`]'s form: the last call is cut when its arguments are not
+/// whole JSON; its name is known once its header was finished (`<|message|>` written).
+fn harmony(text: &str) -> Option<CutCalls> {
+    let open = text.rfind(HARMONY_CALL)?;
+    let segment = &text[open + HARMONY_CALL.len()..];
+    let cut = match segment.split_once(HARMONY_MESSAGE) {
+        Some((name, args)) => {
+            if serde_json::from_str::<Value>(args.trim()).is_ok() {
+                return None;
+            }
+            CutCall {
+                name: Some(name.to_owned()),
+                arguments: minified(args.trim_start()),
+            }
+        }
+        None => CutCall::default(),
+    };
+    let before = super::parse::parse(ToolFormat::Harmony, &text[..open]);
+    Some(CutCalls {
+        content: before.content.trim().to_owned(),
+        calls: before.calls,
+        cut,
+    })
 }
 
 /// Mistral Small: `[TOOL_CALLS]name[ARGS]{...` per call; the last one is cut.
@@ -425,6 +452,34 @@ mod tests {
         }
         let hermes = cut_calls(ToolFormat::Hermes, cases[0].1).expect("cut");
         assert_eq!(hermes.content, "Sure.");
+    }
+
+    #[test]
+    fn harmony_cut_in_its_arguments_or_its_header() {
+        let call = super::super::parse::harmony_call;
+        let text = format!("{}{{\"city\": \"Le Ma", call("get_weather"));
+        let got = cut_calls(ToolFormat::Harmony, &text).expect("cut");
+        assert_eq!(got.cut, cut(Some("get_weather"), "{\"city\":\"Le Ma"));
+        assert!(got.calls.is_empty() && got.content.is_empty());
+        // A finished call before the cut one, and text before both.
+        let text = format!("Hm.{}{{}}{}{{\"a", call("one"), call("two"));
+        let got = cut_calls(ToolFormat::Harmony, &text).expect("cut");
+        assert_eq!(got.content, "Hm.");
+        assert_eq!(got.calls[0].name, "one");
+        assert_eq!(got.cut, cut(Some("two"), "{\"a"));
+        // Cut before `<|message|>`: the name may be partial, so it is not known.
+        let got = cut_calls(
+            ToolFormat::Harmony,
+            "<|start|>assistant to=functions.get_we",
+        )
+        .expect("cut");
+        assert_eq!(got.cut, cut(None, ""));
+        // Whole arguments: not cut.
+        assert_eq!(
+            cut_calls(ToolFormat::Harmony, &format!("{}{{}}", call("f"))),
+            None
+        );
+        assert_eq!(cut_calls(ToolFormat::Harmony, "plain text"), None);
     }
 
     #[test]

@@ -9,6 +9,9 @@
 //!   `<|python_tag|>`;
 //! - [`ToolFormat::MistralJson`] (Mistral v3 / Nemo): `[TOOL_CALLS][{"name": "f", "arguments": {...}}]`;
 //!   [`ToolFormat::MistralArgs`] (Mistral Small 3.2, Devstral): `[TOOL_CALLS]f[ARGS]{...}` per call;
+//! - [`ToolFormat::Harmony`] (gpt-oss): a message on the commentary channel addressed to the function,
+//!   `<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>`; the API's harmony
+//!   reader hands each call to the parser in one form ([`parse::harmony_call`]);
 //! - [`ToolFormat::Generic`] (Gemma, SmolLM2 and any template that does not print tools): one JSON
 //!   object `{"tool_calls": [{"name": "f", "arguments": {...}}]}`, taught by a system-prompt
 //!   paragraph listing the tools, with earlier calls and results written into the messages as JSON
@@ -110,6 +113,7 @@ pub enum ToolFormat {
     Llama3,
     MistralJson,
     MistralArgs,
+    Harmony,
     Generic,
 }
 
@@ -124,7 +128,9 @@ impl ToolFormat {
         if !caps.tool_calls {
             return ToolFormat::Generic;
         }
-        if src.contains("[TOOL_CALLS]") {
+        if template.writes_channels() {
+            ToolFormat::Harmony
+        } else if src.contains("[TOOL_CALLS]") {
             if src.contains("[ARGS]") {
                 ToolFormat::MistralArgs
             } else {

@@ -15,6 +15,10 @@ pub(crate) const HERMES_CLOSE: &str = "</tool_call>";
 pub(crate) const PYTHON_TAG: &str = "<|python_tag|>";
 pub(crate) const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
 pub(crate) const MISTRAL_ARGS: &str = "[ARGS]";
+/// What opens a harmony call in the form [`harmony_call`] writes.
+pub(crate) const HARMONY_CALL: &str = "<|start|>assistant to=functions.";
+/// What ends a harmony header.
+pub(crate) const HARMONY_MESSAGE: &str = "<|message|>";
 
 /// One call found in an output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +36,13 @@ pub struct Parsed {
     pub calls: Vec<ParsedCall>,
 }
 
+/// The opening of a call to `name` in the one form harmony calls reach the parser in (gpt-oss: the
+/// API's harmony reader writes every call message so, whichever header form the model wrote); its
+/// arguments follow, and the next call's opening or the end of the answer ends them.
+pub fn harmony_call(name: &str) -> String {
+    format!("{HARMONY_CALL}{name}{HARMONY_MESSAGE}")
+}
+
 /// A call's `arguments` text as a JSON value: parsed where it is JSON, else the text as a string.
 pub fn arguments_value(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
@@ -45,6 +56,7 @@ pub fn parse(format: ToolFormat, text: &str) -> Parsed {
         ToolFormat::MistralJson => mistral_json(text),
         ToolFormat::MistralArgs => mistral_args(text),
         ToolFormat::Generic => generic(text),
+        ToolFormat::Harmony => harmony(text),
     };
     if !parsed.calls.is_empty() {
         parsed.content = parsed.content.trim().to_owned();
@@ -189,6 +201,27 @@ fn mistral_args(text: &str) -> Parsed {
     }
 }
 
+/// Harmony calls in [`harmony_call`]'s form: each opening, the name, `<|message|>`, the arguments. A
+/// call whose arguments are not JSON leaves its arguments in the content (its markers never).
+fn harmony(text: &str) -> Parsed {
+    let mut segments = text.split(HARMONY_CALL);
+    let mut content = segments.next().unwrap_or_default().to_owned();
+    let mut calls = Vec::new();
+    for segment in segments {
+        let (name, args) = segment.split_once(HARMONY_MESSAGE).unwrap_or(("", segment));
+        let args = args.trim();
+        if !name.is_empty() && serde_json::from_str::<Value>(args).is_ok() {
+            calls.push(ParsedCall {
+                name: name.to_owned(),
+                arguments: args.to_owned(),
+            });
+        } else {
+            content.push_str(args);
+        }
+    }
+    Parsed { content, calls }
+}
+
 fn generic(text: &str) -> Parsed {
     let mut body = text.trim();
     if let Some(fenced) = body.strip_prefix("```") {
@@ -317,6 +350,29 @@ mod tests {
         assert_eq!(parse(ToolFormat::Llama3, text), content_only(text));
         let text = "{\"name\": \"a\", \"parameters\": {}} and more";
         assert_eq!(parse(ToolFormat::Llama3, text), content_only(text));
+    }
+
+    #[test]
+    fn harmony_calls_in_their_one_form() {
+        let text = format!(
+            "Checking.{}{{\"city\": \"Paris\"}}{}{{}}",
+            harmony_call("get_weather"),
+            harmony_call("now")
+        );
+        let p = parse(ToolFormat::Harmony, &text);
+        assert_eq!(p.content, "Checking.");
+        assert_eq!(
+            p.calls,
+            vec![
+                call("get_weather", "{\"city\": \"Paris\"}"),
+                call("now", "{}")
+            ]
+        );
+        // Arguments that are not JSON stay in the content, the markers never.
+        let text = format!("{}not json", harmony_call("f"));
+        let p = parse(ToolFormat::Harmony, &text);
+        assert_eq!((p.content.as_str(), p.calls.len()), ("not json", 0));
+        assert_eq!(parse(ToolFormat::Harmony, "56").content, "56");
     }
 
     #[test]

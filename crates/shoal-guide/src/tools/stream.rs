@@ -1,7 +1,7 @@
 //! [`ToolCallStream`]: tool-call parsing while an answer streams.
 //!
 //! Text goes out as [`ToolEvent::Content`] until a call's opener appears (`<tool_call>`,
-//! `[TOOL_CALLS]`, `<|python_tag|>`, or — for the formats whose calls are bare JSON — a `{` as the
+//! `[TOOL_CALLS]`, `<|python_tag|>`, harmony's `<|start|>assistant to=functions.`, or — for the formats whose calls are bare JSON — a `{` as the
 //! first thing written). Text that might be the start of an opener is held back until it is clear.
 //! From the opener on everything is buffered: a Hermes block is emitted as a [`ToolEvent::Call`] as
 //! soon as it closes, the other formats' calls when the stream ends ([`ToolCallStream::finish`]),
@@ -11,7 +11,7 @@
 use super::ToolFormat;
 use super::cut::cut_calls;
 use super::parse::{
-    CallIds, HERMES_CLOSE, HERMES_OPEN, MISTRAL_CALLS, PYTHON_TAG, ParsedCall, parse,
+    CallIds, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN, MISTRAL_CALLS, PYTHON_TAG, ParsedCall, parse,
 };
 
 /// What the stream yields.
@@ -86,6 +86,7 @@ impl ToolCallStream {
             ToolFormat::Hermes => &[HERMES_OPEN],
             ToolFormat::Llama3 => &[PYTHON_TAG],
             ToolFormat::MistralJson | ToolFormat::MistralArgs => &[MISTRAL_CALLS],
+            ToolFormat::Harmony => &[HARMONY_CALL],
             ToolFormat::Generic => &[],
         }
     }
@@ -287,6 +288,33 @@ mod tests {
         assert_eq!(calls(&ev), vec![(1, "g".into(), "{}".into())]);
         assert!(s.finish().is_empty());
         assert!(s.saw_calls());
+    }
+
+    #[test]
+    fn harmony_calls_stream_after_the_content_and_a_cut_one_is_cut() {
+        let opener = super::super::parse::harmony_call("get_weather");
+        let pieces = [
+            "Let me check.",
+            opener.as_str(),
+            "{\"city\": ",
+            "\"Paris\"}",
+        ];
+        let ev = run(ToolFormat::Harmony, &pieces);
+        assert_eq!(content(&ev), "Let me check.");
+        assert!(
+            matches!(&ev[1], ToolEvent::Call { name, arguments, .. }
+                if name == "get_weather" && arguments == "{\"city\": \"Paris\"}"),
+            "{ev:?}"
+        );
+        let mut s = ToolCallStream::new(ToolFormat::Harmony, CallIds::new(1, ToolFormat::Harmony));
+        s.push(&opener);
+        s.push("{\"city\": \"Par");
+        let ev = s.finish_cut();
+        assert!(
+            matches!(ev.as_slice(), [ToolEvent::Cut { name: Some(n), arguments, .. }]
+                if n == "get_weather" && arguments == "{\"city\":\"Par"),
+            "{ev:?}"
+        );
     }
 
     #[test]
