@@ -135,6 +135,8 @@ def make_fixtures(out: Path, seed: int, binary: Path, families: list[str], keep_
                     }
                     if fam.experts:
                         entry["experts"] = {k: getattr(fam.experts, k) for k in fam.experts.__dataclass_fields__}
+                    if fam.mla:
+                        entry["mla"] = {k: getattr(fam.mla, k) for k in fam.mla.__dataclass_fields__}
                     entries.append(entry)
                     print(f"{path.name:32s} {path.stat().st_size:>9,d} bytes")
     return entries

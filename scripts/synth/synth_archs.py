@@ -70,6 +70,10 @@ class Family:
     # and `nextn` multi-token-prediction layers after the n_layer of the model (block_count counts them)
     glm: bool = False
     nextn: int = 0
+    # deepseek2: multi-head latent attention (`Mla`: q/kv LoRA ranks, the split rope part, the absorbed
+    # attn_k_b / attn_v_b current converters write), ffn_norm, leading dense layers, sigmoid routing with
+    # exp_probs_b and group-limited top-k, an ungated shared expert, YaRN with yarn_log_multiplier
+    mla: "Mla | None" = None
     write_vocab_size: bool = False  # LlamaModel writes <arch>.vocab_size and rope.dimension_count
     write_head_dim: bool = False  # config.json has head_dim -> key_length / value_length
     extra_u32: dict[str, int] = field(default_factory=dict)  # further <arch>.* keys the converter writes
@@ -84,6 +88,20 @@ class Experts:
     used: int
     ff: int
     shared_ff: int = 0
+
+
+@dataclass(frozen=True)
+class Mla:
+    """Multi-head latent attention: queries through a rank-`q_lora` bottleneck, keys and values from one
+    `kv_lora` latent per token plus a shared `rope`-wide rotated key part; per head `nope + rope` query/key
+    values and `v_head` value values."""
+    q_lora: int
+    kv_lora: int
+    nope: int
+    rope: int
+    v_head: int
+    groups: int  # expert_group_count
+    groups_used: int  # expert_group_used_count
 
 
 def _dims(d: int, n_head: int, hd: int, n_kv: int, ff: int, layers: int, vocab: int = 512) -> Dims:
@@ -142,6 +160,15 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            label="GLM-4.5-like: layer 0 dense, then 8 experts top-2 chosen on sigmoid scores + exp_probs_b, "
                  "weighted by the scores renormalised and scaled by 2.5, an ungated shared expert; Q/K/V bias, "
                  "QK-norm, rotary on half of each head, one nextn (MTP) layer after the 3, qwen2 tokenizer, untied"),
+    Family("deepseek2", "deepseek2", "qwen2", {"k": _dims(256, 4, 96, 1, 256, 2)},
+           context=163840, rope_base=10000.0, rms_eps=1e-6, tied=False,
+           experts=Experts(count=8, used=2, ff=32, shared_ff=32),
+           mla=Mla(q_lora=256, kv_lora=256, nope=64, rope=32, v_head=64, groups=2, groups_used=1),
+           extra_u32={"leading_dense_block_count": 1},
+           label="DeepSeek-V3-like: multi-head latent attention (q_lora 256, kv_lora 256, 4 heads of nope 64 + "
+                 "rope 32, v_head 64; absorbed attn_k_b / attn_v_b, one KV head of 288), layer 0 dense, then 8 "
+                 "experts in 2 groups (1 group used) top-2 chosen on sigmoid + exp_probs_b, renormalised and "
+                 "scaled by 2.5, an ungated shared expert; YaRN factor 40 with yarn_log_multiplier 0.1; untied"),
 ]}
 
 
@@ -184,7 +211,7 @@ def write_metadata(w, fam: Family, dims: Dims) -> None:
         w.add_uint32(f"{a}.expert_count", fam.experts.count)
         w.add_uint32(f"{a}.expert_used_count", fam.experts.used)
         w.add_uint32(f"{a}.expert_feed_forward_length", fam.experts.ff)
-        if fam.experts.shared_ff and not fam.glm:  # GLM's converter writes expert_shared_count instead
+        if fam.experts.shared_ff and not fam.glm and not fam.mla:  # GLM and DeepSeek write expert_shared_count
             w.add_uint32(f"{a}.expert_shared_feed_forward_length", fam.experts.shared_ff)
     if fam.glm:
         w.add_float32(f"{a}.expert_weights_scale", 2.5)
@@ -193,9 +220,36 @@ def write_metadata(w, fam: Family, dims: Dims) -> None:
         w.add_string(f"{a}.rope.scaling.type", "yarn")
         w.add_float32(f"{a}.rope.scaling.factor", 32.0)
         w.add_uint32(f"{a}.rope.scaling.original_context_length", 4096)
+    if fam.mla:
+        _write_mla_metadata(w, fam, dims)
     if fam.write_vocab_size:
         w.add_uint32(f"{a}.vocab_size", dims.n_vocab)
         w.add_uint32(f"{a}.rope.dimension_count", dims.head_dim)
+
+
+def _write_mla_metadata(w, fam: Family, dims: Dims) -> None:
+    """DeepseekV2Model.set_gguf_parameters' keys (after the common ones): MLA converts into MQA with one KV head
+    of kv_lora + rope (key_length) and kv_lora values (value_length); the decompressed sizes are the *_mla
+    keys. YaRN as DeepSeek V3 ships it (factor 40, original context 4096, mscale_all_dim 1 written as 0.1)."""
+    a, m, ex = fam.arch, fam.mla, fam.experts
+    w.add_uint32(f"{a}.expert_gating_func", 2)
+    w.add_uint32(f"{a}.expert_group_count", m.groups)
+    w.add_uint32(f"{a}.expert_group_used_count", m.groups_used)
+    w.add_uint32(f"{a}.vocab_size", dims.n_vocab)
+    w.add_uint32(f"{a}.attention.q_lora_rank", m.q_lora)
+    w.add_uint32(f"{a}.attention.kv_lora_rank", m.kv_lora)
+    w.add_uint32(f"{a}.attention.key_length", m.kv_lora + m.rope)
+    w.add_uint32(f"{a}.attention.value_length", m.kv_lora)
+    w.add_uint32(f"{a}.attention.key_length_mla", m.nope + m.rope)
+    w.add_uint32(f"{a}.attention.value_length_mla", m.v_head)
+    w.add_uint32(f"{a}.expert_shared_count", ex.shared_ff // ex.ff)
+    w.add_float32(f"{a}.expert_weights_scale", 2.5)
+    w.add_bool(f"{a}.expert_weights_norm", True)
+    w.add_uint32(f"{a}.rope.dimension_count", m.rope)
+    w.add_string(f"{a}.rope.scaling.type", "yarn")
+    w.add_float32(f"{a}.rope.scaling.factor", 40.0)
+    w.add_uint32(f"{a}.rope.scaling.original_context_length", 4096)
+    w.add_float32(f"{a}.rope.scaling.yarn_log_multiplier", 0.1)
 
 
 class _Rng:
@@ -253,6 +307,9 @@ def tensor_specs(fam: Family, dims: Dims, seed: int, tier: str) -> Iterator[tupl
     for i in range(dims.n_layer + fam.nextn):
         p = f"blk.{i}."
         yield norm(p + "attn_norm.weight", d)
+        if fam.mla:
+            yield from _mla_specs(p, fam, dims, i, normal, f32, norm)
+            continue
         qkv = [(p + "attn_q.weight", q_dim, 1.2 / math.sqrt(d)), (p + "attn_k.weight", kv_dim, 1.2 / math.sqrt(d)),
                (p + "attn_v.weight", kv_dim, 1.0 / math.sqrt(d))]
         if fam.fused:
@@ -326,11 +383,41 @@ def _oss_specs(p: str, ex: Experts, d: int, n_head: int, normal, f32):
 
 
 def _glm_specs(p: str, fam: Family, dims: Dims, i: int, normal, f32, norm):
-    """A glm4moe layer's tensors after attn_output: the FFN norm (post_attention_norm), a dense FFN on the leading
-    layers, else the router, the selection bias (exp_probs_b), the experts and the ungated shared expert; a nextn
-    layer (i >= n_layer) then has its MTP tensors, which llama.cpp (and shoal) do not run."""
-    ex, d, ff = fam.experts, dims.n_embd, dims.n_ff
+    """A glm4moe layer's tensors after attn_output: the FFN norm (post_attention_norm), the feed-forward of
+    `_leading_dense_or_biased_moe`; a nextn layer (i >= n_layer) then has its MTP tensors, which llama.cpp (and
+    shoal) do not run."""
+    d = dims.n_embd
     yield norm(p + "post_attention_norm.weight", d)
+    yield from _leading_dense_or_biased_moe(p, fam, dims, i, normal, f32)
+    if i >= dims.n_layer:
+        yield normal(p + "nextn.eh_proj.weight", (d, 2 * d), 1.0 / math.sqrt(2 * d))
+        yield norm(p + "nextn.enorm.weight", d)
+        yield norm(p + "nextn.hnorm.weight", d)
+        yield norm(p + "nextn.shared_head_norm.weight", d)
+
+
+def _mla_specs(p: str, fam: Family, dims: Dims, i: int, normal, f32, norm):
+    """A deepseek2 layer after attn_norm, as llama.cpp loads it: the query bottleneck (attn_q_a, its norm,
+    attn_q_b), the latent and rope key (attn_kv_a_mqa: kv_lora + rope rows) and its norm, the absorbed
+    per-head attn_k_b (numpy [head, kv_lora, nope]: k_b_proj transposed) and attn_v_b ([head, v_head, kv_lora]),
+    attn_output, ffn_norm, then the feed-forward of `_leading_dense_or_biased_moe`."""
+    m, d, nh = fam.mla, dims.n_embd, dims.n_head
+    yield normal(p + "attn_q_a.weight", (m.q_lora, d), 1.0 / math.sqrt(d))
+    yield norm(p + "attn_q_a_norm.weight", m.q_lora)
+    yield normal(p + "attn_q_b.weight", (nh * (m.nope + m.rope), m.q_lora), 1.0 / math.sqrt(m.q_lora))
+    yield normal(p + "attn_kv_a_mqa.weight", (m.kv_lora + m.rope, d), 1.2 / math.sqrt(d))
+    yield norm(p + "attn_kv_a_norm.weight", m.kv_lora)
+    yield normal(p + "attn_k_b.weight", (nh, m.kv_lora, m.nope), 1.2 / math.sqrt(m.nope))
+    yield normal(p + "attn_v_b.weight", (nh, m.v_head, m.kv_lora), 1.0 / math.sqrt(m.kv_lora))
+    yield normal(p + "attn_output.weight", (d, nh * m.v_head), OUT_GAIN / math.sqrt(nh * m.v_head))
+    yield norm(p + "ffn_norm.weight", d)
+    yield from _leading_dense_or_biased_moe(p, fam, dims, i, normal, f32)
+
+
+def _leading_dense_or_biased_moe(p: str, fam: Family, dims: Dims, i: int, normal, f32):
+    """glm4moe's and deepseek2's feed-forward tensors after their norm: a dense FFN on the leading layers, else the
+    router, the selection bias (exp_probs_b), the experts and the ungated shared expert."""
+    ex, d, ff = fam.experts, dims.n_embd, dims.n_ff
     if i < fam.extra_u32.get("leading_dense_block_count", 0):
         yield normal(p + "ffn_gate.weight", (ff, d), 1.0 / math.sqrt(d))
         yield normal(p + "ffn_up.weight", (ff, d), 1.0 / math.sqrt(d))
@@ -345,8 +432,3 @@ def _glm_specs(p: str, fam: Family, dims: Dims, i: int, normal, f32, norm):
     yield normal(p + "ffn_gate_shexp.weight", (f, d), 1.0 / math.sqrt(d))
     yield normal(p + "ffn_up_shexp.weight", (f, d), 1.0 / math.sqrt(d))
     yield normal(p + "ffn_down_shexp.weight", (d, f), OUT_GAIN / math.sqrt(f))
-    if i >= dims.n_layer:
-        yield normal(p + "nextn.eh_proj.weight", (d, 2 * d), 1.0 / math.sqrt(2 * d))
-        yield norm(p + "nextn.enorm.weight", d)
-        yield norm(p + "nextn.hnorm.weight", d)
-        yield norm(p + "nextn.shared_head_norm.weight", d)

@@ -207,8 +207,7 @@ impl LocalStage {
 
     /// An empty KV cache for a new sequence.
     fn new_cache(model: &DecoderStage, source: &KvSource) -> KvCache {
-        let c = model.config();
-        KvCache::with_buffers(model.range().len(), c.n_kv_heads, c.head_dim, source.get())
+        KvCache::for_model(model.config(), model.range().len(), source.get())
     }
 
     pub fn model(&self) -> &DecoderStage {

@@ -63,12 +63,7 @@ pub(crate) fn touch_kv(
         .filter(|&&t| t <= limit)
         .filter_map(|&tokens| {
             let buffers: Arc<dyn shoal_model::KvBuffers> = pool.clone();
-            let mut kv = KvCache::with_buffers(
-                local_layers,
-                model.n_kv_heads,
-                model.head_dim,
-                Some(buffers),
-            );
+            let mut kv = KvCache::for_model(model, local_layers, Some(buffers));
             match kv.reserve(tokens) {
                 Ok(()) => Some(kv),
                 Err(e) => {

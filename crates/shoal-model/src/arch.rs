@@ -21,8 +21,8 @@
 //! ([`Gating::TopKThenSoftmax`]: the k largest biased router logits, then a softmax over those k), the
 //! experts' activation ([`Activation::SwigluOai`], llama.cpp's clamped `swiglu_oai`), sliding windows on
 //! every other layer (the even ones), local layers rotated like the global ones, and the FFN norm read
-//! from `post_attention_norm` (the name llama.cpp loads it by). Other mixture-of-experts architectures
-//! (`deepseek2`, …) are refused by name.
+//! from `post_attention_norm` (the name llama.cpp loads it by). Other architectures (`llama4`, …) are
+//! refused by name.
 //!
 //! `glm4moe` (GLM-4.5 / 4.6 / 4.7 and their Air builds) is the same decoder once more: Q/K/V biases
 //! and optional Q/K norms are used because the file has them, partial rotary (`rope.dimension_count`
@@ -33,6 +33,14 @@
 //! `expert_weights_norm` and scaled by `expert_weights_scale`; the shared expert is added ungated. The
 //! `nextn_predict_layers` multi-token-prediction layers at the end of the file are not run (llama.cpp
 //! skips them too): the model has `block_count − nextn_predict_layers` layers.
+//!
+//! `deepseek2` (DeepSeek V2/V3/R1, Kimi K2, Moonlight, GLM-4.7-Flash) is the same decoder with multi-head
+//! latent attention as its attention ([`crate::mla`], decision 022): the file's `attn_q_a`/`attn_q_b`
+//! (or `attn_q`), `attn_kv_a_mqa`, `attn_k_b`/`attn_v_b` make it a one-KV-head attention over a cached
+//! latent of `kv_lora_rank + rope` values per token. Its feed-forward is glm4moe's machinery with the
+//! gating the file names (`expert_gating_func`: softmax for V2, sigmoid for V3), group-limited top-k
+//! (`expert_group_count` / `expert_group_used_count`), the selection bias, leading dense layers and an
+//! ungated shared expert; rotary pairs are interleaved (ggml's normal mode) on the rope part only.
 
 use crate::error::{ModelError, Result};
 
@@ -66,6 +74,10 @@ pub enum Arch {
     /// GLM-4.5 / 4.6 / 4.7 (and Air): leading dense layers, then sigmoid-routed experts with a selection
     /// bias and an ungated shared expert; Q/K/V biases, partial rotary.
     Glm4Moe,
+    /// DeepSeek V2 / V3 / R1, Kimi K2, Moonlight, GLM-4.7-Flash: multi-head latent attention, leading
+    /// dense layers, then routed experts (softmax or sigmoid, group-limited, with a selection bias) and an
+    /// ungated shared expert.
+    Deepseek2,
 }
 
 /// How a mixture-of-experts family turns the router's logits into expert weights: pick the
@@ -150,6 +162,7 @@ impl Arch {
             "qwen3moe" => Self::Qwen3Moe,
             "gpt-oss" => Self::GptOss,
             "glm4moe" => Self::Glm4Moe,
+            "deepseek2" => Self::Deepseek2,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
         })
     }
@@ -166,6 +179,7 @@ impl Arch {
             Self::Qwen3Moe => "qwen3moe",
             Self::GptOss => "gpt-oss",
             Self::Glm4Moe => "glm4moe",
+            Self::Deepseek2 => "deepseek2",
         }
     }
 
@@ -218,6 +232,13 @@ impl Arch {
                     gating: Gating::Sigmoid,
                 }),
                 ffn_norm: "post_attention_norm",
+                ..base
+            },
+            // The gating and `norm_weights` are replaced by the file's `expert_gating_func` and
+            // `expert_weights_norm` (see `crate::config`); softmax is V2's, which writes no gating key.
+            Self::Deepseek2 => Family {
+                rope: RopeStyle::Interleaved,
+                routing: Some(softmax_first(false)),
                 ..base
             },
             Self::Gemma3 => Family {
@@ -274,7 +295,9 @@ mod tests {
             (RopeStyle::Neox, "post_attention_norm")
         );
         assert_eq!(Arch::Qwen3.family().routing, None);
-        for name in ["deepseek2", "llama4"] {
+        let ds = Arch::from_name("deepseek2").unwrap().family();
+        assert_eq!((ds.rope, ds.ffn_norm), (RopeStyle::Interleaved, "ffn_norm"));
+        for name in ["llama4", "mamba"] {
             let err = Arch::from_name(name).map(|_| ()).unwrap_err().to_string();
             assert!(err.contains(&format!("'{name}'")), "{err}");
         }

@@ -114,53 +114,66 @@ pub fn attend(
     };
     let group = nh / nkv;
     // One item per (chunk, KV head): its `group` query heads, output `[t][group · hd]`.
-    let items: Vec<Mutex<Vec<f32>>> = (0..chunks.len() * nkv)
-        .map(|_| Mutex::new(Vec::new()))
-        .collect();
-    let next = AtomicUsize::new(0);
     let chunks = &*chunks;
-    pool.run(|_, _| {
-        let mut scratch = Vec::new();
-        loop {
-            let item = next.fetch_add(1, Ordering::Relaxed);
-            if item >= items.len() {
-                break;
-            }
-            let (ci, g) = (item / nkv, item % nkv);
-            let c = &chunks[ci];
-            let (t, pos, cap) = (c.t, c.pos, c.kv.capacity);
-            let Ok(mut o) = items[item].lock() else {
-                continue;
+    let items = run_items(pool, chunks.len() * nkv, |item, scratch, o| {
+        let (ci, g) = (item / nkv, item % nkv);
+        let c = &chunks[ci];
+        let (t, pos, cap) = (c.t, c.pos, c.kv.capacity);
+        o.resize(t * group * hd, 0.0);
+        let (k, v) = (&c.kv.k[g * cap * hd..], &c.kv.v[g * cap * hd..]);
+        for i in 0..t {
+            let len = pos + i + 1;
+            let first = match spec.window {
+                0 => 0,
+                w => len.saturating_sub(w),
             };
-            o.resize(t * group * hd, 0.0);
-            let (k, v) = (&c.kv.k[g * cap * hd..], &c.kv.v[g * cap * hd..]);
-            for i in 0..t {
-                let len = pos + i + 1;
-                let first = match spec.window {
-                    0 => 0,
-                    w => len.saturating_sub(w),
-                };
-                let q = &qkv[(starts[ci] + i) * row + g * group * hd..][..group * hd];
-                attend_f16_sinks(
-                    q,
-                    group,
-                    &k[first * hd..len * hd],
-                    &v[first * hd..len * hd],
-                    hd,
-                    scale,
-                    spec.sinks.map(|s| &s[g * group..(g + 1) * group]),
-                    &mut scratch,
-                    &mut o[i * group * hd..(i + 1) * group * hd],
-                );
-            }
+            let q = &qkv[(starts[ci] + i) * row + g * group * hd..][..group * hd];
+            attend_f16_sinks(
+                q,
+                group,
+                &k[first * hd..len * hd],
+                &v[first * hd..len * hd],
+                hd,
+                scale,
+                spec.sinks.map(|s| &s[g * group..(g + 1) * group]),
+                scratch,
+                &mut o[i * group * hd..(i + 1) * group * hd],
+            );
         }
     });
     for (item, o) in items.into_iter().enumerate() {
-        let o = o.into_inner().unwrap_or_else(|e| e.into_inner());
         let (ci, g) = (item / nkv, item % nkv);
         for i in 0..chunks[ci].t {
             let at = (starts[ci] + i) * qd + g * group * hd;
             out[at..at + group * hd].copy_from_slice(&o[i * group * hd..(i + 1) * group * hd]);
         }
     }
+}
+
+/// Runs `items` independent work items over `pool`, the threads taking the next item as they finish one:
+/// `work(item, scratch, out)` fills the item's own output (`scratch` is reused by the thread). Returns the
+/// outputs in item order.
+pub(crate) fn run_items(
+    pool: &ThreadPool,
+    items: usize,
+    work: impl Fn(usize, &mut Vec<f32>, &mut Vec<f32>) + Sync,
+) -> Vec<Vec<f32>> {
+    let outs: Vec<Mutex<Vec<f32>>> = (0..items).map(|_| Mutex::new(Vec::new())).collect();
+    let next = AtomicUsize::new(0);
+    pool.run(|_, _| {
+        let mut scratch = Vec::new();
+        loop {
+            let item = next.fetch_add(1, Ordering::Relaxed);
+            if item >= items {
+                break;
+            }
+            let Ok(mut out) = outs[item].lock() else {
+                continue;
+            };
+            work(item, &mut scratch, &mut out);
+        }
+    });
+    outs.into_iter()
+        .map(|o| o.into_inner().unwrap_or_else(|e| e.into_inner()))
+        .collect()
 }

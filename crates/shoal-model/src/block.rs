@@ -7,9 +7,10 @@
 //! A layer's feed-forward is [`FfnSpec`]: dense (`[gate | up]`, `down`) or a mixture of experts
 //! ([`MoeSpec`]: the router, the three 3-D expert tensors, an optional gated shared expert). Biases
 //! (Q/K/V/O, the router's, each expert's rows of `ffn_*_exps.bias`) and attention sinks are used when
-//! the file has them (gpt-oss).
+//! the file has them (gpt-oss). A latent-attention layer (deepseek2) reads `[q_a | kv_a]` (or
+//! `[q | kv_a]`) as its `qkv` and the rest of its attention from [`MlaSpec`].
 
-use crate::config::{Experts, LayerRange, ModelConfig};
+use crate::config::{Experts, LayerRange, Mla, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, names};
 use crate::ops::RopeSpec;
@@ -81,8 +82,10 @@ pub struct NormSpec {
 #[derive(Debug, Clone)]
 pub struct BlockSpec {
     pub attn_norm: NormSpec,
-    /// Outputs `[q | k | v]`: one fused tensor or three.
+    /// Outputs `[q | k | v]`: one fused tensor or three (latent attention: `[q_a | kv_a]`).
     pub qkv: MatrixSpec,
+    /// Latent attention's other tensors (deepseek2), when the model has it.
+    pub mla: Option<MlaSpec>,
     /// Per-head Q/K norms (Qwen 3, Gemma 3), when the file has them.
     pub q_norm: Option<NormSpec>,
     pub k_norm: Option<NormSpec>,
@@ -95,6 +98,20 @@ pub struct BlockSpec {
     pub post_ffn_norm: Option<NormSpec>,
     /// A sliding-window layer.
     pub local: bool,
+}
+
+/// Multi-head latent attention's tensors besides `[q_a | kv_a]` and the output (decision 022).
+#[derive(Debug, Clone)]
+pub struct MlaSpec {
+    /// `attn_q_a_norm` and `attn_q_b` (`heads·(nope + rope) × q_lora`), when queries pass the bottleneck.
+    pub q_b: Option<(NormSpec, MatrixSpec)>,
+    /// `attn_kv_a_norm`, over the latent.
+    pub kv_a_norm: NormSpec,
+    /// `attn_k_b`: per head a `kv_lora × nope` matrix taking a query's unrotated part into the latent.
+    pub k_b: ExpertTensor,
+    /// `attn_v_b`: per head a `v_head × kv_lora` matrix taking the attended latent to the head's values.
+    pub v_b: ExpertTensor,
+    pub shape: Mla,
 }
 
 /// A layer's feed-forward.
@@ -170,13 +187,26 @@ impl BlockSpec {
         let wb = |p: &str| (w(p), Some(names::blk_bias(i, p)));
         let plain = |p: &str| (w(p), None);
         let family = cfg.arch.arch.family();
-        let qkv_parts: Vec<_> = if g.has_tensor(&w("attn_qkv")) {
+        let qkv_parts: Vec<_> = if let Some(mla) = cfg.arch.mla {
+            let q = if mla.q_lora > 0 { "attn_q_a" } else { "attn_q" };
+            vec![plain(q), plain("attn_kv_a_mqa")]
+        } else if g.has_tensor(&w("attn_qkv")) {
             vec![wb("attn_qkv")]
         } else {
             ["attn_q", "attn_k", "attn_v"].map(wb).to_vec()
         };
         let m = |name: &str, parts: &[(String, Option<String>)], out, input| {
             MatrixSpec::new(g, w(name), parts, out, input)
+        };
+        let (qkv_out, attn_out) = match cfg.arch.mla {
+            Some(a) => {
+                let q = match a.q_lora {
+                    0 => cfg.n_heads * (a.nope + a.rope),
+                    r => r,
+                };
+                (q + a.kv_lora + a.rope, cfg.n_heads * a.v_head)
+            }
+            None => (qd + 2 * kvd, qd),
         };
         let ffn = match cfg.arch.experts.filter(|e| i >= e.leading_dense) {
             Some(experts) => FfnSpec::Moe(Box::new(MoeSpec::describe(g, cfg, i, experts))),
@@ -195,10 +225,11 @@ impl BlockSpec {
         };
         Self {
             attn_norm: norm(w("attn_norm"), dim),
-            qkv: m("attn_qkv", &qkv_parts, qd + 2 * kvd, dim),
+            qkv: m("attn_qkv", &qkv_parts, qkv_out, dim),
+            mla: cfg.arch.mla.map(|a| MlaSpec::describe(g, cfg, i, a)),
             q_norm: opt_norm(g, w("attn_q_norm"), hd),
             k_norm: opt_norm(g, w("attn_k_norm"), hd),
-            wo: m("attn_output", &[wb("attn_output")], dim, qd),
+            wo: m("attn_output", &[wb("attn_output")], dim, attn_out),
             sinks: opt_norm(g, w("attn_sinks"), cfg.n_heads),
             // gpt-oss's pre-FFN norm is named `post_attention_norm`: then it is not a post norm.
             post_attn_norm: opt_norm(g, w("post_attention_norm"), dim)
@@ -207,6 +238,31 @@ impl BlockSpec {
             ffn,
             post_ffn_norm: opt_norm(g, w("post_ffw_norm"), dim),
             local: cfg.arch.local_layers.get(i).copied().unwrap_or(false),
+        }
+    }
+}
+
+impl MlaSpec {
+    /// Layer `i`'s latent attention in `g`.
+    fn describe(g: &GgufFile, cfg: &ModelConfig, i: usize, a: Mla) -> Self {
+        let w = |p: &str| names::blk(i, p);
+        let per_head = |p: &str, rows, cols| ExpertTensor {
+            name: w(p),
+            rows,
+            cols,
+            bias: None,
+        };
+        let q_out = cfg.n_heads * (a.nope + a.rope);
+        Self {
+            q_b: (a.q_lora > 0).then(|| {
+                let q_b =
+                    MatrixSpec::new(g, w("attn_q_b"), &[(w("attn_q_b"), None)], q_out, a.q_lora);
+                (norm(w("attn_q_a_norm"), a.q_lora), q_b)
+            }),
+            kv_a_norm: norm(w("attn_kv_a_norm"), a.kv_lora),
+            k_b: per_head("attn_k_b", a.kv_lora, a.nope),
+            v_b: per_head("attn_v_b", a.v_head, a.kv_lora),
+            shape: a,
         }
     }
 }

@@ -51,6 +51,29 @@ pub struct ArchParams {
     pub pooling: Pooling,
     /// A mixture-of-experts feed-forward's shape and routing (`None`: dense).
     pub experts: Option<Experts>,
+    /// Multi-head latent attention's shape (deepseek2; `None`: ordinary attention).
+    pub mla: Option<Mla>,
+}
+
+/// Multi-head latent attention's shape (deepseek2, decision 022). The model's `n_kv_heads` is 1 and its
+/// `head_dim` is `kv_lora + rope` (what the file's `key_length` says): the one cached key per token is the
+/// normed latent followed by the rotated rope part, and the values are the latent (the key's first
+/// `kv_lora` values), so the cache holds `kv_lora + rope` values per token and layer.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Mla {
+    /// Rank of the query bottleneck (`attention.q_lora_rank`; 0: queries straight from `attn_q`).
+    pub q_lora: usize,
+    /// Rank of the key/value latent (`attention.kv_lora_rank`).
+    pub kv_lora: usize,
+    /// Query/key values per head that are not rotated (`attention.key_length_mla − rope.dimension_count`).
+    pub nope: usize,
+    /// Rotated query/key values per head (`rope.dimension_count`); the key's are shared by every head.
+    pub rope: usize,
+    /// Values per head once decompressed by `attn_v_b` (`attention.value_length_mla`).
+    pub v_head: usize,
+    /// Factor on the `q·k` scores: `1 / sqrt(nope + rope)`, times YaRN's `mscale²` where the file scales
+    /// rope with `rope.scaling.yarn_log_multiplier` (DeepSeek V2/V3), as llama.cpp.
+    pub kq_scale: f32,
 }
 
 /// A mixture-of-experts layer's shape (`{arch}.expert_*` keys) and its family's routing.
@@ -71,6 +94,11 @@ pub struct Experts {
     pub weights_scale: f32,
     /// The first layers whose feed-forward is dense (`leading_dense_block_count`: GLM-4.5).
     pub leading_dense: usize,
+    /// Group-limited routing (DeepSeek V3): the experts form `groups` equal groups (`expert_group_count`;
+    /// 0 or 1: none) and a token chooses among the `groups_used` groups (`expert_group_used_count`) whose two
+    /// best selection scores sum highest.
+    pub groups: usize,
+    pub groups_used: usize,
 }
 
 /// How embeddings pool a sequence's final hidden states (after the output norm): llama.cpp's
@@ -118,6 +146,7 @@ impl ArchParams {
             activation: Activation::Silu,
             pooling: Pooling::Mean,
             experts: None,
+            mla: None,
         }
     }
 }
@@ -147,7 +176,7 @@ impl ModelConfig {
         let value_dim = gguf
             .get_u32(&k("attention.value_length"))
             .map_or(head_dim, |d| d as usize);
-        if value_dim != head_dim {
+        if arch != Arch::Deepseek2 && value_dim != head_dim {
             return Err(ModelError::Unsupported(format!(
                 "key length {head_dim} differs from value length {value_dim}"
             )));
@@ -191,7 +220,22 @@ impl ModelConfig {
         let nextn = gguf.get_u32(&k("nextn_predict_layers")).unwrap_or(0) as usize;
         let n_layers = (gguf.get_u32(&k("block_count"))? as usize).saturating_sub(nextn);
         let rope_freq_scale = rope_scaling(gguf, &k)?;
-        let yarn = yarn(gguf, &k, rope_freq_scale);
+        // DeepSeek's YaRN: the converter writes `0.1 · mscale_all_dim`, llama.cpp divides by 0.1.
+        let yarn_log_mul = gguf
+            .get_f32(&k("rope.scaling.yarn_log_multiplier"))
+            .ok()
+            .filter(|&m| arch == Arch::Deepseek2 && m != 0.0)
+            .map(|m| m / 0.1);
+        let yarn = yarn(gguf, &k, rope_freq_scale, yarn_log_mul.is_some());
+        let mla = match arch {
+            Arch::Deepseek2 => Some(mla(
+                gguf,
+                &k,
+                [head_dim, value_dim, n_kv_heads, rope_dims],
+                mla_kq_scale(yarn, rope_freq_scale, yarn_log_mul.unwrap_or(0.0)),
+            )?),
+            _ => None,
+        };
         let window = gguf
             .get_u32(&k("attention.sliding_window"))
             .map_or(0, |w| w as usize);
@@ -247,6 +291,7 @@ impl ModelConfig {
                 activation: family.activation,
                 pooling: Pooling::from_gguf(gguf.get_u32(&k("pooling_type")).ok()),
                 experts,
+                mla,
             },
             architecture: name,
         };
@@ -259,8 +304,68 @@ impl ModelConfig {
     /// KV-cache bytes per token for the given number of layers, `value_bytes` per stored key or value
     /// ([`crate::kv::VALUE_BYTES`] in the CPU caches).
     pub fn kv_bytes_per_token(&self, layers: usize, value_bytes: usize) -> usize {
-        2 * layers * self.n_kv_heads * self.head_dim * value_bytes
+        layers * self.kv_values_per_token_per_layer() * value_bytes
     }
+
+    /// Values one token stores in one layer's KV cache: a key and a value per KV head, or under latent
+    /// attention the one key whose first `kv_lora` values are also the value (`kv_lora + rope`).
+    pub fn kv_values_per_token_per_layer(&self) -> usize {
+        match self.arch.mla {
+            Some(_) => self.n_kv_heads * self.head_dim,
+            None => 2 * self.n_kv_heads * self.head_dim,
+        }
+    }
+}
+
+/// Latent attention's shape from a deepseek2 file: `[key_length, value_length, head_count_kv,
+/// rope.dimension_count]` as read, checked against the MLA keys (files without `key_length_mla`, written
+/// before llama.cpp cached the latent, carry `attn_kv_b` and are refused).
+fn mla(
+    gguf: &GgufFile,
+    k: &dyn Fn(&str) -> String,
+    [key, value, n_kv, rope]: [usize; 4],
+    kq: impl Fn(usize) -> f32,
+) -> Result<Mla> {
+    let Ok(key_mla) = gguf.get_u32(&k("attention.key_length_mla")) else {
+        return Err(ModelError::Unsupported(format!(
+            "a deepseek2 file without {} (the older attn_kv_b layout); convert it again with a \
+             current llama.cpp",
+            k("attention.key_length_mla")
+        )));
+    };
+    let kv_lora = gguf.get_u32(&k("attention.kv_lora_rank"))? as usize;
+    let v_head = gguf.get_u32(&k("attention.value_length_mla"))? as usize;
+    let key_mla = key_mla as usize;
+    if n_kv != 1 || key != kv_lora + rope || value != kv_lora || key_mla <= rope || v_head == 0 {
+        return Err(ModelError::InvalidGguf {
+            path: gguf.path().display().to_string(),
+            message: format!(
+                "latent attention: {n_kv} KV heads of key {key} / value {value}, kv_lora_rank \
+                 {kv_lora}, rope {rope}, key_length_mla {key_mla}, value_length_mla {v_head}"
+            ),
+        });
+    }
+    Ok(Mla {
+        q_lora: gguf
+            .get_u32(&k("attention.q_lora_rank"))
+            .map_or(0, |v| v as usize),
+        kv_lora,
+        nope: key_mla - rope,
+        rope,
+        v_head,
+        kq_scale: kq(key_mla),
+    })
+}
+
+/// Latent attention's score factor for keys of `key_mla` values, as llama.cpp's deepseek2 graph: with
+/// YaRN, `mscale = attn_factor · (1 + 0.1 ln s) · (1 + 0.1 · log_mul · ln s)` (the first factor undoing
+/// the cancellation in [`yarn`], `s` the scaling factor) and the scores scaled by `mscale² / sqrt(key_mla)`.
+fn mla_kq_scale(yarn: Option<Yarn>, freq_scale: f32, log_mul: f32) -> impl Fn(usize) -> f32 {
+    let mscale = yarn.map_or(1.0, |y| {
+        let ln = (1.0 / freq_scale).ln();
+        y.attn_factor * (1.0 + 0.1 * ln) * (1.0 + 0.1 * log_mul * ln)
+    });
+    move |key_mla| mscale * mscale / (key_mla as f32).sqrt()
 }
 
 /// A mixture-of-experts family's expert counts and sizes, checked.
@@ -287,19 +392,46 @@ fn experts(
         .map_or(shared_count.map_or(ffn_dim, |n| n as usize * ff), |v| {
             v as usize
         });
-    // The sigmoid-routed family (GLM-4.5) says in its file whether to renormalise and how to scale;
-    // the others' are fixed, as llama.cpp fixes them.
-    let sigmoid = routing.gating == Gating::Sigmoid;
+    // GLM-4.5 and DeepSeek say in their files whether to renormalise and how to scale (DeepSeek also
+    // names its gating: 1 softmax, 2 sigmoid); the others' are fixed, as llama.cpp fixes them.
+    let deepseek = gguf
+        .get_str("general.architecture")
+        .is_ok_and(|a| a == "deepseek2");
     let mut routing = routing;
+    if deepseek {
+        routing.gating = match gguf.get_u32(&k("expert_gating_func")).unwrap_or(1) {
+            1 => Gating::SoftmaxThenTopK,
+            2 => Gating::Sigmoid,
+            other => {
+                return Err(ModelError::Unsupported(format!(
+                    "{} {other}",
+                    k("expert_gating_func")
+                )));
+            }
+        };
+    }
+    let from_file = deepseek || routing.gating == Gating::Sigmoid;
     if let (true, Some(candle_core::quantized::gguf_file::Value::Bool(b))) =
-        (sigmoid, gguf.value(&k("expert_weights_norm")))
+        (from_file, gguf.value(&k("expert_weights_norm")))
     {
         routing.norm_weights = *b;
     }
     let weights_scale = match gguf.get_f32(&k("expert_weights_scale")) {
-        Ok(s) if sigmoid && s != 0.0 => s,
+        Ok(s) if from_file && s != 0.0 => s,
         _ => 1.0,
     };
+    let groups = gguf
+        .get_u32(&k("expert_group_count"))
+        .map_or(0, |v| v as usize);
+    let groups_used = gguf
+        .get_u32(&k("expert_group_used_count"))
+        .map_or(0, |v| v as usize);
+    if groups > 1 && (!count.is_multiple_of(groups) || groups_used == 0 || groups_used >= groups) {
+        return Err(ModelError::InvalidGguf {
+            path: gguf.path().display().to_string(),
+            message: format!("{count} experts in {groups} groups, {groups_used} used"),
+        });
+    }
     Ok(Experts {
         count,
         used,
@@ -310,6 +442,8 @@ fn experts(
         leading_dense: gguf
             .get_u32(&k("leading_dense_block_count"))
             .map_or(0, |v| v as usize),
+        groups,
+        groups_used,
     })
 }
 
@@ -375,13 +509,19 @@ fn rope_scaling(gguf: &GgufFile, k: &dyn Fn(&str) -> String) -> Result<f32> {
 /// YaRN's parameters when `rope.scaling.type` is `yarn`, as llama.cpp resolves them: extrapolation mix
 /// 1, betas 32 and 1, the original context (`rope.scaling.original_context_length`, else the trained
 /// one), and an attention factor such that rotated values are scaled by
-/// `rope.scaling.attn_factor · (1 + 0.1 · ln factor)` in all.
-fn yarn(gguf: &GgufFile, k: &dyn Fn(&str) -> String, freq_scale: f32) -> Option<Yarn> {
+/// `rope.scaling.attn_factor · (1 + 0.1 · ln factor)` in all — or by `rope.scaling.attn_factor` alone
+/// where DeepSeek's `yarn_log_multiplier` moves the magnitude into the attention's scale (`log_mul`).
+fn yarn(
+    gguf: &GgufFile,
+    k: &dyn Fn(&str) -> String,
+    freq_scale: f32,
+    log_mul: bool,
+) -> Option<Yarn> {
     if gguf.get_str(&k("rope.scaling.type")).ok()? != "yarn" {
         return None;
     }
     let factor = 1.0 / freq_scale;
-    let mscale = if factor <= 1.0 {
+    let mscale = if factor <= 1.0 || log_mul {
         1.0
     } else {
         0.1 * factor.ln() + 1.0

@@ -7,7 +7,8 @@
 //! biases, per-head Q/K norms, post norms, fused QKV or gate+up, attention sinks) are used when the file has
 //! their tensors
 //! and the rest (rotary style, activation, sliding windows, embedding scale) comes from
-//! [`crate::config::ArchParams`]. The feed-forward is dense or a mixture of experts ([`crate::ffn`]).
+//! [`crate::config::ArchParams`]. The feed-forward is dense or a mixture of experts ([`crate::ffn`]); the
+//! attention is the ordinary one ([`crate::attention`]) or latent attention ([`crate::mla`]: deepseek2).
 //!
 //! `forward` runs a batch of sequence chunks: rows of the hidden state are the concatenation of every
 //! chunk's tokens, so all matrix multiplications are batched across sequences and only attention runs
@@ -27,6 +28,7 @@ use crate::gguf::GgufFile;
 use crate::kv::{KvCache, VALUE_BYTES};
 use crate::linear::{Embedding, LinearScratch, LinearSet, Part, QLinear};
 use crate::matrix::HostMatrix;
+use crate::mla::{MlaAttn, MlaScratch};
 use crate::ops::{self, RopeRows, RopeSpec};
 
 /// GGUF tensor names (llama.cpp's `LLM_TENSOR_*`).
@@ -75,8 +77,10 @@ pub struct StageOutput {
 
 struct Block {
     attn_norm: Vec<f32>,
-    /// Outputs `[q | k | v]`.
+    /// Outputs `[q | k | v]` (latent attention: `[q_a | kv_a]`).
     qkv: LinearSet,
+    /// Latent attention's other weights (deepseek2).
+    mla: Option<MlaAttn>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     wo: LinearSet,
@@ -103,9 +107,13 @@ pub struct DecoderStage {
     pool: Arc<ThreadPool>,
 }
 
-fn load_block(g: &mut GgufFile, spec: &BlockSpec) -> Result<Block> {
+fn load_block(g: &mut GgufFile, spec: &BlockSpec, n_heads: usize) -> Result<Block> {
     Ok(Block {
         qkv: load_set(g, &spec.qkv)?,
+        mla: match &spec.mla {
+            Some(m) => Some(MlaAttn::load(g, m, n_heads)?),
+            None => None,
+        },
         wo: load_set(g, &spec.wo)?,
         ffn: Ffn::load(g, &spec.ffn)?,
         attn_norm: read_norm(g, &spec.attn_norm)?,
@@ -152,7 +160,7 @@ impl DecoderStage {
         let blocks = spec
             .blocks
             .iter()
-            .map(|b| load_block(gguf, b))
+            .map(|b| load_block(gguf, b, cfg.n_heads))
             .collect::<Result<Vec<_>>>()?;
         let embed = if spec.embedding {
             let e = Embedding::from_raw(names::TOKEN_EMBD, gguf.read_raw(names::TOKEN_EMBD)?)?;
@@ -217,9 +225,9 @@ impl DecoderStage {
         VALUE_BYTES
     }
 
-    /// A fresh KV cache for this stage's layers.
+    /// A fresh KV cache for this stage's layers (keys only under latent attention).
     pub fn new_kv_cache(&self) -> KvCache {
-        KvCache::new(self.range.len(), self.cfg.n_kv_heads, self.cfg.head_dim)
+        KvCache::for_model(&self.cfg, self.range.len(), None)
     }
 
     /// Runs the batch. Returns hidden states `(total_tokens, dim)`, or on the last stage the logits
@@ -307,6 +315,7 @@ impl DecoderStage {
         let rope_local = any_local.then(|| RopeRows::new(&self.rope_local, positions()));
         let mut h = vec![0f32; total * dim];
         let mut attn = vec![0f32; total * qd];
+        let mut mla_scratch = MlaScratch::default();
         // Matmul outputs and quantized inputs, reused by every layer.
         let (mut qkv, mut o, mut down) = (Vec::new(), Vec::new(), Vec::new());
         let mut scratch = LinearScratch::default();
@@ -315,6 +324,23 @@ impl DecoderStage {
         for (li, blk) in self.blocks.iter().enumerate() {
             ops::rms_norm(x, &blk.attn_norm, c.rms_eps, &mut h);
             blk.qkv.forward(&h, total, &mut qkv, &mut scratch, pool)?;
+            if let Some(mla) = &blk.mla {
+                let mut chunks = host_chunks(seqs, li)?;
+                let (rope, eps) = (&rope_global, c.rms_eps);
+                mla.attend(
+                    &qkv,
+                    &mut chunks,
+                    rope,
+                    eps,
+                    &mut attn,
+                    &mut mla_scratch,
+                    pool,
+                )?;
+                blk.wo.forward(&attn, total, &mut o, &mut scratch, pool)?;
+                residual(x, &mut o, None, c.rms_eps, &mut h);
+                self.ffn(blk, x, total, &mut h, &mut down, &mut ffn_scratch)?;
+                continue;
+            }
             for row in qkv.chunks_exact_mut(qd + 2 * kvd) {
                 if let Some(w) = &blk.q_norm {
                     ops::rms_norm_in_place(&mut row[..qd], w, c.rms_eps);
@@ -323,17 +349,7 @@ impl DecoderStage {
                     ops::rms_norm_in_place(&mut row[qd..qd + kvd], w, c.rms_eps);
                 }
             }
-            let mut chunks = seqs
-                .iter_mut()
-                .map(|s| {
-                    let (t, pos) = (s.len, s.kv.len());
-                    Ok(attention::SeqChunk {
-                        t,
-                        pos,
-                        kv: s.kv.host_layer(li)?,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let mut chunks = host_chunks(seqs, li)?;
             let spec = AttnSpec {
                 heads: Heads {
                     n_heads: c.n_heads,
@@ -351,25 +367,45 @@ impl DecoderStage {
             attention::attend(&mut qkv, &mut chunks, spec, rope, &mut attn, pool);
             blk.wo.forward(&attn, total, &mut o, &mut scratch, pool)?;
             residual(x, &mut o, blk.post_attn_norm.as_deref(), c.rms_eps, &mut h);
-            ops::rms_norm(x, &blk.ffn_norm, c.rms_eps, &mut h);
-            blk.ffn.forward(
-                &h,
-                total,
-                c.arch.activation,
-                &mut down,
-                &mut ffn_scratch,
-                pool,
-            )?;
-            residual(
-                x,
-                &mut down,
-                blk.post_ffn_norm.as_deref(),
-                c.rms_eps,
-                &mut h,
-            );
+            self.ffn(blk, x, total, &mut h, &mut down, &mut ffn_scratch)?;
         }
         Ok(())
     }
+
+    /// A layer's `x += post_norm(ffn(norm(x)))` (`h` and `down` are room for the rows).
+    fn ffn(
+        &self,
+        blk: &Block,
+        x: &mut [f32],
+        total: usize,
+        h: &mut [f32],
+        down: &mut Vec<f32>,
+        s: &mut FfnScratch,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        ops::rms_norm(x, &blk.ffn_norm, c.rms_eps, h);
+        blk.ffn
+            .forward(h, total, c.arch.activation, down, s, &self.pool)?;
+        residual(x, down, blk.post_ffn_norm.as_deref(), c.rms_eps, h);
+        Ok(())
+    }
+}
+
+/// Every sequence's chunk of the batch with its cache's layer `li`.
+fn host_chunks<'a>(
+    seqs: &'a mut [SeqChunk<'_>],
+    li: usize,
+) -> Result<Vec<attention::SeqChunk<'a>>> {
+    seqs.iter_mut()
+        .map(|s| {
+            let (t, pos) = (s.len, s.kv.len());
+            Ok(attention::SeqChunk {
+                t,
+                pos,
+                kv: s.kv.host_layer(li)?,
+            })
+        })
+        .collect()
 }
 
 /// `x += y`, or `x += rms_norm(y)` with a post norm (`tmp` is room for the normed rows).

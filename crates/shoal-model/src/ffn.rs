@@ -7,7 +7,9 @@
 //! `sigmoid(ffn_gate_inp_shexp · x)`. gpt-oss keeps the `k` largest logits (its router has a bias) and
 //! takes the softmax over those `k` only ([`Gating`]); GLM-4.5 takes sigmoid scores, chooses the `k`
 //! largest of score + `exp_probs_b` and weights them by their unbiased scores (renormalised and scaled
-//! as its file says), and adds its shared expert ungated. gpt-oss's experts carry biases (rows of the 2-D
+//! as its file says), and adds its shared expert ungated; DeepSeek (`deepseek2`) routes as its file names
+//! (softmax or sigmoid) and may first keep only the best groups of experts (group-limited top-k).
+//! gpt-oss's experts carry biases (rows of the 2-D
 //! `ffn_*_exps.bias`, given to each expert's matrices like a dense layer's bias). The experts' 3-D GGUF tensors are `count` contiguous matrices, so
 //! each expert is loaded as an ordinary [`LinearSet`] over its slice (packed like the dense matrices).
 //!
@@ -131,14 +133,21 @@ pub(crate) struct MoeFfn {
     selection_bias: Option<Vec<f32>>,
     /// Factor on the chosen weights.
     scale: f32,
+    /// Group-limited routing: (groups, groups used); (0, 0): none.
+    groups: (usize, usize),
 }
 
 /// One expert's matrix: its name, its slice of the 3-D tensor and its row of the bias.
 type ExpertPart = (String, RawTensor, Option<Vec<f32>>);
 
 /// The `count` matrices of a 3-D expert tensor, each as its own `rows × cols` tensor, with its bias
-/// (a row of the `[count, rows]` bias tensor) when the file has one.
-fn split_experts(g: &mut GgufFile, t: &ExpertTensor, count: usize) -> Result<Vec<ExpertPart>> {
+/// (a row of the `[count, rows]` bias tensor) when the file has one (also latent attention's per-head
+/// `attn_k_b` / `attn_v_b`).
+pub(crate) fn split_experts(
+    g: &mut GgufFile,
+    t: &ExpertTensor,
+    count: usize,
+) -> Result<Vec<ExpertPart>> {
     let biases = match &t.bias {
         Some(name) => {
             let b = g.read_f32_vec(name)?;
@@ -217,6 +226,7 @@ impl MoeFfn {
             routing: spec.experts.routing,
             selection_bias,
             scale: spec.experts.weights_scale,
+            groups: (spec.experts.groups, spec.experts.groups_used),
         })
     }
 
@@ -240,6 +250,7 @@ impl MoeFfn {
                 routing: self.routing,
                 bias: self.selection_bias.as_deref(),
                 scale: self.scale,
+                groups: self.groups,
             };
             route(probs, &how, |e, w| s.routes[e].push((t, w)));
         }
@@ -298,6 +309,9 @@ struct Route<'a> {
     routing: Routing,
     bias: Option<&'a [f32]>,
     scale: f32,
+    /// Group-limited routing (DeepSeek V3): the experts form `.0` equal groups and only the `.1` groups
+    /// whose two best selection scores sum highest are chosen from; `.0 ≤ 1`: no groups.
+    groups: (usize, usize),
 }
 
 /// One token's routing: the `k` largest of `logits` (one per expert; first index on a tie) are handed
@@ -317,11 +331,13 @@ fn route(logits: &mut [f32], how: &Route, mut pick: impl FnMut(usize, f32)) {
         Gating::TopKThenSoftmax => {}
     }
     let select = |e: usize| logits[e] + how.bias.map_or(0.0, |b| b[e]);
+    let allowed = allowed_groups(logits.len(), how.groups, &select);
+    let open = |e: usize| allowed.as_ref().is_none_or(|a| a[e]);
     let mut chosen = [0usize; 64];
     let k = how.k.min(logits.len()).min(chosen.len());
     for i in 0..k {
         let mut best = usize::MAX;
-        for e in 0..logits.len() {
+        for e in (0..logits.len()).filter(|&e| open(e)) {
             if !chosen[..i].contains(&e) && (best == usize::MAX || select(e) > select(best)) {
                 best = e;
             }
@@ -345,6 +361,40 @@ fn route(logits: &mut [f32], how: &Route, mut pick: impl FnMut(usize, f32)) {
     for (&e, &w) in chosen[..k].iter().zip(weights.iter()) {
         pick(e, w * scale);
     }
+}
+
+/// Under group-limited routing, which of `n` experts may be chosen: those of the `groups.1` groups (of
+/// `n / groups.0` consecutive experts) whose two largest selection scores sum highest (first group on a
+/// tie), as llama.cpp's `build_moe_ffn`; `None` without groups.
+fn allowed_groups(
+    n: usize,
+    (groups, used): (usize, usize),
+    select: &dyn Fn(usize) -> f32,
+) -> Option<Vec<bool>> {
+    if groups <= 1 || used >= groups {
+        return None;
+    }
+    let per = n / groups;
+    let score = |g: usize| {
+        let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+        for e in g * per..(g + 1) * per {
+            let s = select(e);
+            if s > a {
+                (a, b) = (s, a);
+            } else if s > b {
+                b = s;
+            }
+        }
+        if per < 2 { a } else { a + b }
+    };
+    let scores: Vec<f32> = (0..groups).map(score).collect();
+    let mut order: Vec<usize> = (0..groups).collect();
+    order.sort_by(|&x, &y| scores[y].total_cmp(&scores[x]).then(x.cmp(&y)));
+    let mut allowed = vec![false; n];
+    for &g in &order[..used] {
+        allowed[g * per..(g + 1) * per].fill(true);
+    }
+    Some(allowed)
 }
 
 /// `v = softmax(v)` in place.
@@ -379,7 +429,36 @@ mod tests {
             routing,
             bias: None,
             scale: 1.0,
+            groups: (0, 0),
         }
+    }
+
+    #[test]
+    fn group_limited_routing_chooses_within_the_groups_whose_two_best_scores_sum_highest() {
+        // Two groups of three: group 0's best two sum 0.9 + 0.0, group 1's 0.5 + 0.5; the single best
+        // expert (0) is in the group left out.
+        let logits = [0.9, 0.0, -1.0, 0.5, 0.5, 0.4];
+        let how = Route {
+            k: 2,
+            routing: Routing {
+                norm_weights: false,
+                gating: Gating::TopKThenSoftmax,
+            },
+            bias: None,
+            scale: 1.0,
+            groups: (2, 1),
+        };
+        let mut out = Vec::new();
+        route(&mut logits.to_vec(), &how, |e, _| out.push(e));
+        assert_eq!(out, [3, 4]);
+        // Without groups the best two overall.
+        out.clear();
+        let free = Route {
+            groups: (0, 0),
+            ..how
+        };
+        route(&mut logits.to_vec(), &free, |e, _| out.push(e));
+        assert_eq!(out, [0, 3]);
     }
 
     #[test]
@@ -398,6 +477,7 @@ mod tests {
                 },
                 bias: Some(&bias),
                 scale,
+                groups: (0, 0),
             };
             let mut l = logits.to_vec();
             let mut out = Vec::new();

@@ -5,6 +5,8 @@
 //! parameters of one layer (its matrix products' flops per token). A mixture-of-experts layer holds
 //! every expert but a token reads only `expert_used_count` of them: `layer_bytes` is what a stage holds,
 //! `active_layer_bytes` what one token reads (router, attention, shared expert and k routed experts).
+//! Under latent attention (deepseek2) a token's KV is its latent and rope part: `kv_lora + rope` values
+//! per layer ([`ModelConfig::kv_values_per_token_per_layer`]).
 
 use std::collections::BTreeMap;
 
@@ -52,7 +54,9 @@ pub struct Footprint {
     pub head_params: u64,
     pub vocab_size: usize,
     /// Floating-point operations of one token's attention per layer and cached position:
-    /// `4 · n_heads · head_dim` (the `q·k` products and the weighted sum of values).
+    /// `4 · n_heads · head_dim` (the `q·k` products and the weighted sum of values; under latent
+    /// attention `2 · n_heads · (kv_lora + rope + kv_lora)`: keys of the latent and rope part, values of
+    /// the latent).
     pub attention_flops_per_position: u64,
 }
 
@@ -122,9 +126,15 @@ impl Footprint {
             head_type,
             head_params,
             vocab_size: cfg.vocab_size,
-            attention_flops_per_position: 4 * (cfg.n_heads * cfg.head_dim) as u64,
+            attention_flops_per_position: attention_flops(&cfg),
         })
     }
+}
+
+/// Floating-point operations of one token's attention per layer and cached position.
+fn attention_flops(cfg: &ModelConfig) -> u64 {
+    let value_width = cfg.arch.mla.map_or(cfg.head_dim, |m| m.kv_lora);
+    2 * (cfg.n_heads * (cfg.head_dim + value_width)) as u64
 }
 
 /// Elements of a tensor of `dims`.

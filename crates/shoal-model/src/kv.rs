@@ -2,7 +2,8 @@
 //!
 //! [`KvCache`]: keys and values live in one contiguous `(n_kv_heads, capacity, head_dim)` f16 buffer per
 //! layer (read by [`crate::attention`]), grown by a quarter at a time (rounded to [`KV_GRANULE`] tokens)
-//! so appending a token copies that token only.
+//! so appending a token copies that token only. Under latent attention (deepseek2, decision 022) a cache
+//! holds keys only ([`KvCache::for_model`]): the value of a token is the first `kv_lora` values of its key.
 //!
 //! [`KvBuffers`]: where a cache takes its buffers and gives them back when it grows or is dropped. With
 //! none, buffers are allocated and freed (and the allocator hands large freed blocks back to the OS, so
@@ -18,6 +19,7 @@ use std::sync::{Arc, OnceLock};
 use half::f16;
 
 use crate::attention::HostKvLayer;
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
 /// Capacity grows in multiples of this many tokens.
@@ -122,6 +124,8 @@ pub struct KvCache {
     capacity: usize,
     n_kv_heads: usize,
     head_dim: usize,
+    /// Values are stored beside the keys (false: keys only, latent attention).
+    values: bool,
     buffers: Option<Arc<dyn KvBuffers>>,
 }
 
@@ -129,6 +133,18 @@ impl KvCache {
     /// An empty cache for `n_layers` layers (the layers of one stage) that allocates its own buffers.
     pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize) -> Self {
         Self::with_buffers(n_layers, n_kv_heads, head_dim, None)
+    }
+
+    /// An empty cache for `n_layers` layers of `cfg`'s model (keys only under latent attention), taking
+    /// its buffers from `buffers` when there are some.
+    pub fn for_model(
+        cfg: &ModelConfig,
+        n_layers: usize,
+        buffers: Option<Arc<dyn KvBuffers>>,
+    ) -> Self {
+        let mut kv = Self::with_buffers(n_layers, cfg.n_kv_heads, cfg.head_dim, buffers);
+        kv.values = cfg.arch.mla.is_none();
+        kv
     }
 
     /// An empty cache taking its buffers from `buffers` (and giving them back) when there are some.
@@ -149,8 +165,14 @@ impl KvCache {
             capacity: 0,
             n_kv_heads,
             head_dim,
+            values: true,
             buffers,
         }
+    }
+
+    /// Whether values are stored beside the keys (false: a latent-attention cache of keys only).
+    pub fn has_values(&self) -> bool {
+        self.values
     }
 
     /// Tokens stored (the position of the next token).
@@ -188,20 +210,29 @@ impl KvCache {
             * KV_GRANULE;
         let (nkv, hd, old_cap, len) = (self.n_kv_heads, self.head_dim, self.capacity, self.len);
         let want = nkv * new_cap * hd;
+        let values = self.values;
         let mut grown: Vec<Layer> = (0..self.layers.len())
             .map(|_| Layer {
                 k: self.buffer(want),
-                v: self.buffer(want),
+                v: if values {
+                    self.buffer(want)
+                } else {
+                    Vec::new()
+                },
             })
             .collect();
         // A kept buffer may be longer than asked: use what every layer's buffers hold.
         let cap = grown
             .iter()
-            .flat_map(|l| [l.k.len(), l.v.len()])
+            .flat_map(|l| [Some(l.k.len()), values.then_some(l.v.len())])
+            .flatten()
             .min()
             .map_or(new_cap, |n| n / (nkv * hd).max(1));
         for (old, new) in self.layers.iter().zip(grown.iter_mut()) {
             for (src, dst) in [(&old.k, &mut new.k), (&old.v, &mut new.v)] {
+                if dst.is_empty() {
+                    continue;
+                }
                 for g in 0..nkv {
                     dst[g * cap * hd..][..len * hd]
                         .copy_from_slice(&src[g * old_cap * hd..][..len * hd]);
@@ -240,8 +271,9 @@ impl KvCache {
     /// The buffers of stage-local layer `layer`.
     pub fn host_layer(&mut self, layer: usize) -> Result<HostKvLayer<'_>> {
         let n = self.n_kv_heads * self.capacity * self.head_dim;
+        let nv = if self.values { n } else { 0 };
         match self.layers.get_mut(layer) {
-            Some(Layer { k, v }) => match (k.get_mut(..n), v.get_mut(..n)) {
+            Some(Layer { k, v }) => match (k.get_mut(..n), v.get_mut(..nv)) {
                 (Some(k), Some(v)) => Ok(HostKvLayer {
                     k,
                     v,
@@ -266,6 +298,9 @@ impl KvCache {
         let (nkv, hd, cap, len) = (self.n_kv_heads, self.head_dim, self.capacity, self.len);
         for layer in &mut self.layers {
             for buf in [&mut layer.k, &mut layer.v] {
+                if buf.is_empty() {
+                    continue;
+                }
                 for g in 0..nkv {
                     buf[(g * cap + len) * hd..][..t * hd].fill(f16::ZERO);
                 }
@@ -290,11 +325,15 @@ impl KvCache {
             self.head_dim,
             self.buffers.clone(),
         );
+        out.values = self.values;
         out.reserve(len)?;
         let (nkv, hd, src_cap, dst_cap) =
             (self.n_kv_heads, self.head_dim, self.capacity, out.capacity);
         for (src, dst) in self.layers.iter().zip(out.layers.iter_mut()) {
             for (s, d) in [(&src.k, &mut dst.k), (&src.v, &mut dst.v)] {
+                if d.is_empty() {
+                    continue;
+                }
                 for g in 0..nkv {
                     d[g * dst_cap * hd..][..len * hd]
                         .copy_from_slice(&s[g * src_cap * hd..][..len * hd]);
@@ -361,6 +400,43 @@ mod tests {
         check(&mut p, 3);
         // Longer than what is stored: clamps.
         assert_eq!(kv.copy_prefix(99).unwrap().len(), 5);
+    }
+
+    #[test]
+    fn a_keys_only_cache_holds_no_values_and_keeps_its_keys_through_growth_and_copies() {
+        let mut kv = KvCache::new(2, 1, 6);
+        kv.values = false;
+        kv.reserve(3).unwrap();
+        let key = |layer: usize, t: usize, d: usize| (layer * 100 + t * 10 + d) as f32;
+        let write = |kv: &mut KvCache, from: usize, to: usize| {
+            for layer in 0..2 {
+                let l = kv.host_layer(layer).unwrap();
+                assert!(l.v.is_empty());
+                for (t, d) in (from..to).flat_map(|t| (0..6).map(move |d| (t, d))) {
+                    l.k[t * 6 + d] = f16::from_f32(key(layer, t, d));
+                }
+            }
+            kv.advance(to - from);
+        };
+        let read = |kv: &mut KvCache, tokens: usize| {
+            for layer in 0..2 {
+                let l = kv.host_layer(layer).unwrap();
+                for (t, d) in (0..tokens).flat_map(|t| (0..6).map(move |d| (t, d))) {
+                    assert_eq!(l.k[t * 6 + d].to_f32(), key(layer, t, d), "{layer} {t} {d}");
+                }
+            }
+        };
+        write(&mut kv, 0, 3);
+        // Growing past a granule copies the keys; the allocation is keys only.
+        kv.reserve(KV_GRANULE + 1).unwrap();
+        read(&mut kv, 3);
+        assert_eq!(kv.allocated_bytes(), 2 * kv.capacity() * 6 * VALUE_BYTES);
+        kv.extend_blank(2).unwrap();
+        let mut p = kv.copy_prefix(3).unwrap();
+        assert!(!p.has_values());
+        read(&mut p, 3);
+        write(&mut p, 3, 4);
+        read(&mut p, 4);
     }
 
     /// Buffers kept in a [`KvSpares`], counting every take and give.

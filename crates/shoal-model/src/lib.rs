@@ -6,8 +6,9 @@
 //!   [`Footprint`] is what it costs to hold (bytes per layer, embeddings, head, KV per token), for placement.
 //! - [`tokenizer::Tokenizer`] and [`chat::ChatTemplate`] come from the GGUF metadata.
 //! - [`arch::Arch`] names the families shoal runs (llama, mistral, qwen2, qwen3, gemma3, phi3, and the
-//!   mixture-of-experts qwen2moe and qwen3moe) and what sets each apart, as data; [`config::ArchParams`]
-//!   is that resolved for one file. [`ffn`] is a layer's feed-forward: dense or routed experts.
+//!   mixture-of-experts qwen2moe, qwen3moe, gpt-oss, glm4moe and deepseek2) and what sets each apart, as
+//!   data; [`config::ArchParams`] is that resolved for one file. [`ffn`] is a layer's feed-forward: dense
+//!   or routed experts; `mla` is deepseek2's latent attention, the other kind of layer attention.
 //! - [`decoder::DecoderStage`] is one pipeline stage of any of them: layers `[start, end)`, plus the
 //!   token embedding on the first stage and the final norm and output head on the last. Its `forward`
 //!   takes a batch of sequence chunks (several sequences decoding one token each, or prompts being
@@ -41,6 +42,7 @@ pub mod gpu;
 pub mod kv;
 pub mod linear;
 pub mod matrix;
+pub(crate) mod mla;
 pub mod ops;
 pub mod supported;
 pub mod tokenizer;

@@ -3,8 +3,17 @@
 
 /// `general.architecture` values [`crate::arch::Arch`] loads.
 pub const ARCHITECTURES: &[&str] = &[
-    "llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe", "gpt-oss",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "phi3",
+    "qwen2moe",
+    "qwen3moe",
+    "gpt-oss",
     "glm4moe",
+    "deepseek2",
 ];
 
 /// Tensor types the kernels multiply (ggml's names).

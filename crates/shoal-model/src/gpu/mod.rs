@@ -160,6 +160,13 @@ impl GpuDecoderStage {
         let spec = StageSpec::describe(gguf, &cfg, range)?;
         let mut blocks = Vec::with_capacity(spec.blocks.len());
         for b in &spec.blocks {
+            if b.mla.is_some() {
+                return Err(ModelError::Unsupported(format!(
+                    "latent attention and mixture-of-experts layers ({}) on the GPU; run this \
+                     model on the CPU (--device cpu)",
+                    cfg.architecture
+                )));
+            }
             let FfnSpec::Dense(ffn) = &b.ffn else {
                 return Err(ModelError::Unsupported(format!(
                     "mixture-of-experts layers ({}) on the GPU; run this model on the CPU \

@@ -16,7 +16,11 @@ fn footprint(path: &std::path::Path) -> Footprint {
 /// (`n_embd × n_kv·head_dim` each), gate, up and down (`n_embd × n_ff` each); with `experts`, the
 /// router (`count × n_embd`), every routed expert's gate, up and down (`n_embd × ff` each) and the
 /// shared expert's (`n_embd × shared_ff` each) instead. Returns (all, what one token multiplies by).
-fn params_of(d: &serde_json::Value, experts: &serde_json::Value) -> (u64, u64) {
+fn params_of(
+    d: &serde_json::Value,
+    experts: &serde_json::Value,
+    mla: &serde_json::Value,
+) -> (u64, u64) {
     let n = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("dims.{k}"));
     let (embd, q, kv, ff) = (
         n("n_embd"),
@@ -24,7 +28,18 @@ fn params_of(d: &serde_json::Value, experts: &serde_json::Value) -> (u64, u64) {
         n("n_kv") * n("head_dim"),
         n("n_ff"),
     );
-    let attn = 2 * embd * q + 2 * embd * kv;
+    let attn = match mla.is_null() {
+        true => 2 * embd * q + 2 * embd * kv,
+        false => {
+            // Latent attention: q_a, q_b, kv_a (latent + rope), per head k_b and v_b, the output.
+            let m = |k: &str| mla[k].as_u64().unwrap_or_else(|| panic!("mla.{k}"));
+            let (nh, kv_lora, v_head) = (n("n_head"), m("kv_lora"), m("v_head"));
+            embd * (m("q_lora") + kv_lora + m("rope"))
+                + m("q_lora") * nh * (m("nope") + m("rope"))
+                + nh * kv_lora * (m("nope") + v_head)
+                + embd * nh * v_head
+        }
+    };
     if experts.is_null() {
         return (attn + 3 * embd * ff, attn + 3 * embd * ff);
     }
@@ -50,9 +65,17 @@ fn synthetic_models_name_their_weight_type_and_layer_params() {
         let want = ftype.strip_suffix("_M").unwrap_or(ftype);
         let want = want.strip_suffix("_MOE").unwrap_or(want);
         assert_eq!(fp.weight_type, want, "{name}");
-        let (all, active) = params_of(&f["dims"], &f["experts"]);
+        let (all, active) = params_of(&f["dims"], &f["experts"], &f["mla"]);
         assert_eq!(fp.layer_params, all, "{name}");
         assert_eq!(fp.active_layer_params, active, "{name}");
+        // KV per token and layer: a key and a value per KV head, or under latent attention the latent
+        // and the rope part once (f16).
+        let d = &f["dims"];
+        let kv_values = match f["mla"].is_null() {
+            true => 2 * d["n_kv"].as_u64().unwrap() * d["head_dim"].as_u64().unwrap(),
+            false => f["mla"]["kv_lora"].as_u64().unwrap() + f["mla"]["rope"].as_u64().unwrap(),
+        };
+        assert_eq!(fp.kv_bytes_per_token_per_layer, 2 * kv_values, "{name}");
         assert_eq!(
             fp.active_layer_bytes < fp.layer_bytes,
             all > active,

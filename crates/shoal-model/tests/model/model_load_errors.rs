@@ -32,7 +32,7 @@ fn an_unknown_architecture_is_named_with_the_supported_ones() {
 /// The mixture-of-experts architectures shoal does not run yet fail by name, not as a wrong shape.
 #[test]
 fn an_unsupported_mixture_of_experts_architecture_is_named() {
-    for arch in ["deepseek2", "llama4"] {
+    for arch in ["llama4", "deepseek32"] {
         let mut g = tiny();
         g.metadata[0] = ("general.architecture".into(), v_str(arch));
         let dir = TempDir::new();
@@ -43,10 +43,49 @@ fn an_unsupported_mixture_of_experts_architecture_is_named() {
             err.contains(&format!("unsupported architecture '{arch}'"))
                 && err.contains("qwen3moe")
                 && err.contains("gpt-oss")
-                && err.contains("glm4moe"),
+                && err.contains("glm4moe")
+                && err.contains("deepseek2"),
             "{err}"
         );
     }
+}
+
+/// The shape keys of a one-layer model, 2 heads over 64 values (`<arch>.` before each).
+const SHAPE: [(&str, u32); 5] = [
+    ("embedding_length", 64),
+    ("block_count", 1),
+    ("feed_forward_length", 128),
+    ("attention.head_count", 2),
+    ("attention.head_count_kv", 2),
+];
+
+/// A deepseek2 file in the older layout (no `attention.key_length_mla`: full keys and values through
+/// `attn_kv_b`) is refused by name rather than read as a latent cache of the wrong width.
+#[test]
+fn a_deepseek2_file_without_the_latent_keys_is_refused_by_name() {
+    let mut g = tiny();
+    g.metadata[0] = ("general.architecture".into(), v_str("deepseek2"));
+    let shape = SHAPE.map(|(k, v)| (format!("deepseek2.{k}"), v_u32(v)));
+    g.metadata.extend(shape);
+    for (key, v) in [
+        ("attention.key_length", 48),
+        ("attention.value_length", 32),
+        ("rope.dimension_count", 16),
+        ("expert_count", 4),
+        ("expert_used_count", 2),
+    ] {
+        g.metadata.push((format!("deepseek2.{key}"), v_u32(v)));
+    }
+    let dir = TempDir::new();
+    let path = dir.write("ds-legacy.gguf", &g.build().bytes);
+    let file = GgufFile::open(&path).expect("a valid GGUF");
+    let err = ModelConfig::from_gguf(&file)
+        .expect_err("legacy layout")
+        .to_string();
+    assert!(
+        err.contains("deepseek2.attention.key_length_mla") && err.contains("attn_kv_b"),
+        "{err}"
+    );
 }
 
 /// Multi-section rope (GLM-4.5V's `rope.dimension_sections`) is refused by name, not rotated as one
@@ -55,15 +94,8 @@ fn an_unsupported_mixture_of_experts_architecture_is_named() {
 fn multi_section_rope_is_refused_by_name() {
     for (sections, refused) in [([8u32, 8, 0, 0], true), ([0, 0, 0, 0], false)] {
         let mut g = tiny();
-        for (key, v) in [
-            ("embedding_length", 64),
-            ("block_count", 1),
-            ("feed_forward_length", 128),
-            ("attention.head_count", 2),
-            ("attention.head_count_kv", 2),
-        ] {
-            g.metadata.push((format!("llama.{key}"), v_u32(v)));
-        }
+        g.metadata
+            .extend(SHAPE.map(|(k, v)| (format!("llama.{k}"), v_u32(v))));
         let elems: Vec<Vec<u8>> = sections.iter().map(|s| s.to_le_bytes().to_vec()).collect();
         g.metadata.push((
             "llama.rope.dimension_sections".into(),

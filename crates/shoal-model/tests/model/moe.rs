@@ -1,4 +1,4 @@
-//! Mixture-of-experts stages on the synthetic `qwen3moe`, `qwen2moe`, `gpt-oss` and `glm4moe` fixtures (decision 020), beyond the
+//! Mixture-of-experts stages on the synthetic `qwen3moe`, `qwen2moe`, `gpt-oss`, `glm4moe` and `deepseek2` fixtures (decisions 020, 022), beyond the
 //! llama.cpp comparison every fixture gets in `synthetic`: the grouped-by-expert prefill and batched
 //! decode give the one-token-at-a-time results bitwise, a two-stage split gives the one-stage tokens, a
 //! GPU stage refuses the experts by name, and the footprint prices a token by the experts it reads.
@@ -18,7 +18,7 @@ fn moe_fixtures() -> Vec<(PathBuf, serde_json::Value)> {
     let archs: Vec<_> = out.iter().map(|(_, r)| r["arch"].clone()).collect();
     assert_eq!(
         archs,
-        ["glm4moe", "gpt-oss", "qwen2moe", "qwen3moe"],
+        ["deepseek2", "glm4moe", "gpt-oss", "qwen2moe", "qwen3moe"],
         "the MoE fixtures"
     );
     out

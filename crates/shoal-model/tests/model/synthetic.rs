@@ -64,11 +64,12 @@ fn on_the_gpu_logits_and_greedy_tokens_match_llama_cpp_for_every_architecture_an
     check_every_fixture(|p| load_gpu_whole(p, &gpu), |r| !is_moe(r));
 }
 
-/// A mixture-of-experts fixture (its reference's `arch` is `qwen3moe`, `qwen2moe`, `gpt-oss`, …).
+/// A mixture-of-experts fixture (its reference's `arch` is `qwen3moe`, `qwen2moe`, `gpt-oss`,
+/// `deepseek2`, …).
 pub fn is_moe(r: &serde_json::Value) -> bool {
     r["arch"]
         .as_str()
-        .is_some_and(|a| a.ends_with("moe") || a == "gpt-oss")
+        .is_some_and(|a| a.ends_with("moe") || a == "gpt-oss" || a == "deepseek2")
 }
 
 /// Every fixture `keep` accepts, checked against its reference.

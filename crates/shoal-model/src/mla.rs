@@ -1,0 +1,215 @@
+//! Multi-head latent attention on the host (deepseek2: DeepSeek V2/V3/R1, Kimi K2; decision 022), in the
+//! absorbed form llama.cpp runs, which makes it a one-KV-head attention over a cached latent.
+//!
+//! Per token the layer's `qkv` set has produced `[q_a | kv_a]` (or `[q | kv_a]` without a query
+//! bottleneck). Then:
+//! - queries: `q = q_b · rms_norm(q_a)`, per head `[q_nope (nope) | q_pe (rope)]`; `q_pe` is rotated and
+//!   `q_nope` is taken into the latent space by the head's `attn_k_b` (`kv_lora × nope`), so a head's
+//!   query is `[k_b · q_nope | rope(q_pe)]` (`kv_lora + rope` values);
+//! - the key: `[rms_norm(kv_a[..kv_lora]) | rope(kv_a[kv_lora..])]`, one per token for all heads, is
+//!   what the cache stores ([`crate::kv::KvCache::for_model`]: keys only);
+//! - values are the latent, the first `kv_lora` values of each key: the attention kernel is handed the
+//!   keys as the values too and the last `rope` values of each head's output are dropped (every output
+//!   value is its own chain of multiply-adds, so the kept ones are exactly what a `kv_lora`-wide value
+//!   cache gives);
+//! - each head's attended latent goes through its `attn_v_b` (`v_head × kv_lora`), and the heads side by
+//!   side (`heads · v_head`) are the input of `attn_output`.
+//!
+//! Scores are scaled by [`Mla::kq_scale`]. Numerics are the ordinary attention's ([`crate::attention`]):
+//! f16 keys, queries rounded to f16, weights rounded to f16 before the values.
+
+use shoal_kernels::ThreadPool;
+use shoal_kernels::attn::attend_f16;
+use shoal_kernels::math::{f32_to_f16, round_to_f16};
+
+use crate::attention::{RopeRows, SeqChunk, run_items};
+use crate::block::{MlaSpec, read_norm};
+use crate::config::Mla;
+use crate::error::Result;
+use crate::ffn::{load_set, split_experts};
+use crate::gguf::GgufFile;
+use crate::linear::{LinearScratch, LinearSet};
+use crate::ops;
+
+/// Query heads attended together in one work item (they share each key's conversion to f32).
+const HEADS_PER_ITEM: usize = 8;
+
+/// One layer's latent attention, loaded.
+pub(crate) struct MlaAttn {
+    /// `attn_q_a_norm` and `attn_q_b`, when queries pass the bottleneck.
+    q_b: Option<(Vec<f32>, LinearSet)>,
+    kv_a_norm: Vec<f32>,
+    /// Per head: `attn_k_b` (`kv_lora × nope`) and `attn_v_b` (`v_head × kv_lora`).
+    k_b: Vec<LinearSet>,
+    v_b: Vec<LinearSet>,
+    shape: Mla,
+}
+
+/// Buffers reused from layer to layer.
+#[derive(Default)]
+pub(crate) struct MlaScratch {
+    lin: LinearScratch,
+    qa: Vec<f32>,
+    q: Vec<f32>,
+    /// One head's rows in (`total × nope` or `total × kv_lora`) and out.
+    part: Vec<f32>,
+    part_out: Vec<f32>,
+    /// Absorbed queries, `total × heads × (kv_lora + rope)`.
+    queries: Vec<f32>,
+    /// Attended latents, `total × heads × kv_lora`.
+    latent: Vec<f32>,
+}
+
+impl MlaAttn {
+    pub(crate) fn load(g: &mut GgufFile, spec: &MlaSpec, n_heads: usize) -> Result<Self> {
+        let q_b = match &spec.q_b {
+            Some((norm, m)) => Some((read_norm(g, norm)?, load_set(g, m)?)),
+            None => None,
+        };
+        let per_head = |g: &mut GgufFile, t| -> Result<Vec<LinearSet>> {
+            split_experts(g, t, n_heads)?
+                .into_iter()
+                .map(|part| LinearSet::from_raws(vec![part]))
+                .collect()
+        };
+        Ok(Self {
+            q_b,
+            kv_a_norm: read_norm(g, &spec.kv_a_norm)?,
+            k_b: per_head(g, &spec.k_b)?,
+            v_b: per_head(g, &spec.v_b)?,
+            shape: spec.shape,
+        })
+    }
+
+    /// The attention of a batch: `proj` holds `total` rows of `[q_a | kv_a]`, each chunk's keys are stored
+    /// in its cache at `pos..pos + t`, and `out` receives `total × heads · v_head`.
+    #[allow(clippy::too_many_arguments)] // the operands of one attention
+    pub(crate) fn attend(
+        &self,
+        proj: &[f32],
+        chunks: &mut [SeqChunk<'_>],
+        rope: &RopeRows,
+        eps: f32,
+        out: &mut Vec<f32>,
+        s: &mut MlaScratch,
+        pool: &ThreadPool,
+    ) -> Result<()> {
+        let a = self.shape;
+        let nh = self.k_b.len();
+        let (qk, kw) = (a.nope + a.rope, a.kv_lora + a.rope);
+        let total: usize = chunks.iter().map(|c| c.t).sum();
+        out.clear();
+        if total == 0 {
+            return Ok(());
+        }
+        let width = proj.len() / total;
+        let qa_w = width - kw;
+        // Queries.
+        s.qa.clear();
+        for row in proj.chunks_exact(width) {
+            s.qa.extend_from_slice(&row[..qa_w]);
+        }
+        match &self.q_b {
+            Some((norm, q_b)) => {
+                for row in s.qa.chunks_exact_mut(qa_w) {
+                    ops::rms_norm_in_place(row, norm, eps);
+                }
+                q_b.forward(&s.qa, total, &mut s.q, &mut s.lin, pool)?;
+            }
+            None => std::mem::swap(&mut s.q, &mut s.qa),
+        }
+        s.queries.clear();
+        s.queries.resize(total * nh * kw, 0.0);
+        for (h, k_b) in self.k_b.iter().enumerate() {
+            s.part.clear();
+            for row in s.q.chunks_exact(nh * qk) {
+                s.part.extend_from_slice(&row[h * qk..][..a.nope]);
+            }
+            k_b.forward(&s.part, total, &mut s.part_out, &mut s.lin, pool)?;
+            for (r, (dst, q)) in s
+                .queries
+                .chunks_exact_mut(nh * kw)
+                .zip(s.q.chunks_exact(nh * qk))
+                .enumerate()
+            {
+                let dst = &mut dst[h * kw..(h + 1) * kw];
+                dst[..a.kv_lora].copy_from_slice(&s.part_out[r * a.kv_lora..][..a.kv_lora]);
+                dst[a.kv_lora..].copy_from_slice(&q[h * qk + a.nope..][..a.rope]);
+                rope.rotate(&mut dst[a.kv_lora..], r);
+            }
+        }
+        // Queries enter the q·k products at f16 precision, as in llama.cpp.
+        round_to_f16(&mut s.queries);
+        // Keys: the normed latent and the rotated rope part, stored as f16.
+        let mut key = vec![0f32; kw];
+        let mut r = 0;
+        for c in chunks.iter_mut() {
+            for i in 0..c.t {
+                let kv = &proj[r * width + qa_w..(r + 1) * width];
+                ops::rms_norm(
+                    &kv[..a.kv_lora],
+                    &self.kv_a_norm,
+                    eps,
+                    &mut key[..a.kv_lora],
+                );
+                key[a.kv_lora..].copy_from_slice(&kv[a.kv_lora..]);
+                rope.rotate(&mut key[a.kv_lora..], r);
+                f32_to_f16(&key, &mut c.kv.k[(c.pos + i) * kw..][..kw]);
+                r += 1;
+            }
+        }
+        self.attend_latent(chunks, s, pool);
+        // Each head's latent through its attn_v_b.
+        out.resize(total * nh * a.v_head, 0.0);
+        for (h, v_b) in self.v_b.iter().enumerate() {
+            s.part.clear();
+            for row in s.latent.chunks_exact(nh * a.kv_lora) {
+                s.part.extend_from_slice(&row[h * a.kv_lora..][..a.kv_lora]);
+            }
+            v_b.forward(&s.part, total, &mut s.part_out, &mut s.lin, pool)?;
+            for (dst, src) in out
+                .chunks_exact_mut(nh * a.v_head)
+                .zip(s.part_out.chunks_exact(a.v_head))
+            {
+                dst[h * a.v_head..(h + 1) * a.v_head].copy_from_slice(src);
+            }
+        }
+        Ok(())
+    }
+
+    /// `s.latent` (`total × heads × kv_lora`): every row's heads attended over its chunk's cached keys,
+    /// the keys' latent part being the values. Work items are (row, group of heads), spread over `pool`.
+    fn attend_latent(&self, chunks: &[SeqChunk<'_>], s: &mut MlaScratch, pool: &ThreadPool) {
+        let a = self.shape;
+        let nh = self.k_b.len();
+        let kw = a.kv_lora + a.rope;
+        let groups = nh.div_ceil(HEADS_PER_ITEM);
+        // (chunk, position of the row) for every row of the batch.
+        let rows: Vec<(usize, usize)> = chunks
+            .iter()
+            .enumerate()
+            .flat_map(|(ci, c)| (0..c.t).map(move |i| (ci, c.pos + i)))
+            .collect();
+        let queries = &s.queries;
+        let items = run_items(pool, rows.len() * groups, |item, scratch, o| {
+            let (r, g) = (item / groups, item % groups);
+            let (ci, pos) = rows[r];
+            let heads = g * HEADS_PER_ITEM..((g + 1) * HEADS_PER_ITEM).min(nh);
+            let n_q = heads.len();
+            let keys = &chunks[ci].kv.k[..(pos + 1) * kw];
+            let q = &queries[(r * nh + heads.start) * kw..][..n_q * kw];
+            o.resize(n_q * kw, 0.0);
+            attend_f16(q, n_q, keys, keys, kw, a.kq_scale, scratch, o);
+        });
+        s.latent.clear();
+        s.latent.resize(rows.len() * nh * a.kv_lora, 0.0);
+        for (item, o) in items.into_iter().enumerate() {
+            let (r, g) = (item / groups, item % groups);
+            for (j, head) in o.chunks_exact(kw).enumerate() {
+                let h = g * HEADS_PER_ITEM + j;
+                s.latent[(r * nh + h) * a.kv_lora..][..a.kv_lora]
+                    .copy_from_slice(&head[..a.kv_lora]);
+            }
+        }
+    }
+}
