@@ -19,8 +19,9 @@ pub enum Backend {
     Avx2,
     /// AVX2 plus AVX-VNNI `vpdpbusd` for the 8-bit products.
     AvxVnni,
-    /// AVX-512 VNNI on weights repacked into 16-row groups ([`crate::PackedMatrix`]); plain GGML
-    /// rows and single dot products run the `AvxVnni` kernels.
+    /// AVX-512 VNNI on weights repacked into 16-row groups ([`crate::PackedMatrix`]), and 512-bit
+    /// kernels of the IQ formats and `MXFP4` on GGUF rows; the other formats' plain GGML rows and
+    /// single dot products run the `AvxVnni` kernels.
     Avx512Vnni,
 }
 
@@ -148,7 +149,9 @@ impl Backend {
             #[cfg(target_arch = "x86_64")]
             (Backend::Avx2, _) => crate::x86::gemm_rows(false, g, rows),
             #[cfg(target_arch = "x86_64")]
-            (Backend::AvxVnni | Backend::Avx512Vnni, _) => crate::x86::gemm_rows(true, g, rows),
+            (Backend::AvxVnni, _) => crate::x86::gemm_rows(true, g, rows),
+            #[cfg(target_arch = "x86_64")]
+            (Backend::Avx512Vnni, _) => crate::x86::gemm_rows_512(g, rows),
             _ => scalar::gemm_rows(g, rows),
         }
     }
@@ -183,7 +186,9 @@ pub fn vec_dot_with(backend: Backend, qtype: QType, k: usize, w_row: &[u8], x_q:
         #[cfg(target_arch = "x86_64")]
         Backend::Avx2 => crate::x86::vec_dot(false, qtype, k, w_row, x_q),
         #[cfg(target_arch = "x86_64")]
-        Backend::AvxVnni | Backend::Avx512Vnni => crate::x86::vec_dot(true, qtype, k, w_row, x_q),
+        Backend::AvxVnni => crate::x86::vec_dot(true, qtype, k, w_row, x_q),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512Vnni => crate::x86::vec_dot_512(qtype, k, w_row, x_q),
         _ => scalar::vec_dot(qtype, k, w_row, x_q),
     }
 }

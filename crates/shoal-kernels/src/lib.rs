@@ -51,7 +51,10 @@
 //!   conversion and FMA per activation row and 16 outputs (no horizontal sums); decoding weights
 //!   once per 8 activation rows. Measured on the dev VM: a whole decode token 1.9× the 256-bit
 //!   kernels at m = 1, 3.2× at m = 16, 4× at prefill sizes. Every other format, and every format
-//!   on the other backends, stays in GGUF rows. [`PackedMatrix::dequantize_row`] reads a row back
+//!   on the other backends, stays in GGUF rows; on that backend `IQ4_NL`, `IQ4_XS`, `IQ3_S`,
+//!   `IQ2_S` and `IQ1_M` run 512-bit kernels on them (two 32-value blocks or chunks per vector,
+//!   signs applied through masks; bitwise equal to the 256-bit kernels), the other IQ formats and
+//!   `MXFP4` the 256-bit ones (measured faster there). [`PackedMatrix::dequantize_row`] reads a row back
 //!   from either layout (a tied embedding looked up in the output head's matrix).
 //! - [`vec_dot`]: one weight row · one ggml activation row (`quantize_row_q8_1`/`_q8_0`/`_q8_k`),
 //!   dispatched to the best [`Backend`] for this CPU (detected once and cached: AVX-512 VNNI, AVX-VNNI,
@@ -87,7 +90,8 @@
 //! 3. the kernels: [`scalar`] (the reference: per-format decoders, dequantization, dots and the
 //!    scalar matmul rows) and `x86` (AVX2/AVX-VNNI: `kernels` for the 32-value formats, `kquants`
 //!    for the K-quants and `Q8_K` quantization, `iq` for the IQ formats, `plain` for
-//!    `F32`/`F16`/`BF16`; `avx512` for 16-row groups), plus [`math`] and [`attn`] on top of `x86`;
+//!    `F32`/`F16`/`BF16`; `avx512` for 16-row groups, `iq512` for the IQ formats' 512-bit
+//!    kernels), plus [`math`] and [`attn`] on top of `x86`;
 //! 4. `backend`: [`Backend`] detection and the dispatch (`quantize_q8`, `quantize_q8k`,
 //!    `gemm_rows`, [`vec_dot`]) down into `x86` or `scalar`;
 //! 5. the entry points over the dispatch: `quant` (quantizing [`Activations`] and single rows),

@@ -142,3 +142,56 @@ fn every_backend_iq_matmul_matches_scalar() {
         }
     }
 }
+
+/// The SIMD backends agree bitwise for every IQ format, the 32-value ones included: AVX2 and
+/// AVX-VNNI sum the same integers, and the AVX-512 kernels (two blocks or chunks per 512-bit
+/// vector) keep the 256-bit kernels' two float chains of even and odd blocks in their two halves
+/// (`IQ4_NL`, `MXFP4`) or their one float step per super-block. Dot products at odd block counts
+/// (the lone last block of the 512-bit pairs) and matmuls through the one-, four- and many-row
+/// kernels.
+#[test]
+fn simd_backends_agree_bitwise_on_iq_formats() {
+    let simd: Vec<Backend> = Backend::supported()
+        .into_iter()
+        .filter(|b| *b != Backend::Scalar)
+        .collect();
+    eprintln!("SIMD backends compared: {simd:?}");
+    let mut rng = Rng::new(2913);
+    let pool = ThreadPool::new(2);
+    for qtype in QType::IQ {
+        for blocks in [1, 2, 3, 5, 8] {
+            let k = blocks * qtype.block_size();
+            let w = random_raw(&mut rng, qtype, 1, k);
+            let xq = ggml_acts(qtype, &activations(&mut rng, k));
+            let got: Vec<u32> = simd
+                .iter()
+                .map(|&b| vec_dot_with(b, qtype, k, &w, &xq).to_bits())
+                .collect();
+            assert!(
+                got.windows(2).all(|p| p[0] == p[1]),
+                "{qtype:?} k={k}: {got:?} on {simd:?}"
+            );
+        }
+        for (n, k, m) in [(7, 256 * 3, 1), (9, 512, 5), (6, 256 * 5, 13)] {
+            let w = random_raw(&mut rng, qtype, n, k);
+            let x = activations(&mut rng, m * k);
+            let mat = QMatrix::new(qtype, n, k, &w).expect("matrix");
+            let acts = Activations::quantize(qtype.act_type(), &x, m, k).expect("acts");
+            let outs: Vec<Vec<u32>> = simd
+                .iter()
+                .map(|&b| {
+                    let mut out = vec![0f32; m * n];
+                    matmul_quantized_with(b, &mat, &acts, &mut out, &pool).expect("matmul");
+                    out.iter().map(|v| v.to_bits()).collect()
+                })
+                .collect();
+            for (b, o) in simd.iter().zip(&outs) {
+                assert_eq!(
+                    o, &outs[0],
+                    "{qtype:?} n={n} k={k} m={m}: {b:?} vs {:?}",
+                    simd[0]
+                );
+            }
+        }
+    }
+}

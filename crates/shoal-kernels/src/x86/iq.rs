@@ -13,7 +13,7 @@
 //!   (as ggml's AVX2 kernels do); sign bytes expand through [`SIGNS`] (one `u64` of `±1` bytes per
 //!   8 sign bits).
 //!
-//! [`iq_dot1`] multiplies one activation row, [`iq_dot4`] four and [`iq_dot_rows`] any number
+//! [`iq_dot1`] multiplies one activation row, [`iq_dotn`] `R` and [`iq_dot_rows`] any number
 //! (decoding each super-block once for them) with the same operations per row.
 
 use std::arch::x86_64::*;
@@ -370,7 +370,7 @@ unsafe fn madd32<M: MulSum>(
 
 /// IQ weights (`nb` super-blocks at `w`) · `R` `Q8_K` activation rows.
 #[inline(always)]
-unsafe fn iq_dotn<B: IqSuper, M: MulSum, A: ActRowK, const R: usize>(
+pub(crate) unsafe fn iq_dotn<B: IqSuper, M: MulSum, A: ActRowK, const R: usize>(
     nb: usize,
     w: *const u8,
     a: [A; R],
@@ -404,16 +404,6 @@ pub(crate) unsafe fn iq_dot1<B: IqSuper, M: MulSum, A: ActRowK>(
     a: A,
 ) -> f32 {
     unsafe { iq_dotn::<B, M, A, 1>(nb, w, [a])[0] }
-}
-
-/// IQ weights · four `Q8_K` rows, bitwise equal to four [`iq_dot1`] calls.
-#[inline(always)]
-pub(crate) unsafe fn iq_dot4<B: IqSuper, M: MulSum, A: ActRowK>(
-    nb: usize,
-    w: *const u8,
-    a: [A; 4],
-) -> [f32; 4] {
-    unsafe { iq_dotn::<B, M, A, 4>(nb, w, a) }
 }
 
 /// IQ weights · the rows `a` into `out` (one value per row): each super-block decoded once for

@@ -323,7 +323,7 @@ pub(crate) unsafe fn hsum(v: __m256) -> f32 {
 
 /// The final sum of a row's two accumulators, with lanes 4..8 scaled by `hi`.
 #[inline(always)]
-unsafe fn finish(a0: __m256, a1: __m256, hi: f32) -> f32 {
+pub(crate) unsafe fn finish(a0: __m256, a1: __m256, hi: f32) -> f32 {
     unsafe {
         let scale = _mm256_setr_ps(1.0, 1.0, 1.0, 1.0, hi, hi, hi, hi);
         hsum(_mm256_mul_ps(_mm256_add_ps(a0, a1), scale))

@@ -6,7 +6,9 @@
 //! the shared helpers), [`kquants`] (the K-quants, `Q8_K` quantization), [`ktile`] (the
 //! four-weight-row × four-activation-row tiles of `Q4_K`/`Q5_K`), [`iq`] (the IQ formats and
 //! `MXFP4`) and [`plain`] (`F32`, `F16`, `BF16`). [`avx512`] holds the 16-row-group kernels of
-//! the AVX-512 VNNI backend (`Q4_1`, `Q8_0`; the other formats run the AVX-VNNI kernels there).
+//! the AVX-512 VNNI backend (`Q4_1`, `Q8_0`) and [`iq512`] its 512-bit IQ kernels on GGUF rows
+//! (`IQ4_NL`, `IQ4_XS`, `IQ3_S`, `IQ2_S`, `IQ1_M`); the other formats run the AVX-VNNI kernels
+//! there. [`gemm_iq`] takes either width's IQ kernels ([`IqKernel`]).
 //!
 //! [`gemm_rows`] is the weight-stationary loop every format shares: for each tile of activation
 //! rows, each weight row of the chunk is dotted against four activation rows at a time (one
@@ -17,6 +19,7 @@
 
 pub(crate) mod avx512;
 mod iq;
+mod iq512;
 mod kernels;
 mod kquants;
 mod ktile;
@@ -76,6 +79,19 @@ fn check_features(vnni: bool) {
 /// # Panics
 /// If the CPU lacks the features or the lengths do not match `k`.
 pub(crate) fn vec_dot(vnni: bool, qtype: QType, k: usize, w: &[u8], x: &[u8]) -> f32 {
+    check_dot(qtype, k, w, x);
+    check_features(vnni);
+    if vnni {
+        // SAFETY: features checked; both rows hold exactly the blocks for `k` values.
+        unsafe { vec_dot_vnni_tf(qtype, k, w, x) }
+    } else {
+        // SAFETY: as above.
+        unsafe { vec_dot_avx2_tf(qtype, k, w, x) }
+    }
+}
+
+/// Panics unless `w` and `x` are complete ggml rows of `k` values.
+fn check_dot(qtype: QType, k: usize, w: &[u8], x: &[u8]) {
     let (wb, xb) = match (qtype.try_row_bytes(k), qtype.act_type().try_row_bytes(k)) {
         (Ok(w), Ok(x)) => (w, x),
         _ => panic!("vec_dot: k = {k} is not a multiple of the block size"),
@@ -84,13 +100,55 @@ pub(crate) fn vec_dot(vnni: bool, qtype: QType, k: usize, w: &[u8], x: &[u8]) ->
         w.len() == wb && x.len() == xb,
         "vec_dot: slice lengths do not match k = {k}"
     );
-    check_features(vnni);
-    if vnni {
-        // SAFETY: features checked; both rows hold exactly the blocks for `k` values.
-        unsafe { vec_dot_vnni_tf(qtype, k, w, x) }
-    } else {
-        // SAFETY: as above.
-        unsafe { vec_dot_avx2_tf(qtype, k, w, x) }
+}
+
+/// Whether `qtype` has a 512-bit kernel on GGUF rows ([`iq512`]). The other IQ formats
+/// (`MXFP4`, `IQ3_XXS`, `IQ2_XXS`, `IQ2_XS`, `IQ1_S`) run their 256-bit kernels on the AVX-512
+/// backend: their 512-bit versions (two chunks per vector, the signs as masks, the grid rows
+/// gathered or loaded one by one) measured 4–35 % slower on the dev VM's Zen 5, where decoding
+/// the grid rows with scalar loads, not the multiplies, bounds them.
+fn has_zmm_kernel(qtype: QType) -> bool {
+    matches!(
+        qtype,
+        QType::IQ4_NL | QType::IQ4_XS | QType::IQ3_S | QType::IQ2_S | QType::IQ1_M
+    )
+}
+
+/// One dot product of ggml rows on the AVX-512 VNNI backend: the formats of
+/// [`has_zmm_kernel`] take their 512-bit kernels ([`iq512`]), every other format the AVX-VNNI
+/// ones.
+///
+/// # Panics
+/// If the CPU lacks the features or the lengths do not match `k`.
+pub(crate) fn vec_dot_512(qtype: QType, k: usize, w: &[u8], x: &[u8]) -> f32 {
+    if !has_zmm_kernel(qtype) {
+        return vec_dot(true, qtype, k, w, x);
+    }
+    check_dot(qtype, k, w, x);
+    assert!(
+        avx512::has_avx512_vnni(),
+        "the AVX-512 VNNI backend needs AVX-512 F/BW/VNNI"
+    );
+    // SAFETY: features checked; both rows hold exactly the blocks for `k` values.
+    unsafe { vec_dot_512_tf(qtype, k, w, x) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c,avxvnni")]
+unsafe fn vec_dot_512_tf(qtype: QType, k: usize, w: &[u8], x: &[u8]) -> f32 {
+    use iq::{Iq1M, Iq2S, Iq3S, Iq4Nl, Iq4Xs};
+    use iq512::{iq_dotn, sym_dotn};
+    let (wp, nb, nbk) = (w.as_ptr(), k / QK, k / QK_K);
+    let (x0, xk) = ([GgmlQ80(x.as_ptr())], [GgmlQ8K(x.as_ptr())]);
+    // SAFETY: the caller guarantees complete rows of `k` values.
+    unsafe {
+        match qtype {
+            QType::IQ4_NL => sym_dotn::<Iq4Nl, _, 1>(nb, wp, x0)[0],
+            QType::IQ4_XS => iq_dotn::<Iq4Xs, _, 1>(nbk, wp, xk)[0],
+            QType::IQ3_S => iq_dotn::<Iq3S, _, 1>(nbk, wp, xk)[0],
+            QType::IQ2_S => iq_dotn::<Iq2S, _, 1>(nbk, wp, xk)[0],
+            QType::IQ1_M => iq_dotn::<Iq1M, _, 1>(nbk, wp, xk)[0],
+            _ => dot_ggml::<Vnni>(qtype, k, w, x),
+        }
     }
 }
 
@@ -148,7 +206,57 @@ unsafe fn dot_ggml<M: MulSum>(qtype: QType, k: usize, w: &[u8], x: &[u8]) -> f32
 /// # Panics
 /// If the CPU lacks the features or the operands are inconsistent.
 pub(crate) fn gemm_rows(vnni: bool, g: &Gemm<'_>, rows: Range<usize>) {
-    g.check_rows(&rows);
+    check_gemm(g, &rows);
+    check_features(vnni);
+    if vnni {
+        // SAFETY: features checked above; weight rows hold `nb` blocks (checked by `check_gemm`)
+        // and are read through bounds-checked slices; activation rows come from `Activations` in
+        // the format of the weights (checked there).
+        unsafe { gemm_vnni_tf(g, rows) }
+    } else {
+        // SAFETY: as above.
+        unsafe { gemm_avx2_tf(g, rows) }
+    }
+}
+
+/// Weight rows `rows` of `g` (GGUF rows) against all its activation rows on the AVX-512 VNNI
+/// backend: the formats of [`has_zmm_kernel`] with their 512-bit kernels ([`iq512`]), every
+/// other format with the AVX-VNNI ones.
+///
+/// # Panics
+/// If the CPU lacks the features or the operands are inconsistent.
+pub(crate) fn gemm_rows_512(g: &Gemm<'_>, rows: Range<usize>) {
+    if !has_zmm_kernel(g.qtype) {
+        return gemm_rows(true, g, rows);
+    }
+    check_gemm(g, &rows);
+    assert!(
+        avx512::has_avx512_vnni(),
+        "the AVX-512 VNNI backend needs AVX-512 F/BW/VNNI"
+    );
+    // SAFETY: as in `gemm_rows`.
+    unsafe { gemm_512_tf(g, rows) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c,avxvnni")]
+unsafe fn gemm_512_tf(g: &Gemm<'_>, rows: Range<usize>) {
+    use iq::{Iq1M, Iq2S, Iq3S, Iq4Nl, Iq4Xs};
+    // SAFETY (all): the caller checked the operands, as for `gemm`.
+    unsafe {
+        match g.qtype {
+            QType::IQ4_NL => gemm_q::<SymZ<Iq4Nl>>(g, rows),
+            QType::IQ4_XS => gemm_iq::<Zmm<Iq4Xs>>(g, rows),
+            QType::IQ3_S => gemm_iq::<Zmm<Iq3S>>(g, rows),
+            QType::IQ2_S => gemm_iq::<Zmm<Iq2S>>(g, rows),
+            QType::IQ1_M => gemm_iq::<Zmm<Iq1M>>(g, rows),
+            _ => gemm::<Vnni>(g, rows),
+        }
+    }
+}
+
+/// Panics unless the operands of `g` are consistent for weight rows `rows` in GGUF rows.
+fn check_gemm(g: &Gemm<'_>, rows: &Range<usize>) {
+    g.check_rows(rows);
     let (nb, act) = (g.x.nb(), g.qtype.act_type());
     assert!(
         g.x.act_type() == Some(act)
@@ -158,16 +266,6 @@ pub(crate) fn gemm_rows(vnni: bool, g: &Gemm<'_>, rows: Range<usize>) {
         "gemm: row sizes do not match k = {}",
         g.k
     );
-    check_features(vnni);
-    if vnni {
-        // SAFETY: features checked above; weight rows hold `nb` blocks (checked above) and are
-        // read through bounds-checked slices; activation rows come from `Activations` in the
-        // format of the weights (checked above).
-        unsafe { gemm_vnni_tf(g, rows) }
-    } else {
-        // SAFETY: as above.
-        unsafe { gemm_avx2_tf(g, rows) }
-    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -206,14 +304,14 @@ unsafe fn gemm<M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
             QType::Q6_K => gemm_k::<Q6K, M>(g, rows),
             QType::IQ4_NL => gemm_q::<Sym<Iq4Nl, M>>(g, rows),
             QType::MXFP4 => gemm_q::<Sym<Mxfp4, M>>(g, rows),
-            QType::IQ4_XS => gemm_iq::<Iq4Xs, M>(g, rows),
-            QType::IQ3_S => gemm_iq::<Iq3S, M>(g, rows),
-            QType::IQ3_XXS => gemm_iq::<Iq3Xxs, M>(g, rows),
-            QType::IQ2_XXS => gemm_iq::<Iq2Xxs, M>(g, rows),
-            QType::IQ2_XS => gemm_iq::<Iq2Xs, M>(g, rows),
-            QType::IQ2_S => gemm_iq::<Iq2S, M>(g, rows),
-            QType::IQ1_S => gemm_iq::<Iq1S, M>(g, rows),
-            QType::IQ1_M => gemm_iq::<Iq1M, M>(g, rows),
+            QType::IQ4_XS => gemm_iq::<Ymm<Iq4Xs, M>>(g, rows),
+            QType::IQ3_S => gemm_iq::<Ymm<Iq3S, M>>(g, rows),
+            QType::IQ3_XXS => gemm_iq::<Ymm<Iq3Xxs, M>>(g, rows),
+            QType::IQ2_XXS => gemm_iq::<Ymm<Iq2Xxs, M>>(g, rows),
+            QType::IQ2_XS => gemm_iq::<Ymm<Iq2Xs, M>>(g, rows),
+            QType::IQ2_S => gemm_iq::<Ymm<Iq2S, M>>(g, rows),
+            QType::IQ1_S => gemm_iq::<Ymm<Iq1S, M>>(g, rows),
+            QType::IQ1_M => gemm_iq::<Ymm<Iq1M, M>>(g, rows),
         }
     }
 }
@@ -230,7 +328,44 @@ trait QDots {
 struct Min<B, M>(std::marker::PhantomData<(B, M)>);
 struct Sym<B, M>(std::marker::PhantomData<(B, M)>);
 struct Plain<P>(std::marker::PhantomData<P>);
-struct Iqs<B, M>(std::marker::PhantomData<(B, M)>);
+struct Iqs<K>(std::marker::PhantomData<K>);
+/// The 512-bit kernels of `IQ4_NL` / `MXFP4`.
+struct SymZ<B>(std::marker::PhantomData<B>);
+
+/// The kernels of a 256-value IQ format at one vector width ([`Ymm`]: AVX2 / AVX-VNNI, [`Zmm`]:
+/// AVX-512), each output with the operations of `iq::iq_dot1`.
+trait IqKernel {
+    /// `R` activation rows, each super-block decoded once for them.
+    unsafe fn dotn<const R: usize>(nb: usize, w: *const u8, a: [PackedK; R]) -> [f32; R];
+    /// Any number of rows, the decoded super-block kept in memory.
+    unsafe fn rows(nb: usize, w: *const u8, a: &[PackedK], out: &mut [f32]);
+}
+
+struct Ymm<B, M>(std::marker::PhantomData<(B, M)>);
+struct Zmm<B>(std::marker::PhantomData<B>);
+
+// SAFETY (the impls): as the kernels they call (complete weight and activation rows).
+impl<B: iq::IqSuper, M: MulSum> IqKernel for Ymm<B, M> {
+    #[inline(always)]
+    unsafe fn dotn<const R: usize>(nb: usize, w: *const u8, a: [PackedK; R]) -> [f32; R] {
+        unsafe { iq::iq_dotn::<B, M, PackedK, R>(nb, w, a) }
+    }
+    #[inline(always)]
+    unsafe fn rows(nb: usize, w: *const u8, a: &[PackedK], out: &mut [f32]) {
+        unsafe { iq::iq_dot_rows::<B, M, PackedK>(nb, w, a, out) }
+    }
+}
+
+impl<B: iq512::IqPair> IqKernel for Zmm<B> {
+    #[inline(always)]
+    unsafe fn dotn<const R: usize>(nb: usize, w: *const u8, a: [PackedK; R]) -> [f32; R] {
+        unsafe { iq512::iq_dotn::<B, PackedK, R>(nb, w, a) }
+    }
+    #[inline(always)]
+    unsafe fn rows(nb: usize, w: *const u8, a: &[PackedK], out: &mut [f32]) {
+        unsafe { iq512::iq_dot_rows::<B, PackedK>(nb, w, a, out) }
+    }
+}
 
 /// The quants of rows `r..r + 4` and their group's scales.
 #[inline(always)]
@@ -276,15 +411,27 @@ impl<B: SymBlock, M: MulSum> QDots for Sym<B, M> {
     }
 }
 
-impl<B: iq::IqSuper, M: MulSum> QDots for Iqs<B, M> {
+impl<K: IqKernel> QDots for Iqs<K> {
     #[inline(always)]
     unsafe fn dot4(nb: usize, w: *const u8, x: &Activations, r: usize) -> [f32; 4] {
         let rows = [0, 1, 2, 3].map(|i| packed_k(x, r + i));
-        unsafe { iq::iq_dot4::<B, M, PackedK>(nb, w, rows) }
+        unsafe { K::dotn::<4>(nb, w, rows) }
     }
     #[inline(always)]
     unsafe fn dot1(nb: usize, w: *const u8, x: &Activations, r: usize) -> f32 {
-        unsafe { iq::iq_dot1::<B, M, PackedK>(nb, w, packed_k(x, r)) }
+        unsafe { K::dotn::<1>(nb, w, [packed_k(x, r)])[0] }
+    }
+}
+
+impl<B: iq512::SymPair> QDots for SymZ<B> {
+    #[inline(always)]
+    unsafe fn dot4(nb: usize, w: *const u8, x: &Activations, r: usize) -> [f32; 4] {
+        let rows = [0, 1, 2, 3].map(|i| row1(x, r + i));
+        unsafe { iq512::sym_dotn::<B, Packed, 4>(nb, w, rows) }
+    }
+    #[inline(always)]
+    unsafe fn dot1(nb: usize, w: *const u8, x: &Activations, r: usize) -> f32 {
+        unsafe { iq512::sym_dotn::<B, Packed, 1>(nb, w, [row1(x, r)])[0] }
     }
 }
 
@@ -342,11 +489,11 @@ unsafe fn gemm_q<D: QDots>(g: &Gemm<'_>, rows: Range<usize>) {
 /// rows, each weight row's super-blocks are decoded once and multiplied with every row of the
 /// tile ([`iq::iq_dot_rows`]). Every path takes the operations of [`iq::iq_dot1`] per row.
 #[inline(always)]
-unsafe fn gemm_iq<B: iq::IqSuper, M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
+unsafe fn gemm_iq<K: IqKernel>(g: &Gemm<'_>, rows: Range<usize>) {
     let (nb, m) = (g.x.nb(), g.m);
     if m < IQ_TILE_MIN {
         // SAFETY: as for every format of `gemm_q` (the caller checked the operands).
-        return unsafe { gemm_q::<Iqs<B, M>>(g, rows) };
+        return unsafe { gemm_q::<Iqs<K>>(g, rows) };
     }
     if rows.is_empty() {
         return;
@@ -362,7 +509,7 @@ unsafe fn gemm_iq<B: iq::IqSuper, M: MulSum>(g: &Gemm<'_>, rows: Range<usize>) {
             let (w, out) = (g.weight_row(j).as_ptr(), &mut out[..r1 - r0]);
             // SAFETY: one complete weight row of `nb` super-blocks; activation rows of `nb`
             // blocks with their sums, each row's `d` of the last block at `8 (nb - 1) + 2 lane`.
-            unsafe { iq::iq_dot_rows::<B, M, PackedK>(nb, w, &acts, out) };
+            unsafe { K::rows(nb, w, &acts, out) };
             for (i, &v) in out.iter().enumerate() {
                 g.store(r0 + i, j, v);
             }
