@@ -35,6 +35,11 @@ def main() -> None:
         else:
             w.add_key_value(name, value, vtype)
     w.add_chat_template(TEMPLATE)
+    write_with_tensors(w, src, out)
+
+
+def write_with_tensors(w: gguf.GGUFWriter, src: gguf.GGUFReader, out: Path) -> None:
+    """Adds `src`'s tensors unchanged to `w` and writes the file `out`."""
     for t in src.tensors:
         w.add_tensor(t.name, t.data, raw_shape=list(reversed([int(d) for d in t.shape])), raw_dtype=t.tensor_type)
     w.write_header_to_file()

@@ -548,7 +548,7 @@ mod tests {
             20,
             64,
             None,
-            Some(Splitter::new(false)),
+            Some(Splitter::new(reasoning::Syntax::Think { inside: false })),
         );
         assert_eq!(names(&events(m.opening())), ["message_start", "ping"]);
         let mut all = Vec::new();

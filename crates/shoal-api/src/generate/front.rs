@@ -62,8 +62,8 @@ pub struct Started {
     /// The prompt's length in tokens.
     pub prompt_tokens: usize,
     /// Present when the answer may hold the model's thoughts: read it with
-    /// [`super::reasoning::Splitter::new`]`(inside)` (`inside`: the prompt opened them).
-    pub reasoning: Option<bool>,
+    /// [`super::reasoning::Splitter::new`] (its syntax: `<think>` blocks or harmony channels).
+    pub reasoning: Option<super::reasoning::Syntax>,
 }
 
 /// Plans, renders and submits `chat` for `caller` (see the module doc).
@@ -106,7 +106,7 @@ pub struct Planned {
     /// Present when the answer may hold tool calls.
     pub parser: Option<ToolCallParser>,
     /// Present when the answer may hold the model's thoughts (see [`Started::reasoning`]).
-    pub reasoning: Option<bool>,
+    pub reasoning: Option<super::reasoning::Syntax>,
 }
 
 /// Plans `chat`'s conversation and tools ([`shoal_guide::Guides::plan`], on the blocking pool) with
@@ -134,8 +134,8 @@ pub async fn plan(
     if let Some(prefill) = &chat.prefill {
         prompt.push_str(prefill);
     }
-    let reasoning = (!constrained && engine.writes_thinking())
-        .then(|| super::reasoning::prompt_opens_thinking(&prompt));
+    let calls = plan.tool_parser.is_some();
+    let reasoning = super::reasoning::syntax(engine.chat_template(), &prompt, constrained, calls);
     Ok(Planned {
         prompt,
         processor: plan.processor,

@@ -17,6 +17,7 @@
 //! once.
 
 pub mod front;
+pub mod harmony;
 pub mod reasoning;
 
 pub use front::{Chat, Planned, Started, plan, start, submit};

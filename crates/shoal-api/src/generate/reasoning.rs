@@ -9,7 +9,7 @@
 //!
 //! Where the thoughts start:
 //! - the prompt already opened them (DeepSeek R1's template ends the generation prompt with `<think>\n`;
-//!   [`Splitter::new`] with `inside: true`, see [`prompt_opens_thinking`]): everything up to `</think>` is
+//!   [`Syntax::Think`] with `inside: true`, see [`prompt_opens_thinking`]): everything up to `</think>` is
 //!   reasoning;
 //! - otherwise the answer may open them itself: an answer whose first non-blank text is `<think>` is
 //!   reasoning until `</think>`; any other answer is all content (a prompt that closed an empty block —
@@ -17,6 +17,10 @@
 //!
 //! As llama.cpp's `deepseek` reasoning format: the blank text after `<think>` and before and after
 //! `</think>` belongs to neither part; an answer cut inside its thoughts is all reasoning.
+//!
+//! gpt-oss writes OpenAI's harmony format instead (channels, not tags: [`super::harmony`]); which
+//! [`Syntax`] a model's answers have is decided by its template ([`syntax`]), and [`Splitter`] reads
+//! either.
 
 /// The tag that opens a model's thoughts.
 pub const OPEN: &str = "<think>";
@@ -36,6 +40,38 @@ impl Parts {
     }
 }
 
+/// How a model's answers hold its thoughts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Syntax {
+    /// `<think>` … `</think>`; `inside`: the prompt opened the block.
+    Think { inside: bool },
+    /// gpt-oss's harmony channels; `analysis`: the prompt left an analysis message open; `calls`: the
+    /// request offered tools (call messages go to the tool-call parser, else they are dropped).
+    Harmony { analysis: bool, calls: bool },
+}
+
+/// The syntax of the answer to `prompt` (rendered with `template`): harmony for a template that
+/// writes channels, constrained or not (a forced call or an answer format is written on a channel
+/// too); `<think>` blocks where the template writes them and the answer is not constrained (it has no
+/// room for thoughts); else none. `calls`: the request offered tools.
+pub fn syntax(
+    template: Option<&shoal_model::chat::ChatTemplate>,
+    prompt: &str,
+    constrained: bool,
+    calls: bool,
+) -> Option<Syntax> {
+    let template = template?;
+    if template.writes_channels() {
+        return Some(Syntax::Harmony {
+            analysis: super::harmony::prompt_opens_analysis(prompt),
+            calls,
+        });
+    }
+    (!constrained && template.writes_thinking()).then(|| Syntax::Think {
+        inside: prompt_opens_thinking(prompt),
+    })
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     /// Nothing but blank text yet: the answer may still open its thoughts.
@@ -48,9 +84,43 @@ enum State {
     Content,
 }
 
-/// The streaming reader of one answer (one per choice).
+/// The streaming reader of one answer (one per choice), in its model's [`Syntax`].
 #[derive(Debug, Clone)]
-pub struct Splitter {
+pub enum Splitter {
+    Think(Think),
+    Harmony(super::harmony::Reader),
+}
+
+impl Splitter {
+    pub fn new(syntax: Syntax) -> Self {
+        match syntax {
+            Syntax::Think { inside } => Splitter::Think(Think::new(inside)),
+            Syntax::Harmony { analysis, calls } => {
+                Splitter::Harmony(super::harmony::Reader::new(analysis, calls))
+            }
+        }
+    }
+
+    /// The parts of the next piece of text.
+    pub fn push(&mut self, text: &str) -> Parts {
+        match self {
+            Splitter::Think(t) => t.push(text),
+            Splitter::Harmony(h) => h.push(text),
+        }
+    }
+
+    /// What is still held when the answer ended.
+    pub fn finish(&mut self) -> Parts {
+        match self {
+            Splitter::Think(t) => t.finish(),
+            Splitter::Harmony(h) => h.finish(),
+        }
+    }
+}
+
+/// The streaming reader of a `<think>` answer.
+#[derive(Debug, Clone)]
+pub struct Think {
     state: State,
     /// Text read but not given out yet.
     held: String,
@@ -58,7 +128,7 @@ pub struct Splitter {
     started: bool,
 }
 
-impl Splitter {
+impl Think {
     /// A reader of an answer whose prompt opened the thoughts (`inside`) or did not.
     pub fn new(inside: bool) -> Self {
         Self {
@@ -175,8 +245,8 @@ fn partial_tag(text: &str, tag: &str) -> usize {
 }
 
 /// The parts of a whole answer.
-pub fn split(text: &str, inside: bool) -> Parts {
-    let mut s = Splitter::new(inside);
+pub fn split(text: &str, syntax: Syntax) -> Parts {
+    let mut s = Splitter::new(syntax);
     let mut parts = s.push(text);
     let rest = s.finish();
     parts.reasoning.push_str(&rest.reasoning);
@@ -186,9 +256,9 @@ pub fn split(text: &str, inside: bool) -> Parts {
 
 /// The parts of a whole answer as an API reads it: split where the model may think (`reasoning`: the
 /// request's [`super::Started::reasoning`]), else all content.
-pub fn answer(text: String, reasoning: Option<bool>) -> Parts {
+pub fn answer(text: String, reasoning: Option<Syntax>) -> Parts {
     match reasoning {
-        Some(inside) => split(&text, inside),
+        Some(syntax) => split(&text, syntax),
         None => Parts {
             reasoning: String::new(),
             content: text,
@@ -229,26 +299,14 @@ pub fn prompt_opens_thinking(prompt: &str) -> bool {
     }
 }
 
+/// Test help shared by the splitters' tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod check {
     use super::*;
 
-    /// A Qwen3 answer as the model writes it (thinking on: it opens the block itself).
-    const QWEN3: &str =
-        "<think>\nOkay, the user asks for 7*8. That is 56.\n</think>\n\n7 × 8 = **56**.";
-    /// DeepSeek R1: the prompt opened the block, so the answer starts inside it.
-    const R1: &str = "Alright, 7 times 8... 56.\n</think>\n\nThe answer is 56.";
-
-    fn parts(reasoning: &str, content: &str) -> Parts {
-        Parts {
-            reasoning: reasoning.into(),
-            content: content.into(),
-        }
-    }
-
     /// Every way of cutting `text` into two pieces, and into pieces of one character, reads as the whole.
-    fn streamed_agrees(text: &str, inside: bool) {
-        let whole = split(text, inside);
+    pub(crate) fn streamed_agrees(text: &str, syntax: Syntax) -> Parts {
+        let whole = split(text, syntax);
         let mut cuts: Vec<Vec<&str>> = (0..=text.len())
             .filter(|&i| text.is_char_boundary(i))
             .map(|i| vec![&text[..i], &text[i..]])
@@ -262,7 +320,7 @@ mod tests {
         chars.push(&text[start..]);
         cuts.push(chars);
         for pieces in cuts {
-            let mut s = Splitter::new(inside);
+            let mut s = Splitter::new(syntax);
             let mut got = Parts::default();
             for p in pieces.iter().chain(std::iter::once(&"")) {
                 let part = s.push(p);
@@ -274,27 +332,51 @@ mod tests {
             got.content.push_str(&rest.content);
             assert_eq!(got, whole, "{pieces:?}");
         }
+        whole
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check::streamed_agrees;
+    use super::*;
+
+    /// A Qwen3 answer as the model writes it (thinking on: it opens the block itself).
+    const QWEN3: &str =
+        "<think>\nOkay, the user asks for 7*8. That is 56.\n</think>\n\n7 × 8 = **56**.";
+    /// DeepSeek R1: the prompt opened the block, so the answer starts inside it.
+    const R1: &str = "Alright, 7 times 8... 56.\n</think>\n\nThe answer is 56.";
+
+    fn think(inside: bool) -> Syntax {
+        Syntax::Think { inside }
+    }
+
+    fn parts(reasoning: &str, content: &str) -> Parts {
+        Parts {
+            reasoning: reasoning.into(),
+            content: content.into(),
+        }
     }
 
     #[test]
     fn qwen3_opens_its_thoughts_itself() {
         assert_eq!(
-            split(QWEN3, false),
+            split(QWEN3, think(false)),
             parts(
                 "Okay, the user asks for 7*8. That is 56.",
                 "7 × 8 = **56**."
             )
         );
-        streamed_agrees(QWEN3, false);
+        streamed_agrees(QWEN3, think(false));
     }
 
     #[test]
     fn r1_starts_inside_the_thoughts_its_prompt_opened() {
         assert_eq!(
-            split(R1, true),
+            split(R1, think(true)),
             parts("Alright, 7 times 8... 56.", "The answer is 56.")
         );
-        streamed_agrees(R1, true);
+        streamed_agrees(R1, think(true));
         assert!(prompt_opens_thinking("<｜Assistant｜><think>\n"));
         assert!(!prompt_opens_thinking(
             "<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -310,18 +392,21 @@ mod tests {
             "56 <think>late</think>",
             "<",
         ] {
-            assert_eq!(split(text, false), parts("", text), "{text}");
-            streamed_agrees(text, false);
+            assert_eq!(split(text, think(false)), parts("", text), "{text}");
+            streamed_agrees(text, think(false));
         }
     }
 
     #[test]
     fn an_answer_cut_inside_its_thoughts_is_reasoning() {
         let text = "<think>\nLet me count: 1, 2, 3 </th";
-        assert_eq!(split(text, false), parts("Let me count: 1, 2, 3 </th", ""));
-        streamed_agrees(text, false);
+        assert_eq!(
+            split(text, think(false)),
+            parts("Let me count: 1, 2, 3 </th", "")
+        );
+        streamed_agrees(text, think(false));
         // A tag cut short stays held until the end, then is reasoning.
-        let mut s = Splitter::new(true);
+        let mut s = Think::new(true);
         assert_eq!(s.push("a </thi"), parts("a", ""));
         assert_eq!(s.finish(), parts(" </thi", ""));
     }
@@ -330,12 +415,12 @@ mod tests {
     fn empty_thoughts_and_tool_calls_after_them() {
         let text = "<think>\n\n</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
         assert_eq!(
-            split(text, false),
+            split(text, think(false)),
             parts(
                 "",
                 "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>"
             )
         );
-        streamed_agrees(text, false);
+        streamed_agrees(text, think(false));
     }
 }

@@ -139,8 +139,15 @@ pub async fn generate(
     } else {
         templated(&engine, req.system.take(), prompt, &thinking)?
     };
-    answer.reasoning = (!raw && processor.is_none() && engine.writes_thinking())
-        .then(|| generate::reasoning::prompt_opens_thinking(&text));
+    answer.reasoning = match raw {
+        true => None,
+        false => generate::reasoning::syntax(
+            engine.chat_template(),
+            &text,
+            processor.is_some(),
+            false,
+        ),
+    };
     let run = submit(&state, &checked, text, processor, "prompt", started)?;
     Ok(respond(run, answer, checked.stream).await)
 }

@@ -124,8 +124,8 @@ pub struct Answer {
     pub logprobs: bool,
     /// Splits tool calls out of the text where tools were offered (chat only).
     pub tools: Option<ToolCallParser>,
-    /// Present when the answer may start with the model's thoughts: whether the prompt opened them ([`crate::generate::Started::reasoning`]).
-    pub reasoning: Option<bool>,
+    /// Present when the answer may hold the model's thoughts: their syntax ([`crate::generate::Started::reasoning`]).
+    pub reasoning: Option<reasoning::Syntax>,
 }
 
 impl Answer {

@@ -14,6 +14,7 @@ mod embeddings;
 mod errors;
 mod front;
 mod generation;
+mod harmony;
 mod hostile_names;
 mod limits;
 mod metrics;

@@ -5,43 +5,23 @@
 
 use std::sync::OnceLock;
 
-use axum::body::Body;
-use axum::http::{Method, Request, header};
 use serde_json::{Value, json};
-use shoal_api::ApiState;
 use shoal_engine::EngineHandle;
-use shoal_engine::engine::{EngineConfig, spawn_from_gguf};
 
-use crate::common::{Reply, send_with, sse_data};
+use crate::common::{Reply, sse_data};
 
 const MODEL: &str = "qwen3-think";
 
 fn engine() -> EngineHandle {
     static ENGINE: OnceLock<EngineHandle> = OnceLock::new();
-    ENGINE
-        .get_or_init(|| {
-            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../shoal-model/tests/fixtures/synth/qwen3-think-s-f16.gguf");
-            let config = EngineConfig {
-                threads: 1,
-                ..Default::default()
-            };
-            spawn_from_gguf(&path, MODEL, config).expect("the think fixture loads")
-        })
-        .clone()
+    crate::common::synth_engine(&ENGINE, "qwen3-think-s-f16.gguf", MODEL)
 }
 
 async fn chat(extra: Value) -> Reply {
     let mut body = json!({"model": MODEL, "max_tokens": 12, "temperature": 0,
         "messages": [{"role": "user", "content": "What is 7 times 8?"}]});
     crate::common::merge(&mut body, extra);
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri("/v1/chat/completions")
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .expect("request");
-    send_with(ApiState::new(engine()), request).await
+    crate::common::post_to(engine(), "/v1/chat/completions", &body).await
 }
 
 #[tokio::test]
@@ -132,13 +112,7 @@ async fn a_constrained_answer_does_not_think() {
 }
 
 async fn ollama(route: &str, body: Value) -> Reply {
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri(route)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .expect("request");
-    send_with(ApiState::new(engine()), request).await
+    crate::common::post_to(engine(), route, &body).await
 }
 
 /// The NDJSON lines of a streamed Ollama answer, joined: (thinking, content).

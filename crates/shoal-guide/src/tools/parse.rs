@@ -210,13 +210,13 @@ fn harmony(text: &str) -> Parsed {
     for segment in segments {
         let (name, args) = segment.split_once(HARMONY_MESSAGE).unwrap_or(("", segment));
         let args = args.trim();
-        if !name.is_empty() && serde_json::from_str::<Value>(args).is_ok() {
-            calls.push(ParsedCall {
+        match serde_json::from_str::<Value>(args) {
+            // Written compact, as every format's calls are (and a cut call's arguments so far).
+            Ok(value) if !name.is_empty() => calls.push(ParsedCall {
                 name: name.to_owned(),
-                arguments: args.to_owned(),
-            });
-        } else {
-            content.push_str(args);
+                arguments: value.to_string(),
+            }),
+            _ => content.push_str(args),
         }
     }
     Parsed { content, calls }
@@ -364,7 +364,7 @@ mod tests {
         assert_eq!(
             p.calls,
             vec![
-                call("get_weather", "{\"city\": \"Paris\"}"),
+                call("get_weather", "{\"city\":\"Paris\"}"),
                 call("now", "{}")
             ]
         );

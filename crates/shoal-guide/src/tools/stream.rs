@@ -303,7 +303,7 @@ mod tests {
         assert_eq!(content(&ev), "Let me check.");
         assert!(
             matches!(&ev[1], ToolEvent::Call { name, arguments, .. }
-                if name == "get_weather" && arguments == "{\"city\": \"Paris\"}"),
+                if name == "get_weather" && arguments == "{\"city\":\"Paris\"}"),
             "{ev:?}"
         );
         let mut s = ToolCallStream::new(ToolFormat::Harmony, CallIds::new(1, ToolFormat::Harmony));

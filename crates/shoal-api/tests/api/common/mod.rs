@@ -162,6 +162,33 @@ pub fn assert_error(reply: &Reply, status: u16, param: Option<&str>) -> Value {
     err
 }
 
+/// The engine of a synthetic fixture (`crates/shoal-model/tests/fixtures/synth/<file>`) serving it as
+/// `id`, loaded once into `cell` (one thread: the fixtures are tiny).
+pub fn synth_engine(cell: &'static OnceLock<EngineHandle>, file: &str, id: &str) -> EngineHandle {
+    cell.get_or_init(|| {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shoal-model/tests/fixtures/synth")
+            .join(file);
+        let config = EngineConfig {
+            threads: 1,
+            ..Default::default()
+        };
+        spawn_from_gguf(&path, id, config).unwrap_or_else(|e| panic!("{file} loads: {e}"))
+    })
+    .clone()
+}
+
+/// POSTs `body` as JSON to `route` of a fresh router over `engine`.
+pub async fn post_to(engine: EngineHandle, route: &str, body: &Value) -> Reply {
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(route)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("request");
+    send_with(ApiState::new(engine), request).await
+}
+
 /// A chat body asking one question.
 pub fn chat_body(question: &str, extra: Value) -> Value {
     let mut body = serde_json::json!({
