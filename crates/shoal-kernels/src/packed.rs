@@ -1,9 +1,9 @@
 //! Weight matrices owned by the kernels, in the layout the best backend of this CPU reads fastest.
 //!
 //! [`PackedMatrix::new`] copies a [`QMatrix`]'s GGUF rows once at load time. On CPUs with AVX-512
-//! VNNI, `Q4_1` and `Q8_0` weights are repacked into groups of 16 rows ([`Layout::Rows16`]: per
-//! block, the 16 rows' scales and then their quants interleaved four bytes at a time, the layout one
-//! 512-bit `vpdpbusd` consumes; see `x86::avx512`). Everywhere else the rows stay as they are
+//! VNNI, `Q4_1`, `Q8_0` and `Q4_K` weights are repacked into groups of 16 rows ([`Layout::Rows16`]:
+//! per block, the 16 rows' scales and then their quants interleaved four bytes at a time, the
+//! layout one 512-bit `vpdpbusd` consumes; see `x86::avx512` and, for `Q4_K`, `x86::k512`). Everywhere else the rows stay as they are
 //! ([`Layout::Rows`]) and the 256-bit or scalar kernels run; every other format stays in rows on
 //! every backend. Repacking keeps the byte count (except the padding of a last partial group) and
 //! is exact: the same quants and f16 scales; [`PackedMatrix::dequantize_row`] reads a row back from
@@ -18,7 +18,8 @@ use crate::acts::Activations;
 use crate::backend::Backend;
 use crate::error::KernelError;
 use crate::format::{
-    GROUP, Layout, Q4_1_BYTES, Q4_1_GROUP_BYTES, Q8_0_BYTES, Q8_0_GROUP_BYTES, QK, QType,
+    GROUP, Layout, Q4_1_BYTES, Q4_1_GROUP_BYTES, Q4_K_BYTES, Q4_K_GROUP_BYTES, Q8_0_BYTES,
+    Q8_0_GROUP_BYTES, QType,
 };
 use crate::matmul::{QMatrix, run_gemm};
 use crate::pool::Parallel;
@@ -59,7 +60,7 @@ impl PackedMatrix {
 
     /// [`PackedMatrix::from_rows`] on bytes the caller may share with other users (a tied token
     /// embedding and output head): where the detected backend reads rows the matrix holds `data`
-    /// itself, so there is one copy of the bytes. Where it repacks (AVX-512 VNNI, `Q4_1`/`Q8_0`)
+    /// itself, so there is one copy of the bytes. Where it repacks (AVX-512 VNNI, `Q4_1`/`Q8_0`/`Q4_K`)
     /// the matrix holds the repacked copy instead; to have one copy on every backend, share the
     /// `PackedMatrix` (an `Arc` of it) and read rows with [`PackedMatrix::dequantize_row`].
     pub fn from_shared_rows(
@@ -189,9 +190,9 @@ impl PackedMatrix {
 }
 
 /// The layout a matrix of `qtype` with `cols` input features gets on `backend` (a usable one):
-/// 16-row groups for `Q4_1`/`Q8_0` on AVX-512 VNNI, GGUF rows otherwise.
+/// 16-row groups for `Q4_1`/`Q8_0`/`Q4_K` on AVX-512 VNNI, GGUF rows otherwise.
 pub(crate) fn layout_for(qtype: QType, cols: usize, backend: Backend) -> Layout {
-    let repacked = matches!(qtype, QType::Q4_1 | QType::Q8_0);
+    let repacked = matches!(qtype, QType::Q4_1 | QType::Q8_0 | QType::Q4_K);
     if backend == Backend::Avx512Vnni && repacked && cols > 0 {
         Layout::Rows16
     } else {
@@ -202,7 +203,15 @@ pub(crate) fn layout_for(qtype: QType, cols: usize, backend: Backend) -> Layout 
 /// The bytes of one block of row `l` of a 16-row group: for each piece, its offset in the GGML
 /// block, its offset in the group block, its length, and the byte XORed on the way (the `Q8_0`
 /// quants are stored `+ 128` as u8).
-fn pieces(qtype: QType, l: usize) -> impl Iterator<Item = (usize, usize, usize, u8)> {
+fn pieces(qtype: QType, l: usize) -> Box<dyn Iterator<Item = (usize, usize, usize, u8)>> {
+    if qtype == QType::Q4_K {
+        // d, dmin, byte t of the 12 scale bytes at 64 + 16 t, then per pair p of 32 nibble bytes
+        // 8 chunks of 4 (see `x86::k512`).
+        let head = [(0, 2 * l, 2, 0), (2, 32 + 2 * l, 2, 0)];
+        let sc = (0..12).map(move |t| (4 + t, 64 + 16 * t + l, 1, 0));
+        let qs = (0..32).map(move |pc| (16 + 4 * pc, 256 + 64 * pc + 4 * l, 4, 0));
+        return Box::new(head.into_iter().chain(sc).chain(qs));
+    }
     let q41 = qtype == QType::Q4_1;
     // Q4_1: d, m, then 4 chunks of 4 nibble bytes; Q8_0: d, then 8 chunks of 4 quants.
     let scales = if q41 {
@@ -212,19 +221,20 @@ fn pieces(qtype: QType, l: usize) -> impl Iterator<Item = (usize, usize, usize, 
     };
     let (chunks, src0, dst0, xor) = if q41 { (4, 4, 64, 0) } else { (8, 2, 32, 0x80) };
     let quants = (0..chunks).map(move |c| (src0 + 4 * c, dst0 + 64 * c + 4 * l, 4, xor));
-    scales.into_iter().chain(quants)
+    Box::new(scales.into_iter().chain(quants))
 }
 
 fn group_sizes(qtype: QType) -> (usize, usize) {
     match qtype {
         QType::Q4_1 => (Q4_1_BYTES, Q4_1_GROUP_BYTES),
+        QType::Q4_K => (Q4_K_BYTES, Q4_K_GROUP_BYTES),
         _ => (Q8_0_BYTES, Q8_0_GROUP_BYTES),
     }
 }
 
 /// Repacks GGML rows into 16-row groups (the last group padded with zero rows).
 fn repack16(w: &QMatrix<'_>, row_bytes: usize) -> Vec<u8> {
-    let nb = w.cols / QK;
+    let nb = w.cols / w.qtype.block_size();
     let (block, group_bytes) = group_sizes(w.qtype);
     let groups = w.rows.div_ceil(GROUP);
     let mut out = vec![0u8; groups * nb * group_bytes];
@@ -248,7 +258,7 @@ fn repack16(w: &QMatrix<'_>, row_bytes: usize) -> Vec<u8> {
 /// Row `i` of a 16-row-group matrix (`cols` values, `data` its group blocks) back in GGML's row
 /// encoding: the inverse of [`repack16`].
 fn unpack16_row(qtype: QType, cols: usize, data: &[u8], i: usize, row_bytes: usize) -> Vec<u8> {
-    let nb = cols / QK;
+    let nb = cols / qtype.block_size();
     let (block, group_bytes) = group_sizes(qtype);
     let (g, l) = (i / GROUP, i % GROUP);
     let mut row = vec![0u8; row_bytes];
@@ -277,8 +287,8 @@ mod tests {
     #[test]
     fn rows_come_back_from_16_row_groups() {
         let mut rng = SplitMix64::new(3);
-        for qtype in [QType::Q4_1, QType::Q8_0] {
-            let (rows, cols) = (37, 96);
+        for (qtype, cols) in [(QType::Q4_1, 96), (QType::Q8_0, 96), (QType::Q4_K, 512)] {
+            let rows = 37;
             let rb = qtype.try_row_bytes(cols).expect("k");
             let data: Vec<u8> = (0..rows * rb).map(|_| rng.next_u64() as u8).collect();
             let w = QMatrix::new(qtype, rows, cols, &data).expect("matrix");

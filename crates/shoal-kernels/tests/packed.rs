@@ -19,7 +19,7 @@ fn layout_follows_the_backend() {
             let data = random_weights(&mut rng, qtype, 20, k);
             let w = QMatrix::new(qtype, 20, k, &data).expect("matrix");
             let p = PackedMatrix::with_backend(&w, backend).expect("pack");
-            let repacked = matches!(qtype, QType::Q4_1 | QType::Q8_0);
+            let repacked = matches!(qtype, QType::Q4_1 | QType::Q8_0 | QType::Q4_K);
             let want = if backend == Backend::Avx512Vnni && repacked {
                 Layout::Rows16
             } else {
@@ -35,6 +35,41 @@ fn layout_follows_the_backend() {
             // Repacking keeps the bytes, plus the padding of the last group of 16 rows.
             let padded = if want == Layout::Rows16 { 32 } else { 20 };
             assert_eq!(p.bytes(), data.len() / 20 * padded, "{backend:?} {qtype:?}");
+        }
+    }
+}
+
+/// `Q4_K` in 16-row groups (the AVX-512 VNNI layout) gives bitwise the outputs of its GGUF rows
+/// on the other SIMD backends (AVX2, AVX-VNNI): the same exact integers per super-block and the
+/// same two float steps (the scalar reference, which sums in another order, is checked within
+/// rounding by the test below). Odd row counts (a padded last group), one to nine activation rows
+/// (tiles of 4 and their remainders).
+#[test]
+fn q4_k_groups_are_bitwise_equal_to_rows_on_every_backend() {
+    let mut rng = Rng::new(4242);
+    let pool = ThreadPool::new(2);
+    let backends: Vec<Backend> = Backend::supported()
+        .into_iter()
+        .filter(|b| *b != Backend::Scalar)
+        .collect();
+    eprintln!("Q4_K compared on {backends:?}");
+    for (n, k) in [(16, 256), (37, 512), (40, 1024)] {
+        let data = random_raw(&mut rng, QType::Q4_K, n, k);
+        let w = QMatrix::new(QType::Q4_K, n, k, &data).expect("matrix");
+        for m in [1, 2, 3, 4, 5, 9] {
+            let x = activations(&mut rng, m * k);
+            let outs: Vec<Vec<u32>> = backends
+                .iter()
+                .map(|&b| {
+                    let p = PackedMatrix::with_backend(&w, b).expect("pack");
+                    let mut out = vec![f32::NAN; m * n];
+                    p.matmul(&x, m, &mut out, &pool).expect("matmul");
+                    out.iter().map(|v| v.to_bits()).collect()
+                })
+                .collect();
+            for (b, o) in backends.iter().zip(&outs) {
+                assert_eq!(o, &outs[0], "n={n} k={k} m={m}: {b:?} vs {:?}", backends[0]);
+            }
         }
     }
 }

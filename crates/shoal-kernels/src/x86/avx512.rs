@@ -1,4 +1,5 @@
-//! AVX-512 VNNI kernels for weights repacked into groups of 16 rows ([`crate::Layout::Rows16`]).
+//! AVX-512 VNNI kernels for weights repacked into groups of 16 rows ([`crate::Layout::Rows16`]):
+//! `Q4_1` and `Q8_0` here, `Q4_K` in `x86::k512` (dispatched from [`gemm_rows`]).
 //!
 //! One 512-bit `vpdpbusd` multiplies 4 consecutive weights of 16 different rows by the same 4
 //! activation bytes (broadcast straight from memory), so a block of 32 values is 8 instructions per
@@ -20,7 +21,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use crate::format::{GROUP, Q4_1_GROUP_BYTES, Q8_0_GROUP_BYTES, QType};
+use crate::format::{GROUP, Q4_1_GROUP_BYTES, Q4_K_GROUP_BYTES, Q8_0_GROUP_BYTES, QType};
 use crate::gemm::Gemm;
 
 /// Activation rows per tile: 8 float accumulators, 8 integer sums and 8 decoded weight vectors fit
@@ -63,13 +64,16 @@ pub(crate) fn gemm_rows(g: &Gemm<'_>, rows: Range<usize>) {
     let group_bytes = match g.qtype {
         QType::Q4_1 => Q4_1_GROUP_BYTES,
         QType::Q8_0 => Q8_0_GROUP_BYTES,
+        QType::Q4_K => Q4_K_GROUP_BYTES,
         other => panic!(
             "gemm (16-row groups): {} weights are never repacked",
             other.name()
         ),
     };
     assert!(
-        nb * crate::format::QK == g.k && g.w.len() == g.n.div_ceil(GROUP) * nb * group_bytes,
+        nb * g.qtype.block_size() == g.k
+            && g.w.len() == g.n.div_ceil(GROUP) * nb * group_bytes
+            && g.x.act_type() == Some(g.qtype.act_type()),
         "gemm (16-row groups): weight bytes do not match {} × {}",
         g.n,
         g.k
@@ -79,8 +83,15 @@ pub(crate) fn gemm_rows(g: &Gemm<'_>, rows: Range<usize>) {
         "the AVX-512 VNNI backend needs AVX-512 F/BW/VNNI"
     );
     // SAFETY: features checked; the weight buffer holds every group of `nb` blocks (checked above)
-    // and activation rows come from `Activations` (nb blocks of quants, 8·nb scales per group).
-    unsafe { gemm_tf(g, rows, group_bytes) }
+    // and activation rows come from `Activations` in the weights' activation format (nb blocks of
+    // quants, 8·nb scales per group, and for `Q8_K` 16·nb sums per row).
+    unsafe {
+        if g.qtype == QType::Q4_K {
+            super::k512::gemm_q4k_tf(g, rows)
+        } else {
+            gemm_tf(g, rows, group_bytes)
+        }
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
