@@ -4,7 +4,8 @@ qwen3-s-f16.gguf (512 tokens) with the tokenizer of gpt-oss-k-mxfp4_moe.gguf (o2
 gpt-4o pre-tokenizer, harmony's special tokens <|start|> <|channel|> <|message|> <|constrain|> <|end|>
 <|return|> <|call|>, 512 tokens too) and a chat template written for shoal in the harmony format gpt-oss's
 template uses: a system message with `Reasoning: <reasoning_effort>` and the valid channels, a developer
-message with the instructions and the tools as a `functions` namespace, earlier tool calls as
+message with the instructions and the tools as a `functions` namespace, earlier tool calls (after their
+thoughts, the message's `thinking`, as an analysis message) as
 `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>ARGS<|call|>` and their results
 as `<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>"RESULT"<|end|>`, answers on the
 final channel; the generation prompt is `<|start|>assistant`.
@@ -54,7 +55,8 @@ type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
 {%- for m in rest %}
 {%- if m.role == 'assistant' and m.tool_calls %}
 {%- set call = m.tool_calls[0].function if m.tool_calls[0].function is defined else m.tool_calls[0] %}
-{%- if m.content %}<|start|>assistant<|channel|>analysis<|message|>{{ m.content }}<|end|>{% endif %}
+{%- if m.thinking is defined %}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>
+{%- elif m.content %}<|start|>assistant<|channel|>analysis<|message|>{{ m.content }}<|end|>{% endif %}
 <|start|>assistant to=functions.{{ call.name }}<|channel|>commentary json<|message|>{{ call.arguments | tojson }}<|call|>
 {%- set last.name = call.name %}
 {%- elif m.role == 'assistant' %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>

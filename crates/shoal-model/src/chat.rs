@@ -61,6 +61,10 @@ pub struct ChatMessage {
     /// The function whose result a `tool` message carries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An earlier assistant turn's thoughts, sent back by the client (OpenAI's `reasoning_content`,
+    /// Ollama's `thinking`): templates read them as `reasoning_content`, and gpt-oss's as `thinking`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 impl ChatMessage {
@@ -413,6 +417,14 @@ impl ChatTemplate {
                     m.role = "system".to_owned();
                 }
             }
+        } else {
+            // gpt-oss's template refuses a call turn with both text and thoughts: the thoughts stay
+            // (as llama.cpp keeps them).
+            for m in &mut messages {
+                if m.reasoning.is_some() && !m.tool_calls.is_empty() {
+                    m.content.clear();
+                }
+            }
         }
         if !self.supports_system_role && messages.first().is_some_and(|m| m.role == "system") {
             let system = messages.remove(0);
@@ -447,7 +459,10 @@ impl ChatTemplate {
             Ok(text)
         };
         BTreeMap::from([
-            ("messages", message_values(messages, None, object_arguments)),
+            (
+                "messages",
+                message_values(messages, None, object_arguments, self.writes_channels()),
+            ),
             ("bos_token", Value::from(self.bos_token.as_str())),
             ("eos_token", Value::from(self.eos_token.as_str())),
             ("enable_thinking", Value::from(self.enable_thinking)),
@@ -473,7 +488,10 @@ impl ChatTemplate {
         // formats the date before it reads the system message.
         let strftime_now = self.context(&messages, UNIX_EPOCH, false)["strftime_now"].clone();
         let ctx = BTreeMap::from([
-            ("messages", message_values(&messages, Some(&read), false)),
+            (
+                "messages",
+                message_values(&messages, Some(&read), false, self.writes_channels()),
+            ),
             ("tools", Value::from(Vec::<Value>::new())),
             ("bos_token", Value::from("")),
             ("eos_token", Value::from("")),

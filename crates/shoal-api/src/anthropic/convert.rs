@@ -274,20 +274,22 @@ fn assistant_turn(param: &str, content: Content) -> Result<ChatMessage, ApiError
     };
     let mut texts = Vec::new();
     let mut calls = Vec::new();
+    let mut thoughts: Vec<String> = Vec::new();
     for (j, block) in blocks.into_iter().enumerate() {
         let param = format!("{param}[{j}]");
         if block.kind == "tool_use" {
             calls.push(tool_call(&param, block)?);
-        } else if matches!(block.kind.as_str(), "thinking" | "redacted_thinking") {
-            // An earlier answer's thoughts, sent back: as Anthropic, not shown to the model again.
-        } else {
+        } else if block.kind == "thinking" {
+            // An earlier answer's thoughts, sent back: the template decides what it shows (gpt-oss
+            // the thoughts before a call, Qwen3 those of the current turn).
+            thoughts.extend(block.thinking.filter(|t| !t.is_empty()));
+        } else if block.kind != "redacted_thinking" {
             texts.push(block_text(&param, block)?);
         }
     }
-    Ok(ChatMessage::assistant_tool_calls(
-        texts.join(BLOCK_SEPARATOR),
-        calls,
-    ))
+    let mut message = ChatMessage::assistant_tool_calls(texts.join(BLOCK_SEPARATOR), calls);
+    message.reasoning = (!thoughts.is_empty()).then(|| thoughts.join("\n"));
+    Ok(message)
 }
 
 /// A `tool_use` block as a call (its `input` as JSON text).

@@ -111,6 +111,8 @@ pub struct Block {
     #[schema(no_recursion)]
     pub content: Option<Content>,
     pub is_error: Option<bool>,
+    /// A `thinking` block's thoughts (an earlier answer's, sent back).
+    pub thinking: Option<String>,
 }
 
 /// A tool the model may call. Anthropic's server tools (`web_search_…`, `bash_…`: a `type` other than
@@ -174,7 +176,8 @@ pub struct MessageOut {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentOut {
     /// The model's thoughts before its answer (with `thinking` enabled). shoal signs nothing: the
-    /// signature is empty; thinking blocks sent back in a conversation are dropped, as Anthropic does.
+    /// signature is empty; thinking blocks sent back in a conversation reach the template, which decides
+    /// what it shows (gpt-oss the thoughts before a tool call).
     Thinking {
         thinking: String,
         signature: String,

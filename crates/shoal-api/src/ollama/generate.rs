@@ -141,12 +141,9 @@ pub async fn generate(
     };
     answer.reasoning = match raw {
         true => None,
-        false => generate::reasoning::syntax(
-            engine.chat_template(),
-            &text,
-            processor.is_some(),
-            false,
-        ),
+        false => {
+            generate::reasoning::syntax(engine.chat_template(), &text, processor.is_some(), false)
+        }
     };
     let run = submit(&state, &checked, text, processor, "prompt", started)?;
     Ok(respond(run, answer, checked.stream).await)

@@ -180,7 +180,10 @@ pub fn to_chat_messages(messages: Vec<MessageIn>) -> Result<Vec<ChatMessage>, Er
     for (i, m) in messages.into_iter().enumerate() {
         check_message(i, &m)?;
         let content = m.content.unwrap_or_default();
-        let message = match m.role.as_str() {
+        let reasoning = m
+            .thinking
+            .filter(|t| !t.is_empty() && m.role == "assistant");
+        let mut message = match m.role.as_str() {
             "assistant" if m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) => {
                 let calls = tool_calls(i, m.tool_calls.unwrap_or_default())?;
                 unanswered.extend(calls.iter().map(|c| (c.id.clone(), c.name.clone())));
@@ -199,6 +202,7 @@ pub fn to_chat_messages(messages: Vec<MessageIn>) -> Result<Vec<ChatMessage>, Er
             }
             role => ChatMessage::new(role, content),
         };
+        message.reasoning = reasoning;
         out.push(message);
     }
     Ok(out)

@@ -38,7 +38,8 @@ pub struct MessageIn {
     pub tool_calls: Option<Vec<Value>>,
     /// The tool a `tool` message answers for.
     pub tool_name: Option<String>,
-    /// An earlier answer's thinking, sent back by clients; not shown to the template.
+    /// An earlier answer's thinking, sent back by clients: the template reads it (gpt-oss's before a
+    /// tool call).
     pub thinking: Option<String>,
 }
 

@@ -246,6 +246,7 @@ fn to_chat_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, Ap
     for (i, mut m) in messages.into_iter().enumerate() {
         let calls = m.tool_calls.take();
         let (call_id, name) = (m.tool_call_id.take(), m.name.take());
+        let reasoning = m.reasoning_content.take().filter(|r| !r.is_empty());
         let role = m.role;
         let mut message = to_chat_message(i, m)?;
         match role {
@@ -256,6 +257,7 @@ fn to_chat_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, Ap
                 if let Some(calls) = calls {
                     message.tool_calls = tools::tool_calls(i, calls)?;
                 }
+                message.reasoning = reasoning;
             }
             _ => {}
         }

@@ -209,6 +209,9 @@ pub struct ChatMessageIn {
     pub tool_call_id: Option<String>,
     /// The function a `tool` message answers for (optional).
     pub name: Option<String>,
+    /// An assistant turn's thoughts, as shoal answered them (`message.reasoning_content`), sent back:
+    /// the template reads them (gpt-oss's before a tool call, Qwen3's in the current turn).
+    pub reasoning_content: Option<String>,
 }
 
 /// Message content: a string or a list of typed parts.

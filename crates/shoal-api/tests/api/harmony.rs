@@ -68,14 +68,17 @@ fn the_template_renders_effort_tools_and_earlier_calls_as_gpt_oss_does() {
     let turns = vec![
         ChatMessage::new("system", "Be brief."),
         ChatMessage::new("user", "Weather in Paris?"),
-        ChatMessage::assistant_tool_calls(
-            "",
-            vec![ToolCall {
-                id: "call_1".into(),
-                name: "get_weather".into(),
-                arguments: r#"{"city":"Paris"}"#.into(),
-            }],
-        ),
+        ChatMessage {
+            reasoning: Some("Need the weather.".into()),
+            ..ChatMessage::assistant_tool_calls(
+                "",
+                vec![ToolCall {
+                    id: "call_1".into(),
+                    name: "get_weather".into(),
+                    arguments: r#"{"city":"Paris"}"#.into(),
+                }],
+            )
+        },
         ChatMessage::tool_result("call_1", "get_weather", "18 C"),
     ];
     let tools = [
@@ -100,7 +103,8 @@ fn the_template_renders_effort_tools_and_earlier_calls_as_gpt_oss_does() {
     );
     assert!(
         low.contains(
-            "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}<|call|>\
+            "<|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|>\
+<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}<|call|>\
 <|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"18 C\"<|end|><|start|>assistant"
         ),
         "{low}"
@@ -294,4 +298,85 @@ async fn a_json_answer_is_written_on_the_final_channel() {
             .is_none(),
         "{v}"
     );
+}
+
+/// An earlier call's thoughts sent back (OpenAI's `reasoning_content`, Ollama's `thinking`, an
+/// Anthropic `thinking` block) are rendered before the call: the prompt grows by them.
+#[tokio::test]
+async fn earlier_thoughts_sent_back_are_rendered_before_their_call() {
+    let call = json!({"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}});
+    let openai = |reasoning: Option<&str>| {
+        let mut turn = json!({"role": "assistant", "content": null, "tool_calls": [call]});
+        if let Some(r) = reasoning {
+            turn["reasoning_content"] = json!(r);
+        }
+        json!({"model": MODEL, "max_tokens": 1, "tools": [weather()], "messages": [
+            {"role": "user", "content": "Weather in Paris?"}, turn,
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]})
+    };
+    let prompt = |v: Value, key: &str| v["usage"][key].as_u64().unwrap_or_else(|| panic!("{v}"));
+    let without = prompt(
+        post("/v1/chat/completions", openai(None)).await.json(),
+        "prompt_tokens",
+    );
+    let with = prompt(
+        post(
+            "/v1/chat/completions",
+            openai(Some("Need the weather of Paris.")),
+        )
+        .await
+        .json(),
+        "prompt_tokens",
+    );
+    assert!(with > without + 5, "{with} vs {without}");
+
+    let ollama = |thinking: Option<&str>| {
+        let mut turn = json!({"role": "assistant", "content": "",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]});
+        if let Some(t) = thinking {
+            turn["thinking"] = json!(t);
+        }
+        json!({"model": MODEL, "stream": false, "options": {"num_predict": 1}, "tools": [weather()],
+            "messages": [{"role": "user", "content": "Weather in Paris?"}, turn,
+                {"role": "tool", "tool_name": "get_weather", "content": "18 C"}]})
+    };
+    let n = |v: Value| {
+        v["prompt_eval_count"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{v}"))
+    };
+    let plain = n(post("/api/chat", ollama(None)).await.json());
+    let thought = n(
+        post("/api/chat", ollama(Some("Need the weather of Paris.")))
+            .await
+            .json(),
+    );
+    assert_eq!(thought - plain, with - without);
+
+    let anthropic = |thinking: bool| {
+        let mut blocks = vec![
+            json!({"type": "tool_use", "id": "call_1", "name": "get_weather",
+            "input": {"city": "Paris"}}),
+        ];
+        if thinking {
+            blocks.insert(
+                0,
+                json!({"type": "thinking", "thinking": "Need the weather of Paris.",
+                "signature": ""}),
+            );
+        }
+        json!({"model": MODEL, "max_tokens": 1, "tools": [{"name": "get_weather",
+            "input_schema": weather()["function"]["parameters"]}], "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": blocks},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "18 C"}]}]})
+    };
+    let input = |v: Value| {
+        let u = &v["usage"];
+        u["input_tokens"].as_u64().unwrap_or(0) + u["cache_read_input_tokens"].as_u64().unwrap_or(0)
+    };
+    let plain = input(post("/v1/messages", anthropic(false)).await.json());
+    let thought = input(post("/v1/messages", anthropic(true)).await.json());
+    assert_eq!(thought - plain, with - without);
 }

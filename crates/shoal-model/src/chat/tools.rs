@@ -101,8 +101,9 @@ impl ToolCaps {
 }
 
 /// One message as the template sees it: a mapping with `role` and `content`, in that order, then
-/// `name`, `tool_call_id` and `tool_calls` where the message has them. Reading `content` sets
-/// `content_read` (for the system-role probe).
+/// `name`, `tool_call_id`, `tool_calls` and `reasoning_content` (and, for gpt-oss's channel
+/// templates, `thinking`) where the message has them. Reading `content` sets `content_read` (for the
+/// system-role probe).
 #[derive(Debug)]
 struct MessageValue {
     role: Value,
@@ -110,11 +111,19 @@ struct MessageValue {
     name: Option<Value>,
     tool_call_id: Option<Value>,
     tool_calls: Option<Value>,
+    reasoning: Option<Value>,
+    /// The thoughts are also `thinking` (gpt-oss's name).
+    thinking: bool,
     content_read: Option<Arc<AtomicBool>>,
 }
 
 impl MessageValue {
-    fn new(m: &ChatMessage, content_read: Option<Arc<AtomicBool>>, object_arguments: bool) -> Self {
+    fn new(
+        m: &ChatMessage,
+        content_read: Option<Arc<AtomicBool>>,
+        object_arguments: bool,
+        thinking: bool,
+    ) -> Self {
         let tool_calls = (!m.tool_calls.is_empty()).then(|| {
             let calls: Vec<serde_json::Value> = m
                 .tool_calls
@@ -129,6 +138,8 @@ impl MessageValue {
             name: m.name.as_deref().map(Value::from),
             tool_call_id: m.tool_call_id.as_deref().map(Value::from),
             tool_calls,
+            reasoning: m.reasoning.as_deref().map(Value::from),
+            thinking,
             content_read,
         }
     }
@@ -165,12 +176,18 @@ impl Object for MessageValue {
             "name" => self.name.clone(),
             "tool_call_id" => self.tool_call_id.clone(),
             "tool_calls" => self.tool_calls.clone(),
+            "reasoning_content" => self.reasoning.clone(),
+            "thinking" if self.thinking => self.reasoning.clone(),
             _ => None,
         }
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        if self.name.is_none() && self.tool_call_id.is_none() && self.tool_calls.is_none() {
+        if self.name.is_none()
+            && self.tool_call_id.is_none()
+            && self.tool_calls.is_none()
+            && self.reasoning.is_none()
+        {
             return Enumerator::Str(&["role", "content"]);
         }
         let mut keys = vec![Value::from("role"), Value::from("content")];
@@ -178,6 +195,8 @@ impl Object for MessageValue {
             ("name", self.name.is_some()),
             ("tool_call_id", self.tool_call_id.is_some()),
             ("tool_calls", self.tool_calls.is_some()),
+            ("reasoning_content", self.reasoning.is_some()),
+            ("thinking", self.thinking && self.reasoning.is_some()),
         ];
         keys.extend(
             optional
@@ -190,18 +209,20 @@ impl Object for MessageValue {
 }
 
 /// `messages` as template values; with `first_read`, reading the first message's content sets it.
-/// With `object_arguments`, tool calls carry their arguments as objects.
+/// With `object_arguments`, tool calls carry their arguments as objects; with `thinking`, earlier
+/// thoughts are `thinking` too (gpt-oss).
 pub(super) fn message_values(
     messages: &[ChatMessage],
     first_read: Option<&Arc<AtomicBool>>,
     object_arguments: bool,
+    thinking: bool,
 ) -> Value {
     let values: Vec<Value> = messages
         .iter()
         .enumerate()
         .map(|(i, m)| {
             let read = if i == 0 { first_read.cloned() } else { None };
-            Value::from_object(MessageValue::new(m, read, object_arguments))
+            Value::from_object(MessageValue::new(m, read, object_arguments, thinking))
         })
         .collect();
     Value::from(values)

@@ -480,3 +480,37 @@ fn loop_controls() {
     ];
     assert_eq!(ok(src, &turns, false), "<a><c>");
 }
+
+/// An earlier turn's thoughts sent back reach the template as `reasoning_content` (Qwen3's name, as
+/// llama.cpp gives it) and, for gpt-oss's channel templates, as `thinking` too; a channel template's
+/// call turn keeps its thoughts and loses its text (gpt-oss's template refuses both, as llama.cpp).
+#[test]
+fn earlier_thoughts_reach_the_template() {
+    let call = shoal_model::chat::ToolCall {
+        id: "c1".into(),
+        name: "f".into(),
+        arguments: "{}".into(),
+    };
+    let mut answered = ChatMessage::new("assistant", "56");
+    answered.reasoning = Some("7*8".into());
+    let mut calling = ChatMessage::assistant_tool_calls("Let me call.", vec![call]);
+    calling.reasoning = Some("need f".into());
+    let turns = vec![ChatMessage::new("user", "7*8?"), answered, calling];
+    const READS: &str = "{% for m in messages %}[{{ m.role }}|{{ m.content }}|{{ m.reasoning_content }}|\
+{{ m.thinking if m.thinking is defined else '-' }}]{% endfor %}";
+    let plain = ChatTemplate::new(READS, "", "").expect("compiles");
+    assert_eq!(
+        plain
+            .render_at(&turns, false, july_fifth())
+            .expect("renders"),
+        "[user|7*8?||-][assistant|56|7*8|-][assistant|Let me call.|need f|-]"
+    );
+    let channels = ChatTemplate::new(&format!("<|channel|>{READS}"), "", "").expect("compiles");
+    assert!(channels.writes_channels());
+    assert_eq!(
+        channels
+            .render_at(&turns, false, july_fifth())
+            .expect("renders"),
+        "<|channel|>[user|7*8?||-][assistant|56|7*8|7*8][assistant||need f|need f]"
+    );
+}
