@@ -359,7 +359,7 @@ pub fn candidates(snap: &Snapshot, model: &str, local_work: Option<f64>) -> Vec<
             _ => published,
         };
         let candidate = Candidate {
-            instance: inst.record.id.clone(),
+            instance: inst.record.id.to_string(),
             target,
             work,
             speed: 0.0,

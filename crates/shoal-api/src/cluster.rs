@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use shoal_cluster::{ClusterHandle, PlaceRequest};
+use shoal_cluster::{ClusterHandle, InstanceId, ModelId, NodeId, PlaceRequest};
 
 use crate::balance::{self, InFlight, Target};
 use crate::dialect::error_response;
@@ -72,6 +72,17 @@ pub struct PreviewQuery {
     goal: Option<shoal_cluster::proto::Goal>,
 }
 
+/// The node ids of a comma-separated list, each checked.
+fn node_list(s: &Option<String>) -> Result<Option<Vec<NodeId>>, ApiError> {
+    split_list(s)
+        .map(|v| {
+            v.iter()
+                .map(|n| NodeId::parse(n).map_err(|e| ApiError::invalid("nodes", e.to_string())))
+                .collect()
+        })
+        .transpose()
+}
+
 fn split_list(s: &Option<String>) -> Option<Vec<String>> {
     s.as_ref().map(|s| {
         s.split(',')
@@ -87,6 +98,8 @@ impl PreviewQuery {
             .model
             .filter(|m| !m.is_empty())
             .ok_or_else(|| ApiError::invalid("model", "the 'model' query parameter is required"))?;
+        let model =
+            ModelId::parse(&model).map_err(|e| ApiError::invalid("model", e.to_string()))?;
         let layers = match split_list(&self.layers) {
             None => None,
             Some(v) => Some(
@@ -100,7 +113,7 @@ impl PreviewQuery {
         };
         Ok(PlaceRequest {
             model,
-            nodes: split_list(&self.nodes),
+            nodes: node_list(&self.nodes)?,
             layers,
             max_stages: self.max_stages,
             kv_reserve_tokens: self.kv_reserve_tokens,
@@ -209,7 +222,11 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let c = state.cluster()?;
-    match c.remove(id.clone()).await {
+    // Not an instance id at all: no such instance, the same answer as an unknown one.
+    let Ok(instance) = InstanceId::parse(&id) else {
+        return Err(ApiError::NotFound(format!("no instance '{id}'")));
+    };
+    match c.remove(instance).await {
         Ok(true) => Ok(Json(json!({ "id": id, "deleted": true }))),
         Ok(false) => Err(ApiError::NotFound(format!("no instance '{id}'"))),
         Err(e) => Err(e.into()),
@@ -343,10 +360,10 @@ async fn ensure_instance(
                 return Ok(());
             }
             tracing::info!(model, "no instance serves this model: placing one");
-            let req = PlaceRequest {
-                model: model.to_string(),
-                ..PlaceRequest::default()
+            let Ok(id) = ModelId::parse(model) else {
+                return Ok(());
             };
+            let req = PlaceRequest::of(id);
             let record = cluster.place(req).await?;
             tracing::info!(model, instance = %record.id, "placed: {}", record.explanation);
         }
@@ -442,7 +459,7 @@ pub fn served_models(state: &ApiState) -> Vec<shoal_engine::ModelInfo> {
             .find_map(|f| f.models.iter().find(|c| &c.id == id).cloned());
         if let Some(card) = card {
             models.push(shoal_engine::ModelInfo {
-                id: id.clone(),
+                id: id.to_string(),
                 context_length: card.context_length,
                 created: 0,
                 owned_by: "shoal".into(),

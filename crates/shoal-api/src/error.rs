@@ -441,7 +441,7 @@ mod tests {
         });
         assert_eq!(refused.body().error.message, "no member has model 'x'");
         let e = ApiError::from(ClusterError::Remove {
-            id: "i".into(),
+            id: shoal_cluster::InstanceId::from_u64(1),
             reason: Box::new(ClusterError::Stopped),
         });
         assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);

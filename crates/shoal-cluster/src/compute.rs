@@ -176,7 +176,7 @@ mod tests {
 
     fn card(weight_type: &str, layer_bytes: u64, layer_params: u64) -> ModelCard {
         ModelCard {
-            id: "m".into(),
+            id: "m".parse().unwrap(),
             n_layers: 30,
             layer_bytes,
             embed_bytes: 0,
@@ -198,7 +198,7 @@ mod tests {
 
     fn node(speed: f64, rates: &[(&str, f64)], flops: f64) -> NodeFacts {
         NodeFacts {
-            id: "n".into(),
+            id: "n".parse().unwrap(),
             name: "n".into(),
             api_url: None,
             addrs: vec![],

@@ -2,6 +2,7 @@
 //! [`PlaceError`]: why a request cannot be placed on the current members (or not as many replicas as
 //! asked); [`IdentityProblem`]: what is wrong with a key file.
 
+use shoal_ids::{InstanceId, ModelId, NodeId};
 use std::fmt::Display;
 use std::path::PathBuf;
 
@@ -30,7 +31,7 @@ pub enum ClusterError {
     Place(#[from] PlaceError),
     /// Only the coordinator changes the instance table, and it is another node (it changed meanwhile).
     #[error("{coordinator} is the coordinator")]
-    NotCoordinator { coordinator: String },
+    NotCoordinator { coordinator: NodeId },
     /// The coordinator's id names no peer this node can ask.
     #[error("no node reachable for the coordinator's decision: {coordinator}")]
     NoCoordinator { coordinator: String },
@@ -46,7 +47,7 @@ pub enum ClusterError {
     /// Removing instance `id` failed (never the request's fault).
     #[error("removing instance {id}: {reason}")]
     Remove {
-        id: String,
+        id: InstanceId,
         reason: Box<ClusterError>,
     },
     #[error("the cluster task has stopped")]
@@ -97,7 +98,7 @@ impl ClusterError {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlaceError {
     #[error("no member has model '{model}'")]
-    UnknownModel { model: String },
+    UnknownModel { model: ModelId },
     #[error("'layers' has {counts} counts for {nodes} nodes")]
     LayerCounts { counts: usize, nodes: usize },
     #[error("'layers' needs 'nodes' (one count per node)")]
@@ -112,7 +113,7 @@ pub enum PlaceError {
     /// `instances` (each `id (model)`).
     #[error("'{model}' does not fit beside the instances already placed ({reason}); it would fit after removing {}", instances.join(", "))]
     NeedsEviction {
-        model: String,
+        model: ModelId,
         instances: Vec<String>,
         reason: Box<PlaceError>,
     },
@@ -127,7 +128,7 @@ pub enum PlaceError {
         "only {fit} of {asked} replicas of '{model}' fit on disjoint nodes (the next one: {reason})"
     )]
     TooFewReplicas {
-        model: String,
+        model: ModelId,
         asked: usize,
         fit: usize,
         reason: Box<PlaceError>,
@@ -181,12 +182,12 @@ mod tests {
         };
         assert_eq!(e.to_string(), "no member has model 'x'");
         let e = ClusterError::Remove {
-            id: "i".into(),
+            id: InstanceId::from_u64(0xab),
             reason: Box::new(ClusterError::Stopped),
         };
         assert_eq!(
             e.to_string(),
-            "removing instance i: the cluster task has stopped"
+            "removing instance 00000000000000ab: the cluster task has stopped"
         );
         assert_eq!(e.error_type(), "remove");
     }

@@ -7,6 +7,7 @@
 //! found by the binary at start (this crate does not depend on the GPU crate) and handed in with
 //! `ClusterHandle::set_gpus`.
 
+use shoal_ids::{InstanceId, ModelId, NodeId};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
@@ -17,7 +18,7 @@ use shoal_placement::{LinkKind, ModelCard};
 /// A node's own facts, as published to every peer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeFacts {
-    pub id: String,
+    pub id: NodeId,
     /// Host name, for humans.
     pub name: String,
     /// Base URL of this node's HTTP API, e.g. `http://10.0.0.2:52415`.
@@ -64,11 +65,11 @@ pub struct NodeFacts {
     /// This node's links to the peers it is connected to.
     pub links: Vec<LinkFacts>,
     /// Load state of the stages this node runs, by instance id.
-    pub instances: BTreeMap<String, InstanceStatus>,
+    pub instances: BTreeMap<InstanceId, InstanceStatus>,
     /// Tokens of KV the stages this node hosts for other nodes' instances have room for (reserved from
     /// this node's budget), by instance id; the driver never holds more.
     #[serde(default)]
-    pub kv_capacity: BTreeMap<String, u64>,
+    pub kv_capacity: BTreeMap<InstanceId, u64>,
     /// Model downloads on this node (running, and the last finished ones), by model id.
     #[serde(default)]
     pub downloads: Vec<DownloadFacts>,
@@ -78,7 +79,7 @@ pub struct NodeFacts {
     /// What the instances this node drives are doing (queue, measured speed), by instance id: the other
     /// members balance requests with it, and `/state` shows it next to the planner's prediction.
     #[serde(default)]
-    pub load: BTreeMap<String, InstanceLoad>,
+    pub load: BTreeMap<InstanceId, InstanceLoad>,
     /// Version of the instance table this node holds: a change of the table is acknowledged by every
     /// member once each publishes its version (`ClusterHandle::place` / `remove` wait for that).
     #[serde(default)]
@@ -136,7 +137,7 @@ pub struct GpuFacts {
 /// A node taken out of the cluster with `shoal remove`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemovedNode {
-    pub id: String,
+    pub id: NodeId,
     /// Its host name when it was removed (empty when it was removed by id while away).
     pub name: String,
     /// Unix seconds.
@@ -247,7 +248,7 @@ pub struct InstanceLoad {
 /// One direction of a link, as measured by its owner.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LinkFacts {
-    pub peer: String,
+    pub peer: NodeId,
     pub kind: LinkKind,
     /// Latest ping round trip, microseconds.
     pub rtt_us: Option<f64>,
@@ -282,17 +283,17 @@ pub struct PathFacts {
     pub preferred: bool,
     /// Instances whose data-plane streams from this node run on it now (the pipeline hops it carries).
     #[serde(default)]
-    pub instances: Vec<String>,
+    pub instances: Vec<InstanceId>,
     /// Those of them relayed: their frames go through the cluster connection, not a direct one (a lane
     /// could not be made, or `--no-lanes`).
     #[serde(default)]
-    pub relayed: Vec<String>,
+    pub relayed: Vec<InstanceId>,
 }
 
 /// One model download on a node, as its owner publishes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DownloadFacts {
-    pub model: String,
+    pub model: ModelId,
     /// `running`, `done`, `failed` or `cancelled`.
     pub state: String,
     /// Bytes this node needs (the whole file, or the chunks holding one stage's tensors).

@@ -13,6 +13,7 @@
 //! [`KeyRing::is_member`] and not removed, which is then handed the current key (see `node::keys`).
 //! See decision 021.
 
+use shoal_ids::NodeId;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -60,10 +61,10 @@ pub struct KeyOffer {
     pub previous: Vec<EpochKey>,
     /// The removed nodes the current key was made without (never sent to them).
     #[serde(default)]
-    pub excludes: BTreeSet<String>,
+    pub excludes: BTreeSet<NodeId>,
     /// Identities that were members (connected with a current key): who may come back with an old key.
     #[serde(default)]
-    pub members: BTreeSet<String>,
+    pub members: BTreeSet<NodeId>,
 }
 
 /// The ring of one node (see the module doc).
@@ -122,7 +123,7 @@ impl KeyRing {
     }
 
     /// Whether the current key was made without every node in `removed`.
-    pub fn excludes_all<'a>(&self, removed: impl IntoIterator<Item = &'a str>) -> bool {
+    pub fn excludes_all<'a>(&self, removed: impl IntoIterator<Item = &'a NodeId>) -> bool {
         removed.into_iter().all(|r| self.ring.excludes.contains(r))
     }
 
@@ -137,8 +138,8 @@ impl KeyRing {
     }
 
     /// Records `id` as a member; true (and saved) when it is new.
-    pub fn add_member(&mut self, id: &str) -> Result<bool, ClusterError> {
-        if !self.ring.members.insert(id.to_string()) {
+    pub fn add_member(&mut self, id: &NodeId) -> Result<bool, ClusterError> {
+        if !self.ring.members.insert(id.clone()) {
             return Ok(false);
         }
         self.save()?;
@@ -149,7 +150,7 @@ impl KeyRing {
     /// from the members), and saves the ring.
     pub fn rotate<'a>(
         &mut self,
-        removed: impl IntoIterator<Item = &'a str>,
+        removed: impl IntoIterator<Item = &'a NodeId>,
     ) -> Result<&EpochKey, ClusterError> {
         let next = EpochKey {
             epoch: self.ring.current.epoch + 1,
@@ -159,7 +160,7 @@ impl KeyRing {
         self.ring.previous.insert(0, old);
         self.ring.previous.truncate(KEEP_PREVIOUS);
         for r in removed {
-            self.ring.excludes.insert(r.to_string());
+            self.ring.excludes.insert(r.clone());
             self.ring.members.remove(r);
         }
         self.save()?;
@@ -210,6 +211,10 @@ impl KeyRing {
 mod tests {
     use super::*;
 
+    fn n(id: &str) -> NodeId {
+        id.parse().unwrap()
+    }
+
     fn read(dir: &Path) -> KeyOffer {
         serde_json::from_slice(&std::fs::read(dir.join(KEYRING_FILE)).unwrap()).unwrap()
     }
@@ -225,16 +230,18 @@ mod tests {
                 key: "k0".into()
             }
         );
-        ring.add_member("node-b").unwrap();
-        ring.add_member("node-x").unwrap();
-        let k1 = ring.rotate(["node-x"]).unwrap().clone();
+        ring.add_member(&n("node-b")).unwrap();
+        ring.add_member(&n("node-x")).unwrap();
+        let k1 = ring.rotate(&[n("node-x")]).unwrap().clone();
         assert_eq!(k1.epoch, 1);
         assert_eq!(k1.key.len(), 64);
         assert_ne!(k1.key, "k0");
         assert!(
-            ring.excludes_all(["node-x"]) && ring.excludes("node-x") && !ring.excludes("node-b")
+            ring.excludes_all(&[n("node-x")])
+                && ring.excludes("node-x")
+                && !ring.excludes("node-b")
         );
-        assert!(!ring.excludes_all(["node-x", "node-y"]));
+        assert!(!ring.excludes_all(&[n("node-x"), n("node-y")]));
         assert!(
             ring.is_member("node-b") && !ring.is_member("node-x"),
             "the removed node is no member"
@@ -279,8 +286,8 @@ mod tests {
         let mut rb = KeyRing::load(b.path(), "k0");
         let mut rc = KeyRing::load(c.path(), "k0");
         // Two removals at once on two nodes: two keys at epoch 1.
-        ra.rotate(["x"]).unwrap();
-        rb.rotate(["y"]).unwrap();
+        ra.rotate(&[n("x")]).unwrap();
+        rb.rotate(&[n("y")]).unwrap();
         let (oa, ob) = (ra.offer_to_send(), rb.offer_to_send());
         let a_first = rc.offer(&oa).unwrap();
         assert!(a_first, "a higher epoch is adopted");
@@ -290,12 +297,12 @@ mod tests {
         assert_eq!(ra.current(), rb.current());
         assert_eq!(ra.current(), rc.current());
         // The winner excludes only one of the two: a node that knows both rotates again.
-        assert!(!ra.excludes_all(["x", "y"]));
-        ra.rotate(["x", "y"]).unwrap();
+        assert!(!ra.excludes_all(&[n("x"), n("y")]));
+        ra.rotate(&[n("x"), n("y")]).unwrap();
         let next = ra.offer_to_send();
         assert!(rc.offer(&next).unwrap());
         assert_eq!(rc.current().epoch, 2);
-        assert!(rc.excludes_all(["x", "y"]));
+        assert!(rc.excludes_all(&[n("x"), n("y")]));
         // An older or equal offer changes nothing; the replaced keys are kept for returning members.
         assert!(!rc.offer(&oa).unwrap());
         assert!(!rc.offer(&next).unwrap());
@@ -310,8 +317,8 @@ mod tests {
     fn members_are_remembered_and_a_damaged_ring_starts_over() {
         let dir = tempfile::tempdir().unwrap();
         let mut ring = KeyRing::load(dir.path(), "k0");
-        assert!(ring.add_member("m").unwrap());
-        assert!(!ring.add_member("m").unwrap());
+        assert!(ring.add_member(&n("m")).unwrap());
+        assert!(!ring.add_member(&n("m")).unwrap());
         assert!(KeyRing::load(dir.path(), "k0").is_member("m"));
         std::fs::write(dir.path().join(KEYRING_FILE), b"{not json").unwrap();
         let ring = KeyRing::load(dir.path(), "k0");

@@ -50,7 +50,9 @@ pub mod sysload;
 pub use error::{ClusterError, IdentityProblem, PlaceError};
 pub use libp2p::Multiaddr;
 pub use node::{
-    ClusterConfig, ClusterHandle, Snapshot, StateJson, Traffic, parse_peer, start, tcp_socket,
+    ClusterConfig, ClusterHandle, Snapshot, StateJson, Traffic, node_id, parse_peer, start,
+    tcp_socket,
 };
 pub use node::{PathBook, PathId, PathLease, PathStream, PathStreamError, Paths};
 pub use proto::{InstanceRecord, InstanceTable, Move, PlaceRequest};
+pub use shoal_ids::{IdError, InstanceId, ModelId, NodeId};

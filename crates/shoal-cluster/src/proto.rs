@@ -5,6 +5,7 @@
 //! (when the request names `replicas`); [`ControlMsg::Remove`] → [`ControlReply::Removed`].
 
 use serde::{Deserialize, Serialize};
+use shoal_ids::{InstanceId, ModelId, NodeId};
 /// What a placement is chosen for (re-exported: it is part of [`PlaceRequest`]).
 pub use shoal_placement::Goal;
 use shoal_placement::{Placement, Prediction, Stage};
@@ -24,9 +25,9 @@ pub enum ControlMsg {
     /// Asks the coordinator to place an instance.
     Place(PlaceRequest),
     /// Asks the coordinator to remove instance `id`.
-    Remove { id: String },
+    Remove { id: InstanceId },
     /// The sender's members and their addresses, so every node connects to every other (full mesh).
-    Members(Vec<(String, Vec<String>)>),
+    Members(Vec<(NodeId, Vec<String>)>),
     /// The sender's cluster key ring ([`crate::keyring`]): on every new connection and after a
     /// rotation; the higher key is adopted.
     Rekey(Box<crate::keyring::KeyOffer>),
@@ -70,13 +71,13 @@ impl From<Refusal> for ClusterError {
 
 /// What a client asks for when creating an instance (the body of `POST /instance`, and the query of
 /// `GET /instance/previews`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlaceRequest {
-    pub model: String,
+    pub model: ModelId,
     /// Use exactly these nodes (in this order when `layers` is given).
     #[serde(default)]
-    pub nodes: Option<Vec<String>>,
+    pub nodes: Option<Vec<NodeId>>,
     /// Layer count per node, in stage order (manual split).
     #[serde(default)]
     pub layers: Option<Vec<usize>>,
@@ -98,11 +99,26 @@ pub struct PlaceRequest {
     pub goal: Option<Goal>,
 }
 
+impl PlaceRequest {
+    /// One instance of `model`, placed automatically (every other field at its default).
+    pub fn of(model: ModelId) -> Self {
+        PlaceRequest {
+            model,
+            nodes: None,
+            layers: None,
+            max_stages: None,
+            kv_reserve_tokens: None,
+            replicas: None,
+            goal: None,
+        }
+    }
+}
+
 /// A placed model: its pipeline stages, in order. The first stage's node runs the request scheduler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InstanceRecord {
-    pub id: String,
-    pub model: String,
+    pub id: InstanceId,
+    pub model: ModelId,
     pub stages: Vec<Stage>,
     pub predicted_token_latency_us: f64,
     pub explanation: String,
@@ -114,7 +130,7 @@ pub struct InstanceRecord {
 
 impl InstanceRecord {
     /// The record of instance `id` of `model` placed as `placement` says.
-    pub fn placed(id: String, model: String, placement: Placement) -> Self {
+    pub fn placed(id: InstanceId, model: ModelId, placement: Placement) -> Self {
         InstanceRecord {
             id,
             model,
@@ -126,8 +142,8 @@ impl InstanceRecord {
     }
 
     /// The node that owns the instance's requests (runs the scheduler and stage 0).
-    pub fn driver(&self) -> Option<&str> {
-        self.stages.first().map(|s| s.node.as_str())
+    pub fn driver(&self) -> Option<&NodeId> {
+        self.stages.first().map(|s| &s.node)
     }
 
     pub fn uses(&self, node: &str) -> bool {
@@ -138,8 +154,8 @@ impl InstanceRecord {
 /// An instance being replaced: `new` was placed to take over from `old` (see `state::moves`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Move {
-    pub old: String,
-    pub new: String,
+    pub old: InstanceId,
+    pub new: InstanceId,
 }
 
 /// Every instance of the cluster. Only the coordinator changes it; `version` grows with each change.
@@ -150,18 +166,18 @@ pub struct InstanceTable {
     /// Instances placed automatically (no pinned nodes or layers): the coordinator may move them to a
     /// placement predicted faster.
     #[serde(default)]
-    pub movable: Vec<String>,
+    pub movable: Vec<InstanceId>,
     /// Moves in progress: each `new` instance takes over from its `old` one once ready.
     #[serde(default)]
     pub moves: Vec<Move>,
     /// Instances that take no new requests: those in flight finish, then the instance leaves the table.
     #[serde(default)]
-    pub draining: Vec<String>,
+    pub draining: Vec<InstanceId>,
     /// Ids of the instances coordinators removed, oldest first (the last
     /// `state::REMEMBERED_REMOVALS`): what tells a removed instance from one a table never knew when
     /// tables merge (`state::merge`).
     #[serde(default)]
-    pub removed: Vec<String>,
+    pub removed: Vec<InstanceId>,
 }
 
 #[cfg(test)]
@@ -171,7 +187,7 @@ mod tests {
     #[test]
     fn a_refusal_is_a_plain_string_on_the_wire() {
         let reply = ControlReply::Removed(Err(Refusal::from(ClusterError::NotCoordinator {
-            coordinator: "a".into(),
+            coordinator: "a".parse().unwrap(),
         })));
         let json = serde_json::to_string(&reply).unwrap();
         assert_eq!(json, r#"{"Removed":{"Err":"a is the coordinator"}}"#);

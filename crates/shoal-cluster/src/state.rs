@@ -9,6 +9,7 @@
 //! (`budget`: weights and KV of every model a node hosts); a placement that does not fit says which
 //! instances it would have to evict ([`ClusterState::name_evictions`]).
 
+use shoal_ids::{InstanceId, NodeId};
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -26,16 +27,16 @@ pub const DEFAULT_KV_RESERVE_TOKENS: usize = 4096;
 pub struct ClusterState {
     me: NodeFacts,
     /// Connected peers; `None` until their first facts arrive.
-    peers: BTreeMap<String, Option<NodeFacts>>,
+    peers: BTreeMap<NodeId, Option<NodeFacts>>,
     table: InstanceTable,
     /// When this node, as coordinator, began draining each draining instance.
-    drain_starts: BTreeMap<String, moves::DrainStart>,
+    drain_starts: BTreeMap<InstanceId, moves::DrainStart>,
 }
 
 /// What `GET /state` returns under `cluster`: the same on every member once facts have propagated.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ClusterView {
-    pub coordinator: String,
+    pub coordinator: NodeId,
     pub nodes: Vec<NodeFacts>,
     pub links: Vec<Link>,
     pub instances: Vec<InstanceView>,
@@ -168,7 +169,9 @@ impl ClusterState {
     }
 
     pub fn peer_connected(&mut self, id: &str) {
-        self.peers.entry(id.to_owned()).or_insert(None);
+        self.peers
+            .entry(NodeId::parse(id).expect("a connected peer's id"))
+            .or_insert(None);
     }
 
     /// Forgets a peer whose last connection closed; true if it was a member.
@@ -196,13 +199,13 @@ impl ClusterState {
     }
 
     /// Ids of all members, sorted (this node included).
-    pub fn members(&self) -> Vec<&str> {
-        let mut ids: Vec<&str> = self
+    pub fn members(&self) -> Vec<&NodeId> {
+        let mut ids: Vec<&NodeId> = self
             .peers
             .iter()
             .filter(|(_, f)| f.is_some())
-            .map(|(id, _)| id.as_str())
-            .chain(std::iter::once(self.me.id.as_str()))
+            .map(|(id, _)| id)
+            .chain(std::iter::once(&self.me.id))
             .collect();
         ids.sort_unstable();
         ids
@@ -227,12 +230,12 @@ impl ClusterState {
         }
     }
 
-    pub fn coordinator(&self) -> &str {
+    pub fn coordinator(&self) -> &NodeId {
         self.members().first().copied().unwrap_or(&self.me.id)
     }
 
     pub fn is_coordinator(&self) -> bool {
-        self.coordinator() == self.me.id
+        *self.coordinator() == self.me.id
     }
 
     /// The planner's view of the members (those that have `model`, or all of them with `all`), with the
@@ -270,7 +273,7 @@ impl ClusterState {
     /// when that one has not measured it).
     pub fn links(&self) -> Vec<Link> {
         let members = self.member_facts();
-        let mut out: BTreeMap<(String, String), Link> = BTreeMap::new();
+        let mut out: BTreeMap<(NodeId, NodeId), Link> = BTreeMap::new();
         for f in &members {
             for l in &f.links {
                 if self.facts_of(&l.peer).is_none() {
@@ -350,7 +353,7 @@ impl ClusterState {
             Ok(())
         } else {
             Err(ClusterError::NotCoordinator {
-                coordinator: self.coordinator().to_string(),
+                coordinator: self.coordinator().clone(),
             })
         }
     }
@@ -359,7 +362,7 @@ impl ClusterState {
     pub fn place(
         &mut self,
         req: &PlaceRequest,
-        id: String,
+        id: InstanceId,
     ) -> Result<InstanceRecord, ClusterError> {
         self.check_coordinator()?;
         let best = self
@@ -378,9 +381,9 @@ impl ClusterState {
     }
 
     /// Removes instance `id` (coordinator only); false when there is none.
-    pub fn remove(&mut self, id: &str) -> Result<bool, ClusterError> {
+    pub fn remove(&mut self, id: &InstanceId) -> Result<bool, ClusterError> {
         self.check_coordinator()?;
-        let removed = self.table.instances.iter().any(|i| i.id == id);
+        let removed = self.table.instances.iter().any(|i| i.id == *id);
         if removed {
             self.forget_instance(id);
             self.table.version += 1;
@@ -391,11 +394,11 @@ impl ClusterState {
     /// Coordinator duty after membership changes: every instance that uses a node that left is placed
     /// again on the members (automatically, under a fresh id from `new_id`), or dropped if it no longer
     /// fits. True when the table changed.
-    pub fn reconcile(&mut self, mut new_id: impl FnMut() -> String) -> bool {
+    pub fn reconcile(&mut self, mut new_id: impl FnMut() -> InstanceId) -> bool {
         if !self.is_coordinator() {
             return false;
         }
-        let members: Vec<String> = self.members().into_iter().map(String::from).collect();
+        let members: Vec<NodeId> = self.members().into_iter().cloned().collect();
         let broken: Vec<InstanceRecord> = self
             .table
             .instances
@@ -408,10 +411,7 @@ impl ClusterState {
         }
         for old in broken {
             self.forget_instance(&old.id);
-            let req = PlaceRequest {
-                model: old.model.clone(),
-                ..PlaceRequest::default()
-            };
+            let req = PlaceRequest::of(old.model.clone());
             match self.previews(&req) {
                 Ok(p) if !p.is_empty() => {
                     // Keep the old driver when it is still here: clients talk to its API.
@@ -422,7 +422,7 @@ impl ClusterState {
                         })
                         .unwrap_or(&p[0]);
                     tracing::info!(old = %old.id, model = %old.model, "re-placing an instance whose node left");
-                    metrics::counter!("shoal_instance_replacements_total", "model" => old.model.clone(), "outcome" => "placed").increment(1);
+                    metrics::counter!("shoal_instance_replacements_total", "model" => old.model.to_string(), "outcome" => "placed").increment(1);
                     let id = new_id();
                     self.mark_movable(&id);
                     let record = InstanceRecord::placed(id, old.model, best.clone());
@@ -430,7 +430,7 @@ impl ClusterState {
                 }
                 Ok(_) | Err(_) => {
                     tracing::warn!(old = %old.id, model = %old.model, "instance dropped: it no longer fits on the members");
-                    metrics::counter!("shoal_instance_replacements_total", "model" => old.model.clone(), "outcome" => "dropped").increment(1);
+                    metrics::counter!("shoal_instance_replacements_total", "model" => old.model.to_string(), "outcome" => "dropped").increment(1);
                 }
             }
         }
@@ -473,7 +473,7 @@ impl ClusterState {
             })
             .collect();
         ClusterView {
-            coordinator: self.coordinator().to_string(),
+            coordinator: self.coordinator().clone(),
             nodes: self.member_facts().into_iter().cloned().collect(),
             links: self.links(),
             instances,
@@ -529,11 +529,12 @@ mod failure_sentences {
 
     #[test]
     fn a_failed_instance_reads_as_a_sentence_naming_each_failed_stage() {
-        let stage = |node: &str, start, end| shoal_placement::Stage::cpu(node, start, end);
+        let stage =
+            |node: &str, start, end| shoal_placement::Stage::cpu(node.parse().unwrap(), start, end);
         let view = InstanceView {
             record: InstanceRecord {
-                id: "i1".into(),
-                model: "m".into(),
+                id: InstanceId::derived_from("i1"),
+                model: "m".parse().unwrap(),
                 stages: vec![stage("a", 0, 15), stage("b", 15, 30)],
                 predicted_token_latency_us: 1000.0,
                 explanation: String::new(),

@@ -5,6 +5,7 @@
 
 use libp2p::PeerId;
 use shoal_engine::EngineError;
+use shoal_ids::{InstanceId, ModelId, NodeId};
 use shoal_model::ModelError;
 use shoal_wire::WireError;
 
@@ -74,7 +75,7 @@ pub enum PipelineError {
     /// A node id in the instance table is not a peer id.
     #[error("node id {node}: {source}")]
     BadNodeId {
-        node: String,
+        node: NodeId,
         #[source]
         source: libp2p::identity::ParseError,
     },
@@ -91,7 +92,7 @@ pub enum PipelineError {
     StreamClosed { what: &'static str },
     /// A node of the pipeline is no longer a member of the cluster.
     #[error("node {node} left the cluster")]
-    NodeLeft { node: String },
+    NodeLeft { node: NodeId },
     /// The last stage sent no tokens for a batch within the deadline.
     #[error("no tokens from the last stage in time")]
     NoTokensInTime,
@@ -128,7 +129,7 @@ pub enum PipelineError {
     )]
     KvFull {
         stage: usize,
-        instance: String,
+        instance: InstanceId,
         held: usize,
         tokens: usize,
         reserved: usize,
@@ -165,7 +166,7 @@ pub enum PipelineError {
     // ---- bringing an instance up (published in the instance's status)
     /// The model file is not on this node.
     #[error("model '{model}' is not present on this node")]
-    ModelMissing { model: String },
+    ModelMissing { model: ModelId },
     /// The runtime was started without a KV pool.
     #[error("the runtime has no KV pool")]
     NoKvPool,
@@ -177,11 +178,11 @@ pub enum PipelineError {
     RemovedWhileLoading,
     /// Another node's stage of the instance failed to load.
     #[error("the stage on node {node} failed: {error}")]
-    StageLoadFailed { node: String, error: String },
+    StageLoadFailed { node: NodeId, error: String },
     /// Fetching the model (or this stage's part of it) from peers or the internet failed.
     #[error("fetching {model}: {source}")]
     Fetch {
-        model: String,
+        model: ModelId,
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -302,7 +303,9 @@ mod tests {
 
     #[test]
     fn lost_stages_and_internal_faults_become_their_engine_errors() {
-        let lost = EngineError::from(PipelineError::NodeLeft { node: "n1".into() });
+        let lost = EngineError::from(PipelineError::NodeLeft {
+            node: "n1".parse().unwrap(),
+        });
         assert_eq!(
             lost,
             EngineError::StageLost("node n1 left the cluster".into())
@@ -335,7 +338,7 @@ mod tests {
             "connecting the pipeline: a remote chain needs at least one node"
         );
         let e = PipelineError::StageLoadFailed {
-            node: "n2".into(),
+            node: "n2".parse().unwrap(),
             error: "no memory".into(),
         };
         assert_eq!(e.to_string(), "the stage on node n2 failed: no memory");

@@ -11,6 +11,7 @@
 //! that leaves the table is torn down (its engine's requests end, its memory is freed, its load is no
 //! longer published).
 
+use shoal_ids::{InstanceId, ModelId, NodeId};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -59,7 +60,7 @@ pub type ModelFetcher = Arc<
 
 /// What one stage needs fetched.
 pub struct FetchRequest {
-    pub model: String,
+    pub model: ModelId,
     /// The stage's layers `start..end` of `n_layers`: only the bytes they need are required.
     pub start: usize,
     pub end: usize,
@@ -101,11 +102,11 @@ pub struct LaneConfig {
 }
 
 /// What placement needs to know about the GGUF model at `path` (read from its header only).
-pub fn model_card(path: &Path, id: &str) -> Result<ModelCard, shoal_model::ModelError> {
+pub fn model_card(path: &Path, id: &ModelId) -> Result<ModelCard, shoal_model::ModelError> {
     let gguf = shoal_model::gguf::GgufFile::open(path)?;
     let f = shoal_model::Footprint::from_gguf(&gguf)?;
     Ok(ModelCard {
-        id: id.to_string(),
+        id: id.clone(),
         n_layers: f.n_layers,
         layer_bytes: f.layer_bytes,
         embed_bytes: f.embed_bytes,
@@ -158,19 +159,19 @@ pub fn start(
 }
 
 /// Engines registered by the instances this node drives, by instance id.
-type Driven = Arc<std::sync::Mutex<HashMap<String, EngineHandle>>>;
+type Driven = Arc<std::sync::Mutex<HashMap<InstanceId, EngineHandle>>>;
 
 /// What this node runs for one instance.
 enum Running {
     /// Stage 0: the engine is registered under this model id.
     Driver {
-        model: String,
+        model: ModelId,
     },
     Host,
 }
 
 /// The instances this node runs, by instance id, with what it runs for each.
-type RunningHere = HashMap<String, (InstanceRecord, Running)>;
+type RunningHere = HashMap<InstanceId, (InstanceRecord, Running)>;
 
 /// What the table follower shares with every instance it brings up or tears down.
 #[derive(Clone)]
@@ -204,7 +205,7 @@ async fn follow_table(
         driven: Arc::default(),
     };
     // The loads published so far, by instance id (only changes are sent).
-    let mut loads: HashMap<String, InstanceLoad> = HashMap::new();
+    let mut loads: HashMap<InstanceId, InstanceLoad> = HashMap::new();
     let mut tick = tokio::time::interval(LOAD_REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -240,28 +241,28 @@ fn instances_using(snap: &Snapshot, me: &str) -> Vec<InstanceRecord> {
 }
 
 /// Whether instance `id` is in the cluster's current table.
-fn listed(cluster: &ClusterHandle, id: &str) -> bool {
+fn listed(cluster: &ClusterHandle, id: &InstanceId) -> bool {
     cluster
         .snapshot()
         .state
         .table()
         .instances
         .iter()
-        .any(|i| i.id == id)
+        .any(|i| i.id == *id)
 }
 
 impl Node {
     /// Publishes what each engine driven here is doing where it changed since `published`, and stops
     /// publishing it for engines no longer driven here.
-    async fn publish_loads(&self, published: &mut HashMap<String, InstanceLoad>) {
-        let now: Vec<(String, InstanceLoad)> = self
+    async fn publish_loads(&self, published: &mut HashMap<InstanceId, InstanceLoad>) {
+        let now: Vec<(InstanceId, InstanceLoad)> = self
             .driven
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .map(|(id, engine)| (id.clone(), load_of(&engine.stats())))
+            .map(|(id, engine)| (*id, load_of(&engine.stats())))
             .collect();
-        let gone: Vec<String> = published
+        let gone: Vec<InstanceId> = published
             .keys()
             .filter(|id| !now.iter().any(|(n, _)| n == *id))
             .cloned()
@@ -272,7 +273,7 @@ impl Node {
         }
         for (id, load) in now {
             if published.get(&id) != Some(&load) {
-                published.insert(id.clone(), load.clone());
+                published.insert(id, load.clone());
                 self.cluster.set_load(id, Some(load)).await;
             }
         }
@@ -280,10 +281,10 @@ impl Node {
 
     /// Tears down what left the table (or changed shape).
     async fn tear_down_stale(&self, running: &mut RunningHere, mine: &[InstanceRecord]) {
-        let stale: Vec<String> = running
+        let stale: Vec<InstanceId> = running
             .iter()
             .filter(|(id, (rec, _))| !mine.iter().any(|m| m.id == **id && m == rec))
-            .map(|(id, _)| id.clone())
+            .map(|(id, _)| *id)
             .collect();
         for id in stale {
             if let Some((rec, what)) = running.remove(&id) {
@@ -291,7 +292,7 @@ impl Node {
                 match what {
                     Running::Driver { model } => {
                         self.retire_driver(running, &id, &model);
-                        self.cluster.set_load(id.clone(), None).await;
+                        self.cluster.set_load(id, None).await;
                     }
                     Running::Host => self.hosts.remove(&id),
                 }
@@ -302,7 +303,7 @@ impl Node {
 
     /// Unregisters the engine instance `id` drove for `model`; another instance of the model driven
     /// here (not draining) serves it again.
-    fn retire_driver(&self, running: &RunningHere, id: &str, model: &str) {
+    fn retire_driver(&self, running: &RunningHere, id: &InstanceId, model: &str) {
         let mut map = self.driven.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(engine) = map.remove(id) {
             self.unregister(running, &map, model, &engine);
@@ -329,7 +330,7 @@ impl Node {
     fn unregister(
         &self,
         running: &RunningHere,
-        map: &HashMap<String, EngineHandle>,
+        map: &HashMap<InstanceId, EngineHandle>,
         model: &str,
         engine: &EngineHandle,
     ) -> bool {
@@ -363,15 +364,15 @@ impl Node {
         } else {
             Running::Host
         };
-        running.insert(rec.id.clone(), (rec.clone(), what));
+        running.insert(rec.id, (rec.clone(), what));
         tokio::spawn(self.clone().load(rec, index));
     }
 
     /// Brings up stage `index` of `rec`, publishing `loading`, then `ready` or `failed`.
     async fn load(self, rec: InstanceRecord, index: usize) {
-        let id = rec.id.clone();
+        let id = rec.id;
         self.cluster
-            .set_status(id.clone(), Some(InstanceStatus::Loading))
+            .set_status(id, Some(InstanceStatus::Loading))
             .await;
         let result = self
             .bring_up(&rec, index)
@@ -386,7 +387,7 @@ impl Node {
                 tracing::error!(instance = %id, model = %rec.model, stage = index, kind = error.error_type(), "stage failed: {error}");
                 metrics::counter!(
                     "shoal_instance_failures_total",
-                    "model" => rec.model.clone(),
+                    "model" => rec.model.to_string(),
                     "kind" => error.error_type()
                 )
                 .increment(1);
@@ -403,7 +404,7 @@ impl Node {
     }
 
     /// Registers the engine a driver started for instance `id`, if any and if the instance is still listed.
-    fn register(&self, id: &str, engine: Option<EngineHandle>) {
+    fn register(&self, id: &InstanceId, engine: Option<EngineHandle>) {
         // Removed while loading: the engine is dropped here and its thread ends.
         if let Some(engine) = engine
             && listed(&self.cluster, id)
@@ -411,7 +412,7 @@ impl Node {
             self.driven
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(id.to_string(), engine.clone());
+                .insert(*id, engine.clone());
             self.engines.insert(engine);
         }
     }
@@ -458,7 +459,7 @@ impl Node {
             n_layers,
             progress: tx,
         };
-        let (cluster, id) = (self.cluster.clone(), rec.id.clone());
+        let (cluster, id) = (self.cluster.clone(), rec.id);
         // Publishes the progress at most every half second until the fetch ends (its sender drops).
         let reporter = tokio::spawn(async move {
             while rx.changed().await.is_ok() {
@@ -467,7 +468,7 @@ impl Node {
                     done: s.done,
                     needed: s.needed,
                 };
-                cluster.set_status(id.clone(), Some(status)).await;
+                cluster.set_status(id, Some(status)).await;
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         });
@@ -479,7 +480,7 @@ impl Node {
         })?;
         if listed(&self.cluster, &rec.id) {
             self.cluster
-                .set_status(rec.id.clone(), Some(InstanceStatus::Loading))
+                .set_status(rec.id, Some(InstanceStatus::Loading))
                 .await;
         }
         Ok(path)
@@ -501,12 +502,10 @@ impl Node {
             tokio::task::spawn_blocking(move || load_hybrid_stage(&path, range, &pool, placement))
                 .await??;
         let kv = reserve_kv(&self.config, &local)?;
-        self.cluster
-            .set_kv_capacity(rec.id.clone(), kv.tokens as u64)
-            .await;
+        self.cluster.set_kv_capacity(rec.id, kv.tokens as u64).await;
         let next = next_node(rec, index)?;
         self.hosts.insert(HostedStage::new(
-            rec.id.clone(),
+            rec.id,
             index,
             (stage.start, stage.end),
             next,
@@ -550,7 +549,7 @@ impl Node {
 
     /// Waits until the other stages of `rec` are ready and connects to them.
     async fn connect_chain(&self, rec: &InstanceRecord) -> Result<RemoteChain, PipelineError> {
-        let others: Vec<String> = rec.stages[1..].iter().map(|s| s.node.clone()).collect();
+        let others: Vec<NodeId> = rec.stages[1..].iter().map(|s| s.node.clone()).collect();
         let snap = self.wait_for_stages(rec, &others).await?;
         if !snap.state.table().instances.iter().any(|i| i.id == rec.id) {
             return Err(PipelineError::RemovedWhileLoading);
@@ -577,9 +576,9 @@ impl Node {
     async fn wait_for_stages(
         &self,
         rec: &InstanceRecord,
-        others: &[String],
+        others: &[NodeId],
     ) -> Result<Arc<Snapshot>, PipelineError> {
-        let id = rec.id.clone();
+        let id = rec.id;
         let statuses = |s: &Snapshot| -> Vec<Option<InstanceStatus>> {
             others
                 .iter()
@@ -707,7 +706,7 @@ fn next_node(rec: &InstanceRecord, index: usize) -> Result<Option<PeerId>, Pipel
 fn check_stages_loaded(
     snap: &Snapshot,
     rec: &InstanceRecord,
-    others: &[String],
+    others: &[NodeId],
 ) -> Result<(), PipelineError> {
     for n in others {
         if let Some(InstanceStatus::Failed { error }) = snap
@@ -726,7 +725,7 @@ fn check_stages_loaded(
 
 /// The least KV capacity `others` published for `rec` (with, before, each stage's `ready`): it bounds
 /// the engine's KV; `None` if one has not published it.
-fn least_kv_capacity(snap: &Snapshot, rec: &InstanceRecord, others: &[String]) -> Option<usize> {
+fn least_kv_capacity(snap: &Snapshot, rec: &InstanceRecord, others: &[NodeId]) -> Option<usize> {
     others
         .iter()
         .map(|n| {
@@ -746,7 +745,7 @@ mod tests {
     #[test]
     fn default_model_card_matches_the_gguf() {
         let path = shoal_testkit::fixtures::model_path();
-        let card = model_card(&path, "m").unwrap();
+        let card = model_card(&path, &"m".parse().unwrap()).unwrap();
         assert_eq!(card.n_layers, 30);
         assert_eq!(card.hidden_bytes_per_token, 2 * 576);
         // 3 KV heads × 64 dims × K and V × f16.

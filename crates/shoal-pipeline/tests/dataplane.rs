@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{AsyncReadExt, AsyncWriteExt};
-use shoal_cluster::{ClusterConfig, ClusterHandle};
+use shoal_cluster::{ClusterConfig, ClusterHandle, InstanceId};
 use shoal_engine::engine::load_local_stage;
 use shoal_engine::kvpool::{KvPool, KvShare};
 use shoal_engine::sampler::Sampler;
@@ -16,12 +16,11 @@ use shoal_engine::{SamplingParams, TokenMask};
 use shoal_kernels::ThreadPool;
 use shoal_model::LayerRange;
 use shoal_pipeline::dataplane::{
-    HostedStage, Hosts, Lanes, RemoteChain, STAGE_PROTOCOL, serve_stages, wire_instance_id,
-    wire_node_id,
+    HostedStage, Hosts, Lanes, RemoteChain, STAGE_PROTOCOL, serve_stages, wire_node_id,
 };
 use shoal_wire::{DType, Handshake, Role};
 
-const INSTANCE: &str = "00000000000000aa";
+const INSTANCE: InstanceId = InstanceId::from_u64(0xaa);
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 async fn node(dir: &tempfile::TempDir, peers: Vec<libp2p::Multiaddr>) -> ClusterHandle {
@@ -122,14 +121,7 @@ async fn refuses_malformed_input_then_matches_one_node(mode: LaneMode) {
     let kv_pool = Arc::new(KvPool::new(16 * stage_bytes));
     let share = KvShare::reserve(&kv_pool, stage_bytes, 2 * stage_bytes).unwrap();
     assert_eq!((share.tokens(), kv_pool.reserved()), (8, 8 * stage_bytes));
-    hosts.insert(HostedStage::new(
-        INSTANCE.into(),
-        1,
-        (15, 30),
-        None,
-        tail,
-        share,
-    ));
+    hosts.insert(HostedStage::new(INSTANCE, 1, (15, 30), None, tail, share));
 
     // 1. Garbage instead of a handshake: refused, stream closed.
     let mut s = a
@@ -156,7 +148,7 @@ async fn refuses_malformed_input_then_matches_one_node(mode: LaneMode) {
         wire_node_id(&a.id()),
         a.cluster_hash(),
         Role::Stage {
-            instance_id: wire_instance_id(INSTANCE),
+            instance_id: INSTANCE.as_u64(),
             stage_index: 0,
             layer_start: 0,
             layer_end: 15,
@@ -176,9 +168,9 @@ async fn refuses_malformed_input_then_matches_one_node(mode: LaneMode) {
     let whole = load_local_stage(&path, LayerRange { start: 0, end: 30 }, &pool).unwrap();
     let chain = RemoteChain::connect(
         &a,
-        INSTANCE,
+        &INSTANCE,
         &[(0, 15), (15, 30)],
-        &[b.id().to_string()],
+        &[shoal_cluster::node_id(&b.id())],
         DType::F32,
         mode != LaneMode::Off,
     )
@@ -188,7 +180,7 @@ async fn refuses_malformed_input_then_matches_one_node(mode: LaneMode) {
     assert_eq!(chain.transports(), (transport, transport));
     // a publishes which of its paths carry the instance's streams, and whether they are relayed.
     let shown = |snap: &shoal_cluster::Snapshot| {
-        let inst = INSTANCE.to_string();
+        let inst = INSTANCE;
         let paths = snap.state.me().links.iter().flat_map(|l| &l.paths);
         paths
             .filter(|p| p.instances.contains(&inst))

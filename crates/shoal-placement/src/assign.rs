@@ -14,6 +14,7 @@
 use crate::error::PlacementError;
 use crate::model::{Goal, ModelCard};
 use crate::split::{capacity, fill};
+use shoal_ids::NodeId;
 
 /// What each stage's layers cost, in stage order.
 pub(crate) struct Costs<'a> {
@@ -38,7 +39,7 @@ impl Costs<'_> {
 /// Layer counts per stage (each >= 1, summing to `n_layers`, within memory) for `goal`.
 pub(crate) fn assign_layers(
     card: &ModelCard,
-    names: &[&str],
+    names: &[&NodeId],
     mems: &[u64],
     kv_tokens: usize,
     costs: Costs<'_>,
@@ -132,6 +133,7 @@ fn balanced(n: usize, caps: &[usize], costs: &Costs<'_>) -> Vec<usize> {
 mod tests {
     use super::*;
     use crate::split::split_layers;
+    use crate::split::tests::ids;
 
     /// Costs of stages without GPUs.
     fn cpu<'a>(cpu_us: &'a [f64], fixed_us: &'a [f64]) -> Costs<'a> {
@@ -151,7 +153,7 @@ mod tests {
         // a holds 20 layers and is 4x faster: it takes 20, b the rest.
         let counts = assign_layers(
             &card(30),
-            &["a", "b"],
+            &ids(["a", "b"]).each_ref(),
             &[200, 400],
             0,
             cpu(&[1.0, 4.0], &[]),
@@ -161,7 +163,7 @@ mod tests {
         // Order does not matter: the fast node is second.
         let counts = assign_layers(
             &card(30),
-            &["b", "a"],
+            &ids(["b", "a"]).each_ref(),
             &[400, 200],
             0,
             cpu(&[4.0, 1.0], &[]),
@@ -174,7 +176,7 @@ mod tests {
     fn latency_keeps_one_layer_on_a_slow_stage() {
         let counts = assign_layers(
             &card(30),
-            &["a", "b", "c"],
+            &ids(["a", "b", "c"]).each_ref(),
             &[1000, 1000, 1000],
             0,
             cpu(&[9.0, 1.0, 9.0], &[]),
@@ -187,7 +189,8 @@ mod tests {
     fn equal_costs_split_like_memory() {
         let c = card(31);
         let mems = [240, 160, 330];
-        let names = ["a", "b", "c"];
+        let names = ids(["a", "b", "c"]);
+        let names = names.each_ref();
         let got = assign_layers(&c, &names, &mems, 0, cpu(&[2.0; 3], &[]), Goal::Latency).unwrap();
         assert_eq!(got, split_layers(&c, &names, &mems, 0).unwrap());
     }
@@ -197,7 +200,7 @@ mod tests {
         // b is twice as fast: it takes twice the layers (20 vs 10: both stages 20 units).
         let counts = assign_layers(
             &card(30),
-            &["a", "b"],
+            &ids(["a", "b"]).each_ref(),
             &[1000, 1000],
             0,
             cpu(&[2.0, 1.0], &[]),
@@ -207,7 +210,7 @@ mod tests {
         // Memory still caps: b holds 15, a takes the rest.
         let counts = assign_layers(
             &card(30),
-            &["a", "b"],
+            &ids(["a", "b"]).each_ref(),
             &[1000, 150],
             0,
             cpu(&[2.0, 1.0], &[]),
@@ -221,7 +224,7 @@ mod tests {
     fn throughput_balances_the_head_too() {
         let counts = assign_layers(
             &card(30),
-            &["a", "b"],
+            &ids(["a", "b"]).each_ref(),
             &[1000, 1000],
             0,
             cpu(&[1.0, 1.0], &[0.0, 10.0]),
@@ -242,7 +245,7 @@ mod tests {
         // Latency: a's 12 GPU layers (1 each) first, then b's CPU (4) before a's CPU (10).
         let counts = assign_layers(
             &card(30),
-            &["a", "b"],
+            &ids(["a", "b"]).each_ref(),
             &[1000, 1000],
             0,
             costs(&[]),
@@ -253,7 +256,7 @@ mod tests {
         // b's 4·m: a = 16, b = 14 take 52 and 56; a = 15 leaves b 60, a = 17 takes 62 itself.
         let counts = assign_layers(
             &card(30),
-            &["a", "b"],
+            &ids(["a", "b"]).each_ref(),
             &[1000, 1000],
             0,
             costs(&[]),
@@ -266,7 +269,7 @@ mod tests {
     fn memory_errors_are_the_splits_errors() {
         let err = assign_layers(
             &card(30),
-            &["a", "b"],
+            &ids(["a", "b"]).each_ref(),
             &[100, 100],
             0,
             cpu(&[1.0, 1.0], &[]),

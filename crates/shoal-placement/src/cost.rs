@@ -13,6 +13,7 @@
 //! Batches, prompts and aggregate rates build on the same terms in `rates`.
 
 use serde::{Deserialize, Serialize};
+use shoal_ids::NodeId;
 
 use crate::links::LinkIndex;
 use crate::model::{
@@ -24,8 +25,8 @@ use crate::output::Stage;
 /// One message crossing one link.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hop {
-    pub from: String,
-    pub to: String,
+    pub from: NodeId,
+    pub to: NodeId,
     pub kind: LinkKind,
     /// Whether the link's round trip was measured (otherwise the kind's default was used).
     pub measured_rtt_us: Option<f64>,
@@ -246,10 +247,10 @@ impl Split {
     }
 }
 
-fn hop(from: &str, to: &str, link: &Link, bytes: u64) -> Hop {
+fn hop(from: &NodeId, to: &NodeId, link: &Link, bytes: u64) -> Hop {
     Hop {
-        from: from.to_string(),
-        to: to.to_string(),
+        from: from.clone(),
+        to: to.clone(),
         kind: link.kind,
         measured_rtt_us: link.measured_rtt_us(),
         measured_bandwidth_bps: link.measured_bandwidth_bps(),
@@ -348,7 +349,7 @@ mod tests {
 
     fn card() -> ModelCard {
         ModelCard {
-            id: "m".into(),
+            id: "m".parse().unwrap(),
             n_layers: 10,
             layer_bytes: 100,
             embed_bytes: 0,
@@ -370,7 +371,7 @@ mod tests {
 
     fn node(id: &str, speed: f64) -> NodeInfo {
         NodeInfo {
-            id: id.into(),
+            id: id.parse().unwrap(),
             mem_available: 1 << 30,
             speed,
             prefill_speed: None,
@@ -383,8 +384,8 @@ mod tests {
 
     fn link(a: &str, b: &str, kind: LinkKind) -> Link {
         Link {
-            a: a.into(),
-            b: b.into(),
+            a: a.parse().unwrap(),
+            b: b.parse().unwrap(),
             kind,
             rtt_us: None,
             bandwidth_bps: None,
@@ -392,7 +393,7 @@ mod tests {
     }
 
     fn stage(node: &str, start: usize, end: usize) -> Stage {
-        Stage::cpu(node, start, end)
+        Stage::cpu(node.parse().unwrap(), start, end)
     }
 
     #[test]

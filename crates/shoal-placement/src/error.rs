@@ -1,22 +1,24 @@
 //! Errors of the planner, with the numbers an operator needs to act on them.
 
+use shoal_ids::{ModelId, NodeId};
+
 /// Why no placement could be produced.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlacementError {
     #[error("model {model} has no layers")]
-    EmptyModel { model: String },
+    EmptyModel { model: ModelId },
     #[error("the topology has no nodes")]
     NoNodes,
     #[error("node {node} is invalid: {reason}")]
-    InvalidNode { node: String, reason: String },
+    InvalidNode { node: NodeId, reason: String },
     #[error("node {node} appears more than once in {field}")]
-    DuplicateNode { node: String, field: &'static str },
+    DuplicateNode { node: NodeId, field: &'static str },
     #[error("unknown node {node} in {field}")]
-    UnknownNode { node: String, field: &'static str },
+    UnknownNode { node: NodeId, field: &'static str },
     #[error("layer counts sum to {sum} but the model has {n_layers} layers")]
     LayerCountSum { sum: usize, n_layers: usize },
     #[error("node {node} was given 0 layers; every stage needs at least one")]
-    ZeroLayers { node: String },
+    ZeroLayers { node: NodeId },
     #[error("{requested} stages requested but at most {max} allowed")]
     TooManyStages { requested: usize, max: usize },
     #[error("invalid constraints: {reason}")]
@@ -25,17 +27,17 @@ pub enum PlacementError {
     DoesNotFit { needed: u64, available: u64 },
     #[error("node {node} cannot hold its stage: needs {needed} bytes, has {available}")]
     NodeDoesNotFit {
-        node: String,
+        node: NodeId,
         needed: u64,
         available: u64,
     },
     #[error("no link between {a} and {b}, which would be adjacent stages")]
-    NoLink { a: String, b: String },
+    NoLink { a: NodeId, b: NodeId },
     #[error(
         "enough memory, but no ordering of linked nodes among {} holds the model",
-        nodes.join(", ")
+        shoal_ids::join(nodes, ", ")
     )]
-    NoRoute { nodes: Vec<String> },
+    NoRoute { nodes: Vec<NodeId> },
 }
 
 impl PlacementError {
@@ -66,7 +68,7 @@ mod tests {
     #[test]
     fn no_route_names_the_nodes_as_a_list_not_debug_output() {
         let e = PlacementError::NoRoute {
-            nodes: vec!["mac".into(), "pc".into()],
+            nodes: vec!["mac".parse().unwrap(), "pc".parse().unwrap()],
         };
         assert_eq!(
             e.to_string(),

@@ -3,6 +3,7 @@
 //! pins or manual counts are predicted slower than a node alone, and (on the chosen placement) why each
 //! node is in or out.
 
+use shoal_ids::NodeId;
 use std::fmt::Write;
 
 use crate::cost::{CostBreakdown, Hop};
@@ -14,7 +15,7 @@ use crate::verdict::figure;
 
 /// What each node of the pool could do alone.
 pub(crate) struct SingleNode {
-    pub id: String,
+    pub id: NodeId,
     pub needed: u64,
     pub has: u64,
     /// Predicted one-stream latency and goal figure (µs per token) when the node fits alone.

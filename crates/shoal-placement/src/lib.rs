@@ -91,4 +91,5 @@ pub use plan::{MAX_CANDIDATES, best, plan};
 pub use rates::{BATCH_SIZES, PREFILL_CHUNK_TOKENS, forecast, forecast_at};
 pub use replicas::{group_tok_s, plan_replicas};
 pub use search::{EXHAUSTIVE_NODES, EXHAUSTIVE_ORDER_NODES};
+pub use shoal_ids::{IdError, InstanceId, ModelId, NodeId};
 pub use split::{largest_remainder, split_layers};

@@ -67,7 +67,7 @@ mod tests {
 
     fn node(id: &str) -> NodeInfo {
         NodeInfo {
-            id: id.into(),
+            id: id.parse().unwrap(),
             mem_available: 1,
             speed: 1.0,
             prefill_speed: None,
@@ -80,8 +80,8 @@ mod tests {
 
     fn link(a: &str, b: &str, kind: LinkKind, rtt: f64, bw: f64) -> Link {
         Link {
-            a: a.into(),
-            b: b.into(),
+            a: a.parse().unwrap(),
+            b: b.parse().unwrap(),
             kind,
             rtt_us: Some(rtt),
             bandwidth_bps: Some(bw),

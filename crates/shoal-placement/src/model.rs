@@ -3,6 +3,7 @@
 //! The placements that come out are in `output`.
 
 use serde::{Deserialize, Serialize};
+use shoal_ids::{ModelId, NodeId};
 
 /// Size of a sampled token id on the wire.
 pub const TOKEN_BYTES: u64 = 4;
@@ -21,7 +22,7 @@ pub fn decode_context(prompt_tokens: usize) -> usize {
 /// One machine that can host a pipeline stage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeInfo {
-    pub id: String,
+    pub id: NodeId,
     /// Bytes of memory the node offers for weights and KV cache.
     pub mem_available: u64,
     /// Relative compute speed in **layer-steps per second**: how many single-layer forward passes for one
@@ -192,8 +193,8 @@ impl LinkKind {
 /// An undirected link between two nodes. A pair with no link cannot talk and is never made adjacent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Link {
-    pub a: String,
-    pub b: String,
+    pub a: NodeId,
+    pub b: NodeId,
     pub kind: LinkKind,
     /// Measured round-trip time in microseconds; the kind's default when `None` (or not finite / < 0).
     pub rtt_us: Option<f64>,
@@ -270,7 +271,7 @@ impl Link {
 /// What the planner needs to know about a model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelCard {
-    pub id: String,
+    pub id: ModelId,
     pub n_layers: usize,
     /// Weight bytes of one transformer layer.
     pub layer_bytes: u64,
@@ -399,11 +400,11 @@ impl Goal {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Constraints {
     /// Use exactly these nodes (all of them).
-    pub pinned_nodes: Option<Vec<String>>,
+    pub pinned_nodes: Option<Vec<NodeId>>,
     /// With `pinned_nodes`: keep the given order as the stage order instead of searching orders.
     pub keep_order: bool,
     /// Manual split: stage order and layer count per node. Counts must be >= 1 and sum to `n_layers`.
-    pub layer_counts: Option<Vec<(String, usize)>>,
+    pub layer_counts: Option<Vec<(NodeId, usize)>>,
     /// Tokens of KV cache reserved on every node for each of its layers.
     pub kv_reserve_tokens: usize,
     /// Upper bound on the number of stages.
@@ -448,7 +449,7 @@ mod tests {
     #[test]
     fn a_tied_head_costs_once_on_a_stage_that_is_first_and_last() {
         let mut c = ModelCard {
-            id: "m".into(),
+            id: "m".parse().unwrap(),
             n_layers: 2,
             layer_bytes: 10,
             embed_bytes: 100,

@@ -3,6 +3,7 @@
 //! on the chosen one, a [`NodeVerdict`] per node saying why it is in or out.
 
 use serde::{Deserialize, Serialize};
+use shoal_ids::NodeId;
 
 use crate::model::{Goal, LinkKind};
 
@@ -10,7 +11,7 @@ use crate::model::{Goal, LinkKind};
 /// its GPUs when `gpu` says so.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Stage {
-    pub node: String,
+    pub node: NodeId,
     pub start: usize,
     pub end: usize,
     /// The stage's first layers on a GPU of its node, the rest on its CPU; `None` (and records from
@@ -28,9 +29,9 @@ pub struct GpuLayers {
 
 impl Stage {
     /// A stage of layers `start..end` on `node`, all on its CPU.
-    pub fn cpu(node: impl Into<String>, start: usize, end: usize) -> Self {
+    pub fn cpu(node: NodeId, start: usize, end: usize) -> Self {
         Self {
-            node: node.into(),
+            node,
             start,
             end,
             gpu: None,
@@ -126,7 +127,7 @@ pub struct BatchRate {
 /// One stage's predicted compute.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StagePrediction {
-    pub node: String,
+    pub node: NodeId,
     pub layers: usize,
     /// One token of one stream, microseconds.
     pub token_us: f64,
@@ -143,8 +144,8 @@ pub struct StagePrediction {
 /// One forward hop's predicted cost.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HopPrediction {
-    pub from: String,
-    pub to: String,
+    pub from: NodeId,
+    pub to: NodeId,
     pub kind: LinkKind,
     /// One token's activations: `rtt/2 + hidden_bytes / bandwidth`, microseconds.
     pub token_us: f64,
@@ -155,7 +156,7 @@ pub struct HopPrediction {
 /// Why a node is in or out of a placement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeVerdict {
-    pub node: String,
+    pub node: NodeId,
     /// Whether the node runs a stage.
     pub used: bool,
     /// Human-readable reason, e.g. `left out: adding it predicts 41 tok/s vs 52 without`.
@@ -163,13 +164,13 @@ pub struct NodeVerdict {
 }
 
 /// Turns per-stage layer counts into contiguous stages starting at layer 0.
-pub fn stages_from_counts(nodes: &[&str], counts: &[usize]) -> Vec<Stage> {
+pub fn stages_from_counts(nodes: &[&NodeId], counts: &[usize]) -> Vec<Stage> {
     let mut start = 0;
     nodes
         .iter()
         .zip(counts)
         .map(|(node, &n)| {
-            let stage = Stage::cpu(*node, start, start + n);
+            let stage = Stage::cpu((*node).clone(), start, start + n);
             start += n;
             stage
         })

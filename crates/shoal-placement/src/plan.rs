@@ -2,6 +2,8 @@
 
 use std::collections::BTreeSet;
 
+use shoal_ids::NodeId;
+
 use crate::cost::breakdown;
 use crate::error::PlacementError;
 use crate::explain::{Facts, SingleNode, explain, single_nodes};
@@ -59,11 +61,7 @@ fn plan_up_to(
         constraints.context(),
     );
     let pinned = match &constraints.pinned_nodes {
-        Some(ids) => Some(resolve(
-            topology,
-            ids.iter().map(String::as_str),
-            "pinned_nodes",
-        )?),
+        Some(ids) => Some(resolve(topology, ids.iter(), "pinned_nodes")?),
         None => None,
     };
     if let Some(p) = &pinned {
@@ -216,7 +214,7 @@ fn validate(topology: &Topology, card: &ModelCard) -> Result<(), PlacementError>
 /// Node ids → topology indices, rejecting unknown and repeated ids.
 fn resolve<'a>(
     topology: &Topology,
-    ids: impl Iterator<Item = &'a str>,
+    ids: impl Iterator<Item = &'a NodeId>,
     field: &'static str,
 ) -> Result<Vec<usize>, PlacementError> {
     let mut out: Vec<usize> = Vec::new();
@@ -224,14 +222,14 @@ fn resolve<'a>(
         let idx = topology
             .nodes
             .iter()
-            .position(|n| n.id == id)
+            .position(|n| n.id == *id)
             .ok_or_else(|| PlacementError::UnknownNode {
-                node: id.to_string(),
+                node: id.clone(),
                 field,
             })?;
         if out.contains(&idx) {
             return Err(PlacementError::DuplicateNode {
-                node: id.to_string(),
+                node: id.clone(),
                 field,
             });
         }
@@ -243,7 +241,7 @@ fn resolve<'a>(
 /// A manual split: the list order is the stage order.
 fn manual(
     ctx: &Ctx,
-    counts: &[(String, usize)],
+    counts: &[(NodeId, usize)],
     pinned: Option<&[usize]>,
     keep_order: bool,
     max_k: usize,
@@ -254,11 +252,7 @@ fn manual(
             reason: "layer_counts is empty".into(),
         });
     }
-    let order = resolve(
-        ctx.topo,
-        counts.iter().map(|(id, _)| id.as_str()),
-        "layer_counts",
-    )?;
+    let order = resolve(ctx.topo, counts.iter().map(|(id, _)| id), "layer_counts")?;
     if let Some((node, _)) = counts.iter().find(|(_, n)| *n == 0) {
         return Err(PlacementError::ZeroLayers { node: node.clone() });
     }
@@ -316,10 +310,7 @@ fn diagnose(ctx: &Ctx, pool: &[usize], max_k: usize) -> PlacementError {
     let mut by_mem = pool.to_vec();
     by_mem.sort_by(|&x, &y| ctx.mem(y).cmp(&ctx.mem(x)).then(x.cmp(&y)));
     by_mem.truncate(max_k.min(ctx.card.n_layers));
-    let names: Vec<&str> = by_mem
-        .iter()
-        .map(|&i| ctx.topo.nodes[i].id.as_str())
-        .collect();
+    let names: Vec<&NodeId> = by_mem.iter().map(|&i| &ctx.topo.nodes[i].id).collect();
     let mems: Vec<u64> = by_mem.iter().map(|&i| ctx.mem(i)).collect();
     let fits = (1..=mems.len())
         .any(|k| split_layers(ctx.card, &names[..k], &mems[..k], ctx.kv_tokens).is_ok());

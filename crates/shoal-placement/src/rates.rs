@@ -25,6 +25,7 @@ use crate::cost::{Split, resolve_stages, return_route};
 use crate::links::LinkIndex;
 use crate::model::{Goal, Link, LinkKind, ModelCard, TOKEN_BYTES, Topology, decode_context};
 use crate::output::{BatchRate, HopPrediction, Prediction, Stage, StagePrediction};
+use shoal_ids::NodeId;
 
 /// Batch sizes (concurrent streams) whose aggregate rate is predicted; the last one ranks for throughput.
 pub const BATCH_SIZES: [usize; 4] = [1, 4, 16, 32];
@@ -240,7 +241,7 @@ impl Timing {
             .sum()
     }
 
-    fn bound_name(&self, bound: Bound, names: &[&str]) -> String {
+    fn bound_name(&self, bound: Bound, names: &[&NodeId]) -> String {
         let back_pair = |h: usize| -> (usize, usize) {
             if self.back.len() == 1 {
                 (names.len() - 1, 0)
@@ -260,7 +261,7 @@ impl Timing {
     }
 
     /// Every figure, for stages run by `names` (in order).
-    pub fn prediction(&self, names: &[&str], goal: Goal, prompt_tokens: usize) -> Prediction {
+    pub fn prediction(&self, names: &[&NodeId], goal: Goal, prompt_tokens: usize) -> Prediction {
         let token_latency_us = self.token_latency_us();
         let aggregate = BATCH_SIZES
             .iter()
@@ -277,7 +278,7 @@ impl Timing {
         let prompt_tokens = prompt_tokens.max(1);
         let stages = (0..self.layers.len())
             .map(|i| StagePrediction {
-                node: names[i].to_string(),
+                node: names[i].clone(),
                 layers: self.layers[i],
                 token_us: self.stage_us(i, 1),
                 prompt_us: self.stage_prompt_us(i, prompt_tokens),
@@ -292,8 +293,8 @@ impl Timing {
             .collect();
         let hops = (self.fwd.iter().enumerate())
             .map(|(h, l)| HopPrediction {
-                from: names[h].to_string(),
-                to: names[h + 1].to_string(),
+                from: names[h].clone(),
+                to: names[h + 1].clone(),
                 kind: l.kind,
                 token_us: l.send_us(self.hidden),
                 prompt_us: Self::chunks(prompt_tokens)
@@ -354,7 +355,7 @@ pub fn forecast_at(
         (&order, &counts, &gpu),
         context_tokens,
     )?;
-    let names: Vec<&str> = stages.iter().map(|s| s.node.as_str()).collect();
+    let names: Vec<&NodeId> = stages.iter().map(|s| &s.node).collect();
     Some(timing.prediction(&names, goal, prompt_tokens))
 }
 
@@ -365,7 +366,7 @@ mod tests {
 
     fn node(id: &str, speed: f64, prefill: Option<f64>) -> NodeInfo {
         NodeInfo {
-            id: id.into(),
+            id: id.parse().unwrap(),
             mem_available: u64::MAX / 8,
             speed,
             prefill_speed: prefill,
@@ -379,8 +380,8 @@ mod tests {
     /// A link of exactly 100 µs rtt and 1 MB/s (1 byte = 1 µs).
     fn link(a: &str, b: &str) -> Link {
         Link {
-            a: a.into(),
-            b: b.into(),
+            a: a.parse().unwrap(),
+            b: b.parse().unwrap(),
             kind: LinkKind::Ethernet,
             rtt_us: Some(100.0),
             bandwidth_bps: Some(1e6),
@@ -394,9 +395,9 @@ mod tests {
     }
 
     fn stages(list: &[(&str, usize)]) -> Vec<Stage> {
-        let names: Vec<&str> = list.iter().map(|x| x.0).collect();
+        let names: Vec<NodeId> = list.iter().map(|x| x.0.parse().unwrap()).collect();
         let counts: Vec<usize> = list.iter().map(|x| x.1).collect();
-        crate::output::stages_from_counts(&names, &counts)
+        crate::output::stages_from_counts(&names.iter().collect::<Vec<_>>(), &counts)
     }
 
     fn close(a: f64, b: f64) -> bool {

@@ -8,6 +8,7 @@
 //! set (largest / fastest-per-layer nodes until the model fits, each ordered by nearest neighbour from
 //! each of its members), which the planner then improves with `refine`'s local search.
 
+use shoal_ids::NodeId;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
@@ -85,7 +86,7 @@ impl<'a> Ctx<'a> {
         self.links.linked(i, j)
     }
 
-    pub fn id(&self, i: usize) -> &str {
+    pub fn id(&self, i: usize) -> &NodeId {
         &self.topo.nodes[i].id
     }
 
@@ -99,7 +100,7 @@ impl<'a> Ctx<'a> {
         self.topo.nodes[i].gpu_layers(self.card, self.kv_tokens)
     }
 
-    pub fn names(&self, order: &[usize]) -> Vec<&str> {
+    pub fn names(&self, order: &[usize]) -> Vec<&NodeId> {
         order.iter().map(|&i| self.id(i)).collect()
     }
 
@@ -172,8 +173,8 @@ impl<'a> Ctx<'a> {
         for pair in order.windows(2) {
             if !self.linked(pair[0], pair[1]) {
                 return Err(PlacementError::NoLink {
-                    a: self.id(pair[0]).to_string(),
-                    b: self.id(pair[1]).to_string(),
+                    a: self.id(pair[0]).clone(),
+                    b: self.id(pair[1]).clone(),
                 });
             }
         }
@@ -213,7 +214,7 @@ impl<'a> Ctx<'a> {
             self.context,
         )
         .ok_or_else(|| PlacementError::NoRoute {
-            nodes: order.iter().map(|&i| self.id(i).to_string()).collect(),
+            nodes: order.iter().map(|&i| self.id(i).clone()).collect(),
         })?;
         Ok(Candidate {
             order: order.to_vec(),

@@ -11,6 +11,7 @@
 
 use crate::error::PlacementError;
 use crate::model::ModelCard;
+use shoal_ids::NodeId;
 
 /// Memory facts of one stage in a given order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +59,7 @@ pub(crate) struct Capacity {
 /// each, and says how many layers each can hold. `names` (same length as `mems`) only labels errors.
 pub(crate) fn capacity(
     card: &ModelCard,
-    names: &[&str],
+    names: &[&NodeId],
     mems: &[u64],
     kv_tokens: usize,
 ) -> Result<Capacity, PlacementError> {
@@ -81,7 +82,14 @@ pub(crate) fn capacity(
     let slots = slots(card, mems, kv_tokens);
     if let Some((i, slot)) = slots.iter().enumerate().find(|(_, s)| s.capacity == 0) {
         return Err(PlacementError::NodeDoesNotFit {
-            node: names.get(i).copied().unwrap_or("?").to_string(),
+            node: match names.get(i) {
+                Some(name) => (*name).clone(),
+                None => {
+                    return Err(PlacementError::InvalidConstraints {
+                        reason: format!("{} node names for {k} stages", names.len()),
+                    });
+                }
+            },
             needed: card.stage_bytes(1, i == 0, i + 1 == k, kv_tokens),
             available: slot.mem,
         });
@@ -116,7 +124,7 @@ pub(crate) fn capacity(
 /// `names` (same length as `mems`) only labels errors.
 pub fn split_layers(
     card: &ModelCard,
-    names: &[&str],
+    names: &[&NodeId],
     mems: &[u64],
     kv_tokens: usize,
 ) -> Result<Vec<usize>, PlacementError> {
@@ -206,9 +214,14 @@ pub(crate) mod tests {
 
     const GB: u64 = 1_000_000_000;
 
+    /// Node ids of test names.
+    pub(crate) fn ids<const N: usize>(names: [&str; N]) -> [NodeId; N] {
+        names.map(|n| n.parse().unwrap())
+    }
+
     pub(crate) fn card(n_layers: usize, layer_bytes: u64) -> ModelCard {
         ModelCard {
-            id: "m".into(),
+            id: "m".parse().unwrap(),
             n_layers,
             layer_bytes,
             embed_bytes: 0,
@@ -240,7 +253,7 @@ pub(crate) mod tests {
     #[test]
     fn split_follows_memory_ratio() {
         let c = card(30, GB / 2);
-        let counts = split_layers(&c, &["a", "b"], &[24 * GB, 16 * GB], 0).unwrap();
+        let counts = split_layers(&c, &ids(["a", "b"]).each_ref(), &[24 * GB, 16 * GB], 0).unwrap();
         assert_eq!(counts, [18, 12]);
     }
 
@@ -249,14 +262,15 @@ pub(crate) mod tests {
         let mut c = card(10, GB);
         c.embed_bytes = 4 * GB;
         // usable: 16 - 4 = 12 and 12 → equal split
-        let counts = split_layers(&c, &["a", "b"], &[16 * GB, 12 * GB], 0).unwrap();
+        let counts = split_layers(&c, &ids(["a", "b"]).each_ref(), &[16 * GB, 12 * GB], 0).unwrap();
         assert_eq!(counts, [5, 5]);
     }
 
     #[test]
     fn every_stage_gets_a_layer() {
         let c = card(4, 1);
-        let counts = split_layers(&c, &["a", "b", "c"], &[1_000_000, 1, 1], 0).unwrap();
+        let counts =
+            split_layers(&c, &ids(["a", "b", "c"]).each_ref(), &[1_000_000, 1, 1], 0).unwrap();
         assert_eq!(counts, [2, 1, 1]);
     }
 
@@ -264,7 +278,7 @@ pub(crate) mod tests {
     fn repair_moves_layers_within_capacity() {
         // Largest remainder gives the first node 2 layers (1.76 rounds up) but only 1 fits in 190 bytes.
         let c = card(11, 100);
-        let counts = split_layers(&c, &["a", "b"], &[190, 1000], 0).unwrap();
+        let counts = split_layers(&c, &ids(["a", "b"]).each_ref(), &[190, 1000], 0).unwrap();
         assert_eq!(counts, [1, 10]);
     }
 
@@ -274,16 +288,17 @@ pub(crate) mod tests {
         c.kv_bytes_per_token_per_layer = 1;
         c.head_bytes = 500;
         // per layer 200 with 100 tokens: a holds 8, b holds (950 - 500) / 200 = 2
-        let counts = split_layers(&c, &["a", "b"], &[1_700, 950], 100).unwrap();
+        let counts = split_layers(&c, &ids(["a", "b"]).each_ref(), &[1_700, 950], 100).unwrap();
         assert_eq!(counts, [8, 2]);
-        let err = split_layers(&c, &["a", "b"], &[1_500, 950], 100).unwrap_err();
+        let err = split_layers(&c, &ids(["a", "b"]).each_ref(), &[1_500, 950], 100).unwrap_err();
         assert_eq!(err.error_type(), "does_not_fit");
     }
 
     #[test]
     fn does_not_fit_reports_numbers() {
         let c = card(10, GB);
-        let err = split_layers(&c, &["a", "b"], &[4 * GB, 4 * GB + 10], 0).unwrap_err();
+        let err =
+            split_layers(&c, &ids(["a", "b"]).each_ref(), &[4 * GB, 4 * GB + 10], 0).unwrap_err();
         assert_eq!(
             err,
             PlacementError::DoesNotFit {
@@ -297,7 +312,7 @@ pub(crate) mod tests {
     fn node_smaller_than_its_extra_is_named() {
         let mut c = card(10, 1);
         c.head_bytes = 1000;
-        let err = split_layers(&c, &["a", "b"], &[1000, 500], 0).unwrap_err();
+        let err = split_layers(&c, &ids(["a", "b"]).each_ref(), &[1000, 500], 0).unwrap_err();
         assert_eq!(err.error_type(), "node_does_not_fit");
         assert!(err.to_string().contains(" b "), "{err}");
     }
@@ -305,7 +320,7 @@ pub(crate) mod tests {
     #[test]
     fn more_stages_than_layers_is_rejected() {
         let c = card(2, 1);
-        let err = split_layers(&c, &["a", "b", "c"], &[10, 10, 10], 0).unwrap_err();
+        let err = split_layers(&c, &ids(["a", "b", "c"]).each_ref(), &[10, 10, 10], 0).unwrap_err();
         assert_eq!(
             err,
             PlacementError::TooManyStages {

@@ -37,7 +37,7 @@ pub(crate) fn verdicts(
                 None => (false, why_out(ctx, chosen, mode, max_k, i)),
             };
             NodeVerdict {
-                node: ctx.id(i).to_string(),
+                node: ctx.id(i).clone(),
                 used,
                 reason,
             }
@@ -102,9 +102,13 @@ fn why_out(ctx: &Ctx, chosen: &Candidate, mode: Mode, max_k: usize, x: usize) ->
     if linked_at.is_empty() {
         let names = ctx.names(order);
         let shown = if names.len() > 4 {
-            format!("{}, … {}", names[..3].join(", "), names[names.len() - 1])
+            format!(
+                "{}, … {}",
+                shoal_ids::join(&names[..3], ", "),
+                names[names.len() - 1]
+            )
         } else {
-            names.join(", ")
+            shoal_ids::join(&names, ", ")
         };
         return format!("out: no link to {shown} where it could join");
     }

@@ -215,7 +215,7 @@ fn pins_win_but_say_when_a_node_alone_is_faster() {
         links: vec![link("x", "y", LinkKind::Wifi)],
     };
     let pinned = Constraints {
-        pinned_nodes: Some(vec!["x".into(), "y".into()]),
+        pinned_nodes: Some(vec!["x".parse().unwrap(), "y".parse().unwrap()]),
         ..Constraints::default()
     };
     let p = best(&topo, &card(), &pinned).unwrap();
@@ -229,7 +229,7 @@ fn pins_win_but_say_when_a_node_alone_is_faster() {
     assert_eq!(verdict(&p, "z"), (false, "out: not pinned"));
     // A pin that is the best anyway gets no such note.
     let alone = Constraints {
-        pinned_nodes: Some(vec!["x".into()]),
+        pinned_nodes: Some(vec!["x".parse().unwrap()]),
         ..Constraints::default()
     };
     let p = best(&topo, &card(), &alone).unwrap();

@@ -107,7 +107,7 @@ fn a_model_bigger_than_the_gpu_splits_gpu_and_cpu_on_one_node_priced_as_the_sum(
     let (goal, prompt) = (p.prediction.goal, p.prediction.prompt_tokens);
     let f = forecast_at(&topo, &card(), &p.stages, goal, prompt, 1000).unwrap();
     assert!((f.token_latency_us - p.prediction.token_latency_us).abs() < 1e-6);
-    let cpu_only = [Stage::cpu("box", 0, 30)];
+    let cpu_only = [Stage::cpu("box".parse().unwrap(), 0, 30)];
     let c = predict(&topo, &card(), &cpu_only).unwrap();
     let at_default = predict(&topo, &card(), &p.stages).unwrap();
     assert!(c.total_us > at_default.total_us);
@@ -145,15 +145,18 @@ fn a_gpu_node_beats_two_cpu_nodes() {
                     index: 0,
                     layers: 24
                 }),
-                ..Stage::cpu("box", 0, 24)
+                ..Stage::cpu("box".parse().unwrap(), 0, 24)
             },
-            Stage::cpu("laptop1", 24, 30)
+            Stage::cpu("laptop1".parse().unwrap(), 24, 30)
         ]
     );
-    let laptops = [Stage::cpu("laptop1", 0, 15), Stage::cpu("laptop2", 15, 30)];
+    let laptops = [
+        Stage::cpu("laptop1".parse().unwrap(), 0, 15),
+        Stage::cpu("laptop2".parse().unwrap(), 15, 30),
+    ];
     let box_alone = [Stage {
         gpu: gpu_stage.gpu,
-        ..Stage::cpu("box", 0, 30)
+        ..Stage::cpu("box".parse().unwrap(), 0, 30)
     }];
     for other in [&laptops[..], &box_alone[..]] {
         let t = predict(&topo, &card(), other).unwrap().total_us;

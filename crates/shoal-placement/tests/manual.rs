@@ -30,7 +30,7 @@ fn topo() -> Topology {
 
 fn pinned(ids: &[&str], keep_order: bool) -> Constraints {
     Constraints {
-        pinned_nodes: Some(ids.iter().map(|s| s.to_string()).collect()),
+        pinned_nodes: Some(ids.iter().map(|s| s.parse().unwrap()).collect()),
         keep_order,
         ..Constraints::default()
     }
@@ -38,7 +38,7 @@ fn pinned(ids: &[&str], keep_order: bool) -> Constraints {
 
 fn layer_counts(list: &[(&str, usize)]) -> Constraints {
     Constraints {
-        layer_counts: Some(list.iter().map(|(n, c)| (n.to_string(), *c)).collect()),
+        layer_counts: Some(list.iter().map(|(n, c)| (n.parse().unwrap(), *c)).collect()),
         ..Constraints::default()
     }
 }
@@ -90,8 +90,8 @@ fn pinned_order_without_link_is_rejected() {
     assert_eq!(
         err,
         PlacementError::NoLink {
-            a: "b".into(),
-            b: "c".into()
+            a: "b".parse().unwrap(),
+            b: "c".parse().unwrap()
         }
     );
     // Without keep_order the planner finds b-a-c.
@@ -105,7 +105,7 @@ fn pinned_errors_are_clear() {
     assert_eq!(
         err,
         PlacementError::UnknownNode {
-            node: "zz".into(),
+            node: "zz".parse().unwrap(),
             field: "pinned_nodes"
         }
     );
@@ -169,13 +169,18 @@ fn invalid_layer_counts_give_clear_errors() {
     assert_eq!(
         unknown,
         PlacementError::UnknownNode {
-            node: "x".into(),
+            node: "x".parse().unwrap(),
             field: "layer_counts"
         }
     );
 
     let zero = best(&topo(), &card(), &layer_counts(&[("a", 30), ("b", 0)])).unwrap_err();
-    assert_eq!(zero, PlacementError::ZeroLayers { node: "b".into() });
+    assert_eq!(
+        zero,
+        PlacementError::ZeroLayers {
+            node: "b".parse().unwrap()
+        }
+    );
 
     let dup = best(&topo(), &card(), &layer_counts(&[("a", 10), ("a", 20)])).unwrap_err();
     assert_eq!(dup.error_type(), "duplicate_node");
@@ -187,7 +192,7 @@ fn invalid_layer_counts_give_clear_errors() {
     assert_eq!(
         too_big,
         PlacementError::NodeDoesNotFit {
-            node: "b".into(),
+            node: "b".parse().unwrap(),
             needed: 20 * GB,
             available: 16 * GB
         }
@@ -202,8 +207,8 @@ fn invalid_layer_counts_give_clear_errors() {
     assert_eq!(
         no_link,
         PlacementError::NoLink {
-            a: "b".into(),
-            b: "c".into()
+            a: "b".parse().unwrap(),
+            b: "c".parse().unwrap()
         }
     );
 }
@@ -211,12 +216,12 @@ fn invalid_layer_counts_give_clear_errors() {
 #[test]
 fn layer_counts_must_agree_with_pins() {
     let mut cons = layer_counts(&[("a", 20), ("b", 10)]);
-    cons.pinned_nodes = Some(vec!["a".into(), "c".into()]);
+    cons.pinned_nodes = Some(vec!["a".parse().unwrap(), "c".parse().unwrap()]);
     assert_eq!(
         best(&topo(), &card(), &cons).unwrap_err().error_type(),
         "invalid_constraints"
     );
-    cons.pinned_nodes = Some(vec!["b".into(), "a".into()]);
+    cons.pinned_nodes = Some(vec!["b".parse().unwrap(), "a".parse().unwrap()]);
     assert!(best(&topo(), &card(), &cons).is_ok());
     cons.keep_order = true;
     assert_eq!(

@@ -13,7 +13,7 @@ use shoal_testkit::rng::{Draw, SplitMix64 as Rng};
 
 fn random_card(rng: &mut Rng) -> ModelCard {
     ModelCard {
-        id: "random".into(),
+        id: "random".parse().unwrap(),
         n_layers: rng.range(1, 48) as usize,
         layer_bytes: rng.range(1, 1000) * 1_000_000,
         embed_bytes: rng.range(0, 500) * 1_000_000,
@@ -48,7 +48,7 @@ fn random_topology(rng: &mut Rng, card: &ModelCard) -> Topology {
         .map(|i| {
             let speed = rng.range(10, 5000) as f64;
             NodeInfo {
-                id: format!("node-{i}"),
+                id: format!("node-{i}").parse().unwrap(),
                 mem_available: model / 100 * rng.range(5, 120),
                 speed,
                 prefill_speed: rng.chance(50).then(|| speed * rng.range(1, 64) as f64),

@@ -50,8 +50,8 @@ fn too_big_for_one_node_splits_by_memory_ratio() {
     };
     let p = best(&topo, &card(), &auto()).unwrap();
     assert_eq!(counts(&p.stages), [("a", 18), ("b", 12)]);
-    assert_eq!(p.stages[0], Stage::cpu("a", 0, 18));
-    assert_eq!(p.stages[1], Stage::cpu("b", 18, 30));
+    assert_eq!(p.stages[0], Stage::cpu("a".parse().unwrap(), 0, 18));
+    assert_eq!(p.stages[1], Stage::cpu("b".parse().unwrap(), 18, 30));
     assert!(
         p.explanation
             .contains("2 stages: a layers 0–17 (18 layers, 18 GB of 24 GB"),

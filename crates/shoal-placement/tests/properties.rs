@@ -1,14 +1,14 @@
 //! Seeded randomized property tests over random topologies, model cards and constraints.
 
 use shoal_placement::{
-    Constraints, Link, LinkKind, ModelCard, NodeInfo, PlacementError, Topology, plan, predict,
-    split_layers,
+    Constraints, Link, LinkKind, ModelCard, NodeId, NodeInfo, PlacementError, Topology, plan,
+    predict, split_layers,
 };
 use shoal_testkit::rng::{Draw, SplitMix64 as Rng};
 
 fn random_card(rng: &mut Rng) -> ModelCard {
     ModelCard {
-        id: "random".into(),
+        id: "random".parse().unwrap(),
         n_layers: rng.range(1, 48) as usize,
         layer_bytes: rng.range(1, 1000) * 1_000_000,
         embed_bytes: rng.range(0, 500) * 1_000_000,
@@ -33,7 +33,7 @@ fn random_topology(rng: &mut Rng, card: &ModelCard) -> Topology {
     let model = card.total_bytes(0).max(1);
     let nodes: Vec<NodeInfo> = (0..n)
         .map(|i| NodeInfo {
-            id: format!("node-{i}"),
+            id: format!("node-{i}").parse().unwrap(),
             // between 5% and 120% of the model
             mem_available: model / 100 * rng.range(5, 120),
             speed: rng.range(10, 5000) as f64,
@@ -191,8 +191,8 @@ fn split_is_exact_and_within_capacity() {
         let kv = rng.range(0, 4096) as usize;
         let model = card.total_bytes(kv).max(1);
         let mems: Vec<u64> = (0..k).map(|_| model / 100 * rng.range(1, 100)).collect();
-        let names: Vec<String> = (0..k).map(|i| format!("n{i}")).collect();
-        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let names: Vec<NodeId> = (0..k).map(|i| format!("n{i}").parse().unwrap()).collect();
+        let names: Vec<&NodeId> = names.iter().collect();
         match split_layers(&card, &names, &mems, kv) {
             Ok(counts) => {
                 assert_eq!(counts.iter().sum::<usize>(), card.n_layers, "case {case}");
@@ -225,7 +225,7 @@ fn split_follows_memory_when_capacity_is_ample() {
         let n = rng.range(1, 100) as usize;
         let k = rng.range(1, 6.min(n as u64)) as usize;
         let card = ModelCard {
-            id: "m".into(),
+            id: "m".parse().unwrap(),
             n_layers: n,
             layer_bytes: 1,
             embed_bytes: 0,
@@ -244,7 +244,8 @@ fn split_follows_memory_when_capacity_is_ample() {
             attention_flops_per_position: 0,
         };
         let mems: Vec<u64> = (0..k).map(|_| rng.range(1000, 100_000)).collect();
-        let names = vec!["x"; k];
+        let x: NodeId = "x".parse().unwrap();
+        let names = vec![&x; k];
         let counts = split_layers(&card, &names, &mems, 0).unwrap();
         let total: u64 = mems.iter().sum();
         let shares: Vec<f64> = mems
@@ -272,7 +273,7 @@ fn random_manual_counts_are_taken_verbatim() {
         let k = rng.range(1, 3) as usize;
         let nodes: Vec<NodeInfo> = (0..k)
             .map(|i| NodeInfo {
-                id: format!("m{i}"),
+                id: format!("m{i}").parse().unwrap(),
                 mem_available: u64::MAX / 4,
                 speed: 100.0,
                 prefill_speed: None,
@@ -284,8 +285,8 @@ fn random_manual_counts_are_taken_verbatim() {
             .collect();
         let links = (1..k)
             .map(|i| Link {
-                a: format!("m{}", i - 1),
-                b: format!("m{i}"),
+                a: format!("m{}", i - 1).parse().unwrap(),
+                b: format!("m{i}").parse().unwrap(),
                 kind: LinkKind::Ethernet,
                 rtt_us: None,
                 bandwidth_bps: None,
@@ -301,7 +302,7 @@ fn random_manual_counts_are_taken_verbatim() {
                 rng.range(1, (left - (k - i - 1)) as u64) as usize
             };
             left -= c;
-            counts.push((format!("m{i}"), c));
+            counts.push((format!("m{i}").parse().unwrap(), c));
         }
         let cons = Constraints {
             layer_counts: Some(counts.clone()),
@@ -309,7 +310,7 @@ fn random_manual_counts_are_taken_verbatim() {
         };
         let all = plan(&topo, &card, &cons).unwrap();
         assert_eq!(all.len(), 1);
-        let got: Vec<(String, usize)> = all[0]
+        let got: Vec<(NodeId, usize)> = all[0]
             .stages
             .iter()
             .map(|s| (s.node.clone(), s.layers()))

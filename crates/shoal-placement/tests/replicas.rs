@@ -73,7 +73,7 @@ fn fewer_replicas_when_the_nodes_run_out_and_it_says_why() {
     }
     // Two big nodes left in the pool: the second replica does not fit on 16 GB alone.
     let pool = Constraints {
-        pinned_nodes: Some(vec!["big1".into(), "s1".into()]),
+        pinned_nodes: Some(vec!["big1".parse().unwrap(), "s1".parse().unwrap()]),
         ..Constraints::default()
     };
     let all = plan_replicas(&cluster(), &card(), &pool, 2).unwrap();
@@ -93,7 +93,7 @@ fn replica_requests_that_cannot_work_are_errors() {
     let err = plan_replicas(&cluster(), &card(), &Constraints::default(), 0).unwrap_err();
     assert_eq!(err.error_type(), "invalid_constraints");
     let manual = Constraints {
-        layer_counts: Some(vec![("big1".into(), 30)]),
+        layer_counts: Some(vec![("big1".parse().unwrap(), 30)]),
         ..Constraints::default()
     };
     let err = plan_replicas(&cluster(), &card(), &manual, 2).unwrap_err();

@@ -70,7 +70,7 @@ impl ModelRef {
             return Err(bad("control characters (NUL, newline) in a model name"));
         }
         let gguf = s.to_ascii_lowercase().ends_with(".gguf");
-        if looks_like_path(s) || (gguf && std::path::Path::new(s).exists()) {
+        if shoal_ids::looks_like_path(s) || (gguf && std::path::Path::new(s).exists()) {
             if !gguf {
                 return Err(bad(
                     "a model path must name a .gguf file (a model id names no path)",
@@ -120,17 +120,7 @@ fn expand_home(s: &str) -> PathBuf {
 pub const MAX_NAME_LEN: usize = 4096;
 
 /// The longest model id [`check_model_id`] takes.
-pub const MAX_ID_LEN: usize = 256;
-
-/// The longest folder name most file systems allow.
-const MAX_DIR_NAME_LEN: usize = 255;
-
-/// Text shaped like a file path rather than a model id: starting with `/`, `.` or `~`, or a `.gguf`
-/// name with fewer than two `/` (a hub file id is `org/repo/file.gguf`). Decided from the text alone.
-fn looks_like_path(s: &str) -> bool {
-    s.starts_with(['/', '.', '~'])
-        || (s.to_ascii_lowercase().ends_with(".gguf") && s.matches('/').count() < 2)
-}
+pub const MAX_ID_LEN: usize = shoal_ids::MAX_MODEL_ID_LEN;
 
 /// A file path inside a hub repository that stays inside it: `/`-separated names of letters, digits,
 /// `-`, `_` and `.`, none of them `.` or `..`.
@@ -229,29 +219,19 @@ impl HubRef {
 /// one rule every id goes through before it names a folder: the store's lookups and deletes, the
 /// node's downloads and the API's routes. Decided from the text alone.
 pub fn check_model_id(id: &str) -> Result<(), StoreError> {
-    let why = if id.is_empty() {
-        "empty"
-    } else if id.len() > MAX_ID_LEN || dir_name(id).len() > MAX_DIR_NAME_LEN {
-        "longer than 256 bytes"
-    } else if id.chars().any(|c| c.is_control() || c == '\\') {
-        "control characters (NUL, newline) or backslashes"
-    } else if id.split(['/', ':']).any(|p| p == ".." || p == ".") {
-        "it could name a folder outside the models dir ('..')"
-    } else if looks_like_path(id) {
-        "a file path (a model is named by its id: a catalog id or org/repo[:QUANT])"
-    } else {
-        return Ok(());
-    };
-    Err(StoreError::BadRef {
-        text: id.chars().take(80).collect(),
-        why: format!("not a model id: {why}"),
-    })
+    shoal_ids::ModelId::parse(id)
+        .map(drop)
+        .map_err(|e| StoreError::BadRef {
+            text: id.chars().take(80).collect(),
+            why: match e {
+                shoal_ids::IdError::Model { why, .. } => format!("not a model id: {why}"),
+                other => other.to_string(),
+            },
+        })
 }
 
 /// The models-dir folder of a model id: the id with `/` and `:` replaced by `--` (catalog ids unchanged).
-pub fn dir_name(id: &str) -> String {
-    id.replace(['/', ':'], "--")
-}
+pub use shoal_ids::dir_name;
 
 /// `-00001-of-00003.gguf`: a model split over several files (not supported yet).
 fn is_split(file: &str) -> bool {

@@ -15,6 +15,7 @@
 //! One fetch per model at a time (a second waits for the first, then finds most chunks verified). A
 //! cancelled or failed download keeps what was verified for the next run.
 
+use shoal_ids::ModelId;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -72,8 +73,8 @@ struct Inner {
     cluster: ClusterHandle,
     client: reqwest::Client,
     /// One lock per model: one fetch per model at a time.
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    running: Mutex<BTreeMap<String, Running>>,
+    locks: Mutex<HashMap<ModelId, Arc<tokio::sync::Mutex<()>>>>,
+    running: Mutex<BTreeMap<ModelId, Running>>,
     finished: Mutex<VecDeque<DownloadFacts>>,
     on_complete: Mutex<Option<OnComplete>>,
 }
@@ -149,12 +150,12 @@ impl Downloads {
 
     /// Brings `model` (or the part of it `want` says) here; the file to load from.
     pub async fn fetch(&self, model: &str, want: Want) -> Result<PathBuf, TransferError> {
-        check_id(&self.inner.store, model)?;
+        let id = check_id(&self.inner.store, model)?;
         if let Ok(path) = self.inner.store.model_file(model) {
             return Ok(path);
         }
         let model_lock = lock(&self.inner.locks)
-            .entry(model.to_string())
+            .entry(id.clone())
             .or_default()
             .clone();
         let _one_at_a_time = model_lock.lock().await;
@@ -164,7 +165,7 @@ impl Downloads {
         let (tx, rx) = watch::channel(FetchProgress::default());
         let cancel = CancellationToken::new();
         lock(&self.inner.running).insert(
-            model.to_string(),
+            id.clone(),
             Running {
                 progress: rx.clone(),
                 cancel: cancel.clone(),
@@ -172,7 +173,7 @@ impl Downloads {
         );
         let result = self.inner.bring(model, want, &tx, &cancel).await;
         lock(&self.inner.running).remove(model);
-        let mut facts = facts_of(model, &rx.borrow());
+        let mut facts = facts_of(&id, &rx.borrow());
         match &result {
             Ok(_) => facts.state = "done".into(),
             Err(TransferError::Cancelled) => facts.state = "cancelled".into(),
@@ -449,17 +450,17 @@ pub fn holders(snap: &Snapshot, me: &str, model: &str) -> Vec<PeerId> {
 /// A model id this node can keep in its models dir ([`Store::model_dir`]: a checked id whose folder, if
 /// there, is no symbolic link): never a path. Names reaching the store from here (a client's, a peer's)
 /// are parsed with [`ModelRef::parse_id`], which never yields a path nor looks at the disk.
-fn check_id(store: &Store, model: &str) -> Result<(), TransferError> {
+fn check_id(store: &Store, model: &str) -> Result<ModelId, TransferError> {
     store
         .model_dir(model)
-        .map(drop)
-        .map_err(|e| TransferError::Store(e.to_string()))
+        .map_err(|e| TransferError::Store(e.to_string()))?;
+    ModelId::parse(model).map_err(|e| TransferError::Store(e.to_string()))
 }
 
 /// The published form of one download's progress.
-fn facts_of(model: &str, p: &FetchProgress) -> DownloadFacts {
+fn facts_of(model: &ModelId, p: &FetchProgress) -> DownloadFacts {
     DownloadFacts {
-        model: model.to_string(),
+        model: model.clone(),
         state: String::new(),
         needed: p.needed,
         done: p.done,

@@ -51,7 +51,10 @@ fn model_cards(store: &Store, served: Option<&(String, PathBuf)>) -> Vec<ModelCa
         if cards.iter().any(|c: &ModelCard| c.id == id) {
             return;
         }
-        match shoal_pipeline::model_card(path, id) {
+        let card = shoal_ids::ModelId::parse(id)
+            .map_err(|e| e.to_string())
+            .and_then(|m| shoal_pipeline::model_card(path, &m).map_err(|e| e.to_string()));
+        match card {
             Ok(card) => cards.push(card),
             Err(e) => tracing::warn!(model = %id, "not offered to the cluster: {e}"),
         }
@@ -439,15 +442,14 @@ async fn place_here(
     model: &str,
 ) -> anyhow::Result<()> {
     let request = shoal_cluster::PlaceRequest {
-        model: model.to_string(),
-        nodes: Some(vec![cluster.id().to_string()]),
-        ..Default::default()
+        nodes: Some(vec![shoal_cluster::node_id(&cluster.id())]),
+        ..shoal_cluster::PlaceRequest::of(shoal_ids::ModelId::parse(model)?)
     };
     let record = cluster
         .place(request)
         .await
         .map_err(|e| anyhow::anyhow!("placing {model} on this node: {e}"))?;
-    let id = record.id.clone();
+    let id = record.id;
     let snap = cluster
         .wait_for(std::time::Duration::from_secs(600), |s| {
             let view = s.state.view();

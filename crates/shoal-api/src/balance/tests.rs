@@ -197,9 +197,14 @@ fn facts(id: &str) -> NodeFacts {
     .unwrap()
 }
 
+/// The instance id a test names `name`, as the balancer's candidates carry it.
+fn iid(name: &str) -> String {
+    shoal_cluster::InstanceId::derived_from(name).to_string()
+}
+
 fn record(id: &str, model: &str, node: &str, latency_us: f64) -> InstanceRecord {
     serde_json::from_value(serde_json::json!({
-        "id": id, "model": model, "stages": [{"node": node, "start": 0, "end": 30}],
+        "id": iid(id), "model": model, "stages": [{"node": node, "start": 0, "end": 30}],
         "predicted_token_latency_us": latency_us, "explanation": "",
     }))
     .unwrap()
@@ -211,14 +216,14 @@ fn snapshot(records: Vec<InstanceRecord>, loads: &[(&str, InstanceLoad)]) -> Sna
     let mut a = facts("a");
     let mut b = facts("b");
     for r in &records {
-        let f = if r.driver() == Some("a") {
+        let f = if r.driver().is_some_and(|d| d == "a") {
             &mut a
         } else {
             &mut b
         };
-        f.instances.insert(r.id.clone(), InstanceStatus::Ready);
-        if let Some((_, load)) = loads.iter().find(|(id, _)| *id == r.id) {
-            f.load.insert(r.id.clone(), load.clone());
+        f.instances.insert(r.id, InstanceStatus::Ready);
+        if let Some((_, load)) = loads.iter().find(|(id, _)| iid(id) == r.id.to_string()) {
+            f.load.insert(r.id, load.clone());
         }
     }
     let mut state = ClusterState::new(a);
@@ -261,7 +266,7 @@ fn candidates_come_from_ready_instances_with_published_load_and_speed() {
     assert_eq!(c.len(), 2, "{c:?}");
     assert_eq!(
         (c[0].instance.as_str(), &c[0].target, c[0].work, c[0].speed),
-        ("ia", &Target::Local, 4.0, 100.0),
+        (iid("ia").as_str(), &Target::Local, 4.0, 100.0),
         "the local engine's live count; the predicted speed (1e6 / 10 ms)"
     );
     assert_eq!(
@@ -291,7 +296,7 @@ fn candidates_come_from_ready_instances_with_published_load_and_speed() {
     // No engine registered here yet: only b.
     let c = candidates(&snap, "m", None);
     assert_eq!(c.len(), 1);
-    assert_eq!(c[0].instance, "ib");
+    assert_eq!(c[0].instance, iid("ib"));
     // An engine here with no instance of the table (local stages): it stands alone.
     let c = candidates(&snap, "n", Some(0.0));
     assert_eq!(c.len(), 2);

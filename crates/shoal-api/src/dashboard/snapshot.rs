@@ -368,7 +368,7 @@ fn downloads(facts: &[&Value]) -> Vec<DownloadView> {
                 let d: shoal_cluster::facts::DownloadFacts =
                     serde_json::from_value(d.clone()).ok()?;
                 Some(DownloadView {
-                    model: d.model,
+                    model: d.model.to_string(),
                     state: d.state,
                     needed: d.needed,
                     done: d.done,

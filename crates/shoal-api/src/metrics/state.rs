@@ -65,7 +65,7 @@ fn hosted_shares() {
 
 /// This node's resources.
 fn node(me: &NodeFacts) {
-    let id = me.id.clone();
+    let id = me.id.to_string();
     gauge!("shoal_node_info", "node" => id.clone(), "name" => me.name.clone(), "backend" => me.backend.clone(), "accelerator" => me.accelerator.clone())
         .set(1.0);
     for (index, g) in me.gpus.iter().enumerate() {
@@ -111,7 +111,7 @@ fn node(me: &NodeFacts) {
     }
     gauge!("shoal_node_models", "node" => id.clone()).set(me.models.len() as f64);
     for (instance, tokens) in &me.kv_capacity {
-        gauge!("shoal_kv_share_capacity_tokens", "node" => id.clone(), "instance_id" => instance.clone())
+        gauge!("shoal_kv_share_capacity_tokens", "node" => id.clone(), "instance_id" => instance.to_string())
             .set(*tokens as f64);
     }
 }
@@ -128,7 +128,7 @@ fn known(s: &str, values: &[&'static str]) -> &'static str {
 
 /// The cluster as this node sees it.
 fn cluster_view(me: &NodeFacts, view: &ClusterView, coordinator: bool) {
-    let id = me.id.clone();
+    let id = me.id.to_string();
     gauge!("shoal_cluster_nodes", "node" => id.clone()).set(view.nodes.len() as f64);
     gauge!("shoal_cluster_is_coordinator", "node" => id.clone()).set(if coordinator {
         1.0
@@ -150,9 +150,9 @@ fn cluster_view(me: &NodeFacts, view: &ClusterView, coordinator: bool) {
 
 /// This node's links to its peers.
 fn links(me: &NodeFacts, view: &ClusterView) {
-    let id = me.id.clone();
+    let id = me.id.to_string();
     for l in &me.links {
-        let peer = l.peer.clone();
+        let peer = l.peer.to_string();
         let peer_name = view
             .nodes
             .iter()
@@ -189,10 +189,10 @@ fn links(me: &NodeFacts, view: &ClusterView) {
 /// state of every stage it runs.
 fn instances(me: &NodeFacts, view: &ClusterView) {
     for i in &view.instances {
-        if i.record.driver() != Some(me.id.as_str()) {
+        if i.record.driver() != Some(&me.id) {
             continue;
         }
-        let (instance, model) = (i.record.id.clone(), i.record.model.clone());
+        let (instance, model) = (i.record.id.to_string(), i.record.model.to_string());
         for s in [
             InstanceState::Loading,
             InstanceState::Ready,
@@ -203,7 +203,7 @@ fn instances(me: &NodeFacts, view: &ClusterView) {
                 .set(if i.status == s { 1.0 } else { 0.0 });
         }
         for (n, st) in i.record.stages.iter().enumerate() {
-            gauge!("shoal_instance_stage_info", "instance_id" => instance.clone(), "model" => model.clone(), "stage" => n.to_string(), "node" => st.node.clone(), "start" => st.start.to_string(), "end" => st.end.to_string())
+            gauge!("shoal_instance_stage_info", "instance_id" => instance.clone(), "model" => model.clone(), "stage" => n.to_string(), "node" => st.node.to_string(), "start" => st.start.to_string(), "end" => st.end.to_string())
                 .set(1.0);
         }
         if let Some(rate) = i.predicted.decode_tok_s {
@@ -221,7 +221,7 @@ fn instances(me: &NodeFacts, view: &ClusterView) {
     }
     for (instance, status) in &me.instances {
         for s in ["downloading", "loading", "ready", "failed"] {
-            gauge!("shoal_stage_state", "node" => me.id.clone(), "instance_id" => instance.clone(), "state" => s)
+            gauge!("shoal_stage_state", "node" => me.id.to_string(), "instance_id" => instance.to_string(), "state" => s)
                 .set(if stage_state(status) == s { 1.0 } else { 0.0 });
         }
     }
@@ -230,8 +230,8 @@ fn instances(me: &NodeFacts, view: &ClusterView) {
 /// This node's downloads.
 fn downloads(me: &NodeFacts) {
     for d in &me.downloads {
-        let model = d.model.clone();
-        let node = me.id.clone();
+        let model = d.model.to_string();
+        let node = me.id.to_string();
         gauge!("shoal_download_needed_bytes", "node" => node.clone(), "model" => model.clone())
             .set(d.needed as f64);
         gauge!("shoal_download_done_bytes", "node" => node.clone(), "model" => model.clone())

@@ -84,7 +84,7 @@ pub fn known(state: &ApiState, wanted: &dyn Fn(&str) -> bool) -> Vec<Known> {
                     continue;
                 }
                 out.push(Known {
-                    id: card.id.clone(),
+                    id: card.id.to_string(),
                     file: None,
                     size: card.stage_bytes(card.n_layers, true, true, 0),
                     digest: String::new(),

@@ -380,3 +380,27 @@ async fn earlier_thoughts_sent_back_are_rendered_before_their_call() {
     let thought = input(post("/v1/messages", anthropic(true)).await.json());
     assert_eq!(thought - plain, with - without);
 }
+
+/// The Responses API puts the analysis in a `reasoning` item (its `reasoning.effort` is the
+/// template's), streamed as `response.reasoning_text.delta`.
+#[tokio::test]
+async fn responses_put_the_analysis_in_a_reasoning_item() {
+    let body = json!({"model": MODEL, "input": "What is 7 times 8?", "max_output_tokens": 16,
+        "temperature": 0, "reasoning": {"effort": "high"}});
+    let v = post("/v1/responses", body.clone()).await.json();
+    assert_eq!(v["output"][0]["type"], "reasoning", "{v}");
+    let thoughts = v["output"][0]["content"][0]["text"]
+        .as_str()
+        .expect("reasoning text");
+    assert!(!thoughts.is_empty() && clean(thoughts), "{v}");
+    let mut streamed = body;
+    merge(&mut streamed, json!({"stream": true}));
+    let reply = post("/v1/responses", streamed).await;
+    let deltas: String = crate::common::sse_data(&reply.body)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|e| e["type"] == "response.reasoning_text.delta")
+        .map(|e| e["delta"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(deltas, thoughts);
+}

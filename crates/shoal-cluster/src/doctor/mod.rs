@@ -81,6 +81,7 @@ impl DoctorOptions {
 /// A peer to check.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PeerTarget {
+    /// The peer's node id, or a static peer's address when it was never reached.
     pub id: String,
     /// Its host name, when its facts are known.
     pub name: Option<String>,
@@ -95,6 +96,7 @@ pub struct PeerTarget {
 /// What was measured to one peer. Rates in bits per second, times in milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PeerReport {
+    /// As [`PeerTarget::id`].
     pub id: String,
     pub name: Option<String>,
     pub addr: Option<String>,

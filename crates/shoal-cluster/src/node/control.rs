@@ -2,6 +2,7 @@
 
 use libp2p::request_response::{self, OutboundFailure, OutboundRequestId, ResponseChannel};
 use libp2p::{Multiaddr, PeerId};
+use shoal_ids::{InstanceId, NodeId};
 
 use super::handle::Command;
 use super::{NetTask, Pending, is_unspecified, random_id};
@@ -148,7 +149,7 @@ impl NetTask {
     }
 
     /// A peer's member list: dials the members this node is not connected to.
-    fn on_members(&mut self, list: Vec<(String, Vec<String>)>) {
+    fn on_members(&mut self, list: Vec<(NodeId, Vec<String>)>) {
         for (id, addrs) in list {
             let Ok(pid) = id.parse::<PeerId>() else {
                 continue;
@@ -182,7 +183,7 @@ impl NetTask {
 
     /// Removes instance `id` from this node's table (as the coordinator) and tells everyone if it was
     /// there.
-    fn remove_here(&mut self, id: &str) -> Result<bool, ClusterError> {
+    fn remove_here(&mut self, id: &InstanceId) -> Result<bool, ClusterError> {
         let removed = self.state.remove(id)?;
         if removed {
             self.broadcast_table();
@@ -294,7 +295,7 @@ impl NetTask {
     }
 
     /// This node's load state for one instance (`None`: no longer part of it), published on change.
-    fn set_status(&mut self, instance: String, status: Option<InstanceStatus>) {
+    fn set_status(&mut self, instance: InstanceId, status: Option<InstanceStatus>) {
         let me = self.state.me_mut();
         let changed = match status {
             Some(s) => me.instances.insert(instance, s.clone()) != Some(s),

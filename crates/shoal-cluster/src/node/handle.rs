@@ -1,6 +1,7 @@
 //! [`ClusterHandle`]: how the rest of the node talks to the network task, and the [`Snapshot`] of the
 //! cluster it publishes after every change.
 
+use shoal_ids::{InstanceId, NodeId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,7 +53,7 @@ impl Snapshot {
 /// `GET /state`: `cluster` is the same on every member; the rest is this node's own.
 #[derive(Debug, Clone, Serialize)]
 pub struct StateJson {
-    pub node: String,
+    pub node: NodeId,
     pub cluster: ClusterView,
     pub listen_addrs: Vec<String>,
     pub static_peers: Vec<StaticPeer>,
@@ -63,10 +64,10 @@ pub(super) type Reply<T> = oneshot::Sender<Result<T, ClusterError>>;
 
 pub(super) enum Command {
     Place(PlaceRequest, Reply<Vec<InstanceRecord>>),
-    Remove(String, Reply<bool>),
-    SetStatus(String, Option<InstanceStatus>),
-    SetKvCapacity(String, u64),
-    SetLoad(String, Option<InstanceLoad>),
+    Remove(InstanceId, Reply<bool>),
+    SetStatus(InstanceId, Option<InstanceStatus>),
+    SetKvCapacity(InstanceId, u64),
+    SetLoad(InstanceId, Option<InstanceLoad>),
     SetDownloads(Vec<DownloadFacts>),
     SetModels(Vec<ModelCard>),
     SetCompute(ComputeFacts),
@@ -204,7 +205,7 @@ impl ClusterHandle {
         req: PlaceRequest,
     ) -> Result<Vec<InstanceRecord>, ClusterError> {
         let records = self.ask(|tx| Command::Place(req, tx)).await?;
-        let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
+        let ids: Vec<InstanceId> = records.iter().map(|r| r.id).collect();
         self.wait_for(TABLE_PROPAGATION, |s| {
             let table = &s.state.table().instances;
             ids.iter().all(|id| table.iter().any(|i| &i.id == id)) && everyone_has_table(s)
@@ -221,12 +222,12 @@ impl ClusterHandle {
     /// Removes an instance (through the coordinator); `Ok(false)` when there is none. Returns once this
     /// node's table no longer has it and every member holds that table (or [`TABLE_PROPAGATION`]
     /// passed): a coordinator killed right after cannot hand over a table that still has it. A failure is a [`ClusterError::Remove`].
-    pub async fn remove(&self, id: String) -> Result<bool, ClusterError> {
+    pub async fn remove(&self, id: InstanceId) -> Result<bool, ClusterError> {
         let removed = self
-            .ask(|tx| Command::Remove(id.clone(), tx))
+            .ask(|tx| Command::Remove(id, tx))
             .await
             .map_err(|reason| ClusterError::Remove {
-                id: id.clone(),
+                id,
                 reason: Box::new(reason),
             })?;
         self.wait_for(TABLE_PROPAGATION, |s| {
@@ -237,7 +238,7 @@ impl ClusterHandle {
     }
 
     /// Publishes this node's load state for one instance (`None`: no longer part of it).
-    pub async fn set_status(&self, instance: String, status: Option<InstanceStatus>) {
+    pub async fn set_status(&self, instance: InstanceId, status: Option<InstanceStatus>) {
         let _ = self
             .commands
             .send(Command::SetStatus(instance, status))
@@ -245,7 +246,7 @@ impl ClusterHandle {
     }
 
     /// Publishes the KV tokens a stage hosted here has room for (cleared with the instance's status).
-    pub async fn set_kv_capacity(&self, instance: String, tokens: u64) {
+    pub async fn set_kv_capacity(&self, instance: InstanceId, tokens: u64) {
         let _ = self
             .commands
             .send(Command::SetKvCapacity(instance, tokens))
@@ -254,7 +255,7 @@ impl ClusterHandle {
 
     /// Publishes what an instance this node drives is doing (`None`: it no longer runs here). Sent with
     /// the next periodic facts (every second), not at once: it changes with every request.
-    pub async fn set_load(&self, instance: String, load: Option<InstanceLoad>) {
+    pub async fn set_load(&self, instance: InstanceId, load: Option<InstanceLoad>) {
         let _ = self.commands.send(Command::SetLoad(instance, load)).await;
     }
 

@@ -13,6 +13,7 @@
 //!   member and is not removed — it is then handed the current key; from anyone else it is closed at
 //!   once and whatever it sends is ignored.
 
+use shoal_ids::NodeId;
 use std::time::Duration;
 
 use libp2p::PeerId;
@@ -38,7 +39,7 @@ impl NetTask {
         connection: ConnectionId,
         stale: Option<u64>,
     ) -> bool {
-        let id = peer.to_string();
+        let id = super::node_id(&peer);
         let mut ring = self.keys.ring.write().unwrap_or_else(|e| e.into_inner());
         let Some(epoch) = stale else {
             // It holds the current key: a member (one that may come back later with this key).
@@ -71,7 +72,7 @@ impl NetTask {
     /// to the removed node it is still connected to.
     pub(super) fn send_keys(&mut self, peer: PeerId) {
         let offer = self.ring_offer();
-        if offer.excludes.contains(&peer.to_string()) {
+        if offer.excludes.contains(&super::node_id(&peer)) {
             return;
         }
         self.send(peer, ControlMsg::Rekey(Box::new(offer)));
@@ -128,13 +129,13 @@ impl NetTask {
         if !(own || self.state.is_coordinator() && waited) {
             return;
         }
-        let removed: Vec<String> = self.removed.list().iter().map(|r| r.id.clone()).collect();
+        let removed: Vec<NodeId> = self.removed.list().iter().map(|r| r.id.clone()).collect();
         let rotated = {
             let mut ring = self.keys.ring.write().unwrap_or_else(|e| e.into_inner());
-            if ring.excludes_all(removed.iter().map(String::as_str)) {
+            if ring.excludes_all(&removed) {
                 return;
             }
-            match ring.rotate(removed.iter().map(String::as_str)) {
+            match ring.rotate(&removed) {
                 Ok(key) => key.epoch,
                 Err(e) => {
                     tracing::error!(

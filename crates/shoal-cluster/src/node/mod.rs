@@ -18,6 +18,7 @@
 //! [`start`] builds the swarm, binds the listeners, gathers this node's facts ([`local_facts`]) and
 //! spawns the task.
 
+use shoal_ids::{InstanceId, NodeId};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -157,11 +158,16 @@ fn ip_of(addr: &Multiaddr) -> Option<IpAddr> {
     })
 }
 
-fn random_id() -> String {
+fn random_id() -> InstanceId {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(Instant::now().elapsed().as_nanos() ^ u128::from(unix_now()));
-    format!("{:016x}", h.finish())
+    InstanceId::from_u64(h.finish())
+}
+
+/// The node id of a libp2p peer: its base58 text, which is always a valid [`NodeId`].
+pub fn node_id(peer: &PeerId) -> NodeId {
+    NodeId::parse(&peer.to_string()).expect("a peer id's base58 text is a node id")
 }
 
 /// Starts the node: loads (or creates) its identity, listens, and spawns the network task on the current
@@ -204,7 +210,7 @@ pub async fn start(config: ClusterConfig) -> Result<ClusterHandle, ClusterError>
 pub fn local_facts(id: PeerId, config: &ClusterConfig) -> NodeFacts {
     let (mem, cores) = facts::local_resources();
     NodeFacts {
-        id: id.to_string(),
+        id: node_id(&id),
         name: sysinfo::System::host_name().unwrap_or_else(|_| "node".into()),
         api_url: config.api_url.clone(),
         addrs: Vec::new(),

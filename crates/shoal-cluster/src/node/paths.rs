@@ -491,16 +491,20 @@ mod tests {
         p.add(c(3), ip("10.0.0.2"), Instant::now());
         p.set_bandwidth(c(1), 1e9);
         p.set_bandwidth(c(2), 1e6);
+        let (inst, other) = (
+            shoal_ids::InstanceId::from_u64(1),
+            shoal_ids::InstanceId::from_u64(2),
+        );
         let streams = super::super::pathstream::StreamsOn {
-            instances: HashMap::from([(c(3), vec!["inst".to_string(), "other".to_string()])]),
-            relayed: HashMap::from([(c(3), vec!["other".to_string()])]),
+            instances: HashMap::from([(c(3), vec![inst, other])]),
+            relayed: HashMap::from([(c(3), vec![other])]),
         };
         let facts = p.facts(&streams);
         assert_eq!(facts.len(), 2);
         assert_eq!(facts[0].addr, "10.0.0.2");
         assert!(facts[0].preferred && !facts[1].preferred);
-        assert_eq!(facts[0].instances, ["inst", "other"]);
-        assert_eq!(facts[0].relayed, ["other"]);
+        assert_eq!(facts[0].instances, [inst, other]);
+        assert_eq!(facts[0].relayed, [other]);
         assert!(facts[1].relayed.is_empty());
         assert_eq!(facts[0].bandwidth_bps, Some(1e9));
         let book = PathBook::collect([(&PeerId::random(), &p)].into_iter());

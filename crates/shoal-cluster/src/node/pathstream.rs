@@ -12,6 +12,7 @@
 //! path per peer), streams opened on a path, and a [`PathLease`] per stream so the published path facts
 //! say which instances' hops run on which path ([`PathUses`]).
 
+use shoal_ids::InstanceId;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -242,29 +243,29 @@ pub struct PathUses {
 }
 
 /// Per connection, per instance: its streams there, and how many of them are relayed.
-type UsesByConnection = HashMap<ConnectionId, BTreeMap<String, (usize, usize)>>;
+type UsesByConnection = HashMap<ConnectionId, BTreeMap<InstanceId, (usize, usize)>>;
 
 /// The instances with data-plane streams on each connection, and those of them whose frames go through
 /// the connection itself (relayed: no direct connection could be made).
 #[derive(Debug, Default)]
 pub struct StreamsOn {
-    pub instances: HashMap<ConnectionId, Vec<String>>,
-    pub relayed: HashMap<ConnectionId, Vec<String>>,
+    pub instances: HashMap<ConnectionId, Vec<InstanceId>>,
+    pub relayed: HashMap<ConnectionId, Vec<InstanceId>>,
 }
 
 impl PathUses {
-    fn lease(&self, connection: ConnectionId, instance: &str) -> PathLease {
+    fn lease(&self, connection: ConnectionId, instance: &InstanceId) -> PathLease {
         if let Ok(mut m) = self.inner.lock() {
             m.entry(connection)
                 .or_default()
-                .entry(instance.to_string())
+                .entry(*instance)
                 .or_default()
                 .0 += 1;
         }
         PathLease {
             uses: self.clone(),
             connection,
-            instance: instance.to_string(),
+            instance: *instance,
             relayed: false,
         }
     }
@@ -277,10 +278,10 @@ impl PathUses {
         let mut out = StreamsOn::default();
         for (c, users) in m.iter() {
             out.instances.insert(*c, users.keys().cloned().collect());
-            let relayed: Vec<String> = users
+            let relayed: Vec<InstanceId> = users
                 .iter()
                 .filter(|(_, (_, r))| *r > 0)
-                .map(|(i, _)| i.clone())
+                .map(|(i, _)| *i)
                 .collect();
             if !relayed.is_empty() {
                 out.relayed.insert(*c, relayed);
@@ -294,7 +295,7 @@ impl PathUses {
 pub struct PathLease {
     uses: PathUses,
     connection: ConnectionId,
-    instance: String,
+    instance: InstanceId,
     relayed: bool,
 }
 
@@ -367,7 +368,7 @@ impl Paths {
         &self,
         peer: PeerId,
         protocol: StreamProtocol,
-        instance: &str,
+        instance: &InstanceId,
     ) -> Result<PathStream, PathStreamError> {
         let path = self
             .book()
@@ -382,7 +383,7 @@ impl Paths {
         peer: PeerId,
         path: PathId,
         protocol: StreamProtocol,
-        instance: &str,
+        instance: &InstanceId,
     ) -> Result<PathStream, PathStreamError> {
         let stream = self
             .control

@@ -270,7 +270,7 @@ impl Peers {
                 let link = p.link.as_ref()?;
                 let best = link.paths.preferred().map(|(_, path)| path);
                 Some(LinkFacts {
-                    peer: id.to_string(),
+                    peer: super::node_id(id),
                     kind: link.kind,
                     rtt_us: best.and_then(|b| b.rtt).map(|d| d.as_secs_f64() * 1e6),
                     bandwidth_bps: best.and_then(|b| b.bandwidth).or(p.bandwidth),

@@ -271,7 +271,7 @@ mod tests {
         );
         let old = SharedKeys::new(KeyRing::load(da.path(), "k0"));
         let mut ring = KeyRing::load(db.path(), "k0");
-        ring.rotate(["x"]).unwrap();
+        ring.rotate(&["x".parse().unwrap()]).unwrap();
         let rotated = SharedKeys::new(ring);
         let stranger = SharedKeys::new(KeyRing::load(dc.path(), "other"));
 

@@ -94,8 +94,8 @@ impl NetTask {
             .collect();
         let node = match matches.as_slice() {
             [one] => one.clone(),
-            [] if query.parse::<PeerId>().is_ok() => RemovedNode {
-                id: query.to_string(),
+            [] if let Ok(peer) = query.parse::<PeerId>() => RemovedNode {
+                id: super::node_id(&peer),
                 name: String::new(),
                 at: crate::clock::unix_now(),
             },
@@ -117,7 +117,7 @@ impl NetTask {
                 });
             }
         };
-        if node.id == self.id.to_string() {
+        if node.id == super::node_id(&self.id) {
             return Err(ClusterError::NodeRefused {
                 message: "a node cannot remove itself: run `shoal remove` against another member"
                     .into(),

@@ -30,6 +30,7 @@
 //! whose removal would let it fit (largest first, then dropping any not needed) and turns the error
 //! into [`PlaceError::NeedsEviction`], which names them.
 
+use shoal_ids::InstanceId;
 use shoal_placement::ModelCard;
 
 use super::{ClusterState, DEFAULT_KV_RESERVE_TOKENS};
@@ -137,9 +138,9 @@ impl ClusterState {
 
     /// This state without the instances `ids` (what the cluster would look like had they been
     /// removed): for planning as if they were gone.
-    pub fn without_instances(&self, ids: &[&str]) -> Self {
+    pub fn without_instances(&self, ids: &[InstanceId]) -> Self {
         let mut s = self.clone();
-        s.table.instances.retain(|i| !ids.contains(&i.id.as_str()));
+        s.table.instances.retain(|i| !ids.contains(&i.id));
         s
     }
 
@@ -148,24 +149,24 @@ impl ClusterState {
     /// every one not needed dropped again). Errors that removing every instance would not cure come
     /// back as they are.
     pub fn name_evictions(&self, req: &PlaceRequest, err: PlaceError) -> PlaceError {
-        let fits = |ids: &[&str]| self.without_instances(ids).previews(req).is_ok();
-        let mut by_size: Vec<(&str, u64)> = self
+        let fits = |ids: &[InstanceId]| self.without_instances(ids).previews(req).is_ok();
+        let mut by_size: Vec<(InstanceId, u64)> = self
             .table
             .instances
             .iter()
             .map(|i| {
                 let sizes = self.stage_sizes(i, None).into_iter().map(|s| s.1);
-                (i.id.as_str(), sizes.fold(0u64, u64::saturating_add))
+                (i.id, sizes.fold(0u64, u64::saturating_add))
             })
             .collect();
-        let all: Vec<&str> = by_size.iter().map(|(id, _)| *id).collect();
+        let all: Vec<InstanceId> = by_size.iter().map(|(id, _)| *id).collect();
         if all.is_empty() || !fits(&all) {
             return err;
         }
-        by_size.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        let mut evict: Vec<&str> = Vec::new();
+        by_size.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut evict: Vec<InstanceId> = Vec::new();
         for (id, _) in &by_size {
-            evict.push(id);
+            evict.push(*id);
             if fits(&evict) {
                 break;
             }

@@ -17,6 +17,7 @@
 
 use super::ClusterState;
 use crate::proto::{InstanceRecord, InstanceTable};
+use shoal_ids::InstanceId;
 
 /// How many removed instance ids a table remembers (the oldest are forgotten first). A table that
 /// missed more removals than this could bring one back; every table crosses the cluster each second,
@@ -60,8 +61,8 @@ impl ClusterState {
                 changed = true;
             }
         }
-        let known = |t: &InstanceTable, id: &str| {
-            t.instances.iter().any(|i| i.id == id) || t.removed.iter().any(|r| r == id)
+        let known = |t: &InstanceTable, id: &InstanceId| {
+            t.instances.iter().any(|i| i.id == *id) || t.removed.iter().any(|r| r == id)
         };
         let new: Vec<InstanceRecord> = other
             .instances
@@ -71,13 +72,13 @@ impl ClusterState {
         if new.is_empty() {
             return changed;
         }
-        let is_new = |id: &str| new.iter().any(|i| i.id == id);
+        let is_new = |id: &InstanceId| new.iter().any(|i| i.id == *id);
         for id in other.movable.iter().filter(|id| is_new(id)) {
             self.mark_movable(id);
         }
         for id in other.draining.iter().filter(|id| is_new(id)) {
             if !self.is_draining(id) {
-                self.table.draining.push(id.clone());
+                self.table.draining.push(*id);
             }
         }
         for m in other.moves {
@@ -91,15 +92,15 @@ impl ClusterState {
 
     /// Takes instance `id` out of the table, with its bookkeeping (movable, moves, draining), and
     /// remembers the removal so that no merge brings it back. Bumping the version is the caller's.
-    pub(crate) fn forget_instance(&mut self, id: &str) {
+    pub(crate) fn forget_instance(&mut self, id: &InstanceId) {
         let t = &mut self.table;
-        t.instances.retain(|i| i.id != id);
+        t.instances.retain(|i| i.id != *id);
         t.movable.retain(|m| m != id);
         t.draining.retain(|d| d != id);
-        t.moves.retain(|m| m.old != id && m.new != id);
+        t.moves.retain(|m| m.old != *id && m.new != *id);
         self.drain_starts.remove(id);
         if !t.removed.iter().any(|r| r == id) {
-            t.removed.push(id.to_string());
+            t.removed.push(*id);
         }
         let excess = t.removed.len().saturating_sub(REMEMBERED_REMOVALS);
         t.removed.drain(..excess);

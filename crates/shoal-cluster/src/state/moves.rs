@@ -9,6 +9,7 @@
 //! instance that fails is dropped and the old one stays ([`ClusterState::advance_moves`]). Pinned
 //! instances never move: the user's pins win.
 
+use shoal_ids::InstanceId;
 use std::time::{Duration, Instant};
 
 use super::{ClusterState, InstanceState};
@@ -34,20 +35,20 @@ pub(crate) struct DrainStart {
 
 impl ClusterState {
     /// Records that `id` was placed automatically (the coordinator may move it later).
-    pub(crate) fn mark_movable(&mut self, id: &str) {
+    pub(crate) fn mark_movable(&mut self, id: &InstanceId) {
         if !self.table.movable.iter().any(|m| m == id) {
-            self.table.movable.push(id.to_string());
+            self.table.movable.push(*id);
         }
     }
 
     /// Whether instance `id` is draining (taking no new requests).
-    pub fn is_draining(&self, id: &str) -> bool {
+    pub fn is_draining(&self, id: &InstanceId) -> bool {
         self.table.draining.iter().any(|d| d == id)
     }
 
     /// Solves the placement of every movable, ready instance again and starts a move where a placement
     /// is predicted faster by [`MOVE_MARGIN`] (one move per model at a time). True when the table changed.
-    pub fn plan_moves(&mut self, mut new_id: impl FnMut() -> String) -> bool {
+    pub fn plan_moves(&mut self, mut new_id: impl FnMut() -> InstanceId) -> bool {
         if !self.is_coordinator() {
             return false;
         }
@@ -78,9 +79,8 @@ impl ClusterState {
                 continue;
             };
             let req = PlaceRequest {
-                model: rec.model.clone(),
                 goal: Some(goal),
-                ..PlaceRequest::default()
+                ..PlaceRequest::of(rec.model.clone())
             };
             let Ok(previews) = self.previews(&req) else {
                 continue;
@@ -103,9 +103,9 @@ impl ClusterState {
         }
         for (old, best) in started {
             let id = new_id();
-            let record = InstanceRecord::placed(id.clone(), old.model.clone(), best);
+            let record = InstanceRecord::placed(id, old.model.clone(), best);
             self.table.instances.push(record);
-            self.table.movable.push(id.clone());
+            self.table.movable.push(id);
             self.table.moves.push(Move {
                 old: old.id,
                 new: id,
@@ -133,17 +133,17 @@ impl ClusterState {
         }
         let before = self.table.clone();
         let view = self.view();
-        let status = |id: &str| {
+        let status = |id: &InstanceId| {
             view.instances
                 .iter()
-                .find(|i| i.record.id == id)
+                .find(|i| i.record.id == *id)
                 .map(|i| i.status)
         };
         for m in self.table.moves.clone() {
             match (status(&m.old), status(&m.new)) {
                 (Some(_), Some(InstanceState::Ready)) if !self.is_draining(&m.old) => {
                     tracing::info!(old = %m.old, new = %m.new, "new placement ready: the old instance drains");
-                    self.table.draining.push(m.old.clone());
+                    self.table.draining.push(m.old);
                 }
                 (_, Some(InstanceState::Failed)) => {
                     tracing::warn!(old = %m.old, new = %m.new, "the new placement failed to load: keeping the old one");
@@ -158,7 +158,7 @@ impl ClusterState {
                 self.forget_instance(&id);
             }
         }
-        let present = |id: &String, t: &[InstanceRecord]| t.iter().any(|i| &i.id == id);
+        let present = |id: &InstanceId, t: &[InstanceRecord]| t.iter().any(|i| &i.id == id);
         let instances = self.table.instances.clone();
         self.table.draining.retain(|id| present(id, &instances));
         self.table.movable.retain(|id| present(id, &instances));
@@ -177,25 +177,22 @@ impl ClusterState {
 
     /// Whether draining instance `id` may leave: its driver reported it idle after draining began, or it
     /// has drained long enough.
-    fn drained(&mut self, id: &str, now: Instant) -> bool {
+    fn drained(&mut self, id: &InstanceId, now: Instant) -> bool {
         let Some(driver) = self
             .table
             .instances
             .iter()
-            .find(|i| i.id == id)
-            .and_then(|i| i.driver().map(str::to_string))
+            .find(|i| i.id == *id)
+            .and_then(|i| i.driver().cloned())
         else {
             return true;
         };
         let facts = self.facts_of(&driver).cloned();
         let seq = facts.as_ref().map_or(0, |f| f.seq);
-        let start = *self
-            .drain_starts
-            .entry(id.to_string())
-            .or_insert(DrainStart {
-                at: now,
-                driver_seq: seq,
-            });
+        let start = *self.drain_starts.entry(*id).or_insert(DrainStart {
+            at: now,
+            driver_seq: seq,
+        });
         let waited = now.saturating_duration_since(start.at);
         if waited >= DRAIN_LIMIT {
             tracing::warn!(instance = %id, "drain took too long: its remaining requests end");

@@ -9,6 +9,7 @@
 //! [`PlaceError::TooFewReplicas`] says how many did and why the next one did not (a client that wants
 //! what fits asks again with that number).
 
+use shoal_ids::InstanceId;
 use shoal_placement::{Constraints, ModelCard, Placement, PlacementError, Topology};
 
 use super::{ClusterState, constraints};
@@ -83,7 +84,7 @@ impl ClusterState {
     pub fn place_replicas(
         &mut self,
         req: &PlaceRequest,
-        mut new_id: impl FnMut() -> String,
+        mut new_id: impl FnMut() -> InstanceId,
     ) -> Result<Vec<InstanceRecord>, ClusterError> {
         self.check_coordinator()?;
         let records: Vec<InstanceRecord> = self
@@ -153,9 +154,8 @@ mod tests {
 
     fn replicas(n: usize) -> PlaceRequest {
         PlaceRequest {
-            model: "m".into(),
             replicas: Some(n),
-            ..PlaceRequest::default()
+            ..PlaceRequest::of("m".parse().unwrap())
         }
     }
 
@@ -171,7 +171,7 @@ mod tests {
         let placed = s
             .place_replicas(&replicas(3), || {
                 n += 1;
-                format!("r{n}")
+                InstanceId::derived_from(&format!("r{n}"))
             })
             .unwrap();
         assert_eq!(placed.len(), 3);
@@ -182,8 +182,8 @@ mod tests {
         nodes.sort_unstable();
         assert_eq!(nodes, ["a", "b", "c"], "one whole-model replica per node");
         assert_eq!(s.table().version, version + 1, "one change of the table");
-        let ids: Vec<&str> = s.table().instances.iter().map(|i| i.id.as_str()).collect();
-        assert_eq!(ids, ["r1", "r2", "r3"]);
+        let ids: Vec<InstanceId> = s.table().instances.iter().map(|i| i.id).collect();
+        assert_eq!(ids, ["r1", "r2", "r3"].map(InstanceId::derived_from));
     }
 
     #[test]
@@ -191,15 +191,14 @@ mod tests {
         let mut s = cluster("a", &["b", "c"]);
         let first = s
             .place(
-                &PlaceRequest {
-                    model: "m".into(),
-                    ..PlaceRequest::default()
-                },
-                "first".into(),
+                &PlaceRequest::of("m".parse().unwrap()),
+                InstanceId::derived_from("first"),
             )
             .unwrap();
         let driver = first.stages[0].node.clone();
-        let placed = s.place_replicas(&replicas(2), || "r".into()).unwrap();
+        let placed = s
+            .place_replicas(&replicas(2), || InstanceId::derived_from("r"))
+            .unwrap();
         for r in &placed {
             assert!(r.stages.iter().all(|st| st.node != driver), "{r:?}");
         }
@@ -213,7 +212,9 @@ mod tests {
     #[test]
     fn too_many_replicas_place_nothing_and_say_how_many_fit() {
         let mut s = cluster("a", &["b"]);
-        let err = s.place_replicas(&replicas(3), || "x".into()).unwrap_err();
+        let err = s
+            .place_replicas(&replicas(3), || InstanceId::derived_from("x"))
+            .unwrap_err();
         let ClusterError::Place(PlaceError::TooFewReplicas {
             asked, fit, model, ..
         }) = &err
@@ -233,7 +234,7 @@ mod tests {
     fn nodes_bound_the_pool_and_bad_combinations_are_refused() {
         let s = cluster("a", &["b", "c"]);
         let mut req = replicas(2);
-        req.nodes = Some(vec!["b".into(), "c".into()]);
+        req.nodes = Some(vec!["b".parse().unwrap(), "c".parse().unwrap()]);
         let p = s.replica_previews(&req).unwrap();
         let mut used: Vec<&str> = p.iter().flat_map(nodes_of).collect();
         used.sort_unstable();
@@ -278,10 +279,7 @@ mod tests {
 
     #[test]
     fn a_replica_request_reads_the_same_as_before_without_replicas() {
-        let plain = PlaceRequest {
-            model: "m".into(),
-            ..PlaceRequest::default()
-        };
+        let plain = PlaceRequest::of("m".parse().unwrap());
         let json = serde_json::to_string(&plain).unwrap();
         assert!(!json.contains("replicas"), "{json}");
         let back: PlaceRequest = serde_json::from_str(r#"{"model":"m","replicas":2}"#).unwrap();

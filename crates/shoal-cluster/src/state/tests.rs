@@ -6,7 +6,7 @@ use shoal_placement::LinkKind;
 
 fn card() -> ModelCard {
     ModelCard {
-        id: "m".into(),
+        id: "m".parse().unwrap(),
         n_layers: 30,
         layer_bytes: 2_000_000,
         embed_bytes: 10_000_000,
@@ -36,7 +36,7 @@ pub(super) fn link_of_test(peer: &str) -> LinkFacts {
 
 fn facts(id: &str, seq: u64) -> NodeFacts {
     NodeFacts {
-        id: id.into(),
+        id: id.parse().unwrap(),
         name: id.into(),
         api_url: None,
         addrs: vec![],
@@ -71,7 +71,7 @@ fn facts(id: &str, seq: u64) -> NodeFacts {
 
 fn link(peer: &str) -> LinkFacts {
     LinkFacts {
-        peer: peer.into(),
+        peer: peer.parse().unwrap(),
         kind: LinkKind::Ethernet,
         rtt_us: None,
         bandwidth_bps: None,
@@ -101,10 +101,9 @@ pub(super) fn cluster(me: &str, peers: &[&str]) -> ClusterState {
 
 fn manual(nodes: &[&str], layers: &[usize]) -> PlaceRequest {
     PlaceRequest {
-        model: "m".into(),
-        nodes: Some(nodes.iter().map(|s| String::from(*s)).collect()),
+        nodes: Some(nodes.iter().map(|s| s.parse().unwrap()).collect()),
         layers: Some(layers.to_vec()),
-        ..PlaceRequest::default()
+        ..PlaceRequest::of("m".parse().unwrap())
     }
 }
 
@@ -147,7 +146,10 @@ fn older_facts_never_replace_newer_ones_but_a_restart_does() {
 fn manual_placement_and_removal_bump_the_version() {
     let mut s = cluster("a", &["b", "c"]);
     let r = s
-        .place(&manual(&["a", "b", "c"], &[10, 10, 10]), "i1".into())
+        .place(
+            &manual(&["a", "b", "c"], &[10, 10, 10]),
+            InstanceId::derived_from("i1"),
+        )
         .unwrap();
     let got: Vec<(&str, usize, usize)> = r
         .stages
@@ -155,10 +157,10 @@ fn manual_placement_and_removal_bump_the_version() {
         .map(|x| (x.node.as_str(), x.start, x.end))
         .collect();
     assert_eq!(got, [("a", 0, 10), ("b", 10, 20), ("c", 20, 30)]);
-    assert_eq!(r.driver(), Some("a"));
+    assert_eq!(r.driver().map(|d| d.as_str()), Some("a"));
     assert_eq!(s.table().version, 1);
-    assert!(s.remove("i1").unwrap());
-    assert!(!s.remove("i1").unwrap());
+    assert!(s.remove(&InstanceId::derived_from("i1")).unwrap());
+    assert!(!s.remove(&InstanceId::derived_from("i1")).unwrap());
     assert_eq!(s.table().version, 2);
 }
 
@@ -166,7 +168,10 @@ fn manual_placement_and_removal_bump_the_version() {
 fn only_the_coordinator_places() {
     let mut s = cluster("b", &["a"]);
     let err = s
-        .place(&manual(&["a", "b"], &[15, 15]), "x".into())
+        .place(
+            &manual(&["a", "b"], &[15, 15]),
+            InstanceId::derived_from("x"),
+        )
         .unwrap_err();
     assert!(
         matches!(&err, ClusterError::NotCoordinator { coordinator } if coordinator == "a"),
@@ -192,10 +197,7 @@ fn bad_manual_requests_are_explained() {
     let err = s.previews(&req).unwrap_err();
     assert_eq!(err, PlaceError::LayersWithoutNodes);
     assert!(err.to_string().contains("needs 'nodes'"));
-    let unknown = PlaceRequest {
-        model: "nope".into(),
-        ..PlaceRequest::default()
-    };
+    let unknown = PlaceRequest::of("nope".parse().unwrap());
     let err = s.previews(&unknown).unwrap_err();
     assert!(matches!(err, PlaceError::UnknownModel { .. }));
     assert!(err.to_string().contains("no member has model"));
@@ -204,20 +206,23 @@ fn bad_manual_requests_are_explained() {
 #[test]
 fn a_node_leaving_re_places_its_instances_on_the_rest() {
     let mut s = cluster("a", &["b", "c"]);
-    s.place(&manual(&["a", "b", "c"], &[10, 10, 10]), "i1".into())
-        .unwrap();
+    s.place(
+        &manual(&["a", "b", "c"], &[10, 10, 10]),
+        InstanceId::derived_from("i1"),
+    )
+    .unwrap();
     assert!(
         !s.reconcile(|| unreachable!()),
         "nothing to do while all are members"
     );
     s.peer_gone("c");
-    assert!(s.reconcile(|| "i2".into()));
+    assert!(s.reconcile(|| InstanceId::derived_from("i2")));
     let t = s.table();
     assert_eq!(t.instances.len(), 1);
     let inst = &t.instances[0];
-    assert_eq!(inst.id, "i2");
+    assert_eq!(inst.id, InstanceId::derived_from("i2"));
     assert_eq!(
-        inst.driver(),
+        inst.driver().map(|d| d.as_str()),
         Some("a"),
         "the old driver keeps the instance"
     );
@@ -244,27 +249,24 @@ fn members_adopt_the_coordinators_table_and_the_coordinator_merges_newer_ones() 
     assert_eq!(member.table().version, 7);
 
     let mut coord = cluster("a", &["b"]);
-    coord.place(&manual(&["a"], &[30]), "mine".into()).unwrap();
+    coord
+        .place(&manual(&["a"], &[30]), InstanceId::derived_from("mine"))
+        .unwrap();
     let mut theirs = InstanceTable {
         version: 4,
         ..InstanceTable::default()
     };
     theirs.instances.push(InstanceRecord {
-        id: "theirs".into(),
-        model: "m".into(),
+        id: InstanceId::derived_from("theirs"),
+        model: "m".parse().unwrap(),
         stages: vec![],
         predicted_token_latency_us: 0.0,
         explanation: String::new(),
         prediction: Default::default(),
     });
     assert!(coord.on_table("b", theirs));
-    let ids: Vec<&str> = coord
-        .table()
-        .instances
-        .iter()
-        .map(|i| i.id.as_str())
-        .collect();
-    assert_eq!(ids, ["mine", "theirs"]);
+    let ids: Vec<InstanceId> = coord.table().instances.iter().map(|i| i.id).collect();
+    assert_eq!(ids, ["mine", "theirs"].map(InstanceId::derived_from));
     assert_eq!(coord.table().version, 5);
 }
 
@@ -292,21 +294,25 @@ fn links_are_one_per_pair_and_only_between_members() {
 #[test]
 fn view_reports_instance_status_from_each_stage_node() {
     let mut s = cluster("a", &["b"]);
-    s.place(&manual(&["a", "b"], &[15, 15]), "i".into())
-        .unwrap();
+    s.place(
+        &manual(&["a", "b"], &[15, 15]),
+        InstanceId::derived_from("i"),
+    )
+    .unwrap();
     assert_eq!(s.view().instances[0].status, InstanceState::Loading);
     assert!(s.view().instances[0].is_loading());
     s.me_mut()
         .instances
-        .insert("i".into(), InstanceStatus::Ready);
+        .insert(InstanceId::derived_from("i"), InstanceStatus::Ready);
     let mut b = facts("b", 2);
-    b.instances.insert("i".into(), InstanceStatus::Ready);
+    b.instances
+        .insert(InstanceId::derived_from("i"), InstanceStatus::Ready);
     s.on_facts(b);
     assert_eq!(s.view().instances[0].status, InstanceState::Ready);
     assert!(s.view().instances[0].is_ready());
     let mut b = facts("b", 3);
     b.instances.insert(
-        "i".into(),
+        InstanceId::derived_from("i"),
         InstanceStatus::Failed {
             error: "oom".into(),
         },
@@ -328,21 +334,17 @@ fn a_node_without_the_model_is_used_when_pinned_or_when_the_holders_cannot_hold_
     b.models.clear();
     b.seq += 1;
     s.on_facts(b);
-    let auto = PlaceRequest {
-        model: "m".into(),
-        ..PlaceRequest::default()
-    };
-    let placed = s.place(&auto, "i1".into()).unwrap();
+    let auto = PlaceRequest::of("m".parse().unwrap());
+    let placed = s.place(&auto, InstanceId::derived_from("i1")).unwrap();
     assert!(
         placed.stages.iter().all(|st| st.node == "a"),
         "auto placement stays on the node that has the model: {placed:?}"
     );
     let pinned = PlaceRequest {
-        model: "m".into(),
-        nodes: Some(vec!["b".into()]),
-        ..PlaceRequest::default()
+        nodes: Some(vec!["b".parse().unwrap()]),
+        ..PlaceRequest::of("m".parse().unwrap())
     };
-    let placed = s.place(&pinned, "i2".into()).unwrap();
+    let placed = s.place(&pinned, InstanceId::derived_from("i2")).unwrap();
     assert_eq!(placed.stages.len(), 1);
     assert_eq!(
         placed.stages[0].node, "b",
@@ -351,17 +353,14 @@ fn a_node_without_the_model_is_used_when_pinned_or_when_the_holders_cannot_hold_
 
     // The only holder has too little memory: the node without the model takes part.
     s.me_mut().memory.available = 30_000_000;
-    let placed = s.place(&auto, "i3".into()).unwrap();
+    let placed = s.place(&auto, InstanceId::derived_from("i3")).unwrap();
     assert!(
         placed.stages.iter().any(|st| st.node == "b"),
         "the lacking node joins when the holders cannot hold the model: {placed:?}"
     );
 
     // No member has the model at all: unknown.
-    let none = PlaceRequest {
-        model: "other".into(),
-        ..PlaceRequest::default()
-    };
+    let none = PlaceRequest::of("other".parse().unwrap());
     assert!(matches!(
         s.previews(&none),
         Err(PlaceError::UnknownModel { .. })
@@ -372,7 +371,7 @@ fn a_node_without_the_model_is_used_when_pinned_or_when_the_holders_cannot_hold_
 /// 10 MiB of embeddings and 10 MiB of head.
 fn sized_card(id: &str, layers: usize, layer_mib: u64) -> ModelCard {
     ModelCard {
-        id: id.into(),
+        id: id.parse().unwrap(),
         n_layers: layers,
         layer_bytes: layer_mib << 20,
         embed_bytes: 10 << 20,
@@ -384,10 +383,7 @@ fn sized_card(id: &str, layers: usize, layer_mib: u64) -> ModelCard {
 }
 
 fn auto(model: &str) -> PlaceRequest {
-    PlaceRequest {
-        model: model.into(),
-        ..PlaceRequest::default()
-    }
+    PlaceRequest::of(model.parse().unwrap())
 }
 
 const MIB: u64 = 1 << 20;
@@ -415,7 +411,8 @@ fn a_second_model_is_offered_what_the_first_leaves() {
     let fresh = s.topology("small", false).0;
     assert_eq!(fresh.nodes[0].mem_available, 7 << 30, "nothing hosted yet");
 
-    s.place(&auto("big"), "b1".into()).unwrap();
+    s.place(&auto("big"), InstanceId::derived_from("b1"))
+        .unwrap();
     let (weights, full) = ((3000 + 20) * MIB, (3000 + 20 + 10) * MIB);
     assert_eq!(
         s.hosted("a"),
@@ -432,7 +429,7 @@ fn a_second_model_is_offered_what_the_first_leaves() {
     // full size still comes off the total.
     s.me_mut()
         .instances
-        .insert("b1".into(), InstanceStatus::Ready);
+        .insert(InstanceId::derived_from("b1"), InstanceStatus::Ready);
     assert_eq!(s.hosted("a").pending, 0);
     assert_eq!(offered(&s), total - full - reserve);
     // Loaded and seen by the OS: never counted twice.
@@ -440,7 +437,9 @@ fn a_second_model_is_offered_what_the_first_leaves() {
     assert_eq!(offered(&s), (7 << 30) - weights);
 
     // The second model goes in what is left, on the same node.
-    let small = s.place(&auto("small"), "s1".into()).unwrap();
+    let small = s
+        .place(&auto("small"), InstanceId::derived_from("s1"))
+        .unwrap();
     assert!(small.stages.iter().all(|st| st.node == "a"), "{small:?}");
     let hosted = s.hosted("a");
     assert_eq!(hosted.bytes, full + (1024 + 20 + 4) * MIB);
@@ -450,12 +449,16 @@ fn a_second_model_is_offered_what_the_first_leaves() {
 #[test]
 fn a_model_that_does_not_fit_names_what_it_would_evict() {
     let mut s = one_node_three_models();
-    s.place(&auto("big"), "b1".into()).unwrap();
-    s.place(&auto("small"), "s1".into()).unwrap();
+    s.place(&auto("big"), InstanceId::derived_from("b1"))
+        .unwrap();
+    s.place(&auto("small"), InstanceId::derived_from("s1"))
+        .unwrap();
     // big2 needs 3030 MiB: with 5 GiB available and both instances still loading (4064 MiB of
     // weights to come), 1056 MiB are offered; without b1, 4076 MiB.
     s.me_mut().memory.available = 5 << 30;
-    let err = s.place(&auto("big2"), "x".into()).unwrap_err();
+    let err = s
+        .place(&auto("big2"), InstanceId::derived_from("x"))
+        .unwrap_err();
     let ClusterError::Place(PlaceError::NeedsEviction {
         model,
         instances,
@@ -465,12 +468,19 @@ fn a_model_that_does_not_fit_names_what_it_would_evict() {
         panic!("not an eviction: {err}");
     };
     assert_eq!(model, "big2");
-    assert_eq!(instances, &["b1 (big)"], "the one large enough suffices");
+    assert_eq!(
+        instances,
+        &[format!("{} (big)", InstanceId::derived_from("b1"))],
+        "the one large enough suffices"
+    );
     assert!(matches!(**reason, PlaceError::Plan(_)), "{reason}");
     let text = err.to_string();
     assert!(
         text.contains("'big2' does not fit beside the instances already placed")
-            && text.contains("it would fit after removing b1 (big)"),
+            && text.contains(&format!(
+                "it would fit after removing {} (big)",
+                InstanceId::derived_from("b1")
+            )),
         "{text}"
     );
     assert_eq!(err.error_type(), "placement");
@@ -487,16 +497,23 @@ fn a_model_that_does_not_fit_names_what_it_would_evict() {
 
     // When only removing both would do, both are named (largest first).
     s.me_mut().memory.available = 3500 * MIB;
-    let err = s.place(&auto("big2"), "x".into()).unwrap_err();
+    let err = s
+        .place(&auto("big2"), InstanceId::derived_from("x"))
+        .unwrap_err();
     assert!(
-        err.to_string()
-            .contains("it would fit after removing b1 (big), s1 (small)"),
+        err.to_string().contains(&format!(
+            "it would fit after removing {} (big), {} (small)",
+            InstanceId::derived_from("b1"),
+            InstanceId::derived_from("s1")
+        )),
         "{err}"
     );
 
     // A model too big for the empty machine: the planner's error as it is.
     s.me_mut().models.push(sized_card("huge", 40, 300));
-    let err = s.place(&auto("huge"), "x".into()).unwrap_err();
+    let err = s
+        .place(&auto("huge"), InstanceId::derived_from("x"))
+        .unwrap_err();
     assert!(
         matches!(&err, ClusterError::Place(PlaceError::Plan(_))),
         "{err}"
@@ -517,15 +534,15 @@ fn a_split_instance_takes_its_own_stage_on_each_node() {
         }
     }
     let mut req = auto("big");
-    req.nodes = Some(vec!["a".into(), "b".into()]);
+    req.nodes = Some(vec!["a".parse().unwrap(), "b".parse().unwrap()]);
     req.layers = Some(vec![4, 6]);
-    s.place(&req, "i".into()).unwrap();
+    s.place(&req, InstanceId::derived_from("i")).unwrap();
     // First stage: 4 layers + embeddings; last: 6 layers + head; 1 MiB of KV per layer each.
     assert_eq!(s.hosted("a").bytes, (4 * 301 + 10) * MIB);
     assert_eq!(s.hosted("b").bytes, (6 * 301 + 10) * MIB);
     // A node publishing a smaller KV reserve for the instance counts that one.
     let mut b = s.facts_of("b").unwrap().clone();
-    b.kv_capacity.insert("i".into(), 1024);
+    b.kv_capacity.insert(InstanceId::derived_from("i"), 1024);
     b.seq += 1;
     s.on_facts(b);
     assert_eq!(s.hosted("b").bytes, (6 * 300 + 10) * MIB + 6 * (MIB / 4));
@@ -578,7 +595,9 @@ fn layers_on_a_gpu_count_against_its_memory_not_the_hosts() {
         memory_total: Some(2 << 30),
         ..Default::default()
     }];
-    let rec = s.place(&auto("big"), "b1".into()).unwrap();
+    let rec = s
+        .place(&auto("big"), InstanceId::derived_from("b1"))
+        .unwrap();
     // 301 MiB per layer with its KV reserve; 2 GiB less room for the 20 MiB of extras holds 6.
     let per_layer = 301 * MIB;
     let gpu = shoal_placement::GpuLayers {

@@ -10,6 +10,7 @@
 //! node's preferred path runs over another address (a path degraded under a batch in flight: its
 //! bytes may sit in retransmission for far longer than the step).
 
+use shoal_ids::{InstanceId, NodeId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -35,7 +36,7 @@ use crate::error::PipelineError;
 use super::path::{Replay, Watch, off_preferred, open_on_path, watch_paths};
 use super::{
     Alarm, BATCH_TIMEOUT, Inlet, Outlet, READ_QUEUE, WRITE_QUEUE, encode, handshake, kv_frame,
-    open_lane, spawn_reader, spawn_writer, wire_instance_id, wire_node_id, wire_pool,
+    open_lane, spawn_reader, spawn_writer, wire_node_id, wire_pool,
 };
 
 /// Moves to another path while one batch waits for its tokens, at most this many times (a path that
@@ -60,7 +61,7 @@ struct InFlight {
 /// What the chain needs to open its streams again.
 struct Route {
     cluster: ClusterHandle,
-    instance: String,
+    instance: InstanceId,
     layers: (usize, usize),
     first: PeerId,
     last: PeerId,
@@ -104,7 +105,7 @@ pub struct RemoteChain {
     lens: HashMap<u64, usize>,
     next_batch: u64,
     dtype: DType,
-    nodes: Vec<String>,
+    nodes: Vec<NodeId>,
     broken: Option<String>,
     /// Batches sent and not yet answered, oldest first.
     pending: std::collections::VecDeque<InFlight>,
@@ -125,9 +126,9 @@ impl RemoteChain {
     /// Connects the driver (`stage 0`, this node) to `nodes` (stages 1.., in order) of `instance`.
     pub async fn connect(
         cluster: &ClusterHandle,
-        instance: &str,
+        instance: &InstanceId,
         layers: &[(usize, usize)],
-        nodes: &[String],
+        nodes: &[NodeId],
         dtype: DType,
         lanes: bool,
     ) -> Result<Self, PipelineError> {
@@ -146,7 +147,7 @@ impl RemoteChain {
         };
         let route = Route {
             cluster: cluster.clone(),
-            instance: instance.to_string(),
+            instance: *instance,
             layers: layers.first().copied().unwrap_or((0, 0)),
             first,
             last,
@@ -386,10 +387,10 @@ impl RemoteChain {
 impl Route {
     /// Opens the chain's streams on the preferred path to each node: the owner stream first (the last
     /// stage must know where tokens go before any batch arrives), then the activation stream.
-    async fn open(&self, nodes: &[String]) -> Result<Links, PipelineError> {
+    async fn open(&self, nodes: &[NodeId]) -> Result<Links, PipelineError> {
         let cluster = &self.cluster;
         let me = wire_node_id(&cluster.id());
-        let inst = wire_instance_id(&self.instance);
+        let inst = self.instance.as_u64();
         let traffic = cluster.traffic();
         let mut owner = open_on_path(cluster, self.last, &self.instance, "token stream").await?;
         let mut owner_stream = owner.stream;
@@ -491,10 +492,7 @@ impl Route {
             cluster.subscribe(),
             move |snap: &Arc<Snapshot>| {
                 let members = snap.state.members();
-                stage_nodes
-                    .iter()
-                    .find(|n| !members.contains(&n.as_str()))
-                    .cloned()
+                stage_nodes.iter().find(|n| !members.contains(n)).cloned()
             },
             alarm.clone(),
             stop,
@@ -523,7 +521,7 @@ impl Route {
     }
 
     /// [`Self::open`], bounded by [`OPEN_TIMEOUT`] (a stream on a dead connection never opens).
-    async fn open_bounded(&self, nodes: &[String]) -> Result<Links, PipelineError> {
+    async fn open_bounded(&self, nodes: &[NodeId]) -> Result<Links, PipelineError> {
         tokio::time::timeout(OPEN_TIMEOUT, self.open(nodes))
             .await
             .map_err(|_| PipelineError::PathLost { peer: self.first })?
@@ -534,7 +532,7 @@ impl Route {
     /// (after that, the preferred path is tried whatever it is: a stream can break on a sound path).
     async fn open_after_cut(
         &self,
-        nodes: &[String],
+        nodes: &[NodeId],
         cut: [PathId; 2],
     ) -> Result<Links, PipelineError> {
         let deadline = tokio::time::Instant::now() + CUT_NOTICE;
@@ -581,7 +579,7 @@ const OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// chain is dropped) or the membership feed closes.
 fn watch_nodes<T: Send + Sync + 'static>(
     mut members: watch::Receiver<T>,
-    missing: impl Fn(&T) -> Option<String> + Send + 'static,
+    missing: impl Fn(&T) -> Option<NodeId> + Send + 'static,
     events: Alarm,
     mut stop: oneshot::Receiver<()>,
 ) -> tokio::task::JoinHandle<()> {

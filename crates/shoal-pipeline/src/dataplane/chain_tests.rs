@@ -4,12 +4,12 @@ use super::*;
 use crate::dataplane::Inbound;
 
 /// The membership as a list of node ids, and what the chain's watch looks for in it.
-fn gone_from(nodes: &'static [&'static str]) -> impl Fn(&Vec<String>) -> Option<String> {
+fn gone_from(nodes: &'static [&'static str]) -> impl Fn(&Vec<String>) -> Option<NodeId> {
     move |members: &Vec<String>| {
         nodes
             .iter()
             .find(|n| !members.iter().any(|m| m == *n))
-            .map(|n| n.to_string())
+            .map(|n| n.parse().unwrap())
     }
 }
 

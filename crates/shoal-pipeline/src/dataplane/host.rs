@@ -16,6 +16,7 @@
 //! after each frame go to its `ShareMeter`, read at each scrape (`shoal_kv_share_used_tokens`, gone
 //! with the stage).
 
+use shoal_ids::InstanceId;
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -42,7 +43,7 @@ use super::path::{Watch, open_on_path, watch_paths};
 use super::{
     Alarm, Inbound, Inlet, Lanes, Outlet, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, accept_lane,
     encode, engine_pool, handshake, open_lane, prefix_kv_op, read_handshake, spawn_reader,
-    spawn_writer, wire_instance_id, wire_node_id,
+    spawn_writer, wire_node_id,
 };
 
 /// How long a new upstream stream waits for the stage while the previous stream's thread still runs
@@ -57,7 +58,7 @@ const OWNER_WAIT: Duration = Duration::from_secs(5);
 
 /// A stage this node hosts for an instance, and where its output goes.
 pub struct HostedStage {
-    pub instance: String,
+    pub instance: InstanceId,
     pub index: usize,
     pub layers: (usize, usize),
     /// The next stage's node; `None` for the last stage.
@@ -83,7 +84,7 @@ pub struct HostedStage {
 
 impl HostedStage {
     pub fn new(
-        instance: String,
+        instance: InstanceId,
         index: usize,
         layers: (usize, usize),
         next: Option<PeerId>,
@@ -92,10 +93,10 @@ impl HostedStage {
     ) -> Self {
         let step_seconds = metrics::histogram!(
             "shoal_stage_step_seconds",
-            "instance_id" => instance.clone(),
+            "instance_id" => instance.to_string(),
             "stage" => index.to_string()
         );
-        let kv_used = shoal_engine::meters::ShareMeter::new(instance.clone(), index);
+        let kv_used = shoal_engine::meters::ShareMeter::new(instance.to_string(), index);
         Self {
             instance,
             index,
@@ -188,7 +189,7 @@ impl HostedStage {
         if held + tokens > self.kv.tokens {
             return Err(PipelineError::KvFull {
                 stage: self.index,
-                instance: self.instance.clone(),
+                instance: self.instance,
                 held,
                 tokens,
                 reserved: self.kv.tokens,
@@ -223,13 +224,13 @@ pub struct Hosts {
 impl Hosts {
     pub fn insert(&self, host: HostedStage) {
         if let Ok(mut m) = self.inner.lock() {
-            m.insert(wire_instance_id(&host.instance), Arc::new(host));
+            m.insert(host.instance.as_u64(), Arc::new(host));
         }
     }
 
-    pub fn remove(&self, instance: &str) {
+    pub fn remove(&self, instance: &InstanceId) {
         if let Ok(mut m) = self.inner.lock() {
-            m.remove(&wire_instance_id(instance));
+            m.remove(&instance.as_u64());
         }
     }
 

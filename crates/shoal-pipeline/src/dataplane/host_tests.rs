@@ -125,7 +125,14 @@ impl Fed {
         let kv_pool = Arc::new(shoal_engine::kvpool::KvPool::new(1024 * bytes));
         let share = KvShare::reserve(&kv_pool, bytes, bytes).unwrap();
         let next = Some(PeerId::random());
-        let host = HostedStage::new("i".into(), 1, (1, 2), next, stage, share);
+        let host = HostedStage::new(
+            shoal_ids::InstanceId::from_u64(1),
+            1,
+            (1, 2),
+            next,
+            stage,
+            share,
+        );
         let stage = host.take_stage(None).unwrap();
         let jobs = HashMap::new();
         Self { host, stage, jobs }

@@ -690,14 +690,13 @@ mod tests {
         let mut reader = b.reader;
         let alarm = reader.interrupt();
         let waiter = std::thread::spawn(move || match reader.recv(None) {
-            Received::Inbound(Err(PipelineError::NodeLeft { node })) => node,
+            Received::Inbound(Err(PipelineError::NodeLeft { node })) => node.to_string(),
             _ => String::new(),
         });
         std::thread::sleep(Duration::from_millis(50));
-        alarm
-            .upgrade()
-            .unwrap()
-            .fire(PipelineError::NodeLeft { node: "c".into() });
+        alarm.upgrade().unwrap().fire(PipelineError::NodeLeft {
+            node: "c".parse().unwrap(),
+        });
         assert_eq!(waiter.join().unwrap(), "c");
     }
 

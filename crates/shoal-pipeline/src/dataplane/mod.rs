@@ -75,14 +75,6 @@ pub fn wire_node_id(peer: &PeerId) -> [u8; 32] {
     Sha256::digest(peer.to_bytes()).into()
 }
 
-/// The u64 form of an instance id (16 hex digits).
-pub fn wire_instance_id(id: &str) -> u64 {
-    u64::from_str_radix(id, 16).unwrap_or_else(|_| {
-        let h: [u8; 32] = Sha256::digest(id.as_bytes()).into();
-        u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
-    })
-}
-
 /// Sends our handshake, reads and checks the peer's.
 async fn handshake(stream: &mut Stream, ours: &Handshake) -> Result<Handshake, PipelineError> {
     stream.write_all(&ours.encode()).await?;

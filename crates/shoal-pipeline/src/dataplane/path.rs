@@ -16,6 +16,7 @@
 //! of blank KV, so the batch computes again for its other sequences; the placeholder's token goes to
 //! a request that is over, and its KV is never kept (`LocalStage::rewind`).
 
+use shoal_ids::InstanceId;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -32,7 +33,7 @@ use crate::error::PipelineError;
 pub(super) async fn open_on_path(
     cluster: &ClusterHandle,
     peer: PeerId,
-    instance: &str,
+    instance: &InstanceId,
     what: &'static str,
 ) -> Result<PathStream, PipelineError> {
     cluster

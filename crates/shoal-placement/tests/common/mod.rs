@@ -2,14 +2,14 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use shoal_placement::{
-    Constraints, Link, LinkKind, ModelCard, NodeInfo, Placement, Topology, best,
+    Constraints, Link, LinkKind, ModelCard, NodeId, NodeInfo, Placement, Topology, best,
 };
 
 pub const GB: u64 = 1_000_000_000;
 
 pub fn node(id: &str, mem_gb: u64, speed: f64) -> NodeInfo {
     NodeInfo {
-        id: id.into(),
+        id: id.parse().unwrap(),
         mem_available: mem_gb * GB,
         speed,
         prefill_speed: None,
@@ -23,8 +23,8 @@ pub fn node(id: &str, mem_gb: u64, speed: f64) -> NodeInfo {
 /// A link with nothing measured (the kind's defaults apply).
 pub fn link(a: &str, b: &str, kind: LinkKind) -> Link {
     Link {
-        a: a.into(),
-        b: b.into(),
+        a: a.parse().unwrap(),
+        b: b.parse().unwrap(),
         kind,
         rtt_us: None,
         bandwidth_bps: None,
@@ -34,7 +34,7 @@ pub fn link(a: &str, b: &str, kind: LinkKind) -> Link {
 /// 30 layers of 1 GB, no extras, 8 KB activations.
 pub fn card() -> ModelCard {
     ModelCard {
-        id: "test-30".into(),
+        id: "test-30".parse().unwrap(),
         n_layers: 30,
         layer_bytes: GB,
         embed_bytes: 0,
@@ -58,7 +58,7 @@ pub fn card() -> ModelCard {
 /// layer, 16 KB activations (8192 f16).
 pub fn card_70b() -> ModelCard {
     ModelCard {
-        id: "test-70b".into(),
+        id: "test-70b".parse().unwrap(),
         n_layers: 80,
         layer_bytes: 450_000_000,
         embed_bytes: GB,
@@ -88,7 +88,7 @@ pub fn heterogeneous(n: usize, seed: u64) -> Topology {
         .map(|i| {
             let speed = rng.range(20, 4000) as f64;
             NodeInfo {
-                id: format!("node-{i:02}"),
+                id: format!("node-{i:02}").parse().unwrap(),
                 mem_available: rng.range(4, 64) * GB,
                 speed,
                 prefill_speed: rng.chance(50).then(|| speed * rng.range(4, 64) as f64),
@@ -129,12 +129,12 @@ pub fn drops(
     card: &ModelCard,
     cons: &Constraints,
     chosen: &Placement,
-) -> Vec<(String, Placement)> {
+) -> Vec<(NodeId, Placement)> {
     let k = chosen.stages.len();
     (0..k)
         .filter(|_| k > 1)
         .filter_map(|p| {
-            let rest: Vec<String> = (chosen.stages.iter().enumerate())
+            let rest: Vec<NodeId> = (chosen.stages.iter().enumerate())
                 .filter(|&(q, _)| q != p)
                 .map(|(_, s)| s.node.clone())
                 .collect();

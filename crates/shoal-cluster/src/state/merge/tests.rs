@@ -21,16 +21,23 @@ fn meet(s: &mut ClusterState, other: &ClusterState) {
 /// Places the whole model on `node` as instance `id` (pinned).
 fn place_on(s: &mut ClusterState, node: &str, id: &str) {
     let req = PlaceRequest {
-        model: "m".into(),
-        nodes: Some(vec![node.into()]),
+        nodes: Some(vec![node.parse().unwrap()]),
         layers: Some(vec![30]),
-        ..PlaceRequest::default()
+        ..PlaceRequest::of("m".parse().unwrap())
     };
-    s.place(&req, id.into()).unwrap();
+    s.place(&req, InstanceId::derived_from(id)).unwrap();
 }
 
-fn ids(s: &ClusterState) -> Vec<&str> {
-    let mut v: Vec<&str> = s.table().instances.iter().map(|i| i.id.as_str()).collect();
+/// The table's instance ids, sorted.
+fn ids(s: &ClusterState) -> Vec<InstanceId> {
+    let mut v: Vec<InstanceId> = s.table().instances.iter().map(|i| i.id).collect();
+    v.sort_unstable();
+    v
+}
+
+/// The ids of test instances named `names`, sorted as [`ids`] sorts.
+fn named(names: &[&str]) -> Vec<InstanceId> {
+    let mut v: Vec<InstanceId> = names.iter().map(|n| InstanceId::derived_from(n)).collect();
     v.sort_unstable();
     v
 }
@@ -61,9 +68,9 @@ fn regression_a_member_adopting_a_table_of_the_same_version_keeps_its_own_instan
 
     // The coordinator's table reaches `b` first: `b` keeps its instance and offers its table back.
     assert!(b.on_table("a", a.table().clone()));
-    assert_eq!(ids(&b), ["a-own", "b-own"]);
+    assert_eq!(ids(&b), named(&["a-own", "b-own"]));
     assert!(a.on_table("b", b.table().clone()));
-    assert_eq!(ids(&a), ["a-own", "b-own"]);
+    assert_eq!(ids(&a), named(&["a-own", "b-own"]));
     assert!(!b.on_table("a", a.table().clone()), "nothing left to offer");
     assert_eq!(b.table(), a.table());
 }
@@ -72,7 +79,7 @@ fn regression_a_member_adopting_a_table_of_the_same_version_keeps_its_own_instan
 fn history_and_newcomer() -> (ClusterState, ClusterState) {
     let mut a = alone("a", &["b"]);
     place_on(&mut a, "a", "gone");
-    a.remove("gone").unwrap();
+    a.remove(&InstanceId::derived_from("gone")).unwrap();
     place_on(&mut a, "a", "a-own");
     let mut b = alone("b", &["a"]);
     place_on(&mut b, "b", "b-own");
@@ -87,17 +94,17 @@ fn a_coordinator_with_a_longer_history_merges_a_joining_members_older_table() {
     // b's older table reaches the coordinator first: it never knew `b-own`, so it is not stale.
     let (mut a, mut b) = history_and_newcomer();
     assert!(a.on_table("b", b.table().clone()));
-    assert_eq!(ids(&a), ["a-own", "b-own"]);
+    assert_eq!(ids(&a), named(&["a-own", "b-own"]));
     settle(&mut a, &mut b);
-    assert_eq!(ids(&b), ["a-own", "b-own"]);
+    assert_eq!(ids(&b), named(&["a-own", "b-own"]));
 
     // The other order: the coordinator's newer table reaches the member first.
     let (mut a, mut b) = history_and_newcomer();
     assert!(b.on_table("a", a.table().clone()), "b offers what a lacks");
-    assert_eq!(ids(&b), ["a-own", "b-own"]);
+    assert_eq!(ids(&b), named(&["a-own", "b-own"]));
     assert_eq!(b.table().version, a.table().version);
     settle(&mut a, &mut b);
-    assert_eq!(ids(&a), ["a-own", "b-own"]);
+    assert_eq!(ids(&a), named(&["a-own", "b-own"]));
     assert_eq!(a.table(), b.table());
 }
 
@@ -112,9 +119,9 @@ fn a_member_placed_first_and_a_coordinator_joining_later_with_nothing_keeps_it()
         b.on_table("a", a.table().clone()),
         "an older table: b offers its own"
     );
-    assert_eq!(ids(&b), ["b-own"]);
+    assert_eq!(ids(&b), named(&["b-own"]));
     assert!(a.on_table("b", b.table().clone()));
-    assert_eq!(ids(&a), ["b-own"]);
+    assert_eq!(ids(&a), named(&["b-own"]));
     settle(&mut a, &mut b);
     assert_eq!(a.table(), b.table());
 }
@@ -128,8 +135,8 @@ fn a_removed_instance_stays_removed_whatever_table_comes_later() {
     place_on(&mut a, "b", "x");
     assert!(!b.on_table("a", a.table().clone()));
     let stale = b.table().clone();
-    assert!(a.remove("x").unwrap());
-    assert_eq!(a.table().removed, ["x"]);
+    assert!(a.remove(&InstanceId::derived_from("x")).unwrap());
+    assert_eq!(a.table().removed, ["x"].map(InstanceId::derived_from));
 
     // The member's stale table never brings it back to the coordinator...
     assert!(!a.on_table("b", stale.clone()));
@@ -143,13 +150,13 @@ fn a_removed_instance_stays_removed_whatever_table_comes_later() {
     let mut c = alone("0c", &["a", "b"]);
     meet(&mut c, &b);
     assert!(c.on_table("b", stale));
-    assert_eq!(ids(&c), ["x"]);
+    assert_eq!(ids(&c), named(&["x"]));
     meet(&mut b, &c);
     assert!(b.on_table("0c", c.table().clone()), "b knows x was removed");
     assert!(ids(&b).is_empty());
     assert!(c.on_table("b", b.table().clone()));
     assert!(ids(&c).is_empty());
-    assert_eq!(c.table().removed, ["x"]);
+    assert_eq!(c.table().removed, ["x"].map(InstanceId::derived_from));
 }
 
 #[test]
@@ -175,15 +182,15 @@ fn when_the_coordinator_changes_no_instance_is_lost() {
     assert!(b.on_table("a", a.table().clone()));
     assert!(c.on_table("a", a.table().clone()));
     assert!(a.on_table("c", c.table().clone()));
-    assert_eq!(ids(&a), ["on-a", "on-b", "on-c"]);
+    assert_eq!(ids(&a), named(&["on-a", "on-b", "on-c"]));
     for s in [&mut b, &mut c] {
         assert!(!s.on_table("a", a.table().clone()));
-        assert_eq!(ids(s), ["on-a", "on-b", "on-c"]);
+        assert_eq!(ids(s), named(&["on-a", "on-b", "on-c"]));
     }
     assert!(!a.on_table("b", b.table().clone()), "b has nothing a lacks");
     // Tables from a member that is not the coordinator are not adopted by other members.
     assert!(!b.on_table("c", InstanceTable::default()));
-    assert_eq!(ids(&b), ["on-a", "on-b", "on-c"]);
+    assert_eq!(ids(&b), named(&["on-a", "on-b", "on-c"]));
 }
 
 #[test]
@@ -191,21 +198,21 @@ fn a_move_in_progress_keeps_its_bookkeeping_through_a_merge_and_a_removal_clears
     let mut b = alone("b", &["a"]);
     place_on(&mut b, "b", "old");
     place_on(&mut b, "b", "new");
-    b.mark_movable("new");
+    b.mark_movable(&InstanceId::derived_from("new"));
     b.table.moves.push(crate::proto::Move {
-        old: "old".into(),
-        new: "new".into(),
+        old: InstanceId::derived_from("old"),
+        new: InstanceId::derived_from("new"),
     });
-    b.table.draining.push("old".into());
+    b.table.draining.push(InstanceId::derived_from("old"));
     let mut a = alone("a", &["b"]);
     meet(&mut a, &b);
     assert!(a.on_table("b", b.table().clone()));
-    assert_eq!(a.table().movable, ["new"]);
-    assert_eq!(a.table().draining, ["old"]);
+    assert_eq!(a.table().movable, named(&["new"]));
+    assert_eq!(a.table().draining, named(&["old"]));
     assert_eq!(a.table().moves.len(), 1);
-    assert!(a.remove("old").unwrap());
+    assert!(a.remove(&InstanceId::derived_from("old")).unwrap());
     assert!(a.table().draining.is_empty() && a.table().moves.is_empty());
-    assert_eq!(a.table().movable, ["new"]);
+    assert_eq!(a.table().movable, named(&["new"]));
 }
 
 #[test]
@@ -214,13 +221,16 @@ fn a_table_remembers_the_last_removals_only() {
     for i in 0..REMEMBERED_REMOVALS + 5 {
         let id = format!("i{i}");
         place_on(&mut a, "a", &id);
-        assert!(a.remove(&id).unwrap());
+        assert!(a.remove(&InstanceId::derived_from(&id)).unwrap());
     }
     let removed = &a.table().removed;
     assert_eq!(removed.len(), REMEMBERED_REMOVALS);
-    assert_eq!(removed.first().map(String::as_str), Some("i5"));
+    assert_eq!(removed.first(), Some(&InstanceId::derived_from("i5")));
     assert_eq!(
-        removed.last().cloned(),
-        Some(format!("i{}", REMEMBERED_REMOVALS + 4))
+        removed.last().copied(),
+        Some(InstanceId::derived_from(&format!(
+            "i{}",
+            REMEMBERED_REMOVALS + 4
+        )))
     );
 }

@@ -38,7 +38,7 @@ fn publish(s: &mut ClusterState, mut f: NodeFacts) {
 /// Node `node` reports `status` for instance `id`.
 fn report(s: &mut ClusterState, node: &str, id: &str, status: InstanceStatus) {
     let mut f = s.facts_of(node).unwrap().clone();
-    f.instances.insert(id.into(), status);
+    f.instances.insert(InstanceId::derived_from(id), status);
     publish(s, f);
 }
 
@@ -46,7 +46,7 @@ fn report(s: &mut ClusterState, node: &str, id: &str, status: InstanceStatus) {
 fn report_load(s: &mut ClusterState, node: &str, id: &str, running: u32) {
     let mut f = s.facts_of(node).unwrap().clone();
     f.load.insert(
-        id.into(),
+        InstanceId::derived_from(id),
         InstanceLoad {
             running,
             ..InstanceLoad::default()
@@ -64,44 +64,44 @@ fn join_big(s: &mut ClusterState) {
 }
 
 fn auto() -> PlaceRequest {
-    PlaceRequest {
-        model: "m".into(),
-        ..PlaceRequest::default()
-    }
+    PlaceRequest::of("m".parse().unwrap())
 }
 
-fn ids(s: &ClusterState) -> Vec<String> {
-    s.table().instances.iter().map(|i| i.id.clone()).collect()
+fn ids(s: &ClusterState) -> Vec<InstanceId> {
+    s.table().instances.iter().map(|i| i.id).collect()
 }
 
 #[test]
 fn a_better_node_joining_moves_the_instance_make_before_break() {
     let mut s = small_pair();
-    let old = s.place(&auto(), "old".into()).unwrap();
+    let old = s.place(&auto(), InstanceId::derived_from("old")).unwrap();
     assert_eq!(old.stages.len(), 2, "neither node holds the model alone");
     for n in ["a", "b"] {
         report(&mut s, n, "old", InstanceStatus::Ready);
     }
-    assert!(!s.plan_moves(|| "x".into()), "nothing better yet");
+    assert!(
+        !s.plan_moves(|| InstanceId::derived_from("x")),
+        "nothing better yet"
+    );
 
     join_big(&mut s);
     let mut next = 0;
     assert!(s.plan_moves(|| {
         next += 1;
-        format!("new{next}")
+        InstanceId::derived_from(&format!("new{next}"))
     }));
     let new = s
         .table()
         .instances
         .iter()
-        .find(|i| i.id == "new1")
+        .find(|i| i.id == InstanceId::derived_from("new1"))
         .unwrap()
         .clone();
     assert_eq!(new.stages.len(), 1);
     assert_eq!(new.stages[0].node, "c");
     assert!(new.predicted_token_latency_us < old.predicted_token_latency_us * (1.0 - MOVE_MARGIN));
     assert!(
-        !s.plan_moves(|| "again".into()),
+        !s.plan_moves(|| InstanceId::derived_from("again")),
         "one move per model at a time"
     );
 
@@ -117,26 +117,26 @@ fn a_better_node_joining_moves_the_instance_make_before_break() {
     assert_eq!(s.view().instances[0].status, InstanceState::Draining);
     report_load(&mut s, "a", "old", 1);
     assert!(!s.advance_moves(t0 + Duration::from_secs(2)));
-    assert_eq!(ids(&s), ["old", "new1"]);
+    assert_eq!(ids(&s), ["old", "new1"].map(InstanceId::derived_from));
 
     // Idle, reported after the drain began: it leaves, and the bookkeeping is swept.
     report_load(&mut s, "a", "old", 0);
     report_load(&mut s, "a", "old", 0);
     assert!(s.advance_moves(t0 + Duration::from_secs(3)));
-    assert_eq!(ids(&s), ["new1"]);
+    assert_eq!(ids(&s), ["new1"].map(InstanceId::derived_from));
     assert!(s.table().moves.is_empty() && s.table().draining.is_empty());
-    assert_eq!(s.table().movable, ["new1"]);
+    assert_eq!(s.table().movable, ["new1"].map(InstanceId::derived_from));
 }
 
 #[test]
 fn a_replacement_that_fails_is_dropped_and_the_old_instance_stays() {
     let mut s = small_pair();
-    s.place(&auto(), "old".into()).unwrap();
+    s.place(&auto(), InstanceId::derived_from("old")).unwrap();
     for n in ["a", "b"] {
         report(&mut s, n, "old", InstanceStatus::Ready);
     }
     join_big(&mut s);
-    assert!(s.plan_moves(|| "new".into()));
+    assert!(s.plan_moves(|| InstanceId::derived_from("new")));
     report(
         &mut s,
         "c",
@@ -146,7 +146,7 @@ fn a_replacement_that_fails_is_dropped_and_the_old_instance_stays() {
         },
     );
     assert!(s.advance_moves(Instant::now()));
-    assert_eq!(ids(&s), ["old"]);
+    assert_eq!(ids(&s), ["old"].map(InstanceId::derived_from));
     assert!(s.table().moves.is_empty());
     assert_eq!(s.view().instances[0].status, InstanceState::Ready);
 }
@@ -154,27 +154,27 @@ fn a_replacement_that_fails_is_dropped_and_the_old_instance_stays() {
 #[test]
 fn a_drain_without_load_reports_ends_after_its_limit() {
     let mut s = small_pair();
-    s.place(&auto(), "old".into()).unwrap();
+    s.place(&auto(), InstanceId::derived_from("old")).unwrap();
     for n in ["a", "b"] {
         report(&mut s, n, "old", InstanceStatus::Ready);
     }
     join_big(&mut s);
-    assert!(s.plan_moves(|| "new".into()));
+    assert!(s.plan_moves(|| InstanceId::derived_from("new")));
     report(&mut s, "c", "new", InstanceStatus::Ready);
     let t0 = Instant::now();
     assert!(s.advance_moves(t0));
     assert!(!s.advance_moves(t0 + DRAIN_UNREPORTED / 2));
     assert!(s.advance_moves(t0 + DRAIN_UNREPORTED));
-    assert_eq!(ids(&s), ["new"]);
+    assert_eq!(ids(&s), ["new"].map(InstanceId::derived_from));
 
     // A driver that keeps reporting work is cut off at the hard limit.
     let mut s = small_pair();
-    s.place(&auto(), "old".into()).unwrap();
+    s.place(&auto(), InstanceId::derived_from("old")).unwrap();
     for n in ["a", "b"] {
         report(&mut s, n, "old", InstanceStatus::Ready);
     }
     join_big(&mut s);
-    assert!(s.plan_moves(|| "new".into()));
+    assert!(s.plan_moves(|| InstanceId::derived_from("new")));
     report(&mut s, "c", "new", InstanceStatus::Ready);
     report_load(&mut s, "a", "old", 3);
     assert!(s.advance_moves(t0));
@@ -182,22 +182,26 @@ fn a_drain_without_load_reports_ends_after_its_limit() {
     report_load(&mut s, "a", "old", 3);
     assert!(!s.advance_moves(t0 + DRAIN_LIMIT / 2));
     assert!(s.advance_moves(t0 + DRAIN_LIMIT));
-    assert_eq!(ids(&s), ["new"]);
+    assert_eq!(ids(&s), ["new"].map(InstanceId::derived_from));
 }
 
 #[test]
 fn pinned_instances_and_small_gains_never_move() {
     let mut s = small_pair();
     let pinned = PlaceRequest {
-        nodes: Some(vec!["a".into(), "b".into()]),
+        nodes: Some(vec!["a".parse().unwrap(), "b".parse().unwrap()]),
         ..auto()
     };
-    s.place(&pinned, "pinned".into()).unwrap();
+    s.place(&pinned, InstanceId::derived_from("pinned"))
+        .unwrap();
     for n in ["a", "b"] {
         report(&mut s, n, "pinned", InstanceStatus::Ready);
     }
     join_big(&mut s);
-    assert!(!s.plan_moves(|| "x".into()), "the user's pins win");
+    assert!(
+        !s.plan_moves(|| InstanceId::derived_from("x")),
+        "the user's pins win"
+    );
 
     // Over fast links the pipeline is within the margin of one node: no move.
     let mut s = ClusterState::new({
@@ -211,13 +215,13 @@ fn pinned_instances_and_small_gains_never_move() {
     b.memory.available = SMALL;
     b.links = vec![link("a")];
     s.on_facts(b);
-    s.place(&auto(), "old".into()).unwrap();
+    s.place(&auto(), InstanceId::derived_from("old")).unwrap();
     for n in ["a", "b"] {
         report(&mut s, n, "old", InstanceStatus::Ready);
     }
     join_big(&mut s);
     assert!(
-        !s.plan_moves(|| "x".into()),
+        !s.plan_moves(|| InstanceId::derived_from("x")),
         "ethernet hops cost less than the margin"
     );
 }
@@ -233,9 +237,14 @@ fn an_instance_placed_before_the_coordinator_joined_stays_movable() {
         f.links = vec![link("a")];
         ClusterState::new(f)
     };
-    member.place(&auto(), "old".into()).unwrap();
+    member
+        .place(&auto(), InstanceId::derived_from("old"))
+        .unwrap();
     report(&mut member, "b", "old", InstanceStatus::Ready);
-    assert_eq!(member.table().movable, ["old"]);
+    assert_eq!(
+        member.table().movable,
+        ["old"].map(InstanceId::derived_from)
+    );
     let theirs = member.table().clone();
 
     // `a` (four times faster, and the coordinator once they meet: the smaller id) placed a pinned
@@ -247,27 +256,29 @@ fn an_instance_placed_before_the_coordinator_joined_stays_movable() {
         f
     });
     let pinned = PlaceRequest {
-        nodes: Some(vec!["a".into()]),
+        nodes: Some(vec!["a".parse().unwrap()]),
         layers: Some(vec![30]),
         ..auto()
     };
-    coord.place(&pinned, "pinned".into()).unwrap();
+    coord
+        .place(&pinned, InstanceId::derived_from("pinned"))
+        .unwrap();
     assert_eq!(coord.table().version, theirs.version);
     coord.peer_connected("b");
     coord.on_facts(member.me().clone());
     assert!(coord.is_coordinator());
     assert!(coord.on_table("b", theirs.clone()));
-    assert_eq!(ids(&coord), ["pinned", "old"]);
-    assert_eq!(coord.table().movable, ["old"]);
+    assert_eq!(ids(&coord), ["pinned", "old"].map(InstanceId::derived_from));
+    assert_eq!(coord.table().movable, ["old"].map(InstanceId::derived_from));
     assert!(coord.table().version > theirs.version);
     assert!(!coord.on_table("b", theirs), "nothing new: no new version");
 
-    assert!(coord.plan_moves(|| "new".into()));
+    assert!(coord.plan_moves(|| InstanceId::derived_from("new")));
     let new = coord
         .table()
         .instances
         .iter()
-        .find(|i| i.id == "new")
+        .find(|i| i.id == InstanceId::derived_from("new"))
         .unwrap();
     assert_eq!(new.stages[0].node, "a");
 }
