@@ -102,6 +102,10 @@ class Mla:
     v_head: int
     groups: int  # expert_group_count
     groups_used: int  # expert_group_used_count
+    # V3: sigmoid routing (expert_gating_func 2) with exp_probs_b, weights renormalised and scaled by 2.5; V2:
+    # no gating key (softmax), no selection bias, weights as they are, scale 1
+    sigmoid: bool = True
+    yarn_log_mul: float = 0.1  # 0.1 * mscale_all_dim
 
 
 def _dims(d: int, n_head: int, hd: int, n_kv: int, ff: int, layers: int, vocab: int = 512) -> Dims:
@@ -169,6 +173,15 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
                  "rope 32, v_head 64; absorbed attn_k_b / attn_v_b, one KV head of 288), layer 0 dense, then 8 "
                  "experts in 2 groups (1 group used) top-2 chosen on sigmoid + exp_probs_b, renormalised and "
                  "scaled by 2.5, an ungated shared expert; YaRN factor 40 with yarn_log_multiplier 0.1; untied"),
+    Family("deepseek2-lite", "deepseek2", "qwen2", {"k": _dims(256, 4, 96, 1, 256, 2)},
+           context=163840, rope_base=10000.0, rms_eps=1e-6, tied=False,
+           experts=Experts(count=6, used=2, ff=32, shared_ff=64),
+           mla=Mla(q_lora=0, kv_lora=256, nope=64, rope=32, v_head=64, groups=1, groups_used=1, sigmoid=False,
+                   yarn_log_mul=0.0707),
+           extra_u32={"leading_dense_block_count": 1},
+           label="DeepSeek-V2-Lite-like: latent attention without the query bottleneck (attn_q, q_lora_rank 0), "
+                 "layer 0 dense, then 6 experts top-2 of a softmax (no gating key, as V2 files), weights as they "
+                 "are, no selection bias, one group; two shared experts; YaRN with mscale_all_dim 0.707; untied"),
 ]}
 
 
@@ -232,7 +245,8 @@ def _write_mla_metadata(w, fam: Family, dims: Dims) -> None:
     of kv_lora + rope (key_length) and kv_lora values (value_length); the decompressed sizes are the *_mla
     keys. YaRN as DeepSeek V3 ships it (factor 40, original context 4096, mscale_all_dim 1 written as 0.1)."""
     a, m, ex = fam.arch, fam.mla, fam.experts
-    w.add_uint32(f"{a}.expert_gating_func", 2)
+    if m.sigmoid:
+        w.add_uint32(f"{a}.expert_gating_func", 2)
     w.add_uint32(f"{a}.expert_group_count", m.groups)
     w.add_uint32(f"{a}.expert_group_used_count", m.groups_used)
     w.add_uint32(f"{a}.vocab_size", dims.n_vocab)
@@ -243,13 +257,14 @@ def _write_mla_metadata(w, fam: Family, dims: Dims) -> None:
     w.add_uint32(f"{a}.attention.key_length_mla", m.nope + m.rope)
     w.add_uint32(f"{a}.attention.value_length_mla", m.v_head)
     w.add_uint32(f"{a}.expert_shared_count", ex.shared_ff // ex.ff)
-    w.add_float32(f"{a}.expert_weights_scale", 2.5)
-    w.add_bool(f"{a}.expert_weights_norm", True)
+    w.add_float32(f"{a}.expert_weights_scale", 2.5 if m.sigmoid else 1.0)
+    if m.sigmoid:
+        w.add_bool(f"{a}.expert_weights_norm", True)
     w.add_uint32(f"{a}.rope.dimension_count", m.rope)
     w.add_string(f"{a}.rope.scaling.type", "yarn")
     w.add_float32(f"{a}.rope.scaling.factor", 40.0)
     w.add_uint32(f"{a}.rope.scaling.original_context_length", 4096)
-    w.add_float32(f"{a}.rope.scaling.yarn_log_multiplier", 0.1)
+    w.add_float32(f"{a}.rope.scaling.yarn_log_multiplier", m.yarn_log_mul)
 
 
 class _Rng:
@@ -402,21 +417,24 @@ def _mla_specs(p: str, fam: Family, dims: Dims, i: int, normal, f32, norm):
     per-head attn_k_b (numpy [head, kv_lora, nope]: k_b_proj transposed) and attn_v_b ([head, v_head, kv_lora]),
     attn_output, ffn_norm, then the feed-forward of `_leading_dense_or_biased_moe`."""
     m, d, nh = fam.mla, dims.n_embd, dims.n_head
-    yield normal(p + "attn_q_a.weight", (m.q_lora, d), 1.0 / math.sqrt(d))
-    yield norm(p + "attn_q_a_norm.weight", m.q_lora)
-    yield normal(p + "attn_q_b.weight", (nh * (m.nope + m.rope), m.q_lora), 1.0 / math.sqrt(m.q_lora))
+    if m.q_lora:
+        yield normal(p + "attn_q_a.weight", (m.q_lora, d), 1.0 / math.sqrt(d))
+        yield norm(p + "attn_q_a_norm.weight", m.q_lora)
+        yield normal(p + "attn_q_b.weight", (nh * (m.nope + m.rope), m.q_lora), 1.0 / math.sqrt(m.q_lora))
+    else:
+        yield normal(p + "attn_q.weight", (nh * (m.nope + m.rope), d), 1.0 / math.sqrt(d))
     yield normal(p + "attn_kv_a_mqa.weight", (m.kv_lora + m.rope, d), 1.2 / math.sqrt(d))
     yield norm(p + "attn_kv_a_norm.weight", m.kv_lora)
     yield normal(p + "attn_k_b.weight", (nh, m.kv_lora, m.nope), 1.2 / math.sqrt(m.nope))
     yield normal(p + "attn_v_b.weight", (nh, m.v_head, m.kv_lora), 1.0 / math.sqrt(m.kv_lora))
     yield normal(p + "attn_output.weight", (d, nh * m.v_head), OUT_GAIN / math.sqrt(nh * m.v_head))
     yield norm(p + "ffn_norm.weight", d)
-    yield from _leading_dense_or_biased_moe(p, fam, dims, i, normal, f32)
+    yield from _leading_dense_or_biased_moe(p, fam, dims, i, normal, f32, bias=m.sigmoid)
 
 
-def _leading_dense_or_biased_moe(p: str, fam: Family, dims: Dims, i: int, normal, f32):
+def _leading_dense_or_biased_moe(p: str, fam: Family, dims: Dims, i: int, normal, f32, bias: bool = True):
     """glm4moe's and deepseek2's feed-forward tensors after their norm: a dense FFN on the leading layers, else the
-    router, the selection bias (exp_probs_b), the experts and the ungated shared expert."""
+    router, the selection bias (exp_probs_b, when `bias`), the experts and the ungated shared expert."""
     ex, d, ff = fam.experts, dims.n_embd, dims.n_ff
     if i < fam.extra_u32.get("leading_dense_block_count", 0):
         yield normal(p + "ffn_gate.weight", (ff, d), 1.0 / math.sqrt(d))
@@ -424,7 +442,8 @@ def _leading_dense_or_biased_moe(p: str, fam: Family, dims: Dims, i: int, normal
         yield normal(p + "ffn_down.weight", (d, ff), OUT_GAIN / math.sqrt(ff))
         return
     yield f32(p + "ffn_gate_inp.weight", (ex.count, d), ROUTER_STD / math.sqrt(d))
-    yield f32(p + "exp_probs_b.bias", (ex.count,), 0.5)
+    if bias:
+        yield f32(p + "exp_probs_b.bias", (ex.count,), 0.5)
     yield normal(p + "ffn_gate_exps.weight", (ex.count, ex.ff, d), 1.0 / math.sqrt(d))
     yield normal(p + "ffn_up_exps.weight", (ex.count, ex.ff, d), 1.0 / math.sqrt(d))
     yield normal(p + "ffn_down_exps.weight", (ex.count, d, ex.ff), OUT_GAIN / math.sqrt(ex.ff))

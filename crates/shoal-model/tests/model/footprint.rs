@@ -34,8 +34,12 @@ fn params_of(
             // Latent attention: q_a, q_b, kv_a (latent + rope), per head k_b and v_b, the output.
             let m = |k: &str| mla[k].as_u64().unwrap_or_else(|| panic!("mla.{k}"));
             let (nh, kv_lora, v_head) = (n("n_head"), m("kv_lora"), m("v_head"));
-            embd * (m("q_lora") + kv_lora + m("rope"))
-                + m("q_lora") * nh * (m("nope") + m("rope"))
+            // Queries through the bottleneck (q_a, q_b), or straight from attn_q (q_lora 0).
+            let q = match m("q_lora") {
+                0 => embd * nh * (m("nope") + m("rope")),
+                r => embd * r + r * nh * (m("nope") + m("rope")),
+            };
+            q + embd * (kv_lora + m("rope"))
                 + nh * kv_lora * (m("nope") + v_head)
                 + embd * nh * v_head
         }

@@ -1,7 +1,8 @@
 //! Mixture-of-experts stages on the synthetic `qwen3moe`, `qwen2moe`, `gpt-oss`, `glm4moe` and `deepseek2` fixtures (decisions 020, 022), beyond the
 //! llama.cpp comparison every fixture gets in `synthetic`: the grouped-by-expert prefill and batched
 //! decode give the one-token-at-a-time results bitwise, a two-stage split gives the one-stage tokens, a
-//! GPU stage refuses the experts by name, and the footprint prices a token by the experts it reads.
+//! GPU stage refuses the experts by name, the footprint prices a token by the experts it reads, and
+//! deepseek2 files resolve their latent attention and routing from their metadata.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,7 +19,14 @@ fn moe_fixtures() -> Vec<(PathBuf, serde_json::Value)> {
     let archs: Vec<_> = out.iter().map(|(_, r)| r["arch"].clone()).collect();
     assert_eq!(
         archs,
-        ["deepseek2", "glm4moe", "gpt-oss", "qwen2moe", "qwen3moe"],
+        [
+            "deepseek2",
+            "deepseek2",
+            "glm4moe",
+            "gpt-oss",
+            "qwen2moe",
+            "qwen3moe"
+        ],
         "the MoE fixtures"
     );
     out
@@ -128,4 +136,51 @@ fn the_footprint_prices_a_token_by_the_experts_it_reads() {
         );
         assert!(fp.active_layer_bytes < fp.layer_bytes, "{fp:?}");
     }
+}
+
+#[test]
+fn deepseek2_files_resolve_their_latent_attention_and_routing_from_the_metadata() {
+    use shoal_model::arch::Gating;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/synth");
+    let cfg = |name: &str| {
+        let g = GgufFile::open(&dir.join(name)).expect("open");
+        ModelConfig::from_gguf(&g).expect("config")
+    };
+    // V3-like: the query bottleneck, sigmoid routing in groups, renormalised and scaled; YaRN's mscale
+    // (1 + 0.1 · 1 · ln 40)² on 1 / sqrt(64 + 32).
+    let v3 = cfg("deepseek2-k-q4_k_m.gguf");
+    let (m, e) = (v3.arch.mla.expect("mla"), v3.arch.experts.expect("experts"));
+    assert_eq!(
+        (m.q_lora, m.kv_lora, m.nope, m.rope, m.v_head),
+        (256, 256, 64, 32, 64)
+    );
+    assert_eq!((v3.n_kv_heads, v3.head_dim), (1, 288));
+    let mscale = 1.0 + 0.1 * 40f32.ln();
+    assert!(
+        (m.kq_scale - mscale * mscale / 96f32.sqrt()).abs() < 1e-6,
+        "{m:?}"
+    );
+    assert_eq!(e.routing.gating, Gating::Sigmoid);
+    assert!(e.routing.norm_weights);
+    assert_eq!((e.groups, e.groups_used, e.weights_scale), (2, 1, 2.5));
+    assert_eq!((e.leading_dense, e.shared_ff), (1, 32));
+    // One key of the latent and the rope part per token and layer, no values.
+    assert_eq!(v3.kv_bytes_per_token(2, 2), 2 * 288 * 2);
+    // V2-Lite-like: queries straight from attn_q, softmax (no gating key), weights as they are.
+    let lite = cfg("deepseek2-lite-k-q4_k_m.gguf");
+    let (m, e) = (
+        lite.arch.mla.expect("mla"),
+        lite.arch.experts.expect("experts"),
+    );
+    assert_eq!(m.q_lora, 0);
+    let mscale = 1.0 + 0.1 * 0.707 * 40f32.ln();
+    assert!(
+        (m.kq_scale - mscale * mscale / 96f32.sqrt()).abs() < 1e-5,
+        "{m:?}"
+    );
+    assert_eq!(e.routing.gating, Gating::SoftmaxThenTopK);
+    assert!(!e.routing.norm_weights);
+    assert_eq!((e.groups, e.weights_scale, e.shared_ff), (1, 1.0, 64));
+    let stage = load_with(&dir.join("deepseek2-lite-k-q4_k_m.gguf"), 1);
+    assert!(!stage.new_kv_cache().has_values());
 }
