@@ -5,7 +5,10 @@
 //! the real vocabulary reads apart token by token; with `reasoning_effort: "high"` the fixture's prompt
 //! opens an analysis message, so what the random model writes is reasoning; a forced call is written by
 //! the grammar as harmony's commentary message and comes back as the API's tool call, whole, streamed
-//! and cut by `max_tokens`. No special token ever reaches the content or the reasoning.
+//! and cut by `max_tokens`; a JSON answer is written on the final channel; the analysis is a Responses
+//! `reasoning` item and (opened by an assistant prefill) an Anthropic `thinking` block; earlier thoughts
+//! sent back are rendered before their call. No special token ever reaches the content or the
+//! reasoning.
 
 use std::sync::OnceLock;
 
@@ -403,4 +406,17 @@ async fn responses_put_the_analysis_in_a_reasoning_item() {
         .map(|e| e["delta"].as_str().unwrap_or("").to_string())
         .collect();
     assert_eq!(deltas, thoughts);
+}
+
+/// Anthropic's assistant prefill may open the analysis itself: what follows is a `thinking` block.
+#[tokio::test]
+async fn an_anthropic_prefill_that_opens_the_analysis_answers_a_thinking_block() {
+    let body = json!({"model": MODEL, "max_tokens": 16, "temperature": 0,
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "messages": [{"role": "user", "content": "What is 7 times 8?"},
+            {"role": "assistant", "content": "<|channel|>analysis<|message|>"}]});
+    let v = post("/v1/messages", body).await.json();
+    assert_eq!(v["content"][0]["type"], "thinking", "{v}");
+    let thinking = v["content"][0]["thinking"].as_str().unwrap_or("");
+    assert!(!thinking.is_empty() && clean(thinking), "{v}");
 }
