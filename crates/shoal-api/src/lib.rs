@@ -22,6 +22,7 @@
 //! - [`guard`]: the edge against strangers — which web origins may use the node (CORS, state-changing
 //!   requests from other origins refused, DNS rebinding refused on loopback), bodies declared over the
 //!   limit refused at once, failed enrolments limited per address.
+//! - [`rejection`]: a rejection axum writes itself (`text/plain`) answered in the route's API shape.
 //! - [`request_id`]: every request's id (the client's `x-request-id` or a new one), answered in the
 //!   response and named by the request's span in every log line about it.
 //! - [`auth`]: API keys — with keys configured every route but `/health`, `/cluster/enroll` and the dashboard's page
@@ -65,6 +66,7 @@ pub mod metrics;
 pub mod ollama;
 pub mod openai;
 pub mod openapi;
+pub mod rejection;
 pub mod relayed;
 pub mod request_id;
 pub mod route_table;
@@ -174,6 +176,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(ollama::unknown_routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(rejection::in_api_shape))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_key,

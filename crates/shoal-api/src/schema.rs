@@ -1,9 +1,10 @@
 //! OpenAPI schemas that the `ToSchema` derives cannot infer: fields typed `&'static str` whose values
 //! are a fixed few (an `object` name, a finish reason), used through `#[schema(schema_with = …)]` in
-//! each API's types so the document ([`crate::openapi`]) lists the values the server writes.
+//! each API's types so the document ([`crate::openapi`]) lists the values the server writes, and
+//! values of more than one shape (a node's device choice).
 
 use serde_json::Value;
-use utoipa::openapi::schema::{Object, ObjectBuilder, SchemaType, Type};
+use utoipa::openapi::schema::{Object, ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type};
 
 /// A string that is one of `values` (or, when `nullable`, null).
 pub fn one_of(values: &[&str], nullable: bool) -> Object {
@@ -18,6 +19,25 @@ pub fn one_of(values: &[&str], nullable: bool) -> Object {
         .schema_type(kind)
         .enum_values(Some(enum_values))
         .build()
+}
+
+/// A node's device choice as the cluster publishes it: `"cpu"`, `"auto"` or `{"gpu": index}`.
+pub fn device_choice() -> Schema {
+    let gpu = ObjectBuilder::new()
+        .property(
+            "gpu",
+            ObjectBuilder::new()
+                .schema_type(SchemaType::Type(Type::Integer))
+                .minimum(Some(0)),
+        )
+        .required("gpu")
+        .build();
+    Schema::OneOf(
+        OneOfBuilder::new()
+            .item(one_of(&["cpu", "auto"], false))
+            .item(gpu)
+            .build(),
+    )
 }
 
 /// The errors of a route in OpenAI's shape (every route outside `/v1/messages` and `/api/`).

@@ -104,7 +104,7 @@ pub struct NodeView {
     /// Its GPUs, in discovery order (empty for nodes that predate GPUs).
     pub gpus: Vec<GpuView>,
     /// Which GPU it offers the planner (`cpu`, `auto` or `{"gpu": index}`), as published.
-    #[schema(value_type = Object)]
+    #[schema(schema_with = crate::schema::device_choice)]
     pub device: Value,
     /// Unix seconds when its process started; null when not published.
     #[schema(value_type = Option<u64>)]
