@@ -104,6 +104,8 @@ pub(crate) const Q8_0_GROUP_BYTES: usize = GROUP * Q8_0_BYTES;
 /// Bytes of one super-block of 16 `Q4_K` rows: 16 `d`, 16 `dmin` (f16), 16 × 12 scale bytes,
 /// 16 × 128 nibble bytes (layout in `x86::k512`).
 pub(crate) const Q4_K_GROUP_BYTES: usize = GROUP * Q4_K_BYTES;
+/// Bytes of one super-block of 16 `Q5_K` rows: as `Q4_K`'s plus 16 × 32 high-bit bytes.
+pub(crate) const Q5_K_GROUP_BYTES: usize = GROUP * Q5_K_BYTES;
 
 /// How a [`crate::PackedMatrix`] stores its weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -46,14 +46,14 @@
 //!   at 64 activation rows).
 //! - [`PackedMatrix`]: a matrix in the layout of the best backend (bytes behind an `Arc`: clones,
 //!   and with [`PackedMatrix::from_shared_rows`] other holders, share one copy). With AVX-512
-//!   VNNI, `Q4_1`/`Q8_0`/`Q4_K` rows are repacked into groups of 16 ([`Layout::Rows16`]) so one 512-bit
+//!   VNNI, `Q4_1`/`Q8_0`/`Q4_K`/`Q5_K` rows are repacked into groups of 16 ([`Layout::Rows16`]) so one 512-bit
 //!   `vpdpbusd` multiplies 16 rows by 4 broadcast activation bytes and each block needs one
 //!   conversion and FMA per activation row and 16 outputs (no horizontal sums); decoding weights
 //!   once per 8 activation rows. Measured on the dev VM: a whole decode token 1.9× the 256-bit
-//!   kernels at m = 1, 3.2× at m = 16, 4× at prefill sizes. `Q4_K` sums each super-block's
+//!   kernels at m = 1, 3.2× at m = 16, 4× at prefill sizes. `Q4_K`/`Q5_K` sum each super-block's
 //!   scaled sub-block products as exact integers per row (lane) and takes the same two float
 //!   steps as its other paths (bitwise equal to them): 1024 × 1024 at m = 1 1.5× the AVX-VNNI
-//!   kernel (35 vs 23 GB/s), 1.9× at m = 8, 2.7× at m = 64. Every other format, and every format
+//!   kernel (35 vs 23 GB/s), 1.9× at m = 8, 2.7× at m = 64 (`Q5_K`: 1.16×, 1.8×, 3×). Every other format, and every format
 //!   on the other backends, stays in GGUF rows; on that backend `IQ4_NL`, `IQ4_XS`, `IQ3_S`,
 //!   `IQ2_S` and `IQ1_M` run 512-bit kernels on them (two 32-value blocks or chunks per vector,
 //!   signs applied through masks; bitwise equal to the 256-bit kernels), the other IQ formats and

@@ -1,9 +1,9 @@
 //! Weight matrices owned by the kernels, in the layout the best backend of this CPU reads fastest.
 //!
 //! [`PackedMatrix::new`] copies a [`QMatrix`]'s GGUF rows once at load time. On CPUs with AVX-512
-//! VNNI, `Q4_1`, `Q8_0` and `Q4_K` weights are repacked into groups of 16 rows ([`Layout::Rows16`]:
+//! VNNI, `Q4_1`, `Q8_0`, `Q4_K` and `Q5_K` weights are repacked into groups of 16 rows ([`Layout::Rows16`]:
 //! per block, the 16 rows' scales and then their quants interleaved four bytes at a time, the
-//! layout one 512-bit `vpdpbusd` consumes; see `x86::avx512` and, for `Q4_K`, `x86::k512`). Everywhere else the rows stay as they are
+//! layout one 512-bit `vpdpbusd` consumes; see `x86::avx512` and, for the K-quants, `x86::k512`). Everywhere else the rows stay as they are
 //! ([`Layout::Rows`]) and the 256-bit or scalar kernels run; every other format stays in rows on
 //! every backend. Repacking keeps the byte count (except the padding of a last partial group) and
 //! is exact: the same quants and f16 scales; [`PackedMatrix::dequantize_row`] reads a row back from
@@ -18,8 +18,8 @@ use crate::acts::Activations;
 use crate::backend::Backend;
 use crate::error::KernelError;
 use crate::format::{
-    GROUP, Layout, Q4_1_BYTES, Q4_1_GROUP_BYTES, Q4_K_BYTES, Q4_K_GROUP_BYTES, Q8_0_BYTES,
-    Q8_0_GROUP_BYTES, QType,
+    GROUP, Layout, Q4_1_BYTES, Q4_1_GROUP_BYTES, Q4_K_BYTES, Q4_K_GROUP_BYTES, Q5_K_BYTES,
+    Q5_K_GROUP_BYTES, Q8_0_BYTES, Q8_0_GROUP_BYTES, QType,
 };
 use crate::matmul::{QMatrix, run_gemm};
 use crate::pool::Parallel;
@@ -60,7 +60,7 @@ impl PackedMatrix {
 
     /// [`PackedMatrix::from_rows`] on bytes the caller may share with other users (a tied token
     /// embedding and output head): where the detected backend reads rows the matrix holds `data`
-    /// itself, so there is one copy of the bytes. Where it repacks (AVX-512 VNNI, `Q4_1`/`Q8_0`/`Q4_K`)
+    /// itself, so there is one copy of the bytes. Where it repacks (AVX-512 VNNI, `Q4_1`/`Q8_0`/`Q4_K`/`Q5_K`)
     /// the matrix holds the repacked copy instead; to have one copy on every backend, share the
     /// `PackedMatrix` (an `Arc` of it) and read rows with [`PackedMatrix::dequantize_row`].
     pub fn from_shared_rows(
@@ -190,9 +190,9 @@ impl PackedMatrix {
 }
 
 /// The layout a matrix of `qtype` with `cols` input features gets on `backend` (a usable one):
-/// 16-row groups for `Q4_1`/`Q8_0`/`Q4_K` on AVX-512 VNNI, GGUF rows otherwise.
+/// 16-row groups for `Q4_1`/`Q8_0`/`Q4_K`/`Q5_K` on AVX-512 VNNI, GGUF rows otherwise.
 pub(crate) fn layout_for(qtype: QType, cols: usize, backend: Backend) -> Layout {
-    let repacked = matches!(qtype, QType::Q4_1 | QType::Q8_0 | QType::Q4_K);
+    let repacked = matches!(qtype, QType::Q4_1 | QType::Q8_0 | QType::Q4_K | QType::Q5_K);
     if backend == Backend::Avx512Vnni && repacked && cols > 0 {
         Layout::Rows16
     } else {
@@ -204,13 +204,16 @@ pub(crate) fn layout_for(qtype: QType, cols: usize, backend: Backend) -> Layout 
 /// block, its offset in the group block, its length, and the byte XORed on the way (the `Q8_0`
 /// quants are stored `+ 128` as u8).
 fn pieces(qtype: QType, l: usize) -> Box<dyn Iterator<Item = (usize, usize, usize, u8)>> {
-    if qtype == QType::Q4_K {
-        // d, dmin, byte t of the 12 scale bytes at 64 + 16 t, then per pair p of 32 nibble bytes
-        // 8 chunks of 4 (see `x86::k512`).
+    if matches!(qtype, QType::Q4_K | QType::Q5_K) {
+        // d, dmin, byte t of the 12 scale bytes at 64 + 16 t, (Q5_K) the 32 high-bit bytes in 8
+        // chunks of 4, then per pair p of 32 nibble bytes 8 chunks of 4 (see `x86::k512`).
+        let q5 = qtype == QType::Q5_K;
         let head = [(0, 2 * l, 2, 0), (2, 32 + 2 * l, 2, 0)];
         let sc = (0..12).map(move |t| (4 + t, 64 + 16 * t + l, 1, 0));
-        let qs = (0..32).map(move |pc| (16 + 4 * pc, 256 + 64 * pc + 4 * l, 4, 0));
-        return Box::new(head.into_iter().chain(sc).chain(qs));
+        let qh = (0..if q5 { 8 } else { 0 }).map(move |c| (16 + 4 * c, 256 + 64 * c + 4 * l, 4, 0));
+        let (src, dst) = if q5 { (48, 768) } else { (16, 256) };
+        let qs = (0..32).map(move |pc| (src + 4 * pc, dst + 64 * pc + 4 * l, 4, 0));
+        return Box::new(head.into_iter().chain(sc).chain(qh).chain(qs));
     }
     let q41 = qtype == QType::Q4_1;
     // Q4_1: d, m, then 4 chunks of 4 nibble bytes; Q8_0: d, then 8 chunks of 4 quants.
@@ -228,6 +231,7 @@ fn group_sizes(qtype: QType) -> (usize, usize) {
     match qtype {
         QType::Q4_1 => (Q4_1_BYTES, Q4_1_GROUP_BYTES),
         QType::Q4_K => (Q4_K_BYTES, Q4_K_GROUP_BYTES),
+        QType::Q5_K => (Q5_K_BYTES, Q5_K_GROUP_BYTES),
         _ => (Q8_0_BYTES, Q8_0_GROUP_BYTES),
     }
 }
@@ -287,7 +291,13 @@ mod tests {
     #[test]
     fn rows_come_back_from_16_row_groups() {
         let mut rng = SplitMix64::new(3);
-        for (qtype, cols) in [(QType::Q4_1, 96), (QType::Q8_0, 96), (QType::Q4_K, 512)] {
+        let cases = [
+            (QType::Q4_1, 96),
+            (QType::Q8_0, 96),
+            (QType::Q4_K, 512),
+            (QType::Q5_K, 512),
+        ];
+        for (qtype, cols) in cases {
             let rows = 37;
             let rb = qtype.try_row_bytes(cols).expect("k");
             let data: Vec<u8> = (0..rows * rb).map(|_| rng.next_u64() as u8).collect();

@@ -19,7 +19,7 @@ fn layout_follows_the_backend() {
             let data = random_weights(&mut rng, qtype, 20, k);
             let w = QMatrix::new(qtype, 20, k, &data).expect("matrix");
             let p = PackedMatrix::with_backend(&w, backend).expect("pack");
-            let repacked = matches!(qtype, QType::Q4_1 | QType::Q8_0 | QType::Q4_K);
+            let repacked = matches!(qtype, QType::Q4_1 | QType::Q8_0 | QType::Q4_K | QType::Q5_K);
             let want = if backend == Backend::Avx512Vnni && repacked {
                 Layout::Rows16
             } else {
@@ -39,23 +39,27 @@ fn layout_follows_the_backend() {
     }
 }
 
-/// `Q4_K` in 16-row groups (the AVX-512 VNNI layout) gives bitwise the outputs of its GGUF rows
+/// `Q4_K` and `Q5_K` in 16-row groups (the AVX-512 VNNI layout) give bitwise the outputs of their GGUF rows
 /// on the other SIMD backends (AVX2, AVX-VNNI): the same exact integers per super-block and the
 /// same two float steps (the scalar reference, which sums in another order, is checked within
 /// rounding by the test below). Odd row counts (a padded last group), one to nine activation rows
 /// (tiles of 4 and their remainders).
 #[test]
-fn q4_k_groups_are_bitwise_equal_to_rows_on_every_backend() {
+fn k_quant_groups_are_bitwise_equal_to_rows_on_every_backend() {
     let mut rng = Rng::new(4242);
     let pool = ThreadPool::new(2);
     let backends: Vec<Backend> = Backend::supported()
         .into_iter()
         .filter(|b| *b != Backend::Scalar)
         .collect();
-    eprintln!("Q4_K compared on {backends:?}");
-    for (n, k) in [(16, 256), (37, 512), (40, 1024)] {
-        let data = random_raw(&mut rng, QType::Q4_K, n, k);
-        let w = QMatrix::new(QType::Q4_K, n, k, &data).expect("matrix");
+    eprintln!("Q4_K, Q5_K compared on {backends:?}");
+    let cases = [(16, 256), (37, 512), (40, 1024)];
+    for (qtype, (n, k)) in [QType::Q4_K, QType::Q5_K]
+        .into_iter()
+        .flat_map(|q| cases.map(|c| (q, c)))
+    {
+        let data = random_raw(&mut rng, qtype, n, k);
+        let w = QMatrix::new(qtype, n, k, &data).expect("matrix");
         for m in [1, 2, 3, 4, 5, 9] {
             let x = activations(&mut rng, m * k);
             let outs: Vec<Vec<u32>> = backends
@@ -68,7 +72,11 @@ fn q4_k_groups_are_bitwise_equal_to_rows_on_every_backend() {
                 })
                 .collect();
             for (b, o) in backends.iter().zip(&outs) {
-                assert_eq!(o, &outs[0], "n={n} k={k} m={m}: {b:?} vs {:?}", backends[0]);
+                let first = backends[0];
+                assert_eq!(
+                    o, &outs[0],
+                    "{qtype:?} n={n} k={k} m={m}: {b:?} vs {first:?}"
+                );
             }
         }
     }

@@ -1,5 +1,5 @@
 //! AVX-512 VNNI kernels for weights repacked into groups of 16 rows ([`crate::Layout::Rows16`]):
-//! `Q4_1` and `Q8_0` here, `Q4_K` in `x86::k512` (dispatched from [`gemm_rows`]).
+//! `Q4_1` and `Q8_0` here, `Q4_K` and `Q5_K` in `x86::k512` (dispatched from [`gemm_rows`]).
 //!
 //! One 512-bit `vpdpbusd` multiplies 4 consecutive weights of 16 different rows by the same 4
 //! activation bytes (broadcast straight from memory), so a block of 32 values is 8 instructions per
@@ -21,7 +21,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use crate::format::{GROUP, Q4_1_GROUP_BYTES, Q4_K_GROUP_BYTES, Q8_0_GROUP_BYTES, QType};
+use crate::format::{
+    GROUP, Q4_1_GROUP_BYTES, Q4_K_GROUP_BYTES, Q5_K_GROUP_BYTES, Q8_0_GROUP_BYTES, QType,
+};
 use crate::gemm::Gemm;
 
 /// Activation rows per tile: 8 float accumulators, 8 integer sums and 8 decoded weight vectors fit
@@ -65,6 +67,7 @@ pub(crate) fn gemm_rows(g: &Gemm<'_>, rows: Range<usize>) {
         QType::Q4_1 => Q4_1_GROUP_BYTES,
         QType::Q8_0 => Q8_0_GROUP_BYTES,
         QType::Q4_K => Q4_K_GROUP_BYTES,
+        QType::Q5_K => Q5_K_GROUP_BYTES,
         other => panic!(
             "gemm (16-row groups): {} weights are never repacked",
             other.name()
@@ -86,8 +89,8 @@ pub(crate) fn gemm_rows(g: &Gemm<'_>, rows: Range<usize>) {
     // and activation rows come from `Activations` in the weights' activation format (nb blocks of
     // quants, 8·nb scales per group, and for `Q8_K` 16·nb sums per row).
     unsafe {
-        if g.qtype == QType::Q4_K {
-            super::k512::gemm_q4k_tf(g, rows)
+        if matches!(g.qtype, QType::Q4_K | QType::Q5_K) {
+            super::k512::gemm_k_tf(g, rows, g.qtype == QType::Q5_K)
         } else {
             gemm_tf(g, rows, group_bytes)
         }

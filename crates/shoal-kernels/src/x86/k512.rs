@@ -1,13 +1,16 @@
-//! AVX-512 VNNI kernel of `Q4_K` weights repacked into groups of 16 rows ([`crate::Layout::Rows16`]).
+//! AVX-512 VNNI kernels of `Q4_K` and `Q5_K` weights repacked into groups of 16 rows
+//! ([`crate::Layout::Rows16`]).
 //!
-//! Group super-block layout (2304 bytes = 16 × 144: the same bytes as the 16 GGUF blocks,
-//! rearranged; `crate::packed` builds it):
+//! Group super-block layout (16 × 144 = 2304 bytes for `Q4_K`, 16 × 176 = 2816 for `Q5_K`: the
+//! same bytes as the 16 GGUF blocks, rearranged; `crate::packed` builds it):
 //! - `0..32`: `d` of the 16 rows (f16), `32..64`: `dmin`;
 //! - `64..256`: the 12 scale bytes, byte `t` of row `L` at `64 + 16 t + L` (so one 128-bit load
 //!   holds byte `t` of every row and the 6-bit scales and minimums decode for 16 rows at once);
-//! - `256..2304`: the nibbles, 4 pairs × 8 chunks of 64 bytes: chunk `c` of pair `p`, lane `L` =
-//!   bytes `32 p + 4 c .. + 4` of row `L`'s quants, whose low nibbles are values `64 p + 4 c ..
-//!   + 4` and high nibbles values `64 p + 32 + 4 c .. + 4`.
+//! - `Q5_K` only, `256..768`: the 32 high-bit bytes, 8 chunks of 64: chunk `c`, lane `L` = bytes
+//!   `4 c .. + 4` of row `L`'s (bit `j` of byte `i`: the fifth bit of value `32 j + i`);
+//! - then the nibbles ([`KGroup::QS`]), 4 pairs × 8 chunks of 64 bytes: chunk `c` of pair `p`,
+//!   lane `L` = bytes `32 p + 4 c .. + 4` of row `L`'s quants, whose low nibbles are values
+//!   `64 p + 4 c .. + 4` and high nibbles values `64 p + 32 + 4 c .. + 4`.
 //!
 //! One `vpdpbusd` multiplies 4 values of 16 rows by 4 broadcast activation bytes, so each
 //! 32-value sub-block's dot products end fully reduced per row (lane); they are scaled by the
@@ -20,7 +23,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use crate::format::{GROUP, Q4_K_GROUP_BYTES, QK_K};
+use crate::format::{GROUP, Q4_K_GROUP_BYTES, Q5_K_GROUP_BYTES, QK_K};
 use crate::gemm::Gemm;
 
 /// Activation rows per tile (two integer accumulators per row and pair, plus the row's sum and
@@ -30,26 +33,92 @@ const TILE: usize = 4;
 /// How far ahead in the weight stream to prefetch (bytes).
 const PREFETCH_BYTES: usize = 4096;
 
-/// Weight groups of `rows` (a range starting at a multiple of 16) against all activation rows.
+/// A K-quant with 32-value scales in the 16-row layout.
+trait KGroup {
+    const BYTES: usize;
+    /// Where the nibbles start in a group super-block.
+    const QS: usize;
+    /// The unsigned quants of pair `p`, chunk `c` (low nibbles: sub-block `2 p`, high: `2 p + 1`).
+    unsafe fn quants(wb: *const u8, p: usize, c: usize) -> (__m512i, __m512i);
+}
+
+struct Q4K;
+struct Q5K;
+
+#[inline(always)]
+unsafe fn nibbles(wb: *const u8, at: usize) -> (__m512i, __m512i) {
+    unsafe {
+        let (q, low) = (
+            _mm512_loadu_si512(wb.add(at).cast()),
+            _mm512_set1_epi8(0x0F),
+        );
+        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), low);
+        (_mm512_and_si512(q, low), hi)
+    }
+}
+
+impl KGroup for Q4K {
+    const BYTES: usize = Q4_K_GROUP_BYTES;
+    const QS: usize = 256;
+    #[inline(always)]
+    unsafe fn quants(wb: *const u8, p: usize, c: usize) -> (__m512i, __m512i) {
+        unsafe { nibbles(wb, Self::QS + 64 * (8 * p + c)) }
+    }
+}
+
+impl KGroup for Q5K {
+    const BYTES: usize = Q5_K_GROUP_BYTES;
+    const QS: usize = 768;
+    #[inline(always)]
+    unsafe fn quants(wb: *const u8, p: usize, c: usize) -> (__m512i, __m512i) {
+        unsafe {
+            let (lo, hi) = nibbles(wb, Self::QS + 64 * (8 * p + c));
+            let qh = _mm512_loadu_si512(wb.add(256 + 64 * c).cast());
+            let sixteen = _mm512_set1_epi8(16);
+            let (b0, b1) = (
+                _mm512_set1_epi8(1 << (2 * p)),
+                _mm512_set1_epi8(2 << (2 * p)),
+            );
+            let lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, b0), lo, sixteen);
+            let hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, b1), hi, sixteen);
+            (lo, hi)
+        }
+    }
+}
+
+/// Weight groups of `rows` (a range starting at a multiple of 16) against all activation rows,
+/// `Q4_K` or `Q5_K` (`q5`).
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VNNI; `g.w` holds `n.div_ceil(16) · nb` group super-blocks and
-/// `g.x` holds `Q8_K` activations of `nb` blocks per row (the caller checked both).
+/// The CPU has AVX-512 F/BW/VNNI; `g.w` holds `n.div_ceil(16) · nb` group super-blocks of the
+/// format and `g.x` holds `Q8_K` activations of `nb` blocks per row (the caller checked both).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn gemm_q4k_tf(g: &Gemm<'_>, rows: Range<usize>) {
+pub(crate) unsafe fn gemm_k_tf(g: &Gemm<'_>, rows: Range<usize>, q5: bool) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        if q5 {
+            gemm::<Q5K>(g, rows)
+        } else {
+            gemm::<Q4K>(g, rows)
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn gemm<K: KGroup>(g: &Gemm<'_>, rows: Range<usize>) {
     let nb = g.x.nb();
     for grp in rows.start / GROUP..rows.end.div_ceil(GROUP) {
-        let w = g.w[grp * nb * Q4_K_GROUP_BYTES..].as_ptr();
+        let w = g.w[grp * nb * K::BYTES..].as_ptr();
         let mut r = 0;
         while r < g.m {
             let t = (g.m - r).min(TILE);
             // SAFETY: group `grp` holds `nb` super-blocks; rows r..r+t are activation rows.
             unsafe {
                 match t {
-                    4 => tile::<4>(g, w, grp, r),
-                    3 => tile::<3>(g, w, grp, r),
-                    2 => tile::<2>(g, w, grp, r),
-                    _ => tile::<1>(g, w, grp, r),
+                    4 => tile::<K, 4>(g, w, grp, r),
+                    3 => tile::<K, 3>(g, w, grp, r),
+                    2 => tile::<K, 2>(g, w, grp, r),
+                    _ => tile::<K, 1>(g, w, grp, r),
                 }
             }
             r += t;
@@ -91,7 +160,7 @@ unsafe fn widen(p: *const u8) -> __m512i {
 /// Activation rows `r0..r0+T` against weight group `grp` (at `w`), all super-blocks; stores
 /// 16 × T outputs.
 #[inline(always)]
-unsafe fn tile<const T: usize>(g: &Gemm<'_>, w: *const u8, grp: usize, r0: usize) {
+unsafe fn tile<K: KGroup, const T: usize>(g: &Gemm<'_>, w: *const u8, grp: usize, r0: usize) {
     let (nb, x) = (g.x.nb(), g.x);
     let qs: [*const u8; T] = std::array::from_fn(|i| x.q_row(r0 + i).as_ptr());
     let bs: [*const i16; T] = std::array::from_fn(|i| x.bsums_row(r0 + i).as_ptr());
@@ -105,24 +174,21 @@ unsafe fn tile<const T: usize>(g: &Gemm<'_>, w: *const u8, grp: usize, r0: usize
         // SAFETY (whole block): the caller guarantees `nb` group super-blocks at `w` and `nb`
         // blocks of quants, sums and scales per activation row; prefetching touches no memory.
         unsafe {
-            let wb = w.add(b * Q4_K_GROUP_BYTES);
+            let wb = w.add(b * K::BYTES);
             if r0 == 0 {
                 let mut o = 0;
-                while o < Q4_K_GROUP_BYTES {
+                while o < K::BYTES {
                     _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH_BYTES + o).cast());
                     o += 64;
                 }
             }
             scales(wb, &mut sm);
             let mut isum = [_mm512_setzero_si512(); T];
-            let low = _mm512_set1_epi8(0x0F);
             for p in 0..4 {
                 let z = _mm512_setzero_si512();
                 let (mut slo, mut shi) = ([z; T], [z; T]);
                 for c in 0..8 {
-                    let q = _mm512_loadu_si512(wb.add(256 + 64 * (8 * p + c)).cast());
-                    let lo = _mm512_and_si512(q, low);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), low);
+                    let (lo, hi) = K::quants(wb, p, c);
                     for i in 0..T {
                         let xa = qs[i].add(b * QK_K + 64 * p + 4 * c);
                         let a0 = _mm512_set1_epi32(xa.cast::<i32>().read_unaligned());
