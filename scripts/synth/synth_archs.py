@@ -106,6 +106,9 @@ class Mla:
     # no gating key (softmax), no selection bias, weights as they are, scale 1
     sigmoid: bool = True
     yarn_log_mul: float = 0.1  # 0.1 * mscale_all_dim
+    # the layout converters wrote before llama.cpp cached the latent: all heads KV heads of the decompressed
+    # key_length / value_length, no *_mla keys, attn_kv_b instead of attn_k_b / attn_v_b
+    kv_b: bool = False
 
 
 def _dims(d: int, n_head: int, hd: int, n_kv: int, ff: int, layers: int, vocab: int = 512) -> Dims:
@@ -173,6 +176,14 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
                  "rope 32, v_head 64; absorbed attn_k_b / attn_v_b, one KV head of 288), layer 0 dense, then 8 "
                  "experts in 2 groups (1 group used) top-2 chosen on sigmoid + exp_probs_b, renormalised and "
                  "scaled by 2.5, an ungated shared expert; YaRN factor 40 with yarn_log_multiplier 0.1; untied"),
+    Family("deepseek2-kvb", "deepseek2", "qwen2", {"k": _dims(256, 4, 96, 4, 256, 2)},
+           context=163840, rope_base=10000.0, rms_eps=1e-6, tied=False,
+           experts=Experts(count=8, used=2, ff=32, shared_ff=32),
+           mla=Mla(q_lora=256, kv_lora=256, nope=64, rope=32, v_head=64, groups=2, groups_used=1, kv_b=True),
+           extra_u32={"leading_dense_block_count": 1},
+           label="DeepSeek-V3-like in the older layout: attn_kv_b (keys' and values' rows per head) instead of "
+                 "attn_k_b / attn_v_b, head_count_kv 4, key_length 96 / value_length 64, no *_mla keys; "
+                 "llama.cpp runs it as full multi-head attention over decompressed keys and values"),
     Family("deepseek2-lite", "deepseek2", "qwen2", {"k": _dims(256, 4, 96, 1, 256, 2)},
            context=163840, rope_base=10000.0, rms_eps=1e-6, tied=False,
            experts=Experts(count=6, used=2, ff=32, shared_ff=64),
@@ -252,10 +263,14 @@ def _write_mla_metadata(w, fam: Family, dims: Dims) -> None:
     w.add_uint32(f"{a}.vocab_size", dims.n_vocab)
     w.add_uint32(f"{a}.attention.q_lora_rank", m.q_lora)
     w.add_uint32(f"{a}.attention.kv_lora_rank", m.kv_lora)
-    w.add_uint32(f"{a}.attention.key_length", m.kv_lora + m.rope)
-    w.add_uint32(f"{a}.attention.value_length", m.kv_lora)
-    w.add_uint32(f"{a}.attention.key_length_mla", m.nope + m.rope)
-    w.add_uint32(f"{a}.attention.value_length_mla", m.v_head)
+    if m.kv_b:
+        w.add_uint32(f"{a}.attention.key_length", m.nope + m.rope)
+        w.add_uint32(f"{a}.attention.value_length", m.v_head)
+    else:
+        w.add_uint32(f"{a}.attention.key_length", m.kv_lora + m.rope)
+        w.add_uint32(f"{a}.attention.value_length", m.kv_lora)
+        w.add_uint32(f"{a}.attention.key_length_mla", m.nope + m.rope)
+        w.add_uint32(f"{a}.attention.value_length_mla", m.v_head)
     w.add_uint32(f"{a}.expert_shared_count", ex.shared_ff // ex.ff)
     w.add_float32(f"{a}.expert_weights_scale", 2.5 if m.sigmoid else 1.0)
     if m.sigmoid:
@@ -323,7 +338,7 @@ def tensor_specs(fam: Family, dims: Dims, seed: int, tier: str) -> Iterator[tupl
         p = f"blk.{i}."
         yield norm(p + "attn_norm.weight", d)
         if fam.mla:
-            yield from _mla_specs(p, fam, dims, i, normal, f32, norm)
+            yield from _mla_specs(p, fam, dims, i, normal, f32, norm, r)
             continue
         qkv = [(p + "attn_q.weight", q_dim, 1.2 / math.sqrt(d)), (p + "attn_k.weight", kv_dim, 1.2 / math.sqrt(d)),
                (p + "attn_v.weight", kv_dim, 1.0 / math.sqrt(d))]
@@ -411,7 +426,7 @@ def _glm_specs(p: str, fam: Family, dims: Dims, i: int, normal, f32, norm):
         yield norm(p + "nextn.shared_head_norm.weight", d)
 
 
-def _mla_specs(p: str, fam: Family, dims: Dims, i: int, normal, f32, norm):
+def _mla_specs(p: str, fam: Family, dims: Dims, i: int, normal, f32, norm, r: "_Rng"):
     """A deepseek2 layer after attn_norm, as llama.cpp loads it: the query bottleneck (attn_q_a, its norm,
     attn_q_b), the latent and rope key (attn_kv_a_mqa: kv_lora + rope rows) and its norm, the absorbed
     per-head attn_k_b (numpy [head, kv_lora, nope]: k_b_proj transposed) and attn_v_b ([head, v_head, kv_lora]),
@@ -425,8 +440,15 @@ def _mla_specs(p: str, fam: Family, dims: Dims, i: int, normal, f32, norm):
         yield normal(p + "attn_q.weight", (nh * (m.nope + m.rope), d), 1.0 / math.sqrt(d))
     yield normal(p + "attn_kv_a_mqa.weight", (m.kv_lora + m.rope, d), 1.2 / math.sqrt(d))
     yield norm(p + "attn_kv_a_norm.weight", m.kv_lora)
-    yield normal(p + "attn_k_b.weight", (nh, m.kv_lora, m.nope), 1.2 / math.sqrt(m.nope))
-    yield normal(p + "attn_v_b.weight", (nh, m.v_head, m.kv_lora), 1.0 / math.sqrt(m.kv_lora))
+    if m.kv_b:
+        # per head nope key rows (1.2 / sqrt(kv_lora): the same q_abs scale as k_b's) then v_head value rows
+        yield p + "attn_kv_b.weight", (nh * (m.nope + m.v_head), m.kv_lora), lambda dt: np.concatenate([
+            np.concatenate([r.normal(f"{p}attn_kv_b.k.{h}", (m.nope, m.kv_lora), 1.2 / math.sqrt(m.kv_lora), 0.0, dt),
+                            r.normal(f"{p}attn_kv_b.v.{h}", (m.v_head, m.kv_lora), 1.0 / math.sqrt(m.kv_lora), 0.0,
+                                     dt)]) for h in range(nh)])
+    else:
+        yield normal(p + "attn_k_b.weight", (nh, m.kv_lora, m.nope), 1.2 / math.sqrt(m.nope))
+        yield normal(p + "attn_v_b.weight", (nh, m.v_head, m.kv_lora), 1.0 / math.sqrt(m.kv_lora))
     yield normal(p + "attn_output.weight", (d, nh * m.v_head), OUT_GAIN / math.sqrt(nh * m.v_head))
     yield norm(p + "ffn_norm.weight", d)
     yield from _leading_dense_or_biased_moe(p, fam, dims, i, normal, f32, bias=m.sigmoid)

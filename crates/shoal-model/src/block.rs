@@ -111,6 +111,10 @@ pub struct MlaSpec {
     pub k_b: ExpertTensor,
     /// `attn_v_b`: per head a `v_head × kv_lora` matrix taking the attended latent to the head's values.
     pub v_b: ExpertTensor,
+    /// Files of the older layout: `attn_kv_b` (`heads·(nope + v_head) × kv_lora`, per head the keys' rows
+    /// then the values'), split at load into `k_b` (transposed) and `v_b`; `None` when the file has
+    /// `attn_k_b`.
+    pub kv_b: Option<MatrixSpec>,
     pub shape: Mla,
 }
 
@@ -262,6 +266,11 @@ impl MlaSpec {
             kv_a_norm: norm(w("attn_kv_a_norm"), a.kv_lora),
             k_b: per_head("attn_k_b", a.kv_lora, a.nope),
             v_b: per_head("attn_v_b", a.v_head, a.kv_lora),
+            kv_b: (!g.has_tensor(&w("attn_k_b")) && g.has_tensor(&w("attn_kv_b"))).then(|| {
+                let rows = cfg.n_heads * (a.nope + a.v_head);
+                let name = w("attn_kv_b");
+                MatrixSpec::new(g, name.clone(), &[(name, None)], rows, a.kv_lora)
+            }),
             shape: a,
         }
     }

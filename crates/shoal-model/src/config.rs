@@ -257,6 +257,11 @@ impl ModelConfig {
             Some(routing) => Some(experts(gguf, &k, ffn_dim, routing)?),
             None => None,
         };
+        // Latent attention caches one key of the latent and the rope part per token, for every head.
+        let (n_kv_heads, head_dim) = match mla {
+            Some(m) => (1, m.kv_lora + m.rope),
+            None => (n_kv_heads, head_dim),
+        };
         let cfg = Self {
             n_layers,
             dim,
@@ -318,25 +323,26 @@ impl ModelConfig {
 }
 
 /// Latent attention's shape from a deepseek2 file: `[key_length, value_length, head_count_kv,
-/// rope.dimension_count]` as read, checked against the MLA keys (files without `key_length_mla`, written
-/// before llama.cpp cached the latent, carry `attn_kv_b` and are refused).
+/// rope.dimension_count]` as read, checked against the MLA keys. Files written before llama.cpp cached the
+/// latent (no `key_length_mla`: their key and value lengths are the decompressed ones, their heads all KV
+/// heads, and `attn_kv_b` holds `attn_k_b` and `attn_v_b` together) are read with those sizes; their
+/// `attn_kv_b` is split at load ([`crate::block::MlaSpec`]).
 fn mla(
     gguf: &GgufFile,
     k: &dyn Fn(&str) -> String,
     [key, value, n_kv, rope]: [usize; 4],
     kq: impl Fn(usize) -> f32,
 ) -> Result<Mla> {
-    let Ok(key_mla) = gguf.get_u32(&k("attention.key_length_mla")) else {
-        return Err(ModelError::Unsupported(format!(
-            "a deepseek2 file without {} (the older attn_kv_b layout); convert it again with a \
-             current llama.cpp",
-            k("attention.key_length_mla")
-        )));
-    };
     let kv_lora = gguf.get_u32(&k("attention.kv_lora_rank"))? as usize;
-    let v_head = gguf.get_u32(&k("attention.value_length_mla"))? as usize;
-    let key_mla = key_mla as usize;
-    if n_kv != 1 || key != kv_lora + rope || value != kv_lora || key_mla <= rope || v_head == 0 {
+    let (key_mla, v_head, latent_ok) = match gguf.get_u32(&k("attention.key_length_mla")) {
+        Ok(key_mla) => (
+            key_mla as usize,
+            gguf.get_u32(&k("attention.value_length_mla"))? as usize,
+            n_kv == 1 && key == kv_lora + rope && value == kv_lora,
+        ),
+        Err(_) => (key, value, true),
+    };
+    if !latent_ok || key_mla <= rope || v_head == 0 || kv_lora == 0 {
         return Err(ModelError::InvalidGguf {
             path: gguf.path().display().to_string(),
             message: format!(

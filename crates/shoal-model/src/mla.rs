@@ -15,6 +15,9 @@
 //! - each head's attended latent goes through its `attn_v_b` (`v_head × kv_lora`), and the heads side by
 //!   side (`heads · v_head`) are the input of `attn_output`.
 //!
+//! Files of the older layout carry `attn_kv_b` instead of `attn_k_b` / `attn_v_b`; it is split at load
+//! (`split_kv_b`), so they run the same way with the same cache.
+//!
 //! Scores are scaled by [`Mla::kq_scale`]. Numerics are the ordinary attention's ([`crate::attention`]):
 //! f16 keys, queries rounded to f16, weights rounded to f16 before the values.
 
@@ -23,13 +26,73 @@ use shoal_kernels::attn::attend_f16;
 use shoal_kernels::math::{f32_to_f16, round_to_f16};
 
 use crate::attention::{RopeRows, SeqChunk, run_items};
-use crate::block::{MlaSpec, read_norm};
+use shoal_kernels::dequantize_row;
+
+use crate::block::{MatrixSpec, MlaSpec, read_norm};
 use crate::config::Mla;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::ffn::{load_set, split_experts};
-use crate::gguf::GgufFile;
-use crate::linear::{LinearScratch, LinearSet};
+use crate::gguf::types::ggml_type;
+use crate::gguf::{GgufFile, RawTensor};
+use crate::linear::{LinearScratch, LinearSet, kernel_qtype};
 use crate::ops;
+
+/// The per-head `attn_k_b` and `attn_v_b` of an older file's `attn_kv_b` (`heads·(nope + v_head) ×
+/// kv_lora`): each head's `v_head` value rows are its `attn_v_b` as they are (quantized as stored), its
+/// `nope` key rows transposed (`kv_lora × nope`, dequantized and kept as F16) its `attn_k_b`, as the
+/// current converter writes them.
+fn split_kv_b(
+    g: &mut GgufFile,
+    spec: &MatrixSpec,
+    a: Mla,
+    n_heads: usize,
+) -> Result<(Vec<LinearSet>, Vec<LinearSet>)> {
+    let raw = g.read_raw(&spec.name)?;
+    let &[rows, cols] = &raw.dims[..] else {
+        return Err(ModelError::BadShape {
+            name: spec.name.clone(),
+            got: raw.dims.clone(),
+            expected: vec![spec.out, spec.input],
+        });
+    };
+    spec.check(rows, cols)?;
+    let qtype = kernel_qtype(&spec.name, raw.ty)?;
+    let row_bytes = raw.data.len() / rows;
+    let f16_type = ggml_type(1).ok_or_else(|| ModelError::BadInput("no F16 type".into()))?;
+    let mut row = vec![0f32; cols];
+    let (mut k_b, mut v_b) = (Vec::new(), Vec::new());
+    for h in 0..n_heads {
+        let first = h * (a.nope + a.v_head);
+        // k_b[h][r][c] = kv_b[first + c][r].
+        let mut t = vec![half::f16::ZERO; a.kv_lora * a.nope];
+        for c in 0..a.nope {
+            let at = (first + c) * row_bytes;
+            dequantize_row(qtype, &raw.data[at..at + row_bytes], &mut row).map_err(|e| {
+                ModelError::InvalidGguf {
+                    path: g.path().display().to_string(),
+                    message: format!("{}: {e}", spec.name),
+                }
+            })?;
+            for (r, &x) in row.iter().enumerate() {
+                t[r * a.nope + c] = half::f16::from_f32(x);
+            }
+        }
+        let k = RawTensor {
+            ty: f16_type,
+            dims: vec![a.kv_lora, a.nope],
+            data: t.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        };
+        let v_rows = (first + a.nope) * row_bytes..(first + a.nope + a.v_head) * row_bytes;
+        let v = RawTensor {
+            ty: raw.ty,
+            dims: vec![a.v_head, a.kv_lora],
+            data: raw.data[v_rows].to_vec(),
+        };
+        k_b.push(LinearSet::from_raws(vec![(spec.name.clone(), k, None)])?);
+        v_b.push(LinearSet::from_raws(vec![(spec.name.clone(), v, None)])?);
+    }
+    Ok((k_b, v_b))
+}
 
 /// Query heads attended together in one work item (they share each key's conversion to f32).
 const HEADS_PER_ITEM: usize = 8;
@@ -72,11 +135,15 @@ impl MlaAttn {
                 .map(|part| LinearSet::from_raws(vec![part]))
                 .collect()
         };
+        let (k_b, v_b) = match &spec.kv_b {
+            Some(kv_b) => split_kv_b(g, kv_b, spec.shape, n_heads)?,
+            None => (per_head(g, &spec.k_b)?, per_head(g, &spec.v_b)?),
+        };
         Ok(Self {
             q_b,
             kv_a_norm: read_norm(g, &spec.kv_a_norm)?,
-            k_b: per_head(g, &spec.k_b)?,
-            v_b: per_head(g, &spec.v_b)?,
+            k_b,
+            v_b,
             shape: spec.shape,
         })
     }

@@ -59,10 +59,11 @@ const SHAPE: [(&str, u32); 5] = [
     ("attention.head_count_kv", 2),
 ];
 
-/// A deepseek2 file in the older layout (no `attention.key_length_mla`: full keys and values through
-/// `attn_kv_b`) is refused by name rather than read as a latent cache of the wrong width.
+/// A deepseek2 file whose latent-attention keys disagree (`key_length_mla` given, but several KV heads and
+/// a key length that is not `kv_lora_rank + rope`) is refused by name rather than read as a cache of the
+/// wrong width.
 #[test]
-fn a_deepseek2_file_without_the_latent_keys_is_refused_by_name() {
+fn a_deepseek2_file_whose_latent_shape_disagrees_is_refused_by_name() {
     let mut g = tiny();
     g.metadata[0] = ("general.architecture".into(), v_str("deepseek2"));
     let shape = SHAPE.map(|(k, v)| (format!("deepseek2.{k}"), v_u32(v)));
@@ -70,6 +71,9 @@ fn a_deepseek2_file_without_the_latent_keys_is_refused_by_name() {
     for (key, v) in [
         ("attention.key_length", 48),
         ("attention.value_length", 32),
+        ("attention.key_length_mla", 48),
+        ("attention.value_length_mla", 32),
+        ("attention.kv_lora_rank", 32),
         ("rope.dimension_count", 16),
         ("expert_count", 4),
         ("expert_used_count", 2),
@@ -77,13 +81,13 @@ fn a_deepseek2_file_without_the_latent_keys_is_refused_by_name() {
         g.metadata.push((format!("deepseek2.{key}"), v_u32(v)));
     }
     let dir = TempDir::new();
-    let path = dir.write("ds-legacy.gguf", &g.build().bytes);
+    let path = dir.write("ds-bad.gguf", &g.build().bytes);
     let file = GgufFile::open(&path).expect("a valid GGUF");
     let err = ModelConfig::from_gguf(&file)
-        .expect_err("legacy layout")
+        .expect_err("disagreeing shape")
         .to_string();
     assert!(
-        err.contains("deepseek2.attention.key_length_mla") && err.contains("attn_kv_b"),
+        err.contains("latent attention") && err.contains("2 KV heads of key 48"),
         "{err}"
     );
 }

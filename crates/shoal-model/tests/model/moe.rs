@@ -22,6 +22,7 @@ fn moe_fixtures() -> Vec<(PathBuf, serde_json::Value)> {
         [
             "deepseek2",
             "deepseek2",
+            "deepseek2",
             "glm4moe",
             "gpt-oss",
             "qwen2moe",
@@ -183,4 +184,14 @@ fn deepseek2_files_resolve_their_latent_attention_and_routing_from_the_metadata(
     assert_eq!((e.groups, e.weights_scale, e.shared_ff), (1, 1.0, 64));
     let stage = load_with(&dir.join("deepseek2-lite-k-q4_k_m.gguf"), 1);
     assert!(!stage.new_kv_cache().has_values());
+    // The older layout (attn_kv_b; every head a KV head of the decompressed key and value lengths) runs
+    // as the same latent attention over the same one-key cache.
+    let old = cfg("deepseek2-kvb-k-q4_k_m.gguf");
+    let m = old.arch.mla.expect("mla");
+    assert_eq!(
+        (m.q_lora, m.kv_lora, m.nope, m.rope, m.v_head),
+        (256, 256, 64, 32, 64)
+    );
+    assert_eq!((old.n_kv_heads, old.head_dim), (1, 288));
+    assert_eq!(old.kv_bytes_per_token(1, 2), 288 * 2);
 }
