@@ -35,10 +35,14 @@ from schemathesis.specs.openapi.checks import (
 from conftest import MODEL_ID, ShoalNode, _models_dir
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-# Cases per operation and generation mode, and the whole pass's time budget: the pass ends early (with a
-# failure) rather than overrun it.
-EXAMPLES = int(os.environ.get("SHOAL_SCHEMATHESIS_EXAMPLES", "6"))
+# The short pass: this many cases per operation and generation mode, derandomised, within BUDGET_S (past
+# it the test fails). With SHOAL_SCHEMATHESIS_SECONDS set (scripts/fuzz-api), rounds of fresh random
+# cases over every operation until that many seconds are spent.
+EXAMPLES = int(os.environ.get("SHOAL_SCHEMATHESIS_EXAMPLES", "40"))
 BUDGET_S = float(os.environ.get("SHOAL_SCHEMATHESIS_BUDGET_S", "150"))
+LONG_S = float(os.environ.get("SHOAL_SCHEMATHESIS_SECONDS", "0"))
+# Where the node's stderr goes as well (scripts/fuzz-api keeps it).
+LOG = os.environ.get("SHOAL_SCHEMATHESIS_LOG")
 # The generation length fields, capped (and set where a case has none) so a case takes well under a
 # second; `n` bounds the choices of one request.
 CAPS = {"max_tokens": 3, "max_completion_tokens": 3, "max_output_tokens": 3, "num_predict": 3, "n": 2}
@@ -49,6 +53,11 @@ GENERATION = {
     "/v1/messages": ("max_tokens",),
     "/api/chat": ("options", "num_predict"),
     "/api/generate": ("options", "num_predict"),
+}
+# The routes that read a served model: a valid case names the one this node serves (a random name only
+# reaches the 404), so positive cases get to the engine; negative cases keep what they were given.
+SERVED_MODEL = {
+    *GENERATION, "/v1/embeddings", "/v1/messages/count_tokens", "/api/embed", "/api/embeddings", "/api/show",
 }
 
 
@@ -65,10 +74,12 @@ def cap(value):
             cap(item)
 
 
-def bound_generation(path: str, body) -> None:
+def bound_generation(path: str, body, mode: GenerationMode) -> None:
     """Caps a generation request's length, setting it where the case leaves it out (the default is the
-    whole context)."""
+    whole context); a valid case names the served model."""
     cap(body)
+    if mode == GenerationMode.POSITIVE and path in SERVED_MODEL and isinstance(body, dict):
+        body["model"] = MODEL_ID
     field = GENERATION.get(path)
     if field is None or not isinstance(body, dict):
         return
@@ -91,7 +102,10 @@ def node(tmp_path_factory):
             os.link(f, models / MODEL_ID / f.name)
         except OSError:
             shutil.copy2(f, models / MODEL_ID / f.name)
-    n = ShoalNode("--offline", key="python-tests-schemathesis", threads=os.cpu_count() or 1, models_dir=models)
+    # The node's stderr also appended to LOG, through a shell the node replaces (`exec`).
+    wrap = ["bash", "-c", 'exec "$@" 2> >(tee -a "$0" >&2)', LOG] if LOG else None
+    n = ShoalNode("--offline", key="python-tests-schemathesis", threads=os.cpu_count() or 1, models_dir=models,
+                  wrap=wrap)
     try:
         yield n
     finally:
@@ -131,34 +145,43 @@ def test_every_operation_answers_generated_cases_as_documented_and_the_node_surv
     statuses: "collections.Counter[int]" = collections.Counter()
     failures: "list[str]" = []
     started = time.monotonic()
+    rounds = 0
 
-    for op in operations:
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            if time.monotonic() - started > BUDGET_S:
-                pytest.fail(f"the pass ran past its {BUDGET_S} s budget at {op.label} ({mode.value})")
-
-            @given(case=op.as_strategy(generation_mode=mode))
-            @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck),
-                      derandomize=True)
-            def run(case):
-                bound_generation(op.path, case.body)
-                cases[f"{op.label} {mode.value}"] += 1
-                try:
-                    response = case.call_and_validate(checks=CHECKS)
-                except (Exception, BaseExceptionGroup) as e:  # failed checks or a request that got no answer
-                    failures.append(f"{op.label} ({mode.value}): {e}\n{case.as_curl_command()}"[:1500])
-                    return
-                statuses[response.status_code] += 1
-
+    def run_operation(op, mode) -> None:
+        @given(case=op.as_strategy(generation_mode=mode))
+        @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck),
+                  derandomize=not LONG_S)
+        def run(case):
+            bound_generation(op.path, case.body, mode)
+            cases[f"{op.label} {mode.value}"] += 1
             try:
-                run()
-            except Unsatisfiable:
-                pass  # an operation with nothing to break (no parameters) has no negative cases
+                response = case.call_and_validate(checks=CHECKS)
+            except (Exception, BaseExceptionGroup) as e:  # failed checks or a request that got no answer
+                failures.append(f"{op.label} ({mode.value}): {e}\n{case.as_curl_command()}"[:1500])
+                return
+            statuses[response.status_code] += 1
+
+        try:
+            run()
+        except Unsatisfiable:
+            pass  # an operation with nothing to break (no parameters) has no negative cases
+
+    while True:
+        rounds += 1
+        for op in operations:
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+                if not LONG_S and time.monotonic() - started > BUDGET_S:
+                    pytest.fail(f"the pass ran past its {BUDGET_S} s budget at {op.label} ({mode.value})")
+                run_operation(op, mode)
+        if not LONG_S or time.monotonic() - started > LONG_S or len(failures) > 200:
+            break
 
     total = sum(cases.values())
     tested = {label.rsplit(" ", 1)[0] for label in cases}
-    print(f"\nschemathesis: {len(tested)} of {len(operations)} operations, {total} cases in "
+    print(f"\nschemathesis: {len(tested)} of {len(operations)} operations, {total} cases in {rounds} round(s), "
           f"{time.monotonic() - started:.0f} s; statuses {dict(sorted(statuses.items()))}")
+    for label, n in sorted(cases.items()):
+        print(f"  {n:6d}  {label}")
     assert not failures, f"{len(failures)} failing cases:\n\n" + "\n\n".join(failures[:20])
     assert tested == {op.label for op in operations}, "every operation got cases"
     with urllib.request.urlopen(f"{node.url}/health", timeout=10) as r:
