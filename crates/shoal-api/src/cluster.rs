@@ -10,9 +10,11 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use futures::StreamExt;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use shoal_cluster::{ClusterHandle, InstanceId, ModelId, NodeId, PlaceRequest};
+use shoal_cluster::{
+    ClusterHandle, InstanceId, InstanceRecord, ModelId, NodeId, PlaceRequest, Placement,
+};
 
 use crate::balance::{self, InFlight, Target};
 use crate::dialect::error_response;
@@ -132,23 +134,58 @@ impl PreviewQuery {
     tag = "cluster",
     params(PreviewQuery),
     responses(
-        (status = 200, description = "`{\"model\", \"previews\": […]}`: candidate placements, best first (with `replicas`: `replicas`).", body = Object),
+        (status = 200, description = "Candidate placements, best first (`previews`), or with `replicas` the placements `POST /instance` would make (`replicas`).", body = Previews),
         crate::schema::OpenAiErrors
     )
 )]
 pub async fn previews(
     State(state): State<ApiState>,
     query: Result<Query<PreviewQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Previews>, ApiError> {
     let c = state.cluster()?;
     let Query(q) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
     let req = q.into_request()?;
     if req.replicas.is_some() {
         let replicas = c.replica_previews(&req)?;
-        return Ok(Json(json!({ "model": req.model, "replicas": replicas })));
+        return Ok(Json(Previews::Replicas {
+            model: req.model,
+            replicas,
+        }));
     }
-    let placements = c.previews(&req)?;
-    Ok(Json(json!({ "model": req.model, "previews": placements })))
+    let previews = c.previews(&req)?;
+    Ok(Json(Previews::One {
+        model: req.model,
+        previews,
+    }))
+}
+
+/// The answer of `GET /instance/previews`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum Previews {
+    /// Candidate placements of one instance, best first.
+    One {
+        model: ModelId,
+        previews: Vec<Placement>,
+    },
+    /// With `replicas`: one placement per replica, on disjoint nodes.
+    Replicas {
+        model: ModelId,
+        replicas: Vec<Placement>,
+    },
+}
+
+/// The answer of `POST /instance`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum Placed {
+    /// The instance placed.
+    One(InstanceRecord),
+    /// With `replicas`: every replica placed.
+    Replicas {
+        model: ModelId,
+        instances: Vec<InstanceRecord>,
+    },
 }
 
 /// `POST /instance`: places an instance through the coordinator; 201 with the instance. With
@@ -158,30 +195,27 @@ pub async fn previews(
     path = "/instance",
     operation_id = "post_instance",
     tag = "cluster",
-    request_body = Object,
+    request_body = PlaceRequest,
     responses(
-        (status = 201, description = "The instance placed (with `replicas`: `{\"model\", \"instances\": […]}`).", body = Object),
+        (status = 201, description = "The instance placed (with `replicas`: every replica, `instances`).", body = Placed),
         crate::schema::OpenAiErrors
     )
 )]
 pub async fn create(
     State(state): State<ApiState>,
     body: Result<Json<PlaceRequest>, axum::extract::rejection::JsonRejection>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Placed>), ApiError> {
     let c = state.cluster()?;
+    // A model id is never empty (`ModelId` refuses it while the body is read).
     let Json(req) = body?;
-    if req.model.is_empty() {
-        return Err(ApiError::invalid("model", "'model' must not be empty"));
-    }
-    let body = if req.replicas.is_some() {
+    let placed = if req.replicas.is_some() {
         let model = req.model.clone();
-        let records = c.place_replicas(req).await?;
-        json!({ "model": model, "instances": records })
+        let instances = c.place_replicas(req).await?;
+        Placed::Replicas { model, instances }
     } else {
-        let record = c.place(req).await?;
-        serde_json::to_value(record).map_err(|e| ApiError::Internal(e.to_string()))?
+        Placed::One(c.place(req).await?)
     };
-    Ok((StatusCode::CREATED, Json(body)))
+    Ok((StatusCode::CREATED, Json(placed)))
 }
 
 /// `POST /links/probe`: measures the bandwidth to every connected peer again (results appear in

@@ -56,3 +56,4 @@ pub use node::{
 pub use node::{PathBook, PathId, PathLease, PathStream, PathStreamError, Paths};
 pub use proto::{InstanceRecord, InstanceTable, Move, PlaceRequest};
 pub use shoal_ids::{IdError, InstanceId, ModelId, NodeId};
+pub use shoal_placement::Placement;

@@ -73,6 +73,7 @@ impl From<Refusal> for ClusterError {
 /// `GET /instance/previews`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PlaceRequest {
     pub model: ModelId,
     /// Use exactly these nodes (in this order when `layers` is given).
@@ -116,6 +117,7 @@ impl PlaceRequest {
 
 /// A placed model: its pipeline stages, in order. The first stage's node runs the request scheduler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct InstanceRecord {
     pub id: InstanceId,
     pub model: ModelId,

@@ -92,10 +92,12 @@ impl InstanceId {
 
     /// Exactly 16 hex digits (either case); anything else is refused.
     pub fn parse(text: &str) -> Result<Self, IdError> {
-        if text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit())
-            && let Ok(v) = u64::from_str_radix(text, 16) {
-                return Ok(InstanceId(v));
-            }
+        if text.len() == 16
+            && text.bytes().all(|b| b.is_ascii_hexdigit())
+            && let Ok(v) = u64::from_str_radix(text, 16)
+        {
+            return Ok(InstanceId(v));
+        }
         Err(IdError::Instance {
             text: excerpt(text),
         })
@@ -290,6 +292,58 @@ macro_rules! parsed_id {
 parsed_id!(NodeId);
 parsed_id!(InstanceId);
 parsed_id!(ModelId);
+
+/// OpenAPI schemas (feature `openapi`): each id is a string with its rule as the pattern.
+#[cfg(feature = "openapi")]
+mod openapi {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
+
+    fn string(description: &str, pattern: Option<&str>, max: Option<usize>) -> RefOr<Schema> {
+        let mut b = ObjectBuilder::new()
+            .schema_type(SchemaType::new(Type::String))
+            .description(Some(description))
+            .min_length(Some(1))
+            .max_length(max);
+        if let Some(p) = pattern {
+            b = b.pattern(Some(p));
+        }
+        RefOr::T(Schema::Object(b.build()))
+    }
+
+    impl utoipa::PartialSchema for super::NodeId {
+        fn schema() -> RefOr<Schema> {
+            string(
+                "A member's node id (its libp2p peer id).",
+                Some("^[A-Za-z0-9._-]{1,128}$"),
+                Some(super::MAX_NODE_ID_LEN),
+            )
+        }
+    }
+    impl utoipa::ToSchema for super::NodeId {}
+
+    impl utoipa::PartialSchema for super::InstanceId {
+        fn schema() -> RefOr<Schema> {
+            string(
+                "An instance id: 16 hex digits.",
+                Some("^[0-9a-fA-F]{16}$"),
+                Some(16),
+            )
+        }
+    }
+    impl utoipa::ToSchema for super::InstanceId {}
+
+    impl utoipa::PartialSchema for super::ModelId {
+        fn schema() -> RefOr<Schema> {
+            string(
+                "A model id: a catalog id or org/repo[:QUANT]; never a path.",
+                None,
+                Some(super::MAX_MODEL_ID_LEN),
+            )
+        }
+    }
+    impl utoipa::ToSchema for super::ModelId {}
+}
 
 #[cfg(test)]
 mod tests {

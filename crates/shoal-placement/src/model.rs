@@ -134,6 +134,7 @@ impl NodeInfo {
 /// The physical kind of a link, in preference order (best first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum LinkKind {
     Loopback,
     Thunderbolt,
@@ -379,6 +380,7 @@ impl ModelCard {
 /// What the planner optimises; candidates are ranked by the goal's figure.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Goal {
     /// One stream's decode rate (the lowest per-token latency of a lone request).
     #[default]

@@ -10,6 +10,7 @@ use crate::model::{Goal, LinkKind};
 /// One pipeline stage: `node` runs layers `start..end` (end exclusive), the first of them on one of
 /// its GPUs when `gpu` says so.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Stage {
     pub node: NodeId,
     pub start: usize,
@@ -22,6 +23,7 @@ pub struct Stage {
 
 /// Where a stage's GPU layers run: the first `layers` of the stage on GPU `index` of its node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuLayers {
     pub index: usize,
     pub layers: usize,
@@ -50,6 +52,7 @@ impl Stage {
 
 /// A candidate placement with its predicted cost and a human-readable explanation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Placement {
     pub stages: Vec<Stage>,
     /// One stream's predicted time per generated token, microseconds.
@@ -66,6 +69,7 @@ pub struct Placement {
 
 /// What the cost model predicts for one placement.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Prediction {
     /// The goal the placement was ranked for.
     pub goal: Goal,
@@ -115,6 +119,7 @@ impl Prediction {
 
 /// Aggregate decode rate with `batch` concurrent streams.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BatchRate {
     pub batch: usize,
     /// Micro-batches in flight (`min(batch, stages)`, as the engine splits its running streams).
@@ -126,6 +131,7 @@ pub struct BatchRate {
 
 /// One stage's predicted compute.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StagePrediction {
     pub node: NodeId,
     pub layers: usize,
@@ -143,6 +149,7 @@ pub struct StagePrediction {
 
 /// One forward hop's predicted cost.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HopPrediction {
     pub from: NodeId,
     pub to: NodeId,
@@ -155,6 +162,7 @@ pub struct HopPrediction {
 
 /// Why a node is in or out of a placement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeVerdict {
     pub node: NodeId,
     /// Whether the node runs a stage.
