@@ -214,12 +214,12 @@ impl EngineHandle {
         self.enqueue_n(request, n)
     }
 
-    /// [`EngineHandle::submit_n`] for a request already routed to this engine by its model id.
-    pub(crate) fn enqueue_n(
+    /// [`EngineHandle::enqueue_n`], with the prompt's tokens as this engine made them.
+    pub(crate) fn enqueue_keeping_prompt(
         &self,
         request: GenerateRequest,
         n: usize,
-    ) -> Result<Vec<RequestStream>, EngineError> {
+    ) -> Result<(Vec<RequestStream>, Vec<u32>), EngineError> {
         if !(1..=MAX_CHOICES).contains(&n) {
             return Err(EngineError::InvalidParam {
                 param: "n",
@@ -228,7 +228,18 @@ impl EngineHandle {
         }
         let tokens = self.prompt_tokens(&request)?;
         let deadline = request.timeout.map(|t| Instant::now() + t);
-        self.queue(tokens, request, None, (n, deadline), false)
+        let streams = self.queue(tokens.clone(), request, None, (n, deadline), false)?;
+        Ok((streams, tokens))
+    }
+
+    /// [`EngineHandle::submit_n`] for a request already routed to this engine by its model id.
+    pub(crate) fn enqueue_n(
+        &self,
+        request: GenerateRequest,
+        n: usize,
+    ) -> Result<Vec<RequestStream>, EngineError> {
+        self.enqueue_keeping_prompt(request, n)
+            .map(|(streams, _)| streams)
     }
 
     /// Queues `tokens` (checked) as an embedding sequence ([`crate::embed`]).
@@ -290,6 +301,7 @@ impl EngineHandle {
                 rx,
                 prefill: prefill_rx.clone(),
                 cancel: cancel.clone(),
+                resume: None,
             });
             (tx, cancel)
         };
@@ -468,9 +480,27 @@ pub struct RequestStream {
     rx: mpsc::UnboundedReceiver<Event>,
     prefill: tokio::sync::watch::Receiver<Prefill>,
     cancel: Arc<AtomicBool>,
+    /// How the stream continues when a stage dies ([`crate::resume`]); `None`: it ends with the error.
+    resume: Option<Box<dyn Continuation>>,
+}
+
+/// What lets a stream continue after a stage's death ([`crate::resume::Resume`]): it sees each token
+/// pass, and on the break starts the continuation, whose events replace the stream's.
+pub(crate) trait Continuation: Send {
+    fn token(&mut self, id: u32);
+    fn start(
+        self: Box<Self>,
+        why: String,
+        cancel: Arc<AtomicBool>,
+    ) -> Option<mpsc::UnboundedReceiver<Event>>;
 }
 
 impl RequestStream {
+    /// Lets this stream continue on another engine when a stage dies.
+    pub(crate) fn set_continuation(&mut self, resume: Box<dyn Continuation>) {
+        self.resume = Some(resume);
+    }
+
     /// Engine-wide unique request id.
     pub fn id(&self) -> u64 {
         self.id
@@ -483,11 +513,31 @@ impl RequestStream {
 
     /// Next event; `None` after `Done`/`Error` has been received.
     pub async fn next(&mut self) -> Option<Event> {
-        self.rx.recv().await
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
-        self.rx.poll_recv(cx)
+        loop {
+            let event = std::task::ready!(self.rx.poll_recv(cx));
+            match (&event, &mut self.resume) {
+                (Some(Event::Token { id, .. }), Some(resume)) => resume.token(*id),
+                (Some(Event::Error(EngineError::StageLost(why))), Some(_))
+                    if !self.cancel.load(Ordering::Relaxed) =>
+                {
+                    let why = why.clone();
+                    if let Some(rx) = self
+                        .resume
+                        .take()
+                        .and_then(|r| r.start(why, self.cancel.clone()))
+                    {
+                        self.rx = rx;
+                        continue;
+                    }
+                }
+                _ => {}
+            }
+            return Poll::Ready(event);
+        }
     }
 
     /// How far the prompt has been processed: updated by the engine as each prefill chunk completes

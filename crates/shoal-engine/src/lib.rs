@@ -14,7 +14,9 @@
 //! admits waiting requests within the KV budget, decodes one token for each running sequence
 //! (batched) and prefills waiting prompts in chunks, samples, detokenizes (stop sequences, UTF-8
 //! boundaries) and sends [`Event`]s back; [`EngineStats`] counts what happened. Beside the events, each
-//! landed prompt chunk updates the request's [`Prefill`] progress ([`RequestStream::prefill`]).
+//! landed prompt chunk updates the request's [`Prefill`] progress ([`RequestStream::prefill`]). A
+//! request submitted through [`Engines`] survives its stage's death ([`resume`]): its stream continues
+//! on the model's next engine with its prompt and generated tokens as a token prompt.
 //!
 //! [`Engines::embed`] ([`embed`]) runs each input of an [`EmbedRequest`] as a prompt-only sequence whose
 //! chunks ask the last stage for pooled final hidden states instead of logits, and answers one
@@ -43,6 +45,7 @@ pub mod meters;
 pub mod prefix;
 pub mod registry;
 pub mod request;
+pub mod resume;
 pub mod sampler;
 pub mod scheduler;
 pub mod seqkv;

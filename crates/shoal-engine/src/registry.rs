@@ -10,6 +10,7 @@ use std::sync::{Arc, RwLock};
 use crate::error::EngineError;
 use crate::handle::{ChatMessage, EngineHandle, ModelInfo, RequestStream};
 use crate::request::{EmbedRequest, Embeddings, GenerateRequest};
+use crate::resume::{Lookup, Resume};
 use crate::stats::EngineStats;
 
 /// The engines of this node, by model id.
@@ -122,7 +123,19 @@ impl Engines {
         request: GenerateRequest,
         n: usize,
     ) -> Result<Vec<RequestStream>, EngineError> {
-        self.get(&request.model)?.enqueue_n(request, n)
+        let engine = self.get(&request.model)?;
+        if !Resume::applies(&request, n) {
+            return engine.enqueue_n(request, n);
+        }
+        // Its stream continues on the model's next engine when a stage of this one dies.
+        let continued = request.clone();
+        let (mut streams, prompt) = engine.enqueue_keeping_prompt(request, n)?;
+        let engines = self.clone();
+        let lookup: Lookup = Arc::new(move |model: &str| engines.get(model).ok());
+        if let Some(first) = streams.first_mut() {
+            first.set_continuation(Resume::of(lookup, &engine, &continued, prompt));
+        }
+        Ok(streams)
     }
 
     /// One L2-normalized vector per input of `request`, from the engine serving `request.model`

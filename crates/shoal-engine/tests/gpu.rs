@@ -18,7 +18,6 @@ use shoal_kernels::ThreadPool;
 use shoal_model::LayerRange;
 use shoal_testkit::fixtures::model_path;
 
-#[allow(dead_code)] // the helpers other test files use
 mod common;
 use common::PATIENCE;
 

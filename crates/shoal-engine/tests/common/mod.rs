@@ -1,4 +1,7 @@
+#![allow(dead_code)] // each test binary uses a different subset
 //! What the engine's integration tests share.
+
+pub mod scripted;
 
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
