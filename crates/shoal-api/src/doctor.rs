@@ -62,10 +62,11 @@ impl DoctorBody {
 )]
 pub async fn doctor(
     State(state): State<ApiState>,
-    body: Option<Json<DoctorBody>>,
+    // No body, or `null`: the defaults; a malformed one is a 400 in OpenAI's shape.
+    body: Result<Option<Json<Option<DoctorBody>>>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let c = state.cluster()?;
-    let opts = body.map(|Json(b)| b).unwrap_or_default().options()?;
+    let opts = body?.and_then(|Json(b)| b).unwrap_or_default().options()?;
     let peers = c.doctor(opts).await?;
     let snap = c.snapshot();
     let me = snap.state.me();

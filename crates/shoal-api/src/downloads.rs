@@ -118,8 +118,9 @@ pub async fn cancel(
     State(state): State<ApiState>,
     headers: axum::http::HeaderMap,
     Path(model): Path<String>,
-    Query(q): Query<NodeQuery>,
+    query: Result<Query<NodeQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
     let model = model_id(&model)?;
     if let Some(base) = other_node_url(&state, q.node.as_deref())? {
         let url = peer_url(&base, &["downloads", model])?;
