@@ -89,7 +89,7 @@ impl Resume {
                 Some(e) if !e.same_engine(&self.failed) => break e,
                 _ if Instant::now() >= give_up => {
                     let _ = tx.send(Event::Error(EngineError::StageLost(format!(
-                        "{why}; no instance of the model was ready again within {} s",
+                        "{why}; no instance of the model driven by this node was ready again within {} s",
                         RESUME_WAIT.as_secs()
                     ))));
                     return;
