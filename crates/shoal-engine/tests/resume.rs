@@ -84,7 +84,7 @@ async fn a_request_with_a_stop_sequence_or_no_engine_coming_back_ends_with_the_e
         panic!("expected the stage's loss, got {last:?}");
     };
     assert!(
-        why.contains("no instance of the model was ready again"),
+        why.contains("no instance of the model driven by this node was ready again"),
         "{why}"
     );
     assert!(started.elapsed() >= RESUME_WAIT);
