@@ -199,7 +199,7 @@ def test_every_operation_answers_generated_cases_as_documented_and_the_node_surv
 
 def test_a_refusal_axum_writes_itself_is_answered_in_the_routes_api_shape(node):
     """What the pass found: a query or body a bare extractor refuses was a `text/plain` 4xx."""
-    for method, path, body in (("DELETE", "/downloads/some-model?bogus=1", None), ("POST", "/doctor", b"null")):
+    for method, path, body in (("DELETE", "/downloads/some-model?bogus=1", None), ("POST", "/doctor", b"{bad")):
         req = urllib.request.Request(f"{node.url}{path}", data=body, method=method,
                                      headers={"content-type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as e:
@@ -208,6 +208,11 @@ def test_a_refusal_axum_writes_itself_is_answered_in_the_routes_api_shape(node):
         assert e.value.headers["content-type"] == "application/json", path
         error = json.load(e.value)["error"]
         assert error["type"] == "invalid_request_error" and error["message"], (path, error)
+    # `null` is what the document allows for the doctor's optional options: the defaults.
+    req = urllib.request.Request(f"{node.url}/doctor", data=b"null", method="POST",
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status == 200 and "peers" in json.load(r)
 
 
 def test_a_nodes_device_choice_is_documented_as_the_cluster_publishes_it(node):
