@@ -214,22 +214,15 @@ impl EngineHandle {
         self.enqueue_n(request, n)
     }
 
-    /// [`EngineHandle::enqueue_n`], with the prompt's tokens as this engine made them.
+    /// [`EngineHandle::enqueue_n`], with a copy of the prompt's tokens as this engine made them.
     pub(crate) fn enqueue_keeping_prompt(
         &self,
         request: GenerateRequest,
         n: usize,
     ) -> Result<(Vec<RequestStream>, Vec<u32>), EngineError> {
-        if !(1..=MAX_CHOICES).contains(&n) {
-            return Err(EngineError::InvalidParam {
-                param: "n",
-                message: format!("n must be between 1 and {MAX_CHOICES}, got {n}"),
-            });
-        }
-        let tokens = self.prompt_tokens(&request)?;
-        let deadline = request.timeout.map(|t| Instant::now() + t);
-        let streams = self.queue(tokens.clone(), request, None, (n, deadline), false)?;
-        Ok((streams, tokens))
+        let mut prompt = Vec::new();
+        let streams = self.enqueue_choices(request, n, Some(&mut prompt))?;
+        Ok((streams, prompt))
     }
 
     /// [`EngineHandle::submit_n`] for a request already routed to this engine by its model id.
@@ -238,8 +231,28 @@ impl EngineHandle {
         request: GenerateRequest,
         n: usize,
     ) -> Result<Vec<RequestStream>, EngineError> {
-        self.enqueue_keeping_prompt(request, n)
-            .map(|(streams, _)| streams)
+        self.enqueue_choices(request, n, None)
+    }
+
+    /// Checks `n`, tokenizes the prompt (copied into `keep` when given) and queues the request.
+    fn enqueue_choices(
+        &self,
+        request: GenerateRequest,
+        n: usize,
+        keep: Option<&mut Vec<u32>>,
+    ) -> Result<Vec<RequestStream>, EngineError> {
+        if !(1..=MAX_CHOICES).contains(&n) {
+            return Err(EngineError::InvalidParam {
+                param: "n",
+                message: format!("n must be between 1 and {MAX_CHOICES}, got {n}"),
+            });
+        }
+        let tokens = self.prompt_tokens(&request)?;
+        if let Some(keep) = keep {
+            keep.clone_from(&tokens);
+        }
+        let deadline = request.timeout.map(|t| Instant::now() + t);
+        self.queue(tokens, request, None, (n, deadline), false)
     }
 
     /// Queues `tokens` (checked) as an embedding sequence ([`crate::embed`]).

@@ -127,13 +127,14 @@ impl Engines {
         if !Resume::applies(&request, n) {
             return engine.enqueue_n(request, n);
         }
-        // Its stream continues on the model's next engine when a stage of this one dies.
+        // Its stream continues on the model's next engine when a stage of this one dies (a copy of the
+        // request: it has no logits processor, `Resume::applies`).
         let continued = request.clone();
         let (mut streams, prompt) = engine.enqueue_keeping_prompt(request, n)?;
         let engines = self.clone();
         let lookup: Lookup = Arc::new(move |model: &str| engines.get(model).ok());
         if let Some(first) = streams.first_mut() {
-            first.set_continuation(Resume::of(lookup, &engine, &continued, prompt));
+            first.set_continuation(Resume::of(lookup, &engine, continued, prompt));
         }
         Ok(streams)
     }

@@ -58,19 +58,16 @@ impl Resume {
     pub(crate) fn of(
         engines: Lookup,
         failed: &EngineHandle,
-        request: &GenerateRequest,
+        request: GenerateRequest,
         prompt: Vec<u32>,
     ) -> Box<Self> {
         Box::new(Resume {
             engines,
             failed: failed.clone(),
-            request: GenerateRequest {
-                logits_processor: None,
-                ..request.clone()
-            },
+            deadline: request.timeout.map(|t| Instant::now() + t),
+            request,
             prompt,
             generated: Vec::new(),
-            deadline: request.timeout.map(|t| Instant::now() + t),
         })
     }
 
