@@ -21,69 +21,113 @@ NODES = 8
 LAYERS = [4, 4, 4, 4, 4, 4, 3, 3]
 
 
-@pytest.fixture(scope="module")
-def eight():
-    started = time.monotonic()
-    # The driver sends f32 activations: eight hops must give the single node's tokens bit for bit.
-    a = ShoalNode("--no-auto-instance", "--wire-dtype", "f32")
-    nodes = [a]
-    try:
-        nodes += [ShoalNode("--no-auto-instance", "--peer", a.cluster_addr) for _ in range(NODES - 1)]
+class Direct:
+    """The nodes' APIs from this namespace (127.0.0.1)."""
+    label = "loopback"
+    wait_s = 60
+
+    def cluster(self, node):
+        return state(node)["cluster"]
+
+    def place(self, node, stages):
+        return place(node, stages)
+
+    def remove(self, node, iid):
+        remove(node, iid)
+
+    def answer(self, node, prompt):
+        text, tokens, _ = greedy(node, prompt)
+        return text, tokens
+
+    def members(self, nodes):
         wait_members(nodes, nodes)
-        print(f"{NODES} nodes started and fully meshed in {time.monotonic() - started:.1f} s")
-        yield nodes
-    finally:
-        for n in nodes:
-            n.kill()
 
 
-def test_eight_nodes_join_serve_one_nodes_tokens_and_survive_a_stage_death(eight):
-    a = eight[0]
-    # Every node lists all eight, and the same instance table version, from its own /state.
-    ids = sorted(n.id for n in eight)
-    for n in eight:
-        c = state(n)["cluster"]
+class InLab:
+    """The nodes' APIs from inside each node's lab namespace."""
+    label = "lab"
+    wait_s = 120
+
+    def cluster(self, node):
+        return lab_cluster(node)
+
+    def place(self, node, stages):
+        return lab_place(node, stages)
+
+    def remove(self, node, iid):
+        lab_http(node, "DELETE", f"/instance/{iid}")
+        wait_until(f"{iid} to leave the table", lambda: all(i["id"] != iid for i in lab_cluster(node)["instances"]))
+
+    def answer(self, node, prompt):
+        return lab_greedy(node, prompt)
+
+    def members(self, nodes):
+        lab_members(nodes, nodes)
+
+
+def scenario(via, nodes):
+    """The eight-node run, whichever way the APIs are reached: every node lists the eight with a link
+    to each; one node's greedy answers; the same over eight stages; a middle stage killed, the instance
+    placed again on the seven left, and the next answer's tokens the same."""
+    a = nodes[0]
+    ids = sorted(n.id for n in nodes)
+    for n in nodes:
+        c = via.cluster(n)
         assert sorted(x["id"] for x in c["nodes"]) == ids
         assert len(c["links"]) == NODES * (NODES - 1) // 2
 
-    iid = place(a, [(a, 30)])
-    alone = [greedy(a, p) for p in PROMPTS]
-    assert all(text for text, _, _ in alone)
-    remove(a, iid)
+    iid = via.place(a, [(a, 30)])
+    alone = [via.answer(a, p) for p in PROMPTS]
+    assert all(text for text, _ in alone)
+    via.remove(a, iid)
 
     t = time.monotonic()
-    place(a, list(zip(eight, LAYERS)))
-    print(f"an 8-stage instance loaded and ready in {time.monotonic() - t:.1f} s")
+    via.place(a, list(zip(nodes, LAYERS)))
+    print(f"{via.label}: an 8-stage instance loaded and ready in {time.monotonic() - t:.1f} s")
     t = time.monotonic()
-    eight_stages = [greedy(a, p) for p in PROMPTS]
-    print(f"{len(PROMPTS)} greedy answers through 8 stages in {time.monotonic() - t:.1f} s")
-    for (text1, tokens1, _), (text8, tokens8, _) in zip(alone, eight_stages):
+    eight_stages = [via.answer(a, p) for p in PROMPTS]
+    print(f"{via.label}: {len(PROMPTS)} greedy answers through 8 stages in {time.monotonic() - t:.1f} s")
+    for (text1, tokens1), (text8, tokens8) in zip(alone, eight_stages):
         assert tokens8 == tokens1, "eight stages give other tokens than one node"
         assert text8 == text1
 
     # A middle stage dies: the coordinator places the instance again on the seven left (automatically,
     # under a fresh id) and the next request is served with the same tokens.
-    victim = eight[4]
+    victim = nodes[4]
     victim.kill()
     killed_at = time.monotonic()
-    left = [n for n in eight if n is not victim]
-    wait_members(left, left)
+    left = [n for n in nodes if n is not victim]
+    via.members(left)
 
     def replaced():
-        insts = state(a)["cluster"]["instances"]
+        insts = via.cluster(a)["instances"]
         return (
             len(insts) == 1
             and insts[0]["status"] == "ready"
             and all(s["node"] != victim.id for s in insts[0]["stages"])
         )
 
-    wait_until("the instance to be placed again on the seven left", replaced)
+    wait_until("the instance to be placed again on the seven left", replaced, via.wait_s)
     ready_after = time.monotonic() - killed_at
-    again = greedy(a, PROMPTS[0])
-    served_after = time.monotonic() - killed_at
-    print(f"after a stage's SIGKILL: placed again and ready in {ready_after:.1f} s, "
-          f"first answer in {served_after:.1f} s")
+    again = via.answer(a, PROMPTS[0])
+    print(f"{via.label}: after a stage's SIGKILL: placed again and ready in {ready_after:.1f} s, "
+          f"first answer in {time.monotonic() - killed_at:.1f} s")
     assert again[1] == alone[0][1], "the re-placed instance gives other tokens"
+
+
+def test_eight_nodes_join_serve_one_nodes_tokens_and_survive_a_stage_death():
+    started = time.monotonic()
+    # The driver sends f32 activations: eight hops must give the single node's tokens bit for bit.
+    a = ShoalNode("--no-auto-instance", "--wire-dtype", "f32")
+    nodes = [a]
+    try:
+        nodes += [ShoalNode("--no-auto-instance", "--peer", a.cluster_addr) for _ in range(NODES - 1)]
+        Direct().members(nodes)
+        print(f"loopback: {NODES} nodes started and fully meshed in {time.monotonic() - started:.1f} s")
+        scenario(Direct(), nodes)
+    finally:
+        for n in nodes:
+            n.kill()
 
 
 LAB = str(REPO / "scripts" / "lab")
@@ -118,13 +162,14 @@ def lab_cluster(node: ShoalNode) -> dict:
     return body["cluster"]
 
 
-def lab_greedy(node: ShoalNode, prompt: str) -> "list[str]":
+def lab_greedy(node: ShoalNode, prompt: str) -> "tuple[str, list[str]]":
     status, body = lab_http(node, "POST", "/v1/chat/completions", {
         "model": MODEL_ID, "messages": [{"role": "user", "content": prompt}],
         "max_tokens": 24, "temperature": 0, "logprobs": True,
     })
     assert status == 200, body
-    return [t["token"] for t in body["choices"][0]["logprobs"]["content"]]
+    choice = body["choices"][0]
+    return choice["message"]["content"], [t["token"] for t in choice["logprobs"]["content"]]
 
 
 def lab_place(node: ShoalNode, stages) -> str:
@@ -180,37 +225,9 @@ def test_eight_nodes_in_the_lab_with_mixed_links(lab):
     try:
         for i, ns in enumerate(lab[1:], start=1):
             nodes.append(ShoalNode("--no-auto-instance", "--peer", a.cluster_addr, host=lab_addr(i), netns=ns))
-        lab_members(nodes, nodes)
+        InLab().members(nodes)
         print(f"lab: {NODES} nodes ({', '.join(PROFILES)}) meshed in {time.monotonic() - started:.1f} s")
-        # The links were classified and measured over the shaped interfaces.
-        links = lab_cluster(a)["links"]
-        assert len(links) == NODES * (NODES - 1) // 2
-        iid = lab_place(a, [(a, 30)])
-        alone = [lab_greedy(a, p) for p in PROMPTS]
-        lab_http(a, "DELETE", f"/instance/{iid}")
-        wait_until("the one-node instance to leave", lambda: not lab_cluster(a)["instances"])
-        t = time.monotonic()
-        lab_place(a, list(zip(nodes, LAYERS)))
-        print(f"lab: an 8-stage instance ready in {time.monotonic() - t:.1f} s")
-        t = time.monotonic()
-        assert [lab_greedy(a, p) for p in PROMPTS] == alone, "eight stages give other tokens than one node"
-        print(f"lab: {len(PROMPTS)} greedy answers through 8 stages in {time.monotonic() - t:.1f} s")
-        victim = nodes[4]
-        victim.kill()
-        killed_at = time.monotonic()
-        left = [n for n in nodes if n is not victim]
-        lab_members(left, left)
-
-        def replaced():
-            insts = lab_cluster(a)["instances"]
-            return (len(insts) == 1 and insts[0]["status"] == "ready"
-                    and all(s["node"] != victim.id for s in insts[0]["stages"]))
-
-        wait_until("the instance to be placed again on the seven left", replaced, 120)
-        ready_after = time.monotonic() - killed_at
-        assert lab_greedy(a, PROMPTS[0]) == alone[0], "the re-placed instance gives other tokens"
-        print(f"lab: after a stage's SIGKILL: ready again in {ready_after:.1f} s, "
-              f"first answer in {time.monotonic() - killed_at:.1f} s")
+        scenario(InLab(), nodes)
     finally:
         for n in nodes:
             n.kill()
