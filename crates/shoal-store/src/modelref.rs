@@ -375,34 +375,16 @@ mod tests {
 
     #[test]
     fn model_ids_that_could_leave_the_models_dir_are_refused() {
-        for ok in [
-            "smollm2-135m-instruct-q4_1",
-            "org/repo:Q4_K_M",
-            "org/repo/file.gguf",
-            "a.b",
-        ] {
-            assert!(check_model_id(ok).is_ok(), "{ok}");
+        // The rule itself is shoal_ids::ModelId's (its tests list the cases); here, that the store
+        // applies it and says why in its own error.
+        assert!(check_model_id("org/repo:Q4_K_M").is_ok());
+        for bad in ["..", "org/../x", "/etc/passwd", "x.gguf"] {
+            let err = check_model_id(bad).unwrap_err();
+            assert!(
+                matches!(&err, StoreError::BadRef { why, .. } if why.starts_with("not a model id")),
+                "{bad:?}: {err}"
+            );
         }
-        for bad in [
-            "",
-            "..",
-            ".hidden",
-            "org/../x",
-            "a/./b",
-            "x:..",
-            "a\\b",
-            "a\nb",
-            "a\0b",
-            "/etc/passwd",
-            "~/x",
-            "x.gguf",
-            "dir/x.gguf",
-        ] {
-            assert!(check_model_id(bad).is_err(), "{bad:?}");
-        }
-        assert!(check_model_id(&"x".repeat(300)).is_err());
-        // Short enough as an id, too long as a folder name once each ':' is '--'.
-        assert!(check_model_id(&"a:".repeat(100)).is_err());
         assert!(HubRef::parse("org/repo@..:Q4_K_M").is_err());
     }
 
