@@ -61,6 +61,7 @@ pub mod downloads;
 pub mod error;
 pub mod generate;
 pub mod guard;
+pub mod limits;
 pub mod membership;
 pub mod metrics;
 pub mod ollama;

@@ -40,6 +40,7 @@ pub mod handle;
 pub mod hybrid;
 mod kv_account;
 pub mod kvpool;
+pub mod limits;
 pub mod logits;
 pub mod meters;
 pub mod prefix;

@@ -166,6 +166,11 @@ pub struct EngineArgs {
     /// Sequences generating at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
+    /// Requests of a model that may wait for a free sequence slot; past them a request is refused at
+    /// once (503 with Retry-After; Anthropic's 529). The engine's wait list holds this many and its
+    /// intake as many again, so at most twice this many wait.
+    #[arg(long, default_value_t = 256)]
+    pub queue_depth: usize,
     /// KV-cache memory for all sequences and cached prefixes of every model on this node, in MiB.
     #[arg(long, default_value_t = 2048)]
     pub kv_budget_mib: usize,
@@ -195,6 +200,7 @@ impl EngineArgs {
             threads: self.threads.unwrap_or_else(default_threads).max(1),
             max_batch_tokens: self.max_batch_tokens.max(1),
             max_running: self.max_running.max(1),
+            queue_depth: self.queue_depth.max(1),
             max_prefill_while_decoding: self.prefill_chunk_while_decoding.max(1),
             itl_slack: (self.itl_slack > 0.0).then_some(self.itl_slack),
             stages,

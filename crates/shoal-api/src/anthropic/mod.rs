@@ -21,7 +21,9 @@
 //! `stop_reason` comes from the engine's end: an end-of-generation token is `end_turn` (`tool_use` when
 //! the answer called tools), a stop sequence `stop_sequence` (named in `stop_sequence`, as the engine
 //! reports it), the token budget `max_tokens`, and a full context window
-//! `model_context_window_exceeded`.
+//! `model_context_window_exceeded`. A `max_tokens` that the prompt leaves no room for (the context, or a
+//! KV budget smaller than it) is refused before anything is sent, in Anthropic's words
+//! ([`crate::limits`]).
 
 pub mod convert;
 pub mod stream;
@@ -45,6 +47,7 @@ pub use crate::dialect::anthropic::Error;
 use crate::error::ApiError;
 use crate::generate::reasoning::{self, Splitter};
 use crate::generate::{self, Chat, Started, collect};
+use crate::limits::{self, Budget, Words};
 use crate::route_table::Routes;
 use crate::sse::stream_response;
 
@@ -103,6 +106,16 @@ pub async fn messages(
         prompt_tokens,
         reasoning,
     } = generate::start(&state, caller, chat).await?;
+    limits::check(
+        &state,
+        &prepared.model,
+        Budget {
+            prompt_tokens,
+            max_tokens: Some(prepared.max_tokens.get()),
+            choices: 1,
+        },
+        Words::Anthropic,
+    )?;
     let Some(mut live) = choices.into_iter().next() else {
         return Err(ApiError::Internal("no choice was submitted".into()).into());
     };

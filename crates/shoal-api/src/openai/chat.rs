@@ -38,10 +38,20 @@ use crate::cancel::Caller;
 use crate::error::ApiError;
 use crate::generate::reasoning::{self, Parts, Splitter};
 use crate::generate::{self, Chat, SampledToken, Started, collect_all, total_usage};
+use crate::limits::{self, Budget, Words};
 use crate::sse::to_json;
 
 /// The request field a prompt problem is reported against.
 const PROMPT_PARAM: &str = "messages";
+
+/// The request field the token budget came from (`max_completion_tokens` wins when both are sent).
+fn budget_param(completion_tokens: bool) -> &'static str {
+    if completion_tokens {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    }
+}
 
 #[utoipa::path(
     post,
@@ -73,6 +83,7 @@ pub async fn chat_completions(
         req.reasoning_effort.as_deref(),
         req.chat_template_kwargs.as_ref(),
     )?;
+    let budget_param = budget_param(req.max_completion_tokens.is_some());
     let mut params = CommonParams::from(&mut req).validate(&state.engine)?;
     params.sampling.top_logprobs = logprobs.unwrap_or(0);
     if params.ignore_eos && constrains(&guidance) {
@@ -103,8 +114,18 @@ pub async fn chat_completions(
         ticket,
         parser: tool_parser,
         reasoning,
-        ..
+        prompt_tokens,
     } = generate::start(&state, caller, chat).await?;
+    limits::check(
+        &state,
+        &params.model,
+        Budget {
+            prompt_tokens,
+            max_tokens: params.max_tokens.map(|m| m.get()),
+            choices: params.n,
+        },
+        Words::OpenAi(budget_param),
+    )?;
     let id = format!("chatcmpl-{}", ticket.token());
     let logprobs = logprobs.is_some();
     if params.stream {

@@ -30,6 +30,7 @@ use crate::ApiState;
 use crate::cancel::{Caller, Ticket};
 use crate::error::ApiError;
 use crate::generate::{SampledToken, collect_all, submit, total_usage};
+use crate::limits::{self, Budget, Words};
 use crate::sse::to_json;
 
 const PROMPT_PARAM: &str = "prompt";
@@ -78,6 +79,16 @@ pub async fn completions(
     };
     let ticket = Ticket::new(caller)?;
     let mut choices = submit(&state, request, params.n, PROMPT_PARAM, &ticket)?;
+    limits::check(
+        &state,
+        &params.model,
+        Budget {
+            prompt_tokens: choices.first().map_or(0, |c| c.prompt_tokens()),
+            max_tokens: Some(params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).get()),
+            choices: params.n,
+        },
+        Words::OpenAi("max_tokens"),
+    )?;
     let id = format!("cmpl-{}", ticket.token());
     let created = unix_now();
     let logprobs = logprobs.map(|k| Alternatives { k, tokenizer });

@@ -29,6 +29,7 @@ use crate::cancel::Caller;
 use crate::error::ApiError;
 use crate::generate::reasoning::Splitter;
 use crate::generate::{self, Chat, Started, collect};
+use crate::limits::{self, Budget, Words};
 use crate::sse::stream_response;
 use types::{Input, ResponseObject, ResponsesRequest};
 
@@ -90,8 +91,18 @@ pub async fn create_response(
         ticket,
         parser,
         reasoning,
-        ..
+        prompt_tokens,
     } = generate::start(&state, caller, chat).await?;
+    limits::check(
+        &state,
+        &params.model,
+        Budget {
+            prompt_tokens,
+            max_tokens: max_tokens.map(|m| m.get()),
+            choices: 1,
+        },
+        Words::OpenAi("max_output_tokens"),
+    )?;
     let Some(mut stream) = choices.into_iter().next() else {
         return Err(ApiError::Internal("no choice was submitted".into()));
     };
