@@ -128,6 +128,22 @@ pub struct InstanceRecord {
     /// stage and hop); `/state` shows them next to what the driver measures.
     #[serde(default)]
     pub prediction: Prediction,
+    /// Set when the coordinator placed this instance again because a node of an earlier one left:
+    /// what it continues (see [`Lineage`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
+}
+
+/// What a re-placed instance continues: the instance first placed (before any re-placement), that
+/// one's driver, and how many re-placements lie between. Two live instances of one origin come from a
+/// partition (each side placed the instance again on the members it saw) or from a stale table; when
+/// tables meet, one is kept (`state::merge`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Lineage {
+    pub origin: InstanceId,
+    pub driver: NodeId,
+    pub generation: u32,
 }
 
 impl InstanceRecord {
@@ -140,7 +156,39 @@ impl InstanceRecord {
             predicted_token_latency_us: placement.predicted_token_latency_us,
             explanation: placement.explanation,
             prediction: placement.prediction,
+            lineage: None,
         }
+    }
+
+    /// Instance `id` placed as `placement` says to take over from `old`, whose node left.
+    pub fn replacing(id: InstanceId, old: &InstanceRecord, placement: Placement) -> Self {
+        let lineage = old.first_driver().map(|driver| Lineage {
+            origin: old.origin(),
+            driver: driver.clone(),
+            generation: old.generation() + 1,
+        });
+        InstanceRecord {
+            lineage,
+            ..InstanceRecord::placed(id, old.model.clone(), placement)
+        }
+    }
+
+    /// The instance this one continues (itself when it was placed, not re-placed).
+    pub fn origin(&self) -> InstanceId {
+        self.lineage.as_ref().map_or(self.id, |l| l.origin)
+    }
+
+    /// The driver of [`Self::origin`]: the node whose API the origin's clients talk to.
+    pub fn first_driver(&self) -> Option<&NodeId> {
+        self.lineage
+            .as_ref()
+            .map(|l| &l.driver)
+            .or_else(|| self.driver())
+    }
+
+    /// Re-placements between the origin and this instance.
+    pub fn generation(&self) -> u32 {
+        self.lineage.as_ref().map_or(0, |l| l.generation)
     }
 
     /// The node that owns the instance's requests (runs the scheduler and stage 0).

@@ -425,7 +425,7 @@ impl ClusterState {
                     metrics::counter!("shoal_instance_replacements_total", "model" => old.model.to_string(), "outcome" => "placed").increment(1);
                     let id = new_id();
                     self.mark_movable(&id);
-                    let record = InstanceRecord::placed(id, old.model, best.clone());
+                    let record = InstanceRecord::replacing(id, &old, best.clone());
                     self.table.instances.push(record);
                 }
                 Ok(_) | Err(_) => {
@@ -539,6 +539,7 @@ mod failure_sentences {
                 predicted_token_latency_us: 1000.0,
                 explanation: String::new(),
                 prediction: Default::default(),
+                lineage: None,
             },
             status: InstanceState::Failed,
             stage_status: vec![

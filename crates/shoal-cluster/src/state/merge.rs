@@ -14,10 +14,32 @@
 //! - the coordinator merges a member's table of any version, and sends the result to everyone.
 //!
 //! With `movable`, `moves` and `draining`, the table that knew an instance first says how it goes.
+//!
+//! One exception to "removed stays removed": an instance placed again because a node left carries its
+//! [`Lineage`](crate::proto::Lineage). When a partition heals, each side may have placed the same instance
+//! again on the members it saw (a node cut off alone places the whole model on itself), or kept it
+//! while the other side replaced it; the removal a side made by re-placing is then no user's wish. Live
+//! instances of one origin (every stage on a member) are rivals and one is kept ([`rank`]): the one
+//! still driven by the origin's driver (its clients talk to that node), else the latest re-placement,
+//! else the smallest id. The others are removed like any instance, so the decision spreads with the
+//! table and both sides reach it alone.
 
 use super::ClusterState;
 use crate::proto::{InstanceRecord, InstanceTable};
-use shoal_ids::InstanceId;
+use shoal_ids::{InstanceId, NodeId};
+use std::cmp::Reverse;
+
+/// How instances of one origin compare (the smallest is kept): live first (every stage on a member),
+/// then driven by the origin's driver, then the latest re-placement, then the smallest id.
+fn rank(i: &InstanceRecord, members: &[NodeId]) -> (bool, bool, Reverse<u32>, InstanceId) {
+    let live = i.stages.iter().all(|s| members.contains(&s.node));
+    (
+        !live,
+        i.driver() != i.first_driver(),
+        Reverse(i.generation()),
+        i.id,
+    )
+}
 
 /// How many removed instance ids a table remembers (the oldest are forgotten first). A table that
 /// missed more removals than this could bring one back; every table crosses the cluster each second,
@@ -53,25 +75,37 @@ impl ClusterState {
     /// neither knows nor removed, with what `other` says about them (movable, a move they are part of,
     /// draining). True when this table's instances changed. A removal of an instance this table does
     /// not hold is not copied: the lists would trade their oldest entries back and forth forever.
+    /// Rivals (live instances of one origin, on either side) are not removals: one is kept ([`rank`]).
     pub(crate) fn take_unknown(&mut self, other: InstanceTable) -> bool {
-        let mut changed = false;
+        let before: Vec<InstanceId> = self.table.instances.iter().map(|i| i.id).collect();
+        let members: Vec<NodeId> = self.members().into_iter().cloned().collect();
+        let live = |i: &InstanceRecord| i.stages.iter().all(|s| members.contains(&s.node));
+        // A rival of `i` in `t`: another live instance of the same origin.
+        let rival_in = |t: &InstanceTable, i: &InstanceRecord| {
+            t.instances
+                .iter()
+                .any(|j| j.id != i.id && j.origin() == i.origin() && live(j))
+        };
         for id in &other.removed {
-            if self.table.instances.iter().any(|i| &i.id == id) {
+            let Some(ours) = self.table.instances.iter().find(|i| &i.id == id) else {
+                continue;
+            };
+            if !rival_in(&other, ours) {
                 self.forget_instance(id);
-                changed = true;
             }
         }
-        let known = |t: &InstanceTable, id: &InstanceId| {
-            t.instances.iter().any(|i| i.id == *id) || t.removed.iter().any(|r| r == id)
+        let known = |t: &InstanceTable, i: &InstanceRecord| {
+            t.instances.iter().any(|j| j.id == i.id)
+                || (t.removed.contains(&i.id) && !(live(i) && rival_in(t, i)))
         };
         let new: Vec<InstanceRecord> = other
             .instances
             .into_iter()
-            .filter(|i| !known(&self.table, &i.id))
+            .filter(|i| !known(&self.table, i))
             .collect();
-        if new.is_empty() {
-            return changed;
-        }
+        self.table
+            .removed
+            .retain(|r| !new.iter().any(|i| i.id == *r));
         let is_new = |id: &InstanceId| new.iter().any(|i| i.id == *id);
         for id in other.movable.iter().filter(|id| is_new(id)) {
             self.mark_movable(id);
@@ -87,7 +121,30 @@ impl ClusterState {
             }
         }
         self.table.instances.extend(new);
-        true
+        self.drop_rivals(&members);
+        let after = self.table.instances.iter().map(|i| i.id);
+        after.ne(before.iter().copied())
+    }
+
+    /// Keeps one of each set of live instances of one origin ([`rank`]).
+    fn drop_rivals(&mut self, members: &[NodeId]) {
+        let ranked = |i: &InstanceRecord| rank(i, members);
+        let losers: Vec<InstanceId> = self
+            .table
+            .instances
+            .iter()
+            .filter(|i| {
+                self.table
+                    .instances
+                    .iter()
+                    .any(|j| j.id != i.id && j.origin() == i.origin() && ranked(j) < ranked(i))
+            })
+            .map(|i| i.id)
+            .collect();
+        for id in &losers {
+            tracing::info!(instance = %id, "a rival placement of the same instance is kept instead (tables met after a partition)");
+            self.forget_instance(id);
+        }
     }
 
     /// Takes instance `id` out of the table, with its bookkeeping (movable, moves, draining), and

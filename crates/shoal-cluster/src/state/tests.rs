@@ -263,6 +263,7 @@ fn members_adopt_the_coordinators_table_and_the_coordinator_merges_newer_ones() 
         predicted_token_latency_us: 0.0,
         explanation: String::new(),
         prediction: Default::default(),
+        lineage: None,
     });
     assert!(coord.on_table("b", theirs));
     let ids: Vec<InstanceId> = coord.table().instances.iter().map(|i| i.id).collect();

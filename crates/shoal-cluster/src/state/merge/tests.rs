@@ -234,3 +234,144 @@ fn a_table_remembers_the_last_removals_only() {
         )))
     );
 }
+
+/// `a`, `b` and `c` (every pair linked), coordinated by `a`, which placed `x` over the three (10 layers
+/// each); every table holds it.
+fn three_with_x() -> [ClusterState; 3] {
+    use super::super::tests::cluster;
+    let mut a = cluster("a", &["b", "c"]);
+    let req = PlaceRequest {
+        nodes: Some(["a", "b", "c"].map(|n| n.parse().unwrap()).to_vec()),
+        layers: Some(vec![10, 10, 10]),
+        ..PlaceRequest::of("m".parse().unwrap())
+    };
+    a.place(&req, InstanceId::derived_from("x")).unwrap();
+    let mut b = cluster("b", &["a", "c"]);
+    let mut c = cluster("c", &["a", "b"]);
+    assert!(!b.on_table("a", a.table().clone()));
+    assert!(!c.on_table("a", a.table().clone()));
+    [a, b, c]
+}
+
+/// `s` loses `gone` and, as the coordinator of what is left, places again what used them.
+fn lose(s: &mut ClusterState, gone: &[&str], new_id: &str) {
+    for g in gone {
+        s.peer_gone(g);
+    }
+    s.reconcile(|| InstanceId::derived_from(new_id));
+}
+
+/// Every state's table holds exactly `want`, and they are the same table.
+fn all_hold(states: &[&ClusterState], want: &[&str]) {
+    for s in states {
+        assert_eq!(
+            ids(s),
+            named(want),
+            "{}'s table: {:?}",
+            s.me().id,
+            s.table()
+        );
+    }
+    assert!(states.windows(2).all(|w| w[0].table() == w[1].table()));
+}
+
+#[test]
+fn regression_a_healed_partition_keeps_one_re_placement_of_an_instance_the_one_its_driver_drives() {
+    // c's link is cut: a and b place x again on themselves (x-ab, driven by a as x was); c, alone and its
+    // own coordinator, places x again on itself (x-c). Before lineages both survived the heal: two
+    // instances of the model, one nobody asked for.
+    let [mut a, mut b, mut c] = three_with_x();
+    lose(&mut a, &["c"], "x-ab");
+    b.peer_gone("c");
+    assert!(!b.on_table("a", a.table().clone()));
+    lose(&mut c, &["a", "b"], "x-c");
+    assert_eq!(ids(&a), named(&["x-ab"]));
+    assert_eq!(ids(&c), named(&["x-c"]));
+    let lineage = c.table().instances[0].lineage.clone().unwrap();
+    assert_eq!(
+        (lineage.origin, lineage.driver.as_str(), lineage.generation),
+        (InstanceId::derived_from("x"), "a", 1)
+    );
+
+    // The link comes back; c's table reaches the coordinator first, or the coordinator's reaches c first.
+    for c_first in [true, false] {
+        let (mut a, mut b, mut c) = (a.clone(), b.clone(), c.clone());
+        meet(&mut a, &c);
+        meet(&mut b, &c);
+        meet(&mut c, &a);
+        meet(&mut c, &b);
+        if c_first {
+            a.on_table("c", c.table().clone());
+            assert_eq!(
+                ids(&a),
+                named(&["x-ab"]),
+                "the coordinator keeps the instance its driver drives"
+            );
+        }
+        settle(&mut a, &mut c);
+        settle(&mut a, &mut b);
+        all_hold(&[&a, &b, &c], &["x-ab"]);
+        assert!(a.table().removed.contains(&InstanceId::derived_from("x-c")));
+    }
+}
+
+#[test]
+fn regression_a_node_cut_off_alone_does_not_take_over_an_instance_of_the_others_when_it_returns() {
+    // x runs on a and b; `0c` (the smallest id: the coordinator once back) has no part in it. Cut off
+    // alone, 0c placed x again on itself and removed x. Before lineages, that removal reached a and b when
+    // the link came back and took the healthy x from them.
+    let [mut a, mut b, _] = three_with_x();
+    let req = PlaceRequest {
+        nodes: Some(["a", "b"].map(|n| n.parse().unwrap()).to_vec()),
+        layers: Some(vec![15, 15]),
+        ..PlaceRequest::of("m".parse().unwrap())
+    };
+    a.remove(&InstanceId::derived_from("x")).unwrap();
+    a.place(&req, InstanceId::derived_from("y")).unwrap();
+    assert!(!b.on_table("a", a.table().clone()));
+    let mut c = alone("0c", &["a", "b"]);
+    meet(&mut c, &a);
+    meet(&mut c, &b);
+    assert!(c.on_table("a", a.table().clone()));
+    assert_eq!(ids(&c), named(&["y"]));
+    lose(&mut c, &["a", "b"], "y-c");
+    assert_eq!(ids(&c), named(&["y-c"]));
+
+    for (s, other) in [(&mut a, &c), (&mut b, &c)] {
+        meet(s, other);
+    }
+    meet(&mut c, &a);
+    meet(&mut c, &b);
+    assert!(c.is_coordinator());
+    assert!(
+        b.on_table("0c", c.table().clone()),
+        "b offers the y it keeps"
+    );
+    assert!(c.on_table("b", b.table().clone()));
+    assert_eq!(
+        ids(&c),
+        named(&["y"]),
+        "the coordinator keeps y, driven by its own driver"
+    );
+    settle(&mut c, &mut a);
+    settle(&mut c, &mut b);
+    all_hold(&[&a, &b, &c], &["y"]);
+}
+
+#[test]
+fn a_stale_table_naming_an_instance_placed_again_does_not_bring_it_back_when_its_node_returns() {
+    // c dies: a places x again on a and b (x-ab). c restarts (a member again, all of x's nodes live) while
+    // b's table from before is still on its way: x stays removed; x-ab is the later re-placement.
+    let [mut a, b, c] = three_with_x();
+    let stale = b.table().clone();
+    lose(&mut a, &["c"], "x-ab");
+    meet(&mut a, &c);
+    assert!(!a.on_table("b", stale));
+    assert_eq!(ids(&a), named(&["x-ab"]));
+    // A user's removal of the re-placement is a removal like any other.
+    assert!(a.remove(&InstanceId::derived_from("x-ab")).unwrap());
+    let mut b = b;
+    b.peer_gone("c");
+    assert!(!b.on_table("a", a.table().clone()));
+    assert!(ids(&b).is_empty() && ids(&a).is_empty());
+}
