@@ -336,6 +336,59 @@ def test_a_stranger_with_another_key_is_refused(trio):
         stranger.kill()
 
 
+# A JSON object with one long string: constrained decoding that is still going at the break.
+STORY_SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "story",
+        "schema": {
+            "type": "object",
+            "properties": {"story": {"type": "string", "minLength": 1000}},
+            "required": ["story"],
+        },
+    },
+}
+
+
+class Choice(tuple):
+    """One choice's text and finish reason."""
+
+    text = property(lambda self: self[0])
+    finish = property(lambda self: self[1])
+
+
+def stop_after(tokens, at: int) -> str:
+    """A stop string first found in the text of `tokens` at token `at` or later: the two tokens from the
+    first position past `at` where they appear for the first time."""
+    for i in range(at, len(tokens) - 1):
+        s = tokens[i] + tokens[i + 1]
+        if s.strip() and s not in "".join(tokens[: i + 1]) + tokens[i + 1][:-1]:
+            return s
+    pytest.fail("no stop string found in the lone run")
+
+
+def complete_texts(node, prompt, kw):
+    """Every choice of a greedy chat completion of `prompt` with `kw`, whole."""
+    r = client(node).chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": prompt}], temperature=0, **kw
+    )
+    return [Choice((c.message.content, c.finish_reason)) for c in r.choices]
+
+
+def stream_texts(node, prompt, kw):
+    """Every choice of the same, streamed."""
+    stream = client(node).chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": prompt}], temperature=0, stream=True, **kw
+    )
+    texts, finish = {}, {}
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    return [Choice((texts[i], finish.get(i))) for i in sorted(texts)]
+
+
 def test_killed_node_stream_continues_on_the_replaced_instance_and_the_node_rejoins(trio):
     a, b, c = trio
     place(a, [(a, 10), (b, 10), (c, 10)])
@@ -345,6 +398,19 @@ def test_killed_node_stream_continues_on_the_replaced_instance_and_the_node_rejo
         logprobs=True, extra_body={"ignore_eos": True},
     )
     lone_tokens = [t.token for t in lone.choices[0].logprobs.content]
+    # Beside it, streams of the kinds a continuation must carry over: a stop sequence that completes after
+    # the break, two choices, and a JSON schema (constrained decoding). Each is run alone first.
+    stop = stop_after(lone_tokens, 60)
+    others = {
+        "stop": dict(max_tokens=160, stop=[stop], extra_body={"ignore_eos": True}),
+        "two choices": dict(max_tokens=120, n=2, extra_body={"ignore_eos": True}),
+        "json schema": dict(max_tokens=120, response_format=STORY_SCHEMA),
+    }
+    lone_others = {k: complete_texts(a, prompt, kw) for k, kw in others.items()}
+    assert lone_others["stop"][0].finish == "stop" and stop not in lone_others["stop"][0].text
+    assert lone_others["json schema"][0].finish == "length"
+    pool = concurrent.futures.ThreadPoolExecutor(len(others))
+    running = {k: pool.submit(stream_texts, a, prompt, kw) for k, kw in others.items()}
     stream = client(a).chat.completions.create(
         model=MODEL_ID,
         messages=[{"role": "user", "content": prompt}],
@@ -370,6 +436,13 @@ def test_killed_node_stream_continues_on_the_replaced_instance_and_the_node_rejo
     print(f"stream finished {time.monotonic() - killed_at:.1f} s after the kill")
     assert finish == "length"
     assert tokens == lone_tokens, "the stream continued with other tokens than its lone run"
+    for kind, future in running.items():
+        got = future.result(timeout=DEADLINE_S)
+        assert got == lone_others[kind], f"the {kind} stream continued otherwise than its lone run"
+    pool.shutdown()
+    # Each of the five streams (two choices are two) broke and continued.
+    continued = a.stderr_tail(400).count("continuing on the model's next instance")
+    assert continued == 5, a.stderr_tail(60)
     wait_members([a, b], [a, b])
 
     def replaced():

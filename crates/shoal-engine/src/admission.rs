@@ -32,6 +32,9 @@ pub(crate) struct Sibling {
 pub(crate) struct Admission {
     pub(crate) id: u64,
     pub(crate) tokens: Vec<u32>,
+    /// How many of the last `tokens` an earlier run of the request generated: a continuation after a
+    /// stage's death ([`crate::resume`]) counts them as generated, not as prompt.
+    pub(crate) generated: usize,
     pub(crate) request: GenerateRequest,
     /// Set for an embedding: pool the hidden states instead of generating.
     pub(crate) embed: Option<EmbedJob>,
@@ -76,7 +79,8 @@ impl Admission {
     /// What a request that never ran used: its prompt, nothing computed.
     fn waited_usage(&self) -> Usage {
         Usage {
-            prompt_tokens: self.tokens.len() as u32,
+            prompt_tokens: (self.tokens.len() - self.generated) as u32,
+            completion_tokens: self.generated as u32,
             ..Usage::default()
         }
     }
@@ -96,6 +100,7 @@ impl Admission {
         Admission {
             id: s.id,
             tokens: self.tokens.clone(),
+            generated: self.generated,
             request,
             embed: None,
             siblings: Vec::new(),

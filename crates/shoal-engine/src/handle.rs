@@ -55,10 +55,46 @@ struct Instance {
     pooling: Pooling,
     queue: SyncSender<Admission>,
     counters: Arc<Counters>,
-    /// Cancel flags of live requests by id (for `POST /v1/cancel/{id}`); weak, so a finished request's
-    /// entry dies with it and is pruned.
-    /// A request of several choices has one flag per choice.
-    cancels: Mutex<HashMap<u64, Vec<Weak<AtomicBool>>>>,
+}
+
+/// Where a queued request comes from.
+#[derive(Debug, Clone)]
+pub(crate) enum Origin {
+    /// A caller's request.
+    Client,
+    /// The engine's own warm-up ([`crate::warmup`]): its KV is never kept as a cached prefix.
+    WarmUp,
+    /// A stream's continuation after a stage died ([`crate::resume`]): the last `generated` tokens of
+    /// its token prompt were generated before the break; `cancel` is the broken stream's flag, so that
+    /// cancelling the request (by its first id) or dropping its stream reaches the engine at once.
+    Continuation {
+        generated: usize,
+        cancel: Arc<AtomicBool>,
+    },
+}
+
+/// Cancel flags of the process's live requests by id (for `POST /v1/cancel/{id}`); weak, so a finished
+/// request's entry dies with it and is pruned. A request of several choices has one flag per choice.
+/// One map for every engine, as request ids are: a stream that continued on another engine after its
+/// stage died is still cancelled by its first id.
+static CANCELS: Mutex<Option<HashMap<u64, Vec<Weak<AtomicBool>>>>> = Mutex::new(None);
+
+/// Cancels request `id` of this process, on whichever engine runs it (see [`EngineHandle::cancel`]).
+pub(crate) fn cancel_request(id: u64) -> bool {
+    let Ok(mut map) = CANCELS.lock() else {
+        return false;
+    };
+    let flags: Vec<_> = map
+        .get_or_insert_default()
+        .remove(&id)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    for flag in &flags {
+        flag.store(true, Ordering::Relaxed);
+    }
+    !flags.is_empty()
 }
 
 /// The seed of choice `i` of a request seeded with `seed`: `seed` itself for the first, then the `i`-th
@@ -96,7 +132,6 @@ impl EngineHandle {
                 pooling,
                 queue,
                 counters,
-                cancels: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -187,11 +222,6 @@ impl EngineHandle {
                 model: request.model,
             });
         }
-        self.enqueue(request)
-    }
-
-    /// [`EngineHandle::submit`] for a request already routed to this engine by its model id.
-    pub(crate) fn enqueue(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
         self.enqueue_n(request, 1)?
             .pop()
             .ok_or_else(|| EngineError::Internal("no stream for a request".into()))
@@ -252,7 +282,28 @@ impl EngineHandle {
             keep.clone_from(&tokens);
         }
         let deadline = request.timeout.map(|t| Instant::now() + t);
-        self.queue(tokens, request, None, (n, deadline), false)
+        self.queue(tokens, request, None, (n, deadline), Origin::Client)
+    }
+
+    /// Queues the continuation of a request whose stage died ([`crate::resume`]): `request`'s token
+    /// prompt is its first prompt then the `generated` tokens it had, counted as generated.
+    pub(crate) fn enqueue_continuation(
+        &self,
+        request: GenerateRequest,
+        generated: usize,
+        cancel: Arc<AtomicBool>,
+    ) -> Result<RequestStream, EngineError> {
+        let tokens = self.prompt_tokens(&request)?;
+        let deadline = request.timeout.map(|t| Instant::now() + t);
+        self.queue(
+            tokens,
+            request,
+            None,
+            (1, deadline),
+            Origin::Continuation { generated, cancel },
+        )?
+        .pop()
+        .ok_or_else(|| EngineError::Internal("no stream for a continuation".into()))
     }
 
     /// Queues `tokens` (checked) as an embedding sequence ([`crate::embed`]).
@@ -275,21 +326,21 @@ impl EngineHandle {
             timeout,
             logits_processor: None,
         };
-        let mut streams = self.queue(tokens, request, Some(job), (1, deadline), false)?;
+        let mut streams = self.queue(tokens, request, Some(job), (1, deadline), Origin::Client)?;
         streams
             .pop()
             .ok_or_else(|| EngineError::Internal("no stream for an embedding".into()))
     }
 
     /// Queues a checked request of `choices` choices for the engine thread, their event channels made
-    /// first; one stream per choice. `warm_up` marks the engine's own warm-up ([`crate::warmup`]).
+    /// first; one stream per choice.
     pub(crate) fn queue(
         &self,
         tokens: Vec<u32>,
         request: GenerateRequest,
         embed: Option<EmbedJob>,
         (choices, deadline): (usize, Option<Instant>),
-        warm_up: bool,
+        origin: Origin,
     ) -> Result<Vec<RequestStream>, EngineError> {
         // Unique across every engine of the process, so a request id names one request on this node.
         let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
@@ -304,9 +355,9 @@ impl EngineHandle {
         // The channels exist before the engine knows about the request: nothing it sends can be lost.
         // Unbounded on purpose: the engine must never block on a slow client, and a sequence sends at
         // most (context length + 1) events, which bounds it.
-        let mut channel = || {
+        let mut channel = |cancel: Option<Arc<AtomicBool>>| {
             let (tx, rx) = mpsc::unbounded_channel();
-            let cancel = Arc::new(AtomicBool::new(false));
+            let cancel = cancel.unwrap_or_default();
             flags.push(Arc::downgrade(&cancel));
             streams.push(RequestStream {
                 id,
@@ -318,10 +369,13 @@ impl EngineHandle {
             });
             (tx, cancel)
         };
-        let (tx, cancel) = channel();
+        let (tx, cancel) = channel(match &origin {
+            Origin::Continuation { cancel, .. } => Some(cancel.clone()),
+            Origin::Client | Origin::WarmUp => None,
+        });
         let siblings = (1..choices)
             .map(|i| {
-                let (tx, cancel) = channel();
+                let (tx, cancel) = channel(None);
                 Sibling {
                     // Each choice is a sequence of its own (its KV on every stage).
                     id: NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed),
@@ -334,6 +388,10 @@ impl EngineHandle {
         let admission = Admission {
             id,
             tokens,
+            generated: match origin {
+                Origin::Continuation { generated, .. } => generated,
+                Origin::Client | Origin::WarmUp => 0,
+            },
             request,
             embed,
             siblings,
@@ -342,7 +400,7 @@ impl EngineHandle {
             cancel,
             deadline,
             queued: Instant::now(),
-            warm_up,
+            warm_up: matches!(origin, Origin::WarmUp),
             span: tracing::Span::current(),
         };
         // Counted before it is sent: the engine thread may take it (and count it out) at once, and a
@@ -357,7 +415,8 @@ impl EngineHandle {
             Err(TrySendError::Full(_)) => return Err(EngineError::Overloaded),
             Err(TrySendError::Disconnected(_)) => return Err(EngineError::Stopped),
         }
-        if let Ok(mut map) = self.inner.cancels.lock() {
+        if let Ok(mut map) = CANCELS.lock() {
+            let map = map.get_or_insert_default();
             if map.len() >= CANCEL_PRUNE_AT {
                 map.retain(|_, w| w.iter().any(|w| w.strong_count() > 0));
             }
@@ -465,23 +524,12 @@ impl EngineHandle {
         &self.inner.counters
     }
 
-    /// Cancels request `id` (as returned by [`RequestStream::id`]) wherever it is: queued or running. The
-    /// engine frees it at its next step and its stream ends with `Done { Cancelled }`. Returns false when
-    /// no such request is live.
+    /// Cancels request `id` (as returned by [`RequestStream::id`]) wherever it is: queued or running,
+    /// on this engine or, ids being unique per process, any other (a stream that continued elsewhere
+    /// after its stage died included). The engine frees it at its next step and its stream ends with
+    /// `Done { Cancelled }`. Returns false when no such request is live.
     pub fn cancel(&self, id: u64) -> bool {
-        let Ok(mut map) = self.inner.cancels.lock() else {
-            return false;
-        };
-        let flags: Vec<_> = map
-            .remove(&id)
-            .unwrap_or_default()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for flag in &flags {
-            flag.store(true, Ordering::Relaxed);
-        }
-        !flags.is_empty()
+        cancel_request(id)
     }
 }
 

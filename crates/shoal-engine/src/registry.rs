@@ -112,9 +112,12 @@ impl Engines {
     }
 
     /// Queues `request` on the engine serving `request.model` (what [`EngineHandle::submit`] does, without
-    /// checking the model id again).
+    /// checking the model id again); its stream continues on the model's next engine when a stage dies, as
+    /// [`Engines::submit_n`]'s do.
     pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
-        self.get(&request.model)?.enqueue(request)
+        self.submit_n(request, 1)?
+            .pop()
+            .ok_or_else(|| EngineError::Internal("no stream for a request".into()))
     }
 
     /// `n` choices of `request` on the engine serving `request.model` ([`EngineHandle::submit_n`]).
@@ -124,17 +127,17 @@ impl Engines {
         n: usize,
     ) -> Result<Vec<RequestStream>, EngineError> {
         let engine = self.get(&request.model)?;
-        if !Resume::applies(&request, n) {
-            return engine.enqueue_n(request, n);
-        }
-        // Its stream continues on the model's next engine when a stage of this one dies (a copy of the
-        // request: it has no logits processor, `Resume::applies`).
+        let mut request = request;
+        Resume::pin_seed(&mut request);
+        // Each choice's stream continues on the model's next engine when a stage of this one dies, from
+        // a copy of the request as it was submitted (its constraint's state at the start).
         let continued = request.clone();
         let (mut streams, prompt) = engine.enqueue_keeping_prompt(request, n)?;
         let engines = self.clone();
         let lookup: Lookup = Arc::new(move |model: &str| engines.get(model).ok());
-        if let Some(first) = streams.first_mut() {
-            first.set_continuation(Resume::of(lookup, &engine, continued, prompt));
+        for (i, stream) in streams.iter_mut().enumerate() {
+            let resume = Resume::of(lookup.clone(), &engine, &continued, i, prompt.clone());
+            stream.set_continuation(resume);
         }
         Ok(streams)
     }
@@ -147,7 +150,7 @@ impl Engines {
 
     /// Cancels request `id` on whichever engine runs it (ids are unique per process).
     pub fn cancel(&self, id: u64) -> bool {
-        self.all().iter().any(|e| e.cancel(id))
+        crate::handle::cancel_request(id)
     }
 
     /// Counters summed over all engines.

@@ -2,20 +2,23 @@
 //! running through it ends with [`EngineError::StageLost`]; the cluster places the instance again on the
 //! nodes left (about a second on loopback) and its new engine takes the model's place in
 //! [`crate::Engines`].
-//! A request submitted through [`crate::Engines::submit_n`] carries a [`Resume`]: its stream, instead of ending
-//! with that error, waits (at most [`RESUME_WAIT`]) for the model's next engine, submits a continuation —
-//! the prompt's tokens and every token generated so far as a token prompt, the token budget and timeout
-//! what is left of them, the same sampling — and forwards the continuation's events as its own. The
+//! Every choice of a request submitted through [`crate::Engines::submit_n`] carries a [`Resume`]: its
+//! stream, instead of ending with that error, waits (at most [`RESUME_WAIT`]) for the model's next
+//! engine, submits a continuation — the prompt's tokens and every token generated so far as a token
+//! prompt, the generated ones counted as such — and forwards the continuation's events as its own. The
 //! client sees a pause. The KV is rebuilt by prefilling the continuation (chunked, and from the prefix
 //! cache where it has the prompt), as Petals replays a sequence.
 //!
-//! Greedy requests continue with exactly their lone run's tokens; a sampled one keeps its tokens so far
-//! and draws the rest from its seed again. Not resumed (the error ends the stream as before): requests
-//! with several choices, constrained decoding (the guide's state is the processor's), stop sequences
-//! (text held back for a possible stop would be lost at the break), a second break, and engines outside
-//! a tokio runtime. When no engine comes back in time, the error says so.
+//! The continuation starts where the stream stood ([`crate::sequence`]'s catch-up): the text held back
+//! for a possible stop sequence or an unfinished character is held still, a constraint (a copy of the
+//! request's, as submitted) takes the generated tokens again, the sampler replays their draws, the
+//! token budget, the timeout and the usage are the request's as a whole. So a continuation gives the
+//! tokens and the text of the lone run: exactly for a greedy request; a sampled one draws from the same
+//! random state (a request without a seed gets one when submitted, [`Resume::pin_seed`]), so it also
+//! matches as long as the re-placed stages compute the same logits. A continuation whose stage dies in
+//! turn continues again the same way. Nothing is resumed outside a tokio runtime; when no engine comes
+//! back in time, the error says so.
 
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -23,7 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::error::EngineError;
-use crate::handle::{Continuation, EngineHandle, RequestStream};
+use crate::handle::{Continuation, EngineHandle, RequestStream, choice_seed};
 use crate::request::{Event, GenerateRequest, Prompt};
 
 /// How long a broken stream waits for its model's next engine.
@@ -39,8 +42,9 @@ pub(crate) struct Resume {
     engines: Lookup,
     /// The engine whose stage died (its successor is any other engine of the model).
     failed: EngineHandle,
+    /// The choice's request as submitted (its own seed, its constraint's first state).
     request: GenerateRequest,
-    /// The prompt as the engine tokenized it.
+    /// The prompt as the first engine tokenized it.
     prompt: Vec<u32>,
     /// Tokens generated so far (seen by the stream as they pass).
     generated: Vec<u32>,
@@ -48,19 +52,35 @@ pub(crate) struct Resume {
 }
 
 impl Resume {
-    /// A resume for `request` on `failed` when it can be resumed (see the module doc).
-    /// Whether `request` with `n` choices can be resumed at all.
-    pub(crate) fn applies(request: &GenerateRequest, n: usize) -> bool {
-        n == 1 && request.logits_processor.is_none() && request.stop.is_empty()
+    /// Gives a sampled request without a seed one, so that a continuation can replay its draws (the
+    /// engine would otherwise pick one of its own, which a continuation on another engine cannot know).
+    pub(crate) fn pin_seed(request: &mut GenerateRequest) {
+        if request.sampling.seed.is_none() && request.sampling.temperature > 0.0 {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos(),
+            );
+            request.sampling.seed = Some(h.finish());
+        }
     }
 
-    /// The resume of `request` (one that [`Resume::applies`] to), whose `prompt` `failed` tokenized.
+    /// The resume of choice `i` of `request` (submitted to `failed`, which tokenized its `prompt`): the
+    /// choice's own seed, as the engine gives it ([`choice_seed`]).
     pub(crate) fn of(
         engines: Lookup,
         failed: &EngineHandle,
-        request: GenerateRequest,
+        request: &GenerateRequest,
+        i: usize,
         prompt: Vec<u32>,
     ) -> Box<Self> {
+        let mut request = request.clone();
+        if i > 0 {
+            request.sampling.seed = request.sampling.seed.map(|s| choice_seed(s, i));
+        }
         Box::new(Resume {
             engines,
             failed: failed.clone(),
@@ -95,7 +115,7 @@ impl Resume {
             }
         };
         let done = self.generated.len();
-        let mut inner = match self.continuation(&engine) {
+        let mut inner = match self.continuation(&engine, cancel.clone()) {
             Ok(s) => s,
             Err(e) => {
                 let _ = tx.send(Event::Error(e));
@@ -103,37 +123,23 @@ impl Resume {
             }
         };
         tracing::info!(model = %self.request.model, generated = done, "continuing on the model's next instance");
+        // Should the continuation's stage die too, it continues again, from what it has by then.
+        inner.set_continuation(Box::new(Resume {
+            failed: engine,
+            ..*self
+        }));
+        // The continuation shares the stream's cancel flag: the engine sees a cancel or a dropped stream.
         loop {
             let event = tokio::select! {
                 e = inner.next() => e,
                 _ = tokio::time::sleep(POLL) => {
-                    if cancel.load(Ordering::Relaxed) {
-                        inner.cancel();
-                    }
                     if tx.is_closed() {
                         return;
                     }
                     continue;
                 }
             };
-            let event = match event {
-                Some(Event::Done {
-                    finish_reason,
-                    mut usage,
-                    stop_sequence,
-                }) => {
-                    // As one request: the client's prompt, every token generated across the break.
-                    usage.prompt_tokens = usage.prompt_tokens.saturating_sub(done as u32);
-                    usage.completion_tokens += done as u32;
-                    Event::Done {
-                        finish_reason,
-                        usage,
-                        stop_sequence,
-                    }
-                }
-                Some(e) => e,
-                None => return,
-            };
+            let Some(event) = event else { return };
             let last = matches!(event, Event::Done { .. } | Event::Error(_));
             if tx.send(event).is_err() || last {
                 return;
@@ -141,21 +147,26 @@ impl Resume {
         }
     }
 
-    /// The continuation's request on `engine`: prompt and generated tokens as the prompt, what is left
-    /// of the budget and the timeout.
-    fn continuation(&self, engine: &EngineHandle) -> Result<RequestStream, EngineError> {
-        let done = self.generated.len() as u32;
+    /// The continuation's request on `engine`: prompt and generated tokens as the token prompt, what is
+    /// left of the timeout.
+    fn continuation(
+        &self,
+        engine: &EngineHandle,
+        cancel: Arc<AtomicBool>,
+    ) -> Result<RequestStream, EngineError> {
+        if self
+            .request
+            .max_tokens
+            .is_some_and(|m| self.generated.len() >= m.get() as usize)
+        {
+            return Err(EngineError::Internal(
+                "a stream broke after its last token".into(),
+            ));
+        }
         let mut request = self.request.clone();
         request.prompt =
             Prompt::Tokens(self.prompt.iter().chain(&self.generated).copied().collect());
         request.add_bos = false;
-        request.max_tokens =
-            match request.max_tokens {
-                Some(m) => Some(NonZeroU32::new(m.get().saturating_sub(done)).ok_or_else(
-                    || EngineError::Internal("a stream broke after its last token".into()),
-                )?),
-                None => None,
-            };
         if let Some(deadline) = self.deadline {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -165,10 +176,7 @@ impl Resume {
             }
             request.timeout = Some(left);
         }
-        engine
-            .enqueue_n(request, 1)?
-            .pop()
-            .ok_or_else(|| EngineError::Internal("no stream for a continuation".into()))
+        engine.enqueue_continuation(request, self.generated.len(), cancel)
     }
 }
 

@@ -63,17 +63,21 @@ pub(crate) struct Sequence {
 
 impl Sequence {
     /// Starts admitted request `a` with room for `context_length` tokens in all, its sampler seeded
-    /// with `seed` unless the request names a seed.
+    /// with `seed` unless the request names a seed. A continuation ([`Admission::generated`]) counts its
+    /// last tokens as generated; [`Sequence::catch_up`] then brings the rest of its state past them.
     pub(crate) fn start(a: Admission, context_length: usize, seed: u64) -> Self {
         let timeout_ms = a.timeout_ms();
-        let room = context_length.saturating_sub(a.tokens.len());
+        // At least one token of prompt (the handle refuses an empty one).
+        let generated = a.generated.min(a.tokens.len().saturating_sub(1));
+        let prompt_len = a.tokens.len() - generated;
+        let room = context_length.saturating_sub(prompt_len);
         let request = a.request;
         let max_new = request
             .max_tokens
             .map_or(room, |m| (m.get() as usize).min(room));
         Self {
             id: a.id,
-            prompt_len: a.tokens.len(),
+            prompt_len,
             tokens: a.tokens,
             computed: 0,
             cached: 0,
@@ -99,6 +103,25 @@ impl Sequence {
             warm_up: a.warm_up,
             span: a.span,
         }
+    }
+
+    /// Brings the per-token state past the generated tokens a continuation starts with (as its request
+    /// stood at the break: text decoded and matched against the stop sequences, constraint and sampler
+    /// past them), sending nothing:
+    /// the client has had their text already, all but what a possible stop sequence or an unfinished
+    /// character still holds back, which stays held here as it was.
+    pub(crate) fn catch_up(&mut self, tokenizer: &Tokenizer) -> Result<(), EngineError> {
+        for i in self.prompt_len..self.tokens.len() {
+            let id = self.tokens[i];
+            if let Some(p) = self.processor.as_mut() {
+                p.accept(id)
+                    .map_err(|e| EngineError::Internal(e.to_string()))?;
+            }
+            self.sampler.replay(id);
+            let text = self.decoder.push(tokenizer, id);
+            let _already_sent = self.stop.feed(&text);
+        }
+        Ok(())
     }
 
     /// What the sequence measured, as it ends now: its time to first token, and its decode rate when
@@ -146,7 +169,8 @@ impl Sequence {
         Usage {
             prompt_tokens: self.prompt_len as u32,
             completion_tokens: self.generated() as u32,
-            cached_tokens: self.cached as u32,
+            // A continuation's cached prefix may reach into what it had generated.
+            cached_tokens: self.cached.min(self.prompt_len) as u32,
         }
     }
 

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use shoal_model::{KvCache, ModelConfig};
 
 use crate::error::EngineError;
-use crate::handle::EngineHandle;
+use crate::handle::{EngineHandle, Origin};
 use crate::kvpool::KvPool;
 use crate::request::{Event, GenerateRequest, Prompt, SamplingParams};
 
@@ -115,7 +115,7 @@ impl EngineHandle {
         };
         let deadline = Some(started + WARM_UP_TIMEOUT);
         let mut stream = self
-            .queue(tokens, request, None, (1, deadline), true)?
+            .queue(tokens, request, None, (1, deadline), Origin::WarmUp)?
             .pop()
             .ok_or_else(|| EngineError::Internal("no stream for the warm-up".into()))?;
         let mut generated_tokens = 0;

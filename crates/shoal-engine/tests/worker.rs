@@ -119,16 +119,7 @@ async fn cancelling_a_queued_and_a_running_request_frees_their_kv() {
         }
     );
     let (_, last) = finish(&mut running).await;
-    assert!(
-        matches!(
-            last,
-            Event::Done {
-                finish_reason: FinishReason::Cancelled,
-                ..
-            }
-        ),
-        "{last:?}"
-    );
+    assert_cancelled(&last);
     wait_for(&engine, "both to be freed", |s| {
         s.active_sequences == 0 && s.waiting == 0 && s.kv_tokens == 0 && s.stage_sequences == 0
     });

@@ -113,19 +113,36 @@ impl Worker {
             let mut a = a;
             let parent = a.id;
             for s in std::mem::take(&mut a.siblings) {
-                let seq = Sequence::start(a.sibling(s), self.context_length, self.next_seed());
-                self.forks.push(Fork { parent, seq });
+                let seed = self.next_seed();
+                if let Some(seq) = self.start(a.sibling(s), seed) {
+                    self.forks.push(Fork { parent, seq });
+                }
             }
             let seed = self.next_seed();
             if !a.warm_up {
                 self.meters.admitted(a.tokens.len());
             }
-            self.running
-                .push(Sequence::start(a, self.context_length, seed));
+            let Some(seq) = self.start(a, seed) else {
+                continue;
+            };
+            self.running.push(seq);
             self.reuse_prefix();
             self.counters.started();
             // Its choices may start at once when the prompt came from the prefix cache.
             self.admit_forks();
+        }
+    }
+
+    /// The sequence of admitted request `a`; `None` when a continuation cannot take up the tokens it
+    /// had (its constraint refuses them): its stream has the error.
+    fn start(&self, a: crate::admission::Admission, seed: u64) -> Option<Sequence> {
+        let mut seq = Sequence::start(a, self.context_length, seed);
+        match seq.catch_up(&self.tokenizer) {
+            Ok(()) => Some(seq),
+            Err(error) => {
+                seq.send_error(error);
+                None
+            }
         }
     }
 

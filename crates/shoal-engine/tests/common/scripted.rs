@@ -349,17 +349,40 @@ pub fn expected(prompt: &[u32], n: usize) -> Vec<u32> {
 
 /// Reads `stream` to its end: the tokens and the last event.
 pub async fn finish(stream: &mut RequestStream) -> (Vec<u32>, Event) {
-    let mut tokens = Vec::new();
+    let (tokens, _, last) = finish_all(stream).await;
+    (tokens, last)
+}
+
+/// Reads `stream` to its end: the tokens, their text and the last event.
+pub async fn finish_all(stream: &mut RequestStream) -> (Vec<u32>, String, Event) {
+    let (mut tokens, mut text) = (Vec::new(), String::new());
     loop {
         let event = tokio::time::timeout(PATIENCE, stream.next())
             .await
             .expect("engine stalled")
             .expect("stream ended without a final event");
         match event {
-            Event::Token { id, .. } => tokens.push(id),
-            last => return (tokens, last),
+            Event::Token { id, text: t, .. } => {
+                tokens.push(id);
+                text.push_str(&t);
+            }
+            last => return (tokens, text, last),
         }
     }
+}
+
+/// Asserts that `last` ends a cancelled request.
+pub fn assert_cancelled(last: &Event) {
+    assert!(
+        matches!(
+            last,
+            Event::Done {
+                finish_reason: FinishReason::Cancelled,
+                ..
+            }
+        ),
+        "{last:?}"
+    );
 }
 
 pub fn length(n: u32, prompt: u32) -> Event {
