@@ -8,7 +8,9 @@
 //! `MXFP4`) and [`plain`] (`F32`, `F16`, `BF16`). [`avx512`] holds the 16-row-group kernels of
 //! the AVX-512 VNNI backend (`Q4_1`, `Q8_0`; [`k512`]: `Q4_K`, `Q5_K`) and [`iq512`] its 512-bit IQ kernels on GGUF rows
 //! (`IQ4_NL`, `IQ4_XS`, `IQ3_S`, `IQ2_S`, `IQ1_M`); the other formats run the AVX-VNNI kernels
-//! there. [`gemm_iq`] takes either width's IQ kernels ([`IqKernel`]).
+//! there. [`gemm_iq`] takes either width's IQ kernels ([`IqKernel`]); from 2 activation rows the
+//! AVX-512 VNNI backend multiplies the 256-value IQ formats with [`iqtile`] instead (16 weight
+//! rows in the lanes, each super-block of 16 rows decoded once for the whole batch).
 //!
 //! [`gemm_rows`] is the weight-stationary loop every format shares: for each tile of activation
 //! rows, each weight row of the chunk is dotted against four activation rows at a time (one
@@ -20,6 +22,7 @@
 pub(crate) mod avx512;
 mod iq;
 mod iq512;
+mod iqtile;
 mod k512;
 mod kernels;
 mod kquants;
@@ -45,6 +48,10 @@ const ACT_TILE: usize = 32;
 /// once per four rows (measured on the dev VM: at 32 rows 1.2–1.4× faster; at one row the
 /// register-resident kernel is 1.2× faster).
 const IQ_TILE_MIN: usize = 8;
+
+/// Activation rows from which the AVX-512 VNNI backend runs the 256-value IQ formats through
+/// [`iqtile`] (16 weight rows in the lanes, each super-block decoded once for all rows).
+const IQ_LANES_MIN: usize = 2;
 
 /// How far ahead (bytes, at least) the four-weight-row kernels of `Q4_K`/`Q5_K` prefetch: one
 /// group of four rows is only 2.3 KB at 1024 values, less than a memory latency's worth of weights
@@ -227,6 +234,15 @@ pub(crate) fn gemm_rows(vnni: bool, g: &Gemm<'_>, rows: Range<usize>) {
 /// # Panics
 /// If the CPU lacks the features or the operands are inconsistent.
 pub(crate) fn gemm_rows_512(g: &Gemm<'_>, rows: Range<usize>) {
+    if g.m >= IQ_LANES_MIN && g.qtype.is_iq() && g.qtype.block_size() == QK_K {
+        check_gemm(g, &rows);
+        assert!(
+            avx512::has_avx512_vnni(),
+            "the AVX-512 VNNI backend needs AVX-512 F/BW/VNNI"
+        );
+        // SAFETY: as in `gemm_rows`.
+        return unsafe { gemm_iq_lanes_tf(g, rows) };
+    }
     if !has_zmm_kernel(g.qtype) {
         return gemm_rows(true, g, rows);
     }
@@ -251,6 +267,27 @@ unsafe fn gemm_512_tf(g: &Gemm<'_>, rows: Range<usize>) {
             QType::IQ2_S => gemm_iq::<Zmm<Iq2S>>(g, rows),
             QType::IQ1_M => gemm_iq::<Zmm<Iq1M>>(g, rows),
             _ => gemm::<Vnni>(g, rows),
+        }
+    }
+}
+
+/// The 256-value IQ formats' batched kernel ([`iqtile`]: 16 weight rows in the lanes).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn gemm_iq_lanes_tf(g: &Gemm<'_>, rows: Range<usize>) {
+    use iq::{Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Iq4Xs};
+    use iqtile::gemm_iq_tile;
+    // SAFETY (all): the caller checked the operands and the features.
+    unsafe {
+        match g.qtype {
+            QType::IQ4_XS => gemm_iq_tile::<Iq4Xs>(g, rows),
+            QType::IQ3_S => gemm_iq_tile::<Iq3S>(g, rows),
+            QType::IQ3_XXS => gemm_iq_tile::<Iq3Xxs>(g, rows),
+            QType::IQ2_XXS => gemm_iq_tile::<Iq2Xxs>(g, rows),
+            QType::IQ2_XS => gemm_iq_tile::<Iq2Xs>(g, rows),
+            QType::IQ2_S => gemm_iq_tile::<Iq2S>(g, rows),
+            QType::IQ1_S => gemm_iq_tile::<Iq1S>(g, rows),
+            QType::IQ1_M => gemm_iq_tile::<Iq1M>(g, rows),
+            other => unreachable!("{other:?} is not a 256-value IQ format"),
         }
     }
 }
