@@ -263,6 +263,15 @@ impl PipelineError {
         }
     }
 
+    /// This error met on a stream with `peer`: an I/O failure there is that stream breaking (a stage
+    /// lost, which a stream can continue past), not a fault of this node. Other errors are unchanged.
+    pub(crate) fn on_stream_with(self, peer: PeerId) -> Self {
+        match self {
+            PipelineError::Io(source) => PipelineError::StreamBroke { peer, source },
+            e => e,
+        }
+    }
+
     /// Whether this means a stage on another node is gone (its stream, its node, or the stage itself).
     fn is_stage_loss(&self) -> bool {
         matches!(
@@ -324,6 +333,19 @@ mod tests {
             internal,
             EngineError::Internal("batch 3 completed out of order (oldest in flight: 2)".into())
         );
+        // Regression: the peer's end closing while a chain opened its streams again after a cut path
+        // (a 1 s link cut in the lab) read as an internal fault, so no stream was resumed.
+        let peer = PeerId::random();
+        let eof = || std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+        assert_eq!(
+            EngineError::from(PipelineError::Io(eof())).error_type(),
+            "internal"
+        );
+        let lost = EngineError::from(PipelineError::Io(eof()).on_stream_with(peer));
+        assert_eq!(lost.error_type(), "stage_lost", "{lost}");
+        assert!(lost.to_string().contains(&peer.to_string()), "{lost}");
+        let refused = PipelineError::NotLastStage.on_stream_with(peer);
+        assert!(matches!(refused, PipelineError::NotLastStage));
         // The engine's own errors pass through unchanged.
         let stopped = EngineError::from(PipelineError::Engine(EngineError::Stopped));
         assert_eq!(stopped, EngineError::Stopped);

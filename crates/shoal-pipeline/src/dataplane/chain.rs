@@ -402,7 +402,8 @@ impl Route {
                 Role::Owner { instance_id: inst },
             ),
         )
-        .await?;
+        .await
+        .map_err(|e| e.on_stream_with(self.last))?;
         let owner_lane = open_lane(
             &mut owner_stream,
             owner.path.addr,
@@ -410,7 +411,8 @@ impl Route {
             traffic.clone(),
             self.lanes,
         )
-        .await?;
+        .await
+        .map_err(|e| e.on_stream_with(self.last))?;
         let mut down =
             open_on_path(cluster, self.first, &self.instance, "activation stream").await?;
         let mut down_stream = down.stream;
@@ -428,7 +430,8 @@ impl Route {
                 },
             ),
         )
-        .await?;
+        .await
+        .map_err(|e| e.on_stream_with(self.first))?;
         let down_lane = open_lane(
             &mut down_stream,
             down.path.addr,
@@ -436,7 +439,8 @@ impl Route {
             traffic.clone(),
             self.lanes,
         )
-        .await?;
+        .await
+        .map_err(|e| e.on_stream_with(self.first))?;
         // On a relay the watches only hold weak senders: the channel closes when the reader ends (the
         // token stream closed), which the engine thread sees at once. On a lane they shut it down.
         let mut relay_events = None;
