@@ -14,7 +14,10 @@ The set is cut to keep the committed fixtures near 10 MB; see the README next to
 - `manifest.json`: per fixture the family, tier, dims, the prompt token ids (BOS first where the family adds
   BOS) and the texts whose tokenization reference.py records.
 `--bench-1b [--out DIR]` instead writes a Llama-3.2-1B-shaped model in Q4_K_M for benchmarks (not committed;
-default folder bench-out/synth, which git ignores); `--bench-moe` a Qwen3-MoE-shaped one (64 experts, 8 used).
+default folder bench-out/synth, which git ignores); `--bench-moe` a Qwen3-MoE-shaped one (64 experts, 8 used);
+`--bench-moe-3b` one with Qwen3-30B-A3B's layers (128 experts of ff 768, 8 used) but 6 of them: 3.9 B parameters
+held, 0.47 B read per token, 2.3 GB in Q4_K_M (needs ~10 GB of free disk while its F16 base exists);
+`--bench-mla` a deepseek2 whose latent attention has DeepSeek V3's size (128 heads) in 3 small-FFN layers.
 
 Families, metadata and tensors: synth_archs.py; tokenizers: synth_vocab.py.
 """
@@ -174,6 +177,31 @@ def make_bench_moe(out: Path, seed: int, binary: Path) -> None:
     make_bench(out, seed, binary, fam, dims, "synth-qwen3moe-a0.15b", "Synthetic qwen3moe (benchmark)")
 
 
+def make_bench_moe_3b(out: Path, seed: int, binary: Path) -> None:
+    """Qwen3-30B-A3B's layer shape (n_embd 2048, 32 query / 4 KV heads of 128, 128 experts of ff 768 with 8
+    used, QK-norm) with 6 layers and a tied 65536-token vocabulary in Q4_K_M: ~3.87 B parameters held, ~0.47 B
+    read per token (attention 19 M, router 0.26 M and 8 experts 38 M per layer; the 134 M head), ~2.3 GB:
+    a bandwidth-bound MoE far larger than any cache (not committed; the F16 base, ~7.7 GB, is deleted once
+    quantized)."""
+    fam = dataclasses.replace(sa.FAMILIES["qwen3moe"], experts=sa.Experts(count=128, used=8, ff=768))
+    dims = sa.Dims(n_embd=2048, n_head=32, head_dim=128, n_kv=4, n_ff=6144, n_layer=6, n_vocab=65536)
+    make_bench(out, seed, binary, fam, dims, "synth-qwen3moe-3.9b-a0.47b",
+               "Synthetic qwen3moe 3.9B-A0.47B (benchmark)")
+
+
+def make_bench_mla(out: Path, seed: int, binary: Path) -> None:
+    """DeepSeek V3's latent attention at full size (n_embd 7168, 128 heads, q_lora 1536, kv_lora 512, nope 128,
+    rope 64, v_head 128: 187 M parameters per layer) with a small feed-forward (layer 0 dense of ff 512, then
+    16 experts of ff 256 in 8 groups, 4 groups and 4 experts used, one shared) and a 2048-token vocabulary,
+    3 layers, Q4_K_M: the attention is nearly all a token reads, for timing its parts (not committed)."""
+    mla = sa.Mla(q_lora=1536, kv_lora=512, nope=128, rope=64, v_head=128, groups=8, groups_used=4)
+    fam = dataclasses.replace(sa.FAMILIES["deepseek2"], mla=mla,
+                              experts=sa.Experts(count=16, used=4, ff=256, shared_ff=256))
+    dims = sa.Dims(n_embd=7168, n_head=128, head_dim=192, n_kv=1, n_ff=512, n_layer=3, n_vocab=2048)
+    make_bench(out, seed, binary, fam, dims, "synth-deepseek2-mla-v3",
+               "Synthetic deepseek2, V3 attention (benchmark)")
+
+
 def make_bench(out: Path, seed: int, binary: Path, fam: sa.Family, dims: sa.Dims, stem: str, title: str) -> None:
     """`fam` at `dims` in Q4_K_M, written tensor by tensor so the F16 base never sits in memory as a whole; the
     base is deleted afterwards."""
@@ -213,22 +241,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, help=f"default {DEFAULT_OUT.relative_to(REPO)}, or {BENCH_OUT.relative_to(REPO)} "
-                    "with --bench-1b")
+                    "with a --bench-* flag")
     ap.add_argument("--quantize", type=Path, default=DEFAULT_QUANTIZE, help="llama-quantize binary")
     ap.add_argument("--keep-bases", action="store_true", help="also keep the k-tier F16 bases")
     ap.add_argument("--bench-1b", action="store_true", help="write the ~1B benchmark model instead")
     ap.add_argument("--bench-moe", action="store_true", help="write the Qwen3-MoE-shaped benchmark model instead")
+    ap.add_argument("--bench-moe-3b", action="store_true",
+                    help="write the 3.9 B-total / 0.47 B-active Qwen3-MoE-shaped benchmark model instead")
+    ap.add_argument("--bench-mla", action="store_true",
+                    help="write the deepseek2 benchmark model with DeepSeek V3's attention size instead")
     ap.add_argument("--families", nargs="*", choices=list(sa.FAMILIES),
                     help="only these families (their manifest entries replaced, the others kept)")
     args = ap.parse_args()
     if not args.quantize.is_file():
         sys.exit(f"llama-quantize not found at {args.quantize} (cmake --build build --target llama-quantize)")
-    if args.bench_1b:
-        make_bench_1b(args.out or BENCH_OUT, args.seed, args.quantize)
-        return
-    if args.bench_moe:
-        make_bench_moe(args.out or BENCH_OUT, args.seed, args.quantize)
-        return
+    benches = {"bench_1b": make_bench_1b, "bench_moe": make_bench_moe, "bench_mla": make_bench_mla,
+               "bench_moe_3b": make_bench_moe_3b}
+    for flag, make in benches.items():
+        if getattr(args, flag):
+            make(args.out or BENCH_OUT, args.seed, args.quantize)
+            return
     args.out = args.out or DEFAULT_OUT
     families = args.families or list(sa.FAMILIES)
     entries = make_fixtures(args.out, args.seed, args.quantize, families, args.keep_bases)
