@@ -12,10 +12,13 @@ reached with small requests:
 - `n` = 2 × `max_tokens` 1,000: each choice fits, the two never do together (`kv_budget_exceeded` on `n`);
 - the queue: one long stream runs, 4 more requests wait (the engine's wait list and its intake, 2 each),
   and the next ones are refused until they drain.
+And on a node of default limits, 200 streams opened at once and dropped together leave no descriptor behind.
 """
 
 import json
+import os
 import re
+import socket
 import threading
 import time
 
@@ -186,3 +189,38 @@ def test_the_queue_bound_refuses_in_each_shape_with_retry_after_and_drains(node)
     assert sorted(results) == list(range(2 * QUEUE_DEPTH))
     assert [results[i].status_code for i in sorted(results)] == [200] * (2 * QUEUE_DEPTH)
     serves(node)
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_streams_opened_and_dropped_at_once_leave_no_descriptor_behind():
+    # 200 streams at once on a node of default limits, dropped together as soon as each has its answer's
+    # headers: the node's descriptors come back to what they were, and it serves the next request.
+    n = ShoalNode(key="python-tests-burst", threads=2)
+    try:
+        serves(n)
+        before = open_fds(n.proc.pid)
+        host, port = n.url.removeprefix("http://").split(":")
+        body = json.dumps({"model": MODEL_ID, "messages": HELLO, "max_tokens": 64, "ignore_eos": True,
+                           "stream": True}).encode()
+        request = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+                   f"content-length: {len(body)}\r\n\r\n").encode() + body
+        socks = []
+        for _ in range(200):
+            s = socket.create_connection((host, int(port)), timeout=60)
+            s.sendall(request)
+            socks.append(s)
+        statuses = [s.makefile("rb").readline().split()[1] for s in socks]
+        assert set(statuses) <= {b"200", b"503"} and b"200" in statuses, set(statuses)
+        assert open_fds(n.proc.pid) >= before + 100
+        for s in socks:
+            s.close()
+        deadline = time.monotonic() + 30
+        while open_fds(n.proc.pid) > before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert open_fds(n.proc.pid) <= before
+        serves(n)
+    finally:
+        n.kill()
