@@ -18,11 +18,12 @@
 //! One exception to "removed stays removed": an instance placed again because a node left carries its
 //! [`Lineage`](crate::proto::Lineage). When a partition heals, each side may have placed the same instance
 //! again on the members it saw (a node cut off alone places the whole model on itself), or kept it
-//! while the other side replaced it; the removal a side made by re-placing is then no user's wish. Live
-//! instances of one origin (every stage on a member) are rivals and one is kept ([`rank`]): the one
-//! still driven by the origin's driver (its clients talk to that node), else the latest re-placement,
-//! else the smallest id. The others are removed like any instance, so the decision spreads with the
-//! table and both sides reach it alone.
+//! while the other side replaced it; the removal a side made by re-placing is then no user's wish.
+//! Instances of one origin are rivals and one is kept ([`rank`]): a live one (every stage on a member)
+//! first, then the one still driven by the origin's driver (its clients talk to that node), else the
+//! latest re-placement, else the smallest id. A removed instance comes back only to be weighed so, and
+//! only when it is live (a stale table's instance on a node that left stays removed). The others are
+//! removed like any instance, so the decision spreads with the table and both sides reach it alone.
 
 use super::ClusterState;
 use crate::proto::{InstanceRecord, InstanceTable};
@@ -75,16 +76,17 @@ impl ClusterState {
     /// neither knows nor removed, with what `other` says about them (movable, a move they are part of,
     /// draining). True when this table's instances changed. A removal of an instance this table does
     /// not hold is not copied: the lists would trade their oldest entries back and forth forever.
-    /// Rivals (live instances of one origin, on either side) are not removals: one is kept ([`rank`]).
+    /// Rivals (instances of one origin, on either side) are not removals: one is kept ([`rank`]).
     pub(crate) fn take_unknown(&mut self, other: InstanceTable) -> bool {
         let before: Vec<InstanceId> = self.table.instances.iter().map(|i| i.id).collect();
         let members: Vec<NodeId> = self.members().into_iter().cloned().collect();
         let live = |i: &InstanceRecord| i.stages.iter().all(|s| members.contains(&s.node));
-        // A rival of `i` in `t`: another live instance of the same origin.
+        // A rival of `i` in `t`: another instance of the same origin (live or not as this node sees
+        // it now: a table can arrive before its sender's facts; [`rank`] weighs liveness).
         let rival_in = |t: &InstanceTable, i: &InstanceRecord| {
             t.instances
                 .iter()
-                .any(|j| j.id != i.id && j.origin() == i.origin() && live(j))
+                .any(|j| j.id != i.id && j.origin() == i.origin())
         };
         for id in &other.removed {
             let Some(ours) = self.table.instances.iter().find(|i| &i.id == id) else {
@@ -126,7 +128,7 @@ impl ClusterState {
         after.ne(before.iter().copied())
     }
 
-    /// Keeps one of each set of live instances of one origin ([`rank`]).
+    /// Keeps one of each set of instances of one origin ([`rank`]).
     fn drop_rivals(&mut self, members: &[NodeId]) {
         let ranked = |i: &InstanceRecord| rank(i, members);
         let losers: Vec<InstanceId> = self

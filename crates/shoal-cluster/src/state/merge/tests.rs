@@ -236,12 +236,17 @@ fn a_table_remembers_the_last_removals_only() {
 }
 
 /// `a`, `b` and `c` (every pair linked), coordinated by `a`, which placed `x` over the three (10 layers
-/// each); every table holds it.
+/// each, `a` driving); every table holds it.
 fn three_with_x() -> [ClusterState; 3] {
+    three_with_x_over(["a", "b", "c"])
+}
+
+/// [`three_with_x`] with `x`'s stages on `order` (the first drives).
+fn three_with_x_over(order: [&str; 3]) -> [ClusterState; 3] {
     use super::super::tests::cluster;
     let mut a = cluster("a", &["b", "c"]);
     let req = PlaceRequest {
-        nodes: Some(["a", "b", "c"].map(|n| n.parse().unwrap()).to_vec()),
+        nodes: Some(order.map(|n| n.parse().unwrap()).to_vec()),
         layers: Some(vec![10, 10, 10]),
         ..PlaceRequest::of("m".parse().unwrap())
     };
@@ -261,7 +266,7 @@ fn lose(s: &mut ClusterState, gone: &[&str], new_id: &str) {
     s.reconcile(|| InstanceId::derived_from(new_id));
 }
 
-/// Every state's table holds exactly `want`, and they are the same table.
+/// Every state's table holds exactly `want`, the same records.
 fn all_hold(states: &[&ClusterState], want: &[&str]) {
     for s in states {
         assert_eq!(
@@ -272,7 +277,11 @@ fn all_hold(states: &[&ClusterState], want: &[&str]) {
             s.table()
         );
     }
-    assert!(states.windows(2).all(|w| w[0].table() == w[1].table()));
+    assert!(
+        states
+            .windows(2)
+            .all(|w| w[0].table().instances == w[1].table().instances)
+    );
 }
 
 #[test]
@@ -374,4 +383,43 @@ fn a_stale_table_naming_an_instance_placed_again_does_not_bring_it_back_when_its
     b.peer_gone("c");
     assert!(!b.on_table("a", a.table().clone()));
     assert!(ids(&b).is_empty() && ids(&a).is_empty());
+}
+
+#[test]
+fn regression_a_table_that_arrives_before_its_senders_facts_does_not_remove_the_drivers_re_placement()
+ {
+    // A 1 s link cut in the lab: nodes dropped each other at different moments. `a` (the smallest id)
+    // placed again, while b was out of its sight, b's own re-placement of x (x-b, driven by b as x was)
+    // on itself and c (x-a, removing x-b). b, the driver, got a's table before a's facts: a was not yet
+    // a member, so x-a looked dead, and its removal of x-b was applied — the driver lost the instance
+    // its streams were waiting for, and they ended.
+    let [_, mut b, mut c] = three_with_x_over(["b", "c", "a"]);
+    b.peer_gone("a");
+    c.peer_gone("a");
+    lose(&mut b, &[], "x-b");
+    assert_eq!(ids(&b), named(&["x-b"]));
+    assert_eq!(
+        b.table().instances[0].driver().map(|d| d.as_str()),
+        Some("b")
+    );
+    assert!(!c.on_table("b", b.table().clone()));
+    let mut a = alone("a", &["b", "c"]);
+    meet(&mut a, &c);
+    assert!(a.on_table("c", c.table().clone()));
+    lose(&mut a, &["b"], "x-a");
+    assert_eq!(ids(&a), named(&["x-a"]));
+    assert!(a.table().removed.contains(&InstanceId::derived_from("x-b")));
+
+    b.peer_connected("a");
+    b.on_table("a", a.table().clone());
+    assert_eq!(
+        ids(&b),
+        named(&["x-b"]),
+        "the driver keeps its re-placement"
+    );
+    b.on_facts(a.me().clone());
+    meet(&mut a, &b);
+    settle(&mut a, &mut b);
+    settle(&mut a, &mut c);
+    all_hold(&[&a, &b, &c], &["x-b"]);
 }
