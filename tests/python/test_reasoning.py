@@ -87,6 +87,18 @@ def test_anthropic_sdk_reads_thinking_blocks_when_thinking_is_enabled(node):
         *MESSAGES, {"role": "assistant", "content": r.content}, {"role": "user", "content": "And 8 times 9?"}],
         thinking=thinking)
     assert again.content
+    # A budget smaller than the thoughts: they are closed when spent (a prefix of the free ones), streamed
+    # alike, and the model answers after them.
+    small = {"type": "enabled", "budget_tokens": 4}
+    cut = claude.messages.create(model=model, max_tokens=24, messages=MESSAGES, thinking=small,
+                                 extra_body={"temperature": 0})
+    assert [b.type for b in cut.content] == ["thinking", "text"], cut.content
+    assert r.content[0].thinking.startswith(cut.content[0].thinking.rstrip()) and cut.content[1].text
+    with claude.messages.stream(model=model, max_tokens=24, messages=MESSAGES, thinking=small,
+                                extra_body={"temperature": 0}) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in streamed.content] == \
+        [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in cut.content]
 
 
 def test_openai_sdk_responses_carry_a_reasoning_item(node):

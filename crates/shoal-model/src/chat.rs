@@ -160,6 +160,9 @@ pub struct Thinking {
     pub enable: Option<bool>,
     /// `reasoning_effort` (gpt-oss's `low`, `medium`, `high`); `None` leaves it undefined.
     pub effort: Option<String>,
+    /// The most tokens the thoughts may take (Anthropic's `thinking.budget_tokens`): not the template's
+    /// to read — the generation path closes the thoughts when they are spent.
+    pub budget: Option<u32>,
 }
 
 impl ChatTemplate {

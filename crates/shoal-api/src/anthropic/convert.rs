@@ -131,7 +131,8 @@ fn sampling(
 
 /// Extended thinking: `enabled` (or `adaptive`) lets a thinking model think — its thoughts come back as
 /// a `thinking` block —, `disabled` or no `thinking` turns its thoughts off (Anthropic's default). The
-/// `budget_tokens` is checked (at least 1) but not enforced apart from `max_tokens`.
+/// `budget_tokens` (at least 1) bounds the thoughts: when spent, the model is made to close them and
+/// answer ([`crate::generate::budget`]).
 fn thinking(thinking: Option<&Thinking>) -> Result<shoal_engine::Thinking, ApiError> {
     let enable = match thinking.map(|t| t.kind.as_str()) {
         None | Some("disabled") => false,
@@ -143,15 +144,20 @@ fn thinking(thinking: Option<&Thinking>) -> Result<shoal_engine::Thinking, ApiEr
             ));
         }
     };
-    if let Some(Some(0)) = thinking.map(|t| t.budget_tokens) {
-        return Err(ApiError::invalid(
-            "thinking.budget_tokens",
-            "thinking.budget_tokens must be at least 1",
-        ));
-    }
+    let budget = match thinking.and_then(|t| t.budget_tokens) {
+        Some(0) => {
+            return Err(ApiError::invalid(
+                "thinking.budget_tokens",
+                "thinking.budget_tokens must be at least 1",
+            ));
+        }
+        Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        None => None,
+    };
     Ok(shoal_engine::Thinking {
         enable: Some(enable),
         effort: None,
+        budget: budget.filter(|_| enable),
     })
 }
 

@@ -136,9 +136,18 @@ pub async fn plan(
     }
     let calls = plan.tool_parser.is_some();
     let reasoning = super::reasoning::syntax(engine.chat_template(), &prompt, constrained, calls);
+    // A budget for the thoughts is the processor of an answer that may think (never a constrained one).
+    let processor = match (plan.processor, reasoning, thinking.budget) {
+        (None, Some(syntax), Some(budget)) => Some(Box::new(super::budget::ThinkingBudget::new(
+            engine.tokenizer().clone(),
+            syntax,
+            budget,
+        )) as Box<dyn LogitsProcessor>),
+        (processor, ..) => processor,
+    };
     Ok(Planned {
         prompt,
-        processor: plan.processor,
+        processor,
         parser: plan.tool_parser,
         reasoning,
     })

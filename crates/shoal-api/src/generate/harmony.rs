@@ -79,6 +79,16 @@ impl Reader {
         }
     }
 
+    /// Whether the text read so far is inside an analysis message.
+    pub fn in_analysis(&self) -> bool {
+        self.state == State::Body(Body::Reasoning)
+    }
+
+    /// Whether a message other than analysis (the final answer, a call) has begun.
+    pub fn answering(&self) -> bool {
+        matches!(&self.state, State::Body(b) if *b != Body::Reasoning)
+    }
+
     /// The parts of the next piece of text.
     pub fn push(&mut self, text: &str) -> Parts {
         let mut out = Parts::default();

@@ -16,6 +16,7 @@
 //! [`collect_all`] does so for the `n` choices of one request and [`total_usage`] counts their prompt
 //! once.
 
+pub mod budget;
 pub mod front;
 pub mod harmony;
 pub mod reasoning;

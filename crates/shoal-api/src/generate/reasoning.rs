@@ -116,6 +116,22 @@ impl Splitter {
             Splitter::Harmony(h) => h.finish(),
         }
     }
+
+    /// Whether the text read so far leaves the answer inside its thoughts.
+    pub fn in_thoughts(&self) -> bool {
+        match self {
+            Splitter::Think(t) => t.state == State::Thinking,
+            Splitter::Harmony(h) => h.in_analysis(),
+        }
+    }
+
+    /// Whether the answer proper (or a call) has begun.
+    pub fn answering(&self) -> bool {
+        match self {
+            Splitter::Think(t) => matches!(t.state, State::Closed | State::Content),
+            Splitter::Harmony(h) => h.answering(),
+        }
+    }
 }
 
 /// The streaming reader of a `<think>` answer.

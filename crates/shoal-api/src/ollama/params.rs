@@ -142,11 +142,13 @@ fn think(value: Option<&Value>) -> Result<shoal_engine::Thinking, Error> {
         Some(Value::Bool(b)) => Ok(shoal_engine::Thinking {
             enable: Some(*b),
             effort: None,
+            budget: None,
         }),
         Some(Value::String(level)) if matches!(level.as_str(), "low" | "medium" | "high") => {
             Ok(shoal_engine::Thinking {
                 enable: Some(true),
                 effort: Some(level.clone()),
+                budget: None,
             })
         }
         Some(other) => Err(ApiError::invalid(

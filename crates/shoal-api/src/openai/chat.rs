@@ -79,10 +79,19 @@ pub async fn chat_completions(
     super::params::refuse_unimplemented(&req.unimplemented)?;
     let logprobs = wants_logprobs(&req)?;
     let guidance = tools::guidance(&mut req)?;
-    let thinking = super::params::thinking(
+    let mut thinking = super::params::thinking(
         req.reasoning_effort.as_deref(),
         req.chat_template_kwargs.as_ref(),
     )?;
+    thinking.budget = match req.thinking_budget_tokens {
+        Some(0) => {
+            return Err(ApiError::invalid(
+                "thinking_budget_tokens",
+                "thinking_budget_tokens must be at least 1",
+            ));
+        }
+        budget => budget,
+    };
     let budget_param = budget_param(req.max_completion_tokens.is_some());
     let mut params = CommonParams::from(&mut req).validate(&state.engine)?;
     params.sampling.top_logprobs = logprobs.unwrap_or(0);

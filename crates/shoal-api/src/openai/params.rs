@@ -349,6 +349,7 @@ pub(crate) fn effort_thinking(
             return Ok(shoal_engine::Thinking {
                 enable: Some(false),
                 effort: None,
+                budget: None,
             });
         }
         Some("minimal" | "low") => "low",
@@ -366,6 +367,7 @@ pub(crate) fn effort_thinking(
     Ok(shoal_engine::Thinking {
         enable: Some(true),
         effort: Some(effort.to_string()),
+        budget: None,
     })
 }
 

@@ -50,6 +50,11 @@ pub struct ChatRequest {
     /// and `reasoning_effort` (string) are read; any other is a 400 naming it.
     #[schema(value_type = Option<Object>)]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The most tokens a thinking model's thoughts may take (llama-server's `thinking_budget_tokens`,
+    /// vLLM's `thinking_token_budget`): when they are spent, the model is made to close them and answer.
+    #[serde(alias = "thinking_token_budget")]
+    #[schema(minimum = 1)]
+    pub thinking_budget_tokens: Option<u32>,
     /// Documented by OpenAI, not implemented: refused by name when they would change the answer
     /// ([`super::params::refuse_unimplemented`]).
     #[serde(flatten)]

@@ -91,6 +91,7 @@ fn the_template_renders_effort_tools_and_earlier_calls_as_gpt_oss_does() {
     let effort = |e: &str| Thinking {
         enable: None,
         effort: Some(e.into()),
+        budget: None,
     };
     let low = engine
         .render_chat_thinking(&turns, &tools, &effort("low"))
@@ -419,4 +420,33 @@ async fn an_anthropic_prefill_that_opens_the_analysis_answers_a_thinking_block()
     assert_eq!(v["content"][0]["type"], "thinking", "{v}");
     let thinking = v["content"][0]["thinking"].as_str().unwrap_or("");
     assert!(!thinking.is_empty() && clean(thinking), "{v}");
+}
+
+#[tokio::test]
+async fn a_thinking_budget_ends_the_analysis_message_and_the_final_channel_answers() {
+    let body = |budget: u32| {
+        chat_body(json!({"reasoning_effort": "high", "max_tokens": 24,
+            "thinking_budget_tokens": budget}))
+    };
+    let free = post("/v1/chat/completions", body(1024)).await.json();
+    let cut = post("/v1/chat/completions", body(3)).await.json();
+    let (free, cut) = (
+        &free["choices"][0]["message"],
+        &cut["choices"][0]["message"],
+    );
+    let all = free["reasoning_content"]
+        .as_str()
+        .expect("reasoning_content");
+    let thoughts = cut["reasoning_content"]
+        .as_str()
+        .expect("reasoning_content");
+    assert!(!thoughts.is_empty() && thoughts.len() < all.len(), "{cut}");
+    assert!(
+        all.starts_with(thoughts),
+        "{thoughts:?} is not how {all:?} starts"
+    );
+    // The analysis was closed and the final channel opened: what follows is the answer.
+    let content = cut["content"].as_str().unwrap_or("");
+    assert!(!content.is_empty() && clean(content), "{cut}");
+    assert_eq!(free["content"].as_str().unwrap_or(""), "", "{free}");
 }

@@ -275,3 +275,43 @@ async fn responses_put_the_thoughts_in_a_reasoning_item_streamed_or_not() {
     .await;
     assert_eq!(bad.status, 400, "{}", bad.body);
 }
+
+#[tokio::test]
+async fn anthropic_budget_tokens_closes_the_thoughts_when_spent_and_the_model_answers() {
+    let body = |budget: u32, stream: bool| {
+        json!({"model": MODEL, "max_tokens": 24, "temperature": 0, "stream": stream,
+            "thinking": {"type": "enabled", "budget_tokens": budget},
+            "messages": [{"role": "user", "content": "What is 7 times 8?"}]})
+    };
+    // A budget the answer never reaches: all thoughts (the random model never closes them).
+    let free = ollama("/v1/messages", body(1024, false)).await.json();
+    let all = free["content"][0]["thinking"]
+        .as_str()
+        .expect("thinking")
+        .to_string();
+    assert_eq!(free["content"].as_array().map(Vec::len), Some(1), "{free}");
+    // Four tokens of thoughts: the same thoughts cut there, closed, then an answer.
+    let cut = ollama("/v1/messages", body(4, false)).await.json();
+    println!("{cut}");
+    let thoughts = cut["content"][0]["thinking"].as_str().expect("thinking");
+    assert!(
+        !thoughts.is_empty() && thoughts.len() < all.len(),
+        "{thoughts:?} of {all:?}"
+    );
+    assert!(
+        all.starts_with(thoughts.trim_end()),
+        "{thoughts:?} is not how {all:?} starts"
+    );
+    assert_eq!(cut["content"][1]["type"], "text", "{cut}");
+    assert!(
+        !cut["content"][1]["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("think>"),
+        "{cut}"
+    );
+    assert_eq!(
+        cut["usage"]["output_tokens"],
+        free["usage"]["output_tokens"]
+    );
+}

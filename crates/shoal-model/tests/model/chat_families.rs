@@ -295,6 +295,7 @@ fn a_request_sets_enable_thinking_and_reasoning_effort() {
     let off = Thinking {
         enable: Some(false),
         effort: None,
+        budget: None,
     };
     assert!(render(&off).ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
     let default = render(&Thinking::default());
@@ -302,7 +303,8 @@ fn a_request_sets_enable_thinking_and_reasoning_effort() {
     assert_eq!(
         render(&Thinking {
             enable: Some(true),
-            effort: None
+            effort: None,
+            budget: None,
         }),
         default
     );
@@ -315,6 +317,7 @@ fn a_request_sets_enable_thinking_and_reasoning_effort() {
     let high = Thinking {
         enable: None,
         effort: Some("high".into()),
+        budget: None,
     };
     assert_eq!(
         effort
