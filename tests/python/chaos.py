@@ -92,7 +92,8 @@ def judge(results, alone, what: str, fault_at: "float | None" = None) -> dict:
     """Holds every request to its lone run and counts: requests, completed (exactly the lone run's tokens
     with a finish reason: never silently truncated), continued (completed with tokens on both sides of
     `fault_at`, a wall-clock time: the stream went through the fault), errored (a clear error, after a
-    prefix of the lone run's tokens), and the distinct errors."""
+    prefix of the lone run's tokens), the seconds after `fault_at` until every stream it cut had tokens
+    flowing again, the longest pause any stream saw, and the distinct errors."""
     counts = {"requests": len(results), "completed": 0, "continued": 0, "errored": 0}
     for r in results:
         assert r["s"] < REQUEST_DEADLINE_S, f"{what}: request {r['k']} took {r['s']:.0f} s"
@@ -106,6 +107,12 @@ def judge(results, alone, what: str, fault_at: "float | None" = None) -> dict:
             assert r["error"].strip(), (what, r)
             assert r["tokens"] == alone[r["k"]][: len(r["tokens"])], f"{what}: wrong tokens before the error: {r}"
             counts["errored"] += 1
+    if fault_at is not None:
+        # How long after the fault every stream it cut had tokens flowing again: the cluster serving.
+        again = [next(t for t in r["at"] if t > fault_at) - fault_at
+                 for r in results if r["at"] and r["at"][0] < fault_at < r["at"][-1]]
+        if again:
+            counts["flowing_again_s"] = round(max(again), 1)
     gaps = [b - a for r in results for a, b in zip(r["at"], r["at"][1:])]
     if gaps:
         # The longest a client waited between two tokens: the pause the fault cost a stream.
