@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use shoal_kernels::{ActType, Activations, PackedMatrix, QType, ThreadPool};
+use shoal_kernels::{ActType, Activations, PackedMatrix, Parallel, QType};
 
 use crate::error::{ModelError, Result};
 use crate::gguf::types::GgmlType;
@@ -77,11 +77,11 @@ impl QLinear {
 
     /// `out = acts · Wᵀ + b`, `acts` already quantized as [`QLinear::act_type`]; `out` is resized to
     /// `m × out_features`.
-    pub fn forward_quantized(
+    pub fn forward_quantized<P: Parallel + ?Sized>(
         &self,
         acts: &Activations,
         out: &mut Vec<f32>,
-        pool: &ThreadPool,
+        pool: &P,
     ) -> Result<()> {
         let n = self.w.rows();
         // Every value is written, so a buffer reused between calls is never cleared.
@@ -193,13 +193,13 @@ impl LinearSet {
     }
 
     /// `out = x · [W₁ | W₂ | …]ᵀ`: `x` is `m × in_features`, `out` becomes `m × out_features`.
-    pub fn forward(
+    pub fn forward<P: Parallel + ?Sized>(
         &self,
         x: &[f32],
         m: usize,
         out: &mut Vec<f32>,
         s: &mut LinearScratch,
-        pool: &ThreadPool,
+        pool: &P,
     ) -> Result<()> {
         // Bit `i`: `s.acts[i]` holds this call's input already.
         let mut fresh = 0u64;

@@ -15,15 +15,22 @@
 //! - each head's attended latent goes through its `attn_v_b` (`v_head × kv_lora`), and the heads side by
 //!   side (`heads · v_head`) are the input of `attn_output`.
 //!
+//! The 2·heads small per-head products (`attn_k_b`, `attn_v_b`: 128 of each per layer at DeepSeek V3's
+//! size) run as one job each, heads spread over the pool's threads and each head's product whole on
+//! one thread ([`per_head`]), not as one pool hand-off per head.
+//!
 //! Files of the older layout carry `attn_kv_b` instead of `attn_k_b` / `attn_v_b`; it is split at load
 //! (`split_kv_b`), so they run the same way with the same cache.
 //!
 //! Scores are scaled by [`Mla::kq_scale`]. Numerics are the ordinary attention's ([`crate::attention`]):
 //! f16 keys, queries rounded to f16, weights rounded to f16 before the values.
 
-use shoal_kernels::ThreadPool;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use shoal_kernels::attn::attend_f16;
 use shoal_kernels::math::{f32_to_f16, round_to_f16};
+use shoal_kernels::{Parallel, ThreadPool};
 
 use crate::attention::{RopeRows, SeqChunk, run_items};
 use shoal_kernels::dequantize_row;
@@ -94,6 +101,78 @@ fn split_kv_b(
     Ok((k_b, v_b))
 }
 
+/// One thread's buffers for [`per_head`]: a head's rows in (`total × nope` or `total × kv_lora`) and out.
+#[derive(Default)]
+pub(crate) struct HeadScratch {
+    lin: LinearScratch,
+    part: Vec<f32>,
+    out: Vec<f32>,
+}
+
+/// The kernels' [`Parallel`] of one part, run on the calling thread: a head's product stays on the
+/// thread that took the head.
+struct OneThread;
+
+impl Parallel for OneThread {
+    fn n_threads(&self) -> usize {
+        1
+    }
+    fn run_parts(&self, f: &(dyn Fn(usize, usize) + Sync)) {
+        f(0, 1)
+    }
+}
+
+/// Every head's small product at once: `sets[h]` times the `total` rows' `width` values at `h · step`
+/// of each `stride`-wide row of `x`, handed to `place(h, y)` (`y`: `total ×` the set's outputs). The
+/// heads are spread over `pool`'s threads, each head's product whole on one thread: at DeepSeek V3's
+/// size a head's `attn_k_b` or `attn_v_b` is 64 K values, too small to split, and one call per head
+/// (128 per matrix and layer) paid the pool's hand-off each time. Each output value is the same chain
+/// of operations whichever thread computes it, so the result does not depend on the thread count.
+#[allow(clippy::too_many_arguments)] // the operands of one batched product
+fn per_head(
+    sets: &[LinearSet],
+    x: &[f32],
+    stride: usize,
+    step: usize,
+    width: usize,
+    scratch: &mut Vec<Mutex<HeadScratch>>,
+    pool: &ThreadPool,
+    place: impl Fn(usize, &[f32]) + Sync,
+) -> Result<()> {
+    let total = x.len() / stride;
+    scratch.resize_with(pool.n_threads().max(1), Default::default);
+    let scratch = &*scratch;
+    let next = AtomicUsize::new(0);
+    let failed = Mutex::new(None);
+    pool.run(|t, _| {
+        let mut s = scratch[t].lock().unwrap_or_else(|e| e.into_inner());
+        let s = &mut *s;
+        loop {
+            let h = next.fetch_add(1, Ordering::Relaxed);
+            if h >= sets.len() {
+                break;
+            }
+            s.part.clear();
+            for row in x.chunks_exact(stride) {
+                s.part.extend_from_slice(&row[h * step..][..width]);
+            }
+            match sets[h].forward(&s.part, total, &mut s.out, &mut s.lin, &OneThread) {
+                Ok(()) => place(h, &s.out),
+                Err(e) => {
+                    failed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert(e);
+                }
+            }
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// Query heads attended together in one work item (they share each key's conversion to f32).
 const HEADS_PER_ITEM: usize = 8;
 
@@ -114,9 +193,8 @@ pub(crate) struct MlaScratch {
     lin: LinearScratch,
     qa: Vec<f32>,
     q: Vec<f32>,
-    /// One head's rows in (`total × nope` or `total × kv_lora`) and out.
-    part: Vec<f32>,
-    part_out: Vec<f32>,
+    /// Per thread of the pool: one head's rows in and out ([`per_head`]).
+    heads: Vec<Mutex<HeadScratch>>,
     /// Absorbed queries, `total × heads × (kv_lora + rope)`.
     queries: Vec<f32>,
     /// Attended latents, `total × heads × kv_lora`.
@@ -187,22 +265,37 @@ impl MlaAttn {
         }
         s.queries.clear();
         s.queries.resize(total * nh * kw, 0.0);
-        for (h, k_b) in self.k_b.iter().enumerate() {
-            s.part.clear();
-            for row in s.q.chunks_exact(nh * qk) {
-                s.part.extend_from_slice(&row[h * qk..][..a.nope]);
-            }
-            k_b.forward(&s.part, total, &mut s.part_out, &mut s.lin, pool)?;
-            for (r, (dst, q)) in s
-                .queries
-                .chunks_exact_mut(nh * kw)
-                .zip(s.q.chunks_exact(nh * qk))
-                .enumerate()
-            {
-                let dst = &mut dst[h * kw..(h + 1) * kw];
-                dst[..a.kv_lora].copy_from_slice(&s.part_out[r * a.kv_lora..][..a.kv_lora]);
-                dst[a.kv_lora..].copy_from_slice(&q[h * qk + a.nope..][..a.rope]);
-                rope.rotate(&mut dst[a.kv_lora..], r);
+        // q_nope through each head's attn_k_b, into the first kv_lora values of the head's query.
+        let queries = Mutex::new(&mut s.queries);
+        per_head(
+            &self.k_b,
+            &s.q,
+            nh * qk,
+            qk,
+            a.nope,
+            &mut s.heads,
+            pool,
+            |h, y| {
+                let mut queries = queries.lock().unwrap_or_else(|e| e.into_inner());
+                for (dst, src) in queries
+                    .chunks_exact_mut(nh * kw)
+                    .zip(y.chunks_exact(a.kv_lora))
+                {
+                    dst[h * kw..][..a.kv_lora].copy_from_slice(src);
+                }
+            },
+        )?;
+        // The rotated q_pe after it.
+        for (r, (dst, q)) in s
+            .queries
+            .chunks_exact_mut(nh * kw)
+            .zip(s.q.chunks_exact(nh * qk))
+            .enumerate()
+        {
+            for h in 0..nh {
+                let dst = &mut dst[h * kw + a.kv_lora..(h + 1) * kw];
+                dst.copy_from_slice(&q[h * qk + a.nope..][..a.rope]);
+                rope.rotate(dst, r);
             }
         }
         // Queries enter the q·k products at f16 precision, as in llama.cpp.
@@ -228,20 +321,26 @@ impl MlaAttn {
         self.attend_latent(chunks, s, pool);
         // Each head's latent through its attn_v_b.
         out.resize(total * nh * a.v_head, 0.0);
-        for (h, v_b) in self.v_b.iter().enumerate() {
-            s.part.clear();
-            for row in s.latent.chunks_exact(nh * a.kv_lora) {
-                s.part.extend_from_slice(&row[h * a.kv_lora..][..a.kv_lora]);
-            }
-            v_b.forward(&s.part, total, &mut s.part_out, &mut s.lin, pool)?;
-            for (dst, src) in out
-                .chunks_exact_mut(nh * a.v_head)
-                .zip(s.part_out.chunks_exact(a.v_head))
-            {
-                dst[h * a.v_head..(h + 1) * a.v_head].copy_from_slice(src);
-            }
-        }
-        Ok(())
+        let heads_out = Mutex::new(out);
+        let latent = &s.latent;
+        per_head(
+            &self.v_b,
+            latent,
+            nh * a.kv_lora,
+            a.kv_lora,
+            a.kv_lora,
+            &mut s.heads,
+            pool,
+            |h, y| {
+                let mut out = heads_out.lock().unwrap_or_else(|e| e.into_inner());
+                for (dst, src) in out
+                    .chunks_exact_mut(nh * a.v_head)
+                    .zip(y.chunks_exact(a.v_head))
+                {
+                    dst[h * a.v_head..(h + 1) * a.v_head].copy_from_slice(src);
+                }
+            },
+        )
     }
 
     /// `s.latent` (`total × heads × kv_lora`): every row's heads attended over its chunk's cached keys,
@@ -278,5 +377,86 @@ impl MlaAttn {
                     .copy_from_slice(&head[..a.kv_lora]);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `rows × cols` F16 matrix of values from a small deterministic sequence.
+    fn set(rows: usize, cols: usize, seed: usize) -> LinearSet {
+        let f16 = ggml_type(1).expect("F16");
+        let data = (0..rows * cols)
+            .flat_map(|i| {
+                let v = ((i * 7919 + seed * 104_729) % 2003) as f32 / 1001.0 - 1.0;
+                half::f16::from_f32(v).to_le_bytes()
+            })
+            .collect();
+        let raw = RawTensor {
+            ty: f16,
+            dims: vec![rows, cols],
+            data,
+        };
+        LinearSet::from_raws(vec![("w".into(), raw, None)]).expect("set")
+    }
+
+    #[test]
+    fn every_heads_product_at_once_equals_each_heads_own_product_bitwise() {
+        let (heads, width, out, total) = (6, 32, 48, 3);
+        let sets: Vec<LinearSet> = (0..heads).map(|h| set(out, width, h)).collect();
+        // Rows of `heads` slices of `width` values, with 5 values of something else after each slice.
+        let step = width + 5;
+        let x: Vec<f32> = (0..total * heads * step)
+            .map(|i| ((i * 31) % 97) as f32 / 48.0 - 1.0)
+            .collect();
+        let pool = ThreadPool::new(2);
+        let mut want = vec![Vec::new(); heads];
+        let mut lin = LinearScratch::default();
+        for (h, w) in want.iter_mut().enumerate() {
+            let part: Vec<f32> = x
+                .chunks_exact(heads * step)
+                .flat_map(|row| row[h * step..][..width].to_vec())
+                .collect();
+            sets[h]
+                .forward(&part, total, w, &mut lin, &pool)
+                .expect("one head");
+        }
+        let got = Mutex::new(vec![Vec::new(); heads]);
+        let mut scratch = Vec::new();
+        per_head(
+            &sets,
+            &x,
+            heads * step,
+            step,
+            width,
+            &mut scratch,
+            &pool,
+            |h, y| {
+                got.lock().expect("lock")[h] = y.to_vec();
+            },
+        )
+        .expect("every head");
+        let got = got.into_inner().expect("lock");
+        assert_eq!(got.len(), heads);
+        for (h, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.len(), total * out, "head {h}");
+            assert!(
+                g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "head {h}: {g:?} vs {w:?}"
+            );
+        }
+        // A product that fails (an input narrower than the matrix) is the call's error.
+        let err = per_head(
+            &sets,
+            &x,
+            heads * step,
+            step,
+            width - 1,
+            &mut scratch,
+            &pool,
+            |_, _| {},
+        );
+        assert!(err.is_err());
     }
 }
