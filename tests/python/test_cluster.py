@@ -520,3 +520,44 @@ def test_gemma3_split_over_two_nodes_gives_the_single_node_tokens(trio):
         remove(a, iid)
     assert outputs[1][0][0].startswith(" the capital of"), outputs[1]
     assert outputs[1] == outputs[2]
+
+
+def test_a_stream_through_a_node_that_is_removed_finishes_with_its_lone_runs_tokens():
+    """`shoal remove` of a node hosting the middle stage while a stream runs through it: the removed node
+    is cut off, the instance is placed again on the two left, and the stream finishes with the tokens of its
+    lone run (it continued on the new instance, or the old chain held until it ended: both count)."""
+    import subprocess
+
+    from conftest import _binary
+
+    a = ShoalNode("--no-auto-instance", "--wire-dtype", "f32")
+    b = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr)
+    c = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr)
+    try:
+        wait_members([a, b, c], [a, b, c])
+        place(a, [(a, 10), (c, 10), (b, 10)])
+        ask = dict(model=MODEL_ID, messages=[{"role": "user", "content": "Tell me a very long story."}],
+                   max_tokens=160, temperature=0, logprobs=True, extra_body={"ignore_eos": True})
+        lone = [t.token for t in client(a).chat.completions.create(**ask).choices[0].logprobs.content]
+        tokens, finish, removed_at = [], None, None
+        for chunk in client(a).chat.completions.create(stream=True, **ask):
+            if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+                tokens += [t.token for t in chunk.choices[0].logprobs.content]
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+            if len(tokens) >= 5 and removed_at is None:
+                out = subprocess.run([str(_binary()), "remove", c.id, "--url", a.url],
+                                     capture_output=True, text=True, timeout=30)
+                assert out.returncode == 0, out.stderr
+                removed_at = time.monotonic()
+        print(f"stream finished {time.monotonic() - removed_at:.1f} s after the removal; "
+              f"continuations: {a.stderr_tail(400).count('continuing on the model')}")
+        assert finish == "length" and tokens == lone
+        wait_members([a, b], [a, b])
+        wait_until("the instance to be placed again on a and b", lambda: [
+            i for i in state(a)["cluster"]["instances"]
+            if i["status"] == "ready" and {s["node"] for s in i["stages"]} <= {a.id, b.id}])
+        assert greedy(a, PROMPTS[0])[0]
+    finally:
+        for n in (a, b, c):
+            n.kill()
