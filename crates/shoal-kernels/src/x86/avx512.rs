@@ -51,6 +51,12 @@ pub(crate) fn has_avx512_vnni() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
+/// Whether the CPU also has AVX-512 VBMI and BITALG (byte permutes across the register and bit
+/// shuffles into a mask: `IQ3_S`'s gathered decode in `iqtile`).
+pub(crate) fn has_vbmi_bitalg() -> bool {
+    is_x86_feature_detected!("avx512vbmi") && is_x86_feature_detected!("avx512bitalg")
+}
+
 /// Weight rows `rows` (a range starting at a multiple of 16) of a repacked matrix against all
 /// activation rows of `g`.
 ///

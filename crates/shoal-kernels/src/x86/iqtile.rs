@@ -26,7 +26,7 @@ use super::iq::{Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Iq4Xs, IqSuper};
 use super::kquants::{ActRowK, PackedK};
 use crate::format::{GROUP, QK_K};
 use crate::gemm::Gemm;
-use crate::iq::grids::KVALUES_IQ4NL;
+use crate::iq::grids::{IQ3S_GRID, KVALUES_IQ4NL};
 
 /// Activation rows multiplied per pass over a decoded super-block (two accumulators each stay in
 /// registers with the weight vector).
@@ -117,7 +117,6 @@ pub(crate) trait IqLanes: IqSuper {
     }
 }
 
-impl IqLanes for Iq3S {}
 impl IqLanes for Iq3Xxs {}
 impl IqLanes for Iq2Xxs {}
 impl IqLanes for Iq2Xs {}
@@ -325,5 +324,94 @@ pub(crate) unsafe fn gemm_iq_tile<B: IqLanes>(g: &Gemm<'_>, rows: Range<usize>) 
             }
         }
         j0 += GROUP;
+    }
+}
+
+/// `IQ3_S` with AVX-512 VBMI and BITALG: 16 rows' grid indices built in the lanes (`vpermt2b`
+/// picks each row's index byte, the ninth bit comes from its `qh` byte), their grid rows fetched
+/// with one `vpgatherdd` per 4 values of the 16 rows (already in the lane layout, no transpose),
+/// and the signs applied under a mask `vpshufbitqmb` takes from the rows' sign words.
+pub(crate) struct Iq3SGather;
+
+impl IqSuper for Iq3SGather {
+    const BYTES: usize = Iq3S::BYTES;
+    const FACTOR: f32 = Iq3S::FACTOR;
+    #[inline(always)]
+    unsafe fn chunk(wb: *const u8, c: usize) -> (__m256i, __m256i, __m256i) {
+        unsafe { Iq3S::chunk(wb, c) }
+    }
+}
+
+impl IqLanes for Iq3S {}
+
+impl IqLanes for Iq3SGather {
+    #[inline(always)]
+    unsafe fn decode(w: &[*const u8; GROUP], b: usize, dst: &mut Decoded) {
+        unsafe {
+            let base = w[0].add(b * Self::BYTES);
+            let mut offs = [0i32; GROUP];
+            for l in 0..GROUP {
+                offs[l] = w[l].offset_from(w[0]) as i32;
+            }
+            let off = _mm512_loadu_si512(offs.as_ptr().cast());
+            let (off_lo, off_hi) = (
+                _mm512_castsi512_si256(off),
+                _mm512_extracti64x4_epi64::<1>(off),
+            );
+            let dv = _mm512_i32gather_epi32::<1>(off, base.cast());
+            _mm512_storeu_ps(
+                dst.d.as_mut_ptr(),
+                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dv)),
+            );
+            let sv = _mm512_i32gather_epi32::<1>(off, base.add(106).cast());
+            let qh0 = _mm512_i32gather_epi64::<1>(off_lo, base.add(66).cast());
+            let qh1 = _mm512_i32gather_epi64::<1>(off_hi, base.add(66).cast());
+            // Byte 0 of dword lane L: 8 L, the index of row L's first byte in a pair of
+            // registers holding 8 bytes of each of the 16 rows.
+            let pick = _mm512_setr_epi32(
+                0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120,
+            );
+            const LOW_BYTES: u64 = 0x1111_1111_1111_1111;
+            let (x80, bit8) = (_mm512_set1_epi8(-128), _mm512_set1_epi32(0x100));
+            for c in 0..QK_K / 32 {
+                let qhc = _mm512_maskz_permutex2var_epi8(
+                    LOW_BYTES,
+                    qh0,
+                    _mm512_add_epi8(pick, _mm512_set1_epi8(c as i8)),
+                    qh1,
+                );
+                let q0 = _mm512_i32gather_epi64::<1>(off_lo, base.add(2 + 8 * c).cast());
+                let q1 = _mm512_i32gather_epi64::<1>(off_hi, base.add(2 + 8 * c).cast());
+                let sg = _mm512_i32gather_epi32::<1>(off, base.add(74 + 4 * c).cast());
+                let ls = _mm512_and_si512(
+                    _mm512_srlv_epi32(sv, _mm512_set1_epi32(4 * c as i32)),
+                    _mm512_set1_epi32(0x0F),
+                );
+                let sc = _mm512_add_epi32(_mm512_slli_epi32::<1>(ls), _mm512_set1_epi32(1));
+                let sc = _mm512_or_si512(sc, _mm512_slli_epi32::<16>(sc));
+                _mm512_storeu_si512(dst.sc[c].as_mut_ptr().cast(), sc);
+                for i in 0..8 {
+                    let lo = _mm512_maskz_permutex2var_epi8(
+                        LOW_BYTES,
+                        q0,
+                        _mm512_add_epi8(pick, _mm512_set1_epi8(i as i8)),
+                        q1,
+                    );
+                    let hb = _mm512_and_si512(
+                        _mm512_sllv_epi32(qhc, _mm512_set1_epi32(8 - i as i32)),
+                        bit8,
+                    );
+                    let idx = _mm512_or_si512(lo, hb);
+                    let g = _mm512_i32gather_epi32::<4>(idx, IQ3S_GRID.as_ptr().cast());
+                    // Mask bit 4 L + k: bit 4 i + k of row L's sign word (rows 2 q and 2 q + 1
+                    // are the low and high halves of qword q).
+                    let j = 4 * i as u64;
+                    let sel = (j | (j + 1) << 8 | (j + 2) << 16 | (j + 3) << 24)
+                        | ((j + 32) | (j + 33) << 8 | (j + 34) << 16 | (j + 35) << 24) << 32;
+                    let neg = _mm512_bitshuffle_epi64_mask(sg, _mm512_set1_epi64(sel as i64));
+                    dst.q[8 * c + i] = _mm512_mask_sub_epi8(_mm512_add_epi8(g, x80), neg, x80, g);
+                }
+            }
+        }
     }
 }

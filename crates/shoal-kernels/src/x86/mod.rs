@@ -240,6 +240,10 @@ pub(crate) fn gemm_rows_512(g: &Gemm<'_>, rows: Range<usize>) {
             avx512::has_avx512_vnni(),
             "the AVX-512 VNNI backend needs AVX-512 F/BW/VNNI"
         );
+        if g.qtype == QType::IQ3_S && avx512::has_vbmi_bitalg() {
+            // SAFETY: as in `gemm_rows`, and the CPU has AVX-512 VBMI and BITALG.
+            return unsafe { gemm_iq3s_lanes_tf(g, rows) };
+        }
         // SAFETY: as in `gemm_rows`.
         return unsafe { gemm_iq_lanes_tf(g, rows) };
     }
@@ -290,6 +294,13 @@ unsafe fn gemm_iq_lanes_tf(g: &Gemm<'_>, rows: Range<usize>) {
             other => unreachable!("{other:?} is not a 256-value IQ format"),
         }
     }
+}
+
+/// `IQ3_S` through [`iqtile`] with its gathered decode (AVX-512 VBMI and BITALG).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+unsafe fn gemm_iq3s_lanes_tf(g: &Gemm<'_>, rows: Range<usize>) {
+    // SAFETY: the caller checked the operands and the features.
+    unsafe { iqtile::gemm_iq_tile::<iqtile::Iq3SGather>(g, rows) }
 }
 
 /// Panics unless the operands of `g` are consistent for weight rows `rows` in GGUF rows.
