@@ -57,7 +57,12 @@
 //!   on the other backends, stays in GGUF rows; on that backend `IQ4_NL`, `IQ4_XS`, `IQ3_S`,
 //!   `IQ2_S` and `IQ1_M` run 512-bit kernels on them (two 32-value blocks or chunks per vector,
 //!   signs applied through masks; bitwise equal to the 256-bit kernels), the other IQ formats and
-//!   `MXFP4` the 256-bit ones (measured faster there). [`PackedMatrix::dequantize_row`] reads a row back
+//!   `MXFP4` the 256-bit ones (measured faster there). From 2 activation rows the 256-value IQ
+//!   formats take `iqtile` there instead: each super-block of 16 weight rows decoded once (as
+//!   `q + 128` bytes in the 16-row lane layout; `IQ4_XS` 16 rows at a time in vectors, `IQ3_S`
+//!   with gathered grid rows) for the whole batch, `vpdpbusd` against broadcast activations, exact
+//!   integer sums corrected by the activations' block sums — bitwise equal to the scalar kernel;
+//!   `IQ4_NL` and `MXFP4` keep their 32-value kernels. [`PackedMatrix::dequantize_row`] reads a row back
 //!   from either layout (a tied embedding looked up in the output head's matrix).
 //! - [`vec_dot`]: one weight row · one ggml activation row (`quantize_row_q8_1`/`_q8_0`/`_q8_k`),
 //!   dispatched to the best [`Backend`] for this CPU (detected once and cached: AVX-512 VNNI, AVX-VNNI,
@@ -94,7 +99,7 @@
 //!    scalar matmul rows) and `x86` (AVX2/AVX-VNNI: `kernels` for the 32-value formats, `kquants`
 //!    for the K-quants and `Q8_K` quantization, `iq` for the IQ formats, `plain` for
 //!    `F32`/`F16`/`BF16`; `avx512` for 16-row groups, `iq512` for the IQ formats' 512-bit
-//!    kernels), plus [`math`] and [`attn`] on top of `x86`;
+//!    kernels, `iqtile` for their batched 16-row-lane kernel), plus [`math`] and [`attn`] on top of `x86`;
 //! 4. `backend`: [`Backend`] detection and the dispatch (`quantize_q8`, `quantize_q8k`,
 //!    `gemm_rows`, [`vec_dot`]) down into `x86` or `scalar`;
 //! 5. the entry points over the dispatch: `quant` (quantizing [`Activations`] and single rows),
