@@ -86,6 +86,9 @@ unsafe fn transpose16x8(lo: &[__m256i; 8], hi: &[__m256i; 8], out: *mut __m512i)
 
 /// A 256-value IQ format's decode of 16 rows' super-block into [`Decoded`].
 pub(crate) trait IqLanes: IqSuper {
+    /// Whether the two 16-value halves of a chunk have their own scales (else one scale per 32
+    /// values, applied once to the chunk's sum).
+    const SPLIT: bool = false;
     /// Decodes super-block `b` of the 16 rows at `w[L]` into `dst`: by default each row's
     /// [`IqSuper::chunk`]s, transposed 16 rows at a time.
     #[inline(always)]
@@ -119,10 +122,16 @@ pub(crate) trait IqLanes: IqSuper {
 
 impl IqLanes for Iq3Xxs {}
 impl IqLanes for Iq2Xxs {}
-impl IqLanes for Iq2Xs {}
-impl IqLanes for Iq2S {}
+impl IqLanes for Iq2Xs {
+    const SPLIT: bool = true;
+}
+impl IqLanes for Iq2S {
+    const SPLIT: bool = true;
+}
 impl IqLanes for Iq1S {}
-impl IqLanes for Iq1M {}
+impl IqLanes for Iq1M {
+    const SPLIT: bool = true;
+}
 
 /// `IQ4_XS` decodes 16 rows at once: the nibbles of a chunk are 4 dwords per row, transposed
 /// with one 4 × 4 step per 128-bit lane and looked up with `vpshufb` (the table already offset
@@ -211,7 +220,12 @@ impl IqLanes for Iq4Xs {
 /// `T` activation rows `a` against the decoded super-block `dw` (block `b` of the rows):
 /// `acc[t] += (d · d_x) · Σ` per lane.
 #[inline(always)]
-unsafe fn tile<const T: usize>(dw: &Decoded, b: usize, a: &[PackedK], acc: &mut [__m512]) {
+unsafe fn tile<B: IqLanes, const T: usize>(
+    dw: &Decoded,
+    b: usize,
+    a: &[PackedK],
+    acc: &mut [__m512],
+) {
     unsafe {
         let mut isum = [_mm512_setzero_si512(); T];
         // The offsets' term: Σ over 16-value groups of scale · (sum of the 16 activations).
@@ -231,9 +245,11 @@ unsafe fn tile<const T: usize>(dw: &Decoded, b: usize, a: &[PackedK], acc: &mut 
                 _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(s2)),
                 _mm512_srai_epi32::<16>(s2),
             ];
-            for (h, &sc) in scales.iter().enumerate() {
+            // One sum and scale per 16 values, or (one scale per chunk) per 32.
+            let (parts, len) = if B::SPLIT { (2, 4) } else { (1, 8) };
+            for (h, &sc) in scales.iter().enumerate().take(parts) {
                 let mut dp = [_mm512_setzero_si512(); T];
-                for i in 0..4 {
+                for i in 0..len {
                     let q = dw.q[8 * c + 4 * h + i];
                     for t in 0..T {
                         let x = a[t].qs(b).add(32 * c + 16 * h + 4 * i);
@@ -295,16 +311,16 @@ pub(crate) unsafe fn gemm_iq_tile<B: IqLanes>(g: &Gemm<'_>, rows: Range<usize>) 
                     let left = m - r;
                     let (a, o) = (&acts[r..], &mut acc[r..]);
                     r += if left >= TILE {
-                        tile::<TILE>(&dw, b, a, o);
+                        tile::<B, TILE>(&dw, b, a, o);
                         TILE
                     } else if left >= 4 {
-                        tile::<4>(&dw, b, a, o);
+                        tile::<B, 4>(&dw, b, a, o);
                         4
                     } else if left >= 2 {
-                        tile::<2>(&dw, b, a, o);
+                        tile::<B, 2>(&dw, b, a, o);
                         2
                     } else {
-                        tile::<1>(&dw, b, a, o);
+                        tile::<B, 1>(&dw, b, a, o);
                         1
                     };
                 }
