@@ -37,6 +37,9 @@ pub const ROUTES: &[&str] = &[
 /// Longest a fuzzed request may take, streamed answer included, before it counts as a hang.
 const DEADLINE: Duration = Duration::from_secs(60);
 
+/// The engine's KV budget: 1,024 tokens of the model's 2 layers × (1 key + 1 value head of 32) in f16.
+const KV_BUDGET_BYTES: usize = 1024 * 2 * 2 * 32 * 2;
+
 struct Server {
     runtime: tokio::runtime::Runtime,
     router: Router,
@@ -56,6 +59,9 @@ fn server() -> &'static Server {
             MODEL,
             EngineConfig {
                 threads: 1,
+                // A KV budget of about a thousand tokens: a request without a token cap ends there (the
+                // model's own context is 131,072 tokens), so every answer is short and the fuzzer fast.
+                kv_budget_bytes: KV_BUDGET_BYTES,
                 ..Default::default()
             },
         )
