@@ -1,11 +1,13 @@
 """Eight real `shoal serve` processes as one cluster (issue 30, "Eight nodes"), on 127.0.0.1 and in the
 network lab (eight namespaces of `scripts/lab` with mixed link profiles: ethernet, wifi and thunderbolt
 rates): every node sees the seven others with a link to each (28 pairs), a pipeline of eight stages gives
-the greedy tokens of one node, and when a middle stage is killed the instance is placed again on the seven
-left and the next request gives the same tokens. The times (join, ready, recovery) are printed for
+the greedy tokens of one node, and when a middle stage is killed mid-answer the instance is placed again on
+the seven left, the answer running through the dead stage finishes with its lone run's tokens, and the next
+request gives the same tokens. The times (join, ready, recovery) are printed for
 docs/reliability.md. Every wait polls real state against a deadline; nothing sleeps to synchronise. The lab
 test needs root (CI and dev machines have it); without root it fails with that reason."""
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -14,11 +16,14 @@ import time
 import pytest
 
 from conftest import MODEL_ID, REPO, ShoalNode
-from test_cluster import PROMPTS, greedy, place, remove, state, wait_members, wait_until
+from test_cluster import PROMPTS, client, greedy, place, remove, state, wait_members, wait_until
 
 NODES = 8
 # SmolLM2-135M's 30 layers over eight stages, the driver's first.
 LAYERS = [4, 4, 4, 4, 4, 4, 3, 3]
+# The answer that runs through the stage when it dies: long enough to be under way at the kill.
+LONG = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 120, "temperature": 0, "logprobs": True}
 
 
 class Direct:
@@ -38,6 +43,13 @@ class Direct:
     def answer(self, node, prompt):
         text, tokens, _ = greedy(node, prompt)
         return text, tokens
+
+    def long_answer(self, node):
+        r = client(node).chat.completions.create(**LONG, extra_body={"ignore_eos": True})
+        return [t.token for t in r.choices[0].logprobs.content]
+
+    def generated(self, node):
+        return state(node)["engines"][MODEL_ID]["generated_tokens"]
 
     def members(self, nodes):
         wait_members(nodes, nodes)
@@ -60,6 +72,16 @@ class InLab:
 
     def answer(self, node, prompt):
         return lab_greedy(node, prompt)
+
+    def long_answer(self, node):
+        status, body = lab_http(node, "POST", "/v1/chat/completions", {**LONG, "ignore_eos": True})
+        assert status == 200, body
+        return [t["token"] for t in body["choices"][0]["logprobs"]["content"]]
+
+    def generated(self, node):
+        status, body = lab_http(node, "GET", "/state")
+        assert status == 200, body
+        return body["engines"][MODEL_ID]["generated_tokens"]
 
     def members(self, nodes):
         lab_members(nodes, nodes)
@@ -91,8 +113,14 @@ def scenario(via, nodes):
         assert tokens8 == tokens1, "eight stages give other tokens than one node"
         assert text8 == text1
 
-    # A middle stage dies: the coordinator places the instance again on the seven left (automatically,
-    # under a fresh id) and the next request is served with the same tokens.
+    # A middle stage dies while a long answer runs through it: the coordinator places the instance again on
+    # the seven left (automatically, under a fresh id), the answer continues there with its lone run's
+    # tokens, and the next request is served with the same tokens.
+    lone_long = via.long_answer(a)
+    before = via.generated(a)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    running = pool.submit(via.long_answer, a)
+    wait_until("the long answer to be under way", lambda: via.generated(a) >= before + 5, via.wait_s)
     victim = nodes[4]
     victim.kill()
     killed_at = time.monotonic()
@@ -113,6 +141,11 @@ def scenario(via, nodes):
     print(f"{via.label}: after a stage's SIGKILL: placed again and ready in {ready_after:.1f} s, "
           f"first answer in {time.monotonic() - killed_at:.1f} s")
     assert again[1] == alone[0][1], "the re-placed instance gives other tokens"
+    assert running.result(timeout=via.wait_s) == lone_long, "the answer through the dead stage changed"
+    assert "continuing on the model's next instance" in a.stderr_tail(400), "the answer did not break"
+    print(f"{via.label}: the answer through the dead stage finished {time.monotonic() - killed_at:.1f} s "
+          "after the kill with its lone run's tokens")
+    pool.shutdown()
 
 
 def test_eight_nodes_join_serve_one_nodes_tokens_and_survive_a_stage_death():
