@@ -23,7 +23,9 @@
 //! first, then the one still driven by the origin's driver (its clients talk to that node), else the
 //! latest re-placement, else the smallest id. A removed instance comes back only to be weighed so, and
 //! only when it is live (a stale table's instance on a node that left stays removed). The others are
-//! removed like any instance, so the decision spreads with the table and both sides reach it alone.
+//! removed like any instance, so the decision spreads with the table and both sides reach it alone. A
+//! member never drops the coordinator's instance for one of its own: its view may lag (a rival's
+//! node not a member yet in its eyes); it offers its table back and the coordinator decides.
 
 use super::ClusterState;
 use crate::proto::{InstanceRecord, InstanceTable};
@@ -58,7 +60,10 @@ impl ClusterState {
                 return true;
             }
             let ours = std::mem::replace(&mut self.table, table);
-            return self.take_unknown(ours);
+            // The coordinator's instances stay whatever this node's view says of their rivals: it may
+            // lag (a peer's facts not here yet) and would tear down a stage the coordinator keeps.
+            let keep: Vec<InstanceId> = self.table.instances.iter().map(|i| i.id).collect();
+            return self.take_unknown_keeping(ours, &keep);
         }
         if !self.is_coordinator() {
             return false;
@@ -78,6 +83,11 @@ impl ClusterState {
     /// not hold is not copied: the lists would trade their oldest entries back and forth forever.
     /// Rivals (instances of one origin, on either side) are not removals: one is kept ([`rank`]).
     pub(crate) fn take_unknown(&mut self, other: InstanceTable) -> bool {
+        self.take_unknown_keeping(other, &[])
+    }
+
+    /// [`Self::take_unknown`], never dropping the instances `keep` names for a rival.
+    fn take_unknown_keeping(&mut self, other: InstanceTable, keep: &[InstanceId]) -> bool {
         let before: Vec<InstanceId> = self.table.instances.iter().map(|i| i.id).collect();
         let members: Vec<NodeId> = self.members().into_iter().cloned().collect();
         let live = |i: &InstanceRecord| i.stages.iter().all(|s| members.contains(&s.node));
@@ -123,18 +133,19 @@ impl ClusterState {
             }
         }
         self.table.instances.extend(new);
-        self.drop_rivals(&members);
+        self.drop_rivals(&members, keep);
         let after = self.table.instances.iter().map(|i| i.id);
         after.ne(before.iter().copied())
     }
 
     /// Keeps one of each set of instances of one origin ([`rank`]).
-    fn drop_rivals(&mut self, members: &[NodeId]) {
+    fn drop_rivals(&mut self, members: &[NodeId], keep: &[InstanceId]) {
         let ranked = |i: &InstanceRecord| rank(i, members);
         let losers: Vec<InstanceId> = self
             .table
             .instances
             .iter()
+            .filter(|i| !keep.contains(&i.id))
             .filter(|i| {
                 self.table
                     .instances

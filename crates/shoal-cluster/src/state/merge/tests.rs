@@ -423,3 +423,35 @@ fn regression_a_table_that_arrives_before_its_senders_facts_does_not_remove_the_
     settle(&mut a, &mut c);
     all_hold(&[&a, &b, &c], &["x-b"]);
 }
+
+#[test]
+fn regression_a_member_whose_view_lags_keeps_the_coordinators_instance_and_the_coordinator_decides()
+{
+    // x over b (driving), c and a; c slept and, alone, placed x again on itself (x-c). Back, c gets the
+    // coordinator a's table before b's facts: x looks dead to it, x-c live. It used to drop x there and
+    // then, which unloaded its stage of x under the driver (64 streams: a wedged pipeline).
+    let [mut a, b, mut c] = three_with_x_over(["b", "c", "a"]);
+    lose(&mut c, &["a", "b"], "x-c");
+    assert_eq!(ids(&c), named(&["x-c"]));
+    // Meanwhile the coordinator's table moved on (a newer version than c's).
+    place_on(&mut a, "a", "other");
+    a.remove(&InstanceId::derived_from("other")).unwrap();
+    assert!(a.table().version > c.table().version);
+    c.peer_connected("a");
+    c.on_facts(a.me().clone());
+    assert!(c.on_table("a", a.table().clone()), "c offers its x-c back");
+    assert_eq!(ids(&c), named(&["x", "x-c"]), "c keeps the coordinator's x");
+    let mut b = b;
+    meet(&mut c, &b);
+    meet(&mut a, &c);
+    meet(&mut b, &c);
+    a.on_table("c", c.table().clone());
+    assert_eq!(
+        ids(&a),
+        named(&["x"]),
+        "the coordinator keeps x, driven by its own driver"
+    );
+    settle(&mut a, &mut c);
+    settle(&mut a, &mut b);
+    all_hold(&[&a, &b, &c], &["x"]);
+}
