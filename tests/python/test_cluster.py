@@ -293,8 +293,9 @@ def test_two_instances_of_a_model_on_one_driver_and_removing_one(trio):
 
 def test_a_small_hosting_node_bounds_the_pipeline_kv(trio):
     """d hosts the second half with a 1 MiB KV budget: room for 45 tokens of the whole model, which it
-    sets aside and publishes; the driver never holds more, so a long prompt is a clear 400 and a long
-    generation stops at the limit ("length") instead of overflowing d's memory."""
+    sets aside and publishes; the driver never holds more, so a long prompt is a clear 400, so is a
+    `max_tokens` the budget can never hold, and a generation without one stops at the limit ("length")
+    instead of overflowing d's memory."""
     a = trio[0]
     d = ShoalNode("--no-auto-instance", "--kv-budget-mib", "1", "--peer", a.cluster_addr)
     try:
@@ -306,13 +307,19 @@ def test_a_small_hosting_node_bounds_the_pipeline_kv(trio):
         c = client(a)
         with pytest.raises(openai.BadRequestError):
             c.completions.create(model=MODEL_ID, prompt="word " * 60, max_tokens=4)
-        r = c.completions.create(model=MODEL_ID, prompt="The cat sat on", max_tokens=200, temperature=0,
-                                 extra_body={"ignore_eos": True})
+        with pytest.raises(openai.BadRequestError) as refused:
+            c.completions.create(model=MODEL_ID, prompt="The cat sat on", max_tokens=200)
+        assert refused.value.code == "kv_budget_exceeded" and "45 tokens" in str(refused.value), refused.value
+        # Chat completions have no default cap (completions' is 16 tokens, as OpenAI's).
+        r = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}],
+                                      temperature=0, extra_body={"ignore_eos": True})
         assert r.choices[0].finish_reason == "length"
         # Stopped at the limit: 45 tokens in the KV, plus the last one sampled (never fed back).
         assert r.usage.prompt_tokens + r.usage.completion_tokens == 46, r.usage
-        # Still serving after both.
-        assert greedy(a, PROMPTS[0])[0]
+        # Still serving after them.
+        again = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}],
+                                          temperature=0, max_tokens=4)
+        assert again.choices[0].message.content
         remove(a, iid)
     finally:
         d.kill()
