@@ -76,8 +76,7 @@ unsafe fn transpose16x8(lo: &[__m256i; 8], hi: &[__m256i; 8], out: *mut __m512i)
         }
         let even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
         let odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-        for j in 0..4 {
-            let (a, b) = (s[0][j], s[1][j]);
+        for (j, (&a, &b)) in s[0].iter().zip(&s[1]).enumerate() {
             out.add(j).write(_mm512_permutex2var_epi64(a, even, b));
             out.add(j + 4).write(_mm512_permutex2var_epi64(a, odd, b));
         }
