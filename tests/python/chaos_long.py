@@ -13,8 +13,8 @@ import chaos
 from chaos import judge, stream_one
 from conftest import MODEL_ID, ShoalNode, _models_dir
 from test_chaos import (  # noqa: F401 (fixtures)
-    F32, MAX_TOKENS, RECOVERY_S, STREAMS, cut_under_load, lab, lone_runs, one_instance_on, pipeline,
-    recovered, serves_again, stop_for_5_s, under_fault,
+    F32, MAX_TOKENS, RECOVERY_S, STREAMS, around_the_coordinator, cut_under_load, lab, lone_runs, one_instance_on,
+    pipeline, recovered, serves_again, stop_for_5_s, under_fault,
 )
 from test_cluster import http, place, state, wait_members, wait_until
 
@@ -96,13 +96,7 @@ def test_the_coordinator_that_drives_killed_and_started_again(pipeline):
 def test_the_coordinator_restarted_while_another_stage_is_stopped(pipeline):
     """Overlapping: the stage that is not the coordinator nor the driver is SIGSTOPped for 5 s, and a
     second in, the coordinator (a stage) is SIGKILLed and started again."""
-    coordinator = state(pipeline[0])["cluster"]["coordinator"]
-    victim = next(n for n in pipeline if n.id == coordinator)
-    driver, sleeper = [n for n in pipeline if n is not victim]
-    place(driver, [(driver, 10), (victim, 10), (sleeper, 10)])
-    alone = lone_runs(driver.url)
-    if "--peer" not in victim.args:
-        victim.args += ["--peer", driver.cluster_addr]
+    victim, driver, sleeper, alone = around_the_coordinator(pipeline)
     at = {}
 
     def restart():

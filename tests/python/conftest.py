@@ -6,6 +6,7 @@ Environment:
 - SHOAL_GOLDEN_DIR: reference generations (default `<repo>/../shared/golden`).
 """
 
+import contextlib
 import json
 import os
 import queue
@@ -45,6 +46,23 @@ def _pump(stream, lines: "queue.Queue[str | None]") -> None:
     for line in iter(stream.readline, ""):
         lines.put(line)
     lines.put(None)
+
+
+LAB = str(REPO / "scripts" / "lab")
+
+
+@contextlib.contextmanager
+def lab_namespaces(count: int, prefix: str, *up_args: str):
+    """`count` namespaces of the network lab (`scripts/lab up COUNT UP_ARGS…`, named `prefix0`…), torn down
+    after. The lab needs root: without it the test fails with that reason."""
+    if os.geteuid() != 0:
+        pytest.fail("the lab tests need root (network namespaces): run them as root", pytrace=False)
+    subprocess.run([LAB, "down", "--prefix", prefix], check=True, capture_output=True)
+    try:
+        subprocess.run([LAB, "up", str(count), *up_args, "--prefix", prefix], check=True, capture_output=True)
+        yield [f"{prefix}{i}" for i in range(count)]
+    finally:
+        subprocess.run([LAB, "down", "--prefix", prefix], capture_output=True)
 
 
 NODE = re.compile(r"^shoal: node (\S+)\s*$")

@@ -16,12 +16,11 @@ import subprocess
 import time
 from pathlib import Path
 
-import openai
 import pytest
 
 import chaos
 from chaos import REQUEST_DEADLINE_S, judge, stream_one
-from conftest import MODEL_ID, REPO, ShoalNode, _models_dir
+from conftest import LAB, MODEL_ID, _models_dir, lab_namespaces, ShoalNode
 from test_cluster import http, place, remove, state, wait_members, wait_until
 from test_transfer import CHUNK, FILE, SIZE, sha256
 
@@ -181,18 +180,26 @@ def test_streams_under_a_stopped_a_killed_and_a_stopped_while_another_is_killed_
     wait_members([a, b], [a, b])
 
 
+def around_the_coordinator(pipeline):
+    """The coordinator (the smallest node id), the driver and the third node of `pipeline`, the model placed
+    over them with the coordinator in the middle, the lone runs of the prompts, and the coordinator told to
+    dial the driver when it starts again."""
+    coordinator = state(pipeline[0])["cluster"]["coordinator"]
+    victim = next(n for n in pipeline if n.id == coordinator)
+    driver, third = [n for n in pipeline if n is not victim]
+    place(driver, [(driver, 10), (victim, 10), (third, 10)])
+    alone = lone_runs(driver.url)
+    if "--peer" not in victim.args:
+        victim.args += ["--peer", driver.cluster_addr]
+    return victim, driver, third, alone
+
+
 def test_the_coordinator_killed_and_started_again_under_load(pipeline):
     """The coordinator (the smallest node id) is a stage; it is SIGKILLed under load and started again at
     once with its state dir. Streams continue on the instance the next coordinator places again; the node
     rejoins as itself and is the coordinator again; one instance, three members, everywhere."""
-    coordinator = state(pipeline[0])["cluster"]["coordinator"]
-    victim = next(n for n in pipeline if n.id == coordinator)
-    others = [n for n in pipeline if n is not victim]
-    driver = others[0]
-    place(driver, [(driver, 10), (victim, 10), (others[1], 10)])
-    alone = lone_runs(driver.url)
-    if "--peer" not in victim.args:
-        victim.args += ["--peer", driver.cluster_addr]
+    victim, driver, _, alone = around_the_coordinator(pipeline)
+    coordinator = victim.id
     at = {}
 
     def restart():
@@ -308,21 +315,14 @@ def test_a_full_kv_budget_queues_or_refuses_every_request_clearly(pipeline):
         small.kill()
 
 
-LAB = str(REPO / "scripts" / "lab")
 PREFIX = "shoal-chaos-"
 CHAOS = str(Path(chaos.__file__).resolve())
 
 
 @pytest.fixture
 def lab():
-    if os.geteuid() != 0:
-        pytest.fail("the lab test needs root (network namespaces): run it as root", pytrace=False)
-    subprocess.run([LAB, "down", "--prefix", PREFIX], check=True, capture_output=True)
-    subprocess.run([LAB, "up", "3", "--profile", "ethernet", "--prefix", PREFIX], check=True, capture_output=True)
-    try:
-        yield [f"{PREFIX}{i}" for i in range(3)]
-    finally:
-        subprocess.run([LAB, "down", "--prefix", PREFIX], capture_output=True)
+    with lab_namespaces(3, PREFIX, "--profile", "ethernet") as ns:
+        yield ns
 
 
 def in_ns(node: ShoalNode, *args: str, **kw) -> subprocess.Popen:

@@ -5,7 +5,6 @@ via scripts/lab): a link limited to 40 Mbit/s by tc tbf shows that bandwidth eac
 once the link is cut the peer is reported unreachable with a non-zero exit status."""
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -13,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, ShoalNode, _binary
+from conftest import _binary, lab_namespaces, ShoalNode
 from test_cluster import wait_members, wait_until
 
-LAB = str(REPO / "scripts" / "lab")
 PREFIX = "shoal-pytest-doctor-"
 RATE_BPS = 40e6
 TBF = ["rate", "40mbit", "burst", "32kb", "latency", "50ms"]
@@ -102,17 +100,10 @@ def _state(node: ShoalNode) -> dict:
 
 @pytest.fixture(scope="module")
 def lab():
-    if os.geteuid() != 0:
-        pytest.fail("the lab tests need root (network namespaces): run them as root", pytrace=False)
-    subprocess.run([LAB, "down", "--prefix", PREFIX], check=True, capture_output=True)
-    subprocess.run([LAB, "up", "2", "--prefix", PREFIX], check=True, capture_output=True)
-    ns = [f"{PREFIX}{i}" for i in range(2)]
-    try:
+    with lab_namespaces(2, PREFIX) as ns:
         for n in ns:
             subprocess.run(["tc", "-n", n, "qdisc", "replace", "dev", "eth0", "root", "tbf", *TBF], check=True)
         yield ns
-    finally:
-        subprocess.run([LAB, "down", "--prefix", PREFIX], capture_output=True)
 
 
 def ns_state(node: ShoalNode) -> dict:

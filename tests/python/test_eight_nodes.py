@@ -9,13 +9,12 @@ test needs root (CI and dev machines have it); without root it fails with that r
 
 import concurrent.futures
 import json
-import os
 import subprocess
 import time
 
 import pytest
 
-from conftest import MODEL_ID, REPO, ShoalNode
+from conftest import LAB, MODEL_ID, lab_namespaces, ShoalNode
 from test_cluster import PROMPTS, client, greedy, place, remove, state, wait_members, wait_until
 
 NODES = 8
@@ -163,7 +162,6 @@ def test_eight_nodes_join_serve_one_nodes_tokens_and_survive_a_stage_death():
             n.kill()
 
 
-LAB = str(REPO / "scripts" / "lab")
 PREFIX = "shoal-eight-"
 # Node i's link: two on wifi rates, one on thunderbolt's, the rest ethernet.
 PROFILES = ["ethernet", "ethernet", "wifi", "ethernet", "thunderbolt", "wifi", "ethernet", "ethernet"]
@@ -231,19 +229,12 @@ def lab_members(nodes, expected):
 
 @pytest.fixture(scope="module")
 def lab():
-    if os.geteuid() != 0:
-        pytest.fail("the lab tests need root (network namespaces): run them as root", pytrace=False)
-    subprocess.run([LAB, "down", "--prefix", PREFIX], check=True, capture_output=True)
-    subprocess.run([LAB, "up", str(NODES), "--profile", "ethernet", "--prefix", PREFIX], check=True,
-                   capture_output=True)
-    try:
+    with lab_namespaces(NODES, PREFIX, "--profile", "ethernet") as ns:
         for i, profile in enumerate(PROFILES):
             if profile != "ethernet":
                 subprocess.run([LAB, "shape", "--prefix", PREFIX, str(i), profile], check=True,
                                capture_output=True)
-        yield [f"{PREFIX}{i}" for i in range(NODES)]
-    finally:
-        subprocess.run([LAB, "down", "--prefix", PREFIX], capture_output=True)
+        yield ns
 
 
 def lab_addr(i: int) -> str:

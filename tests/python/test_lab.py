@@ -3,29 +3,21 @@ find each other by mDNS alone, classify their link, and notice a cut link. Needs
 have it); without root the test fails with that reason rather than skipping."""
 
 import json
-import os
 import subprocess
 import time
 
 import pytest
 
-from conftest import REPO, ShoalNode
+from conftest import LAB, lab_namespaces, ShoalNode
 from test_cluster import wait_until
 
-LAB = str(REPO / "scripts" / "lab")
 PREFIX = "shoal-pytest-"
 
 
 @pytest.fixture(scope="module")
 def lab():
-    if os.geteuid() != 0:
-        pytest.fail("the lab tests need root (network namespaces): run them as root", pytrace=False)
-    subprocess.run([LAB, "down", "--prefix", PREFIX], check=True, capture_output=True)
-    subprocess.run([LAB, "up", "2", "--profile", "ethernet", "--prefix", PREFIX], check=True, capture_output=True)
-    try:
-        yield [f"{PREFIX}{i}" for i in range(2)]
-    finally:
-        subprocess.run([LAB, "down", "--prefix", PREFIX], capture_output=True)
+    with lab_namespaces(2, PREFIX, "--profile", "ethernet") as ns:
+        yield ns
 
 
 def addr(i: int) -> str:

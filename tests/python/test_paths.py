@@ -6,17 +6,15 @@ with the same tokens as a lone run and `/state` shows the hop on the other path;
 reason rather than skipping."""
 
 import json
-import os
 import re
 import subprocess
 import time
 
 import pytest
 
-from conftest import MODEL_ID, REPO, ShoalNode
+from conftest import MODEL_ID, lab_namespaces, ShoalNode
 from test_cluster import wait_until
 
-LAB = str(REPO / "scripts" / "lab")
 PREFIX = "shoal-pytest-paths-"
 FAST, SLOW = "10.77.0.", "10.78.0."
 # The slow path: 20 Mbit/s each way (a 64 KiB batch costs ~26 ms there, ~0.1 ms on the fast one).
@@ -115,17 +113,10 @@ def lab():
 
 def two_path_lab(nodes: int, prefix: str):
     """`nodes` namespaces joined on two paths, eth1 limited to SLOW_TBF; torn down after."""
-    if os.geteuid() != 0:
-        pytest.fail("the lab tests need root (network namespaces): run them as root", pytrace=False)
-    subprocess.run([LAB, "down", "--prefix", prefix], check=True, capture_output=True)
-    subprocess.run([LAB, "up", str(nodes), "--paths", "2", "--prefix", prefix], check=True, capture_output=True)
-    ns = [f"{prefix}{i}" for i in range(nodes)]
-    for n in ns:
-        tbf(n, "eth1", SLOW_TBF)
-    try:
+    with lab_namespaces(nodes, prefix, "--paths", "2") as ns:
+        for n in ns:
+            tbf(n, "eth1", SLOW_TBF)
         yield ns
-    finally:
-        subprocess.run([LAB, "down", "--prefix", prefix], capture_output=True)
 
 
 def test_the_hop_takes_the_better_path_and_moves_when_it_is_cut_or_limited(lab):
