@@ -184,17 +184,30 @@ impl GgufFile {
         Ok(qtensor_from_ggml(dtype, &raw.data, raw.dims, device)?)
     }
 
-    /// Reads an F32 vector tensor (norm weights).
+    /// Reads a vector tensor (norm weights, biases) as f32: F32 as it is, F16 and BF16 widened (exactly;
+    /// converters write these small tensors as F32, but a file with them in half precision is valid and
+    /// llama.cpp reads it).
     pub fn read_f32_vec(&mut self, name: &str) -> Result<Vec<f32>> {
         let raw = self.read_raw(name)?;
-        if raw.ty.id != 0 {
-            return Err(raw.unsupported(name));
-        }
-        Ok(raw
-            .data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        let two = |c: &[u8]| u16::from_le_bytes([c[0], c[1]]);
+        Ok(match raw.ty.id {
+            0 => raw
+                .data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            1 => raw
+                .data
+                .chunks_exact(2)
+                .map(|c| half::f16::from_bits(two(c)).to_f32())
+                .collect(),
+            30 => raw
+                .data
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_bits(two(c)).to_f32())
+                .collect(),
+            _ => return Err(raw.unsupported(name)),
+        })
     }
 }
 

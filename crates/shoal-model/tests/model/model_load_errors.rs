@@ -131,3 +131,60 @@ fn a_llama_file_without_its_shape_keys_names_the_missing_key() {
         .to_string();
     assert!(err.contains("llama.embedding_length"), "{err}");
 }
+
+/// A vector tensor (a norm, a bias) in F16 or BF16 reads as the same f32 values as in F32 (widening is
+/// exact); a quantized one is refused by name.
+#[test]
+fn a_half_precision_vector_reads_as_its_f32_values() {
+    use crate::gguf_writer::{F32, Q8_0, Tensor};
+    let values = [1.0f32, -0.5, 3.25, 0.0, -1024.0, 0.109375];
+    let vector = |name: &str, type_id: u32, data: Vec<u8>| Tensor {
+        name: name.into(),
+        dims: vec![values.len() as u64],
+        type_id,
+        data,
+        offset: None,
+    };
+    let mut g = tiny();
+    g.tensors = vec![
+        vector(
+            "v.f32",
+            F32,
+            values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ),
+        vector(
+            "v.f16",
+            1,
+            values
+                .iter()
+                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                .collect(),
+        ),
+        vector(
+            "v.bf16",
+            30,
+            values
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+        ),
+        Tensor {
+            name: "v.q8_0".into(),
+            dims: vec![32],
+            type_id: Q8_0,
+            data: vec![0; 34],
+            offset: None,
+        },
+    ];
+    let dir = TempDir::new();
+    let path = dir.write("vectors.gguf", &g.build().bytes);
+    let mut file = GgufFile::open(&path).expect("a valid GGUF");
+    for name in ["v.f32", "v.f16", "v.bf16"] {
+        assert_eq!(file.read_f32_vec(name).expect(name), values, "{name}");
+    }
+    let err = file
+        .read_f32_vec("v.q8_0")
+        .expect_err("quantized")
+        .to_string();
+    assert!(err.contains("v.q8_0"), "{err}");
+}
