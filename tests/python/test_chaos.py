@@ -20,7 +20,7 @@ import pytest
 
 import chaos
 from chaos import REQUEST_DEADLINE_S, judge, stream_one
-from conftest import LAB, MODEL_ID, _models_dir, lab_namespaces, ShoalNode
+from conftest import LAB, MODEL_ID, ShoalNode, lab_namespaces, _models_dir
 from test_cluster import http, place, remove, state, wait_members, wait_until
 from test_transfer import CHUNK, FILE, SIZE, sha256
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _binary, lab_namespaces, ShoalNode
+from conftest import ShoalNode, _binary, lab_namespaces
 from test_cluster import wait_members, wait_until
 
 PREFIX = "shoal-pytest-doctor-"

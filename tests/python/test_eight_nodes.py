@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import LAB, MODEL_ID, lab_namespaces, ShoalNode
+from conftest import LAB, MODEL_ID, ShoalNode, lab_namespaces
 from test_cluster import PROMPTS, client, greedy, place, remove, state, wait_members, wait_until
 
 NODES = 8

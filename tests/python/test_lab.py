@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import LAB, lab_namespaces, ShoalNode
+from conftest import LAB, ShoalNode, lab_namespaces
 from test_cluster import wait_until
 
 PREFIX = "shoal-pytest-"

@@ -23,10 +23,10 @@ import tempfile
 
 import pytest
 
-from conftest import ShoalNode
+from conftest import LAB, ShoalNode
 from test_cluster import wait_until
 from test_measured import TOLERANCE, measured_against_predicted
-from test_paths import LAB, ns_http
+from test_paths import ns_http
 
 PREFIX = "shoal-pytest-measured-"
 SUBNET = "10.77.0."

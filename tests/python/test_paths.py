@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import MODEL_ID, lab_namespaces, ShoalNode
+from conftest import MODEL_ID, ShoalNode, lab_namespaces
 from test_cluster import wait_until
 
 PREFIX = "shoal-pytest-paths-"
