@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::{Instant, SystemTime};
 
@@ -77,7 +77,8 @@ pub(crate) enum Origin {
 /// request's entry dies with it and is pruned. A request of several choices has one flag per choice.
 /// One map for every engine, as request ids are: a stream that continued on another engine after its
 /// stage died is still cancelled by its first id.
-static CANCELS: Mutex<Option<HashMap<u64, Vec<Weak<AtomicBool>>>>> = Mutex::new(None);
+static CANCELS: LazyLock<Mutex<HashMap<u64, Vec<Weak<AtomicBool>>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// Cancels request `id` of this process, on whichever engine runs it (see [`EngineHandle::cancel`]).
 pub(crate) fn cancel_request(id: u64) -> bool {
@@ -85,7 +86,6 @@ pub(crate) fn cancel_request(id: u64) -> bool {
         return false;
     };
     let flags: Vec<_> = map
-        .get_or_insert_default()
         .remove(&id)
         .unwrap_or_default()
         .iter()
@@ -416,7 +416,6 @@ impl EngineHandle {
             Err(TrySendError::Disconnected(_)) => return Err(EngineError::Stopped),
         }
         if let Ok(mut map) = CANCELS.lock() {
-            let map = map.get_or_insert_default();
             if map.len() >= CANCEL_PRUNE_AT {
                 map.retain(|_, w| w.iter().any(|w| w.strong_count() > 0));
             }

@@ -135,9 +135,12 @@ impl Engines {
         let (mut streams, prompt) = engine.enqueue_keeping_prompt(request, n)?;
         let engines = self.clone();
         let lookup: Lookup = Arc::new(move |model: &str| engines.get(model).ok());
-        for (i, stream) in streams.iter_mut().enumerate() {
-            let resume = Resume::of(lookup.clone(), &engine, &continued, i, prompt.clone());
-            stream.set_continuation(resume);
+        // One copy of the request and prompt per choice (`vec!` clones n − 1 times and moves the last).
+        let copies = vec![continued; streams.len()]
+            .into_iter()
+            .zip(vec![prompt; streams.len()]);
+        for (i, (stream, (request, prompt))) in streams.iter_mut().zip(copies).enumerate() {
+            stream.set_continuation(Resume::of(lookup.clone(), &engine, request, i, prompt));
         }
         Ok(streams)
     }

@@ -56,28 +56,22 @@ impl Resume {
     /// engine would otherwise pick one of its own, which a continuation on another engine cannot know).
     pub(crate) fn pin_seed(request: &mut GenerateRequest) {
         if request.sampling.seed.is_none() && request.sampling.temperature > 0.0 {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_nanos(),
-            );
-            request.sampling.seed = Some(h.finish());
+            use std::hash::BuildHasher;
+            // A random key per call (the standard library's per-process random hashing keys).
+            let random = std::collections::hash_map::RandomState::new();
+            request.sampling.seed = Some(random.hash_one(std::time::SystemTime::now()));
         }
     }
 
-    /// The resume of choice `i` of `request` (submitted to `failed`, which tokenized its `prompt`): the
-    /// choice's own seed, as the engine gives it ([`choice_seed`]).
+    /// The resume of choice `i` of `request` (a copy as submitted to `failed`, which tokenized its
+    /// `prompt`): the choice's own seed, as the engine gives it ([`choice_seed`]).
     pub(crate) fn of(
         engines: Lookup,
         failed: &EngineHandle,
-        request: &GenerateRequest,
+        mut request: GenerateRequest,
         i: usize,
         prompt: Vec<u32>,
     ) -> Box<Self> {
-        let mut request = request.clone();
         if i > 0 {
             request.sampling.seed = request.sampling.seed.map(|s| choice_seed(s, i));
         }
