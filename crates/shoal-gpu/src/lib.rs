@@ -44,7 +44,7 @@
 //!   [`GpuVec`] (`embed.wgsl`, a third frame for the format files).
 //!
 //! The kernels live in `src/kernels/*.wgsl` (`include_str!`): `matvec.wgsl` (matrix-vector: the
-//! workgroup reduction) and `matmat.wgsl` (matrix-matrix: the tile loop) are the two frames; to
+//! workgroup reduction, with a row locator: `matvec_direct.wgsl`, or `matvec_id.wgsl` for experts) and `matmat.wgsl` (matrix-matrix: the tile loop) are the two frames; to
 //! either is appended `matvec_plain.wgsl` (the plain formats' row loop over vec4s) or
 //! `matvec_blocks.wgsl` (the block formats' row loop over 32-value units and shared decode
 //! helpers), then one `matvec_<type>.wgsl`: its weight bindings and decode (`w4` for the plain
@@ -59,6 +59,16 @@
 //!   fused product, picking rows) and [`Gpu::kv_copy`] (a sequence's KV into a bigger cache, a
 //!   prefix or a fork). shoal-model's `gpu::GpuDecoderStage` chains them into a stage.
 //!
+//! - Mixture-of-experts layers (`moe`), as llama.cpp's `mul_mat_id`: [`Gpu::upload_experts`]
+//!   uploads a 3-D expert tensor as one stacked [`GpuMatrix`] (chunked only between experts);
+//!   [`Commands::moe_route`] turns router logits into each token's top-k expert ids and weights
+//!   on the device ([`MoeRouting`], [`MoeGating`]: softmax then top-k, top-k then softmax, or
+//!   sigmoid with a selection bias; renormalised, scaled; first index on a tie);
+//!   [`Commands::matvec_id`] multiplies each (token, slot) pair by the expert its id names (every
+//!   format's matvec kernel with `matvec_id.wgsl`'s row locator in place of `matvec_direct.wgsl`'s,
+//!   plus the experts' bias rows); [`Commands::moe_combine`] adds the weighted slots and a shared
+//!   expert (sigmoid-gated or not). A decode step stays one command buffer with no host round trip.
+//!
 //! - [`GpuInfo::memory`] ([`GpuMemory`], module `memory`): the device's memory read through
 //!   wgpu's Vulkan hal (device-local heaps, `VK_EXT_memory_budget`); not read on Metal or DX12.
 //! - [`probe()`] ([`GpuProbeConfig`], [`GpuProbe`]): the CPU compute probe's figures measured with
@@ -68,7 +78,7 @@
 //! Not here yet: a split-K attention for long contexts (one workgroup per (head, row) reads
 //! every key).
 //!
-//! Tests (tests/kernels.rs, tests/matmat.rs, tests/prefill_attention.rs; helpers in
+//! Tests (tests/kernels.rs, tests/matmat.rs, tests/prefill_attention.rs, tests/moe.rs; helpers in
 //! tests/common) compare every kernel against the CPU path on lavapipe at small and odd shapes;
 //! they fail when no adapter exists unless `SHOAL_GPU_TESTS=skip`.
 
@@ -80,6 +90,7 @@ mod layer;
 mod matmat;
 mod matrix;
 mod memory;
+mod moe;
 mod ops;
 mod pipelines;
 mod probe;
@@ -91,5 +102,6 @@ pub use layer::{Attend, GpuKvCache, KvShape, Rope, RopeMode};
 pub use matmat::MatmatConfig;
 pub use matrix::GpuMatrix;
 pub use memory::GpuMemory;
+pub use moe::{MoeGating, MoeRouting};
 pub use ops::{Commands, MatvecConfig};
 pub use probe::{GPU_TYPES, GpuProbe, GpuProbeConfig, MAX_REPS, probe};

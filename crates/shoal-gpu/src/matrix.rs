@@ -42,12 +42,15 @@ pub(crate) struct Chunk {
     pub(crate) params: wgpu::Buffer,
 }
 
-/// A `rows × cols` weight matrix on the device, in the layout its kernel reads.
+/// A `rows × cols` weight matrix on the device, in the layout its kernel reads; or a
+/// mixture-of-experts layer's `experts` stacked matrices of `rows / experts` rows each
+/// ([`Gpu::upload_experts`], chunked only at expert boundaries).
 #[derive(Debug)]
 pub struct GpuMatrix {
     qtype: QType,
     rows: usize,
     cols: usize,
+    experts: usize,
     pub(crate) chunks: Vec<Chunk>,
 }
 
@@ -64,6 +67,11 @@ impl GpuMatrix {
     /// Input features (`k`).
     pub fn cols(&self) -> usize {
         self.cols
+    }
+
+    /// Stacked matrices (1 for an ordinary matrix).
+    pub fn experts(&self) -> usize {
+        self.experts
     }
 
     /// How many row chunks (one per storage binding) the matrix was split into.
@@ -221,6 +229,23 @@ impl Gpu {
     /// and split by rows where it exceeds the largest storage binding (an IQ or `MXFP4` matrix
     /// also uploads the IQ lookup tables, once per device).
     pub fn upload_matrix(&self, w: &QMatrix<'_>) -> Result<GpuMatrix, GpuError> {
+        self.upload_stacked(w, 1)
+    }
+
+    /// Uploads a GGUF 3-D expert tensor (`[experts, rows, cols]`, given as one `experts·rows × cols`
+    /// matrix) for [`crate::Commands::matvec_id`], as [`Gpu::upload_matrix`] but split into chunks
+    /// only between experts (one expert above a storage binding is refused).
+    pub fn upload_experts(&self, w: &QMatrix<'_>, experts: usize) -> Result<GpuMatrix, GpuError> {
+        if experts == 0 || !w.rows.is_multiple_of(experts) {
+            return Err(GpuError::Shape(format!(
+                "{} rows are not {experts} experts",
+                w.rows
+            )));
+        }
+        self.upload_stacked(w, experts)
+    }
+
+    fn upload_stacked(&self, w: &QMatrix<'_>, experts: usize) -> Result<GpuMatrix, GpuError> {
         let row_bytes = w.row_bytes()?;
         if w.qtype.is_iq() {
             self.iq_tables()?;
@@ -246,10 +271,22 @@ impl Gpu {
                 limit: self.max_binding,
             });
         }
+        let group = (w.rows / experts) as u64;
         let per_chunk = {
             let by_w = self.max_binding / wrow.max(1);
             let by_s = (self.max_binding - 2).checked_div(srow).unwrap_or(u64::MAX);
-            by_w.min(by_s).min(u64::from(rows_u32.max(1))) as u32
+            let rows = by_w.min(by_s).min(u64::from(rows_u32.max(1)));
+            if experts > 1 && rows < group {
+                return Err(GpuError::TooLarge {
+                    what: "one expert",
+                    bytes: group * wrow.max(srow + 2),
+                    limit: self.max_binding,
+                });
+            }
+            match experts {
+                1 => rows as u32,
+                _ => (rows / group * group) as u32,
+            }
         };
         let mut chunks = Vec::new();
         let mut first = 0u32;
@@ -291,6 +328,7 @@ impl Gpu {
             qtype: w.qtype,
             rows: w.rows,
             cols: w.cols,
+            experts,
             chunks,
         })
     }

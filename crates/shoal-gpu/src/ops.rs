@@ -95,6 +95,11 @@ impl<'g> Commands<'g> {
         self.gpu
     }
 
+    /// The encoder the commands are recorded into.
+    pub(crate) fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        &mut self.encoder
+    }
+
     /// `y = W · x` with the default [`MatvecConfig`].
     pub fn matvec(&mut self, w: &GpuMatrix, x: &GpuVec, y: &GpuVec) -> Result<(), GpuError> {
         self.matvec_with(w, x, y, MatvecConfig::default())

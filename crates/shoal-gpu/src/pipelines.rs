@@ -6,6 +6,10 @@ use shoal_kernels::QType;
 
 const REDUCE: &str = include_str!("kernels/reduce.wgsl");
 const MATVEC: &str = include_str!("kernels/matvec.wgsl");
+const MATVEC_DIRECT: &str = include_str!("kernels/matvec_direct.wgsl");
+const MATVEC_ID: &str = include_str!("kernels/matvec_id.wgsl");
+const MOE_ROUTE: &str = include_str!("kernels/moe_route.wgsl");
+const MOE_COMBINE: &str = include_str!("kernels/moe_combine.wgsl");
 const MATMAT: &str = include_str!("kernels/matmat.wgsl");
 const PLAIN: &str = include_str!("kernels/matvec_plain.wgsl");
 const BLOCKS: &str = include_str!("kernels/matvec_blocks.wgsl");
@@ -49,6 +53,9 @@ fn format_source(qtype: QType) -> (&'static str, bool) {
 pub(crate) enum Kernel {
     /// Matrix-vector product over weights of one format (decode).
     Matvec(QType),
+    /// The id-indexed matrix-vector product over stacked experts of one format (`matvec.wgsl` with
+    /// `matvec_id.wgsl`'s row locator instead of `matvec_direct.wgsl`'s).
+    MatvecId(QType),
     /// Tiled matrix-matrix product over weights of one format (prefill, batches).
     Matmat(QType),
     RmsNorm,
@@ -60,12 +67,15 @@ pub(crate) enum Kernel {
     /// One row of an embedding table of one format, dequantized.
     Embed(QType),
     CopyRows,
+    MoeRoute,
+    MoeCombine,
 }
 
 impl Kernel {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Matvec(_) => "matvec",
+            Self::MatvecId(_) => "matvec_id",
             Self::Matmat(_) => "matmat",
             Self::RmsNorm => "rms_norm",
             Self::Swiglu => "swiglu",
@@ -75,16 +85,22 @@ impl Kernel {
             Self::Attention => "attention",
             Self::Embed(_) => "embed",
             Self::CopyRows => "copy_rows",
+            Self::MoeRoute => "moe_route",
+            Self::MoeCombine => "moe_combine",
         }
     }
 
-    /// The module's WGSL: the reduction helpers where it reduces, its frame (`matvec.wgsl`,
-    /// `matmat.wgsl` or `embed.wgsl`, then `matvec_plain.wgsl` or `matvec_blocks.wgsl` by format; or
+    /// The module's WGSL: the reduction helpers where it reduces, its frame (`matvec.wgsl` and its
+    /// row locator, `matmat.wgsl` or `embed.wgsl`, then `matvec_plain.wgsl` or `matvec_blocks.wgsl` by format; or
     /// `rowwise.wgsl`), then the kernel itself (for a product its format's weight bindings and
     /// decode; for the IQ formats and `MXFP4` after their tables' offsets and `matvec_iq.wgsl`).
     pub(crate) fn source(self) -> Cow<'static, str> {
         let (frame, qtype) = match self {
-            Self::Matvec(q) => (Cow::Owned(format!("{REDUCE}\n{MATVEC}")), q),
+            Self::Matvec(q) => (
+                Cow::Owned(format!("{REDUCE}\n{MATVEC}\n{MATVEC_DIRECT}")),
+                q,
+            ),
+            Self::MatvecId(q) => (Cow::Owned(format!("{REDUCE}\n{MATVEC}\n{MATVEC_ID}")), q),
             Self::Matmat(q) => (Cow::Borrowed(MATMAT), q),
             Self::Embed(q) => (Cow::Owned(format!("{GRID}\n{EMBED}")), q),
             Self::RmsNorm => return Cow::Owned(format!("{REDUCE}\n{ROWWISE}\n{RMS_NORM}")),
@@ -94,6 +110,8 @@ impl Kernel {
             Self::Rope => return Cow::Owned(format!("{GRID}\n{ROPE}")),
             Self::KvWrite => return Cow::Owned(format!("{GRID}\n{KV_WRITE}")),
             Self::CopyRows => return Cow::Owned(format!("{GRID}\n{COPY_ROWS}")),
+            Self::MoeRoute => return Cow::Owned(format!("{GRID}\n{MOE_ROUTE}")),
+            Self::MoeCombine => return Cow::Owned(format!("{GRID}\n{MOE_COMBINE}")),
         };
         let (format, plain) = format_source(qtype);
         let rows = if plain { PLAIN } else { BLOCKS };

@@ -1,24 +1,30 @@
-// Matrix-vector product y[row_offset + r] = W[r, :] · x for one chunk of a weight matrix (decode).
+// Matrix-vector product for one chunk of a weight matrix (decode): each output is one weight row's
+// dot product with a row of x.
 //
-// This file is the shared frame (after reduce.wgsl); matvec_plain.wgsl or matvec_blocks.wgsl (the row
-// loop) and one format's matvec_<type>.wgsl are appended to it. A workgroup of WG threads computes
-// ROWS rows: each row gets WG / ROWS threads (a power of two) that stride over its vec4s or
-// 32-value blocks, and their partial sums are added with `group_sum`.
+// This file is the shared frame (after reduce.wgsl); one row locator (matvec_direct.wgsl: y[row_offset
+// + r] = W[r, :] · x; or matvec_id.wgsl: per (token, slot) the rows of the expert an id buffer names),
+// matvec_plain.wgsl or matvec_blocks.wgsl (the row loop) and one format's matvec_<type>.wgsl are
+// appended to it. A workgroup of WG threads computes ROWS rows: each row gets WG / ROWS threads (a
+// power of two) that stride over its vec4s or 32-value blocks, and their partial sums are added
+// with `group_sum`.
 //
 // x is read as vec4s: the host pads every vector and every weight row to a multiple of 4 values
-// with zeros. Rows past the chunk's end still take part in the barriers and write nothing.
+// with zeros. Rows the locator rejects (past the chunk's end, another chunk's expert) still take
+// part in the barriers and write nothing.
 
 override WG: u32 = 64u;
 override ROWS: u32 = 4u;
 
-struct Params {
-    rows: u32,        // rows in this chunk
-    k: u32,           // values per row (a multiple of 4 after padding for F32/F16, of 32 for quants)
-    row_offset: u32,  // index in y of this chunk's first row
-    _pad: u32,
+// One output of a workgroup's thread group, from `locate`: whether it is computed here, the weight
+// row (in the chunk), the first vec4 of its x row, its index in y, and a value added to it (a bias).
+struct Row {
+    ok: bool,
+    row: u32,
+    x: u32,
+    out: u32,
+    add: f32,
 }
 
-@group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 
@@ -30,13 +36,13 @@ fn main(
 ) {
     let tpr = WG / ROWS;
     let t = lid % tpr;
-    let row = (wid.x + wid.y * nwg.x) * ROWS + lid / tpr;
+    let at = locate(wid.x + wid.y * nwg.x, lid / tpr);
     var acc = 0.0;
-    if (row < params.rows) {
-        acc = row_dot(row, t, tpr);
+    if (at.ok) {
+        acc = row_dot(at.row, at.x, t, tpr);
     }
     let sum = group_sum(lid, tpr, acc);
-    if (t == 0u && row < params.rows) {
-        y[params.row_offset + row] = sum;
+    if (t == 0u && at.ok) {
+        y[at.out] = sum + at.add;
     }
 }

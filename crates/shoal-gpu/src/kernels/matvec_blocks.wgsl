@@ -2,13 +2,14 @@
 // format's file): a row is k / 32 units of 32 values (a legacy block, or one eighth of a K-quant
 // super-block); the row's threads stride over its units and the format's `block_dot(unit, xb)`
 // gives one unit's dot product with x[xb .. xb + 8] (vec4s). `unit` counts from the chunk's
-// first row, so a K-quant super-block is units 8s .. 8s + 7. Each format also defines
-// `dequant4(unit, j)`: the unit's values 4j .. 4j + 3 dequantized (what matmat.wgsl tiles).
-fn row_dot(row: u32, t: u32, tpr: u32) -> f32 {
+// first row, so a K-quant super-block is units 8s .. 8s + 7; `row_dot` takes x's vec4s from `xo`.
+// Each format also defines `dequant4(unit, j)`: the unit's values 4j .. 4j + 3 dequantized (what
+// matmat.wgsl tiles).
+fn row_dot(row: u32, xo: u32, t: u32, tpr: u32) -> f32 {
     let nb = params.k / 32u;
     var acc = 0.0;
     for (var b = t; b < nb; b += tpr) {
-        acc += block_dot(row * nb + b, 8u * b);
+        acc += block_dot(row * nb + b, xo + 8u * b);
     }
     return acc;
 }
