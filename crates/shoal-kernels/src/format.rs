@@ -106,13 +106,16 @@ pub(crate) const Q8_0_GROUP_BYTES: usize = GROUP * Q8_0_BYTES;
 pub(crate) const Q4_K_GROUP_BYTES: usize = GROUP * Q4_K_BYTES;
 /// Bytes of one super-block of 16 `Q5_K` rows: as `Q4_K`'s plus 16 × 32 high-bit bytes.
 pub(crate) const Q5_K_GROUP_BYTES: usize = GROUP * Q5_K_BYTES;
+/// Bytes of one super-block of 16 `Q6_K` rows: 16 `d` (f16), 16 × 16 scales, 16 × 64 high-bit
+/// bytes, 16 × 128 nibble bytes (layout in `x86::k6512`).
+pub(crate) const Q6_K_GROUP_BYTES: usize = GROUP * Q6_K_BYTES;
 
 /// How a [`crate::PackedMatrix`] stores its weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
     /// GGML rows, as in the GGUF file.
     Rows,
-    /// Groups of 16 rows interleaved per block (AVX-512 VNNI; `Q4_1` and `Q8_0` only).
+    /// Groups of 16 rows interleaved per block (AVX-512 VNNI; `Q4_1`, `Q8_0`, `Q4_K`, `Q5_K`, `Q6_K`).
     Rows16,
 }
 

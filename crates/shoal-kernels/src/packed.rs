@@ -1,9 +1,10 @@
 //! Weight matrices owned by the kernels, in the layout the best backend of this CPU reads fastest.
 //!
 //! [`PackedMatrix::new`] copies a [`QMatrix`]'s GGUF rows once at load time. On CPUs with AVX-512
-//! VNNI, `Q4_1`, `Q8_0`, `Q4_K` and `Q5_K` weights are repacked into groups of 16 rows ([`Layout::Rows16`]:
-//! per block, the 16 rows' scales and then their quants interleaved four bytes at a time, the
-//! layout one 512-bit `vpdpbusd` consumes; see `x86::avx512` and, for the K-quants, `x86::k512`). Everywhere else the rows stay as they are
+//! VNNI, `Q4_1`, `Q8_0`, `Q4_K`, `Q5_K` and `Q6_K` weights are repacked into groups of 16 rows
+//! ([`Layout::Rows16`]: per block, the 16 rows' scales and then their quants interleaved four
+//! bytes at a time, the layout one 512-bit `vpdpbusd` consumes; see `x86::avx512` and, for the
+//! K-quants, `x86::k512` and `x86::k6512`). Everywhere else the rows stay as they are
 //! ([`Layout::Rows`]) and the 256-bit or scalar kernels run; every other format stays in rows on
 //! every backend. Repacking keeps the byte count (except the padding of a last partial group) and
 //! is exact: the same quants and f16 scales; [`PackedMatrix::dequantize_row`] reads a row back from
@@ -19,7 +20,7 @@ use crate::backend::Backend;
 use crate::error::KernelError;
 use crate::format::{
     GROUP, Layout, Q4_1_BYTES, Q4_1_GROUP_BYTES, Q4_K_BYTES, Q4_K_GROUP_BYTES, Q5_K_BYTES,
-    Q5_K_GROUP_BYTES, Q8_0_BYTES, Q8_0_GROUP_BYTES, QType,
+    Q5_K_GROUP_BYTES, Q6_K_BYTES, Q6_K_GROUP_BYTES, Q8_0_BYTES, Q8_0_GROUP_BYTES, QType,
 };
 use crate::matmul::{QMatrix, run_gemm};
 use crate::pool::Parallel;
@@ -60,7 +61,7 @@ impl PackedMatrix {
 
     /// [`PackedMatrix::from_rows`] on bytes the caller may share with other users (a tied token
     /// embedding and output head): where the detected backend reads rows the matrix holds `data`
-    /// itself, so there is one copy of the bytes. Where it repacks (AVX-512 VNNI, `Q4_1`/`Q8_0`/`Q4_K`/`Q5_K`)
+    /// itself, so there is one copy of the bytes. Where it repacks (AVX-512 VNNI, `Q4_1`/`Q8_0`/`Q4_K`/`Q5_K`/`Q6_K`)
     /// the matrix holds the repacked copy instead; to have one copy on every backend, share the
     /// `PackedMatrix` (an `Arc` of it) and read rows with [`PackedMatrix::dequantize_row`].
     pub fn from_shared_rows(
@@ -190,9 +191,12 @@ impl PackedMatrix {
 }
 
 /// The layout a matrix of `qtype` with `cols` input features gets on `backend` (a usable one):
-/// 16-row groups for `Q4_1`/`Q8_0`/`Q4_K`/`Q5_K` on AVX-512 VNNI, GGUF rows otherwise.
+/// 16-row groups for `Q4_1`/`Q8_0`/`Q4_K`/`Q5_K`/`Q6_K` on AVX-512 VNNI, GGUF rows otherwise.
 pub(crate) fn layout_for(qtype: QType, cols: usize, backend: Backend) -> Layout {
-    let repacked = matches!(qtype, QType::Q4_1 | QType::Q8_0 | QType::Q4_K | QType::Q5_K);
+    let repacked = matches!(
+        qtype,
+        QType::Q4_1 | QType::Q8_0 | QType::Q4_K | QType::Q5_K | QType::Q6_K
+    );
     if backend == Backend::Avx512Vnni && repacked && cols > 0 {
         Layout::Rows16
     } else {
@@ -204,6 +208,15 @@ pub(crate) fn layout_for(qtype: QType, cols: usize, backend: Backend) -> Layout 
 /// block, its offset in the group block, its length, and the byte XORed on the way (the `Q8_0`
 /// quants are stored `+ 128` as u8).
 fn pieces(qtype: QType, l: usize) -> Box<dyn Iterator<Item = (usize, usize, usize, u8)>> {
+    if qtype == QType::Q6_K {
+        // d, byte j of the 16 scales at 32 + 16 j, the 64 high-bit bytes in 16 chunks of 4, the
+        // 128 nibble bytes in 32 chunks of 4 (see `x86::k6512`).
+        let head = [(208, 2 * l, 2, 0)];
+        let sc = (0..16).map(move |j| (192 + j, 32 + 16 * j + l, 1, 0));
+        let qh = (0..16).map(move |c| (128 + 4 * c, 288 + 64 * c + 4 * l, 4, 0));
+        let ql = (0..32).map(move |c| (4 * c, 1312 + 64 * c + 4 * l, 4, 0));
+        return Box::new(head.into_iter().chain(sc).chain(qh).chain(ql));
+    }
     if matches!(qtype, QType::Q4_K | QType::Q5_K) {
         // d, dmin, byte t of the 12 scale bytes at 64 + 16 t, (Q5_K) the 32 high-bit bytes in 8
         // chunks of 4, then per pair p of 32 nibble bytes 8 chunks of 4 (see `x86::k512`).
@@ -232,6 +245,7 @@ fn group_sizes(qtype: QType) -> (usize, usize) {
         QType::Q4_1 => (Q4_1_BYTES, Q4_1_GROUP_BYTES),
         QType::Q4_K => (Q4_K_BYTES, Q4_K_GROUP_BYTES),
         QType::Q5_K => (Q5_K_BYTES, Q5_K_GROUP_BYTES),
+        QType::Q6_K => (Q6_K_BYTES, Q6_K_GROUP_BYTES),
         _ => (Q8_0_BYTES, Q8_0_GROUP_BYTES),
     }
 }
@@ -296,6 +310,7 @@ mod tests {
             (QType::Q8_0, 96),
             (QType::Q4_K, 512),
             (QType::Q5_K, 512),
+            (QType::Q6_K, 512),
         ];
         for (qtype, cols) in cases {
             let rows = 37;

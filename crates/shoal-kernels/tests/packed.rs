@@ -19,7 +19,10 @@ fn layout_follows_the_backend() {
             let data = random_weights(&mut rng, qtype, 20, k);
             let w = QMatrix::new(qtype, 20, k, &data).expect("matrix");
             let p = PackedMatrix::with_backend(&w, backend).expect("pack");
-            let repacked = matches!(qtype, QType::Q4_1 | QType::Q8_0 | QType::Q4_K | QType::Q5_K);
+            let repacked = matches!(
+                qtype,
+                QType::Q4_1 | QType::Q8_0 | QType::Q4_K | QType::Q5_K | QType::Q6_K
+            );
             let want = if backend == Backend::Avx512Vnni && repacked {
                 Layout::Rows16
             } else {
@@ -39,10 +42,10 @@ fn layout_follows_the_backend() {
     }
 }
 
-/// `Q4_K` and `Q5_K` in 16-row groups (the AVX-512 VNNI layout) give bitwise the outputs of their GGUF rows
-/// on the other SIMD backends (AVX2, AVX-VNNI): the same exact integers per super-block and the
-/// same two float steps (the scalar reference, which sums in another order, is checked within
-/// rounding by the test below). Odd row counts (a padded last group), one to nine activation rows
+/// `Q4_K`, `Q5_K` and `Q6_K` in 16-row groups (the AVX-512 VNNI layout) give bitwise the outputs of
+/// their GGUF rows on the other SIMD backends (AVX2, AVX-VNNI): the same exact integers per
+/// super-block (per lane of eight for `Q6_K`) and the same float steps (the scalar reference, which
+/// sums in another order, is checked within rounding by the test below). Odd row counts (a padded last group), one to nine activation rows
 /// (tiles of 4 and their remainders).
 #[test]
 fn k_quant_groups_are_bitwise_equal_to_rows_on_every_backend() {
@@ -52,9 +55,9 @@ fn k_quant_groups_are_bitwise_equal_to_rows_on_every_backend() {
         .into_iter()
         .filter(|b| *b != Backend::Scalar)
         .collect();
-    eprintln!("Q4_K, Q5_K compared on {backends:?}");
+    eprintln!("Q4_K, Q5_K, Q6_K compared on {backends:?}");
     let cases = [(16, 256), (37, 512), (40, 1024)];
-    for (qtype, (n, k)) in [QType::Q4_K, QType::Q5_K]
+    for (qtype, (n, k)) in [QType::Q4_K, QType::Q5_K, QType::Q6_K]
         .into_iter()
         .flat_map(|q| cases.map(|c| (q, c)))
     {

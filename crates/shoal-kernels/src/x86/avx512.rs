@@ -1,5 +1,6 @@
 //! AVX-512 VNNI kernels for weights repacked into groups of 16 rows ([`crate::Layout::Rows16`]):
-//! `Q4_1` and `Q8_0` here, `Q4_K` and `Q5_K` in `x86::k512` (dispatched from [`gemm_rows`]).
+//! `Q4_1` and `Q8_0` here, `Q4_K` and `Q5_K` in `x86::k512`, `Q6_K` in `x86::k6512` (dispatched
+//! from [`gemm_rows`]).
 //!
 //! One 512-bit `vpdpbusd` multiplies 4 consecutive weights of 16 different rows by the same 4
 //! activation bytes (broadcast straight from memory), so a block of 32 values is 8 instructions per
@@ -22,7 +23,8 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use crate::format::{
-    GROUP, Q4_1_GROUP_BYTES, Q4_K_GROUP_BYTES, Q5_K_GROUP_BYTES, Q8_0_GROUP_BYTES, QType,
+    GROUP, Q4_1_GROUP_BYTES, Q4_K_GROUP_BYTES, Q5_K_GROUP_BYTES, Q6_K_GROUP_BYTES,
+    Q8_0_GROUP_BYTES, QType,
 };
 use crate::gemm::Gemm;
 
@@ -32,6 +34,39 @@ const TILE: usize = 8;
 
 /// How far ahead in the weight stream to prefetch (bytes); as in the 256-bit kernels.
 const PREFETCH_BYTES: usize = 4096;
+
+/// Runs `tile(w, grp, r, t)` for every 16-row weight group `grp` of `rows` (`w` its first block
+/// of `group_bytes`) and every tile of `t` ≤ `max` activation rows from row `r`.
+#[inline(always)]
+pub(super) fn for_each_tile(
+    g: &Gemm<'_>,
+    rows: Range<usize>,
+    group_bytes: usize,
+    max: usize,
+    mut tile: impl FnMut(*const u8, usize, usize, usize),
+) {
+    let nb = g.x.nb();
+    for grp in rows.start / GROUP..rows.end.div_ceil(GROUP) {
+        let w = g.w[grp * nb * group_bytes..].as_ptr();
+        let mut r = 0;
+        while r < g.m {
+            let t = (g.m - r).min(max);
+            tile(w, grp, r, t);
+            r += t;
+        }
+    }
+}
+
+/// Prefetches the `bytes` of a group block [`PREFETCH_BYTES`] past `wb` (touches no memory).
+#[inline(always)]
+pub(super) unsafe fn prefetch_group(wb: *const u8, bytes: usize) {
+    let mut o = 0;
+    while o < bytes {
+        // SAFETY: prefetching touches no memory.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH_BYTES + o).cast()) };
+        o += 64;
+    }
+}
 
 /// Whether the CPU has AVX-512F next to AVX2, FMA and F16C (the attention's value sums).
 pub(crate) fn has_avx512f() -> bool {
@@ -74,6 +109,7 @@ pub(crate) fn gemm_rows(g: &Gemm<'_>, rows: Range<usize>) {
         QType::Q8_0 => Q8_0_GROUP_BYTES,
         QType::Q4_K => Q4_K_GROUP_BYTES,
         QType::Q5_K => Q5_K_GROUP_BYTES,
+        QType::Q6_K => Q6_K_GROUP_BYTES,
         other => panic!(
             "gemm (16-row groups): {} weights are never repacked",
             other.name()
@@ -95,46 +131,39 @@ pub(crate) fn gemm_rows(g: &Gemm<'_>, rows: Range<usize>) {
     // and activation rows come from `Activations` in the weights' activation format (nb blocks of
     // quants, 8·nb scales per group, and for `Q8_K` 16·nb sums per row).
     unsafe {
-        if matches!(g.qtype, QType::Q4_K | QType::Q5_K) {
-            super::k512::gemm_k_tf(g, rows, g.qtype == QType::Q5_K)
-        } else {
-            gemm_tf(g, rows, group_bytes)
+        match g.qtype {
+            QType::Q4_K | QType::Q5_K => super::k512::gemm_k_tf(g, rows, g.qtype == QType::Q5_K),
+            QType::Q6_K => super::k6512::gemm_q6k_tf(g, rows),
+            _ => gemm_tf(g, rows, group_bytes),
         }
     }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn gemm_tf(g: &Gemm<'_>, rows: Range<usize>, group_bytes: usize) {
-    let nb = g.x.nb();
-    for grp in rows.start / GROUP..rows.end.div_ceil(GROUP) {
-        let w = g.w[grp * nb * group_bytes..].as_ptr();
-        let mut r = 0;
-        while r < g.m {
-            let t = (g.m - r).min(TILE);
-            // SAFETY: group `grp` holds `nb` blocks; rows r..r+t are activation rows.
-            unsafe {
-                match (g.qtype, t) {
-                    (QType::Q4_1, 8) => tile::<Q41, 8>(g, w, grp, r),
-                    (QType::Q4_1, 7) => tile::<Q41, 7>(g, w, grp, r),
-                    (QType::Q4_1, 6) => tile::<Q41, 6>(g, w, grp, r),
-                    (QType::Q4_1, 5) => tile::<Q41, 5>(g, w, grp, r),
-                    (QType::Q4_1, 4) => tile::<Q41, 4>(g, w, grp, r),
-                    (QType::Q4_1, 3) => tile::<Q41, 3>(g, w, grp, r),
-                    (QType::Q4_1, 2) => tile::<Q41, 2>(g, w, grp, r),
-                    (QType::Q4_1, _) => tile::<Q41, 1>(g, w, grp, r),
-                    (_, 8) => tile::<Q80, 8>(g, w, grp, r),
-                    (_, 7) => tile::<Q80, 7>(g, w, grp, r),
-                    (_, 6) => tile::<Q80, 6>(g, w, grp, r),
-                    (_, 5) => tile::<Q80, 5>(g, w, grp, r),
-                    (_, 4) => tile::<Q80, 4>(g, w, grp, r),
-                    (_, 3) => tile::<Q80, 3>(g, w, grp, r),
-                    (_, 2) => tile::<Q80, 2>(g, w, grp, r),
-                    (_, _) => tile::<Q80, 1>(g, w, grp, r),
-                }
+    for_each_tile(g, rows, group_bytes, TILE, |w, grp, r, t| {
+        // SAFETY: group `grp` holds `nb` blocks; rows r..r+t are activation rows.
+        unsafe {
+            match (g.qtype, t) {
+                (QType::Q4_1, 8) => tile::<Q41, 8>(g, w, grp, r),
+                (QType::Q4_1, 7) => tile::<Q41, 7>(g, w, grp, r),
+                (QType::Q4_1, 6) => tile::<Q41, 6>(g, w, grp, r),
+                (QType::Q4_1, 5) => tile::<Q41, 5>(g, w, grp, r),
+                (QType::Q4_1, 4) => tile::<Q41, 4>(g, w, grp, r),
+                (QType::Q4_1, 3) => tile::<Q41, 3>(g, w, grp, r),
+                (QType::Q4_1, 2) => tile::<Q41, 2>(g, w, grp, r),
+                (QType::Q4_1, _) => tile::<Q41, 1>(g, w, grp, r),
+                (_, 8) => tile::<Q80, 8>(g, w, grp, r),
+                (_, 7) => tile::<Q80, 7>(g, w, grp, r),
+                (_, 6) => tile::<Q80, 6>(g, w, grp, r),
+                (_, 5) => tile::<Q80, 5>(g, w, grp, r),
+                (_, 4) => tile::<Q80, 4>(g, w, grp, r),
+                (_, 3) => tile::<Q80, 3>(g, w, grp, r),
+                (_, 2) => tile::<Q80, 2>(g, w, grp, r),
+                (_, _) => tile::<Q80, 1>(g, w, grp, r),
             }
-            r += t;
         }
-    }
+    });
 }
 
 /// A weight format in the 16-row layout.
@@ -247,11 +276,7 @@ unsafe fn tile<G: Group, const T: usize>(g: &Gemm<'_>, w: *const u8, grp: usize,
         unsafe {
             let wb = w.add(b * G::BYTES);
             if r0 == 0 {
-                let mut o = 0;
-                while o < G::BYTES {
-                    _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH_BYTES + o).cast());
-                    o += 64;
-                }
+                prefetch_group(wb, G::BYTES);
             }
             let (wq, dw, mw) = G::decode(wb);
             for i in 0..T {

@@ -23,15 +23,13 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::avx512::{for_each_tile, prefetch_group};
 use crate::format::{GROUP, Q4_K_GROUP_BYTES, Q5_K_GROUP_BYTES, QK_K};
 use crate::gemm::Gemm;
 
 /// Activation rows per tile (two integer accumulators per row and pair, plus the row's sum and
 /// float accumulator, stay in registers).
 const TILE: usize = 4;
-
-/// How far ahead in the weight stream to prefetch (bytes).
-const PREFETCH_BYTES: usize = 4096;
 
 /// A K-quant with 32-value scales in the 16-row layout.
 trait KGroup {
@@ -106,24 +104,17 @@ pub(crate) unsafe fn gemm_k_tf(g: &Gemm<'_>, rows: Range<usize>, q5: bool) {
 
 #[inline(always)]
 unsafe fn gemm<K: KGroup>(g: &Gemm<'_>, rows: Range<usize>) {
-    let nb = g.x.nb();
-    for grp in rows.start / GROUP..rows.end.div_ceil(GROUP) {
-        let w = g.w[grp * nb * K::BYTES..].as_ptr();
-        let mut r = 0;
-        while r < g.m {
-            let t = (g.m - r).min(TILE);
-            // SAFETY: group `grp` holds `nb` super-blocks; rows r..r+t are activation rows.
-            unsafe {
-                match t {
-                    4 => tile::<K, 4>(g, w, grp, r),
-                    3 => tile::<K, 3>(g, w, grp, r),
-                    2 => tile::<K, 2>(g, w, grp, r),
-                    _ => tile::<K, 1>(g, w, grp, r),
-                }
+    for_each_tile(g, rows, K::BYTES, TILE, |w, grp, r, t| {
+        // SAFETY: group `grp` holds `nb` super-blocks; rows r..r+t are activation rows.
+        unsafe {
+            match t {
+                4 => tile::<K, 4>(g, w, grp, r),
+                3 => tile::<K, 3>(g, w, grp, r),
+                2 => tile::<K, 2>(g, w, grp, r),
+                _ => tile::<K, 1>(g, w, grp, r),
             }
-            r += t;
         }
-    }
+    });
 }
 
 /// The 8 scales (bytes `0..128`, scale `j` of row `L` at `16 j + L`) and 8 minimums (from byte
@@ -157,17 +148,29 @@ unsafe fn widen(p: *const u8) -> __m512i {
     unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast())) }
 }
 
+/// The `Q8_K` activation rows `r0..r0+T` of `g`: their quants, their sums of 16 and their `d`
+/// (block `b`'s at `8 b`).
+#[inline(always)]
+pub(super) fn act_rows<const T: usize>(
+    g: &Gemm<'_>,
+    r0: usize,
+) -> ([*const u8; T], [*const i16; T], [*const f32; T]) {
+    let x = g.x;
+    let qs = std::array::from_fn(|i| x.q_row(r0 + i).as_ptr());
+    let bs = std::array::from_fn(|i| x.bsums_row(r0 + i).as_ptr());
+    let sc = std::array::from_fn(|i| {
+        let r = r0 + i;
+        x.sc_group(r / 4)[2 * (r % 4)..].as_ptr()
+    });
+    (qs, bs, sc)
+}
+
 /// Activation rows `r0..r0+T` against weight group `grp` (at `w`), all super-blocks; stores
 /// 16 × T outputs.
 #[inline(always)]
 unsafe fn tile<K: KGroup, const T: usize>(g: &Gemm<'_>, w: *const u8, grp: usize, r0: usize) {
-    let (nb, x) = (g.x.nb(), g.x);
-    let qs: [*const u8; T] = std::array::from_fn(|i| x.q_row(r0 + i).as_ptr());
-    let bs: [*const i16; T] = std::array::from_fn(|i| x.bsums_row(r0 + i).as_ptr());
-    let sc: [*const f32; T] = std::array::from_fn(|i| {
-        let r = r0 + i;
-        x.sc_group(r / 4)[2 * (r % 4)..].as_ptr()
-    });
+    let nb = g.x.nb();
+    let (qs, bs, sc) = act_rows::<T>(g, r0);
     let mut acc = [unsafe { _mm512_setzero_ps() }; T];
     let mut sm = [0u8; 256];
     for b in 0..nb {
@@ -176,11 +179,7 @@ unsafe fn tile<K: KGroup, const T: usize>(g: &Gemm<'_>, w: *const u8, grp: usize
         unsafe {
             let wb = w.add(b * K::BYTES);
             if r0 == 0 {
-                let mut o = 0;
-                while o < K::BYTES {
-                    _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH_BYTES + o).cast());
-                    o += 64;
-                }
+                prefetch_group(wb, K::BYTES);
             }
             scales(wb, &mut sm);
             let mut isum = [_mm512_setzero_si512(); T];

@@ -6,7 +6,8 @@
 //! the shared helpers), [`kquants`] (the K-quants, `Q8_K` quantization), [`ktile`] (the
 //! four-weight-row × four-activation-row tiles of `Q4_K`/`Q5_K`), [`iq`] (the IQ formats and
 //! `MXFP4`) and [`plain`] (`F32`, `F16`, `BF16`). [`avx512`] holds the 16-row-group kernels of
-//! the AVX-512 VNNI backend (`Q4_1`, `Q8_0`; [`k512`]: `Q4_K`, `Q5_K`) and [`iq512`] its 512-bit IQ kernels on GGUF rows
+//! the AVX-512 VNNI backend (`Q4_1`, `Q8_0`; [`k512`]: `Q4_K`, `Q5_K`; [`k6512`]: `Q6_K`) and
+//! [`iq512`] its 512-bit IQ kernels on GGUF rows
 //! (`IQ4_NL`, `IQ4_XS`, `IQ3_S`, `IQ2_S`, `IQ1_M`); the other formats run the AVX-VNNI kernels
 //! there. [`gemm_iq`] takes either width's IQ kernels ([`IqKernel`]); from 2 activation rows the
 //! AVX-512 VNNI backend multiplies the 256-value IQ formats with [`iqtile`] instead (16 weight
@@ -24,6 +25,7 @@ mod iq;
 mod iq512;
 mod iqtile;
 mod k512;
+mod k6512;
 mod kernels;
 mod kquants;
 mod ktile;
