@@ -144,6 +144,22 @@ pub struct ExpertTensor {
 }
 
 impl ExpertTensor {
+    /// The `[count, rows]` bias beside the tensor (row `e` expert `e`'s), when the file has one.
+    pub fn read_bias(&self, g: &mut GgufFile, count: usize) -> Result<Option<Vec<f32>>> {
+        let Some(name) = &self.bias else {
+            return Ok(None);
+        };
+        let b = g.read_f32_vec(name)?;
+        if b.len() != count * self.rows {
+            return Err(ModelError::BadShape {
+                name: name.clone(),
+                got: vec![b.len()],
+                expected: vec![count, self.rows],
+            });
+        }
+        Ok(Some(b))
+    }
+
     /// Checks a tensor's row-major dims against `[count, rows, cols]`.
     pub fn check(&self, dims: &[usize], count: usize) -> Result<()> {
         let expected = vec![count, self.rows, self.cols];

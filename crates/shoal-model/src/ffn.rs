@@ -148,18 +148,8 @@ pub(crate) fn split_experts(
     t: &ExpertTensor,
     count: usize,
 ) -> Result<Vec<ExpertPart>> {
-    let biases = match &t.bias {
-        Some(name) => {
-            let b = g.read_f32_vec(name)?;
-            if b.len() != count * t.rows {
-                return Err(ModelError::BadShape {
-                    name: name.clone(),
-                    got: vec![b.len()],
-                    expected: vec![count, t.rows],
-                });
-            }
-            b.chunks_exact(t.rows).map(|r| Some(r.to_vec())).collect()
-        }
+    let biases = match t.read_bias(g, count)? {
+        Some(b) => b.chunks_exact(t.rows).map(|r| Some(r.to_vec())).collect(),
         None => vec![None; count],
     };
     let raw = g.read_raw(&t.name)?;

@@ -1,7 +1,7 @@
 //! A [`GpuDecoderStage`]'s layers over one batch, recorded into one command buffer: per layer
 //! rms norm → Q, K, V products (+ biases) → per-head Q/K norms → RoPE at each row's position →
 //! K/V of each chunk into its sequence's device cache → causal attention per sequence → output
-//! product → residual (+ post norm) → norm → gate, up → SiLU or GELU gated product → down →
+//! product → residual (+ post norm) → norm → the feed-forward (`ffn`: dense, or routed experts) →
 //! residual (+ post norm), as [`crate::DecoderStage`] computes it on the host.
 
 use std::collections::HashMap;
@@ -9,19 +9,18 @@ use std::collections::HashMap;
 use shoal_gpu::{Attend, Commands, Gpu, GpuVec};
 
 use super::{GpuDecoderStage, GpuKv, GpuLinear};
-use crate::arch::Activation;
 use crate::decoder::SeqChunk;
 use crate::error::Result;
 
 /// Device vectors of one batch, by use and length, made once and reused by every layer (the
 /// kernels check lengths exactly, so each use has its own).
-struct Scratch<'g> {
+pub(super) struct Scratch<'g> {
     gpu: &'g Gpu,
     vecs: HashMap<(&'static str, usize), GpuVec>,
 }
 
 impl Scratch<'_> {
-    fn get(&mut self, what: &'static str, len: usize) -> Result<GpuVec> {
+    pub(super) fn get(&mut self, what: &'static str, len: usize) -> Result<GpuVec> {
         if let Some(v) = self.vecs.get(&(what, len)) {
             return Ok(v.clone());
         }
@@ -35,7 +34,7 @@ impl GpuLinear {
     /// `outs[i]` (each `rows × widths[i]`) receive the columns of `x · [W₀ | W₁ | …]ᵀ (+ b)`
     /// side by side: each part straight into its output when the parts are the outputs, else
     /// through a scratch product split by columns (a fused QKV or gate|up tensor).
-    fn forward(
+    pub(super) fn forward(
         &self,
         cmd: &mut Commands<'_>,
         s: &mut Scratch<'_>,
@@ -133,12 +132,6 @@ impl GpuDecoderStage {
         let attn = s.get("attn", total * qd)?;
         let o = s.get("o", total * dim)?;
         let post = s.get("post", total * dim)?;
-        let ffn = c.ffn_dim;
-        let (gate, up, act) = (
-            s.get("gate", total * ffn)?,
-            s.get("up", total * ffn)?,
-            s.get("act", total * ffn)?,
-        );
         for (li, blk) in self.blocks.iter().enumerate() {
             cmd.rms_norm(&x, &blk.attn_norm, eps, &h)?;
             blk.qkv.forward(cmd, &mut s, &h, total, &[&q, &k, &v])?;
@@ -196,18 +189,8 @@ impl GpuDecoderStage {
             )?;
             std::mem::swap(&mut x, &mut x_next);
             cmd.rms_norm(&x, &blk.ffn_norm, eps, &h)?;
-            blk.gate_up.forward(cmd, &mut s, &h, total, &[&gate, &up])?;
-            match c.arch.activation {
-                Activation::Silu => cmd.swiglu(&gate, &up, &act)?,
-                Activation::GeluTanh => cmd.geglu(&gate, &up, &act)?,
-                // Only gpt-oss's experts use it, and the GPU stage refuses their files at load.
-                Activation::SwigluOai => {
-                    return Err(crate::error::ModelError::Unsupported(
-                        "gpt-oss's clamped SwiGLU on the GPU".into(),
-                    ));
-                }
-            }
-            blk.down.forward(cmd, &mut s, &act, total, &[&o])?;
+            blk.ffn
+                .forward(cmd, &mut s, &h, total, c.arch.activation, &o)?;
             residual(cmd, &x, &o, blk.post_ffn_norm.as_ref(), eps, &post, &x_next)?;
             std::mem::swap(&mut x, &mut x_next);
         }

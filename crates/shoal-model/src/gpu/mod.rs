@@ -10,12 +10,15 @@
 //! [`StageOutput`]: hidden states in and out as [`HostMatrix`], logits read back for the chunks that
 //! want them (sampling stays on the host), pooled rows computed on the host from the final hidden
 //! states exactly as the CPU stage pools them. One command buffer per batch; the layer chain is
-//! in `layers`.
+//! in `layers`, the feed-forward (dense, or routed experts with their device routing: qwen3moe,
+//! qwen2moe, glm4moe) in `ffn`. Refused at load, by name, with a pointer to `--device cpu`: latent
+//! attention (deepseek2), attention sinks and YaRN rope (gpt-oss), group-limited routing.
 //!
 //! Numerics: activations stay f32 into every matrix product (the CPU path quantizes them to 8
 //! bits as ggml does), so logits differ from the CPU's by that rounding; attention follows
 //! llama.cpp's CPU numerics as the CPU stage does (f16 keys, values and queries).
 
+mod ffn;
 mod kv;
 mod layers;
 
@@ -26,8 +29,10 @@ use shoal_kernels::QMatrix;
 
 pub use kv::GpuKv;
 
+use ffn::GpuFfn;
+
 use crate::arch::RopeStyle;
-use crate::block::{FfnSpec, MatrixSpec, StageSpec, read_norm, read_opt_norm};
+use crate::block::{MatrixSpec, StageSpec, read_norm, read_opt_norm};
 use crate::config::{LayerRange, ModelConfig};
 use crate::decoder::{
     SeqChunk, StageInput, StageOutput, check_batch, check_embedding_dim, check_head, names,
@@ -52,8 +57,7 @@ struct GpuBlock {
     wo: GpuLinear,
     post_attn_norm: Option<GpuVec>,
     ffn_norm: GpuVec,
-    gate_up: GpuLinear,
-    down: GpuLinear,
+    ffn: GpuFfn,
     post_ffn_norm: Option<GpuVec>,
     local: bool,
 }
@@ -162,18 +166,10 @@ impl GpuDecoderStage {
         for b in &spec.blocks {
             if b.mla.is_some() {
                 return Err(ModelError::Unsupported(format!(
-                    "latent attention and mixture-of-experts layers ({}) on the GPU; run this \
-                     model on the CPU (--device cpu)",
+                    "latent attention ({}) on the GPU; run this model on the CPU (--device cpu)",
                     cfg.architecture
                 )));
             }
-            let FfnSpec::Dense(ffn) = &b.ffn else {
-                return Err(ModelError::Unsupported(format!(
-                    "mixture-of-experts layers ({}) on the GPU; run this model on the CPU \
-                     (--device cpu)",
-                    cfg.architecture
-                )));
-            };
             if b.sinks.is_some() || cfg.arch.yarn.is_some() {
                 return Err(ModelError::Unsupported(format!(
                     "attention sinks and YaRN rope ({}) on the GPU; run this model on the CPU \
@@ -189,8 +185,7 @@ impl GpuDecoderStage {
                 wo: load_linear(gguf, gpu, &b.wo)?,
                 post_attn_norm: upload_opt_norm(gguf, gpu, &b.post_attn_norm)?,
                 ffn_norm: upload_norm(gguf, gpu, &b.ffn_norm)?,
-                gate_up: load_linear(gguf, gpu, &ffn.gate_up)?,
-                down: load_linear(gguf, gpu, &ffn.down)?,
+                ffn: GpuFfn::load(gguf, gpu, &b.ffn, &cfg.architecture)?,
                 post_ffn_norm: upload_opt_norm(gguf, gpu, &b.post_ffn_norm)?,
                 local: b.local,
             });

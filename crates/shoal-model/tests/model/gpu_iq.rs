@@ -21,7 +21,7 @@ use crate::gguf_writer::TempDir;
 /// The CPU quantizes activations to 8 bits for these formats (`Q8_0` per 32 values for `IQ4_NL`
 /// and `MXFP4`, `Q8_K` per 256 for the others), the GPU keeps them f32: the tolerance of the
 /// quantized synthetic models against llama.cpp (synthetic.rs), on `max |Δ logit| / max |logit|`.
-const TOLERANCE: f32 = 0.075;
+pub const TOLERANCE: f32 = 0.075;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -33,14 +33,28 @@ fn fixture(name: &str) -> PathBuf {
 /// `path`; checks the same top token wherever the CPU's margin is decisive and returns the worst
 /// relative logit difference.
 fn gpu_against_cpu(path: &Path, gpu: &Arc<Gpu>, what: &str) -> f32 {
-    let cpu = load_whole(path);
     let on_gpu = load_gpu_whole(path, gpu);
+    let mut kv_gpu = vec![on_gpu[0].new_kv()];
     let prompt = [311u32, 25, 477, 176, 28, 55, 463, 264, 438, 129, 271, 247];
-    let (mut kv_cpu, mut kv_gpu) = (vec![cpu[0].new_kv()], vec![on_gpu[0].new_kv()]);
+    logits_against_cpu(path, &prompt, |t| step(&on_gpu, &mut kv_gpu, &[t]), what)
+}
+
+/// Runs `prompt` one position at a time through the CPU stage of the model at `path` and through
+/// `run` (another way to take one token to its logits); checks the same top token wherever the
+/// CPU's margin is decisive and returns the worst relative logit difference
+/// (`max |Δ logit| / max |logit|` per position).
+pub fn logits_against_cpu(
+    path: &Path,
+    prompt: &[u32],
+    mut run: impl FnMut(u32) -> Vec<f32>,
+    what: &str,
+) -> f32 {
+    let cpu = load_whole(path);
+    let mut kv_cpu = vec![cpu[0].new_kv()];
     let mut worst = 0f32;
     for (pos, &tok) in prompt.iter().enumerate() {
         let want = step(&cpu, &mut kv_cpu, &[tok]);
-        let got = step(&on_gpu, &mut kv_gpu, &[tok]);
+        let got = run(tok);
         let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
         let d = got
             .iter()
@@ -53,7 +67,7 @@ fn gpu_against_cpu(path: &Path, gpu: &Arc<Gpu>, what: &str) -> f32 {
             assert_eq!(argmax(&got), argmax(&want), "{what}: position {pos}");
         }
     }
-    eprintln!("{what}: GPU against CPU, worst relative logit difference {worst:.4}");
+    eprintln!("{what}: against the CPU, worst relative logit difference {worst:.4}");
     worst
 }
 

@@ -17,6 +17,7 @@ mod gemma3;
 mod gguf_corrupt;
 mod gguf_real;
 mod gpu_iq;
+mod gpu_moe;
 mod gpu_stage;
 mod kv_reuse;
 mod model_load_errors;
