@@ -92,29 +92,34 @@ impl KGroup for Q5K {
 /// format and `g.x` holds `Q8_K` activations of `nb` blocks per row (the caller checked both).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn gemm_k_tf(g: &Gemm<'_>, rows: Range<usize>, q5: bool) {
-    // SAFETY: as the caller guarantees.
-    unsafe {
-        if q5 {
-            gemm::<Q5K>(g, rows)
-        } else {
-            gemm::<Q4K>(g, rows)
-        }
-    }
-}
-
-#[inline(always)]
-unsafe fn gemm<K: KGroup>(g: &Gemm<'_>, rows: Range<usize>) {
-    for_each_tile(g, rows, K::BYTES, TILE, |w, grp, r, t| {
-        // SAFETY: group `grp` holds `nb` super-blocks; rows r..r+t are activation rows.
+    let bytes = if q5 { Q5K::BYTES } else { Q4K::BYTES };
+    // The closure is written here, in the `target_feature` function, so it is compiled with its
+    // features (a closure in an `inline(always)` helper is not, and its kernels would not inline).
+    for_each_tile(g, rows, bytes, TILE, |w, grp, r, t| {
+        // SAFETY: as the caller guarantees; group `grp` holds `nb` super-blocks; rows r..r+t are
+        // activation rows.
         unsafe {
-            match t {
-                4 => tile::<K, 4>(g, w, grp, r),
-                3 => tile::<K, 3>(g, w, grp, r),
-                2 => tile::<K, 2>(g, w, grp, r),
-                _ => tile::<K, 1>(g, w, grp, r),
+            if q5 {
+                tiles::<Q5K>(g, w, grp, r, t)
+            } else {
+                tiles::<Q4K>(g, w, grp, r, t)
             }
         }
     });
+}
+
+/// [`tile`] for `t` activation rows from `r`.
+#[inline(always)]
+unsafe fn tiles<K: KGroup>(g: &Gemm<'_>, w: *const u8, grp: usize, r: usize, t: usize) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        match t {
+            4 => tile::<K, 4>(g, w, grp, r),
+            3 => tile::<K, 3>(g, w, grp, r),
+            2 => tile::<K, 2>(g, w, grp, r),
+            _ => tile::<K, 1>(g, w, grp, r),
+        }
+    }
 }
 
 /// The 8 scales (bytes `0..128`, scale `j` of row `L` at `16 j + L`) and 8 minimums (from byte

@@ -110,9 +110,6 @@ unsafe fn quants(wb: *const u8, h: usize, l: usize) -> [__m512i; 4] {
             _mm512_and_si512(qh, m30),
             _mm512_and_si512(_mm512_srli_epi16::<2>(qh), m30),
         ];
-        let low = _mm512_set1_epi8(0x0F);
-        // (nibble & 0x0F) | high bits.
-        let join = |n: __m512i, hi: __m512i| _mm512_ternarylogic_epi32::<0xEC>(n, hi, low);
         let (n0, n1) = (_mm512_srli_epi16::<4>(q0), _mm512_srli_epi16::<4>(q1));
         [
             join(q0, hb[0]),
@@ -121,6 +118,12 @@ unsafe fn quants(wb: *const u8, h: usize, l: usize) -> [__m512i; 4] {
             join(n1, hb[3]),
         ]
     }
+}
+
+/// `(n & 0x0F) | hi`: a nibble with its high bits (already at bits 4..6) on top.
+#[inline(always)]
+unsafe fn join(n: __m512i, hi: __m512i) -> __m512i {
+    unsafe { _mm512_ternarylogic_epi32::<0xEC>(n, hi, _mm512_set1_epi8(0x0F)) }
 }
 
 /// Activation rows `r0..r0+T` against weight group `grp` (at `w`), all super-blocks; stores
@@ -142,13 +145,17 @@ unsafe fn tile<const T: usize>(g: &Gemm<'_>, w: *const u8, grp: usize, r0: usize
             }
             scales(wb, &mut sc, &mut bias);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(wb.cast()));
-            let dd: [__m512; T] =
-                std::array::from_fn(|i| _mm512_mul_ps(dw, _mm512_set1_ps(dx[i].add(b * 8).read())));
+            // Plain loops, not `from_fn`: a closure is not compiled with the caller's features.
+            let mut dd = [_mm512_setzero_ps(); T];
+            for i in 0..T {
+                dd[i] = _mm512_mul_ps(dw, _mm512_set1_ps(dx[i].add(b * 8).read()));
+            }
             for l in 0..8 {
-                let mut s: [__m512i; T] = std::array::from_fn(|i| {
+                let mut s = [_mm512_setzero_si512(); T];
+                for i in 0..T {
                     let pair = bs[i].add(b * 16 + 2 * l).cast::<i32>().read_unaligned();
-                    _mm512_dpwssd_epi32(_mm512_setzero_si512(), bias[l], _mm512_set1_epi32(pair))
-                });
+                    s[i] = _mm512_dpwssd_epi32(s[i], bias[l], _mm512_set1_epi32(pair));
+                }
                 for h in 0..2 {
                     let q = quants(wb, h, l);
                     for (ts, qv) in q.iter().enumerate() {
