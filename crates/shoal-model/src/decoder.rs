@@ -30,6 +30,7 @@ use crate::linear::{Embedding, LinearScratch, LinearSet, Part, QLinear};
 use crate::matrix::HostMatrix;
 use crate::mla::{MlaAttn, MlaScratch};
 use crate::ops::{self, RopeRows, RopeSpec};
+use crate::split::{BlockSlices, Share, load_columns, load_rows};
 
 /// GGUF tensor names (llama.cpp's `LLM_TENSOR_*`).
 pub(crate) use crate::gguf::names;
@@ -105,21 +106,57 @@ pub struct DecoderStage {
     rope_global: RopeSpec,
     rope_local: RopeSpec,
     pool: Arc<ThreadPool>,
+    /// This member's slice of the layers when they are split over several ([`crate::split`]).
+    share: Option<Share>,
 }
 
-fn load_block(g: &mut GgufFile, spec: &BlockSpec, n_heads: usize) -> Result<Block> {
+/// A hidden-state partial sum of a split stage made whole: every member's added in rank order, in
+/// place (`rows × dim`), twice a layer (after the attention output and the feed-forward).
+pub type Reduce<'a> = dyn FnMut(&mut [f32]) -> Result<()> + 'a;
+
+/// Layer `spec` (of a model of shape `cfg`), whole or `share`'s slice of it.
+fn load_block(
+    g: &mut GgufFile,
+    spec: &BlockSpec,
+    cfg: &ModelConfig,
+    share: Option<&Share>,
+) -> Result<Block> {
+    let (qkv, wo, ffn, sinks) = match share {
+        None => (
+            load_set(g, &spec.qkv)?,
+            load_set(g, &spec.wo)?,
+            Ffn::load(g, &spec.ffn)?,
+            read_opt_norm(g, &spec.sinks)?,
+        ),
+        Some(share) => {
+            let at = BlockSlices::of(share, cfg, spec)?;
+            let crate::block::FfnSpec::Dense(d) = &spec.ffn else {
+                unreachable!("BlockSlices::of refuses the other kinds")
+            };
+            let rank0 = share.rank == 0;
+            (
+                load_rows(g, &spec.qkv, &at.qkv)?,
+                load_columns(g, &spec.wo, at.wo_cols, rank0)?,
+                Ffn::dense(
+                    load_rows(g, &d.gate_up, &at.gate_up)?,
+                    load_columns(g, &d.down, at.ff, rank0)?,
+                ),
+                read_opt_norm(g, &spec.sinks)?.map(|s| s[at.sinks].to_vec()),
+            )
+        }
+    };
     Ok(Block {
-        qkv: load_set(g, &spec.qkv)?,
+        qkv,
         mla: match &spec.mla {
-            Some(m) => Some(MlaAttn::load(g, m, n_heads)?),
+            Some(m) => Some(MlaAttn::load(g, m, cfg.n_heads)?),
             None => None,
         },
-        wo: load_set(g, &spec.wo)?,
-        ffn: Ffn::load(g, &spec.ffn)?,
+        wo,
+        ffn,
         attn_norm: read_norm(g, &spec.attn_norm)?,
         q_norm: read_opt_norm(g, &spec.q_norm)?,
         k_norm: read_opt_norm(g, &spec.k_norm)?,
-        sinks: read_opt_norm(g, &spec.sinks)?,
+        sinks,
         post_attn_norm: read_opt_norm(g, &spec.post_attn_norm)?,
         ffn_norm: read_norm(g, &spec.ffn_norm)?,
         post_ffn_norm: read_opt_norm(g, &spec.post_ffn_norm)?,
@@ -155,13 +192,42 @@ impl DecoderStage {
     /// Loads layers `range` (and the embedding / head when the range is first / last) from `gguf`,
     /// reading only those tensors.
     pub fn load(gguf: &mut GgufFile, range: LayerRange, pool: &Arc<ThreadPool>) -> Result<Self> {
-        let cfg = ModelConfig::from_gguf(gguf)?;
-        let spec = StageSpec::describe(gguf, &cfg, range)?;
+        Self::load_with(gguf, range, pool, None)
+    }
+
+    /// Loads `share`'s slice of layers `range` ([`crate::split::shares`] made it): its heads' and
+    /// feed-forward columns' rows and columns of each matrix, the whole norms, the embedding when the
+    /// range is first and, on rank 0 only, the final norm and head when it is last. Its
+    /// [`DecoderStage::run_split`] needs every member's partial sums.
+    pub fn load_share(
+        gguf: &mut GgufFile,
+        range: LayerRange,
+        share: &Share,
+        pool: &Arc<ThreadPool>,
+    ) -> Result<Self> {
+        Self::load_with(gguf, range, pool, Some(share))
+    }
+
+    fn load_with(
+        gguf: &mut GgufFile,
+        range: LayerRange,
+        pool: &Arc<ThreadPool>,
+        share: Option<&Share>,
+    ) -> Result<Self> {
+        let whole = ModelConfig::from_gguf(gguf)?;
+        let mut spec = StageSpec::describe(gguf, &whole, range)?;
         let blocks = spec
             .blocks
             .iter()
-            .map(|b| load_block(gguf, b, cfg.n_heads))
+            .map(|b| load_block(gguf, b, &whole, share))
             .collect::<Result<Vec<_>>>()?;
+        if share.is_some_and(|s| s.rank > 0) {
+            spec.last = None;
+        }
+        let cfg = match share {
+            Some(s) => s.local_config(&whole),
+            None => whole,
+        };
         let embed = if spec.embedding {
             let e = Embedding::from_raw(names::TOKEN_EMBD, gguf.read_raw(names::TOKEN_EMBD)?)?;
             check_embedding_dim(e.dim(), &cfg)?;
@@ -196,7 +262,13 @@ impl DecoderStage {
             rope_global: spec.rope_global,
             rope_local: spec.rope_local,
             pool: pool.clone(),
+            share: share.cloned(),
         })
+    }
+
+    /// This member's slice when the stage's layers are split over several.
+    pub fn share(&self) -> Option<&Share> {
+        self.share.as_ref()
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -239,6 +311,32 @@ impl DecoderStage {
     /// Runs the batch: [`DecoderStage::forward`]'s output and, on the last stage, the pooled final
     /// hidden states of the chunks that ask ([`SeqChunk::pool`]).
     pub fn run(&self, input: StageInput<'_>, seqs: &mut [SeqChunk<'_>]) -> Result<StageOutput> {
+        if self.share.is_some() {
+            return Err(ModelError::BadInput(
+                "a split stage runs with its members' partial sums (run_split)".into(),
+            ));
+        }
+        self.run_inner(input, seqs, None)
+    }
+
+    /// [`DecoderStage::run`] of a member of a split stage ([`DecoderStage::load_share`]): `reduce`
+    /// makes each partial sum whole, the same on every member. Members other than rank 0 return the
+    /// hidden states.
+    pub fn run_split(
+        &self,
+        input: StageInput<'_>,
+        seqs: &mut [SeqChunk<'_>],
+        reduce: &mut Reduce<'_>,
+    ) -> Result<StageOutput> {
+        self.run_inner(input, seqs, Some(reduce))
+    }
+
+    fn run_inner(
+        &self,
+        input: StageInput<'_>,
+        seqs: &mut [SeqChunk<'_>],
+        reduce: Option<&mut Reduce<'_>>,
+    ) -> Result<StageOutput> {
         let total = check_batch(seqs.iter().map(|s| (s.kv.len(), s.len)), &self.cfg)?;
         let mut x = match (input, &self.embed) {
             (StageInput::Tokens(ids), Some(embed)) if ids.len() == total => {
@@ -267,7 +365,7 @@ impl DecoderStage {
         for s in seqs.iter_mut() {
             s.kv.reserve(s.len)?;
         }
-        self.layers(&mut x, seqs, total)?;
+        self.layers(&mut x, seqs, total, reduce)?;
         for s in seqs.iter_mut() {
             s.kv.advance(s.len);
         }
@@ -305,7 +403,13 @@ impl DecoderStage {
     }
 
     /// Every layer of the stage over the batch's hidden states `x` (`total × dim`), in place.
-    fn layers(&self, x: &mut [f32], seqs: &mut [SeqChunk<'_>], total: usize) -> Result<()> {
+    fn layers(
+        &self,
+        x: &mut [f32],
+        seqs: &mut [SeqChunk<'_>],
+        total: usize,
+        mut reduce: Option<&mut Reduce<'_>>,
+    ) -> Result<()> {
         let c = &self.cfg;
         let (dim, hd) = (c.dim, c.head_dim);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
@@ -338,7 +442,7 @@ impl DecoderStage {
                 )?;
                 blk.wo.forward(&attn, total, &mut o, &mut scratch, pool)?;
                 residual(x, &mut o, None, c.rms_eps, &mut h);
-                self.ffn(blk, x, total, &mut h, &mut down, &mut ffn_scratch)?;
+                self.ffn(blk, x, total, &mut h, &mut down, &mut ffn_scratch, None)?;
                 continue;
             }
             for row in qkv.chunks_exact_mut(qd + 2 * kvd) {
@@ -366,13 +470,19 @@ impl DecoderStage {
             };
             attention::attend(&mut qkv, &mut chunks, spec, rope, &mut attn, pool);
             blk.wo.forward(&attn, total, &mut o, &mut scratch, pool)?;
+            if let Some(r) = reduce.as_deref_mut() {
+                r(&mut o[..total * dim])?;
+            }
             residual(x, &mut o, blk.post_attn_norm.as_deref(), c.rms_eps, &mut h);
-            self.ffn(blk, x, total, &mut h, &mut down, &mut ffn_scratch)?;
+            let r = reduce.as_deref_mut();
+            self.ffn(blk, x, total, &mut h, &mut down, &mut ffn_scratch, r)?;
         }
         Ok(())
     }
 
-    /// A layer's `x += post_norm(ffn(norm(x)))` (`h` and `down` are room for the rows).
+    /// A layer's `x += post_norm(ffn(norm(x)))` (`h` and `down` are room for the rows; a split
+    /// stage's partial sum made whole by `reduce` first).
+    #[allow(clippy::too_many_arguments)]
     fn ffn(
         &self,
         blk: &Block,
@@ -381,11 +491,15 @@ impl DecoderStage {
         h: &mut [f32],
         down: &mut Vec<f32>,
         s: &mut FfnScratch,
+        reduce: Option<&mut Reduce<'_>>,
     ) -> Result<()> {
         let c = &self.cfg;
         ops::rms_norm(x, &blk.ffn_norm, c.rms_eps, h);
         blk.ffn
             .forward(h, total, c.arch.activation, down, s, &self.pool)?;
+        if let Some(r) = reduce {
+            r(&mut down[..total * c.dim])?;
+        }
         residual(x, down, blk.post_ffn_norm.as_deref(), c.rms_eps, h);
         Ok(())
     }

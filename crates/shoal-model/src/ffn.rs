@@ -71,6 +71,12 @@ impl Ffn {
         })
     }
 
+    /// A dense feed-forward of matrices already loaded (a tensor-parallel member's slices).
+    pub(crate) fn dense(gate_up: LinearSet, down: LinearSet) -> Self {
+        let ff = down.in_features();
+        Self::Dense(DenseFfn { gate_up, down, ff })
+    }
+
     /// `out = ffn(x)` for `m` rows of `x`.
     pub(crate) fn forward(
         &self,

@@ -24,6 +24,11 @@
 //!   kernels, decision 016): weights uploaded once and kept quantized, each sequence's KV on the
 //!   device ([`gpu::GpuKv`]), the same `run` over the same inputs and outputs.
 //!
+//! - [`split`] cuts a stage's layers over tensor-parallel members (issue 31, decision 024): a
+//!   [`split::Share`] of query heads and feed-forward columns per member, placed on quantization-block
+//!   and KV-group boundaries by measured weight; `DecoderStage::load_share` reads only its rows and
+//!   columns and `run_split` hands each partial sum to the caller's all-reduce.
+//!
 //! The CPU path is shoal-kernels' (the candle-op path for GPU devices was removed: decision 008).
 //!
 //! No tokio, no sockets: this crate is pure computation and file reading.
@@ -44,6 +49,7 @@ pub mod linear;
 pub mod matrix;
 pub(crate) mod mla;
 pub mod ops;
+pub mod split;
 pub mod supported;
 pub mod tokenizer;
 

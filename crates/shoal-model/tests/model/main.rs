@@ -22,6 +22,7 @@ mod gpu_stage;
 mod kv_reuse;
 mod model_load_errors;
 mod moe;
+mod split;
 mod stage_ranges;
 mod synthetic;
 mod tokenizer_gemma;
