@@ -48,8 +48,16 @@ fn weights(qtype: QType, n: usize, k: usize, seed: u64) -> Vec<u8> {
         QType::Q6_K => &[(208, 0.001)],
         QType::IQ4_NL | QType::IQ4_XS | QType::IQ3_S | QType::IQ3_XXS => &[(0, 0.01)],
         QType::IQ2_XXS | QType::IQ2_XS | QType::IQ2_S | QType::IQ1_S => &[(0, 0.01)],
-        // Any exponent byte, and IQ1_M's d spread over its scale words, times the same.
-        QType::MXFP4 | QType::IQ1_M => &[],
+        // MXFP4: an exponent byte of scales 2^-8 .. 2^-1 (random bytes would make products
+        // overflow or go subnormal, timing the CPU's slow float paths instead of the kernel).
+        QType::MXFP4 => {
+            for b in data.chunks_exact_mut(qtype.type_size()) {
+                b[0] = 119 + b[0] % 8;
+            }
+            &[]
+        }
+        // IQ1_M's d spread over its scale words, times the same.
+        QType::IQ1_M => &[],
     };
     if !scales.is_empty() {
         for b in data.chunks_exact_mut(qtype.type_size()) {

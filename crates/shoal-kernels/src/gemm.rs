@@ -107,6 +107,25 @@ impl<'a> Gemm<'a> {
         }
     }
 
+    /// Writes outputs `(r, j0 .. j0 + count)` from the first `count` of `vals` (a group of rows
+    /// whose last `N - count` lanes are padding).
+    #[inline]
+    pub(crate) fn store_first<const N: usize>(
+        &self,
+        r: usize,
+        j0: usize,
+        count: usize,
+        vals: &[f32; N],
+    ) {
+        if count == N {
+            self.store_run(r, j0, vals);
+        } else {
+            for (l, &o) in vals.iter().enumerate().take(count) {
+                self.store(r, j0 + l, o);
+            }
+        }
+    }
+
     /// Checks that `rows` lies within the weight matrix.
     #[inline]
     pub(crate) fn check_rows(&self, rows: &Range<usize>) {

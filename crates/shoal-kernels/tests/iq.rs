@@ -236,3 +236,54 @@ fn batched_iq_matmul_is_bitwise_scalar_at_every_batch_size() {
         }
     }
 }
+
+/// The batched matmuls of the 32-value formats (`IQ4_NL`, `MXFP4`; on AVX-512 VNNI from two
+/// activation rows: 16 weight rows in the lanes, each group decoded once for every activation
+/// row) equal, bitwise, each output's lone `vec_dot` on the same backend (the one-row kernels of
+/// GGUF rows: the same integer lanes and even / odd float chains), at odd block counts, batch
+/// sizes around the widths and row counts that leave a partial group of 16, on one thread and
+/// split over two.
+#[test]
+fn batched_32_value_iq_matmul_is_bitwise_the_row_dots() {
+    let mut rng = Rng::new(2915);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let simd: Vec<Backend> = Backend::supported()
+        .into_iter()
+        .filter(|b| *b != Backend::Scalar)
+        .collect();
+    eprintln!("32-value IQ formats batched on {simd:?}");
+    for qtype in [QType::IQ4_NL, QType::MXFP4] {
+        for (n, k) in [(37, 32 * 3), (16, 32), (21, 32 * 16), (18, 32 * 7)] {
+            let w = random_raw(&mut rng, qtype, n, k);
+            let mat = QMatrix::new(qtype, n, k, &w).expect("matrix");
+            let row_bytes = w.len() / n;
+            for m in [1, 2, 3, 7, 16, 33] {
+                let x = activations(&mut rng, m * k);
+                let acts = Activations::quantize(qtype.act_type(), &x, m, k).expect("acts");
+                let xq: Vec<Vec<u8>> = (0..m).map(|r| acts.ggml_row(r).expect("row")).collect();
+                for &backend in &simd {
+                    let want: Vec<u32> = (0..m * n)
+                        .map(|i| {
+                            let (r, j) = (i / n, i % n);
+                            let wr = &w[j * row_bytes..(j + 1) * row_bytes];
+                            vec_dot_with(backend, qtype, k, wr, &xq[r]).to_bits()
+                        })
+                        .collect();
+                    assert!(want.iter().any(|&v| v != 0), "{qtype:?}: all-zero outputs");
+                    for pool in &pools {
+                        let mut got = vec![0f32; m * n];
+                        matmul_quantized_with(backend, &mat, &acts, &mut got, pool)
+                            .expect("matmul");
+                        let bits: Vec<u32> = got.iter().map(|f| f.to_bits()).collect();
+                        assert_eq!(
+                            bits,
+                            want,
+                            "{backend:?} {qtype:?} n={n} k={k} m={m} threads={}",
+                            pool.n_threads()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -22,6 +22,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::group::{for_each_tile, prefetch_group};
 use crate::format::{
     GROUP, Q4_1_GROUP_BYTES, Q4_K_GROUP_BYTES, Q5_K_GROUP_BYTES, Q6_K_GROUP_BYTES,
     Q8_0_GROUP_BYTES, QType,
@@ -31,42 +32,6 @@ use crate::gemm::Gemm;
 /// Activation rows per tile: 8 float accumulators, 8 integer sums and 8 decoded weight vectors fit
 /// in the 32 vector registers with room for the scales.
 const TILE: usize = 8;
-
-/// How far ahead in the weight stream to prefetch (bytes); as in the 256-bit kernels.
-const PREFETCH_BYTES: usize = 4096;
-
-/// Runs `tile(w, grp, r, t)` for every 16-row weight group `grp` of `rows` (`w` its first block
-/// of `group_bytes`) and every tile of `t` ≤ `max` activation rows from row `r`.
-#[inline(always)]
-pub(super) fn for_each_tile(
-    g: &Gemm<'_>,
-    rows: Range<usize>,
-    group_bytes: usize,
-    max: usize,
-    mut tile: impl FnMut(*const u8, usize, usize, usize),
-) {
-    let nb = g.x.nb();
-    for grp in rows.start / GROUP..rows.end.div_ceil(GROUP) {
-        let w = g.w[grp * nb * group_bytes..].as_ptr();
-        let mut r = 0;
-        while r < g.m {
-            let t = (g.m - r).min(max);
-            tile(w, grp, r, t);
-            r += t;
-        }
-    }
-}
-
-/// Prefetches the `bytes` of a group block [`PREFETCH_BYTES`] past `wb` (touches no memory).
-#[inline(always)]
-pub(super) unsafe fn prefetch_group(wb: *const u8, bytes: usize) {
-    let mut o = 0;
-    while o < bytes {
-        // SAFETY: prefetching touches no memory.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH_BYTES + o).cast()) };
-        o += 64;
-    }
-}
 
 /// Whether the CPU has AVX-512F next to AVX2, FMA and F16C (the attention's value sums).
 pub(crate) fn has_avx512f() -> bool {

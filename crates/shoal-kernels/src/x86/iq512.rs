@@ -50,6 +50,11 @@ impl SymPair for super::iq::Iq4Nl {
     const NIBBLES: usize = 2;
 }
 
+impl SymPair for super::iq::Mxfp4 {
+    const TABLE: &'static [i8; 16] = &crate::iq::grids::KVALUES_MXFP4;
+    const NIBBLES: usize = 1;
+}
+
 /// The 64 signed quants of the blocks at `w0` (low 256 bits) and `w1` (high).
 #[inline(always)]
 unsafe fn sym_quants<B: SymPair>(w0: *const u8, w1: *const u8) -> __m512i {

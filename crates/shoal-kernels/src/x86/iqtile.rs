@@ -132,6 +132,43 @@ impl IqLanes for Iq1M {
     const SPLIT: bool = true;
 }
 
+/// The 32 values of a 16-byte nibble block (low nibbles: values `0..16`, high: `16..32`) of each
+/// of 16 rows (`p[L]`: row `L`'s nibble bytes), looked up in `table` (a 16-byte table in every
+/// 128-bit lane): `out[i]` lane `L` = values `4 i .. + 4` of row `L` (`i` < 8).
+#[inline(always)]
+pub(super) unsafe fn nibble_lanes(p: &[*const u8; GROUP], table: __m512i, out: &mut [__m512i]) {
+    unsafe {
+        // z[a], 128-bit lane k: the 16 nibble bytes of row 4 k + a.
+        let mut z = [_mm512_setzero_si512(); 4];
+        for (a, za) in z.iter_mut().enumerate() {
+            let v = _mm512_castsi128_si512(_mm_loadu_si128(p[a].cast()));
+            let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(p[4 + a].cast()));
+            let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(p[8 + a].cast()));
+            *za = _mm512_inserti32x4::<3>(v, _mm_loadu_si128(p[12 + a].cast()));
+        }
+        let (t0, t1) = (
+            _mm512_unpacklo_epi32(z[0], z[1]),
+            _mm512_unpackhi_epi32(z[0], z[1]),
+        );
+        let (t2, t3) = (
+            _mm512_unpacklo_epi32(z[2], z[3]),
+            _mm512_unpackhi_epi32(z[2], z[3]),
+        );
+        let n = [
+            _mm512_unpacklo_epi64(t0, t2),
+            _mm512_unpackhi_epi64(t0, t2),
+            _mm512_unpacklo_epi64(t1, t3),
+            _mm512_unpackhi_epi64(t1, t3),
+        ];
+        let m = _mm512_set1_epi8(0x0F);
+        for (j, &nj) in n.iter().enumerate() {
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(nj), m);
+            out[j] = _mm512_shuffle_epi8(table, _mm512_and_si512(nj, m));
+            out[4 + j] = _mm512_shuffle_epi8(table, hi);
+        }
+    }
+}
+
 /// `IQ4_XS` decodes 16 rows at once: the nibbles of a chunk are 4 dwords per row, transposed
 /// with one 4 × 4 step per 128-bit lane and looked up with `vpshufb` (the table already offset
 /// by 128); `d` and the 6-bit scales are computed in the 16 lanes.
@@ -164,11 +201,7 @@ impl IqLanes for Iq4Xs {
                 _mm512_broadcast_i32x4(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast())),
                 _mm512_set1_epi8(-128),
             );
-            let (m4, m2, m6) = (
-                _mm512_set1_epi32(0x0F),
-                _mm512_set1_epi32(3),
-                _mm512_set1_epi8(0x0F),
-            );
+            let (m4, m2) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(3));
             for c in 0..QK_K / 32 {
                 let shift_l = _mm512_set1_epi32(4 * c as i32);
                 let shift_h = _mm512_set1_epi32(2 * c as i32);
@@ -182,35 +215,8 @@ impl IqLanes for Iq4Xs {
                     _mm512_slli_epi32::<16>(sc),
                 );
                 _mm512_storeu_si512(dst.sc[c].as_mut_ptr().cast(), sc);
-                // z[a], 128-bit lane k: the 16 nibble bytes of row 4 k + a.
-                let mut z = [_mm512_setzero_si512(); 4];
-                for (a, za) in z.iter_mut().enumerate() {
-                    let row = |k: usize| _mm_loadu_si128(wb[4 * k + a].add(8 + 16 * c).cast());
-                    let v = _mm512_castsi128_si512(row(0));
-                    let v = _mm512_inserti32x4::<1>(v, row(1));
-                    let v = _mm512_inserti32x4::<2>(v, row(2));
-                    *za = _mm512_inserti32x4::<3>(v, row(3));
-                }
-                let (t0, t1) = (
-                    _mm512_unpacklo_epi32(z[0], z[1]),
-                    _mm512_unpackhi_epi32(z[0], z[1]),
-                );
-                let (t2, t3) = (
-                    _mm512_unpacklo_epi32(z[2], z[3]),
-                    _mm512_unpackhi_epi32(z[2], z[3]),
-                );
-                let n = [
-                    _mm512_unpacklo_epi64(t0, t2),
-                    _mm512_unpackhi_epi64(t0, t2),
-                    _mm512_unpacklo_epi64(t1, t3),
-                    _mm512_unpackhi_epi64(t1, t3),
-                ];
-                for (j, &nj) in n.iter().enumerate() {
-                    let lo = _mm512_and_si512(nj, m6);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(nj), m6);
-                    dst.q[8 * c + j] = _mm512_shuffle_epi8(table, lo);
-                    dst.q[8 * c + 4 + j] = _mm512_shuffle_epi8(table, hi);
-                }
+                let nib: [*const u8; GROUP] = std::array::from_fn(|l| wb[l].add(8 + 16 * c));
+                nibble_lanes(&nib, table, &mut dst.q[8 * c..8 * c + 8]);
             }
         }
     }
@@ -330,13 +336,7 @@ pub(crate) unsafe fn gemm_iq_tile<B: IqLanes>(g: &Gemm<'_>, rows: Range<usize>) 
             let mut v = [0f32; GROUP];
             // SAFETY: `v` holds 16 floats.
             unsafe { _mm512_storeu_ps(v.as_mut_ptr(), *a) };
-            if real == GROUP {
-                g.store_run(r, j0, &v);
-            } else {
-                for (l, &o) in v.iter().enumerate().take(real) {
-                    g.store(r, j0 + l, o);
-                }
-            }
+            g.store_first(r, j0, real, &v);
         }
         j0 += GROUP;
     }

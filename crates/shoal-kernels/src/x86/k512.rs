@@ -23,7 +23,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx512::{for_each_tile, prefetch_group};
+use super::group::{for_each_tile, prefetch_group};
 use crate::format::{GROUP, Q4_K_GROUP_BYTES, Q5_K_GROUP_BYTES, QK_K};
 use crate::gemm::Gemm;
 

@@ -11,7 +11,8 @@
 //! (`IQ4_NL`, `IQ4_XS`, `IQ3_S`, `IQ2_S`, `IQ1_M`); the other formats run the AVX-VNNI kernels
 //! there. [`gemm_iq`] takes either width's IQ kernels ([`IqKernel`]); from 2 activation rows the
 //! AVX-512 VNNI backend multiplies the 256-value IQ formats with [`iqtile`] instead (16 weight
-//! rows in the lanes, each super-block of 16 rows decoded once for the whole batch).
+//! rows in the lanes, each super-block of 16 rows decoded once for the whole batch), and
+//! `IQ4_NL` / `MXFP4` with [`symtile`] (the same for their 32-value blocks).
 //!
 //! [`gemm_rows`] is the weight-stationary loop every format shares: for each tile of activation
 //! rows, each weight row of the chunk is dotted against four activation rows at a time (one
@@ -21,6 +22,7 @@
 //! super-block once per tile when the batch has 8 rows or more ([`gemm_iq`]).
 
 pub(crate) mod avx512;
+mod group;
 mod iq;
 mod iq512;
 mod iqtile;
@@ -30,6 +32,7 @@ mod kernels;
 mod kquants;
 mod ktile;
 mod plain;
+mod symtile;
 
 use std::arch::is_x86_feature_detected;
 use std::ops::Range;
@@ -54,6 +57,10 @@ const IQ_TILE_MIN: usize = 8;
 /// Activation rows from which the AVX-512 VNNI backend runs the 256-value IQ formats through
 /// [`iqtile`] (16 weight rows in the lanes, each super-block decoded once for all rows).
 const IQ_LANES_MIN: usize = 2;
+
+/// Activation rows from which the AVX-512 VNNI backend runs `IQ4_NL` and `MXFP4` through
+/// [`symtile`] (16 weight rows in the lanes, each group of rows decoded once for all rows).
+const SYM_LANES_MIN: usize = 2;
 
 /// How far ahead (bytes, at least) the four-weight-row kernels of `Q4_K`/`Q5_K` prefetch: one
 /// group of four rows is only 2.3 KB at 1024 values, less than a memory latency's worth of weights
@@ -249,6 +256,15 @@ pub(crate) fn gemm_rows_512(g: &Gemm<'_>, rows: Range<usize>) {
         // SAFETY: as in `gemm_rows`.
         return unsafe { gemm_iq_lanes_tf(g, rows) };
     }
+    if g.m >= SYM_LANES_MIN && matches!(g.qtype, QType::IQ4_NL | QType::MXFP4) {
+        check_gemm(g, &rows);
+        assert!(
+            avx512::has_avx512_vnni(),
+            "the AVX-512 VNNI backend needs AVX-512 F/BW/VNNI"
+        );
+        // SAFETY: as in `gemm_rows`.
+        return unsafe { gemm_sym_lanes_tf(g, rows) };
+    }
     if !has_zmm_kernel(g.qtype) {
         return gemm_rows(true, g, rows);
     }
@@ -294,6 +310,20 @@ unsafe fn gemm_iq_lanes_tf(g: &Gemm<'_>, rows: Range<usize>) {
             QType::IQ1_S => gemm_iq_tile::<Iq1S>(g, rows),
             QType::IQ1_M => gemm_iq_tile::<Iq1M>(g, rows),
             other => unreachable!("{other:?} is not a 256-value IQ format"),
+        }
+    }
+}
+
+/// `IQ4_NL` and `MXFP4`'s batched kernel ([`symtile`]: 16 weight rows in the lanes).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn gemm_sym_lanes_tf(g: &Gemm<'_>, rows: Range<usize>) {
+    use iq::{Iq4Nl, Mxfp4};
+    // SAFETY (both): the caller checked the operands and the features.
+    unsafe {
+        match g.qtype {
+            QType::IQ4_NL => symtile::gemm_sym_tile::<Iq4Nl>(g, rows),
+            QType::MXFP4 => symtile::gemm_sym_tile::<Mxfp4>(g, rows),
+            other => unreachable!("{other:?} is not IQ4_NL or MXFP4"),
         }
     }
 }
