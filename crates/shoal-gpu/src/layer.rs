@@ -34,6 +34,19 @@ pub struct Rope<'a> {
     /// Linear position scale (1 without scaling).
     pub freq_scale: f32,
     pub factors: Option<&'a GpuVec>,
+    /// YaRN scaling (gpt-oss), when the model has it.
+    pub yarn: Option<RopeYarn>,
+}
+
+/// YaRN's part of a [`Rope`] (ggml's `rope_yarn`, shoal-model's `Yarn`), what the kernel needs
+/// once the host has worked it out: pairs below the correction range `corr` (pair indices) keep
+/// their unscaled angle, those above it take `freq_scale ·` it, the range between ramps linearly
+/// by `ext_factor` (0: every pair scaled); cos and sin are multiplied by `mscale`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeYarn {
+    pub ext_factor: f32,
+    pub mscale: f32,
+    pub corr: [f32; 2],
 }
 
 /// The shape of a [`GpuKvCache`].
@@ -227,6 +240,7 @@ impl Commands<'_> {
             theta,
             freq_scale,
             factors,
+            yarn,
         } = rope;
         if dims == 0 || dims % 2 == 1 || dims > head_dim {
             return Err(shape_err(format!(
@@ -268,22 +282,19 @@ impl Commands<'_> {
             rows as u32,
             u32_of("stride", stride)?,
             u32::from(list.is_some()),
+            u32::from(yarn.is_some()),
+            yarn.map_or(0.0, |y| y.ext_factor).to_bits(),
+            yarn.map_or(1.0, |y| y.mscale).to_bits(),
+            yarn.map_or(0.0, |y| y.corr[0]).to_bits(),
+            yarn.map_or(0.0, |y| y.corr[1]).to_bits(),
         ]);
         let positions = self.gpu().storage_u32(list.unwrap_or(&[0]));
-        // Without factors the kernel never reads them; a one-value vector fills the binding.
-        let dummy;
-        let factors = match factors {
-            Some(f) => &f.buffer,
-            None => {
-                dummy = self.gpu().zeros(1)?;
-                &dummy.buffer
-            }
-        };
+        let factors = self.gpu().buffer_or_dummy(factors)?;
         let pairs = u32_of("pairs", rows * heads * dims / 2)?;
         self.dispatch(
             Kernel::Rope,
             WG,
-            &[&params, &x.buffer, factors, &positions],
+            &[&params, &x.buffer, &factors, &positions],
             pairs.div_ceil(WG),
         )
     }
@@ -390,7 +401,25 @@ impl Commands<'_> {
         at: Attend,
         out: &GpuVec,
     ) -> Result<(), GpuError> {
+        self.attention_rows_sinks(cache, (q, q_off, q_stride), rows, at, None, out)
+    }
+
+    /// [`Commands::attention_rows`] with attention sinks (gpt-oss): `sinks` holds one logit per
+    /// query head, which joins each head's softmax maximum and denominator but weights no value
+    /// (shoal-kernels' `attend_f16_sinks`); `None`: none. The query rows are `(q, q_off, q_stride)`.
+    pub fn attention_rows_sinks(
+        &mut self,
+        cache: &GpuKvCache,
+        (q, q_off, q_stride): (&GpuVec, usize, usize),
+        rows: usize,
+        at: Attend,
+        sinks: Option<&GpuVec>,
+        out: &GpuVec,
+    ) -> Result<(), GpuError> {
         let s = cache.shape;
+        if let Some(sk) = sinks {
+            same_len("attention sinks", sk.len(), s.n_heads)?;
+        }
         let qd = s.n_heads * s.head_dim;
         let end = at.pos + rows;
         let q_need = match rows {
@@ -457,9 +486,19 @@ impl Commands<'_> {
             score_scale.to_bits(),
             u32_of("q stride", q_stride)?,
             qd as u32,
+            u32::from(sinks.is_some()),
         ]);
         let wg = WG.min(self.gpu().row_workgroup());
-        let buffers = [&params, &q.buffer, &cache.k, &cache.v, scores, &out.buffer];
+        let sinks = self.gpu().buffer_or_dummy(sinks)?;
+        let buffers = [
+            &params,
+            &q.buffer,
+            &cache.k,
+            &cache.v,
+            scores,
+            &out.buffer,
+            &sinks,
+        ];
         let numbered: Vec<_> = (0u32..).zip(buffers).collect();
         let grid = (s.n_heads as u32, u32_of("rows", rows)?);
         self.dispatch_grid(Kernel::Attention, &[("WG", wg)], &numbered, grid)

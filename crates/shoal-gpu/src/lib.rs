@@ -21,20 +21,22 @@
 //! - [`Commands`] records kernels into one command buffer: [`Commands::matvec`] (decode's
 //!   matrix-vector product, f32 in and out, workgroup size and rows per workgroup as WGSL override
 //!   constants via [`MatvecConfig`], no subgroup width assumed), [`Commands::rms_norm`] and
-//!   [`Commands::swiglu`] (the SiLU-gated product of a decoder layer's MLP), [`Commands::add`]
+//!   [`Commands::swiglu`] (the SiLU-gated product of a decoder layer's MLP; gpt-oss's clamped one
+//!   is [`Commands::swiglu_oai`]), [`Commands::add`]
 //!   (the residual add), [`Commands::matmat`] (prefill's and batches' `Y = X · Wᵀ`, tiled: a
 //!   workgroup dequantizes a tile of weight rows once per 32 values of k into workgroup memory
 //!   and multiplies it with a tile of X's rows; tile sizes as override constants via
 //!   [`MatmatConfig`]).
 //! - The attention half of a decode step (`layer`): [`Commands::rope`] rotates heads in place
 //!   for one position ([`Rope`]: interleaved/"normal" for Llama and Mistral, NEOX for Qwen,
-//!   Gemma and Phi-3; base, linear scale, partial `dims`, frequency factors; the angle computed
-//!   with the CPU's f32 operations); [`GpuKvCache`] (from [`Gpu::kv_cache`]) holds f16 keys and
+//!   Gemma and Phi-3; base, linear scale, partial `dims`, frequency factors, YaRN ([`RopeYarn`]:
+//!   gpt-oss); the angle computed with the CPU's f32 operations); [`GpuKvCache`] (from [`Gpu::kv_cache`]) holds f16 keys and
 //!   values `[layer][pos][kv_head][head_dim]`, two per u32, written by [`Commands::kv_write`]
 //!   (one position) or [`Commands::kv_write_rows`] (a chunk's consecutive positions from fused
 //!   QKV rows, one dispatch); [`Commands::attention`] is decode attention of one query over it
 //!   (grouped-query heads, either scale convention, a sliding window; llama.cpp's CPU numerics:
-//!   f16 query, f16-rounded softmax weights), one workgroup per query head;
+//!   f16 query, f16-rounded softmax weights; attention sinks through
+//!   [`Commands::attention_rows_sinks`]: gpt-oss), one workgroup per query head;
 //!   [`Commands::attention_rows`] is causal attention of a prefill chunk (row `r` at position
 //!   `pos + r` attends to positions up to its own, within the window), one workgroup per (query
 //!   head, row), each row bitwise what decode attention gives at its position, as shoal-model's
@@ -78,7 +80,8 @@
 //! Not here yet: a split-K attention for long contexts (one workgroup per (head, row) reads
 //! every key).
 //!
-//! Tests (tests/kernels.rs, tests/matmat.rs, tests/prefill_attention.rs, tests/moe.rs; helpers in
+//! Tests (tests/kernels.rs, tests/matmat.rs, tests/prefill_attention.rs, tests/moe.rs,
+//! tests/gpt_oss.rs; helpers in
 //! tests/common) compare every kernel against the CPU path on lavapipe at small and odd shapes;
 //! they fail when no adapter exists unless `SHOAL_GPU_TESTS=skip`.
 
@@ -98,7 +101,7 @@ mod probe;
 pub use buffer::GpuVec;
 pub use device::{Gpu, GpuInfo, OpenOptions};
 pub use error::GpuError;
-pub use layer::{Attend, GpuKvCache, KvShape, Rope, RopeMode};
+pub use layer::{Attend, GpuKvCache, KvShape, Rope, RopeMode, RopeYarn};
 pub use matmat::MatmatConfig;
 pub use matrix::GpuMatrix;
 pub use memory::GpuMemory;

@@ -90,15 +90,8 @@ impl Commands<'_> {
             r.scale.to_bits(),
             u32::from(bias.is_some()),
         ]);
-        let dummy;
-        let bias = match bias {
-            Some(b) => &b.buffer,
-            None => {
-                dummy = self.gpu().zeros(1)?;
-                &dummy.buffer
-            }
-        };
-        let buffers = [&params, &logits.buffer, bias, &ids.buffer, &weights.buffer];
+        let bias = self.gpu().buffer_or_dummy(bias)?;
+        let buffers = [&params, &logits.buffer, &bias, &ids.buffer, &weights.buffer];
         let groups = (tokens as u32).div_ceil(WG);
         self.dispatch(Kernel::MoeRoute, WG, &buffers, groups)
     }
@@ -147,14 +140,7 @@ impl Commands<'_> {
             &[("WG", wg), ("ROWS", rows)],
         )?;
         let layout = pipeline.get_bind_group_layout(0);
-        let dummy;
-        let bias_buf = match bias {
-            Some(b) => &b.buffer,
-            None => {
-                dummy = self.gpu().zeros(1)?;
-                &dummy.buffer
-            }
-        };
+        let bias_buf = self.gpu().buffer_or_dummy(bias)?;
         let tables = match experts.qtype().is_iq() {
             true => Some(self.gpu().iq_tables()?),
             false => None,
@@ -183,7 +169,7 @@ impl Commands<'_> {
                 entry(2, &y.buffer),
                 entry(3, &chunk.weights),
                 entry(5, &ids.buffer),
-                entry(6, bias_buf),
+                entry(6, &bias_buf),
             ];
             if let Some(s) = &chunk.scales {
                 entries.push(entry(4, s));

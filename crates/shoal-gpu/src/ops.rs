@@ -68,6 +68,15 @@ impl Gpu {
             })
     }
 
+    /// The buffer of `v`, or of a new one-value vector for a kernel's optional input that it then
+    /// never reads (the binding must be filled).
+    pub(crate) fn buffer_or_dummy(&self, v: Option<&GpuVec>) -> Result<wgpu::Buffer, GpuError> {
+        Ok(match v {
+            Some(v) => v.buffer.clone(),
+            None => self.zeros(1)?.buffer,
+        })
+    }
+
     /// A uniform buffer of `words` (zero-padded to a multiple of 16 bytes).
     pub(crate) fn uniform(&self, words: &[u32]) -> wgpu::Buffer {
         let mut bytes: Vec<u8> = words.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -202,6 +211,12 @@ impl<'g> Commands<'g> {
     /// (shoal-model's `geglu`: input and result rounded to f16, exact outside ±10).
     pub fn geglu(&mut self, gate: &GpuVec, up: &GpuVec, y: &GpuVec) -> Result<(), GpuError> {
         self.gated(gate, up, y, 1)
+    }
+
+    /// `y = g · sigmoid(1.702 · g) · (u + 1)` with `g = min(gate, 7)`, `u = clamp(up, -7, 7)`,
+    /// elementwise: gpt-oss's clamped SwiGLU (shoal-model's `swiglu_oai`).
+    pub fn swiglu_oai(&mut self, gate: &GpuVec, up: &GpuVec, y: &GpuVec) -> Result<(), GpuError> {
+        self.gated(gate, up, y, 2)
     }
 
     fn gated(&mut self, gate: &GpuVec, up: &GpuVec, y: &GpuVec, gelu: u32) -> Result<(), GpuError> {

@@ -451,6 +451,7 @@ fn rope_matches_the_cpu() {
             theta,
             freq_scale,
             factors: with_factors.then_some(&gf),
+            yarn: None,
         };
         for pos in [0, 1, 17, 1000, 4095, 32_767] {
             let x = random_vec(&mut rng, heads * hd + 3, -2.0, 2.0);

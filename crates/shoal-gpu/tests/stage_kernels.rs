@@ -23,6 +23,7 @@ fn rope_over_rows_equals_rope_of_each_row() {
             theta: 10_000.0,
             freq_scale: 1.0,
             factors: None,
+            yarn: None,
         };
         let x = random_vec(&mut rng, 2 + rows * stride, -2.0, 2.0);
         let positions = [0u32, 7, 8, 300];

@@ -9,6 +9,8 @@
 // max(0, pos + 1 - window) for a sliding window); softmax subtracts the max, exponentiates,
 // multiplies by 1 / sum and rounds the weights to f16; each output value is a chain of fused
 // multiply-adds over the keys in order.
+// With attention sinks (has_sinks: gpt-oss) query head h's sink logit sinks[h] joins the softmax's
+// maximum and denominator but weights no value (shoal-kernels' attend_f16_sinks).
 // The scores go through a scratch buffer of [rows][n_heads][stride] f32, indexed from `first`.
 override WG: u32 = 64u;
 
@@ -25,6 +27,7 @@ struct Params {
     score_scale: f32,
     q_stride: u32,   // values from one row's query to the next's in q
     out_stride: u32, // values from one row's output to the next's (n_heads × head_dim)
+    has_sinks: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -33,6 +36,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read> vc: array<u32>;
 @group(0) @binding(4) var<storage, read_write> scores: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<storage, read> sinks: array<f32>;
 
 // head_dim ≤ 256 (checked by the host).
 var<workgroup> qh: array<f32, 256>;
@@ -79,13 +83,18 @@ fn main(
         m = max(m, s);
     }
     m = group_max(lid, WG, m);
+    var sink_e = 0.0;
+    if (params.has_sinks != 0u) {
+        m = max(m, sinks[h]);
+        sink_e = exp(sinks[h] - m);
+    }
     var l = 0.0;
     for (var j = first + lid; j < len; j += WG) {
         let e = exp(scores[sbase + j - first] - m);
         scores[sbase + j - first] = e;
         l += e;
     }
-    let inv = 1.0 / group_sum(lid, WG, l);
+    let inv = 1.0 / (group_sum(lid, WG, l) + sink_e);
     for (var j = first + lid; j < len; j += WG) {
         scores[sbase + j - first] = round_f16(scores[sbase + j - first] * inv);
     }

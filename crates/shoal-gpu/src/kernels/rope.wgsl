@@ -6,7 +6,10 @@
 // the same f32 operations: pos multiplied i times by theta_scale = theta^(-2 / dims), divided by
 // the pair's frequency factor (when given), times freq_scale. It is then reduced to [-π, π] with
 // 2π in three parts (exact products for |angle| up to ~5·10⁴) before sin and cos, whose
-// accuracy the WGSL spec only promises in that range.
+// accuracy the WGSL spec only promises in that range. With YaRN (has_yarn; ggml's `rope_yarn`, as
+// shoal-model's `Yarn::angle`): the angle is the scaled one ramped towards the unscaled one by
+// ext_factor over the correction range [corr0, corr1] of pair indices, and cos and sin are
+// multiplied by mscale (computed by the host).
 
 struct Params {
     n_heads: u32,
@@ -21,6 +24,11 @@ struct Params {
     rows: u32,
     stride: u32,
     has_positions: u32,
+    has_yarn: u32,
+    ext_factor: f32,
+    mscale: f32,
+    corr0: f32,
+    corr1: f32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -54,11 +62,20 @@ fn run(id: u32) {
     if (params.has_factors != 0u) {
         angle = angle / factors[i];
     }
-    let theta = params.freq_scale * angle;
+    var theta = params.freq_scale * angle;
+    var m = 1.0;
+    if (params.has_yarn != 0u) {
+        m = params.mscale;
+        if (params.ext_factor != 0.0) {
+            let y = (f32(i) - params.corr0) / max(params.corr1 - params.corr0, 0.001);
+            let ramp = (1.0 - clamp(y, 0.0, 1.0)) * params.ext_factor;
+            theta = theta * (1.0 - ramp) + angle * ramp;
+        }
+    }
     let k = round(theta * INV_TWO_PI);
     let r = ((theta - k * C1) - k * C2) - k * C3;
-    let c = cos(r);
-    let s = sin(r);
+    let c = cos(r) * m;
+    let s = sin(r) * m;
     let base = params.offset + row * params.stride + head * params.head_dim;
     var j0 = base + 2u * i;
     var j1 = j0 + 1u;
