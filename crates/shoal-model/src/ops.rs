@@ -93,7 +93,7 @@ pub struct Yarn {
 
 impl Yarn {
     /// The correction range `[low, high]` in pair indices (ggml's `ggml_rope_yarn_corr_dims`).
-    fn corr_dims(&self, dims: usize, base: f32) -> [f32; 2] {
+    pub(crate) fn corr_dims(&self, dims: usize, base: f32) -> [f32; 2] {
         let n = dims as f32;
         let corr = |rot: f32| {
             n * (self.orig_ctx as f32 / (rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln())
@@ -105,7 +105,13 @@ impl Yarn {
     }
 
     /// `(angle, cos/sin scale)` of pair `i` whose unscaled angle is `extrap`.
-    fn angle(&self, extrap: f32, freq_scale: f32, corr: [f32; 2], i: usize) -> (f32, f32) {
+    pub(crate) fn angle(
+        &self,
+        extrap: f32,
+        freq_scale: f32,
+        corr: [f32; 2],
+        i: usize,
+    ) -> (f32, f32) {
         let interp = freq_scale * extrap;
         if self.ext_factor == 0.0 {
             return (interp, self.attn_factor);

@@ -6,11 +6,11 @@
 //! stacked expert matrices of each projection multiplied per (token, slot) by the expert its id
 //! names (`matvec_id`, with each expert's bias rows) → the gated product → `down` → the slots
 //! weighted and added in expert order, plus the shared expert (gated by
-//! `sigmoid(ffn_gate_inp_shexp · x)`, or ungated as GLM-4.5's). Prefill takes the same per-pair path
-//! (correct; not grouped by expert as the CPU's prefill is).
+//! `sigmoid(ffn_gate_inp_shexp · x)`, or ungated as GLM-4.5's). gpt-oss's experts: the router's
+//! bias, top-k then softmax, each expert's bias rows, the clamped SwiGLU, MXFP4 matrices. Prefill
+//! takes the same per-pair path (correct; not grouped by expert as the CPU's prefill is).
 //!
-//! Not on the GPU: group-limited routing (DeepSeek V3) and gpt-oss's clamped SwiGLU; their files
-//! are refused at load.
+//! Not on the GPU: group-limited routing (DeepSeek V3); its files are refused at load.
 
 use shoal_gpu::{Commands, Gpu, GpuMatrix, GpuVec, MoeGating, MoeRouting};
 use shoal_kernels::{QMatrix, QType};
@@ -89,12 +89,7 @@ fn gated(
     match act {
         Activation::Silu => cmd.swiglu(gate, up, y)?,
         Activation::GeluTanh => cmd.geglu(gate, up, y)?,
-        // Only gpt-oss's experts use it, and the GPU stage refuses their files at load.
-        Activation::SwigluOai => {
-            return Err(ModelError::Unsupported(
-                "gpt-oss's clamped SwiGLU on the GPU".into(),
-            ));
-        }
+        Activation::SwigluOai => cmd.swiglu_oai(gate, up, y)?,
     }
     Ok(())
 }

@@ -168,11 +168,12 @@ impl GpuDecoderStage {
                     window: if blk.local { c.arch.sliding_window } else { 0 },
                     query_scale: c.arch.query_scale,
                 };
+                let sinks = blk.sinks.as_ref();
                 if seqs.len() == 1 {
-                    cmd.attention_rows(cache, &q, 0, qd, t, at, &attn)?;
+                    cmd.attention_rows_sinks(cache, (&q, 0, qd), t, at, sinks, &attn)?;
                 } else {
                     let one = s.get("attn of a sequence", t * qd)?;
-                    cmd.attention_rows(cache, &q, start * qd, qd, t, at, &one)?;
+                    cmd.attention_rows_sinks(cache, (&q, start * qd, qd), t, at, sinks, &one)?;
                     cmd.copy_rows(&one, (0, 0), &attn, (start * qd, 0), 1, t * qd)?;
                 }
                 start += t;

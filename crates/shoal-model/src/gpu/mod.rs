@@ -11,8 +11,9 @@
 //! want them (sampling stays on the host), pooled rows computed on the host from the final hidden
 //! states exactly as the CPU stage pools them. One command buffer per batch; the layer chain is
 //! in `layers`, the feed-forward (dense, or routed experts with their device routing: qwen3moe,
-//! qwen2moe, glm4moe) in `ffn`. Refused at load, by name, with a pointer to `--device cpu`: latent
-//! attention (deepseek2), attention sinks and YaRN rope (gpt-oss), group-limited routing.
+//! qwen2moe, glm4moe, gpt-oss) in `ffn`; gpt-oss's attention sinks and YaRN rope are the attention
+//! and rope kernels' options. Refused at load, by name, with a pointer to `--device cpu`: latent
+//! attention (deepseek2) and group-limited routing.
 //!
 //! Numerics: activations stay f32 into every matrix product (the CPU path quantizes them to 8
 //! bits as ggml does), so logits differ from the CPU's by that rounding; attention follows
@@ -24,7 +25,7 @@ mod layers;
 
 use std::sync::Arc;
 
-use shoal_gpu::{Gpu, GpuMatrix, GpuVec, KvShape, Rope, RopeMode};
+use shoal_gpu::{Gpu, GpuMatrix, GpuVec, KvShape, Rope, RopeMode, RopeYarn};
 use shoal_kernels::QMatrix;
 
 pub use kv::GpuKv;
@@ -55,6 +56,8 @@ struct GpuBlock {
     q_norm: Option<GpuVec>,
     k_norm: Option<GpuVec>,
     wo: GpuLinear,
+    /// Attention sinks (gpt-oss): one logit per query head.
+    sinks: Option<GpuVec>,
     post_attn_norm: Option<GpuVec>,
     ffn_norm: GpuVec,
     ffn: GpuFfn,
@@ -75,6 +78,16 @@ impl GpuRope {
     }
 
     fn rope(&self, head_dim: usize) -> Rope<'_> {
+        let spec = &self.spec;
+        let yarn = spec.yarn.map(|y| {
+            let corr = y.corr_dims(spec.dims, spec.theta);
+            RopeYarn {
+                ext_factor: y.ext_factor,
+                // The cos/sin scale is the same for every pair.
+                mscale: y.angle(0.0, spec.freq_scale, corr, 0).1,
+                corr,
+            }
+        });
         Rope {
             mode: match self.spec.style {
                 RopeStyle::Interleaved => RopeMode::Interleaved,
@@ -85,6 +98,7 @@ impl GpuRope {
             theta: self.spec.theta,
             freq_scale: self.spec.freq_scale,
             factors: self.factors.as_ref(),
+            yarn,
         }
     }
 }
@@ -170,19 +184,13 @@ impl GpuDecoderStage {
                     cfg.architecture
                 )));
             }
-            if b.sinks.is_some() || cfg.arch.yarn.is_some() {
-                return Err(ModelError::Unsupported(format!(
-                    "attention sinks and YaRN rope ({}) on the GPU; run this model on the CPU \
-                     (--device cpu)",
-                    cfg.architecture
-                )));
-            }
             blocks.push(GpuBlock {
                 attn_norm: upload_norm(gguf, gpu, &b.attn_norm)?,
                 qkv: load_linear(gguf, gpu, &b.qkv)?,
                 q_norm: upload_opt_norm(gguf, gpu, &b.q_norm)?,
                 k_norm: upload_opt_norm(gguf, gpu, &b.k_norm)?,
                 wo: load_linear(gguf, gpu, &b.wo)?,
+                sinks: upload_opt_norm(gguf, gpu, &b.sinks)?,
                 post_attn_norm: upload_opt_norm(gguf, gpu, &b.post_attn_norm)?,
                 ffn_norm: upload_norm(gguf, gpu, &b.ffn_norm)?,
                 ffn: GpuFfn::load(gguf, gpu, &b.ffn, &cfg.architecture)?,

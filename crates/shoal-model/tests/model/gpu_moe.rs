@@ -1,11 +1,13 @@
-//! Mixture-of-experts layers on a GPU stage (lavapipe in CI): the synthetic `qwen3moe`, `qwen2moe`
-//! and `glm4moe` fixtures (routed experts, a sigmoid-gated shared expert, sigmoid routing with a
-//! selection bias, a leading dense layer, an ungated shared expert) against the CPU stage of the
-//! same file, teacher-forced over the fixture's prompt and then greedily; a prompt prefilled in
-//! one batch against the same prompt one token at a time; and a hybrid split (the first layer on
-//! the GPU, the rest on the CPU). Their llama.cpp comparison is `synthetic.rs`'s GPU test; the
-//! families still refused on the GPU (latent attention, attention sinks) are in `moe.rs`. These
-//! fail when no GPU adapter exists unless `SHOAL_GPU_TESTS=skip`.
+//! Mixture-of-experts layers on a GPU stage (lavapipe in CI): the synthetic `qwen3moe`, `qwen2moe`,
+//! `glm4moe` and `gpt-oss` fixtures (routed experts, a sigmoid-gated shared expert, sigmoid routing
+//! with a selection bias, a leading dense layer, an ungated shared expert; gpt-oss's router and
+//! expert biases, top-k-then-softmax routing, clamped SwiGLU, MXFP4 experts, attention sinks,
+//! sliding-window layers and YaRN rope) against the CPU stage of the same file, teacher-forced over
+//! the fixture's prompt and then greedily; a prompt prefilled in one batch against the same prompt
+//! one token at a time; and a hybrid split (the first layers on the GPU, the rest on the CPU). Their
+//! llama.cpp comparison is `synthetic.rs`'s GPU test; the family still refused on the GPU (latent
+//! attention: deepseek2) is in `moe.rs`. These fail when no GPU adapter exists unless
+//! `SHOAL_GPU_TESTS=skip`.
 
 use std::path::PathBuf;
 
@@ -16,8 +18,25 @@ use crate::common::{Model, argmax, gpu, greedy, ids, load_from, load_gpu, load_w
 use crate::gpu_iq::{TOLERANCE, logits_against_cpu};
 use crate::synthetic::fixtures;
 
+/// gpt-oss's tolerance against the CPU (or llama.cpp) on the GPU: its router picks 2 of 4 experts by
+/// raw logits, and at two positions of the fixture's prompt (16 and 18) the runners-up nearly tie,
+/// so any rounding difference upstream swaps an expert there: shoal's CPU path itself is 0.063 and
+/// 0.045 from llama.cpp at those positions (0.013–0.037 elsewhere), the GPU (f32 activations) 0.10
+/// from the CPU at position 16 and 0.11 from llama.cpp at 18 (0.015–0.045 elsewhere). Without the
+/// sinks, YaRN, the clamp or the down experts' biases the GPU fails `routed_experts_on_the_gpu_*`
+/// (checked by breaking each: a decisive top token differs, or 0.137 for the biases).
+pub const GPT_OSS_TOLERANCE: f32 = 0.12;
+
+/// The tolerance of the fixture of `arch` on the GPU against the CPU or llama.cpp.
+pub fn gpu_tolerance(arch: &str) -> f32 {
+    match arch {
+        "gpt-oss" => GPT_OSS_TOLERANCE,
+        _ => TOLERANCE,
+    }
+}
+
 /// The families whose experts run on the GPU.
-pub const GPU_MOE: [&str; 3] = ["glm4moe", "qwen2moe", "qwen3moe"];
+pub const GPU_MOE: [&str; 4] = ["glm4moe", "gpt-oss", "qwen2moe", "qwen3moe"];
 
 fn gpu_moe_fixtures() -> Vec<(PathBuf, serde_json::Value, usize)> {
     let out: Vec<_> = fixtures()
@@ -29,7 +48,7 @@ fn gpu_moe_fixtures() -> Vec<(PathBuf, serde_json::Value, usize)> {
             (p, r, n)
         })
         .collect();
-    assert_eq!(out.len(), 3, "one fixture per family");
+    assert_eq!(out.len(), 4, "one fixture per family");
     out
 }
 
@@ -43,7 +62,7 @@ fn routed_experts_on_the_gpu_follow_the_cpu_stage() {
         let on_gpu = load_gpu(&path, &[(0, n)], &gpu);
         let mut kv = vec![on_gpu[0].new_kv()];
         let worst = logits_against_cpu(&path, &prompt, |t| step(&on_gpu, &mut kv, &[t]), &name);
-        if worst > TOLERANCE {
+        if worst > gpu_tolerance(r["arch"].as_str().unwrap_or("")) {
             failures.push(format!(
                 "{name}: worst relative logit difference {worst:.4}"
             ));
@@ -121,7 +140,8 @@ fn a_hybrid_split_runs_the_first_moe_layer_on_the_gpu_and_the_rest_on_the_cpu() 
             },
             &name,
         );
-        assert!(worst <= TOLERANCE, "{name}: {worst:.4}");
+        let tol = gpu_tolerance(r["arch"].as_str().unwrap_or(""));
+        assert!(worst <= tol, "{name}: {worst:.4}");
     }
 }
 
