@@ -36,17 +36,10 @@ pub(super) fn for_each_tile(
 /// Prefetches the `bytes` of a group block [`PREFETCH_BYTES`] past `wb` (touches no memory).
 #[inline(always)]
 pub(super) unsafe fn prefetch_group(wb: *const u8, bytes: usize) {
-    // SAFETY: as `prefetch_group_at`.
-    unsafe { prefetch_group_at(wb, bytes, PREFETCH_BYTES) }
-}
-
-/// Prefetches the `bytes` of a group block `ahead` bytes past `wb` (touches no memory).
-#[inline(always)]
-pub(super) unsafe fn prefetch_group_at(wb: *const u8, bytes: usize, ahead: usize) {
     let mut o = 0;
     while o < bytes {
         // SAFETY: prefetching touches no memory.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(ahead + o).cast()) };
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH_BYTES + o).cast()) };
         o += 64;
     }
 }

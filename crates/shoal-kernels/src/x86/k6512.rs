@@ -29,7 +29,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::group::{for_each_tile, prefetch_group_at};
+use super::group::{for_each_tile, prefetch_group};
 use super::k512::act_rows;
 use crate::format::{GROUP, Q6_K_GROUP_BYTES, QK_K};
 use crate::gemm::Gemm;
@@ -37,10 +37,6 @@ use crate::gemm::Gemm;
 /// Activation rows per tile (one integer accumulator per row and lane in registers; the float
 /// lanes are touched once per super-block).
 const TILE: usize = 4;
-
-/// How far ahead in the weight stream to prefetch (bytes): three group super-blocks (measured on
-/// the 32768 × 1024 head at m = 1, one thread: 0.89 ms against 0.93 with 4 KB, as `k512` takes).
-const AHEAD: usize = 3 * Q6_K_GROUP_BYTES;
 
 /// Where the scales, high bits and nibbles start in a group super-block.
 const SC: usize = 32;
@@ -145,7 +141,7 @@ unsafe fn tile<const T: usize>(g: &Gemm<'_>, w: *const u8, grp: usize, r0: usize
         unsafe {
             let wb = w.add(b * Q6_K_GROUP_BYTES);
             if r0 == 0 {
-                prefetch_group_at(wb, Q6_K_GROUP_BYTES, AHEAD);
+                prefetch_group(wb, Q6_K_GROUP_BYTES);
             }
             scales(wb, &mut sc, &mut bias);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(wb.cast()));
