@@ -37,6 +37,9 @@ pub struct MoeRouting {
     pub norm_weights: bool,
     /// Factor on the chosen weights.
     pub scale: f32,
+    /// Group-limited routing (DeepSeek V3): (groups, groups used); none when groups ≤ 1 or every
+    /// group is used. At most 32 groups.
+    pub groups: (usize, usize),
 }
 
 fn u32_of(what: &str, v: usize) -> Result<u32, GpuError> {
@@ -48,7 +51,8 @@ impl Commands<'_> {
     /// the softmax or sigmoid scores) and the optional selection `bias` (`experts`, added only to
     /// choose) give each token's `r.used` expert ids (`ids`, `tokens × used`, u32 bit patterns in
     /// a [`GpuVec`], sorted ascending per token) and weights (`weights`, same shape), exactly as
-    /// shoal-model's host routing chooses them (first index on a tie).
+    /// shoal-model's host routing chooses them (first index on a tie; group-limited when
+    /// `r.groups` says so).
     pub fn moe_route(
         &mut self,
         logits: &GpuVec,
@@ -61,6 +65,14 @@ impl Commands<'_> {
             return Err(GpuError::Config(format!(
                 "routing to {} of {} experts: need 1..=min(64, experts)",
                 r.used, r.experts
+            )));
+        }
+        let (groups, used) = r.groups;
+        if groups > 32 || (groups > 1 && (used == 0 || !r.experts.is_multiple_of(groups))) {
+            return Err(GpuError::Config(format!(
+                "{used} of {groups} expert groups of {} experts: need at most 32 groups, dividing \
+                 the experts, one used at least",
+                r.experts
             )));
         }
         if !logits.len().is_multiple_of(r.experts) {
@@ -89,6 +101,8 @@ impl Commands<'_> {
             u32::from(r.norm_weights),
             r.scale.to_bits(),
             u32::from(bias.is_some()),
+            groups as u32,
+            used as u32,
         ]);
         let bias = self.gpu().buffer_or_dummy(bias)?;
         let buffers = [&params, &logits.buffer, &bias, &ids.buffer, &weights.buffer];

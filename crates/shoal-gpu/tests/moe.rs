@@ -1,6 +1,7 @@
 //! The mixture-of-experts kernels against host computations: the id-indexed matrix-vector product
 //! (every format, stacked experts chunked at expert boundaries, expert biases, shared or per-pair
-//! input rows), the device routing (each gating, selection bias, renormalisation, scale, ties) and
+//! input rows), the device routing (each gating, selection bias, renormalisation, scale, ties,
+//! group-limited top-k) and
 //! the weighted combination with a shared expert. They fail with no adapter unless
 //! `SHOAL_GPU_TESTS=skip`.
 
@@ -150,10 +151,27 @@ fn host_route(logits: &[f32], bias: Option<&[f32]>, r: MoeRouting) -> Vec<(u32, 
         MoeGating::TopKThenSoftmax => {}
     }
     let select = |e: usize| l[e] + bias.map_or(0.0, |b| b[e]);
+    // Group-limited: the groups whose two best scores sum highest, first group on a tie.
+    let (groups, used) = r.groups;
+    let per = l.len() / groups.max(1);
+    let open: Vec<bool> = if groups > 1 && used < groups {
+        let group_score = |g: usize| {
+            let mut s: Vec<f32> = (g * per..(g + 1) * per).map(select).collect();
+            s.sort_by(|a, b| b.total_cmp(a));
+            s.iter().take(2).sum::<f32>()
+        };
+        let mut order: Vec<usize> = (0..groups).collect();
+        order.sort_by(|&a, &b| group_score(b).total_cmp(&group_score(a)).then(a.cmp(&b)));
+        (0..l.len())
+            .map(|e| order[..used].contains(&(e / per)))
+            .collect()
+    } else {
+        vec![true; l.len()]
+    };
     let mut chosen: Vec<usize> = Vec::new();
     for _ in 0..r.used {
         let best = (0..l.len())
-            .filter(|e| !chosen.contains(e))
+            .filter(|&e| open[e] && !chosen.contains(&e))
             .fold(None, |best: Option<usize>, e| match best {
                 Some(b) if select(e) <= select(b) => Some(b),
                 _ => Some(e),
@@ -189,20 +207,25 @@ fn device_routing_chooses_the_host_s_experts_and_weights() {
     logits[n + 7] = 4.0;
     let bias = random_vec(&mut rng, n, -0.5, 0.5);
     let cases = [
-        (MoeGating::SoftmaxThenTopK, true, 1.0, false, 4),
-        (MoeGating::SoftmaxThenTopK, false, 1.0, false, 2),
-        (MoeGating::TopKThenSoftmax, false, 1.0, false, 3),
-        (MoeGating::Sigmoid, true, 2.5, true, 4),
-        (MoeGating::Sigmoid, false, 1.0, true, 1),
-        (MoeGating::SoftmaxThenTopK, true, 1.0, false, 12),
+        (MoeGating::SoftmaxThenTopK, true, 1.0, false, 4, (0, 0)),
+        (MoeGating::SoftmaxThenTopK, false, 1.0, false, 2, (0, 0)),
+        (MoeGating::TopKThenSoftmax, false, 1.0, false, 3, (0, 0)),
+        (MoeGating::Sigmoid, true, 2.5, true, 4, (0, 0)),
+        (MoeGating::Sigmoid, false, 1.0, true, 1, (0, 0)),
+        (MoeGating::SoftmaxThenTopK, true, 1.0, false, 12, (0, 0)),
+        // Group-limited (DeepSeek V3): 4 groups of 3, the best 2 (or 1) open; all 4: no limit.
+        (MoeGating::Sigmoid, true, 2.5, true, 3, (4, 2)),
+        (MoeGating::SoftmaxThenTopK, false, 1.0, false, 2, (4, 1)),
+        (MoeGating::Sigmoid, true, 1.0, true, 4, (4, 4)),
     ];
-    for (gating, norm_weights, scale, with_bias, used) in cases {
+    for (gating, norm_weights, scale, with_bias, used, groups) in cases {
         let r = MoeRouting {
             experts: n,
             used,
             gating,
             norm_weights,
             scale,
+            groups,
         };
         let gl = gpu.upload(&logits).unwrap();
         let gb = gpu.upload(&bias).unwrap();
@@ -225,7 +248,7 @@ fn device_routing_chooses_the_host_s_experts_and_weights() {
             let row = &logits[t * n..(t + 1) * n];
             let mut want = host_route(row, with_bias.then_some(&bias[..]), r);
             want.sort_by_key(|p| p.0);
-            let case = format!("{gating:?} norm {norm_weights} k {used} token {t}");
+            let case = format!("{gating:?} norm {norm_weights} k {used} {groups:?} token {t}");
             let got: Vec<u32> = got_ids[t * used..(t + 1) * used].to_vec();
             assert_eq!(got, want.iter().map(|p| p.0).collect::<Vec<_>>(), "{case}");
             for (s, &(_, w)) in want.iter().enumerate() {
@@ -257,11 +280,19 @@ fn device_routing_chooses_the_host_s_experts_and_weights() {
         gating: MoeGating::Sigmoid,
         norm_weights: false,
         scale: 1.0,
+        groups: (0, 0),
     };
     assert!(
         cmd.moe_route(&z, None, r, &z, &z).is_err(),
         "k above the experts"
     );
+    let r = MoeRouting {
+        used: 2,
+        groups: (5, 2),
+        ..r
+    };
+    let why = "groups not dividing the experts";
+    assert!(cmd.moe_route(&z, None, r, &z, &z).is_err(), "{why}");
 }
 
 #[test]

@@ -10,7 +10,8 @@
 //! bias, top-k then softmax, each expert's bias rows, the clamped SwiGLU, MXFP4 matrices. Prefill
 //! takes the same per-pair path (correct; not grouped by expert as the CPU's prefill is).
 //!
-//! Not on the GPU: group-limited routing (DeepSeek V3); its files are refused at load.
+//! Group-limited routing (DeepSeek V3) is the routing kernel's too, but deepseek2's latent attention
+//! keeps those files off the GPU (`super::GpuDecoderStage::load` refuses them).
 
 use shoal_gpu::{Commands, Gpu, GpuMatrix, GpuVec, MoeGating, MoeRouting};
 use shoal_kernels::{QMatrix, QType};
@@ -139,10 +140,11 @@ impl GpuFfn {
 impl GpuMoe {
     fn load(g: &mut GgufFile, gpu: &Gpu, spec: &MoeSpec, arch: &str) -> Result<Self> {
         let e = spec.experts;
-        if e.groups > 1 && e.groups_used < e.groups {
+        if e.groups > 32 || (e.groups > 1 && !e.count.is_multiple_of(e.groups)) {
             return Err(ModelError::Unsupported(format!(
-                "group-limited expert routing ({arch}) on the GPU; run this model on the CPU \
-                 (--device cpu)"
+                "{} expert groups of {} experts ({arch}) on the GPU (at most 32, dividing the \
+                 experts); run this model on the CPU (--device cpu)",
+                e.groups, e.count
             )));
         }
         if e.used == 0 || e.used > e.count.min(64) {
@@ -188,6 +190,7 @@ impl GpuMoe {
                 },
                 norm_weights: e.routing.norm_weights,
                 scale: e.weights_scale,
+                groups: (e.groups, e.groups_used),
             },
             ff: e.ff,
         })

@@ -13,7 +13,7 @@
 //! in `layers`, the feed-forward (dense, or routed experts with their device routing: qwen3moe,
 //! qwen2moe, glm4moe, gpt-oss) in `ffn`; gpt-oss's attention sinks and YaRN rope are the attention
 //! and rope kernels' options. Refused at load, by name, with a pointer to `--device cpu`: latent
-//! attention (deepseek2) and group-limited routing.
+//! attention (deepseek2).
 //!
 //! Numerics: activations stay f32 into every matrix product (the CPU path quantizes them to 8
 //! bits as ggml does), so logits differ from the CPU's by that rounding; attention follows
