@@ -46,14 +46,18 @@
 //!   at 64 activation rows).
 //! - [`PackedMatrix`]: a matrix in the layout of the best backend (bytes behind an `Arc`: clones,
 //!   and with [`PackedMatrix::from_shared_rows`] other holders, share one copy). With AVX-512
-//!   VNNI, `Q4_1`/`Q8_0`/`Q4_K`/`Q5_K` rows are repacked into groups of 16 ([`Layout::Rows16`]) so one 512-bit
+//!   VNNI, `Q4_1`/`Q8_0`/`Q4_K`/`Q5_K`/`Q6_K` rows are repacked into groups of 16 ([`Layout::Rows16`]) so one 512-bit
 //!   `vpdpbusd` multiplies 16 rows by 4 broadcast activation bytes and each block needs one
 //!   conversion and FMA per activation row and 16 outputs (no horizontal sums); decoding weights
 //!   once per 8 activation rows. Measured on the dev VM: a whole decode token 1.9× the 256-bit
 //!   kernels at m = 1, 3.2× at m = 16, 4× at prefill sizes. `Q4_K`/`Q5_K` sum each super-block's
 //!   scaled sub-block products as exact integers per row (lane) and takes the same two float
 //!   steps as its other paths (bitwise equal to them): 1024 × 1024 at m = 1 1.5× the AVX-VNNI
-//!   kernel (35 vs 23 GB/s), 1.9× at m = 8, 2.7× at m = 64 (`Q5_K`: 1.16×, 1.8×, 3×). Every other format, and every format
+//!   kernel (35 vs 23 GB/s), 1.9× at m = 8, 2.7× at m = 64 (`Q5_K`: 1.16×, 1.8×, 3×). `Q6_K`
+//!   keeps its other paths' eight integer lanes per row and super-block (`vpmaddubsw` of 4 values
+//!   of 16 rows, `vpdpwssd` by each row's 16-value scale) and their float steps, so it is bitwise
+//!   equal to them too: 2048 × 2048 at m = 4 1.5×, at m = 16 2.1×, at m = 64 2.5× the AVX-VNNI
+//!   kernel; at m = 1 both stream at the dev VM's ~30 GB/s (the groups 0–10 % slower). Every other format, and every format
 //!   on the other backends, stays in GGUF rows; on that backend `IQ4_NL`, `IQ4_XS`, `IQ3_S`,
 //!   `IQ2_S` and `IQ1_M` run 512-bit kernels on them (two 32-value blocks or chunks per vector,
 //!   signs applied through masks; bitwise equal to the 256-bit kernels), the other IQ formats and
@@ -62,7 +66,9 @@
 //!   `q + 128` bytes in the 16-row lane layout; `IQ4_XS` 16 rows at a time in vectors, `IQ3_S`
 //!   with gathered grid rows) for the whole batch, `vpdpbusd` against broadcast activations, exact
 //!   integer sums corrected by the activations' block sums — bitwise equal to the scalar kernel;
-//!   `IQ4_NL` and `MXFP4` keep their 32-value kernels. [`PackedMatrix::dequantize_row`] reads a row back
+//!   `IQ4_NL` and `MXFP4` take `symtile` (16 GGUF rows decoded once per call into the same lane
+//!   layout, one `vpdpbusd` and float step per 4 values as their one-row kernels' lanes: bitwise
+//!   equal to them; 1.4–1.8× at m = 16 and 64). [`PackedMatrix::dequantize_row`] reads a row back
 //!   from either layout (a tied embedding looked up in the output head's matrix).
 //! - [`vec_dot`]: one weight row · one ggml activation row (`quantize_row_q8_1`/`_q8_0`/`_q8_k`),
 //!   dispatched to the best [`Backend`] for this CPU (detected once and cached: AVX-512 VNNI, AVX-VNNI,
@@ -98,8 +104,9 @@
 //! 3. the kernels: [`scalar`] (the reference: per-format decoders, dequantization, dots and the
 //!    scalar matmul rows) and `x86` (AVX2/AVX-VNNI: `kernels` for the 32-value formats, `kquants`
 //!    for the K-quants and `Q8_K` quantization, `iq` for the IQ formats, `plain` for
-//!    `F32`/`F16`/`BF16`; `avx512` for 16-row groups, `iq512` for the IQ formats' 512-bit
-//!    kernels, `iqtile` for their batched 16-row-lane kernel), plus [`math`] and [`attn`] on top of `x86`;
+//!    `F32`/`F16`/`BF16`; `avx512`, `k512` and `k6512` for 16-row groups over the loop of
+//!    `group`, `iq512` for the IQ formats' 512-bit kernels, `iqtile` and `symtile` for their
+//!    batched 16-row-lane kernels), plus [`math`] and [`attn`] on top of `x86`;
 //! 4. `backend`: [`Backend`] detection and the dispatch (`quantize_q8`, `quantize_q8k`,
 //!    `gemm_rows`, [`vec_dot`]) down into `x86` or `scalar`;
 //! 5. the entry points over the dispatch: `quant` (quantizing [`Activations`] and single rows),
