@@ -49,6 +49,7 @@ pub mod hopbench;
 mod host;
 mod lane;
 mod path;
+pub mod reduce;
 mod wait;
 
 use lane::{Interrupt, Lane, LaneReader, LaneWriter, Received};

@@ -1,0 +1,250 @@
+//! One stream's decode with a model's layers split over tensor-parallel members (issue 31, decision
+//! 024) against the whole model on one member: `--members` threads, each with its own one-thread pool
+//! and KV (`shoal_model::split`: its heads and feed-forward columns), adding their partial sums twice a
+//! layer through real loopback lanes (`shoal_pipeline::dataplane::reduce`: sealed records, the same
+//! lane code a pipeline runs); rank 0 samples and hands the token to the others through the same
+//! exchange. Each round times, in turn, the whole model on 1 thread, on `--members` threads, and the
+//! split; it prints tokens per second (medians over rounds), the ratios, whether the greedy tokens
+//! agree, and the all-reduce's own time: per token on the split (member 0's time inside it, waits for
+//! a slower member included) and with no model at all (the floor of one exchange of a hidden state).
+//!
+//! Members are threads of one process, not processes on machines: they share this machine's memory
+//! bus as two nodes on it would, and their lanes are real loopback TCP connections.
+//!
+//! usage: cargo run --release -p shoal-pipeline --example tensor-split -- MODEL.gguf [--members 2]
+//!        [--tokens 32] [--rounds 5]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use shoal_kernels::ThreadPool;
+use shoal_model::gguf::GgufFile;
+use shoal_model::split::shares;
+use shoal_model::{DecoderStage, KvCache, LayerRange, ModelConfig, Pool, SeqChunk, StageInput};
+use shoal_pipeline::dataplane::reduce::AllReduce;
+
+const PROMPT: [u32; 6] = [1, 504, 3575, 282, 4649, 314];
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// One forward pass of `tokens` over `kv`: the last position's logits.
+fn step(s: &DecoderStage, kv: &mut KvCache, tokens: &[u32]) -> Vec<f32> {
+    let mut chunk = [SeqChunk {
+        kv,
+        len: tokens.len(),
+        want_logits: true,
+        pool: Pool::None,
+    }];
+    s.forward(StageInput::Tokens(tokens), &mut chunk)
+        .expect("forward")
+        .into_data()
+}
+
+/// Greedy decode of `n` tokens on the whole stage: the tokens and the seconds per decoded token.
+fn whole(s: &DecoderStage, n: usize) -> (Vec<u32>, f64) {
+    let mut kv = s.new_kv_cache();
+    let mut next = argmax(&step(s, &mut kv, &PROMPT));
+    let mut out = vec![next];
+    let t = Instant::now();
+    for _ in 1..n {
+        next = argmax(&step(s, &mut kv, &[next]));
+        out.push(next);
+    }
+    (out, t.elapsed().as_secs_f64() / (n - 1) as f64)
+}
+
+/// The same on the split members: the tokens, seconds per decoded token, and member 0's time in the
+/// all-reduce per decoded token.
+fn split(
+    members: &[DecoderStage],
+    group: &mut [AllReduce],
+    n: usize,
+    dim: usize,
+) -> (Vec<u32>, f64, f64) {
+    let results: Vec<(Vec<u32>, f64, f64)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = members
+            .iter()
+            .zip(group.iter_mut())
+            .map(|(m, ex)| {
+                scope.spawn(move || {
+                    let mut kv = m.new_kv_cache();
+                    let mut next = member_step(m, ex, &mut kv, &PROMPT, dim);
+                    let mut out = vec![next];
+                    let spent0 = ex.spent().0;
+                    let t = Instant::now();
+                    for _ in 1..n {
+                        next = member_step(m, ex, &mut kv, &[next], dim);
+                        out.push(next);
+                    }
+                    let per = t.elapsed().as_secs_f64() / (n - 1) as f64;
+                    let reduce = (ex.spent().0 - spent0).as_secs_f64() / (n - 1) as f64;
+                    (out, per, reduce)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("member"))
+            .collect()
+    });
+    results.into_iter().next().expect("rank 0")
+}
+
+/// One forward pass of `tokens` on member `m`, its partial sums made whole through `ex`; rank 0
+/// samples and the others learn the token through the same exchange.
+fn member_step(
+    m: &DecoderStage,
+    ex: &mut AllReduce,
+    kv: &mut KvCache,
+    tokens: &[u32],
+    dim: usize,
+) -> u32 {
+    let mut chunk = [SeqChunk {
+        kv,
+        len: tokens.len(),
+        want_logits: true,
+        pool: Pool::None,
+    }];
+    let mut reduce = |p: &mut [f32]| {
+        ex.reduce(p, dim)
+            .map_err(|e| shoal_model::ModelError::BadInput(e.to_string()))
+    };
+    let out = m
+        .run_split(StageInput::Tokens(tokens), &mut chunk, &mut reduce)
+        .expect("member");
+    let mut token = [if ex.rank() == 0 {
+        argmax(out.main.data()) as f32
+    } else {
+        0.0
+    }];
+    ex.reduce(&mut token, 1).expect("token");
+    token[0] as u32
+}
+
+/// Microseconds one all-reduce of a `dim`-wide row takes with nothing else running (median of 2,000).
+fn floor_us(group: &mut [AllReduce], dim: usize) -> f64 {
+    let mut times: Vec<f64> = std::thread::scope(|scope| {
+        let handles: Vec<_> = group
+            .iter_mut()
+            .map(|ex| {
+                scope.spawn(move || {
+                    let mut row = vec![1.0f32; dim];
+                    (0..2000)
+                        .map(|_| {
+                            let t = Instant::now();
+                            ex.reduce(&mut row, dim).expect("reduce");
+                            t.elapsed().as_secs_f64() * 1e6
+                        })
+                        .collect::<Vec<f64>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .next()
+            .map(|h| h.join().expect("member"))
+            .unwrap_or_default()
+    });
+    median(&mut times)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let Some(path) = args.next().map(PathBuf::from) else {
+        eprintln!("usage: tensor-split MODEL.gguf [--members 2] [--tokens 32] [--rounds 5]");
+        std::process::exit(2)
+    };
+    let (mut n_members, mut tokens, mut rounds) = (2usize, 32usize, 5usize);
+    while let Some(flag) = args.next() {
+        let value: usize = args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+            eprintln!("bad value for {flag}");
+            std::process::exit(2)
+        });
+        match flag.as_str() {
+            "--members" => n_members = value,
+            "--tokens" => tokens = value.max(2),
+            "--rounds" => rounds = value.max(1),
+            _ => {
+                eprintln!("unknown flag {flag}");
+                std::process::exit(2)
+            }
+        }
+    }
+    let mut g = GgufFile::open(&path).expect("open model");
+    let cfg = ModelConfig::from_gguf(&g).expect("config");
+    let range = LayerRange::full(cfg.n_layers);
+    let one = Arc::new(ThreadPool::new(1));
+    let many = Arc::new(ThreadPool::new(n_members));
+    let whole1 = DecoderStage::load(&mut g, range, &one).expect("load");
+    let wholen = DecoderStage::load(&mut g, range, &many).expect("load");
+    let cut = shares(&mut g, &cfg, range, &vec![1.0; n_members]).expect("split");
+    let members: Vec<DecoderStage> = cut
+        .iter()
+        .map(|s| {
+            DecoderStage::load_share(&mut g, range, s, &Arc::new(ThreadPool::new(1)))
+                .expect("load share")
+        })
+        .collect();
+    let mut group = AllReduce::loopback(n_members).expect("lanes");
+    println!(
+        "{}: {} layers, dim {}; shares {:?}",
+        path.display(),
+        cfg.n_layers,
+        cfg.dim,
+        cut
+    );
+    let (mut t1, mut tn, mut ts, mut tr) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut agree = true;
+    for r in 0..rounds {
+        let (a, a_t) = whole(&whole1, tokens);
+        let (b, b_t) = whole(&wholen, tokens);
+        let (c, c_t, c_r) = split(&members, &mut group, tokens, cfg.dim);
+        agree &= a == b && a == c;
+        println!(
+            "round {r}: whole 1 thread {:.1} tok/s, whole {n_members} threads {:.1}, split {n_members} x 1 {:.1} (all-reduce {:.0} us/token){}",
+            1.0 / a_t,
+            1.0 / b_t,
+            1.0 / c_t,
+            c_r * 1e6,
+            if a == c { "" } else { "  [tokens differ]" }
+        );
+        t1.push(1.0 / a_t);
+        tn.push(1.0 / b_t);
+        ts.push(1.0 / c_t);
+        tr.push(c_r * 1e6);
+    }
+    let floor = floor_us(&mut group, cfg.dim);
+    let (m1, mn, ms, mr) = (
+        median(&mut t1),
+        median(&mut tn),
+        median(&mut ts),
+        median(&mut tr),
+    );
+    println!(
+        "medians: whole 1 thread {m1:.1} tok/s, whole {n_members} threads {mn:.1}, split {n_members} x 1 thread {ms:.1}: \
+         {:.2}x one thread, {:.2}x {n_members} threads; all-reduce {mr:.0} us/token on the split ({} exchanges), \
+         {floor:.1} us each with no model; greedy tokens {}",
+        ms / m1,
+        ms / mn,
+        2 * cfg.n_layers + 1,
+        if agree {
+            "agree"
+        } else {
+            "differ in some round"
+        }
+    );
+}
