@@ -58,7 +58,7 @@ pub struct KvShape {
     /// Query heads (sizes the attention's score scratch).
     pub n_heads: usize,
     pub n_kv_heads: usize,
-    /// Values per head: even, at most 256.
+    /// Values per head: even, at most 576 (a latent-attention key: DeepSeek V3's 512 + 64).
     pub head_dim: usize,
 }
 
@@ -101,6 +101,17 @@ pub struct Attend {
     pub query_scale: Option<f32>,
 }
 
+/// The options of [`Commands::attention_rows_with`] beyond [`Attend`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AttendWith<'a> {
+    /// Attention sinks (gpt-oss): one logit per query head, which joins each head's softmax
+    /// maximum and denominator but weights no value (shoal-kernels' `attend_f16_sinks`).
+    pub sinks: Option<&'a GpuVec>,
+    /// The scores' scale, over [`Attend::query_scale`] and `1 / sqrt(head_dim)` (latent attention's
+    /// `kq_scale`: queries unscaled).
+    pub score_scale: Option<f32>,
+}
+
 /// The positions a RoPE dispatch rotates for: one, or one per row.
 #[derive(Clone, Copy)]
 enum Positions<'a> {
@@ -126,9 +137,9 @@ impl Gpu {
             n_kv_heads,
             head_dim,
         } = shape;
-        if head_dim == 0 || head_dim % 2 == 1 || head_dim > 256 {
+        if head_dim == 0 || head_dim % 2 == 1 || head_dim > 576 {
             return Err(shape_err(format!(
-                "head_dim {head_dim}: need even, 1..=256"
+                "head_dim {head_dim}: need even, 1..=576"
             )));
         }
         if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
@@ -401,21 +412,22 @@ impl Commands<'_> {
         at: Attend,
         out: &GpuVec,
     ) -> Result<(), GpuError> {
-        self.attention_rows_sinks(cache, (q, q_off, q_stride), rows, at, None, out)
+        let with = AttendWith::default();
+        self.attention_rows_with(cache, (q, q_off, q_stride), rows, at, with, out)
     }
 
-    /// [`Commands::attention_rows`] with attention sinks (gpt-oss): `sinks` holds one logit per
-    /// query head, which joins each head's softmax maximum and denominator but weights no value
-    /// (shoal-kernels' `attend_f16_sinks`); `None`: none. The query rows are `(q, q_off, q_stride)`.
-    pub fn attention_rows_sinks(
+    /// [`Commands::attention_rows`] with attention sinks and a score scale ([`AttendWith`]); the
+    /// query rows are `(q, q_off, q_stride)`.
+    pub fn attention_rows_with(
         &mut self,
         cache: &GpuKvCache,
         (q, q_off, q_stride): (&GpuVec, usize, usize),
         rows: usize,
         at: Attend,
-        sinks: Option<&GpuVec>,
+        with: AttendWith<'_>,
         out: &GpuVec,
     ) -> Result<(), GpuError> {
+        let sinks = with.sinks;
         let s = cache.shape;
         if let Some(sk) = sinks {
             same_len("attention sinks", sk.len(), s.n_heads)?;
@@ -469,9 +481,10 @@ impl Commands<'_> {
             })?;
             &scratch
         };
-        let (q_scale, score_scale) = match at.query_scale {
-            Some(sc) => (sc, 1.0),
-            None => (1.0, 1.0 / (s.head_dim as f32).sqrt()),
+        let (q_scale, score_scale) = match (with.score_scale, at.query_scale) {
+            (Some(sc), _) => (1.0, sc),
+            (None, Some(sc)) => (sc, 1.0),
+            (None, None) => (1.0, 1.0 / (s.head_dim as f32).sqrt()),
         };
         let params = self.gpu().uniform(&[
             s.head_dim as u32,

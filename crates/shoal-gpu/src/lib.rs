@@ -36,7 +36,8 @@
 //!   QKV rows, one dispatch); [`Commands::attention`] is decode attention of one query over it
 //!   (grouped-query heads, either scale convention, a sliding window; llama.cpp's CPU numerics:
 //!   f16 query, f16-rounded softmax weights; attention sinks through
-//!   [`Commands::attention_rows_sinks`]: gpt-oss), one workgroup per query head;
+//!   [`Commands::attention_rows_with`]: gpt-oss; a score scale of its own: latent attention), one
+//!   workgroup per query head;
 //!   [`Commands::attention_rows`] is causal attention of a prefill chunk (row `r` at position
 //!   `pos + r` attends to positions up to its own, within the window), one workgroup per (query
 //!   head, row), each row bitwise what decode attention gives at its position, as shoal-model's
@@ -101,7 +102,7 @@ mod probe;
 pub use buffer::GpuVec;
 pub use device::{Gpu, GpuInfo, OpenOptions};
 pub use error::GpuError;
-pub use layer::{Attend, GpuKvCache, KvShape, Rope, RopeMode, RopeYarn};
+pub use layer::{Attend, AttendWith, GpuKvCache, KvShape, Rope, RopeMode, RopeYarn};
 pub use matmat::MatmatConfig;
 pub use matrix::GpuMatrix;
 pub use memory::GpuMemory;

@@ -6,7 +6,7 @@ mod common;
 
 use common::{gpu, random_vec};
 use half::f16;
-use shoal_gpu::{Attend, KvShape, Rope, RopeMode, RopeYarn};
+use shoal_gpu::{Attend, AttendWith, KvShape, Rope, RopeMode, RopeYarn};
 use shoal_testkit::rng::SplitMix64;
 
 /// Tolerance as `kernels.rs`'s SwiGLU: the GPU's `exp` is not correctly rounded, so 1e-5 relative
@@ -162,7 +162,11 @@ fn attention_with_sinks_matches_the_cpu() {
     let mut cmd = gpu.commands();
     cmd.kv_write_rows(&cache, 0, 0, rows, &gk, 0, &gv, 0, kvd)
         .unwrap();
-    cmd.attention_rows_sinks(&cache, (&gq, 0, qd), rows, at, Some(&gs), &with)
+    let with_sinks = AttendWith {
+        sinks: Some(&gs),
+        score_scale: None,
+    };
+    cmd.attention_rows_with(&cache, (&gq, 0, qd), rows, at, with_sinks, &with)
         .unwrap();
     cmd.attention_rows(&cache, &gq, 0, qd, rows, at, &without)
         .unwrap();

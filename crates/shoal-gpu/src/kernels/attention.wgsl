@@ -38,8 +38,8 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(6) var<storage, read> sinks: array<f32>;
 
-// head_dim ≤ 256 (checked by the host).
-var<workgroup> qh: array<f32, 256>;
+// head_dim ≤ 576 (checked by the host: a latent-attention key).
+var<workgroup> qh: array<f32, 576>;
 
 fn round_f16(v: f32) -> f32 {
     return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;

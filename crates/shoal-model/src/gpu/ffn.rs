@@ -10,8 +10,7 @@
 //! bias, top-k then softmax, each expert's bias rows, the clamped SwiGLU, MXFP4 matrices. Prefill
 //! takes the same per-pair path (correct; not grouped by expert as the CPU's prefill is).
 //!
-//! Group-limited routing (DeepSeek V3) is the routing kernel's too, but deepseek2's latent attention
-//! keeps those files off the GPU (`super::GpuDecoderStage::load` refuses them).
+//! Group-limited routing (DeepSeek V3) is the routing kernel's too (at most 32 groups).
 
 use shoal_gpu::{Commands, Gpu, GpuMatrix, GpuVec, MoeGating, MoeRouting};
 use shoal_kernels::{QMatrix, QType};
@@ -95,14 +94,24 @@ fn gated(
     Ok(())
 }
 
-/// An expert tensor (`[count, rows, cols]`) uploaded stacked, with its bias rows.
-fn load_stacked(g: &mut GgufFile, gpu: &Gpu, t: &ExpertTensor, count: usize) -> Result<Stacked> {
+/// A 3-D tensor (`[count, rows, cols]`: experts, or latent attention's heads) uploaded stacked.
+pub(super) fn load_stacked_matrix(
+    g: &mut GgufFile,
+    gpu: &Gpu,
+    t: &ExpertTensor,
+    count: usize,
+) -> Result<GpuMatrix> {
     let raw = g.read_raw(&t.name)?;
     t.check(&raw.dims, count)?;
     let qtype = kernel_qtype(&t.name, raw.ty)?;
     let m = QMatrix::new(qtype, count * t.rows, t.cols, &raw.data)
         .map_err(|e| ModelError::BadInput(format!("{}: {e}", t.name)))?;
-    let w = gpu.upload_experts(&m, count)?;
+    Ok(gpu.upload_experts(&m, count)?)
+}
+
+/// An expert tensor (`[count, rows, cols]`) uploaded stacked, with its bias rows.
+fn load_stacked(g: &mut GgufFile, gpu: &Gpu, t: &ExpertTensor, count: usize) -> Result<Stacked> {
+    let w = load_stacked_matrix(g, gpu, t, count)?;
     let bias = match t.read_bias(g, count)? {
         Some(b) => Some(gpu.upload(&b)?),
         None => None,

@@ -6,8 +6,9 @@
 
 use std::collections::HashMap;
 
-use shoal_gpu::{Attend, Commands, Gpu, GpuVec};
+use shoal_gpu::{Attend, AttendWith, Commands, Gpu, GpuVec};
 
+use super::mla::MlaRun;
 use super::{GpuDecoderStage, GpuKv, GpuLinear};
 use crate::decoder::SeqChunk;
 use crate::error::Result;
@@ -20,6 +21,10 @@ pub(super) struct Scratch<'g> {
 }
 
 impl Scratch<'_> {
+    pub(super) fn gpu(&self) -> &Gpu {
+        self.gpu
+    }
+
     pub(super) fn get(&mut self, what: &'static str, len: usize) -> Result<GpuVec> {
         if let Some(v) = self.vecs.get(&(what, len)) {
             return Ok(v.clone());
@@ -31,6 +36,11 @@ impl Scratch<'_> {
 }
 
 impl GpuLinear {
+    /// Output features of all parts together.
+    pub(super) fn out_features(&self) -> usize {
+        self.parts.iter().map(|(w, _)| w.rows()).sum()
+    }
+
     /// `outs[i]` (each `rows × widths[i]`) receive the columns of `x · [W₀ | W₁ | …]ᵀ (+ b)`
     /// side by side: each part straight into its output when the parts are the outputs, else
     /// through a scratch product split by columns (a fused QKV or gate|up tensor).
@@ -134,51 +144,80 @@ impl GpuDecoderStage {
         let post = s.get("post", total * dim)?;
         for (li, blk) in self.blocks.iter().enumerate() {
             cmd.rms_norm(&x, &blk.attn_norm, eps, &h)?;
-            blk.qkv.forward(cmd, &mut s, &h, total, &[&q, &k, &v])?;
-            let q = match &blk.q_norm {
-                Some(w) => {
-                    let qn = s.get("q normed", total * qd)?;
-                    cmd.rms_norm(&q, w, eps, &qn)?;
-                    qn
-                }
-                None => q.clone(),
-            };
-            let k = match &blk.k_norm {
-                Some(w) => {
-                    let kn = s.get("k normed", total * kvd)?;
-                    cmd.rms_norm(&k, w, eps, &kn)?;
-                    kn
-                }
-                None => k.clone(),
-            };
-            let rope = match blk.local {
-                true => &self.rope_local,
-                false => &self.rope_global,
-            };
-            cmd.rope_rows(&q, (0, qd), c.n_heads, rope.rope(hd), &positions)?;
-            cmd.rope_rows(&k, (0, kvd), c.n_kv_heads, rope.rope(hd), &positions)?;
-            let mut start = 0;
-            for sq in seqs.iter() {
-                let (t, pos) = (sq.len, sq.kv.len());
-                let cache = sq.kv.cache()?;
-                cmd.kv_write_rows(cache, li, pos, t, &k, start * kvd, &v, start * kvd, kvd)?;
-                let at = Attend {
+            if let Some(mla) = &blk.mla {
+                let a = mla.shape();
+                let kw = a.kv_lora + a.rope;
+                let qa_w = blk.qkv.out_features() - kw;
+                let (qa, kva) = (
+                    s.get("mla q_a", total * qa_w)?,
+                    s.get("mla kv_a", total * kw)?,
+                );
+                blk.qkv.forward(cmd, &mut s, &h, total, &[&qa, &kva])?;
+                let seq_caches = seqs
+                    .iter()
+                    .map(|sq| Ok((sq.kv.cache()?, sq.kv.len(), sq.len)))
+                    .collect::<Result<Vec<_>>>()?;
+                let run = MlaRun {
+                    proj: (&qa, &kva),
+                    rope: &self.rope_global,
+                    positions: &positions,
+                    seqs: seq_caches,
                     layer: li,
-                    pos,
-                    window: if blk.local { c.arch.sliding_window } else { 0 },
-                    query_scale: c.arch.query_scale,
+                    eps,
                 };
-                let sinks = blk.sinks.as_ref();
-                if seqs.len() == 1 {
-                    cmd.attention_rows_sinks(cache, (&q, 0, qd), t, at, sinks, &attn)?;
-                } else {
-                    let one = s.get("attn of a sequence", t * qd)?;
-                    cmd.attention_rows_sinks(cache, (&q, start * qd, qd), t, at, sinks, &one)?;
-                    cmd.copy_rows(&one, (0, 0), &attn, (start * qd, 0), 1, t * qd)?;
+                let heads_out = s.get("mla out", total * c.n_heads * a.v_head)?;
+                mla.attend(cmd, &mut s, run, &heads_out)?;
+                blk.wo.forward(cmd, &mut s, &heads_out, total, &[&o])?;
+            } else {
+                blk.qkv.forward(cmd, &mut s, &h, total, &[&q, &k, &v])?;
+                let q = match &blk.q_norm {
+                    Some(w) => {
+                        let qn = s.get("q normed", total * qd)?;
+                        cmd.rms_norm(&q, w, eps, &qn)?;
+                        qn
+                    }
+                    None => q.clone(),
+                };
+                let k = match &blk.k_norm {
+                    Some(w) => {
+                        let kn = s.get("k normed", total * kvd)?;
+                        cmd.rms_norm(&k, w, eps, &kn)?;
+                        kn
+                    }
+                    None => k.clone(),
+                };
+                let rope = match blk.local {
+                    true => &self.rope_local,
+                    false => &self.rope_global,
+                };
+                cmd.rope_rows(&q, (0, qd), c.n_heads, rope.rope(hd), &positions)?;
+                cmd.rope_rows(&k, (0, kvd), c.n_kv_heads, rope.rope(hd), &positions)?;
+                let mut start = 0;
+                for sq in seqs.iter() {
+                    let (t, pos) = (sq.len, sq.kv.len());
+                    let cache = sq.kv.cache()?;
+                    cmd.kv_write_rows(cache, li, pos, t, &k, start * kvd, &v, start * kvd, kvd)?;
+                    let at = Attend {
+                        layer: li,
+                        pos,
+                        window: if blk.local { c.arch.sliding_window } else { 0 },
+                        query_scale: c.arch.query_scale,
+                    };
+                    let with = AttendWith {
+                        sinks: blk.sinks.as_ref(),
+                        score_scale: None,
+                    };
+                    if seqs.len() == 1 {
+                        cmd.attention_rows_with(cache, (&q, 0, qd), t, at, with, &attn)?;
+                    } else {
+                        let one = s.get("attn of a sequence", t * qd)?;
+                        cmd.attention_rows_with(cache, (&q, start * qd, qd), t, at, with, &one)?;
+                        cmd.copy_rows(&one, (0, 0), &attn, (start * qd, 0), 1, t * qd)?;
+                    }
+                    start += t;
                 }
-                start += t;
+                blk.wo.forward(cmd, &mut s, &attn, total, &[&o])?;
             }
-            blk.wo.forward(cmd, &mut s, &attn, total, &[&o])?;
             residual(
                 cmd,
                 &x,

@@ -11,9 +11,10 @@
 //! want them (sampling stays on the host), pooled rows computed on the host from the final hidden
 //! states exactly as the CPU stage pools them. One command buffer per batch; the layer chain is
 //! in `layers`, the feed-forward (dense, or routed experts with their device routing: qwen3moe,
-//! qwen2moe, glm4moe, gpt-oss) in `ffn`; gpt-oss's attention sinks and YaRN rope are the attention
-//! and rope kernels' options. Refused at load, by name, with a pointer to `--device cpu`: latent
-//! attention (deepseek2).
+//! qwen2moe, glm4moe, gpt-oss, deepseek2) in `ffn`; gpt-oss's attention sinks and YaRN rope are the
+//! attention and rope kernels' options; deepseek2's latent attention is `mla` (its device cache one
+//! KV head of `kv_lora + rope`). Refused at load, by name, with a pointer to `--device cpu`: latent
+//! attention of the older `attn_kv_b` layout.
 //!
 //! Numerics: activations stay f32 into every matrix product (the CPU path quantizes them to 8
 //! bits as ggml does), so logits differ from the CPU's by that rounding; attention follows
@@ -22,6 +23,7 @@
 mod ffn;
 mod kv;
 mod layers;
+mod mla;
 
 use std::sync::Arc;
 
@@ -31,6 +33,7 @@ use shoal_kernels::QMatrix;
 pub use kv::GpuKv;
 
 use ffn::GpuFfn;
+use mla::GpuMla;
 
 use crate::arch::RopeStyle;
 use crate::block::{MatrixSpec, StageSpec, read_norm, read_opt_norm};
@@ -53,6 +56,8 @@ struct GpuLinear {
 struct GpuBlock {
     attn_norm: GpuVec,
     qkv: GpuLinear,
+    /// Latent attention's other tensors (deepseek2): then `qkv` gives `[q_a | kv_a]`.
+    mla: Option<GpuMla>,
     q_norm: Option<GpuVec>,
     k_norm: Option<GpuVec>,
     wo: GpuLinear,
@@ -178,15 +183,13 @@ impl GpuDecoderStage {
         let spec = StageSpec::describe(gguf, &cfg, range)?;
         let mut blocks = Vec::with_capacity(spec.blocks.len());
         for b in &spec.blocks {
-            if b.mla.is_some() {
-                return Err(ModelError::Unsupported(format!(
-                    "latent attention ({}) on the GPU; run this model on the CPU (--device cpu)",
-                    cfg.architecture
-                )));
-            }
             blocks.push(GpuBlock {
                 attn_norm: upload_norm(gguf, gpu, &b.attn_norm)?,
                 qkv: load_linear(gguf, gpu, &b.qkv)?,
+                mla: match &b.mla {
+                    Some(m) => Some(GpuMla::load(gguf, gpu, m, cfg.n_heads)?),
+                    None => None,
+                },
                 q_norm: upload_opt_norm(gguf, gpu, &b.q_norm)?,
                 k_norm: upload_opt_norm(gguf, gpu, &b.k_norm)?,
                 wo: load_linear(gguf, gpu, &b.wo)?,
@@ -260,13 +263,18 @@ impl GpuDecoderStage {
     }
 
     /// The shape of this stage's device KV caches (capacity 0: they grow as needed).
+    /// Latent attention's: one KV head of `kv_lora + rope` values (the key, stored as its own value).
     fn kv_shape(&self) -> KvShape {
+        let (n_kv_heads, head_dim) = match self.cfg.arch.mla {
+            Some(a) => (1, a.kv_lora + a.rope),
+            None => (self.cfg.n_kv_heads, self.cfg.head_dim),
+        };
         KvShape {
             layers: self.range.len(),
             capacity: 0,
             n_heads: self.cfg.n_heads,
-            n_kv_heads: self.cfg.n_kv_heads,
-            head_dim: self.cfg.head_dim,
+            n_kv_heads,
+            head_dim,
         }
     }
 

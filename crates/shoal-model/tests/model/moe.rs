@@ -1,7 +1,7 @@
 //! Mixture-of-experts stages on the synthetic `qwen3moe`, `qwen2moe`, `gpt-oss`, `glm4moe` and `deepseek2` fixtures (decisions 020, 022), beyond the
 //! llama.cpp comparison every fixture gets in `synthetic`: the grouped-by-expert prefill and batched
 //! decode give the one-token-at-a-time results bitwise, a two-stage split gives the one-stage tokens, a
-//! GPU stage refuses latent attention by name (the other families' experts run on the GPU:
+//! GPU stage refuses the older `attn_kv_b` latent layout by name (the rest runs on the GPU:
 //! `gpu_moe`), the footprint prices a token by the experts it reads, and
 //! deepseek2 files resolve their latent attention and routing from their metadata.
 
@@ -90,26 +90,26 @@ fn sequences_decoded_in_one_batch_equal_each_alone() {
 }
 
 #[test]
-fn a_gpu_stage_refuses_latent_attention_by_name() {
+fn a_gpu_stage_refuses_the_older_latent_layout_by_name() {
     let Some(gpu) = gpu() else { return };
     let mut refused = Vec::new();
     for (path, r) in moe_fixtures() {
-        let arch = r["arch"].as_str().expect("arch");
-        if crate::gpu_moe::GPU_MOE.contains(&arch) {
+        if crate::gpu_moe::runs_on_gpu(&r) {
             continue;
         }
+        let arch = r["arch"].as_str().expect("arch");
         let mut g = GgufFile::open(&path).expect("open");
         let err = shoal_model::gpu::GpuDecoderStage::load(&mut g, LayerRange::full(2), &gpu)
             .map(|_| ())
             .expect_err("refused on the GPU")
             .to_string();
         assert!(
-            err.contains("latent attention") && err.contains(arch) && err.contains("cpu"),
+            err.contains("attn_kv_b") && err.contains(arch) && err.contains("cpu"),
             "{err}"
         );
-        refused.push(arch.to_string());
+        refused.push(path.file_name().unwrap().to_string_lossy().to_string());
     }
-    assert_eq!(refused, ["deepseek2"; 3]);
+    assert_eq!(refused, ["deepseek2-kvb-k-q4_k_m.gguf"]);
 }
 
 #[test]
