@@ -132,6 +132,12 @@ pub const EVENTS: &[(&str, Kind, &str)] = &[
         "Stages of instances that failed to come up on this node, by model and error kind.",
     ),
     (
+        "shoal_driver_rebuilds_total",
+        Kind::Counter,
+        "Drivers on this node brought up again because their pipeline broke while the instance stayed \
+         in the table, by model.",
+    ),
+    (
         "shoal_instance_replacements_total",
         Kind::Counter,
         "Instances whose node left, placed again or dropped by the coordinator.",

@@ -118,7 +118,7 @@ impl NetTask {
 
     /// Closes one connection to `peer` and stops using it as a path; the peer is forgotten when it was
     /// its last.
-    fn drop_path(&mut self, peer: PeerId, connection: ConnectionId, why: &str) {
+    pub(super) fn drop_path(&mut self, peer: PeerId, connection: ConnectionId, why: &str) {
         let _ = self.swarm.close_connection(connection);
         if self.peers.closed(&peer, connection) {
             tracing::warn!(%peer, "{why} on its last path: dropping the peer");

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::OutboundRequestId;
+use libp2p::swarm::ConnectionId;
 use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm};
 use shoal_placement::ModelCard;
 use tokio::sync::{mpsc, watch};
@@ -254,6 +255,9 @@ struct NetTask {
     /// Bandwidth probes send their result here (`None`: the probe failed).
     probe_tx: mpsc::Sender<ProbeResult>,
     probe_rx: mpsc::Receiver<ProbeResult>,
+    /// Connections the data plane found gone when it asked them for a stream ([`Paths`]).
+    gone_tx: mpsc::UnboundedSender<(PeerId, ConnectionId)>,
+    gone_rx: mpsc::UnboundedReceiver<(PeerId, ConnectionId)>,
     streams: libp2p_stream::Control,
     /// Opens streams on a chosen connection (probes, and the data plane through [`Paths`]).
     paths: pathstream::PathControl,
@@ -293,6 +297,7 @@ impl NetTask {
         keys: pnet::SharedKeys,
     ) -> Self {
         let (probe_tx, probe_rx) = mpsc::channel(PROBE_RESULTS);
+        let (gone_tx, gone_rx) = mpsc::unbounded_channel();
         let paths = swarm.behaviour().paths.control();
         let mut task = NetTask {
             id: *swarm.local_peer_id(),
@@ -306,6 +311,8 @@ impl NetTask {
             traffic_at: Instant::now(),
             probe_tx,
             probe_rx,
+            gone_tx,
+            gone_rx,
             streams,
             paths,
             path_uses: pathstream::PathUses::default(),
@@ -334,6 +341,7 @@ impl NetTask {
                 control: self.paths.clone(),
                 book: self.path_book.subscribe(),
                 uses: self.path_uses.clone(),
+                gone: self.gone_tx.clone(),
             },
             traffic: self.traffic.clone(),
             secrets: Arc::new(secrets),
@@ -384,6 +392,9 @@ impl NetTask {
                     if let Some(b) = bps {
                         self.peers.set_bandwidth(peer, connection, b);
                     }
+                }
+                Some((peer, connection)) = self.gone_rx.recv() => {
+                    self.drop_path(peer, connection, "a data-plane stream could not open on it (the connection is gone)");
                 }
                 _ = facts_tick.tick() => self.gossip(),
                 _ = redial_tick.tick() => self.redial(),

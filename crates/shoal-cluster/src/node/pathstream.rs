@@ -343,6 +343,9 @@ pub struct Paths {
     pub(super) control: PathControl,
     pub(super) book: watch::Receiver<Arc<PathBook>>,
     pub(super) uses: PathUses,
+    /// Connections found gone when a stream was asked of them, for the network task to drop from the
+    /// book (a book that kept naming one would have every stream to that peer fail).
+    pub(super) gone: mpsc::UnboundedSender<(PeerId, ConnectionId)>,
 }
 
 /// A stream on a path, and what keeps the path counted as carrying it.
@@ -385,10 +388,13 @@ impl Paths {
         protocol: StreamProtocol,
         instance: &InstanceId,
     ) -> Result<PathStream, PathStreamError> {
-        let stream = self
-            .control
-            .open_on(peer, path.connection, protocol)
-            .await?;
+        let stream = match self.control.open_on(peer, path.connection, protocol).await {
+            Err(PathStreamError::ConnectionGone) => {
+                let _ = self.gone.send((peer, path.connection));
+                return Err(PathStreamError::ConnectionGone);
+            }
+            other => other?,
+        };
         Ok(PathStream {
             stream,
             path,

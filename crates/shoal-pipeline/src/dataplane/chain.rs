@@ -114,9 +114,18 @@ pub struct RemoteChain {
     /// `shoal_pipeline_wait_seconds`: a batch sent → its tokens read back. Less the remote stages'
     /// `shoal_stage_step_seconds`, what is left is the hops' own cost.
     wait_seconds: metrics::Histogram,
+    /// Set to true when the chain breaks ([`RemoteChain::on_break`]).
+    on_break: Option<watch::Sender<bool>>,
 }
 
 impl RemoteChain {
+    /// Tells `broke` (true) when the chain breaks: from then on every call fails, so its driver must be
+    /// brought up again (the runtime's `mend`).
+    pub fn on_break(mut self, broke: watch::Sender<bool>) -> Self {
+        self.on_break = Some(broke);
+        self
+    }
+
     /// Bounds the KV tokens the engine may hold to what the remote stages reserved.
     pub fn with_kv_capacity(mut self, tokens: Option<usize>) -> Self {
         self.kv_capacity = tokens;
@@ -168,6 +177,7 @@ impl RemoteChain {
             kv_capacity: None,
             pending: std::collections::VecDeque::new(),
             wait_seconds: metrics::histogram!(WAIT_SECONDS, "instance_id" => instance.to_string()),
+            on_break: None,
         })
     }
 
@@ -187,6 +197,9 @@ impl RemoteChain {
         if self.broken.is_none() {
             tracing::error!(kind = why.error_type(), "pipeline broken: {why}");
             self.broken = Some(why.to_string());
+            if let Some(tx) = &self.on_break {
+                let _ = tx.send(true);
+            }
         }
         why
     }

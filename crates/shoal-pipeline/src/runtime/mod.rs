@@ -30,6 +30,8 @@ use shoal_placement::ModelCard;
 use shoal_wire::DType;
 use tokio::sync::watch;
 
+mod mend;
+
 use crate::dataplane::{HostedStage, Hosts, Lanes, RemoteChain, StageKv, serve_stages};
 use crate::error::PipelineError;
 use shoal_cluster::InstanceRecord;
@@ -156,6 +158,12 @@ pub fn start(
     let pool = Arc::new(ThreadPool::new(config.engine.threads.max(1)));
     tokio::spawn(follow_table(cluster, engines, hosts, config, pool));
     Ok(())
+}
+
+/// A driver's started engine, and what turns `true` when its pipeline to the other stages breaks.
+struct Driver {
+    engine: EngineHandle,
+    broke: Option<watch::Receiver<bool>>,
 }
 
 /// Engines registered by the instances this node drives, by instance id.
@@ -377,7 +385,7 @@ impl Node {
         let result = self
             .bring_up(&rec, index)
             .await
-            .map(|engine| self.register(&id, engine));
+            .map(|driver| self.register(&rec, driver));
         let status = match result {
             Ok(()) => {
                 tracing::info!(instance = %id, model = %rec.model, stage = index, "stage ready");
@@ -403,26 +411,32 @@ impl Node {
         }
     }
 
-    /// Registers the engine a driver started for instance `id`, if any and if the instance is still listed.
-    fn register(&self, id: &InstanceId, engine: Option<EngineHandle>) {
+    /// Registers the engine a driver started for instance `rec`, if any and if the instance is still
+    /// listed, and has it brought up again should its pipeline break while the instance stays
+    /// (`mend`).
+    fn register(&self, rec: &InstanceRecord, driver: Option<Driver>) {
         // Removed while loading: the engine is dropped here and its thread ends.
-        if let Some(engine) = engine
-            && listed(&self.cluster, id)
+        if let Some(Driver { engine, broke }) = driver
+            && listed(&self.cluster, &rec.id)
         {
             self.driven
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(*id, engine.clone());
-            self.engines.insert(engine);
+                .insert(rec.id, engine.clone());
+            self.engines.insert(engine.clone());
+            if let Some(broke) = broke {
+                tokio::spawn(self.clone().mend(rec.clone(), engine, broke));
+            }
         }
     }
 
-    /// Loads this node's part of `rec`; for stage 0 returns the started engine (to register).
+    /// Loads this node's part of `rec`; for stage 0 returns the started engine (to register) and
+    /// what tells when its pipeline breaks.
     async fn bring_up(
         &self,
         rec: &InstanceRecord,
         index: usize,
-    ) -> Result<Option<EngineHandle>, PipelineError> {
+    ) -> Result<Option<Driver>, PipelineError> {
         let stage = &rec.stages[index];
         let n_layers = rec.stages.last().map_or(0, |s| s.end);
         let range = LayerRange::new(stage.start, stage.end, n_layers)?;
@@ -521,7 +535,7 @@ impl Node {
         rec: &InstanceRecord,
         path: PathBuf,
         range: LayerRange,
-    ) -> Result<EngineHandle, PipelineError> {
+    ) -> Result<Driver, PipelineError> {
         let (pool2, model) = (self.pool.clone(), rec.model.clone());
         // The driver's own layers run where the instance's record says (the planner followed the
         // node's `--device`).
@@ -530,9 +544,12 @@ impl Node {
             LoadedModel::from_gguf_on(&path, &model, Some(&[range]), &pool2, placement)
         })
         .await??;
+        let mut broke = None;
         if rec.stages.len() > 1 {
-            let chain = self.connect_chain(rec).await?;
+            let (tx, rx) = watch::channel(false);
+            let chain = self.connect_chain(rec).await?.on_break(tx);
             loaded.stages.push(Box::new(chain));
+            broke = Some(rx);
         }
         let engine = spawn(loaded, self.config.engine.clone())?;
         // Before it serves (registered, reported ready): its first request is as fast as the rest.
@@ -544,7 +561,7 @@ impl Node {
             took_ms = warmed.took.as_millis() as u64,
             "warmed up"
         );
-        Ok(engine)
+        Ok(Driver { engine, broke })
     }
 
     /// Waits until the other stages of `rec` are ready and connects to them.
