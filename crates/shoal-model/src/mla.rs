@@ -54,6 +54,22 @@ fn split_kv_b(
     a: Mla,
     n_heads: usize,
 ) -> Result<(Vec<LinearSet>, Vec<LinearSet>)> {
+    let (k_b, v_b) = split_kv_b_raw(g, spec, a, n_heads)?;
+    let set = |t: RawTensor| LinearSet::from_raws(vec![(spec.name.clone(), t, None)]);
+    Ok((
+        k_b.into_iter().map(set).collect::<Result<_>>()?,
+        v_b.into_iter().map(set).collect::<Result<_>>()?,
+    ))
+}
+
+/// [`split_kv_b`]'s tensors, per head: `attn_k_b` (F16, `kv_lora × nope`) and `attn_v_b` (as stored,
+/// `v_head × kv_lora`).
+pub(crate) fn split_kv_b_raw(
+    g: &mut GgufFile,
+    spec: &MatrixSpec,
+    a: Mla,
+    n_heads: usize,
+) -> Result<(Vec<RawTensor>, Vec<RawTensor>)> {
     let raw = g.read_raw(&spec.name)?;
     let &[rows, cols] = &raw.dims[..] else {
         return Err(ModelError::BadShape {
@@ -95,8 +111,8 @@ fn split_kv_b(
             dims: vec![a.v_head, a.kv_lora],
             data: raw.data[v_rows].to_vec(),
         };
-        k_b.push(LinearSet::from_raws(vec![(spec.name.clone(), k, None)])?);
-        v_b.push(LinearSet::from_raws(vec![(spec.name.clone(), v, None)])?);
+        k_b.push(k);
+        v_b.push(v);
     }
     Ok((k_b, v_b))
 }

@@ -6,7 +6,7 @@
 //! per token for every head, written to the device cache as both key and value (one KV head of
 //! `kv_lora + rope`); attention with the scores scaled by `kq_scale`; each head's attended latent
 //! (the first `kv_lora` values) through its `attn_v_b` → `attn_output`'s input. Files of the older
-//! `attn_kv_b` layout are refused on the GPU.
+//! `attn_kv_b` layout are split at load as the CPU splits them (`crate::mla::split_kv_b_raw`).
 
 use shoal_gpu::{Attend, AttendWith, Commands, Gpu, GpuKvCache, GpuMatrix, GpuVec};
 
@@ -15,7 +15,22 @@ use super::{GpuLinear, GpuRope, load_linear, upload_norm};
 use crate::block::MlaSpec;
 use crate::config::Mla;
 use crate::error::{ModelError, Result};
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, RawTensor};
+use crate::linear::kernel_qtype;
+use shoal_kernels::QMatrix;
+
+/// Per-head matrices of one type and shape (`attn_kv_b` split), uploaded stacked.
+fn stack(gpu: &Gpu, name: &str, heads: Vec<RawTensor>) -> Result<GpuMatrix> {
+    let Some(first) = heads.first() else {
+        return Err(ModelError::BadInput(format!("{name}: no heads")));
+    };
+    let (qtype, rows, cols) = (kernel_qtype(name, first.ty)?, first.dims[0], first.dims[1]);
+    let n = heads.len();
+    let data: Vec<u8> = heads.into_iter().flat_map(|t| t.data).collect();
+    let m = QMatrix::new(qtype, n * rows, cols, &data)
+        .map_err(|e| ModelError::BadInput(format!("{name}: {e}")))?;
+    Ok(gpu.upload_experts(&m, n)?)
+}
 
 /// One layer's latent attention on the device.
 pub(super) struct GpuMla {
@@ -41,22 +56,25 @@ pub(super) struct MlaRun<'a> {
 
 impl GpuMla {
     pub(super) fn load(g: &mut GgufFile, gpu: &Gpu, spec: &MlaSpec, heads: usize) -> Result<Self> {
-        if spec.kv_b.is_some() {
-            return Err(ModelError::Unsupported(
-                "latent attention of the older attn_kv_b layout (deepseek2) on the GPU; run this \
-                 model on the CPU (--device cpu)"
-                    .into(),
-            ));
-        }
         let q_b = match &spec.q_b {
             Some((norm, m)) => Some((upload_norm(g, gpu, norm)?, load_linear(g, gpu, m)?)),
             None => None,
         };
+        let (k_b, v_b) = match &spec.kv_b {
+            Some(kv_b) => {
+                let (k, v) = crate::mla::split_kv_b_raw(g, kv_b, spec.shape, heads)?;
+                (stack(gpu, &kv_b.name, k)?, stack(gpu, &kv_b.name, v)?)
+            }
+            None => (
+                super::ffn::load_stacked_matrix(g, gpu, &spec.k_b, heads)?,
+                super::ffn::load_stacked_matrix(g, gpu, &spec.v_b, heads)?,
+            ),
+        };
         Ok(Self {
             q_b,
             kv_a_norm: upload_norm(g, gpu, &spec.kv_a_norm)?,
-            k_b: super::ffn::load_stacked_matrix(g, gpu, &spec.k_b, heads)?,
-            v_b: super::ffn::load_stacked_matrix(g, gpu, &spec.v_b, heads)?,
+            k_b,
+            v_b,
             shape: spec.shape,
             heads,
         })

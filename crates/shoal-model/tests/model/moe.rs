@@ -1,8 +1,7 @@
 //! Mixture-of-experts stages on the synthetic `qwen3moe`, `qwen2moe`, `gpt-oss`, `glm4moe` and `deepseek2` fixtures (decisions 020, 022), beyond the
 //! llama.cpp comparison every fixture gets in `synthetic`: the grouped-by-expert prefill and batched
-//! decode give the one-token-at-a-time results bitwise, a two-stage split gives the one-stage tokens, a
-//! GPU stage refuses the older `attn_kv_b` latent layout by name (the rest runs on the GPU:
-//! `gpu_moe`), the footprint prices a token by the experts it reads, and
+//! decode give the one-token-at-a-time results bitwise, a two-stage split gives the one-stage tokens (a GPU
+//! stage's: `gpu_moe`), the footprint prices a token by the experts it reads, and
 //! deepseek2 files resolve their latent attention and routing from their metadata.
 
 use std::path::PathBuf;
@@ -12,7 +11,7 @@ use shoal_kernels::ThreadPool;
 use shoal_model::gguf::GgufFile;
 use shoal_model::{DecoderStage, Footprint, LayerRange, ModelConfig};
 
-use crate::common::{gpu, greedy, greedy_together, ids, load_from, step};
+use crate::common::{greedy, greedy_together, ids, load_from, step};
 use crate::synthetic::{fixtures, is_moe};
 
 fn moe_fixtures() -> Vec<(PathBuf, serde_json::Value)> {
@@ -87,29 +86,6 @@ fn sequences_decoded_in_one_batch_equal_each_alone() {
         let got = greedy_together(&stages[0], &prompts, 5);
         assert_eq!(got, alone, "{}", path.display());
     }
-}
-
-#[test]
-fn a_gpu_stage_refuses_the_older_latent_layout_by_name() {
-    let Some(gpu) = gpu() else { return };
-    let mut refused = Vec::new();
-    for (path, r) in moe_fixtures() {
-        if crate::gpu_moe::runs_on_gpu(&r) {
-            continue;
-        }
-        let arch = r["arch"].as_str().expect("arch");
-        let mut g = GgufFile::open(&path).expect("open");
-        let err = shoal_model::gpu::GpuDecoderStage::load(&mut g, LayerRange::full(2), &gpu)
-            .map(|_| ())
-            .expect_err("refused on the GPU")
-            .to_string();
-        assert!(
-            err.contains("attn_kv_b") && err.contains(arch) && err.contains("cpu"),
-            "{err}"
-        );
-        refused.push(path.file_name().unwrap().to_string_lossy().to_string());
-    }
-    assert_eq!(refused, ["deepseek2-kvb-k-q4_k_m.gguf"]);
 }
 
 #[test]

@@ -61,8 +61,7 @@ fn ftype(r: &serde_json::Value) -> &str {
 
 /// The same on a GPU stage (lavapipe in CI): the same tolerances hold with f32 activations. The
 /// mixture-of-experts families run there too (`gpu_moe::runs_on_gpu`; gpt-oss and deepseek2 within
-/// a wider tolerance, `gpu_moe::WIDE_TOLERANCE`), except deepseek2 files of the older `attn_kv_b`
-/// layout, which the GPU stage refuses by name (`moe::a_gpu_stage_refuses_the_older_latent_layout_by_name`).
+/// a wider tolerance, `gpu_moe::WIDE_TOLERANCE`).
 #[test]
 fn on_the_gpu_logits_and_greedy_tokens_match_llama_cpp_for_every_architecture_and_type() {
     let Some(gpu) = gpu() else { return };
