@@ -60,11 +60,14 @@ pub struct KvShape {
     pub n_kv_heads: usize,
     /// Values per head: even, at most 576 (a latent-attention key: DeepSeek V3's 512 + 64).
     pub head_dim: usize,
+    /// Latent attention: the keys are their own values, so no value buffer is kept (attention
+    /// reads the keys as values, a KV write stores the keys alone).
+    pub keys_only: bool,
 }
 
 /// A KV cache on the device: keys and values as f16, two per u32, laid out
-/// `[layer][pos][kv_head][head_dim]`, each in one storage buffer; plus the attention's score
-/// scratch (`n_heads × capacity` f32).
+/// `[layer][pos][kv_head][head_dim]`, each in one storage buffer (the keys alone when
+/// [`KvShape::keys_only`]); plus the attention's score scratch (`n_heads × capacity` f32).
 #[derive(Debug)]
 pub struct GpuKvCache {
     shape: KvShape,
@@ -136,6 +139,7 @@ impl Gpu {
             n_heads,
             n_kv_heads,
             head_dim,
+            keys_only,
         } = shape;
         if head_dim == 0 || head_dim % 2 == 1 || head_dim > 576 {
             return Err(shape_err(format!(
@@ -171,7 +175,7 @@ impl Gpu {
         self.checked(|| GpuKvCache {
             shape,
             k: buffer("shoal k cache", kv_bytes),
-            v: buffer("shoal v cache", kv_bytes),
+            v: buffer("shoal v cache", if keys_only { 4 } else { kv_bytes }),
             scores: buffer("shoal attention scores", score_bytes),
         })
     }
@@ -183,7 +187,10 @@ impl Gpu {
     /// any later submission.
     pub fn kv_copy(&self, src: &GpuKvCache, dst: &GpuKvCache, len: usize) -> Result<(), GpuError> {
         let (a, b) = (src.shape, dst.shape);
-        let same = a.layers == b.layers && a.n_kv_heads == b.n_kv_heads && a.head_dim == b.head_dim;
+        let same = a.layers == b.layers
+            && a.n_kv_heads == b.n_kv_heads
+            && a.head_dim == b.head_dim
+            && a.keys_only == b.keys_only;
         if !same || len > a.capacity || len > b.capacity {
             return Err(shape_err(format!(
                 "KV copy of {len} positions from {a:?} into {b:?}"
@@ -202,7 +209,9 @@ impl Gpu {
             let from = u64::from(src.base(layer, 0)) * 4;
             let to = u64::from(dst.base(layer, 0)) * 4;
             encoder.copy_buffer_to_buffer(&src.k, from, &dst.k, to, bytes);
-            encoder.copy_buffer_to_buffer(&src.v, from, &dst.v, to, bytes);
+            if !a.keys_only {
+                encoder.copy_buffer_to_buffer(&src.v, from, &dst.v, to, bytes);
+            }
         }
         self.checked(|| self.queue.submit([encoder.finish()]))?;
         Ok(())
@@ -373,6 +382,7 @@ impl Commands<'_> {
             u32_of("v offset", v_off)?,
             rows as u32,
             u32_of("stride", stride)?,
+            u32::from(s.keys_only),
         ]);
         let buffers = [&params, &k.buffer, &v.buffer, &cache.k, &cache.v];
         self.dispatch(Kernel::KvWrite, WG, &buffers, total.div_ceil(WG))
@@ -503,11 +513,12 @@ impl Commands<'_> {
         ]);
         let wg = WG.min(self.gpu().row_workgroup());
         let sinks = self.gpu().buffer_or_dummy(sinks)?;
+        let values = if s.keys_only { &cache.k } else { &cache.v };
         let buffers = [
             &params,
             &q.buffer,
             &cache.k,
-            &cache.v,
+            values,
             scores,
             &out.buffer,
             &sinks,

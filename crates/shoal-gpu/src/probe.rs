@@ -256,6 +256,7 @@ fn attention_rate(gpu: &Gpu, cfg: &GpuProbeConfig) -> Result<f64, GpuError> {
         n_heads,
         n_kv_heads: kv_heads,
         head_dim: hd,
+        keys_only: false,
     })?;
     let q = gpu.upload(&activations(n_heads * hd))?;
     let out = gpu.zeros(n_heads * hd)?;

@@ -139,6 +139,7 @@ fn attention_with_sinks_matches_the_cpu() {
         n_heads,
         n_kv_heads: n_kv,
         head_dim: hd,
+        keys_only: false,
     };
     let cache = gpu.kv_cache(shape).unwrap();
     let (qd, kvd) = (n_heads * hd, n_kv * hd);

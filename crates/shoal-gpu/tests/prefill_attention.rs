@@ -160,6 +160,7 @@ fn prefill_attention_refuses_bad_shapes() {
         n_heads: 2,
         n_kv_heads: 1,
         head_dim: 8,
+        keys_only: false,
     };
     let cache = gpu.kv_cache(shape).unwrap();
     let at = |pos| Attend {

@@ -1,6 +1,7 @@
 //! The kernels a whole decoder layer over a batch adds (lavapipe in CI): RoPE over rows against
 //! RoPE of each row alone, GeGLU against ggml's f16-table GELU, the broadcast bias add, row copies,
-//! and the KV copy a sequence grows, keeps a prefix or forks with.
+//! the KV copy a sequence grows, keeps a prefix or forks with, and a keys-only (latent-attention)
+//! cache.
 
 mod common;
 
@@ -175,4 +176,71 @@ fn kv_copies_attend_as_the_original() {
         })
         .unwrap();
     assert!(gpu.kv_copy(&src, &small, len).is_err());
+}
+
+/// A keys-only cache (latent attention: each key is its own value) attends as a full cache whose
+/// values are the keys, bitwise, also after growing by a device copy; it keeps no value buffer.
+#[test]
+fn a_keys_only_cache_attends_with_its_keys_as_values() {
+    use shoal_gpu::AttendWith;
+    let Some(gpu) = gpu() else { return };
+    let mut rng = SplitMix64::new(12);
+    let (n_heads, hd, rows) = (4, 40, 5);
+    let full = KvShape {
+        layers: 2,
+        capacity: 8,
+        n_heads,
+        n_kv_heads: 1,
+        head_dim: hd,
+        keys_only: false,
+    };
+    let keys_only = KvShape {
+        keys_only: true,
+        ..full
+    };
+    let k = random_vec(&mut rng, rows * hd, -2.0, 2.0);
+    let q = random_vec(&mut rng, rows * n_heads * hd, -2.0, 2.0);
+    let (gk, gq) = (gpu.upload(&k).unwrap(), gpu.upload(&q).unwrap());
+    let junk = gpu.upload(&vec![9.0; rows * hd]).unwrap();
+    let at = Attend {
+        layer: 1,
+        pos: 0,
+        window: 0,
+        query_scale: None,
+    };
+    let with = AttendWith {
+        sinks: None,
+        score_scale: Some(0.3),
+    };
+    let attend = |cache: &shoal_gpu::GpuKvCache, values: &shoal_gpu::GpuVec| {
+        let out = gpu.zeros(rows * n_heads * hd).unwrap();
+        let mut cmd = gpu.commands();
+        cmd.kv_write_rows(cache, 1, 0, rows, &gk, 0, values, 0, hd)
+            .unwrap();
+        cmd.attention_rows_with(cache, (&gq, 0, n_heads * hd), rows, at, with, &out)
+            .unwrap();
+        cmd.submit().unwrap();
+        gpu.read(&out).unwrap()
+    };
+    let want = attend(&gpu.kv_cache(full).unwrap(), &gk);
+    let small = gpu.kv_cache(keys_only).unwrap();
+    // The values given to a keys-only write are not stored.
+    assert_eq!(attend(&small, &junk), want);
+    let bigger = gpu
+        .kv_cache(KvShape {
+            capacity: 16,
+            ..keys_only
+        })
+        .unwrap();
+    gpu.kv_copy(&small, &bigger, rows).unwrap();
+    let out = gpu.zeros(rows * n_heads * hd).unwrap();
+    let mut cmd = gpu.commands();
+    cmd.attention_rows_with(&bigger, (&gq, 0, n_heads * hd), rows, at, with, &out)
+        .unwrap();
+    cmd.submit().unwrap();
+    assert_eq!(gpu.read(&out).unwrap(), want);
+    assert!(
+        gpu.kv_copy(&small, &gpu.kv_cache(full).unwrap(), rows)
+            .is_err()
+    );
 }

@@ -2,7 +2,8 @@
 // `words` u32 (two halves each, low half first) from k[k_off + r·stride ..] and
 // v[v_off + r·stride ..] to the caches at word `base + r·words` (the cache is
 // [layer][pos][kv_head][head_dim] halves, so a layer's positions are consecutive; the host
-// computes base for a layer and the first position).
+// computes base for a layer and the first position). A keys-only cache (latent attention: the
+// keys are their own values) writes no values (keys_only).
 
 struct Params {
     words: u32,
@@ -11,6 +12,7 @@ struct Params {
     v_off: u32,
     rows: u32,
     stride: u32, // values from one row's k (and v) to the next's
+    keys_only: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -26,6 +28,8 @@ fn run(i: u32) {
         let ki = params.k_off + r * params.stride + 2u * w;
         let vi = params.v_off + r * params.stride + 2u * w;
         kc[params.base + i] = pack2x16float(vec2<f32>(k[ki], k[ki + 1u]));
-        vc[params.base + i] = pack2x16float(vec2<f32>(v[vi], v[vi + 1u]));
+        if (params.keys_only == 0u) {
+            vc[params.base + i] = pack2x16float(vec2<f32>(v[vi], v[vi + 1u]));
+        }
     }
 }

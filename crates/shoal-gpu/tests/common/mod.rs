@@ -196,5 +196,6 @@ pub fn kv_shape_of((n_heads, n_kv_heads, head_dim): (usize, usize, usize)) -> sh
         n_heads,
         n_kv_heads,
         head_dim,
+        keys_only: false,
     }
 }

@@ -58,7 +58,8 @@ impl GpuKv {
     /// Bytes of keys and values allocated on the device.
     pub fn allocated_bytes(&self) -> usize {
         let s = self.shape;
-        2 * s.layers * self.capacity() * s.n_kv_heads * s.head_dim * 2
+        let per_value = if s.keys_only { 1 } else { 2 };
+        per_value * s.layers * self.capacity() * s.n_kv_heads * s.head_dim * 2
     }
 
     pub(crate) fn cache(&self) -> Result<&GpuKvCache> {

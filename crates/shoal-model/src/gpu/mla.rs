@@ -3,8 +3,8 @@
 //! (or `attn_q`'s straight) → each head's `q_nope` through its `attn_k_b` (the heads' matrices
 //! stacked, multiplied per (token, head) by shoal-gpu's id-indexed matvec, the ids being the heads)
 //! → the head's query `[k_b · q_nope | rope(q_pe)]`; the key `[rms_norm(latent) | rope(k_pe)]`, one
-//! per token for every head, written to the device cache as both key and value (one KV head of
-//! `kv_lora + rope`); attention with the scores scaled by `kq_scale`; each head's attended latent
+//! per token for every head, written to a keys-only device cache (one KV head of `kv_lora + rope`,
+//! read back as the values too); attention with the scores scaled by `kq_scale`; each head's attended latent
 //! (the first `kv_lora` values) through its `attn_v_b` → `attn_output`'s input. Files of the older
 //! `attn_kv_b` layout are split at load as the CPU splits them (`crate::mla::split_kv_b_raw`).
 

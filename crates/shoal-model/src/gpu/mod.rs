@@ -263,7 +263,7 @@ impl GpuDecoderStage {
     }
 
     /// The shape of this stage's device KV caches (capacity 0: they grow as needed).
-    /// Latent attention's: one KV head of `kv_lora + rope` values (the key, stored as its own value).
+    /// Latent attention's: one KV head of `kv_lora + rope` values, keys only (the key is its own value).
     fn kv_shape(&self) -> KvShape {
         let (n_kv_heads, head_dim) = match self.cfg.arch.mla {
             Some(a) => (1, a.kv_lora + a.rope),
@@ -275,6 +275,7 @@ impl GpuDecoderStage {
             n_heads: self.cfg.n_heads,
             n_kv_heads,
             head_dim,
+            keys_only: self.cfg.arch.mla.is_some(),
         }
     }
 
