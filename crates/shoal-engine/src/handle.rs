@@ -43,6 +43,17 @@ pub struct EngineHandle {
     inner: Arc<Instance>,
 }
 
+/// An engine referred to without keeping it alive ([`EngineHandle::downgrade`]).
+#[derive(Clone)]
+pub struct WeakEngine(std::sync::Weak<Instance>);
+
+impl WeakEngine {
+    /// The engine, while some handle still keeps it.
+    pub fn upgrade(&self) -> Option<EngineHandle> {
+        self.0.upgrade().map(|inner| EngineHandle { inner })
+    }
+}
+
 /// What every clone of one [`EngineHandle`] shares.
 struct Instance {
     info: ModelInfo,
@@ -511,6 +522,12 @@ impl EngineHandle {
     /// Whether `other` is a handle to this same engine.
     pub fn same_engine(&self, other: &EngineHandle) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// A reference to this engine that does not keep it running (its thread ends with the last
+    /// [`EngineHandle`]).
+    pub fn downgrade(&self) -> WeakEngine {
+        WeakEngine(Arc::downgrade(&self.inner))
     }
 
     /// Current counters.

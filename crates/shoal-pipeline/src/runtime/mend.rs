@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use shoal_cluster::InstanceRecord;
 use shoal_engine::EngineHandle;
+use shoal_engine::handle::WeakEngine;
 use tokio::sync::watch;
 
 use super::Node;
@@ -25,11 +26,12 @@ const SETTLE: Duration = Duration::from_secs(2);
 
 impl Node {
     /// Waits for `engine`'s pipeline to break (`broke` turns true), then brings `rec`'s driver up again
-    /// if the instance and this engine still stand; see the module doc.
+    /// if the instance and this engine still stand; see the module doc. The engine is held weakly, so
+    /// the wait never keeps a retired engine (its stage, its KV) alive.
     pub(super) async fn mend(
         self,
         rec: InstanceRecord,
-        engine: EngineHandle,
+        engine: WeakEngine,
         mut broke: watch::Receiver<bool>,
     ) {
         // The chain gone without breaking: the engine was retired.
@@ -37,6 +39,10 @@ impl Node {
             return;
         }
         tokio::time::sleep(SETTLE).await;
+        // Weakly held until now: an engine retired meanwhile is gone, its memory and KV freed.
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
         if !self.still_drives(&rec, &engine) {
             return;
         }

@@ -425,7 +425,7 @@ impl Node {
                 .insert(rec.id, engine.clone());
             self.engines.insert(engine.clone());
             if let Some(broke) = broke {
-                tokio::spawn(self.clone().mend(rec.clone(), engine, broke));
+                tokio::spawn(self.clone().mend(rec.clone(), engine.downgrade(), broke));
             }
         }
     }
