@@ -12,7 +12,8 @@
 //! bus as two nodes on it would, and their lanes are real loopback TCP connections.
 //!
 //! usage: cargo run --release -p shoal-pipeline --example tensor-split -- MODEL.gguf [--members 2]
-//!        [--tokens 32] [--rounds 5]
+//!        [--weights 1,1] [--tokens 32] [--rounds 5]   (`--weights`: each member's share, their count the
+//!        members)
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -169,7 +170,14 @@ fn main() {
         std::process::exit(2)
     };
     let (mut n_members, mut tokens, mut rounds) = (2usize, 32usize, 5usize);
+    let mut weights: Option<Vec<f64>> = None;
     while let Some(flag) = args.next() {
+        if flag == "--weights" {
+            weights = args
+                .next()
+                .map(|v| v.split(',').filter_map(|w| w.parse().ok()).collect());
+            continue;
+        }
         let value: usize = args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
             eprintln!("bad value for {flag}");
             std::process::exit(2)
@@ -188,10 +196,12 @@ fn main() {
     let cfg = ModelConfig::from_gguf(&g).expect("config");
     let range = LayerRange::full(cfg.n_layers);
     let one = Arc::new(ThreadPool::new(1));
-    let many = Arc::new(ThreadPool::new(n_members));
     let whole1 = DecoderStage::load(&mut g, range, &one).expect("load");
-    let wholen = DecoderStage::load(&mut g, range, &many).expect("load");
-    let cut = shares(&mut g, &cfg, range, &vec![1.0; n_members]).expect("split");
+    let wholen =
+        DecoderStage::load(&mut g, range, &Arc::new(ThreadPool::new(n_members))).expect("load");
+    let weights = weights.unwrap_or_else(|| vec![1.0; n_members]);
+    let n_members = weights.len();
+    let cut = shares(&mut g, &cfg, range, &weights).expect("split");
     let members: Vec<DecoderStage> = cut
         .iter()
         .map(|s| {
