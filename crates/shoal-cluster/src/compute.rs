@@ -73,8 +73,8 @@ pub fn gpu_info(f: &NodeFacts, card: &ModelCard, host_mem: u64) -> Option<GpuInf
     let (index, always) = match f.device {
         DevicePolicy::Cpu => return None,
         DevicePolicy::Gpu(i) => (i, true),
-        // The GPU stage has no mixture-of-experts layers: `auto` keeps such a model on the CPU (a
-        // named GPU is tried, and its stage refuses the model by name).
+        // `auto` keeps a mixture-of-experts model on the CPU: the GPU stage runs it (a named GPU is
+        // used), but its prefill is not grouped by expert yet and no GPU rate of one is measured.
         DevicePolicy::Auto if card.has_experts() => return None,
         DevicePolicy::Auto => {
             let best = (f.gpus.iter().enumerate())

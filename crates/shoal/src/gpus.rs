@@ -152,7 +152,8 @@ pub fn weight_type(path: &Path) -> String {
 }
 
 /// Whether the model at `path` has mixture-of-experts layers (a token reads less of a layer than it
-/// holds), which only the CPU stage runs.
+/// holds), which `--device auto` keeps on the CPU: the GPU stage runs them, but its prefill is not
+/// grouped by expert yet.
 pub fn has_experts(path: &Path) -> bool {
     shoal_model::gguf::GgufFile::open(path)
         .and_then(|g| shoal_model::Footprint::from_gguf(&g))
@@ -201,7 +202,7 @@ pub fn resolve_for_model(choice: DeviceChoice, path: &Path, threads: usize) -> D
     }
     if has_experts(path) {
         tracing::info!(
-            "--device auto: a mixture-of-experts model runs on the CPU (no GPU kernels)"
+            "--device auto: a mixture-of-experts model runs on the CPU (--device gpu:N puts it on a GPU, whose prefill is not grouped by expert yet)"
         );
         return Device::Cpu;
     }

@@ -116,7 +116,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .as_ref()
         .and_then(|(id, _)| cards.iter().find(|c| &c.id == id));
     let weight_type = served_card.map_or_else(String::new, |c| c.weight_type.clone());
-    // The GPU stage has no mixture-of-experts layers: `auto` keeps such a model on the CPU.
+    // A GPU stage runs mixture-of-experts layers (`--device gpu:N`), but its prefill is not grouped by
+    // expert yet and no GPU rate of an MoE model is measured: `auto` keeps such a model on the CPU.
     let experts = served_card.is_some_and(|c| c.has_experts());
     rt.block_on(async move {
         let (cluster_key, peers) = crate::membership::cluster_key_and_peers(&cargs).await?;
@@ -170,7 +171,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         if device_choice == shoal_bench::DeviceChoice::Auto {
             engine_config.device = if experts {
                 tracing::info!(
-                    "--device auto: a mixture-of-experts model runs on the CPU (no GPU kernels)"
+                    "--device auto: a mixture-of-experts model runs on the CPU (--device gpu:N puts it on a GPU, whose prefill is not grouped by expert yet)"
                 );
                 shoal_engine::gpu_stage::Device::Cpu
             } else {
