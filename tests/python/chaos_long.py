@@ -39,7 +39,9 @@ def test_a_node_killed_while_its_stage_downloads_its_layers(pipeline, tmp_path):
     try:
         wait_members(pipeline + [e], pipeline + [e])
         status, body = http("POST", f"{a.url}/instance",
-                            {"model": MODEL_ID, "nodes": [a.id, b.id, e.id], "layers": [10, 10, 10]})
+                            # e takes most of the layers, so its fetch (30 MB/s from the three) lasts ~2 s
+                            # and is still running when it is killed a second after the requests start.
+                            {"model": MODEL_ID, "nodes": [a.id, b.id, e.id], "layers": [4, 4, 22]})
         assert status == 201, body
 
         def e_downloading():

@@ -23,6 +23,8 @@ use super::Node;
 /// How long a broken driver waits for the cluster to place its instance again before it brings the
 /// instance's driver up again itself (more than a silent peer takes to be dropped: 1.6 s).
 const SETTLE: Duration = Duration::from_secs(2);
+/// Attempts at bringing the driver up again, a second apart, before the instance is reported failed.
+const TRIES: usize = 5;
 
 impl Node {
     /// Waits for `engine`'s pipeline to break (`broke` turns true), then brings `rec`'s driver up again
@@ -55,9 +57,9 @@ impl Node {
             .remove(&rec.id);
         self.engines.remove_engine(&rec.model, &engine);
         drop(engine);
-        // Publishes `loading`, then `ready` (registering the new engine, watched the same way) or
-        // `failed`.
-        self.load(rec, 0).await;
+        // Publishes `loading`, then `ready` (registering the new engine, watched the same way) or,
+        // after TRIES attempts (the other stages may be coming back themselves), `failed`.
+        self.load(rec, 0, TRIES).await;
     }
 
     /// Whether the table still holds `rec` as it was and this node still drives it with `engine`.

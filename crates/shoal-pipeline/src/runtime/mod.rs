@@ -373,19 +373,27 @@ impl Node {
             Running::Host
         };
         running.insert(rec.id, (rec.clone(), what));
-        tokio::spawn(self.clone().load(rec, index));
+        tokio::spawn(self.clone().load(rec, index, 1));
     }
 
-    /// Brings up stage `index` of `rec`, publishing `loading`, then `ready` or `failed`.
-    async fn load(self, rec: InstanceRecord, index: usize) {
+    /// Brings up stage `index` of `rec`, publishing `loading`, then `ready` or `failed`; a failure is
+    /// tried again (a second apart, `tries` in all) while the instance stays listed.
+    async fn load(self, rec: InstanceRecord, index: usize, tries: usize) {
         let id = rec.id;
         self.cluster
             .set_status(id, Some(InstanceStatus::Loading))
             .await;
-        let result = self
-            .bring_up(&rec, index)
-            .await
-            .map(|driver| self.register(&rec, driver));
+        let mut left = tries.max(1);
+        let result = loop {
+            left -= 1;
+            match self.bring_up(&rec, index).await {
+                Err(e) if left > 0 && listed(&self.cluster, &id) => {
+                    tracing::warn!(instance = %id, model = %rec.model, stage = index, kind = e.error_type(), "stage not up ({e}): trying again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                other => break other.map(|driver| self.register(&rec, driver)),
+            }
+        };
         let status = match result {
             Ok(()) => {
                 tracing::info!(instance = %id, model = %rec.model, stage = index, "stage ready");
