@@ -62,16 +62,13 @@ impl Node {
         self.load(rec, 0, TRIES).await;
     }
 
-    /// Whether the table still holds `rec` as it was and this node still drives it with `engine`.
+    /// Whether the table still holds `rec` as it was, not draining (an instance on its way out is not
+    /// brought back), and this node still drives it with `engine`.
     fn still_drives(&self, rec: &InstanceRecord, engine: &EngineHandle) -> bool {
-        let same_record = self
-            .cluster
-            .snapshot()
-            .state
-            .table()
-            .instances
-            .iter()
-            .any(|i| i == rec);
+        let snap = self.cluster.snapshot();
+        let table = snap.state.table();
+        let same_record =
+            table.instances.iter().any(|i| i == rec) && !table.draining.contains(&rec.id);
         let ours = self
             .driven
             .lock()
