@@ -179,8 +179,8 @@ pub enum Previews {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Placed {
-    /// The instance placed.
-    One(InstanceRecord),
+    /// The instance placed (boxed: a record is much larger than the other variant).
+    One(Box<InstanceRecord>),
     /// With `replicas`: every replica placed.
     Replicas {
         model: ModelId,
@@ -213,7 +213,7 @@ pub async fn create(
         let instances = c.place_replicas(req).await?;
         Placed::Replicas { model, instances }
     } else {
-        Placed::One(c.place(req).await?)
+        Placed::One(Box::new(c.place(req).await?))
     };
     Ok((StatusCode::CREATED, Json(placed)))
 }
