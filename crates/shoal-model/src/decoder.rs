@@ -130,9 +130,7 @@ fn load_block(
         ),
         Some(share) => {
             let at = BlockSlices::of(share, cfg, spec)?;
-            let crate::block::FfnSpec::Dense(d) = &spec.ffn else {
-                unreachable!("BlockSlices::of refuses the other kinds")
-            };
+            let d = at.dense;
             let rank0 = share.rank == 0;
             (
                 load_rows(g, &spec.qkv, &at.qkv)?,

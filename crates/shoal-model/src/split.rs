@@ -17,7 +17,7 @@
 
 use std::ops::Range;
 
-use crate::block::{BlockSpec, FfnSpec, MatrixSpec, StageSpec};
+use crate::block::{BlockSpec, DenseSpec, FfnSpec, MatrixSpec, StageSpec};
 use crate::config::{LayerRange, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, RawTensor};
@@ -297,7 +297,9 @@ fn take_columns(name: &str, raw: &RawTensor, range: Range<usize>) -> Result<RawT
 /// What a member's slice of one layer reads: `[q | k | v]` rows of its heads, the output
 /// projection's columns of its query heads, `[gate | up]` rows and down's columns of its
 /// feed-forward range.
-pub(crate) struct BlockSlices {
+pub(crate) struct BlockSlices<'a> {
+    /// The layer's dense feed-forward (only those are split).
+    pub dense: &'a DenseSpec,
     pub qkv: Vec<Range<usize>>,
     pub wo_cols: Range<usize>,
     pub gate_up: Vec<Range<usize>>,
@@ -305,20 +307,21 @@ pub(crate) struct BlockSlices {
     pub sinks: Range<usize>,
 }
 
-impl BlockSlices {
-    pub(crate) fn of(share: &Share, cfg: &ModelConfig, spec: &BlockSpec) -> Result<Self> {
+impl<'a> BlockSlices<'a> {
+    pub(crate) fn of(share: &Share, cfg: &ModelConfig, spec: &'a BlockSpec) -> Result<Self> {
         let hd = cfg.head_dim;
         let (qd, kvd) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
         let q = share.q_heads.clone();
         let kv = &share.kv_heads(cfg);
-        if !matches!(spec.ffn, FfnSpec::Dense(_)) || spec.mla.is_some() {
+        let (FfnSpec::Dense(dense), None) = (&spec.ffn, &spec.mla) else {
             return Err(ModelError::Unsupported(format!(
                 "a tensor-parallel slice of {}'s layer {}",
                 cfg.architecture, spec.attn_norm.name
             )));
-        }
+        };
         let ff = &share.ff;
         Ok(Self {
+            dense,
             qkv: vec![
                 q.start * hd..q.end * hd,
                 qd + kv.start * hd..qd + kv.end * hd,
