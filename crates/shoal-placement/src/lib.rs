@@ -85,7 +85,7 @@ pub use model::{
 };
 pub use output::{
     BatchRate, GpuLayers, HopPrediction, NodeVerdict, Placement, Prediction, Stage,
-    StagePrediction, stages_from_counts,
+    StagePrediction, TensorGroup, stages_from_counts,
 };
 pub use plan::{MAX_CANDIDATES, best, plan};
 pub use rates::{BATCH_SIZES, PREFILL_CHUNK_TOKENS, forecast, forecast_at};

@@ -19,6 +19,23 @@ pub struct Stage {
     /// nodes that predate it): all on the CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuLayers>,
+    /// A tensor-parallel group reads every layer of this stage at once: `node` is its rank 0 (where
+    /// the stage's input arrives and its output leaves), the group's other members and each rank's
+    /// weight are here. `None` (and records from nodes that predate groups): `node` alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<TensorGroup>,
+}
+
+/// The members of a tensor-parallel stage besides its rank 0, and how the layers are shared.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TensorGroup {
+    /// Ranks 1.. of the group, in rank order (rank 0 is the stage's `node`).
+    pub members: Vec<NodeId>,
+    /// One weight per rank, rank 0 first: each rank's share of every layer's heads, feed-forward
+    /// columns and experts is as near to `weights[r] / Σ weights` as the quantization blocks allow
+    /// (`shoal_model::split::shares`). Only ratios matter (the planner uses measured read speeds).
+    pub weights: Vec<u32>,
 }
 
 /// Where a stage's GPU layers run: the first `layers` of the stage on GPU `index` of its node.
@@ -37,7 +54,13 @@ impl Stage {
             start,
             end,
             gpu: None,
+            group: None,
         }
+    }
+
+    /// Every node that computes this stage: its `node` (rank 0), then its group's other members.
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeId> {
+        std::iter::once(&self.node).chain(self.group.iter().flat_map(|g| g.members.iter()))
     }
 
     pub fn layers(&self) -> usize {
