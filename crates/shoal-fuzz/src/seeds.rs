@@ -4,7 +4,7 @@
 
 use shoal_cluster::invite::{EnrollReply, EnrollRequest, InviteToken};
 use shoal_wire::{
-    Activations, ChunkHeader, DType, Frame, Handshake, Pool, PrefixAction, PrefixOp, Role,
+    Activations, ChunkHeader, DType, Frame, Handshake, Inputs, Pool, PrefixAction, PrefixOp, Role,
     SampleJob, SamplingParams, TokenItem,
 };
 
@@ -83,6 +83,17 @@ fn frames() -> Vec<Vec<u8>> {
             port: 4000,
             token: [7; 32],
         },
+        Frame::Inputs(Inputs {
+            batch_id: 6,
+            chunks: vec![ChunkHeader {
+                seq_id: 2,
+                start_pos: 5,
+                len: 2,
+                want_logits: true,
+                pool: Pool::None,
+            }],
+            tokens: vec![11, 151_000],
+        }),
     ];
     let mut out: Vec<Vec<u8>> = all
         .iter()
@@ -121,7 +132,13 @@ fn handshakes() -> Vec<Vec<u8>> {
         layer_end: 8,
     };
     let owner = Role::Owner { instance_id: 11 };
-    [stage, owner]
+    let member = Role::Member {
+        instance_id: 11,
+        stage_index: 0,
+        rank: 0,
+        to: 1,
+    };
+    [stage, owner, member]
         .into_iter()
         .map(|role| {
             let mut bytes = Handshake::new([1; 32], [2; 32], role).encode();

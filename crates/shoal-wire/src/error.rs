@@ -29,6 +29,9 @@ pub enum WireError {
         "an owner's handshake carries stage fields (stage {stage}, layers {start}..{end}): they must be zero"
     )]
     OwnerStageFields { stage: u16, start: u32, end: u32 },
+    /// A group member's handshake names its own rank as the other end.
+    #[error("a group member's connection from rank {rank} to itself")]
+    SelfLink { rank: u32 },
     /// A stage announced a layer range with start > end.
     #[error("invalid layer range {start}..{end}")]
     LayerRange { start: u32, end: u32 },
@@ -80,6 +83,7 @@ impl WireError {
             WireError::HandshakeLength { .. } => "handshake_length",
             WireError::UnknownRole(_) => "unknown_role",
             WireError::OwnerStageFields { .. } => "owner_stage_fields",
+            WireError::SelfLink { .. } => "self_link",
             WireError::LayerRange { .. } => "layer_range",
             WireError::FrameTooLarge { .. } => "frame_too_large",
             WireError::EmptyFrame => "empty_frame",

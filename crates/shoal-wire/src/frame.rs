@@ -6,6 +6,7 @@ use crate::f16::{
     decode_f16_to_f32, decode_f32_le, encode_f32_as_f16, encode_f32_as_f16_into, encode_f32_le,
     encode_f32_le_into,
 };
+use crate::inputs::Inputs;
 use crate::job::{SampleJob, decode_sample_job, sample_job_len, write_sample_job};
 
 /// Default maximum frame length (bytes after the length prefix): 64 MiB.
@@ -25,6 +26,7 @@ pub mod kind {
     pub const PREFIX: u8 = 8;
     pub const POOLED: u8 = 9;
     pub const LANE: u8 = 10;
+    pub const INPUTS: u8 = 11;
 }
 
 /// Encoded size of one [`ChunkHeader`].
@@ -373,6 +375,8 @@ pub enum Frame {
         port: u16,
         token: [u8; 32],
     },
+    /// A batch's token ids, from a tensor-parallel group's rank 0 to its other members (version 5).
+    Inputs(Inputs),
 }
 
 impl Frame {
@@ -389,6 +393,7 @@ impl Frame {
             Frame::Prefix(_) => kind::PREFIX,
             Frame::Pooled(_) => kind::POOLED,
             Frame::Lane { .. } => kind::LANE,
+            Frame::Inputs(_) => kind::INPUTS,
         }
     }
 
@@ -406,6 +411,7 @@ impl Frame {
         match self {
             Frame::Activations(a) => a.validate()?,
             Frame::Pooled(p) => p.validate()?,
+            Frame::Inputs(i) => i.validate()?,
             _ => {}
         }
         let len = self.payload_len() + 1;
@@ -441,6 +447,9 @@ impl Frame {
             Frame::Prefix(_) => PREFIX_OP_LEN as u64,
             Frame::Pooled(p) => 8 + 4 + 4 + 8 * p.seq_ids.len() as u64 + 4 * p.values.len() as u64,
             Frame::Lane { .. } => 2 + 32,
+            Frame::Inputs(i) => {
+                8 + 4 + (i.chunks.len() * CHUNK_HEADER_LEN) as u64 + 4 + 4 * i.tokens.len() as u64
+            }
         }
     }
 
@@ -503,6 +512,14 @@ impl Frame {
                     out.extend_from_slice(&s.to_le_bytes());
                 }
                 encode_f32_le_into(&p.values, out);
+            }
+            Frame::Inputs(i) => {
+                out.extend_from_slice(&i.batch_id.to_le_bytes());
+                write_chunk_headers(out, &i.chunks);
+                out.extend_from_slice(&(i.tokens.len() as u32).to_le_bytes());
+                for t in &i.tokens {
+                    out.extend_from_slice(&t.to_le_bytes());
+                }
             }
         }
     }
@@ -575,6 +592,22 @@ impl Frame {
                 }
                 Frame::Lane { port, token }
             }
+            kind::INPUTS => {
+                let batch_id = c.u64()?;
+                let chunks = decode_chunk_headers(&mut c)?;
+                let n = c.count(4)?;
+                let mut tokens = Vec::with_capacity(n);
+                for _ in 0..n {
+                    tokens.push(c.u32()?);
+                }
+                let inputs = Inputs {
+                    batch_id,
+                    chunks,
+                    tokens,
+                };
+                inputs.validate()?;
+                Frame::Inputs(inputs)
+            }
             other => return Err(WireError::UnknownKind(other)),
         };
         c.finish()?;
@@ -639,24 +672,7 @@ fn decode_pooled(c: &mut Cursor<'_>) -> Result<Pooled, WireError> {
 
 fn decode_activations(c: &mut Cursor<'_>) -> Result<Activations, WireError> {
     let batch_id = c.u64()?;
-    let n = c.count(CHUNK_HEADER_LEN)?;
-    let mut chunks = Vec::with_capacity(n);
-    for _ in 0..n {
-        let seq_id = c.u64()?;
-        let start_pos = c.u32()?;
-        let len = c.u32()?;
-        let flags = c.u8()?;
-        if flags & !(FLAG_WANT_LOGITS | POOL_MASK) != 0 {
-            return Err(WireError::ReservedFlags(flags));
-        }
-        chunks.push(ChunkHeader {
-            seq_id,
-            start_pos,
-            len,
-            want_logits: flags & FLAG_WANT_LOGITS != 0,
-            pool: Pool::from_flags(flags),
-        });
-    }
+    let chunks = decode_chunk_headers(c)?;
     let dtype = DType::from_tag(c.u8()?)?;
     let rows = c.u32()?;
     let cols = c.u32()?;
@@ -719,13 +735,7 @@ fn write_activations_head(
     shape: [u32; 2],
 ) {
     out.extend_from_slice(&batch_id.to_le_bytes());
-    out.extend_from_slice(&(chunks.len() as u32).to_le_bytes());
-    for c in chunks {
-        out.extend_from_slice(&c.seq_id.to_le_bytes());
-        out.extend_from_slice(&c.start_pos.to_le_bytes());
-        out.extend_from_slice(&c.len.to_le_bytes());
-        out.push(c.flags());
-    }
+    write_chunk_headers(out, chunks);
     out.push(dtype.tag());
     out.extend_from_slice(&shape[0].to_le_bytes());
     out.extend_from_slice(&shape[1].to_le_bytes());
@@ -736,4 +746,38 @@ fn data_len(rows: u32, cols: u32, dtype: DType) -> Option<u64> {
     (rows as u64)
         .checked_mul(cols as u64)?
         .checked_mul(dtype.size() as u64)
+}
+
+/// A chunk count and that many chunk headers.
+fn decode_chunk_headers(c: &mut Cursor<'_>) -> Result<Vec<ChunkHeader>, WireError> {
+    let n = c.count(CHUNK_HEADER_LEN)?;
+    let mut chunks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let seq_id = c.u64()?;
+        let start_pos = c.u32()?;
+        let len = c.u32()?;
+        let flags = c.u8()?;
+        if flags & !(FLAG_WANT_LOGITS | POOL_MASK) != 0 {
+            return Err(WireError::ReservedFlags(flags));
+        }
+        chunks.push(ChunkHeader {
+            seq_id,
+            start_pos,
+            len,
+            want_logits: flags & FLAG_WANT_LOGITS != 0,
+            pool: Pool::from_flags(flags),
+        });
+    }
+    Ok(chunks)
+}
+
+/// A chunk count and the chunks' headers.
+fn write_chunk_headers(out: &mut Vec<u8>, chunks: &[ChunkHeader]) {
+    out.extend_from_slice(&(chunks.len() as u32).to_le_bytes());
+    for c in chunks {
+        out.extend_from_slice(&c.seq_id.to_le_bytes());
+        out.extend_from_slice(&c.start_pos.to_le_bytes());
+        out.extend_from_slice(&c.len.to_le_bytes());
+        out.push(c.flags());
+    }
 }

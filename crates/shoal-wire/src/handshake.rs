@@ -6,15 +6,17 @@ use crate::cursor::Cursor;
 
 /// First four bytes on every data-plane connection.
 pub const MAGIC: [u8; 4] = *b"SHOL";
-/// The wire version this crate speaks (4: the `Prefix` frame's rewind action).
-pub const WIRE_VERSION: u16 = 4;
+/// The wire version this crate speaks (4: the `Prefix` frame's rewind action; 5: tensor-parallel
+/// groups — the `Member` role and the `Inputs` frame).
+pub const WIRE_VERSION: u16 = 5;
 /// Bytes before the handshake body: magic, version, body length.
 pub const HANDSHAKE_HEADER_LEN: usize = 8;
-/// Body length of a handshake (versions 1 to 4).
+/// Body length of a handshake (versions 1 to 5).
 pub const HANDSHAKE_V1_BODY_LEN: usize = 83;
 
 const ROLE_STAGE: u8 = 1;
 const ROLE_OWNER: u8 = 2;
+const ROLE_MEMBER: u8 = 3;
 
 /// What the sending node is on this connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,13 +30,23 @@ pub enum Role {
     },
     /// The node that owns requests of `instance_id` and receives their sampled tokens.
     Owner { instance_id: u64 },
+    /// Rank `rank` of the tensor-parallel group computing stage `stage_index` of `instance_id`, on
+    /// its connection to rank `to` (the lower rank opens; rank 0 also sends the stage's input on it).
+    Member {
+        instance_id: u64,
+        stage_index: u16,
+        rank: u32,
+        to: u32,
+    },
 }
 
 impl Role {
     /// The model instance this connection serves.
     pub fn instance_id(&self) -> u64 {
         match *self {
-            Role::Stage { instance_id, .. } | Role::Owner { instance_id } => instance_id,
+            Role::Stage { instance_id, .. }
+            | Role::Owner { instance_id }
+            | Role::Member { instance_id, .. } => instance_id,
         }
     }
 }
@@ -79,6 +91,12 @@ impl Handshake {
                 layer_end,
             } => (ROLE_STAGE, instance_id, stage_index, layer_start, layer_end),
             Role::Owner { instance_id } => (ROLE_OWNER, instance_id, 0, 0, 0),
+            Role::Member {
+                instance_id,
+                stage_index,
+                rank,
+                to,
+            } => (ROLE_MEMBER, instance_id, stage_index, rank, to),
         };
         out.push(tag);
         out.extend_from_slice(&instance_id.to_le_bytes());
@@ -160,6 +178,15 @@ impl Handshake {
                 });
             }
             ROLE_OWNER => Role::Owner { instance_id },
+            ROLE_MEMBER if layer_start == layer_end => {
+                return Err(WireError::SelfLink { rank: layer_start });
+            }
+            ROLE_MEMBER => Role::Member {
+                instance_id,
+                stage_index,
+                rank: layer_start,
+                to: layer_end,
+            },
             other => return Err(WireError::UnknownRole(other)),
         };
         let hs = Handshake {

@@ -11,7 +11,9 @@
 //! - [`Frame`]: one message — [`Frame::Activations`] ([`Activations`], [`ChunkHeader`],
 //!   [`DType`]), [`Frame::Tokens`] ([`TokenItem`]), [`Frame::Release`], [`Frame::Ping`],
 //!   [`Frame::Pong`], [`Frame::Error`], [`Frame::Sample`] ([`SampleJob`]), [`Frame::Prefix`]
-//!   ([`PrefixOp`]), [`Frame::Pooled`] ([`Pooled`]: embeddings, asked per chunk by [`Pool`]).
+//!   ([`PrefixOp`]), [`Frame::Pooled`] ([`Pooled`]: embeddings, asked per chunk by [`Pool`]),
+//!   [`Frame::Inputs`] ([`Inputs`]: a batch's token ids, from a tensor-parallel group's rank 0 to its
+//!   other members).
 //! - [`SamplingParams`]: a request's sampling knobs, shared with the engine (it re-exports them as
 //!   `shoal_engine::SamplingParams`); [`SamplingParams::validate`] fails with a [`SamplingError`].
 //! - [`FrameReader`]: push arbitrary byte chunks, pull complete frames; poisoned after an error.
@@ -40,15 +42,15 @@
 //! | offset | size | field                                                           |
 //! |-------:|-----:|-----------------------------------------------------------------|
 //! | 0      | 4    | magic `b"SHOL"` (`53 48 4F 4C`)                                 |
-//! | 4      | 2    | version u16 (= 4)                                                |
+//! | 4      | 2    | version u16 (= 5)                                                |
 //! | 6      | 2    | body length u16 (= 83 in versions 1 and 2)                       |
 //! | 8      | 32   | node id                                                          |
 //! | 40     | 32   | cluster: hash of the cluster key (never the key)                 |
-//! | 72     | 1    | role: 1 = stage, 2 = request owner                               |
+//! | 72     | 1    | role: 1 = stage, 2 = request owner, 3 = group member             |
 //! | 73     | 8    | instance id u64                                                  |
 //! | 81     | 2    | stage index u16 (0 for an owner)                                 |
-//! | 83     | 4    | layer start u32, inclusive (0 for an owner)                      |
-//! | 87     | 4    | layer end u32, exclusive, start ≤ end (0 for an owner)           |
+//! | 83     | 4    | layer start u32, inclusive (0 for an owner; a member: its rank)  |
+//! | 87     | 4    | layer end u32, exclusive, start ≤ end (0 for an owner; a member: the rank it opens to) |
 //!
 //! The first 8 bytes are fixed across all versions, so a peer of another version can read the
 //! header, skip `body length` bytes and report a [`WireError::VersionMismatch`] naming both
@@ -102,6 +104,7 @@ mod error;
 mod f16;
 mod frame;
 mod handshake;
+mod inputs;
 mod job;
 mod reader;
 pub mod sampling;
@@ -115,6 +118,7 @@ pub use frame::{
 pub use handshake::{
     HANDSHAKE_HEADER_LEN, HANDSHAKE_V1_BODY_LEN, Handshake, MAGIC, Role, WIRE_VERSION,
 };
+pub use inputs::Inputs;
 pub use job::{SAMPLE_JOB_FIXED_LEN, SampleJob};
 pub use reader::FrameReader;
 pub use sampling::{MAX_TOP_LOGPROBS, SamplingError, SamplingParams};

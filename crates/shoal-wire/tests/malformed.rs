@@ -82,8 +82,8 @@ fn empty_and_unknown_kinds() {
     assert_eq!(decode_err(&[0, 0, 0, 0]), WireError::EmptyFrame);
     assert_eq!(decode_err(&frame_bytes(0, &[])), WireError::UnknownKind(0));
     assert_eq!(
-        decode_err(&frame_bytes(11, &[1, 2])),
-        WireError::UnknownKind(11)
+        decode_err(&frame_bytes(12, &[1, 2])),
+        WireError::UnknownKind(12)
     );
     // A lane offer is exactly a port and a 32-byte token.
     assert!(matches!(

@@ -5,8 +5,8 @@ mod common;
 use common::{Draw, Rng, chunks, sample_frames};
 use shoal_wire::{
     Activations, DEFAULT_MAX_FRAME_LEN, DType, Frame, FrameReader, HANDSHAKE_HEADER_LEN,
-    HANDSHAKE_V1_BODY_LEN, Handshake, Role, SampleJob, SamplingParams, WIRE_VERSION, WireError,
-    decode_f16_to_f32, encode_f32_as_f16,
+    HANDSHAKE_V1_BODY_LEN, Handshake, Inputs, Role, SampleJob, SamplingParams, WIRE_VERSION,
+    WireError, decode_f16_to_f32, encode_f32_as_f16,
 };
 
 #[test]
@@ -293,7 +293,7 @@ fn handshake_roundtrips_with_documented_layout() {
     assert_eq!(bytes.len(), HANDSHAKE_HEADER_LEN + HANDSHAKE_V1_BODY_LEN);
     assert_eq!(bytes.len(), 91);
     assert_eq!(&bytes[..4], b"SHOL");
-    assert_eq!(&bytes[4..8], &[4, 0, 83, 0]);
+    assert_eq!(&bytes[4..8], &[5, 0, 83, 0]);
     assert_eq!(bytes[72], 1);
     assert_eq!(&bytes[73..81], &42u64.to_le_bytes());
     assert_eq!(&bytes[87..91], &30u32.to_le_bytes());
@@ -311,19 +311,75 @@ fn handshake_roundtrips_with_documented_layout() {
     assert_eq!(back, owner);
     assert_eq!(back.role.instance_id(), 42);
     back.check_compatible(&hs).unwrap();
+
+    // A group member: its rank and the rank it opens to ride in the layer fields.
+    let member = Role::Member {
+        instance_id: 42,
+        stage_index: 0,
+        rank: 1,
+        to: 2,
+    };
+    let bytes = Handshake::new([4; 32], [2; 32], member).encode();
+    assert_eq!(bytes[72], 3);
+    assert_eq!(&bytes[83..87], &1u32.to_le_bytes());
+    assert_eq!(&bytes[87..91], &2u32.to_le_bytes());
+    assert_eq!(Handshake::decode(&bytes).unwrap().0.role, member);
+    // A rank does not open to itself.
+    let mut to_self = bytes.clone();
+    to_self[87..91].copy_from_slice(&1u32.to_le_bytes());
+    assert_eq!(
+        Handshake::decode(&to_self).unwrap_err(),
+        WireError::SelfLink { rank: 1 }
+    );
+}
+
+#[test]
+fn inputs_whose_chunks_do_not_cover_the_tokens_are_refused_both_ways() {
+    let short = Frame::Inputs(Inputs {
+        batch_id: 1,
+        chunks: chunks(),
+        tokens: vec![1, 2, 3],
+    });
+    assert!(matches!(
+        short.encode().unwrap_err(),
+        WireError::ShapeMismatch {
+            rows: 3,
+            chunk_rows: 4
+        }
+    ));
+    // Written by hand (as a hostile peer would): the decoder refuses it too.
+    let good = Frame::Inputs(Inputs {
+        batch_id: 1,
+        chunks: chunks(),
+        tokens: vec![1, 2, 3, 4],
+    })
+    .encode()
+    .unwrap();
+    let mut bad = good[..good.len() - 4].to_vec();
+    let n = bad.len() - 4 * 3 - 4;
+    bad[n..n + 4].copy_from_slice(&3u32.to_le_bytes());
+    let len = (bad.len() - 4) as u32;
+    bad[..4].copy_from_slice(&len.to_le_bytes());
+    assert!(matches!(
+        Frame::decode(&bad, DEFAULT_MAX_FRAME_LEN).unwrap_err(),
+        WireError::ShapeMismatch {
+            rows: 3,
+            chunk_rows: 4
+        }
+    ));
 }
 
 #[test]
 fn handshake_version_mismatch_names_both_versions() {
     let ours = Handshake::new([1; 32], [2; 32], stage());
     let mut theirs = ours;
-    // A node of the previous version (before the rewind action) is refused, naming both.
-    assert_eq!(WIRE_VERSION, 4);
-    theirs.version = 3;
+    // A node of the previous version (before tensor-parallel groups) is refused, naming both.
+    assert_eq!(WIRE_VERSION, 5);
+    theirs.version = 4;
     let err = theirs.check_compatible(&ours).unwrap_err();
-    assert_eq!(err, WireError::VersionMismatch { ours: 4, theirs: 3 });
+    assert_eq!(err, WireError::VersionMismatch { ours: 5, theirs: 4 });
     let msg = err.to_string();
-    assert!(msg.contains("v3") && msg.contains("v4"), "{msg}");
+    assert!(msg.contains("v4") && msg.contains("v5"), "{msg}");
 
     // On the wire: rejected before the body is interpreted, even with a foreign body length.
     let mut bytes = theirs.encode();

@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use shoal_wire::{
-    Activations, ChunkHeader, DType, Frame, Pool, Pooled, PrefixAction, PrefixOp, SampleJob,
-    SamplingParams, TokenItem,
+    Activations, ChunkHeader, DType, Frame, Inputs, Pool, Pooled, PrefixAction, PrefixOp,
+    SampleJob, SamplingParams, TokenItem,
 };
 
 pub use shoal_testkit::rng::{Draw, SplitMix64 as Rng};
@@ -39,6 +39,11 @@ pub fn sample_frames(rng: &mut Rng) -> Vec<Frame> {
             Activations::from_f32(2, chunks(), cols as u32, &values, DType::F32).unwrap(),
         ),
         Frame::Activations(Activations::from_f32(3, vec![], 576, &[], DType::F16).unwrap()),
+        Frame::Inputs(Inputs {
+            batch_id: 4,
+            chunks: chunks(),
+            tokens: vec![0, 151_643, u32::MAX, 17],
+        }),
         Frame::Tokens {
             batch_id: 9,
             items: vec![
