@@ -193,6 +193,7 @@ mod tests {
             head_params: 0,
             vocab_size: 0,
             attention_flops_per_position: 0,
+            max_group: 1,
         }
     }
 

@@ -81,7 +81,7 @@ pub use error::PlacementError;
 pub use fmt::{fmt_bytes, fmt_tok_s, fmt_us};
 pub use model::{
     Constraints, DEFAULT_GENERATED_TOKENS, DEFAULT_PROMPT_TOKENS, Goal, GpuInfo, Link, LinkKind,
-    ModelCard, NodeInfo, TOKEN_BYTES, Topology, decode_context,
+    MAX_GROUP, ModelCard, NodeInfo, TOKEN_BYTES, Topology, decode_context,
 };
 pub use output::{
     BatchRate, GpuLayers, HopPrediction, NodeVerdict, Placement, Prediction, Stage,

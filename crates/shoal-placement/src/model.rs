@@ -322,7 +322,22 @@ pub struct ModelCard {
     /// (`4 · n_heads · head_dim`: the `q·k` products and the weighted sum of values). 0 when unknown.
     #[serde(default)]
     pub attention_flops_per_position: u64,
+    /// The most nodes one tensor-parallel group may split this model's layers over (the caller reads
+    /// it from the model file: which cuts its heads and feed-forward allow, and whether the runtime
+    /// splits its layers at all). 1 (the default, and records that predate groups): no groups. The
+    /// planner offers groups of 2 to `min(max_group, MAX_GROUP)` nodes.
+    #[serde(default = "no_groups")]
+    pub max_group: usize,
 }
+
+/// [`ModelCard::max_group`] of records that predate groups: one node per stage.
+fn no_groups() -> usize {
+    1
+}
+
+/// The most members a tensor-parallel group the planner offers has (a direct exchange beats a ring up
+/// to about here; decision 024).
+pub const MAX_GROUP: usize = 4;
 
 impl ModelCard {
     /// Bytes a stage of `layers` layers needs: weights, the first/last extras, and a KV reserve of
@@ -468,6 +483,7 @@ mod tests {
             head_params: 0,
             vocab_size: 0,
             attention_flops_per_position: 0,
+            max_group: 1,
         };
         assert_eq!(c.total_bytes(0), 20 + 100 + 101);
         c.tied_embeddings = true;

@@ -38,6 +38,7 @@ fn random_card(rng: &mut Rng) -> ModelCard {
         },
         vocab_size: 0,
         attention_flops_per_position: 0,
+        max_group: 1,
     }
 }
 

@@ -25,6 +25,7 @@ fn random_card(rng: &mut Rng) -> ModelCard {
         head_params: 0,
         vocab_size: 0,
         attention_flops_per_position: 0,
+        max_group: 1,
     }
 }
 
@@ -242,6 +243,7 @@ fn split_follows_memory_when_capacity_is_ample() {
             head_params: 0,
             vocab_size: 0,
             attention_flops_per_position: 0,
+            max_group: 1,
         };
         let mems: Vec<u64> = (0..k).map(|_| rng.range(1000, 100_000)).collect();
         let x: NodeId = "x".parse().unwrap();

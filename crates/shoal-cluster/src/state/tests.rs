@@ -23,6 +23,7 @@ fn card() -> ModelCard {
         head_params: 0,
         vocab_size: 0,
         attention_flops_per_position: 0,
+        max_group: 1,
     }
 }
 

@@ -125,6 +125,7 @@ pub fn model_card(path: &Path, id: &ModelId) -> Result<ModelCard, shoal_model::M
         head_params: f.head_params,
         vocab_size: f.vocab_size as u64,
         attention_flops_per_position: f.attention_flops_per_position,
+        max_group: 1,
     })
 }
 

@@ -51,6 +51,7 @@ pub fn card() -> ModelCard {
         head_params: 0,
         vocab_size: 0,
         attention_flops_per_position: 0,
+        max_group: 1,
     }
 }
 
@@ -75,6 +76,7 @@ pub fn card_70b() -> ModelCard {
         head_params: 0,
         vocab_size: 0,
         attention_flops_per_position: 0,
+        max_group: 1,
     }
 }
 
