@@ -61,6 +61,7 @@
 //! faster is left out (pins and manual counts still win, with a note when a node alone is predicted faster).
 
 mod assign;
+mod compute;
 mod cost;
 mod error;
 mod explain;

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::model::{TOKEN_BYTES, Topology};
+use crate::model::{Link, LinkKind, TOKEN_BYTES, Topology};
 
 pub(crate) struct LinkIndex {
     n: usize,
@@ -60,10 +60,36 @@ impl LinkIndex {
     }
 }
 
+/// Cost terms of one link.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LinkCost {
+    pub kind: LinkKind,
+    half_rtt_us: f64,
+    bandwidth: f64,
+}
+
+impl LinkCost {
+    pub fn of(link: &Link) -> Self {
+        LinkCost {
+            kind: link.kind,
+            half_rtt_us: link.rtt_us() / 2.0,
+            bandwidth: link.bandwidth(),
+        }
+    }
+
+    pub fn transfer_us(&self, bytes: f64) -> f64 {
+        bytes / self.bandwidth * 1e6
+    }
+
+    pub fn send_us(&self, bytes: f64) -> f64 {
+        self.half_rtt_us + self.transfer_us(bytes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Link, LinkKind, NodeInfo};
+    use crate::model::NodeInfo;
 
     fn node(id: &str) -> NodeInfo {
         NodeInfo {

@@ -21,9 +21,10 @@
 //! The goal's figure, in microseconds per token (lower is better): `R(1)` for latency, `1/tok/s` at the
 //! largest of [`BATCH_SIZES`] for throughput.
 
-use crate::cost::{Split, resolve_stages, return_route};
-use crate::links::LinkIndex;
-use crate::model::{Goal, Link, LinkKind, ModelCard, TOKEN_BYTES, Topology, decode_context};
+use crate::compute::Split;
+use crate::cost::{resolve_stages, return_route};
+use crate::links::{LinkCost, LinkIndex};
+use crate::model::{Goal, LinkKind, ModelCard, TOKEN_BYTES, Topology, decode_context};
 use crate::output::{BatchRate, HopPrediction, Prediction, Stage, StagePrediction};
 use shoal_ids::NodeId;
 
@@ -31,32 +32,6 @@ use shoal_ids::NodeId;
 pub const BATCH_SIZES: [usize; 4] = [1, 4, 16, 32];
 /// Tokens of one prefill chunk (the engine's default `max_batch_tokens`).
 pub const PREFILL_CHUNK_TOKENS: usize = 256;
-
-/// Cost terms of one link.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LinkCost {
-    pub kind: LinkKind,
-    half_rtt_us: f64,
-    bandwidth: f64,
-}
-
-impl LinkCost {
-    fn of(link: &Link) -> Self {
-        LinkCost {
-            kind: link.kind,
-            half_rtt_us: link.rtt_us() / 2.0,
-            bandwidth: link.bandwidth(),
-        }
-    }
-
-    fn transfer_us(&self, bytes: f64) -> f64 {
-        bytes / self.bandwidth * 1e6
-    }
-
-    fn send_us(&self, bytes: f64) -> f64 {
-        self.half_rtt_us + self.transfer_us(bytes)
-    }
-}
 
 /// What limits a rate.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -362,7 +337,7 @@ pub fn forecast_at(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{LinkKind, NodeInfo};
+    use crate::model::{Link, LinkKind, NodeInfo};
 
     fn node(id: &str, speed: f64, prefill: Option<f64>) -> NodeInfo {
         NodeInfo {

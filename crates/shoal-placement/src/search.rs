@@ -12,7 +12,7 @@ use shoal_ids::NodeId;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use crate::cost::Compute;
+use crate::compute::Compute;
 use crate::error::PlacementError;
 use crate::links::LinkIndex;
 use crate::model::{Goal, ModelCard, Topology};
