@@ -30,7 +30,7 @@ use crate::linear::{Embedding, LinearScratch, LinearSet, Part, QLinear};
 use crate::matrix::HostMatrix;
 use crate::mla::{MlaAttn, MlaScratch};
 use crate::ops::{self, RopeRows, RopeSpec};
-use crate::split::{BlockSlices, Share, load_columns, load_rows};
+use crate::split::{BlockSlice, Share};
 
 /// GGUF tensor names (llama.cpp's `LLM_TENSOR_*`).
 pub(crate) use crate::gguf::names;
@@ -77,6 +77,9 @@ pub struct StageOutput {
 }
 
 struct Block {
+    /// False on a tensor-parallel member holding none of the heads: its attention's partial sum is
+    /// zero (`qkv` and `wo` are empty).
+    attends: bool,
     attn_norm: Vec<f32>,
     /// Outputs `[q | k | v]` (latent attention: `[q_a | kv_a]`).
     qkv: LinearSet,
@@ -129,21 +132,24 @@ fn load_block(
             read_opt_norm(g, &spec.sinks)?,
         ),
         Some(share) => {
-            let at = BlockSlices::of(share, cfg, spec)?;
-            let d = at.dense;
-            let rank0 = share.rank == 0;
-            (
-                load_rows(g, &spec.qkv, &at.qkv)?,
-                load_columns(g, &spec.wo, at.wo_cols, rank0)?,
-                Ffn::dense(
-                    load_rows(g, &d.gate_up, &at.gate_up)?,
-                    load_columns(g, &d.down, at.ff, rank0)?,
+            let at = BlockSlice::load(g, share, cfg, spec)?;
+            let (qkv, wo) = match at.attention {
+                Some(a) => a,
+                None => (
+                    LinearSet::from_raws(Vec::new())?,
+                    LinearSet::from_raws(Vec::new())?,
                 ),
+            };
+            (
+                qkv,
+                wo,
+                at.ffn,
                 read_opt_norm(g, &spec.sinks)?.map(|s| s[at.sinks].to_vec()),
             )
         }
     };
     Ok(Block {
+        attends: share.is_none_or(Share::attends),
         qkv,
         mla: match &spec.mla {
             Some(m) => Some(MlaAttn::load(g, m, cfg.n_heads)?),
@@ -424,50 +430,44 @@ impl DecoderStage {
         let mut ffn_scratch = FfnScratch::default();
         let pool = &*self.pool;
         for (li, blk) in self.blocks.iter().enumerate() {
-            ops::rms_norm(x, &blk.attn_norm, c.rms_eps, &mut h);
-            blk.qkv.forward(&h, total, &mut qkv, &mut scratch, pool)?;
-            if let Some(mla) = &blk.mla {
+            if blk.attends {
+                ops::rms_norm(x, &blk.attn_norm, c.rms_eps, &mut h);
+                blk.qkv.forward(&h, total, &mut qkv, &mut scratch, pool)?;
                 let mut chunks = host_chunks(seqs, li)?;
-                let (rope, eps) = (&rope_global, c.rms_eps);
-                mla.attend(
-                    &qkv,
-                    &mut chunks,
-                    rope,
-                    eps,
-                    &mut attn,
-                    &mut mla_scratch,
-                    pool,
-                )?;
+                if let Some(mla) = &blk.mla {
+                    let (rope, eps) = (&rope_global, c.rms_eps);
+                    let s = &mut mla_scratch;
+                    mla.attend(&qkv, &mut chunks, rope, eps, &mut attn, s, pool)?;
+                } else {
+                    for row in qkv.chunks_exact_mut(qd + 2 * kvd) {
+                        if let Some(w) = &blk.q_norm {
+                            ops::rms_norm_in_place(&mut row[..qd], w, c.rms_eps);
+                        }
+                        if let Some(w) = &blk.k_norm {
+                            ops::rms_norm_in_place(&mut row[qd..qd + kvd], w, c.rms_eps);
+                        }
+                    }
+                    let spec = AttnSpec {
+                        heads: Heads {
+                            n_heads: c.n_heads,
+                            n_kv_heads: c.n_kv_heads,
+                            head_dim: hd,
+                        },
+                        window: if blk.local { c.arch.sliding_window } else { 0 },
+                        query_scale: c.arch.query_scale,
+                        sinks: blk.sinks.as_deref(),
+                    };
+                    let rope = match (&rope_local, blk.local) {
+                        (Some(r), true) => r,
+                        _ => &rope_global,
+                    };
+                    attention::attend(&mut qkv, &mut chunks, spec, rope, &mut attn, pool);
+                }
                 blk.wo.forward(&attn, total, &mut o, &mut scratch, pool)?;
-                residual(x, &mut o, None, c.rms_eps, &mut h);
-                self.ffn(blk, x, total, &mut h, &mut down, &mut ffn_scratch, None)?;
-                continue;
+            } else {
+                o.clear();
+                o.resize(total * dim, 0.0);
             }
-            for row in qkv.chunks_exact_mut(qd + 2 * kvd) {
-                if let Some(w) = &blk.q_norm {
-                    ops::rms_norm_in_place(&mut row[..qd], w, c.rms_eps);
-                }
-                if let Some(w) = &blk.k_norm {
-                    ops::rms_norm_in_place(&mut row[qd..qd + kvd], w, c.rms_eps);
-                }
-            }
-            let mut chunks = host_chunks(seqs, li)?;
-            let spec = AttnSpec {
-                heads: Heads {
-                    n_heads: c.n_heads,
-                    n_kv_heads: c.n_kv_heads,
-                    head_dim: hd,
-                },
-                window: if blk.local { c.arch.sliding_window } else { 0 },
-                query_scale: c.arch.query_scale,
-                sinks: blk.sinks.as_deref(),
-            };
-            let rope = match (&rope_local, blk.local) {
-                (Some(r), true) => r,
-                _ => &rope_global,
-            };
-            attention::attend(&mut qkv, &mut chunks, spec, rope, &mut attn, pool);
-            blk.wo.forward(&attn, total, &mut o, &mut scratch, pool)?;
             if let Some(r) = reduce.as_deref_mut() {
                 r(&mut o[..total * dim])?;
             }

@@ -13,6 +13,11 @@
 //! `ffn_*_exps.bias`, given to each expert's matrices like a dense layer's bias). The experts' 3-D GGUF tensors are `count` contiguous matrices, so
 //! each expert is loaded as an ordinary [`LinearSet`] over its slice (packed like the dense matrices).
 //!
+//! A tensor-parallel member (`crate::split`) holds a contiguous run of the experts (only their bytes
+//! are read) and a slice of the shared expert's columns; it routes every token over all experts with
+//! the whole router, exactly as the whole layer does, and adds only its experts' weighted outputs to
+//! its partial sum, which the members' all-reduce makes whole.
+//!
 //! Compute is grouped by expert: the batch's rows routed to expert `e` are gathered, multiplied by `e`'s
 //! matrices in one matmul each (so in prefill and batched decode every used expert's weights are read
 //! once per step), and scattered back with their weights. A single decoding token reads only its top-k
@@ -20,9 +25,11 @@
 
 use shoal_kernels::ThreadPool;
 
+use std::ops::Range;
+
 use crate::arch::{Activation, Gating, Routing};
 use crate::block::{DenseSpec, ExpertTensor, FfnSpec, MatrixSpec, MoeSpec, read_norm};
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::gguf::{GgufFile, RawTensor};
 use crate::linear::{LinearScratch, LinearSet, Part};
 use crate::ops;
@@ -46,6 +53,9 @@ pub(crate) fn load_set(g: &mut GgufFile, spec: &MatrixSpec) -> Result<LinearSet>
 pub(crate) enum Ffn {
     Dense(DenseFfn),
     Moe(MoeFfn),
+    /// A tensor-parallel member holding none of a dense feed-forward's columns (they could not be
+    /// cut finer than another member's whole): its partial sum is zero.
+    Idle,
 }
 
 /// Buffers the feed-forward reuses from layer to layer.
@@ -67,14 +77,14 @@ impl Ffn {
     pub(crate) fn load(g: &mut GgufFile, spec: &FfnSpec) -> Result<Self> {
         Ok(match spec {
             FfnSpec::Dense(d) => Self::Dense(DenseFfn::load(g, d)?),
-            FfnSpec::Moe(m) => Self::Moe(MoeFfn::load(g, m)?),
+            FfnSpec::Moe(m) => {
+                let shared = match &m.shared {
+                    Some((d, _)) => Some(DenseFfn::load(g, d)?),
+                    None => None,
+                };
+                Self::Moe(MoeFfn::load(g, m, 0..m.experts.count, shared)?)
+            }
         })
-    }
-
-    /// A dense feed-forward of matrices already loaded (a tensor-parallel member's slices).
-    pub(crate) fn dense(gate_up: LinearSet, down: LinearSet) -> Self {
-        let ff = down.in_features();
-        Self::Dense(DenseFfn { gate_up, down, ff })
     }
 
     /// `out = ffn(x)` for `m` rows of `x`.
@@ -90,6 +100,11 @@ impl Ffn {
         match self {
             Self::Dense(d) => d.forward(x, m, act, out, s, pool),
             Self::Moe(e) => e.forward(x, m, act, out, s, pool),
+            Self::Idle => {
+                out.clear();
+                out.resize(x.len(), 0.0);
+                Ok(())
+            }
         }
     }
 }
@@ -102,6 +117,13 @@ pub(crate) struct DenseFfn {
 }
 
 impl DenseFfn {
+    /// Of matrices already loaded (a tensor-parallel member's slices of a dense feed-forward or of a
+    /// shared expert).
+    pub(crate) fn of(gate_up: LinearSet, down: LinearSet) -> Self {
+        let ff = down.in_features();
+        Self { gate_up, down, ff }
+    }
+
     fn load(g: &mut GgufFile, spec: &DenseSpec) -> Result<Self> {
         Ok(Self {
             gate_up: load_set(g, &spec.gate_up)?,
@@ -127,11 +149,15 @@ impl DenseFfn {
     }
 }
 
-/// Routed experts (and a gated shared expert).
+/// Routed experts (and a gated shared expert): all of them, or a tensor-parallel member's share —
+/// the router and the routing are whole on every member, so each computes the same choice and
+/// weights and adds only its experts' outputs (and its slice of the shared expert) to its partial sum.
 pub(crate) struct MoeFfn {
     router: LinearSet,
+    /// The experts this layer holds: ids `first..first + experts.len()` of the router's.
     experts: Vec<DenseFfn>,
-    /// The shared expert and its gate vector (none: ungated).
+    first: usize,
+    /// The shared expert (or this member's slice of it) and its gate vector (none: ungated).
     shared: Option<(DenseFfn, Option<Vec<f32>>)>,
     used: usize,
     routing: Routing,
@@ -146,31 +172,33 @@ pub(crate) struct MoeFfn {
 /// One expert's matrix: its name, its slice of the 3-D tensor and its row of the bias.
 type ExpertPart = (String, RawTensor, Option<Vec<f32>>);
 
-/// The `count` matrices of a 3-D expert tensor, each as its own `rows × cols` tensor, with its bias
-/// (a row of the `[count, rows]` bias tensor) when the file has one (also latent attention's per-head
-/// `attn_k_b` / `attn_v_b`).
+/// Matrices `held` of the `count` of a 3-D expert tensor, each as its own `rows × cols` tensor, with
+/// its bias (a row of the `[count, rows]` bias tensor) when the file has one (also latent attention's
+/// per-head `attn_k_b` / `attn_v_b`). Only those matrices' bytes are read: they are contiguous.
 pub(crate) fn split_experts(
     g: &mut GgufFile,
     t: &ExpertTensor,
     count: usize,
+    held: Range<usize>,
 ) -> Result<Vec<ExpertPart>> {
     let biases = match t.read_bias(g, count)? {
-        Some(b) => b.chunks_exact(t.rows).map(|r| Some(r.to_vec())).collect(),
-        None => vec![None; count],
+        Some(b) => b[held.start * t.rows..held.end * t.rows]
+            .chunks_exact(t.rows)
+            .map(|r| Some(r.to_vec()))
+            .collect(),
+        None => vec![None; held.len()],
     };
-    let raw = g.read_raw(&t.name)?;
-    t.check(&raw.dims, count)?;
-    let per = raw.data.len() / count;
-    if per * count != raw.data.len() {
-        return Err(ModelError::BadShape {
-            name: t.name.clone(),
-            got: vec![raw.data.len()],
-            expected: vec![per * count],
-        });
-    }
+    let dims = g
+        .tensors()
+        .get(&t.name)
+        .map(|e| e.dims.clone())
+        .unwrap_or_default();
+    t.check(&dims, count)?;
+    let raw = g.read_raw_rows(&t.name, held.clone())?;
+    let per = raw.data.len() / held.len().max(1);
     Ok(raw
         .data
-        .chunks_exact(per)
+        .chunks_exact(per.max(1))
         .zip(biases)
         .map(|(c, bias)| {
             let m = RawTensor {
@@ -184,12 +212,20 @@ pub(crate) fn split_experts(
 }
 
 impl MoeFfn {
-    fn load(g: &mut GgufFile, spec: &MoeSpec) -> Result<Self> {
+    /// Layer `spec`'s router, experts `held` and `shared` (the shared expert or a slice of it; its
+    /// gate is read here).
+    pub(crate) fn load(
+        g: &mut GgufFile,
+        spec: &MoeSpec,
+        held: Range<usize>,
+        shared: Option<DenseFfn>,
+    ) -> Result<Self> {
         let n = spec.experts.count;
         let router = load_set(g, &spec.router)?;
-        let gates = split_experts(g, &spec.gate_exps, n)?;
-        let ups = split_experts(g, &spec.up_exps, n)?;
-        let downs = split_experts(g, &spec.down_exps, n)?;
+        let first = held.start;
+        let gates = split_experts(g, &spec.gate_exps, n, held.clone())?;
+        let ups = split_experts(g, &spec.up_exps, n, held.clone())?;
+        let downs = split_experts(g, &spec.down_exps, n, held)?;
         let experts = gates
             .into_iter()
             .zip(ups)
@@ -202,12 +238,12 @@ impl MoeFfn {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let shared = match &spec.shared {
-            Some((ffn, gate)) => {
+        let shared = match (shared, &spec.shared) {
+            (Some(ffn), Some((_, gate))) => {
                 let gate = gate.as_ref().map(|n| read_norm(g, n)).transpose()?;
-                Some((DenseFfn::load(g, ffn)?, gate))
+                Some((ffn, gate))
             }
-            None => None,
+            _ => None,
         };
         let selection_bias = spec
             .selection_bias
@@ -217,6 +253,7 @@ impl MoeFfn {
         Ok(Self {
             router,
             experts,
+            first,
             shared,
             used: spec.experts.used,
             routing: spec.experts.routing,
@@ -236,7 +273,7 @@ impl MoeFfn {
         pool: &ThreadPool,
     ) -> Result<()> {
         let dim = self.router.in_features();
-        let n = self.experts.len();
+        let n = self.router.out_features();
         self.router.forward(x, m, &mut s.logits, &mut s.lin, pool)?;
         s.routes.resize_with(n, Vec::new);
         s.routes.iter_mut().for_each(Vec::clear);
@@ -253,7 +290,7 @@ impl MoeFfn {
         out.clear();
         out.resize(m * dim, 0.0);
         let mut routes = std::mem::take(&mut s.routes);
-        for (expert, rows) in self.experts.iter().zip(&routes) {
+        for (expert, rows) in self.experts.iter().zip(&routes[self.first..]) {
             if rows.is_empty() {
                 continue;
             }

@@ -25,9 +25,10 @@
 //!   device ([`gpu::GpuKv`]), the same `run` over the same inputs and outputs.
 //!
 //! - [`split`] cuts a stage's layers over tensor-parallel members (issue 31, decision 024): a
-//!   [`split::Share`] of query heads and feed-forward columns per member, placed on quantization-block
-//!   and KV-group boundaries by measured weight; `DecoderStage::load_share` reads only its rows and
-//!   columns and `run_split` hands each partial sum to the caller's all-reduce.
+//!   [`split::Share`] of query heads, feed-forward columns and (mixture-of-experts layers) routed
+//!   experts and shared-expert columns per member, placed on quantization-block and KV-group
+//!   boundaries by measured weight; `DecoderStage::load_share` reads only its rows, columns and
+//!   experts, and `run_split` hands each partial sum to the caller's all-reduce.
 //!
 //! The CPU path is shoal-kernels' (the candle-op path for GPU devices was removed: decision 008).
 //!

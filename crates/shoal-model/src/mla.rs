@@ -224,7 +224,7 @@ impl MlaAttn {
             None => None,
         };
         let per_head = |g: &mut GgufFile, t| -> Result<Vec<LinearSet>> {
-            split_experts(g, t, n_heads)?
+            split_experts(g, t, n_heads, 0..n_heads)?
                 .into_iter()
                 .map(|part| LinearSet::from_raws(vec![part]))
                 .collect()

@@ -8,34 +8,53 @@
 //! partials (an all-reduce) after each, and every member then holds the same hidden state. A column
 //! cut must fall on a quantization block of the matrix and of its activations (32 values for the
 //! legacy types, 256 for the K-quants), so [`shares`] places the cuts on those boundaries, as near
-//! as they go to each member's weight (its measured read bandwidth: a faster member takes more).
-//! Biases of the cut-by-columns matrices are added by rank 0 alone; norms, per-head Q/K norms and the
-//! token embedding are whole on every member; the output head on rank 0.
+//! as they go to each member's weight (its measured read bandwidth: a faster member takes more);
+//! where the blocks are too coarse to give every member a part, some members hold none of the heads
+//! (or columns) and add zero to that sum.
 //!
-//! Mixture-of-experts and latent-attention layers are not split yet (expert parallelism is the
-//! other half of the issue): [`shares`] refuses them by name.
+//! Expert parallelism: in a mixture-of-experts layer each member also holds a contiguous run of the
+//! routed experts (whole experts, as many as its weight's share allows, at least one; only their
+//! bytes are read) and a column slice of the shared expert; the router, its bias and the shared
+//! expert's gate are whole on every member. After the attention's all-reduce every member holds the
+//! token's hidden state, routes it exactly as the whole layer does (`crate::ffn`: same top-k, same
+//! weights normalised over all k) and adds only its experts' weighted outputs to its feed-forward
+//! partial sum — one all-reduce, no expert dropped. Leading dense layers split by columns as above.
+//!
+//! The bias of a column-cut matrix is added by the member holding its first columns; norms,
+//! per-head Q/K norms and the token embedding are whole on every member; the output head on rank 0.
+//! Latent-attention layers (deepseek2) are not split yet: [`shares`] refuses them by name.
 
 use std::ops::Range;
 
 use crate::block::{BlockSpec, DenseSpec, FfnSpec, MatrixSpec, StageSpec};
 use crate::config::{LayerRange, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::ffn::{DenseFfn, Ffn, MoeFfn};
 use crate::gguf::{GgufFile, RawTensor};
 use crate::linear::{LinearSet, kernel_qtype, matrix_shape};
 
 /// One member's slice of every layer of a stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Share {
-    /// The member's place in the group: partial sums are added in rank order; rank 0 adds the biases
-    /// of the column-cut matrices and holds the output head.
+    /// The member's place in the group: partial sums are added in rank order; rank 0 holds the
+    /// output head.
     pub rank: usize,
     /// How many members the layers are split over.
     pub members: usize,
     /// The query heads this member computes: whole groups of a KV head's queries, or part of one
-    /// group (its KV head is then computed by every member that shares it).
+    /// group (its KV head is then computed by every member that shares it). Empty when the heads
+    /// cannot be cut on the attention output's blocks finer than another member's whole: that
+    /// member computes the attention and this one adds nothing to its sum.
     pub q_heads: Range<usize>,
-    /// The feed-forward columns (gate and up rows, down's input columns) this member computes.
+    /// The dense feed-forward columns (gate and up rows, down's input columns) this member computes;
+    /// empty when the layers have no dense feed-forward, or when another member holds them all.
     pub ff: Range<usize>,
+    /// The routed experts this member holds and computes, a contiguous run of expert ids (never
+    /// empty in a mixture-of-experts stage: every expert on exactly one member); empty in a dense one.
+    pub experts: Range<usize>,
+    /// The shared expert's columns this member computes (as `ff`); empty when the layers have no
+    /// shared expert, or when another member holds it all.
+    pub shared_ff: Range<usize>,
 }
 
 impl Share {
@@ -53,75 +72,130 @@ impl Share {
         local.ffn_dim = self.ff.len();
         local
     }
+
+    /// Whether this member computes a part of the attention.
+    pub fn attends(&self) -> bool {
+        !self.q_heads.is_empty()
+    }
 }
 
 /// Splits layers `range` of `g` over `weights.len()` members, member `i`'s share as near to
-/// `weights[i] / Σ weights` of the heads and of the feed-forward columns as the quantization blocks
-/// and the KV groups allow. An error names why the layers cannot be split that many ways.
+/// `weights[i] / Σ weights` of the heads, of the feed-forward columns, of the routed experts (whole
+/// experts) and of the shared expert's columns as the quantization blocks and the KV groups allow.
+/// Heads and columns are cut into non-empty parts where the blocks allow it, else some members hold
+/// none of them. An error names why the layers cannot be split that many ways.
 pub fn shares(
     g: &mut GgufFile,
     cfg: &ModelConfig,
     range: LayerRange,
     weights: &[f64],
 ) -> Result<Vec<Share>> {
+    let n = weights.len();
     let refuse = |why: String| {
         Err(ModelError::Unsupported(format!(
-            "tensor-parallel split of {} over {} members: {why}",
-            cfg.architecture,
-            weights.len()
+            "tensor-parallel split of {} over {n} members: {why}",
+            cfg.architecture
         )))
     };
     if weights.is_empty() || weights.iter().any(|w| !(w.is_finite() && *w > 0.0)) {
         return refuse(format!("member weights {weights:?} must be positive"));
     }
-    if cfg.arch.mla.is_some() || cfg.arch.experts.is_some() {
-        return refuse(
-            "mixture-of-experts and latent-attention layers are not split yet".to_string(),
-        );
+    if cfg.arch.mla.is_some() {
+        return refuse("latent-attention layers are not split yet".to_string());
     }
     let spec = StageSpec::describe(g, cfg, range)?;
     // The column cuts must fall on blocks of every layer's attention output and down matrices.
-    let (mut wo_align, mut down_align) = (1, 1);
+    let (mut wo_align, mut down_align, mut shared_align) = (1, 1, 1);
+    let (mut dense, mut moe, mut shared_ff) = (false, None, 0);
     for b in &spec.blocks {
         wo_align = lcm(wo_align, column_block(g, &b.wo)?);
-        let FfnSpec::Dense(d) = &b.ffn else {
-            return refuse("a mixture-of-experts layer".to_string());
-        };
-        down_align = lcm(down_align, column_block(g, &d.down)?);
+        match &b.ffn {
+            FfnSpec::Dense(d) => {
+                dense = true;
+                down_align = lcm(down_align, column_block(g, &d.down)?);
+            }
+            FfnSpec::Moe(m) => {
+                moe = Some(m.experts.count);
+                if let Some((d, _)) = &m.shared {
+                    shared_ff = d.down.input;
+                    shared_align = lcm(shared_align, column_block(g, &d.down)?);
+                }
+            }
+        }
     }
     let (hd, group) = (cfg.head_dim, cfg.n_heads / cfg.n_kv_heads);
     // Query-head counts at which a cut may fall, and feed-forward columns.
-    let head_cuts: Vec<usize> = (0..=cfg.n_heads)
-        .filter(|h| (h * hd).is_multiple_of(wo_align))
-        .collect();
+    let head_cuts = points(cfg.n_heads, |h| (h * hd).is_multiple_of(wo_align));
     // A member's query heads are whole KV groups, or lie within one (the attention kernel pairs its
     // local heads with its local KV heads in order).
     let grouped = |a: usize, b: usize| {
         (a.is_multiple_of(group) && b.is_multiple_of(group)) || a / group == (b - 1) / group
     };
-    let ff_cuts: Vec<usize> = (0..=cfg.ffn_dim)
-        .filter(|f| f.is_multiple_of(down_align))
-        .collect();
-    let Some(heads) = cut(&head_cuts, weights, grouped) else {
-        return refuse(format!(
-            "{} query heads ({} per KV head) of {hd} columns cannot be cut on {wo_align}-value blocks",
-            cfg.n_heads, group
-        ));
+    let heads = cut_or_empty(&head_cuts, weights, grouped);
+    let columns = |total: usize, align: usize| {
+        cut_or_empty(
+            &points(total, |f| f.is_multiple_of(align)),
+            weights,
+            |_, _| true,
+        )
     };
-    let Some(ff) = cut(&ff_cuts, weights, |_, _| true) else {
-        return refuse(format!(
-            "{} feed-forward columns cannot be cut on {down_align}-value blocks",
-            cfg.ffn_dim
-        ));
+    let ff = if dense {
+        columns(cfg.ffn_dim, down_align)
+    } else {
+        vec![0; n + 1]
     };
-    Ok((0..weights.len())
+    let shared = columns(shared_ff, shared_align);
+    let experts = match moe {
+        Some(count) => match cut(&points(count, |_| true), weights, |_, _| true) {
+            Some(c) => c,
+            None => {
+                return refuse(format!(
+                    "{count} routed experts cannot give each member at least one"
+                ));
+            }
+        },
+        None => vec![0; n + 1],
+    };
+    let split: Vec<Share> = (0..n)
         .map(|rank| Share {
             rank,
-            members: weights.len(),
+            members: n,
             q_heads: heads[rank]..heads[rank + 1],
             ff: ff[rank]..ff[rank + 1],
+            experts: experts[rank]..experts[rank + 1],
+            shared_ff: shared[rank]..shared[rank + 1],
         })
-        .collect())
+        .collect();
+    if let Some(idle) = split
+        .iter()
+        .find(|s| !s.attends() && s.ff.is_empty() && s.experts.is_empty() && s.shared_ff.is_empty())
+    {
+        return refuse(format!(
+            "member {} would hold nothing: {} query heads ({group} per KV head) of {hd} columns on \
+             {wo_align}-value blocks, {} feed-forward columns on {down_align}-value blocks",
+            idle.rank, cfg.n_heads, cfg.ffn_dim
+        ));
+    }
+    Ok(split)
+}
+
+/// `0..=total` where `allowed`, with both ends always.
+fn points(total: usize, allowed: impl Fn(usize) -> bool) -> Vec<usize> {
+    (0..=total)
+        .filter(|&p| p == 0 || p == total || allowed(p))
+        .collect()
+}
+
+/// [`cut`] into non-empty parts where one exists, else into parts of which some are empty (the
+/// whole in one part always is one).
+fn cut_or_empty(
+    allowed: &[usize],
+    weights: &[f64],
+    valid: impl Fn(usize, usize) -> bool,
+) -> Vec<usize> {
+    cut(allowed, weights, &valid)
+        .or_else(|| cut_parts(allowed, weights, &valid, true))
+        .unwrap_or_else(|| vec![0; weights.len() + 1])
 }
 
 /// The block a column cut of `m`'s input must fall on: its weight format's and its activations'.
@@ -158,6 +232,16 @@ fn cut(
     weights: &[f64],
     valid: impl Fn(usize, usize) -> bool,
 ) -> Option<Vec<usize>> {
+    cut_parts(allowed, weights, &valid, false)
+}
+
+/// [`cut`], parts allowed to be empty when `empty`.
+fn cut_parts(
+    allowed: &[usize],
+    weights: &[f64],
+    valid: &dyn Fn(usize, usize) -> bool,
+    empty: bool,
+) -> Option<Vec<usize>> {
     let (n, m) = (weights.len(), allowed.len());
     let total = *allowed.last()? as f64;
     let sum: f64 = weights.iter().sum();
@@ -171,8 +255,9 @@ fn cut(
     // best[i][k]: the least cost of cutting parts 0..=i with part i ending at allowed[k], and the
     // point part i started at.
     let mut best = vec![vec![None::<(f64, usize)>; m]; n];
+    let first_end = usize::from(!empty);
     for i in 0..n {
-        for k in 1..m {
+        for k in first_end..m {
             let cost_here = (allowed[k] as f64 - targets[i]).powi(2);
             let from = |j: usize| -> Option<f64> {
                 let before = if i == 0 {
@@ -180,9 +265,10 @@ fn cut(
                 } else {
                     best[i - 1][j]?.0
                 };
-                valid(allowed[j], allowed[k]).then_some(before + cost_here)
+                (j == k || valid(allowed[j], allowed[k])).then_some(before + cost_here)
             };
-            best[i][k] = (0..k)
+            let starts = if empty { 0..k + 1 } else { 0..k };
+            best[i][k] = starts
                 .filter_map(|j| from(j).map(|c| (c, j)))
                 .min_by(|a, b| a.0.total_cmp(&b.0));
         }
@@ -199,30 +285,27 @@ fn cut(
 }
 
 /// The output rows `wanted` (ranges of the whole `[part₀ | part₁ | …]`, ascending) of the matrices
-/// `spec` names, with their biases, as one set.
-pub(crate) fn load_rows(
-    g: &mut GgufFile,
-    spec: &MatrixSpec,
-    wanted: &[Range<usize>],
-) -> Result<LinearSet> {
-    let mut parts = Vec::with_capacity(spec.parts.len());
-    for p in &spec.parts {
-        let raw = g.read_raw(&p.weight)?;
-        let bias = p.bias.as_deref().map(|b| g.read_f32_vec(b)).transpose()?;
-        parts.push((p.weight.as_str(), raw, bias));
-    }
+/// `spec` names, with their biases, as one set; only those rows are read.
+fn load_rows(g: &mut GgufFile, spec: &MatrixSpec, wanted: &[Range<usize>]) -> Result<LinearSet> {
     let mut raws = Vec::new();
     for want in wanted {
         let mut start = 0;
-        for (name, raw, bias) in &parts {
-            let (rows, _, _) = matrix_shape(name, raw)?;
+        for p in &spec.parts {
+            let rows = g
+                .tensors()
+                .get(&p.weight)
+                .and_then(|e| e.dims.first().copied())
+                .ok_or_else(|| ModelError::MissingTensor {
+                    name: p.weight.clone(),
+                })?;
             let (lo, hi) = (want.start.max(start), want.end.min(start + rows));
             if lo < hi {
                 let local = lo - start..hi - start;
+                let bias = p.bias.as_deref().map(|b| g.read_f32_vec(b)).transpose()?;
                 raws.push((
-                    name.to_string(),
-                    take_rows(raw, rows, local.clone()),
-                    bias.as_ref().map(|b| b[local].to_vec()),
+                    p.weight.clone(),
+                    g.read_raw_rows(&p.weight, local.clone())?,
+                    bias.map(|b| b[local].to_vec()),
                 ));
             }
             start += rows;
@@ -232,7 +315,7 @@ pub(crate) fn load_rows(
 }
 
 /// Input columns `cols` of the one matrix `spec` names (its bias with it when `bias` is asked).
-pub(crate) fn load_columns(
+fn load_columns(
     g: &mut GgufFile,
     spec: &MatrixSpec,
     cols: Range<usize>,
@@ -252,18 +335,6 @@ pub(crate) fn load_columns(
         _ => None,
     };
     LinearSet::from_raws(vec![(p.weight.clone(), sliced, b)])
-}
-
-/// Rows `range` of a `[rows, cols]` matrix.
-fn take_rows(raw: &RawTensor, rows: usize, range: Range<usize>) -> RawTensor {
-    let row_bytes = raw.data.len() / rows;
-    let mut dims = raw.dims.clone();
-    dims[0] = range.len();
-    RawTensor {
-        ty: raw.ty,
-        dims,
-        data: raw.data[range.start * row_bytes..range.end * row_bytes].to_vec(),
-    }
 }
 
 /// Columns `range` of a `[rows, cols]` matrix: whole quantization blocks of every row.
@@ -294,45 +365,86 @@ fn take_columns(name: &str, raw: &RawTensor, range: Range<usize>) -> Result<RawT
     })
 }
 
-/// What a member's slice of one layer reads: `[q | k | v]` rows of its heads, the output
-/// projection's columns of its query heads, `[gate | up]` rows and down's columns of its
-/// feed-forward range.
-pub(crate) struct BlockSlices<'a> {
-    /// The layer's dense feed-forward (only those are split).
-    pub dense: &'a DenseSpec,
-    pub qkv: Vec<Range<usize>>,
-    pub wo_cols: Range<usize>,
-    pub gate_up: Vec<Range<usize>>,
-    pub ff: Range<usize>,
+/// A member's slice of layer `spec`: `[q | k | v]` rows of its heads and the output projection's
+/// columns of them (none when it holds no heads), its attention sinks, and its feed-forward (see
+/// [`member_ffn`]).
+pub(crate) struct BlockSlice {
+    /// `[q | k | v]` and the attention output's columns; `None` when the member holds no heads.
+    pub attention: Option<(LinearSet, LinearSet)>,
     pub sinks: Range<usize>,
+    pub ffn: Ffn,
 }
 
-impl<'a> BlockSlices<'a> {
-    pub(crate) fn of(share: &Share, cfg: &ModelConfig, spec: &'a BlockSpec) -> Result<Self> {
+impl BlockSlice {
+    pub(crate) fn load(
+        g: &mut GgufFile,
+        share: &Share,
+        cfg: &ModelConfig,
+        spec: &BlockSpec,
+    ) -> Result<Self> {
+        if spec.mla.is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "a tensor-parallel slice of {}'s latent-attention layer {}",
+                cfg.architecture, spec.attn_norm.name
+            )));
+        }
         let hd = cfg.head_dim;
         let (qd, kvd) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
         let q = share.q_heads.clone();
         let kv = &share.kv_heads(cfg);
-        let (FfnSpec::Dense(dense), None) = (&spec.ffn, &spec.mla) else {
-            return Err(ModelError::Unsupported(format!(
-                "a tensor-parallel slice of {}'s layer {}",
-                cfg.architecture, spec.attn_norm.name
-            )));
-        };
-        let ff = &share.ff;
-        Ok(Self {
-            dense,
-            qkv: vec![
+        let attention = if share.attends() {
+            let qkv = [
                 q.start * hd..q.end * hd,
                 qd + kv.start * hd..qd + kv.end * hd,
                 qd + kvd + kv.start * hd..qd + kvd + kv.end * hd,
-            ],
-            wo_cols: q.start * hd..q.end * hd,
-            gate_up: vec![ff.clone(), cfg.ffn_dim + ff.start..cfg.ffn_dim + ff.end],
-            ff: ff.clone(),
+            ];
+            let cols = q.start * hd..q.end * hd;
+            Some((
+                load_rows(g, &spec.qkv, &qkv)?,
+                load_columns(g, &spec.wo, cols.clone(), cols.start == 0)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Self {
+            attention,
             sinks: q,
+            ffn: member_ffn(g, share, &spec.ffn)?,
         })
     }
+}
+
+/// A member's feed-forward of one layer: a dense one's columns `share.ff` (nothing when empty), or
+/// a mixture of experts with the router whole, experts `share.experts` and the shared expert's
+/// columns `share.shared_ff`.
+fn member_ffn(g: &mut GgufFile, share: &Share, spec: &FfnSpec) -> Result<Ffn> {
+    Ok(match spec {
+        FfnSpec::Dense(d) => match dense_slice(g, d, &share.ff)? {
+            Some(d) => Ffn::Dense(d),
+            None => Ffn::Idle,
+        },
+        FfnSpec::Moe(m) => {
+            let shared = match &m.shared {
+                Some((d, _)) => dense_slice(g, d, &share.shared_ff)?,
+                None => None,
+            };
+            Ffn::Moe(MoeFfn::load(g, m, share.experts.clone(), shared)?)
+        }
+    })
+}
+
+/// Columns `cols` of a dense feed-forward (`[gate | up]` rows, down's input columns, down's bias
+/// with the first columns); `None` when `cols` is empty.
+fn dense_slice(g: &mut GgufFile, d: &DenseSpec, cols: &Range<usize>) -> Result<Option<DenseFfn>> {
+    if cols.is_empty() {
+        return Ok(None);
+    }
+    let ff = d.down.input;
+    let gate_up = [cols.clone(), ff + cols.start..ff + cols.end];
+    Ok(Some(DenseFfn::of(
+        load_rows(g, &d.gate_up, &gate_up)?,
+        load_columns(g, &d.down, cols.clone(), cols.start == 0)?,
+    )))
 }
 
 #[cfg(test)]

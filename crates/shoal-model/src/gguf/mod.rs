@@ -4,8 +4,10 @@
 //! [`Content`] (metadata [`Value`]s, and the tensors of the types candle knows) and shoal's directory of every
 //! tensor ([`TensorEntry`]: the IQ formats and MXFP4 too), then keeps the file open; [`GgufFile::read_raw`]
 //! reads one tensor's bytes into a [`RawTensor`] (checking again that they are inside the file), so a stage
-//! reads only its own layers. [`types`] names every ggml type id, so an unloadable tensor type is reported by
-//! name. A damaged or hostile file is an error naming what is wrong, never a panic or a huge allocation.
+//! reads only its own layers, [`GgufFile::read_raw_rows`] a range of its outermost dimension (a
+//! tensor-parallel member's rows, or its experts of a stacked expert tensor), and
+//! [`GgufFile::bytes_read`] tells what was read of each tensor. [`types`] names every ggml type id,
+//! so an unloadable tensor type is reported by name. A damaged or hostile file is an error naming what is wrong, never a panic or a huge allocation.
 //! [`stage_byte_ranges`] (`ranges.rs`) gives the bytes a stage of layers reads (for fetching only those);
 //! `names.rs` holds the tensor names the loader and it share.
 
@@ -19,6 +21,7 @@ pub use ranges::{stage_byte_ranges, stage_byte_ranges_at};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
@@ -35,6 +38,8 @@ pub struct GgufFile {
     file: File,
     content: Content,
     tensors: HashMap<String, TensorEntry>,
+    /// Bytes read so far of each tensor (what a tensor-parallel member's loading is checked by).
+    read: HashMap<String, u64>,
 }
 
 /// One tensor of a file's directory, checked at open: its type (one shoal loads), row-major dims, offset
@@ -68,6 +73,7 @@ impl GgufFile {
             file,
             content,
             tensors,
+            read: HashMap::new(),
         })
     }
 
@@ -133,6 +139,11 @@ impl GgufFile {
         self.tensors.keys().map(String::as_str)
     }
 
+    /// Bytes of tensor `name`'s data this handle has read so far (0 for one never read).
+    pub fn bytes_read(&self, name: &str) -> u64 {
+        self.read.get(name).copied().unwrap_or(0)
+    }
+
     pub fn has_tensor(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }
@@ -140,12 +151,41 @@ impl GgufFile {
     /// Reads one tensor's raw bytes (only that tensor's bytes are read from disk). The file's size is checked
     /// again first: it may have shrunk since it was opened.
     pub fn read_raw(&mut self, name: &str) -> Result<RawTensor> {
-        let info = self
-            .tensors
+        let info = self.entry(name)?;
+        let (ty, dims, bytes) = (info.ty, info.dims.clone(), info.bytes);
+        let data = self.read_bytes(name, 0..bytes)?;
+        Ok(RawTensor { ty, dims, data })
+    }
+
+    /// Reads slices `outer` of a tensor's outermost dimension (rows of a matrix, whole experts of a
+    /// stacked 3-D expert tensor): only those bytes are read from disk. The slices of a row-major tensor
+    /// are contiguous, each `bytes / dims[0]` long.
+    pub fn read_raw_rows(&mut self, name: &str, outer: Range<usize>) -> Result<RawTensor> {
+        let info = self.entry(name)?;
+        let (ty, mut dims, bytes) = (info.ty, info.dims.clone(), info.bytes);
+        let count = dims.first().copied().unwrap_or(0);
+        let per = if count == 0 { 0 } else { bytes / count as u64 };
+        if outer.start > outer.end || outer.end > count || per * count as u64 != bytes {
+            return Err(ModelError::BadInput(format!(
+                "{name}: slices {outer:?} of a tensor of dims {dims:?} ({bytes} bytes)"
+            )));
+        }
+        let data = self.read_bytes(name, outer.start as u64 * per..outer.end as u64 * per)?;
+        dims[0] = outer.len();
+        Ok(RawTensor { ty, dims, data })
+    }
+
+    fn entry(&self, name: &str) -> Result<&TensorEntry> {
+        self.tensors
             .get(name)
             .ok_or_else(|| ModelError::MissingTensor {
                 name: name.to_string(),
-            })?;
+            })
+    }
+
+    /// Bytes `within` (relative to the tensor's first byte) of tensor `name`'s data.
+    fn read_bytes(&mut self, name: &str, within: Range<u64>) -> Result<Vec<u8>> {
+        let info = self.entry(name)?;
         let path = self.path.display().to_string();
         let io = |source| ModelError::Io {
             path: path.clone(),
@@ -163,18 +203,18 @@ impl GgufFile {
                 ),
             });
         }
-        let len = usize::try_from(size).map_err(|_| ModelError::InvalidGguf {
+        let want = within.end.saturating_sub(within.start);
+        let len = usize::try_from(want).map_err(|_| ModelError::InvalidGguf {
             path: path.clone(),
-            message: format!("tensor {name}: {size} bytes do not fit this machine's memory"),
+            message: format!("tensor {name}: {want} bytes do not fit this machine's memory"),
         })?;
         let mut data = vec![0u8; len];
-        self.file.seek(SeekFrom::Start(start)).map_err(io)?;
+        self.file
+            .seek(SeekFrom::Start(start + within.start))
+            .map_err(io)?;
         self.file.read_exact(&mut data).map_err(io)?;
-        Ok(RawTensor {
-            ty: info.ty,
-            dims: info.dims.clone(),
-            data,
-        })
+        *self.read.entry(name.to_string()).or_default() += want;
+        Ok(data)
     }
 
     /// Reads one tensor as a candle quantized tensor on `device` (of a type candle knows).

@@ -23,6 +23,7 @@ mod kv_reuse;
 mod model_load_errors;
 mod moe;
 mod split;
+mod split_moe;
 mod stage_ranges;
 mod synthetic;
 mod tokenizer_gemma;
