@@ -124,12 +124,16 @@ fn load_block(
     cfg: &ModelConfig,
     share: Option<&Share>,
 ) -> Result<Block> {
-    let (qkv, wo, ffn, sinks) = match share {
+    let (qkv, wo, ffn, sinks, mla) = match share {
         None => (
             load_set(g, &spec.qkv)?,
             load_set(g, &spec.wo)?,
             Ffn::load(g, &spec.ffn)?,
             read_opt_norm(g, &spec.sinks)?,
+            match &spec.mla {
+                Some(m) => Some(MlaAttn::load(g, m, cfg.n_heads)?),
+                None => None,
+            },
         ),
         Some(share) => {
             let at = BlockSlice::load(g, share, cfg, spec)?;
@@ -145,16 +149,14 @@ fn load_block(
                 wo,
                 at.ffn,
                 read_opt_norm(g, &spec.sinks)?.map(|s| s[at.sinks].to_vec()),
+                at.mla,
             )
         }
     };
     Ok(Block {
         attends: share.is_none_or(Share::attends),
         qkv,
-        mla: match &spec.mla {
-            Some(m) => Some(MlaAttn::load(g, m, cfg.n_heads)?),
-            None => None,
-        },
+        mla,
         wo,
         ffn,
         attn_norm: read_norm(g, &spec.attn_norm)?,

@@ -25,6 +25,7 @@
 //! Scores are scaled by [`Mla::kq_scale`]. Numerics are the ordinary attention's ([`crate::attention`]):
 //! f16 keys, queries rounded to f16, weights rounded to f16 before the values.
 
+use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -53,13 +54,18 @@ fn split_kv_b(
     spec: &MatrixSpec,
     a: Mla,
     n_heads: usize,
+    heads: &Range<usize>,
 ) -> Result<(Vec<LinearSet>, Vec<LinearSet>)> {
     let (k_b, v_b) = split_kv_b_raw(g, spec, a, n_heads)?;
     let set = |t: RawTensor| LinearSet::from_raws(vec![(spec.name.clone(), t, None)]);
-    Ok((
-        k_b.into_iter().map(set).collect::<Result<_>>()?,
-        v_b.into_iter().map(set).collect::<Result<_>>()?,
-    ))
+    let mine = |v: Vec<RawTensor>| -> Result<Vec<LinearSet>> {
+        v.into_iter()
+            .skip(heads.start)
+            .take(heads.len())
+            .map(set)
+            .collect()
+    };
+    Ok((mine(k_b)?, mine(v_b)?))
 }
 
 /// [`split_kv_b`]'s tensors, per head: `attn_k_b` (F16, `kv_lora × nope`) and `attn_v_b` (as stored,
@@ -219,18 +225,36 @@ pub(crate) struct MlaScratch {
 
 impl MlaAttn {
     pub(crate) fn load(g: &mut GgufFile, spec: &MlaSpec, n_heads: usize) -> Result<Self> {
+        Self::load_heads(g, spec, n_heads, 0..n_heads, |g, m, _| load_set(g, m))
+    }
+
+    /// The attention of query heads `heads` of the layer's `n_heads` (a tensor-parallel member's):
+    /// their `attn_k_b` / `attn_v_b` only, and `q_b` read by `rows` (the matrix and the output rows of
+    /// those heads).
+    pub(crate) fn load_heads(
+        g: &mut GgufFile,
+        spec: &MlaSpec,
+        n_heads: usize,
+        heads: Range<usize>,
+        rows: impl FnOnce(&mut GgufFile, &MatrixSpec, Range<usize>) -> Result<LinearSet>,
+    ) -> Result<Self> {
+        let a = spec.shape;
+        let qk = a.nope + a.rope;
         let q_b = match &spec.q_b {
-            Some((norm, m)) => Some((read_norm(g, norm)?, load_set(g, m)?)),
+            Some((norm, m)) => {
+                let cut = heads.start * qk..heads.end * qk;
+                Some((read_norm(g, norm)?, rows(g, m, cut)?))
+            }
             None => None,
         };
         let per_head = |g: &mut GgufFile, t| -> Result<Vec<LinearSet>> {
-            split_experts(g, t, n_heads, 0..n_heads)?
+            split_experts(g, t, n_heads, heads.clone())?
                 .into_iter()
                 .map(|part| LinearSet::from_raws(vec![part]))
                 .collect()
         };
         let (k_b, v_b) = match &spec.kv_b {
-            Some(kv_b) => split_kv_b(g, kv_b, spec.shape, n_heads)?,
+            Some(kv_b) => split_kv_b(g, kv_b, a, n_heads, &heads)?,
             None => (per_head(g, &spec.k_b)?, per_head(g, &spec.v_b)?),
         };
         Ok(Self {

@@ -22,7 +22,9 @@
 //!
 //! The bias of a column-cut matrix is added by the member holding its first columns; norms,
 //! per-head Q/K norms and the token embedding are whole on every member; the output head on rank 0.
-//! Latent-attention layers (deepseek2) are not split yet: [`shares`] refuses them by name.
+//! Latent-attention layers (deepseek2) split by heads too: every member holding heads computes the
+//! (shared) latent and caches it whole, its heads' queries, products and values, and its columns of
+//! the output projection.
 
 use std::ops::Range;
 
@@ -32,6 +34,7 @@ use crate::error::{ModelError, Result};
 use crate::ffn::{DenseFfn, Ffn, MoeFfn};
 use crate::gguf::{GgufFile, RawTensor};
 use crate::linear::{LinearSet, kernel_qtype, matrix_shape};
+use crate::mla::MlaAttn;
 
 /// One member's slice of every layer of a stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,9 +103,6 @@ pub fn shares(
     if weights.is_empty() || weights.iter().any(|w| !(w.is_finite() && *w > 0.0)) {
         return refuse(format!("member weights {weights:?} must be positive"));
     }
-    if cfg.arch.mla.is_some() {
-        return refuse("latent-attention layers are not split yet".to_string());
-    }
     let spec = StageSpec::describe(g, cfg, range)?;
     // The column cuts must fall on blocks of every layer's attention output and down matrices.
     let (mut wo_align, mut down_align, mut shared_align) = (1, 1, 1);
@@ -123,7 +123,9 @@ pub fn shares(
             }
         }
     }
-    let (hd, group) = (cfg.head_dim, cfg.n_heads / cfg.n_kv_heads);
+    // The attention output's input columns per query head (latent attention: a head's values).
+    let hd = cfg.arch.mla.map_or(cfg.head_dim, |a| a.v_head);
+    let group = cfg.n_heads / cfg.n_kv_heads;
     // Query-head counts at which a cut may fall, and feed-forward columns.
     let head_cuts = points(cfg.n_heads, |h| (h * hd).is_multiple_of(wo_align));
     // A member's query heads are whole KV groups, or lie within one (the attention kernel pairs its
@@ -367,10 +369,15 @@ fn take_columns(name: &str, raw: &RawTensor, range: Range<usize>) -> Result<RawT
 
 /// A member's slice of layer `spec`: `[q | k | v]` rows of its heads and the output projection's
 /// columns of them (none when it holds no heads), its attention sinks, and its feed-forward (see
-/// [`member_ffn`]).
+/// [`member_ffn`]). Under latent attention `[q_a | kv_a]` is whole (the latent is every head's),
+/// or `[q | kv_a]` cut to the member's heads' query rows; `q_b` rows and the per-head `attn_k_b` /
+/// `attn_v_b` are the member's heads' ([`MlaAttn::load_heads`]), and every member holding heads
+/// caches the whole latent.
 pub(crate) struct BlockSlice {
     /// `[q | k | v]` and the attention output's columns; `None` when the member holds no heads.
     pub attention: Option<(LinearSet, LinearSet)>,
+    /// Latent attention's heads (deepseek2), when the member holds some.
+    pub mla: Option<MlaAttn>,
     pub sinks: Range<usize>,
     pub ffn: Ffn,
 }
@@ -382,32 +389,53 @@ impl BlockSlice {
         cfg: &ModelConfig,
         spec: &BlockSpec,
     ) -> Result<Self> {
-        if spec.mla.is_some() {
-            return Err(ModelError::Unsupported(format!(
-                "a tensor-parallel slice of {}'s latent-attention layer {}",
-                cfg.architecture, spec.attn_norm.name
-            )));
-        }
         let hd = cfg.head_dim;
         let (qd, kvd) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
         let q = share.q_heads.clone();
         let kv = &share.kv_heads(cfg);
-        let attention = if share.attends() {
-            let qkv = [
+        let (qkv, cols) = match (&spec.mla, cfg.arch.mla) {
+            (Some(_), Some(a)) => {
+                let (qk, kw) = (a.nope + a.rope, a.kv_lora + a.rope);
+                let qkv = match a.q_lora {
+                    0 => {
+                        let at = cfg.n_heads * qk;
+                        vec![q.start * qk..q.end * qk, at..at + kw]
+                    }
+                    r => std::iter::once(0..r + kw).collect(),
+                };
+                (qkv, q.start * a.v_head..q.end * a.v_head)
+            }
+            _ => (
+                vec![
+                    q.start * hd..q.end * hd,
+                    qd + kv.start * hd..qd + kv.end * hd,
+                    qd + kvd + kv.start * hd..qd + kvd + kv.end * hd,
+                ],
                 q.start * hd..q.end * hd,
-                qd + kv.start * hd..qd + kv.end * hd,
-                qd + kvd + kv.start * hd..qd + kvd + kv.end * hd,
-            ];
-            let cols = q.start * hd..q.end * hd;
-            Some((
+            ),
+        };
+        let (attention, mla) = if share.attends() {
+            let mla = match &spec.mla {
+                Some(m) => Some(MlaAttn::load_heads(
+                    g,
+                    m,
+                    cfg.n_heads,
+                    q.clone(),
+                    |g, m, r| load_rows(g, m, &[r]),
+                )?),
+                None => None,
+            };
+            let attention = (
                 load_rows(g, &spec.qkv, &qkv)?,
                 load_columns(g, &spec.wo, cols.clone(), cols.start == 0)?,
-            ))
+            );
+            (Some(attention), mla)
         } else {
-            None
+            (None, None)
         };
         Ok(Self {
             attention,
+            mla,
             sinks: q,
             ffn: member_ffn(g, share, &spec.ffn)?,
         })
