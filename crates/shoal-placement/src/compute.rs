@@ -191,14 +191,15 @@ impl Split {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn card() -> ModelCard {
         crate::split::tests::card(10, 100)
     }
 
-    fn node(id: &str, speed: f64) -> NodeInfo {
+    /// A node of 1 GiB with a decode speed and nothing else measured.
+    pub(crate) fn node(id: &str, speed: f64) -> NodeInfo {
         NodeInfo {
             id: id.parse().unwrap(),
             mem_available: 1 << 30,

@@ -15,12 +15,38 @@
 use serde::{Deserialize, Serialize};
 use shoal_ids::NodeId;
 
-use crate::compute::Split;
+use crate::group::{GroupSpec, StageCompute};
 use crate::links::LinkIndex;
 use crate::model::{
     DEFAULT_PROMPT_TOKENS, Link, LinkKind, ModelCard, TOKEN_BYTES, Topology, decode_context,
 };
 use crate::output::Stage;
+
+/// Where a candidate's stages run: node indices (rank 0 of a group) in stage order, layers per
+/// stage, each stage's GPU layers and each stage's tensor-parallel group (an empty slice: none).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout<'a> {
+    pub order: &'a [usize],
+    pub counts: &'a [usize],
+    pub gpu: &'a [usize],
+    pub groups: &'a [Option<GroupSpec>],
+}
+
+impl Layout<'_> {
+    /// Each stage's pricing; `None` when a group's members lack a link.
+    pub fn stage_computes(
+        &self,
+        ctx: (&Topology, &LinkIndex, &ModelCard),
+    ) -> Option<Vec<StageCompute>> {
+        (self.order.iter().enumerate())
+            .map(|(s, &i)| {
+                let group = self.groups.get(s).and_then(Option::as_ref);
+                let on_gpu = self.gpu.get(s).copied().unwrap_or(0);
+                StageCompute::of(ctx, i, on_gpu, group, s == 0)
+            })
+            .collect()
+    }
+}
 
 /// One message crossing one link.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,8 +68,12 @@ pub struct Hop {
 /// The predicted latency of one placement, term by term.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CostBreakdown {
-    /// Compute per stage, microseconds.
+    /// Compute per stage, microseconds (a tensor-parallel stage's slowest rank's share, and the head).
     pub compute_us: Vec<f64>,
+    /// Per stage, a tensor-parallel group's time on the network: its input fanned out from rank 0 and
+    /// its reductions (0 for one node; records that predate groups: empty).
+    #[serde(default)]
+    pub group_us: Vec<f64>,
     pub hops: Vec<Hop>,
     /// Path of the sampled token back to the first stage (empty for one stage).
     pub return_path: Vec<Hop>,
@@ -98,22 +128,54 @@ pub(crate) fn return_route(links: &LinkIndex, order: &[usize]) -> Option<Vec<(us
 /// adjacent stages have no link.
 pub fn predict(topology: &Topology, card: &ModelCard, stages: &[Stage]) -> Option<CostBreakdown> {
     let links = LinkIndex::new(topology, card.hidden_bytes_per_token);
-    let (order, counts) = resolve_stages(topology, stages)?;
+    let resolved = resolve_stages(topology, stages)?;
     let context = decode_context(DEFAULT_PROMPT_TOKENS);
-    let gpu: Vec<usize> = stages.iter().map(Stage::gpu_layers).collect();
-    breakdown(topology, &links, card, (&order, &counts, &gpu), context)
+    breakdown(topology, &links, card, resolved.layout(), context)
 }
 
-/// Node indices and layer counts of `stages`; `None` when a node is unknown.
-pub(crate) fn resolve_stages(
-    topology: &Topology,
-    stages: &[Stage],
-) -> Option<(Vec<usize>, Vec<usize>)> {
+/// Stage records as node indices: the owned form of a [`Layout`].
+pub(crate) struct Resolved {
+    order: Vec<usize>,
+    counts: Vec<usize>,
+    gpu: Vec<usize>,
+    groups: Vec<Option<GroupSpec>>,
+}
+
+impl Resolved {
+    pub fn layout(&self) -> Layout<'_> {
+        Layout {
+            order: &self.order,
+            counts: &self.counts,
+            gpu: &self.gpu,
+            groups: &self.groups,
+        }
+    }
+}
+
+/// Node indices, layer counts, GPU layers and groups (members as node indices) of `stages`; `None`
+/// when a node is unknown.
+pub(crate) fn resolve_stages(topology: &Topology, stages: &[Stage]) -> Option<Resolved> {
+    let index = |id: &NodeId| topology.nodes.iter().position(|n| n.id == *id);
     let order = stages
         .iter()
-        .map(|s| topology.nodes.iter().position(|n| n.id == s.node))
+        .map(|s| index(&s.node))
         .collect::<Option<Vec<usize>>>()?;
-    Some((order, stages.iter().map(Stage::layers).collect()))
+    let groups = stages
+        .iter()
+        .map(|s| match &s.group {
+            None => Some(None),
+            Some(g) => Some(Some(GroupSpec {
+                members: g.members.iter().map(index).collect::<Option<Vec<_>>>()?,
+                weights: g.weights.clone(),
+            })),
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Resolved {
+        order,
+        counts: stages.iter().map(Stage::layers).collect(),
+        gpu: stages.iter().map(Stage::gpu_layers).collect(),
+        groups,
+    })
 }
 
 /// [`predict`] for node indices and layer counts with a prebuilt link index.
@@ -121,17 +183,20 @@ pub(crate) fn breakdown(
     topology: &Topology,
     links: &LinkIndex,
     card: &ModelCard,
-    (order, counts, gpu): (&[usize], &[usize], &[usize]),
+    layout: Layout<'_>,
     context: usize,
 ) -> Option<CostBreakdown> {
+    let order = layout.order;
     let node = |i: usize| &topology.nodes[i];
     let last = order.len().saturating_sub(1);
-    let compute_us: Vec<f64> = (order.iter().zip(counts).enumerate())
-        .map(|(s, (&i, &n))| {
-            let on_gpu = gpu.get(s).copied().unwrap_or(0);
-            Split::of(node(i), card, on_gpu).stage_us(n, 1, context, s == last)
-        })
-        .collect();
+    let (mut compute_us, mut group_us) = (Vec::new(), Vec::new());
+    let stages = layout.stage_computes((topology, links, card))?;
+    for (s, (stage, &n)) in stages.iter().zip(layout.counts).enumerate() {
+        let (fan_out, reduce) = stage.network_us(n, 1);
+        let total = stage.stage_us(n, 1, context, s == last);
+        compute_us.push(total - fan_out - reduce);
+        group_us.push(fan_out + reduce);
+    }
     let mut hops = Vec::with_capacity(order.len().saturating_sub(1));
     for w in order.windows(2) {
         let link = &topology.links[links.fwd(w[0], w[1])?];
@@ -148,10 +213,12 @@ pub(crate) fn breakdown(
         return_path.push(hop(&node(a).id, &node(b).id, link, TOKEN_BYTES));
     }
     let total_us = compute_us.iter().sum::<f64>()
+        + group_us.iter().sum::<f64>()
         + hops.iter().map(|h| h.us).sum::<f64>()
         + return_path.iter().map(|h| h.us).sum::<f64>();
     Some(CostBreakdown {
         compute_us,
+        group_us,
         hops,
         return_path,
         total_us,
@@ -161,7 +228,7 @@ pub(crate) fn breakdown(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::NodeInfo;
+    use crate::compute::tests::node;
 
     fn card() -> ModelCard {
         ModelCard {
@@ -183,19 +250,6 @@ mod tests {
             vocab_size: 0,
             attention_flops_per_position: 0,
             max_group: 1,
-        }
-    }
-
-    fn node(id: &str, speed: f64) -> NodeInfo {
-        NodeInfo {
-            id: id.parse().unwrap(),
-            mem_available: 1 << 30,
-            speed,
-            prefill_speed: None,
-            head_us: None,
-            attention_us: None,
-            sample_us: None,
-            gpu: None,
         }
     }
 

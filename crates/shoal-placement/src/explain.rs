@@ -8,9 +8,11 @@ use std::fmt::Write;
 
 use crate::cost::{CostBreakdown, Hop};
 use crate::fmt::{fmt_bandwidth, fmt_bytes, fmt_tok_s, fmt_us};
+use crate::group::{GroupCompute, GroupSpec, rank_bytes};
 use crate::model::Goal;
 use crate::output::{NodeVerdict, Prediction};
 use crate::search::{Candidate, Ctx, Mode};
+use crate::tensor::group_name;
 use crate::verdict::figure;
 
 /// What each node of the pool could do alone.
@@ -67,6 +69,8 @@ pub(crate) struct Facts<'a> {
     pub prediction: &'a Prediction,
     pub mode: Mode,
     pub singles: &'a [SingleNode],
+    /// The best candidate with a tensor-parallel group, when one was costed.
+    pub best_group: Option<&'a Candidate>,
     /// Why each node is in or out (the chosen placement only).
     pub verdicts: &'a [NodeVerdict],
 }
@@ -81,6 +85,7 @@ pub(crate) fn explain(ctx: &Ctx, f: &Facts) -> String {
     stages_and_hops(ctx, f, &mut out);
     rates(f.prediction, &mut out);
     singles(ctx, f, &mut out);
+    group_lost(ctx, f, &mut out);
     if f.mode != Mode::Auto
         && let Some(s) = faster_alone(f)
     {
@@ -110,6 +115,12 @@ fn stages_and_hops(ctx: &Ctx, f: &Facts, out: &mut String) {
         let used = ctx.card.stage_bytes(n, i == 0, i + 1 == k, ctx.kv_tokens);
         if i > 0 {
             out.push_str(", ");
+        }
+        if let Some(g) = f.cand.group(i) {
+            let place = ((start, n), (i == 0, i + 1 == k));
+            group_stage(ctx, (node_idx, g), place, f.cost.compute_us[i], out);
+            start += n;
+            continue;
         }
         let gpu = match f.cand.gpu.get(i).copied().unwrap_or(0) {
             0 => String::new(),
@@ -198,7 +209,7 @@ fn singles(ctx: &Ctx, f: &Facts, out: &mut String) {
             rejected.join(", ")
         );
     }
-    if f.cand.order.len() > 1 {
+    if f.cand.nodes().len() > 1 {
         let slower: Vec<String> = f
             .singles
             .iter()
@@ -218,6 +229,80 @@ fn singles(ctx: &Ctx, f: &Facts, out: &mut String) {
             );
         }
     }
+}
+
+/// A tensor-parallel stage of layers `start..start + n`: who holds what share, what its reductions
+/// cost per token.
+fn group_stage(
+    ctx: &Ctx,
+    (rank0, g): (usize, &GroupSpec),
+    ((start, n), place): ((usize, usize), (bool, bool)),
+    compute_us: f64,
+    out: &mut String,
+) {
+    let shares = g.shares();
+    let ranks: Vec<String> = (g.ranks(rank0).iter().zip(&shares).enumerate())
+        .map(|(r, (&i, &share))| {
+            let held = rank_bytes(ctx.card, (r, share), n, place, ctx.kv_tokens);
+            let weight = g.weights.get(r).copied().unwrap_or(0);
+            format!(
+                "{} weight {weight} ({:.0} %, {} of {})",
+                ctx.id(i),
+                share * 100.0,
+                fmt_bytes(held),
+                fmt_bytes(ctx.topo.nodes[i].mem_available)
+            )
+        })
+        .collect();
+    let _ = write!(
+        out,
+        "tensor-parallel group {} layers {}–{} ({} layer{} shared by {}; {} compute",
+        group_name(ctx, rank0, g),
+        start,
+        start + n - 1,
+        n,
+        if n == 1 { "" } else { "s" },
+        ranks.join(", "),
+        fmt_us(compute_us),
+    );
+    if let Some(gc) = GroupCompute::of((ctx.topo, &ctx.links, ctx.card), rank0, g, place.0) {
+        let _ = write!(
+            out,
+            ", reductions {}/token ({} exchanges of {}, the slowest pair's link), input to the members {}",
+            fmt_us(gc.reduce_us(n, 1)),
+            2 * n,
+            fmt_us(gc.exchange_us(1)),
+            fmt_us(gc.fan_out_us(1)),
+        );
+        if let Some(kind) = gc.worst_kind() {
+            let _ = write!(out, " over {}", kind.name());
+        }
+    }
+    out.push(')');
+}
+
+/// When a tensor-parallel group was costed but the placement has none: what the best group predicts.
+fn group_lost(ctx: &Ctx, f: &Facts, out: &mut String) {
+    let Some(g) = f.best_group else {
+        return;
+    };
+    if f.cand.groups.iter().any(Option::is_some) {
+        return;
+    }
+    let stage = (0..g.order.len()).find_map(|s| Some((s, g.group(s)?)));
+    let Some((s, spec)) = stage else {
+        return;
+    };
+    let reduce = GroupCompute::of((ctx.topo, &ctx.links, ctx.card), g.order[s], spec, s == 0)
+        .map_or(0.0, |gc| gc.reduce_us(g.counts[s], 1) + gc.fan_out_us(1));
+    let _ = write!(
+        out,
+        "; tensor-parallel group {} predicted slower: {} vs {} (its reductions and input {}/token)",
+        group_name(ctx, g.order[s], spec),
+        figure(ctx, g.score),
+        figure(ctx, f.cand.score),
+        fmt_us(reduce),
+    );
 }
 
 /// The best single node that fits alone and is predicted better than the (pinned or manual) placement.

@@ -66,6 +66,7 @@ mod cost;
 mod error;
 mod explain;
 mod fmt;
+mod group;
 mod links;
 mod model;
 mod output;
@@ -75,6 +76,7 @@ mod refine;
 mod replicas;
 mod search;
 mod split;
+mod tensor;
 mod verdict;
 
 pub use cost::{CostBreakdown, Hop, predict};

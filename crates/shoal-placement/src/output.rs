@@ -168,6 +168,14 @@ pub struct StagePrediction {
     /// The part of `token_us` that is the output head and sampling (0 except on the last stage).
     #[serde(default)]
     pub head_us: f64,
+    /// A tensor-parallel stage: the part of `token_us` that is rank 0 sending the stage's input to
+    /// the other members (0 for one node).
+    #[serde(default)]
+    pub fan_out_us: f64,
+    /// A tensor-parallel stage: the part of `token_us` that is its reductions, two a layer, each one
+    /// exchange of every member's partial sum (0 for one node).
+    #[serde(default)]
+    pub reduce_us: f64,
 }
 
 /// One forward hop's predicted cost.

@@ -8,10 +8,11 @@ use crate::cost::breakdown;
 use crate::error::PlacementError;
 use crate::explain::{Facts, SingleNode, explain, single_nodes};
 use crate::model::{Constraints, ModelCard, Topology};
-use crate::output::{GpuLayers, NodeVerdict, Placement, Stage, stages_from_counts};
+use crate::output::{GpuLayers, NodeVerdict, Placement, Stage, TensorGroup, stages_from_counts};
 use crate::refine::refine;
 use crate::search::{Candidate, Ctx, EXHAUSTIVE_NODES, Mode, search_auto, search_orders};
 use crate::split::split_layers;
+use crate::tensor::{group_candidates, offer_groups};
 use crate::verdict::verdicts;
 
 /// At most this many candidates are returned.
@@ -79,9 +80,10 @@ fn plan_up_to(
     }
     let everyone: Vec<usize> = (0..topology.nodes.len()).collect();
     let prompt = constraints.prompt();
-    let finisher = Finisher {
+    let mut finisher = Finisher {
         ctx: &ctx,
         singles: single_nodes(&ctx, &everyone),
+        best_group: None,
         prompt,
         max_k,
     };
@@ -98,12 +100,20 @@ fn plan_up_to(
     }
     let (mut candidates, mode, pool) = match pinned {
         Some(p) if constraints.keep_order => (vec![ctx.evaluate_strict(&p)?], Mode::Pinned, p),
-        Some(p) => (search_orders(&ctx, &p), Mode::Pinned, p),
+        Some(p) => {
+            let mut found = search_orders(&ctx, &p);
+            let groups = group_candidates(&ctx, &p, &p, 1);
+            finisher.best_group = groups.iter().min_by(|a, b| ctx.compare(a, b)).cloned();
+            found.extend(groups);
+            (found, Mode::Pinned, p)
+        }
         None => {
             let mut found = search_auto(&ctx, &everyone, max_k);
+            offer_groups(&ctx, &everyone, max_k, &mut found);
             if everyone.len() > EXHAUSTIVE_NODES {
                 refine(&ctx, &everyone, max_k, &mut found);
             }
+            finisher.best_group = found.best_group().cloned();
             (found.into_sorted(&ctx), Mode::Auto, everyone.clone())
         }
     };
@@ -123,6 +133,8 @@ fn plan_up_to(
 struct Finisher<'a> {
     ctx: &'a Ctx<'a>,
     singles: Vec<SingleNode>,
+    /// The best candidate with a tensor-parallel group, when one was costed.
+    best_group: Option<Candidate>,
     prompt: usize,
     max_k: usize,
 }
@@ -139,13 +151,7 @@ impl Finisher<'_> {
             Vec::new()
         };
         // The candidate was costed with these links, so the breakdown exists.
-        let cost = breakdown(
-            ctx.topo,
-            &ctx.links,
-            ctx.card,
-            (&cand.order, &cand.counts, &cand.gpu),
-            ctx.context,
-        );
+        let cost = breakdown(ctx.topo, &ctx.links, ctx.card, cand.layout(), ctx.context);
         let explanation = match &cost {
             Some(cost) => explain(
                 ctx,
@@ -155,13 +161,18 @@ impl Finisher<'_> {
                     prediction: &prediction,
                     mode,
                     singles: &self.singles,
+                    best_group: self.best_group.as_ref(),
                     verdicts: &nodes,
                 },
             ),
             None => String::new(),
         };
         Placement {
-            stages: with_gpus(ctx, &cand, stages_from_counts(&names, &cand.counts)),
+            stages: with_groups(
+                ctx,
+                &cand,
+                with_gpus(ctx, &cand, stages_from_counts(&names, &cand.counts)),
+            ),
             predicted_token_latency_us: cost.map_or(prediction.token_latency_us, |c| c.total_us),
             explanation,
             prediction,
@@ -180,6 +191,17 @@ fn with_gpus(ctx: &Ctx, cand: &Candidate, mut stages: Vec<Stage>) -> Vec<Stage> 
                 index: g.index,
                 layers,
             });
+    }
+    stages
+}
+
+/// `stages` with each one's tensor-parallel group as the candidate was costed with it.
+fn with_groups(ctx: &Ctx, cand: &Candidate, mut stages: Vec<Stage>) -> Vec<Stage> {
+    for (s, stage) in stages.iter_mut().enumerate() {
+        stage.group = cand.group(s).map(|g| TensorGroup {
+            members: g.members.iter().map(|&m| ctx.id(m).clone()).collect(),
+            weights: g.weights.clone(),
+        });
     }
     stages
 }

@@ -21,8 +21,8 @@
 //! The goal's figure, in microseconds per token (lower is better): `R(1)` for latency, `1/tok/s` at the
 //! largest of [`BATCH_SIZES`] for throughput.
 
-use crate::compute::Split;
-use crate::cost::{resolve_stages, return_route};
+use crate::cost::{Layout, resolve_stages, return_route};
+use crate::group::StageCompute;
 use crate::links::{LinkCost, LinkIndex};
 use crate::model::{Goal, LinkKind, ModelCard, TOKEN_BYTES, Topology, decode_context};
 use crate::output::{BatchRate, HopPrediction, Prediction, Stage, StagePrediction};
@@ -46,8 +46,9 @@ enum Bound {
 #[derive(Debug, Clone)]
 pub(crate) struct Timing {
     layers: Vec<usize>,
-    /// Each stage's compute: its node's CPU, and its GPU for the stage's first layers.
-    compute: Vec<Split>,
+    /// Each stage's compute: its node's CPU, and its GPU for the stage's first layers; or its
+    /// tensor-parallel group.
+    compute: Vec<StageCompute>,
     fwd: Vec<LinkCost>,
     back: Vec<LinkCost>,
     hidden: f64,
@@ -56,15 +57,16 @@ pub(crate) struct Timing {
 }
 
 impl Timing {
-    /// `None` when adjacent nodes (or the token's way back) have no link. Decode attention is priced at
-    /// `context` cached tokens.
+    /// `None` when adjacent nodes (or the token's way back, or a group's members) have no link. Decode
+    /// attention is priced at `context` cached tokens.
     pub fn new(
         topo: &Topology,
         links: &LinkIndex,
         card: &ModelCard,
-        (order, counts, gpu): (&[usize], &[usize], &[usize]),
+        layout: Layout<'_>,
         context: usize,
     ) -> Option<Timing> {
+        let order = layout.order;
         let fwd = order
             .windows(2)
             .map(|w| Some(LinkCost::of(&topo.links[links.fwd(w[0], w[1])?])))
@@ -73,11 +75,10 @@ impl Timing {
             .into_iter()
             .map(|(a, b)| Some(LinkCost::of(&topo.links[links.back(a, b)?])))
             .collect::<Option<Vec<_>>>()?;
+        let compute = layout.stage_computes((topo, links, card))?;
         Some(Timing {
-            layers: counts.to_vec(),
-            compute: (order.iter().enumerate())
-                .map(|(s, &i)| Split::of(&topo.nodes[i], card, gpu.get(s).copied().unwrap_or(0)))
-                .collect(),
+            layers: layout.counts.to_vec(),
+            compute,
             fwd,
             back,
             hidden: card.hidden_bytes_per_token as f64,
@@ -87,10 +88,10 @@ impl Timing {
 
     /// The worst link kind used anywhere (`Loopback` for one stage).
     pub fn worst_kind(&self) -> LinkKind {
-        self.fwd
-            .iter()
-            .chain(&self.back)
+        let groups = self.compute.iter().filter_map(|c| c.group()?.worst_kind());
+        (self.fwd.iter().chain(&self.back))
             .map(|l| l.kind)
+            .chain(groups)
             .max()
             .unwrap_or(LinkKind::Loopback)
     }
@@ -264,6 +265,8 @@ impl Timing {
                 } else {
                     0.0
                 },
+                fan_out_us: self.compute[i].network_us(self.layers[i], 1).0,
+                reduce_us: self.compute[i].network_us(self.layers[i], 1).1,
             })
             .collect();
         let hops = (self.fwd.iter().enumerate())
@@ -321,15 +324,8 @@ pub fn forecast_at(
     context_tokens: usize,
 ) -> Option<Prediction> {
     let links = LinkIndex::new(topology, card.hidden_bytes_per_token);
-    let (order, counts) = resolve_stages(topology, stages)?;
-    let gpu: Vec<usize> = stages.iter().map(Stage::gpu_layers).collect();
-    let timing = Timing::new(
-        topology,
-        &links,
-        card,
-        (&order, &counts, &gpu),
-        context_tokens,
-    )?;
+    let resolved = resolve_stages(topology, stages)?;
+    let timing = Timing::new(topology, &links, card, resolved.layout(), context_tokens)?;
     let names: Vec<&NodeId> = stages.iter().map(|s| &s.node).collect();
     Some(timing.prediction(&names, goal, prompt_tokens))
 }

@@ -10,7 +10,7 @@ use std::fmt::Write;
 use crate::error::PlacementError;
 use crate::fmt::fmt_tok_s;
 use crate::model::{Constraints, ModelCard, Topology};
-use crate::output::Placement;
+use crate::output::{Placement, Stage};
 use crate::plan::best;
 use crate::rates::BATCH_SIZES;
 
@@ -59,7 +59,7 @@ pub fn plan_replicas(
         match best(&left, card, &each) {
             Ok(p) => {
                 left.nodes
-                    .retain(|n| !p.stages.iter().any(|s| s.node == n.id));
+                    .retain(|n| !p.stages.iter().flat_map(Stage::nodes).any(|x| *x == n.id));
                 out.push(p);
                 if left.nodes.is_empty() && out.len() < count {
                     short = Some(PlacementError::NoNodes);

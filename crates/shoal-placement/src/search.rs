@@ -13,7 +13,9 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use crate::compute::Compute;
+use crate::cost::Layout;
 use crate::error::PlacementError;
+use crate::group::{GroupCompute, GroupSpec, group_capacity};
 use crate::links::LinkIndex;
 use crate::model::{Goal, ModelCard, Topology};
 use crate::rates::{BATCH_SIZES, Timing};
@@ -40,9 +42,48 @@ pub(crate) struct Candidate {
     pub counts: Vec<usize>,
     /// Of those, the first ones on the stage's node's GPU (0: all on the CPU).
     pub gpu: Vec<usize>,
+    /// Each stage's tensor-parallel group (`None`: its node alone), in stage order.
+    pub groups: Vec<Option<GroupSpec>>,
     pub timing: Timing,
     /// The goal's figure in microseconds per token (lower is better).
     pub score: f64,
+}
+
+impl Candidate {
+    pub fn layout(&self) -> Layout<'_> {
+        Layout {
+            order: &self.order,
+            counts: &self.counts,
+            gpu: &self.gpu,
+            groups: &self.groups,
+        }
+    }
+
+    /// Stage `s`'s group, when it has one.
+    pub fn group(&self, s: usize) -> Option<&GroupSpec> {
+        self.groups.get(s).and_then(Option::as_ref)
+    }
+
+    /// Every node computing a stage, stage by stage (a group's rank 0 first).
+    pub fn nodes(&self) -> Vec<usize> {
+        (self.order.iter().enumerate())
+            .flat_map(|(s, &i)| {
+                let members = self.group(s).map_or(&[][..], |g| &g.members[..]);
+                std::iter::once(i).chain(members.iter().copied())
+            })
+            .collect()
+    }
+
+    /// The stage and rank node `i` computes in, when it is in this placement.
+    pub fn rank_of(&self, i: usize) -> Option<(usize, usize)> {
+        (self.order.iter().enumerate()).find_map(|(s, &x)| {
+            if x == i {
+                return Some((s, 0));
+            }
+            let r = self.group(s)?.members.iter().position(|&m| m == i)?;
+            Some((s, r + 1))
+        })
+    }
 }
 
 pub(crate) struct Ctx<'a> {
@@ -106,7 +147,7 @@ impl<'a> Ctx<'a> {
 
     /// Tokens of one micro-batch for the goal in a pipeline of `k` stages: one for latency, one
     /// micro-batch of the largest predicted batch for throughput.
-    fn goal_tokens(&self, k: usize) -> usize {
+    pub fn goal_tokens(&self, k: usize) -> usize {
         match self.goal {
             Goal::Latency => 1,
             Goal::Throughput => {
@@ -154,22 +195,91 @@ impl<'a> Ctx<'a> {
         a.score
             .total_cmp(&b.score)
             .then(a.order.len().cmp(&b.order.len()))
+            .then_with(|| a.nodes().len().cmp(&b.nodes().len()))
             .then(a.timing.worst_kind().cmp(&b.timing.worst_kind()))
             .then_with(|| self.key(a).cmp(self.key(b)))
     }
 
-    /// Stage by stage: (node rank, start, end).
-    fn key<'c>(&'c self, c: &'c Candidate) -> impl Iterator<Item = (usize, usize, usize)> + 'c {
+    /// Stage by stage: (node rank, start, end, group members' ranks).
+    fn key<'c>(
+        &'c self,
+        c: &'c Candidate,
+    ) -> impl Iterator<Item = (usize, usize, usize, Vec<usize>)> + 'c {
         let mut start = 0;
-        c.order.iter().zip(&c.counts).map(move |(&i, &n)| {
+        (c.order.iter().zip(&c.counts).enumerate()).map(move |(st, (&i, &n))| {
             let s = start;
             start += n;
-            (self.rank[i], s, s + n)
+            let members = c.group(st).map_or(Vec::new(), |g| {
+                g.members.iter().map(|&m| self.rank[m]).collect()
+            });
+            (self.rank[i], s, s + n, members)
         })
     }
 
     /// Splits (for the goal) and costs one order, with the precise reason when it is infeasible.
     pub fn evaluate_strict(&self, order: &[usize]) -> Result<Candidate, PlacementError> {
+        self.evaluate_layout(order, &vec![None; order.len()])
+    }
+
+    /// Costs an order with given layer counts (links already checked).
+    pub fn costed(&self, order: &[usize], counts: &[usize]) -> Result<Candidate, PlacementError> {
+        self.costed_grouped(order, counts, &vec![None; order.len()])
+    }
+
+    /// [`Ctx::costed`] with each stage's tensor-parallel group (a group stage uses no GPU).
+    pub fn costed_grouped(
+        &self,
+        order: &[usize],
+        counts: &[usize],
+        groups: &[Option<GroupSpec>],
+    ) -> Result<Candidate, PlacementError> {
+        let gpu: Vec<usize> = (order.iter().zip(counts).zip(groups))
+            .map(|((&i, &n), g)| match g {
+                Some(_) => 0,
+                None => self.gpu_cap(i).min(n),
+            })
+            .collect();
+        let layout = Layout {
+            order,
+            counts,
+            gpu: &gpu,
+            groups,
+        };
+        let timing = Timing::new(self.topo, &self.links, self.card, layout, self.context)
+            .ok_or_else(|| PlacementError::NoRoute {
+                nodes: order.iter().map(|&i| self.id(i).clone()).collect(),
+            })?;
+        Ok(Candidate {
+            order: order.to_vec(),
+            counts: counts.to_vec(),
+            gpu,
+            groups: groups.to_vec(),
+            score: timing.score_us(self.goal),
+            timing,
+        })
+    }
+
+    /// Splits (for the goal) and costs an order whose stages may be tensor-parallel groups; `None`
+    /// when infeasible (memory, links).
+    pub fn evaluate_grouped(
+        &self,
+        order: &[usize],
+        groups: &[Option<GroupSpec>],
+    ) -> Option<Candidate> {
+        if groups.iter().all(Option::is_none) {
+            return self.evaluate(order);
+        }
+        self.evaluate_layout(order, groups).ok()
+    }
+
+    /// [`Ctx::evaluate_strict`] for stages that may be tensor-parallel groups: a group stage holds as
+    /// many layers as its every rank's share fits, and a layer there costs the slowest rank's share
+    /// plus two exchanges.
+    fn evaluate_layout(
+        &self,
+        order: &[usize],
+        groups: &[Option<GroupSpec>],
+    ) -> Result<Candidate, PlacementError> {
         for pair in order.windows(2) {
             if !self.linked(pair[0], pair[1]) {
                 return Err(PlacementError::NoLink {
@@ -178,17 +288,42 @@ impl<'a> Ctx<'a> {
                 });
             }
         }
-        let names = self.names(order);
-        let mems: Vec<u64> = order.iter().map(|&i| self.mem(i)).collect();
         let k = order.len();
-        let costs: Vec<f64> = order.iter().map(|&i| self.layer_cost(i, k)).collect();
-        let fixed: Vec<f64> = (order.iter().enumerate())
-            .map(|(s, &i)| self.fixed_cost(i, s, k))
-            .collect();
-        let gpu: Vec<(usize, f64)> = order.iter().map(|&i| self.gpu_layer_cost(i, k)).collect();
+        let tokens = self.goal_tokens(k);
+        let per_layer = self.card.per_layer_bytes(self.kv_tokens);
+        let (mut mems, mut costs, mut fixed, mut gpu) = (vec![], vec![], vec![], vec![]);
+        for (s, &i) in order.iter().enumerate() {
+            let (first, last) = (s == 0, s + 1 == k);
+            let Some(g) = groups.get(s).and_then(Option::as_ref) else {
+                mems.push(self.mem(i));
+                costs.push(self.layer_cost(i, k));
+                fixed.push(self.fixed_cost(i, s, k));
+                gpu.push(self.gpu_layer_cost(i, k));
+                continue;
+            };
+            let gc = GroupCompute::of((self.topo, &self.links, self.card), i, g, first)
+                .ok_or_else(|| PlacementError::NoRoute {
+                    nodes: g.ranks(i).iter().map(|&m| self.id(m).clone()).collect(),
+                })?;
+            let cap = group_capacity(self.topo, self.card, (i, g), (first, last), self.kv_tokens);
+            // The memory one node would need to hold exactly `cap` layers as this stage.
+            let extra = self.card.stage_bytes(0, first, last, self.kv_tokens);
+            mems.push(match cap {
+                0 => extra.saturating_add(per_layer).saturating_sub(1),
+                c => extra.saturating_add(per_layer.saturating_mul(c as u64)),
+            });
+            costs.push(gc.layer_us(tokens, self.context));
+            let head = if last {
+                gc.head_us(tokens, tokens)
+            } else {
+                0.0
+            };
+            fixed.push(gc.fan_out_us(tokens) + head);
+            gpu.push((0, 0.0));
+        }
         let counts = crate::assign::assign_layers(
             self.card,
-            &names,
+            &self.names(order),
             &mems,
             self.kv_tokens,
             crate::assign::Costs {
@@ -198,31 +333,7 @@ impl<'a> Ctx<'a> {
             },
             self.goal,
         )?;
-        self.costed(order, &counts)
-    }
-
-    /// Costs an order with given layer counts (links already checked).
-    pub fn costed(&self, order: &[usize], counts: &[usize]) -> Result<Candidate, PlacementError> {
-        let gpu: Vec<usize> = (order.iter().zip(counts))
-            .map(|(&i, &n)| self.gpu_cap(i).min(n))
-            .collect();
-        let timing = Timing::new(
-            self.topo,
-            &self.links,
-            self.card,
-            (order, counts, &gpu),
-            self.context,
-        )
-        .ok_or_else(|| PlacementError::NoRoute {
-            nodes: order.iter().map(|&i| self.id(i).clone()).collect(),
-        })?;
-        Ok(Candidate {
-            order: order.to_vec(),
-            counts: counts.to_vec(),
-            gpu,
-            score: timing.score_us(self.goal),
-            timing,
-        })
+        self.costed_grouped(order, &counts, groups)
     }
 
     /// [`Ctx::evaluate_strict`] after a cheap total-memory check; `None` when infeasible.
@@ -293,31 +404,48 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// Keeps the best candidate per node set.
+/// Keeps the best candidate per node set (every node computing a stage, groups' members too), and
+/// the best candidate with a tensor-parallel group (so an explanation can say what one would do).
 #[derive(Default)]
-pub(crate) struct BestPerSet(BTreeMap<Vec<usize>, Candidate>);
+pub(crate) struct BestPerSet {
+    sets: BTreeMap<Vec<usize>, Candidate>,
+    group: Option<Candidate>,
+}
 
 impl BestPerSet {
     pub fn offer(&mut self, ctx: &Ctx, cand: Candidate) {
-        let mut key = cand.order.clone();
+        if cand.groups.iter().any(Option::is_some)
+            && self
+                .group
+                .as_ref()
+                .is_none_or(|g| ctx.compare(&cand, g).is_lt())
+        {
+            self.group = Some(cand.clone());
+        }
+        let mut key = cand.nodes();
         key.sort_unstable();
-        match self.0.get(&key) {
+        match self.sets.get(&key) {
             Some(old) if ctx.compare(old, &cand).is_le() => {}
             _ => {
-                self.0.insert(key, cand);
+                self.sets.insert(key, cand);
             }
         }
     }
 
+    /// The best candidate with a tensor-parallel group offered, if any was.
+    pub fn best_group(&self) -> Option<&Candidate> {
+        self.group.as_ref()
+    }
+
     /// The best `n` candidates, best first.
     pub fn top(&self, ctx: &Ctx, n: usize) -> Vec<Candidate> {
-        let mut all: Vec<&Candidate> = self.0.values().collect();
+        let mut all: Vec<&Candidate> = self.sets.values().collect();
         all.sort_by(|a, b| ctx.compare(a, b));
         all.into_iter().take(n).cloned().collect()
     }
 
     pub fn into_sorted(self, ctx: &Ctx) -> Vec<Candidate> {
-        let mut all: Vec<Candidate> = self.0.into_values().collect();
+        let mut all: Vec<Candidate> = self.sets.into_values().collect();
         all.sort_by(|a, b| ctx.compare(a, b));
         all
     }

@@ -6,13 +6,20 @@
 //!   "adding it predicts 41 tok/s vs 52 without" — or why it cannot be added at all: the stage limit, no
 //!   link to the placement's nodes, not enough memory for a stage where it could link in.
 //!
+//! - a node in a tensor-parallel group: the group without it (the remaining node alone when two are
+//!   left) — "in: rank 1 of the tensor-parallel group a+b (weight 1000 of 2000), without it 30 tok/s
+//!   vs 52"; a node out also tries joining each group stage (or forming one with a single node's
+//!   stage): "left out: a tensor-parallel group a+b predicts 20 tok/s vs 30 tok/s without".
+//!
 //! Figures are the goal's: one stream's tok/s for latency, the largest batch's aggregate for throughput.
 
 use crate::fmt::{fmt_bytes, fmt_tok_s};
+use crate::group::GroupSpec;
 use crate::model::Goal;
 use crate::output::NodeVerdict;
 use crate::rates::BATCH_SIZES;
 use crate::search::{Candidate, Ctx, Mode};
+use crate::tensor::{all_linked, eligible, group_name, group_sizes};
 
 /// The goal's figure of a candidate, readable.
 pub(crate) fn figure(ctx: &Ctx, score_us: f64) -> String {
@@ -32,8 +39,11 @@ pub(crate) fn verdicts(
 ) -> Vec<NodeVerdict> {
     (0..ctx.topo.nodes.len())
         .map(|i| {
-            let (used, reason) = match chosen.order.iter().position(|&x| x == i) {
-                Some(p) => (true, why_in(ctx, chosen, mode, p)),
+            let (used, reason) = match chosen.rank_of(i) {
+                Some((s, r)) if chosen.group(s).is_some() => {
+                    (true, why_in_group(ctx, chosen, mode, (s, r)))
+                }
+                Some((p, _)) => (true, why_in(ctx, chosen, mode, p)),
                 None => (false, why_out(ctx, chosen, mode, max_k, i)),
             };
             NodeVerdict {
@@ -64,20 +74,90 @@ fn why_in(ctx: &Ctx, chosen: &Candidate, mode: Mode, p: usize) -> String {
             ctx.id(order[p + 1])
         );
     }
-    let without: Vec<usize> = order
-        .iter()
-        .enumerate()
-        .filter(|&(q, _)| q != p)
-        .map(|(_, &i)| i)
+    let keep = |q: usize| q != p;
+    let without: Vec<usize> = (0..order.len())
+        .filter(|&q| keep(q))
+        .map(|q| order[q])
         .collect();
-    match ctx.evaluate_strict(&without) {
-        Ok(c) => format!(
-            "in: {layers}, without it {} vs {}",
+    let groups: Vec<Option<GroupSpec>> = (0..order.len())
+        .filter(|&q| keep(q))
+        .map(|q| chosen.group(q).cloned())
+        .collect();
+    without_it(ctx, &format!("in: {layers}"), chosen, (&without, &groups))
+}
+
+/// `head`, then what `chosen` predicts against the placement `without` (node order and groups) it.
+fn without_it(
+    ctx: &Ctx,
+    head: &str,
+    chosen: &Candidate,
+    (order, groups): (&[usize], &[Option<GroupSpec>]),
+) -> String {
+    match ctx.evaluate_grouped(order, groups) {
+        Some(c) => format!(
+            "{head}, without it {} vs {}",
             figure(ctx, c.score),
             figure(ctx, chosen.score)
         ),
-        Err(_) => format!("in: {layers}, the others cannot hold the model without it"),
+        None => format!("{head}, the others cannot hold the model without it"),
     }
+}
+
+/// A node computing stage `s` as rank `r` of its tensor-parallel group: what the group predicts
+/// without it (the other node alone when two were left).
+fn why_in_group(ctx: &Ctx, chosen: &Candidate, mode: Mode, (s, r): (usize, usize)) -> String {
+    let Some(g) = chosen.group(s) else {
+        return why_in(ctx, chosen, mode, s);
+    };
+    let rank0 = chosen.order[s];
+    let weight = g.weights.get(r).copied().unwrap_or(0);
+    let total: u64 = g.weights.iter().map(|&w| u64::from(w)).sum();
+    let n = chosen.counts[s];
+    let head = format!(
+        "in: rank {r} of the tensor-parallel group {} (weight {weight} of {total}, its share of all {n} layer{})",
+        group_name(ctx, rank0, g),
+        if n == 1 { "" } else { "s" },
+    );
+    if mode == Mode::Pinned {
+        return format!("{head}, pinned");
+    }
+    let all = g.ranks(rank0);
+    let ranks: Vec<usize> = all.iter().copied().filter(|&i| i != all[r]).collect();
+    let mut order = chosen.order.clone();
+    let mut groups = chosen.groups.clone();
+    order[s] = ranks[0];
+    groups[s] = (ranks.len() > 1).then(|| GroupSpec::by_speed(ctx.topo, ranks[0], &ranks[1..]));
+    without_it(ctx, &head, chosen, (&order, &groups))
+}
+
+/// The best placement with `x` joining one of `chosen`'s stages as a tensor-parallel rank (a single
+/// node's stage becoming a group), when the model allows groups.
+fn joined(ctx: &Ctx, chosen: &Candidate, x: usize) -> Option<(Candidate, String)> {
+    if !eligible(ctx, x) {
+        return None;
+    }
+    let mut best: Option<(Candidate, String)> = None;
+    for s in 0..chosen.order.len() {
+        let rank0 = chosen.order[s];
+        let mut members = chosen.group(s).map_or(Vec::new(), |g| g.members.clone());
+        if chosen.group(s).is_none() && chosen.gpu.get(s).copied().unwrap_or(0) > 0 {
+            continue;
+        }
+        members.push(x);
+        let spec = GroupSpec::by_speed(ctx.topo, rank0, &members);
+        if !group_sizes(ctx).contains(&(members.len() + 1)) || !all_linked(ctx, &spec.ranks(rank0))
+        {
+            continue;
+        }
+        let mut groups = chosen.groups.clone();
+        groups[s] = Some(spec.clone());
+        if let Some(c) = ctx.evaluate_grouped(&chosen.order, &groups)
+            && best.as_ref().is_none_or(|b| ctx.compare(&c, &b.0).is_lt())
+        {
+            best = Some((c, group_name(ctx, rank0, &spec)));
+        }
+    }
+    best
 }
 
 fn why_out(ctx: &Ctx, chosen: &Candidate, mode: Mode, max_k: usize, x: usize) -> String {
@@ -88,10 +168,21 @@ fn why_out(ctx: &Ctx, chosen: &Candidate, mode: Mode, max_k: usize, x: usize) ->
     }
     let order = &chosen.order;
     let k = order.len();
-    if k >= max_k {
-        return format!("out: the placement is at the stage limit ({max_k})");
-    }
-    if k >= ctx.card.n_layers {
+    let join = joined(ctx, chosen, x);
+    let join_text = |(c, name): &(Candidate, String)| {
+        format!(
+            "left out: the tensor-parallel group {name} predicts {} vs {} without",
+            figure(ctx, c.score),
+            figure(ctx, chosen.score)
+        )
+    };
+    if k >= max_k || k >= ctx.card.n_layers {
+        if let Some(j) = &join {
+            return join_text(j);
+        }
+        if k >= max_k {
+            return format!("out: the placement is at the stage limit ({max_k})");
+        }
         return "out: every layer already has a stage of its own".to_string();
     }
     let linked_at: Vec<usize> = (0..=k)
@@ -100,6 +191,9 @@ fn why_out(ctx: &Ctx, chosen: &Candidate, mode: Mode, max_k: usize, x: usize) ->
         })
         .collect();
     if linked_at.is_empty() {
+        if let Some(j) = &join {
+            return join_text(j);
+        }
         let names = ctx.names(order);
         let shown = if names.len() > 4 {
             format!(
@@ -119,18 +213,33 @@ fn why_out(ctx: &Ctx, chosen: &Candidate, mode: Mode, max_k: usize, x: usize) ->
         trial.extend_from_slice(&order[..pos]);
         trial.push(x);
         trial.extend_from_slice(&order[pos..]);
-        if let Ok(c) = ctx.evaluate_strict(&trial)
+        let mut groups = chosen.groups.clone();
+        groups.insert(pos, None);
+        if let Some(c) = ctx.evaluate_grouped(&trial, &groups)
             && best.as_ref().is_none_or(|b| ctx.compare(&c, b).is_lt())
         {
             best = Some(c);
         }
     }
+    if let Some(j) = &join
+        && best.as_ref().is_none_or(|b| ctx.compare(&j.0, b).is_lt())
+    {
+        return join_text(j);
+    }
     match best {
-        Some(with) => format!(
-            "left out: adding it predicts {} vs {} without",
-            figure(ctx, with.score),
-            figure(ctx, chosen.score)
-        ),
+        Some(with) => {
+            let group = join.as_ref().map_or(String::new(), |(c, name)| {
+                format!(
+                    "; the tensor-parallel group {name} predicts {}",
+                    figure(ctx, c.score)
+                )
+            });
+            format!(
+                "left out: adding it predicts {} vs {} without{group}",
+                figure(ctx, with.score),
+                figure(ctx, chosen.score)
+            )
+        }
         None => {
             let needed = linked_at
                 .iter()

@@ -1,0 +1,308 @@
+//! Tensor-parallel stages: what a stage computed by a group of nodes costs, holds and is made of
+//! (decision 024), and [`StageCompute`], the one pricing every stage kind goes through.
+//!
+//! A group of `n` layers on ranks `0..g` (rank 0 the stage's node: input in, output out, the head and
+//! sampling; each rank `r` reads `s_r = w_r / Σ w` of every layer's heads and feed-forward columns, `w`
+//! the group's weights), for a micro-batch of `b` tokens at a context of `C` cached tokens:
+//!
+//! `t(b) = fan_out(b) + n · (max_r s_r · layer_r(b, C) + 2 · exchange(b)) [+ head_0(b) + sampling on a last stage]`
+//!
+//! - `layer_r(b, C)`: one whole layer on rank `r`'s CPU at its own measured rates (`compute::Compute`:
+//!   the weights' roofline and attention over the context); a rank reads its share of both, so the
+//!   slowest share bounds every layer (the ranks meet at each reduction);
+//! - `exchange(b) = max over member pairs of rtt/2 + b · 2H / bandwidth` on the pair's link: after
+//!   attention's output and after the feed-forward's down projection every member sends its partial
+//!   (the hidden state in f32, twice the card's f16 `H`) to every other at once, so one one-way hop, the
+//!   slowest pair bounding it;
+//! - `fan_out(b) = max over members of rtt/2 + b · bytes / bandwidth` from rank 0: the stage's input
+//!   (token ids, 4 bytes a token, on a first stage — every member embeds them itself — else `H` a token);
+//! - the head is not split: rank 0 streams it and samples, as a single node's last stage does.
+//!
+//! Memory: rank `r` holds `⌈s_r · n · (layer bytes + KV reserve)⌉`, every member the token embedding
+//! when the stage is first, rank 0 also the head when it is last. A group's ranks run on their CPUs
+//! (a node whose stages use a GPU never joins one).
+
+use crate::compute::{Compute, Split};
+use crate::links::{LinkCost, LinkIndex};
+use crate::model::{ModelCard, NodeInfo, TOKEN_BYTES, Topology};
+
+/// A group as the planner handles it: ranks 1.. as node indices and one weight per rank, rank 0
+/// first (rank 0 is the stage's node).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct GroupSpec {
+    pub members: Vec<usize>,
+    pub weights: Vec<u32>,
+}
+
+/// A rank's weight from its measured decode speed (layer-steps/s × 1000, at least 1).
+pub(crate) fn weight_of(node: &NodeInfo) -> u32 {
+    let w = (node.speed * 1000.0).round();
+    if w.is_finite() {
+        w.clamp(1.0, f64::from(u32::MAX)) as u32
+    } else {
+        1
+    }
+}
+
+impl GroupSpec {
+    /// `rank0` with `members`, each weighted by its measured decode speed.
+    pub fn by_speed(topo: &Topology, rank0: usize, members: &[usize]) -> Self {
+        let weights = std::iter::once(rank0)
+            .chain(members.iter().copied())
+            .map(|i| weight_of(&topo.nodes[i]))
+            .collect();
+        GroupSpec {
+            members: members.to_vec(),
+            weights,
+        }
+    }
+
+    /// Each rank's share of every layer, rank 0 first (equal shares when the weights do not say).
+    pub fn shares(&self) -> Vec<f64> {
+        let g = self.members.len() + 1;
+        let sum: f64 = self.weights.iter().map(|&w| f64::from(w)).sum();
+        if self.weights.len() != g || sum <= 0.0 {
+            return vec![1.0 / g as f64; g];
+        }
+        self.weights.iter().map(|&w| f64::from(w) / sum).collect()
+    }
+
+    /// Every rank's node, rank 0 (`rank0`) first.
+    pub fn ranks(&self, rank0: usize) -> Vec<usize> {
+        std::iter::once(rank0)
+            .chain(self.members.iter().copied())
+            .collect()
+    }
+}
+
+/// Bytes rank `rank` (share `share`) of a group stage of `layers` layers holds.
+pub(crate) fn rank_bytes(
+    card: &ModelCard,
+    (rank, share): (usize, f64),
+    layers: usize,
+    (first, last): (bool, bool),
+    kv_tokens: usize,
+) -> u64 {
+    let per_layer = card.per_layer_bytes(kv_tokens) as f64;
+    let layers_bytes = (share * layers as f64 * per_layer).ceil() as u64;
+    let extras = if rank == 0 {
+        card.stage_bytes(0, first, last, kv_tokens)
+    } else if first {
+        card.embed_bytes
+    } else {
+        0
+    };
+    layers_bytes.saturating_add(extras)
+}
+
+/// The layers a group stage can hold at most (every rank its share of each, with its extras).
+pub(crate) fn group_capacity(
+    topo: &Topology,
+    card: &ModelCard,
+    (rank0, spec): (usize, &GroupSpec),
+    (first, last): (bool, bool),
+    kv_tokens: usize,
+) -> usize {
+    let shares = spec.shares();
+    (spec.ranks(rank0).iter().zip(&shares).enumerate())
+        .map(|(r, (&i, &share))| {
+            let mem = topo.nodes[i].mem_available;
+            let extras = rank_bytes(card, (r, share), 0, (first, last), kv_tokens);
+            if mem < extras {
+                return 0;
+            }
+            let per_layer = share * card.per_layer_bytes(kv_tokens) as f64;
+            if per_layer <= 0.0 {
+                return card.n_layers;
+            }
+            let fit = ((mem - extras) as f64 / per_layer).floor();
+            (fit.min(card.n_layers as f64)) as usize
+        })
+        .min()
+        .unwrap_or(0)
+}
+
+/// The pricing of one group stage (see the module's formula).
+#[derive(Debug, Clone)]
+pub(crate) struct GroupCompute {
+    /// Every rank's CPU, rank 0 first.
+    ranks: Vec<Compute>,
+    shares: Vec<f64>,
+    /// Every member pair's link.
+    exchange: Vec<LinkCost>,
+    /// Rank 0's link to each other member.
+    fan_out: Vec<LinkCost>,
+    /// A token's partial sum on the wire (f32).
+    partial_bytes: f64,
+    /// A token's input on the wire (its id on a first stage, else its hidden state).
+    input_bytes: f64,
+}
+
+impl GroupCompute {
+    /// `None` when a pair of the group has no link.
+    pub fn of(
+        (topo, links, card): (&Topology, &LinkIndex, &ModelCard),
+        rank0: usize,
+        spec: &GroupSpec,
+        first: bool,
+    ) -> Option<Self> {
+        let ranks = spec.ranks(rank0);
+        let link = |a: usize, b: usize| Some(LinkCost::of(&topo.links[links.fwd(a, b)?]));
+        let mut exchange = Vec::new();
+        for (x, &a) in ranks.iter().enumerate() {
+            for &b in &ranks[x + 1..] {
+                exchange.push(link(a, b)?);
+            }
+        }
+        let fan_out = (spec.members.iter())
+            .map(|&m| link(rank0, m))
+            .collect::<Option<Vec<_>>>()?;
+        let hidden = card.hidden_bytes_per_token as f64;
+        Some(GroupCompute {
+            ranks: ranks
+                .iter()
+                .map(|&i| Compute::of(&topo.nodes[i], card))
+                .collect(),
+            shares: spec.shares(),
+            exchange,
+            fan_out,
+            partial_bytes: 2.0 * hidden,
+            input_bytes: if first { TOKEN_BYTES as f64 } else { hidden },
+        })
+    }
+
+    /// The slowest rank's share of `per_rank` (what one layer costs on a rank's CPU whole).
+    fn slowest(&self, per_rank: impl Fn(Compute) -> f64) -> f64 {
+        (self.ranks.iter().zip(&self.shares))
+            .map(|(&c, &s)| s * per_rank(c))
+            .fold(0.0, f64::max)
+    }
+
+    /// One reduction's exchange for `tokens` tokens: the slowest pair's one-way hop.
+    pub fn exchange_us(&self, tokens: usize) -> f64 {
+        let bytes = tokens as f64 * self.partial_bytes;
+        self.exchange
+            .iter()
+            .map(|l| l.send_us(bytes))
+            .fold(0.0, f64::max)
+    }
+
+    /// Rank 0 sending the stage's input for `tokens` tokens to every member.
+    pub fn fan_out_us(&self, tokens: usize) -> f64 {
+        let bytes = tokens as f64 * self.input_bytes;
+        self.fan_out
+            .iter()
+            .map(|l| l.send_us(bytes))
+            .fold(0.0, f64::max)
+    }
+
+    /// The reductions of `layers` layers for `tokens` tokens (two a layer).
+    pub fn reduce_us(&self, layers: usize, tokens: usize) -> f64 {
+        2.0 * layers as f64 * self.exchange_us(tokens)
+    }
+
+    /// One layer for a decode step of `tokens` tokens at `context`: the slowest share and two
+    /// exchanges.
+    pub fn layer_us(&self, tokens: usize, context: usize) -> f64 {
+        self.slowest(|c| c.decode_layer_us(tokens, context)) + 2.0 * self.exchange_us(tokens)
+    }
+
+    /// The head and sampling on rank 0.
+    pub fn head_us(&self, tokens: usize, sampled: usize) -> f64 {
+        self.ranks[0].head_us(tokens, sampled)
+    }
+
+    pub fn stage_us(&self, layers: usize, tokens: usize, context: usize, last: bool) -> f64 {
+        let head = if last {
+            self.head_us(tokens, tokens)
+        } else {
+            0.0
+        };
+        self.fan_out_us(tokens) + layers as f64 * self.layer_us(tokens, context) + head
+    }
+
+    pub fn chunk_us(&self, layers: usize, offset: usize, tokens: usize, sample: bool) -> f64 {
+        let layer = self.slowest(|c| c.chunk_us(1, offset, tokens, false));
+        let head = if sample { self.head_us(1, 1) } else { 0.0 };
+        self.fan_out_us(tokens) + layers as f64 * (layer + 2.0 * self.exchange_us(tokens)) + head
+    }
+
+    /// What one more cached position adds (the slowest rank's share of attention, at the priced
+    /// context's slowest rank when shares differ in attention).
+    pub fn attention_per_position_us(&self, layers: usize) -> f64 {
+        layers as f64 * self.slowest(|c| c.attention_per_position_us(1))
+    }
+
+    /// The worst link kind the group's exchanges use.
+    pub fn worst_kind(&self) -> Option<crate::model::LinkKind> {
+        self.exchange.iter().map(|l| l.kind).max()
+    }
+}
+
+/// A stage's pricing: one node (its CPU and maybe its GPU) or a tensor-parallel group.
+#[derive(Debug, Clone)]
+pub(crate) enum StageCompute {
+    Node(Split),
+    Group(GroupCompute),
+}
+
+impl StageCompute {
+    /// Stage `s` of `k` on node `node` with `gpu_layers` on its GPU, or computed by `group` with
+    /// `node` as its rank 0. `None` when a pair of the group has no link.
+    pub fn of(
+        ctx: (&Topology, &LinkIndex, &ModelCard),
+        node: usize,
+        gpu_layers: usize,
+        group: Option<&GroupSpec>,
+        first: bool,
+    ) -> Option<Self> {
+        Some(match group {
+            Some(g) => StageCompute::Group(GroupCompute::of(ctx, node, g, first)?),
+            None => StageCompute::Node(Split::of(&ctx.0.nodes[node], ctx.2, gpu_layers)),
+        })
+    }
+
+    pub fn stage_us(&self, layers: usize, tokens: usize, context: usize, last: bool) -> f64 {
+        match self {
+            StageCompute::Node(s) => s.stage_us(layers, tokens, context, last),
+            StageCompute::Group(g) => g.stage_us(layers, tokens, context, last),
+        }
+    }
+
+    pub fn chunk_us(&self, layers: usize, offset: usize, tokens: usize, sample: bool) -> f64 {
+        match self {
+            StageCompute::Node(s) => s.chunk_us(layers, offset, tokens, sample),
+            StageCompute::Group(g) => g.chunk_us(layers, offset, tokens, sample),
+        }
+    }
+
+    pub fn head_us(&self, layers: usize, tokens: usize, sampled: usize) -> f64 {
+        match self {
+            StageCompute::Node(s) => s.head_us(layers, tokens, sampled),
+            StageCompute::Group(g) => g.head_us(tokens, sampled),
+        }
+    }
+
+    pub fn attention_per_position_us(&self, layers: usize) -> f64 {
+        match self {
+            StageCompute::Node(s) => s.attention_per_position_us(layers),
+            StageCompute::Group(g) => g.attention_per_position_us(layers),
+        }
+    }
+
+    /// The group's time on the network per step of `tokens` tokens (its input fanned out and its
+    /// reductions); 0 for one node.
+    pub fn network_us(&self, layers: usize, tokens: usize) -> (f64, f64) {
+        match self {
+            StageCompute::Node(_) => (0.0, 0.0),
+            StageCompute::Group(g) => (g.fan_out_us(tokens), g.reduce_us(layers, tokens)),
+        }
+    }
+
+    pub fn group(&self) -> Option<&GroupCompute> {
+        match self {
+            StageCompute::Node(_) => None,
+            StageCompute::Group(g) => Some(g),
+        }
+    }
+}
