@@ -1,6 +1,7 @@
 //! Seeded property tests of cost model v2 over random heterogeneous topologies (1–12 nodes, so both the
 //! exhaustive and the greedy + local search paths run): the chosen placement is never predicted slower
-//! than a node alone that fits, never holds a node whose removal would be predicted faster, and its
+//! than a node alone that fits (half the cards allow tensor-parallel groups, so groups are held to it
+//! too), never holds a node whose removal would be predicted faster, and its
 //! predictions agree with each other.
 
 mod common;
@@ -38,7 +39,12 @@ fn random_card(rng: &mut Rng) -> ModelCard {
         },
         vocab_size: 0,
         attention_flops_per_position: 0,
-        max_group: 1,
+        // Half the cards allow tensor-parallel groups of 2 to 4 nodes.
+        max_group: if rng.chance(50) {
+            1
+        } else {
+            rng.range(2, 4) as usize
+        },
     }
 }
 
@@ -133,6 +139,7 @@ fn within(a: f64, b: f64) -> bool {
 fn the_chosen_placement_never_loses_to_a_node_alone_or_to_dropping_a_node() {
     let mut rng = Rng::new(0x5EED_0015);
     let (mut ok, mut multi, mut greedy_multi, mut dropped) = (0, 0, 0, 0);
+    let (mut grouped, mut greedy_grouped) = (0, 0);
     for case in 0..500 {
         let card = random_card(&mut rng);
         let topo = random_topology(&mut rng, &card);
@@ -182,6 +189,12 @@ fn the_chosen_placement_never_loses_to_a_node_alone_or_to_dropping_a_node() {
                 );
             }
         }
+        if chosen.stages.iter().any(|st| st.group.is_some()) {
+            grouped += 1;
+            if topo.nodes.len() > shoal_placement::EXHAUSTIVE_NODES {
+                greedy_grouped += 1;
+            }
+        }
         // Never a node whose removal (the others in the same order) would be predicted faster.
         let k = chosen.stages.len();
         if k > 1 {
@@ -201,7 +214,10 @@ fn the_chosen_placement_never_loses_to_a_node_alone_or_to_dropping_a_node() {
         // Every node has a verdict, and it agrees with the stages.
         assert_eq!(chosen.nodes.len(), topo.nodes.len(), "case {case}");
         for v in &chosen.nodes {
-            let in_stages = chosen.stages.iter().any(|st| st.node == v.node);
+            let in_stages = chosen
+                .stages
+                .iter()
+                .any(|st| st.nodes().any(|n| *n == v.node));
             assert_eq!(v.used, in_stages, "case {case}: {v:?}");
             let prefix = if v.used { "in: " } else { "" };
             assert!(
@@ -229,7 +245,13 @@ fn the_chosen_placement_never_loses_to_a_node_alone_or_to_dropping_a_node() {
         assert_eq!(all, plan(&topo, &card, &cons).unwrap(), "case {case}");
     }
     assert!(
-        ok > 200 && multi > 60 && greedy_multi > 20 && dropped > 20,
-        "too few interesting cases: ok {ok}, multi {multi}, greedy {greedy_multi}, dropped {dropped}"
+        ok > 200
+            && multi > 60
+            && greedy_multi > 20
+            && dropped > 20
+            && grouped > 20
+            && greedy_grouped > 5,
+        "too few interesting cases: ok {ok}, multi {multi}, greedy {greedy_multi}, dropped {dropped}, \
+         grouped {grouped} (greedy {greedy_grouped})"
     );
 }

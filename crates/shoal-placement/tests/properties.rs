@@ -25,7 +25,12 @@ fn random_card(rng: &mut Rng) -> ModelCard {
         head_params: 0,
         vocab_size: 0,
         attention_flops_per_position: 0,
-        max_group: 1,
+        // Half the cards allow tensor-parallel groups of 2 to 4 nodes.
+        max_group: if rng.chance(50) {
+            1
+        } else {
+            rng.range(2, 4) as usize
+        },
     }
 }
 
@@ -83,7 +88,7 @@ fn linked(topo: &Topology, a: &str, b: &str) -> bool {
 #[test]
 fn placements_are_valid_for_random_inputs() {
     let mut rng = Rng::new(0x5EED_0001);
-    let (mut ok, mut multi) = (0, 0);
+    let (mut ok, mut multi, mut groups) = (0, 0, 0);
     for case in 0..400 {
         let card = random_card(&mut rng);
         let topo = random_topology(&mut rng, &card);
@@ -133,10 +138,15 @@ fn placements_are_valid_for_random_inputs() {
                     "case {case}: unlinked neighbours"
                 );
             }
-            let mut ids: Vec<&str> = stages.iter().map(|s| s.node.as_str()).collect();
+            let mut ids: Vec<&str> = stages
+                .iter()
+                .flat_map(|s| s.nodes())
+                .map(|n| n.as_str())
+                .collect();
+            let computing = ids.len();
             ids.sort();
             ids.dedup();
-            assert_eq!(ids.len(), stages.len(), "case {case}: node used twice");
+            assert_eq!(ids.len(), computing, "case {case}: node used twice");
             if let Some(max) = cons.max_stages {
                 assert!(stages.len() <= max, "case {case}");
             }
@@ -144,12 +154,48 @@ fn placements_are_valid_for_random_inputs() {
             let k = stages.len();
             for (i, s) in stages.iter().enumerate() {
                 let node = topo.node(&s.node).unwrap();
-                let need = card.stage_bytes(s.layers(), i == 0, i + 1 == k, kv);
+                let (first, last) = (i == 0, i + 1 == k);
+                let Some(g) = &s.group else {
+                    let need = card.stage_bytes(s.layers(), first, last, kv);
+                    assert!(
+                        need <= node.mem_available,
+                        "case {case}: {} over memory",
+                        s.node
+                    );
+                    continue;
+                };
+                groups += 1;
+                // A group: allowed by the card, its members all linked, each rank's share of the
+                // layers and KV (every member the embedding on a first stage, rank 0 the head on a
+                // last one) within its memory.
+                let members: Vec<&NodeId> = s.nodes().collect();
                 assert!(
-                    need <= node.mem_available,
-                    "case {case}: {} over memory",
-                    s.node
+                    (2..=card.max_group.min(4)).contains(&members.len()),
+                    "case {case}"
                 );
+                assert_eq!(g.weights.len(), members.len(), "case {case}");
+                let total: f64 = g.weights.iter().map(|&w| f64::from(w)).sum();
+                for (r, (id, &w)) in members.iter().zip(&g.weights).enumerate() {
+                    for other in &members[r + 1..] {
+                        assert!(
+                            linked(&topo, id, other),
+                            "case {case}: {id}-{other} unlinked"
+                        );
+                    }
+                    let share = f64::from(w) / total;
+                    let layers =
+                        (share * (s.layers() as u64 * card.per_layer_bytes(kv)) as f64).ceil();
+                    let extras = match (r, first) {
+                        (0, _) => card.stage_bytes(0, first, last, kv),
+                        (_, true) => card.embed_bytes,
+                        _ => 0,
+                    };
+                    let mem = topo.node(id).unwrap().mem_available;
+                    assert!(
+                        layers as u64 + extras <= mem,
+                        "case {case}: rank {r} {id} over memory"
+                    );
+                }
             }
             let cost = predict(&topo, &card, stages).unwrap();
             assert!((cost.total_us - p.predicted_token_latency_us).abs() < 1e-6);
@@ -178,8 +224,8 @@ fn placements_are_valid_for_random_inputs() {
         }
     }
     assert!(
-        ok > 100 && multi > 50,
-        "too few interesting cases: ok {ok}, multi {multi}"
+        ok > 100 && multi > 50 && groups > 20,
+        "too few interesting cases: ok {ok}, multi {multi}, groups {groups}"
     );
 }
 
