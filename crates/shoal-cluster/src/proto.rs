@@ -196,8 +196,10 @@ impl InstanceRecord {
         self.stages.first().map(|s| &s.node)
     }
 
+    /// Whether `node` computes any of the instance's stages (a stage's node or a member of its
+    /// tensor-parallel group).
     pub fn uses(&self, node: &str) -> bool {
-        self.stages.iter().any(|s| s.node == node)
+        self.stages.iter().any(|s| s.nodes().any(|n| n == node))
     }
 }
 

@@ -403,7 +403,11 @@ impl ClusterState {
             .table
             .instances
             .iter()
-            .filter(|i| i.stages.iter().any(|s| !members.contains(&s.node)))
+            .filter(|i| {
+                i.stages
+                    .iter()
+                    .any(|s| s.nodes().any(|n| !members.contains(n)))
+            })
             .cloned()
             .collect();
         if broken.is_empty() {

@@ -14,6 +14,7 @@ use shoal_kernels::ThreadPool;
 use shoal_model::chat::ChatTemplate;
 use shoal_model::gguf::GgufFile;
 use shoal_model::gpu::GpuDecoderStage;
+use shoal_model::split::Share;
 use shoal_model::tokenizer::Tokenizer;
 use shoal_model::{DecoderStage, KvSource, LayerRange, ModelConfig, ModelError};
 
@@ -117,6 +118,37 @@ impl LoadedModel {
         pool: &Arc<ThreadPool>,
         placement: Placement,
     ) -> Result<Self, EngineError> {
+        Self::load(path, id, ranges, pool, placement, None)
+    }
+
+    /// One member's `share` of layers `range` of a tensor-parallel group, on the CPU: the stage
+    /// loads only its slices ([`DecoderStage::load_share`]) and computes once it joins its group
+    /// ([`Stage::join_group`]).
+    pub fn from_gguf_share(
+        path: &Path,
+        id: &str,
+        range: LayerRange,
+        share: &Share,
+        pool: &Arc<ThreadPool>,
+    ) -> Result<Self, EngineError> {
+        Self::load(
+            path,
+            id,
+            Some(&[range]),
+            pool,
+            Placement::cpu(),
+            Some(share),
+        )
+    }
+
+    fn load(
+        path: &Path,
+        id: &str,
+        ranges: Option<&[LayerRange]>,
+        pool: &Arc<ThreadPool>,
+        placement: Placement,
+        share: Option<&Share>,
+    ) -> Result<Self, EngineError> {
         let err = |e: &dyn std::fmt::Display| {
             EngineError::Internal(format!("loading {}: {e}", path.display()))
         };
@@ -141,8 +173,17 @@ impl LoadedModel {
         for r in ranges {
             stages.push(match &gpu {
                 None => {
-                    let stage = DecoderStage::load(&mut gguf, *r, pool).map_err(|e| err(&e))?;
+                    let stage = match share {
+                        Some(share) => DecoderStage::load_share(&mut gguf, *r, share, pool),
+                        None => DecoderStage::load(&mut gguf, *r, pool),
+                    }
+                    .map_err(|e| err(&e))?;
                     Box::new(LocalStage::with_kv_source(stage, kv_source.clone()))
+                }
+                Some(_) if share.is_some() => {
+                    return Err(EngineError::Internal(
+                        "a tensor-parallel share runs on the CPU only".into(),
+                    ));
                 }
                 Some(gpu) => {
                     let parts = (gpu, pool, &kv_source);
@@ -186,6 +227,24 @@ pub fn load_local_stage(
     };
     let mut gguf = GgufFile::open(path).map_err(|e| err(&e))?;
     let stage = DecoderStage::load(&mut gguf, range, pool).map_err(|e| err(&e))?;
+    drop(gguf);
+    release_freed_heap();
+    Ok(LocalStage::new(stage))
+}
+
+/// Loads `share` of layers `range` (one member's slices of a tensor-parallel group's layers) as a
+/// stage that computes once it joins its group ([`LocalStage::join`]).
+pub fn load_local_share(
+    path: &Path,
+    range: LayerRange,
+    share: &Share,
+    pool: &Arc<ThreadPool>,
+) -> Result<LocalStage, EngineError> {
+    let err = |e: &dyn std::fmt::Display| {
+        EngineError::Internal(format!("loading {}: {e}", path.display()))
+    };
+    let mut gguf = GgufFile::open(path).map_err(|e| err(&e))?;
+    let stage = DecoderStage::load_share(&mut gguf, range, share, pool).map_err(|e| err(&e))?;
     drop(gguf);
     release_freed_heap();
     Ok(LocalStage::new(stage))

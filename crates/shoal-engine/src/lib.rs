@@ -36,6 +36,7 @@ pub mod embed;
 pub mod engine;
 pub mod error;
 pub mod gpu_stage;
+pub mod group;
 pub mod handle;
 pub mod hybrid;
 mod kv_account;

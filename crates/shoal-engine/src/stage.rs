@@ -15,6 +15,7 @@ use shoal_model::{DecoderStage, HostMatrix, KvCache, KvSource, StageOutput};
 pub use crate::batch::{ChunkSpec, KvOp, Outputs, Pick, Pool, StageData};
 
 use crate::error::EngineError;
+use crate::group::{GroupKv, GroupLink};
 use crate::logits::TokenMask;
 use crate::sampler::{self, Sampler};
 use crate::seqkv::{SeqKvs, internal};
@@ -152,6 +153,14 @@ pub trait Stage: Send {
     fn kv(&mut self, op: KvOp) -> Result<(), EngineError>;
     /// Sequences whose KV this stage holds now.
     fn held_sequences(&self) -> usize;
+    /// Makes this stage — one member's share of a tensor-parallel group's layers — compute with the
+    /// rest of its group through `link`. Only CPU layers loaded as a share can.
+    fn join_group(&mut self, link: Box<dyn GroupLink>) -> Result<(), EngineError> {
+        drop(link);
+        Err(EngineError::Internal(
+            "only a CPU stage loaded as a share joins a tensor-parallel group".into(),
+        ))
+    }
 }
 
 /// Runs `batch` through `stage` and waits for its result.
@@ -188,6 +197,8 @@ pub struct LocalStage {
     kvs: SeqKvs<KvCache>,
     /// Where new caches take their buffers (each allocates its own until one is bound).
     kv_source: KvSource,
+    /// When the layers are one member's share of a tensor-parallel group: its link to the others.
+    group: Option<Box<dyn GroupLink>>,
 }
 
 impl LocalStage {
@@ -202,6 +213,31 @@ impl LocalStage {
             model,
             kvs: SeqKvs::default(),
             kv_source,
+            group: None,
+        }
+    }
+
+    /// Leaves its group (which went): the share waits for a new one.
+    pub fn leave(&mut self) {
+        self.group = None;
+    }
+
+    /// Makes these layers (a member's share, `DecoderStage::load_share`) compute with the rest of
+    /// their group through `link`.
+    pub fn join(&mut self, link: Box<dyn GroupLink>) -> Result<(), EngineError> {
+        match self.model.share() {
+            Some(share) if share.rank == link.rank() => {
+                self.group = Some(link);
+                Ok(())
+            }
+            Some(share) => Err(EngineError::Internal(format!(
+                "rank {}'s share joined its group as rank {}",
+                share.rank,
+                link.rank()
+            ))),
+            None => Err(EngineError::Internal(
+                "whole layers cannot join a tensor-parallel group (load a share)".into(),
+            )),
         }
     }
 
@@ -265,13 +301,40 @@ impl LocalStage {
         sampling: &[SampleRef<'_>],
     ) -> Result<StageData, EngineError> {
         let (model, source) = (&self.model, &self.kv_source);
-        let result = self.kvs.run_batch(
-            batch,
-            input,
-            || Self::new_cache(model, source),
-            |input, chunks| model.run(input, chunks),
-        );
-        let out = result.map_err(internal)?;
+        let new_cache = || Self::new_cache(model, source);
+        let out = match &mut self.group {
+            None => self
+                .kvs
+                .run_batch(batch, input, new_cache, |input, chunks| {
+                    model.run(input, chunks)
+                })
+                .map_err(internal)?,
+            Some(link) => {
+                let starts: Vec<usize> = batch
+                    .iter()
+                    .map(|c| self.kvs.cached_len(c.seq_id))
+                    .collect();
+                link.send_batch(batch, &starts, &input)?;
+                // The link's own error, not the model's rewording of it.
+                let mut failed = None;
+                let mut reduce = |partial: &mut [f32]| {
+                    link.reduce(partial).map_err(|e| {
+                        let why = e.to_string();
+                        failed = Some(e);
+                        shoal_model::ModelError::Unsupported(why)
+                    })
+                };
+                let result = self
+                    .kvs
+                    .run_batch(batch, input, new_cache, |input, chunks| {
+                        model.run_split(input, chunks, &mut reduce)
+                    });
+                match result {
+                    Ok(out) => out,
+                    Err(e) => return Err(failed.take().unwrap_or_else(|| internal(e))),
+                }
+            }
+        };
         stage_data(
             self.model.is_last(),
             out,
@@ -303,7 +366,11 @@ impl LocalStage {
     pub fn rewind(&mut self, seq_id: u64, len: usize) -> Result<(), EngineError> {
         let (model, source) = (&self.model, &self.kv_source);
         self.kvs
-            .rewind(seq_id, len, || Self::new_cache(model, source))
+            .rewind(seq_id, len, || Self::new_cache(model, source))?;
+        match &mut self.group {
+            Some(link) => link.send_kv(GroupKv::Rewind { seq_id, len }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -331,11 +398,19 @@ impl Stage for LocalStage {
     }
 
     fn kv(&mut self, op: KvOp) -> Result<(), EngineError> {
-        self.kvs.apply(op)
+        self.kvs.apply(op)?;
+        match &mut self.group {
+            Some(link) => link.send_kv(GroupKv::Op(op)),
+            None => Ok(()),
+        }
     }
 
     fn held_sequences(&self) -> usize {
         self.kvs.sequences()
+    }
+
+    fn join_group(&mut self, link: Box<dyn GroupLink>) -> Result<(), EngineError> {
+        self.join(link)
     }
 }
 

@@ -113,6 +113,9 @@ pub enum PipelineError {
     /// No stage of this instance is hosted here.
     #[error("no stage of instance {instance:016x} here")]
     NoSuchStage { instance: u64 },
+    /// A tensor-parallel group's member was sent what its group does not do.
+    #[error("tensor-parallel group: {why}")]
+    Group { why: String },
     /// A token stream was opened to a stage that is not the last.
     #[error("tokens come from the last stage only")]
     NotLastStage,
@@ -238,6 +241,7 @@ impl PipelineError {
             PipelineError::StageFailed { .. } => "stage_failed",
             PipelineError::Upstream { .. } => "upstream",
             PipelineError::NoSuchStage { .. } => "no_such_stage",
+            PipelineError::Group { .. } => "group",
             PipelineError::NotLastStage => "not_last_stage",
             PipelineError::TokenQueueFull => "token_queue_full",
             PipelineError::WrongUpstream { .. } => "wrong_upstream",

@@ -1,11 +1,15 @@
 //! Two real nodes in this process, talking over real sockets on 127.0.0.1: the data plane refuses
 //! malformed input without going down, and a pipeline across the two nodes samples what one node would.
 
+mod common;
+
+use common::node;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{AsyncReadExt, AsyncWriteExt};
-use shoal_cluster::{ClusterConfig, ClusterHandle, InstanceId};
+use shoal_cluster::InstanceId;
 use shoal_engine::engine::load_local_stage;
 use shoal_engine::kvpool::{KvPool, KvShare};
 use shoal_engine::sampler::Sampler;
@@ -22,21 +26,6 @@ use shoal_wire::{DType, Handshake, Role};
 
 const INSTANCE: InstanceId = InstanceId::from_u64(0xaa);
 const TIMEOUT: Duration = Duration::from_secs(30);
-
-async fn node(dir: &tempfile::TempDir, peers: Vec<libp2p::Multiaddr>) -> ClusterHandle {
-    shoal_cluster::start(ClusterConfig {
-        state_dir: dir.path().to_path_buf(),
-        cluster_key: "dataplane-test".into(),
-        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
-        peers,
-        mdns: false,
-        api_url: None,
-        models: vec![],
-        backend: "test".into(),
-    })
-    .await
-    .unwrap()
-}
 
 /// Reads until the peer closes the stream; true if it did within the timeout.
 async fn closed_by_peer(stream: &mut libp2p::Stream) -> bool {
@@ -98,9 +87,9 @@ async fn a_lane_that_cannot_connect_falls_back_to_the_stream() {
 async fn refuses_malformed_input_then_matches_one_node(mode: LaneMode) {
     let lanes = mode == LaneMode::Offered;
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = node(&da, vec![]).await;
+    let a = node(&da, "dataplane-test", vec![]).await;
     let a_addr: libp2p::Multiaddr = a.snapshot().listen_addrs[0].parse().unwrap();
-    let b = node(&db, vec![a_addr]).await;
+    let b = node(&db, "dataplane-test", vec![a_addr]).await;
     let met = a.wait_for(TIMEOUT, |s| s.state.members().len() == 2).await;
     assert_eq!(met.state.members().len(), 2, "the nodes never met");
 

@@ -35,7 +35,10 @@ use std::cmp::Reverse;
 /// How instances of one origin compare (the smallest is kept): live first (every stage on a member),
 /// then driven by the origin's driver, then the latest re-placement, then the smallest id.
 fn rank(i: &InstanceRecord, members: &[NodeId]) -> (bool, bool, Reverse<u32>, InstanceId) {
-    let live = i.stages.iter().all(|s| members.contains(&s.node));
+    let live = i
+        .stages
+        .iter()
+        .all(|s| s.nodes().all(|n| members.contains(n)));
     (
         !live,
         i.driver() != i.first_driver(),
@@ -90,7 +93,11 @@ impl ClusterState {
     fn take_unknown_keeping(&mut self, other: InstanceTable, keep: &[InstanceId]) -> bool {
         let before: Vec<InstanceId> = self.table.instances.iter().map(|i| i.id).collect();
         let members: Vec<NodeId> = self.members().into_iter().cloned().collect();
-        let live = |i: &InstanceRecord| i.stages.iter().all(|s| members.contains(&s.node));
+        let live = |i: &InstanceRecord| {
+            i.stages
+                .iter()
+                .all(|s| s.nodes().all(|n| members.contains(n)))
+        };
         // A rival of `i` in `t`: another instance of the same origin (live or not as this node sees
         // it now: a table can arrive before its sender's facts; [`rank`] weighs liveness).
         let rival_in = |t: &InstanceTable, i: &InstanceRecord| {

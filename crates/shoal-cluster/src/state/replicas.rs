@@ -130,7 +130,7 @@ fn why_no_more(
             .filter(|n| {
                 !placed
                     .iter()
-                    .any(|p| p.stages.iter().any(|s| s.node == n.id))
+                    .any(|p| p.stages.iter().any(|s| s.nodes().any(|m| *m == n.id)))
             })
             .cloned()
             .collect(),

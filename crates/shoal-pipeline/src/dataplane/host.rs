@@ -27,7 +27,7 @@ use shoal_engine::TokenMask;
 use shoal_engine::engine::HybridStage;
 use shoal_engine::kvpool::KvShare;
 use shoal_engine::sampler::Sampler;
-use shoal_engine::stage::{ChunkSpec, KvOp, SampleRef, Stage, StageData};
+use shoal_engine::stage::{KvOp, SampleRef, Stage, StageData};
 use shoal_model::HostMatrix;
 use shoal_wire::{
     Activations, DEFAULT_MAX_FRAME_LEN, Frame, Handshake, Pooled, PrefixOp, Role, SampleJob,
@@ -39,10 +39,11 @@ use shoal_cluster::{ClusterHandle, Traffic};
 
 use crate::error::PipelineError;
 
+use super::group::Members;
 use super::path::{Watch, open_on_path, watch_paths};
 use super::{
     Alarm, Inbound, Inlet, Lanes, Outlet, READ_QUEUE, STAGE_PROTOCOL, WRITE_QUEUE, accept_lane,
-    encode, engine_pool, handshake, open_lane, prefix_kv_op, read_handshake, spawn_reader,
+    chunk_specs, encode, handshake, open_lane, prefix_kv_op, read_handshake, spawn_reader,
     spawn_writer, wire_node_id,
 };
 
@@ -219,6 +220,8 @@ impl From<KvShare> for StageKv {
 #[derive(Clone, Default)]
 pub struct Hosts {
     inner: Arc<Mutex<HashMap<u64, Arc<HostedStage>>>>,
+    /// Members of tensor-parallel groups hosted here (their lanes arrive as stage streams do).
+    pub members: Members,
 }
 
 impl Hosts {
@@ -232,6 +235,7 @@ impl Hosts {
         if let Ok(mut m) = self.inner.lock() {
             m.remove(&instance.as_u64());
         }
+        self.members.remove(instance);
     }
 
     fn get(&self, id: u64) -> Option<Arc<HostedStage>> {
@@ -277,6 +281,10 @@ async fn accept_stream(
 ) -> Result<(), PipelineError> {
     // Read the peer's handshake first to learn which of our stages it wants.
     let theirs = read_handshake(&mut stream).await?;
+    if let Role::Member { .. } = theirs.role {
+        return super::group::accept_member(cluster, &hosts.members, lanes, peer, stream, theirs)
+            .await;
+    }
     let inst = theirs.role.instance_id();
     let host = hosts
         .get(inst)
@@ -311,6 +319,10 @@ async fn accept_stream(
             }
             serve_upstream(cluster, &host, stream, &ours, lanes, traffic, peer).await
         }
+        // Answered above, before the stage is looked up.
+        Role::Member { .. } => Err(PipelineError::Group {
+            why: "a member's handshake on a stage's stream".into(),
+        }),
     }
 }
 
@@ -556,6 +568,7 @@ fn step(
         | Frame::Pong { .. }
         | Frame::Tokens { .. }
         | Frame::Pooled(_)
+        | Frame::Inputs(_)
         | Frame::Lane { .. } => None,
     };
     out.as_ref().map(encode).transpose()
@@ -573,16 +586,7 @@ fn forward(
     check_batch(stage, host, a)?;
     let [rows, cols] = a.shape;
     let hidden = HostMatrix::new(rows as usize, cols as usize, a.to_f32()?)?;
-    let batch: Vec<ChunkSpec> = a
-        .chunks
-        .iter()
-        .map(|c| ChunkSpec {
-            seq_id: c.seq_id,
-            len: c.len as usize,
-            want_logits: c.want_logits,
-            pool: engine_pool(c.pool),
-        })
-        .collect();
+    let batch = chunk_specs(&a.chunks);
     // The last stage samples (on its threads) as the driver's jobs for this batch say, within the
     // tokens each job's mask allows.
     let mut batch_jobs = if last {

@@ -3,6 +3,7 @@
 use std::cell::RefCell;
 
 use super::*;
+use shoal_engine::stage::ChunkSpec;
 
 fn release(seq_id: u64) -> Inbound {
     Ok(Frame::Release {

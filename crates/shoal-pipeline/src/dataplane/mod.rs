@@ -31,7 +31,7 @@ use futures::io::{ReadHalf, WriteHalf};
 use futures::{AsyncReadExt, AsyncWriteExt};
 use libp2p::{PeerId, Stream, StreamProtocol};
 use sha2::{Digest, Sha256};
-use shoal_engine::stage::{KvOp, Pool};
+use shoal_engine::stage::{ChunkSpec, KvOp, Pool};
 use shoal_wire::{
     DEFAULT_MAX_FRAME_LEN, Frame, FrameReader, HANDSHAKE_HEADER_LEN, Handshake, PrefixAction,
     PrefixOp,
@@ -45,6 +45,7 @@ use shoal_cluster::Traffic;
 use crate::error::PipelineError;
 
 mod chain;
+mod group;
 pub mod hopbench;
 mod host;
 mod lane;
@@ -55,6 +56,7 @@ mod wait;
 use lane::{Interrupt, Lane, LaneReader, LaneWriter, Received};
 
 pub use chain::RemoteChain;
+pub use group::{MemberLink, Members, connect_group};
 pub use host::{HostedStage, Hosts, StageKv, serve_stages};
 pub use lane::Lanes;
 
@@ -250,6 +252,19 @@ fn rewind_frame(seq_id: u64, len: usize) -> Frame {
 }
 
 /// A chunk's [`Pool`] as the wire writes it.
+/// The engine's chunks of a batch whose headers came over the wire.
+fn chunk_specs(chunks: &[shoal_wire::ChunkHeader]) -> Vec<ChunkSpec> {
+    chunks
+        .iter()
+        .map(|c| ChunkSpec {
+            seq_id: c.seq_id,
+            len: c.len as usize,
+            want_logits: c.want_logits,
+            pool: engine_pool(c.pool),
+        })
+        .collect()
+}
+
 fn wire_pool(pool: Pool) -> shoal_wire::Pool {
     match pool {
         Pool::None => shoal_wire::Pool::None,

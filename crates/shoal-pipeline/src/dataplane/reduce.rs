@@ -96,6 +96,29 @@ impl AllReduce {
         (self.spent, self.calls)
     }
 
+    /// Writes `bytes` (encoded frames) to every other member, between rounds: rank 0 sends a batch's
+    /// input and its KV operations this way, ahead of that batch's partial sums.
+    pub(super) fn send_all(&mut self, bytes: &[u8]) -> Result<(), PipelineError> {
+        for (_, w) in self.writers.iter_mut() {
+            w.send(bytes)?;
+        }
+        Ok(())
+    }
+
+    /// The next frame from member `rank` between rounds (what [`AllReduce::send_all`] sent), waiting
+    /// until `deadline` (`None`: until it comes or the lane closes).
+    pub(super) fn recv_from(&mut self, rank: usize, deadline: Option<Instant>) -> Received {
+        match self.readers.iter_mut().find(|(r, _)| *r == rank) {
+            Some((_, r)) => r.recv(deadline),
+            None => Received::Closed,
+        }
+    }
+
+    /// What wakes this member's readers (a group torn down while it waits).
+    pub(super) fn interrupts(&self) -> Vec<std::sync::Weak<super::lane::Interrupt>> {
+        self.readers.iter().map(|(_, r)| r.interrupt()).collect()
+    }
+
     /// Makes `partial` (`rows × cols`, this member's) the sum of every member's, added in rank order.
     pub fn reduce(&mut self, partial: &mut [f32], cols: usize) -> Result<(), PipelineError> {
         let started = Instant::now();
@@ -174,7 +197,7 @@ fn receive(
             Received::Inbound(f) => f?,
             Received::Closed => {
                 return Err(PipelineError::StreamClosed {
-                    what: "a group member's all-reduce lane",
+                    what: "all-reduce lane to a group member",
                 });
             }
             Received::TimedOut => return Err(PipelineError::NoTokensInTime),

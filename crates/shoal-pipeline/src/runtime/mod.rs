@@ -20,7 +20,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use libp2p::PeerId;
 use shoal_engine::engine::{
-    EngineConfig, HybridStage, LoadedModel, Placement, load_hybrid_stage, spawn,
+    EngineConfig, HybridStage, LoadedModel, Placement, load_hybrid_stage, load_local_share, spawn,
 };
 use shoal_engine::kvpool::{KvPool, KvShare};
 use shoal_engine::{EngineHandle, Engines};
@@ -30,6 +30,7 @@ use shoal_placement::ModelCard;
 use shoal_wire::DType;
 use tokio::sync::watch;
 
+mod group;
 mod mend;
 
 use crate::dataplane::{HostedStage, Hosts, Lanes, RemoteChain, StageKv, serve_stages};
@@ -363,10 +364,10 @@ impl Node {
         if running.contains_key(&rec.id) {
             return;
         }
-        let Some(index) = rec.stages.iter().position(|s| s.node == me) else {
+        let Some((index, rank)) = group::place_of(&rec, me) else {
             return;
         };
-        let what = if index == 0 {
+        let what = if (index, rank) == (0, 0) {
             Running::Driver {
                 model: rec.model.clone(),
             }
@@ -453,6 +454,12 @@ impl Node {
             Some(path) => path,
             None => self.fetch(rec, range, n_layers).await?,
         };
+        let me = self.cluster.id().to_string();
+        let rank = group::place_of(rec, &me).map_or(0, |(i, r)| if i == index { r } else { 0 });
+        if rank > 0 {
+            self.host_member(rec, (index, rank), path, range).await?;
+            return Ok(None);
+        }
         if index > 0 {
             self.host_stage(rec, index, path, range).await?;
             return Ok(None);
@@ -521,9 +528,24 @@ impl Node {
         let pool = self.pool.clone();
         // Where its record says: its first layers on this node's GPU, or all on the CPU.
         let placement = stage_placement(stage, &self.config.engine);
-        let local =
-            tokio::task::spawn_blocking(move || load_hybrid_stage(&path, range, &pool, placement))
+        let local = match group::share_of(&path, rec, index, range, 0)? {
+            // Rank 0 of a group: its share, joined to the other members before it is hosted.
+            Some(share) => {
+                let mut local = tokio::task::spawn_blocking(move || {
+                    load_local_share(&path, range, &share, &pool)
+                })
                 .await??;
+                let dim = local.model().config().dim;
+                self.form_group(rec, index, &mut local, dim).await?;
+                HybridStage::from(local)
+            }
+            None => {
+                tokio::task::spawn_blocking(move || {
+                    load_hybrid_stage(&path, range, &pool, placement)
+                })
+                .await??
+            }
+        };
         let kv = reserve_kv(&self.config, &local)?;
         self.cluster.set_kv_capacity(rec.id, kv.tokens as u64).await;
         let next = next_node(rec, index)?;
@@ -549,10 +571,18 @@ impl Node {
         // The driver's own layers run where the instance's record says (the planner followed the
         // node's `--device`).
         let placement = stage_placement(&rec.stages[0], &self.config.engine);
-        let mut loaded = tokio::task::spawn_blocking(move || {
-            LoadedModel::from_gguf_on(&path, &model, Some(&[range]), &pool2, placement)
+        let share = group::share_of(&path, rec, 0, range, 0)?;
+        let grouped = share.is_some();
+        let mut loaded = tokio::task::spawn_blocking(move || match share {
+            Some(share) => LoadedModel::from_gguf_share(&path, &model, range, &share, &pool2),
+            None => LoadedModel::from_gguf_on(&path, &model, Some(&[range]), &pool2, placement),
         })
         .await??;
+        if grouped {
+            let dim = loaded.config.dim;
+            self.form_group(rec, 0, loaded.stages[0].as_mut(), dim)
+                .await?;
+        }
         let mut broke = None;
         if rec.stages.len() > 1 {
             let (tx, rx) = watch::channel(false);
