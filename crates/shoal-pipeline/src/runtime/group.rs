@@ -56,6 +56,26 @@ pub(super) fn share_of(
     Ok(Some(all.swap_remove(rank)))
 }
 
+/// The most members (up to the planner's [`shoal_placement::MAX_GROUP`]) the layers of `gguf` split
+/// over evenly (what the model card offers the planner; 1: none — a refused split logs why).
+pub(super) fn max_group(gguf: &mut GgufFile) -> usize {
+    let Ok(cfg) = shoal_model::ModelConfig::from_gguf(gguf) else {
+        return 1;
+    };
+    let range = LayerRange::full(cfg.n_layers);
+    let mut most = 1;
+    for n in 2..=shoal_placement::MAX_GROUP {
+        match shares(gguf, &cfg, range, &vec![1.0; n]) {
+            Ok(_) => most = n,
+            Err(e) => {
+                tracing::debug!(model = %cfg.architecture, "no tensor-parallel split over {n}: {e}");
+                break;
+            }
+        }
+    }
+    most
+}
+
 /// Every node of stage `index` of `rec` by rank, as peer ids.
 fn peers_of(rec: &InstanceRecord, index: usize) -> Result<Vec<PeerId>, PipelineError> {
     rec.stages[index]

@@ -106,8 +106,9 @@ pub struct LaneConfig {
 
 /// What placement needs to know about the GGUF model at `path` (read from its header only).
 pub fn model_card(path: &Path, id: &ModelId) -> Result<ModelCard, shoal_model::ModelError> {
-    let gguf = shoal_model::gguf::GgufFile::open(path)?;
+    let mut gguf = shoal_model::gguf::GgufFile::open(path)?;
     let f = shoal_model::Footprint::from_gguf(&gguf)?;
+    let max_group = group::max_group(&mut gguf);
     Ok(ModelCard {
         id: id.clone(),
         n_layers: f.n_layers,
@@ -126,7 +127,7 @@ pub fn model_card(path: &Path, id: &ModelId) -> Result<ModelCard, shoal_model::M
         head_params: f.head_params,
         vocab_size: f.vocab_size as u64,
         attention_flops_per_position: f.attention_flops_per_position,
-        max_group: 1,
+        max_group,
     })
 }
 
@@ -813,5 +814,8 @@ mod tests {
         let total = card.embed_bytes + 30 * card.layer_bytes;
         let file = std::fs::metadata(&path).unwrap().len();
         assert!(total < file && total > file / 2, "{total} vs file {file}");
+        // 9 query heads in 3 KV groups, 64 dims each, Q4_1's 32-value blocks: a group of up to the
+        // planner's most members can cut it.
+        assert_eq!(card.max_group, shoal_placement::MAX_GROUP);
     }
 }
