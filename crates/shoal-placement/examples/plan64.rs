@@ -1,5 +1,6 @@
 //! Times the planner on 64 simulated heterogeneous nodes (memory, speed, links) with a 70B-class card:
-//! `cargo run --release -p shoal-placement --example plan64 [runs]`. Prints the best, median and worst
+//! `cargo run --release -p shoal-placement --example plan64 [runs] [max_group]` (the card's
+//! `max_group`, 1 by default: no tensor-parallel groups). Prints the best, median and worst
 //! wall time of `plan` for each goal, of `plan_replicas` for 4 replicas, and what was chosen.
 
 #[path = "../tests/common/mod.rs"]
@@ -39,12 +40,17 @@ fn main() {
         .unwrap_or(20usize)
         .max(1);
     let topo = common::heterogeneous(64, 64);
-    let card = common::card_70b();
+    let mut card = common::card_70b();
+    card.max_group = std::env::args()
+        .nth(2)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1);
     println!(
-        "64 nodes, {} links, model {} layers of {} MB",
+        "64 nodes, {} links, model {} layers of {} MB, groups of up to {}",
         topo.links.len(),
         card.n_layers,
-        card.layer_bytes / 1_000_000
+        card.layer_bytes / 1_000_000,
+        card.max_group
     );
     for goal in [Goal::Latency, Goal::Throughput] {
         let cons = Constraints {
@@ -60,7 +66,10 @@ fn main() {
                 let nodes: Vec<String> = p
                     .stages
                     .iter()
-                    .map(|s| format!("{}×{}", s.node, s.layers()))
+                    .map(|s| {
+                        let nodes: Vec<&str> = s.nodes().map(|n| n.as_str()).collect();
+                        format!("{}×{}", nodes.join("+"), s.layers())
+                    })
                     .collect();
                 println!(
                     "  chosen: {} ({} one stream, {} at batch 32, TTFT {:.0} ms for 512 tokens)",
