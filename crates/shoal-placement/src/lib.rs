@@ -12,7 +12,7 @@
 //!   is priced at).
 //! - [`plan`] validates the input, then takes the manual split as given, or searches node sets and orders
 //!   (`search`: exhaustive up to 6 nodes; above, greedy chains, memory-first and speed-first sets, then
-//!   `refine`'s local search — polynomial), chooses layer counts for the goal (`assign`, within each
+//!   `refine`'s local search — polynomial; `tensor`: tensor-parallel groups), chooses layer counts for the goal (`assign`, within each
 //!   node's memory from `split`), predicts each candidate (`cost`, `rates`) and ranks by the goal's figure.
 //!   Output: [`Placement`]s ([`Stage`]s + [`Prediction`] + explanation), best first; the first also has a
 //!   [`NodeVerdict`] per node (`verdict`: why it is in or out, by costing the placement without / with
@@ -53,6 +53,27 @@
 //!   `max(R(b), m · busiest(b))` (the slowest stage or link transfer bounds it): `B / cycle` tok/s.
 //! - TTFT of `P` prompt tokens: chunks of [`PREFILL_CHUNK_TOKENS`], each through the whole pipeline before
 //!   the next (as the engine runs one sequence): `Σ_chunks (Σ t_i(c) + Σ hops of c tokens + return)`.
+//!
+//!
+//! # Tensor-parallel groups (decision 024)
+//! A stage may be computed by a group ([`Stage::group`], a [`TensorGroup`]): `node` is rank 0 (input in,
+//! output out, the head and sampling), each rank `r` reads `s_r = weights[r] / Σ weights` of every
+//! layer's heads and feed-forward columns at once. A group of `n` layers takes
+//! `t(b) = fan_out(b) + n · (max_r s_r · layer_r(b, C) + 2 · exchange(b))`, plus rank 0's head and
+//! sampling when last: `layer_r` is one whole layer on rank `r`'s CPU as above (its weights' roofline and
+//! attention), `exchange(b) = max over member pairs of rtt/2 + b · 2H / bandwidth` (after attention's
+//! output and after the feed-forward every member sends its f32 partial — twice the card's f16 `H` — to
+//! every other at once: one one-way hop, the slowest pair bounding it), `fan_out(b)` rank 0 sending the
+//! stage's input to the members (token ids, 4 bytes a token, on a first stage, else `b · H`). Each rank
+//! holds `⌈s_r · n · per-layer bytes⌉`, every member the embedding on a first stage, rank 0 the head on a
+//! last one. Groups are offered only when [`ModelCard::max_group`] `>= 2` (the caller's, from the model
+//! file): sets of 2 to `min(max_group, `[`MAX_GROUP`]`)` GPU-less nodes that are all linked to each other,
+//! weighted by measured decode speed (`speed · 1000`), every member tried as rank 0, holding every layer
+//! or as one stage of a two-stage pipeline (`tensor`: every set of the 8 fastest, plus one grown from
+//! each node above that — polynomial). They are ranked by the goal's figure like every candidate, so a
+//! group is chosen only when predicted faster than any single node, pipeline or smaller group; the
+//! prediction shows each group's `fan_out_us` and `reduce_us` ([`StagePrediction`]) and the explanation
+//! its ranks, weights and reductions, or what the best group would have predicted when none is chosen.
 //!
 //! Layer counts: for latency, as many layers as memory allows on the fastest nodes (minimises `Σ t_i(1)`);
 //! for throughput, stage times balanced within memory. Ranking: the goal's figure, then fewer stages, then
