@@ -8,11 +8,14 @@
 
 use std::path::{Path, PathBuf};
 
+use shoal_kernels::dequantize_row;
 use shoal_model::gguf::GgufFile;
+use shoal_model::linear::kernel_qtype;
 use shoal_model::split::shares;
 use shoal_model::{LayerRange, ModelConfig, ModelError};
 
 use crate::common::{ids, load_whole, step};
+use crate::gguf_writer::TempDir;
 use crate::split::{Group, compare, relative, tolerance};
 use crate::synthetic::{fixtures, is_moe};
 
@@ -194,4 +197,76 @@ fn impossible_expert_splits_are_refused_by_name() {
     assert!(e.contains("must be positive"), "{e}");
     let e = refuse("deepseek2-lite-k-q4_k_m.gguf", &[]);
     assert!(e.contains("must be positive"), "{e}");
+}
+
+/// A copy (in `dir`) of the fixture at `src` whose `attn_output` matrices are F32 — dequantized,
+/// appended after the data and pointed to by their directory entries — so their columns can be cut
+/// per head (the fixtures' K-quant blocks span all four heads' values).
+fn with_f32_attn_output(src: &Path, dir: &TempDir) -> PathBuf {
+    let mut bytes = std::fs::read(src).expect("read fixture");
+    let mut g = GgufFile::open(src).expect("open");
+    let data = g.content().tensor_data_offset as usize;
+    let align = g.get_u32("general.alignment").unwrap_or(32) as usize;
+    let mut names: Vec<String> = g
+        .tensor_names()
+        .filter(|n| n.ends_with("attn_output.weight"))
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    assert!(!names.is_empty());
+    for name in names {
+        let raw = g.read_raw(&name).expect("read");
+        let (rows, cols) = (raw.dims[0], raw.dims[1]);
+        let q = kernel_qtype(&name, raw.ty).expect("type");
+        let mut row = vec![0f32; cols];
+        while (bytes.len() - data) % align != 0 {
+            bytes.push(0);
+        }
+        let offset = (bytes.len() - data) as u64;
+        for r in raw.data.chunks_exact(raw.data.len() / rows) {
+            dequantize_row(q, r, &mut row).expect("dequantize");
+            bytes.extend(row.iter().flat_map(|x| x.to_le_bytes()));
+        }
+        // The entry: name length (u64), name, n_dims (u32), dims (u64 each), type (u32), offset (u64).
+        let mut key = (name.len() as u64).to_le_bytes().to_vec();
+        key.extend_from_slice(name.as_bytes());
+        let at = bytes[..data]
+            .windows(key.len())
+            .position(|w| w == key)
+            .expect("directory entry")
+            + key.len();
+        let n_dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let ty = at + 4 + 8 * n_dims;
+        bytes[ty..ty + 4].copy_from_slice(&0u32.to_le_bytes());
+        bytes[ty + 4..ty + 12].copy_from_slice(&offset.to_le_bytes());
+    }
+    dir.write(&src.file_name().unwrap().to_string_lossy(), &bytes)
+}
+
+#[test]
+fn latent_attention_split_by_heads_decodes_as_the_whole_stage() {
+    let dir = TempDir::new();
+    let mut ran = 0;
+    for (src, r) in moe_fixtures() {
+        if r["arch"] != "deepseek2" {
+            continue;
+        }
+        let path = with_f32_attn_output(&src, &dir);
+        let prompt = ids(&r["prompt"]);
+        for weights in [&[1.0, 1.0][..], &[3.0, 1.0], &[1.0, 1.0, 1.0]] {
+            let group = Group::load(&path, weights).expect("split");
+            let s = group.shares();
+            // Every member holds heads now (4 heads; one KV head: any cut).
+            assert!(s.iter().all(|s| s.attends()), "{s:?}");
+            check_shares(&group, &config(&path), weights);
+            // Up to the order of additions, which the activations' 8-bit rounding may amplify.
+            let (n, worst) = compare(&path, &group, &prompt, tolerance(&path));
+            println!(
+                "{} (F32 attn_output) over {weights:?}: {n} steps, worst relative Δ {worst:.2e}; {s:?}",
+                src.display()
+            );
+            ran += 1;
+        }
+    }
+    assert_eq!(ran, 9);
 }
