@@ -219,7 +219,7 @@ fn with_f32_attn_output(src: &Path, dir: &TempDir) -> PathBuf {
         let (rows, cols) = (raw.dims[0], raw.dims[1]);
         let q = kernel_qtype(&name, raw.ty).expect("type");
         let mut row = vec![0f32; cols];
-        while (bytes.len() - data) % align != 0 {
+        while !(bytes.len() - data).is_multiple_of(align) {
             bytes.push(0);
         }
         let offset = (bytes.len() - data) as u64;
