@@ -319,3 +319,54 @@ fn cards_and_records_without_the_group_fields_read_as_before() {
     assert_eq!(old.stages[0].nodes().count(), 1);
     assert_eq!(p.stages[0].nodes().count(), 2);
 }
+
+#[test]
+fn pinned_nodes_are_offered_as_one_group_with_each_as_rank_0() {
+    let three = [("a", 64, 1000.0), ("b", 64, 1000.0), ("c", 64, 1000.0)];
+    for (kind, first_is_group) in [(LinkKind::Loopback, true), (LinkKind::Wifi, false)] {
+        let topo = mesh(&three, kind);
+        let cons = Constraints {
+            pinned_nodes: Some(vec!["b".parse().unwrap(), "a".parse().unwrap()]),
+            ..Constraints::default()
+        };
+        let all = plan(&topo, &group_card(2), &cons).unwrap();
+        assert_eq!(
+            group_of(&all[0]).is_some(),
+            first_is_group,
+            "{kind:?}: {}",
+            all[0].explanation
+        );
+        let mut rank0: Vec<&str> = all
+            .iter()
+            .filter(|p| group_of(p).is_some())
+            .map(|p| {
+                assert_eq!(p.stages.len(), 1);
+                assert_eq!(p.stages[0].nodes().count(), 2, "only the pinned nodes");
+                p.stages[0].node.as_str()
+            })
+            .collect();
+        rank0.sort();
+        assert_eq!(rank0, ["a", "b"], "{kind:?}");
+        let c = all[0].nodes.iter().find(|v| v.node == "c").unwrap();
+        assert_eq!(c.reason, "out: not pinned");
+        if first_is_group {
+            let b = all[0].nodes.iter().find(|v| v.node == "b").unwrap();
+            assert!(
+                b.reason.starts_with("in: rank ") && b.reason.ends_with(", pinned"),
+                "{b:?}"
+            );
+        }
+    }
+    // Three pinned nodes where the card allows groups of two: no group.
+    let topo = mesh(&three, LinkKind::Loopback);
+    let cons = Constraints {
+        pinned_nodes: Some(vec![
+            "a".parse().unwrap(),
+            "b".parse().unwrap(),
+            "c".parse().unwrap(),
+        ]),
+        ..Constraints::default()
+    };
+    let all = plan(&topo, &group_card(2), &cons).unwrap();
+    assert!(all.iter().all(|p| group_of(p).is_none()));
+}
