@@ -501,6 +501,21 @@ mod tests {
     }
 
     #[test]
+    fn where_no_cut_gives_every_member_a_part_some_hold_none() {
+        let any = |_, _| true;
+        // One block of 256 columns over two members: one holds it all.
+        let c = cut_or_empty(&points(256, |f| f % 256 == 0), &[1.0, 1.0], any);
+        assert!(c == vec![0, 0, 256] || c == vec![0, 256, 256], "{c:?}");
+        // Two blocks over three members: one of them holds none, the others one each.
+        let c = cut_or_empty(&points(512, |f| f % 256 == 0), &[1.0, 1.0, 1.0], any);
+        let sizes: Vec<usize> = c.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(sizes.iter().filter(|&&s| s == 256).count(), 2, "{c:?}");
+        // Where non-empty parts exist they are taken, as `cut` takes them.
+        let c = cut_or_empty(&points(8, |_| true), &[3.0, 1.0], any);
+        assert_eq!(c, vec![0, 6, 8]);
+    }
+
+    #[test]
     fn lcm_of_blocks() {
         assert_eq!(lcm(32, 256), 256);
         assert_eq!(lcm(1, 32), 32);
