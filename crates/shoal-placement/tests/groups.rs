@@ -370,3 +370,28 @@ fn pinned_nodes_are_offered_as_one_group_with_each_as_rank_0() {
     let all = plan(&topo, &group_card(2), &cons).unwrap();
     assert!(all.iter().all(|p| group_of(p).is_none()));
 }
+
+#[test]
+fn replicas_of_groups_use_disjoint_nodes() {
+    let four = [
+        ("a", 64, 1000.0),
+        ("b", 64, 1000.0),
+        ("c", 64, 1000.0),
+        ("d", 64, 1000.0),
+    ];
+    let topo = mesh(&four, LinkKind::Loopback);
+    let replicas =
+        shoal_placement::plan_replicas(&topo, &group_card(2), &Constraints::default(), 3).unwrap();
+    assert_eq!(replicas.len(), 2, "two groups of two use all four nodes");
+    let mut used: Vec<&str> = replicas
+        .iter()
+        .flat_map(|p| {
+            assert!(group_of(p).is_some(), "{}", p.explanation);
+            p.stages.iter().flat_map(Stage::nodes)
+        })
+        .map(|n| n.as_str())
+        .collect();
+    used.sort();
+    assert_eq!(used, ["a", "b", "c", "d"]);
+    assert!(replicas[1].explanation.contains("only 2 of 3 replicas fit"));
+}

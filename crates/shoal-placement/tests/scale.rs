@@ -45,3 +45,42 @@ fn sixty_four_nodes_get_an_explained_placement_that_no_drop_improves() {
     let replicas = plan_replicas(&topo, &card, &Constraints::default(), 4).unwrap();
     assert_eq!(replicas.len(), 4);
 }
+
+/// The same 64 nodes with a card allowing groups of up to 4: still deterministic and explained, every
+/// node in one place, and never worse than without groups (every candidate without one is still offered).
+#[test]
+fn sixty_four_nodes_with_groups_allowed() {
+    let topo = heterogeneous(64, 64);
+    let plain = card_70b();
+    let card = shoal_placement::ModelCard {
+        max_group: 4,
+        ..card_70b()
+    };
+    for goal in [Goal::Latency, Goal::Throughput] {
+        let cons = Constraints {
+            kv_reserve_tokens: 2048,
+            goal,
+            ..Constraints::default()
+        };
+        let all = plan(&topo, &card, &cons).unwrap();
+        assert_eq!(all, plan(&topo, &card, &cons).unwrap(), "deterministic");
+        let chosen = &all[0];
+        assert_eq!(chosen.nodes.len(), 64);
+        let mut ids: Vec<&str> = (chosen.stages.iter().flat_map(|s| s.nodes()))
+            .map(|n| n.as_str())
+            .collect();
+        let n = ids.len();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), n, "a node in two places");
+        for v in &chosen.nodes {
+            assert_eq!(v.used, ids.contains(&v.node.as_str()), "{v:?}");
+        }
+        let without = plan(&topo, &plain, &cons).unwrap();
+        let figure = |p: &shoal_placement::Placement| p.prediction.goal_tok_s();
+        assert!(
+            figure(chosen) >= figure(&without[0]) * (1.0 - 1e-12),
+            "{goal:?}"
+        );
+    }
+}
