@@ -29,6 +29,14 @@ fn mesh(nodes: &[(&str, u64, f64)], kind: LinkKind) -> Topology {
     Topology { nodes, links }
 }
 
+/// Four equal nodes of 64 GB at 1000 layer-steps/s.
+const FOUR: [(&str, u64, f64); 4] = [
+    ("a", 64, 1000.0),
+    ("b", 64, 1000.0),
+    ("c", 64, 1000.0),
+    ("d", 64, 1000.0),
+];
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-6 * b.abs().max(1.0)
 }
@@ -157,13 +165,7 @@ fn weights_follow_measured_speed() {
 
 #[test]
 fn three_and_four_nodes_split_while_it_pays() {
-    let four = [
-        ("a", 64, 1000.0),
-        ("b", 64, 1000.0),
-        ("c", 64, 1000.0),
-        ("d", 64, 1000.0),
-    ];
-    let topo = mesh(&four, LinkKind::Loopback);
+    let topo = mesh(&FOUR, LinkKind::Loopback);
     for (max_group, members) in [(2, 1), (3, 2), (4, 3), (8, 3)] {
         let p = best(&topo, &group_card(max_group), &Constraints::default()).unwrap();
         let g = group_of(&p).expect("a group");
@@ -373,13 +375,7 @@ fn pinned_nodes_are_offered_as_one_group_with_each_as_rank_0() {
 
 #[test]
 fn replicas_of_groups_use_disjoint_nodes() {
-    let four = [
-        ("a", 64, 1000.0),
-        ("b", 64, 1000.0),
-        ("c", 64, 1000.0),
-        ("d", 64, 1000.0),
-    ];
-    let topo = mesh(&four, LinkKind::Loopback);
+    let topo = mesh(&FOUR, LinkKind::Loopback);
     let replicas =
         shoal_placement::plan_replicas(&topo, &group_card(2), &Constraints::default(), 3).unwrap();
     assert_eq!(replicas.len(), 2, "two groups of two use all four nodes");

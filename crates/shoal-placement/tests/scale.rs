@@ -7,18 +7,29 @@ mod common;
 use common::{card_70b, heterogeneous};
 use shoal_placement::{Constraints, Goal, plan, plan_replicas};
 
+/// The constraints for `goal` (2048 tokens of KV reserved) and the plan under them, checked to be
+/// deterministic.
+fn planned(
+    topo: &shoal_placement::Topology,
+    card: &shoal_placement::ModelCard,
+    goal: Goal,
+) -> (Constraints, Vec<shoal_placement::Placement>) {
+    let cons = Constraints {
+        kv_reserve_tokens: 2048,
+        goal,
+        ..Constraints::default()
+    };
+    let all = plan(topo, card, &cons).unwrap();
+    assert_eq!(all, plan(topo, card, &cons).unwrap(), "deterministic");
+    (cons, all)
+}
+
 #[test]
 fn sixty_four_nodes_get_an_explained_placement_that_no_drop_improves() {
     let topo = heterogeneous(64, 64);
     let card = card_70b();
     for goal in [Goal::Latency, Goal::Throughput] {
-        let cons = Constraints {
-            kv_reserve_tokens: 2048,
-            goal,
-            ..Constraints::default()
-        };
-        let all = plan(&topo, &card, &cons).unwrap();
-        assert_eq!(all, plan(&topo, &card, &cons).unwrap(), "deterministic");
+        let (cons, all) = planned(&topo, &card, goal);
         let chosen = &all[0];
         assert_eq!(chosen.stages.last().unwrap().end, 80);
         assert_eq!(chosen.nodes.len(), 64);
@@ -57,13 +68,7 @@ fn sixty_four_nodes_with_groups_allowed() {
         ..card_70b()
     };
     for goal in [Goal::Latency, Goal::Throughput] {
-        let cons = Constraints {
-            kv_reserve_tokens: 2048,
-            goal,
-            ..Constraints::default()
-        };
-        let all = plan(&topo, &card, &cons).unwrap();
-        assert_eq!(all, plan(&topo, &card, &cons).unwrap(), "deterministic");
+        let (cons, all) = planned(&topo, &card, goal);
         let chosen = &all[0];
         assert_eq!(chosen.nodes.len(), 64);
         let mut ids: Vec<&str> = (chosen.stages.iter().flat_map(|s| s.nodes()))
