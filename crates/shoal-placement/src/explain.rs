@@ -266,17 +266,17 @@ fn group_stage(
         fmt_us(compute_us),
     );
     if let Some(gc) = GroupCompute::of((ctx.topo, &ctx.links, ctx.card), rank0, g, place.0) {
+        let over = gc
+            .worst_kind()
+            .map_or(String::new(), |k| format!(" over {}", k.name()));
         let _ = write!(
             out,
-            ", reductions {}/token ({} exchanges of {}, the slowest pair's link), input to the members {}",
+            ", reductions {}/token: {} exchanges of {}{over} at the slowest pair; input to the members {}",
             fmt_us(gc.reduce_us(n, 1)),
             2 * n,
             fmt_us(gc.exchange_us(1)),
             fmt_us(gc.fan_out_us(1)),
         );
-        if let Some(kind) = gc.worst_kind() {
-            let _ = write!(out, " over {}", kind.name());
-        }
     }
     out.push(')');
 }
