@@ -1,10 +1,12 @@
 //! The one-stream latency model: what one generated token costs, term by term ([`CostBreakdown`]).
 //!
-//! `latency = Σ stage compute + Σ forward hops + return hop`, in microseconds:
-//! - stage compute ([`Compute::stage_us`]): per layer the weights' decode step `1/speed` (the decode probe's
-//!   rate, arithmetic included; a batch takes the roofline with the batched rate, see [`Compute`])
+//! `latency = Σ stage compute + Σ group network + Σ forward hops + return hop`, in microseconds:
+//! - stage compute (`compute::Compute::stage_us`): per layer the weights' decode step `1/speed` (the decode
+//!   probe's rate, arithmetic included; a batch takes the roofline with the batched rate, see `Compute`)
 //!   plus attention over the context (`attention_us` per cached position); on the last stage the output
-//!   head (its weights streamed once, at the node's rate for the head's type) and sampling;
+//!   head (its weights streamed once, at the node's rate for the head's type) and sampling; a
+//!   tensor-parallel stage takes its slowest rank's share of each layer and its network time apart
+//!   ([`CostBreakdown::group_us`]: rank 0 fanning the input out and two exchanges a layer, `group`);
 //! - forward hop between adjacent stages: `rtt/2 + hidden_bytes_per_token / bandwidth` over the cheapest
 //!   link of the pair (measured values when present, otherwise the link kind's defaults);
 //! - return hop: the sampled token ([`TOKEN_BYTES`]) goes from the last stage back to the first, over a

@@ -2,9 +2,10 @@
 //! token, the goal's ranking figure. [`Timing`] holds the numbers of one candidate (per-stage layer
 //! counts and rates, the links of its hops) and turns them into a [`Prediction`].
 //!
-//! With `t_i(b)` a stage's decode step of `b` tokens at the priced context (`cost::Compute::stage_us`:
+//! With `t_i(b)` a stage's decode step of `b` tokens at the priced context (`compute::Compute::stage_us`:
 //! each layer's weight roofline plus its attention over the context, and on the last stage the output
-//! head and sampling), a hop
+//! head and sampling; for a tensor-parallel stage `group::GroupCompute::stage_us`: the slowest rank's
+//! share of each layer, two exchanges a layer, the input fanned out), a hop
 //! `h(bytes) = rtt/2 + bytes/bandwidth`, `H` the hidden bytes of one token and `k` stages:
 //! - one stream: `R(1)`, where `R(b) = Σ t_i(b) + Σ h_fwd(b·H) + Σ h_back(b·4)` is a micro-batch's round trip;
 //! - `B` concurrent streams: the engine splits them into `m = min(B, k)` micro-batches of `b = ⌈B/m⌉`
@@ -14,7 +15,7 @@
 //! - time to first token of a prompt of `P` tokens: it is prefilled in chunks of [`PREFILL_CHUNK_TOKENS`]
 //!   and the engine launches a sequence's next chunk only when the previous one has come back, so
 //!   `TTFT = Σ_chunks c (Σ p_i(c) + Σ h_fwd(c·H) + Σ h_back(4))`, where `p_i(c)` is the chunk's weights
-//!   roofline and causal attention over the prompt so far (`cost::Compute::chunk_us`), the last stage
+//!   roofline and causal attention over the prompt so far (`compute::Compute::chunk_us`), the last stage
 //!   adding the head and sampling for the prompt's last row; compute-bound stages make that
 //!   `≈ Σ_i P·layers_i / prefill_speed_i` plus attention and every chunk's hops.
 //!
