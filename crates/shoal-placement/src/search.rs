@@ -404,11 +404,14 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// Keeps the best candidate per node set (every node computing a stage, groups' members too), and
+/// Keeps the best candidate per node set (every node computing a stage, groups' members too) with
+/// and without a tensor-parallel group, and
 /// the best candidate with a tensor-parallel group (so an explanation can say what one would do).
 #[derive(Default)]
 pub(crate) struct BestPerSet {
-    sets: BTreeMap<Vec<usize>, Candidate>,
+    /// Keyed by the set and whether the candidate has a group (so a set's best pipeline is kept beside
+    /// its best group: a caller may want one kind only).
+    sets: BTreeMap<(Vec<usize>, bool), Candidate>,
     group: Option<Candidate>,
 }
 
@@ -422,8 +425,9 @@ impl BestPerSet {
         {
             self.group = Some(cand.clone());
         }
-        let mut key = cand.nodes();
-        key.sort_unstable();
+        let mut nodes = cand.nodes();
+        nodes.sort_unstable();
+        let key = (nodes, cand.groups.iter().any(Option::is_some));
         match self.sets.get(&key) {
             Some(old) if ctx.compare(old, &cand).is_le() => {}
             _ => {
