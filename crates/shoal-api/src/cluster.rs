@@ -72,6 +72,8 @@ pub struct PreviewQuery {
     /// `latency` or `throughput`.
     #[param(value_type = Option<String>)]
     goal: Option<shoal_cluster::proto::Goal>,
+    /// `true`: one tensor-parallel group of all of `nodes`; `false`: no group.
+    tensor_parallel: Option<bool>,
 }
 
 /// The node ids of a comma-separated list, each checked.
@@ -121,6 +123,7 @@ impl PreviewQuery {
             kv_reserve_tokens: self.kv_reserve_tokens,
             replicas: self.replicas,
             goal: self.goal,
+            tensor_parallel: self.tensor_parallel,
         })
     }
 }

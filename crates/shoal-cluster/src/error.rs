@@ -117,6 +117,25 @@ pub enum PlaceError {
         instances: Vec<String>,
         reason: Box<PlaceError>,
     },
+    /// `tensor_parallel` asks for a group of `nodes`, which must name two or more.
+    #[error("'tensor_parallel' needs 'nodes' (two or more: the group, its rank 0 first)")]
+    GroupWithoutNodes,
+    /// `tensor_parallel` with `layers`: a group holds every layer of its stage.
+    #[error(
+        "'tensor_parallel' puts every layer on one group of 'nodes'; it cannot be combined with 'layers'"
+    )]
+    GroupWithLayers,
+    /// No tensor-parallel placement of the requested nodes fits (or the model's layers do not split
+    /// that many ways).
+    #[error(
+        "no tensor-parallel group of {nodes} nodes can hold '{model}' (it splits over at most {max_group}; {why})"
+    )]
+    NoGroup {
+        model: ModelId,
+        nodes: usize,
+        max_group: usize,
+        why: String,
+    },
     /// `replicas` must be at least 1.
     #[error("'replicas' must be at least 1")]
     ZeroReplicas,
@@ -142,6 +161,9 @@ impl PlaceError {
             PlaceError::UnknownModel { .. } => "unknown_model",
             PlaceError::LayerCounts { .. } => "layer_counts",
             PlaceError::LayersWithoutNodes => "layers_without_nodes",
+            PlaceError::GroupWithoutNodes => "group_without_nodes",
+            PlaceError::GroupWithLayers => "group_with_layers",
+            PlaceError::NoGroup { .. } => "no_group",
             PlaceError::Plan(e) => e.error_type(),
             PlaceError::NoCandidate => "no_candidate",
             PlaceError::NeedsEviction { .. } => "needs_eviction",

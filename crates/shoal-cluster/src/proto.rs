@@ -98,6 +98,13 @@ pub struct PlaceRequest {
     /// `throughput` (tokens per second over many streams). Left out on the wire when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub goal: Option<Goal>,
+    /// Whether every layer is split over several nodes at once, by tensors (decision 024): `true` —
+    /// one stage computed by a tensor-parallel group of all of `nodes`, the first of them rank 0;
+    /// `false` — no group is considered; absent — the planner offers groups beside single nodes,
+    /// pipelines and replicas, and picks one only when it is predicted faster. Left out on the wire
+    /// when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_parallel: Option<bool>,
 }
 
 impl PlaceRequest {
@@ -111,6 +118,7 @@ impl PlaceRequest {
             kv_reserve_tokens: None,
             replicas: None,
             goal: None,
+            tensor_parallel: None,
         }
     }
 }

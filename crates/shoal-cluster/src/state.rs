@@ -322,6 +322,10 @@ impl ClusterState {
             model: req.model.clone(),
         })?;
         let constraints = constraints(req, &card)?;
+        let plan = |topology: &Topology| -> Result<Vec<Placement>, PlaceError> {
+            let all = shoal_placement::plan(topology, &card, &constraints)?;
+            groups_as_asked(req, &card, all)
+        };
         let pins_a_lacking_node = req.nodes.as_ref().is_some_and(|nodes| {
             nodes
                 .iter()
@@ -333,16 +337,16 @@ impl ClusterState {
             all
         };
         if pins_a_lacking_node {
-            return Ok(shoal_placement::plan(&everyone(), &card, &constraints)?);
+            return plan(&everyone());
         }
-        match shoal_placement::plan(&holders, &card, &constraints) {
+        match plan(&holders) {
             Ok(p) => Ok(p),
             Err(first) => {
                 let all = everyone();
                 if all.nodes.len() == holders.nodes.len() {
-                    return Err(first.into());
+                    return Err(first);
                 }
-                shoal_placement::plan(&all, &card, &constraints).map_err(|_| first.into())
+                plan(&all).map_err(|_| first)
             }
         }
     }
@@ -487,7 +491,68 @@ impl ClusterState {
 }
 
 /// Planner constraints for a request.
+/// The planner's candidates as `req.tensor_parallel` asks: only the tensor-parallel group of all of
+/// `req.nodes` (its rank 0 first when it was offered that way), none, or all of them as ranked.
+fn groups_as_asked(
+    req: &PlaceRequest,
+    card: &ModelCard,
+    all: Vec<Placement>,
+) -> Result<Vec<Placement>, PlaceError> {
+    let is_group = |p: &Placement| p.stages.iter().any(|s| s.group.is_some());
+    match req.tensor_parallel {
+        None => Ok(all),
+        Some(false) => {
+            let rest: Vec<Placement> = all.into_iter().filter(|p| !is_group(p)).collect();
+            if rest.is_empty() {
+                return Err(PlaceError::NoCandidate);
+            }
+            Ok(rest)
+        }
+        Some(true) => {
+            let nodes = req.nodes.as_deref().unwrap_or_default();
+            let whole = |p: &Placement| {
+                p.stages.len() == 1 && {
+                    let mut got: Vec<&NodeId> = p.stages[0].nodes().collect();
+                    let mut want: Vec<&NodeId> = nodes.iter().collect();
+                    got.sort();
+                    want.sort();
+                    got == want
+                }
+            };
+            let mut groups: Vec<Placement> = all.into_iter().filter(whole).collect();
+            // The request's first node as rank 0 where the planner offered that order.
+            groups.sort_by_key(|p| p.stages[0].node != nodes[0]);
+            if groups.is_empty() {
+                return Err(PlaceError::NoGroup {
+                    model: card.id.clone(),
+                    nodes: nodes.len(),
+                    max_group: card.max_group.min(shoal_placement::MAX_GROUP),
+                    why: "the planner found no group of these nodes that fits their memory".into(),
+                });
+            }
+            Ok(groups)
+        }
+    }
+}
+
 pub fn constraints(req: &PlaceRequest, card: &ModelCard) -> Result<Constraints, PlaceError> {
+    if req.tensor_parallel == Some(true) {
+        if req.layers.is_some() {
+            return Err(PlaceError::GroupWithLayers);
+        }
+        let n = req.nodes.as_ref().map_or(0, Vec::len);
+        if n < 2 {
+            return Err(PlaceError::GroupWithoutNodes);
+        }
+        if n > card.max_group.min(shoal_placement::MAX_GROUP) {
+            return Err(PlaceError::NoGroup {
+                model: card.id.clone(),
+                nodes: n,
+                max_group: card.max_group.min(shoal_placement::MAX_GROUP),
+                why: "its heads, feed-forward columns or experts do not cut that many ways".into(),
+            });
+        }
+    }
     let kv = req
         .kv_reserve_tokens
         .unwrap_or(DEFAULT_KV_RESERVE_TOKENS.min(card.context_length));

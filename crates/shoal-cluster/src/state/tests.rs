@@ -623,3 +623,72 @@ fn layers_on_a_gpu_count_against_its_memory_not_the_hosts() {
     let offered = small.nodes[0].gpu.as_ref().expect("the GPU is offered");
     assert_eq!(offered.mem_available, (2 << 30) - 6 * per_layer);
 }
+
+fn grouped(nodes: &[&str], tensor_parallel: Option<bool>) -> PlaceRequest {
+    PlaceRequest {
+        nodes: (!nodes.is_empty()).then(|| nodes.iter().map(|s| s.parse().unwrap()).collect()),
+        tensor_parallel,
+        ..PlaceRequest::of("m".parse().unwrap())
+    }
+}
+
+/// `a` and `b` with a model whose layers split over up to `max_group` nodes.
+fn group_cluster(max_group: usize) -> ClusterState {
+    let mut s = cluster("a", &["b"]);
+    s.me_mut().models[0].max_group = max_group;
+    let mut f = s.facts_of("b").unwrap().clone();
+    f.models[0].max_group = max_group;
+    f.seq += 1;
+    s.on_facts(f);
+    s
+}
+
+#[test]
+fn tensor_parallel_places_one_group_of_the_named_nodes_or_none() {
+    let mut s = group_cluster(2);
+    // Asked for: one stage of every layer, b as rank 0 as named, a its other member.
+    let rec = s
+        .place(
+            &grouped(&["b", "a"], Some(true)),
+            InstanceId::derived_from("g"),
+        )
+        .unwrap();
+    assert_eq!(rec.stages.len(), 1, "{rec:?}");
+    let st = &rec.stages[0];
+    assert_eq!((st.node.as_str(), st.start, st.end), ("b", 0, 30));
+    let group = st.group.as_ref().unwrap();
+    assert_eq!(group.members, ["a".parse::<NodeId>().unwrap()]);
+    assert_eq!(group.weights.len(), 2);
+    assert!(rec.uses("a") && rec.uses("b"));
+    // Refused: no group.
+    for p in s.previews(&grouped(&["a", "b"], Some(false))).unwrap() {
+        assert!(p.stages.iter().all(|st| st.group.is_none()), "{p:?}");
+    }
+}
+
+#[test]
+fn impossible_groups_are_refused_with_why() {
+    let s = group_cluster(1);
+    let e = s.previews(&grouped(&["a", "b"], Some(true))).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            PlaceError::NoGroup {
+                nodes: 2,
+                max_group: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("splits over at most 1"), "{e}");
+    let s = group_cluster(2);
+    let e = s.previews(&grouped(&[], Some(true))).unwrap_err();
+    assert!(matches!(e, PlaceError::GroupWithoutNodes), "{e}");
+    let mut req = grouped(&["a", "b"], Some(true));
+    req.layers = Some(vec![15, 15]);
+    assert!(matches!(
+        s.previews(&req).unwrap_err(),
+        PlaceError::GroupWithLayers
+    ));
+}
