@@ -306,3 +306,118 @@ impl StageCompute {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compute::tests::node;
+    use crate::model::{Link, LinkKind};
+
+    /// Two nodes at 1000 layer-steps/s (4000 batched) linked at 100 µs and 1 MB/s (a byte a µs);
+    /// 10 layers of 100 bytes, 10 bytes of activations a token.
+    fn two() -> (Topology, ModelCard) {
+        let mut a = node("a", 1000.0);
+        let mut b = node("b", 1000.0);
+        for n in [&mut a, &mut b] {
+            n.prefill_speed = Some(4000.0);
+            n.mem_available = 1000;
+        }
+        let link = Link {
+            a: "a".parse().unwrap(),
+            b: "b".parse().unwrap(),
+            kind: LinkKind::Ethernet,
+            rtt_us: Some(100.0),
+            bandwidth_bps: Some(1e6),
+        };
+        let mut card = crate::split::tests::card(10, 100);
+        card.hidden_bytes_per_token = 10;
+        card.embed_bytes = 50;
+        card.head_bytes = 70;
+        let topo = Topology {
+            nodes: vec![a, b],
+            links: vec![link],
+        };
+        (topo, card)
+    }
+
+    #[test]
+    fn shares_follow_the_weights_or_are_equal() {
+        let g = GroupSpec {
+            members: vec![1],
+            weights: vec![3, 1],
+        };
+        assert_eq!(g.shares(), [0.75, 0.25]);
+        let odd = GroupSpec {
+            members: vec![1, 2],
+            weights: vec![3, 1],
+        };
+        assert_eq!(odd.shares(), [1.0 / 3.0; 3]);
+        assert_eq!(weight_of(&node("x", 12.3456)), 12_346);
+        assert_eq!(weight_of(&node("x", 1e-9)), 1);
+    }
+
+    #[test]
+    fn every_rank_holds_its_share_and_its_extras() {
+        let (topo, card) = two();
+        // Half of 10 layers of 100 bytes; rank 0 the embedding and the head, rank 1 the embedding.
+        assert_eq!(rank_bytes(&card, (0, 0.5), 10, (true, true), 0), 500 + 120);
+        assert_eq!(rank_bytes(&card, (1, 0.5), 10, (true, true), 0), 500 + 50);
+        assert_eq!(rank_bytes(&card, (1, 0.5), 10, (false, true), 0), 500);
+        let even = GroupSpec {
+            members: vec![1],
+            weights: vec![1, 1],
+        };
+        // 1000 bytes a node: rank 0 has 880 for layers at 50 bytes a layer's half: 17, capped at 10.
+        assert_eq!(
+            group_capacity(&topo, &card, (0, &even), (true, true), 0),
+            10
+        );
+        // Three quarters on rank 0: 880 / 75 = 11 → 10; with a KV reserve of 1 byte × 20 tokens a
+        // layer, 880 / 90 = 9.
+        let uneven = GroupSpec {
+            members: vec![1],
+            weights: vec![3, 1],
+        };
+        let mut kv = card.clone();
+        kv.kv_bytes_per_token_per_layer = 1;
+        assert_eq!(
+            group_capacity(&topo, &kv, (0, &uneven), (true, true), 20),
+            9
+        );
+    }
+
+    #[test]
+    fn a_step_is_the_fan_out_then_the_slowest_share_and_two_exchanges_a_layer() {
+        let (topo, card) = two();
+        let links = LinkIndex::new(&topo, card.hidden_bytes_per_token);
+        let spec = GroupSpec {
+            members: vec![1],
+            weights: vec![1, 1],
+        };
+        let g = GroupCompute::of((&topo, &links, &card), 0, &spec, true).unwrap();
+        // 8 tokens: a layer's half is max(1000, 8 · 250) / 2 = 1000 µs; an exchange 50 + 8 · 20 bytes;
+        // the ids fanned out 50 + 8 · 4.
+        assert_eq!(g.exchange_us(8), 210.0);
+        assert_eq!(g.fan_out_us(8), 82.0);
+        assert_eq!(g.reduce_us(10, 8), 4200.0);
+        assert_eq!(g.stage_us(10, 8, 0, false), 82.0 + 10.0 * (1000.0 + 420.0));
+        // A prompt chunk of 8 costs the same (no attention measured); one token a step: 500 µs a layer.
+        assert_eq!(g.chunk_us(10, 0, 8, false), g.stage_us(10, 8, 0, false));
+        assert_eq!(
+            g.stage_us(10, 1, 0, false),
+            54.0 + 10.0 * (500.0 + 2.0 * 70.0)
+        );
+        // Not a first stage: the hidden state (10 bytes a token) is fanned out.
+        let mid = GroupCompute::of((&topo, &links, &card), 0, &spec, false).unwrap();
+        assert_eq!(mid.fan_out_us(1), 60.0);
+        // The head on rank 0 when last: the 70 bytes as 0.7 layers at 1000/s.
+        assert!((g.stage_us(10, 1, 0, true) - g.stage_us(10, 1, 0, false) - 700.0).abs() < 1e-9);
+        // No link between the members: no pricing.
+        let lonely = Topology {
+            links: vec![],
+            ..topo.clone()
+        };
+        let none = LinkIndex::new(&lonely, 10);
+        assert!(GroupCompute::of((&lonely, &none, &card), 0, &spec, true).is_none());
+    }
+}
