@@ -57,6 +57,68 @@ impl GroupSpec {
         }
     }
 
+    /// This group's ranks with weights that follow their speed as far as each rank's memory allows
+    /// for a stage of `layers` layers: a rank whose speed share does not fit takes what fits, the others
+    /// share the rest by speed (a fast node with little memory beside a slow big one). `None` when the
+    /// ranks cannot hold the stage together, or when every speed share already fits.
+    pub fn within_memory(
+        &self,
+        (topo, card): (&Topology, &ModelCard),
+        rank0: usize,
+        (layers, place): (usize, (bool, bool)),
+        kv_tokens: usize,
+    ) -> Option<Self> {
+        let stage = layers as f64 * card.per_layer_bytes(kv_tokens) as f64;
+        let ranks = self.ranks(rank0);
+        // The largest share each rank holds (a hair under, so rounding the weights keeps it within).
+        let caps: Vec<f64> = (ranks.iter().enumerate())
+            .map(|(r, &i)| {
+                let extras = rank_bytes(card, (r, 0.0), 0, place, kv_tokens);
+                let room = topo.nodes[i].mem_available.saturating_sub(extras) as f64;
+                if stage > 0.0 {
+                    room / stage * (1.0 - 1e-4)
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        let speed = self.shares();
+        if caps.iter().sum::<f64>() < 1.0 || speed.iter().zip(&caps).all(|(s, c)| s <= c) {
+            return None;
+        }
+        let mut capped = vec![false; ranks.len()];
+        let shares = loop {
+            let left = 1.0
+                - (0..ranks.len())
+                    .filter(|&r| capped[r])
+                    .map(|r| caps[r])
+                    .sum::<f64>();
+            let free: f64 = (0..ranks.len())
+                .filter(|&r| !capped[r])
+                .map(|r| speed[r])
+                .sum();
+            let share = |r: usize| {
+                if capped[r] {
+                    caps[r]
+                } else {
+                    left * speed[r] / free
+                }
+            };
+            match (0..ranks.len()).find(|&r| !capped[r] && share(r) > caps[r]) {
+                Some(r) => capped[r] = true,
+                None => break (0..ranks.len()).map(share).collect::<Vec<f64>>(),
+            }
+        };
+        let weights = shares
+            .iter()
+            .map(|&s| ((s * 1e6).floor() as u32).max(1))
+            .collect();
+        Some(GroupSpec {
+            members: self.members.clone(),
+            weights,
+        })
+    }
+
     /// Each rank's share of every layer, rank 0 first (equal shares when the weights do not say).
     pub fn shares(&self) -> Vec<f64> {
         let g = self.members.len() + 1;

@@ -68,7 +68,8 @@
 //! holds `⌈s_r · n · per-layer bytes⌉`, every member the embedding on a first stage, rank 0 the head on a
 //! last one. Groups are offered only when [`ModelCard::max_group`] `>= 2` (the caller's, from the model
 //! file): sets of 2 to `min(max_group, `[`MAX_GROUP`]`)` GPU-less nodes that are all linked to each other,
-//! weighted by measured decode speed (`speed · 1000`), every member tried as rank 0, holding every layer
+//! weighted by measured decode speed (`speed · 1000`; holding every layer, also by speed as far as each
+//! rank's memory allows, the rest shared by the others), every member tried as rank 0, holding every layer
 //! or as one stage of a two-stage pipeline (`tensor`: every set of the 8 fastest, plus one grown from
 //! each node above that — polynomial). They are ranked by the goal's figure like every candidate, so a
 //! group is chosen only when predicted faster than any single node, pipeline or smaller group; the

@@ -3,7 +3,8 @@
 //!
 //! For a model whose card allows groups (`max_group >= 2`), every set of 2 to `min(max_group,
 //! MAX_GROUP)` nodes that use no GPU and are all linked to each other (every pair has a link) is a
-//! group: each rank weighted by its measured decode speed, every member tried as rank 0 (it holds the
+//! group: each rank weighted by its measured decode speed (and, holding every layer, also as far as each
+//! rank's memory allows: `GroupSpec::within_memory`), every member tried as rank 0 (it holds the
 //! head and the embedding, and the stage's input and output pass through it), holding every layer as
 //! one stage; and the same group as one stage of a two-stage pipeline with one of the largest other
 //! nodes before or after it (a model too big for the group alone). Up to [`GROUP_POOL`] eligible nodes
@@ -64,8 +65,12 @@ pub(crate) fn group_candidates(
     for &rank0 in set {
         let members: Vec<usize> = set.iter().copied().filter(|&m| m != rank0).collect();
         let spec = GroupSpec::by_speed(ctx.topo, rank0, &members);
-        if let Some(c) = ctx.evaluate_grouped(&[rank0], &[Some(spec.clone())]) {
-            found.push(c);
+        let whole = (ctx.card.n_layers, (true, true));
+        let fitted = spec.within_memory((ctx.topo, ctx.card), rank0, whole, ctx.kv_tokens);
+        for s in std::iter::once(&spec).chain(&fitted) {
+            if let Some(c) = ctx.evaluate_grouped(&[rank0], &[Some(s.clone())]) {
+                found.push(c);
+            }
         }
         if max_k < 2 {
             continue;

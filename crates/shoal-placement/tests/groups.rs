@@ -390,3 +390,27 @@ fn replicas_of_groups_use_disjoint_nodes() {
     assert_eq!(used, ["a", "b", "c", "d"]);
     assert!(replicas[1].explanation.contains("only 2 of 3 replicas fit"));
 }
+
+#[test]
+fn a_fast_node_with_little_memory_takes_what_it_holds() {
+    // a reads three times as fast but holds 12 GB of the 30: its speed share (3/4) does not fit, so it
+    // takes 40 % and the big slow b the rest — 600 µs a layer against b's 1000 alone, and against a
+    // pipeline of 12 layers on a and 18 on b (22 ms).
+    let topo = mesh(&[("a", 12, 3000.0), ("b", 64, 1000.0)], LinkKind::Loopback);
+    let p = best(&topo, &group_card(2), &Constraints::default()).unwrap();
+    let g = group_of(&p).expect("a group");
+    let a_first = p.stages[0].node == "a";
+    let (wa, wb) = if a_first {
+        (g.weights[0], g.weights[1])
+    } else {
+        (g.weights[1], g.weights[0])
+    };
+    let share_a = f64::from(wa) / f64::from(wa + wb);
+    assert!((share_a - 0.4).abs() < 1e-3, "{share_a}: {}", p.explanation);
+    let exchange = hop_us(LinkKind::Loopback, 2.0 * 8192.0);
+    let want = 30.0 * ((1.0 - share_a) * 1000.0 + 2.0 * exchange) + hop_us(LinkKind::Loopback, 4.0);
+    assert!(close(p.prediction.token_latency_us, want), "{p:?}");
+    assert!(p.prediction.token_latency_us < 22_000.0);
+    // a within its memory (no embedding or head: both are 0 on this card).
+    assert!((share_a * 30.0 * GB as f64).ceil() as u64 <= 12 * GB);
+}
