@@ -6,7 +6,9 @@
 //! predicted better (that subset was costed too). Bigger pools, polynomial: greedy chains (from every
 //! seed, append the node behind the cheapest link until the model fits), a memory-first and a speed-first
 //! set (largest / fastest-per-layer nodes until the model fits, each ordered by nearest neighbour from
-//! each of its members), which the planner then improves with `refine`'s local search.
+//! each of its members), which the planner then improves with `refine`'s local search. A candidate's
+//! stages may be tensor-parallel groups (`Candidate::groups`, offered by `tensor`, split and costed by
+//! `Ctx::evaluate_grouped`); the best per node set is kept with and without one.
 
 use shoal_ids::NodeId;
 use std::cmp::Ordering;
