@@ -15,7 +15,8 @@
 //!   (the hidden state in f32, twice the card's f16 `H`) to every other at once, so one one-way hop, the
 //!   slowest pair bounding it;
 //! - `fan_out(b) = max over members of rtt/2 + b · bytes / bandwidth` from rank 0: the stage's input
-//!   (token ids, 4 bytes a token, on a first stage — every member embeds them itself — else `H` a token);
+//!   (token ids, 4 bytes a token, on a first stage — every member embeds them itself — else the hidden
+//!   state in f32, `2H` a token, as the runtime sends it);
 //! - the head is not split: rank 0 streams it and samples, as a single node's last stage does.
 //!
 //! Memory: rank `r` holds `⌈s_r · n · (layer bytes + KV reserve)⌉`, every member the token embedding
@@ -196,7 +197,7 @@ pub(crate) struct GroupCompute {
     fan_out: Vec<LinkCost>,
     /// A token's partial sum on the wire (f32).
     partial_bytes: f64,
-    /// A token's input on the wire (its id on a first stage, else its hidden state).
+    /// A token's input on the wire (its id on a first stage, else its hidden state in f32).
     input_bytes: f64,
 }
 
@@ -229,7 +230,11 @@ impl GroupCompute {
             exchange,
             fan_out,
             partial_bytes: 2.0 * hidden,
-            input_bytes: if first { TOKEN_BYTES as f64 } else { hidden },
+            input_bytes: if first {
+                TOKEN_BYTES as f64
+            } else {
+                2.0 * hidden
+            },
         })
     }
 
@@ -469,9 +474,9 @@ mod tests {
             g.stage_us(10, 1, 0, false),
             54.0 + 10.0 * (500.0 + 2.0 * 70.0)
         );
-        // Not a first stage: the hidden state (10 bytes a token) is fanned out.
+        // Not a first stage: the hidden state in f32 (20 bytes a token) is fanned out.
         let mid = GroupCompute::of((&topo, &links, &card), 0, &spec, false).unwrap();
-        assert_eq!(mid.fan_out_us(1), 60.0);
+        assert_eq!(mid.fan_out_us(1), 70.0);
         // The head on rank 0 when last: the 70 bytes as 0.7 layers at 1000/s.
         assert!((g.stage_us(10, 1, 0, true) - g.stage_us(10, 1, 0, false) - 700.0).abs() < 1e-9);
         // No link between the members: no pricing.

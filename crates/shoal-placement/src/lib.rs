@@ -64,7 +64,7 @@
 //! attention), `exchange(b) = max over member pairs of rtt/2 + b · 2H / bandwidth` (after attention's
 //! output and after the feed-forward every member sends its f32 partial — twice the card's f16 `H` — to
 //! every other at once: one one-way hop, the slowest pair bounding it), `fan_out(b)` rank 0 sending the
-//! stage's input to the members (token ids, 4 bytes a token, on a first stage, else `b · H`). Each rank
+//! stage's input to the members (token ids, 4 bytes a token, on a first stage, else `b · 2H`: f32). Each rank
 //! holds `⌈s_r · n · per-layer bytes⌉`, every member the embedding on a first stage, rank 0 the head on a
 //! last one. Groups are offered only when [`ModelCard::max_group`] `>= 2` (the caller's, from the model
 //! file): sets of 2 to `min(max_group, `[`MAX_GROUP`]`)` GPU-less nodes that are all linked to each other,
