@@ -376,7 +376,7 @@ fn pinned_nodes_are_offered_as_one_group_with_each_as_rank_0() {
 fn replicas_of_groups_use_disjoint_nodes() {
     let topo = mesh(&FOUR, LinkKind::Loopback);
     let replicas =
-        shoal_placement::plan_replicas(&topo, &group_card(2), &Constraints::default(), 3).unwrap();
+        shoal_placement::plan_replicas(&topo, &group_card(2), &Constraints::default(), 2).unwrap();
     assert_eq!(replicas.len(), 2, "two groups of two use all four nodes");
     let mut used: Vec<&str> = replicas
         .iter()
@@ -388,7 +388,19 @@ fn replicas_of_groups_use_disjoint_nodes() {
         .collect();
     used.sort();
     assert_eq!(used, ["a", "b", "c", "d"]);
-    assert!(replicas[1].explanation.contains("only 2 of 3 replicas fit"));
+    // Asked for more replicas than groups fit: each takes its share of the nodes, here one — the
+    // first group does not leave the others without a node.
+    for (count, nodes) in [(3, [1, 1, 2]), (4, [1, 1, 1])] {
+        let replicas =
+            shoal_placement::plan_replicas(&topo, &group_card(2), &Constraints::default(), count)
+                .unwrap();
+        assert_eq!(replicas.len(), count);
+        let sizes: Vec<usize> = replicas
+            .iter()
+            .map(|p| p.stages.iter().flat_map(Stage::nodes).count())
+            .collect();
+        assert_eq!(sizes[..3], nodes, "{sizes:?}");
+    }
 }
 
 #[test]
