@@ -2,8 +2,8 @@
 //!
 //! [`plan_replicas`] is greedy: the best placement on the whole pool, then the best on the nodes it left,
 //! and so on, until `count` are placed or the nodes left cannot hold another — then it returns the ones
-//! that fit and says why the next did not. Each replica takes at most its share of the nodes left (as
-//! stages, or as members of a tensor-parallel group), so the first does not take them all. Two replicas of a two-node pipeline come out when no node
+//! that fit and says why the next did not. A replica's tensor-parallel group takes at most its share of
+//! the nodes left (unless only a larger one holds the model), so the first does not take them all. Two replicas of a two-node pipeline come out when no node
 //! holds the model alone. [`group_tok_s`] adds up the replicas' predicted aggregate rates.
 
 use std::fmt::Write;
@@ -57,16 +57,14 @@ pub fn plan_replicas(
     let mut out: Vec<Placement> = Vec::with_capacity(count);
     let mut short: Option<PlacementError> = None;
     while out.len() < count {
-        // Each replica takes at most its share of the nodes left, so that a tensor-parallel group or
-        // a pipeline of the first does not leave the rest without a node.
+        // A tensor-parallel group takes at most this replica's share of the nodes left, so that the
+        // first does not leave the rest without a node — unless only a larger group holds the model.
         let share = (left.nodes.len() / (count - out.len())).max(1);
-        let mut card = card.clone();
-        card.max_group = card.max_group.min(share);
-        let each = Constraints {
-            max_stages: Some(each.max_stages.unwrap_or(share).min(share)),
-            ..each.clone()
+        let capped = ModelCard {
+            max_group: card.max_group.min(share),
+            ..card.clone()
         };
-        match best(&left, &card, &each) {
+        match best(&left, &capped, &each).or_else(|_| best(&left, card, &each)) {
             Ok(p) => {
                 left.nodes
                     .retain(|n| !p.stages.iter().flat_map(Stage::nodes).any(|x| *x == n.id));
