@@ -7,6 +7,8 @@
 //! split; it prints tokens per second (medians over rounds), the ratios, whether the greedy tokens
 //! agree, and the all-reduce's own time: per token on the split (member 0's time inside it, waits for
 //! a slower member included) and with no model at all (the floor of one exchange of a hidden state).
+//! A mixture-of-experts model splits by experts as well (each member a run of whole experts, the
+//! router whole: `shoal_model::split`); the shares printed say who holds what.
 //!
 //! Members are threads of one process, not processes on machines: they share this machine's memory
 //! bus as two nodes on it would, and their lanes are real loopback TCP connections.
@@ -63,14 +65,14 @@ fn whole(s: &DecoderStage, n: usize) -> (Vec<u32>, f64) {
     (out, t.elapsed().as_secs_f64() / (n - 1) as f64)
 }
 
-/// The same on the split members: the tokens, seconds per decoded token, and member 0's time in the
-/// all-reduce per decoded token.
+/// The same on the split members: the tokens, seconds per decoded token, and each member's time in
+/// the all-reduce per decoded token (waits for a slower member included).
 fn split(
     members: &[DecoderStage],
     group: &mut [AllReduce],
     n: usize,
     dim: usize,
-) -> (Vec<u32>, f64, f64) {
+) -> (Vec<u32>, f64, Vec<f64>) {
     let results: Vec<(Vec<u32>, f64, f64)> = std::thread::scope(|scope| {
         let handles: Vec<_> = members
             .iter()
@@ -97,7 +99,9 @@ fn split(
             .map(|h| h.join().expect("member"))
             .collect()
     });
-    results.into_iter().next().expect("rank 0")
+    let reduces = results.iter().map(|r| r.2).collect();
+    let (tokens, per, _) = results.into_iter().next().expect("rank 0");
+    (tokens, per, reduces)
 }
 
 /// One forward pass of `tokens` on member `m`, its partial sums made whole through `ex`; rank 0
@@ -129,6 +133,49 @@ fn member_step(
     }];
     ex.reduce(&mut token, 1).expect("token");
     token[0] as u32
+}
+
+/// The prompt's last logits on the split members (rank 0's).
+fn split_prefill(members: &[DecoderStage], group: &mut [AllReduce], dim: usize) -> Vec<f32> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = members
+            .iter()
+            .zip(group.iter_mut())
+            .map(|(m, ex)| {
+                scope.spawn(move || {
+                    let mut kv = m.new_kv_cache();
+                    let mut chunk = [SeqChunk {
+                        kv: &mut kv,
+                        len: PROMPT.len(),
+                        want_logits: true,
+                        pool: Pool::None,
+                    }];
+                    let mut reduce = |p: &mut [f32]| {
+                        ex.reduce(p, dim)
+                            .map_err(|e| shoal_model::ModelError::BadInput(e.to_string()))
+                    };
+                    m.run_split(StageInput::Tokens(&PROMPT), &mut chunk, &mut reduce)
+                        .expect("member")
+                        .main
+                        .into_data()
+                })
+            })
+            .collect();
+        let mut outs: Vec<Vec<f32>> = handles
+            .into_iter()
+            .map(|h| h.join().expect("member"))
+            .collect();
+        outs.swap_remove(0)
+    })
+}
+
+/// `max |Δ| / max |a|`, and the gap between `a`'s two largest over its largest magnitude.
+fn distance(a: &[f32], b: &[f32]) -> (f32, f32) {
+    let top = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    let mut s = a.to_vec();
+    s.sort_by(|x, y| y.total_cmp(x));
+    (d / top, (s[0] - s[1]) / top)
 }
 
 /// Microseconds one all-reduce of a `dim`-wide row takes with nothing else running (median of 2,000).
@@ -217,20 +264,38 @@ fn main() {
         cfg.dim,
         cut
     );
+    let want = step(&whole1, &mut whole1.new_kv_cache(), &PROMPT);
+    let got = split_prefill(&members, &mut group, cfg.dim);
+    let (d, margin) = distance(&want, &got);
+    println!(
+        "prompt's last logits, split vs whole: max |Δ| {d:.2e} of the largest; the whole's top two {margin:.2e} apart; argmax {} vs {}",
+        argmax(&want),
+        argmax(&got)
+    );
     let (mut t1, mut tn, mut ts, mut tr) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut agree = true;
     for r in 0..rounds {
         let (a, a_t) = whole(&whole1, tokens);
         let (b, b_t) = whole(&wholen, tokens);
-        let (c, c_t, c_r) = split(&members, &mut group, tokens, cfg.dim);
+        let (c, c_t, c_rs) = split(&members, &mut group, tokens, cfg.dim);
+        let c_r = c_rs[0];
         agree &= a == b && a == c;
+        let parted = |x: &[u32]| match a.iter().zip(x).position(|(p, q)| p != q) {
+            Some(i) => format!(" from token {i}"),
+            None => String::new(),
+        };
+        let others: Vec<String> = c_rs.iter().map(|t| format!("{:.0}", t * 1e6)).collect();
         println!(
-            "round {r}: whole 1 thread {:.1} tok/s, whole {n_members} threads {:.1}, split {n_members} x 1 {:.1} (all-reduce {:.0} us/token){}",
+            "round {r}: whole 1 thread {:.1} tok/s, whole {n_members} threads {:.1}, split {n_members} x 1 {:.1} (all-reduce us/token by rank: {}){}",
             1.0 / a_t,
             1.0 / b_t,
             1.0 / c_t,
-            c_r * 1e6,
-            if a == c { "" } else { "  [tokens differ]" }
+            others.join(" / "),
+            if a == c {
+                String::new()
+            } else {
+                format!("  [split tokens differ{}]", parted(&c))
+            }
         );
         t1.push(1.0 / a_t);
         tn.push(1.0 / b_t);
