@@ -21,6 +21,8 @@ pub enum GroupKv {
         seq_id: u64,
         len: usize,
     },
+    /// `LocalStage::clear`: every sequence and prefix freed.
+    Clear,
 }
 
 /// One member's connection to the rest of its tensor-parallel group.

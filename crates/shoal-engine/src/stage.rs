@@ -250,9 +250,15 @@ impl LocalStage {
         &self.model
     }
 
-    /// Frees every sequence and prefix (the pipeline that fed this stage is gone).
+    /// Frees every sequence and prefix (the pipeline that fed this stage is gone), on every member of
+    /// its group too (one that cannot be told has lost its group: the next batch finds out).
     pub fn clear(&mut self) {
         self.kvs.clear();
+        if let Some(link) = &mut self.group
+            && let Err(e) = link.send_kv(GroupKv::Clear)
+        {
+            tracing::warn!("a cleared stage could not tell its group: {e}");
+        }
     }
 
     /// Tokens of KV held: every sequence's and every kept prefix's.

@@ -1,6 +1,6 @@
 //! A tensor-parallel group of three real nodes in this process, joined by real lanes on 127.0.0.1:
 //! rank 0's share, fed the prompt and driving the others over the lanes, computes what the whole
-//! model computes — through a chunked prefill, greedy decoding, a fork, a release and a rewind — and a
+//! model computes — through a chunked prefill, greedy decoding, a fork, a release, a rewind and a clear — and a
 //! member that goes takes the group with it (rank 0's next batch fails as a lost stage).
 
 mod common;
@@ -174,6 +174,15 @@ async fn a_group_of_three_nodes_computes_what_one_does_and_fails_as_one() {
             s.kv(KvOp::Release { seq_id: 2 }).unwrap();
         }
         assert_eq!(rank0.held_sequences(), 0);
+        // A cleared rank 0 (its upstream pipeline went) clears its members: the same sequence id
+        // starts again from nothing on every member (one that kept it would refuse the start).
+        let (g1, _) = greedy(&mut rank0, 5, &prompt[..4], 4, 0);
+        rank0.clear();
+        let (g2, _) = greedy(&mut rank0, 5, &prompt[..4], 4, 2);
+        let (w2, _) = greedy(&mut whole, 5, &prompt[..4], 4, 2);
+        assert!(g1.is_empty());
+        assert_eq!(g2, w2);
+        rank0.kv(KvOp::Release { seq_id: 5 }).unwrap();
         (rank0, whole)
     })
     .await

@@ -298,6 +298,9 @@ pub enum PrefixAction {
     /// unconfirmed): cut back when it holds more; when it is gone (released after the batch being sent
     /// again), a placeholder of `len` blank tokens whose outputs mean nothing and whose KV is never kept.
     Rewind,
+    /// Free every sequence and prefix (version 5): a tensor-parallel group's rank 0 whose stage was
+    /// cleared (its upstream pipeline went) tells its members; ids and length are zero.
+    Clear,
 }
 
 impl PrefixAction {
@@ -308,6 +311,7 @@ impl PrefixAction {
             PrefixAction::Drop => 3,
             PrefixAction::Fork => 4,
             PrefixAction::Rewind => 5,
+            PrefixAction::Clear => 6,
         }
     }
 
@@ -318,6 +322,7 @@ impl PrefixAction {
             3 => Ok(PrefixAction::Drop),
             4 => Ok(PrefixAction::Fork),
             5 => Ok(PrefixAction::Rewind),
+            6 => Ok(PrefixAction::Clear),
             other => Err(WireError::UnknownPrefixAction(other)),
         }
     }

@@ -28,7 +28,9 @@ use shoal_engine::kvpool::KvShare;
 use shoal_engine::stage::{LocalStage, Stage};
 use shoal_ids::InstanceId;
 use shoal_model::HostMatrix;
-use shoal_wire::{Activations, ChunkHeader, DType, Frame, Handshake, Inputs, Role};
+use shoal_wire::{
+    Activations, ChunkHeader, DType, Frame, Handshake, Inputs, PrefixAction, PrefixOp, Role,
+};
 
 use super::lane::{Interrupt, LaneReader, LaneWriter, Received};
 use super::path::open_on_path;
@@ -274,6 +276,12 @@ impl GroupLink for MemberLink {
         let frame = match change {
             GroupKv::Op(op) => kv_frame(op),
             GroupKv::Rewind { seq_id, len } => rewind_frame(seq_id, len),
+            GroupKv::Clear => Frame::Prefix(PrefixOp {
+                action: PrefixAction::Clear,
+                seq_id: 0,
+                prefix_id: 0,
+                len: 0,
+            }),
         };
         self.msg = encode(&frame)?;
         self.send()
@@ -459,9 +467,10 @@ fn apply(stage: &mut LocalStage, frame: Frame) -> Result<(), PipelineError> {
             return Ok(());
         }
         Frame::Prefix(op) => {
-            match prefix_kv_op(&op) {
-                Some(kv) => Stage::kv(stage, kv)?,
-                None => stage.rewind(op.seq_id, op.len as usize)?,
+            match (op.action, prefix_kv_op(&op)) {
+                (PrefixAction::Clear, _) => stage.clear(),
+                (_, Some(kv)) => Stage::kv(stage, kv)?,
+                (_, None) => stage.rewind(op.seq_id, op.len as usize)?,
             }
             return Ok(());
         }

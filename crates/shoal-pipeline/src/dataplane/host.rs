@@ -722,6 +722,11 @@ fn apply_prefix(
     host: &HostedStage,
     op: &PrefixOp,
 ) -> Result<(), PipelineError> {
+    if op.action == shoal_wire::PrefixAction::Clear {
+        return Err(PipelineError::Group {
+            why: "a group's clear on a pipeline stage's stream".into(),
+        });
+    }
     let Some(kv) = prefix_kv_op(op) else {
         // A rewind (sent again after a cut): applied twice, the same as once.
         let (seq_id, len) = (op.seq_id, op.len as usize);

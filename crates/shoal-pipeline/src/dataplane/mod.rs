@@ -236,7 +236,7 @@ fn prefix_kv_op(op: &PrefixOp) -> Option<KvOp> {
             into: prefix_id,
             len,
         },
-        PrefixAction::Rewind => return None,
+        PrefixAction::Rewind | PrefixAction::Clear => return None,
     })
 }
 

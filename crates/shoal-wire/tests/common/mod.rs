@@ -145,6 +145,12 @@ pub fn sample_frames(rng: &mut Rng) -> Vec<Frame> {
             prefix_id: 0,
             len: 9,
         }),
+        Frame::Prefix(PrefixOp {
+            action: PrefixAction::Clear,
+            seq_id: 0,
+            prefix_id: 0,
+            len: 0,
+        }),
         Frame::Pooled(Pooled {
             batch_id: 6,
             seq_ids: vec![7, u64::MAX],
