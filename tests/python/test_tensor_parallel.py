@@ -14,6 +14,7 @@ import json
 import shutil
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -165,6 +166,12 @@ def test_a_dead_member_takes_the_group_and_its_stream_continues_on_the_node_left
         place_group(a, [a, b], SMOL)
         same = assert_same_up_to_a_near_tie(alone, greedy_run(a, SMOL, prompt, 120), NEAR_TIE_Q8)
         print(f"the group's first {same} of 120 tokens are one node's")
+        # /metrics shows the group's members and rank 0's time in all-reduces per batch.
+        metrics = urllib.request.urlopen(f"{a.url}/metrics", timeout=10).read().decode()
+        members = [l for l in metrics.splitlines() if l.startswith("shoal_instance_group_member_info{")]
+        assert len(members) == 2 and any(b.id in l and 'rank="1"' in l for l in members), members
+        count = [l for l in metrics.splitlines() if l.startswith("shoal_group_reduce_seconds_count{")]
+        assert count and float(count[0].split()[-1]) >= 120, count
         stream = openai.OpenAI(base_url=f"{a.url}/v1", api_key="x", max_retries=0, timeout=120) \
             .completions.create(model=SMOL, prompt=prompt, max_tokens=120, temperature=0, logprobs=0,
                                 stream=True, extra_body={"ignore_eos": True})

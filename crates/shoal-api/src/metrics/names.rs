@@ -127,6 +127,12 @@ pub const EVENTS: &[(&str, Kind, &str)] = &[
          stages' step times plus every hop's (less the stages' shoal_stage_step_seconds, the hops' cost).",
     ),
     (
+        "shoal_group_reduce_seconds",
+        Kind::Histogram,
+        "Time a tensor-parallel group's rank 0 spent in one batch's all-reduces (two a layer: sending its \
+         partial sums, waiting for the slowest member's, adding them), by instance and stage.",
+    ),
+    (
         "shoal_instance_failures_total",
         Kind::Counter,
         "Stages of instances that failed to come up on this node, by model and error kind.",
@@ -310,6 +316,12 @@ pub const STATE: &[(&str, Kind, &str)] = &[
         "shoal_instance_stage_info",
         Kind::Gauge,
         "Placement of each stage of the instances this node drives: node and layers [start, end).",
+    ),
+    (
+        "shoal_instance_group_member_info",
+        Kind::Gauge,
+        "Members of each tensor-parallel stage of the instances this node drives: node, rank (0: the \
+         stage's node) and weight (its share of every layer is weight / the stage's total).",
     ),
     (
         "shoal_instance_predicted_decode_tokens_per_second",

@@ -205,6 +205,11 @@ fn instances(me: &NodeFacts, view: &ClusterView) {
         for (n, st) in i.record.stages.iter().enumerate() {
             gauge!("shoal_instance_stage_info", "instance_id" => instance.clone(), "model" => model.clone(), "stage" => n.to_string(), "node" => st.node.to_string(), "start" => st.start.to_string(), "end" => st.end.to_string())
                 .set(1.0);
+            let weights = st.group.iter().flat_map(|g| g.weights.iter());
+            for (rank, (node, w)) in st.nodes().zip(weights).enumerate() {
+                gauge!("shoal_instance_group_member_info", "instance_id" => instance.clone(), "model" => model.clone(), "stage" => n.to_string(), "node" => node.to_string(), "rank" => rank.to_string(), "weight" => w.to_string())
+                    .set(1.0);
+            }
         }
         if let Some(rate) = i.predicted.decode_tok_s {
             gauge!("shoal_instance_predicted_decode_tokens_per_second", "instance_id" => instance.clone(), "model" => model.clone())

@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use libp2p::{PeerId, Stream};
 use shoal_cluster::{ClusterHandle, PathLease};
@@ -188,6 +189,9 @@ pub struct MemberLink {
     batch_id: u64,
     msg: Vec<u8>,
     _held: Vec<Held>,
+    /// Rank 0: each batch's time in all-reduces (`shoal_group_reduce_seconds`), and this batch's so far.
+    reduce_seconds: Option<metrics::Histogram>,
+    reducing: Duration,
 }
 
 impl MemberLink {
@@ -199,6 +203,8 @@ impl MemberLink {
             batch_id: 0,
             msg: Vec::new(),
             _held: held,
+            reduce_seconds: None,
+            reducing: Duration::ZERO,
         }
     }
 
@@ -226,6 +232,12 @@ impl GroupLink for MemberLink {
         if self.rank() != 0 {
             return Ok(());
         }
+        if let Some(h) = &self.reduce_seconds
+            && !self.reducing.is_zero()
+        {
+            h.record(self.reducing.as_secs_f64());
+        }
+        self.reducing = Duration::ZERO;
         self.batch_id += 1;
         let chunks: Vec<ChunkHeader> = batch
             .iter()
@@ -288,8 +300,11 @@ impl GroupLink for MemberLink {
     }
 
     fn reduce(&mut self, partial: &mut [f32]) -> Result<(), EngineError> {
+        let started = Instant::now();
         let mut r = self.reduce.lock().map_err(|_| poisoned())?;
-        r.reduce(partial, self.dim).map_err(EngineError::from)
+        let result = r.reduce(partial, self.dim).map_err(EngineError::from);
+        self.reducing += started.elapsed();
+        result
     }
 }
 
@@ -310,7 +325,13 @@ pub async fn connect_group(
         held.push(h);
     }
     let reduce = AllReduce::new(0, peers.len(), links);
-    Ok(MemberLink::new(0, Arc::new(Mutex::new(reduce)), dim, held))
+    let mut link = MemberLink::new(0, Arc::new(Mutex::new(reduce)), dim, held);
+    link.reduce_seconds = Some(metrics::histogram!(
+        "shoal_group_reduce_seconds",
+        "instance_id" => instance.to_string(),
+        "stage" => index.to_string()
+    ));
+    Ok(link)
 }
 
 /// Opens the lane from rank `ranks.0` to rank `ranks.1` (on `peer`).
