@@ -269,6 +269,12 @@ function gpuLabel(st) {
   return st.gpu ? ` · gpu:${st.gpu.index} ×${st.gpu.layers} layers` : '';
 }
 
+/** " · with B, C (tensor-parallel, weights 2:1:1)" when a group computes the stage, else nothing. */
+function groupLabel(st) {
+  if (!st.group) return '';
+  return ` · with ${st.group.members.map(nodeName).join(', ')} (tensor-parallel, weights ${st.group.weights.join(':')})`;
+}
+
 function stageLabel(st) {
   if (st.state === 'downloading' && st.needed) return `downloading ${pct(st.done / st.needed)}`;
   if (st.state === 'failed') return 'failed';
@@ -306,7 +312,8 @@ function renderInstances(s) {
       el('div', { class: 'stages' }, i.stages.map((st) => el('div', {
         class: 'stage ' + (st.state || ''), style: `flex:${st.end - st.start}`,
         title: st.error || '',
-      }, `${nodeName(st.node)} · layers ${st.start}–${st.end - 1}${gpuLabel(st)} · ${stageLabel(st)}`))),
+        'data-group': st.group ? st.group.members.join(' ') : '',
+      }, `${nodeName(st.node)} · layers ${st.start}–${st.end - 1}${gpuLabel(st)}${groupLabel(st)} · ${stageLabel(st)}`))),
       el('div', { class: 'muted' },
         `predicted ${i.predicted_tok_s ? i.predicted_tok_s.toFixed(1) : '–'} tok/s · measured ` +
         `${m.decode_tok_s ? m.decode_tok_s.toFixed(1) : '–'} tok/s, TTFT ${m.ttft_ms ? m.ttft_ms.toFixed(0) + ' ms' : '–'} · ` +
@@ -379,7 +386,7 @@ $('#preview-button').addEventListener('click', async () => {
           (pr.prompt_tokens ? ` for ${pr.prompt_tokens} tokens` : ''),
           el('button', { class: 'place', style: 'float:right', onclick: (ev) => place(ev.target, model, p) }, 'Place')),
         el('div', { class: 'stages' }, p.stages.map((st) => el('div', { class: 'stage', style: `flex:${st.end - st.start}` },
-          `${nodeName(st.node)} · layers ${st.start}–${st.end - 1}`))),
+          `${nodeName(st.node)} · layers ${st.start}–${st.end - 1}${groupLabel(st)}`))),
         el('ul', { class: 'reasons' }, (p.nodes || []).map((n) => el('li', { class: n.used ? 'in' : 'out' },
           `${nodeName(n.node)}: ${n.reason}`))));
     }));
@@ -392,7 +399,12 @@ async function place(button, model, p) {
   button.disabled = true;
   button.textContent = 'Placing…';
   try {
-    const body = { model, nodes: p.stages.map((s) => s.node), layers: p.stages.map((s) => s.end - s.start) };
+    const grouped = p.stages.some((s) => s.group);
+    // A group of every layer is asked for as one; a pipeline with a group in it is left to the planner
+    // on the same nodes (a manual split names one node a stage).
+    const body = !grouped ? { model, nodes: p.stages.map((s) => s.node), layers: p.stages.map((s) => s.end - s.start) }
+      : p.stages.length === 1 ? { model, nodes: [p.stages[0].node, ...p.stages[0].group.members], tensor_parallel: true }
+        : { model, nodes: p.stages.flatMap((s) => [s.node, ...(s.group ? s.group.members : [])]) };
     const rec = await api('POST', '/instance', body);
     button.textContent = `Placed ${rec.id}`;
   } catch (e) {

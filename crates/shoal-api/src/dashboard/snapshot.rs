@@ -182,6 +182,9 @@ pub struct StageView {
     /// Its first layers on a GPU of its node (`{index, layers}`), when its record says so.
     #[schema(value_type = Option<Object>)]
     pub gpu: Value,
+    /// The tensor-parallel group computing it with `node` (`{members, weights}`), when it has one.
+    #[schema(value_type = Option<Object>)]
+    pub group: Value,
     /// `downloading`, `loading`, `ready` or `failed`; null until its node reports.
     #[schema(value_type = Option<String>)]
     pub state: Value,
@@ -341,6 +344,7 @@ fn instance(i: &Value) -> InstanceView {
                 start: s["start"].clone(),
                 end: s["end"].clone(),
                 gpu: s["gpu"].clone(),
+                group: s["group"].clone(),
                 state: status["state"].clone(),
                 done: status["done"].clone(),
                 needed: status["needed"].clone(),
