@@ -46,7 +46,8 @@ fn state(generated: u64) -> Value {
             "instances": [{
                 "id": "i1", "model": "m", "status": "loading",
                 "stages": [{"node": "a", "start": 0, "end": 2, "gpu": {"index": 0, "layers": 1}},
-                           {"node": "b", "start": 2, "end": 4}],
+                           {"node": "b", "start": 2, "end": 4,
+                            "group": {"members": ["c"], "weights": [2, 1]}}],
                 "stage_status": [{"state": "ready"}, {"state": "downloading", "done": 3, "needed": 9}],
                 "predicted": {"decode_tok_s": 40.0},
                 "measured": {"running": 1, "finished": 3},
@@ -202,8 +203,9 @@ fn links_instances_downloads_and_models_are_the_json_the_page_reads() {
         s["instances"],
         json!([{"id": "i1", "model": "m", "status": "loading", "stages": [
                    {"node": "a", "start": 0, "end": 2, "gpu": {"index": 0, "layers": 1},
-                    "state": "ready", "done": null, "needed": null, "error": null},
+                    "group": null, "state": "ready", "done": null, "needed": null, "error": null},
                    {"node": "b", "start": 2, "end": 4, "gpu": null,
+                    "group": {"members": ["c"], "weights": [2, 1]},
                     "state": "downloading", "done": 3, "needed": 9, "error": null}],
                 "predicted_tok_s": 40.0, "measured": {"running": 1, "finished": 3}}])
     );
