@@ -2,7 +2,7 @@
 //! members (each embeds them itself: 4 bytes a token instead of a hidden state's thousands).
 
 use crate::WireError;
-use crate::frame::ChunkHeader;
+use crate::chunk::ChunkHeader;
 
 /// A batch's token ids for a group member: one per row of its chunks, in chunk order.
 #[derive(Debug, Clone, PartialEq)]

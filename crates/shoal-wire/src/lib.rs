@@ -99,6 +99,7 @@
 //! `rows == Σ chunk.len` ([`WireError::ShapeMismatch`]) and
 //! `data.len() == rows × cols × dtype size` ([`WireError::DataLength`]).
 
+mod chunk;
 mod cursor;
 mod error;
 mod f16;
@@ -109,11 +110,12 @@ mod job;
 mod reader;
 pub mod sampling;
 
+pub use chunk::{CHUNK_HEADER_LEN, ChunkHeader, Pool};
 pub use error::WireError;
 pub use f16::{decode_f16_to_f32, decode_f32_le, encode_f32_as_f16, encode_f32_le};
 pub use frame::{
-    Activations, CHUNK_HEADER_LEN, ChunkHeader, DEFAULT_MAX_FRAME_LEN, DType, Frame, LEN_PREFIX,
-    PREFIX_OP_LEN, Pool, Pooled, PrefixAction, PrefixOp, TOKEN_ITEM_LEN, TokenItem, kind,
+    Activations, DEFAULT_MAX_FRAME_LEN, DType, Frame, LEN_PREFIX, PREFIX_OP_LEN, Pooled,
+    PrefixAction, PrefixOp, TOKEN_ITEM_LEN, TokenItem, kind,
 };
 pub use handshake::{
     HANDSHAKE_HEADER_LEN, HANDSHAKE_V1_BODY_LEN, Handshake, MAGIC, Role, WIRE_VERSION,
