@@ -7,6 +7,7 @@ Environment:
 """
 
 import contextlib
+import hashlib
 import json
 import os
 import queue
@@ -39,6 +40,23 @@ def _binary() -> Path:
 
 def _models_dir() -> Path:
     return Path(os.environ.get("SHOAL_MODELS_DIR", Path.home() / ".cache" / "shoal" / "models"))
+
+
+def models_dir_with(fixtures, prefix: str) -> Path:
+    """A fresh models dir holding each synthetic fixture (a manifest entry of
+    crates/shoal-model/tests/fixtures/synth) under its name, with the model.json a node reads."""
+    synth = REPO / "crates/shoal-model/tests/fixtures/synth"
+    models = Path(tempfile.mkdtemp(prefix=prefix))
+    for f in fixtures:
+        d = models / f["name"]
+        d.mkdir()
+        data = (synth / f["file"]).read_bytes()
+        (d / f["file"]).write_bytes(data)
+        (d / "model.json").write_text(json.dumps({
+            "id": f["name"], "source": "path", "file": f["file"],
+            "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
+        }))
+    return models
 
 
 def _pump(stream, lines: "queue.Queue[str | None]") -> None:

@@ -76,8 +76,11 @@ def place(node: ShoalNode, stages, model: str = MODEL_ID) -> str:
     )
     assert status == 201, body
     assert [s["node"] for s in body["stages"]] == [n.id for n, _ in stages]
-    iid = body["id"]
+    return wait_ready(node, body["id"])
 
+
+def wait_ready(node: ShoalNode, iid: str) -> str:
+    """Waits until instance `iid` is ready (failing at once if it failed or vanished); returns its id."""
     def ready():
         insts = [i for i in state(node)["cluster"]["instances"] if i["id"] == iid]
         assert insts, f"instance {iid} vanished"

@@ -6,7 +6,6 @@ from the first — with f32 activations on the wire. The split gives one node's 
 tokens are llama.cpp's: crates/shoal-model/tests/model/synthetic.rs checks them against the fixture's
 recorded run)."""
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -15,7 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from conftest import REPO, ShoalNode
+from conftest import REPO, ShoalNode, models_dir_with
 from test_cluster import place, remove, state, wait_members, wait_until
 
 SYNTH = REPO / "crates/shoal-model/tests/fixtures/synth"
@@ -27,16 +26,7 @@ TOKENS = 8
 @pytest.fixture(scope="module")
 def pair():
     """Node a with every MoE fixture in its models dir; node b with none of them."""
-    models = Path(tempfile.mkdtemp(prefix="shoal-moe-models-"))
-    for f in MOE:
-        d = models / f["name"]
-        d.mkdir()
-        data = (SYNTH / f["file"]).read_bytes()
-        (d / f["file"]).write_bytes(data)
-        (d / "model.json").write_text(json.dumps({
-            "id": f["name"], "source": "path", "file": f["file"],
-            "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
-        }))
+    models = models_dir_with(MOE, "shoal-moe-models-")
     other = Path(tempfile.mkdtemp(prefix="shoal-moe-empty-"))
     # Each node is told a model of its own to serve, so that neither goes for the default one.
     first = str(models / MOE[0]["name"] / MOE[0]["file"])

@@ -9,7 +9,6 @@ two nodes at once — heads, feed-forward columns and experts — the partial su
 - The planner offers the group itself where it is predicted faster (previews explain it), never where
   `tensor_parallel` is false; requests it cannot honour are refused with a clear error."""
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -20,8 +19,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from conftest import REPO, ShoalNode, _models_dir
-from test_cluster import http, remove, state, wait_members, wait_until
+from conftest import REPO, ShoalNode, _models_dir, models_dir_with
+from test_cluster import http, remove, state, wait_members, wait_ready, wait_until
 
 SYNTH = REPO / "crates/shoal-model/tests/fixtures/synth"
 MANIFEST = json.loads((SYNTH / "manifest.json").read_text())
@@ -47,25 +46,13 @@ def place_group(node: ShoalNode, nodes, model: str) -> str:
     assert len(body["stages"]) == 1, body
     stage = body["stages"][0]
     assert [stage["node"], *stage["group"]["members"]] == [n.id for n in nodes], body
-    iid = body["id"]
-
-    def ready():
-        inst = [i for i in state(node)["cluster"]["instances"] if i["id"] == iid]
-        assert inst, f"instance {iid} vanished"
-        assert inst[0]["status"] != "failed", inst[0]
-        return inst[0]["status"] == "ready"
-
-    wait_until(f"group {iid} to be ready", ready)
-    return iid
+    return wait_ready(node, body["id"])
 
 
 def place_alone(node: ShoalNode, model: str, n_layers: int) -> str:
     status, body = http("POST", f"{node.url}/instance", {"model": model, "nodes": [node.id], "layers": [n_layers]})
     assert status == 201, body
-    iid = body["id"]
-    wait_until(f"{iid} ready", lambda: any(
-        i["id"] == iid and i["status"] == "ready" for i in state(node)["cluster"]["instances"]))
-    return iid
+    return wait_ready(node, body["id"])
 
 
 def greedy_run(node: ShoalNode, model: str, prompt, n: int = TOKENS):
@@ -113,16 +100,8 @@ def assert_same_up_to_a_near_tie(alone, grouped, near_tie=NEAR_TIE):
 @pytest.fixture(scope="module")
 def pair():
     """Node a with the fixtures (and the default model); node b with none of the fixtures."""
-    models = Path(tempfile.mkdtemp(prefix="shoal-tp-models-"))
-    for f in [*FIXTURES, next(f for f in MANIFEST["fixtures"] if f["name"] == UNCUT)]:
-        d = models / f["name"]
-        d.mkdir()
-        data = (SYNTH / f["file"]).read_bytes()
-        (d / f["file"]).write_bytes(data)
-        (d / "model.json").write_text(json.dumps({
-            "id": f["name"], "source": "path", "file": f["file"],
-            "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
-        }))
+    uncut = next(f for f in MANIFEST["fixtures"] if f["name"] == UNCUT)
+    models = models_dir_with([*FIXTURES, uncut], "shoal-tp-models-")
     smol = _models_dir() / SMOL
     shutil.copytree(smol, models / SMOL)
     other = Path(tempfile.mkdtemp(prefix="shoal-tp-other-"))
