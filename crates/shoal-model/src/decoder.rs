@@ -30,7 +30,7 @@ use crate::linear::{Embedding, LinearScratch, LinearSet, Part, QLinear};
 use crate::matrix::HostMatrix;
 use crate::mla::{MlaAttn, MlaScratch};
 use crate::ops::{self, RopeRows, RopeSpec};
-use crate::split::{BlockSlice, Share};
+use crate::split::{self, BlockSlice, Share};
 
 /// GGUF tensor names (llama.cpp's `LLM_TENSOR_*`).
 pub(crate) use crate::gguf::names;
@@ -109,6 +109,9 @@ pub struct DecoderStage {
     rope_global: RopeSpec,
     rope_local: RopeSpec,
     pool: Arc<ThreadPool>,
+    /// On a split last stage: this member's rows of the head and the head's rows in all (its logits
+    /// are made whole by one more all-reduce, every member taking part, rows or none).
+    split_head: Option<(std::ops::Range<usize>, usize)>,
     /// This member's slice of the layers when they are split over several ([`crate::split`]).
     share: Option<Share>,
 }
@@ -221,15 +224,12 @@ impl DecoderStage {
         share: Option<&Share>,
     ) -> Result<Self> {
         let whole = ModelConfig::from_gguf(gguf)?;
-        let mut spec = StageSpec::describe(gguf, &whole, range)?;
+        let spec = StageSpec::describe(gguf, &whole, range)?;
         let blocks = spec
             .blocks
             .iter()
             .map(|b| load_block(gguf, b, &whole, share))
             .collect::<Result<Vec<_>>>()?;
-        if share.is_some_and(|s| s.rank > 0) {
-            spec.last = None;
-        }
         let cfg = match share {
             Some(s) => s.local_config(&whole),
             None => whole,
@@ -241,20 +241,34 @@ impl DecoderStage {
         } else {
             None
         };
+        let split_head = match (share, &spec.last) {
+            (Some(s), Some(last)) if s.members > 1 => {
+                Some((s.vocab.clone(), split::head_rows(gguf, last.tied)?))
+            }
+            _ => None,
+        };
         let (output_norm, head) = match &spec.last {
             Some(last) => {
-                let head = match (&embed, last.tied) {
-                    (Some(e), true) => LinearSet::single(QLinear::new(e.shared(), None)?),
-                    _ => LinearSet::load(
+                let head = match (&split_head, &embed, last.tied) {
+                    (Some((rows, _)), _, _) if rows.is_empty() => None,
+                    (Some((rows, _)), _, tied) => {
+                        Some(split::load_head_rows(gguf, tied, rows.clone())?)
+                    }
+                    (None, Some(e), true) => {
+                        Some(LinearSet::single(QLinear::new(e.shared(), None)?))
+                    }
+                    _ => Some(LinearSet::load(
                         gguf,
                         &[Part {
                             weight: names::OUTPUT,
                             bias: None,
                         }],
-                    )?,
+                    )?),
                 };
-                check_head(head.out_features(), head.in_features(), &cfg)?;
-                (Some(read_norm(gguf, &last.norm)?), Some(head))
+                if let Some(h) = &head {
+                    check_head(h.out_features(), h.in_features(), &cfg)?;
+                }
+                (Some(read_norm(gguf, &last.norm)?), head)
             }
             None => (None, None),
         };
@@ -268,6 +282,7 @@ impl DecoderStage {
             rope_global: spec.rope_global,
             rope_local: spec.rope_local,
             pool: pool.clone(),
+            split_head,
             share: share.cloned(),
         })
     }
@@ -290,7 +305,7 @@ impl DecoderStage {
     }
 
     pub fn is_last(&self) -> bool {
-        self.head.is_some()
+        self.output_norm.is_some()
     }
 
     /// The thread pool the stage computes on.
@@ -341,7 +356,7 @@ impl DecoderStage {
         &self,
         input: StageInput<'_>,
         seqs: &mut [SeqChunk<'_>],
-        reduce: Option<&mut Reduce<'_>>,
+        mut reduce: Option<&mut Reduce<'_>>,
     ) -> Result<StageOutput> {
         let total = check_batch(seqs.iter().map(|s| (s.kv.len(), s.len)), &self.cfg)?;
         let mut x = match (input, &self.embed) {
@@ -371,11 +386,11 @@ impl DecoderStage {
         for s in seqs.iter_mut() {
             s.kv.reserve(s.len)?;
         }
-        self.layers(&mut x, seqs, total, reduce)?;
+        self.layers(&mut x, seqs, total, reduce.as_deref_mut())?;
         for s in seqs.iter_mut() {
             s.kv.advance(s.len);
         }
-        let (Some(norm), Some(head)) = (&self.output_norm, &self.head) else {
+        let Some(norm) = &self.output_norm else {
             return Ok(StageOutput {
                 main: HostMatrix::new(total, self.cfg.dim, x)?,
                 pooled: HostMatrix::default(),
@@ -395,15 +410,37 @@ impl DecoderStage {
         let mut normed = vec![0f32; picked.len()];
         ops::rms_norm(&picked, norm, self.cfg.rms_eps, &mut normed);
         let mut logits = Vec::new();
-        head.forward(
-            &normed,
-            rows,
-            &mut logits,
-            &mut LinearScratch::default(),
-            &self.pool,
-        )?;
+        if let Some(head) = &self.head {
+            let scratch = &mut LinearScratch::default();
+            head.forward(&normed, rows, &mut logits, scratch, &self.pool)?;
+        }
+        let width = match (&self.split_head, reduce) {
+            (None, _) => self.head.as_ref().map_or(0, LinearSet::out_features),
+            (Some((mine, all)), Some(r)) => {
+                // This member's rows in place, zeros elsewhere: the all-reduce adds the others'.
+                let mut whole = vec![0f32; rows * all];
+                if !mine.is_empty() {
+                    for (dst, src) in whole
+                        .chunks_exact_mut(*all)
+                        .zip(logits.chunks_exact(mine.len()))
+                    {
+                        dst[mine.clone()].copy_from_slice(src);
+                    }
+                }
+                if rows > 0 {
+                    r(&mut whole)?;
+                }
+                logits = whole;
+                *all
+            }
+            (Some(_), None) => {
+                return Err(ModelError::BadInput(
+                    "a member's share of the head computes with its group only (run_split)".into(),
+                ));
+            }
+        };
         Ok(StageOutput {
-            main: HostMatrix::new(rows, head.out_features(), logits)?,
+            main: HostMatrix::new(rows, width, logits)?,
             pooled,
         })
     }

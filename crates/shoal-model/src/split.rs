@@ -21,7 +21,9 @@
 //! partial sum — one all-reduce, no expert dropped. Leading dense layers split by columns as above.
 //!
 //! The bias of a column-cut matrix is added by the member holding its first columns; norms,
-//! per-head Q/K norms and the token embedding are whole on every member; the output head on rank 0.
+//! per-head Q/K norms and the token embedding are whole on every member. The output head is split by
+//! vocabulary rows ([`Share::vocab`]): every member computes its rows' logits, zeros elsewhere, and one
+//! more all-reduce makes them whole (adding zeros is exact), so the head is read in parallel too.
 //! Latent-attention layers (deepseek2) split by heads too: every member holding heads computes the
 //! (shared) latent and caches it whole, its heads' queries, products and values, and its columns of
 //! the output projection.
@@ -39,8 +41,8 @@ use crate::mla::MlaAttn;
 /// One member's slice of every layer of a stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Share {
-    /// The member's place in the group: partial sums are added in rank order; rank 0 holds the
-    /// output head.
+    /// The member's place in the group: partial sums are added in rank order; rank 0 takes the
+    /// stage's input and returns its output.
     pub rank: usize,
     /// How many members the layers are split over.
     pub members: usize,
@@ -58,6 +60,10 @@ pub struct Share {
     /// The shared expert's columns this member computes (as `ff`); empty when the layers have no
     /// shared expert, or when another member holds it all.
     pub shared_ff: Range<usize>,
+    /// On the model's last stage, the output head's rows (vocabulary entries) this member computes:
+    /// each member's logits, zero outside its rows, are made whole by one more all-reduce (adding
+    /// zeros is exact), so the head is read in parallel like every layer. Empty elsewhere.
+    pub vocab: Range<usize>,
 }
 
 impl Share {
@@ -158,6 +164,17 @@ pub fn shares(
         },
         None => vec![0; n + 1],
     };
+    // The head's rows, on 64-row boundaries (any row cut is exact; these keep the kernels' row groups
+    // whole).
+    let vocab = match &spec.last {
+        Some(last) => {
+            let rows = head_rows(g, last.tied)?;
+            cut_or_empty(&points(rows, |v| v.is_multiple_of(64)), weights, |_, _| {
+                true
+            })
+        }
+        None => vec![0; n + 1],
+    };
     let split: Vec<Share> = (0..n)
         .map(|rank| Share {
             rank,
@@ -166,6 +183,7 @@ pub fn shares(
             ff: ff[rank]..ff[rank + 1],
             experts: experts[rank]..experts[rank + 1],
             shared_ff: shared[rank]..shared[rank + 1],
+            vocab: vocab[rank]..vocab[rank + 1],
         })
         .collect();
     if let Some(idle) = split
@@ -179,6 +197,34 @@ pub fn shares(
         ));
     }
     Ok(split)
+}
+
+/// The tensor the output head's rows are read from: the token embedding when the head is tied to it.
+pub(crate) fn head_tensor(tied: bool) -> &'static str {
+    if tied {
+        crate::gguf::names::TOKEN_EMBD
+    } else {
+        crate::gguf::names::OUTPUT
+    }
+}
+
+/// Rows (vocabulary entries) of the output head.
+pub(crate) fn head_rows(g: &GgufFile, tied: bool) -> Result<usize> {
+    let name = head_tensor(tied);
+    g.tensors()
+        .get(name)
+        .and_then(|e| e.dims.first().copied())
+        .ok_or_else(|| ModelError::MissingTensor { name: name.into() })
+}
+
+/// Rows `rows` of the output head (a member's part of a split head), only those read.
+pub(crate) fn load_head_rows(
+    g: &mut GgufFile,
+    tied: bool,
+    rows: Range<usize>,
+) -> Result<LinearSet> {
+    let name = head_tensor(tied);
+    LinearSet::from_raws(vec![(name.to_string(), g.read_raw_rows(name, rows)?, None)])
 }
 
 /// `0..=total` where `allowed`, with both ends always.

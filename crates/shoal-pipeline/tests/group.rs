@@ -109,6 +109,14 @@ async fn a_group_of_three_nodes_computes_what_one_does_and_fails_as_one() {
     let cfg = ModelConfig::from_gguf(&gguf).unwrap();
     let range = LayerRange::full(cfg.n_layers);
     let cut = shares(&mut gguf, &cfg, range, &[2.0, 1.0, 1.0]).unwrap();
+    // The head is read in parallel too: each member holds a run of its rows (half to rank 0).
+    let rows: Vec<std::ops::Range<usize>> = cut.iter().map(|s| s.vocab.clone()).collect();
+    assert_eq!((rows[0].start, rows[2].end), (0, cfg.vocab_size));
+    assert!(
+        rows.windows(2)
+            .all(|w| w[0].end == w[1].start && !w[1].is_empty())
+    );
+    assert!(rows[0].len().abs_diff(cfg.vocab_size / 2) <= 64, "{rows:?}");
     let pool = Arc::new(ThreadPool::new(1));
     let peers = vec![a.id(), b.id(), c.id()];
     // b and c host ranks 1 and 2, each with its KV set aside.

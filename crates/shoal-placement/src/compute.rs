@@ -79,6 +79,11 @@ impl Compute {
         self.layer_us(tokens) + (tokens * context) as f64 * self.attention_us
     }
 
+    /// Sampling `sampled` rows (the sampler's pass over a vocabulary each).
+    pub fn sampling_us(self, sampled: usize) -> f64 {
+        sampled as f64 * self.sample_us
+    }
+
     /// The output head for `tokens` rows, `sampled` of them sampled.
     pub fn head_us(self, tokens: usize, sampled: usize) -> f64 {
         let t = tokens as f64;

@@ -5,7 +5,7 @@
 //! sampling; each rank `r` reads `s_r = w_r / Σ w` of every layer's heads and feed-forward columns, `w`
 //! the group's weights), for a micro-batch of `b` tokens at a context of `C` cached tokens:
 //!
-//! `t(b) = fan_out(b) + n · (max_r s_r · layer_r(b, C) + 2 · exchange(b)) [+ head_0(b) + sampling on a last stage]`
+//! `t(b) = fan_out(b) + n · (max_r s_r · layer_r(b, C) + 2 · exchange(b)) [+ head(b) on a last stage]`
 //!
 //! - `layer_r(b, C)`: one whole layer on rank `r`'s CPU at its own measured rates (`compute::Compute`:
 //!   the weights' roofline and attention over the context); a rank reads its share of both, so the
@@ -17,10 +17,12 @@
 //! - `fan_out(b) = max over members of rtt/2 + b · bytes / bandwidth` from rank 0: the stage's input
 //!   (token ids, 4 bytes a token, on a first stage — every member embeds them itself — else the hidden
 //!   state in f32, `2H` a token, as the runtime sends it);
-//! - the head is not split: rank 0 streams it and samples, as a single node's last stage does.
+//! - the head is split by vocabulary too: each rank streams `s_r` of its rows (`head_r`), the
+//!   logits are made whole by one more exchange of `b · V · 4` bytes (every rank's rows, f32; `V` the
+//!   card's vocabulary), and rank 0 samples: `head(b) = max_r s_r · head_r(b) + logits(b) + sampling`.
 //!
 //! Memory: rank `r` holds `⌈s_r · n · (layer bytes + KV reserve)⌉`, every member the token embedding
-//! when the stage is first, rank 0 also the head when it is last. A group's ranks run on their CPUs
+//! when the stage is first and `⌈s_r · head bytes⌉` of the head when it is last. A group's ranks run on their CPUs
 //! (a node whose stages use a GPU never joins one).
 
 use crate::compute::{Compute, Split};
@@ -141,21 +143,20 @@ impl GroupSpec {
 /// Bytes rank `rank` (share `share`) of a group stage of `layers` layers holds.
 pub(crate) fn rank_bytes(
     card: &ModelCard,
-    (rank, share): (usize, f64),
+    (_rank, share): (usize, f64),
     layers: usize,
     (first, last): (bool, bool),
     kv_tokens: usize,
 ) -> u64 {
     let per_layer = card.per_layer_bytes(kv_tokens) as f64;
     let layers_bytes = (share * layers as f64 * per_layer).ceil() as u64;
-    let extras = if rank == 0 {
-        card.stage_bytes(0, first, last, kv_tokens)
-    } else if first {
-        card.embed_bytes
-    } else {
-        0
-    };
-    layers_bytes.saturating_add(extras)
+    // Every rank its share of the head's rows (none apart from the embedding when tied to it).
+    let head =
+        card.stage_bytes(0, first, last, kv_tokens) - card.stage_bytes(0, first, false, kv_tokens);
+    let extras = if first { card.embed_bytes } else { 0 };
+    layers_bytes
+        .saturating_add(extras)
+        .saturating_add((share * head as f64).ceil() as u64)
 }
 
 /// The layers a group stage can hold at most (every rank its share of each, with its extras).
@@ -199,6 +200,8 @@ pub(crate) struct GroupCompute {
     partial_bytes: f64,
     /// A token's input on the wire (its id on a first stage, else its hidden state in f32).
     input_bytes: f64,
+    /// A token's logits on the wire (f32), when the head is split.
+    logits_bytes: f64,
 }
 
 impl GroupCompute {
@@ -235,6 +238,7 @@ impl GroupCompute {
             } else {
                 2.0 * hidden
             },
+            logits_bytes: 4.0 * card.vocab_size as f64,
         })
     }
 
@@ -247,7 +251,11 @@ impl GroupCompute {
 
     /// One reduction's exchange for `tokens` tokens: the slowest pair's one-way hop.
     pub fn exchange_us(&self, tokens: usize) -> f64 {
-        let bytes = tokens as f64 * self.partial_bytes;
+        self.exchange_bytes_us(tokens as f64 * self.partial_bytes)
+    }
+
+    /// An exchange of `bytes` from every member to every other: the slowest pair's one-way hop.
+    fn exchange_bytes_us(&self, bytes: f64) -> f64 {
         self.exchange
             .iter()
             .map(|l| l.send_us(bytes))
@@ -274,9 +282,12 @@ impl GroupCompute {
         self.slowest(|c| c.decode_layer_us(tokens, context)) + 2.0 * self.exchange_us(tokens)
     }
 
-    /// The head and sampling on rank 0.
+    /// The head split by vocabulary (each rank its share of the rows), its logits made whole, and
+    /// rank 0's sampling.
     pub fn head_us(&self, tokens: usize, sampled: usize) -> f64 {
-        self.ranks[0].head_us(tokens, sampled)
+        self.slowest(|c| c.head_us(tokens, 0))
+            + self.exchange_bytes_us(tokens as f64 * self.logits_bytes)
+            + self.ranks[0].sampling_us(sampled)
     }
 
     pub fn stage_us(&self, layers: usize, tokens: usize, context: usize, last: bool) -> f64 {
@@ -426,21 +437,28 @@ mod tests {
     #[test]
     fn every_rank_holds_its_share_and_its_extras() {
         let (topo, card) = two();
-        // Half of 10 layers of 100 bytes; rank 0 the embedding and the head, rank 1 the embedding.
-        assert_eq!(rank_bytes(&card, (0, 0.5), 10, (true, true), 0), 500 + 120);
-        assert_eq!(rank_bytes(&card, (1, 0.5), 10, (true, true), 0), 500 + 50);
-        assert_eq!(rank_bytes(&card, (1, 0.5), 10, (false, true), 0), 500);
+        // Half of 10 layers of 100 bytes; every rank the embedding (50) and half the head (70).
+        assert_eq!(
+            rank_bytes(&card, (0, 0.5), 10, (true, true), 0),
+            500 + 50 + 35
+        );
+        assert_eq!(
+            rank_bytes(&card, (1, 0.5), 10, (true, true), 0),
+            500 + 50 + 35
+        );
+        assert_eq!(rank_bytes(&card, (1, 0.5), 10, (false, true), 0), 500 + 35);
+        assert_eq!(rank_bytes(&card, (1, 0.5), 10, (false, false), 0), 500);
         let even = GroupSpec {
             members: vec![1],
             weights: vec![1, 1],
         };
-        // 1000 bytes a node: rank 0 has 880 for layers at 50 bytes a layer's half: 17, capped at 10.
+        // 1000 bytes a node: rank 0 has 915 for layers at 50 bytes a layer's half: 18, capped at 10.
         assert_eq!(
             group_capacity(&topo, &card, (0, &even), (true, true), 0),
             10
         );
-        // Three quarters on rank 0: 880 / 75 = 11 → 10; with a KV reserve of 1 byte × 20 tokens a
-        // layer, 880 / 90 = 9.
+        // Three quarters on rank 0 (with 53 bytes of the head): 897 / 75 = 11 → 10; with a KV reserve
+        // of 1 byte × 20 tokens a layer, 897 / 90 = 9.
         let uneven = GroupSpec {
             members: vec![1],
             weights: vec![3, 1],
@@ -477,8 +495,15 @@ mod tests {
         // Not a first stage: the hidden state in f32 (20 bytes a token) is fanned out.
         let mid = GroupCompute::of((&topo, &links, &card), 0, &spec, false).unwrap();
         assert_eq!(mid.fan_out_us(1), 70.0);
-        // The head on rank 0 when last: the 70 bytes as 0.7 layers at 1000/s.
-        assert!((g.stage_us(10, 1, 0, true) - g.stage_us(10, 1, 0, false) - 700.0).abs() < 1e-9);
+        // The head split by vocabulary when last: half of its 70 bytes (0.7 layers at 1000/s) on
+        // each rank, then the logits' exchange — one hop of 50 µs (this card's vocabulary of 0 puts
+        // no bytes on the wire).
+        assert!((g.stage_us(10, 1, 0, true) - g.stage_us(10, 1, 0, false) - 400.0).abs() < 1e-9);
+        let mut wide = card.clone();
+        wide.vocab_size = 5;
+        let g = GroupCompute::of((&topo, &links, &wide), 0, &spec, true).unwrap();
+        // 5 logits of 4 bytes: one exchange of 20 bytes, 50 + 20 µs on this link.
+        assert!((g.stage_us(10, 1, 0, true) - g.stage_us(10, 1, 0, false) - 420.0).abs() < 1e-9);
         // No link between the members: no pricing.
         let lonely = Topology {
             links: vec![],

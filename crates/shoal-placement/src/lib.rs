@@ -57,16 +57,17 @@
 //!
 //! # Tensor-parallel groups (decision 024)
 //! A stage may be computed by a group ([`Stage::group`], a [`TensorGroup`]): `node` is rank 0 (input in,
-//! output out, the head and sampling), each rank `r` reads `s_r = weights[r] / Σ weights` of every
+//! output out, sampling), each rank `r` reads `s_r = weights[r] / Σ weights` of every
 //! layer's heads and feed-forward columns at once. A group of `n` layers takes
-//! `t(b) = fan_out(b) + n · (max_r s_r · layer_r(b, C) + 2 · exchange(b))`, plus rank 0's head and
-//! sampling when last: `layer_r` is one whole layer on rank `r`'s CPU as above (its weights' roofline and
+//! `t(b) = fan_out(b) + n · (max_r s_r · layer_r(b, C) + 2 · exchange(b))`, plus on a last stage the
+//! head split by vocabulary (`max_r s_r · head_r(b)`, one more exchange of the `b · V · 4` bytes of
+//! logits, rank 0's sampling): `layer_r` is one whole layer on rank `r`'s CPU as above (its weights' roofline and
 //! attention), `exchange(b) = max over member pairs of rtt/2 + b · 2H / bandwidth` (after attention's
 //! output and after the feed-forward every member sends its f32 partial — twice the card's f16 `H` — to
 //! every other at once: one one-way hop, the slowest pair bounding it), `fan_out(b)` rank 0 sending the
 //! stage's input to the members (token ids, 4 bytes a token, on a first stage, else `b · 2H`: f32). Each rank
-//! holds `⌈s_r · n · per-layer bytes⌉`, every member the embedding on a first stage, rank 0 the head on a
-//! last one. Groups are offered only when [`ModelCard::max_group`] `>= 2` (the caller's, from the model
+//! holds `⌈s_r · n · per-layer bytes⌉`, every member the embedding on a first stage and `⌈s_r ·`
+//! head bytes`⌉` on a last one. Groups are offered only when [`ModelCard::max_group`] `>= 2` (the caller's, from the model
 //! file): sets of 2 to `min(max_group, `[`MAX_GROUP`]`)` GPU-less nodes that are all linked to each other,
 //! weighted by measured decode speed (`speed · 1000`; holding every layer, also by speed as far as each
 //! rank's memory allows, the rest shared by the others), every member tried as rank 0, holding every layer

@@ -10,6 +10,12 @@ use shoal_placement::{
 };
 
 /// `card()` (30 layers of 1 GB, 8 KB activations) allowing groups of up to `max_group` nodes.
+/// The exchange that makes a split head's logits whole: one hop (this card's vocabulary of 0 puts no
+/// bytes on the wire, its head no bytes to read).
+fn logits_hop(kind: LinkKind) -> f64 {
+    hop_us(kind, 4.0 * card().vocab_size as f64)
+}
+
 fn group_card(max_group: usize) -> ModelCard {
     ModelCard {
         max_group,
@@ -66,7 +72,7 @@ fn two_equal_nodes_on_a_fast_link_share_every_layer() {
         // the token id fanned out to b once.
         let exchange = hop_us(kind, 2.0 * 8192.0);
         let fan_out = hop_us(kind, 4.0);
-        let want = 30.0 * (500.0 + 2.0 * exchange) + fan_out;
+        let want = 30.0 * (500.0 + 2.0 * exchange) + fan_out + logits_hop(kind);
         let st = &p.prediction.stages[0];
         assert!(close(p.prediction.token_latency_us, want), "{p:?}");
         assert!(close(st.reduce_us, 60.0 * exchange) && close(st.fan_out_us, fan_out));
@@ -112,7 +118,7 @@ fn on_wifi_or_slow_ethernet_one_node_wins_and_the_explanation_says_why() {
         assert!(close(p.prediction.token_latency_us, 30_000.0));
         let half_rtt = rtt.unwrap_or(kind.default_rtt_us()) / 2.0;
         let send = |bytes: f64| half_rtt + bytes / kind.default_bandwidth_bps() * 1e6;
-        let group_us = 30.0 * (500.0 + 2.0 * send(2.0 * 8192.0)) + send(4.0);
+        let group_us = 30.0 * (500.0 + 2.0 * send(2.0 * 8192.0)) + send(4.0) + send(0.0);
         assert!(
             group_us > 30_000.0,
             "{kind:?}: the group is predicted slower"
@@ -159,7 +165,9 @@ fn weights_follow_measured_speed() {
     );
     // Each layer: 0.75 · 333.3 µs = 0.25 · 1000 µs = 250 µs.
     let exchange = hop_us(LinkKind::Loopback, 2.0 * 8192.0);
-    let want = 30.0 * (250.0 + 2.0 * exchange) + hop_us(LinkKind::Loopback, 4.0);
+    let want = 30.0 * (250.0 + 2.0 * exchange)
+        + hop_us(LinkKind::Loopback, 4.0)
+        + logits_hop(LinkKind::Loopback);
     assert!(close(p.prediction.token_latency_us, want), "{p:?}");
 }
 
@@ -177,7 +185,9 @@ fn three_and_four_nodes_split_while_it_pays() {
         );
         let n = (members + 1) as f64;
         let exchange = hop_us(LinkKind::Loopback, 2.0 * 8192.0);
-        let want = 30.0 * (1000.0 / n + 2.0 * exchange) + hop_us(LinkKind::Loopback, 4.0);
+        let want = 30.0 * (1000.0 / n + 2.0 * exchange)
+            + hop_us(LinkKind::Loopback, 4.0)
+            + logits_hop(LinkKind::Loopback);
         assert!(close(p.prediction.token_latency_us, want), "{p:?}");
     }
 }
@@ -420,7 +430,9 @@ fn a_fast_node_with_little_memory_takes_what_it_holds() {
     let share_a = f64::from(wa) / f64::from(wa + wb);
     assert!((share_a - 0.4).abs() < 1e-3, "{share_a}: {}", p.explanation);
     let exchange = hop_us(LinkKind::Loopback, 2.0 * 8192.0);
-    let want = 30.0 * ((1.0 - share_a) * 1000.0 + 2.0 * exchange) + hop_us(LinkKind::Loopback, 4.0);
+    let want = 30.0 * ((1.0 - share_a) * 1000.0 + 2.0 * exchange)
+        + hop_us(LinkKind::Loopback, 4.0)
+        + logits_hop(LinkKind::Loopback);
     assert!(close(p.prediction.token_latency_us, want), "{p:?}");
     assert!(p.prediction.token_latency_us < 22_000.0);
     // a within its memory (no embedding or head: both are 0 on this card).

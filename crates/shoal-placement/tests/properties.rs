@@ -166,8 +166,8 @@ fn placements_are_valid_for_random_inputs() {
                 };
                 groups += 1;
                 // A group: allowed by the card, its members all linked, each rank's share of the
-                // layers and KV (every member the embedding on a first stage, rank 0 the head on a
-                // last one) within its memory.
+                // layers and KV (every member the embedding on a first stage, and its share of the
+                // head's rows on a last one) within its memory.
                 let members: Vec<&NodeId> = s.nodes().collect();
                 assert!(
                     (2..=card.max_group.min(4)).contains(&members.len()),
@@ -185,11 +185,12 @@ fn placements_are_valid_for_random_inputs() {
                     let share = f64::from(w) / total;
                     let layers =
                         (share * (s.layers() as u64 * card.per_layer_bytes(kv)) as f64).ceil();
-                    let extras = match (r, first) {
-                        (0, _) => card.stage_bytes(0, first, last, kv),
-                        (_, true) => card.embed_bytes,
-                        _ => 0,
-                    };
+                    // Every rank the embedding on a first stage and its share of the head's rows
+                    // on a last one (the head is split by vocabulary).
+                    let head = card.stage_bytes(0, first, last, kv)
+                        - card.stage_bytes(0, first, false, kv);
+                    let extras = if first { card.embed_bytes } else { 0 }
+                        + (share * head as f64).ceil() as u64;
                     let mem = topo.node(id).unwrap().mem_available;
                     assert!(
                         layers as u64 + extras <= mem,

@@ -132,6 +132,12 @@ impl AllReduce {
         if self.members == 1 {
             return Ok(());
         }
+        // Rows of `cols` (hidden states), or one row (a split head's logits, `rows × vocab`).
+        let cols = if cols > 0 && partial.len().is_multiple_of(cols) {
+            cols
+        } else {
+            partial.len()
+        };
         let rows = partial.len() / cols.max(1);
         self.round += 1;
         let chunk = ChunkHeader {
