@@ -1,6 +1,7 @@
 //! A tensor-parallel group of three real nodes in this process, joined by real lanes on 127.0.0.1:
 //! rank 0's share, fed the prompt and driving the others over the lanes, computes what the whole
-//! model computes — through a chunked prefill, greedy decoding, a fork, a release, a rewind and a clear — and a
+//! model computes — through a chunked prefill, greedy decoding, a fork, a release, a rewind and a clear, and
+//! again once a new rank 0 forms the group after the first went — and a
 //! member that goes takes the group with it (rank 0's next batch fails as a lost stage).
 
 mod common;
@@ -139,7 +140,7 @@ async fn a_group_of_three_nodes_computes_what_one_does_and_fails_as_one() {
     rank0.join(Box::new(link)).unwrap();
     let whole = load_local_stage(&path, range, &pool).unwrap();
 
-    let (rank0, _whole) = tokio::task::spawn_blocking(move || {
+    let (rank0, whole) = tokio::task::spawn_blocking(move || {
         let (mut rank0, mut whole) = (rank0, whole);
         let prompt: Vec<u32> = vec![1, 504, 3458, 282, 4193, 30, 2, 28, 1073];
         // A chunked prefill (4 + 4 + 1 tokens), then 12 greedy tokens: the same tokens, logits as
@@ -192,6 +193,26 @@ async fn a_group_of_three_nodes_computes_what_one_does_and_fails_as_one() {
         assert_eq!(g2, w2);
         rank0.kv(KvOp::Release { seq_id: 5 }).unwrap();
         (rank0, whole)
+    })
+    .await
+    .unwrap();
+
+    // Rank 0 goes (its driver was rebuilt): the members clear their caches and wait; a new rank 0
+    // forms the group again and computes what the whole model computes.
+    drop(rank0);
+    let mut rank0 = load_local_share(&path, range, &cut[0], &pool).unwrap();
+    let link = connect_group(&a, &INSTANCE, 0, &peers, cfg.dim)
+        .await
+        .unwrap();
+    rank0.join(Box::new(link)).unwrap();
+    let rank0 = tokio::task::spawn_blocking(move || {
+        let (mut rank0, mut whole) = (rank0, whole);
+        let prompt = [1, 504, 3458, 282];
+        assert_eq!(
+            greedy(&mut rank0, 1, &prompt, 4, 6).0,
+            greedy(&mut whole, 1, &prompt, 4, 6).0
+        );
+        rank0
     })
     .await
     .unwrap();

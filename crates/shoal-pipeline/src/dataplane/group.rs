@@ -119,6 +119,12 @@ impl Members {
         let Some(slot) = m.get_mut(&key) else { return };
         slot.links.insert(other, lane);
         slot.held.push(held);
+        self.try_start(key, slot);
+    }
+
+    /// Starts the member on a thread of its own once its share waits and it has a lane to every
+    /// other rank (a new rank 0's lanes may arrive before the last group's thread gave the share back).
+    fn try_start(&self, key: Key, slot: &mut Slot) {
         if slot.links.len() + 1 < slot.peers.len() {
             return;
         }
@@ -165,6 +171,7 @@ impl Members {
         {
             slot.stage = Some(stage);
             slot.running.clear();
+            self.try_start(key, slot);
         }
     }
 
