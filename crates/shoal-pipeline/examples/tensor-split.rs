@@ -8,7 +8,8 @@
 //! agree, and the all-reduce's own time: per token on the split (member 0's time inside it, waits for
 //! a slower member included) and with no model at all (the floor of one exchange of a hidden state).
 //! A mixture-of-experts model splits by experts as well (each member a run of whole experts, the
-//! router whole: `shoal_model::split`); the shares printed say who holds what.
+//! router whole: `shoal_model::split`); the shares printed say who holds what. Where the output head
+//! is split by vocabulary (`Share::vocab`), the floor of its logits' all-reduce is printed too.
 //!
 //! Members are threads of one process, not processes on machines: they share this machine's memory
 //! bus as two nodes on it would, and their lanes are real loopback TCP connections.
@@ -303,6 +304,9 @@ fn main() {
         tr.push(c_r * 1e6);
     }
     let floor = floor_us(&mut group, cfg.dim);
+    // A split head's logits are made whole by one all-reduce of a vocabulary-wide row.
+    let head_split = cut.iter().filter(|s| !s.vocab.is_empty()).count() > 1;
+    let logits_floor = head_split.then(|| floor_us(&mut group, cfg.vocab_size));
     let (m1, mn, ms, mr) = (
         median(&mut t1),
         median(&mut tn),
@@ -315,11 +319,17 @@ fn main() {
          {floor:.1} us each with no model; greedy tokens {}",
         ms / m1,
         ms / mn,
-        2 * cfg.n_layers + 1,
+        2 * cfg.n_layers + 1 + usize::from(head_split),
         if agree {
             "agree"
         } else {
             "differ in some round"
         }
     );
+    if let Some(us) = logits_floor {
+        println!(
+            "the head is split by vocabulary: one all-reduce of a {}-wide logits row takes {us:.1} us with no model",
+            cfg.vocab_size
+        );
+    }
 }
