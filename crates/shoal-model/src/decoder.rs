@@ -337,7 +337,7 @@ impl DecoderStage {
                 "a split stage runs with its members' partial sums (run_split)".into(),
             ));
         }
-        self.run_inner(input, seqs, None)
+        self.run_inner(input, seqs, None, false)
     }
 
     /// [`DecoderStage::run`] of a member of a split stage ([`DecoderStage::load_share`]): `reduce`
@@ -349,7 +349,20 @@ impl DecoderStage {
         seqs: &mut [SeqChunk<'_>],
         reduce: &mut Reduce<'_>,
     ) -> Result<StageOutput> {
-        self.run_inner(input, seqs, Some(reduce))
+        self.run_inner(input, seqs, Some(reduce), false)
+    }
+
+    /// [`DecoderStage::run_split`] without the logits' all-reduce: on a last stage whose head is
+    /// split by vocabulary each member returns its own rows' logits (`rows × Share::vocab`, rows in
+    /// batch order as always), for a caller that merges the shards itself (greedy: the largest of
+    /// the members' maxima) instead of exchanging whole logit rows.
+    pub fn run_split_shard(
+        &self,
+        input: StageInput<'_>,
+        seqs: &mut [SeqChunk<'_>],
+        reduce: &mut Reduce<'_>,
+    ) -> Result<StageOutput> {
+        self.run_inner(input, seqs, Some(reduce), true)
     }
 
     fn run_inner(
@@ -357,6 +370,7 @@ impl DecoderStage {
         input: StageInput<'_>,
         seqs: &mut [SeqChunk<'_>],
         mut reduce: Option<&mut Reduce<'_>>,
+        shard: bool,
     ) -> Result<StageOutput> {
         let total = check_batch(seqs.iter().map(|s| (s.kv.len(), s.len)), &self.cfg)?;
         let mut x = match (input, &self.embed) {
@@ -416,6 +430,7 @@ impl DecoderStage {
         }
         let width = match (&self.split_head, reduce) {
             (None, _) => self.head.as_ref().map_or(0, LinearSet::out_features),
+            (Some((mine, _)), Some(_)) if shard => mine.len(),
             (Some((mine, all)), Some(r)) => {
                 // This member's rows in place, zeros elsewhere: the all-reduce adds the others'.
                 let mut whole = vec![0f32; rows * all];

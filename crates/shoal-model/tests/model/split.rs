@@ -150,6 +150,42 @@ impl Model for Group {
 }
 
 impl Group {
+    /// A prompt's prefill on fresh caches with every member's [`DecoderStage::run_split_shard`]: each
+    /// member's output (on a last stage with the head split, its rows' logits).
+    pub(crate) fn prefill_shards(&self, tokens: &[u32]) -> Vec<HostMatrix> {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .members
+                .iter()
+                .enumerate()
+                .map(|(rank, m)| {
+                    let ex = &self.exchange;
+                    scope.spawn(move || {
+                        let mut kv = m.new_kv_cache();
+                        let mut chunk = [SeqChunk {
+                            kv: &mut kv,
+                            len: tokens.len(),
+                            want_logits: true,
+                            pool: Default::default(),
+                        }];
+                        let mut reduce = |p: &mut [f32]| {
+                            ex.all_reduce(rank, p);
+                            Ok(())
+                        };
+                        let input = StageInput::Tokens(tokens);
+                        m.run_split_shard(input, &mut chunk, &mut reduce)
+                            .expect("member")
+                            .main
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("member thread"))
+                .collect()
+        })
+    }
+
     /// One forward pass of several sequences in one batch (each chunk's tokens in turn): each
     /// chunk's last logits, rank 0's.
     pub(crate) fn forward_batch(&self, kvs: &mut [Vec<KvCache>], chunks: &[&[u32]]) -> HostMatrix {

@@ -270,3 +270,31 @@ fn latent_attention_split_by_heads_decodes_as_the_whole_stage() {
     }
     assert_eq!(ran, 9);
 }
+
+#[test]
+fn members_return_their_heads_rows_for_a_caller_that_merges_the_shards() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/synth");
+    // Tied (qwen3moe, llama) and untied (qwen2moe) heads.
+    for name in [
+        "qwen3moe-k-q4_k_m.gguf",
+        "qwen2moe-k-q4_k_m.gguf",
+        "llama-s-q8_0.gguf",
+    ] {
+        let path = dir.join(name);
+        let prompt = [1u32, 15, 27, 3, 99, 42, 7, 64];
+        for weights in [&[1.0, 1.0][..], &[1.0, 2.0, 1.0]] {
+            let group = Group::load(&path, weights).expect("split");
+            let mut kvs = vec![group.members.iter().map(|m| m.new_kv_cache()).collect()];
+            let whole = group.forward_batch(&mut kvs, &[&prompt]);
+            let shards = group.prefill_shards(&prompt);
+            let mut joined = Vec::new();
+            for (share, shard) in group.shares().iter().zip(&shards) {
+                assert!(!share.vocab.is_empty(), "{name}: {share:?}");
+                assert_eq!(shard.shape(), [1, share.vocab.len()], "{name}: {share:?}");
+                joined.extend_from_slice(shard.data());
+            }
+            // The same products; the whole row only adds zeros to them.
+            assert_eq!(joined, whole.data(), "{name} over {weights:?}");
+        }
+    }
+}
