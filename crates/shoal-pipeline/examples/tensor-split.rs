@@ -16,10 +16,12 @@
 //!
 //! usage: cargo run --release -p shoal-pipeline --example tensor-split -- MODEL.gguf [--members 2]
 //!        [--weights 1,1] [--tokens 32] [--rounds 5]   (`--weights`: each member's share, their count the
-//!        members)
+//!        members) [--shard-merge]   (`--shard-merge`: a head split by vocabulary merged by each
+//!        member's best logit, `run_split_shard`, instead of an all-reduce of whole logit rows)
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use shoal_kernels::ThreadPool;
@@ -114,6 +116,9 @@ fn member_step(
     tokens: &[u32],
     dim: usize,
 ) -> u32 {
+    if SHARDS.load(Ordering::Relaxed) {
+        return member_step_shards(m, ex, kv, tokens, dim);
+    }
     let mut chunk = [SeqChunk {
         kv,
         len: tokens.len(),
@@ -134,6 +139,53 @@ fn member_step(
     }];
     ex.reduce(&mut token, 1).expect("token");
     token[0] as u32
+}
+
+/// `--shard-merge`: members of a head split by vocabulary return their own rows' logits
+/// (`run_split_shard`) and merge them for greedy by exchanging each one's best (value, id) — a few
+/// floats instead of the whole vocabulary-wide row.
+static SHARDS: AtomicBool = AtomicBool::new(false);
+
+/// [`member_step`] with the shards merged by their maxima (the first largest wins, as `argmax`).
+fn member_step_shards(
+    m: &DecoderStage,
+    ex: &mut AllReduce,
+    kv: &mut KvCache,
+    tokens: &[u32],
+    dim: usize,
+) -> u32 {
+    let mut chunk = [SeqChunk {
+        kv,
+        len: tokens.len(),
+        want_logits: true,
+        pool: Pool::None,
+    }];
+    let mut reduce = |p: &mut [f32]| {
+        ex.reduce(p, dim)
+            .map_err(|e| shoal_model::ModelError::BadInput(e.to_string()))
+    };
+    let out = m
+        .run_split_shard(StageInput::Tokens(tokens), &mut chunk, &mut reduce)
+        .expect("member");
+    let share = m.share().expect("a member");
+    // Slot r: member r's best logit and its id (zeros elsewhere: the sum gathers every slot).
+    let mut best = vec![0f32; 2 * share.members];
+    let logits = out.main.data();
+    best[2 * share.rank] = f32::NEG_INFINITY;
+    if !logits.is_empty() {
+        let i = argmax(logits) as usize;
+        best[2 * share.rank] = logits[i];
+        best[2 * share.rank + 1] = (share.vocab.start + i) as f32;
+    }
+    let width = best.len();
+    ex.reduce(&mut best, width).expect("token");
+    let mut pick = (f32::NEG_INFINITY, 0u32);
+    for slot in best.chunks_exact(2) {
+        if slot[0] > pick.0 {
+            pick = (slot[0], slot[1] as u32);
+        }
+    }
+    pick.1
 }
 
 /// The prompt's last logits on the split members (rank 0's).
@@ -220,6 +272,10 @@ fn main() {
     let (mut n_members, mut tokens, mut rounds) = (2usize, 32usize, 5usize);
     let mut weights: Option<Vec<f64>> = None;
     while let Some(flag) = args.next() {
+        if flag == "--shard-merge" {
+            SHARDS.store(true, Ordering::Relaxed);
+            continue;
+        }
         if flag == "--weights" {
             weights = args
                 .next()
@@ -319,7 +375,7 @@ fn main() {
          {floor:.1} us each with no model; greedy tokens {}",
         ms / m1,
         ms / mn,
-        2 * cfg.n_layers + 1 + usize::from(head_split),
+        2 * cfg.n_layers + 1 + usize::from(head_split && !SHARDS.load(Ordering::Relaxed)),
         if agree {
             "agree"
         } else {
