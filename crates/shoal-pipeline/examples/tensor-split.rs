@@ -107,18 +107,16 @@ fn split(
     (tokens, per, reduces)
 }
 
-/// One forward pass of `tokens` on member `m`, its partial sums made whole through `ex`; rank 0
-/// samples and the others learn the token through the same exchange.
-fn member_step(
+/// One forward pass of `tokens` over `kv` on member `m`, its partial sums made whole through `ex`:
+/// `run_split`'s output, or with `shard` `run_split_shard`'s (its own rows of a split head's logits).
+fn member_run(
     m: &DecoderStage,
     ex: &mut AllReduce,
     kv: &mut KvCache,
     tokens: &[u32],
     dim: usize,
-) -> u32 {
-    if SHARDS.load(Ordering::Relaxed) {
-        return member_step_shards(m, ex, kv, tokens, dim);
-    }
+    shard: bool,
+) -> Vec<f32> {
     let mut chunk = [SeqChunk {
         kv,
         len: tokens.len(),
@@ -129,11 +127,31 @@ fn member_step(
         ex.reduce(p, dim)
             .map_err(|e| shoal_model::ModelError::BadInput(e.to_string()))
     };
-    let out = m
-        .run_split(StageInput::Tokens(tokens), &mut chunk, &mut reduce)
-        .expect("member");
+    let input = StageInput::Tokens(tokens);
+    let out = if shard {
+        m.run_split_shard(input, &mut chunk, &mut reduce)
+    } else {
+        m.run_split(input, &mut chunk, &mut reduce)
+    };
+    out.expect("member").main.into_data()
+}
+
+/// One forward pass of `tokens` on member `m`; rank 0 samples and the others learn the token through
+/// the same exchange.
+fn member_step(
+    m: &DecoderStage,
+    ex: &mut AllReduce,
+    kv: &mut KvCache,
+    tokens: &[u32],
+    dim: usize,
+) -> u32 {
+    let shard = SHARDS.load(Ordering::Relaxed);
+    let logits = member_run(m, ex, kv, tokens, dim, shard);
+    if shard {
+        return merge_best(m, ex, &logits);
+    }
     let mut token = [if ex.rank() == 0 {
-        argmax(out.main.data()) as f32
+        argmax(&logits) as f32
     } else {
         0.0
     }];
@@ -146,31 +164,12 @@ fn member_step(
 /// floats instead of the whole vocabulary-wide row.
 static SHARDS: AtomicBool = AtomicBool::new(false);
 
-/// [`member_step`] with the shards merged by their maxima (the first largest wins, as `argmax`).
-fn member_step_shards(
-    m: &DecoderStage,
-    ex: &mut AllReduce,
-    kv: &mut KvCache,
-    tokens: &[u32],
-    dim: usize,
-) -> u32 {
-    let mut chunk = [SeqChunk {
-        kv,
-        len: tokens.len(),
-        want_logits: true,
-        pool: Pool::None,
-    }];
-    let mut reduce = |p: &mut [f32]| {
-        ex.reduce(p, dim)
-            .map_err(|e| shoal_model::ModelError::BadInput(e.to_string()))
-    };
-    let out = m
-        .run_split_shard(StageInput::Tokens(tokens), &mut chunk, &mut reduce)
-        .expect("member");
+/// The greedy token of a head split by vocabulary: every member's best of its `logits` exchanged,
+/// the largest wins (the first on a tie, as `argmax`).
+fn merge_best(m: &DecoderStage, ex: &mut AllReduce, logits: &[f32]) -> u32 {
     let share = m.share().expect("a member");
     // Slot r: member r's best logit and its id (zeros elsewhere: the sum gathers every slot).
     let mut best = vec![0f32; 2 * share.members];
-    let logits = out.main.data();
     best[2 * share.rank] = f32::NEG_INFINITY;
     if !logits.is_empty() {
         let i = argmax(logits) as usize;
@@ -197,20 +196,7 @@ fn split_prefill(members: &[DecoderStage], group: &mut [AllReduce], dim: usize) 
             .map(|(m, ex)| {
                 scope.spawn(move || {
                     let mut kv = m.new_kv_cache();
-                    let mut chunk = [SeqChunk {
-                        kv: &mut kv,
-                        len: PROMPT.len(),
-                        want_logits: true,
-                        pool: Pool::None,
-                    }];
-                    let mut reduce = |p: &mut [f32]| {
-                        ex.reduce(p, dim)
-                            .map_err(|e| shoal_model::ModelError::BadInput(e.to_string()))
-                    };
-                    m.run_split(StageInput::Tokens(&PROMPT), &mut chunk, &mut reduce)
-                        .expect("member")
-                        .main
-                        .into_data()
+                    member_run(m, ex, &mut kv, &PROMPT, dim, false)
                 })
             })
             .collect();

@@ -104,6 +104,20 @@ impl Model for Group {
         input: StageInput<'_>,
         seqs: &mut [SeqChunk<'_, Vec<KvCache>>],
     ) -> HostMatrix {
+        let outputs = self.run_members(input, seqs, false);
+        outputs.into_iter().next().expect("rank 0")
+    }
+}
+
+impl Group {
+    /// Every member's output of one forward pass, each member on its own thread over its own caches
+    /// (`run_split`, or with `shard` `run_split_shard`).
+    fn run_members(
+        &self,
+        input: StageInput<'_>,
+        seqs: &mut [SeqChunk<'_, Vec<KvCache>>],
+        shard: bool,
+    ) -> Vec<HostMatrix> {
         // Each member's chunks over its own caches.
         let mut per_member: Vec<Vec<SeqChunk<'_>>> =
             (0..self.members.len()).map(|_| Vec::new()).collect();
@@ -117,7 +131,7 @@ impl Model for Group {
                 });
             }
         }
-        let outputs: Vec<HostMatrix> = std::thread::scope(|scope| {
+        std::thread::scope(|scope| {
             let handles: Vec<_> = self
                 .members
                 .iter()
@@ -134,48 +148,12 @@ impl Model for Group {
                             ex.all_reduce(rank, p);
                             Ok(())
                         };
-                        m.run_split(input, chunks, &mut reduce)
-                            .expect("member")
-                            .main
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("member thread"))
-                .collect()
-        });
-        outputs.into_iter().next().expect("rank 0")
-    }
-}
-
-impl Group {
-    /// A prompt's prefill on fresh caches with every member's [`DecoderStage::run_split_shard`]: each
-    /// member's output (on a last stage with the head split, its rows' logits).
-    pub(crate) fn prefill_shards(&self, tokens: &[u32]) -> Vec<HostMatrix> {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .members
-                .iter()
-                .enumerate()
-                .map(|(rank, m)| {
-                    let ex = &self.exchange;
-                    scope.spawn(move || {
-                        let mut kv = m.new_kv_cache();
-                        let mut chunk = [SeqChunk {
-                            kv: &mut kv,
-                            len: tokens.len(),
-                            want_logits: true,
-                            pool: Default::default(),
-                        }];
-                        let mut reduce = |p: &mut [f32]| {
-                            ex.all_reduce(rank, p);
-                            Ok(())
+                        let out = if shard {
+                            m.run_split_shard(input, chunks, &mut reduce)
+                        } else {
+                            m.run_split(input, chunks, &mut reduce)
                         };
-                        let input = StageInput::Tokens(tokens);
-                        m.run_split_shard(input, &mut chunk, &mut reduce)
-                            .expect("member")
-                            .main
+                        out.expect("member").main
                     })
                 })
                 .collect();
@@ -184,6 +162,19 @@ impl Group {
                 .map(|h| h.join().expect("member thread"))
                 .collect()
         })
+    }
+
+    /// A prompt's prefill on fresh caches with every member's [`DecoderStage::run_split_shard`]: each
+    /// member's output (on a last stage with the head split, its rows' logits).
+    pub(crate) fn prefill_shards(&self, tokens: &[u32]) -> Vec<HostMatrix> {
+        let mut kv = self.new_kv();
+        let mut seqs = [SeqChunk {
+            kv: &mut kv,
+            len: tokens.len(),
+            want_logits: true,
+            pool: Default::default(),
+        }];
+        self.run_members(StageInput::Tokens(tokens), &mut seqs, true)
     }
 
     /// One forward pass of several sequences in one batch (each chunk's tokens in turn): each
