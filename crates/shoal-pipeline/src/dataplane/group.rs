@@ -175,6 +175,16 @@ impl Members {
         }
     }
 
+    /// Drops the lanes gathered for a group that cannot form (the share waits for the next).
+    fn abandon(&self, key: Key) {
+        if let Ok(mut m) = self.inner.lock()
+            && let Some(slot) = m.get_mut(&key)
+        {
+            slot.links.clear();
+            slot.held.clear();
+        }
+    }
+
     fn slot_of(&self, key: Key) -> Option<(InstanceId, usize, Vec<PeerId>)> {
         let m = self.inner.lock().ok()?;
         m.get(&key).map(|s| (s.instance, s.rank, s.peers.clone()))
@@ -341,8 +351,34 @@ pub async fn connect_group(
     Ok(link)
 }
 
-/// Opens the lane from rank `ranks.0` to rank `ranks.1` (on `peer`).
+/// Attempts at opening a member's lane: a connection being replaced as two nodes meet again (its
+/// stream closing under the opener) is tried again on the next one.
+const OPEN_TRIES: u32 = 5;
+
+/// Opens the lane from rank `ranks.0` to rank `ranks.1` (on `peer`), trying [`OPEN_TRIES`] times,
+/// 200 ms more apart each time.
 async fn open_member(
+    cluster: &ClusterHandle,
+    instance: &InstanceId,
+    index: usize,
+    ranks: (usize, usize),
+    peer: PeerId,
+) -> Result<(LaneWriter, LaneReader, Held), PipelineError> {
+    let mut tried = 1;
+    loop {
+        match open_member_once(cluster, instance, index, ranks, peer).await {
+            Err(e) if tried < OPEN_TRIES => {
+                tracing::debug!(%peer, ranks = ?ranks, kind = e.error_type(),
+                    "a group lane did not open ({e}): trying again");
+                tokio::time::sleep(Duration::from_millis(200 * u64::from(tried))).await;
+                tried += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn open_member_once(
     cluster: &ClusterHandle,
     instance: &InstanceId,
     index: usize,
@@ -433,8 +469,13 @@ pub(super) async fn accept_member(
                 let index = stage_index as usize;
                 match open_member(&cluster, &instance, index, (rank, above), node).await {
                     Ok((w, r, held)) => members.add_link(key, above, (w, r), held),
-                    Err(e) => tracing::warn!(%node, rank, above, kind = e.error_type(),
-                        "a group member could not reach a higher rank: {e}"),
+                    Err(e) => {
+                        tracing::warn!(%node, rank, above, kind = e.error_type(),
+                            "a group member could not reach a higher rank: {e}");
+                        // Its lanes close, rank 0's included: the group fails to form at once
+                        // rather than at its first all-reduce's timeout.
+                        members.abandon(key);
+                    }
                 }
             });
         }

@@ -460,12 +460,18 @@ impl Node {
         };
         let me = self.cluster.id().to_string();
         let rank = group::place_of(rec, &me).map_or(0, |(i, r)| if i == index { r } else { 0 });
-        if rank > 0 {
-            self.host_member(rec, (index, rank), path, range).await?;
-            return Ok(None);
-        }
-        if index > 0 {
-            self.host_stage(rec, index, path, range).await?;
+        if rank > 0 || index > 0 {
+            if rank > 0 {
+                self.host_member(rec, (index, rank), path, range).await?;
+            } else {
+                self.host_stage(rec, index, path, range).await?;
+            }
+            // Removed while it loaded: the table's follower may have torn the instance down before
+            // it was hosted, so nothing else would free its layers and KV.
+            if !listed(&self.cluster, &rec.id) {
+                self.hosts.remove(&rec.id);
+                return Err(PipelineError::RemovedWhileLoading);
+            }
             return Ok(None);
         }
         self.drive(rec, path, range).await.map(Some)
