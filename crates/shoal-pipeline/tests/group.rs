@@ -130,7 +130,7 @@ async fn a_group_of_three_nodes_computes_what_one_does_and_fails_as_one() {
         let bytes = stage.kv_bytes_per_token();
         let kv = KvShare::reserve(&Arc::new(KvPool::new(512 * bytes)), bytes, bytes).unwrap();
         h.members
-            .insert(&INSTANCE, 0, rank, peers.clone(), stage, kv);
+            .insert(&INSTANCE, 0, rank, peers.clone(), stage, Some(kv));
         hosts.push(h);
     }
     let mut rank0 = load_local_share(&path, range, &cut[0], &pool).unwrap();

@@ -67,8 +67,8 @@ struct Slot {
     held: Vec<Held>,
     /// What wakes the running member's readers (its group torn down).
     running: Vec<Weak<Interrupt>>,
-    /// The KV this node set aside for the share.
-    _kv: KvShare,
+    /// The KV this node set aside for the share (none for a member without heads).
+    _kv: Option<KvShare>,
 }
 
 impl Members {
@@ -81,7 +81,7 @@ impl Members {
         rank: usize,
         peers: Vec<PeerId>,
         stage: LocalStage,
-        kv: KvShare,
+        kv: Option<KvShare>,
     ) {
         let slot = Slot {
             instance: *instance,

@@ -112,13 +112,13 @@ impl Node {
             why: "this node is no member of the stage's group".into(),
         })?;
         let pool = self.pool.clone();
+        let path_of = path.clone();
         let local =
             tokio::task::spawn_blocking(move || load_local_share(&path, range, &share, &pool))
                 .await??;
-        let kv = reserve_share_kv(&self.config, &local)?;
-        self.cluster
-            .set_kv_capacity(rec.id, kv.tokens() as u64)
-            .await;
+        let whole = shoal_model::ModelConfig::from_gguf(&GgufFile::open(&path_of)?)?;
+        let (kv, tokens) = reserve_share_kv(&self.config, &local, &whole)?;
+        self.cluster.set_kv_capacity(rec.id, tokens as u64).await;
         let peers = peers_of(rec, index)?;
         self.hosts
             .members
@@ -156,20 +156,24 @@ impl Node {
     }
 }
 
-/// Sets aside this node's KV for a member's share (its heads' KV of its layers).
-fn reserve_share_kv(config: &RuntimeConfig, local: &LocalStage) -> Result<KvShare, PipelineError> {
+/// Sets aside this node's KV for a member's share (its heads' KV of its layers) — as many tokens as
+/// the budget holds of the whole model (`whole`'s config) — and says how many tokens it holds. A member
+/// without heads keeps no KV: nothing is set aside, and it bounds nothing.
+fn reserve_share_kv(
+    config: &RuntimeConfig,
+    local: &LocalStage,
+    whole: &shoal_model::ModelConfig,
+) -> Result<(Option<KvShare>, usize), PipelineError> {
     let kv_pool = config
         .engine
         .kv_pool
         .clone()
         .ok_or(PipelineError::NoKvPool)?;
-    let m = local.model();
-    let whole = m
-        .config()
-        .kv_bytes_per_token(m.config().n_layers, m.kv_value_bytes());
-    Ok(KvShare::reserve(
-        &kv_pool,
-        local.kv_bytes_per_token(),
-        whole,
-    )?)
+    let model_bytes = whole.kv_bytes_per_token(whole.n_layers, local.model().kv_value_bytes());
+    if local.kv_bytes_per_token() == 0 {
+        return Ok((None, kv_pool.budget() / model_bytes.max(1)));
+    }
+    let share = KvShare::reserve(&kv_pool, local.kv_bytes_per_token(), model_bytes)?;
+    let tokens = share.tokens();
+    Ok((Some(share), tokens))
 }
