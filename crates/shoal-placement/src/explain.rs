@@ -243,7 +243,7 @@ fn group_stage(
     let shares = g.shares();
     let ranks: Vec<String> = (g.ranks(rank0).iter().zip(&shares).enumerate())
         .map(|(r, (&i, &share))| {
-            let held = rank_bytes(ctx.card, (r, share), n, place, ctx.kv_tokens);
+            let held = rank_bytes(ctx.card, share, n, place, ctx.kv_tokens);
             let weight = g.weights.get(r).copied().unwrap_or(0);
             format!(
                 "{} weight {weight} ({:.0} %, {} of {})",

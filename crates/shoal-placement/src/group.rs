@@ -71,12 +71,15 @@ impl GroupSpec {
         (layers, place): (usize, (bool, bool)),
         kv_tokens: usize,
     ) -> Option<Self> {
-        let stage = layers as f64 * card.per_layer_bytes(kv_tokens) as f64;
+        // A whole share: every layer and the head's rows (a rank holds its share of both).
+        let stage = layers as f64 * card.per_layer_bytes(kv_tokens) as f64
+            + head_bytes(card, place, kv_tokens) as f64;
         let ranks = self.ranks(rank0);
         // The largest share each rank holds (a hair under, so rounding the weights keeps it within).
-        let caps: Vec<f64> = (ranks.iter().enumerate())
-            .map(|(r, &i)| {
-                let extras = rank_bytes(card, (r, 0.0), 0, place, kv_tokens);
+        let extras = rank_bytes(card, 0.0, 0, place, kv_tokens);
+        let caps: Vec<f64> = ranks
+            .iter()
+            .map(|&i| {
                 let room = topo.nodes[i].mem_available.saturating_sub(extras) as f64;
                 if stage > 0.0 {
                     room / stage * (1.0 - 1e-4)
@@ -140,23 +143,28 @@ impl GroupSpec {
     }
 }
 
-/// Bytes rank `rank` (share `share`) of a group stage of `layers` layers holds.
+/// Bytes a rank holding `share` of a group stage of `layers` layers holds: its share of the layers and
+/// of the head's rows, and the whole embedding on a first stage.
 pub(crate) fn rank_bytes(
     card: &ModelCard,
-    (_rank, share): (usize, f64),
+    share: f64,
     layers: usize,
     (first, last): (bool, bool),
     kv_tokens: usize,
 ) -> u64 {
     let per_layer = card.per_layer_bytes(kv_tokens) as f64;
     let layers_bytes = (share * layers as f64 * per_layer).ceil() as u64;
-    // Every rank its share of the head's rows (none apart from the embedding when tied to it).
-    let head =
-        card.stage_bytes(0, first, last, kv_tokens) - card.stage_bytes(0, first, false, kv_tokens);
     let extras = if first { card.embed_bytes } else { 0 };
+    let head = head_bytes(card, (first, last), kv_tokens) as f64;
     layers_bytes
         .saturating_add(extras)
-        .saturating_add((share * head as f64).ceil() as u64)
+        .saturating_add((share * head).ceil() as u64)
+}
+
+/// The head's bytes a group stage splits by vocabulary (none apart from the embedding when tied to it
+/// on a stage that is first and last; none on a stage that is not last).
+fn head_bytes(card: &ModelCard, (first, last): (bool, bool), kv_tokens: usize) -> u64 {
+    card.stage_bytes(0, first, last, kv_tokens) - card.stage_bytes(0, first, false, kv_tokens)
 }
 
 /// The layers a group stage can hold at most (every rank its share of each, with its extras).
@@ -168,10 +176,10 @@ pub(crate) fn group_capacity(
     kv_tokens: usize,
 ) -> usize {
     let shares = spec.shares();
-    (spec.ranks(rank0).iter().zip(&shares).enumerate())
-        .map(|(r, (&i, &share))| {
+    (spec.ranks(rank0).iter().zip(&shares))
+        .map(|(&i, &share)| {
             let mem = topo.nodes[i].mem_available;
-            let extras = rank_bytes(card, (r, share), 0, (first, last), kv_tokens);
+            let extras = rank_bytes(card, share, 0, (first, last), kv_tokens);
             if mem < extras {
                 return 0;
             }
@@ -438,16 +446,10 @@ mod tests {
     fn every_rank_holds_its_share_and_its_extras() {
         let (topo, card) = two();
         // Half of 10 layers of 100 bytes; every rank the embedding (50) and half the head (70).
-        assert_eq!(
-            rank_bytes(&card, (0, 0.5), 10, (true, true), 0),
-            500 + 50 + 35
-        );
-        assert_eq!(
-            rank_bytes(&card, (1, 0.5), 10, (true, true), 0),
-            500 + 50 + 35
-        );
-        assert_eq!(rank_bytes(&card, (1, 0.5), 10, (false, true), 0), 500 + 35);
-        assert_eq!(rank_bytes(&card, (1, 0.5), 10, (false, false), 0), 500);
+        assert_eq!(rank_bytes(&card, 0.5, 10, (true, true), 0), 500 + 50 + 35);
+        assert_eq!(rank_bytes(&card, 0.5, 10, (true, true), 0), 500 + 50 + 35);
+        assert_eq!(rank_bytes(&card, 0.5, 10, (false, true), 0), 500 + 35);
+        assert_eq!(rank_bytes(&card, 0.5, 10, (false, false), 0), 500);
         let even = GroupSpec {
             members: vec![1],
             weights: vec![1, 1],
