@@ -24,14 +24,15 @@ use crate::dataplane::connect_group;
 use crate::error::PipelineError;
 
 /// `rank`'s share of stage `index` of `rec` (`None` when the stage is no group): the cut
-/// [`shares`] makes of the stage's layers for the record's weights — the same on every member.
+/// [`shares`] makes of the stage's layers for the record's weights — the same on every member —
+/// with the whole model's config it was cut from.
 pub(super) fn share_of(
     path: &Path,
     rec: &InstanceRecord,
     index: usize,
     range: LayerRange,
     rank: usize,
-) -> Result<Option<Share>, PipelineError> {
+) -> Result<Option<(Share, shoal_model::ModelConfig)>, PipelineError> {
     let Some(group) = &rec.stages[index].group else {
         return Ok(None);
     };
@@ -53,7 +54,7 @@ pub(super) fn share_of(
             why: format!("rank {rank} of {} members", all.len()),
         });
     }
-    Ok(Some(all.swap_remove(rank)))
+    Ok(Some((all.swap_remove(rank), cfg)))
 }
 
 /// The most members (up to the planner's [`shoal_placement::MAX_GROUP`]) the layers of `gguf` split
@@ -108,15 +109,14 @@ impl Node {
         path: std::path::PathBuf,
         range: LayerRange,
     ) -> Result<(), PipelineError> {
-        let share = share_of(&path, rec, index, range, rank)?.ok_or(PipelineError::Group {
-            why: "this node is no member of the stage's group".into(),
-        })?;
+        let (share, whole) =
+            share_of(&path, rec, index, range, rank)?.ok_or(PipelineError::Group {
+                why: "this node is no member of the stage's group".into(),
+            })?;
         let pool = self.pool.clone();
-        let path_of = path.clone();
         let local =
             tokio::task::spawn_blocking(move || load_local_share(&path, range, &share, &pool))
                 .await??;
-        let whole = shoal_model::ModelConfig::from_gguf(&GgufFile::open(&path_of)?)?;
         let (kv, tokens) = reserve_share_kv(&self.config, &local, &whole)?;
         self.cluster.set_kv_capacity(rec.id, tokens as u64).await;
         let peers = peers_of(rec, index)?;

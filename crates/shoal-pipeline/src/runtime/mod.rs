@@ -540,7 +540,7 @@ impl Node {
         let placement = stage_placement(stage, &self.config.engine);
         let local = match group::share_of(&path, rec, index, range, 0)? {
             // Rank 0 of a group: its share, joined to the other members before it is hosted.
-            Some(share) => {
+            Some((share, _)) => {
                 let mut local = tokio::task::spawn_blocking(move || {
                     load_local_share(&path, range, &share, &pool)
                 })
@@ -581,7 +581,7 @@ impl Node {
         // The driver's own layers run where the instance's record says (the planner followed the
         // node's `--device`).
         let placement = stage_placement(&rec.stages[0], &self.config.engine);
-        let share = group::share_of(&path, rec, 0, range, 0)?;
+        let share = group::share_of(&path, rec, 0, range, 0)?.map(|(s, _)| s);
         let grouped = share.is_some();
         let mut loaded = tokio::task::spawn_blocking(move || match share {
             Some(share) => LoadedModel::from_gguf_share(&path, &model, range, &share, &pool2),
