@@ -3,8 +3,9 @@
 The suite drives llama-server through `utils.ServerProcess`: a test sets fields that become llama-server's
 command-line flags, calls `start()`, then sends requests to `make_url(path)`. The adapter replaces only
 that plumbing, never a test's requests or assertions:
-- `ServerProcess.start` reaches a shoal node (the default test model; one node per API key, since
-  `--api-key` is the one flag both servers share) instead of launching llama-server, and names the
+- `ServerProcess.start` reaches a shoal node (the default test model; one node per API key and seed,
+  since `--api-key` and `--seed` are the flags both servers share: the suite starts every server with
+  `--seed 42`, so its sampled requests without a seed repeat, as they do on llama-server) instead of launching llama-server, and names the
   served model as shoal does (`model_alias` = shoal's catalog id, llama-server's `--alias` is its own flag);
   `stop` leaves the shared node running; `ServerPreset.load_all` (llama-server's model downloads) does
   nothing.
@@ -41,7 +42,10 @@ OPENAI_ALIASES = {"/chat/completions": "/v1/chat/completions", "/models": "/v1/m
 
 
 def _start(self, timeout_seconds: int = utils.DEFAULT_HTTP_TIMEOUT) -> None:
-    node = shoal_node.node(*(["--api-key", self.api_key] if self.api_key else []))
+    flags = ["--api-key", self.api_key] if self.api_key else []
+    if self.seed is not None and self.seed >= 0:  # llama-server's -1: a random seed, shoal's default
+        flags += ["--seed", str(self.seed)]
+    node = shoal_node.node(*flags)
     host, _, port = node.url.removeprefix("http://").rpartition(":")
     self.server_host, self.server_port = host, int(port)
     self.model_alias = shoal_node.MODEL_ID

@@ -254,3 +254,21 @@ def test_with_api_keys_the_page_asks_for_one(browser):
         assert browser.execute_script("return sessionStorage.getItem('shoal-api-key')") == "dashboard-key"
     finally:
         node.kill()
+
+
+def test_an_instance_that_speculates_shows_its_acceptance(browser):
+    node = ShoalNode("--speculative", "ngram", key="dashboard-speculative")
+    try:
+        code = "".join(f"def f{i}(x):\n    y = x * 2\n    return y + {i}\n\n" for i in range(3))
+        body = {"model": MODEL_ID, "prompt": code, "max_tokens": 48, "temperature": 0}
+        until(browser, "an answer with drafts",
+              lambda d: http("POST", f"{node.url}/v1/completions", body)[0] == 200, timeout=120)
+        open_page(browser, node)
+        text = until(browser, "the instance's acceptance", lambda d: next(
+            (e.text for e in d.find_elements(By.CSS_SELECTOR, ".instance") if "% accepted" in e.text), None))
+        rate = int(text.split("drafts ")[1].split("%")[0])
+        per_pass = float(text.split("accepted, ")[1].split(" tokens a pass")[0])
+        assert 0 < rate <= 100 and per_pass > 1.0, text
+        shot(browser, "dashboard-speculation.png")
+    finally:
+        node.kill()

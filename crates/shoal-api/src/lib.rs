@@ -73,6 +73,7 @@ pub mod request_id;
 pub mod route_table;
 pub mod schema;
 pub mod server;
+pub mod speculative;
 pub mod sse;
 
 use std::sync::Arc;

@@ -62,6 +62,7 @@ async fn timed(
         ignore_eos: true,
         timeout: None,
         logits_processor: None,
+        speculative: None,
     })?;
     let (mut arrivals, mut ids) = (Vec::with_capacity(n), Vec::with_capacity(n));
     while let Some(ev) = stream.next().await {

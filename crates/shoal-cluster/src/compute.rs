@@ -149,7 +149,7 @@ pub fn token_costs(c: &ComputeFacts, card: &ModelCard) -> TokenCosts {
         .or_else(|| c.bytes_per_s(&card.weight_type))
         .or_else(|| c.slowest());
     TokenCosts {
-        head_us: per(card.head_bytes, head_rate),
+        head_us: per(card.read_head_bytes(), head_rate),
         attention_us: per(
             card.attention_flops_per_position,
             Some(c.attention_flops_per_s),
@@ -181,6 +181,7 @@ mod tests {
             layer_bytes,
             embed_bytes: 0,
             head_bytes: 0,
+            active_head_bytes: 0,
             kv_bytes_per_token_per_layer: 0,
             context_length: 2048,
             hidden_bytes_per_token: 1152,
@@ -208,6 +209,9 @@ mod tests {
             cpu_load: None,
             temperature_c: None,
             power_w: None,
+            cpu_model: String::new(),
+            core_kinds: None,
+            thermal: None,
             accelerator: "cpu".into(),
             gpus: Vec::new(),
             device: Default::default(),

@@ -1,19 +1,26 @@
 //! What a node publishes about itself: resources, GPUs, models, links, and the instances it runs.
 //!
 //! Each fact has one owner: only node X writes X's [`NodeFacts`]; everyone else keeps the latest copy
-//! it received. Collected from the OS (sysinfo, `/sys/class/net`, Linux PSI in `/proc/pressure`), from
-//! the local model store, and from the compute probe `shoal serve` runs at start ([`ComputeFacts`];
-//! `crate::compute` turns it into the planner's speeds for one model). The GPUs ([`GpuFacts`]) are
+//! it received. Collected from the OS (each OS's reader behind one interface: [`linux`] reads `/proc`
+//! and `/sys`, [`macos`] sysctl, the Mach VM counters and SystemConfiguration; sysinfo fills in where
+//! a reader has nothing), from the local model store, and from the compute probe `shoal serve` runs
+//! at start ([`ComputeFacts`]; `crate::compute` turns it into the planner's speeds for one model). The GPUs ([`GpuFacts`]) are
 //! found by the binary at start (this crate does not depend on the GPU crate) and handed in with
 //! `ClusterHandle::set_gpus`.
 
 use shoal_ids::{InstanceId, ModelId, NodeId};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use shoal_placement::{LinkKind, ModelCard};
+
+mod host;
+pub mod linux;
+pub mod macos;
+
+pub use host::{CoreKinds, CpuTimes, HostMemory, InterfaceFacts, Pressure, Thermal};
+use host::{Os, OsReader};
 
 /// A node's own facts, as published to every peer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,9 +34,20 @@ pub struct NodeFacts {
     pub addrs: Vec<String>,
     pub memory: MemoryFacts,
     pub cpu_cores: usize,
-    /// Share of all cores busy over the last refresh, in [0, 1] (Linux `/proc/stat`); `None` until a
-    /// second reading, off Linux, and from nodes that predate it. Refreshed with `memory`
-    /// ([`crate::sysload`]).
+    /// The CPU's model name (`/proc/cpuinfo`, `machdep.cpu.brand_string`); empty from nodes that
+    /// predate it.
+    #[serde(default)]
+    pub cpu_model: String,
+    /// Its performance and efficiency cores, where the OS tells them apart (Apple Silicon's
+    /// performance levels, hybrid Intel, ARM big.LITTLE); `None` elsewhere and from older nodes.
+    #[serde(default)]
+    pub core_kinds: Option<CoreKinds>,
+    /// The OS's thermal state where it has one (macOS), refreshed with `memory`.
+    #[serde(default)]
+    pub thermal: Option<Thermal>,
+    /// Share of all cores busy over the last refresh, in [0, 1] (Linux `/proc/stat`, macOS's load
+    /// ticks); `None` until a second reading, on other OSes, and from nodes that predate it.
+    /// Refreshed with `memory` ([`crate::sysload`]).
     #[serde(default)]
     pub cpu_load: Option<f32>,
     /// The hottest temperature sensor, °C (Linux thermal zones / hwmon), where the OS exposes one.
@@ -148,9 +166,9 @@ pub struct RemovedNode {
 pub struct MemoryFacts {
     pub total: u64,
     pub available: u64,
-    /// Memory pressure in [0, 1]: the share of the last 10 s in which some task waited for memory
-    /// (Linux PSI `/proc/pressure/memory`, `some avg10` / 100); 0 where PSI is missing (kernels without
-    /// it, and macOS, whose pressure level shoal does not read: it builds for Linux today).
+    /// Memory pressure in [0, 1]: on Linux the share of the last 10 s in which some task waited for
+    /// memory (PSI `/proc/pressure/memory`, `some avg10` / 100); on macOS the kernel's pressure level
+    /// (normal 0, warn 0.5, critical 1); 0 where neither is readable (kernels without PSI).
     pub pressure: f32,
     /// Used fraction in [0, 1]: `1 − available / total` (what `pressure` meant before PSI).
     #[serde(default)]
@@ -243,6 +261,14 @@ pub struct InstanceLoad {
     /// Tokens generated since the instance started (the dashboard's served tok/s is its rate).
     #[serde(default)]
     pub generated_tokens: u64,
+    /// Speculative decoding since the instance started: passes that verified a draft, tokens drafted,
+    /// drafted tokens accepted (the dashboard's acceptance rate and tokens per pass).
+    #[serde(default)]
+    pub spec_passes: u64,
+    #[serde(default)]
+    pub drafted_tokens: u64,
+    #[serde(default)]
+    pub accepted_tokens: u64,
 }
 
 /// One direction of a link, as measured by its owner.
@@ -250,7 +276,7 @@ pub struct InstanceLoad {
 pub struct LinkFacts {
     pub peer: NodeId,
     pub kind: LinkKind,
-    /// Latest ping round trip, microseconds.
+    /// The preferred path's round trip (the least ping of the last ten seconds), microseconds.
     pub rtt_us: Option<f64>,
     /// Measured bandwidth (bytes per second) from the last probe.
     pub bandwidth_bps: Option<f64>,
@@ -273,7 +299,7 @@ pub struct LinkFacts {
 pub struct PathFacts {
     /// The peer's address on this path.
     pub addr: String,
-    /// Smoothed ping round trip on it, microseconds.
+    /// The least ping round trip on it over the last ten seconds, microseconds.
     pub rtt_us: Option<f64>,
     /// Bytes per second measured by its last probe.
     pub bandwidth_bps: Option<f64>,
@@ -332,24 +358,26 @@ pub enum InstanceStatus {
     },
 }
 
-/// Memory, cores and accelerator of this machine.
+/// Memory, cores and accelerator of this machine: the OS reader's memory (sysinfo's where it has
+/// none), its pressure (0 where unread).
 pub fn local_resources() -> (MemoryFacts, usize) {
-    let (total, available) = match sysinfo::System::new() {
-        Ok(mut sys) => {
-            sys.refresh_memory();
-            (sys.total_memory(), sys.available_memory())
-        }
-        Err(_) => (0, 0),
-    };
+    let HostMemory { total, available } =
+        Os::memory().unwrap_or_else(|| match sysinfo::System::new() {
+            Ok(mut sys) => {
+                sys.refresh_memory();
+                HostMemory {
+                    total: sys.total_memory(),
+                    available: sys.available_memory(),
+                }
+            }
+            Err(_) => HostMemory::default(),
+        });
     let used = if total > 0 {
         (1.0 - available as f64 / total as f64) as f32
     } else {
         0.0
     };
-    let pressure = std::fs::read_to_string("/proc/pressure/memory")
-        .ok()
-        .and_then(|text| psi_some_avg10(&text))
-        .unwrap_or(0.0);
+    let pressure = memory_pressure().map_or(0.0, |p| p.share);
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -364,20 +392,16 @@ pub fn local_resources() -> (MemoryFacts, usize) {
     )
 }
 
-/// The `some avg10` figure of a Linux PSI file (a percentage) as a fraction in [0, 1]; `None` when the
-/// text has no such figure.
-pub fn psi_some_avg10(text: &str) -> Option<f32> {
-    let some = text.lines().find(|l| l.starts_with("some "))?;
-    let avg10 = some
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("avg10="))?
-        .parse::<f32>()
-        .ok()?;
-    avg10.is_finite().then(|| (avg10 / 100.0).clamp(0.0, 1.0))
+/// The OS's memory pressure now, where it tells one (Linux PSI, macOS's pressure level).
+pub fn memory_pressure() -> Option<Pressure> {
+    Os::pressure()
 }
 
 /// The CPU's model name as the OS reports it (`AMD EPYC`, `Apple M2`, …); "" when unknown.
 pub fn cpu_model() -> String {
+    if let Some(model) = Os::cpu_model() {
+        return model;
+    }
     let Ok(mut sys) = sysinfo::System::new() else {
         return String::new();
     };
@@ -386,6 +410,61 @@ pub fn cpu_model() -> String {
         .first()
         .map(|c| c.brand().trim().to_string())
         .unwrap_or_default()
+}
+
+/// The machine's performance and efficiency cores, where the OS tells them apart.
+pub fn core_kinds() -> Option<CoreKinds> {
+    Os::core_kinds()
+}
+
+/// Busy and total CPU time of all cores so far, where the OS tells it (Linux `/proc/stat`, macOS's
+/// load ticks).
+pub fn cpu_times() -> Option<CpuTimes> {
+    Os::cpu_times()
+}
+
+/// The OS's thermal state, where it has one to read (macOS).
+pub fn thermal() -> Option<Thermal> {
+    Os::thermal()
+}
+
+/// This machine's host name (`gethostname`); `None` when the call fails or the name is empty.
+pub fn host_name() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is writable for its length; the result is NUL-terminated when it fits, and
+    // the last byte stays 0 either way.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
+    if rc != 0 {
+        return None;
+    }
+    let name = std::ffi::CStr::from_bytes_until_nul(&buf).ok()?;
+    let name = name.to_string_lossy().trim().to_string();
+    (!name.is_empty()).then_some(name)
+}
+
+/// This machine's network interfaces with addresses, with the kind of link each is.
+pub fn interfaces() -> Vec<InterfaceFacts> {
+    let Ok(networks) = sysinfo::Networks::new_with_refreshed_list() else {
+        return Vec::new();
+    };
+    let mut out: Vec<InterfaceFacts> = networks
+        .iter()
+        .filter(|(_, data)| !data.ip_networks().is_empty())
+        .map(|(name, data)| {
+            let name = name.to_string_lossy().into_owned();
+            InterfaceFacts {
+                kind: Os::interface_kind(&name),
+                addrs: data
+                    .ip_networks()
+                    .iter()
+                    .map(|n| format!("{}/{}", n.addr, n.prefix))
+                    .collect(),
+                name,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
 }
 
 /// Layer-steps per second assumed per core: one core of this VM decodes the 30-layer default model at
@@ -435,7 +514,7 @@ pub fn link_kind(remote: IpAddr) -> LinkKind {
             }
         }
     }
-    found.map_or(LinkKind::Unknown, |name| interface_kind(&name))
+    found.map_or(LinkKind::Unknown, |name| Os::interface_kind(&name))
 }
 
 /// Whether `a` and `b` share their first `prefix` bits (same address family only).
@@ -452,110 +531,9 @@ pub fn same_subnet(a: IpAddr, b: IpAddr, prefix: u8) -> bool {
     (a ^ b) >> (bits - prefix) == 0
 }
 
-#[cfg(target_os = "linux")]
-fn interface_kind(name: &str) -> LinkKind {
-    let dir = Path::new("/sys/class/net").join(name);
-    let driver = std::fs::read_link(dir.join("device/driver"))
-        .ok()
-        .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
-        .unwrap_or_default();
-    let arp_type = std::fs::read_to_string(dir.join("type"))
-        .ok()
-        .and_then(|t| t.trim().parse::<u32>().ok());
-    kind_from_sysfs(
-        dir.join("wireless").exists() || dir.join("phy80211").exists(),
-        &driver,
-        arp_type,
-    )
-}
-
-/// Linux rule: wireless → wifi; the thunderbolt-net driver → thunderbolt; ARP type 772 → loopback;
-/// ARP type 1 (ethernet, veth, bridges) → ethernet; anything else → unknown.
-pub fn kind_from_sysfs(wireless: bool, driver: &str, arp_type: Option<u32>) -> LinkKind {
-    if wireless {
-        LinkKind::Wifi
-    } else if driver.contains("thunderbolt") {
-        LinkKind::Thunderbolt
-    } else {
-        match arp_type {
-            Some(772) => LinkKind::Loopback,
-            Some(1) => LinkKind::Ethernet,
-            _ => LinkKind::Unknown,
-        }
-    }
-}
-
-#[cfg(target_os = "macos")]
-fn interface_kind(name: &str) -> LinkKind {
-    let out = std::process::Command::new("networksetup")
-        .arg("-listallhardwareports")
-        .output();
-    match out {
-        Ok(o) => kind_from_networksetup(&String::from_utf8_lossy(&o.stdout), name),
-        Err(_) => LinkKind::Unknown,
-    }
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "macos")))]
-fn interface_kind(_name: &str) -> LinkKind {
-    LinkKind::Unknown
-}
-
-/// macOS rule, from `networksetup -listallhardwareports`: the port whose `Device:` is `device`.
-pub fn kind_from_networksetup(listing: &str, device: &str) -> LinkKind {
-    let mut port = "";
-    for line in listing.lines() {
-        if let Some(p) = line.strip_prefix("Hardware Port: ") {
-            port = p.trim();
-        } else if line.strip_prefix("Device: ").map(str::trim) == Some(device) {
-            let p = port.to_lowercase();
-            return if p.contains("wi-fi") || p.contains("airport") {
-                LinkKind::Wifi
-            } else if p.contains("thunderbolt") {
-                LinkKind::Thunderbolt
-            } else if p.contains("ethernet") || p.contains("lan") {
-                LinkKind::Ethernet
-            } else {
-                LinkKind::Unknown
-            };
-        }
-    }
-    LinkKind::Unknown
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sysfs_rules() {
-        assert_eq!(kind_from_sysfs(true, "iwlwifi", Some(1)), LinkKind::Wifi);
-        assert_eq!(
-            kind_from_sysfs(false, "thunderbolt-net", Some(1)),
-            LinkKind::Thunderbolt
-        );
-        assert_eq!(
-            kind_from_sysfs(false, "e1000e", Some(1)),
-            LinkKind::Ethernet
-        );
-        assert_eq!(kind_from_sysfs(false, "", Some(772)), LinkKind::Loopback);
-        assert_eq!(kind_from_sysfs(false, "", Some(65534)), LinkKind::Unknown);
-        assert_eq!(kind_from_sysfs(false, "", None), LinkKind::Unknown);
-    }
-
-    #[test]
-    fn networksetup_rules() {
-        let listing = "Hardware Port: Wi-Fi\nDevice: en0\nEthernet Address: a\n\n\
-                       Hardware Port: Thunderbolt Bridge\nDevice: bridge0\n\n\
-                       Hardware Port: USB 10/100/1000 LAN\nDevice: en5\n";
-        assert_eq!(kind_from_networksetup(listing, "en0"), LinkKind::Wifi);
-        assert_eq!(
-            kind_from_networksetup(listing, "bridge0"),
-            LinkKind::Thunderbolt
-        );
-        assert_eq!(kind_from_networksetup(listing, "en5"), LinkKind::Ethernet);
-        assert_eq!(kind_from_networksetup(listing, "en9"), LinkKind::Unknown);
-    }
 
     #[test]
     fn subnets() {
@@ -572,20 +550,6 @@ mod tests {
     fn loopback_addresses_are_loopback_links() {
         assert_eq!(link_kind("127.0.0.1".parse().unwrap()), LinkKind::Loopback);
         assert_eq!(link_kind("::1".parse().unwrap()), LinkKind::Loopback);
-    }
-
-    #[test]
-    fn psi_reads_some_avg10() {
-        let text = "some avg10=12.50 avg60=3.00 avg300=1.00 total=123\n\
-                    full avg10=40.00 avg60=0.00 avg300=0.00 total=9\n";
-        assert_eq!(psi_some_avg10(text), Some(0.125));
-        assert_eq!(
-            psi_some_avg10("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"),
-            Some(0.0)
-        );
-        assert_eq!(psi_some_avg10("full avg10=5.00\n"), None);
-        assert_eq!(psi_some_avg10("some avg10=x\n"), None);
-        assert_eq!(psi_some_avg10(""), None);
     }
 
     #[test]
@@ -631,5 +595,22 @@ mod tests {
         assert!((0.0..=1.0).contains(&mem.used) && mem.used > 0.0);
         assert!(cores >= 1);
         assert!(!cpu_model().is_empty(), "this machine names its CPU");
+        assert!(host_name().is_some_and(|h| !h.contains('\0')));
+        #[cfg(target_os = "linux")]
+        {
+            // This machine has PSI (a kernel without it would read `None`) and a loopback device.
+            let p = memory_pressure().expect("PSI is readable here");
+            assert!((0.0..=1.0).contains(&p.share) && p.source == "PSI some avg10");
+            let lo = interfaces()
+                .into_iter()
+                .find(|i| i.name == "lo")
+                .expect("lo listed");
+            assert_eq!(lo.kind, LinkKind::Loopback);
+            assert!(
+                lo.addrs.iter().any(|a| a == "127.0.0.1/8"),
+                "{:?}",
+                lo.addrs
+            );
+        }
     }
 }

@@ -1,12 +1,14 @@
 //! What a node measures about its machine between two fact refreshes: CPU load (the share of all cores
-//! busy, from `/proc/stat` deltas), temperature (the hottest thermal zone or hwmon sensor) and power
+//! busy, from deltas of the OS's CPU time: `/proc/stat`, macOS's load ticks, read by
+//! [`crate::facts`]' per-OS readers), temperature (the hottest thermal zone or hwmon sensor) and power
 //! (powercap RAPL `energy_uj` deltas), each where the OS exposes it.
 //!
 //! [`HostSampler`] keeps the previous readings (the network task owns one and samples it with the
 //! node's memory facts every refresh); [`HostLoad`] is one sample. The parsers are pure functions over
-//! the files' text, tested on fixed inputs; the readers return `None` off Linux or where a file is
-//! missing or unreadable, never an error.
+//! the files' text, tested on fixed inputs; the readers return `None` where the OS does not expose a
+//! figure (temperature and power off Linux) or a file is missing or unreadable, never an error.
 
+use crate::facts::CpuTimes;
 use std::path::Path;
 use std::time::Instant;
 
@@ -22,13 +24,6 @@ pub struct HostLoad {
     pub power_w: Option<f32>,
 }
 
-/// Busy and total jiffies of all CPUs together (the `cpu ` line of `/proc/stat`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CpuTimes {
-    pub busy: u64,
-    pub total: u64,
-}
-
 /// The previous readings the next sample's rates are measured against.
 #[derive(Debug, Default)]
 pub struct HostSampler {
@@ -40,9 +35,7 @@ impl HostSampler {
     /// Reads the machine now; rates cover the time since the previous call.
     pub fn sample(&mut self) -> HostLoad {
         let now = Instant::now();
-        let cpu = std::fs::read_to_string("/proc/stat")
-            .ok()
-            .and_then(|t| parse_proc_stat(&t));
+        let cpu = crate::facts::cpu_times();
         let cpu_load = match (self.cpu, cpu) {
             (Some(a), Some(b)) => busy_share(a, b),
             _ => None,
@@ -67,27 +60,6 @@ impl HostSampler {
             power_w,
         }
     }
-}
-
-/// The `cpu ` line of `/proc/stat`: busy = user + nice + system + irq + softirq + steal, total = those
-/// + idle + iowait (guest time is already inside user).
-pub fn parse_proc_stat(text: &str) -> Option<CpuTimes> {
-    let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    let f: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|x| x.parse().ok())
-        .collect::<Option<_>>()?;
-    let at = |i: usize| f.get(i).copied().unwrap_or(0);
-    if f.len() < 4 {
-        return None;
-    }
-    let idle = at(3) + at(4);
-    let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
-    Some(CpuTimes {
-        busy,
-        total: busy + idle,
-    })
 }
 
 /// Share of the time between two readings the CPUs were busy; `None` when no time passed.
@@ -159,21 +131,6 @@ fn read_number(path: &Path) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn proc_stat_busy_and_total() {
-        let text = "cpu  100 5 50 800 20 3 2 10 0 0\ncpu0 50 2 25 400 10 1 1 5 0 0\nintr 1\n";
-        let t = parse_proc_stat(text).expect("cpu line");
-        assert_eq!(t.busy, 100 + 5 + 50 + 3 + 2 + 10);
-        assert_eq!(t.total, t.busy + 800 + 20);
-        assert_eq!(
-            parse_proc_stat("cpu0 1 2 3 4\n"),
-            None,
-            "only the all-CPU line"
-        );
-        assert_eq!(parse_proc_stat("cpu  1 x 3 4\n"), None);
-        assert_eq!(parse_proc_stat("cpu  1 2\n"), None);
-    }
 
     #[test]
     fn busy_share_is_the_delta_ratio() {

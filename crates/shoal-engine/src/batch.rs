@@ -14,7 +14,8 @@ pub struct ChunkSpec {
     pub seq_id: u64,
     /// Tokens of this sequence in the batch (1 when decoding).
     pub len: usize,
-    /// Whether the last stage must return logits for this chunk's last token.
+    /// Whether the last stage must return logits for this chunk's last token (for the last
+    /// `1 + draft` tokens when its [`crate::stage::SampleRef`] carries a draft to verify).
     pub want_logits: bool,
     /// What the last stage returns of this chunk's final hidden states (embeddings).
     pub pool: Pool,
@@ -48,8 +49,9 @@ pub enum StageData {
     Sampled(Outputs),
 }
 
-/// What a batch produced for the engine: one pick per chunk wanting logits and one pooled row per
-/// chunk pooling, each in batch order.
+/// What a batch produced for the engine: one pick per chunk wanting logits (one to `1 + draft` for a
+/// chunk verifying a draft: the accepted drafted tokens, then one more — see [`crate::verify`]) and
+/// one pooled row per chunk pooling, each in batch order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Outputs {
     pub picks: Vec<Pick>,
@@ -88,4 +90,7 @@ pub enum KvOp {
     /// Start sequence `into` with a copy of the first `len` tokens of sequence `seq_id`'s KV (the
     /// choices of one prompt share its prefill).
     Fork { seq_id: u64, into: u64, len: usize },
+    /// Keep only the first `len` tokens of the sequence's KV (speculative decoding drops the
+    /// positions of drafted tokens it rejected; unknown ids and shorter caches are left as they are).
+    Rewind { seq_id: u64, len: usize },
 }

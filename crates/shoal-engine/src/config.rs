@@ -4,8 +4,10 @@ use std::sync::Arc;
 
 use shoal_model::LayerRange;
 
+use crate::draft_model::DraftModel;
 use crate::gpu_stage::Device;
 use crate::kvpool::KvPool;
+use crate::request::Speculation;
 
 /// Engine tuning.
 #[derive(Debug, Clone)]
@@ -44,6 +46,15 @@ pub struct EngineConfig {
     /// Device memory a GPU stage's KV may take, all its sequences and prefixes together (not
     /// paid from `kv_budget_bytes`).
     pub device_kv_budget_bytes: usize,
+    /// Speculative decoding for requests that do not say (`GenerateRequest::speculative`).
+    pub speculative: Speculation,
+    /// The draft model of [`Speculation::Draft`], loaded for this engine's model (the same token
+    /// list); `None`: a request asking for it is refused.
+    pub draft_model: Option<Arc<DraftModel>>,
+    /// The seed of every sampled request that names none (llama-server's `--seed`): such a request
+    /// draws as if it had named it, so the same request gives the same answer. `None`: a random seed
+    /// per request.
+    pub seed: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -61,6 +72,9 @@ impl Default for EngineConfig {
             kv_pool: None,
             device: Device::Cpu,
             device_kv_budget_bytes: 1 << 30,
+            speculative: Speculation::Off,
+            draft_model: None,
+            seed: None,
         }
     }
 }

@@ -38,6 +38,9 @@ pub struct LoadedModel {
     pub stages: Vec<Box<dyn Stage>>,
     /// Where the local stages' KV caches take their buffers, bound by [`spawn`].
     pub kv_source: KvSource,
+    /// The file's token list fingerprint (`GgufFile::token_list_fingerprint`): which draft model
+    /// may draft for it ([`EngineConfig::draft_model`]).
+    pub token_list: Option<u64>,
 }
 
 /// Where a model's local stages run: the device, on a GPU the device memory their KV may take, and
@@ -154,6 +157,7 @@ impl LoadedModel {
         };
         let mut gguf = GgufFile::open(path).map_err(|e| err(&e))?;
         let config = ModelConfig::from_gguf(&gguf).map_err(|e| err(&e))?;
+        let token_list = gguf.token_list_fingerprint();
         let tokenizer = Tokenizer::from_gguf(gguf.content()).map_err(|e| err(&e))?;
         let template = match ChatTemplate::from_gguf(gguf.content()) {
             Ok(t) => Some(t),
@@ -200,6 +204,7 @@ impl LoadedModel {
             template,
             stages,
             kv_source,
+            token_list,
         })
     }
 }
@@ -339,6 +344,16 @@ pub fn spawn_from_gguf(
 
 /// Starts the engine thread for a loaded model.
 pub fn spawn(model: LoadedModel, mut config: EngineConfig) -> Result<EngineHandle, EngineError> {
+    if let Some(draft) = &config.draft_model
+        && !draft.fits(model.token_list)
+    {
+        tracing::warn!(
+            model = %model.id,
+            draft_model = draft.name(),
+            "the draft model's token list is not this model's: no draft model for it"
+        );
+        config.draft_model = None;
+    }
     // One pool pays for the engine's KV and keeps its freed buffers.
     let budget = config.kv_budget_bytes;
     let kv_pool = config
@@ -369,6 +384,7 @@ pub fn spawn(model: LoadedModel, mut config: EngineConfig) -> Result<EngineHandl
         model.config.vocab_size,
         model.config.arch.pooling,
     );
+    let (drafts, seed) = (config.draft_model.is_some(), config.seed);
     let mut worker = Worker::new(
         model.stages,
         model.tokenizer,
@@ -389,7 +405,7 @@ pub fn spawn(model: LoadedModel, mut config: EngineConfig) -> Result<EngineHandl
         tokenizer,
         model.template,
         (vocab_size, worker.kv_max_tokens()),
-        pooling,
+        (pooling, drafts, worker.has_mtp(), seed),
         queue,
         counters,
     );

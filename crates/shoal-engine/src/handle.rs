@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::admission::{Admission, EmbedJob, Sibling};
 use crate::error::EngineError;
-use crate::request::{Event, GenerateRequest, MAX_CHOICES, Prefill, Prompt};
+use crate::request::{Event, GenerateRequest, MAX_CHOICES, Prefill, Prompt, Speculation};
 use crate::stats::{Counters, EngineStats};
 
 /// One chat message, as adapters pass them to the model's chat template.
@@ -64,6 +64,13 @@ struct Instance {
     kv_tokens: usize,
     /// How embeddings pool the model's hidden states.
     pooling: Pooling,
+    /// Whether the engine has a draft model (`Speculation::Draft`).
+    drafts: bool,
+    /// Whether its sequences may draft with the model's multi-token-prediction block
+    /// (`Speculation::Mtp`).
+    mtp: bool,
+    /// The seed of sampled requests that name none ([`crate::engine::EngineConfig::seed`]).
+    seed: Option<u64>,
     queue: SyncSender<Admission>,
     counters: Arc<Counters>,
 }
@@ -123,13 +130,15 @@ const CANCEL_PRUNE_AT: usize = 1024;
 
 impl EngineHandle {
     /// The handle of a model whose engine thread takes requests from `queue`; `(vocab_size,
-    /// kv_tokens)`: the model's vocabulary and the most KV tokens its engine can hold.
+    /// kv_tokens)`: the model's vocabulary and the most KV tokens its engine can hold; `drafts`:
+    /// whether its engine has a draft model; `mtp`: whether its sequences may draft with the model's
+    /// multi-token-prediction block; `seed`: the seed of requests that name none.
     pub(crate) fn new(
         info: ModelInfo,
         tokenizer: Arc<Tokenizer>,
         template: Option<ChatTemplate>,
         (vocab_size, kv_tokens): (usize, usize),
-        pooling: Pooling,
+        (pooling, drafts, mtp, seed): (Pooling, bool, bool, Option<u64>),
         queue: SyncSender<Admission>,
         counters: Arc<Counters>,
     ) -> Self {
@@ -141,6 +150,9 @@ impl EngineHandle {
                 vocab_size,
                 kv_tokens,
                 pooling,
+                drafts,
+                mtp,
+                seed,
                 queue,
                 counters,
             }),
@@ -275,10 +287,15 @@ impl EngineHandle {
         self.enqueue_choices(request, n, None)
     }
 
+    /// Gives `request` the engine's default seed ([`crate::engine::EngineConfig::seed`]) when it names none.
+    pub(crate) fn give_default_seed(&self, request: &mut GenerateRequest) {
+        request.sampling.seed = request.sampling.seed.or(self.inner.seed);
+    }
+
     /// Checks `n`, tokenizes the prompt (copied into `keep` when given) and queues the request.
     fn enqueue_choices(
         &self,
-        request: GenerateRequest,
+        mut request: GenerateRequest,
         n: usize,
         keep: Option<&mut Vec<u32>>,
     ) -> Result<Vec<RequestStream>, EngineError> {
@@ -286,6 +303,28 @@ impl EngineHandle {
             return Err(EngineError::InvalidParam {
                 param: "n",
                 message: format!("n must be between 1 and {MAX_CHOICES}, got {n}"),
+            });
+        }
+        self.give_default_seed(&mut request);
+        if matches!(request.speculative, Some(Speculation::Mtp { .. })) && !self.inner.mtp {
+            return Err(EngineError::InvalidParam {
+                param: "speculative",
+                message: format!(
+                    "model '{}' has no multi-token-prediction (nextn) block that this node runs \
+                     (it needs a GLM-4.5-style file and the model's last layers in this \
+                     process); use \"ngram\" or \"off\"",
+                    self.info().id
+                ),
+            });
+        }
+        if matches!(request.speculative, Some(Speculation::Draft { .. })) && !self.inner.drafts {
+            return Err(EngineError::InvalidParam {
+                param: "speculative",
+                message: format!(
+                    "model '{}' has no draft model on this node (serve with --draft-model, a \
+                     model of the same vocabulary); use \"ngram\" or \"off\"",
+                    self.info().id
+                ),
             });
         }
         let tokens = self.prompt_tokens(&request)?;
@@ -336,6 +375,7 @@ impl EngineHandle {
             ignore_eos: false,
             timeout,
             logits_processor: None,
+            speculative: None,
         };
         let mut streams = self.queue(tokens, request, Some(job), (1, deadline), Origin::Client)?;
         streams

@@ -220,4 +220,9 @@ impl Stage for HybridStage {
     fn held_sequences(&self) -> usize {
         self.first(Stage::held_sequences, Stage::held_sequences)
     }
+
+    /// The CPU part holds the head when there is one; layers all on the GPU do not verify.
+    fn verifies(&self) -> bool {
+        self.cpu.as_ref().is_some_and(Stage::verifies)
+    }
 }

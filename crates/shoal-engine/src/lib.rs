@@ -32,6 +32,8 @@
 mod admission;
 pub mod batch;
 mod config;
+pub mod draft;
+pub mod draft_model;
 pub mod embed;
 pub mod engine;
 pub mod error;
@@ -44,6 +46,7 @@ pub mod kvpool;
 pub mod limits;
 pub mod logits;
 pub mod meters;
+pub mod mtp_draft;
 pub mod prefix;
 pub mod registry;
 pub mod request;
@@ -55,6 +58,7 @@ mod sequence;
 pub mod stage;
 mod stats;
 pub mod stop;
+pub mod verify;
 pub mod warmup;
 mod worker;
 
@@ -64,6 +68,6 @@ pub use logits::{ConstraintError, LogitsProcessor, TokenMask};
 pub use registry::Engines;
 pub use request::{
     EmbedRequest, Embeddings, Event, FinishReason, GenerateRequest, Prefill, Prompt,
-    SamplingParams, TopLogprob, Usage,
+    SamplingParams, Speculation, TopLogprob, Usage,
 };
 pub use stats::EngineStats;

@@ -35,6 +35,10 @@ pub mod names {
     pub const KV_POOL_CAPACITY: &str = "shoal_kv_pool_capacity_bytes";
     pub const KV_POOL_USED: &str = "shoal_kv_pool_used_bytes";
     pub const KV_POOL_IDLE: &str = "shoal_kv_pool_idle_bytes";
+    pub const SPEC_PASSES: &str = "shoal_speculative_passes_total";
+    pub const SPEC_DRAFTED: &str = "shoal_speculative_drafted_tokens_total";
+    pub const SPEC_ACCEPTED: &str = "shoal_speculative_accepted_tokens_total";
+    pub const SPEC_TOKENS_PER_PASS: &str = "shoal_speculative_tokens_per_pass";
 }
 
 /// One engine's metric handles, labelled with its model.
@@ -56,6 +60,11 @@ pub(crate) struct Meters {
     cancelled: Counter,
     failed: Counter,
     embedding: Counter,
+    /// Speculative decoding: verification passes, drafted and accepted tokens, tokens per pass.
+    spec_passes: Counter,
+    spec_drafted: Counter,
+    spec_accepted: Counter,
+    spec_tokens: Histogram,
 }
 
 impl Meters {
@@ -81,6 +90,10 @@ impl Meters {
             cancelled: outcome("cancelled"),
             failed: outcome("failed"),
             embedding: outcome("embedding"),
+            spec_passes: counter!(names::SPEC_PASSES, "model" => m.clone()),
+            spec_drafted: counter!(names::SPEC_DRAFTED, "model" => m.clone()),
+            spec_accepted: counter!(names::SPEC_ACCEPTED, "model" => m.clone()),
+            spec_tokens: histogram!(names::SPEC_TOKENS_PER_PASS, "model" => m.clone()),
         }
     }
 
@@ -137,6 +150,14 @@ impl Meters {
         if matches!(reason, Some(FinishReason::Stop | FinishReason::Length)) {
             self.e2e.record(queued.elapsed());
         }
+    }
+
+    /// A pass verified `drafted` tokens, accepted `accepted` and gave the sequence `tokens`.
+    pub(crate) fn speculated(&self, drafted: usize, accepted: usize, tokens: usize) {
+        self.spec_passes.increment(1);
+        self.spec_drafted.increment(drafted as u64);
+        self.spec_accepted.increment(accepted as u64);
+        self.spec_tokens.record(tokens as f64);
     }
 
     /// An embedding queued at `queued` was answered.

@@ -128,6 +128,7 @@ impl Engines {
     ) -> Result<Vec<RequestStream>, EngineError> {
         let engine = self.get(&request.model)?;
         let mut request = request;
+        engine.give_default_seed(&mut request);
         Resume::pin_seed(&mut request);
         // Each choice's stream continues on the model's next engine when a stage of this one dies, from
         // a copy of the request as it was submitted (its constraint's state at the start).

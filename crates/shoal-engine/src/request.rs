@@ -51,6 +51,76 @@ pub struct GenerateRequest {
     /// Code that says which tokens may come next (constrained decoding); works wherever the pipeline
     /// samples (the mask travels with the step).
     pub logits_processor: Option<Box<dyn crate::logits::LogitsProcessor>>,
+    /// Speculative decoding for this request; `None`: the engine's default
+    /// ([`crate::engine::EngineConfig::speculative`]).
+    pub speculative: Option<Speculation>,
+}
+
+/// Speculative decoding ([`crate::draft`]): propose tokens cheaply, verify them in one pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Speculation {
+    /// One token per step.
+    #[default]
+    Off,
+    /// Prompt lookup: continue the latest earlier occurrence of the sequence's last tokens
+    /// ([`crate::draft::NgramDraft`]), at most `max_draft` drafted tokens a pass.
+    Ngram { max_draft: usize },
+    /// A small model with the target's vocabulary drafts its greedy continuation
+    /// ([`crate::draft_model::ModelDraft`]; the engine's [`crate::engine::EngineConfig::draft_model`]),
+    /// at most `max_draft` drafted tokens a pass.
+    Draft { max_draft: usize },
+    /// The model's own multi-token-prediction block (GLM-4.5's `nextn` layer) drafts, chained
+    /// ([`crate::mtp_draft::MtpDraft`]), on an engine whose last stage is in this process and whose
+    /// model has the block; at most `max_draft` drafted tokens a pass.
+    Mtp { max_draft: usize },
+}
+
+/// The most tokens one pass may draft.
+pub const MAX_DRAFT: usize = 32;
+
+impl Speculation {
+    /// What a pass drafts at most (0 when off).
+    pub fn max_draft(self) -> usize {
+        match self {
+            Speculation::Off => 0,
+            Speculation::Ngram { max_draft }
+            | Speculation::Draft { max_draft }
+            | Speculation::Mtp { max_draft } => max_draft.min(MAX_DRAFT),
+        }
+    }
+
+    /// The method's name as requests and the CLI spell it (`off`, `ngram`).
+    pub fn method(self) -> &'static str {
+        match self {
+            Speculation::Off => "off",
+            Speculation::Ngram { .. } => "ngram",
+            Speculation::Draft { .. } => "draft",
+            Speculation::Mtp { .. } => "mtp",
+        }
+    }
+
+    /// Parses a method name (`off`/`none`, `ngram`, `draft`) with `max_draft` (default 8 when `None`);
+    /// errs with a sentence naming what is allowed.
+    pub fn parse(method: &str, max_draft: Option<u64>) -> Result<Self, String> {
+        let max_draft = match max_draft {
+            None => 8,
+            Some(n) if (1..=MAX_DRAFT as u64).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(format!(
+                    "max_draft must be between 1 and {MAX_DRAFT}, got {n}"
+                ));
+            }
+        };
+        match method {
+            "off" | "none" => Ok(Speculation::Off),
+            "ngram" => Ok(Speculation::Ngram { max_draft }),
+            "draft" => Ok(Speculation::Draft { max_draft }),
+            "mtp" => Ok(Speculation::Mtp { max_draft }),
+            other => Err(format!(
+                "unknown speculative method {other:?}: use \"ngram\", \"draft\", \"mtp\" or \"off\""
+            )),
+        }
+    }
 }
 
 /// The most choices one request may ask for ([`crate::Engines::submit_n`]).

@@ -82,7 +82,7 @@ impl Sampler {
     /// What a remote last stage needs to sample sequence `seq_id` exactly as this sampler would next:
     /// the parameters, the random generator's state, the penalties' context (the last
     /// [`REPETITION_WINDOW`] tokens of `history` when the repetition penalty is on, the generated-token
-    /// counts when the frequency or presence penalty is).
+    /// counts when the frequency or presence penalty is). No draft: the caller adds one.
     pub fn job(&self, seq_id: u64, history: &[u32], mask: Option<&TokenMask>) -> SampleJob {
         let history = if self.params.repetition_penalty != 1.0 {
             history[history.len().saturating_sub(REPETITION_WINDOW)..].to_vec()
@@ -96,6 +96,8 @@ impl Sampler {
             history,
             counts: self.counts(),
             mask: mask.map_or_else(Vec::new, |m| m.words().to_vec()),
+            draft: Vec::new(),
+            draft_masks: Vec::new(),
         }
     }
 
@@ -159,6 +161,46 @@ impl Sampler {
         }
         let r = self.rng.next_f64();
         draw(logits, &self.params, r)
+    }
+
+    /// Whether this sampler picks the most likely token (temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature <= 0.0
+    }
+
+    /// Two uniform draws in [0, 1): what verifying one position of a drafted run takes when sampling
+    /// (the acceptance test, then the draw from what is left), used or not, so the owner's replay
+    /// ([`Sampler::replay_verified`]) never depends on the outcome.
+    fn two_draws(&mut self) -> (f64, f64) {
+        (self.rng.next_f64(), self.rng.next_f64())
+    }
+
+    /// [`Sampler::replay`] of a token picked while verifying a draft (two draws when sampling).
+    pub fn replay_verified(&mut self, id: u32) {
+        if self.params.temperature > 0.0 {
+            self.rng.next_u64();
+            self.rng.next_u64();
+        }
+        self.accept(id);
+    }
+
+    /// Verifies drafted token `draft` (or, with `None`, picks the bonus token past a fully accepted
+    /// draft) over `logits` with the penalties and mask already applied: greedy takes the argmax
+    /// (the draft is accepted when it is that); sampling accepts the draft with its probability
+    /// under the distribution [`Sampler::sample`] draws from, and otherwise draws from that
+    /// distribution with the draft taken out — so the token has exactly [`Sampler::sample`]'s
+    /// distribution whatever the draft was. Sampling takes [`Sampler::two_draws`] every time.
+    pub fn verify_pick(&mut self, logits: &[f32], draft: Option<u32>) -> u32 {
+        if self.is_greedy() {
+            return argmax(logits);
+        }
+        let (u, r) = self.two_draws();
+        verify_draw(logits, &self.params, draft, u, r)
+    }
+
+    /// [`Sampler::sample`]'s penalties alone, in place.
+    pub fn penalize(&self, logits: &mut [f32], history: &[u32]) {
+        self.apply_penalties(logits, history);
     }
 
     fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
@@ -247,14 +289,13 @@ fn rank(logits: &[f32], a: u32, b: u32) -> std::cmp::Ordering {
         .then(a.cmp(&b))
 }
 
-/// Top-k → top-p → min-p → temperature, then the candidate where the cumulative probability passes
-/// `r` (uniform in [0, 1)). The nucleus and min-p cut use the probabilities before temperature, as in
-/// llama.cpp.
-fn draw(logits: &[f32], p: &SamplingParams, r: f64) -> u32 {
+/// Candidates ranked, how many the cuts keep, the largest logit and the sum the temperature-scaled
+/// probabilities of the kept ones are divided by: what [`draw`] and [`distribution`] share.
+fn cut<'a>(logits: &'a [f32], p: &SamplingParams) -> Option<(Ranked<'a>, usize, f64, f64)> {
     let mut ranked = Ranked::new(logits, p.top_k);
     let m = ranked.idx.len();
     if m == 0 {
-        return 0;
+        return None;
     }
     let max = ranked.get(0).1 as f64;
     let mut keep = m;
@@ -283,6 +324,17 @@ fn draw(logits: &[f32], p: &SamplingParams, r: f64) -> u32 {
             .map(|i| ((ranked.get(i).1 as f64 - max) / t).exp())
             .sum()
     };
+    Some((ranked, keep, max, sum))
+}
+
+/// Top-k → top-p → min-p → temperature, then the candidate where the cumulative probability passes
+/// `r` (uniform in [0, 1)). The nucleus and min-p cut use the probabilities before temperature, as in
+/// llama.cpp.
+fn draw(logits: &[f32], p: &SamplingParams, r: f64) -> u32 {
+    let Some((mut ranked, keep, max, sum)) = cut(logits, p) else {
+        return 0;
+    };
+    let t = p.temperature as f64;
     let mut cum = 0.0;
     for i in 0..keep {
         let (id, l) = ranked.get(i);
@@ -292,6 +344,47 @@ fn draw(logits: &[f32], p: &SamplingParams, r: f64) -> u32 {
         }
     }
     ranked.get(keep - 1).0
+}
+
+/// [`Sampler::verify_pick`] when sampling: `u` decides whether `draft` is accepted, `r` draws from
+/// the rest (or from every candidate when there is no draft).
+fn verify_draw(logits: &[f32], p: &SamplingParams, draft: Option<u32>, u: f64, r: f64) -> u32 {
+    let Some(d) = draft else {
+        return draw(logits, p, r);
+    };
+    let Some((mut ranked, keep, max, sum)) = cut(logits, p) else {
+        return d;
+    };
+    let t = p.temperature as f64;
+    let ld = logits.get(d as usize).copied().unwrap_or(f32::NEG_INFINITY);
+    // The draft's rank among every token, in the order the cuts rank them (`rank`: ±0 and NaN
+    // included): kept when the cuts keep that many.
+    let above = (0..logits.len() as u32)
+        .filter(|&i| rank(logits, i, d) == std::cmp::Ordering::Less)
+        .count();
+    let pd = if above < keep && ld > f32::NEG_INFINITY {
+        ((ld as f64 - max) / t).exp() / sum
+    } else {
+        0.0
+    };
+    if u < pd {
+        return d;
+    }
+    let target = r * (1.0 - pd);
+    let mut cum = 0.0;
+    let mut last = None;
+    for i in 0..keep {
+        let (id, l) = ranked.get(i);
+        if id == d {
+            continue;
+        }
+        cum += ((l as f64 - max) / t).exp() / sum;
+        last = Some(id);
+        if target < cum {
+            return id;
+        }
+    }
+    last.unwrap_or(d)
 }
 
 #[cfg(test)]

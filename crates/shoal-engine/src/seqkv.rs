@@ -235,6 +235,13 @@ impl<C: StageKv> SeqKvs<C> {
             KvOp::DropPrefix { prefix_id } => {
                 self.prefixes.remove(&prefix_id);
             }
+            KvOp::Rewind { seq_id, len } => {
+                if let Some(kv) = self.caches.get_mut(&seq_id)
+                    && kv.len() > len
+                {
+                    kv.truncate(len);
+                }
+            }
             KvOp::Fork { seq_id, into, len } => {
                 let kv = self
                     .caches

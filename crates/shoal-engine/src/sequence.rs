@@ -9,10 +9,13 @@ use shoal_model::tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::admission::Admission;
+use crate::draft::{DraftSource, NgramDraft, Speculator};
+use crate::draft_model::{DraftModel, ModelDraft};
 use crate::embed::EmbedState;
 use crate::error::EngineError;
 use crate::logits::{LogitsProcessor, TokenMask};
-use crate::request::{Event, FinishReason, Prefill, TopLogprob, Usage};
+use crate::mtp_draft::{Mtp, MtpDraft};
+use crate::request::{Event, FinishReason, Prefill, Speculation, TopLogprob, Usage};
 use crate::sampler::Sampler;
 use crate::stage::{Pick, Pool};
 use crate::stats::Finished;
@@ -59,6 +62,16 @@ pub(crate) struct Sequence {
     pub(crate) warm_up: bool,
     /// Its request's span (`request{id=…}`): the parent of every log line about it.
     pub(crate) span: tracing::Span,
+    /// What its request asked of speculative decoding (`None`: the engine's default), until
+    /// [`Sequence::init_speculation`].
+    asked_speculation: Option<Speculation>,
+    /// Speculative decoding's draft source and adapted draft length (`None`: off).
+    pub(crate) spec: Option<Speculator>,
+    /// The drafted tokens of its pass being computed, and what its constraint allows after each.
+    pub(crate) draft: Vec<u32>,
+    pub(crate) draft_masks: Vec<Option<TokenMask>>,
+    /// KV positions the stages hold past `computed` for the drafted tokens in flight.
+    pub(crate) spec_held: usize,
 }
 
 impl Sequence {
@@ -102,7 +115,77 @@ impl Sequence {
             alone: true,
             warm_up: a.warm_up,
             span: a.span,
+            asked_speculation: request.speculative,
+            spec: None,
+            draft: Vec::new(),
+            draft_masks: Vec::new(),
+            spec_held: 0,
         }
+    }
+
+    /// Turns speculative decoding on as its request asked, else as `default` says (never for an
+    /// embedding).
+    /// A draft model's drafts need `draft_model` (the engine's), the model's own multi-token
+    /// prediction `mtp` (the engine's); without it that method drafts nothing.
+    pub(crate) fn init_speculation(
+        &mut self,
+        default: Speculation,
+        draft_model: Option<&Arc<DraftModel>>,
+        mtp: Option<&Mtp>,
+    ) {
+        let chosen = self.asked_speculation.unwrap_or(default);
+        let source: Box<dyn DraftSource> = match (chosen, draft_model, mtp) {
+            _ if self.is_embedding() => return self.spec = None,
+            (Speculation::Off, ..)
+            | (Speculation::Draft { .. }, None, _)
+            | (Speculation::Mtp { .. }, _, None) => return self.spec = None,
+            (Speculation::Ngram { .. }, ..) => Box::new(NgramDraft::default()),
+            (Speculation::Draft { .. }, Some(m), _) => Box::new(ModelDraft::new(m.clone())),
+            (Speculation::Mtp { .. }, _, Some(m)) => Box::new(MtpDraft::new(self.id, m.clone())),
+        };
+        self.spec = Some(Speculator::new(source, chosen.max_draft()));
+    }
+
+    /// Tokens a pass may draft for this sequence: one token always comes past the draft, and both
+    /// must fit its token budget and the context.
+    pub(crate) fn draft_room(&self, context_length: usize) -> usize {
+        let left = self.max_new.saturating_sub(self.generated());
+        let ctx = context_length.saturating_sub(self.tokens.len());
+        left.min(ctx).saturating_sub(1)
+    }
+
+    /// Cuts `draft` at the first token its constraint would not allow, and says what the
+    /// constraint allows after each token kept (asked of a copy of its processor: the sequence's own
+    /// takes only the tokens that are verified). Unconstrained: the draft whole, no masks.
+    pub(crate) fn check_draft(&self, mut draft: Vec<u32>) -> (Vec<u32>, Vec<Option<TokenMask>>) {
+        let Some(p) = &self.processor else {
+            return (draft, Vec::new());
+        };
+        let mut p = p.clone_box();
+        let mut history = self.tokens.clone();
+        let mut masks = Vec::with_capacity(draft.len());
+        let mut mask = self.mask.clone();
+        for (i, &t) in draft.iter().enumerate() {
+            let allowed = mask.as_ref().is_none_or(|m| m.allows(t));
+            if !allowed || p.accept(t).is_err() {
+                draft.truncate(i);
+                break;
+            }
+            history.push(t);
+            match p.allowed(&history) {
+                Ok(m) if !m.as_ref().is_some_and(TokenMask::allows_none) => {
+                    masks.push(m.clone());
+                    mask = m;
+                }
+                // Nothing may follow: the drafted token is not verified either.
+                _ => {
+                    draft.truncate(i);
+                    break;
+                }
+            }
+        }
+        masks.truncate(draft.len());
+        (draft, masks)
     }
 
     /// Brings the per-token state past the generated tokens a continuation starts with (as its request
@@ -195,6 +278,7 @@ impl Sequence {
     pub(crate) fn forget_kv(&mut self) {
         self.computed = 0;
         self.cached = 0;
+        self.spec_held = 0;
         if let Some(e) = self.embed.as_mut() {
             e.reset();
         }
@@ -261,9 +345,11 @@ impl Sequence {
 
     /// Appends the token `pick` picked for this sequence and streams its text; returns why the sequence
     /// ends, if it does (an error when its constraint refuses the token).
+    /// `verified`: the pick came from a pass verifying a draft (its sampler took two draws).
     pub(crate) fn push(
         &mut self,
         pick: Pick,
+        verified: bool,
         tokenizer: &Tokenizer,
         context_length: usize,
     ) -> Result<Option<FinishReason>, EngineError> {
@@ -278,7 +364,11 @@ impl Sequence {
             self.first_token = Some(Instant::now());
         }
         // Sampling happened on a copy of this state (possibly on another node): catch up.
-        self.sampler.replay(id);
+        if verified {
+            self.sampler.replay_verified(id);
+        } else {
+            self.sampler.replay(id);
+        }
         self.tokens.push(id);
         let eog = !self.ignore_eos && tokenizer.is_eog(id);
         // The end-of-generation token's own text is never shown.

@@ -6,8 +6,8 @@
 //! their buffers from its [`KvSource`] once one is bound (the engine binds its node's KV pool, which
 //! keeps freed sequences' buffers for the next).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use shoal_kernels::ThreadPool;
 use shoal_model::{DecoderStage, HostMatrix, KvCache, KvSource, StageOutput};
@@ -15,20 +15,35 @@ use shoal_model::{DecoderStage, HostMatrix, KvCache, KvSource, StageOutput};
 pub use crate::batch::{ChunkSpec, KvOp, Outputs, Pick, Pool, StageData};
 
 use crate::error::EngineError;
-use crate::group::{GroupKv, GroupLink};
+use crate::group::{GroupKv, GroupLink, Merged, merge_head};
 use crate::logits::TokenMask;
-use crate::sampler::{self, Sampler};
+use crate::mtp_draft::{Mtp, MtpTap};
+use crate::sampler::Sampler;
 use crate::seqkv::{SeqKvs, internal};
+use crate::verify;
 
 /// How to sample one chunk that wants logits: the owner's sampler state, the sequence so far and the
-/// tokens its constraint allows (constrained decoding), if any. A stage that samples (a remote last
-/// stage) must draw exactly what `sampler` would.
+/// tokens its constraint allows (constrained decoding), if any; with a `draft` (speculative decoding),
+/// the drafted tokens the chunk fed after the sequence's last one, to verify over its last
+/// `1 + draft.len()` rows ([`crate::verify`]), and the masks of the positions after each drafted token.
+/// A stage that samples (a remote last stage) must draw exactly what `sampler` would.
 #[derive(Clone, Copy)]
 pub struct SampleRef<'a> {
     pub seq_id: u64,
     pub sampler: &'a Sampler,
     pub history: &'a [u32],
     pub mask: Option<&'a TokenMask>,
+    /// Drafted tokens to verify (empty: sample one token).
+    pub draft: &'a [u32],
+    /// What the constraint allows after each drafted token (empty when unconstrained).
+    pub draft_masks: &'a [Option<TokenMask>],
+}
+
+impl SampleRef<'_> {
+    /// Logits rows this chunk needs: one per drafted token and one more.
+    pub fn rows(&self) -> usize {
+        1 + self.draft.len()
+    }
 }
 
 /// Samples one row of logits as `job` says; what a last stage that samples runs for each chunk.
@@ -36,48 +51,48 @@ pub struct SampleRef<'a> {
 /// Log-probabilities are those of the model's raw logits — before the mask, the penalties and the
 /// temperature — as llama-server (without `post_sampling_probs`) and vLLM report them.
 pub fn sample_row(job: &SampleRef<'_>, row: &mut [f32]) -> Pick {
-    let normalizer = sampler::log_normalizer(row);
-    let top = sampler::top_logprobs(row, job.sampler.top_logprobs(), normalizer);
-    // The penalties change the row in place (the mask never touches the token it lets through).
-    let raw = job.sampler.has_penalties().then(|| row.to_vec());
-    if let Some(mask) = job.mask {
-        mask.apply(row);
-    }
     let mut s = job.sampler.clone();
-    let id = s.sample(row, job.history);
-    let logit = raw
-        .as_deref()
-        .unwrap_or(row)
-        .get(id as usize)
-        .copied()
-        .unwrap_or(f32::NEG_INFINITY);
-    Pick {
-        id,
-        logprob: logit - normalizer,
-        top,
-    }
+    verify::pick_row(&mut s, row, job.mask, |s, row| s.sample(row, job.history))
 }
 
-/// Samples every row of `logits` (`(sampling.len(), vocab)`) in place (the penalties change it) as its
-/// job says, the rows split over `pool`'s threads when there is one (each row's pick is independent of
-/// the others and of the split).
+/// Samples (or verifies) one chunk's rows as `job` says.
+fn sample_chunk(job: &SampleRef<'_>, mut rows: Vec<&mut [f32]>) -> Vec<Pick> {
+    if job.draft.is_empty() {
+        return rows.iter_mut().map(|r| sample_row(job, r)).collect();
+    }
+    let masks: Vec<Option<&TokenMask>> = std::iter::once(job.mask)
+        .chain(job.draft_masks.iter().map(Option::as_ref))
+        .collect();
+    let masks = if job.mask.is_none() && job.draft_masks.is_empty() {
+        Vec::new()
+    } else {
+        masks
+    };
+    verify::verify_chunk(job.sampler, job.history, &masks, job.draft, rows)
+}
+
+/// Samples every row of `logits` (`Σ rows, vocab`: [`SampleRef::rows`] per job, in order) in place (the
+/// penalties change it) as its job says, the jobs split over `pool`'s threads when there is one (each
+/// job's picks are independent of the others and of the split); the picks of every job in order.
 pub fn sample_rows(
     logits: &mut HostMatrix,
     sampling: &[SampleRef<'_>],
     pool: Option<&ThreadPool>,
 ) -> Result<Vec<Pick>, EngineError> {
     let rows = logits.rows();
-    if rows != sampling.len() {
+    let want: usize = sampling.iter().map(SampleRef::rows).sum();
+    if rows != want {
         return Err(EngineError::Internal(format!(
-            "{rows} rows of logits for {} sequences",
+            "{rows} rows of logits for {} sequences needing {want}",
             sampling.len()
         )));
     }
-    /// A row not yet sampled, then its pick.
-    type Slot<'a> = Mutex<(Option<&'a mut [f32]>, Option<Pick>)>;
-    let slots: Vec<Slot<'_>> = logits
-        .rows_mut()
-        .map(|row| Mutex::new((Some(row), None)))
+    /// A job's rows not yet sampled, then its picks.
+    type Slot<'a> = Mutex<(Option<Vec<&'a mut [f32]>>, Option<Vec<Pick>>)>;
+    let mut all = logits.rows_mut();
+    let slots: Vec<Slot<'_>> = sampling
+        .iter()
+        .map(|job| Mutex::new((Some(all.by_ref().take(job.rows()).collect()), None)))
         .collect();
     let next = AtomicUsize::new(0);
     let work = |_: usize, _: usize| {
@@ -89,24 +104,25 @@ pub fn sample_rows(
             let Ok(mut slot) = slot.lock() else {
                 continue;
             };
-            if let Some(row) = slot.0.take() {
-                slot.1 = Some(sample_row(job, row));
+            if let Some(rows) = slot.0.take() {
+                slot.1 = Some(sample_chunk(job, rows));
             }
         }
     };
     match pool {
-        Some(p) if rows > 1 => p.run(work),
+        Some(p) if sampling.len() > 1 => p.run(work),
         _ => work(0, 1),
     }
-    slots
-        .into_iter()
-        .map(|s| {
-            s.into_inner()
-                .ok()
-                .and_then(|(_, pick)| pick)
-                .ok_or_else(|| EngineError::Internal("a row was not sampled".into()))
-        })
-        .collect()
+    let mut picks = Vec::with_capacity(sampling.len());
+    for s in slots {
+        let chunk = s
+            .into_inner()
+            .ok()
+            .and_then(|(_, p)| p)
+            .ok_or_else(|| EngineError::Internal("a row was not sampled".into()))?;
+        picks.extend(chunk);
+    }
+    Ok(picks)
 }
 
 /// What [`Stage::launch`] did with a batch.
@@ -153,6 +169,12 @@ pub trait Stage: Send {
     fn kv(&mut self, op: KvOp) -> Result<(), EngineError>;
     /// Sequences whose KV this stage holds now.
     fn held_sequences(&self) -> usize;
+    /// Whether this stage can verify drafted tokens (speculative decoding): on the last stage,
+    /// return a logits row for each of a chunk's last [`SampleRef::rows`] positions. The engine
+    /// drafts only when every stage of its pipeline can.
+    fn verifies(&self) -> bool {
+        false
+    }
     /// Makes this stage — one member's share of a tensor-parallel group's layers — compute with the
     /// rest of its group through `link`. Only CPU layers loaded as a share can.
     fn join_group(&mut self, link: Box<dyn GroupLink>) -> Result<(), EngineError> {
@@ -160,6 +182,12 @@ pub trait Stage: Send {
         Err(EngineError::Internal(
             "only a CPU stage loaded as a share joins a tensor-parallel group".into(),
         ))
+    }
+    /// On a last stage in this process whose model has a multi-token-prediction block: the block,
+    /// and the tap this stage fills from now on with the hidden rows of the sequences registered
+    /// there ([`crate::mtp_draft`]). `None` elsewhere.
+    fn mtp(&mut self) -> Option<Mtp> {
+        None
     }
 }
 
@@ -199,6 +227,9 @@ pub struct LocalStage {
     kv_source: KvSource,
     /// When the layers are one member's share of a tensor-parallel group: its link to the others.
     group: Option<Box<dyn GroupLink>>,
+    /// Where the hidden rows of sequences drafting with the model's multi-token-prediction block go,
+    /// once [`Stage::mtp`] was asked.
+    mtp_tap: Option<Arc<MtpTap>>,
 }
 
 impl LocalStage {
@@ -214,6 +245,7 @@ impl LocalStage {
             kvs: SeqKvs::default(),
             kv_source,
             group: None,
+            mtp_tap: None,
         }
     }
 
@@ -279,6 +311,24 @@ impl LocalStage {
     }
 }
 
+/// Logits rows per chunk of `batch` when some chunk verifies a draft (its job's
+/// [`SampleRef::rows`], 0 for chunks wanting none); `None` when every chunk wants one row at most.
+fn logit_rows(batch: &[ChunkSpec], sampling: &[SampleRef<'_>]) -> Option<Vec<usize>> {
+    if sampling.iter().all(|s| s.draft.is_empty()) {
+        return None;
+    }
+    let mut jobs = sampling.iter();
+    Some(
+        batch
+            .iter()
+            .map(|c| match c.want_logits {
+                true => jobs.next().map_or(1, SampleRef::rows),
+                false => 0,
+            })
+            .collect(),
+    )
+}
+
 /// What a local stage returns for its model's output: hidden states, or on the last stage the
 /// logits (sampled here when `sampling` asks, on `pool`'s threads) and pooled rows.
 pub(crate) fn stage_data(
@@ -298,6 +348,21 @@ pub(crate) fn stage_data(
     })
 }
 
+/// Whether rank 0 can pick every row of the batch from the members' best entries alone: greedy, one
+/// row a chunk (no draft to verify), nothing changing the logits, no alternatives to report, and ids
+/// exact as f32.
+fn picks_from_summaries(sampling: &[SampleRef<'_>], vocab: usize) -> bool {
+    !sampling.is_empty()
+        && vocab <= 1 << 24
+        && sampling.iter().all(|j| {
+            j.mask.is_none()
+                && j.draft.is_empty()
+                && j.sampler.is_greedy()
+                && !j.sampler.has_penalties()
+                && j.sampler.top_logprobs() == 0
+        })
+}
+
 impl LocalStage {
     /// Runs `batch` on these layers now.
     pub fn forward(
@@ -308,19 +373,45 @@ impl LocalStage {
     ) -> Result<StageData, EngineError> {
         let (model, source) = (&self.model, &self.kv_source);
         let new_cache = || Self::new_cache(model, source);
+        let tap = self
+            .mtp_tap
+            .as_ref()
+            .filter(|t| batch.iter().any(|c| t.wants(c.seq_id)));
         let out = match &mut self.group {
-            None => self
-                .kvs
-                .run_batch(batch, input, new_cache, |input, chunks| {
-                    model.run(input, chunks)
-                })
-                .map_err(internal)?,
+            None if tap.is_some() => {
+                let rows = logit_rows(batch, sampling);
+                let starts: Vec<usize> = batch
+                    .iter()
+                    .map(|c| self.kvs.cached_len(c.seq_id))
+                    .collect();
+                let mut hidden = Vec::new();
+                let out = self
+                    .kvs
+                    .run_batch(batch, input, new_cache, |input, chunks| {
+                        model.run_keeping_hidden(input, chunks, rows.as_deref(), &mut hidden)
+                    })
+                    .map_err(internal)?;
+                if let Some(tap) = tap {
+                    deposit(tap, batch, &starts, &hidden, model.config().dim);
+                }
+                out
+            }
+            None => {
+                let rows = logit_rows(batch, sampling);
+                self.kvs
+                    .run_batch(batch, input, new_cache, |input, chunks| match &rows {
+                        Some(rows) => model.run_rows(input, chunks, rows),
+                        None => model.run(input, chunks),
+                    })
+                    .map_err(internal)?
+            }
             Some(link) => {
                 let starts: Vec<usize> = batch
                     .iter()
                     .map(|c| self.kvs.cached_len(c.seq_id))
                     .collect();
                 link.send_batch(batch, &starts, &input)?;
+                let split_head = model.split_head();
                 // The link's own error, not the model's rewording of it.
                 let mut failed = None;
                 let mut reduce = |partial: &mut [f32]| {
@@ -332,12 +423,23 @@ impl LocalStage {
                 };
                 let result = self
                     .kvs
-                    .run_batch(batch, input, new_cache, |input, chunks| {
-                        model.run_split(input, chunks, &mut reduce)
+                    .run_batch(batch, input, new_cache, |input, chunks| match split_head {
+                        Some(_) => model.run_split_shard(input, chunks, &mut reduce),
+                        None => model.run_split(input, chunks, &mut reduce),
                     });
-                match result {
+                let out = match result {
                     Ok(out) => out,
                     Err(e) => return Err(failed.take().unwrap_or_else(|| internal(e))),
+                };
+                match split_head {
+                    None => out,
+                    Some((mine, vocab)) => {
+                        let rows = !picks_from_summaries(sampling, vocab);
+                        match merge_head(&mut **link, out, mine, vocab, rows)? {
+                            Merged::Logits(out) => out,
+                            Merged::Picks(outputs) => return Ok(StageData::Sampled(outputs)),
+                        }
+                    }
                 }
             }
         };
@@ -386,7 +488,7 @@ impl Stage for LocalStage {
             concurrent_stages: 0,
             kv_value_bytes: self.model.kv_value_bytes(),
             local_kv_layers: self.model.range().len(),
-            kv_token_capacity: None,
+            kv_token_capacity: self.group.as_ref().and_then(|l| l.kv_token_capacity()),
         }
     }
 
@@ -415,8 +517,39 @@ impl Stage for LocalStage {
         self.kvs.sequences()
     }
 
+    fn verifies(&self) -> bool {
+        self.group.is_none()
+    }
+
     fn join_group(&mut self, link: Box<dyn GroupLink>) -> Result<(), EngineError> {
         self.join(link)
+    }
+
+    fn mtp(&mut self) -> Option<Mtp> {
+        if self.group.is_some() {
+            return None;
+        }
+        let nextn = self.model.nextn()?.clone();
+        let dim = self.model.config().dim;
+        let tap = self
+            .mtp_tap
+            .get_or_insert_with(|| Arc::new(MtpTap::new(dim)))
+            .clone();
+        Some(Mtp { nextn, tap })
+    }
+}
+
+/// Hands `tap` the hidden rows (`hidden`: every token of `batch`, `dim` values each) of the chunks
+/// whose sequence it wants; chunk `i` started at position `starts[i]`.
+fn deposit(tap: &MtpTap, batch: &[ChunkSpec], starts: &[usize], hidden: &[f32], dim: usize) {
+    let mut row = 0;
+    for (c, &start) in batch.iter().zip(starts) {
+        if tap.wants(c.seq_id)
+            && let Some(rows) = hidden.get(row * dim..(row + c.len) * dim)
+        {
+            tap.deposit(c.seq_id, start, rows);
+        }
+        row += c.len;
     }
 }
 
@@ -457,23 +590,26 @@ pub fn launch_pipeline(
     }
 }
 
-/// Waits for a batch [`launch_pipeline`] left pending; `wanted` = chunks of it that want logits,
-/// `pooling` = chunks that pool.
+/// Waits for a batch [`launch_pipeline`] left pending; `wanted` = picks its chunks that want logits
+/// may return (one each, up to [`SampleRef::rows`] for one verifying a draft), `pooling` = chunks that
+/// pool.
 pub fn complete_pipeline(
     stages: &mut [Box<dyn Stage>],
     ticket: u64,
-    wanted: usize,
+    wanted: std::ops::RangeInclusive<usize>,
     pooling: usize,
 ) -> Result<Outputs, EngineError> {
     let last = stages
         .last_mut()
         .ok_or_else(|| EngineError::Internal("a pipeline without stages".into()))?;
     match last.complete(ticket)? {
-        StageData::Sampled(out) if out.picks.len() == wanted && out.pooled.rows() == pooling => {
+        StageData::Sampled(out)
+            if wanted.contains(&out.picks.len()) && out.pooled.rows() == pooling =>
+        {
             Ok(out)
         }
         StageData::Sampled(out) => Err(EngineError::Internal(format!(
-            "the pipeline returned {} tokens and {} pooled rows for {wanted} and {pooling}",
+            "the pipeline returned {} tokens and {} pooled rows for {wanted:?} and {pooling}",
             out.picks.len(),
             out.pooled.rows()
         ))),
@@ -504,7 +640,8 @@ fn into_outputs(data: StageData, sampling: &[SampleRef<'_>]) -> Result<Outputs, 
             ));
         }
     };
-    if out.picks.len() != sampling.len() {
+    let most: usize = sampling.iter().map(SampleRef::rows).sum();
+    if !(sampling.len()..=most).contains(&out.picks.len()) {
         return Err(EngineError::Internal(format!(
             "the pipeline returned {} tokens for {} sequences",
             out.picks.len(),

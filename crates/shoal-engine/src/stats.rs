@@ -40,6 +40,12 @@ pub struct EngineStats {
     /// Time to first token (queued → first token sampled), milliseconds: recent average over finished
     /// requests; `None` until one finished.
     pub ttft_ms: Option<f64>,
+    /// Speculative decoding: passes that verified a draft, tokens drafted and drafted tokens
+    /// accepted (accepted / drafted: the acceptance rate; (accepted + passes) / passes: tokens per
+    /// pass).
+    pub spec_passes: u64,
+    pub drafted_tokens: u64,
+    pub accepted_tokens: u64,
 }
 
 impl EngineStats {
@@ -62,6 +68,9 @@ impl EngineStats {
                 other.finished,
             ),
             ttft_ms: weighted(self.ttft_ms, other.ttft_ms, self.finished, other.finished),
+            spec_passes: self.spec_passes + other.spec_passes,
+            drafted_tokens: self.drafted_tokens + other.drafted_tokens,
+            accepted_tokens: self.accepted_tokens + other.accepted_tokens,
         }
     }
 }
@@ -134,6 +143,9 @@ pub(crate) struct Counters {
     finished: AtomicU64,
     decode_tok_s: Recent,
     ttft_ms: Recent,
+    spec_passes: AtomicU64,
+    drafted: AtomicU64,
+    accepted: AtomicU64,
 }
 
 impl Counters {
@@ -165,6 +177,13 @@ impl Counters {
     /// A token was sampled for some sequence.
     pub(crate) fn generated(&self) {
         self.generated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A pass verified `drafted` tokens and accepted `accepted`.
+    pub(crate) fn speculated(&self, drafted: usize, accepted: usize) {
+        self.spec_passes.fetch_add(1, Ordering::Relaxed);
+        self.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
+        self.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
     }
 
     /// `n` prompt tokens were prefilled.
@@ -205,6 +224,9 @@ impl Counters {
             &self.generated,
             &self.prefilled,
             &self.finished,
+            &self.spec_passes,
+            &self.drafted,
+            &self.accepted,
         ] {
             total.store(0, Ordering::Relaxed);
         }
@@ -225,6 +247,9 @@ impl Counters {
             finished: self.finished.load(Ordering::Relaxed),
             decode_tok_s: self.decode_tok_s.get(),
             ttft_ms: self.ttft_ms.get(),
+            spec_passes: self.spec_passes.load(Ordering::Relaxed),
+            drafted_tokens: self.drafted.load(Ordering::Relaxed),
+            accepted_tokens: self.accepted.load(Ordering::Relaxed),
         }
     }
 }
@@ -245,6 +270,7 @@ mod tests {
         c.prefilled(7);
         c.holding(12, 2);
         c.preempted_waiting(3);
+        c.speculated(4, 3);
         let s = c.snapshot();
         assert_eq!(
             s,
@@ -260,11 +286,15 @@ mod tests {
                 finished: 0,
                 decode_tok_s: None,
                 ttft_ms: None,
+                spec_passes: 1,
+                drafted_tokens: 4,
+                accepted_tokens: 3,
             }
         );
         c.ended(1);
         assert_eq!(c.snapshot().active_sequences, 0);
         assert_eq!(s.plus(s).prefilled_tokens, 14);
+        assert_eq!(s.plus(s).accepted_tokens, 6);
     }
 
     #[test]

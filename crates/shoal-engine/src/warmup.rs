@@ -112,6 +112,7 @@ impl EngineHandle {
             ignore_eos: true,
             timeout: Some(WARM_UP_TIMEOUT),
             logits_processor: None,
+            speculative: None,
         };
         let deadline = Some(started + WARM_UP_TIMEOUT);
         let mut stream = self

@@ -1,5 +1,6 @@
 //! The engine on the real model: no token lost, cancellation stops work, stop sequences, seeded
-//! determinism, batching equals running alone, local pipelines equal one stage, and clear errors.
+//! determinism (the engine's default seed too), batching equals running alone, local pipelines equal
+//! one stage, and clear errors.
 
 use std::time::{Duration, Instant};
 
@@ -193,6 +194,36 @@ async fn same_seed_same_output_and_concurrent_requests_do_not_cross() {
     assert_eq!(a.tokens, alone_1);
     assert_eq!(b.tokens, alone_2);
     assert_eq!(c.tokens, greedy);
+}
+
+/// `EngineConfig::seed` (`shoal serve --seed`): a sampled request that names no seed draws as if it had
+/// named the engine's, every time; one that names a seed keeps its own.
+#[tokio::test]
+async fn an_engine_seed_makes_unseeded_sampled_requests_repeat() {
+    let engine = engine_with(EngineConfig {
+        threads: 1,
+        seed: Some(42),
+        ..Default::default()
+    });
+    let sampled = |seed| {
+        let mut r = request("Tell me a story about a fish.", 16);
+        r.sampling = SamplingParams {
+            temperature: 1.0,
+            seed,
+            ..Default::default()
+        };
+        r.ignore_eos = true;
+        r
+    };
+    let unseeded = collect(&engine, sampled(None)).await.tokens;
+    assert_eq!(unseeded.len(), 16);
+    assert_eq!(collect(&engine, sampled(None)).await.tokens, unseeded);
+    assert_eq!(collect(&engine, sampled(Some(42))).await.tokens, unseeded);
+    assert_ne!(
+        collect(&engine, sampled(Some(7))).await.tokens,
+        unseeded,
+        "a request's own seed should win over the engine's"
+    );
 }
 
 #[tokio::test]

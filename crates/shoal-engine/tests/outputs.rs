@@ -16,7 +16,7 @@ use shoal_model::tokenizer::Tokenizer;
 use shoal_testkit::fixtures::{cosine, embedding_reference, gemma_path, model_path};
 
 mod common;
-use common::{PATIENCE, wait_for};
+use common::wait_for;
 
 const MODEL: &str = "smollm2-135m-instruct-q4_1";
 
@@ -41,22 +41,7 @@ fn tokenizer() -> Tokenizer {
 /// Each token's id, logprob and alternatives.
 async fn tokens(engine: &EngineHandle, req: GenerateRequest) -> Vec<(u32, f32, Vec<TopLogprob>)> {
     let mut stream = engine.submit(req).expect("submit");
-    let mut out = Vec::new();
-    loop {
-        match tokio::time::timeout(PATIENCE, stream.next())
-            .await
-            .expect("engine stalled")
-        {
-            Some(Event::Token {
-                id,
-                logprob,
-                top_logprobs,
-                ..
-            }) => out.push((id, logprob, top_logprobs)),
-            Some(Event::Done { .. }) => return out,
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+    common::drain(&mut stream).await.tokens
 }
 
 /// A greedy request for `prompt` on the test model.
@@ -297,21 +282,8 @@ async fn embedding_errors_are_clear_and_an_empty_list_is_empty() {
 
 /// A stream's tokens and final usage (panics on anything but `Done`).
 async fn choice(stream: &mut RequestStream) -> (Vec<u32>, FinishReason, Usage) {
-    let mut ids = Vec::new();
-    loop {
-        match tokio::time::timeout(PATIENCE, stream.next())
-            .await
-            .expect("engine stalled")
-        {
-            Some(Event::Token { id, .. }) => ids.push(id),
-            Some(Event::Done {
-                finish_reason,
-                usage,
-                ..
-            }) => return (ids, finish_reason, usage),
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+    let d = common::drain(stream).await;
+    (d.ids(), d.finish, d.usage)
 }
 
 async fn choices(streams: &mut [RequestStream]) -> Vec<(Vec<u32>, FinishReason, Usage)> {

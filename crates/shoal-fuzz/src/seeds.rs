@@ -71,6 +71,8 @@ fn frames() -> Vec<Vec<u8>> {
                 history: vec![1, 2, 3],
                 counts: vec![(2, 1)],
                 mask: vec![u32::MAX, 1],
+                draft: vec![],
+                draft_masks: vec![],
             }],
         },
         Frame::Prefix(PrefixOp {

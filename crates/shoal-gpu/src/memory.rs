@@ -33,7 +33,15 @@ pub(crate) fn read(adapter: &wgpu::Adapter) -> GpuMemory {
         .unwrap_or_default()
 }
 
+/// Vulkan's heaps and budget; `None` on another backend. wgpu has no Vulkan backend on Apple's
+/// systems (Metal is theirs), so there this is always `None`.
+#[cfg(target_vendor = "apple")]
+fn vulkan(_adapter: &wgpu::Adapter) -> Option<GpuMemory> {
+    None
+}
+
 /// Vulkan's heaps and budget; `None` on another backend.
+#[cfg(not(target_vendor = "apple"))]
 fn vulkan(adapter: &wgpu::Adapter) -> Option<GpuMemory> {
     use ash::vk;
     // SAFETY: only queries of the physical device are made (nothing is created or destroyed),

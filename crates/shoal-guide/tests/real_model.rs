@@ -68,6 +68,7 @@ fn generate(
         ignore_eos: false,
         timeout: None,
         logits_processor: plan.processor,
+        speculative: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -3,7 +3,7 @@
 //!
 //! Numerics follow llama.cpp's CPU path: the caller passes queries already rounded to f16 precision,
 //! keys and values are f16, and the attention weights are rounded to f16 before weighting the values.
-//! Like [`crate::math`], the AVX-512, AVX2 and portable paths perform the same IEEE operations in the
+//! Like [`crate::math`], the AVX-512, AVX2, NEON and portable paths perform the same IEEE operations in the
 //! same order (8-lane partial sums, fused multiply-adds, a fixed reduction tree; with AVX-512 a register
 //! carries the same chunk of two keys, or 16 outputs' independent chains), so results are bitwise the
 //! same whichever runs, and one head's output never depends on the other heads passed with it.
@@ -82,7 +82,12 @@ fn simd_available() -> bool {
     crate::x86::has_avx2()
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(target_arch = "aarch64")]
+fn simd_available() -> bool {
+    crate::arm::has_neon()
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn simd_available() -> bool {
     false
 }
@@ -106,6 +111,11 @@ fn scores(
     if fast {
         // SAFETY: the features were checked by the caller; lengths are consistent (checked above).
         return unsafe { x86::scores(q, keys, hd, scale, s, kf) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if fast {
+        // SAFETY: NEON was checked by the caller; lengths are consistent (checked above).
+        return unsafe { crate::arm::attn::scores(q, keys, hd, scale, s, kf) };
     }
     let _ = (fast, kf);
     let len = keys.len() / hd;
@@ -160,6 +170,11 @@ fn sum(fast: bool, w: &[f32]) -> f32 {
         // SAFETY: the features were checked by the caller.
         return unsafe { x86::sum(w) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if fast {
+        // SAFETY: NEON was checked by the caller.
+        return unsafe { crate::arm::attn::sum(w) };
+    }
     let _ = fast;
     let chunks = w.chunks_exact(L);
     let tail = chunks.remainder();
@@ -184,6 +199,11 @@ fn weighted_sum(fast: bool, w: &[f32], values: &[f16], hd: usize, out: &mut [f32
     if fast && hd.is_multiple_of(L) {
         // SAFETY: the features were checked by the caller; lengths are consistent.
         return unsafe { x86::weighted_sum(w, values, hd, out) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if fast && hd.is_multiple_of(4) {
+        // SAFETY: NEON was checked by the caller; lengths are consistent.
+        return unsafe { crate::arm::attn::weighted_sum(w, values, hd, out) };
     }
     let _ = fast;
     let len = values.len() / hd;

@@ -1,8 +1,7 @@
 //! Instruction-set backends, their one-time runtime detection, and the dispatch to them.
 //!
 //! This is the top of the kernel layers: [`Backend`]'s methods and [`vec_dot`] call down into
-//! `x86` (and `x86::avx512`) or `scalar`, which never call back up. A NEON backend slots in as
-//! another variant with its own module, like `x86`.
+//! `x86` (and `x86::avx512`), `arm` (NEON, on aarch64) or `scalar`, which never call back up.
 
 use std::sync::OnceLock;
 
@@ -23,6 +22,15 @@ pub enum Backend {
     /// kernels of the IQ formats and `MXFP4` on GGUF rows; the other formats' plain GGML rows and
     /// single dot products run the `AvxVnni` kernels.
     Avx512Vnni,
+    /// aarch64 NEON (Advanced SIMD), every ARMv8-A CPU: 8-bit products with `smull` + `sadalp`.
+    Neon,
+    /// NEON plus the `dotprod` extension (`sdot`: four 8-bit products per 32-bit lane), ARMv8.2+
+    /// (Apple M1 and later, Cortex-A55/A76 and later, Neoverse).
+    NeonDot,
+    /// `NeonDot` plus the `i8mm` extension (`smmla`: 2 × 8 by 8 × 2 products), ARMv8.6 (Apple M2
+    /// and later, Neoverse V1/N2, Graviton 3): the 32-value formats' matmul on pairs of weight
+    /// rows × pairs of activation rows; everything else as `NeonDot`.
+    NeonI8mm,
 }
 
 /// The cached detection result; the only global state of the crate.
@@ -31,7 +39,8 @@ static DETECTED: OnceLock<Backend> = OnceLock::new();
 impl Backend {
     /// The best backend this CPU supports, detected on first use and cached.
     ///
-    /// The environment variable `SHOAL_KERNEL_BACKEND` (`scalar`, `avx2`, `avxvnni`), read once,
+    /// The environment variable `SHOAL_KERNEL_BACKEND` (`scalar`, `avx2`, `avxvnni`,
+    /// `avx512vnni`, `neon`, `neondot`, `neoni8mm`), read once,
     /// can force a slower backend for comparisons; an unsupported choice is ignored.
     pub fn detect() -> Backend {
         *DETECTED.get_or_init(|| {
@@ -48,19 +57,26 @@ impl Backend {
                         "avx2" => Some(Backend::Avx2),
                         "avxvnni" => Some(Backend::AvxVnni),
                         "avx512vnni" => Some(Backend::Avx512Vnni),
+                        "neon" => Some(Backend::Neon),
+                        "neondot" => Some(Backend::NeonDot),
+                        "neoni8mm" => Some(Backend::NeonI8mm),
                         _ => None,
                     });
             forced.filter(|b| b.is_supported()).unwrap_or(best)
         })
     }
 
-    /// Every backend, slowest first.
-    pub fn all() -> [Backend; 4] {
+    /// Every backend, slowest first within each architecture (a CPU supports only one
+    /// architecture's, so [`Backend::detect`]'s "last supported" is the best).
+    pub fn all() -> [Backend; 7] {
         [
             Backend::Scalar,
             Backend::Avx2,
             Backend::AvxVnni,
             Backend::Avx512Vnni,
+            Backend::Neon,
+            Backend::NeonDot,
+            Backend::NeonI8mm,
         ]
     }
 
@@ -84,6 +100,14 @@ impl Backend {
             Backend::Avx512Vnni => crate::x86::avx512::has_avx512_vnni(),
             #[cfg(not(target_arch = "x86_64"))]
             Backend::Avx2 | Backend::AvxVnni | Backend::Avx512Vnni => false,
+            #[cfg(target_arch = "aarch64")]
+            Backend::Neon => crate::arm::has_neon(),
+            #[cfg(target_arch = "aarch64")]
+            Backend::NeonDot => crate::arm::has_dotprod(),
+            #[cfg(target_arch = "aarch64")]
+            Backend::NeonI8mm => crate::arm::has_i8mm(),
+            #[cfg(not(target_arch = "aarch64"))]
+            Backend::Neon | Backend::NeonDot | Backend::NeonI8mm => false,
         }
     }
 
@@ -94,6 +118,9 @@ impl Backend {
             Backend::Avx2 => "avx2",
             Backend::AvxVnni => "avxvnni",
             Backend::Avx512Vnni => "avx512vnni",
+            Backend::Neon => "neon",
+            Backend::NeonDot => "neondot",
+            Backend::NeonI8mm => "neoni8mm",
         }
     }
 
@@ -117,6 +144,10 @@ impl Backend {
             Backend::Avx2 | Backend::AvxVnni | Backend::Avx512Vnni => {
                 crate::x86::quantize_q8(x, qs, ds)
             }
+            #[cfg(target_arch = "aarch64")]
+            Backend::Neon | Backend::NeonDot | Backend::NeonI8mm => {
+                crate::arm::quantize_q8(x, qs, ds)
+            }
             _ => scalar::quantize_q8(x, qs, ds),
         }
     }
@@ -131,6 +162,10 @@ impl Backend {
             #[cfg(target_arch = "x86_64")]
             Backend::Avx2 | Backend::AvxVnni | Backend::Avx512Vnni => {
                 crate::x86::quantize_q8k(x, qs, d, bsums)
+            }
+            #[cfg(target_arch = "aarch64")]
+            Backend::Neon | Backend::NeonDot | Backend::NeonI8mm => {
+                crate::arm::quantize_q8k(x, qs, d, bsums)
             }
             _ => scalar::quantize_q8k(x, qs, d, bsums),
         }
@@ -152,6 +187,12 @@ impl Backend {
             (Backend::AvxVnni, _) => crate::x86::gemm_rows(true, g, rows),
             #[cfg(target_arch = "x86_64")]
             (Backend::Avx512Vnni, _) => crate::x86::gemm_rows_512(g, rows),
+            #[cfg(target_arch = "aarch64")]
+            (Backend::Neon, _) => crate::arm::gemm_rows(crate::arm::Level::Neon, g, rows),
+            #[cfg(target_arch = "aarch64")]
+            (Backend::NeonDot, _) => crate::arm::gemm_rows(crate::arm::Level::Dot, g, rows),
+            #[cfg(target_arch = "aarch64")]
+            (Backend::NeonI8mm, _) => crate::arm::gemm_rows(crate::arm::Level::I8mm, g, rows),
             _ => scalar::gemm_rows(g, rows),
         }
     }
@@ -189,6 +230,12 @@ pub fn vec_dot_with(backend: Backend, qtype: QType, k: usize, w_row: &[u8], x_q:
         Backend::AvxVnni => crate::x86::vec_dot(true, qtype, k, w_row, x_q),
         #[cfg(target_arch = "x86_64")]
         Backend::Avx512Vnni => crate::x86::vec_dot_512(qtype, k, w_row, x_q),
+        #[cfg(target_arch = "aarch64")]
+        Backend::Neon => crate::arm::vec_dot(crate::arm::Level::Neon, qtype, k, w_row, x_q),
+        #[cfg(target_arch = "aarch64")]
+        Backend::NeonDot => crate::arm::vec_dot(crate::arm::Level::Dot, qtype, k, w_row, x_q),
+        #[cfg(target_arch = "aarch64")]
+        Backend::NeonI8mm => crate::arm::vec_dot(crate::arm::Level::I8mm, qtype, k, w_row, x_q),
         _ => scalar::vec_dot(qtype, k, w_row, x_q),
     }
 }

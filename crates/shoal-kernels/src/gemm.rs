@@ -88,6 +88,7 @@ impl<'a> Gemm<'a> {
     }
 
     /// Writes outputs `(r, j0..)` from `vals`, dropping those past the last column.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the 16-row groups' kernels
     #[inline]
     pub(crate) fn store_run<const N: usize>(&self, r: usize, j0: usize, vals: &[f32; N]) {
         assert!(
@@ -109,6 +110,7 @@ impl<'a> Gemm<'a> {
 
     /// Writes outputs `(r, j0 .. j0 + count)` from the first `count` of `vals` (a group of rows
     /// whose last `N - count` lanes are padding).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the 16-row groups' kernels
     #[inline]
     pub(crate) fn store_first<const N: usize>(
         &self,
@@ -124,6 +126,25 @@ impl<'a> Gemm<'a> {
                 self.store(r, j0 + l, o);
             }
         }
+    }
+
+    /// Checks that `rows` lies within the weight matrix and that the operands are consistent for
+    /// the SIMD kernels of GGUF rows: the activations in the weights' activation format with
+    /// `k` values per row, and weight rows of whole blocks.
+    ///
+    /// # Panics
+    /// If not.
+    pub(crate) fn check_ggml(&self, rows: &Range<usize>) {
+        self.check_rows(rows);
+        let (nb, act) = (self.x.nb(), self.qtype.act_type());
+        assert!(
+            self.x.act_type() == Some(act)
+                && nb * act.block_size() == self.k
+                && self.x.k() == self.k
+                && self.w_row_bytes == nb * self.qtype.type_size(),
+            "gemm: row sizes do not match k = {}",
+            self.k
+        );
     }
 
     /// Checks that `rows` lies within the weight matrix.

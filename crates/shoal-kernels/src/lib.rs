@@ -72,9 +72,14 @@
 //!   from either layout (a tied embedding looked up in the output head's matrix).
 //! - [`vec_dot`]: one weight row · one ggml activation row (`quantize_row_q8_1`/`_q8_0`/`_q8_k`),
 //!   dispatched to the best [`Backend`] for this CPU (detected once and cached: AVX-512 VNNI, AVX-VNNI,
-//!   AVX2+FMA+F16C, or scalar; `SHOAL_KERNEL_BACKEND` can force a slower one). The portable
-//!   versions live in [`scalar`] and are the reference the SIMD paths are tested against; a NEON
-//!   backend would be one more `Backend` variant and module beside `x86`.
+//!   AVX2+FMA+F16C on x86-64; NEON with `i8mm` (`smmla` for the 32-value formats' matmul) or
+//!   `dotprod`, or plain NEON on aarch64; else scalar;
+//!   `SHOAL_KERNEL_BACKEND` can force a slower one). The portable versions live in [`scalar`]
+//!   and are the reference the SIMD paths are tested against. The NEON kernels (`arm`) decode
+//!   each block once for four activation rows into `i8` vectors and sum exact integers per
+//!   block (`sdot`, or `smull` + `sadalp`; the K-quants' scales applied to whole vectors of
+//!   group sums), then take the scalar reference's float steps: bitwise equal to it for every
+//!   quantized format.
 //! - [`ThreadPool`]: a small dedicated pool in the style of llama.cpp's: the caller is thread 0,
 //!   workers spin briefly on a generation counter and then sleep, so back-to-back matmuls of a
 //!   decode step pay ~0.1–0.5 µs of hand-off (rayon, even inside `install`: ~1.8 µs) while an idle
@@ -106,9 +111,10 @@
 //!    for the K-quants and `Q8_K` quantization, `iq` for the IQ formats, `plain` for
 //!    `F32`/`F16`/`BF16`; `avx512`, `k512` and `k6512` for 16-row groups over the loop of
 //!    `group`, `iq512` for the IQ formats' 512-bit kernels, `iqtile` and `symtile` for their
-//!    batched 16-row-lane kernels), plus [`math`] and [`attn`] on top of `x86`;
+//!    batched 16-row-lane kernels), `arm` (NEON: `legacy`, `kquants`, `plain`, `quant`, `mmla`, and
+//!    `iq` for the IQ formats), plus [`math`] and [`attn`] on top of `x86`;
 //! 4. `backend`: [`Backend`] detection and the dispatch (`quantize_q8`, `quantize_q8k`,
-//!    `gemm_rows`, [`vec_dot`]) down into `x86` or `scalar`;
+//!    `gemm_rows`, [`vec_dot`]) down into `x86`, `arm` or `scalar`;
 //! 5. the entry points over the dispatch: `quant` (quantizing [`Activations`] and single rows),
 //!    `matmul` ([`QMatrix`] and the threaded driver that splits a `gemm` over a pool), and
 //!    `packed` ([`PackedMatrix`], which repacks and then runs the `matmul` driver);
@@ -119,6 +125,8 @@
 //! checks, and the crate's only global state is the cached CPU-feature detection.
 
 mod acts;
+#[cfg(target_arch = "aarch64")]
+mod arm;
 pub mod attn;
 mod backend;
 mod error;

@@ -1,7 +1,7 @@
 //! Vectorized elementwise helpers for the host forward pass: `exp` over a slice (softmax, SiLU), the
 //! log-normalizer of a logit row (the sampler's), and f16 ↔ f32 conversions (the f16 KV cache).
 //!
-//! Each has one definition of its arithmetic: the AVX2 path and the portable path perform the same
+//! Each has one definition of its arithmetic: the AVX2 and NEON paths and the portable path perform the same
 //! IEEE operations (fused multiply-adds, round-to-nearest-even), so results are bitwise the same
 //! whichever runs, and an element's result never depends on its neighbours or the slice length.
 
@@ -65,6 +65,13 @@ pub fn exp_in_place(x: &mut [f32]) {
         x[done..].iter_mut().for_each(|v| *v = exp(*v));
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if crate::arm::has_neon() {
+        // SAFETY: the features were just checked.
+        let done = unsafe { neon::exp_in_place(x) };
+        x[done..].iter_mut().for_each(|v| *v = exp(*v));
+        return;
+    }
     x.iter_mut().for_each(|v| *v = exp(*v));
 }
 
@@ -78,6 +85,14 @@ pub fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
     if crate::x86::has_avx2() {
         // SAFETY: features checked; equal lengths.
         let done = unsafe { x86::f16_to_f32(src, dst) };
+        let (s, d) = (&src[done..], &mut dst[done..]);
+        d.iter_mut().zip(s).for_each(|(d, s)| *d = s.to_f32());
+        return;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if crate::arm::has_neon() {
+        // SAFETY: features checked; equal lengths.
+        let done = unsafe { neon::f16_to_f32(src, dst) };
         let (s, d) = (&src[done..], &mut dst[done..]);
         d.iter_mut().zip(s).for_each(|(d, s)| *d = s.to_f32());
         return;
@@ -101,6 +116,16 @@ pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
             .for_each(|(d, s)| *d = f16::from_f32(*s));
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if crate::arm::has_neon() {
+        // SAFETY: features checked; equal lengths.
+        let done = unsafe { neon::f32_to_f16(src, dst) };
+        let (s, d) = (&src[done..], &mut dst[done..]);
+        d.iter_mut()
+            .zip(s)
+            .for_each(|(d, s)| *d = f16::from_f32(*s));
+        return;
+    }
     dst.iter_mut()
         .zip(src)
         .for_each(|(d, s)| *d = f16::from_f32(*s));
@@ -112,6 +137,15 @@ pub fn round_to_f16(x: &mut [f32]) {
     if crate::x86::has_avx2() {
         // SAFETY: features checked.
         let done = unsafe { x86::round_to_f16(x) };
+        x[done..]
+            .iter_mut()
+            .for_each(|v| *v = f16::from_f32(*v).to_f32());
+        return;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if crate::arm::has_neon() {
+        // SAFETY: features checked.
+        let done = unsafe { neon::round_to_f16(x) };
         x[done..]
             .iter_mut()
             .for_each(|v| *v = f16::from_f32(*v).to_f32());
@@ -211,6 +245,79 @@ mod x86 {
             i += 8;
         }
         n8
+    }
+}
+
+/// The NEON forms (aarch64): 4 lanes, the same IEEE operations as the portable code.
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    use half::f16;
+
+    use super::{C1, C2, EXP_MAX, EXP_MIN, LOG2E, P};
+    use crate::arm::ops::{cvt_f16x4, cvt_f32x4_f16};
+
+    /// The vector form of [`super::exp`], 4 lanes; returns how many leading elements it did.
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn exp_in_place(x: &mut [f32]) -> usize {
+        let n4 = x.len() / 4 * 4;
+        let p = x.as_mut_ptr();
+        for i in (0..n4).step_by(4) {
+            // SAFETY: `i + 4 ≤ len`.
+            unsafe {
+                let v = vld1q_f32(p.add(i));
+                let v = vminq_f32(vmaxq_f32(v, vdupq_n_f32(EXP_MIN)), vdupq_n_f32(EXP_MAX));
+                let n = vrndnq_f32(vmulq_n_f32(v, LOG2E));
+                let r = vfmsq_f32(v, n, vdupq_n_f32(C1));
+                let r = vfmsq_f32(r, n, vdupq_n_f32(C2));
+                let mut y = vdupq_n_f32(P[0]);
+                for c in &P[1..] {
+                    y = vfmaq_f32(vdupq_n_f32(*c), y, r);
+                }
+                let y = vaddq_f32(vfmaq_f32(r, y, vmulq_f32(r, r)), vdupq_n_f32(1.0));
+                let e = vshlq_n_s32::<23>(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)));
+                vst1q_f32(p.add(i), vmulq_f32(y, vreinterpretq_f32_s32(e)));
+            }
+        }
+        n4
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn f16_to_f32(src: &[f16], dst: &mut [f32]) -> usize {
+        let n4 = src.len().min(dst.len()) / 4 * 4;
+        for i in (0..n4).step_by(4) {
+            // SAFETY: `i + 4 ≤` both lengths; f16 is a transparent u16.
+            unsafe {
+                let h = vld1_u16(src.as_ptr().add(i).cast());
+                vst1q_f32(dst.as_mut_ptr().add(i), cvt_f16x4(h));
+            }
+        }
+        n4
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn f32_to_f16(src: &[f32], dst: &mut [f16]) -> usize {
+        let n4 = src.len().min(dst.len()) / 4 * 4;
+        for i in (0..n4).step_by(4) {
+            // SAFETY: `i + 4 ≤` both lengths; f16 is a transparent u16.
+            unsafe {
+                let h = cvt_f32x4_f16(vld1q_f32(src.as_ptr().add(i)));
+                vst1_u16(dst.as_mut_ptr().add(i).cast(), h);
+            }
+        }
+        n4
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn round_to_f16(x: &mut [f32]) -> usize {
+        let n4 = x.len() / 4 * 4;
+        let p = x.as_mut_ptr();
+        for i in (0..n4).step_by(4) {
+            // SAFETY: `i + 4 ≤ len`.
+            unsafe { vst1q_f32(p.add(i), cvt_f16x4(cvt_f32x4_f16(vld1q_f32(p.add(i))))) };
+        }
+        n4
     }
 }
 

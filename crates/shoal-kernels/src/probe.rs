@@ -497,9 +497,10 @@ mod tests {
             "{}",
             report.attention_flops_per_s
         );
-        // Even a slow machine passes over more than 10 M logits a second (~1 ns each here).
+        // Even a slow machine passes over more than 10 M logits a second (~1 ns each here), an
+        // emulated one (the aarch64 tests under qemu-user, ~10× slower, on a busy CI core) 1 M.
         assert!(
-            report.sample_entries_per_s.is_finite() && report.sample_entries_per_s > 1e7,
+            report.sample_entries_per_s.is_finite() && report.sample_entries_per_s > 1e6,
             "{}",
             report.sample_entries_per_s
         );

@@ -205,4 +205,73 @@ fn backend_detection_is_consistent() {
     {
         assert_ne!(b, Backend::Scalar, "an AVX2 CPU should get a SIMD backend");
     }
+    #[cfg(target_arch = "aarch64")]
+    {
+        // Every aarch64 CPU has NEON; `dotprod` decides the level.
+        assert!(Backend::supported().contains(&Backend::Neon));
+        let dot = std::arch::is_aarch64_feature_detected!("dotprod");
+        assert_eq!(Backend::supported().contains(&Backend::NeonDot), dot);
+        let i8mm = dot && std::arch::is_aarch64_feature_detected!("i8mm");
+        assert_eq!(Backend::supported().contains(&Backend::NeonI8mm), i8mm);
+        if std::env::var("SHOAL_KERNEL_BACKEND").is_err() {
+            let want = match (dot, i8mm) {
+                (_, true) => Backend::NeonI8mm,
+                (true, _) => Backend::NeonDot,
+                _ => Backend::Neon,
+            };
+            assert_eq!(b, want, "an aarch64 CPU gets its best NEON level");
+        }
+    }
+    // The test step names the level its (emulated) CPU must get: a CPU model that stopped
+    // reporting a feature fails here instead of leaving that level's kernels untested.
+    if let Ok(want) = std::env::var("SHOAL_EXPECT_BACKEND") {
+        assert_eq!(
+            b.name(),
+            want,
+            "SHOAL_EXPECT_BACKEND: the level this CPU must get"
+        );
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    for other in [Backend::Neon, Backend::NeonDot, Backend::NeonI8mm] {
+        assert!(!other.is_supported(), "{other:?} off aarch64");
+    }
+}
+
+/// The NEON kernels of the quantized formats (not the IQ formats, not the plain ones, which sum
+/// floats in another order) are bitwise equal to the scalar reference: exact integer sums per
+/// block and the reference's float steps. On aarch64 only.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_quantized_dots_are_bitwise_equal_to_scalar() {
+    let neon: Vec<Backend> = Backend::supported()
+        .into_iter()
+        .filter(|b| matches!(b, Backend::Neon | Backend::NeonDot | Backend::NeonI8mm))
+        .collect();
+    #[cfg(target_arch = "aarch64")]
+    assert!(!neon.is_empty(), "NEON is not detected on aarch64");
+    let mut rng = Rng::new(99);
+    for qtype in QType::ALL
+        .into_iter()
+        .filter(|q| !matches!(q, QType::F32 | QType::F16 | QType::BF16))
+    {
+        for k in [256, 512, 2304] {
+            for raw in [false, true] {
+                let w = if raw {
+                    random_raw(&mut rng, qtype, 1, k)
+                } else {
+                    random_weights(&mut rng, qtype, 1, k)
+                };
+                let xq = quantize_acts(qtype, &activations(&mut rng, k));
+                let want = vec_dot_with(Backend::Scalar, qtype, k, &w, &xq);
+                for &b in &neon {
+                    let got = vec_dot_with(b, qtype, k, &w, &xq);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{b:?} {qtype:?} k={k} raw={raw}"
+                    );
+                }
+            }
+        }
+    }
 }

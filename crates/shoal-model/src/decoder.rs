@@ -32,6 +32,9 @@ use crate::mla::{MlaAttn, MlaScratch};
 use crate::ops::{self, RopeRows, RopeSpec};
 use crate::split::{self, BlockSlice, Share};
 
+pub mod nextn;
+use nextn::Nextn;
+
 /// GGUF tensor names (llama.cpp's `LLM_TENSOR_*`).
 pub(crate) use crate::gguf::names;
 
@@ -114,6 +117,9 @@ pub struct DecoderStage {
     split_head: Option<(std::ops::Range<usize>, usize)>,
     /// This member's slice of the layers when they are split over several ([`crate::split`]).
     share: Option<Share>,
+    /// On a whole last stage of a file with one: the multi-token-prediction block ([`nextn`]),
+    /// which the stage's own passes never run.
+    nextn: Option<Arc<Nextn>>,
 }
 
 /// A hidden-state partial sum of a split stage made whole: every member's added in rank order, in
@@ -272,6 +278,10 @@ impl DecoderStage {
             }
             None => (None, None),
         };
+        let nextn = match (&head, share) {
+            (Some(h), None) => Nextn::load(gguf, &cfg, h, embed.as_ref(), pool)?.map(Arc::new),
+            _ => None,
+        };
         Ok(Self {
             embed: embed.filter(|_| spec.first),
             cfg,
@@ -284,7 +294,46 @@ impl DecoderStage {
             pool: pool.clone(),
             split_head,
             share: share.cloned(),
+            nextn,
         })
+    }
+
+    /// Block `index` of the model `cfg` alone, as a stage over hidden states without the embedding,
+    /// the final norm or the head (a nextn block, which lies past `cfg.n_layers`).
+    pub(crate) fn load_layer_alone(
+        gguf: &mut GgufFile,
+        cfg: &ModelConfig,
+        index: usize,
+        pool: &Arc<ThreadPool>,
+    ) -> Result<Self> {
+        let mut past = cfg.clone();
+        past.n_layers = index + 1;
+        let range = LayerRange::new(index, index + 1, index + 1)?;
+        let spec = StageSpec::describe(gguf, &past, range)?;
+        let blocks = spec
+            .blocks
+            .iter()
+            .map(|b| load_block(gguf, b, cfg, None))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            cfg: cfg.clone(),
+            range: spec.range,
+            embed: None,
+            blocks,
+            output_norm: None,
+            head: None,
+            rope_global: spec.rope_global,
+            rope_local: spec.rope_local,
+            pool: pool.clone(),
+            split_head: None,
+            share: None,
+            nextn: None,
+        })
+    }
+
+    /// The model's multi-token-prediction block, on a whole last stage of a file that has one.
+    pub fn nextn(&self) -> Option<&Arc<Nextn>> {
+        self.nextn.as_ref()
     }
 
     /// This member's slice when the stage's layers are split over several.
@@ -306,6 +355,12 @@ impl DecoderStage {
 
     pub fn is_last(&self) -> bool {
         self.output_norm.is_some()
+    }
+
+    /// On a member of a split last stage: its rows of the output head and the head's rows in all
+    /// (what [`DecoderStage::run_split_shard`] returns logits for).
+    pub fn split_head(&self) -> Option<(std::ops::Range<usize>, usize)> {
+        self.split_head.clone()
     }
 
     /// The thread pool the stage computes on.
@@ -332,12 +387,55 @@ impl DecoderStage {
     /// Runs the batch: [`DecoderStage::forward`]'s output and, on the last stage, the pooled final
     /// hidden states of the chunks that ask ([`SeqChunk::pool`]).
     pub fn run(&self, input: StageInput<'_>, seqs: &mut [SeqChunk<'_>]) -> Result<StageOutput> {
+        self.check_rows(seqs, None)?;
+        self.run_inner(input, seqs, None, false, None, None)
+    }
+
+    /// [`DecoderStage::run`] with `rows[i]` logits rows for chunk `i` — those of its last `rows[i]`
+    /// tokens, in order — instead of one per chunk wanting logits (speculative decoding verifies a
+    /// drafted run of tokens with one row per position). `rows` has one entry per chunk.
+    pub fn run_rows(
+        &self,
+        input: StageInput<'_>,
+        seqs: &mut [SeqChunk<'_>],
+        rows: &[usize],
+    ) -> Result<StageOutput> {
+        self.check_rows(seqs, Some(rows))?;
+        self.run_inner(input, seqs, None, false, Some(rows), None)
+    }
+
+    /// [`DecoderStage::run`] (with [`DecoderStage::run_rows`]'s `rows` when given) that also writes
+    /// into `hidden` the final-normed hidden state of every token of the batch (`total × dim`, batch
+    /// order; left empty on a stage that is not last): what a multi-token-prediction block drafts
+    /// from ([`nextn`]).
+    pub fn run_keeping_hidden(
+        &self,
+        input: StageInput<'_>,
+        seqs: &mut [SeqChunk<'_>],
+        rows: Option<&[usize]>,
+        hidden: &mut Vec<f32>,
+    ) -> Result<StageOutput> {
+        self.check_rows(seqs, rows)?;
+        self.run_inner(input, seqs, None, false, rows, Some(hidden))
+    }
+
+    /// Refuses a split stage (it runs with its members' partial sums) and `rows` that are not one
+    /// count per chunk within its length.
+    fn check_rows(&self, seqs: &[SeqChunk<'_>], rows: Option<&[usize]>) -> Result<()> {
         if self.share.is_some() {
             return Err(ModelError::BadInput(
                 "a split stage runs with its members' partial sums (run_split)".into(),
             ));
         }
-        self.run_inner(input, seqs, None, false)
+        if let Some(rows) = rows
+            && (rows.len() != seqs.len() || rows.iter().zip(seqs).any(|(&r, s)| r > s.len))
+        {
+            return Err(ModelError::BadInput(format!(
+                "logits rows {rows:?} for chunks of {:?} tokens",
+                seqs.iter().map(|s| s.len).collect::<Vec<_>>()
+            )));
+        }
+        Ok(())
     }
 
     /// [`DecoderStage::run`] of a member of a split stage ([`DecoderStage::load_share`]): `reduce`
@@ -349,7 +447,7 @@ impl DecoderStage {
         seqs: &mut [SeqChunk<'_>],
         reduce: &mut Reduce<'_>,
     ) -> Result<StageOutput> {
-        self.run_inner(input, seqs, Some(reduce), false)
+        self.run_inner(input, seqs, Some(reduce), false, None, None)
     }
 
     /// [`DecoderStage::run_split`] without the logits' all-reduce: on a last stage whose head is
@@ -362,7 +460,7 @@ impl DecoderStage {
         seqs: &mut [SeqChunk<'_>],
         reduce: &mut Reduce<'_>,
     ) -> Result<StageOutput> {
-        self.run_inner(input, seqs, Some(reduce), true)
+        self.run_inner(input, seqs, Some(reduce), true, None, None)
     }
 
     fn run_inner(
@@ -371,6 +469,8 @@ impl DecoderStage {
         seqs: &mut [SeqChunk<'_>],
         mut reduce: Option<&mut Reduce<'_>>,
         shard: bool,
+        logit_rows: Option<&[usize]>,
+        keep_hidden: Option<&mut Vec<f32>>,
     ) -> Result<StageOutput> {
         let total = check_batch(seqs.iter().map(|s| (s.kv.len(), s.len)), &self.cfg)?;
         let mut x = match (input, &self.embed) {
@@ -412,13 +512,17 @@ impl DecoderStage {
         };
         let dim = self.cfg.dim;
         let pooled = pool_rows(&x, seqs, norm, dim, self.cfg.rms_eps)?;
+        if let Some(all) = keep_hidden {
+            all.clear();
+            all.resize(x.len(), 0.0);
+            ops::rms_norm(&x, norm, self.cfg.rms_eps, all);
+        }
         let mut picked = Vec::new();
         let mut end = 0;
-        for s in seqs.iter() {
+        for (i, s) in seqs.iter().enumerate() {
             end += s.len;
-            if s.want_logits {
-                picked.extend_from_slice(&x[(end - 1) * dim..end * dim]);
-            }
+            let n = logit_rows.map_or(usize::from(s.want_logits), |r| r[i]);
+            picked.extend_from_slice(&x[(end - n) * dim..end * dim]);
         }
         let rows = picked.len() / dim;
         let mut normed = vec![0f32; picked.len()];

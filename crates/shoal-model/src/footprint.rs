@@ -28,8 +28,12 @@ pub struct Footprint {
     /// Extra bytes on the first stage: the token embeddings.
     pub embed_bytes: u64,
     /// Extra bytes on the last stage: the final norm and the output head (with tied embeddings the last
-    /// stage holds its own copy of the embedding matrix as the head).
+    /// stage holds its own copy of the embedding matrix as the head), and the multi-token-prediction
+    /// block where the file has one ([`crate::decoder::nextn::nextn_bytes`]).
     pub head_bytes: u64,
+    /// What a token reads of `head_bytes` when that is less (the multi-token-prediction block is held,
+    /// not run by the main pass): the final norm and the output head; 0 when the same as `head_bytes`.
+    pub active_head_bytes: u64,
     /// KV-cache bytes one token takes in one layer (f16 values, as the CPU stages store them).
     pub kv_bytes_per_token_per_layer: u64,
     pub context_length: usize,
@@ -74,8 +78,14 @@ impl Footprint {
             .map(bytes)
             .sum();
         let embed_bytes = bytes(names::TOKEN_EMBD);
-        let head_bytes =
+        // A whole last stage also holds the multi-token-prediction block (GLM-4.5's nextn layer).
+        let read_head =
             bytes(names::OUTPUT_NORM) + gguf.tensor_bytes(names::OUTPUT).unwrap_or(embed_bytes);
+        let nextn = crate::decoder::nextn::nextn_bytes(gguf, &cfg);
+        let (head_bytes, active_head_bytes) = match nextn {
+            0 => (read_head, 0),
+            n => (read_head + n, read_head),
+        };
         let infos = gguf.tensors();
         let mut by_type: BTreeMap<&'static str, u64> = BTreeMap::new();
         for (name, info) in infos.iter().filter(|(n, _)| n.starts_with(names::BLK)) {
@@ -116,6 +126,7 @@ impl Footprint {
             active_layer_bytes: active(layer_bytes, routed_bytes),
             embed_bytes,
             head_bytes,
+            active_head_bytes,
             kv_bytes_per_token_per_layer: cfg.kv_bytes_per_token(1, kv::VALUE_BYTES) as u64,
             context_length: cfg.context_length,
             hidden_bytes_per_token: 2 * cfg.dim as u64,

@@ -42,7 +42,8 @@ fn packed(name: &str, raw: RawTensor) -> Result<PackedMatrix> {
         .map_err(|e| ModelError::BadInput(format!("{name}: {e}")))
 }
 
-/// `y = x · Wᵀ (+ b)` with `W` quantized, `out_features × in_features`.
+/// `y = x · Wᵀ (+ b)` with `W` quantized, `out_features × in_features`; a clone shares the matrix.
+#[derive(Clone)]
 pub struct QLinear {
     w: Arc<PackedMatrix>,
     bias: Option<Vec<f32>>,
@@ -108,6 +109,7 @@ pub struct Part<'a> {
 }
 
 /// Several matrices reading the same input, outputs side by side.
+#[derive(Clone)]
 pub struct LinearSet {
     /// Groups of stacked same-type matrices, with the column each group's output starts at.
     groups: Vec<(QLinear, usize)>,
@@ -280,7 +282,8 @@ fn stack_biases(stack: &[(RawTensor, Option<Vec<f32>>)]) -> Option<Vec<f32>> {
 }
 
 /// The token embedding table, kept in its GGUF encoding; rows are dequantized on lookup. With tied
-/// embeddings the output head multiplies the same matrix ([`Embedding::shared`]).
+/// embeddings the output head multiplies the same matrix ([`Embedding::shared`]); a clone shares it.
+#[derive(Clone)]
 pub struct Embedding {
     w: Arc<PackedMatrix>,
 }

@@ -212,6 +212,8 @@ async fn refuses_malformed_input_then_matches_one_node(mode: LaneMode) {
             sampler: &sampler,
             history: &tokens,
             mask: None,
+            draft: &[],
+            draft_masks: &[],
         };
         let favourite = sample_whole(&mut whole, free);
         let vocab = whole.model().config().vocab_size;
@@ -221,6 +223,8 @@ async fn refuses_malformed_input_then_matches_one_node(mode: LaneMode) {
             sampler: &sampler,
             history: &tokens,
             mask: Some(&ban),
+            draft: &[],
+            draft_masks: &[],
         }];
         let StageData::Hidden(h) = head
             .forward(&first, StageData::Tokens(tokens[..split].to_vec()), &[])
@@ -293,6 +297,8 @@ async fn refuses_malformed_input_then_matches_one_node(mode: LaneMode) {
                 sampler: &sampler,
                 history: prompt,
                 mask: None,
+                draft: &[],
+                draft_masks: &[],
             }];
             let ids = StageData::Tokens(prompt[at..].to_vec());
             let Ok(StageData::Hidden(h)) = head.forward(&batch, ids, &job) else {
@@ -344,6 +350,8 @@ async fn refuses_malformed_input_then_matches_one_node(mode: LaneMode) {
             sampler: &sampler,
             history: &long,
             mask: None,
+            draft: &[],
+            draft_masks: &[],
         }];
         let StageData::Hidden(h) = head
             .forward(&batch, StageData::Tokens(long.clone()), &job)

@@ -50,7 +50,7 @@ impl Compute {
         };
         // The head in layers: by bytes for streaming, by parameters (else bytes) for flops.
         // (A layer here is what a token reads of it: the active experts of a mixture-of-experts one.)
-        let head_layers = ratio(card.head_bytes, card.read_layer_bytes());
+        let head_layers = ratio(card.read_head_bytes(), card.read_layer_bytes());
         let head_flop_layers = match ratio(card.head_params, card.read_layer_params()) {
             0.0 => head_layers,
             r => r,
@@ -261,6 +261,15 @@ pub(crate) mod tests {
             (us(&n, 1, 100, true) - 5000.0).abs() < 1e-9,
             "the head as 3 layers"
         );
+        // A block the main pass never runs (an MTP layer) is held there but not read per token.
+        let held = ModelCard {
+            head_bytes: 1300,
+            active_head_bytes: 300,
+            ..c.clone()
+        };
+        let last = Compute::of(&n, &held).stage_us(2, 1, 100, true);
+        assert!((last - 5000.0).abs() < 1e-9, "{last}");
+        assert_eq!(held.stage_bytes(2, false, true, 0), 200 + 1300);
         n.head_us = Some(700.0);
         n.sample_us = Some(50.0);
         n.attention_us = Some(0.5);

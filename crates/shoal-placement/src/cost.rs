@@ -239,6 +239,7 @@ mod tests {
             layer_bytes: 100,
             embed_bytes: 0,
             head_bytes: 0,
+            active_head_bytes: 0,
             kv_bytes_per_token_per_layer: 0,
             context_length: 0,
             hidden_bytes_per_token: 1_000_000,

@@ -307,6 +307,12 @@ pub struct ModelCard {
     /// same as `layer_params`.
     #[serde(default)]
     pub active_layer_params: u64,
+    /// Bytes of the last stage's extras one token reads (the final norm and the output head), when
+    /// less than `head_bytes`: a multi-token-prediction block is held there but not run by the main
+    /// pass. Decode is priced by these ([`ModelCard::read_head_bytes`]); memory by `head_bytes`. 0: the
+    /// same as `head_bytes`.
+    #[serde(default)]
+    pub active_head_bytes: u64,
     /// GGUF type name of the output head's matrix (`output.weight`, or `token_embd.weight` when tied):
     /// nodes price the head at their measured speed for this type. Empty when unknown.
     #[serde(default)]
@@ -367,6 +373,15 @@ impl ModelCard {
     pub fn read_layer_bytes(&self) -> u64 {
         match self.active_layer_bytes {
             0 => self.layer_bytes,
+            b => b,
+        }
+    }
+
+    /// Bytes of the last stage's extras one decode token reads: the active head bytes, else all of
+    /// `head_bytes`.
+    pub fn read_head_bytes(&self) -> u64 {
+        match self.active_head_bytes {
+            0 => self.head_bytes,
             b => b,
         }
     }
@@ -471,6 +486,7 @@ mod tests {
             layer_bytes: 10,
             embed_bytes: 100,
             head_bytes: 101,
+            active_head_bytes: 0,
             kv_bytes_per_token_per_layer: 1,
             context_length: 8,
             hidden_bytes_per_token: 2,

@@ -226,6 +226,7 @@ pub(crate) mod tests {
             layer_bytes,
             embed_bytes: 0,
             head_bytes: 0,
+            active_head_bytes: 0,
             kv_bytes_per_token_per_layer: 0,
             context_length: 0,
             hidden_bytes_per_token: 0,

@@ -6,8 +6,10 @@
 //! group: each rank weighted by its measured decode speed (and, holding every layer, also as far as each
 //! rank's memory allows: `GroupSpec::within_memory`), every member tried as rank 0 (it holds the
 //! head and the embedding, and the stage's input and output pass through it), holding every layer as
-//! one stage; and the same group as one stage of a two-stage pipeline with one of the largest other
-//! nodes before or after it (a model too big for the group alone). Up to [`GROUP_POOL`] eligible nodes
+//! one stage; and the same group as one stage of a pipeline with other nodes (a model too big for the
+//! group alone): with each of the [`PARTNERS`] largest other nodes before or after it, and with the
+//! largest two, three, … of them (as many as the stage limit allows) with the group at every place in
+//! their line. Up to [`GROUP_POOL`] eligible nodes
 //! every set is tried; above, every set of the [`GROUP_POOL`] fastest, and from every node the group
 //! grown by the member behind the cheapest worst link — polynomial: at most
 //! `C(8,2) + C(8,3) + C(8,4) = 154` sets and `3n` more, each tried with every rank 0.
@@ -48,7 +50,8 @@ pub(crate) fn offer_groups(ctx: &Ctx, pool: &[usize], max_k: usize, best: &mut B
 }
 
 /// The candidates of one set of nodes as a group: each member as rank 0 holding every layer, and (with
-/// room for two stages) the group before or after one of the largest nodes of `pool` outside it.
+/// room for more stages) the group as one stage of a pipeline with the largest nodes of `pool` outside
+/// it ([`pipelines_with`]).
 pub(crate) fn group_candidates(
     ctx: &Ctx,
     set: &[usize],
@@ -72,22 +75,43 @@ pub(crate) fn group_candidates(
                 found.push(c);
             }
         }
-        if max_k < 2 {
-            continue;
-        }
-        for x in partners(ctx, pool, set) {
-            let orders = [
-                ([rank0, x], [Some(spec.clone()), None]),
-                ([x, rank0], [None, Some(spec.clone())]),
-            ];
-            for (order, groups) in orders {
-                if let Some(c) = ctx.evaluate_grouped(&order, &groups) {
-                    found.push(c);
-                }
+        for (order, groups) in pipelines_with(rank0, &spec, &partners(ctx, pool, set), max_k) {
+            if let Some(c) = ctx.evaluate_grouped(&order, &groups) {
+                found.push(c);
             }
         }
     }
     found
+}
+
+/// The pipelines of at most `max_k` stages with the group of `rank0` (`spec`) as one stage and
+/// `partners` (largest first) as the others: each partner alone before or after the group, then the
+/// largest `m` (2 ≤ m < `max_k`) in that order with the group at each of the `m + 1` places.
+fn pipelines_with(
+    rank0: usize,
+    spec: &GroupSpec,
+    partners: &[usize],
+    max_k: usize,
+) -> Vec<(Vec<usize>, Vec<Option<GroupSpec>>)> {
+    let line = |others: &[usize], at: usize| {
+        let mut order = others.to_vec();
+        order.insert(at, rank0);
+        let groups = (0..order.len())
+            .map(|s| (s == at).then(|| spec.clone()))
+            .collect();
+        (order, groups)
+    };
+    let mut out = Vec::new();
+    if max_k < 2 {
+        return out;
+    }
+    for &x in partners {
+        out.extend([line(&[x], 0), line(&[x], 1)]);
+    }
+    for m in 2..max_k.min(partners.len() + 1) {
+        out.extend((0..=m).map(|at| line(&partners[..m], at)));
+    }
+    out
 }
 
 /// The largest nodes of `pool` outside `set` (ties: the lower index).

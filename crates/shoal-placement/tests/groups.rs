@@ -266,6 +266,7 @@ fn a_model_too_big_for_one_node_goes_to_the_faster_of_group_and_pipeline() {
     let topo = mesh(&[("a", 20, 1000.0), ("b", 20, 1000.0)], LinkKind::Loopback);
     let card = ModelCard {
         head_bytes: 12 * GB,
+        active_head_bytes: 0,
         ..group_card(2)
     };
     let p = best(&topo, &card, &Constraints::default());
@@ -294,6 +295,45 @@ fn a_group_can_be_one_stage_of_a_pipeline() {
     assert_eq!(grouped.len(), 1, "{}", p.explanation);
     // 12 GB a node: 24 layers' halves fit in the group.
     assert_eq!(grouped[0].layers(), 24, "{}", p.explanation);
+    let f = forecast(&topo, &group_card(2), &p.stages, Goal::Latency, 512).unwrap();
+    assert!(close(f.token_latency_us, p.prediction.token_latency_us));
+}
+
+#[test]
+fn a_group_can_be_one_stage_of_a_longer_pipeline() {
+    // The group of two fast 12 GB nodes holds 24 layers' halves; the 6 layers left fit on no one
+    // of the two small nodes (4 GB each) but do on both: a three-stage pipeline with the group in it.
+    let topo = Topology {
+        nodes: vec![
+            node("a", 12, 1000.0),
+            node("b", 12, 1000.0),
+            node("m1", 4, 400.0),
+            node("m2", 4, 400.0),
+        ],
+        links: vec![
+            link("a", "b", LinkKind::Thunderbolt),
+            link("a", "m1", LinkKind::Ethernet),
+            link("a", "m2", LinkKind::Ethernet),
+            link("b", "m1", LinkKind::Ethernet),
+            link("b", "m2", LinkKind::Ethernet),
+            link("m1", "m2", LinkKind::Ethernet),
+        ],
+    };
+    let all = plan(&topo, &group_card(2), &Constraints::default()).unwrap();
+    let p = &all[0];
+    assert_eq!(p.stages.len(), 3, "{}", p.explanation);
+    let grouped: Vec<&Stage> = p.stages.iter().filter(|s| s.group.is_some()).collect();
+    assert_eq!(grouped.len(), 1, "{}", p.explanation);
+    assert_eq!(grouped[0].layers(), 24, "{}", p.explanation);
+    assert_eq!(p.stages.iter().map(|s| s.layers()).sum::<usize>(), 30);
+    // Faster than every placement without a group (the four nodes as a plain pipeline), and the
+    // forecast of its stages agrees with the plan's prediction.
+    let plain = all
+        .iter()
+        .filter(|q| group_of(q).is_none())
+        .map(|q| q.prediction.token_latency_us)
+        .fold(f64::INFINITY, f64::min);
+    assert!(plain > p.prediction.token_latency_us, "{}", p.explanation);
     let f = forecast(&topo, &group_card(2), &p.stages, Goal::Latency, 512).unwrap();
     assert!(close(f.token_latency_us, p.prediction.token_latency_us));
 }

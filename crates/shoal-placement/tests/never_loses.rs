@@ -19,6 +19,7 @@ fn random_card(rng: &mut Rng) -> ModelCard {
         layer_bytes: rng.range(1, 1000) * 1_000_000,
         embed_bytes: rng.range(0, 500) * 1_000_000,
         head_bytes: rng.range(0, 500) * 1_000_000,
+        active_head_bytes: 0,
         kv_bytes_per_token_per_layer: rng.range(0, 4096),
         context_length: rng.range(128, 8192) as usize,
         hidden_bytes_per_token: rng.range(256, 16384),

@@ -4,8 +4,8 @@ use crate::WireError;
 use crate::cursor::Cursor;
 use crate::sampling::SamplingParams;
 
-/// Encoded size of a [`SampleJob`] without its history, counts and mask.
-pub const SAMPLE_JOB_FIXED_LEN: usize = 57;
+/// Encoded size of a [`SampleJob`] without its history, counts, mask, draft and draft masks.
+pub const SAMPLE_JOB_FIXED_LEN: usize = 65;
 
 /// How the last stage must sample one sequence of a batch: the request's sampling parameters and the
 /// sampler's state (random generator, penalty context) and the tokens a constraint allows, so the last
@@ -24,12 +24,23 @@ pub struct SampleJob {
     /// The tokens allowed next (constrained decoding): bit `t % 32` of word `t / 32` is token `t`;
     /// empty = no constraint.
     pub mask: Vec<u32>,
+    /// Drafted tokens to verify (speculative decoding, version 6): the chunk fed them after the
+    /// sequence's last token and wants a logits row for each position; empty = sample one token.
+    pub draft: Vec<u32>,
+    /// What the constraint allows after each drafted token (as `mask`, one per drafted token; an
+    /// empty one: no constraint there); empty = unconstrained.
+    pub draft_masks: Vec<Vec<u32>>,
 }
 
 /// Bytes of `job` on the wire.
 pub(crate) fn sample_job_len(job: &SampleJob) -> u64 {
-    (SAMPLE_JOB_FIXED_LEN + 4 * job.history.len() + 8 * job.counts.len() + 4 * job.mask.len())
-        as u64
+    let masks: usize = job.draft_masks.iter().map(|m| 4 + 4 * m.len()).sum();
+    (SAMPLE_JOB_FIXED_LEN
+        + 4 * job.history.len()
+        + 8 * job.counts.len()
+        + 4 * job.mask.len()
+        + 4 * job.draft.len()
+        + masks) as u64
 }
 
 pub(crate) fn write_sample_job(j: &SampleJob, out: &mut Vec<u8>) {
@@ -58,10 +69,30 @@ pub(crate) fn write_sample_job(j: &SampleJob, out: &mut Vec<u8>) {
         out.extend_from_slice(&t.to_le_bytes());
         out.extend_from_slice(&n.to_le_bytes());
     }
-    out.extend_from_slice(&(j.mask.len() as u32).to_le_bytes());
-    for w in &j.mask {
+    write_words(out, &j.mask);
+    write_words(out, &j.draft);
+    out.extend_from_slice(&(j.draft_masks.len() as u32).to_le_bytes());
+    for m in &j.draft_masks {
+        write_words(out, m);
+    }
+}
+
+/// A count and that many little-endian words.
+fn write_words(out: &mut Vec<u8>, words: &[u32]) {
+    out.extend_from_slice(&(words.len() as u32).to_le_bytes());
+    for w in words {
         out.extend_from_slice(&w.to_le_bytes());
     }
+}
+
+/// [`write_words`]' inverse.
+fn read_words(c: &mut Cursor<'_>) -> Result<Vec<u32>, WireError> {
+    let n = c.count(4)?;
+    let mut words = Vec::with_capacity(n);
+    for _ in 0..n {
+        words.push(c.u32()?);
+    }
+    Ok(words)
 }
 
 pub(crate) fn decode_sample_job(c: &mut Cursor<'_>) -> Result<SampleJob, WireError> {
@@ -88,10 +119,12 @@ pub(crate) fn decode_sample_job(c: &mut Cursor<'_>) -> Result<SampleJob, WireErr
     for _ in 0..n {
         counts.push((c.u32()?, c.u32()?));
     }
+    let mask = read_words(c)?;
+    let draft = read_words(c)?;
     let n = c.count(4)?;
-    let mut mask = Vec::with_capacity(n);
+    let mut draft_masks = Vec::with_capacity(n);
     for _ in 0..n {
-        mask.push(c.u32()?);
+        draft_masks.push(read_words(c)?);
     }
     Ok(SampleJob {
         seq_id,
@@ -100,5 +133,7 @@ pub(crate) fn decode_sample_job(c: &mut Cursor<'_>) -> Result<SampleJob, WireErr
         history,
         counts,
         mask,
+        draft,
+        draft_masks,
     })
 }

@@ -78,7 +78,7 @@
 //! | 4    | Ping        | nonce u64                                                                   |
 //! | 5    | Pong        | nonce u64 (echoes the ping's)                                              |
 //! | 6    | Error       | code u16, message: the rest of the payload, UTF-8                          |
-//! | 7    | Sample      | batch_id u64, n u32, n × sample job (57 bytes + 4 per history token + 8 per count + 4 per mask word) |
+//! | 7    | Sample      | batch_id u64, n u32, n × sample job (65 bytes + 4 per history token + 8 per count + 4 per mask word + 4 per drafted token + 4 per draft mask and its words) |
 //! | 8    | Prefix      | action u8 (1 retain, 2 start, 3 drop, 4 fork, 5 rewind: version 4), seq_id u64, prefix_id u64, len u32 |
 //! | 9    | Pooled      | batch_id u64, n u32, cols u32, n × seq_id u64, n × cols × f32                |
 //! | 10   | Lane        | port u16, token 32 bytes (version 3: a direct connection's offer / answer)  |
@@ -87,8 +87,10 @@
 //!
 //! Sample job: `seq_id u64, temperature f32, top_p f32, top_k u32, min_p f32, repetition_penalty f32,
 //! frequency_penalty f32, presence_penalty f32, top_logprobs u8, rng_state u64, n u32, n × history
-//! token u32, m u32, m × (token u32, count u32), w u32, w × mask word u32` (no mask: `w = 0`). The last
-//! stage samples with exactly this state, so it holds no per-sequence sampler of its own.
+//! token u32, m u32, m × (token u32, count u32), w u32, w × mask word u32` (no mask: `w = 0`), then
+//! (version 6) `d u32, d × drafted token u32, q u32, q × (w u32, w × mask word u32)`: the drafted
+//! tokens the chunk verifies and the mask after each (speculative decoding; none: `d = q = 0`). The
+//! last stage samples with exactly this state, so it holds no per-sequence sampler of its own.
 //!
 //! Activations chunk (17 bytes): `seq_id u64, start_pos u32, len u32, flags u8` where flag bit 0
 //! is `want_logits`, bits 1–2 the chunk's [`Pool`] (0 none, 1 sum, 2 last row, 3 first row) and

@@ -77,6 +77,8 @@ fn exact_bytes_of_a_sample_frame() {
         history: vec![4, 5],
         counts: vec![(6, 2)],
         mask: vec![0b1010],
+        draft: vec![11],
+        draft_masks: vec![vec![3]],
     };
     let bytes = Frame::Sample {
         batch_id: 1,
@@ -86,7 +88,7 @@ fn exact_bytes_of_a_sample_frame() {
     .unwrap();
     #[rustfmt::skip]
     let expected: Vec<u8> = [
-        &[90u8, 0, 0, 0, 7][..], // len = 1 + 8 + 4 + 57 + 2 * 4 + 1 * 8 + 1 * 4, kind 7
+        &[110u8, 0, 0, 0, 7][..], // len = 1 + 8 + 4 + 65 + 2 * 4 + 1 * 8 + 1 * 4 + 1 * 4 + 8, kind 7
         &1u64.to_le_bytes(), &1u32.to_le_bytes(), // batch_id, n jobs
         &9u64.to_le_bytes(),                      // seq_id
         &0.5f32.to_le_bytes(), &0.25f32.to_le_bytes(), &7u32.to_le_bytes(), &0.125f32.to_le_bytes(),
@@ -96,6 +98,8 @@ fn exact_bytes_of_a_sample_frame() {
         &2u32.to_le_bytes(), &4u32.to_le_bytes(), &5u32.to_le_bytes(), // history
         &1u32.to_le_bytes(), &6u32.to_le_bytes(), &2u32.to_le_bytes(), // counts
         &1u32.to_le_bytes(), &0b1010u32.to_le_bytes(), // mask
+        &1u32.to_le_bytes(), &11u32.to_le_bytes(),       // draft
+        &1u32.to_le_bytes(), &1u32.to_le_bytes(), &3u32.to_le_bytes(), // draft masks
     ]
     .concat();
     assert_eq!(bytes, expected);
@@ -293,7 +297,7 @@ fn handshake_roundtrips_with_documented_layout() {
     assert_eq!(bytes.len(), HANDSHAKE_HEADER_LEN + HANDSHAKE_V1_BODY_LEN);
     assert_eq!(bytes.len(), 91);
     assert_eq!(&bytes[..4], b"SHOL");
-    assert_eq!(&bytes[4..8], &[5, 0, 83, 0]);
+    assert_eq!(&bytes[4..8], &[6, 0, 83, 0]);
     assert_eq!(bytes[72], 1);
     assert_eq!(&bytes[73..81], &42u64.to_le_bytes());
     assert_eq!(&bytes[87..91], &30u32.to_le_bytes());
@@ -373,13 +377,13 @@ fn inputs_whose_chunks_do_not_cover_the_tokens_are_refused_both_ways() {
 fn handshake_version_mismatch_names_both_versions() {
     let ours = Handshake::new([1; 32], [2; 32], stage());
     let mut theirs = ours;
-    // A node of the previous version (before tensor-parallel groups) is refused, naming both.
-    assert_eq!(WIRE_VERSION, 5);
-    theirs.version = 4;
+    // A node of the previous version (before speculative decoding's drafts) is refused, naming both.
+    assert_eq!(WIRE_VERSION, 6);
+    theirs.version = 5;
     let err = theirs.check_compatible(&ours).unwrap_err();
-    assert_eq!(err, WireError::VersionMismatch { ours: 5, theirs: 4 });
+    assert_eq!(err, WireError::VersionMismatch { ours: 6, theirs: 5 });
     let msg = err.to_string();
-    assert!(msg.contains("v4") && msg.contains("v5"), "{msg}");
+    assert!(msg.contains("v5") && msg.contains("v6"), "{msg}");
 
     // On the wire: rejected before the body is interpreted, even with a foreign body length.
     let mut bytes = theirs.encode();

@@ -52,6 +52,7 @@ async fn local(args: &ChatArgs, id: String, path: std::path::PathBuf) -> anyhow:
         ignore_eos: false,
         timeout: None,
         logits_processor: None,
+        speculative: None,
     })?;
     let mut out = std::io::stdout().lock();
     while let Some(event) = stream.next().await {

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use shoal_bench::{DeviceChoice, parse_device};
+use shoal_engine::Speculation;
 use shoal_engine::engine::{EngineConfig, default_threads};
 use shoal_model::LayerRange;
 
@@ -149,7 +150,8 @@ impl ModelArgs {
 
 #[derive(Args, Clone)]
 pub struct EngineArgs {
-    /// Compute threads [default: all cores].
+    /// Compute threads [default: the performance cores where the CPU has efficiency cores too, else
+    /// all cores].
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
     /// Tokens per engine step (decodes plus prefill chunks).
@@ -188,6 +190,16 @@ pub struct EngineArgs {
     /// it hosts for other nodes' pipelines.
     #[arg(long, env = "SHOAL_DEVICE", default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceChoice,
+    /// Speculative decoding for requests that do not ask: `ngram` (prompt lookup: drafts continue the
+    /// latest earlier occurrence of the last tokens, verified in one pass; greedy output unchanged,
+    /// sampled output the same distribution), `draft` (needs `--draft-model`), `mtp` (the model's own
+    /// multi-token-prediction block: GLM-4.5-style files; other models then draft nothing) or `off`.
+    /// A request's `speculative` field overrides it.
+    #[arg(long, default_value = "off")]
+    pub speculative: String,
+    /// The most tokens one speculative pass drafts (1–32); the engine adapts below it.
+    #[arg(long, default_value_t = 8)]
+    pub max_draft: u64,
 }
 
 impl EngineArgs {
@@ -197,7 +209,7 @@ impl EngineArgs {
             Some(spec) => Some(parse_stages(spec)?),
         };
         Ok(EngineConfig {
-            threads: self.threads.unwrap_or_else(default_threads).max(1),
+            threads: self.threads.unwrap_or_else(default_compute_threads).max(1),
             max_batch_tokens: self.max_batch_tokens.max(1),
             max_running: self.max_running.max(1),
             queue_depth: self.queue_depth.max(1),
@@ -207,8 +219,29 @@ impl EngineArgs {
             kv_budget_bytes: self.kv_budget_mib.max(1) << 20,
             prefix_cache_tokens: self.prefix_cache_tokens,
             device: self.device.resolve_here(),
+            speculative: Speculation::parse(&self.speculative, Some(self.max_draft))
+                .map_err(|e| anyhow::anyhow!("--speculative / --max-draft: {e}"))?,
             ..EngineConfig::default()
         })
+    }
+}
+
+/// Compute threads without `--threads`: [`compute_threads`] of this machine's core kinds and of
+/// the CPUs this process may run on.
+fn default_compute_threads() -> usize {
+    compute_threads(shoal_cluster::facts::core_kinds(), default_threads())
+}
+
+/// The performance cores where the OS tells core kinds apart (Apple Silicon, hybrid Intel, ARM
+/// big.LITTLE), as llama.cpp counts only those on Apple Silicon: an efficiency core adds little to a
+/// bandwidth-bound step and holds up the parts it takes; else every core. Never more than `allowed`,
+/// the CPUs this process may run on (`available_parallelism`: its affinity mask and cgroup quota,
+/// which the machine-wide core kinds do not see — a container given 4 CPUs of a 16-thread hybrid
+/// host computes on 4).
+fn compute_threads(kinds: Option<shoal_cluster::facts::CoreKinds>, allowed: usize) -> usize {
+    match kinds {
+        Some(k) if k.efficiency > 0 && k.performance > 0 => k.performance.min(allowed),
+        _ => allowed,
     }
 }
 
@@ -232,6 +265,16 @@ pub struct ServeArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
+    /// A small model (a GGUF file, or a model id in the store) that drafts for `--speculative draft`
+    /// and for requests asking `"speculative": {"method": "draft"}`, on the instances this node drives
+    /// whose model has the same token list (e.g. SmolLM2-135M for SmolLM2-1.7B).
+    #[arg(long)]
+    pub draft_model: Option<String>,
+    /// The seed of every sampled request that names none (as llama-server's `--seed`): the same
+    /// request then gives the same answer, on the instances this node drives. Unset: a random seed per
+    /// request.
+    #[arg(long, env = "SHOAL_SEED")]
+    pub seed: Option<u64>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub api_host: String,
@@ -465,5 +508,23 @@ mod tests {
         assert!(parse_stages("0-0").is_err());
         assert!(parse_stages("3").is_err());
         assert!(parse_stages("a-b").is_err());
+    }
+
+    #[test]
+    fn compute_threads_are_the_performance_cores_within_what_the_process_may_use() {
+        use shoal_cluster::facts::CoreKinds;
+        let hybrid = |performance, efficiency| {
+            Some(CoreKinds {
+                performance,
+                efficiency,
+            })
+        };
+        // An M2 Pro (8 performance, 4 efficiency cores), the whole machine available.
+        assert_eq!(compute_threads(hybrid(8, 4), 12), 8);
+        // A hybrid Intel of 16 performance and 8 efficiency CPUs in a container of 4 CPUs.
+        assert_eq!(compute_threads(hybrid(16, 8), 4), 4);
+        // No efficiency cores, or kinds unknown: every CPU the process may use.
+        assert_eq!(compute_threads(hybrid(8, 0), 8), 8);
+        assert_eq!(compute_threads(None, 6), 6);
     }
 }

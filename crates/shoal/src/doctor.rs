@@ -135,18 +135,31 @@ pub fn render(r: &Report) -> String {
     let mut s = String::new();
     let l = &r.local;
     let _ = writeln!(s, "this node: {}", l.host);
+    let kinds = match l.core_kinds {
+        Some(k) if k.efficiency > 0 => {
+            format!(
+                " ({} performance, {} efficiency)",
+                k.performance, k.efficiency
+            )
+        }
+        _ => String::new(),
+    };
     let _ = writeln!(
         s,
-        "  cpu      {}, {} cores, kernels {} (this CPU runs: {})",
+        "  cpu      {}, {} cores{kinds}, kernels {} (this CPU runs: {})",
         l.cpu_model,
         l.cores,
         l.simd,
         l.simd_supported.join(", ")
     );
+    if let Some(t) = &l.thermal {
+        let _ = writeln!(s, "  thermal  {}", t.state);
+    }
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let pressure = match l.memory_pressure {
-        Some(p) => format!("pressure {:.1}% (PSI some avg10)", p * 100.0),
-        None => "pressure unknown (no PSI)".to_string(),
+    let pressure = match (l.memory_pressure, l.memory_pressure_source.as_deref()) {
+        (Some(p), Some(source)) => format!("pressure {:.1}% ({source})", p * 100.0),
+        (Some(p), None) => format!("pressure {:.1}%", p * 100.0),
+        (None, _) => "pressure unknown (no PSI or pressure level)".to_string(),
     };
     let _ = writeln!(
         s,
@@ -154,6 +167,10 @@ pub fn render(r: &Report) -> String {
         gib(l.memory_total_bytes),
         gib(l.memory_available_bytes)
     );
+    for i in &l.interfaces {
+        let kind = format!("{:?}", i.kind).to_lowercase();
+        let _ = writeln!(s, "  link     {} ({kind}): {}", i.name, i.addrs.join(", "));
+    }
     render_gpus(&mut s, &l.gpus);
     let _ = writeln!(s, "  models   {}", l.models_dir.display());
     for m in &l.models {

@@ -80,7 +80,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Says what is missing and where it looked.
         crate::resolve_model(&args.model)?;
     }
-    let engine_config = args.engine.config()?;
+    let engine_config = shoal_engine::engine::EngineConfig {
+        seed: args.seed,
+        ..args.engine.config()?
+    };
+    anyhow::ensure!(
+        args.draft_model.is_some()
+            || !matches!(
+                engine_config.speculative,
+                shoal_engine::Speculation::Draft { .. }
+            ),
+        "--speculative draft needs --draft-model (a small model with the served model's token list)"
+    );
     // Before the model loads and the cluster starts: a quiet machine measures what it is worth.
     let compute = match &args.compute {
         Some(file) => crate::compute::from_file(file)?,
@@ -226,6 +237,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             }));
         }
 
+        let draft_model = match &args.draft_model {
+            None => None,
+            Some(m) if std::path::Path::new(m).is_file() => Some(std::path::PathBuf::from(m)),
+            Some(m) => Some(store.model_file(m).map_err(|e| {
+                anyhow::anyhow!(
+                    "--draft-model {m}: neither a file nor a model in the store ({e}); `shoal pull {m}` first"
+                )
+            })?),
+        };
         let engines = shoal_engine::Engines::default();
         shoal_pipeline::start(
             cluster.clone(),
@@ -236,6 +256,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 model_path: locate,
                 fetch: Some(stage_fetcher(downloads.clone())),
                 lanes,
+                draft_model,
             },
         )
         .map_err(|e| anyhow::anyhow!("starting the data plane: {e}"))?;

@@ -52,6 +52,8 @@ pub struct Prepared {
     pub stream: bool,
     /// What `thinking` asks of the model's thoughts.
     pub thinking: shoal_engine::Thinking,
+    /// Speculative decoding (`None`: the server's default).
+    pub speculative: Option<shoal_engine::Speculation>,
 }
 
 /// Checks a `POST /v1/messages` body.
@@ -74,6 +76,7 @@ pub fn prepare(engine: &Engines, req: MessagesRequest) -> Result<Prepared, ApiEr
         None => return Err(ApiError::invalid("max_tokens", "Field required")),
     };
     let sampling = sampling(req.temperature, req.top_p, req.top_k)?;
+    let speculative = crate::speculative::parse("speculative", req.speculative.as_ref())?;
     let stop = stop_sequences("stop_sequences", req.stop_sequences.unwrap_or_default())?;
     let format = req.output_config.and_then(|c| c.format);
     let guidance = guidance(req.tools, req.tool_choice, format)?;
@@ -88,6 +91,7 @@ pub fn prepare(engine: &Engines, req: MessagesRequest) -> Result<Prepared, ApiEr
         stop,
         stream: req.stream.unwrap_or(false),
         thinking,
+        speculative,
     })
 }
 

@@ -96,6 +96,7 @@ pub async fn messages(
         ignore_eos: false,
         timeout: None,
         n: 1,
+        speculative: prepared.speculative,
         prompt_param: PROMPT_PARAM,
         guide_error: tools::guide_error,
     };
@@ -204,6 +205,7 @@ pub async fn count_tokens(
         ignore_eos: false,
         timeout: None,
         n: 1,
+        speculative: None,
         prompt_param: PROMPT_PARAM,
         guide_error: tools::guide_error,
     };

@@ -36,6 +36,10 @@ pub struct MessagesRequest {
     pub container: Option<Value>,
     /// `effort` (a hint, accepted) and `format` (structured output, refused until it is wired).
     pub output_config: Option<OutputConfig>,
+    /// shoal extension: speculative decoding for this request, `{"method": "ngram" | "off",
+    /// "max_draft": 1..=32}` or the method's name (absent: the server's default).
+    #[schema(value_type = Option<Object>)]
+    pub speculative: Option<Value>,
 }
 
 /// `output_config`.

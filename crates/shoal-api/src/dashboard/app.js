@@ -297,6 +297,14 @@ function historyText(h) {
   return `${h.map((x) => x.status).join(' → ')} (${took.toFixed(1)} s)`;
 }
 
+// Speculative decoding's acceptance since the instance started, when it drafted at all.
+function speculationText(m) {
+  if (!m.drafted_tokens) return '';
+  const rate = 100 * (m.accepted_tokens || 0) / m.drafted_tokens;
+  const perPass = m.spec_passes ? ((m.accepted_tokens || 0) + m.spec_passes) / m.spec_passes : 0;
+  return ` · drafts ${rate.toFixed(0)}% accepted, ${perPass.toFixed(1)} tokens a pass`;
+}
+
 function renderInstances(s) {
   if (!s.instances.length) { replace($('#instances'), el('p', { class: 'muted' }, 'No instance.')); return; }
   replace($('#instances'), s.instances.map((i) => {
@@ -317,7 +325,7 @@ function renderInstances(s) {
       el('div', { class: 'muted' },
         `predicted ${i.predicted_tok_s ? i.predicted_tok_s.toFixed(1) : '–'} tok/s · measured ` +
         `${m.decode_tok_s ? m.decode_tok_s.toFixed(1) : '–'} tok/s, TTFT ${m.ttft_ms ? m.ttft_ms.toFixed(0) + ' ms' : '–'} · ` +
-        `${m.running || 0} running, ${m.finished || 0} served · ${layers} layers`));
+        `${m.running || 0} running, ${m.finished || 0} served · ${layers} layers` + speculationText(m)));
   }));
 }
 

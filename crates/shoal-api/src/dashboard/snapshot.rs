@@ -88,6 +88,15 @@ pub struct NodeView {
     #[schema(value_type = Object)]
     pub memory: Value,
     pub cpu_cores: u64,
+    /// The CPU's model name; empty where not published.
+    pub cpu_model: String,
+    /// Its performance and efficiency cores (`{"performance", "efficiency"}`); null where the OS
+    /// does not tell them apart.
+    #[schema(value_type = Option<Object>)]
+    pub core_kinds: Value,
+    /// The OS's thermal state (`{"state", "throttled"}`, macOS); null where it has none.
+    #[schema(value_type = Option<Object>)]
+    pub thermal: Value,
     /// Share of all cores busy, in [0, 1]; null where unknown.
     #[schema(value_type = Option<f64>)]
     pub cpu_load: Value,
@@ -165,7 +174,8 @@ pub struct InstanceView {
     /// The planner's predicted decode rate; null when not predicted.
     #[schema(value_type = Option<f64>)]
     pub predicted_tok_s: Value,
-    /// What the driver measured (`running`, `finished`, `decode_tok_s`, `ttft_ms`), as published.
+    /// What the driver measured (`running`, `finished`, `decode_tok_s`, `ttft_ms`, speculative
+    /// decoding's `spec_passes`, `drafted_tokens`, `accepted_tokens`), as published.
     #[schema(value_type = Option<Object>)]
     pub measured: Value,
 }
@@ -278,6 +288,9 @@ fn node(f: &Value, me: &str, coordinator: &str, rates: &mut Rates, now: Instant)
         api_url: f["api_url"].clone(),
         memory: f["memory"].clone(),
         cpu_cores: f["cpu_cores"].as_u64().unwrap_or(0),
+        cpu_model: str_of(f, "cpu_model"),
+        core_kinds: f["core_kinds"].clone(),
+        thermal: f["thermal"].clone(),
         cpu_load: f["cpu_load"].clone(),
         temperature_c: f["temperature_c"].clone(),
         power_w: f["power_w"].clone(),

@@ -9,6 +9,16 @@ fn snap(state: &Value, rates: &mut Rates, now: Instant) -> Value {
 /// A `/state` body of two nodes `a` (this node, driving instance `i1` over both) and `b`, shaped as the
 /// cluster writes it.
 fn state(generated: u64) -> Value {
+    let mut state = cluster(generated);
+    // Facts newer nodes publish (`b` predates them), set apart: one `json!` of everything is too deep.
+    let a = &mut state["cluster"]["nodes"][0];
+    a["cpu_model"] = json!("Apple M2 Pro");
+    a["core_kinds"] = json!({"performance": 8, "efficiency": 4});
+    a["thermal"] = json!({"state": "nominal", "throttled": false});
+    state
+}
+
+fn cluster(generated: u64) -> Value {
     json!({
         "node": "a",
         "cluster": {
@@ -81,6 +91,9 @@ fn nodes_keep_what_a_person_reads_and_nothing_else() {
     assert_eq!(s["nodes"][1]["coordinator"], true);
     assert_eq!(a["memory"]["used"], 0.6);
     assert_eq!(a["temperature_c"], 61.0);
+    assert_eq!(a["cpu_model"], "Apple M2 Pro");
+    assert_eq!(a["core_kinds"]["efficiency"], 4);
+    assert_eq!(a["thermal"]["state"], "nominal");
     assert_eq!(a["cpu_load"], 0.5);
     assert_eq!(a["device"], "auto");
     assert_eq!(
@@ -97,6 +110,9 @@ fn nodes_keep_what_a_person_reads_and_nothing_else() {
             "api_url",
             "memory",
             "cpu_cores",
+            "cpu_model",
+            "core_kinds",
+            "thermal",
             "cpu_load",
             "temperature_c",
             "power_w",
@@ -115,6 +131,7 @@ fn nodes_keep_what_a_person_reads_and_nothing_else() {
     // A node that published fewer facts (an older one) still has every field, null where unknown.
     let b = &s["nodes"][1];
     assert!(b["api_url"].is_null() && b["temperature_c"].is_null());
+    assert!(b["core_kinds"].is_null() && b["thermal"].is_null() && b["cpu_model"] == "");
     assert_eq!(b["cpu_cores"], 4);
 }
 

@@ -45,6 +45,8 @@ pub struct Chat {
     pub timeout: Option<Duration>,
     /// Choices from one prefill (1 but for OpenAI chat's `n`).
     pub n: usize,
+    /// Speculative decoding (`None`: the server's default).
+    pub speculative: Option<shoal_engine::Speculation>,
     /// The request field a problem with the prompt is reported against.
     pub prompt_param: &'static str,
     /// A shoal-guide error in the API's own words (its field names).
@@ -85,6 +87,7 @@ pub async fn start(state: &ApiState, caller: Owner, chat: Chat) -> Result<Starte
         ignore_eos: chat.ignore_eos,
         timeout: chat.timeout,
         logits_processor: planned.processor,
+        speculative: chat.speculative,
     };
     let choices = submit(state, request, chat.n, chat.prompt_param, &ticket)?;
     let prompt_tokens = choices.first().map_or(0, |c| c.prompt_tokens());

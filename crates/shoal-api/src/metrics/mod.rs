@@ -26,7 +26,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::{ApiError, ApiState};
 
@@ -37,6 +37,9 @@ pub const LATENCY_BUCKETS: [f64; 17] = [
     30.0, 120.0,
 ];
 
+/// Bucket bounds of speculative decoding's tokens per pass (1: nothing accepted).
+pub const TOKENS_PER_PASS_BUCKETS: [f64; 9] = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 33.0];
+
 /// How often the recorder folds recorded histogram samples into its buckets when nobody scrapes (so
 /// an unscraped node's memory stays bounded).
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
@@ -46,7 +49,15 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 /// The exporter with this node's buckets.
 fn builder() -> PrometheusBuilder {
     let plain = PrometheusBuilder::new();
-    match PrometheusBuilder::new().set_buckets(&LATENCY_BUCKETS) {
+    let built = PrometheusBuilder::new()
+        .set_buckets(&LATENCY_BUCKETS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(shoal_engine::meters::names::SPEC_TOKENS_PER_PASS.into()),
+                &TOKENS_PER_PASS_BUCKETS,
+            )
+        });
+    match built {
         Ok(b) => b,
         // Only for empty buckets, which the constant is not.
         Err(_) => plain,

@@ -101,6 +101,26 @@ pub const EVENTS: &[(&str, Kind, &str)] = &[
         "Cached prefixes evicted.",
     ),
     (
+        engine::SPEC_PASSES,
+        Kind::Counter,
+        "Speculative decoding: passes that verified drafted tokens.",
+    ),
+    (
+        engine::SPEC_DRAFTED,
+        Kind::Counter,
+        "Speculative decoding: tokens drafted (proposed for verification).",
+    ),
+    (
+        engine::SPEC_ACCEPTED,
+        Kind::Counter,
+        "Speculative decoding: drafted tokens accepted (accepted / drafted is the acceptance rate).",
+    ),
+    (
+        engine::SPEC_TOKENS_PER_PASS,
+        Kind::Histogram,
+        "Speculative decoding: tokens a verification pass gave its sequence (accepted drafts plus one).",
+    ),
+    (
         engine::KV_POOL_CAPACITY,
         Kind::Gauge,
         "KV cache memory budget of this node.",
@@ -442,8 +462,9 @@ mod tests {
                 "{name}: only counters end in _total"
             );
             if kind == Kind::Histogram {
+                // Speculative decoding's tokens per pass is the one count (its own buckets).
                 assert!(
-                    name.ends_with("_seconds"),
+                    name.ends_with("_seconds") || name == engine::SPEC_TOKENS_PER_PASS,
                     "{name}: histograms are latencies in seconds"
                 );
             }

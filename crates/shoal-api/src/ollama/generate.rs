@@ -58,6 +58,7 @@ pub async fn chat(
             think: req.think.as_ref(),
             logprobs: req.logprobs,
             top_logprobs: req.top_logprobs,
+            speculative: req.speculative.as_ref(),
         },
     )?;
     let guidance = tools::guidance(req.tools.take().unwrap_or_default(), req.format.as_ref())?;
@@ -79,6 +80,7 @@ pub async fn chat(
         ignore_eos: false,
         timeout: None,
         n: 1,
+        speculative: checked.speculative,
         prompt_param: "messages",
         guide_error: |e| guide_error(e).0,
     };
@@ -118,6 +120,7 @@ pub async fn generate(
             think: req.think.as_ref(),
             logprobs: req.logprobs,
             top_logprobs: req.top_logprobs,
+            speculative: req.speculative.as_ref(),
         },
     )?;
     refuse_generate_fields(&req)?;
@@ -225,6 +228,7 @@ fn submit(
         ignore_eos: false,
         timeout: None,
         logits_processor: processor,
+        speculative: checked.speculative,
     };
     let stream = state
         .engine

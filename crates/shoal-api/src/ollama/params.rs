@@ -30,6 +30,7 @@ pub struct Common<'a> {
     pub think: Option<&'a Value>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
+    pub speculative: Option<&'a Value>,
 }
 
 /// Checked parameters, ready for a [`shoal_engine::GenerateRequest`].
@@ -47,6 +48,8 @@ pub struct Checked {
     /// `think`: `true` / `false` turn a thinking model's thoughts on or off, `"low"`, `"medium"`,
     /// `"high"` set the effort (gpt-oss); unset keeps the template's default.
     pub thinking: shoal_engine::Thinking,
+    /// Speculative decoding (`None`: the server's default).
+    pub speculative: Option<shoal_engine::Speculation>,
 }
 
 /// Checks `c` against the model it names.
@@ -54,6 +57,7 @@ pub fn check(state: &ApiState, c: Common<'_>) -> Result<Checked, Error> {
     let model = served_model(state, c.model)?;
     let thinking = think(c.think)?;
     let top_logprobs = top_logprobs(c.top_logprobs)?;
+    let speculative = crate::speculative::parse("speculative", c.speculative)?;
     let options = c.options.unwrap_or_default();
     refuse_sampling_methods(&options)?;
     if let Some(n) = options.num_ctx {
@@ -102,6 +106,7 @@ pub fn check(state: &ApiState, c: Common<'_>) -> Result<Checked, Error> {
         stream: c.stream.unwrap_or(true),
         logprobs: c.logprobs.unwrap_or(false) || top_logprobs > 0,
         thinking,
+        speculative,
     })
 }
 

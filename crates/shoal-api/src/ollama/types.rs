@@ -26,6 +26,10 @@ pub struct ChatRequest {
     pub think: Option<Value>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
+    /// shoal extension: speculative decoding for this request, `{"method": "ngram" | "off",
+    /// "max_draft": 1..=32}` or the method's name (absent: the server's default).
+    #[schema(value_type = Option<Object>)]
+    pub speculative: Option<Value>,
 }
 
 /// One chat message.
@@ -63,6 +67,10 @@ pub struct GenerateRequest {
     pub think: Option<Value>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
+    /// shoal extension: speculative decoding for this request, `{"method": "ngram" | "off",
+    /// "max_draft": 1..=32}` or the method's name (absent: the server's default).
+    #[schema(value_type = Option<Object>)]
+    pub speculative: Option<Value>,
 }
 
 /// `keep_alive`: a duration string (`"5m"`, `"-1"`) or a number of seconds. Accepted and not acted on:

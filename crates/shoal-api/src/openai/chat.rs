@@ -115,6 +115,7 @@ pub async fn chat_completions(
         ignore_eos: params.ignore_eos,
         timeout: params.timeout,
         n: params.n,
+        speculative: params.speculative,
         prompt_param: PROMPT_PARAM,
         guide_error: tools::guide_error,
     };

@@ -76,6 +76,7 @@ pub async fn completions(
         ignore_eos: params.ignore_eos,
         timeout: params.timeout,
         logits_processor: None,
+        speculative: params.speculative,
     };
     let ticket = Ticket::new(caller)?;
     let mut choices = submit(&state, request, params.n, PROMPT_PARAM, &ticket)?;

@@ -41,6 +41,7 @@ pub struct CommonParams {
     pub ignore_eos: Option<bool>,
     pub timeout: Option<f64>,
     pub n: Option<i64>,
+    pub speculative: Option<serde_json::Value>,
 }
 
 /// Checked parameters, ready for a [`shoal_engine::GenerateRequest`].
@@ -60,6 +61,8 @@ pub struct Validated {
     pub include_progress: bool,
     /// Choices to generate from the prompt (`n`), at least 1.
     pub n: usize,
+    /// Speculative decoding (`None`: the server's default).
+    pub speculative: Option<shoal_engine::Speculation>,
 }
 
 impl CommonParams {
@@ -80,6 +83,7 @@ impl CommonParams {
             (None, None) => None,
         };
         let timeout = self.timeout.map(request_timeout).transpose()?;
+        let speculative = crate::speculative::parse("speculative", self.speculative.as_ref())?;
         let stop = stop_sequences(
             "stop",
             self.stop.map(StopInput::into_vec).unwrap_or_default(),
@@ -116,6 +120,7 @@ impl CommonParams {
             include_usage: self.include_usage.unwrap_or(false),
             include_progress: self.include_progress.unwrap_or(false),
             n,
+            speculative,
         })
     }
 }
@@ -274,6 +279,7 @@ impl From<&mut ChatRequest> for CommonParams {
             ignore_eos: r.ignore_eos,
             timeout: r.timeout,
             n: r.n,
+            speculative: r.speculative.take(),
         }
     }
 }
@@ -299,6 +305,7 @@ impl From<&mut CompletionRequest> for CommonParams {
             ignore_eos: r.ignore_eos,
             timeout: r.timeout,
             n: r.n,
+            speculative: r.speculative.take(),
         }
     }
 }

@@ -31,6 +31,10 @@ pub struct ChatRequest {
     /// shoal extension: give up after this many seconds (queueing included) with 408.
     pub timeout: Option<f64>,
     pub n: Option<i64>,
+    /// shoal extension: speculative decoding for this request, `{"method": "ngram" | "off",
+    /// "max_draft": 1..=32}` or the method's name (absent: the server's default).
+    #[schema(value_type = Option<Object>)]
+    pub speculative: Option<serde_json::Value>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
     /// Functions the model may call.
@@ -132,6 +136,10 @@ pub struct CompletionRequest {
     /// shoal extension: give up after this many seconds (queueing included) with 408.
     pub timeout: Option<f64>,
     pub n: Option<i64>,
+    /// shoal extension: speculative decoding for this request, `{"method": "ngram" | "off",
+    /// "max_draft": 1..=32}` or the method's name (absent: the server's default).
+    #[schema(value_type = Option<Object>)]
+    pub speculative: Option<serde_json::Value>,
     pub best_of: Option<i64>,
     /// Number of top log-probabilities per token; only 0 (the sampled token's own) is supported.
     pub logprobs: Option<i64>,

@@ -386,6 +386,7 @@ async fn the_engine_ends_a_cancelled_request_itself_queued_or_running() {
             ignore_eos: true,
             timeout: None,
             logits_processor: None,
+            speculative: None,
         };
         let mut stream = handle.submit(request).expect("submitted");
         // At once (mostly still queued), or after the first token (running).

@@ -43,6 +43,7 @@ impl NetTask {
         me.cpu_load = host.cpu_load;
         me.temperature_c = host.temperature_c;
         me.power_w = host.power_w;
+        me.thermal = facts::thermal();
         me.links = links;
         me.addrs = addrs;
         me.seq += 1;

@@ -27,8 +27,11 @@ const UNMEASURED_BPS: f64 = 12.5e6;
 const SWITCH_MARGIN: f64 = 0.25;
 /// … and by at least this much (round trips jitter by tens of microseconds).
 const SWITCH_SLACK_US: f64 = 100.0;
-/// Weight of a new ping round trip in the smoothed one.
-const RTT_GAIN: f64 = 0.3;
+/// A path's round trip is the least of its pings over this long: the path's own delay, not the queueing
+/// of a moment when either node was busy (a ping crosses both nodes' async runtimes, and on a loaded
+/// node those add milliseconds that a data-plane lane's small message — a hop, a group's exchange —
+/// does not meet). A path that truly grew slower shows it once its faster pings leave the window.
+const RTT_WINDOW: Duration = Duration::from_secs(10);
 /// A path is probed for bandwidth this often while its peer has paths over two or more addresses.
 pub const REPROBE_EVERY: Duration = Duration::from_secs(2);
 /// Bytes of a probe on a peer with paths over several addresses, and of a repeated probe: small, it
@@ -46,8 +49,10 @@ pub const PATH_SILENT_FOR: Duration = Duration::from_secs(4);
 pub struct Path {
     /// The peer's address on this path (the dialed address, or where its connection came from).
     pub addr: IpAddr,
-    /// Smoothed ping round trip.
+    /// The least ping round trip of the last [`RTT_WINDOW`].
     pub rtt: Option<Duration>,
+    /// The pings of the last [`RTT_WINDOW`]: when each was answered and its round trip.
+    pings: std::collections::VecDeque<(Instant, Duration)>,
     /// When the peer last answered a ping on this connection (or connected).
     pub last_pong: Instant,
     /// Bytes per second measured by the last probe on this connection.
@@ -61,6 +66,7 @@ impl Path {
         Path {
             addr,
             rtt: None,
+            pings: std::collections::VecDeque::new(),
             last_pong: now,
             bandwidth: None,
             probed_at: None,
@@ -111,10 +117,15 @@ impl PeerPaths {
     /// A ping on `connection` answered after `rtt`.
     pub fn pong(&mut self, connection: ConnectionId, rtt: Duration, now: Instant) {
         if let Some(p) = self.paths.get_mut(&connection) {
-            p.rtt = Some(match p.rtt {
-                Some(old) => old.mul_f64(1.0 - RTT_GAIN) + rtt.mul_f64(RTT_GAIN),
-                None => rtt,
-            });
+            while p
+                .pings
+                .front()
+                .is_some_and(|&(at, _)| now.saturating_duration_since(at) > RTT_WINDOW)
+            {
+                p.pings.pop_front();
+            }
+            p.pings.push_back((now, rtt));
+            p.rtt = p.pings.iter().map(|&(_, r)| r).min();
             p.last_pong = now;
             self.reselect();
         }
@@ -438,9 +449,32 @@ mod tests {
     }
 
     #[test]
+    fn a_round_trip_is_the_least_ping_of_the_window() {
+        let mut p = PeerPaths::default();
+        let now = Instant::now();
+        p.add(c(1), ip("10.0.0.2"), now);
+        let rtt = |p: &PeerPaths| p.paths[&c(1)].rtt;
+        p.pong(c(1), Duration::from_micros(150), now);
+        // A busy moment's pings (milliseconds of queueing) leave the path's delay as it was.
+        for i in 1..=5 {
+            p.pong(
+                c(1),
+                Duration::from_millis(9),
+                now + Duration::from_millis(400 * i),
+            );
+        }
+        assert_eq!(rtt(&p), Some(Duration::from_micros(150)));
+        // A path that grew slower shows it once its fast pings are older than the window.
+        let later = now + RTT_WINDOW + Duration::from_secs(1);
+        p.pong(c(1), Duration::from_millis(2), later);
+        assert_eq!(rtt(&p), Some(Duration::from_millis(2)));
+    }
+
+    #[test]
     fn a_path_with_a_much_longer_round_trip_loses() {
         let mut p = measured(1e9, 1e9);
-        let now = Instant::now();
+        // Once its faster pings have left the window.
+        let now = Instant::now() + RTT_WINDOW + Duration::from_secs(1);
         for _ in 0..20 {
             p.pong(c(1), Duration::from_millis(30), now);
         }

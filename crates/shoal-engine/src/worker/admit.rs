@@ -137,6 +137,8 @@ impl Worker {
     /// had (its constraint refuses them): its stream has the error.
     fn start(&self, a: crate::admission::Admission, seed: u64) -> Option<Sequence> {
         let mut seq = Sequence::start(a, self.context_length, seed);
+        let draft_model = self.config.draft_model.as_ref();
+        seq.init_speculation(self.config.speculative, draft_model, self.mtp.as_ref());
         match seq.catch_up(&self.tokenizer) {
             Ok(()) => Some(seq),
             Err(error) => {

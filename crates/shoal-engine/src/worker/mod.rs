@@ -7,6 +7,7 @@
 //! recently used first) and whom to preempt (the newest sequence).
 
 mod admit;
+mod speculate;
 mod step;
 
 use std::collections::VecDeque;
@@ -56,6 +57,18 @@ pub(crate) struct Worker {
     flights: VecDeque<Flight>,
     /// Measured step times, which size the prefill chunk taken while streams decode.
     times: StepTimes,
+    /// Whether every stage can verify drafted tokens (speculative decoding is off otherwise).
+    verifies: bool,
+    /// The model's multi-token-prediction block and its last stage's tap, when that stage is in this
+    /// process and the model has one (`Speculation::Mtp`).
+    mtp: Option<crate::mtp_draft::Mtp>,
+    /// Seconds of a step of decodes alone, by how many decodes it had (`speculate::decode_bucket`),
+    /// and what one drafted token adds to one (moving averages), once measured: speculative
+    /// decoding's cost.
+    plain_step_secs: [Option<f64>; speculate::DECODE_BUCKETS],
+    draft_token_secs: Option<f64>,
+    /// Steps that could draft so far (one in so many is kept plain, to measure).
+    steps_since_plain: usize,
 }
 
 /// A choice waiting to start from a copy of its request's first choice (`parent`), once that one's
@@ -69,13 +82,15 @@ struct Fork {
 struct Flight {
     ticket: u64,
     batch: Vec<ChunkSpec>,
+    /// The draft each chunk wanting logits verifies (empty: none).
+    drafts: step::Drafts,
     /// When it was launched (its step time is launch → outputs).
     started: std::time::Instant,
 }
 
 impl Worker {
     pub(crate) fn new(
-        stages: Vec<Box<dyn Stage>>,
+        mut stages: Vec<Box<dyn Stage>>,
         tokenizer: Arc<Tokenizer>,
         model: &ModelConfig,
         config: EngineConfig,
@@ -100,6 +115,8 @@ impl Worker {
             .kv_pool
             .clone()
             .unwrap_or_else(|| Arc::new(KvPool::new(config.kv_budget_bytes)));
+        let verifies = stages.iter().all(|s| s.verifies());
+        let mtp = stages.last_mut().and_then(|s| s.mtp());
         Self {
             kv: KvAccount::new(pool, token_bytes, token_cap),
             preempted: VecDeque::new(),
@@ -116,12 +133,23 @@ impl Worker {
             seed_counter: seed,
             flights: VecDeque::new(),
             times: StepTimes::default(),
+            verifies,
+            mtp,
+            plain_step_secs: [None; speculate::DECODE_BUCKETS],
+            draft_token_secs: None,
+            steps_since_plain: 0,
         }
     }
 
     /// The most KV tokens this engine can ever hold.
     pub(crate) fn kv_max_tokens(&self) -> usize {
         self.kv.max_tokens()
+    }
+
+    /// Whether its sequences may draft with the model's multi-token-prediction block
+    /// (`Speculation::Mtp`).
+    pub(crate) fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
     }
 
     pub(crate) fn run(&mut self, rx: Receiver<Admission>) {
@@ -185,7 +213,11 @@ impl Worker {
 
     /// KV tokens held: running sequences plus cached prefixes.
     fn kv_in_use(&self) -> usize {
-        self.running.iter().map(|s| s.computed).sum::<usize>() + self.prefix.used_tokens()
+        self.running
+            .iter()
+            .map(|s| s.computed + s.spec_held)
+            .sum::<usize>()
+            + self.prefix.used_tokens()
     }
 
     /// Evicts cached prefixes (least recently used first) while another engine on the node waits for

@@ -16,12 +16,17 @@ use crate::stage::{
     ChunkSpec, Outputs, PipelineLaunch, Pool, SampleRef, complete_pipeline, launch_pipeline,
     pipeline_depth,
 };
+use crate::verify;
 
 /// Prompts with more tokens still to prefill than this are "long": their chunks obey the ITL slack.
 const LONG_PROMPT_TOKENS: usize = 256;
 
-/// What one step computes: `(index into running, tokens to feed)`, decodes first.
-type Plan = Vec<(usize, usize)>;
+/// What one step computes: `(index into running, tokens to feed)`, decodes first (a decode that
+/// verifies a draft feeds its drafted tokens too).
+pub(super) type Plan = Vec<(usize, usize)>;
+
+/// One entry per chunk of a batch that wants logits: the drafted tokens it verifies (empty: none).
+pub(super) type Drafts = Vec<Vec<u32>>;
 
 impl Worker {
     /// One engine step: launch a micro-batch of the sequences that are not in flight, or, when the
@@ -43,21 +48,23 @@ impl Worker {
         let free = self
             .kv
             .grant_step(self.kv_in_use(), self.config.max_batch_tokens);
-        let (views, plan) = self.plan(depth, free);
+        let (views, mut plan) = self.plan(depth, free);
         if plan.is_empty() {
             self.complete_oldest();
             return;
         }
-        let (batch, tokens) = self.build_batch(&plan);
+        self.draft(&mut plan, free);
+        let (batch, tokens, drafts) = self.build_batch(&plan);
         let started = Instant::now();
         match self.launch(&plan, &views, &batch, tokens) {
             Ok(PipelineLaunch::Done(out)) => {
                 self.meters.step(started.elapsed());
-                self.deliver(&batch, out)
+                self.deliver(&batch, &drafts, out)
             }
             Ok(PipelineLaunch::Pending(ticket)) => self.flights.push_back(Flight {
                 ticket,
                 batch,
+                drafts,
                 started,
             }),
             Err(e) => self.fail_batch(&batch, e),
@@ -164,21 +171,29 @@ impl Worker {
         (views, plan)
     }
 
-    /// The batch description every stage gets, and the tokens the first stage takes.
-    fn build_batch(&self, plan: &Plan) -> (Vec<ChunkSpec>, Vec<u32>) {
+    /// The batch description every stage gets, the tokens the first stage takes (a sequence's
+    /// drafted tokens after its own), and the draft each chunk wanting logits verifies.
+    fn build_batch(&self, plan: &Plan) -> (Vec<ChunkSpec>, Vec<u32>, Drafts) {
         let mut batch = Vec::with_capacity(plan.len());
         let mut tokens = Vec::new();
+        let mut drafts = Vec::new();
         for &(i, n) in plan {
             let s = &self.running[i];
-            tokens.extend_from_slice(&s.tokens[s.computed..s.computed + n]);
+            let own = n - s.draft.len();
+            tokens.extend_from_slice(&s.tokens[s.computed..s.computed + own]);
+            tokens.extend_from_slice(&s.draft);
+            let want_logits = !s.is_embedding() && s.computed + own == s.tokens.len();
+            if want_logits {
+                drafts.push(s.draft.clone());
+            }
             batch.push(ChunkSpec {
                 seq_id: s.id,
                 len: n,
-                want_logits: !s.is_embedding() && s.computed + n == s.tokens.len(),
+                want_logits,
                 pool: s.chunk_pool(n),
             });
         }
-        (batch, tokens)
+        (batch, tokens, drafts)
     }
 
     /// Runs `batch` into the pipeline, records how long a batch computed here took, and counts the
@@ -202,16 +217,18 @@ impl Worker {
                 .filter(|&&(i, _)| !views[i].decoding)
                 .map(|&(_, n)| n)
                 .sum();
-            self.times
-                .record(decodes, prefill, started.elapsed().as_secs_f64());
+            let drafted = plan.iter().map(|&(i, _)| self.running[i].draft.len()).sum();
+            self.record_step(decodes, prefill, drafted, started.elapsed().as_secs_f64());
         }
         self.counters.stepped();
         for &(i, n) in plan {
             let seq = &mut self.running[i];
             if seq.computed < seq.prompt_len {
-                self.counters.prefilled(n);
+                self.counters.prefilled(n - seq.draft.len());
             }
-            seq.computed += n;
+            // The drafted tokens' KV is held apart until their pass is verified.
+            seq.spec_held = seq.draft.len();
+            seq.computed += n - seq.draft.len();
         }
         launched
     }
@@ -222,11 +239,15 @@ impl Worker {
             return;
         };
         let wanted = flight.batch.iter().filter(|c| c.want_logits).count();
+        let drafted: usize = flight.drafts.iter().map(Vec::len).sum();
         let pooling = flight.batch.iter().filter(|c| c.pool != Pool::None).count();
-        match complete_pipeline(&mut self.stages, flight.ticket, wanted, pooling) {
+        let picks = wanted..=wanted + drafted;
+        match complete_pipeline(&mut self.stages, flight.ticket, picks, pooling) {
             Ok(out) => {
-                self.meters.step(flight.started.elapsed());
-                self.deliver(&flight.batch, out)
+                let took = flight.started.elapsed();
+                self.meters.step(took);
+                self.record_flight(&flight.batch, &flight.drafts, took.as_secs_f64());
+                self.deliver(&flight.batch, &flight.drafts, out)
             }
             Err(e) => self.fail_batch(&flight.batch, e),
         }
@@ -248,10 +269,11 @@ impl Worker {
         }
     }
 
-    /// Streams the tokens picked for `batch` (one per chunk wanting logits, in order), hands embeddings
-    /// their pooled rows (one per chunk pooling) and ends the sequences that are done. Sequences that
-    /// ended while the batch was in flight are skipped.
-    fn deliver(&mut self, batch: &[ChunkSpec], out: Outputs) {
+    /// Streams the tokens picked for `batch` (one per chunk wanting logits, in order — or, for a
+    /// chunk verifying a draft in `drafts`, its accepted drafted tokens and one more), hands
+    /// embeddings their pooled rows (one per chunk pooling) and ends the sequences that are done.
+    /// Sequences that ended while the batch was in flight are skipped.
+    fn deliver(&mut self, batch: &[ChunkSpec], drafts: &Drafts, out: Outputs) {
         self.deliver_pooled(batch, &out.pooled);
         // Prompt chunks (a decode chunk is one token that wants logits) tell their progress.
         for spec in batch.iter().filter(|c| c.len > 1 || !c.want_logits) {
@@ -259,25 +281,49 @@ impl Worker {
                 seq.report_prefill();
             }
         }
-        let mut picks = out.picks.into_iter();
+        let picks = out.picks;
+        let mut at = 0;
         let mut done = Vec::new();
         // One clock reading per step: every token of the batch arrived now.
         let now = Instant::now();
-        for spec in batch.iter().filter(|c| c.want_logits) {
-            let Some(pick) = picks.next() else { break };
+        for (j, spec) in batch.iter().filter(|c| c.want_logits).enumerate() {
+            let draft = drafts.get(j).map_or(&[][..], Vec::as_slice);
+            let rest = picks.get(at..).unwrap_or_default();
+            if rest.is_empty() {
+                break;
+            }
+            let n = verify::chunk_picks(draft, rest);
+            at += n;
             let Some(i) = self.running.iter().position(|s| s.id == spec.seq_id) else {
                 continue;
             };
-            self.counters.generated();
-            let seq = &mut self.running[i];
-            if !seq.warm_up {
-                self.meters.token(seq.queued, seq.last_token, now);
+            let mut pushed = 0;
+            for pick in &rest[..n] {
+                self.counters.generated();
+                let seq = &mut self.running[i];
+                if !seq.warm_up {
+                    self.meters.token(seq.queued, seq.last_token, now);
+                }
+                seq.last_token = Some(now);
+                pushed += 1;
+                let verified = !draft.is_empty();
+                match seq.push(pick.clone(), verified, &self.tokenizer, self.context_length) {
+                    Ok(Some(reason)) => {
+                        done.push((i, Ok(reason)));
+                        break;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        done.push((i, Err(e)));
+                        break;
+                    }
+                }
             }
-            seq.last_token = Some(now);
-            match self.running[i].push(pick, &self.tokenizer, self.context_length) {
-                Ok(Some(reason)) => done.push((i, Ok(reason))),
-                Ok(None) => {}
-                Err(e) => done.push((i, Err(e))),
+            if !draft.is_empty()
+                && let Err(e) = self.settle_draft(i, draft, &rest[..n], pushed)
+                && !done.iter().any(|d| d.0 == i)
+            {
+                done.push((i, Err(e)));
             }
         }
         done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
@@ -336,6 +382,8 @@ fn sample_refs<'a>(
             sampler: &running[i].sampler,
             history: &running[i].tokens,
             mask: running[i].mask(),
+            draft: &running[i].draft,
+            draft_masks: &running[i].draft_masks,
         })
         .collect()
 }

@@ -120,7 +120,11 @@ impl Script {
     pub fn touched(&self, seq: u64) -> bool {
         self.seen().iter().any(|s| match s {
             Seen::Launch(chunks) => chunks.iter().any(|c| c.0 == seq),
-            Seen::Kv(KvOp::Release { seq_id } | KvOp::Retain { seq_id, .. }) => *seq_id == seq,
+            Seen::Kv(
+                KvOp::Release { seq_id }
+                | KvOp::Retain { seq_id, .. }
+                | KvOp::Rewind { seq_id, .. },
+            ) => *seq_id == seq,
             Seen::Kv(KvOp::Start { seq_id, .. } | KvOp::Fork { into: seq_id, .. }) => {
                 *seq_id == seq
             }
@@ -240,6 +244,11 @@ impl Stage for Scripted {
             } => {
                 held.insert(seq_id, len);
             }
+            KvOp::Rewind { seq_id, len } => {
+                if let Some(h) = held.get_mut(&seq_id) {
+                    *h = (*h).min(len);
+                }
+            }
             KvOp::DropPrefix { .. } => {}
         }
         Ok(())
@@ -330,6 +339,7 @@ pub fn engine_with(
         template: None,
         stages: vec![Box::new(stage)],
         kv_source: Default::default(),
+        token_list: None,
     };
     spawn(model, engine_config).expect("engine")
 }

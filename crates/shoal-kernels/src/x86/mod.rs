@@ -337,16 +337,7 @@ unsafe fn gemm_iq3s_lanes_tf(g: &Gemm<'_>, rows: Range<usize>) {
 
 /// Panics unless the operands of `g` are consistent for weight rows `rows` in GGUF rows.
 fn check_gemm(g: &Gemm<'_>, rows: &Range<usize>) {
-    g.check_rows(rows);
-    let (nb, act) = (g.x.nb(), g.qtype.act_type());
-    assert!(
-        g.x.act_type() == Some(act)
-            && nb * act.block_size() == g.k
-            && g.x.k() == g.k
-            && g.w_row_bytes == nb * g.qtype.type_size(),
-        "gemm: row sizes do not match k = {}",
-        g.k
-    );
+    g.check_ggml(rows);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -95,6 +95,25 @@ impl GgufFile {
         self.content.metadata.get(key)
     }
 
+    /// A hash of the file's token list (`tokenizer.ggml.tokens`, every entry in order): two models
+    /// with equal fingerprints number the same text the same way (one can draft for the other).
+    /// `None` without a list of strings.
+    pub fn token_list_fingerprint(&self) -> Option<u64> {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let Value::Array(tokens) = self.value("tokenizer.ggml.tokens")? else {
+            return None;
+        };
+        let mut h = DefaultHasher::new();
+        tokens.len().hash(&mut h);
+        for t in tokens {
+            let Value::String(s) = t else {
+                return None;
+            };
+            s.hash(&mut h);
+        }
+        Some(h.finish())
+    }
+
     fn missing(key: &str) -> ModelError {
         ModelError::MissingKey {
             key: key.to_string(),

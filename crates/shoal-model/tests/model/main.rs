@@ -22,6 +22,7 @@ mod gpu_stage;
 mod kv_reuse;
 mod model_load_errors;
 mod moe;
+mod mtp;
 mod split;
 mod split_moe;
 mod stage_ranges;

@@ -33,7 +33,7 @@ use shoal_cluster::{ClusterHandle, Snapshot};
 
 use crate::error::PipelineError;
 
-use super::path::{Replay, Watch, off_preferred, open_on_path, watch_paths};
+use super::path::{Replay, Watch, off_preferred, open_on_path, watch_nodes, watch_paths};
 use super::{
     Alarm, BATCH_TIMEOUT, Inlet, Outlet, READ_QUEUE, WRITE_QUEUE, encode, handshake, kv_frame,
     open_lane, spawn_reader, spawn_writer, wire_node_id, wire_pool,
@@ -111,6 +111,8 @@ pub struct RemoteChain {
     pending: std::collections::VecDeque<InFlight>,
     /// Tokens of KV the remote stages have room for (the least of them), when they said.
     kv_capacity: Option<usize>,
+    /// Whether the last remote stage returns a logits row per drafted token (speculative decoding).
+    verifies: bool,
     /// `shoal_pipeline_wait_seconds`: a batch sent → its tokens read back. Less the remote stages'
     /// `shoal_stage_step_seconds`, what is left is the hops' own cost.
     wait_seconds: metrics::Histogram,
@@ -129,6 +131,13 @@ impl RemoteChain {
     /// Bounds the KV tokens the engine may hold to what the remote stages reserved.
     pub fn with_kv_capacity(mut self, tokens: Option<usize>) -> Self {
         self.kv_capacity = tokens;
+        self
+    }
+
+    /// Says whether the last remote stage can verify drafted tokens: not when its layers are all on a
+    /// GPU or split over a tensor-parallel group (the engine then drafts nothing).
+    pub fn with_verifies(mut self, verifies: bool) -> Self {
+        self.verifies = verifies;
         self
     }
 
@@ -175,6 +184,7 @@ impl RemoteChain {
             nodes: nodes.to_vec(),
             broken: None,
             kv_capacity: None,
+            verifies: true,
             pending: std::collections::VecDeque::new(),
             wait_seconds: metrics::histogram!(WAIT_SECONDS, "instance_id" => instance.to_string()),
             on_break: None,
@@ -591,34 +601,6 @@ const CUT_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
 /// The longest opening the chain's streams (and their handshakes) may take.
 const OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Watches the cluster membership (`members`) and sends [`PipelineError::NodeLeft`] into `events` as
-/// soon as `missing` names a node of the pipeline gone, then ends; it also ends when `stop` fires (the
-/// chain is dropped) or the membership feed closes.
-fn watch_nodes<T: Send + Sync + 'static>(
-    mut members: watch::Receiver<T>,
-    missing: impl Fn(&T) -> Option<NodeId> + Send + 'static,
-    events: Alarm,
-    mut stop: oneshot::Receiver<()>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            let gone = missing(&members.borrow_and_update());
-            if let Some(node) = gone {
-                events.ring(PipelineError::NodeLeft { node }).await;
-                return;
-            }
-            tokio::select! {
-                _ = &mut stop => return,
-                changed = members.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    })
-}
-
 impl RemoteChain {
     /// Tokens of KV `seq_id` holds on the remote stages (as sent).
     pub fn cached_len(&self, seq_id: u64) -> usize {
@@ -656,7 +638,16 @@ impl RemoteChain {
         if !sampling.is_empty() {
             let jobs = sampling
                 .iter()
-                .map(|s| s.sampler.job(s.seq_id, s.history, s.mask))
+                .map(|s| {
+                    let mut job = s.sampler.job(s.seq_id, s.history, s.mask);
+                    job.draft = s.draft.to_vec();
+                    job.draft_masks = s
+                        .draft_masks
+                        .iter()
+                        .map(|m| m.as_ref().map_or_else(Vec::new, |m| m.words().to_vec()))
+                        .collect();
+                    job
+                })
                 .collect();
             Frame::Sample { batch_id, jobs }.encode_into(&mut bytes, DEFAULT_MAX_FRAME_LEN)?;
         }
@@ -707,12 +698,10 @@ impl RemoteChain {
         self.wait_seconds.record(flight.sent.elapsed());
         self.replay.answered(flight.batch_id);
         let pooled_ids = pooled.as_ref().map_or(&[][..], |p| &p.seq_ids[..]);
-        if items
-            .iter()
-            .map(|i| i.seq_id)
-            .ne(flight.sampled.iter().copied())
-            || pooled_ids != flight.pooled
-        {
+        // One item per sequence sampled, or several in a row for one that verified a draft.
+        let mut answered: Vec<u64> = items.iter().map(|i| i.seq_id).collect();
+        answered.dedup();
+        if answered != flight.sampled || pooled_ids != flight.pooled {
             return Err(self.lost(PipelineError::OtherSequences));
         }
         let pooled = match pooled {
@@ -736,6 +725,11 @@ impl RemoteChain {
         match op {
             KvOp::Release { seq_id } | KvOp::Retain { seq_id, .. } => {
                 self.lens.remove(&seq_id);
+            }
+            KvOp::Rewind { seq_id, len } => {
+                if let Some(held) = self.lens.get_mut(&seq_id) {
+                    *held = (*held).min(len);
+                }
             }
             KvOp::Start { .. } | KvOp::DropPrefix { .. } | KvOp::Fork { .. } => {}
         }
@@ -784,6 +778,12 @@ impl Stage for RemoteChain {
 
     fn held_sequences(&self) -> usize {
         self.lens.len()
+    }
+
+    /// The last remote stage verifies drafts where the logits are (a CPU head: its `HybridStage`),
+    /// unless the runtime said otherwise ([`RemoteChain::with_verifies`]).
+    fn verifies(&self) -> bool {
+        self.verifies
     }
 }
 

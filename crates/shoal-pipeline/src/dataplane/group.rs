@@ -17,6 +17,7 @@
 //! lane breaks ends its round with an error on every other member: the driver sees its stage lost.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -201,6 +202,9 @@ fn stop(slot: &Slot) {
 /// One member's link to its group: the all-reduce, and on rank 0 the input it sends the others.
 pub struct MemberLink {
     rank: usize,
+    members: usize,
+    /// Rank 0: the least KV (tokens) the other members set aside.
+    kv_capacity: Option<usize>,
     reduce: Arc<Mutex<AllReduce>>,
     dim: usize,
     batch_id: u64,
@@ -209,12 +213,23 @@ pub struct MemberLink {
     /// Rank 0: each batch's time in all-reduces (`shoal_group_reduce_seconds`), and this batch's so far.
     reduce_seconds: Option<metrics::Histogram>,
     reducing: Duration,
+    /// Values this member has all-reduced so far ([`MemberLink::reduced_values`]).
+    reduced: Arc<AtomicU64>,
 }
 
 impl MemberLink {
+    /// A counter of the values this member has all-reduced (each partial sum's length, summed):
+    /// what its exchanges carry, e.g. whether a split head's step sent whole logit rows.
+    pub fn reduced_values(&self) -> Arc<AtomicU64> {
+        self.reduced.clone()
+    }
+
     fn new(rank: usize, reduce: Arc<Mutex<AllReduce>>, dim: usize, held: Vec<Held>) -> Self {
+        let members = reduce.lock().map_or(0, |r| r.members());
         Self {
             rank,
+            members,
+            kv_capacity: None,
             reduce,
             dim,
             batch_id: 0,
@@ -222,6 +237,7 @@ impl MemberLink {
             _held: held,
             reduce_seconds: None,
             reducing: Duration::ZERO,
+            reduced: Arc::default(),
         }
     }
 
@@ -238,6 +254,14 @@ fn poisoned() -> EngineError {
 impl GroupLink for MemberLink {
     fn rank(&self) -> usize {
         self.rank
+    }
+
+    fn members(&self) -> usize {
+        self.members
+    }
+
+    fn kv_token_capacity(&self) -> Option<usize> {
+        self.kv_capacity
     }
 
     fn send_batch(
@@ -321,6 +345,8 @@ impl GroupLink for MemberLink {
         let mut r = self.reduce.lock().map_err(|_| poisoned())?;
         let result = r.reduce(partial, self.dim).map_err(EngineError::from);
         self.reducing += started.elapsed();
+        self.reduced
+            .fetch_add(partial.len() as u64, std::sync::atomic::Ordering::Relaxed);
         result
     }
 }
@@ -333,6 +359,7 @@ pub async fn connect_group(
     index: usize,
     peers: &[PeerId],
     dim: usize,
+    kv_capacity: Option<usize>,
 ) -> Result<MemberLink, PipelineError> {
     let mut links = Vec::new();
     let mut held = Vec::new();
@@ -343,6 +370,7 @@ pub async fn connect_group(
     }
     let reduce = AllReduce::new(0, peers.len(), links);
     let mut link = MemberLink::new(0, Arc::new(Mutex::new(reduce)), dim, held);
+    link.kv_capacity = kv_capacity;
     link.reduce_seconds = Some(metrics::histogram!(
         "shoal_group_reduce_seconds",
         "instance_id" => instance.to_string(),

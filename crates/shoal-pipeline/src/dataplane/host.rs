@@ -28,6 +28,7 @@ use shoal_engine::engine::HybridStage;
 use shoal_engine::kvpool::KvShare;
 use shoal_engine::sampler::Sampler;
 use shoal_engine::stage::{KvOp, SampleRef, Stage, StageData};
+use shoal_engine::verify;
 use shoal_model::HostMatrix;
 use shoal_wire::{
     Activations, DEFAULT_MAX_FRAME_LEN, Frame, Handshake, Pooled, PrefixOp, Role, SampleJob,
@@ -599,15 +600,26 @@ fn forward(
         .iter_mut()
         .map(|j| (!j.mask.is_empty()).then(|| TokenMask::from_words(std::mem::take(&mut j.mask))))
         .collect();
+    let draft_masks: Vec<Vec<Option<TokenMask>>> = batch_jobs
+        .iter_mut()
+        .map(|j| {
+            std::mem::take(&mut j.draft_masks)
+                .into_iter()
+                .map(|m| (!m.is_empty()).then(|| TokenMask::from_words(m)))
+                .collect()
+        })
+        .collect();
     let refs: Vec<SampleRef<'_>> = batch_jobs
         .iter()
         .zip(&samplers)
-        .zip(&masks)
-        .map(|((job, sampler), mask)| SampleRef {
+        .zip(masks.iter().zip(&draft_masks))
+        .map(|((job, sampler), (mask, draft_masks))| SampleRef {
             seq_id: job.seq_id,
             sampler,
             history: &job.history,
             mask: mask.as_ref(),
+            draft: &job.draft,
+            draft_masks,
         })
         .collect();
     let wanted = a.chunks.iter().filter(|c| c.want_logits).count();
@@ -676,17 +688,20 @@ fn answer(
             (tokens, pooled)
         }
         StageData::Sampled(out) => {
-            let items = out
-                .picks
-                .into_iter()
-                .zip(batch_jobs)
-                .map(|(pick, job)| TokenItem {
+            // One pick per job, or a job's verified draft and one more (`verify::chunk_picks`).
+            let mut items = Vec::with_capacity(out.picks.len());
+            let mut at = 0;
+            for job in batch_jobs {
+                let rest = out.picks.get(at..).unwrap_or_default();
+                let n = verify::chunk_picks(&job.draft, rest);
+                at += n;
+                items.extend(rest[..n].iter().map(|pick| TokenItem {
                     seq_id: job.seq_id,
                     token: pick.id,
                     logprob: pick.logprob,
-                    top: pick.top,
-                })
-                .collect();
+                    top: pick.top.clone(),
+                }));
+            }
             let tokens = Frame::Tokens {
                 batch_id: a.batch_id,
                 items,
@@ -755,7 +770,7 @@ fn already_applied(stage: &HybridStage, op: KvOp) -> bool {
         // A placeholder stands for a sequence released after the fork (`LocalStage::rewind`).
         KvOp::Fork { seq_id, .. } => stage.cached_len(seq_id) == 0 || stage.is_placeholder(seq_id),
         KvOp::Start { prefix_id, .. } => !stage.has_prefix(prefix_id),
-        KvOp::DropPrefix { .. } | KvOp::Release { .. } => false,
+        KvOp::DropPrefix { .. } | KvOp::Release { .. } | KvOp::Rewind { .. } => false,
     };
     if gone {
         tracing::debug!(

@@ -212,6 +212,8 @@ fn kv_frame(op: KvOp) -> Frame {
         KvOp::DropPrefix { prefix_id } => prefix(PrefixAction::Drop, 0, prefix_id, 0),
         // The new sequence's id travels in the prefix id's place.
         KvOp::Fork { seq_id, into, len } => prefix(PrefixAction::Fork, seq_id, into, len),
+        // Speculative decoding's rejected drafted tokens: the stage's own rewind.
+        KvOp::Rewind { seq_id, len } => rewind_frame(seq_id, len),
     }
 }
 

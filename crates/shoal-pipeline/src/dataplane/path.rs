@@ -1,5 +1,5 @@
 //! Paths for the data plane: streams open on the preferred path to a peer (`shoal_cluster::Paths`),
-//! the watch that reports a path in use closing, and [`Replay`], what the driver keeps so a cut path
+//! the watches that report a path in use closing or a pipeline's node leaving the cluster, and [`Replay`], what the driver keeps so a cut path
 //! costs no request.
 //!
 //! The driver's [`RemoteChain`](super::RemoteChain) keeps every frame it sent since the oldest batch
@@ -16,7 +16,7 @@
 //! of blank KV, so the batch computes again for its other sequences; the placeholder's token goes to
 //! a request that is over, and its KV is never kept (`LocalStage::rewind`).
 
-use shoal_ids::InstanceId;
+use shoal_ids::{InstanceId, NodeId};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -211,6 +211,34 @@ impl Replay {
         }
         Ok(out)
     }
+}
+
+/// Watches the cluster membership (`members`) and sends [`PipelineError::NodeLeft`] into `events` as
+/// soon as `missing` names a node of the pipeline gone, then ends; it also ends when `stop` fires (the
+/// chain is dropped) or the membership feed closes.
+pub(super) fn watch_nodes<T: Send + Sync + 'static>(
+    mut members: watch::Receiver<T>,
+    missing: impl Fn(&T) -> Option<NodeId> + Send + 'static,
+    events: Alarm,
+    mut stop: oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let gone = missing(&members.borrow_and_update());
+            if let Some(node) = gone {
+                events.ring(PipelineError::NodeLeft { node }).await;
+                return;
+            }
+            tokio::select! {
+                _ = &mut stop => return,
+                changed = members.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    })
 }
 
 #[cfg(test)]

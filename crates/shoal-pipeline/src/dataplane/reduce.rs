@@ -90,6 +90,11 @@ impl AllReduce {
         self.rank
     }
 
+    /// How many members the group has.
+    pub fn members(&self) -> usize {
+        self.members
+    }
+
     /// Time spent in [`AllReduce::reduce`] so far (sending, waiting for the slowest member, adding)
     /// and the number of calls.
     pub fn spent(&self) -> (Duration, u64) {

@@ -19,7 +19,7 @@ use shoal_model::LayerRange;
 use shoal_model::gguf::GgufFile;
 use shoal_model::split::{Share, shares};
 
-use super::{Node, RuntimeConfig, check_stages_loaded};
+use super::{Node, RuntimeConfig, check_stages_loaded, least_kv_capacity};
 use crate::dataplane::connect_group;
 use crate::error::PipelineError;
 
@@ -127,14 +127,15 @@ impl Node {
     }
 
     /// Rank 0 of the group computing stage `index` of `rec`: waits until every other member is
-    /// ready, opens the group's lanes and joins `stage` (its share) to them.
+    /// ready, opens the group's lanes and joins `stage` (its share) to them. Returns the least KV
+    /// (tokens) the other members set aside: the stage holds no more.
     pub(super) async fn form_group(
         &self,
         rec: &InstanceRecord,
         index: usize,
         stage: &mut dyn Stage,
         dim: usize,
-    ) -> Result<(), PipelineError> {
+    ) -> Result<Option<usize>, PipelineError> {
         let peers = peers_of(rec, index)?;
         let others: Vec<NodeId> = rec.stages[index].nodes().skip(1).cloned().collect();
         let snap = self.wait_for_stages(rec, &others).await?;
@@ -148,11 +149,12 @@ impl Node {
                     .into(),
             });
         }
-        let link = connect_group(&self.cluster, &rec.id, index, &peers, dim)
+        let capacity = least_kv_capacity(&snap, rec, &others);
+        let link = connect_group(&self.cluster, &rec.id, index, &peers, dim, capacity)
             .await
             .map_err(|e| PipelineError::Connect(Box::new(e)))?;
         stage.join_group(Box::new(link))?;
-        Ok(())
+        Ok(capacity)
     }
 }
 

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use libp2p::PeerId;
+use shoal_engine::draft_model::DraftModel;
 use shoal_engine::engine::{
     EngineConfig, HybridStage, LoadedModel, Placement, load_hybrid_stage, load_local_share, spawn,
 };
@@ -95,6 +96,9 @@ pub struct RuntimeConfig {
     /// Where this node listens for lanes, the data plane's direct connections (`None`: every
     /// data-plane stream carries its frames through the cluster connection).
     pub lanes: Option<LaneConfig>,
+    /// A small model's GGUF file that drafts for speculative decoding (`Speculation::Draft`) on
+    /// every instance this node drives whose model has the same token list; loaded once at start.
+    pub draft_model: Option<PathBuf>,
 }
 
 /// The data plane's lane listener: `ip` as the cluster listens, and a port (0: a free one).
@@ -118,6 +122,7 @@ pub fn model_card(path: &Path, id: &ModelId) -> Result<ModelCard, shoal_model::M
         layer_bytes: f.layer_bytes,
         embed_bytes: f.embed_bytes,
         head_bytes: f.head_bytes,
+        active_head_bytes: f.active_head_bytes,
         kv_bytes_per_token_per_layer: f.kv_bytes_per_token_per_layer,
         context_length: f.context_length,
         hidden_bytes_per_token: f.hidden_bytes_per_token,
@@ -162,6 +167,11 @@ pub fn start(
     };
     serve_stages(cluster.clone(), hosts.clone(), lanes)?;
     let pool = Arc::new(ThreadPool::new(config.engine.threads.max(1)));
+    if let Some(path) = &config.draft_model {
+        let draft = DraftModel::load(path, &pool)?;
+        tracing::info!(draft_model = draft.name(), "draft model loaded");
+        config.engine.draft_model = Some(Arc::new(draft));
+    }
     tokio::spawn(follow_table(cluster, engines, hosts, config, pool));
     Ok(())
 }
@@ -538,6 +548,7 @@ impl Node {
         let pool = self.pool.clone();
         // Where its record says: its first layers on this node's GPU, or all on the CPU.
         let placement = stage_placement(stage, &self.config.engine);
+        let mut members_capacity = None;
         let local = match group::share_of(&path, rec, index, range, 0)? {
             // Rank 0 of a group: its share, joined to the other members before it is hosted.
             Some((share, _)) => {
@@ -546,7 +557,7 @@ impl Node {
                 })
                 .await??;
                 let dim = local.model().config().dim;
-                self.form_group(rec, index, &mut local, dim).await?;
+                members_capacity = self.form_group(rec, index, &mut local, dim).await?;
                 HybridStage::from(local)
             }
             None => {
@@ -557,7 +568,8 @@ impl Node {
             }
         };
         let kv = reserve_kv(&self.config, &local)?;
-        self.cluster.set_kv_capacity(rec.id, kv.tokens as u64).await;
+        let tokens = members_capacity.map_or(kv.tokens, |m| m.min(kv.tokens));
+        self.cluster.set_kv_capacity(rec.id, tokens as u64).await;
         let next = next_node(rec, index)?;
         self.hosts.insert(HostedStage::new(
             rec.id,
@@ -633,9 +645,17 @@ impl Node {
         )
         .await
         .map_err(|e| PipelineError::Connect(Box::new(e)))?
-        .with_kv_capacity(capacity);
+        .with_kv_capacity(capacity)
+        .with_verifies(rec.stages.last().is_some_and(verifies_drafts));
         Ok(chain)
     }
+}
+
+/// Whether the stage `s` of a record, as a last stage, returns a logits row per drafted token
+/// (speculative decoding): its head on a CPU and no tensor-parallel group (a group's members compute
+/// one logits row a chunk; a stage all on a GPU keeps the head there).
+fn verifies_drafts(s: &shoal_placement::Stage) -> bool {
+    s.group.is_none() && s.gpu.as_ref().is_none_or(|g| g.layers < s.end - s.start)
 }
 
 /// What an engine's counters say its instance is doing, as its facts publish it.
@@ -647,6 +667,9 @@ fn load_of(s: &shoal_engine::EngineStats) -> InstanceLoad {
         ttft_ms: s.ttft_ms,
         finished: s.finished,
         generated_tokens: s.generated_tokens,
+        spec_passes: s.spec_passes,
+        drafted_tokens: s.drafted_tokens,
+        accepted_tokens: s.accepted_tokens,
     }
 }
 
@@ -718,5 +741,26 @@ mod tests {
         // 9 query heads in 3 KV groups, 64 dims each, Q4_1's 32-value blocks: a group of up to the
         // planner's most members can cut it.
         assert_eq!(card.max_group, shoal_placement::MAX_GROUP);
+    }
+
+    #[test]
+    fn a_last_stage_verifies_drafts_only_with_its_head_on_a_cpu_and_no_group() {
+        let node: shoal_placement::NodeId = "a".parse().unwrap();
+        let cpu = shoal_placement::Stage::cpu(node.clone(), 10, 30);
+        assert!(verifies_drafts(&cpu));
+        let gpu = |layers| shoal_placement::Stage {
+            gpu: Some(shoal_placement::GpuLayers { index: 0, layers }),
+            ..cpu.clone()
+        };
+        assert!(verifies_drafts(&gpu(19)));
+        assert!(!verifies_drafts(&gpu(20)));
+        let grouped = shoal_placement::Stage {
+            group: Some(shoal_placement::TensorGroup {
+                members: vec!["b".parse().unwrap()],
+                weights: vec![1, 1],
+            }),
+            ..cpu
+        };
+        assert!(!verifies_drafts(&grouped));
     }
 }

@@ -103,6 +103,8 @@ pub fn sample_frames(rng: &mut Rng) -> Vec<Frame> {
                     history: vec![1, 2, 49151],
                     counts: vec![(5, 1), (9, 300)],
                     mask: vec![0xFFFF_0000, 0, u32::MAX],
+                    draft: vec![7, 49151],
+                    draft_masks: vec![vec![1, 2, 3], vec![]],
                 },
                 SampleJob {
                     seq_id: 4,
@@ -114,6 +116,8 @@ pub fn sample_frames(rng: &mut Rng) -> Vec<Frame> {
                     history: vec![],
                     counts: vec![],
                     mask: vec![],
+                    draft: vec![],
+                    draft_masks: vec![],
                 },
             ],
         },

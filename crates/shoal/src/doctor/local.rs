@@ -1,6 +1,8 @@
 //! This node's part of the doctor's report, read on this machine without any running node: host, CPU
-//! (cores, model, the kernels' SIMD level detected at run time and every level the CPU supports),
-//! memory and its pressure (Linux PSI), the GPUs found ([`crate::gpus::discover`]; none is fine: shoal
+//! (cores and their kinds, model, the kernels' SIMD level detected at run time and every level the CPU
+//! supports, the OS's thermal state where it has one), memory and its pressure (Linux PSI, macOS's
+//! pressure level), the network interfaces and the kind of link each is (all through
+//! `shoal_cluster::facts`' per-OS readers), the GPUs found ([`crate::gpus::discover`]; none is fine: shoal
 //! then computes on the CPU), and the models directory (each model present, complete or
 //! partial, its size against what `model.json` recorded, and its sha256: recorded, verified with
 //! `--verify`, or not matching).
@@ -24,9 +26,18 @@ pub struct LocalReport {
     pub simd_supported: Vec<String>,
     pub memory_total_bytes: u64,
     pub memory_available_bytes: u64,
-    /// Share of the last 10 s in which some task waited for memory (PSI `some avg10`), in [0, 1];
-    /// `None` where the kernel has no PSI.
+    /// Memory pressure in [0, 1]: on Linux the share of the last 10 s in which some task waited for
+    /// memory (PSI `some avg10`), on macOS the kernel's level (normal 0, warn 0.5, critical 1); `None`
+    /// where neither is readable.
     pub memory_pressure: Option<f32>,
+    /// What the pressure was read from (`PSI some avg10`, `kernel level warn`).
+    pub memory_pressure_source: Option<String>,
+    /// Performance and efficiency cores, where the OS tells them apart.
+    pub core_kinds: Option<shoal_cluster::facts::CoreKinds>,
+    /// The OS's thermal state, where readable (macOS's thermal-pressure level).
+    pub thermal: Option<shoal_cluster::facts::Thermal>,
+    /// The network interfaces with addresses, and the kind of link each is.
+    pub interfaces: Vec<shoal_cluster::facts::InterfaceFacts>,
     /// The GPUs found (Vulkan, Metal, DX12; software ones such as lavapipe included); empty without a
     /// GPU, a driver or a Vulkan loader; their memory where the backend tells it (Vulkan), their
     /// compute as the GPU probe's cache holds it.
@@ -70,7 +81,7 @@ pub enum Checksum {
 /// Reads this machine's facts; with `verify`, hashes every complete model with a recorded sha256.
 pub fn gather(models_dir: &Path, verify: bool) -> LocalReport {
     let (memory, cores) = shoal_cluster::facts::local_resources();
-    let psi = std::path::Path::new("/proc/pressure/memory").exists();
+    let pressure = shoal_cluster::facts::memory_pressure();
     let store = Store::new(models_dir.to_path_buf());
     let models = store
         .list()
@@ -99,7 +110,7 @@ pub fn gather(models_dir: &Path, verify: bool) -> LocalReport {
         })
         .collect();
     LocalReport {
-        host: host_name(),
+        host: shoal_cluster::facts::host_name().unwrap_or_else(|| "this machine".to_string()),
         cpu_model: shoal_cluster::facts::cpu_model(),
         cores,
         simd: shoal_kernels::Backend::detect().name().to_string(),
@@ -109,20 +120,15 @@ pub fn gather(models_dir: &Path, verify: bool) -> LocalReport {
             .collect(),
         memory_total_bytes: memory.total,
         memory_available_bytes: memory.available,
-        memory_pressure: psi.then_some(memory.pressure),
+        memory_pressure: pressure.as_ref().map(|p| p.share),
+        memory_pressure_source: pressure.map(|p| p.source),
+        core_kinds: shoal_cluster::facts::core_kinds(),
+        thermal: shoal_cluster::facts::thermal(),
+        interfaces: shoal_cluster::facts::interfaces(),
         gpus: crate::gpus::discover(),
         models_dir: models_dir.to_path_buf(),
         models,
     }
-}
-
-/// This machine's host name (Linux), else `this machine`.
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "this machine".to_string())
 }
 
 /// A complete file against its recorded size and sha256 (hashed only with `verify`).

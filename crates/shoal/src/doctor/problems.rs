@@ -189,13 +189,29 @@ fn local_problems(local: &LocalReport, out: &mut Vec<Problem>) {
         ));
     }
     if let Some(p) = local.memory_pressure.filter(|p| *p > 0.1) {
-        out.push(problem(
-            error_if(p > 0.5),
-            format!(
+        let what = match local.memory_pressure_source.as_deref() {
+            Some(source) if !source.starts_with("PSI") => {
+                format!("the kernel reports memory pressure ({source})")
+            }
+            _ => format!(
                 "tasks waited for memory {:.0}% of the last 10 s (memory pressure)",
                 p * 100.0
             ),
+        };
+        out.push(problem(
+            error_if(p > 0.5),
+            what,
             "the machine is swapping or reclaiming: free memory or run smaller models here",
+        ));
+    }
+    if let Some(t) = local.thermal.as_ref().filter(|t| t.throttled) {
+        out.push(problem(
+            Severity::Warning,
+            format!(
+                "the OS reports thermal pressure {}: it slows the CPU",
+                t.state
+            ),
+            "let the machine cool (airflow, a lighter load) before measuring or serving here",
         ));
     }
     if local.models.is_empty() {
@@ -263,6 +279,10 @@ pub(super) mod tests {
             memory_total_bytes: 16 << 30,
             memory_available_bytes: 8 << 30,
             memory_pressure: Some(0.0),
+            memory_pressure_source: Some("PSI some avg10".into()),
+            core_kinds: None,
+            thermal: None,
+            interfaces: Vec::new(),
             gpus: Vec::new(),
             models_dir: "/models".into(),
             models: vec![ModelCheck {
@@ -391,5 +411,30 @@ pub(super) mod tests {
             p.iter()
                 .any(|x| x.what.starts_with("tasks waited for memory 30%"))
         );
+    }
+
+    #[test]
+    fn macos_pressure_and_heat_are_named_by_level() {
+        let mut local = healthy_local();
+        local.memory_pressure = Some(1.0);
+        local.memory_pressure_source = Some("kernel level critical".into());
+        local.thermal = Some(shoal_cluster::facts::Thermal {
+            state: "heavy".into(),
+            throttled: true,
+        });
+        let p = find(&local, Some(&[]), None);
+        let memory = p
+            .iter()
+            .find(|x| x.what == "the kernel reports memory pressure (kernel level critical)")
+            .expect("the level is named");
+        assert_eq!(memory.severity, Severity::Error);
+        assert!(p.iter().any(|x| x.severity == Severity::Warning
+            && x.what == "the OS reports thermal pressure heavy: it slows the CPU"));
+        local.thermal = Some(shoal_cluster::facts::Thermal {
+            state: "moderate".into(),
+            throttled: false,
+        });
+        local.memory_pressure = Some(0.0);
+        assert!(find(&local, Some(&[]), None).is_empty());
     }
 }

@@ -68,6 +68,7 @@ pub async fn create_response(
         top_p: req.top_p,
         seed: req.seed,
         timeout: req.timeout,
+        speculative: req.speculative.clone(),
         ..CommonParams::default()
     }
     .validate(&state.engine)?;
@@ -83,6 +84,7 @@ pub async fn create_response(
         ignore_eos: false,
         timeout: params.timeout,
         n: 1,
+        speculative: params.speculative,
         prompt_param: PROMPT_PARAM,
         guide_error: super::tools::guide_error,
     };

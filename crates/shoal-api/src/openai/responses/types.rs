@@ -40,6 +40,10 @@ pub struct ResponsesRequest {
     /// shoal's extras, as on chat completions.
     pub seed: Option<i64>,
     pub timeout: Option<f64>,
+    /// shoal extension: speculative decoding for this request, `{"method": "ngram" | "off",
+    /// "max_draft": 1..=32}` or the method's name (absent: the server's default).
+    #[schema(value_type = Option<Object>)]
+    pub speculative: Option<serde_json::Value>,
 }
 
 /// `input`: a plain string (one user message) or a list of items.
