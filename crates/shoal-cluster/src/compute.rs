@@ -124,6 +124,7 @@ pub fn node_info(f: &NodeFacts, card: Option<&ModelCard>, mem_available: u64) ->
         attention_us: costs.attention_us,
         sample_us: costs.sample_us,
         gpu: card.and_then(|c| gpu_info(f, c, mem_available)),
+        machine: f.machine.clone(),
     }
 }
 
@@ -210,6 +211,7 @@ mod tests {
             temperature_c: None,
             power_w: None,
             cpu_model: String::new(),
+            machine: None,
             core_kinds: None,
             thermal: None,
             accelerator: "cpu".into(),

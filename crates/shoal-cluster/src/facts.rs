@@ -45,6 +45,11 @@ pub struct NodeFacts {
     /// The OS's thermal state where it has one (macOS), refreshed with `memory`.
     #[serde(default)]
     pub thermal: Option<Thermal>,
+    /// The machine this node runs on ([`machine`]): nodes with the same one share its cores and
+    /// memory bus, which the planner prices (two processes on one box are not two boxes). `None`
+    /// where the OS does not tell, and from nodes that predate it.
+    #[serde(default)]
+    pub machine: Option<String>,
     /// Share of all cores busy over the last refresh, in [0, 1] (Linux `/proc/stat`, macOS's load
     /// ticks); `None` until a second reading, on other OSes, and from nodes that predate it.
     /// Refreshed with `memory` ([`crate::sysload`]).
@@ -397,6 +402,14 @@ pub fn memory_pressure() -> Option<Pressure> {
     Os::pressure()
 }
 
+/// The machine this process runs on, as 16 hex digits of a hash of its running kernel's boot id
+/// (the id itself is not published); `None` where the OS does not tell.
+pub fn machine() -> Option<String> {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("shoal machine {}", Os::boot_id()?));
+    Some(digest[..8].iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// The CPU's model name as the OS reports it (`AMD EPYC`, `Apple M2`, …); "" when unknown.
 pub fn cpu_model() -> String {
     if let Some(model) = Os::cpu_model() {
@@ -595,6 +608,11 @@ mod tests {
         assert!((0.0..=1.0).contains(&mem.used) && mem.used > 0.0);
         assert!(cores >= 1);
         assert!(!cpu_model().is_empty(), "this machine names its CPU");
+        if cfg!(target_os = "linux") {
+            let m = machine().expect("Linux tells the boot id");
+            assert_eq!(m.len(), 16, "{m}");
+            assert_eq!(machine(), Some(m), "one machine, one id");
+        }
         assert!(host_name().is_some_and(|h| !h.contains('\0')));
         #[cfg(target_os = "linux")]
         {

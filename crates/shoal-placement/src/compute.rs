@@ -214,6 +214,7 @@ pub(crate) mod tests {
             attention_us: None,
             sample_us: None,
             gpu: None,
+            machine: None,
         }
     }
     #[test]

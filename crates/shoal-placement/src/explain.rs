@@ -277,6 +277,13 @@ fn group_stage(
             fmt_us(gc.exchange_us(1)),
             fmt_us(gc.fan_out_us(1)),
         );
+        if gc.crowd() > 1 {
+            let _ = write!(
+                out,
+                "; up to {} ranks share a machine, each priced at that share of it",
+                gc.crowd()
+            );
+        }
     }
     out.push(')');
 }
@@ -293,16 +300,22 @@ fn group_lost(ctx: &Ctx, f: &Facts, out: &mut String) {
     let Some((s, spec)) = stage else {
         return;
     };
-    let reduce = GroupCompute::of((ctx.topo, &ctx.links, ctx.card), g.order[s], spec, s == 0)
-        .map_or(0.0, |gc| gc.reduce_us(g.counts[s], 1) + gc.fan_out_us(1));
+    let gc = GroupCompute::of((ctx.topo, &ctx.links, ctx.card), g.order[s], spec, s == 0);
+    let reduce = (gc.as_ref()).map_or(0.0, |gc| gc.reduce_us(g.counts[s], 1) + gc.fan_out_us(1));
     let _ = write!(
         out,
-        "; tensor-parallel group {} predicted slower: {} vs {} (its reductions and input {}/token)",
+        "; tensor-parallel group {} predicted slower: {} vs {} (its reductions and input {}/token",
         group_name(ctx, g.order[s], spec),
         figure(ctx, g.score),
         figure(ctx, f.cand.score),
         fmt_us(reduce),
     );
+    match gc.map_or(1, |gc| gc.crowd()) {
+        1 => out.push(')'),
+        crowd => {
+            let _ = write!(out, "; up to {crowd} of its ranks share a machine)");
+        }
+    }
 }
 
 /// The best single node that fits alone and is predicted better than the (pinned or manual) placement.

@@ -200,6 +200,10 @@ pub(crate) struct GroupCompute {
     /// Every rank's CPU, rank 0 first.
     ranks: Vec<Compute>,
     shares: Vec<f64>,
+    /// How many of the group's ranks run on each rank's machine (1 when it is not known): ranks on
+    /// one machine share its cores and memory bus, so each computes at that fraction of its
+    /// measured speed (which it measured alone).
+    crowds: Vec<f64>,
     /// Every member pair's link.
     exchange: Vec<LinkCost>,
     /// Rank 0's link to each other member.
@@ -232,12 +236,20 @@ impl GroupCompute {
             .map(|&m| link(rank0, m))
             .collect::<Option<Vec<_>>>()?;
         let hidden = card.hidden_bytes_per_token as f64;
+        let machine = |i: usize| topo.nodes[i].machine.as_deref();
+        let crowds = (ranks.iter())
+            .map(|&i| match machine(i) {
+                Some(m) => ranks.iter().filter(|&&j| machine(j) == Some(m)).count() as f64,
+                None => 1.0,
+            })
+            .collect();
         Some(GroupCompute {
             ranks: ranks
                 .iter()
                 .map(|&i| Compute::of(&topo.nodes[i], card))
                 .collect(),
             shares: spec.shares(),
+            crowds,
             exchange,
             fan_out,
             partial_bytes: 2.0 * hidden,
@@ -250,11 +262,17 @@ impl GroupCompute {
         })
     }
 
-    /// The slowest rank's share of `per_rank` (what one layer costs on a rank's CPU whole).
+    /// The slowest rank's share of `per_rank` (what one layer costs on a rank's CPU whole), each rank
+    /// slowed by the ranks it shares its machine with.
     fn slowest(&self, per_rank: impl Fn(Compute) -> f64) -> f64 {
-        (self.ranks.iter().zip(&self.shares))
-            .map(|(&c, &s)| s * per_rank(c))
+        (self.ranks.iter().zip(&self.shares).zip(&self.crowds))
+            .map(|((&c, &s), &crowd)| s * crowd * per_rank(c))
             .fold(0.0, f64::max)
+    }
+
+    /// The most ranks that share one machine (1: every rank on its own, or not known).
+    pub fn crowd(&self) -> usize {
+        self.crowds.iter().fold(1.0, |a: f64, &b| a.max(b)) as usize
     }
 
     /// One reduction's exchange for `tokens` tokens: the slowest pair's one-way hop.

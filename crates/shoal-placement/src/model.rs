@@ -52,6 +52,11 @@ pub struct NodeInfo {
     /// (nodes that predate it, and CPU-only nodes: `None`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuInfo>,
+    /// The machine the node runs on, when known: nodes on the same one share its cores and memory
+    /// bus, so a tensor-parallel group's members on one machine are priced as sharing it (`None`:
+    /// its own machine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
 }
 
 /// A node's GPU as the planner sees it: a device with its own memory and its own measured speeds,
@@ -127,6 +132,7 @@ impl NodeInfo {
             attention_us: g.attention_us,
             sample_us: self.sample_us,
             gpu: None,
+            machine: self.machine.clone(),
         })
     }
 }

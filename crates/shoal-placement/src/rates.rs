@@ -346,6 +346,7 @@ mod tests {
             attention_us: None,
             sample_us: None,
             gpu: None,
+            machine: None,
         }
     }
 

@@ -193,6 +193,52 @@ fn three_and_four_nodes_split_while_it_pays() {
 }
 
 #[test]
+fn ranks_on_one_machine_share_it() {
+    // Four nodes, two processes on each of two machines: a group's ranks on one machine each compute
+    // at half its speed, so the pair on one machine gains nothing over either alone (and loses its
+    // exchanges), while one rank a machine halves every layer.
+    let mut topo = mesh(&FOUR, LinkKind::Loopback);
+    for (n, m) in topo.nodes.iter_mut().zip(["x", "x", "y", "y"]) {
+        n.machine = Some(m.into());
+    }
+    let p = best(&topo, &group_card(4), &Constraints::default()).unwrap();
+    let g = group_of(&p).expect("a group across the two machines");
+    let machine = |id: &str| {
+        topo.nodes
+            .iter()
+            .find(|n| n.id.as_str() == id)
+            .unwrap()
+            .machine
+            .clone()
+    };
+    let ranks: Vec<&str> = std::iter::once(p.stages[0].node.as_str())
+        .chain(g.members.iter().map(|m| m.as_str()))
+        .collect();
+    let exchange = hop_us(LinkKind::Loopback, 2.0 * 8192.0);
+    let want = 30.0 * (500.0 + 2.0 * exchange)
+        + hop_us(LinkKind::Loopback, 4.0)
+        + logits_hop(LinkKind::Loopback);
+    assert_eq!(ranks.len(), 2, "{}", p.explanation);
+    assert_ne!(machine(ranks[0]), machine(ranks[1]), "{}", p.explanation);
+    assert!(close(p.prediction.token_latency_us, want), "{p:?}");
+    // All four on one machine: no group beats one node, and the explanation says why.
+    for n in &mut topo.nodes {
+        n.machine = Some("x".into());
+    }
+    let p = best(&topo, &group_card(4), &Constraints::default()).unwrap();
+    assert!(
+        group_of(&p).is_none() && p.stages.len() == 1,
+        "{}",
+        p.explanation
+    );
+    assert!(
+        p.explanation.contains("share a machine"),
+        "{}",
+        p.explanation
+    );
+}
+
+#[test]
 fn max_group_one_never_groups() {
     let topo = mesh(
         &[("a", 64, 1000.0), ("b", 64, 1000.0), ("c", 64, 1000.0)],

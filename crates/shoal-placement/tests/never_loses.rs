@@ -64,6 +64,7 @@ fn random_topology(rng: &mut Rng, card: &ModelCard) -> Topology {
                 attention_us: rng.chance(50).then(|| rng.range(0, 1000) as f64 / speed),
                 sample_us: rng.chance(50).then(|| rng.range(0, 100_000) as f64 / speed),
                 gpu: None,
+                machine: None,
             }
         })
         .collect();

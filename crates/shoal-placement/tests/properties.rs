@@ -49,6 +49,7 @@ fn random_topology(rng: &mut Rng, card: &ModelCard) -> Topology {
             attention_us: None,
             sample_us: None,
             gpu: None,
+            machine: None,
         })
         .collect();
     let mut links = Vec::new();
@@ -332,6 +333,7 @@ fn random_manual_counts_are_taken_verbatim() {
                 attention_us: None,
                 sample_us: None,
                 gpu: None,
+                machine: None,
             })
             .collect();
         let links = (1..k)

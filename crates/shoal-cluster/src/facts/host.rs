@@ -59,6 +59,10 @@ pub(crate) trait OsReader {
     fn cpu_model() -> Option<String>;
     fn core_kinds() -> Option<CoreKinds>;
     fn thermal() -> Option<Thermal>;
+    /// What names this running kernel (Linux's boot id, macOS's boot session UUID): processes that
+    /// read the same share one machine's cores and memory bus (containers and network namespaces
+    /// included); a VM has its own.
+    fn boot_id() -> Option<String>;
     /// The kind of the link the interface `name` (`eth0`, `en0`, `bridge0`) is.
     fn interface_kind(name: &str) -> LinkKind;
     /// Busy and total CPU time of all cores so far (for [`crate::sysload`]'s load share).
@@ -91,6 +95,10 @@ impl OsReader for Other {
         None
     }
     fn thermal() -> Option<Thermal> {
+        None
+    }
+
+    fn boot_id() -> Option<String> {
         None
     }
     fn interface_kind(_name: &str) -> LinkKind {

@@ -64,6 +64,11 @@ impl OsReader for Linux {
         None
     }
 
+    fn boot_id() -> Option<String> {
+        let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        Some(id.trim().to_string()).filter(|id| !id.is_empty())
+    }
+
     fn interface_kind(name: &str) -> LinkKind {
         let dir = Path::new("/sys/class/net").join(name);
         let driver = std::fs::read_link(dir.join("device/driver"))

@@ -206,6 +206,10 @@ mod sys {
             super::thermal_from_level(thermal_level()?)
         }
 
+        fn boot_id() -> Option<String> {
+            sysctl_string("kern.bootsessionuuid")
+        }
+
         fn interface_kind(name: &str) -> LinkKind {
             for iface in get_interfaces().iter() {
                 if iface.bsd_name().is_some_and(|n| n == name) {

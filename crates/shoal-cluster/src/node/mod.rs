@@ -218,6 +218,7 @@ pub fn local_facts(id: PeerId, config: &ClusterConfig) -> NodeFacts {
         memory: mem,
         cpu_cores: cores,
         cpu_model: facts::cpu_model(),
+        machine: facts::machine(),
         core_kinds: facts::core_kinds(),
         thermal: facts::thermal(),
         cpu_load: None,

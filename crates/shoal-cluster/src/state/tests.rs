@@ -53,6 +53,7 @@ fn facts(id: &str, seq: u64) -> NodeFacts {
         temperature_c: None,
         power_w: None,
         cpu_model: String::new(),
+        machine: None,
         core_kinds: None,
         thermal: None,
         accelerator: "cpu".into(),

@@ -17,6 +17,7 @@ pub fn node(id: &str, mem_gb: u64, speed: f64) -> NodeInfo {
         attention_us: None,
         sample_us: None,
         gpu: None,
+        machine: None,
     }
 }
 
@@ -100,6 +101,7 @@ pub fn heterogeneous(n: usize, seed: u64) -> Topology {
                 attention_us: None,
                 sample_us: None,
                 gpu: None,
+                machine: None,
             }
         })
         .collect();
