@@ -64,11 +64,16 @@ const calls = {
     return { text: r.text, finishReason: r.finishReason, usage: usage(r.usage), warnings: r.warnings };
   },
   // generateText's prompt and settings again with a stop sequence, generated and streamed.
+  // The stop sequence is a word of the answer without one (its second of four letters or more), so it
+  // is met whatever this CPU's greedy answer is.
   async stopSequences(model, provider) {
-    const r = await generateText({ model, prompt: PROMPT, ...settings(provider, MAX_TOKENS, [STOP]) });
-    const s = streamText({ model, prompt: PROMPT, ...settings(provider, MAX_TOKENS, [STOP]) });
+    const full = await generateText({ model, prompt: PROMPT, ...settings(provider) });
+    const words = full.text.match(/[A-Za-z]{4,}/g) ?? [STOP];
+    const stop = words[Math.min(1, words.length - 1)];
+    const r = await generateText({ model, prompt: PROMPT, ...settings(provider, MAX_TOKENS, [stop]) });
+    const s = streamText({ model, prompt: PROMPT, ...settings(provider, MAX_TOKENS, [stop]) });
     return {
-      stop: STOP, text: r.text, finishReason: r.finishReason, rawFinishReason: r.rawFinishReason,
+      stop, text: r.text, finishReason: r.finishReason, rawFinishReason: r.rawFinishReason,
       streamed: await s.text, streamedFinishReason: await s.finishReason,
     };
   },
