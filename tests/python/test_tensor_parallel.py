@@ -191,6 +191,15 @@ def test_the_planner_offers_a_group_only_as_asked_and_explains_it(pair):
     status, body = http("GET", f"{a.url}/instance/previews?model={SMOL}&nodes={nodes}&tensor_parallel=false")
     assert status == 200, body
     assert all("group" not in s for p in body["previews"] for s in p["stages"])
+    # Left to itself, the planner prices the two as what they are — processes on one machine, sharing its
+    # cores and memory bus — so no group of them beats one node, and the preview says why.
+    machines = {n["id"]: n.get("machine") for n in state(a)["cluster"]["nodes"]}
+    assert machines[a.id] == machines[b.id] and len(machines[a.id] or "") == 16, machines
+    status, body = http("GET", f"{a.url}/instance/previews?model={SMOL}&nodes={nodes}")
+    assert status == 200, body
+    best = body["previews"][0]
+    assert all("group" not in s for s in best["stages"]), best
+    assert "share a machine" in best["explanation"], best["explanation"]
     # Bad requests: a group needs nodes, and holds every layer.
     for req, words in [
         ({"model": SMOL, "tensor_parallel": True}, "'tensor_parallel' needs 'nodes'"),

@@ -39,6 +39,7 @@ async fn node(dir: &Path, peers: Vec<libp2p::Multiaddr>) -> ClusterHandle {
         api_url: None,
         models: vec![],
         backend: "bench".into(),
+        machine: None,
     })
     .await
     .expect("start node")

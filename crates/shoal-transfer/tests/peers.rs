@@ -28,6 +28,7 @@ async fn node(dir: &Path, peers: Vec<libp2p::Multiaddr>) -> ClusterHandle {
         api_url: None,
         models: vec![],
         backend: "test".into(),
+        machine: None,
     })
     .await
     .unwrap()

@@ -344,6 +344,12 @@ pub struct ClusterArgs {
     /// Do not discover peers with mDNS.
     #[arg(long)]
     pub no_mdns: bool,
+    /// The machine this node runs on, as the planner counts machines (default: a hash of this
+    /// kernel's boot id). Nodes that name the same machine share its cores and memory bus in the
+    /// planner's pricing of tensor-parallel groups; the network lab's benchmarks give each of its
+    /// namespaces its own name to stand in for separate machines.
+    #[arg(long, env = "SHOAL_MACHINE", value_name = "NAME")]
+    pub machine: Option<String>,
     /// Do not place the served model on this node at start (create instances through POST /instance).
     #[arg(long)]
     pub no_auto_instance: bool,

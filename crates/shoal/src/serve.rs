@@ -154,6 +154,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             api_url: Some(format!("http://{addr}")),
             models: cards,
             backend: format!("cpu-{}", shoal_kernels::Backend::detect().name()),
+            machine: cargs.machine.clone(),
         })
         .await
         .context("starting the cluster node")?;

@@ -109,6 +109,9 @@ pub struct ClusterConfig {
     /// Models present in the local store.
     pub models: Vec<ModelCard>,
     pub backend: String,
+    /// The machine this node says it runs on (`shoal serve --machine`); `None`: this one's
+    /// ([`facts::machine`]).
+    pub machine: Option<String>,
 }
 
 /// Parses `HOST:PORT` (resolved now) or a multiaddr.
@@ -218,7 +221,7 @@ pub fn local_facts(id: PeerId, config: &ClusterConfig) -> NodeFacts {
         memory: mem,
         cpu_cores: cores,
         cpu_model: facts::cpu_model(),
-        machine: facts::machine(),
+        machine: config.machine.clone().or_else(facts::machine),
         core_kinds: facts::core_kinds(),
         thermal: facts::thermal(),
         cpu_load: None,

@@ -17,6 +17,7 @@ pub async fn node(
         api_url: None,
         models: vec![],
         backend: "test".into(),
+        machine: None,
     })
     .await
     .unwrap()

@@ -32,6 +32,7 @@ pub async fn cluster_node(
         api_url: None,
         models: vec![],
         backend: "test".into(),
+        machine: None,
     })
     .await
     .expect("cluster node")
