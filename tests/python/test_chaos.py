@@ -386,7 +386,9 @@ def cut_under_load(lab, seconds: float):
         kept = [i["id"] for i in eight.lab_cluster(a)["instances"]] == [iid]
         print(f"link of a stage cut for {seconds:g} s in the lab: {counts}; a new request served {back:.1f} s "
               f"after the cut; instance {'kept' if kept else 'placed again'}")
-        recovered(counts)
+        # Within 10 s of the fault's end, as for the 5 s SIGSTOP: the restore (a debug build on a 2-core AVX2
+        # VM replays the 16 streams' KV 10.9 s after the cut; a release build 5.5 s, docs/reliability.md).
+        recovered(counts, seconds)
         assert counts["completed"] == STREAMS, counts
         eight.lab_members(nodes, nodes)
         print(f"  the cut node is a member again {time.time() - at['restored']:.1f} s after the restore")
