@@ -9,6 +9,7 @@ use std::arch::aarch64::*;
 use half::f16;
 
 use super::ops::cvt_f16x4;
+use crate::attn::weighted::{Reg, weighted};
 
 /// The portable code's lanes.
 const L: usize = 8;
@@ -92,65 +93,34 @@ pub(crate) unsafe fn sum(w: &[f32]) -> f32 {
     w[n8..].iter().fold(r, |r, &x| r + x)
 }
 
-/// `NH` heads × `ND` registers of outputs, accumulated in registers over every key: `w` at the
-/// first head's weights (`len` per head), `values` at column `d0` of row 0, `out` at column `d0`
-/// of the first head.
-#[inline(always)]
-unsafe fn weighted_block<const NH: usize, const ND: usize>(
-    w: *const f32,
-    len: usize,
-    values: *const f16,
-    hd: usize,
-    out: *mut f32,
-) {
-    // SAFETY: the caller guarantees `NH` heads of `len` weights, `len` rows of `hd` values with
-    // `4 · ND` readable from `values`, and `NH` output rows with `4 · ND` writable.
-    unsafe {
-        let mut acc = [[vdupq_n_f32(0.0); ND]; NH];
-        for j in 0..len {
-            let row = values.add(j * hd);
-            let v: [float32x4_t; ND] = std::array::from_fn(|c| load_f16(row.add(4 * c)));
-            for (h, acc) in acc.iter_mut().enumerate() {
-                let p = vdupq_n_f32(*w.add(h * len + j));
-                for c in 0..ND {
-                    acc[c] = vfmaq_f32(acc[c], p, v[c]);
-                }
-            }
-        }
-        for (h, acc) in acc.iter().enumerate() {
-            for (c, a) in acc.iter().enumerate() {
-                vst1q_f32(out.add(h * hd + 4 * c), *a);
-            }
-        }
+/// NEON's four lanes for [`weighted`].
+impl Reg for float32x4_t {
+    const WIDTH: usize = 4;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        unsafe { vdupq_n_f32(0.0) }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> Self {
+        unsafe { load_f16(p) }
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> Self {
+        unsafe { vdupq_n_f32(*p) }
+    }
+    #[inline(always)]
+    unsafe fn fma(self, a: Self, b: Self) -> Self {
+        unsafe { vfmaq_f32(self, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        unsafe { vst1q_f32(p, self) }
     }
 }
 
-/// `out_h = Σ_j w[h·len + j] · v_j` for `hd` a multiple of 4: heads two at a time, outputs 16
-/// at a time (8 accumulators), then 4.
+/// `out_h = Σ_j w[h·len + j] · v_j` for `hd` a multiple of 4 ([`weighted`] on NEON registers).
 #[target_feature(enable = "neon")]
 pub(crate) unsafe fn weighted_sum(w: &[f32], values: &[f16], hd: usize, out: &mut [f32]) {
-    let len = values.len() / hd;
-    let n_q = out.len() / hd;
-    let mut h0 = 0;
-    while h0 < n_q {
-        let nh = (n_q - h0).min(2);
-        let mut d0 = 0;
-        while d0 < hd {
-            let nd = if hd - d0 >= 16 { 4 } else { 1 };
-            let (wp, vp) = (w[h0 * len..].as_ptr(), values[d0..].as_ptr());
-            let op = out[h0 * hd + d0..].as_mut_ptr();
-            // SAFETY: heads `h0..h0 + nh` exist in `w` and `out`; columns `d0..d0 + 4 nd` lie
-            // within every row (`hd` is a multiple of 4).
-            unsafe {
-                match (nh, nd) {
-                    (2, 4) => weighted_block::<2, 4>(wp, len, vp, hd, op),
-                    (1, 4) => weighted_block::<1, 4>(wp, len, vp, hd, op),
-                    (2, _) => weighted_block::<2, 1>(wp, len, vp, hd, op),
-                    _ => weighted_block::<1, 1>(wp, len, vp, hd, op),
-                }
-            }
-            d0 += 4 * nd;
-        }
-        h0 += nh;
-    }
+    // SAFETY: NEON is enabled here.
+    unsafe { weighted::<float32x4_t>(w, values, hd, out) }
 }
