@@ -218,9 +218,6 @@ fn weighted_sum(fast: bool, w: &[f32], values: &[f16], hd: usize, out: &mut [f32
     }
 }
 
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-pub(crate) mod weighted;
-
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -228,7 +225,7 @@ mod x86 {
     use half::f16;
 
     use super::L;
-    use super::weighted::{Reg, weighted};
+    use crate::weighted::{Reg, weighted};
 
     /// Converts 8 f16 at `p` to f32.
     #[inline(always)]

@@ -141,6 +141,8 @@ mod probe;
 mod quant;
 pub mod rng;
 pub mod scalar;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod weighted;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -9,7 +9,7 @@ use std::arch::aarch64::*;
 use half::f16;
 
 use super::ops::cvt_f16x4;
-use crate::attn::weighted::{Reg, weighted};
+use crate::weighted::{Reg, weighted};
 
 /// The portable code's lanes.
 const L: usize = 8;

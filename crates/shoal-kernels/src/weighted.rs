@@ -1,4 +1,4 @@
-//! The weighted sum of values (`out_h = Σ_j w[h·len + j] · v_j`) on any register of f32 lanes
+//! Attention's weighted sum of values (`out_h = Σ_j w[h·len + j] · v_j`) on any register of f32 lanes
 //! ([`Reg`]: AVX2's and AVX-512's in `super::x86`, NEON's in `crate::arm::attn`): every output is
 //! its own chain of fused multiply-adds in key order, so the result is the same bits whatever the
 //! register width or the blocking.
@@ -52,7 +52,7 @@ unsafe fn weighted_block<V: Reg, const NH: usize, const ND: usize>(
     }
 }
 
-/// `super::weighted_sum` on registers `V`; `hd` is a multiple of `V::WIDTH`. Heads go three at a
+/// `crate::attn`'s weighted sum on registers `V`; `hd` is a multiple of `V::WIDTH`. Heads go three at a
 /// time and outputs four registers at a time (12 accumulators and 4 values), then one register.
 /// The caller enables the features `V` needs.
 #[inline(always)]
