@@ -7,7 +7,9 @@ policy names the GPU; lavapipe shares the host's memory), and the instance's rec
 shows the stage's `gpu` field (`{"index": 0, "layers": 15}`), `c`'s stage has none. Both orders run: the GPU
 stage driving (the driver's own layers loaded as the record says) and hosted for `c`'s pipeline (a hosted
 stage on the GPU). Each gives the greedy tokens of the model on one CPU node, up to near ties: the GPU
-multiplies f32 activations where the CPU path rounds them to 8 bits first (test_gpu_facts.py's rule).
+multiplies f32 activations where the CPU path rounds them to 8 bits first (test_gpu_facts.py's rule). With
+the GPU stage last (hosted), speculative decoding's drafts are verified on it: the greedy text with n-gram
+drafts is the text without them, and drafted tokens are accepted.
 
 Every wait is bounded (`bounded`, `BOUND_S`); lavapipe is slow, so the answers are short.
 """
@@ -22,6 +24,7 @@ import pytest
 from conftest import MODEL_ID, ShoalNode
 from test_cluster import http, wait_members, wait_until
 from test_gpu_facts import NEAR_TIE
+from test_speculative import CODE, accepted, completion
 
 BOUND_S = 420
 ANSWER_S = 150
@@ -131,6 +134,13 @@ def test_a_pipeline_with_a_gpu_stage_answers_as_one_cpu_node(bounded, nodes, one
         started = time.monotonic()
         got = [greedy(driver, q) for q in QUESTIONS]
         print(f"\n{order}: {len(QUESTIONS)} answers in {time.monotonic() - started:.1f} s")
+        if order == "gpu stage hosted":
+            # The last stage is on the GPU of another node: it verifies drafted tokens there and the
+            # rejected ones are rewound on both stages; the greedy text is the plain request's.
+            plain = completion(driver, CODE, "off", max_tokens=16)
+            before = accepted(driver)
+            assert completion(driver, CODE, {"method": "ngram", "max_draft": 6}, max_tokens=16) == plain
+            assert accepted(driver) > before, "no drafted token was verified on the GPU stage"
     finally:
         removed(driver, iid)
     same = sum(same_up_to_near_ties(w, x) for w, x in zip(one_cpu_node, got))

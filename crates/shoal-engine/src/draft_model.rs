@@ -68,6 +68,13 @@ impl DraftModel {
         })
     }
 
+    /// Bytes one token of a drafting sequence's KV takes in this model (every layer), what the
+    /// engine's KV budget pays for it beside the target's.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.config
+            .kv_bytes_per_token(self.config.n_layers, self.stage.kv_value_bytes())
+    }
+
     /// The file's name, for logs.
     pub fn name(&self) -> &str {
         &self.name

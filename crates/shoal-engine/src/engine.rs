@@ -25,6 +25,7 @@ use crate::gpu_stage::{GpuStage, open_gpu};
 use crate::handle::{EngineHandle, ModelInfo};
 pub use crate::hybrid::HybridStage;
 use crate::kvpool::KvPool;
+use crate::request::Speculation;
 use crate::stage::{LocalStage, Stage};
 use crate::stats::Counters;
 use crate::worker::Worker;
@@ -43,8 +44,9 @@ pub struct LoadedModel {
     pub token_list: Option<u64>,
 }
 
-/// Where a model's local stages run: the device, on a GPU the device memory their KV may take, and
-/// how many of each stage's layers go on it.
+/// Where a model's local stages run and what they hold: the device, on a GPU the device memory their
+/// KV may take, how many of each stage's layers go on it, and whether a whole last stage on the CPU
+/// loads the model's multi-token-prediction block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Placement {
     pub device: Device,
@@ -52,16 +54,26 @@ pub struct Placement {
     /// On [`Device::Gpu`]: the first this many layers of each stage on the GPU, the rest on the CPU
     /// (a [`HybridStage`]); `None`: all of them.
     pub gpu_layers: Option<usize>,
+    /// Whether a whole last stage on the CPU loads the file's multi-token-prediction block (for
+    /// `Speculation::Mtp`); without it the block's memory is never taken.
+    pub nextn: bool,
 }
 
 impl Placement {
-    /// The placement `config` asks for (every layer on its device).
+    /// The placement `config` asks for (every layer on its device; the multi-token-prediction block
+    /// when its default speculation drafts with it).
     pub fn of(config: &EngineConfig) -> Self {
         Self {
             device: config.device,
             device_kv_budget_bytes: config.device_kv_budget_bytes,
             gpu_layers: None,
+            nextn: matches!(config.speculative, Speculation::Mtp { .. }),
         }
+    }
+
+    /// This placement, loading the multi-token-prediction block when `nextn`.
+    pub fn with_nextn(self, nextn: bool) -> Self {
+        Self { nextn, ..self }
     }
 
     /// All layers on the CPU.
@@ -76,6 +88,7 @@ impl Placement {
             device: Device::Gpu(index),
             device_kv_budget_bytes,
             gpu_layers: Some(layers),
+            nextn: false,
         }
     }
 
@@ -177,11 +190,14 @@ impl LoadedModel {
         for r in ranges {
             stages.push(match &gpu {
                 None => {
-                    let stage = match share {
+                    let mut stage = match share {
                         Some(share) => DecoderStage::load_share(&mut gguf, *r, share, pool),
                         None => DecoderStage::load(&mut gguf, *r, pool),
                     }
                     .map_err(|e| err(&e))?;
+                    if placement.nextn {
+                        stage.load_nextn(&mut gguf).map_err(|e| err(&e))?;
+                    }
                     Box::new(LocalStage::with_kv_source(stage, kv_source.clone()))
                 }
                 Some(_) if share.is_some() => {

@@ -13,7 +13,9 @@ use shoal_model::gpu::{GpuDecoderStage, GpuKv};
 
 use crate::error::EngineError;
 use crate::seqkv::{SeqKvs, internal};
-use crate::stage::{ChunkSpec, KvOp, Launched, SampleRef, Stage, StageData, StageInfo, stage_data};
+use crate::stage::{
+    ChunkSpec, KvOp, Launched, SampleRef, Stage, StageData, StageInfo, logit_rows, stage_data,
+};
 
 /// Where an engine's local stages run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -104,11 +106,15 @@ impl GpuStage {
         sampling: &[SampleRef<'_>],
     ) -> Result<StageData, EngineError> {
         let model = &self.model;
+        let rows = logit_rows(batch, sampling);
         let result = self.kvs.run_batch(
             batch,
             input,
             || model.new_kv_cache(),
-            |input, chunks| model.run(input, chunks),
+            |input, chunks| match &rows {
+                Some(rows) => model.run_rows(input, chunks, rows),
+                None => model.run(input, chunks),
+            },
         );
         let out = result.map_err(gpu_error)?;
         stage_data(self.model.is_last(), out, sampling, None)
@@ -166,5 +172,10 @@ impl Stage for GpuStage {
 
     fn held_sequences(&self) -> usize {
         self.kvs.sequences()
+    }
+
+    /// The head on the device returns a logits row per drafted token ([`GpuDecoderStage::run_rows`]).
+    fn verifies(&self) -> bool {
+        true
     }
 }

@@ -311,8 +311,9 @@ impl EngineHandle {
                 param: "speculative",
                 message: format!(
                     "model '{}' has no multi-token-prediction (nextn) block that this node runs \
-                     (it needs a GLM-4.5-style file and the model's last layers in this \
-                     process); use \"ngram\" or \"off\"",
+                     (it needs a GLM-4.5-style file, the model's last layers in this process, and \
+                     `shoal serve --speculative mtp`, which loads the block); use \"ngram\" or \
+                     \"off\"",
                     self.info().id
                 ),
             });

@@ -221,8 +221,12 @@ impl Stage for HybridStage {
         self.first(Stage::held_sequences, Stage::held_sequences)
     }
 
-    /// The CPU part holds the head when there is one; layers all on the GPU do not verify.
+    /// The part holding the head verifies: the CPU part when there is one, else the GPU's.
     fn verifies(&self) -> bool {
-        self.cpu.as_ref().is_some_and(Stage::verifies)
+        match (&self.cpu, &self.gpu) {
+            (Some(c), _) => c.verifies(),
+            (None, Some(g)) => g.verifies(),
+            (None, None) => false,
+        }
     }
 }

@@ -14,6 +14,8 @@
 //! changed, or whose hidden row a later pass computed again (a rewound draft, a recomputed prompt), are
 //! cut and fed again. Positions whose hidden rows never came (a prompt prefix served from the cache)
 //! are fed with zero rows: the drafts are worse there, never wrong, since the target verifies them.
+//! Nothing is drafted until a pass has computed the row of the sequence's next-to-last token (a new
+//! request's prompt carries no draft): a first token drafted from a zero row would be wasted.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -117,6 +119,16 @@ impl MtpTap {
         });
     }
 
+    /// Whether the hidden row of position `pos` of `seq_id` is held (a pass computed it and no
+    /// proposal has fed it past).
+    fn holds(&self, seq_id: u64, pos: usize) -> bool {
+        let dim = self.dim;
+        self.with(|m| {
+            m.get(&seq_id)
+                .is_some_and(|r| (r.start..r.start + r.data.len() / dim).contains(&pos))
+        })
+    }
+
     /// The rows of `seq_id` held for positions before `end`, and the lowest position written since
     /// the last take; keeps only the row of position `end - 1` (fed again when nothing came since).
     fn take(&self, seq_id: u64, end: usize) -> Taken {
@@ -187,6 +199,11 @@ impl MtpDraft {
         let err = |e: shoal_model::ModelError| EngineError::Internal(format!("mtp draft: {e}"));
         // Positions with a hidden row: all but the last token.
         let n = tokens.len() - 1;
+        // The first drafted token comes from the row of the next-to-last token. Before a pass has
+        // computed it (a new request's prompt) a draft would start from a zero row and be wasted.
+        if !self.mtp.tap.holds(self.seq_id, n - 1) {
+            return Ok(Vec::new());
+        }
         let taken = self.mtp.tap.take(self.seq_id, n);
         let same = self
             .fed

@@ -313,7 +313,7 @@ impl LocalStage {
 
 /// Logits rows per chunk of `batch` when some chunk verifies a draft (its job's
 /// [`SampleRef::rows`], 0 for chunks wanting none); `None` when every chunk wants one row at most.
-fn logit_rows(batch: &[ChunkSpec], sampling: &[SampleRef<'_>]) -> Option<Vec<usize>> {
+pub(crate) fn logit_rows(batch: &[ChunkSpec], sampling: &[SampleRef<'_>]) -> Option<Vec<usize>> {
     if sampling.iter().all(|s| s.draft.is_empty()) {
         return None;
     }

@@ -3,7 +3,7 @@
 //! is the same token for token as without speculation while nearly every drafted token is accepted;
 //! a sampled request runs to its length; an engine without a draft model refuses a request asking
 //! for one, as does an engine whose model has another token list (Gemma 3's is not SmolLM2's: the
-//! engine drops the draft model at spawn).
+//! engine drops the draft model at spawn); the draft model's KV is paid from the engine's KV budget.
 
 use std::sync::Arc;
 
@@ -74,6 +74,14 @@ async fn greedy_output_is_the_same_with_a_draft_models_drafts_and_they_are_accep
     };
     sampled.ignore_eos = true;
     assert_eq!(common::ids(&engine, sampled).await.len(), 32);
+}
+
+#[tokio::test]
+async fn a_draft_models_kv_is_paid_from_the_engines_kv_budget() {
+    let without = engine(None).kv_capacity();
+    let with = engine(Some(draft_model())).kv_capacity();
+    // SmolLM2 drafting for itself: a token holds the target's KV and as much again in the draft's.
+    assert_eq!(with, without / 2);
 }
 
 #[tokio::test]

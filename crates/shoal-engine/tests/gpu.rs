@@ -41,6 +41,7 @@ fn gpu_placement() -> Placement {
         device: Device::Gpu(0),
         device_kv_budget_bytes: 64 << 20,
         gpu_layers: None,
+        nextn: false,
     }
 }
 
@@ -307,6 +308,46 @@ async fn an_engine_on_the_gpu_serves_the_cpu_engine_s_greedy_tokens() {
         }
     };
     assert_eq!(tokens(Device::Gpu(0)).await, tokens(Device::Cpu).await);
+}
+
+/// The n-gram drafter's favourite: a continuation that repeats its prompt.
+const PATTERN: &str = "def f0(x):\n    y = x * 2\n    return y + 0\n\ndef f1(x):\n    y = x * 2\n    \
+return y + 1\n\ndef f2(x):\n    y = x * 2\n    return y + 2\n\n";
+
+#[tokio::test]
+async fn a_gpu_engine_verifies_drafts_and_its_greedy_output_is_unchanged() {
+    if !have_gpu() {
+        return;
+    }
+    let engine = spawn_from_gguf(
+        &model_path(),
+        MODEL,
+        EngineConfig {
+            threads: 1,
+            device: Device::Gpu(0),
+            ..Default::default()
+        },
+    )
+    .expect("engine");
+    let run = |spec| {
+        let mut req = common::greedy(MODEL, Prompt::Text(PATTERN.into()), 24);
+        req.speculative = Some(spec);
+        let mut stream = engine.submit(req).expect("submit");
+        async move { common::drain(&mut stream).await }
+    };
+    let plain = run(shoal_engine::Speculation::Off).await;
+    let before = engine.stats();
+    let drafted = run(shoal_engine::Speculation::Ngram { max_draft: 8 }).await;
+    let after = engine.stats();
+    let ids = |d: &common::Drained| d.tokens.iter().map(|t| t.0).collect::<Vec<_>>();
+    assert_eq!(ids(&drafted), ids(&plain));
+    assert_eq!(drafted.finish, plain.finish);
+    let passes = after.spec_passes - before.spec_passes;
+    let accepted = after.accepted_tokens - before.accepted_tokens;
+    assert!(
+        passes > 0 && accepted > 0,
+        "the GPU stage verified {passes} passes, {accepted} tokens accepted"
+    );
 }
 
 #[test]

@@ -3,12 +3,15 @@
 //! weights): greedy output is the same token for token as without speculation, alone and with two
 //! sequences in one batch, while drafts are proposed and verified; after a rejected draft the block's
 //! own cache, cut back and fed again, drafts what a fresh one fed the same sequence drafts; an engine
-//! whose model has no nextn block refuses a request asking for "mtp".
+//! whose model has no nextn block refuses a request asking for "mtp", and so does one started without
+//! `mtp` as its default (it never loads the block); the block's KV is paid from the KV budget.
 
 use std::path::PathBuf;
 
 use shoal_engine::draft::DraftSource;
-use shoal_engine::engine::{EngineConfig, load_local_stage, spawn_from_gguf};
+use shoal_engine::engine::{
+    EngineConfig, LoadedModel, Placement, load_local_stage, spawn_from_gguf,
+};
 use shoal_engine::error::EngineError;
 use shoal_engine::mtp_draft::MtpDraft;
 use shoal_engine::stage::{ChunkSpec, Pool, Stage, StageData};
@@ -28,8 +31,10 @@ fn synth(name: &str) -> PathBuf {
 const GLM: &str = "glm4moe-k-q4_k_m.gguf";
 
 fn engine(file: &str) -> EngineHandle {
+    // The server default `mtp` loads the block; requests choose per request.
     let config = EngineConfig {
         threads: 1,
+        speculative: MTP,
         ..Default::default()
     };
     spawn_from_gguf(&synth(file), "synth", config).expect("engine")
@@ -71,6 +76,30 @@ async fn greedy_output_is_the_same_with_mtp_drafts() {
 }
 
 #[tokio::test]
+async fn the_nextn_blocks_kv_is_paid_from_the_engines_kv_budget() {
+    let plain = spawn_from_gguf(
+        &synth(GLM),
+        "synth",
+        EngineConfig {
+            threads: 1,
+            ..Default::default()
+        },
+    )
+    .expect("engine");
+    // Without `--speculative mtp` the block is not loaded: a request for it is refused.
+    assert!(matches!(
+        plain.submit(request(&PROMPT_B, 4, MTP)),
+        Err(EngineError::InvalidParam { .. })
+    ));
+    let (without, with) = (plain.kv_capacity(), engine(GLM).kv_capacity());
+    // Three layers' KV a token, and the block's one layer more.
+    assert!(
+        (with * 4).abs_diff(without * 3) <= 4,
+        "{with} tokens with the block, {without} without"
+    );
+}
+
+#[tokio::test]
 async fn a_model_without_a_nextn_block_refuses_mtp() {
     let engine = engine("qwen3moe-k-q4_k_m.gguf");
     match engine.submit(request(&PROMPT_B, 4, MTP)) {
@@ -104,14 +133,23 @@ fn feed(stage: &mut dyn Stage, seq_id: u64, tokens: &[u32]) {
 #[test]
 fn the_nextn_cache_rewinds_with_a_rejected_draft() {
     let pool = std::sync::Arc::new(shoal_kernels::ThreadPool::new(1));
-    let mut stage = load_local_stage(&synth(GLM), LayerRange::full(3), &pool).expect("stage");
+    let mut plain = load_local_stage(&synth(GLM), LayerRange::full(3), &pool).expect("stage");
+    assert!(plain.mtp().is_none(), "a hosted stage leaves the block out");
+    let placement = Placement::cpu().with_nextn(true);
+    let loaded =
+        LoadedModel::from_gguf_on(&synth(GLM), "synth", None, &pool, placement).expect("model");
+    let mut stages = loaded.stages;
+    let stage = stages[0].as_mut();
     let mtp = stage
         .mtp()
         .expect("the fixture's last stage has the nextn block");
     let p = PROMPT_A.to_vec();
     // Sequence 1: the prompt, then its next token `a` is known and three tokens are drafted.
     let mut first = MtpDraft::new(1, mtp.clone());
-    feed(&mut stage, 1, &p);
+    // Before a pass computed the prompt's rows nothing is drafted (a draft from zero rows is wasted).
+    assert!(first.propose(&p, 3).is_empty());
+    assert_eq!(first.cached(), 0);
+    feed(stage, 1, &p);
     let a = 44;
     let mut seq = [p.clone(), vec![a]].concat();
     let draft = first.propose(&seq, 3);
@@ -123,7 +161,7 @@ fn the_nextn_cache_rewinds_with_a_rejected_draft() {
     );
     // The pass verifying them: `a` and the drafts; the first drafted token is accepted, the second
     // is not (another token is picked): the stage keeps `p, a, d1`.
-    feed(&mut stage, 1, &[[a].as_slice(), &draft].concat());
+    feed(stage, 1, &[[a].as_slice(), &draft].concat());
     stage
         .kv(shoal_engine::stage::KvOp::Rewind {
             seq_id: 1,
@@ -135,7 +173,7 @@ fn the_nextn_cache_rewinds_with_a_rejected_draft() {
     let again = first.propose(&seq, 3);
     // Sequence 2 computes the same tokens from scratch.
     let mut fresh = MtpDraft::new(2, mtp.clone());
-    feed(&mut stage, 2, &seq[..seq.len() - 1]);
+    feed(stage, 2, &seq[..seq.len() - 1]);
     let fresh_draft = fresh.propose(&seq, 3);
     assert_eq!(again, fresh_draft);
     assert_eq!(first.cached(), seq.len() - 1);

@@ -117,8 +117,8 @@ pub struct DecoderStage {
     split_head: Option<(std::ops::Range<usize>, usize)>,
     /// This member's slice of the layers when they are split over several ([`crate::split`]).
     share: Option<Share>,
-    /// On a whole last stage of a file with one: the multi-token-prediction block ([`nextn`]),
-    /// which the stage's own passes never run.
+    /// On a whole last stage of a file with one, when asked ([`DecoderStage::load_nextn`]): the
+    /// multi-token-prediction block ([`nextn`]), which the stage's own passes never run.
     nextn: Option<Arc<Nextn>>,
 }
 
@@ -278,10 +278,6 @@ impl DecoderStage {
             }
             None => (None, None),
         };
-        let nextn = match (&head, share) {
-            (Some(h), None) => Nextn::load(gguf, &cfg, h, embed.as_ref(), pool)?.map(Arc::new),
-            _ => None,
-        };
         Ok(Self {
             embed: embed.filter(|_| spec.first),
             cfg,
@@ -294,8 +290,22 @@ impl DecoderStage {
             pool: pool.clone(),
             split_head,
             share: share.cloned(),
-            nextn,
+            nextn: None,
         })
+    }
+
+    /// Loads the model's multi-token-prediction block ([`nextn`]) beside a whole last stage of a
+    /// file that has one, for drafting (`Speculation::Mtp`); [`DecoderStage::load`] leaves it out, so
+    /// a node that does not draft with it never holds it. Whether the stage now has the block.
+    pub fn load_nextn(&mut self, gguf: &mut GgufFile) -> Result<bool> {
+        if self.nextn.is_none()
+            && self.share.is_none()
+            && let Some(head) = &self.head
+        {
+            let block = Nextn::load(gguf, &self.cfg, head, self.embed.as_ref(), &self.pool)?;
+            self.nextn = block.map(Arc::new);
+        }
+        Ok(self.nextn.is_some())
     }
 
     /// Block `index` of the model `cfg` alone, as a stage over hidden states without the embedding,

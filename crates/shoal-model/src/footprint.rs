@@ -29,7 +29,8 @@ pub struct Footprint {
     pub embed_bytes: u64,
     /// Extra bytes on the last stage: the final norm and the output head (with tied embeddings the last
     /// stage holds its own copy of the embedding matrix as the head), and the multi-token-prediction
-    /// block where the file has one ([`crate::decoder::nextn::nextn_bytes`]).
+    /// block where the file has one ([`crate::decoder::nextn::nextn_bytes`]; loaded only by a node
+    /// that drafts with it: [`Footprint::without_nextn`] is the footprint elsewhere).
     pub head_bytes: u64,
     /// What a token reads of `head_bytes` when that is less (the multi-token-prediction block is held,
     /// not run by the main pass): the final norm and the output head; 0 when the same as `head_bytes`.
@@ -65,6 +66,19 @@ pub struct Footprint {
 }
 
 impl Footprint {
+    /// This footprint on a node that does not load the multi-token-prediction block (it drafts
+    /// otherwise, or not at all): the last stage holds the final norm and the head alone.
+    pub fn without_nextn(self) -> Self {
+        match self.active_head_bytes {
+            0 => self,
+            head => Self {
+                head_bytes: head,
+                active_head_bytes: 0,
+                ..self
+            },
+        }
+    }
+
     /// Reads the footprint of the model in `gguf`.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(gguf)?;

@@ -31,8 +31,8 @@
 //!   experts, and `run_split` hands each partial sum to the caller's all-reduce.
 //!
 //! - [`decoder::nextn::Nextn`] is a model's own multi-token-prediction block (GLM-4.5's `nextn` layer): a whole
-//!   last stage loads it beside its head; the main pass never runs it, speculative decoding drafts
-//!   with it.
+//!   last stage loads it beside its head when asked (`DecoderStage::load_nextn`: a node drafting
+//!   with it); the main pass never runs it, speculative decoding drafts with it.
 //!
 //! The CPU path is shoal-kernels' (the candle-op path for GPU devices was removed: decision 008).
 //!

@@ -44,8 +44,8 @@ fn local_model(store: &Store, model: &str) -> anyhow::Result<Option<(String, Pat
 
 /// The served model's card first (when it is here), then one for every other complete model in the
 /// store, so the cluster can place any of them on this node; a file that cannot be read is logged and
-/// left out.
-fn model_cards(store: &Store, served: Option<&(String, PathBuf)>) -> Vec<ModelCard> {
+/// left out. `nextn`: this node loads a file's multi-token-prediction block (`--speculative mtp`).
+fn model_cards(store: &Store, served: Option<&(String, PathBuf)>, nextn: bool) -> Vec<ModelCard> {
     let mut cards = Vec::new();
     let mut add = |id: &str, path: &std::path::Path| {
         if cards.iter().any(|c: &ModelCard| c.id == id) {
@@ -53,7 +53,7 @@ fn model_cards(store: &Store, served: Option<&(String, PathBuf)>) -> Vec<ModelCa
         }
         let card = shoal_ids::ModelId::parse(id)
             .map_err(|e| e.to_string())
-            .and_then(|m| shoal_pipeline::model_card(path, &m).map_err(|e| e.to_string()));
+            .and_then(|m| shoal_pipeline::model_card(path, &m, nextn).map_err(|e| e.to_string()));
         match card {
             Ok(card) => cards.push(card),
             Err(e) => tracing::warn!(model = %id, "not offered to the cluster: {e}"),
@@ -121,7 +121,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         rt.spawn_blocking(move || crate::gpus::discover_probe_and_log(device_choice, &cpu))
     };
     let cpu_compute = compute.clone();
-    let cards = model_cards(&store, local.as_ref());
+    let nextn = matches!(
+        engine_config.speculative,
+        shoal_engine::Speculation::Mtp { .. }
+    );
+    let cards = model_cards(&store, local.as_ref(), nextn);
     // The served model's main weight type (its card comes first): what `--device auto` compares.
     let served_card = local
         .as_ref()
@@ -232,7 +236,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             let (store, served, cluster) = (store.clone(), served.clone(), cluster.clone());
             downloads.on_complete(Arc::new(move |_, _| {
                 let s = served.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                let cards = model_cards(&store, s.as_ref());
+                let cards = model_cards(&store, s.as_ref(), nextn);
                 let cluster = cluster.clone();
                 tokio::spawn(async move { cluster.set_models(cards).await });
             }));
@@ -268,7 +272,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 let found =
                     bring_served_model(&args.model, &cluster, &downloads, holder_wait).await?;
                 *served.lock().unwrap_or_else(|e| e.into_inner()) = Some(found.clone());
-                cluster.set_models(model_cards(&store, Some(&found))).await;
+                cluster.set_models(model_cards(&store, Some(&found), nextn)).await;
                 found
             }
         };

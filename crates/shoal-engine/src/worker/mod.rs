@@ -105,7 +105,16 @@ impl Worker {
             .iter()
             .map(|s| s.info().local_kv_layers)
             .sum::<usize>();
-        let token_bytes = model.kv_bytes_per_token(local_layers.max(1), value_bytes);
+        // A sequence drafting with the model's multi-token-prediction block or a draft model keeps
+        // that source's KV beside the stages' (on this node): the budget pays for it per token as
+        // for a layer, for every sequence (a bound: a sequence that does not draft holds less).
+        let mtp = stages.last_mut().and_then(|s| s.mtp());
+        let draft_bytes = mtp.as_ref().map_or(0, |m| m.nextn.kv_bytes_per_token())
+            + config
+                .draft_model
+                .as_ref()
+                .map_or(0, |d| d.kv_bytes_per_token());
+        let token_bytes = model.kv_bytes_per_token(local_layers.max(1), value_bytes) + draft_bytes;
         let token_cap = stages
             .iter()
             .filter_map(|s| s.info().kv_token_capacity)
@@ -116,7 +125,6 @@ impl Worker {
             .clone()
             .unwrap_or_else(|| Arc::new(KvPool::new(config.kv_budget_bytes)));
         let verifies = stages.iter().all(|s| s.verifies());
-        let mtp = stages.last_mut().and_then(|s| s.mtp());
         Self {
             kv: KvAccount::new(pool, token_bytes, token_cap),
             preempted: VecDeque::new(),

@@ -8,7 +8,8 @@
 //! [`GpuDecoderStage::run`] takes the same [`StageInput`] and [`SeqChunk`]s (each with its
 //! sequence's [`GpuKv`]: keys and values live on the device) and returns the same
 //! [`StageOutput`]: hidden states in and out as [`HostMatrix`], logits read back for the chunks that
-//! want them (sampling stays on the host), pooled rows computed on the host from the final hidden
+//! want them, or for a chunk's last n positions ([`GpuDecoderStage::run_rows`]: what speculative
+//! decoding verifies; sampling stays on the host), pooled rows computed on the host from the final hidden
 //! states exactly as the CPU stage pools them. One command buffer per batch; the layer chain is
 //! in `layers`, the feed-forward (dense, or routed experts with their device routing: qwen3moe,
 //! qwen2moe, glm4moe, gpt-oss, deepseek2) in `ffn`; gpt-oss's attention sinks and YaRN rope are the
@@ -300,6 +301,33 @@ impl GpuDecoderStage {
         input: StageInput<'_>,
         seqs: &mut [SeqChunk<'_, GpuKv>],
     ) -> Result<StageOutput> {
+        self.run_inner(input, seqs, None)
+    }
+
+    /// [`GpuDecoderStage::run`] with `rows[i]` logits rows for chunk `i` — those of its last
+    /// `rows[i]` tokens, in order — as [`crate::DecoderStage::run_rows`] does (speculative decoding
+    /// verifies a drafted run with one row per position). `rows` has one entry per chunk.
+    pub fn run_rows(
+        &self,
+        input: StageInput<'_>,
+        seqs: &mut [SeqChunk<'_, GpuKv>],
+        rows: &[usize],
+    ) -> Result<StageOutput> {
+        if rows.len() != seqs.len() || rows.iter().zip(seqs.iter()).any(|(&r, s)| r > s.len) {
+            return Err(ModelError::BadInput(format!(
+                "logits rows {rows:?} for chunks of {:?} tokens",
+                seqs.iter().map(|s| s.len).collect::<Vec<_>>()
+            )));
+        }
+        self.run_inner(input, seqs, Some(rows))
+    }
+
+    fn run_inner(
+        &self,
+        input: StageInput<'_>,
+        seqs: &mut [SeqChunk<'_, GpuKv>],
+        logit_rows: Option<&[usize]>,
+    ) -> Result<StageOutput> {
         let total = check_batch(seqs.iter().map(|s| (s.kv.len(), s.len)), &self.cfg)?;
         let dim = self.cfg.dim;
         let x = self.gpu.zeros(total * dim)?;
@@ -355,11 +383,10 @@ impl GpuDecoderStage {
         };
         let mut rows = Vec::new();
         let mut end = 0;
-        for s in seqs.iter() {
+        for (i, s) in seqs.iter().enumerate() {
             end += s.len;
-            if s.want_logits {
-                rows.push(end - 1);
-            }
+            let n = logit_rows.map_or(usize::from(s.want_logits), |r| r[i]);
+            rows.extend(end - n..end);
         }
         if rows.is_empty() {
             return Ok(StageOutput {

@@ -1,5 +1,5 @@
 //! The multi-token-prediction (`nextn`) block of the synthetic glm4moe fixture (one nextn layer after
-//! its 3): a whole last stage loads it and the main pass is unchanged by it (the llama.cpp comparison
+//! its 3): a whole last stage loads it when asked (a plain load leaves it out) and the main pass is unchanged by it (the llama.cpp comparison
 //! in `synthetic` still holds); a first-only stage, and files without the block, have none; the
 //! footprint prices its bytes on the last stage; the block's KV cache steps like any layer's — several
 //! positions in one call give the rows of one call per position, and cutting its cache back and
@@ -25,7 +25,10 @@ fn stage(name: &str, range: Option<LayerRange>) -> DecoderStage {
     let pool = Arc::new(ThreadPool::new(1));
     let mut g = GgufFile::open(&synth(name)).expect("open");
     let n = ModelConfig::from_gguf(&g).expect("config").n_layers;
-    DecoderStage::load(&mut g, range.unwrap_or(LayerRange::full(n)), &pool).expect("load")
+    let mut stage =
+        DecoderStage::load(&mut g, range.unwrap_or(LayerRange::full(n)), &pool).expect("load");
+    stage.load_nextn(&mut g).expect("nextn");
+    stage
 }
 
 /// The final-normed hidden rows of `tokens` through the whole model.
@@ -51,6 +54,11 @@ fn a_whole_last_stage_loads_the_nextn_block_and_the_footprint_prices_it() {
         .nextn()
         .expect("the glm4moe fixture has a nextn block");
     assert_eq!(nextn.layer(), 3, "block 3, after the model's 3 layers");
+    // Only on request: a plain load (a node that does not draft with it) leaves it out.
+    let pool = Arc::new(ThreadPool::new(1));
+    let mut g = GgufFile::open(&synth(GLM)).expect("open");
+    let plain = DecoderStage::load(&mut g, LayerRange::full(3), &pool).expect("load");
+    assert!(plain.nextn().is_none());
     assert!(
         stage(GLM, Some(LayerRange { start: 0, end: 1 }))
             .nextn()
@@ -80,6 +88,9 @@ fn a_whole_last_stage_loads_the_nextn_block_and_the_footprint_prices_it() {
     assert_eq!(fp.head_bytes, head + block + embed);
     // A token's decode reads the head, not the block the main pass never runs.
     assert_eq!(fp.active_head_bytes, head);
+    // A node that does not load the block holds the head alone.
+    let without = fp.without_nextn();
+    assert_eq!((without.head_bytes, without.active_head_bytes), (head, 0));
     let qwen = GgufFile::open(&synth("qwen3moe-k-q4_k_m.gguf")).expect("open");
     let qcfg = ModelConfig::from_gguf(&qwen).expect("config");
     assert_eq!(nextn_bytes(&qwen, &qcfg), 0);

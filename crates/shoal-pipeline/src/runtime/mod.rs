@@ -24,7 +24,7 @@ use shoal_engine::engine::{
     EngineConfig, HybridStage, LoadedModel, Placement, load_hybrid_stage, load_local_share, spawn,
 };
 use shoal_engine::kvpool::{KvPool, KvShare};
-use shoal_engine::{EngineHandle, Engines};
+use shoal_engine::{EngineHandle, Engines, Speculation};
 use shoal_kernels::ThreadPool;
 use shoal_model::LayerRange;
 use shoal_placement::ModelCard;
@@ -111,10 +111,16 @@ pub struct LaneConfig {
     pub fallback: bool,
 }
 
-/// What placement needs to know about the GGUF model at `path` (read from its header only).
-pub fn model_card(path: &Path, id: &ModelId) -> Result<ModelCard, shoal_model::ModelError> {
+/// What placement needs to know about the GGUF model at `path` (read from its header only), on a
+/// node that loads the file's multi-token-prediction block (when it has one) only when `nextn`.
+pub fn model_card(
+    path: &Path,
+    id: &ModelId,
+    nextn: bool,
+) -> Result<ModelCard, shoal_model::ModelError> {
     let mut gguf = shoal_model::gguf::GgufFile::open(path)?;
     let f = shoal_model::Footprint::from_gguf(&gguf)?;
+    let f = if nextn { f } else { f.without_nextn() };
     let max_group = group::max_group(&mut gguf);
     Ok(ModelCard {
         id: id.clone(),
@@ -592,7 +598,10 @@ impl Node {
         let (pool2, model) = (self.pool.clone(), rec.model.clone());
         // The driver's own layers run where the instance's record says (the planner followed the
         // node's `--device`).
-        let placement = stage_placement(&rec.stages[0], &self.config.engine);
+        // The model's multi-token-prediction block drafts only where the whole model runs here.
+        let mtp = matches!(self.config.engine.speculative, Speculation::Mtp { .. });
+        let placement = stage_placement(&rec.stages[0], &self.config.engine)
+            .with_nextn(mtp && rec.stages.len() == 1);
         let share = group::share_of(&path, rec, 0, range, 0)?.map(|(s, _)| s);
         let grouped = share.is_some();
         let mut loaded = tokio::task::spawn_blocking(move || match share {
@@ -652,10 +661,10 @@ impl Node {
 }
 
 /// Whether the stage `s` of a record, as a last stage, returns a logits row per drafted token
-/// (speculative decoding): its head on a CPU and no tensor-parallel group (a group's members compute
-/// one logits row a chunk; a stage all on a GPU keeps the head there).
+/// (speculative decoding): any stage without a tensor-parallel group (its head on the CPU or on a
+/// GPU; a group's members compute one logits row a chunk).
 fn verifies_drafts(s: &shoal_placement::Stage) -> bool {
-    s.group.is_none() && s.gpu.as_ref().is_none_or(|g| g.layers < s.end - s.start)
+    s.group.is_none()
 }
 
 /// What an engine's counters say its instance is doing, as its facts publish it.
@@ -726,7 +735,7 @@ mod tests {
     #[test]
     fn default_model_card_matches_the_gguf() {
         let path = shoal_testkit::fixtures::model_path();
-        let card = model_card(&path, &"m".parse().unwrap()).unwrap();
+        let card = model_card(&path, &"m".parse().unwrap(), false).unwrap();
         assert_eq!(card.n_layers, 30);
         assert_eq!(card.hidden_bytes_per_token, 2 * 576);
         // 3 KV heads × 64 dims × K and V × f16.
@@ -744,7 +753,7 @@ mod tests {
     }
 
     #[test]
-    fn a_last_stage_verifies_drafts_only_with_its_head_on_a_cpu_and_no_group() {
+    fn a_last_stage_verifies_drafts_on_a_cpu_or_gpu_but_not_in_a_group() {
         let node: shoal_placement::NodeId = "a".parse().unwrap();
         let cpu = shoal_placement::Stage::cpu(node.clone(), 10, 30);
         assert!(verifies_drafts(&cpu));
@@ -753,7 +762,7 @@ mod tests {
             ..cpu.clone()
         };
         assert!(verifies_drafts(&gpu(19)));
-        assert!(!verifies_drafts(&gpu(20)));
+        assert!(verifies_drafts(&gpu(20)));
         let grouped = shoal_placement::Stage {
             group: Some(shoal_placement::TensorGroup {
                 members: vec!["b".parse().unwrap()],
