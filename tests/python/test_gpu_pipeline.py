@@ -24,7 +24,7 @@ import pytest
 from conftest import MODEL_ID, ShoalNode
 from test_cluster import http, wait_members, wait_until
 from test_gpu_facts import NEAR_TIE
-from test_speculative import CODE, accepted, completion
+from test_speculative import assert_drafts_keep_the_text
 
 BOUND_S = 420
 ANSWER_S = 150
@@ -137,10 +137,7 @@ def test_a_pipeline_with_a_gpu_stage_answers_as_one_cpu_node(bounded, nodes, one
         if order == "gpu stage hosted":
             # The last stage is on the GPU of another node: it verifies drafted tokens there and the
             # rejected ones are rewound on both stages; the greedy text is the plain request's.
-            plain = completion(driver, CODE, "off", max_tokens=16)
-            before = accepted(driver)
-            assert completion(driver, CODE, {"method": "ngram", "max_draft": 6}, max_tokens=16) == plain
-            assert accepted(driver) > before, "no drafted token was verified on the GPU stage"
+            assert_drafts_keep_the_text(driver, 16, "on the GPU stage")
     finally:
         removed(driver, iid)
     same = sum(same_up_to_near_ties(w, x) for w, x in zip(one_cpu_node, got))

@@ -4,7 +4,6 @@ opens `<think>`). The random-weight model never closes its thoughts within the b
 is reasoning — unless the request turns thinking off, when the prompt closes the block and the answer is
 content."""
 
-from pathlib import Path
 
 import ollama
 import openai

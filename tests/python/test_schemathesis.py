@@ -15,7 +15,6 @@ import shutil
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import jsonschema
 import pytest

@@ -2,8 +2,9 @@
 answers identical to the same requests with `speculative: "off"`, on OpenAI chat and completions,
 Anthropic messages and Ollama chat; drafted tokens are really accepted (its /metrics count them); a
 bad `speculative` is a 400 in each API's own error shape; and a 3-node pipeline of real processes
-(f32 activations on the wire) gives the single node's greedy tokens with speculation on, verifying the
-drafts on its last node and rewinding the rejected ones on every stage."""
+(f32 activations on the wire) gives the single node's greedy tokens with speculation on — n-gram drafts and
+a draft model's on the driver —, verifying the drafts on its last node and rewinding the rejected ones on
+every stage."""
 
 import json
 import re
@@ -46,6 +47,15 @@ def accepted(node: ShoalNode) -> float:
         raw.decode(), re.M,
     )
     return float(m.group(1)) if m else 0.0
+
+
+def assert_drafts_keep_the_text(node, max_tokens: int, where: str):
+    """`node`'s greedy completion of CODE with n-gram drafts is its text without them, and drafted tokens
+    were accepted (verified `where`)."""
+    plain = completion(node, CODE, "off", max_tokens=max_tokens)
+    before = accepted(node)
+    assert completion(node, CODE, {"method": "ngram", "max_draft": 6}, max_tokens=max_tokens) == plain
+    assert accepted(node) > before, f"no drafted token was accepted {where}"
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +138,10 @@ def test_a_bad_speculative_is_refused_in_each_apis_shape(node):
 
 
 def test_a_three_node_pipeline_gives_the_single_nodes_greedy_tokens_with_speculation():
-    a = ShoalNode("--no-auto-instance", "--wire-dtype", "f32", key="python-tests-speculative-trio")
+    # The driver also has a draft model (SmolLM2 drafting for itself), so both draft sources that a
+    # pipeline can use are checked through it.
+    a = ShoalNode("--no-auto-instance", "--wire-dtype", "f32", "--draft-model", MODEL_ID,
+                  key="python-tests-speculative-trio")
     b = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr, key="python-tests-speculative-trio")
     c = ShoalNode("--no-auto-instance", "--peer", a.cluster_addr, key="python-tests-speculative-trio")
     nodes = [a, b, c]
@@ -150,6 +163,11 @@ def test_a_three_node_pipeline_gives_the_single_nodes_greedy_tokens_with_specula
         assert accepted(a) - before >= 8
         # Plain requests beside speculating ones in the same steps still match.
         assert completion(a, CODE, "off") == alone[0]
+        # A draft model's drafts on the driver, verified on the last node: the same text.
+        before = accepted(a)
+        assert [completion(a, p, {"method": "draft", "max_draft": 6})
+                for p in (CODE, "The capital of France is")] == alone
+        assert accepted(a) > before
     finally:
         for n in nodes:
             n.kill()

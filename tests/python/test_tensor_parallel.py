@@ -6,6 +6,7 @@ two nodes at once — heads, feed-forward columns and experts — the partial su
   what its share needs from the first.
 - A member that dies takes the instance with it: the coordinator places it again on the node left, and a
   stream running through the group continues there with its lone run's tokens.
+- Speculative decoding's drafts are verified through a group (n-gram drafts give the plain greedy text).
 - The planner offers the group itself where it is predicted faster (previews explain it), never where
   `tensor_parallel` is false; requests it cannot honour are refused with a clear error."""
 
@@ -21,6 +22,7 @@ import pytest
 
 from conftest import REPO, ShoalNode, _models_dir, models_dir_with
 from test_cluster import http, remove, state, wait_members, wait_ready, wait_until
+from test_speculative import assert_drafts_keep_the_text
 
 SYNTH = REPO / "crates/shoal-model/tests/fixtures/synth"
 MANIFEST = json.loads((SYNTH / "manifest.json").read_text())
@@ -130,6 +132,19 @@ def test_a_group_of_two_gives_one_nodes_tokens(pair, fixture):
     assert len(alone[0]) == TOKENS
     same = assert_same_up_to_a_near_tie(alone, grouped)
     print(f"{fixture['name']}: {same} of {TOKENS} tokens the same")
+
+
+def test_a_group_verifies_drafted_tokens_and_gives_the_plain_tokens(pair):
+    """Speculative decoding through a group: rank 0 tells its member how many logits rows each chunk
+    needs, both compute their share of the head for them; the greedy text with n-gram drafts is the
+    group's text without them, and drafted tokens are accepted."""
+    a, b = pair
+    iid = place_group(a, [a, b], SMOL)
+    try:
+        wait_until("the group to serve", lambda: greedy_tokens(a, SMOL, "a", 1))
+        assert_drafts_keep_the_text(a, 24, "through the group")
+    finally:
+        remove(a, iid)
 
 
 def test_a_dead_member_takes_the_group_and_its_stream_continues_on_the_node_left():

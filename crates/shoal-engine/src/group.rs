@@ -14,7 +14,10 @@
 //! every request of the batch samples greedily with nothing changing the logits (no mask, penalties
 //! or alternatives asked), rank 0 picks from those alone — the same token the whole row gives, ties
 //! to the lower id — and no row of logits crosses the lanes. Otherwise rank 0 says so in the same
-//! exchange and the members add their rows into whole ones (zeros elsewhere: exact).
+//! exchange and the members add their rows into whole ones (zeros elsewhere: exact). A chunk that
+//! verifies drafted tokens (speculative decoding) has a row per drafted token and one more on every
+//! member (rank 0 sends the counts with the batch); greedy, its picks are kept up to the first that
+//! is not the draft's, so greedy verification needs no whole row either.
 
 use std::ops::Range;
 
@@ -48,11 +51,14 @@ pub trait GroupLink: Send {
     fn kv_token_capacity(&self) -> Option<usize>;
     /// Rank 0: sends `batch`'s `input` (token ids or hidden states) to the other members before it
     /// computes its share, with where each chunk starts in its sequence (`starts`, what rank 0's cache
-    /// holds: a member whose cache disagrees has fallen out of step); other ranks: nothing.
+    /// holds: a member whose cache disagrees has fallen out of step) and, when a chunk verifies
+    /// drafted tokens, each chunk's logits rows (`rows`, as `DecoderStage::run_rows` takes them: the
+    /// members compute their share of the head for the same rows); other ranks: nothing.
     fn send_batch(
         &mut self,
         batch: &[ChunkSpec],
         starts: &[usize],
+        rows: Option<&[usize]>,
         input: &StageData,
     ) -> Result<(), EngineError>;
     /// Rank 0: sends a KV change it applied to the other members; other ranks: nothing.
@@ -72,7 +78,7 @@ pub(crate) enum Merged {
 const SUMMARY: usize = 3;
 
 /// Makes a split head's output whole on every member: `out` holds this member's logits of its rows
-/// `mine` (of `vocab`), one row per chunk that wants logits. Every member calls it with the same
+/// `mine` (of `vocab`), a row per chunk that wants logits (several for one that verifies a draft). Every member calls it with the same
 /// rows; `whole_rows` matters on rank 0 only: the batch's requests need whole logit rows (else rank 0
 /// picks greedily from the members' best entries).
 pub(crate) fn merge_head(

@@ -313,7 +313,7 @@ impl LocalStage {
 
 /// Logits rows per chunk of `batch` when some chunk verifies a draft (its job's
 /// [`SampleRef::rows`], 0 for chunks wanting none); `None` when every chunk wants one row at most.
-pub(crate) fn logit_rows(batch: &[ChunkSpec], sampling: &[SampleRef<'_>]) -> Option<Vec<usize>> {
+pub fn logit_rows(batch: &[ChunkSpec], sampling: &[SampleRef<'_>]) -> Option<Vec<usize>> {
     if sampling.iter().all(|s| s.draft.is_empty()) {
         return None;
     }
@@ -348,19 +348,34 @@ pub(crate) fn stage_data(
     })
 }
 
-/// Whether rank 0 can pick every row of the batch from the members' best entries alone: greedy, one
-/// row a chunk (no draft to verify), nothing changing the logits, no alternatives to report, and ids
-/// exact as f32.
+/// Whether rank 0 can pick every row of the batch from the members' best entries alone: greedy,
+/// nothing changing the logits (no mask, on a drafted token's position either), no alternatives to
+/// report, and ids exact as f32. A chunk verifying a draft then keeps its rows' picks up to the first
+/// that is not the draft's ([`verified_greedy`]).
 fn picks_from_summaries(sampling: &[SampleRef<'_>], vocab: usize) -> bool {
     !sampling.is_empty()
         && vocab <= 1 << 24
         && sampling.iter().all(|j| {
             j.mask.is_none()
-                && j.draft.is_empty()
+                && j.draft_masks.iter().all(Option::is_none)
                 && j.sampler.is_greedy()
                 && !j.sampler.has_penalties()
                 && j.sampler.top_logprobs() == 0
         })
+}
+
+/// Greedy verification from one greedy pick per logits row (`rows`, [`SampleRef::rows`] a job, in
+/// job order): each job's picks up to and including the first that is not its draft's, as
+/// [`crate::verify::verify_chunk`] returns them for a greedy sampler.
+fn verified_greedy(rows: Vec<Pick>, sampling: &[SampleRef<'_>]) -> Vec<Pick> {
+    let mut rows = rows.into_iter();
+    let mut picks = Vec::with_capacity(sampling.len());
+    for job in sampling {
+        let mine: Vec<Pick> = rows.by_ref().take(job.rows()).collect();
+        let keep = crate::verify::chunk_picks(job.draft, &mine);
+        picks.extend(mine.into_iter().take(keep));
+    }
+    picks
 }
 
 impl LocalStage {
@@ -371,6 +386,28 @@ impl LocalStage {
         input: StageData,
         sampling: &[SampleRef<'_>],
     ) -> Result<StageData, EngineError> {
+        let rows = logit_rows(batch, sampling);
+        self.forward_rows(batch, input, sampling, rows.as_deref())
+    }
+
+    /// A tensor-parallel member's batch as rank 0 sent it: `rows` each chunk's logits rows when it
+    /// verifies drafted tokens (the members compute their share of the head for the same rows).
+    pub fn forward_member(
+        &mut self,
+        batch: &[ChunkSpec],
+        input: StageData,
+        rows: Option<&[usize]>,
+    ) -> Result<StageData, EngineError> {
+        self.forward_rows(batch, input, &[], rows)
+    }
+
+    fn forward_rows(
+        &mut self,
+        batch: &[ChunkSpec],
+        input: StageData,
+        sampling: &[SampleRef<'_>],
+        rows: Option<&[usize]>,
+    ) -> Result<StageData, EngineError> {
         let (model, source) = (&self.model, &self.kv_source);
         let new_cache = || Self::new_cache(model, source);
         let tap = self
@@ -379,7 +416,6 @@ impl LocalStage {
             .filter(|t| batch.iter().any(|c| t.wants(c.seq_id)));
         let out = match &mut self.group {
             None if tap.is_some() => {
-                let rows = logit_rows(batch, sampling);
                 let starts: Vec<usize> = batch
                     .iter()
                     .map(|c| self.kvs.cached_len(c.seq_id))
@@ -388,7 +424,7 @@ impl LocalStage {
                 let out = self
                     .kvs
                     .run_batch(batch, input, new_cache, |input, chunks| {
-                        model.run_keeping_hidden(input, chunks, rows.as_deref(), &mut hidden)
+                        model.run_keeping_hidden(input, chunks, rows, &mut hidden)
                     })
                     .map_err(internal)?;
                 if let Some(tap) = tap {
@@ -396,21 +432,19 @@ impl LocalStage {
                 }
                 out
             }
-            None => {
-                let rows = logit_rows(batch, sampling);
-                self.kvs
-                    .run_batch(batch, input, new_cache, |input, chunks| match &rows {
-                        Some(rows) => model.run_rows(input, chunks, rows),
-                        None => model.run(input, chunks),
-                    })
-                    .map_err(internal)?
-            }
+            None => self
+                .kvs
+                .run_batch(batch, input, new_cache, |input, chunks| match rows {
+                    Some(rows) => model.run_rows(input, chunks, rows),
+                    None => model.run(input, chunks),
+                })
+                .map_err(internal)?,
             Some(link) => {
                 let starts: Vec<usize> = batch
                     .iter()
                     .map(|c| self.kvs.cached_len(c.seq_id))
                     .collect();
-                link.send_batch(batch, &starts, &input)?;
+                link.send_batch(batch, &starts, rows, &input)?;
                 let split_head = model.split_head();
                 // The link's own error, not the model's rewording of it.
                 let mut failed = None;
@@ -424,8 +458,8 @@ impl LocalStage {
                 let result = self
                     .kvs
                     .run_batch(batch, input, new_cache, |input, chunks| match split_head {
-                        Some(_) => model.run_split_shard(input, chunks, &mut reduce),
-                        None => model.run_split(input, chunks, &mut reduce),
+                        Some(_) => model.run_split_shard(input, chunks, &mut reduce, rows),
+                        None => model.run_split(input, chunks, &mut reduce, rows),
                     });
                 let out = match result {
                     Ok(out) => out,
@@ -434,10 +468,13 @@ impl LocalStage {
                 match split_head {
                     None => out,
                     Some((mine, vocab)) => {
-                        let rows = !picks_from_summaries(sampling, vocab);
-                        match merge_head(&mut **link, out, mine, vocab, rows)? {
+                        let whole = !picks_from_summaries(sampling, vocab);
+                        match merge_head(&mut **link, out, mine, vocab, whole)? {
                             Merged::Logits(out) => out,
-                            Merged::Picks(outputs) => return Ok(StageData::Sampled(outputs)),
+                            Merged::Picks(mut outputs) => {
+                                outputs.picks = verified_greedy(outputs.picks, sampling);
+                                return Ok(StageData::Sampled(outputs));
+                            }
                         }
                     }
                 }
@@ -517,8 +554,10 @@ impl Stage for LocalStage {
         self.kvs.sequences()
     }
 
+    /// Whole layers and a tensor-parallel group's rank 0 alike (its members compute their share of
+    /// the head for the rows rank 0 sends them).
     fn verifies(&self) -> bool {
-        self.group.is_none()
+        true
     }
 
     fn join_group(&mut self, link: Box<dyn GroupLink>) -> Result<(), EngineError> {

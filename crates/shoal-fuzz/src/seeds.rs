@@ -39,6 +39,7 @@ fn frames() -> Vec<Vec<u8>> {
         len,
         want_logits: true,
         pool: Pool::None,
+        drafted: 0,
     };
     let all = [
         Frame::Activations(
@@ -93,6 +94,7 @@ fn frames() -> Vec<Vec<u8>> {
                 len: 2,
                 want_logits: true,
                 pool: Pool::None,
+                drafted: 0,
             }],
             tokens: vec![11, 151_000],
         }),

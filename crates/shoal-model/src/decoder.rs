@@ -437,27 +437,21 @@ impl DecoderStage {
                 "a split stage runs with its members' partial sums (run_split)".into(),
             ));
         }
-        if let Some(rows) = rows
-            && (rows.len() != seqs.len() || rows.iter().zip(seqs).any(|(&r, s)| r > s.len))
-        {
-            return Err(ModelError::BadInput(format!(
-                "logits rows {rows:?} for chunks of {:?} tokens",
-                seqs.iter().map(|s| s.len).collect::<Vec<_>>()
-            )));
-        }
-        Ok(())
+        check_row_counts(seqs, rows)
     }
 
     /// [`DecoderStage::run`] of a member of a split stage ([`DecoderStage::load_share`]): `reduce`
     /// makes each partial sum whole, the same on every member. Members other than rank 0 return the
-    /// hidden states.
+    /// hidden states. `rows`: as [`DecoderStage::run_rows`]'s (the same on every member).
     pub fn run_split(
         &self,
         input: StageInput<'_>,
         seqs: &mut [SeqChunk<'_>],
         reduce: &mut Reduce<'_>,
+        rows: Option<&[usize]>,
     ) -> Result<StageOutput> {
-        self.run_inner(input, seqs, Some(reduce), false, None, None)
+        check_row_counts(seqs, rows)?;
+        self.run_inner(input, seqs, Some(reduce), false, rows, None)
     }
 
     /// [`DecoderStage::run_split`] without the logits' all-reduce: on a last stage whose head is
@@ -469,8 +463,10 @@ impl DecoderStage {
         input: StageInput<'_>,
         seqs: &mut [SeqChunk<'_>],
         reduce: &mut Reduce<'_>,
+        rows: Option<&[usize]>,
     ) -> Result<StageOutput> {
-        self.run_inner(input, seqs, Some(reduce), true, None, None)
+        check_row_counts(seqs, rows)?;
+        self.run_inner(input, seqs, Some(reduce), true, rows, None)
     }
 
     fn run_inner(
@@ -669,6 +665,19 @@ impl DecoderStage {
         residual(x, down, blk.post_ffn_norm.as_deref(), c.rms_eps, h);
         Ok(())
     }
+}
+
+/// Refuses `rows` that are not one count per chunk within its length.
+pub(crate) fn check_row_counts<K>(seqs: &[SeqChunk<'_, K>], rows: Option<&[usize]>) -> Result<()> {
+    if let Some(rows) = rows
+        && (rows.len() != seqs.len() || rows.iter().zip(seqs).any(|(&r, s)| r > s.len))
+    {
+        return Err(ModelError::BadInput(format!(
+            "logits rows {rows:?} for chunks of {:?} tokens",
+            seqs.iter().map(|s| s.len).collect::<Vec<_>>()
+        )));
+    }
+    Ok(())
 }
 
 /// Every sequence's chunk of the batch with its cache's layer `li`.

@@ -129,9 +129,9 @@ fn member_run(
     };
     let input = StageInput::Tokens(tokens);
     let out = if shard {
-        m.run_split_shard(input, &mut chunk, &mut reduce)
+        m.run_split_shard(input, &mut chunk, &mut reduce, None)
     } else {
-        m.run_split(input, &mut chunk, &mut reduce)
+        m.run_split(input, &mut chunk, &mut reduce, None)
     };
     out.expect("member").main.into_data()
 }

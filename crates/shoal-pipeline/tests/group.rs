@@ -1,6 +1,7 @@
 //! A tensor-parallel group of three real nodes in this process, joined by real lanes on 127.0.0.1:
 //! rank 0's share, fed the prompt and driving the others over the lanes, computes what the whole
-//! model computes — through a chunked prefill, greedy decoding, a fork, a release, a rewind and a clear, and
+//! model computes — through a chunked prefill, greedy decoding, drafted tokens verified (speculative
+//! decoding), a fork, a release, a rewind and a clear, and
 //! again once a new rank 0 forms the group after the first went — and a
 //! member that goes takes the group with it (rank 0's next batch fails as a lost stage).
 
@@ -147,6 +148,32 @@ fn sampled(stage: &mut LocalStage, seq: u64, tok: u32, sampler: &Sampler) -> Pic
     }
 }
 
+/// `tok` and the drafted tokens `draft` after it as one chunk of `seq`, verified by the stage itself
+/// as `sampler` says: the accepted drafted tokens and the one picked past them.
+fn verified(
+    stage: &mut LocalStage,
+    seq: u64,
+    tok: u32,
+    draft: &[u32],
+    sampler: &Sampler,
+) -> Vec<Pick> {
+    let masks = vec![None; draft.len()];
+    let job = SampleRef {
+        seq_id: seq,
+        sampler,
+        history: &[],
+        mask: None,
+        draft,
+        draft_masks: &masks,
+    };
+    let tokens = [&[tok][..], draft].concat();
+    let batch = chunk(seq, tokens.len(), true);
+    match stage.forward(&batch, StageData::Tokens(tokens), &[job]) {
+        Ok(StageData::Sampled(out)) => out.picks,
+        _ => panic!("a last stage asked to verify returns picks"),
+    }
+}
+
 fn close(a: &[f32], b: &[f32]) -> f32 {
     let top = a.iter().fold(0f32, |m, x| m.max(x.abs()));
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / top
@@ -272,6 +299,54 @@ async fn a_group_of_three_nodes_computes_what_one_does_and_fails_as_one() {
                     seq_id: 10 + top as u64,
                 })
                 .unwrap();
+            }
+        }
+        // Drafted tokens verified through the group (speculative decoding): rank 0 sends each chunk's
+        // logits rows in its header, every member computes its share of the head for them. Greedy
+        // without alternatives, rank 0 verifies from the members' summaries (no logits row crosses
+        // the lanes); with alternatives, from whole rows. The whole model's two drafted tokens are
+        // accepted, a wrong third is replaced by the whole model's token, as on one node — at three
+        // positions where the group's own steps picked the whole model's tokens (not a near tie).
+        let at = (1..10)
+            .find(|&i| g_picks[i..i + 3] == w_tokens[i..i + 3])
+            .expect("three positions without a near tie");
+        for top in [0, 3] {
+            let sampler = Sampler::new(greedy_params(top), 7);
+            let seq = 20 + top as u64;
+            for s in [&mut rank0 as &mut dyn Stage, &mut whole] {
+                s.kv(KvOp::Fork {
+                    seq_id: 1,
+                    into: seq,
+                    len: prompt.len() + at - 1,
+                })
+                .unwrap();
+            }
+            let wrong = (w_tokens[at + 2] + 1) % cfg.vocab_size as u32;
+            let draft = [w_tokens[at], w_tokens[at + 1], wrong];
+            let before = reduced.load(std::sync::atomic::Ordering::Relaxed);
+            let g = verified(&mut rank0, seq, w_tokens[at - 1], &draft, &sampler);
+            let values = reduced.load(std::sync::atomic::Ordering::Relaxed) - before;
+            let w = verified(&mut whole, seq, w_tokens[at - 1], &draft, &sampler);
+            let ids = |p: &[Pick]| p.iter().map(|p| p.id).collect::<Vec<_>>();
+            assert_eq!(ids(&w), w_tokens[at..at + 3]);
+            assert_eq!(ids(&g), ids(&w), "top {top}");
+            // Log-probabilities as near as summation order and f16 partial sums leave them.
+            for (x, y) in g.iter().zip(&w) {
+                let near = 0.05 + 0.05 * y.logprob.abs();
+                assert!((x.logprob - y.logprob).abs() < near, "{x:?} {y:?}");
+                assert_eq!(x.top.len(), top as usize);
+            }
+            // 4 tokens' partial sums, then 4 rows' summaries (and with alternatives 4 whole rows).
+            let layers = 4 * 2 * cfg.n_layers as u64 * cfg.dim as u64;
+            let summaries = 4 * (3 * 3 + 1);
+            let rows = if top == 0 {
+                0
+            } else {
+                4 * cfg.vocab_size as u64
+            };
+            assert_eq!(values, layers + summaries + rows, "top {top}");
+            for s in [&mut rank0 as &mut dyn Stage, &mut whole] {
+                s.kv(KvOp::Release { seq_id: seq }).unwrap();
             }
         }
         // A fork of the first sequence's prompt on every member, a rewind of the first, a release:

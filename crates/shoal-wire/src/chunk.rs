@@ -5,7 +5,7 @@ use crate::WireError;
 use crate::cursor::Cursor;
 
 /// Encoded size of one [`ChunkHeader`].
-pub const CHUNK_HEADER_LEN: usize = 17;
+pub const CHUNK_HEADER_LEN: usize = 19;
 
 const FLAG_WANT_LOGITS: u8 = 0x01;
 /// Bits 1–2 of a chunk's flags: its [`Pool`].
@@ -56,6 +56,11 @@ pub struct ChunkHeader {
     pub want_logits: bool,
     /// What the last stage returns of this chunk's hidden states (a [`Frame::Pooled`] row).
     pub pool: Pool,
+    /// Drafted tokens at the chunk's end that the last stage verifies (speculative decoding): it
+    /// computes a logits row for each of the chunk's last `drafted + 1` tokens. 0 otherwise. A
+    /// stage that also receives the chunk's sample job reads the draft there; a tensor-parallel
+    /// group's members, which get no jobs, read the count here.
+    pub drafted: u16,
 }
 
 impl ChunkHeader {
@@ -78,15 +83,21 @@ pub(crate) fn decode_chunk_headers(c: &mut Cursor<'_>) -> Result<Vec<ChunkHeader
         let start_pos = c.u32()?;
         let len = c.u32()?;
         let flags = c.u8()?;
+        let drafted = c.u16()?;
         if flags & !(FLAG_WANT_LOGITS | POOL_MASK) != 0 {
             return Err(WireError::ReservedFlags(flags));
+        }
+        let want_logits = flags & FLAG_WANT_LOGITS != 0;
+        if drafted > 0 && (!want_logits || u32::from(drafted) >= len) {
+            return Err(WireError::BadDraft { drafted, len });
         }
         chunks.push(ChunkHeader {
             seq_id,
             start_pos,
             len,
-            want_logits: flags & FLAG_WANT_LOGITS != 0,
+            want_logits,
             pool: Pool::from_flags(flags),
+            drafted,
         });
     }
     Ok(chunks)
@@ -100,5 +111,6 @@ pub(crate) fn write_chunk_headers(out: &mut Vec<u8>, chunks: &[ChunkHeader]) {
         out.extend_from_slice(&c.start_pos.to_le_bytes());
         out.extend_from_slice(&c.len.to_le_bytes());
         out.push(c.flags());
+        out.extend_from_slice(&c.drafted.to_le_bytes());
     }
 }

@@ -50,6 +50,10 @@ pub enum WireError {
     /// Reserved flag bits were set in a chunk header.
     #[error("reserved chunk flag bits set: {0:#04x}")]
     ReservedFlags(u8),
+    /// A chunk's drafted count that its chunk cannot hold: drafts on a chunk that wants no logits,
+    /// or as many as its tokens (the chunk also feeds the token before them).
+    #[error("a chunk of {len} tokens cannot verify {drafted} drafted ones")]
+    BadDraft { drafted: u16, len: u32 },
     /// Fewer bytes than a field or count needs.
     #[error("truncated: needed {needed} bytes, got {got}")]
     Truncated { needed: u64, got: u64 },
@@ -90,6 +94,7 @@ impl WireError {
             WireError::UnknownKind(_) => "unknown_kind",
             WireError::UnknownDType(_) => "unknown_dtype",
             WireError::ReservedFlags(_) => "reserved_flags",
+            WireError::BadDraft { .. } => "bad_draft",
             WireError::Truncated { .. } => "truncated",
             WireError::TrailingBytes { .. } => "trailing_bytes",
             WireError::UnknownPrefixAction(_) => "unknown_prefix_action",

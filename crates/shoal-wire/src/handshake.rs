@@ -9,7 +9,7 @@ pub const MAGIC: [u8; 4] = *b"SHOL";
 /// The wire version this crate speaks (4: the `Prefix` frame's rewind action; 5: tensor-parallel
 /// groups — the `Member` role and the `Inputs` frame; 6: a sample job's draft to verify and the
 /// masks after each drafted token, speculative decoding).
-pub const WIRE_VERSION: u16 = 6;
+pub const WIRE_VERSION: u16 = 7;
 /// Bytes before the handshake body: magic, version, body length.
 pub const HANDSHAKE_HEADER_LEN: usize = 8;
 /// Body length of a handshake (versions 1 to 6).

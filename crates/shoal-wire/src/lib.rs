@@ -92,9 +92,11 @@
 //! tokens the chunk verifies and the mask after each (speculative decoding; none: `d = q = 0`). The
 //! last stage samples with exactly this state, so it holds no per-sequence sampler of its own.
 //!
-//! Activations chunk (17 bytes): `seq_id u64, start_pos u32, len u32, flags u8` where flag bit 0
-//! is `want_logits`, bits 1–2 the chunk's [`Pool`] (0 none, 1 sum, 2 last row, 3 first row) and
-//! the other bits must be zero ([`WireError::ReservedFlags`]).
+//! Activations chunk (19 bytes): `seq_id u64, start_pos u32, len u32, flags u8, drafted u16` where
+//! flag bit 0 is `want_logits`, bits 1–2 the chunk's [`Pool`] (0 none, 1 sum, 2 last row, 3 first
+//! row) and the other bits must be zero ([`WireError::ReservedFlags`]); (version 7) `drafted` is how
+//! many drafted tokens end the chunk for the last stage to verify, a logits row each and one more
+//! (0 when none; more than 0 needs `want_logits` and fewer than `len`: [`WireError::BadDraft`]).
 //! `dtype`: 0 = f32 (4 bytes/element), 1 = f16 (2 bytes/element, IEEE binary16); anything else
 //! is [`WireError::UnknownDType`]. `data` is the rest of the payload: a row-major
 //! `rows × cols` matrix whose rows follow the chunks in order. The decoder requires

@@ -203,12 +203,24 @@ fn lying_counts_and_lengths() {
 }
 
 fn activations_payload(rows: u32, cols: u32, dtype: u8, flags: u8, data_len: usize) -> Vec<u8> {
+    drafted_payload(rows, cols, dtype, (flags, 0), data_len)
+}
+
+/// [`activations_payload`] whose chunk says it ends with `drafted` tokens to verify.
+fn drafted_payload(
+    rows: u32,
+    cols: u32,
+    dtype: u8,
+    (flags, drafted): (u8, u16),
+    data_len: usize,
+) -> Vec<u8> {
     let mut p = 1u64.to_le_bytes().to_vec();
     p.extend(1u32.to_le_bytes());
     p.extend(7u64.to_le_bytes());
     p.extend(0u32.to_le_bytes());
     p.extend(2u32.to_le_bytes()); // one chunk of 2 rows
     p.push(flags);
+    p.extend(drafted.to_le_bytes());
     p.push(dtype);
     p.extend(rows.to_le_bytes());
     p.extend(cols.to_le_bytes());
@@ -223,6 +235,12 @@ fn wrong_shapes_and_dtypes_are_rejected() {
         Frame::decode_body(&[&[kind::ACTIVATIONS][..], &ok].concat()),
         Ok(Frame::Activations(_))
     ));
+    // A 2-token chunk verifying its last token: the decoder keeps the count.
+    let drafted = drafted_payload(2, 3, 1, (1, 1), 12);
+    match Frame::decode_body(&[&[kind::ACTIVATIONS][..], &drafted].concat()) {
+        Ok(Frame::Activations(a)) => assert_eq!(a.chunks[0].drafted, 1),
+        other => panic!("{other:?}"),
+    }
     let cases = [
         (
             activations_payload(3, 3, 1, 0, 18),
@@ -263,6 +281,15 @@ fn wrong_shapes_and_dtypes_are_rejected() {
         (
             activations_payload(2, 3, 1, 0x81, 12),
             WireError::ReservedFlags(0x81),
+        ),
+        // Drafted tokens on a chunk wanting no logits, or as many as the chunk's 2 tokens.
+        (
+            drafted_payload(2, 3, 1, (0, 1), 12),
+            WireError::BadDraft { drafted: 1, len: 2 },
+        ),
+        (
+            drafted_payload(2, 3, 1, (1, 2), 12),
+            WireError::BadDraft { drafted: 2, len: 2 },
         ),
     ];
     for (payload, want) in cases {

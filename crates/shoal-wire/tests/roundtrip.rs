@@ -38,6 +38,7 @@ fn exact_bytes_of_a_ping_and_a_small_activations_frame() {
             len: 1,
             want_logits: true,
             pool: shoal_wire::Pool::None,
+            drafted: 0,
         }],
         2,
         &[1.0, -2.0],
@@ -47,9 +48,9 @@ fn exact_bytes_of_a_ping_and_a_small_activations_frame() {
     let bytes = Frame::Activations(a).encode().unwrap();
     #[rustfmt::skip]
     let expected: Vec<u8> = [
-        &[43u8, 0, 0, 0, 1][..],           // len = 1 + 42, kind 1
+        &[45u8, 0, 0, 0, 1][..],           // len = 1 + 44, kind 1
         &5u64.to_le_bytes(), &1u32.to_le_bytes(), // batch_id, n chunks
-        &3u64.to_le_bytes(), &2u32.to_le_bytes(), &1u32.to_le_bytes(), &[1], // chunk
+        &3u64.to_le_bytes(), &2u32.to_le_bytes(), &1u32.to_le_bytes(), &[1], &[0, 0], // chunk
         &[1], &1u32.to_le_bytes(), &2u32.to_le_bytes(), // dtype f16, rows, cols
         &[0x00, 0x3C, 0x00, 0xC0],          // 1.0, -2.0 as f16
     ]
@@ -153,6 +154,7 @@ fn activations_encoded_straight_from_f32_equal_the_frame_encoding() {
         len: 1,
         want_logits: false,
         pool: shoal_wire::Pool::None,
+        drafted: 0,
     }];
     assert!(matches!(
         Activations::encode_f32(1, &one, big.len() as u32, &big, DType::F32),
@@ -297,7 +299,7 @@ fn handshake_roundtrips_with_documented_layout() {
     assert_eq!(bytes.len(), HANDSHAKE_HEADER_LEN + HANDSHAKE_V1_BODY_LEN);
     assert_eq!(bytes.len(), 91);
     assert_eq!(&bytes[..4], b"SHOL");
-    assert_eq!(&bytes[4..8], &[6, 0, 83, 0]);
+    assert_eq!(&bytes[4..8], &[7, 0, 83, 0]);
     assert_eq!(bytes[72], 1);
     assert_eq!(&bytes[73..81], &42u64.to_le_bytes());
     assert_eq!(&bytes[87..91], &30u32.to_le_bytes());
@@ -377,13 +379,14 @@ fn inputs_whose_chunks_do_not_cover_the_tokens_are_refused_both_ways() {
 fn handshake_version_mismatch_names_both_versions() {
     let ours = Handshake::new([1; 32], [2; 32], stage());
     let mut theirs = ours;
-    // A node of the previous version (before speculative decoding's drafts) is refused, naming both.
-    assert_eq!(WIRE_VERSION, 6);
-    theirs.version = 5;
+    // A node of the previous version (before chunk headers carried their drafted count) is
+    // refused, naming both.
+    assert_eq!(WIRE_VERSION, 7);
+    theirs.version = 6;
     let err = theirs.check_compatible(&ours).unwrap_err();
-    assert_eq!(err, WireError::VersionMismatch { ours: 6, theirs: 5 });
+    assert_eq!(err, WireError::VersionMismatch { ours: 7, theirs: 6 });
     let msg = err.to_string();
-    assert!(msg.contains("v5") && msg.contains("v6"), "{msg}");
+    assert!(msg.contains("v6") && msg.contains("v7"), "{msg}");
 
     // On the wire: rejected before the body is interpreted, even with a foreign body length.
     let mut bytes = theirs.encode();

@@ -313,12 +313,7 @@ impl GpuDecoderStage {
         seqs: &mut [SeqChunk<'_, GpuKv>],
         rows: &[usize],
     ) -> Result<StageOutput> {
-        if rows.len() != seqs.len() || rows.iter().zip(seqs.iter()).any(|(&r, s)| r > s.len) {
-            return Err(ModelError::BadInput(format!(
-                "logits rows {rows:?} for chunks of {:?} tokens",
-                seqs.iter().map(|s| s.len).collect::<Vec<_>>()
-            )));
-        }
+        crate::decoder::check_row_counts(seqs, Some(rows))?;
         self.run_inner(input, seqs, Some(rows))
     }
 

@@ -149,9 +149,9 @@ impl Group {
                             Ok(())
                         };
                         let out = if shard {
-                            m.run_split_shard(input, chunks, &mut reduce)
+                            m.run_split_shard(input, chunks, &mut reduce, None)
                         } else {
-                            m.run_split(input, chunks, &mut reduce)
+                            m.run_split(input, chunks, &mut reduce, None)
                         };
                         out.expect("member").main
                     })

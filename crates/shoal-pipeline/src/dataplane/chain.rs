@@ -23,8 +23,7 @@ use shoal_engine::stage::{
 };
 use shoal_model::HostMatrix;
 use shoal_wire::{
-    Activations, ChunkHeader, DEFAULT_MAX_FRAME_LEN, DType, Frame, Handshake, Pooled, Role,
-    TokenItem,
+    Activations, DEFAULT_MAX_FRAME_LEN, DType, Frame, Handshake, Pooled, Role, TokenItem,
 };
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -35,8 +34,8 @@ use crate::error::PipelineError;
 
 use super::path::{Replay, Watch, off_preferred, open_on_path, watch_nodes, watch_paths};
 use super::{
-    Alarm, BATCH_TIMEOUT, Inlet, Outlet, READ_QUEUE, WRITE_QUEUE, encode, handshake, kv_frame,
-    open_lane, spawn_reader, spawn_writer, wire_node_id, wire_pool,
+    Alarm, BATCH_TIMEOUT, Inlet, Outlet, READ_QUEUE, WRITE_QUEUE, chunk_headers, encode, handshake,
+    kv_frame, open_lane, spawn_reader, spawn_writer, wire_node_id,
 };
 
 /// Moves to another path while one batch waits for its tokens, at most this many times (a path that
@@ -111,8 +110,6 @@ pub struct RemoteChain {
     pending: std::collections::VecDeque<InFlight>,
     /// Tokens of KV the remote stages have room for (the least of them), when they said.
     kv_capacity: Option<usize>,
-    /// Whether the last remote stage returns a logits row per drafted token (speculative decoding).
-    verifies: bool,
     /// `shoal_pipeline_wait_seconds`: a batch sent → its tokens read back. Less the remote stages'
     /// `shoal_stage_step_seconds`, what is left is the hops' own cost.
     wait_seconds: metrics::Histogram,
@@ -131,13 +128,6 @@ impl RemoteChain {
     /// Bounds the KV tokens the engine may hold to what the remote stages reserved.
     pub fn with_kv_capacity(mut self, tokens: Option<usize>) -> Self {
         self.kv_capacity = tokens;
-        self
-    }
-
-    /// Says whether the last remote stage can verify drafted tokens: not when its layers are all on a
-    /// GPU or split over a tensor-parallel group (the engine then drafts nothing).
-    pub fn with_verifies(mut self, verifies: bool) -> Self {
-        self.verifies = verifies;
         self
     }
 
@@ -184,7 +174,6 @@ impl RemoteChain {
             nodes: nodes.to_vec(),
             broken: None,
             kv_capacity: None,
-            verifies: true,
             pending: std::collections::VecDeque::new(),
             wait_seconds: metrics::histogram!(WAIT_SECONDS, "instance_id" => instance.to_string()),
             on_break: None,
@@ -622,16 +611,9 @@ impl RemoteChain {
         self.follow_paths()?;
         let batch_id = self.next_batch;
         self.next_batch += 1;
-        let chunks: Vec<ChunkHeader> = batch
-            .iter()
-            .map(|c| ChunkHeader {
-                seq_id: c.seq_id,
-                start_pos: self.cached_len(c.seq_id) as u32,
-                len: c.len as u32,
-                want_logits: c.want_logits,
-                pool: wire_pool(c.pool),
-            })
-            .collect();
+        let starts: Vec<usize> = batch.iter().map(|c| self.cached_len(c.seq_id)).collect();
+        let rows = shoal_engine::stage::logit_rows(batch, sampling);
+        let chunks = chunk_headers(batch, starts, rows.as_deref());
         // The sampling jobs and the hidden states (encoded straight from them) go as one message: one
         // write, one wakeup of the next stage.
         let mut bytes = Vec::new();
@@ -780,10 +762,11 @@ impl Stage for RemoteChain {
         self.lens.len()
     }
 
-    /// The last remote stage verifies drafts where the logits are (a CPU head: its `HybridStage`),
-    /// unless the runtime said otherwise ([`RemoteChain::with_verifies`]).
+    /// The last remote stage verifies drafts where the logits are, whatever it is: CPU or GPU layers
+    /// (its `HybridStage`), or a tensor-parallel group's rank 0 (its members compute their share of
+    /// the head for the rows each chunk header's `drafted` count asks).
     fn verifies(&self) -> bool {
-        self.verifies
+        true
     }
 }
 

@@ -30,16 +30,14 @@ use shoal_engine::kvpool::KvShare;
 use shoal_engine::stage::{LocalStage, Stage};
 use shoal_ids::InstanceId;
 use shoal_model::HostMatrix;
-use shoal_wire::{
-    Activations, ChunkHeader, DType, Frame, Handshake, Inputs, PrefixAction, PrefixOp, Role,
-};
+use shoal_wire::{Activations, DType, Frame, Handshake, Inputs, PrefixAction, PrefixOp, Role};
 
 use super::lane::{Interrupt, LaneReader, LaneWriter, Received};
 use super::path::open_on_path;
 use super::reduce::AllReduce;
 use super::{
-    Lanes, accept_lane, chunk_specs, encode, handshake, kv_frame, open_lane, prefix_kv_op,
-    rewind_frame, wire_node_id, wire_pool,
+    Lanes, accept_lane, chunk_headers, chunk_specs, encode, handshake, kv_frame, logit_rows_of,
+    open_lane, prefix_kv_op, rewind_frame, wire_node_id,
 };
 use crate::error::PipelineError;
 
@@ -268,6 +266,7 @@ impl GroupLink for MemberLink {
         &mut self,
         batch: &[ChunkSpec],
         starts: &[usize],
+        rows: Option<&[usize]>,
         input: &StageData,
     ) -> Result<(), EngineError> {
         if self.rank() != 0 {
@@ -280,17 +279,7 @@ impl GroupLink for MemberLink {
         }
         self.reducing = Duration::ZERO;
         self.batch_id += 1;
-        let chunks: Vec<ChunkHeader> = batch
-            .iter()
-            .zip(starts)
-            .map(|(c, &start)| ChunkHeader {
-                seq_id: c.seq_id,
-                start_pos: start as u32,
-                len: c.len as u32,
-                want_logits: c.want_logits,
-                pool: wire_pool(c.pool),
-            })
-            .collect();
+        let chunks = chunk_headers(batch, starts.iter().copied(), rows);
         self.msg.clear();
         let wire = |e: shoal_wire::WireError| EngineError::from(PipelineError::from(e));
         match input {
@@ -588,6 +577,7 @@ fn apply(stage: &mut LocalStage, frame: Frame) -> Result<(), PipelineError> {
         }
     }
     let batch = chunk_specs(&chunks);
-    stage.forward(&batch, input, &[])?;
+    let rows = logit_rows_of(&chunks);
+    stage.forward_member(&batch, input, rows.as_deref())?;
     Ok(())
 }

@@ -190,6 +190,7 @@ pub fn run(b: &HopBench) -> Result<HopFigures, PipelineError> {
                     len: 1,
                     want_logits: true,
                     pool: Pool::None,
+                    drafted: 0,
                 };
                 let mut msg = Vec::new();
                 Activations::encode_f32_into(

@@ -183,6 +183,7 @@ fn batch(
             len: t.len() as u32,
             want_logits: false,
             pool: shoal_wire::Pool::None,
+            drafted: 0,
         })
         .collect();
     let tokens = chunks.iter().flat_map(|c| c.1.iter().copied()).collect();

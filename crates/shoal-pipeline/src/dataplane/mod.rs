@@ -255,6 +255,39 @@ fn rewind_frame(seq_id: u64, len: usize) -> Frame {
 
 /// A chunk's [`Pool`] as the wire writes it.
 /// The engine's chunks of a batch whose headers came over the wire.
+/// The wire's headers of `batch`, each chunk starting at `starts[i]` in its sequence, with `rows[i]`
+/// logits rows when some chunk verifies drafted tokens (`drafted`: all but the first).
+fn chunk_headers(
+    batch: &[ChunkSpec],
+    starts: impl IntoIterator<Item = usize>,
+    rows: Option<&[usize]>,
+) -> Vec<shoal_wire::ChunkHeader> {
+    batch
+        .iter()
+        .zip(starts)
+        .enumerate()
+        .map(|(i, (c, start))| shoal_wire::ChunkHeader {
+            seq_id: c.seq_id,
+            start_pos: start as u32,
+            len: c.len as u32,
+            want_logits: c.want_logits,
+            pool: wire_pool(c.pool),
+            drafted: rows.map_or(0, |r| r[i].saturating_sub(1) as u16),
+        })
+        .collect()
+}
+
+/// Each chunk's logits rows when some chunk verifies drafted tokens (the `rows` of
+/// [`chunk_headers`]); `None` when none does.
+fn logit_rows_of(chunks: &[shoal_wire::ChunkHeader]) -> Option<Vec<usize>> {
+    chunks.iter().any(|c| c.drafted > 0).then(|| {
+        chunks
+            .iter()
+            .map(|c| usize::from(c.want_logits) + usize::from(c.drafted))
+            .collect()
+    })
+}
+
 fn chunk_specs(chunks: &[shoal_wire::ChunkHeader]) -> Vec<ChunkSpec> {
     chunks
         .iter()

@@ -151,6 +151,7 @@ impl AllReduce {
             len: rows as u32,
             want_logits: false,
             pool: Pool::None,
+            drafted: 0,
         };
         self.msg.clear();
         Activations::encode_f32_into(

@@ -654,17 +654,9 @@ impl Node {
         )
         .await
         .map_err(|e| PipelineError::Connect(Box::new(e)))?
-        .with_kv_capacity(capacity)
-        .with_verifies(rec.stages.last().is_some_and(verifies_drafts));
+        .with_kv_capacity(capacity);
         Ok(chain)
     }
-}
-
-/// Whether the stage `s` of a record, as a last stage, returns a logits row per drafted token
-/// (speculative decoding): any stage without a tensor-parallel group (its head on the CPU or on a
-/// GPU; a group's members compute one logits row a chunk).
-fn verifies_drafts(s: &shoal_placement::Stage) -> bool {
-    s.group.is_none()
 }
 
 /// What an engine's counters say its instance is doing, as its facts publish it.
@@ -750,26 +742,5 @@ mod tests {
         // 9 query heads in 3 KV groups, 64 dims each, Q4_1's 32-value blocks: a group of up to the
         // planner's most members can cut it.
         assert_eq!(card.max_group, shoal_placement::MAX_GROUP);
-    }
-
-    #[test]
-    fn a_last_stage_verifies_drafts_on_a_cpu_or_gpu_but_not_in_a_group() {
-        let node: shoal_placement::NodeId = "a".parse().unwrap();
-        let cpu = shoal_placement::Stage::cpu(node.clone(), 10, 30);
-        assert!(verifies_drafts(&cpu));
-        let gpu = |layers| shoal_placement::Stage {
-            gpu: Some(shoal_placement::GpuLayers { index: 0, layers }),
-            ..cpu.clone()
-        };
-        assert!(verifies_drafts(&gpu(19)));
-        assert!(verifies_drafts(&gpu(20)));
-        let grouped = shoal_placement::Stage {
-            group: Some(shoal_placement::TensorGroup {
-                members: vec!["b".parse().unwrap()],
-                weights: vec![1, 1],
-            }),
-            ..cpu
-        };
-        assert!(!verifies_drafts(&grouped));
     }
 }

@@ -14,8 +14,9 @@ pub fn chunks() -> Vec<ChunkHeader> {
             seq_id: 7,
             start_pos: 0,
             len: 3,
-            want_logits: false,
+            want_logits: true,
             pool: Pool::Sum,
+            drafted: 2,
         },
         ChunkHeader {
             seq_id: u64::MAX,
@@ -23,6 +24,7 @@ pub fn chunks() -> Vec<ChunkHeader> {
             len: 1,
             want_logits: true,
             pool: Pool::None,
+            drafted: 0,
         },
     ]
 }
