@@ -3,7 +3,8 @@
 //!
 //! Each weight row pair's super-block is decoded once ([`KBlock::quants`], the `sdot` level's
 //! decode) and its 16-value groups interleaved by 8 bytes (`zip1`/`zip2` on 64-bit lanes, as in
-//! [`super::mmla`]); each activation pair's groups likewise. Two `smmla` per group then give the
+//! [`super::mmla`]); each activation pair's groups likewise, once per tile of activation rows into
+//! a copy every weight pair reads ([`zip_pairs`]). Two `smmla` per group then give the
 //! four products `w_i · x_j` in the four lanes of one vector `[w0·x0, w0·x1, w1·x0, w1·x1]`, so a
 //! unit's (16-value group's, or for `Q4_K`/`Q5_K` 32-value sub-block's) sums are scaled with one
 //! `mla` by `[s0, s0, s1, s1]` (built from the two rows' scale vectors with `zip`s) and the
@@ -87,16 +88,58 @@ fn f2(a: f32, b: f32) -> float32x4_t {
     unsafe { vcombine_f32(vdup_n_f32(a), vdup_n_f32(b)) }
 }
 
-/// Weight rows `w[0]`, `w[1]` (`nb` super-blocks each) · the `P` activation pairs `a`: lane
-/// `2 i + j` of `out[p]` is weight row `i` · activation row `a[p][j]`.
+/// Bytes of one activation pair's super-block in a tile's interleaved copy ([`zip_pairs`]): each
+/// 16-value group's two rows interleaved by 8 bytes, as `smmla` takes them (32 bytes a group).
+const ZIPPED: usize = 2 * 256;
+
+/// The interleaved copy of a tile's activation pairs: pair `q` is rows `r0 + 2q`, `r0 + 2q + 1`;
+/// its super-block `b` starts at `(q * nb + b) * ZIPPED`, group `g`'s low and high halves
+/// (`zip1`, `zip2`) at `32 g` and `32 g + 16` from there. Made once per tile, so every weight pair
+/// reads the same interleaved activations instead of interleaving them again.
 ///
 /// # Safety
-/// Every row must hold `nb` whole super-blocks; the CPU must have `i8mm`.
+/// Rows `r0..r0 + 2 pairs` must exist with `nb` super-blocks each; NEON only.
+#[inline(always)]
+unsafe fn zip_pairs(
+    out: &mut Vec<u8>,
+    nb: usize,
+    r0: usize,
+    pairs: usize,
+    packed: &impl Fn(usize) -> PackedK,
+) {
+    out.clear();
+    out.resize(pairs * nb * ZIPPED, 0);
+    for q in 0..pairs {
+        let (x0, x1) = (packed(r0 + 2 * q), packed(r0 + 2 * q + 1));
+        for b in 0..nb {
+            // SAFETY: block `b` of both rows (the caller's guarantee); the stores stay within
+            // `out`, sized above.
+            unsafe {
+                let (p0, p1) = (x0.qs(b), x1.qs(b));
+                let dst = out.as_mut_ptr().add((q * nb + b) * ZIPPED);
+                for g in 0..16 {
+                    let (xl, xh) = zip(load_i8(p0.add(16 * g)), load_i8(p1.add(16 * g)));
+                    vst1q_s8(dst.add(32 * g).cast(), xl);
+                    vst1q_s8(dst.add(32 * g + 16).cast(), xh);
+                }
+            }
+        }
+    }
+}
+
+/// Weight rows `w[0]`, `w[1]` (`nb` super-blocks each) · the `P` activation pairs `a`, whose
+/// interleaved quants start at `z[p]` ([`zip_pairs`]): lane `2 i + j` of `out[p]` is weight row
+/// `i` · activation row `a[p][j]`.
+///
+/// # Safety
+/// Every row must hold `nb` whole super-blocks, every `z[p]` `nb` interleaved ones; the CPU must
+/// have `i8mm`.
 #[inline(always)]
 unsafe fn dot2xp<B: KBlock, A: ActK, const P: usize>(
     nb: usize,
     w: [*const u8; 2],
     a: [[A; 2]; P],
+    z: [*const u8; P],
 ) -> [float32x4_t; P] {
     let mut sum = [unsafe { vdupq_n_f32(0.0) }; P];
     let (units, per) = if B::PAIRS { (8, 2) } else { (16, 1) };
@@ -107,18 +150,18 @@ unsafe fn dot2xp<B: KBlock, A: ActK, const P: usize>(
             let (q0, q1) = (B::quants(w0), B::quants(w1));
             let (s0, s1) = (B::vscales(w0), B::vscales(w1));
             let sc = pair_scales::<B>(&s0, &s1);
-            let x = a.map(|[x0, x1]| [x0.qs(b), x1.qs(b)]);
+            let x = z.map(|z| z.add(b * ZIPPED));
             let mut acc = [vdupq_n_s32(0); P];
             for (u, &scu) in sc.iter().enumerate().take(units) {
                 let wz: [_; 2] = std::array::from_fn(|i| {
                     let g = per * u + i.min(per - 1);
                     zip(q0[g], q1[g])
                 });
-                for (acc, [x0, x1]) in acc.iter_mut().zip(x) {
+                for (acc, xz) in acc.iter_mut().zip(x) {
                     let mut t = vdupq_n_s32(0);
                     for (i, &(wl, wh)) in wz.iter().enumerate().take(per) {
                         let g = per * u + i;
-                        let (xl, xh) = zip(load_i8(x0.add(16 * g)), load_i8(x1.add(16 * g)));
+                        let (xl, xh) = (load_i8(xz.add(32 * g)), load_i8(xz.add(32 * g + 16)));
                         t = smmla(smmla(t, wl, xl), wh, xh);
                     }
                     *acc = vmlaq_s32(*acc, t, scu);
@@ -143,21 +186,26 @@ unsafe fn dot2xp<B: KBlock, A: ActK, const P: usize>(
     sum
 }
 
-/// Weight rows `j`, `j + 1` of `g` · its activation rows `r..r + 2P` through [`dot2xp`], stored.
+/// Weight rows `j`, `j + 1` of `g` · its activation rows `r..r + 2P` through [`dot2xp`], stored;
+/// `zipped` is the tile's interleaved copy ([`zip_pairs`]) whose first pair is row `r0`.
 ///
 /// # Safety
-/// As [`gemm_rows`]; the rows must exist.
+/// As [`gemm_rows`]; the rows must exist, and `zipped` must hold rows `r..r + 2P`.
 #[inline(always)]
 unsafe fn pairs<B: KBlock, const P: usize>(
     g: &Gemm<'_>,
-    j: usize,
-    r: usize,
+    (j, r, r0): (usize, usize, usize),
     packed: &impl Fn(usize) -> PackedK,
+    zipped: &[u8],
 ) {
+    let nb = g.x.nb();
     let w = [g.weight_row(j).as_ptr(), g.weight_row(j + 1).as_ptr()];
     let a: [[PackedK; 2]; P] = std::array::from_fn(|p| [packed(r + 2 * p), packed(r + 2 * p + 1)]);
-    // SAFETY: two complete weight rows and 2P activation rows (the caller's guarantee).
-    let v = unsafe { dot2xp::<B, _, P>(g.x.nb(), w, a) };
+    let z: [*const u8; P] =
+        std::array::from_fn(|p| zipped[((r - r0) / 2 + p) * nb * ZIPPED..].as_ptr());
+    // SAFETY: two complete weight rows, 2P activation rows and their interleaved copy (the
+    // caller's guarantee).
+    let v = unsafe { dot2xp::<B, _, P>(nb, w, a, z) };
     for (p, v) in v.into_iter().enumerate() {
         let mut o = [0f32; 4];
         // SAFETY: a 4-float store into a local array.
@@ -193,23 +241,28 @@ pub(super) unsafe fn gemm_rows<B: KBlock>(
             kquants::dotn::<B, Sdot, _, 1>(nb, w, [packed(r)])[0]
         });
     };
+    let mut zipped = Vec::new();
     let mut r0 = 0;
     while r0 < m {
         let r1 = (r0 + tile).min(m);
         let mut j = rows.start;
+        if j + 2 <= rows.end {
+            // SAFETY: the tile's rows exist (the caller's guarantee).
+            unsafe { zip_pairs(&mut zipped, nb, r0, (r1 - r0) / 2, &packed) };
+        }
         while j + 2 <= rows.end {
             let mut r = r0;
-            // SAFETY (the three): the rows exist; the caller's guarantees.
+            // SAFETY (the three): the rows exist and are interleaved; the caller's guarantees.
             while r + 8 <= r1 {
-                unsafe { pairs::<B, 4>(g, j, r, &packed) };
+                unsafe { pairs::<B, 4>(g, (j, r, r0), &packed, &zipped) };
                 r += 8;
             }
             if r + 4 <= r1 {
-                unsafe { pairs::<B, 2>(g, j, r, &packed) };
+                unsafe { pairs::<B, 2>(g, (j, r, r0), &packed, &zipped) };
                 r += 4;
             }
             if r + 2 <= r1 {
-                unsafe { pairs::<B, 1>(g, j, r, &packed) };
+                unsafe { pairs::<B, 1>(g, (j, r, r0), &packed, &zipped) };
                 r += 2;
             }
             if r < r1 {
