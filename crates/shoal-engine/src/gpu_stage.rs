@@ -173,9 +173,4 @@ impl Stage for GpuStage {
     fn held_sequences(&self) -> usize {
         self.kvs.sequences()
     }
-
-    /// The head on the device returns a logits row per drafted token ([`GpuDecoderStage::run_rows`]).
-    fn verifies(&self) -> bool {
-        true
-    }
 }

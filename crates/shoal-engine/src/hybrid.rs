@@ -220,13 +220,4 @@ impl Stage for HybridStage {
     fn held_sequences(&self) -> usize {
         self.first(Stage::held_sequences, Stage::held_sequences)
     }
-
-    /// The part holding the head verifies: the CPU part when there is one, else the GPU's.
-    fn verifies(&self) -> bool {
-        match (&self.cpu, &self.gpu) {
-            (Some(c), _) => c.verifies(),
-            (None, Some(g)) => g.verifies(),
-            (None, None) => false,
-        }
-    }
 }

@@ -170,10 +170,11 @@ pub trait Stage: Send {
     /// Sequences whose KV this stage holds now.
     fn held_sequences(&self) -> usize;
     /// Whether this stage can verify drafted tokens (speculative decoding): on the last stage,
-    /// return a logits row for each of a chunk's last [`SampleRef::rows`] positions. The engine
-    /// drafts only when every stage of its pipeline can.
+    /// return a logits row for each of a chunk's last [`SampleRef::rows`] positions. Every stage
+    /// shoal runs can — CPU or GPU layers, a tensor-parallel group's rank 0, stages on other nodes;
+    /// a stage that cannot says so, and then the engine drafts nothing.
     fn verifies(&self) -> bool {
-        false
+        true
     }
     /// Makes this stage — one member's share of a tensor-parallel group's layers — compute with the
     /// rest of its group through `link`. Only CPU layers loaded as a share can.
@@ -552,12 +553,6 @@ impl Stage for LocalStage {
 
     fn held_sequences(&self) -> usize {
         self.kvs.sequences()
-    }
-
-    /// Whole layers and a tensor-parallel group's rank 0 alike (its members compute their share of
-    /// the head for the rows rank 0 sends them).
-    fn verifies(&self) -> bool {
-        true
     }
 
     fn join_group(&mut self, link: Box<dyn GroupLink>) -> Result<(), EngineError> {

@@ -257,6 +257,11 @@ impl Stage for Scripted {
     fn held_sequences(&self) -> usize {
         lock(&self.script.held).len()
     }
+
+    /// The script picks one token a chunk: it returns no row per drafted token.
+    fn verifies(&self) -> bool {
+        false
+    }
 }
 
 /// Sixteen tokens: `<eos>` (0, control) and the letters a..o (1..=15).

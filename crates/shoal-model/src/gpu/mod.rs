@@ -376,31 +376,37 @@ impl GpuDecoderStage {
         } else {
             HostMatrix::new(0, dim, Vec::new())?
         };
-        let mut rows = Vec::new();
+        // Each chunk's logits rows are its last `n`: one run of rows to copy per chunk.
+        let mut runs = Vec::new();
         let mut end = 0;
         for (i, s) in seqs.iter().enumerate() {
             end += s.len;
             let n = logit_rows.map_or(usize::from(s.want_logits), |r| r[i]);
-            rows.extend(end - n..end);
+            if n > 0 {
+                runs.push((end - n, n));
+            }
         }
-        if rows.is_empty() {
+        let total: usize = runs.iter().map(|&(_, n)| n).sum();
+        if total == 0 {
             return Ok(StageOutput {
                 main: HostMatrix::new(0, head.rows(), Vec::new())?,
                 pooled,
             });
         }
         let mut cmd = self.gpu.commands();
-        let picked = self.gpu.zeros(rows.len() * dim)?;
-        for (i, &r) in rows.iter().enumerate() {
-            cmd.copy_rows(&x, (r * dim, 0), &picked, (i * dim, 0), 1, dim)?;
+        let picked = self.gpu.zeros(total * dim)?;
+        let mut at = 0;
+        for (first, n) in runs {
+            cmd.copy_rows(&x, (first * dim, dim), &picked, (at * dim, dim), n, dim)?;
+            at += n;
         }
-        let normed = self.gpu.zeros(rows.len() * dim)?;
+        let normed = self.gpu.zeros(total * dim)?;
         cmd.rms_norm(&picked, norm, self.cfg.rms_eps, &normed)?;
-        let logits = self.gpu.zeros(rows.len() * head.rows())?;
+        let logits = self.gpu.zeros(total * head.rows())?;
         cmd.matmat(head, &normed, &logits)?;
         cmd.submit()?;
         Ok(StageOutput {
-            main: HostMatrix::new(rows.len(), head.rows(), self.gpu.read(&logits)?)?,
+            main: HostMatrix::new(total, head.rows(), self.gpu.read(&logits)?)?,
             pooled,
         })
     }

@@ -761,13 +761,6 @@ impl Stage for RemoteChain {
     fn held_sequences(&self) -> usize {
         self.lens.len()
     }
-
-    /// The last remote stage verifies drafts where the logits are, whatever it is: CPU or GPU layers
-    /// (its `HybridStage`), or a tensor-parallel group's rank 0 (its members compute their share of
-    /// the head for the rows each chunk header's `drafted` count asks).
-    fn verifies(&self) -> bool {
-        true
-    }
 }
 
 #[cfg(test)]

@@ -253,8 +253,6 @@ fn rewind_frame(seq_id: u64, len: usize) -> Frame {
     })
 }
 
-/// A chunk's [`Pool`] as the wire writes it.
-/// The engine's chunks of a batch whose headers came over the wire.
 /// The wire's headers of `batch`, each chunk starting at `starts[i]` in its sequence, with `rows[i]`
 /// logits rows when some chunk verifies drafted tokens (`drafted`: all but the first).
 fn chunk_headers(
@@ -288,6 +286,7 @@ fn logit_rows_of(chunks: &[shoal_wire::ChunkHeader]) -> Option<Vec<usize>> {
     })
 }
 
+/// The engine's chunks of a batch whose headers came over the wire.
 fn chunk_specs(chunks: &[shoal_wire::ChunkHeader]) -> Vec<ChunkSpec> {
     chunks
         .iter()
@@ -300,6 +299,7 @@ fn chunk_specs(chunks: &[shoal_wire::ChunkHeader]) -> Vec<ChunkSpec> {
         .collect()
 }
 
+/// A chunk's [`Pool`] as the wire writes it.
 fn wire_pool(pool: Pool) -> shoal_wire::Pool {
     match pool {
         Pool::None => shoal_wire::Pool::None,
