@@ -159,8 +159,9 @@ def test_a_three_node_pipeline_gives_the_single_nodes_greedy_tokens_with_specula
         piped = [completion(a, p, {"method": "ngram", "max_draft": 8}) for p in (CODE, "The capital of France is")]
         assert piped == alone
         # Drafts were verified through the pipeline's hops and taken (how many depends on what a drafted
-        # token measured to cost on this machine: 16 to 40 of the 96 tokens on the CPUs seen so far).
-        assert accepted(a) - before >= 8
+        # token measured to cost on this machine: 16 to 40 of the 96 tokens on the CPUs seen so far, 7
+        # on a 2-core VM with another process spinning).
+        assert accepted(a) - before >= 4
         # Plain requests beside speculating ones in the same steps still match.
         assert completion(a, CODE, "off") == alone[0]
         # A draft model's drafts on the driver, verified on the last node: the same text.
